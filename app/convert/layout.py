@@ -1,0 +1,165 @@
+"""Where every byte of a container goes, decided before anything is written.
+
+The layout is a pure function of the source's shapes and formats and the
+options, so a resumed conversion writes exactly the bytes an uninterrupted
+one would. See docs/FORMAT.md for the on-disk format this produces.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from app.convert import quant
+from app.convert.arch import LAYER_TENSORS, VECTOR_SUFFIXES
+from app.convert.errors import SourceError
+from app.convert.sources import CORE_FORMATS, Source
+
+FORMAT_VERSION = 1
+TENSOR_ALIGN = 64
+RECORD_ALIGN = 4096
+RECORD_HEADER_BYTES = 64
+BANK_HEADER_BYTES = 4096
+#: Container spelling -> the C core's format code (core_c/src/formats.h).
+FORMAT_CODES = {name: i for i, name in enumerate(CORE_FORMATS)}
+#: Formats the converter can encode floats into.
+ENCODABLE = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1")
+#: Accepted values of --trunk-format / --expert-format.
+FORMAT_CHOICES = ("auto",) + ENCODABLE
+
+_BLOCK = {"q8_0": 32, "q4_0": 32, "q4_1": 32, "q4_k": 256, "q6_k": 256}
+_BYTES = {"f32": 4, "f16": 2, "bf16": 2, "q8_0": 34, "q4_0": 18, "q4_1": 20, "q4_k": 144, "q6_k": 210}
+
+
+def _align(n: int, a: int) -> int:
+    return (n + a - 1) // a * a
+
+
+def stored_bytes(fmt: str, shape: tuple[int, ...]) -> int:
+    cols = shape[-1]
+    rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
+    block = _BLOCK.get(fmt, 1)
+    if cols % block:
+        raise SourceError("layout", f"a row of {cols} values is not a whole number of {fmt} blocks")
+    return rows * (cols // block) * _BYTES[fmt]
+
+
+def choose_format(source_fmt: str, wanted: str, shape: tuple[int, ...], vector: bool) -> str:
+    """The stored format of one tensor: vectors are f32; 'auto' keeps the source's
+    format when the core computes with it (lossless), otherwise widens to f32."""
+    if vector:
+        return "f32"
+    if wanted == "auto":
+        return source_fmt if source_fmt in CORE_FORMATS else "f32"
+    if wanted in _BLOCK and shape[-1] % _BLOCK[wanted]:
+        return "f32" if source_fmt not in CORE_FORMATS else source_fmt
+    return wanted
+
+
+@dataclass
+class TrunkEntry:
+    name: str            #: canonical name
+    source: str          #: source tensor name
+    fmt: str             #: stored format
+    shape: tuple[int, ...]
+    offset: int = 0
+    nbytes: int = 0
+    layer: int = -1      #: which layer's segment it belongs to (-1 head, n_layers tail)
+
+
+@dataclass
+class BankLayout:
+    layer: int
+    file: str
+    n_experts: int
+    parts: dict[str, dict[str, Any]]   #: gate/up/down -> fmt, shape, offset, nbytes
+    payload_size: int
+    record_size: int
+
+    @property
+    def file_size(self) -> int:
+        return BANK_HEADER_BYTES + self.n_experts * self.record_size
+
+
+@dataclass
+class Layout:
+    model: dict[str, Any]
+    trunk: list[TrunkEntry]
+    trunk_size: int
+    banks: list[BankLayout]
+    #: segment index -> end offset of that segment in trunk.bin
+    segment_ends: list[int] = field(default_factory=list)
+    options: dict[str, str] = field(default_factory=dict)
+
+    def total_bytes(self) -> int:
+        return self.trunk_size + sum(b.file_size for b in self.banks)
+
+    def digest(self, identity: dict) -> str:
+        """A fingerprint of what this conversion will write, for safe resumes."""
+        blob = json.dumps({"identity": identity, "model": self.model, "options": self.options,
+                           "trunk": [(t.name, t.fmt, t.offset) for t in self.trunk],
+                           "banks": [(b.layer, b.record_size) for b in self.banks]}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def plan_layout(src: Source, trunk_format: str = "auto", expert_format: str = "auto") -> Layout:
+    for opt, value in (("trunk format", trunk_format), ("expert format", expert_format)):
+        if value not in FORMAT_CHOICES:
+            raise SourceError("options", f"{opt} '{value}' is not one of {', '.join(FORMAT_CHOICES)}")
+    spec = src.spec
+    n_layers = spec.n_layers
+    order: list[tuple[str, int]] = [("token_embd", -1)]
+    for i in range(n_layers):
+        order += [(f"blk.{i}.{s}", i) for s in LAYER_TENSORS if f"blk.{i}.{s}" in spec.trunk]
+    order += [(n, n_layers) for n in ("output_norm", "output") if n in spec.trunk]
+    entries, offset, segment_ends, current = [], 0, [], -1
+    for name, layer in order:
+        if layer != current and entries:
+            segment_ends.append(offset)
+        current = layer
+        source = spec.trunk[name]
+        shape = src.shape(source)
+        vector = name.split(".")[-1] in VECTOR_SUFFIXES or name == "output_norm"
+        fmt = choose_format(src.stored_format(source), trunk_format, shape, vector)
+        offset = _align(offset, TENSOR_ALIGN)
+        nbytes = stored_bytes(fmt, shape)
+        entries.append(TrunkEntry(name, source, fmt, shape, offset, nbytes, layer))
+        offset += nbytes
+    segment_ends.append(offset)
+    banks = [_plan_bank(src, layer, parts, expert_format) for layer, parts in sorted(spec.experts.items())]
+    return Layout(model=spec.model, trunk=entries, trunk_size=offset, banks=banks, segment_ends=segment_ends,
+                  options={"trunk_format": trunk_format, "expert_format": expert_format})
+
+
+def _plan_bank(src: Source, layer: int, experts: list[dict[str, str]], wanted: str) -> BankLayout:
+    parts, offset = {}, RECORD_HEADER_BYTES
+    first = experts[0]
+    for part in ("gate", "up", "down"):
+        shape = src.shape(first[part])
+        fmt = choose_format(src.stored_format(first[part]), wanted, shape, vector=False)
+        offset = _align(offset, TENSOR_ALIGN)
+        nbytes = stored_bytes(fmt, shape)
+        parts[part] = {"dtype": fmt, "shape": list(shape), "offset": offset, "nbytes": nbytes}
+        offset += nbytes
+    payload = offset - RECORD_HEADER_BYTES
+    return BankLayout(layer=layer, file=f"experts/layer_{layer:03d}.bin", n_experts=len(experts), parts=parts,
+                      payload_size=payload, record_size=_align(offset, RECORD_ALIGN))
+
+
+def encode(src: Source, name: str, fmt: str) -> np.ndarray:
+    """One source tensor in the stored format, as uint8 bytes."""
+    if src.stored_format(name) == fmt:
+        return np.ascontiguousarray(src.read_raw(name)).view(np.uint8).reshape(-1)
+    values = np.ascontiguousarray(src.read_f32(name), dtype=np.float32)
+    if fmt == "f32":
+        return values.view(np.uint8).reshape(-1)
+    if fmt == "bf16":
+        return quant.f32_to_bf16_bits(values).view(np.uint8).reshape(-1)
+    if fmt == "f16":
+        return quant.f32_to_f16_bits(values).view(np.uint8).reshape(-1)
+    if fmt in ("q8_0", "q4_0", "q4_1"):
+        return quant.quantize(values, fmt.upper())
+    raise SourceError(name, f"cannot encode into {fmt}")

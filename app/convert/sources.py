@@ -1,0 +1,185 @@
+"""Model sources the converter reads: a Hugging Face checkpoint directory or a
+GGUF file, behind one small interface so the writer does not care which.
+
+Each source exposes its tensors by the names the :class:`~app.convert.arch.ModelSpec`
+uses, reports each tensor's stored format in the container's spelling, and
+reads one tensor at a time (never the whole model).
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from app.convert import quant
+from app.convert.arch import ModelSpec, spec_from_gguf, spec_from_hf
+from app.convert.errors import SourceError
+from app.convert.gguf_file import GGUFFile
+from app.convert.safetensors_file import Checkpoint
+
+#: Formats the C core computes with, in the container's spelling.
+CORE_FORMATS = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q4_k", "q6_k")
+_SAFETENSORS_DTYPES = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
+
+
+class Source:
+    """Interface of a model source (see HFSource and GGUFSource)."""
+
+    kind: str
+    path: Path
+    spec: ModelSpec
+    config: dict[str, Any]
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """Row-major shape ([rows, cols] for matrices)."""
+        raise NotImplementedError
+
+    def stored_format(self, name: str) -> str:
+        """The tensor's format in container spelling, or its own name if the core lacks it."""
+        raise NotImplementedError
+
+    def read_raw(self, name: str) -> np.ndarray:
+        """Stored bytes, row-major, as uint8."""
+        raise NotImplementedError
+
+    def read_f32(self, name: str) -> np.ndarray:
+        """Values as float32 in their row-major shape."""
+        raise NotImplementedError
+
+    def identity(self) -> dict[str, Any]:
+        """What identifies these exact source bytes (for resuming safely)."""
+        raise NotImplementedError
+
+    def total_bytes(self) -> int:
+        raise NotImplementedError
+
+
+def _stat_identity(paths: list[Path]) -> list[list]:
+    out = []
+    for p in paths:
+        st = p.stat()
+        out.append([p.name, st.st_size, int(st.st_mtime_ns)])
+    return out
+
+
+class HFSource(Source):
+    kind = "hf"
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.ckpt = Checkpoint(path)
+        self.config = self.ckpt.config
+        self.spec = spec_from_hf(self.config)
+        self._check_present()
+
+    def _check_present(self) -> None:
+        names = set(self.ckpt.tensor_names())
+        wanted = list(self.spec.trunk.values())
+        for experts in self.spec.experts.values():
+            for parts in experts:
+                wanted.extend(parts.values())
+        missing = [n for n in wanted if n not in names]
+        if missing:
+            more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+            raise SourceError(self.path, f"the checkpoint has no tensor '{missing[0]}'{more}")
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self.ckpt.info(name).shape)
+
+    def stored_format(self, name: str) -> str:
+        dtype = self.ckpt.info(name).dtype
+        return _SAFETENSORS_DTYPES.get(dtype, dtype)
+
+    def read_raw(self, name: str) -> np.ndarray:
+        return self.ckpt.read_raw(name)
+
+    def read_f32(self, name: str) -> np.ndarray:
+        return self.ckpt.read_f32(name)
+
+    def identity(self) -> dict[str, Any]:
+        return {"kind": "hf", "files": _stat_identity([self.path / "config.json", *self.ckpt.shards])}
+
+    def total_bytes(self) -> int:
+        return int(self.ckpt.total_bytes)
+
+
+class GGUFSource(Source):
+    """A GGUF file. Stacked expert tensors are addressed as ``name#expert``."""
+
+    kind = "gguf"
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.gguf = GGUFFile(path)
+        self.config = {k: v for k, v in self.gguf.metadata.items() if not k.startswith("tokenizer.ggml.")}
+        self.spec = spec_from_gguf(self.gguf.metadata, set(self.gguf.tensors), path.name)
+        self._check_present()
+
+    def _check_present(self) -> None:
+        wanted = list(self.spec.trunk.values())
+        for experts in self.spec.experts.values():
+            wanted.extend(parts[p].split("#")[0] for parts in experts[:1] for p in parts)
+        for name in wanted:
+            if name not in self.gguf.tensors:
+                raise SourceError(self.path, f"the GGUF file has no tensor '{name}'")
+
+    def _split(self, name: str) -> tuple[Any, int | None]:
+        base, _, expert = name.partition("#")
+        return self.gguf.tensors[base], (int(expert) if expert else None)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        info, expert = self._split(name)
+        dims = tuple(int(d) for d in reversed(info.dims))
+        return dims[1:] if expert is not None else dims
+
+    def stored_format(self, name: str) -> str:
+        info, _ = self._split(name)
+        lower = info.type_name.lower()
+        return lower if lower in CORE_FORMATS else info.type_name
+
+    def read_raw(self, name: str) -> np.ndarray:
+        info, expert = self._split(name)
+        raw = self.gguf.read_raw(info.name)
+        if expert is None:
+            return raw
+        n_experts = int(info.dims[-1])
+        per = raw.size // n_experts
+        return raw[expert * per:(expert + 1) * per]
+
+    def read_f32(self, name: str) -> np.ndarray:
+        info, expert = self._split(name)
+        shape = self.shape(name)
+        n = int(np.prod(shape))
+        return quant.dequantize(self.read_raw(name), info.type_name, n).reshape(shape)
+
+    def identity(self) -> dict[str, Any]:
+        return {"kind": "gguf", "files": _stat_identity([self.path])}
+
+    def total_bytes(self) -> int:
+        return self.path.stat().st_size
+
+
+def open_source(path: str | os.PathLike) -> Source:
+    """A Hugging Face checkpoint directory or a GGUF file; refuses anything else clearly."""
+    p = Path(path)
+    if not p.exists():
+        raise SourceError(p, "does not exist")
+    if p.is_dir():
+        if not (p / "config.json").exists():
+            raise SourceError(p, "is a folder without config.json: not a Hugging Face checkpoint")
+        return HFSource(p)
+    with open(p, "rb") as f:
+        magic = f.read(4)
+    if magic == b"GGUF":
+        return GGUFSource(p)
+    raise SourceError(p, "is neither a checkpoint folder nor a GGUF file")
+
+
+def load_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise SourceError(path, f"cannot read JSON: {exc}") from exc

@@ -1,0 +1,137 @@
+"""The tokenizer and chat template a container carries, so it is self-contained.
+
+From a Hugging Face checkpoint the tokenizer files are copied as they are.
+From a GGUF file the embedded vocabulary becomes a ``tokenizer.json`` built
+with the ``tokenizers`` library. Either way the manifest gets a ``tokenizer``
+section naming the files and the special ids (BOS, the stop tokens).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+
+from app.convert.errors import SourceError
+
+#: Files copied from a checkpoint when present.
+HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                      "tiktoken.model", "generation_config.json", "chat_template.jinja")
+
+# GGUF token types (llama.cpp's enum): control and user-defined tokens are "added".
+_GGUF_CONTROL, _GGUF_USER_DEFINED = 3, 4
+
+
+def _as_list(value) -> list[int]:
+    if value is None:
+        return []
+    return [int(v) for v in (value if isinstance(value, list) else [value])]
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise SourceError(path, f"cannot read JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise SourceError(path, "is not a JSON object")
+    return data
+
+
+def from_hf(ckpt_dir: Path, config: dict) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """The manifest section and the files to copy from a checkpoint directory."""
+    files = {name: (ckpt_dir / name).read_bytes() for name in HF_TOKENIZER_FILES if (ckpt_dir / name).exists()}
+    if "tokenizer.json" not in files and "tiktoken.model" not in files:
+        raise SourceError(ckpt_dir, "has no tokenizer.json or tiktoken.model")
+    tok_cfg = _read_json(ckpt_dir / "tokenizer_config.json") if "tokenizer_config.json" in files else {}
+    gen_cfg = _read_json(ckpt_dir / "generation_config.json") if "generation_config.json" in files else {}
+    template = tok_cfg.get("chat_template")
+    if "chat_template.jinja" in files:
+        template = files["chat_template.jinja"].decode("utf-8")
+    if isinstance(template, list):  # named templates: take the default one
+        template = next((t.get("template") for t in template if t.get("name") == "default"), None)
+    if template:
+        files["chat_template.jinja"] = template.encode("utf-8")
+    text_cfg = config.get("text_config", config)
+    eos = _as_list(gen_cfg.get("eos_token_id", text_cfg.get("eos_token_id")))
+    bos = gen_cfg.get("bos_token_id", text_cfg.get("bos_token_id"))
+    section = {
+        "kind": "tiktoken" if "tiktoken.model" in files and "tokenizer.json" not in files else "hf-tokenizers",
+        "file": "tiktoken.model" if "tokenizer.json" not in files else "tokenizer.json",
+        "bos_id": int(bos) if bos is not None else None,
+        "eos_ids": eos,
+        "add_bos": bool(tok_cfg.get("add_bos_token", False)),
+        "bos_token": _token_text(tok_cfg.get("bos_token")),
+        "eos_token": _token_text(tok_cfg.get("eos_token")),
+        "chat_template": "chat_template.jinja" if template else None,
+    }
+    return section, files
+
+
+def _token_text(value) -> str | None:
+    if isinstance(value, dict):
+        return value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _gguf_bpe_tokenizer(meta: dict, where: str) -> Tokenizer:
+    tokens = meta.get("tokenizer.ggml.tokens")
+    merges = meta.get("tokenizer.ggml.merges")
+    types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens or [])
+    if not tokens or merges is None:
+        raise SourceError(where, "the GGUF vocabulary has no tokens or merges")
+    if len(types) != len(tokens) or len(set(tokens)) != len(tokens):
+        raise SourceError(where, "the GGUF vocabulary is inconsistent (duplicate tokens or type count)")
+    vocab = {tok: i for i, tok in enumerate(tokens)}
+    pairs = []
+    for m in merges:
+        left, sep, right = m.partition(" ")
+        if not sep:
+            raise SourceError(where, f"GGUF merge rule {m!r} is not two tokens")
+        pairs.append((left, right))
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False))
+    pre = meta.get("tokenizer.ggml.pre", "default")
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if pre in ("smollm", "starcoder", "refact", "qwen2", "deepseek-llm"):
+        # These vocabularies split digits one by one before the GPT-2 pattern.
+        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+    else:
+        tok.pre_tokenizer = byte_level
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    special = [tokens[i] for i, t in enumerate(types) if t in (_GGUF_CONTROL, _GGUF_USER_DEFINED)]
+    from tokenizers import AddedToken
+
+    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in special])
+    return tok
+
+
+def from_gguf(meta: dict, where: str) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """The manifest section and files built from a GGUF file's metadata."""
+    model = meta.get("tokenizer.ggml.model")
+    if model != "gpt2":
+        raise SourceError(where, f"GGUF tokenizer model '{model}' is not supported yet (only 'gpt2' BPE)")
+    tok = _gguf_bpe_tokenizer(meta, where)
+    files = {"tokenizer.json": tok.to_str().encode("utf-8")}
+    template = meta.get("tokenizer.chat_template")
+    if template:
+        files["chat_template.jinja"] = str(template).encode("utf-8")
+    tokens = meta["tokenizer.ggml.tokens"]
+    eos = meta.get("tokenizer.ggml.eos_token_id")
+    eos_ids = _as_list(eos)
+    eot = meta.get("tokenizer.ggml.eot_token_id")
+    if eot is not None and int(eot) not in eos_ids:
+        eos_ids.append(int(eot))
+    bos = meta.get("tokenizer.ggml.bos_token_id")
+    section = {
+        "kind": "hf-tokenizers",
+        "file": "tokenizer.json",
+        "bos_id": int(bos) if bos is not None else None,
+        "eos_ids": eos_ids,
+        "add_bos": bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+        "bos_token": tokens[int(bos)] if bos is not None and 0 <= int(bos) < len(tokens) else None,
+        "eos_token": tokens[eos_ids[0]] if eos_ids and 0 <= eos_ids[0] < len(tokens) else None,
+        "chat_template": "chat_template.jinja" if template else None,
+    }
+    return section, files

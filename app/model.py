@@ -1,0 +1,180 @@
+"""A container ready to chat: the C engine, the tokenizer, the chat template
+and the generation loop. No Qt: the CLI, the GUI worker and tests drive this.
+
+Generation is a stream of events so that any front end can render it:
+``PromptProgress`` while the prompt is processed, ``Token`` for each piece of
+answer text, and a final ``Finished`` with the reason and the statistics.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+from app.chat.hf_tokenizer import HFTokenizer
+from app.chat.segments import Segment
+from app.chat.template import ChatTemplate
+from app.engine.binding import Cancelled, Engine, Session, Stats
+from app.sampling import Sampler, SamplingParams
+
+#: Tokens evaluated per call while processing a prompt (progress granularity).
+PROMPT_STEP = 32
+
+
+@dataclass(frozen=True)
+class PromptProgress:
+    done: int
+    total: int
+
+
+@dataclass(frozen=True)
+class Token:
+    id: int
+    text: str          #: the new text this token completes (may be "")
+
+
+@dataclass(frozen=True)
+class Finished:
+    reason: str        #: "stop" (end token), "length", "cancelled" or "error"
+    tokens: list[int]
+    text: str
+    prompt_tokens: int     #: tokens of the prompt that had to be evaluated
+    reused_tokens: int     #: tokens of the prompt the session already held
+    seconds: float
+    stats: Stats
+    error: str | None = None
+
+
+Event = PromptProgress | Token | Finished
+
+
+class ModelError(RuntimeError):
+    """A container that cannot be used for chat (missing tokenizer, bad manifest...)."""
+
+
+class StreamDecoder:
+    """Token ids to text, one piece at a time, never splitting a UTF-8 character."""
+
+    def __init__(self, tokenizer: HFTokenizer):
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.text = ""
+
+    def push(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        full = self.tokenizer.decode(self.ids)
+        if full.endswith("\ufffd"):
+            return ""  # an incomplete multi-byte character: wait for more
+        piece = full[len(self.text):] if full.startswith(self.text) else full
+        self.text = full
+        return piece
+
+
+class LoadedModel:
+    def __init__(self, path: str | Path, *, ram_budget: int = 0, threads: int = 0):
+        self.path = Path(path)
+        manifest_path = self.path / "manifest.json"
+        self.engine = Engine(self.path, ram_budget=ram_budget, threads=threads)
+        try:
+            self.manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise ModelError(f"{manifest_path}: {exc}") from exc
+        tok = self.manifest.get("tokenizer") or {}
+        if tok.get("kind") != "hf-tokenizers":
+            raise ModelError(f"this container's tokenizer kind {tok.get('kind')!r} is not supported yet")
+        self.tokenizer = HFTokenizer(self.path / tok["file"], eos_ids=tok.get("eos_ids", []),
+                                     bos_id=tok.get("bos_id"))
+        self.add_bos = bool(tok.get("add_bos"))
+        template_file = tok.get("chat_template")
+        self.template = None
+        if template_file:
+            self.template = ChatTemplate((self.path / template_file).read_text(encoding="utf-8"),
+                                         bos_token=tok.get("bos_token"), eos_token=tok.get("eos_token"))
+
+    @property
+    def name(self) -> str:
+        return self.manifest.get("source", {}).get("name", self.path.name)
+
+    def new_session(self, n_ctx: int = 0) -> Session:
+        return self.engine.session(n_ctx)
+
+    # ---- prompts
+
+    def chat_segments(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[Segment]:
+        if self.template is None:
+            raise ModelError("this model has no chat template; use a plain prompt")
+        return self.template.render(messages, add_generation_prompt=add_generation_prompt)
+
+    def encode(self, segments: Sequence[Segment]) -> list[int]:
+        ids = self.tokenizer.encode_segments(segments)
+        if self.add_bos and self.tokenizer.bos_id is not None and (not ids or ids[0] != self.tokenizer.bos_id):
+            ids.insert(0, self.tokenizer.bos_id)
+        return ids
+
+    def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
+        return self.encode(self.chat_segments(messages))
+
+    def encode_plain(self, text: str) -> list[int]:
+        return self.encode([(text, False)])
+
+    # ---- generation
+
+    def generate(self, session: Session, prompt: Sequence[int], params: SamplingParams | None = None, *,
+                 max_tokens: int = 256, stop_ids: Sequence[int] | None = None) -> Iterator[Event]:
+        """Answer after ``prompt`` (the whole conversation's tokens); the session
+        reuses whatever prefix of it it already holds."""
+        params = params or SamplingParams()
+        sampler = Sampler(params)
+        stops = set(stop_ids if stop_ids is not None else self.tokenizer.eos_ids)
+        t0 = time.monotonic()
+        prompt = list(prompt)
+        if len(prompt) >= session.n_ctx:
+            yield self._finished(session, "error", [], "", 0, 0, t0,
+                                 f"the prompt has {len(prompt)} tokens but the context holds {session.n_ctx}")
+            return
+        kept = session.sync(prompt)
+        todo = prompt[kept:]
+        decoder = StreamDecoder(self.tokenizer)
+        out: list[int] = []
+        try:
+            logits = None
+            for i in range(0, len(todo), PROMPT_STEP):
+                logits = session.eval(todo[i:i + PROMPT_STEP])
+                yield PromptProgress(min(i + PROMPT_STEP, len(todo)), len(todo))
+            reason = "length"
+            for _ in range(max_tokens):
+                tok = sampler(logits)
+                if tok in stops:
+                    reason = "stop"
+                    break
+                out.append(tok)
+                yield Token(tok, decoder.push(tok))
+                if session.position >= session.n_ctx:
+                    break
+                logits = session.eval([tok])
+        except Cancelled:
+            yield self._finished(session, "cancelled", out, decoder.text, len(todo), kept, t0)
+            return
+        except Exception as exc:  # an I/O error mid-answer ends this answer, not the app
+            yield self._finished(session, "error", out, decoder.text, len(todo), kept, t0, str(exc))
+            return
+        yield self._finished(session, reason, out, decoder.text, len(todo), kept, t0)
+
+    def _finished(self, session, reason, out, text, n_prompt, kept, t0, error=None) -> Finished:
+        return Finished(reason=reason, tokens=list(out), text=text, prompt_tokens=n_prompt, reused_tokens=kept,
+                        seconds=time.monotonic() - t0, stats=session.stats(), error=error)
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+def run_to_end(events: Iterator[Event], on_token: Callable[[str], None] | None = None) -> Finished:
+    """Drain a generation, passing answer text to ``on_token``; returns the end."""
+    for ev in events:
+        if isinstance(ev, Token) and on_token:
+            on_token(ev.text)
+        elif isinstance(ev, Finished):
+            return ev
+    raise RuntimeError("generation ended without a Finished event")

@@ -1,0 +1,174 @@
+/*
+ * ferry.h — the whole public boundary of Ferry's inference core.
+ *
+ * Two handles:
+ *   ferry_engine   a loaded container: manifest, resident trunk weights, open
+ *                  expert banks. Read-only after open; shared by sessions.
+ *   ferry_session  one mutable timeline of tokens on an engine: attention
+ *                  caches, position, scratch, statistics.
+ *
+ * Rules that hold for every function:
+ *   - Nothing here prints, exits or aborts. Every fallible call returns a
+ *     ferry_status and, when it is not FERRY_OK and `err` is non-NULL, fills
+ *     the caller-owned ferry_error with the same code and a message meant for
+ *     a person.
+ *   - There is no global state: two engines never share anything.
+ *   - Ownership: objects returned through `**out` belong to the caller and
+ *     are released with the matching _close/_free. Pointers passed in are
+ *     borrowed for the duration of the call only, unless stated otherwise.
+ *   - An engine may serve several sessions, but one session must be used by
+ *     one thread at a time. ferry_session_request_cancel is the exception: any
+ *     thread may call it at any time.
+ */
+#ifndef FERRY_H
+#define FERRY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Result codes. */
+typedef enum ferry_status {
+    FERRY_OK = 0,
+    FERRY_E_ARG = 1,          /* a bad argument from the caller */
+    FERRY_E_IO = 2,           /* a read or open failed (the OS said no) */
+    FERRY_E_FORMAT = 3,       /* a container file is malformed or damaged */
+    FERRY_E_VERSION = 4,      /* a container of a version this core cannot read */
+    FERRY_E_NOMEM = 5,        /* an allocation failed */
+    FERRY_E_BUDGET = 6,       /* the RAM budget is below what is needed */
+    FERRY_E_CANCELLED = 7,    /* ferry_session_request_cancel stopped the call */
+    FERRY_E_CONTEXT = 8,      /* the tokens do not fit the session's context */
+    FERRY_E_CHECKSUM = 9,     /* a CRC32 did not match (see ferry_verify) */
+    FERRY_E_UNSUPPORTED = 10  /* valid input this core does not implement */
+} ferry_status;
+
+/* A caller-owned error report. */
+typedef struct ferry_error {
+    int code;            /* a ferry_status; FERRY_OK when nothing failed */
+    char message[512];   /* NUL-terminated, human-readable */
+} ferry_error;
+
+/* The container format version this core reads. */
+#define FERRY_FORMAT_VERSION 1
+
+/* Options for ferry_engine_open. Initialise with ferry_open_options_init. */
+typedef struct ferry_open_options {
+    uint64_t ram_budget;  /* bytes the core may allocate in all; 0 = unlimited */
+    int n_threads;        /* compute threads; 0 = one per online CPU (max 64) */
+    int verify_reads;     /* nonzero: check each expert record's CRC32 on read */
+} ferry_open_options;
+
+/* What a loaded model is. Filled by ferry_engine_info. */
+typedef struct ferry_model_info {
+    char arch[32];            /* the family the core runs, e.g. "llama" */
+    int n_layers;             /* transformer blocks */
+    int dim;                  /* residual width */
+    int n_heads;              /* query heads */
+    int n_kv_heads;           /* key/value heads (GQA) */
+    int head_dim;             /* width of one head */
+    int vocab;                /* rows of the output projection */
+    int max_ctx;              /* longest context the model was trained for */
+    int n_moe_layers;         /* layers whose feed-forward is a mixture of experts */
+    int n_experts;            /* experts per MoE layer (0 if none) */
+    int top_k;                /* experts chosen per token (0 if none) */
+    uint64_t trunk_bytes;     /* resident weights held in RAM */
+    uint64_t expert_bytes;    /* bytes of one expert record on disk (0 if none) */
+    int n_threads;            /* compute threads actually in use */
+} ferry_model_info;
+
+/* Counters of one session. Times are wall-clock seconds. */
+typedef struct ferry_stats {
+    uint64_t prompt_tokens;   /* tokens evaluated in batches of more than one */
+    uint64_t decode_tokens;   /* tokens evaluated one at a time */
+    double prompt_seconds;    /* time spent on prompt_tokens */
+    double decode_seconds;    /* time spent on decode_tokens */
+    uint64_t expert_reads;    /* expert records read from disk */
+    uint64_t bytes_read;      /* bytes of those reads */
+    double read_seconds;      /* time spent inside those reads */
+    double compute_seconds;   /* time in eval not spent reading */
+    uint64_t hits;            /* expert uses served from RAM */
+    uint64_t misses;          /* expert uses that needed a read */
+} ferry_stats;
+
+/* RAM a session needs at a context length, and what it is made of. */
+typedef struct ferry_memory_plan {
+    uint64_t trunk_bytes;     /* resident weights */
+    uint64_t state_bytes;     /* attention caches at the context asked for */
+    uint64_t scratch_bytes;   /* activations and buffers for one prompt chunk */
+    uint64_t expert_bytes;    /* expert read buffers */
+    uint64_t total_bytes;     /* the sum: the floor for this context */
+} ferry_memory_plan;
+
+typedef struct ferry_engine ferry_engine;
+typedef struct ferry_session ferry_session;
+
+/* Called by an evaluation after each stage of the forward pass with the
+ * residual stream of the tokens in the current chunk. stage 0 is the token
+ * embedding, stage i (1..n_layers) the output of block i-1, stage n_layers+1
+ * the final-normed hidden state. `hidden` holds n_tokens rows of `dim` floats
+ * for positions pos..pos+n_tokens-1, valid only during the call. */
+typedef void (*ferry_stage_fn)(void *user, int stage, int pos, int n_tokens,
+                               int dim, const float *hidden);
+
+/* Called by ferry_verify after each checked item: done and total count
+ * items (trunk tensors plus expert records). Return nonzero to stop. */
+typedef int (*ferry_progress_fn)(void *user, uint64_t done, uint64_t total);
+
+void ferry_open_options_init(ferry_open_options *opts);
+
+/* Open the container directory `path`. On success *out owns the engine. */
+ferry_status ferry_engine_open(const char *path, const ferry_open_options *opts,
+                               ferry_engine **out, ferry_error *err);
+void ferry_engine_close(ferry_engine *engine);
+void ferry_engine_info(const ferry_engine *engine, ferry_model_info *info);
+
+/* Memory a session of n_ctx tokens needs on this engine. */
+void ferry_engine_plan(const ferry_engine *engine, int n_ctx, ferry_memory_plan *plan);
+
+/* Check the CRC32 of every trunk tensor and expert record of the container at
+ * `path`. Returns FERRY_E_CHECKSUM naming the first bad item, or another
+ * error for a container that cannot be read at all. `progress` may be NULL. */
+ferry_status ferry_verify(const char *path, ferry_progress_fn progress, void *user,
+                          ferry_error *err);
+
+/* A new, empty timeline of at most n_ctx tokens (0 = the model's max_ctx).
+ * Fails with FERRY_E_BUDGET when it would exceed the engine's RAM budget. */
+ferry_status ferry_session_new(ferry_engine *engine, int n_ctx, ferry_session **out,
+                               ferry_error *err);
+void ferry_session_free(ferry_session *session);
+
+/* Forget every token: position back to 0. Statistics are kept. */
+void ferry_session_reset(ferry_session *session);
+/* Keep only the first n_keep tokens (0 <= n_keep <= position). */
+ferry_status ferry_session_truncate(ferry_session *session, int n_keep, ferry_error *err);
+int ferry_session_position(const ferry_session *session);
+int ferry_session_context(const ferry_session *session);
+
+/* Evaluate n tokens at the current position and advance it by n.
+ * logits: NULL, or room for `vocab` floats (the last token's logits) when
+ * all_logits is 0, or n*vocab floats (every token's) when it is nonzero.
+ * On any error (including cancellation) the position is unchanged and the
+ * session stays usable. */
+ferry_status ferry_session_eval(ferry_session *session, const int32_t *tokens, int n,
+                                float *logits, int all_logits, ferry_error *err);
+
+/* Ask a running (or the next) ferry_session_eval to stop between layers.
+ * Safe from any thread. The request is consumed by the eval it stops. */
+void ferry_session_request_cancel(ferry_session *session);
+void ferry_session_clear_cancel(ferry_session *session);
+
+/* Observe the residual stream (for tests and tools); fn NULL turns it off. */
+void ferry_session_set_stage_callback(ferry_session *session, ferry_stage_fn fn, void *user);
+
+void ferry_session_stats(const ferry_session *session, ferry_stats *stats);
+
+/* A short name for a status code, e.g. "FERRY_E_FORMAT". Never NULL. */
+const char *ferry_status_name(int code);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FERRY_H */

@@ -1,0 +1,34 @@
+/* common.h — small helpers shared by the core's source files. */
+#ifndef FERRY_COMMON_H
+#define FERRY_COMMON_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../include/ferry.h"
+
+/* Fill `err` (may be NULL) with a code and a printf-style message; returns code. */
+ferry_status fe_fail(ferry_error *err, ferry_status code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Monotonic wall-clock seconds. */
+double fe_now(void);
+
+/* 64-byte aligned allocation, zero-filled; NULL on failure or overflow. */
+void *fe_alloc(size_t nbytes);
+void fe_free(void *p);
+
+/* size arithmetic that reports overflow: returns 0 and leaves *out alone on overflow. */
+int fe_mul_size(uint64_t a, uint64_t b, uint64_t *out);
+int fe_add_size(uint64_t a, uint64_t b, uint64_t *out);
+
+/* CRC-32 (IEEE 802.3, the zlib one), continuing from `crc` (start with 0). */
+uint32_t fe_crc32(uint32_t crc, const void *data, size_t n);
+
+/* Read exactly n bytes at offset; a short read is an error. */
+ferry_status fe_pread_full(int fd, void *buf, size_t n, uint64_t offset,
+                           const char *what, ferry_error *err);
+
+#define FE_ALIGN_UP(x, a) (((x) + ((a) - 1)) / (a) * (a))
+
+#endif

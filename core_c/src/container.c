@@ -1,0 +1,489 @@
+/* container.c — open and validate a Ferry container (see container.h). */
+#define _POSIX_C_SOURCE 200809L
+#include "container.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "formats.h"
+#include "json.h"
+
+#define MAX_MANIFEST_BYTES (64u << 20)
+#define MAX_TENSORS 200000
+
+static const char BANK_MAGIC[8] = {'F', 'E', 'R', 'R', 'Y', 'B', 'N', 'K'};
+static const char RECORD_MAGIC[4] = {'F', 'X', 'P', 'R'};
+static const char *PART_NAMES[3] = {"gate", "up", "down"};
+
+static uint32_t rd32(const uint8_t *p) {
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+static uint64_t rd64(const uint8_t *p) { return (uint64_t)rd32(p) | ((uint64_t)rd32(p + 4) << 32); }
+static uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+
+/* ---- manifest field readers: each names what is wrong ---- */
+
+typedef struct {
+    const fe_json *doc;   /* the manifest */
+    ferry_error *err;     /* where failures go */
+} reader;
+
+static ferry_status bad(reader *r, const char *where, const char *key, const char *what) {
+    return fe_fail(r->err, FERRY_E_FORMAT, "manifest.json: %s%s%s %s", where, *where ? "." : "", key,
+                   what);
+}
+
+static ferry_status get_u64(reader *r, const fe_json_node *obj, const char *where, const char *key,
+                            uint64_t lo, uint64_t hi, uint64_t *out) {
+    const fe_json_node *n = fe_json_get(r->doc, obj, key);
+    if (!n) return bad(r, where, key, "is missing");
+    if (n->type != FE_JSON_NUMBER || !n->is_integer || n->num < (double)lo || n->num > (double)hi) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "must be an integer from %llu to %llu", (unsigned long long)lo,
+                 (unsigned long long)hi);
+        return bad(r, where, key, msg);
+    }
+    *out = (uint64_t)n->num;
+    return FERRY_OK;
+}
+
+static ferry_status get_int(reader *r, const fe_json_node *obj, const char *where, const char *key,
+                            int lo, int hi, int *out) {
+    uint64_t v;
+    ferry_status s = get_u64(r, obj, where, key, (uint64_t)lo, (uint64_t)hi, &v);
+    if (s == FERRY_OK) *out = (int)v;
+    return s;
+}
+
+static ferry_status get_float(reader *r, const fe_json_node *obj, const char *where, const char *key,
+                              double lo, double hi, float *out) {
+    const fe_json_node *n = fe_json_get(r->doc, obj, key);
+    if (!n) return bad(r, where, key, "is missing");
+    if (n->type != FE_JSON_NUMBER || !(n->num > lo) || !(n->num <= hi))
+        return bad(r, where, key, "is not a number in range");
+    *out = (float)n->num;
+    return FERRY_OK;
+}
+
+static ferry_status get_bool(reader *r, const fe_json_node *obj, const char *where, const char *key,
+                             int *out) {
+    const fe_json_node *n = fe_json_get(r->doc, obj, key);
+    if (!n) return bad(r, where, key, "is missing");
+    if (n->type != FE_JSON_TRUE && n->type != FE_JSON_FALSE) return bad(r, where, key, "must be true or false");
+    *out = n->type == FE_JSON_TRUE;
+    return FERRY_OK;
+}
+
+static ferry_status get_str(reader *r, const fe_json_node *obj, const char *where, const char *key,
+                            char *out, size_t cap) {
+    const fe_json_node *n = fe_json_get(r->doc, obj, key);
+    if (!n) return bad(r, where, key, "is missing");
+    if (n->type != FE_JSON_STRING) return bad(r, where, key, "must be a string");
+    if (strlen(n->str) >= cap) return bad(r, where, key, "is too long");
+    strcpy(out, n->str);
+    return FERRY_OK;
+}
+
+static ferry_status get_format(reader *r, const fe_json_node *obj, const char *where, int *out) {
+    char name[16];
+    ferry_status s = get_str(r, obj, where, "dtype", name, sizeof name);
+    if (s) return s;
+    *out = fe_format_from_name(name);
+    if (*out < 0) return bad(r, where, "dtype", "names an unknown format");
+    return FERRY_OK;
+}
+
+/* A file name inside the container: relative, no "..", plain characters. */
+static int safe_relative_name(const char *s) {
+    if (!*s || *s == '/') return 0;
+    for (const char *p = s; *p; p++) {
+        char c = *p;
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+              c == '-' || c == '.' || c == '/'))
+            return 0;
+    }
+    return strstr(s, "..") == NULL;
+}
+
+/* ---- model hyperparameters ---- */
+
+static ferry_status read_hparams(reader *r, const fe_json_node *m, fe_hparams *hp) {
+    const char *w = "model";
+    ferry_status s;
+    if (!m || m->type != FE_JSON_OBJECT) return bad(r, "", "model", "is missing or not an object");
+    if ((s = get_str(r, m, w, "arch", hp->arch, sizeof hp->arch))) return s;
+    if (strcmp(hp->arch, "llama") != 0)
+        return fe_fail(r->err, FERRY_E_UNSUPPORTED,
+                       "manifest.json: model.arch \"%s\" is not an architecture this core runs", hp->arch);
+    if ((s = get_int(r, m, w, "n_layers", 1, 1024, &hp->n_layers))) return s;
+    if ((s = get_int(r, m, w, "dim", 1, 65536, &hp->dim))) return s;
+    if ((s = get_int(r, m, w, "n_heads", 1, 1024, &hp->n_heads))) return s;
+    if ((s = get_int(r, m, w, "n_kv_heads", 1, 1024, &hp->n_kv_heads))) return s;
+    if ((s = get_int(r, m, w, "head_dim", 2, 1024, &hp->head_dim))) return s;
+    if ((s = get_int(r, m, w, "ffn_dim", 0, 1 << 20, &hp->ffn_dim))) return s;
+    if ((s = get_int(r, m, w, "vocab", 1, 1 << 22, &hp->vocab))) return s;
+    if ((s = get_int(r, m, w, "max_ctx", 1, 1 << 22, &hp->max_ctx))) return s;
+    if ((s = get_float(r, m, w, "norm_eps", 0.0, 1.0, &hp->norm_eps))) return s;
+    if ((s = get_float(r, m, w, "rope_theta", 0.0, 1e12, &hp->rope_theta))) return s;
+    if ((s = get_int(r, m, w, "rope_dim", 0, 1024, &hp->rope_dim))) return s;
+    if ((s = get_bool(r, m, w, "qkv_bias", &hp->qkv_bias))) return s;
+    if ((s = get_bool(r, m, w, "tied_embeddings", &hp->tied_embeddings))) return s;
+    char pairing[16], qk[16];
+    if ((s = get_str(r, m, w, "rope_pairing", pairing, sizeof pairing))) return s;
+    if (strcmp(pairing, "interleaved") == 0) hp->rope_interleaved = 1;
+    else if (strcmp(pairing, "half") == 0) hp->rope_interleaved = 0;
+    else return bad(r, w, "rope_pairing", "must be \"interleaved\" or \"half\"");
+    if ((s = get_str(r, m, w, "qk_norm", qk, sizeof qk))) return s;
+    if (strcmp(qk, "none") == 0) hp->qk_norm = 0;
+    else if (strcmp(qk, "head") == 0) hp->qk_norm = 1;
+    else if (strcmp(qk, "full") == 0) hp->qk_norm = 2;
+    else return bad(r, w, "qk_norm", "must be \"none\", \"head\" or \"full\"");
+    if (hp->n_heads % hp->n_kv_heads) return bad(r, w, "n_kv_heads", "must divide n_heads");
+    if (hp->rope_dim % 2 || hp->rope_dim > hp->head_dim)
+        return bad(r, w, "rope_dim", "must be even and at most head_dim");
+
+    const fe_json_node *moe = fe_json_get(r->doc, m, "moe");
+    if (moe && moe->type != FE_JSON_NULL) {
+        const char *mw = "model.moe";
+        if (moe->type != FE_JSON_OBJECT) return bad(r, w, "moe", "must be an object or null");
+        if ((s = get_int(r, moe, mw, "n_experts", 1, 65536, &hp->n_experts))) return s;
+        if ((s = get_int(r, moe, mw, "top_k", 1, 256, &hp->top_k))) return s;
+        if ((s = get_int(r, moe, mw, "expert_ffn_dim", 1, 1 << 20, &hp->expert_ffn_dim))) return s;
+        if ((s = get_bool(r, moe, mw, "norm_topk_prob", &hp->norm_topk_prob))) return s;
+        char scoring[16];
+        if ((s = get_str(r, moe, mw, "scoring", scoring, sizeof scoring))) return s;
+        if (strcmp(scoring, "softmax") != 0)
+            return fe_fail(r->err, FERRY_E_UNSUPPORTED, "manifest.json: model.moe.scoring \"%s\" is not supported",
+                           scoring);
+        if (hp->top_k > hp->n_experts) return bad(r, mw, "top_k", "exceeds n_experts");
+    }
+
+    hp->layer_is_moe = calloc((size_t)hp->n_layers, 1);
+    if (!hp->layer_is_moe) return fe_fail(r->err, FERRY_E_NOMEM, "out of memory");
+    const fe_json_node *kinds = fe_json_get(r->doc, m, "layer_ffn");
+    if (!kinds || kinds->type != FE_JSON_ARRAY || kinds->count != hp->n_layers)
+        return bad(r, w, "layer_ffn", "must be an array with one entry per layer");
+    for (int i = 0; i < hp->n_layers; i++) {
+        const fe_json_node *k = fe_json_child(r->doc, kinds, i);
+        if (k->type == FE_JSON_STRING && strcmp(k->str, "moe") == 0 && hp->n_experts > 0) hp->layer_is_moe[i] = 1;
+        else if (k->type == FE_JSON_STRING && strcmp(k->str, "dense") == 0 && hp->ffn_dim > 0) hp->layer_is_moe[i] = 0;
+        else return bad(r, w, "layer_ffn", "entries must be \"dense\" (needs ffn_dim) or \"moe\" (needs moe)");
+    }
+    return FERRY_OK;
+}
+
+/* ---- tensors ---- */
+
+static ferry_status read_shape(reader *r, const fe_json_node *t, const char *where, int *n_dims,
+                               uint64_t *shape) {
+    const fe_json_node *sh = fe_json_get(r->doc, t, "shape");
+    if (!sh || sh->type != FE_JSON_ARRAY || sh->count < 1 || sh->count > 2)
+        return bad(r, where, "shape", "must be a list of 1 or 2 dimensions");
+    *n_dims = sh->count;
+    for (int d = 0; d < sh->count; d++) {
+        const fe_json_node *v = fe_json_child(r->doc, sh, d);
+        if (v->type != FE_JSON_NUMBER || !v->is_integer || v->num < 1 || v->num > (double)(1u << 24))
+            return bad(r, where, "shape", "has a dimension that is not an integer from 1 to 16777216");
+        shape[d] = (uint64_t)v->num;
+    }
+    return FERRY_OK;
+}
+
+/* Stored bytes of a tensor of this format and shape, or 0 if impossible. */
+static uint64_t tensor_bytes(int fmt, int n_dims, const uint64_t *shape) {
+    uint64_t rows = n_dims == 2 ? shape[0] : 1, cols = n_dims == 2 ? shape[1] : shape[0];
+    uint64_t row = fe_row_bytes(fmt, cols), total;
+    if (!row || !fe_mul_size(rows, row, &total)) return 0;
+    return total;
+}
+
+static ferry_status read_tensors(reader *r, const fe_json_node *list, fe_container *c) {
+    if (!list || list->type != FE_JSON_ARRAY) return bad(r, "", "tensors", "is missing or not a list");
+    if (list->count > MAX_TENSORS) return bad(r, "", "tensors", "lists too many tensors");
+    c->tensors = calloc((size_t)list->count + 1, sizeof *c->tensors);
+    if (!c->tensors) return fe_fail(r->err, FERRY_E_NOMEM, "out of memory");
+    int i = 0;
+    for (const fe_json_node *t = fe_json_child(r->doc, list, 0); t; t = fe_json_next(r->doc, t), i++) {
+        fe_tensor *x = &c->tensors[i];
+        char where[64], file[FE_MAX_NAME];
+        snprintf(where, sizeof where, "tensors[%d]", i);
+        ferry_status s;
+        if (t->type != FE_JSON_OBJECT) return bad(r, where, "", "is not an object");
+        if ((s = get_str(r, t, where, "name", x->name, sizeof x->name))) return s;
+        snprintf(where, sizeof where, "tensor %.48s", x->name);
+        if ((s = get_str(r, t, where, "file", file, sizeof file))) return s;
+        if (strcmp(file, "trunk.bin") != 0) return bad(r, where, "file", "must be \"trunk.bin\"");
+        if ((s = get_format(r, t, where, &x->fmt))) return s;
+        if ((s = read_shape(r, t, where, &x->n_dims, x->shape))) return s;
+        if ((s = get_u64(r, t, where, "offset", 0, UINT64_MAX >> 2, &x->offset))) return s;
+        if ((s = get_u64(r, t, where, "nbytes", 1, UINT64_MAX >> 2, &x->nbytes))) return s;
+        uint64_t crc;
+        if ((s = get_u64(r, t, where, "crc32", 0, 0xFFFFFFFFu, &crc))) return s;
+        x->crc32 = (uint32_t)crc;
+        if (x->nbytes != tensor_bytes(x->fmt, x->n_dims, x->shape))
+            return bad(r, where, "nbytes", "does not match its format and shape");
+        if (x->offset % 64) return bad(r, where, "offset", "is not 64-byte aligned");
+        if (x->offset > c->trunk_size || x->nbytes > c->trunk_size - x->offset) {
+            return fe_fail(r->err, FERRY_E_FORMAT,
+                           "manifest.json: tensor %s lies at bytes %llu..%llu but trunk.bin has %llu bytes",
+                           x->name, (unsigned long long)x->offset,
+                           (unsigned long long)(x->offset + x->nbytes), (unsigned long long)c->trunk_size);
+        }
+        for (int j = 0; j < i; j++)
+            if (strcmp(c->tensors[j].name, x->name) == 0) return bad(r, where, "name", "appears twice");
+    }
+    c->n_tensors = i;
+    return FERRY_OK;
+}
+
+/* ---- expert banks ---- */
+
+static ferry_status read_part(reader *r, const fe_json_node *b, const char *where, int k, fe_expert_part *p) {
+    const fe_json_node *n = fe_json_get(r->doc, b, PART_NAMES[k]);
+    char w[96];
+    snprintf(w, sizeof w, "%s.%s", where, PART_NAMES[k]);
+    if (!n || n->type != FE_JSON_OBJECT) return bad(r, where, PART_NAMES[k], "is missing");
+    ferry_status s;
+    int n_dims;
+    uint64_t shape[FE_MAX_DIMS], off, nb;
+    if ((s = get_format(r, n, w, &p->fmt))) return s;
+    if ((s = read_shape(r, n, w, &n_dims, shape))) return s;
+    if (n_dims != 2) return bad(r, w, "shape", "must have 2 dimensions");
+    if ((s = get_u64(r, n, w, "offset", FE_RECORD_HEADER_BYTES, 1u << 31, &off))) return s;
+    if ((s = get_u64(r, n, w, "nbytes", 1, 1u << 31, &nb))) return s;
+    p->rows = shape[0];
+    p->cols = shape[1];
+    p->offset = (uint32_t)off;
+    p->nbytes = (uint32_t)nb;
+    if (nb != tensor_bytes(p->fmt, 2, shape)) return bad(r, w, "nbytes", "does not match its format and shape");
+    if (off % 64) return bad(r, w, "offset", "is not 64-byte aligned");
+    return FERRY_OK;
+}
+
+static ferry_status check_bank_geometry(reader *r, const fe_hparams *hp, fe_bank *b, const char *w) {
+    const fe_expert_part *g = &b->part[0], *u = &b->part[1], *d = &b->part[2];
+    uint64_t f = (uint64_t)hp->expert_ffn_dim, dim = (uint64_t)hp->dim;
+    if (g->rows != f || g->cols != dim || u->rows != f || u->cols != dim || d->rows != dim || d->cols != f)
+        return bad(r, w, "shape", "of gate/up/down does not match model.dim and model.moe.expert_ffn_dim");
+    if (b->n_experts != (uint32_t)hp->n_experts) return bad(r, w, "n_experts", "differs from model.moe.n_experts");
+    uint64_t end = FE_RECORD_HEADER_BYTES;
+    for (int k = 0; k < 3; k++) {
+        if (b->part[k].offset < end) return bad(r, w, PART_NAMES[k], "overlaps what comes before it");
+        end = (uint64_t)b->part[k].offset + b->part[k].nbytes;
+    }
+    if (b->payload_size != end - FE_RECORD_HEADER_BYTES)
+        return bad(r, w, "payload_size", "does not end where the down matrix ends");
+    if (b->record_size % FE_RECORD_ALIGN || b->record_size < end)
+        return bad(r, w, "record_size", "must be a multiple of 4096 that holds the whole record");
+    return FERRY_OK;
+}
+
+static ferry_status open_bank_file(fe_container *c, fe_bank *b, ferry_error *err) {
+    b->fd = open(b->path, O_RDONLY);
+    if (b->fd < 0)
+        return fe_fail(err, FERRY_E_IO, "cannot open expert bank %s: %s", b->rel, strerror(errno));
+    struct stat st;
+    if (fstat(b->fd, &st) != 0) return fe_fail(err, FERRY_E_IO, "cannot stat %s: %s", b->rel, strerror(errno));
+    uint64_t want = FE_BANK_HEADER_BYTES + (uint64_t)b->n_experts * b->record_size;
+    if ((uint64_t)st.st_size != want)
+        return fe_fail(err, FERRY_E_FORMAT, "expert bank %s has %llu bytes; %u records of %llu bytes need %llu%s",
+                       b->rel, (unsigned long long)st.st_size, b->n_experts, (unsigned long long)b->record_size,
+                       (unsigned long long)want, (uint64_t)st.st_size < want ? " (it is truncated)" : "");
+    uint8_t h[FE_BANK_HEADER_BYTES];
+    ferry_status s = fe_pread_full(b->fd, h, sizeof h, 0, b->rel, err);
+    if (s) return s;
+    if (memcmp(h, BANK_MAGIC, 8) != 0) return fe_fail(err, FERRY_E_FORMAT, "%s is not a Ferry expert bank", b->rel);
+    if (rd32(h + 8) != FERRY_FORMAT_VERSION)
+        return fe_fail(err, FERRY_E_VERSION, "%s is expert bank version %u; this Ferry reads version %d", b->rel,
+                       rd32(h + 8), FERRY_FORMAT_VERSION);
+    if (fe_crc32(0, h, 96) != rd32(h + 96))
+        return fe_fail(err, FERRY_E_CHECKSUM, "%s: the bank header's CRC32 does not match", b->rel);
+    int same = rd32(h + 12) == (uint32_t)b->layer && rd32(h + 16) == b->n_experts &&
+               rd32(h + 20) == FE_RECORD_HEADER_BYTES && rd64(h + 24) == b->record_size &&
+               rd64(h + 32) == FE_BANK_HEADER_BYTES && rd32(h + 40) == b->payload_size;
+    for (int k = 0; k < 3 && same; k++) {
+        const fe_expert_part *p = &b->part[k];
+        same = h[44 + k] == (uint8_t)p->fmt && rd32(h + 48 + 4 * k) == p->rows && rd32(h + 60 + 4 * k) == p->cols &&
+               rd32(h + 72 + 4 * k) == p->offset && rd32(h + 84 + 4 * k) == p->nbytes;
+    }
+    if (!same) return fe_fail(err, FERRY_E_FORMAT, "%s: the bank header disagrees with manifest.json", b->rel);
+    (void)c;
+    return FERRY_OK;
+}
+
+static ferry_status read_banks(reader *r, const fe_json_node *list, fe_container *c) {
+    const fe_hparams *hp = &c->hp;
+    c->banks = calloc((size_t)hp->n_layers, sizeof *c->banks);
+    if (!c->banks) return fe_fail(r->err, FERRY_E_NOMEM, "out of memory");
+    for (int l = 0; l < hp->n_layers; l++) c->banks[l].fd = -1;
+    int n_moe = 0;
+    for (int l = 0; l < hp->n_layers; l++) n_moe += hp->layer_is_moe[l];
+    if (n_moe == 0) return FERRY_OK;
+    if (!list || list->type != FE_JSON_ARRAY || list->count != n_moe)
+        return bad(r, "", "expert_banks", "must list one bank per MoE layer");
+    int i = 0;
+    for (const fe_json_node *n = fe_json_child(r->doc, list, 0); n; n = fe_json_next(r->doc, n), i++) {
+        char w[64], rel[FE_MAX_NAME];
+        snprintf(w, sizeof w, "expert_banks[%d]", i);
+        ferry_status s;
+        int layer;
+        uint64_t rs, ps, ne;
+        if (n->type != FE_JSON_OBJECT) return bad(r, w, "", "is not an object");
+        if ((s = get_int(r, n, w, "layer", 0, hp->n_layers - 1, &layer))) return s;
+        if (!hp->layer_is_moe[layer]) return bad(r, w, "layer", "is not an MoE layer");
+        fe_bank *b = &c->banks[layer];
+        if (b->n_experts) return bad(r, w, "layer", "has two banks");
+        b->layer = layer;
+        if ((s = get_str(r, n, w, "file", rel, sizeof rel))) return s;
+        if (!safe_relative_name(rel)) return bad(r, w, "file", "is not a plain relative name");
+        if ((s = get_u64(r, n, w, "n_experts", 1, 65536, &ne))) return s;
+        if ((s = get_u64(r, n, w, "record_size", FE_RECORD_ALIGN, 1ull << 32, &rs))) return s;
+        if ((s = get_u64(r, n, w, "payload_size", 1, 1ull << 31, &ps))) return s;
+        b->n_experts = (uint32_t)ne;
+        b->record_size = rs;
+        b->payload_size = (uint32_t)ps;
+        for (int k = 0; k < 3; k++)
+            if ((s = read_part(r, n, w, k, &b->part[k]))) return s;
+        if ((s = check_bank_geometry(r, hp, b, w))) return s;
+        strcpy(b->rel, rel);
+        if (snprintf(b->path, sizeof b->path, "%s/%s", c->dir, rel) >= (int)sizeof b->path)
+            return fe_fail(r->err, FERRY_E_ARG, "container path is too long");
+        if ((s = open_bank_file(c, b, r->err))) return s;
+    }
+    return FERRY_OK;
+}
+
+/* ---- whole container ---- */
+
+static ferry_status slurp(const char *path, const char *what, size_t limit, char **out, size_t *len,
+                          ferry_error *err) {
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return fe_fail(err, FERRY_E_IO, "cannot open %s: %s", what, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || (uint64_t)st.st_size > limit) {
+        close(fd);
+        return fe_fail(err, FERRY_E_FORMAT, "%s is missing or larger than %zu bytes", what, limit);
+    }
+    char *buf = malloc((size_t)st.st_size + 1);
+    if (!buf) { close(fd); return fe_fail(err, FERRY_E_NOMEM, "out of memory reading %s", what); }
+    ferry_status s = fe_pread_full(fd, buf, (size_t)st.st_size, 0, what, err);
+    close(fd);
+    if (s) { free(buf); return s; }
+    *out = buf;
+    *len = (size_t)st.st_size;
+    return FERRY_OK;
+}
+
+static ferry_status check_header(reader *r, const fe_json_node *root) {
+    char fmt[32];
+    ferry_status s;
+    if (root->type != FE_JSON_OBJECT) return fe_fail(r->err, FERRY_E_FORMAT, "manifest.json is not a JSON object");
+    if ((s = get_str(r, root, "", "format", fmt, sizeof fmt))) return s;
+    if (strcmp(fmt, "ferry") != 0)
+        return fe_fail(r->err, FERRY_E_FORMAT, "manifest.json: format is \"%s\", not \"ferry\"", fmt);
+    const fe_json_node *v = fe_json_get(r->doc, root, "version");
+    if (!v || v->type != FE_JSON_NUMBER || !v->is_integer)
+        return bad(r, "", "version", "is missing or not an integer");
+    if (v->num != FERRY_FORMAT_VERSION)
+        return fe_fail(r->err, FERRY_E_VERSION,
+                       "this container is format version %.0f; this Ferry reads version %d (convert it again "
+                       "with this version of ferry)", v->num, FERRY_FORMAT_VERSION);
+    return FERRY_OK;
+}
+
+static ferry_status stat_trunk(fe_container *c, ferry_error *err) {
+    char path[FE_MAX_PATH + 64];
+    if (snprintf(path, sizeof path, "%s/trunk.bin", c->dir) >= (int)sizeof path)
+        return fe_fail(err, FERRY_E_ARG, "container path is too long");
+    struct stat st;
+    if (stat(path, &st) != 0) return fe_fail(err, FERRY_E_IO, "cannot open trunk.bin: %s", strerror(errno));
+    c->trunk_size = (uint64_t)st.st_size;
+    return FERRY_OK;
+}
+
+ferry_status fe_container_open(fe_container *c, const char *dir, ferry_error *err) {
+    memset(c, 0, sizeof *c);
+    if (!dir || strlen(dir) >= sizeof c->dir - 128) return fe_fail(err, FERRY_E_ARG, "bad container path");
+    strcpy(c->dir, dir);
+    char path[FE_MAX_PATH + 64], *text = NULL, msg[256];
+    size_t len = 0;
+    snprintf(path, sizeof path, "%s/manifest.json", dir);
+    ferry_status s = slurp(path, "manifest.json", MAX_MANIFEST_BYTES, &text, &len, err);
+    if (s) return s;
+    fe_json *doc = fe_json_parse(text, len, msg, sizeof msg);
+    free(text);
+    if (!doc) return fe_fail(err, FERRY_E_FORMAT, "manifest.json is not valid JSON: %s", msg);
+    reader r = {doc, err};
+    const fe_json_node *root = fe_json_root(doc);
+    if (!(s = check_header(&r, root)) && !(s = stat_trunk(c, err)) &&
+        !(s = read_hparams(&r, fe_json_get(doc, root, "model"), &c->hp)) &&
+        !(s = read_tensors(&r, fe_json_get(doc, root, "tensors"), c)))
+        s = read_banks(&r, fe_json_get(doc, root, "expert_banks"), c);
+    fe_json_free(doc);
+    if (s) fe_container_close(c);
+    return s;
+}
+
+ferry_status fe_container_load_trunk(fe_container *c, ferry_error *err) {
+    char path[FE_MAX_PATH + 64];
+    snprintf(path, sizeof path, "%s/trunk.bin", c->dir);
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return fe_fail(err, FERRY_E_IO, "cannot open trunk.bin: %s", strerror(errno));
+    c->trunk = fe_alloc(c->trunk_size);
+    if (!c->trunk) {
+        close(fd);
+        return fe_fail(err, FERRY_E_NOMEM, "cannot allocate %llu bytes for the trunk",
+                       (unsigned long long)c->trunk_size);
+    }
+    ferry_status s = fe_pread_full(fd, c->trunk, c->trunk_size, 0, "trunk.bin", err);
+    close(fd);
+    if (s) return s;
+    for (int i = 0; i < c->n_tensors; i++) c->tensors[i].data = c->trunk + c->tensors[i].offset;
+    return FERRY_OK;
+}
+
+void fe_container_close(fe_container *c) {
+    if (c->banks)
+        for (int l = 0; l < c->hp.n_layers; l++)
+            if (c->banks[l].fd >= 0) close(c->banks[l].fd);
+    free(c->banks);
+    free(c->tensors);
+    free(c->hp.layer_is_moe);
+    fe_free(c->trunk);
+    memset(c, 0, sizeof *c);
+}
+
+const fe_tensor *fe_container_find(const fe_container *c, const char *name) {
+    for (int i = 0; i < c->n_tensors; i++)
+        if (strcmp(c->tensors[i].name, name) == 0) return &c->tensors[i];
+    return NULL;
+}
+
+ferry_status fe_bank_check_record(const fe_bank *b, uint32_t expert, const uint8_t *buf, int check_crc,
+                                  ferry_error *err) {
+    uint64_t at = FE_BANK_HEADER_BYTES + (uint64_t)expert * b->record_size;
+    int ok = memcmp(buf, RECORD_MAGIC, 4) == 0 && rd16(buf + 4) == FERRY_FORMAT_VERSION &&
+             rd16(buf + 6) == FE_RECORD_HEADER_BYTES && rd32(buf + 8) == (uint32_t)b->layer &&
+             rd32(buf + 12) == expert && rd32(buf + 20) == b->part[2].rows &&
+             rd32(buf + 24) == b->part[0].rows && rd32(buf + 28) == b->payload_size;
+    for (int k = 0; k < 3 && ok; k++)
+        ok = buf[16 + k] == (uint8_t)b->part[k].fmt && rd32(buf + 32 + 4 * k) == b->part[k].offset &&
+             rd32(buf + 44 + 4 * k) == b->part[k].nbytes;
+    if (!ok)
+        return fe_fail(err, FERRY_E_FORMAT, "%s: the record of expert %u (byte %llu) has a damaged header", b->rel,
+                       expert, (unsigned long long)at);
+    if (check_crc) {
+        uint32_t want = rd32(buf + 56), got = fe_crc32(0, buf + FE_RECORD_HEADER_BYTES, b->payload_size);
+        if (want != got)
+            return fe_fail(err, FERRY_E_CHECKSUM,
+                           "%s: the record of layer %d expert %u (byte %llu) is damaged: CRC32 %08x, expected %08x",
+                           b->rel, b->layer, expert, (unsigned long long)at, got, want);
+    }
+    return FERRY_OK;
+}

@@ -1,0 +1,172 @@
+/* formats.c — block layouts and scalar dequantization (see formats.h). */
+#include "formats.h"
+
+#include <string.h>
+
+static const fe_format_info FORMATS[FE_N_FORMATS] = {
+    [FE_F32] = {"f32", 1, 4},     [FE_F16] = {"f16", 1, 2},    [FE_BF16] = {"bf16", 1, 2},
+    [FE_Q8_0] = {"q8_0", 32, 34}, [FE_Q4_0] = {"q4_0", 32, 18}, [FE_Q4_1] = {"q4_1", 32, 20},
+    [FE_Q4_K] = {"q4_k", 256, 144}, [FE_Q6_K] = {"q6_k", 256, 210},
+};
+
+const fe_format_info *fe_format_get(int fmt) {
+    return (fmt >= 0 && fmt < FE_N_FORMATS) ? &FORMATS[fmt] : NULL;
+}
+
+int fe_format_from_name(const char *name) {
+    for (int i = 0; i < FE_N_FORMATS; i++)
+        if (strcmp(FORMATS[i].name, name) == 0) return i;
+    return -1;
+}
+
+uint64_t fe_row_bytes(int fmt, uint64_t cols) {
+    const fe_format_info *f = fe_format_get(fmt);
+    if (!f || cols == 0 || cols % (uint64_t)f->block_elems) return 0;
+    return cols / (uint64_t)f->block_elems * (uint64_t)f->block_bytes;
+}
+
+float fe_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h >> 15) << 31;
+    uint32_t exp = (h >> 10) & 0x1F;
+    uint32_t man = h & 0x3FF;
+    uint32_t bits;
+    if (exp == 0) {
+        if (man == 0) {
+            bits = sign;
+        } else { /* subnormal: normalise */
+            int e = -1;
+            do { man <<= 1; e++; } while (!(man & 0x400));
+            bits = sign | ((uint32_t)(127 - 15 - e) << 23) | ((man & 0x3FF) << 13);
+        }
+    } else if (exp == 0x1F) {
+        bits = sign | 0x7F800000u | (man << 13);
+    } else {
+        bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+float fe_bf16_to_f32(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+
+static void dequant_q8_0(const uint8_t *b, float *out, int nb) {
+    for (int i = 0; i < nb; i++, b += 34, out += 32) {
+        float d = fe_f16_to_f32(rd16(b));
+        const int8_t *q = (const int8_t *)(b + 2);
+        for (int j = 0; j < 32; j++) out[j] = d * (float)q[j];
+    }
+}
+
+static void dequant_q4_0(const uint8_t *b, float *out, int nb) {
+    for (int i = 0; i < nb; i++, b += 18, out += 32) {
+        float d = fe_f16_to_f32(rd16(b));
+        const uint8_t *q = b + 2;
+        for (int j = 0; j < 16; j++) {
+            out[j] = d * (float)((q[j] & 0x0F) - 8);
+            out[j + 16] = d * (float)((q[j] >> 4) - 8);
+        }
+    }
+}
+
+static void dequant_q4_1(const uint8_t *b, float *out, int nb) {
+    for (int i = 0; i < nb; i++, b += 20, out += 32) {
+        float d = fe_f16_to_f32(rd16(b));
+        float m = fe_f16_to_f32(rd16(b + 2));
+        const uint8_t *q = b + 4;
+        for (int j = 0; j < 16; j++) {
+            out[j] = d * (float)(q[j] & 0x0F) + m;
+            out[j + 16] = d * (float)(q[j] >> 4) + m;
+        }
+    }
+}
+
+/* Q4_K: f16 d, f16 dmin, 12 bytes of packed 6-bit (scale, min) for 8
+ * sub-blocks of 32, then 128 bytes of nibbles: each 64-element half-pair j
+ * uses bytes 32j..32j+31, low nibbles first, high nibbles second. */
+static void q4k_scale_min(int j, const uint8_t *s, uint8_t *sc, uint8_t *m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (uint8_t)((s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4));
+        *m = (uint8_t)((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
+    }
+}
+
+static void dequant_q4_k(const uint8_t *b, float *out, int nb) {
+    for (int i = 0; i < nb; i++, b += 144) {
+        float d = fe_f16_to_f32(rd16(b));
+        float dmin = fe_f16_to_f32(rd16(b + 2));
+        const uint8_t *scales = b + 4;
+        const uint8_t *q = b + 16;
+        for (int j = 0; j < 8; j += 2, q += 32) {
+            uint8_t sc, m;
+            q4k_scale_min(j, scales, &sc, &m);
+            float d1 = d * sc, m1 = dmin * m;
+            q4k_scale_min(j + 1, scales, &sc, &m);
+            float d2 = d * sc, m2 = dmin * m;
+            for (int l = 0; l < 32; l++) *out++ = d1 * (float)(q[l] & 0x0F) - m1;
+            for (int l = 0; l < 32; l++) *out++ = d2 * (float)(q[l] >> 4) - m2;
+        }
+    }
+}
+
+/* Q6_K: 128 bytes of low 4 bits, 64 bytes of high 2 bits, 16 int8 scales,
+ * f16 d; two halves of 128 elements, each in four interleaved runs of 32. */
+static void dequant_q6_k(const uint8_t *b, float *out, int nb) {
+    for (int i = 0; i < nb; i++, b += 210) {
+        const uint8_t *ql = b;
+        const uint8_t *qh = b + 128;
+        const int8_t *sc = (const int8_t *)(b + 192);
+        float d = fe_f16_to_f32(rd16(b + 208));
+        for (int half = 0; half < 2; half++, ql += 64, qh += 32, sc += 8, out += 128) {
+            for (int l = 0; l < 32; l++) {
+                int is = l / 16;
+                int q1 = (int)((ql[l] & 0x0F) | (((qh[l] >> 0) & 3) << 4)) - 32;
+                int q2 = (int)((ql[l + 32] & 0x0F) | (((qh[l] >> 2) & 3) << 4)) - 32;
+                int q3 = (int)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+                int q4 = (int)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+                out[l] = d * (float)sc[is] * (float)q1;
+                out[l + 32] = d * (float)sc[is + 2] * (float)q2;
+                out[l + 64] = d * (float)sc[is + 4] * (float)q3;
+                out[l + 96] = d * (float)sc[is + 6] * (float)q4;
+            }
+        }
+    }
+}
+
+void fe_dequant_row(int fmt, const void *row, float *out, int cols) {
+    const uint8_t *b = (const uint8_t *)row;
+    switch (fmt) {
+    case FE_F32: memcpy(out, row, (size_t)cols * 4); break;
+    case FE_F16:
+        for (int i = 0; i < cols; i++) out[i] = fe_f16_to_f32(rd16(b + 2 * i));
+        break;
+    case FE_BF16:
+        for (int i = 0; i < cols; i++) out[i] = fe_bf16_to_f32(rd16(b + 2 * i));
+        break;
+    case FE_Q8_0: dequant_q8_0(b, out, cols / 32); break;
+    case FE_Q4_0: dequant_q4_0(b, out, cols / 32); break;
+    case FE_Q4_1: dequant_q4_1(b, out, cols / 32); break;
+    case FE_Q4_K: dequant_q4_k(b, out, cols / 256); break;
+    case FE_Q6_K: dequant_q6_k(b, out, cols / 256); break;
+    default: memset(out, 0, (size_t)cols * 4); break;
+    }
+}
+
+float fe_dot_f32(const float *a, const float *b, int n) {
+    float acc[8] = {0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++) acc[l] += a[i + l] * b[i + l];
+    for (int l = 0; i < n; i++, l++) acc[l] += a[i] * b[i];
+    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
