@@ -13,7 +13,8 @@ from pathlib import Path
 from cffi import FFI
 
 CORE = Path(__file__).resolve().parent
-HEADERS = ["ferry.h", "ferry_cachesim.h"]
+#: Public headers, each with the source file that implements it.
+HEADERS = {"ferry.h": "engine.c", "ferry_cachesim.h": "cachesim.c"}
 
 # Callbacks the Python binding implements (see app/engine/binding.py).
 PYTHON_CALLBACKS = """
@@ -51,7 +52,8 @@ def compile_args() -> list[str]:
 
 def make_ffibuilder() -> FFI:
     builder = FFI()
-    headers = [CORE / "include" / h for h in HEADERS if (CORE / "include" / h).exists()]
+    headers = [CORE / "include" / h for h, impl in HEADERS.items()
+               if (CORE / "include" / h).exists() and (CORE / "src" / impl).exists()]
     builder.cdef("\n".join(cdef_text(h) for h in headers) + PYTHON_CALLBACKS)
     sources = sorted(str(p.relative_to(CORE.parent)) for p in (CORE / "src").glob("*.c"))
     builder.set_source(

@@ -15,10 +15,10 @@ from app.convert.errors import SourceError
 
 #: Per-layer trunk tensors in the order they are laid out in trunk.bin.
 LAYER_TENSORS = ("attn_norm", "attn_q", "attn_q_bias", "attn_k", "attn_k_bias", "attn_v", "attn_v_bias",
-                 "attn_q_norm", "attn_k_norm", "attn_output", "ffn_norm", "ffn_gate_inp",
+                 "attn_q_norm", "attn_k_norm", "attn_output", "attn_output_bias", "ffn_norm", "ffn_gate_inp",
                  "ffn_gate", "ffn_up", "ffn_down")
 #: Tensors that are vectors (always stored as f32).
-VECTOR_SUFFIXES = ("attn_norm", "ffn_norm", "attn_q_bias", "attn_k_bias", "attn_v_bias",
+VECTOR_SUFFIXES = ("attn_norm", "ffn_norm", "attn_q_bias", "attn_k_bias", "attn_v_bias", "attn_output_bias",
                    "attn_q_norm", "attn_k_norm")
 EXPERT_PARTS = ("gate", "up", "down")
 
@@ -64,7 +64,7 @@ def _context(cfg: dict) -> int:
 
 # Hugging Face architectures: the attention flavour and the MoE naming.
 _HF_ARCHS = {
-    "LlamaForCausalLM": dict(qkv_bias=None, qk_norm="none", moe=None),
+    "LlamaForCausalLM": dict(qkv_bias=None, qk_norm="none", moe=None),  # bias from attention_bias
     "MistralForCausalLM": dict(qkv_bias=False, qk_norm="none", moe=None),
     "Qwen2ForCausalLM": dict(qkv_bias=True, qk_norm="none", moe=None),
     "Qwen3ForCausalLM": dict(qkv_bias=False, qk_norm="head", moe=None),
@@ -87,6 +87,8 @@ def _hf_moe_layers(cfg: dict, arch: str, n_layers: int) -> list[bool]:
 
 
 def spec_from_hf(cfg: dict) -> ModelSpec:
+    if not isinstance(cfg, dict):
+        raise SourceError("config.json", "config.json is not a JSON object")
     archs = cfg.get("architectures") or []
     arch = next((a for a in archs if a in _HF_ARCHS), None)
     if arch is None:
@@ -99,9 +101,9 @@ def spec_from_hf(cfg: dict) -> ModelSpec:
     n_heads = int(_require(cfg, "num_attention_heads"))
     n_layers = int(_require(cfg, "num_hidden_layers"))
     head_dim = int(cfg.get("head_dim") or dim // n_heads)
-    qkv_bias = traits["qkv_bias"]
-    if qkv_bias is None:
-        qkv_bias = bool(cfg.get("attention_bias", False))
+    qkv_bias, o_bias = traits["qkv_bias"], False
+    if qkv_bias is None:  # Llama's attention_bias covers q, k, v and o
+        qkv_bias = o_bias = bool(cfg.get("attention_bias", False))
     if arch in ("LlamaForCausalLM", "MistralForCausalLM") and cfg.get("mlp_bias"):
         raise SourceError("config.json", "mlp_bias is not supported")
     moe_kind = traits["moe"]
@@ -122,6 +124,7 @@ def spec_from_hf(cfg: dict) -> ModelSpec:
         "rope_dim": head_dim,
         "rope_pairing": "half",
         "qkv_bias": bool(qkv_bias),
+        "o_bias": o_bias,
         "qk_norm": traits["qk_norm"],
         "tied_embeddings": bool(cfg.get("tie_word_embeddings", False)),
         "moe": None,
@@ -142,6 +145,8 @@ def spec_from_hf(cfg: dict) -> ModelSpec:
             if model["qkv_bias"]:
                 t[f"blk.{i}.attn_{ours}_bias"] = p + f"self_attn.{theirs}.bias"
         t[f"blk.{i}.attn_output"] = p + "self_attn.o_proj.weight"
+        if o_bias:
+            t[f"blk.{i}.attn_output_bias"] = p + "self_attn.o_proj.bias"
         if model["qk_norm"] != "none":
             t[f"blk.{i}.attn_q_norm"] = p + "self_attn.q_norm.weight"
             t[f"blk.{i}.attn_k_norm"] = p + "self_attn.k_norm.weight"
@@ -155,7 +160,7 @@ def spec_from_hf(cfg: dict) -> ModelSpec:
             renorm = True
         else:
             block, names = p + "mlp.", {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"}
-            n_exp = int(_require(cfg, "num_experts"))
+            n_exp = int(cfg.get("num_experts") or _require(cfg, "num_local_experts"))
             ffn = int(cfg.get("moe_intermediate_size") or _require(cfg, "intermediate_size"))
             renorm = bool(cfg.get("norm_topk_prob", False))
         model["moe"] = {"n_experts": n_exp, "top_k": int(_require(cfg, "num_experts_per_tok")),
@@ -213,7 +218,8 @@ def spec_from_gguf(meta: dict, tensor_names: set[str], where: str) -> ModelSpec:
         "rope_theta": float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
         "rope_dim": int(meta.get(f"{arch}.rope.dimension_count") or head_dim),
         "rope_pairing": traits["pairing"],
-        "qkv_bias": f"blk.0.attn_q.bias" in tensor_names,
+        "qkv_bias": "blk.0.attn_q.bias" in tensor_names,
+        "o_bias": "blk.0.attn_output.bias" in tensor_names,
         "qk_norm": traits["qk_norm"],
         "tied_embeddings": "output.weight" not in tensor_names,
         "moe": None,

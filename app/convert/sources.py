@@ -70,9 +70,10 @@ class HFSource(Source):
 
     def __init__(self, path: Path):
         self.path = path
+        # The architecture first: "unsupported" is the more useful message.
+        self.spec = spec_from_hf(load_json(path / "config.json"))
         self.ckpt = Checkpoint(path)
         self.config = self.ckpt.config
-        self.spec = spec_from_hf(self.config)
         self._check_present()
 
     def _check_present(self) -> None:

@@ -133,6 +133,7 @@ static ferry_status read_hparams(reader *r, const fe_json_node *m, fe_hparams *h
     if ((s = get_float(r, m, w, "rope_theta", 0.0, 1e12, &hp->rope_theta))) return s;
     if ((s = get_int(r, m, w, "rope_dim", 0, 1024, &hp->rope_dim))) return s;
     if ((s = get_bool(r, m, w, "qkv_bias", &hp->qkv_bias))) return s;
+    if ((s = get_bool(r, m, w, "o_bias", &hp->o_bias))) return s;
     if ((s = get_bool(r, m, w, "tied_embeddings", &hp->tied_embeddings))) return s;
     char pairing[16], qk[16];
     if ((s = get_str(r, m, w, "rope_pairing", pairing, sizeof pairing))) return s;

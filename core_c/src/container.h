@@ -33,6 +33,7 @@ typedef struct fe_hparams {
     int rope_dim;           /* leading dims of each head that rotate */
     int rope_interleaved;   /* 1: pairs (2i, 2i+1) (GGUF); 0: pairs (i, i+d/2) (HF) */
     int qkv_bias;           /* q, k, v projections have biases */
+    int o_bias;             /* the output projection has a bias */
     int qk_norm;            /* 0 none, 1 per-head RMSNorm, 2 RMSNorm over all heads */
     int tied_embeddings;    /* output projection is the embedding matrix */
     int n_experts;          /* experts per MoE layer, 0 for dense models */

@@ -53,6 +53,7 @@ static ferry_status bind_layer(ferry_engine *e, int l, ferry_error *err) {
     if ((s = find_vec(e, NAME("attn_q_bias"), qd, !hp->qkv_bias, &L->bq, err))) return s;
     if ((s = find_vec(e, NAME("attn_k_bias"), kvd, !hp->qkv_bias, &L->bk, err))) return s;
     if ((s = find_vec(e, NAME("attn_v_bias"), kvd, !hp->qkv_bias, &L->bv, err))) return s;
+    if ((s = find_vec(e, NAME("attn_output_bias"), d, !hp->o_bias, &L->bo, err))) return s;
     if (hp->qk_norm) {
         int qn = hp->qk_norm == 1 ? hp->head_dim : qd, kn = hp->qk_norm == 1 ? hp->head_dim : kvd;
         if ((s = find_vec(e, NAME("attn_q_norm"), qn, 0, &L->q_norm, err))) return s;
@@ -289,7 +290,8 @@ static void attention(ferry_session *s, const chunk_bufs *b, int l, int n) {
     attn_job j = {s, b, l, n};
     fe_pool_run(s->pool, attn_items, &j, n * hp->n_heads);
     matmul(s, b, &L->wo, b->att, n, b->y);
-    for (size_t i = 0; i < (size_t)n * d; i++) b->x[i] += b->y[i];
+    for (int t = 0; t < n; t++)
+        for (int i = 0; i < d; i++) b->x[(size_t)t * d + i] += b->y[(size_t)t * d + i] + (L->bo ? L->bo[i] : 0.0f);
 }
 
 /* ---------------------------------------------------------- feed-forward */

@@ -19,7 +19,7 @@ typedef struct fe_mat {
 typedef struct fe_layer {
     const float *attn_norm;       /* [dim] */
     fe_mat wq, wk, wv, wo;        /* projections */
-    const float *bq, *bk, *bv;    /* biases or NULL */
+    const float *bq, *bk, *bv, *bo; /* biases or NULL */
     const float *q_norm, *k_norm; /* [head_dim] or [heads*head_dim], or NULL */
     const float *ffn_norm;        /* [dim] */
     fe_mat w_gate, w_up, w_down;  /* dense feed-forward (dense layers) */

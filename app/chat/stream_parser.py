@@ -1,0 +1,340 @@
+"""Streaming split of generated text into thinking, response and tool calls.
+
+A ``StreamParser`` takes a model's output one token at a time and returns
+events as soon as they are certain:
+
+* ``("thinking", text)`` and ``("response", text)``: text for the thinking
+  trace and for the answer;
+* ``("tool_call", ToolCall)``: a complete tool call (K3 dialect only);
+* ``("end", None)``: the turn is over (``<|end_of_msg|>``, or ``finish()``).
+
+Two dialects are understood:
+
+``"k3"``
+    K3's markup. The generation prompt opened ``think`` (or ``response``);
+    the model writes ``<|close|>think<|sep|>``, ``<|open|>response<|sep|>``,
+    optionally a ``tools`` element, and ends with ``<|end_of_msg|>``.
+``"think_tags"``
+    ``<think> ... </think>`` written as text, as many GGUF/HF models do.
+
+Markers split across tokens are reassembled: text that could still be the
+start of a marker is held back, and nothing else is. Text fed with
+``feed`` is scanned for markers; with ``feed_token`` and the K3 dialect only
+special token ids count as markers, so a model that writes the characters
+``<|close|>`` as ordinary tokens does not switch channels.
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+import re
+from collections.abc import Iterable, Set
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, TypeAlias
+
+Channel: TypeAlias = Literal["thinking", "response"]
+Dialect: TypeAlias = Literal["k3", "think_tags"]
+Event: TypeAlias = tuple[str, Any]
+Piece: TypeAlias = tuple[str, bool]  # (text, is_marker)
+
+K3_OPEN = "<|open|>"
+K3_CLOSE = "<|close|>"
+K3_SEP = "<|sep|>"
+K3_END_OF_MSG = "<|end_of_msg|>"
+K3_MARKERS = (K3_OPEN, K3_CLOSE, K3_SEP, K3_END_OF_MSG)
+THINK_OPEN = "<think>"
+THINK_CLOSE = "</think>"
+THINK_MARKERS = (THINK_OPEN, THINK_CLOSE)
+
+CHANNELS = ("thinking", "response")
+DIALECTS = ("k3", "think_tags")
+
+_ATTRIBUTE = re.compile(r'([\w-]+)="([^"]*)"')
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A tool call the model made; ``arguments`` is JSON text, as in OpenAI's API."""
+
+    name: str
+    index: int
+    arguments: str
+
+
+class TokenSource(Protocol):
+    """What ``StreamParser.feed_token`` needs from a tokenizer."""
+
+    @property
+    def special_ids(self) -> Set[int]: ...
+
+    def decode_token_bytes(self, token_id: int) -> bytes: ...
+
+
+class MarkerScanner:
+    """Splits a text stream into text and marker pieces.
+
+    Only a suffix that is a proper prefix of some marker is held back
+    between calls; ``flush`` releases it as text at the end of the stream.
+    """
+
+    def __init__(self, markers: Iterable[str]) -> None:
+        self._markers = tuple(sorted(markers, key=len, reverse=True))
+        self._held = ""
+
+    def feed(self, text: str) -> list[Piece]:
+        """Pieces that are certain after appending ``text`` to the stream."""
+        buffer = self._held + text
+        pieces: list[Piece] = []
+        start = 0
+        while (hit := self._next_marker(buffer, start)) is not None:
+            position, marker = hit
+            if position > start:
+                pieces.append((buffer[start:position], False))
+            pieces.append((marker, True))
+            start = position + len(marker)
+        end = len(buffer) - self._partial_marker_length(buffer, start)
+        if end > start:
+            pieces.append((buffer[start:end], False))
+        self._held = buffer[end:]
+        return pieces
+
+    def flush(self) -> str:
+        """The held-back text; at the end of the stream it is ordinary text."""
+        held, self._held = self._held, ""
+        return held
+
+    def _next_marker(self, buffer: str, start: int) -> tuple[int, str] | None:
+        hits = [(buffer.find(marker, start), marker) for marker in self._markers]
+        found = [hit for hit in hits if hit[0] >= 0]
+        return min(found, key=lambda hit: hit[0]) if found else None
+
+    def _partial_marker_length(self, buffer: str, start: int) -> int:
+        """Length of the longest suffix of ``buffer[start:]`` that starts a marker."""
+        longest = max(len(marker) for marker in self._markers) - 1
+        for length in range(min(longest, len(buffer) - start), 0, -1):
+            suffix = buffer[len(buffer) - length:]
+            if any(marker.startswith(suffix) for marker in self._markers):
+                return length
+        return 0
+
+
+class StreamParser:
+    """Routes generated tokens to the thinking trace, the answer and tool calls."""
+
+    def __init__(
+        self,
+        dialect: Dialect = "k3",
+        initial_channel: Channel = "thinking",
+        *,
+        tokenizer: TokenSource | None = None,
+    ) -> None:
+        """``initial_channel`` is the channel the generation prompt left open.
+
+        ``tokenizer`` is needed only for ``feed_token``.
+        """
+        if dialect not in DIALECTS:
+            raise ValueError(f"dialect must be one of {', '.join(DIALECTS)}; got {dialect!r}")
+        if initial_channel not in CHANNELS:
+            raise ValueError(f"initial_channel must be one of {', '.join(CHANNELS)}; got {initial_channel!r}")
+        self._dialect = dialect
+        self._machine: _K3Machine | _ThinkTagMachine
+        if dialect == "k3":
+            self._machine = _K3Machine(initial_channel)
+            self._scanner = MarkerScanner(K3_MARKERS)
+            self._end_marker: str | None = K3_END_OF_MSG
+        else:
+            self._machine = _ThinkTagMachine(initial_channel)
+            self._scanner = MarkerScanner(THINK_MARKERS)
+            self._end_marker = None
+        self._tokenizer = tokenizer
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._ended = False
+
+    @property
+    def ended(self) -> bool:
+        """True once the end event has been returned; later input is ignored."""
+        return self._ended
+
+    def feed(self, text: str) -> list[Event]:
+        """Take the next piece of generated text (markers may be split across calls)."""
+        if self._ended:
+            return []
+        return self._consume(self._scanner.feed(text))
+
+    def feed_token(self, token_id: int) -> list[Event]:
+        """Take the next generated token id (multi-byte characters may span tokens).
+
+        Feed a stream either as text (``feed``) or as ids (``feed_token``),
+        not a mix of both: text held back by one is not seen by the other.
+        """
+        if self._tokenizer is None:
+            raise ValueError("feed_token needs a parser built with tokenizer=...")
+        if self._ended:
+            return []
+        data = self._tokenizer.decode_token_bytes(token_id)
+        if self._dialect != "k3":
+            return self.feed(self._utf8.decode(data))
+        if token_id not in self._tokenizer.special_ids:
+            return self._consume([(self._utf8.decode(data), False)])
+        pieces: list[Piece] = [(self._utf8.decode(b"", final=True), False)]
+        name = data.decode("utf-8")
+        if name in K3_MARKERS:  # other specials ([EOS], reserved ids) carry no text
+            pieces.append((name, True))
+        return self._consume(pieces)
+
+    def finish(self) -> list[Event]:
+        """End of generation: release held-back text and end the turn."""
+        if self._ended:
+            return []
+        pieces = self._scanner.feed(self._utf8.decode(b"", final=True))
+        events = self._consume([*pieces, (self._scanner.flush(), False)])
+        if not self._ended:
+            self._ended = True
+            events.append(("end", None))
+        return events
+
+    def _consume(self, pieces: Iterable[Piece]) -> list[Event]:
+        events: list[Event] = []
+        for text, is_marker in pieces:
+            if is_marker and text == self._end_marker:
+                self._ended = True
+                events.append(("end", None))
+                break
+            if is_marker:
+                events += self._machine.marker(text)
+            elif text:
+                events += self._machine.text(text)
+        return events
+
+
+class _ThinkTagMachine:
+    """``<think>`` switches to the thinking channel, ``</think>`` to the response."""
+
+    def __init__(self, channel: Channel) -> None:
+        self._channel = channel
+
+    def marker(self, marker: str) -> list[Event]:
+        self._channel = "thinking" if marker == THINK_OPEN else "response"
+        return []
+
+    def text(self, text: str) -> list[Event]:
+        return [(self._channel, text)]
+
+
+class _K3Machine:
+    """Follows K3 elements: ``think``, ``response`` and ``tools``/``call``.
+
+    Text outside any element after thinking closed (a model that skips
+    ``<|open|>response<|sep|>``) is response; unknown elements do not change
+    the channel; whitespace between tool calls is dropped.
+    """
+
+    def __init__(self, channel: Channel) -> None:
+        self._channel: Channel = channel
+        self._tag: str | None = None  # K3_OPEN or K3_CLOSE while reading a tag
+        self._tag_text = ""
+        self._in_tools = False
+        self._call: _ToolCallBuilder | None = None
+        self._calls_made = 0
+
+    def marker(self, marker: str) -> list[Event]:
+        if marker in (K3_OPEN, K3_CLOSE):
+            self._tag, self._tag_text = marker, ""
+            return []
+        if self._tag is None:  # a stray <|sep|>
+            return []
+        tag, self._tag = self._tag, None
+        name, attributes = _parse_tag(self._tag_text)
+        if tag == K3_OPEN:
+            self._open(name, attributes)
+            return []
+        return self._close(name)
+
+    def text(self, text: str) -> list[Event]:
+        if self._tag is not None:
+            self._tag_text += text
+        elif self._call is not None:
+            self._call.add_text(text)
+        elif not self._in_tools:
+            return [(self._channel, text)]
+        return []
+
+    def _open(self, name: str, attributes: dict[str, str]) -> None:
+        if name == "think":
+            self._channel = "thinking"
+        elif name == "response":
+            self._channel = "response"
+        elif name == "tools":
+            self._in_tools = True
+        elif name == "call" and self._in_tools:
+            self._call = _ToolCallBuilder(attributes.get("tool", ""))
+        elif name in ("argument", "json") and self._call is not None:
+            self._call.begin_value(name, attributes)
+
+    def _close(self, name: str) -> list[Event]:
+        if name == "think":
+            self._channel = "response"
+        elif name == "tools":
+            self._in_tools = False
+        elif name in ("argument", "json") and self._call is not None:
+            self._call.end_value()
+        elif name == "call" and self._call is not None:
+            self._calls_made += 1
+            call, self._call = self._call.build(self._calls_made), None
+            return [("tool_call", call)]
+        return []
+
+
+class _ToolCallBuilder:
+    """Collects the ``argument`` (or raw ``json``) elements of one ``call``."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._arguments: dict[str, Any] = {}
+        self._raw: str | None = None
+        self._value: tuple[str, str, str] | None = None  # (element, key, type)
+        self._parts: list[str] = []
+
+    def begin_value(self, element: str, attributes: dict[str, str]) -> None:
+        self._value = (element, attributes.get("key", ""), attributes.get("type", "string"))
+        self._parts = []
+
+    def add_text(self, text: str) -> None:
+        if self._value is not None:
+            self._parts.append(text)
+
+    def end_value(self) -> None:
+        if self._value is None:
+            return
+        (element, key, kind), text = self._value, "".join(self._parts)
+        if element == "json":
+            self._raw = text
+        else:
+            self._arguments[key] = text if kind == "string" else _json_or_text(text)
+        self._value = None
+
+    def build(self, index: int) -> ToolCall:
+        """The finished call, numbered ``index`` (1-based within the turn)."""
+        arguments = self._raw if self._raw is not None else json.dumps(self._arguments, ensure_ascii=False)
+        return ToolCall(self._name, index, arguments)
+
+
+def _parse_tag(tag: str) -> tuple[str, dict[str, str]]:
+    """Element name and unescaped attributes of a tag's text."""
+    words = tag.split(maxsplit=1)
+    name = words[0] if words else ""
+    attributes = {key: _unescape(value) for key, value in _ATTRIBUTE.findall(tag)}
+    return name, attributes
+
+
+def _unescape(value: str) -> str:
+    return value.replace("&quot;", '"').replace("&amp;", "&")
+
+
+def _json_or_text(text: str) -> Any:
+    """A typed argument's value; text the model got wrong is kept as a string."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text

@@ -1,0 +1,65 @@
+"""Errors raised while reading untrusted model files, and checks both readers share.
+
+Every problem found in a downloaded file is reported as a :class:`SourceError`
+whose message starts with the file's name, so a GUI can show it as is.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+
+
+class SourceError(ValueError):
+    """A model source file or directory is malformed, truncated or unsupported.
+
+    Attributes:
+        path: the offending file or directory.
+        problem: what is wrong, without the file name.
+        message: ``"<file name>: <problem>"``, also the ``str()`` of the error.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], problem: str) -> None:
+        self.path = Path(path)
+        self.problem = problem
+        self.message = f"{self.path.name}: {problem}"
+        super().__init__(self.message)
+
+
+def read_file_range(path: Path, offset: int, nbytes: int) -> np.ndarray:
+    """Read exactly ``nbytes`` bytes at ``offset`` of ``path`` as a uint8 array.
+
+    Raises SourceError if the file cannot be opened or is shorter than
+    expected (for example, it was truncated after it was parsed).
+    """
+    out = np.empty(nbytes, dtype=np.uint8)
+    view = memoryview(out)
+    try:
+        with open(path, "rb", buffering=0) as f:
+            f.seek(offset)
+            done = 0
+            while done < nbytes:
+                got = f.readinto(view[done:])
+                if not got:
+                    raise SourceError(
+                        path,
+                        f"expected {nbytes} bytes at offset {offset} but the file "
+                        f"ended after {done} (was it truncated?)",
+                    )
+                done += got
+    except OSError as exc:
+        raise SourceError(path, f"cannot read file: {exc.strerror or exc}") from exc
+    return out
+
+
+def reject_overlaps(path: Path, ranges: Iterable[tuple[int, int, str]]) -> None:
+    """Raise SourceError if two non-empty ``(offset, nbytes, name)`` ranges share a byte."""
+    spans = sorted((offset, offset + nbytes, name) for offset, nbytes, name in ranges if nbytes)
+    for (_, prev_end, prev_name), (begin, _, name) in zip(spans, spans[1:]):
+        if begin < prev_end:
+            raise SourceError(
+                path, f"tensors {prev_name!r} and {name!r} overlap (byte {begin} is in both)"
+            )

@@ -1,0 +1,205 @@
+/* test_core.c — the C core's own tests, run under AddressSanitizer and
+ * UndefinedBehaviorSanitizer by tests/engine/test_c_core.py.
+ *
+ *   test_core GOOD_CONTAINER [BAD_CONTAINER...]
+ *
+ * Unit checks of the JSON parser, CRC-32, number formats and the thread pool,
+ * then a full open/eval/verify of the good container, then every bad
+ * container must be refused with a code and a message. Prints
+ * "N passed, N failed" last and exits nonzero on any failure. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../include/ferry.h"
+#include "../src/common.h"
+#include "../src/formats.h"
+#include "../src/json.h"
+#include "../src/pool.h"
+
+static int passed, failed;
+
+#define CHECK(cond)                                                                 \
+    do {                                                                            \
+        if (cond) passed++;                                                         \
+        else { failed++; fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond); } \
+    } while (0)
+
+static void test_crc32(void) {
+    CHECK(fe_crc32(0, "123456789", 9) == 0xCBF43926u);
+    CHECK(fe_crc32(fe_crc32(0, "1234", 4), "56789", 5) == 0xCBF43926u);
+    CHECK(fe_crc32(0, "", 0) == 0);
+}
+
+static int parses(const char *s) {
+    char msg[128];
+    fe_json *d = fe_json_parse(s, strlen(s), msg, sizeof msg);
+    fe_json_free(d);
+    return d != NULL;
+}
+
+static void test_json(void) {
+    char msg[128];
+    const char *doc = "{\"a\": [1, 2.5, -3e2, true, false, null], \"s\": \"x\\u00e9\\ud83d\\ude00\\n\", \"o\": {}}";
+    fe_json *d = fe_json_parse(doc, strlen(doc), msg, sizeof msg);
+    CHECK(d != NULL);
+    if (d) {
+        const fe_json_node *root = fe_json_root(d);
+        const fe_json_node *a = fe_json_get(d, root, "a");
+        CHECK(a && a->type == FE_JSON_ARRAY && a->count == 6);
+        CHECK(fe_json_child(d, a, 0)->is_integer && fe_json_child(d, a, 0)->num == 1);
+        CHECK(!fe_json_child(d, a, 1)->is_integer && fe_json_child(d, a, 2)->num == -300);
+        CHECK(fe_json_child(d, a, 6) == NULL);
+        const fe_json_node *s = fe_json_get(d, root, "s");
+        CHECK(s && strcmp(s->str, "x\xc3\xa9\xf0\x9f\x98\x80\n") == 0);
+        CHECK(fe_json_get(d, root, "missing") == NULL);
+        fe_json_free(d);
+    }
+    const char *bad[] = {"", "{", "[1,]", "{\"a\" 1}", "\"\\ud800\"", "\"\\u0000\"", "01", "1.", "-",
+                         "tru", "[1] 2", "{\"a\":1,}", "\"\x01\"", "1e999", "\"abc"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) CHECK(!parses(bad[i]));
+    char deep[300];
+    memset(deep, '[', sizeof deep - 1);
+    deep[sizeof deep - 1] = '\0';
+    CHECK(!parses(deep)); /* nesting beyond the bound is refused, not a stack overflow */
+    /* Many small values make the node array grow several times. */
+    size_t n = 200000;
+    char *big = malloc(n * 2 + 3);
+    big[0] = '[';
+    for (size_t i = 0; i < n; i++) { big[1 + 2 * i] = '0'; big[2 + 2 * i] = ','; }
+    big[2 * n] = ']';
+    big[2 * n + 1] = '\0';
+    CHECK(parses(big));
+    free(big);
+}
+
+static void test_formats(void) {
+    CHECK(fe_f16_to_f32(0x3C00) == 1.0f);
+    CHECK(fe_f16_to_f32(0xC000) == -2.0f);
+    CHECK(fe_f16_to_f32(0x0001) == ldexpf(1.0f, -24)); /* smallest subnormal */
+    CHECK(isinf(fe_f16_to_f32(0x7C00)));
+    CHECK(fe_bf16_to_f32(0x3F80) == 1.0f);
+    CHECK(fe_row_bytes(FE_Q4_1, 64) == 40 && fe_row_bytes(FE_Q4_1, 33) == 0 && fe_row_bytes(FE_Q6_K, 512) == 420);
+    CHECK(fe_format_from_name("q8_0") == FE_Q8_0 && fe_format_from_name("q9") == -1);
+    /* A Q8_0 block with d = 0.5 and q = -16..15. */
+    unsigned char blk[34] = {0x00, 0x38};
+    for (int i = 0; i < 32; i++) blk[2 + i] = (unsigned char)(signed char)(i - 16);
+    float out[32];
+    fe_dequant_row(FE_Q8_0, blk, out, 32);
+    int ok = 1;
+    for (int i = 0; i < 32; i++) ok &= out[i] == 0.5f * (float)(i - 16);
+    CHECK(ok);
+    float a[13], b[13];
+    for (int i = 0; i < 13; i++) { a[i] = (float)i; b[i] = 1.0f; }
+    CHECK(fe_dot_f32(a, b, 13) == 78.0f);
+}
+
+typedef struct { long long sums[8]; } pool_ctx;
+
+static void add_range(void *p, int start, int end, int tid) {
+    pool_ctx *c = p;
+    for (int i = start; i < end; i++) c->sums[tid] += i;
+}
+
+static void test_pool(void) {
+    fe_pool *pool = fe_pool_new(4);
+    CHECK(pool && fe_pool_threads(pool) == 4);
+    for (int round = 0; round < 50; round++) {
+        pool_ctx c = {{0}};
+        fe_pool_run(pool, add_range, &c, 1000 + round);
+        long long total = 0;
+        for (int t = 0; t < 8; t++) total += c.sums[t];
+        long long n = 1000 + round;
+        CHECK(total == n * (n - 1) / 2);
+    }
+    fe_pool_free(pool);
+}
+
+static void stage_count(void *user, int stage, int pos, int n, int dim, const float *h) {
+    (void)pos;
+    (void)n;
+    (void)dim;
+    (void)h;
+    int *seen = user;
+    if (stage >= 0 && stage < 64) seen[stage]++;
+}
+
+static void test_good_container(const char *path) {
+    ferry_open_options opts;
+    ferry_open_options_init(&opts);
+    opts.n_threads = 2;
+    opts.verify_reads = 1;
+    ferry_engine *e = NULL;
+    ferry_error err;
+    CHECK(ferry_engine_open(path, &opts, &e, &err) == FERRY_OK);
+    if (!e) { fprintf(stderr, "open failed: %s\n", err.message); return; }
+    ferry_model_info info;
+    ferry_engine_info(e, &info);
+    ferry_session *s = NULL;
+    CHECK(ferry_session_new(e, 48, &s, &err) == FERRY_OK);
+    int32_t toks[40];
+    for (int i = 0; i < 40; i++) toks[i] = (int32_t)(3 + (i * 7) % (info.vocab - 3));
+    float *logits = malloc(sizeof(float) * (size_t)info.vocab * 40);
+    int seen[64] = {0};
+    ferry_session_set_stage_callback(s, stage_count, seen);
+    CHECK(ferry_session_eval(s, toks, 40, logits, 1, &err) == FERRY_OK);
+    CHECK(seen[0] == 2 && seen[info.n_layers + 1] == 2); /* two chunks: 32 + 8 */
+    CHECK(ferry_session_position(s) == 40);
+    CHECK(ferry_session_eval(s, toks, 9, logits, 0, &err) == FERRY_E_CONTEXT);
+    CHECK(ferry_session_position(s) == 40);
+    CHECK(ferry_session_truncate(s, 41, &err) == FERRY_E_ARG);
+    CHECK(ferry_session_truncate(s, 10, &err) == FERRY_OK);
+    ferry_session_request_cancel(s);
+    CHECK(ferry_session_eval(s, toks, 1, logits, 0, &err) == FERRY_E_CANCELLED);
+    CHECK(ferry_session_eval(s, toks, 1, logits, 0, &err) == FERRY_OK);
+    int32_t bad_tok = info.vocab;
+    CHECK(ferry_session_eval(s, &bad_tok, 1, logits, 0, &err) == FERRY_E_ARG);
+    ferry_stats st;
+    ferry_session_stats(s, &st);
+    CHECK(st.prompt_tokens == 40 && st.decode_tokens == 1);
+    CHECK(info.n_moe_layers == 0 || st.expert_reads > 0);
+    free(logits);
+    ferry_session_free(s);
+    ferry_engine_close(e);
+    CHECK(ferry_verify(path, NULL, NULL, &err) == FERRY_OK);
+    /* A budget below the floor. */
+    opts.ram_budget = 4096;
+    CHECK(ferry_engine_open(path, &opts, &e, &err) == FERRY_E_BUDGET && strstr(err.message, "budget"));
+}
+
+static void test_bad_container(const char *path) {
+    ferry_open_options opts;
+    ferry_open_options_init(&opts);
+    opts.n_threads = 1;
+    ferry_engine *e = NULL;
+    ferry_error err;
+    ferry_status st = ferry_engine_open(path, &opts, &e, &err);
+    if (st == FERRY_OK) { /* a harmless mutation: it must then also run */
+        ferry_session *s = NULL;
+        if (ferry_session_new(e, 8, &s, &err) == FERRY_OK) {
+            int32_t t = 3;
+            ferry_session_eval(s, &t, 1, NULL, 0, &err);
+            ferry_session_free(s);
+        }
+        ferry_engine_close(e);
+        passed++;
+        return;
+    }
+    CHECK(e == NULL && err.code == (int)st && err.message[0] != '\0');
+    /* verify reads the same damaged manifest: it too must refuse, not crash. */
+    CHECK(ferry_verify(path, NULL, NULL, &err) != FERRY_OK && err.message[0] != '\0');
+}
+
+int main(int argc, char **argv) {
+    test_crc32();
+    test_json();
+    test_formats();
+    test_pool();
+    if (argc > 1) test_good_container(argv[1]);
+    for (int i = 2; i < argc; i++) test_bad_container(argv[i]);
+    CHECK(strcmp(ferry_status_name(FERRY_E_CHECKSUM), "FERRY_E_CHECKSUM") == 0);
+    CHECK(strcmp(ferry_status_name(999), "FERRY_E_UNKNOWN") == 0);
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed != 0;
+}

