@@ -44,7 +44,7 @@ def cdef_text(header: Path) -> str:
 
 
 def compile_args() -> list[str]:
-    args = ["-std=c11", "-O2", "-pthread", "-ffp-contract=off", "-Wall", "-Wextra"]
+    args = ["-std=c11", "-O3", "-pthread", "-ffp-contract=off", "-Wall", "-Wextra"]
     if sys.platform == "darwin":
         args.append("-Wno-unused-command-line-argument")
     return args
