@@ -44,10 +44,12 @@ ferry_status ferry_engine_open(const char *path, const ferry_open_options *opts,
         free(e);
         return fe_fail(err, FERRY_E_BUDGET, "the RAM budget of %s is below the trunk alone: %s", have, need);
     }
-    e->layers = calloc((size_t)e->c.hp.n_layers, sizeof *e->layers);
-    if (!e->layers) s = fe_fail(err, FERRY_E_NOMEM, "out of memory");
+    e->arch = fe_arch_find(e->c.hp.arch);
+    if (!e->arch)
+        s = fe_fail(err, FERRY_E_UNSUPPORTED, "model.arch \"%s\" is not an architecture this core runs",
+                    e->c.hp.arch);
     if (!s) s = fe_container_load_trunk(&e->c, err);
-    if (!s) s = fe_engine_bind(e, err);
+    if (!s) s = e->arch->bind(e, err);
     if (s) { ferry_engine_close(e); return s; }
     *out = e;
     return FERRY_OK;
@@ -55,8 +57,8 @@ ferry_status ferry_engine_open(const char *path, const ferry_open_options *opts,
 
 void ferry_engine_close(ferry_engine *e) {
     if (!e) return;
+    if (e->arch) e->arch->unbind(e);
     fe_container_close(&e->c);
-    free(e->layers);
     free(e);
 }
 
@@ -84,9 +86,9 @@ void ferry_engine_info(const ferry_engine *e, ferry_model_info *info) {
 void ferry_engine_plan(const ferry_engine *e, int n_ctx, ferry_memory_plan *plan) {
     fe_session_sizes sz;
     if (n_ctx <= 0 || n_ctx > e->c.hp.max_ctx) n_ctx = e->c.hp.max_ctx;
-    fe_session_sizes_compute(&e->c, n_ctx, e->opts.n_threads, &sz);
+    e->arch->sizes(e, n_ctx, e->opts.n_threads, &sz);
     plan->trunk_bytes = e->c.trunk_size;
-    plan->state_bytes = 2 * sz.kv * sizeof(float);
+    plan->state_bytes = sz.state;
     plan->scratch_bytes = sz.scratch;
     plan->expert_bytes = sz.expert;
     plan->total_bytes = plan->trunk_bytes + plan->state_bytes + plan->scratch_bytes + plan->expert_bytes;
@@ -119,11 +121,11 @@ ferry_status ferry_session_new(ferry_engine *e, int n_ctx, ferry_session **out, 
     s->n_ctx = n_ctx;
     atomic_init(&s->cancel, 0);
     s->pool = fe_pool_new(e->opts.n_threads);
-    s->k_cache = fe_alloc(plan.state_bytes / 2);
-    s->v_cache = fe_alloc(plan.state_bytes / 2);
-    s->scratch = fe_alloc(plan.scratch_bytes);
-    s->expert_buf = plan.expert_bytes ? fe_alloc(plan.expert_bytes) : NULL;
-    if (!s->pool || !s->k_cache || !s->v_cache || !s->scratch || (plan.expert_bytes && !s->expert_buf)) {
+    e->arch->sizes(e, n_ctx, fe_pool_threads(s->pool), &s->sizes);
+    s->state = fe_alloc(s->sizes.state);
+    s->scratch = fe_alloc(s->sizes.scratch);
+    s->expert_buf = s->sizes.expert ? fe_alloc(s->sizes.expert) : NULL;
+    if (!s->pool || !s->state || !s->scratch || (s->sizes.expert && !s->expert_buf)) {
         ferry_session_free(s);
         return fe_fail(err, FERRY_E_NOMEM, "cannot allocate %llu bytes for a %d-token session",
                        (unsigned long long)(plan.total_bytes - plan.trunk_bytes), n_ctx);
@@ -135,8 +137,7 @@ ferry_status ferry_session_new(ferry_engine *e, int n_ctx, ferry_session **out, 
 void ferry_session_free(ferry_session *s) {
     if (!s) return;
     fe_pool_free(s->pool);
-    fe_free(s->k_cache);
-    fe_free(s->v_cache);
+    fe_free(s->state);
     fe_free(s->scratch);
     fe_free(s->expert_buf);
     free(s);
@@ -176,7 +177,7 @@ ferry_status ferry_session_eval(ferry_session *s, const int32_t *tokens, int n, 
         float *out = NULL;
         if (logits && all_logits) out = logits + (size_t)done * vocab;
         else if (logits && last) out = logits;
-        st = fe_forward_chunk(s, tokens + done, m, out, all_logits, err);
+        st = s->e->arch->forward(s, tokens + done, m, out, all_logits, err);
         if (st == FERRY_OK) {
             s->pos += m;
             done += m;

@@ -1,59 +1,59 @@
-/* model.h — the loaded model (engine) and one timeline (session). */
+/* model.h — the loaded model (engine), one timeline (session), and the
+ * interface every architecture's forward pass implements. */
 #ifndef FERRY_MODEL_H
 #define FERRY_MODEL_H
 
 #include <stdatomic.h>
 
 #include "container.h"
+#include "ops.h"
 #include "pool.h"
-
-/* A weight matrix [rows, cols] in some stored format. */
-typedef struct fe_mat {
-    const uint8_t *data;  /* first row */
-    int fmt;              /* fe_format */
-    int rows, cols;       /* shape */
-    uint64_t row_bytes;   /* stored bytes per row */
-} fe_mat;
-
-/* The resident tensors of one transformer block. Vectors are f32. */
-typedef struct fe_layer {
-    const float *attn_norm;       /* [dim] */
-    fe_mat wq, wk, wv, wo;        /* projections */
-    const float *bq, *bk, *bv, *bo; /* biases or NULL */
-    const float *q_norm, *k_norm; /* [head_dim] or [heads*head_dim], or NULL */
-    const float *ffn_norm;        /* [dim] */
-    fe_mat w_gate, w_up, w_down;  /* dense feed-forward (dense layers) */
-    fe_mat router;                /* [n_experts, dim] (MoE layers) */
-} fe_layer;
-
-struct ferry_engine {
-    fe_container c;               /* the container and its resident trunk */
-    fe_layer *layers;             /* n_layers */
-    fe_mat tok_embd;              /* [vocab, dim] */
-    fe_mat output;                /* [vocab, dim] (may alias tok_embd) */
-    const float *output_norm;     /* [dim] */
-    ferry_open_options opts;      /* as opened, threads resolved */
-};
-
-/* Scratch and state sizes of one session, shared by the planner and the
- * allocator so the plan is exactly what gets allocated. */
-typedef struct fe_session_sizes {
-    uint64_t kv;        /* floats in each of the K and V caches */
-    uint64_t scratch;   /* bytes of activations for one chunk */
-    uint64_t expert;    /* bytes of the expert read buffer */
-} fe_session_sizes;
 
 #define FE_CHUNK 32     /* tokens evaluated together in a prompt */
 
-void fe_session_sizes_compute(const fe_container *c, int n_ctx, int n_threads, fe_session_sizes *s);
+/* What a session of some context length needs, in bytes; computed by the
+ * same code that carves the buffers, so the plan is what gets allocated. */
+typedef struct fe_session_sizes {
+    uint64_t state;     /* attention caches / recurrent state at n_ctx */
+    uint64_t scratch;   /* activations and row buffers for one chunk */
+    uint64_t expert;    /* the expert read buffer */
+} fe_session_sizes;
+
+struct ferry_engine;
+struct ferry_session;
+
+/* One architecture family. */
+typedef struct fe_arch {
+    const char *name;                                    /* manifest model.arch */
+    /* Resolve and check every trunk tensor; allocate e->arch_data. */
+    ferry_status (*bind)(struct ferry_engine *e, ferry_error *err);
+    void (*unbind)(struct ferry_engine *e);              /* free e->arch_data */
+    void (*sizes)(const struct ferry_engine *e, int n_ctx, int n_threads, fe_session_sizes *out);
+    /* Evaluate n <= FE_CHUNK tokens at s->pos (logits as ferry_session_eval). */
+    ferry_status (*forward)(struct ferry_session *s, const int32_t *tokens, int n, float *logits,
+                            int all_logits, ferry_error *err);
+} fe_arch;
+
+/* The architecture named by a manifest, or NULL. */
+const fe_arch *fe_arch_find(const char *name);
+
+extern const fe_arch fe_arch_llama;
+
+struct ferry_engine {
+    fe_container c;               /* the container and its resident trunk */
+    const fe_arch *arch;          /* how to run it */
+    void *arch_data;              /* the architecture's bound tensors */
+    ferry_open_options opts;      /* as opened, threads resolved */
+};
 
 struct ferry_session {
-    ferry_engine *e;            /* the model (borrowed) */
+    struct ferry_engine *e;     /* the model (borrowed) */
     int n_ctx;                  /* capacity in tokens */
     int pos;                    /* tokens held */
-    float *k_cache, *v_cache;   /* [n_layers][n_ctx][kv_dim] */
-    uint8_t *scratch;           /* activations, carved up per chunk */
+    uint8_t *state;             /* attention caches / recurrent state, sizes.state bytes */
+    uint8_t *scratch;           /* activations, carved up per chunk, sizes.scratch bytes */
     uint8_t *expert_buf;        /* one expert record, 4096-aligned */
+    fe_session_sizes sizes;     /* what was allocated */
     fe_pool *pool;              /* compute threads of this session */
     atomic_int cancel;          /* set by ferry_session_request_cancel */
     ferry_stage_fn stage_fn;    /* observer or NULL */
@@ -61,11 +61,17 @@ struct ferry_session {
     ferry_stats stats;          /* counters */
 };
 
-/* Resolve and check every tensor the forward pass uses. */
-ferry_status fe_engine_bind(ferry_engine *e, ferry_error *err);
+/* Largest record of any bank (the expert buffer a session needs). */
+uint64_t fe_max_record(const fe_container *c);
 
-/* Evaluate n tokens (n <= FE_CHUNK) at s->pos; logits as in ferry_session_eval. */
-ferry_status fe_forward_chunk(ferry_session *s, const int32_t *tokens, int n, float *logits, int all_logits,
-                              ferry_error *err);
+/* Report a stage to the session's observer, if any. */
+void fe_stage(struct ferry_session *s, int stage, int n, const float *hidden);
+
+/* Lookup helpers for bind(): a matrix of the given shape (any format), or a
+ * vector that must be f32 (optional ones may be absent: *v = NULL). */
+ferry_status fe_bind_mat(const fe_container *c, const char *name, int rows, int cols, fe_mat *m,
+                         ferry_error *err);
+ferry_status fe_bind_vec(const fe_container *c, const char *name, int n, int optional, const float **v,
+                         ferry_error *err);
 
 #endif

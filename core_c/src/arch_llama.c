@@ -1,0 +1,384 @@
+/* arch_llama.c — the "llama" family (Llama, Mistral, Qwen2/3, Qwen3-MoE,
+ * Mixtral, OLMoE): RMSNorm, RoPE, grouped-query attention with a KV cache,
+ * SwiGLU feed-forward or a softmax-routed mixture of experts whose weights
+ * come from the expert banks through experts.h. */
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "experts.h"
+#include "formats.h"
+#include "model.h"
+
+/* The resident tensors of one transformer block. Vectors are f32. */
+typedef struct fe_layer {
+    const float *attn_norm;         /* [dim] */
+    fe_mat wq, wk, wv, wo;          /* projections */
+    const float *bq, *bk, *bv, *bo; /* biases or NULL */
+    const float *q_norm, *k_norm;   /* [head_dim] or [heads*head_dim], or NULL */
+    const float *ffn_norm;          /* [dim] */
+    fe_mat w_gate, w_up, w_down;    /* dense feed-forward (dense layers) */
+    fe_mat router;                  /* [n_experts, dim] (MoE layers) */
+} fe_layer;
+
+/* Everything bind() resolves: the engine's arch_data. */
+typedef struct llama_model {
+    fe_layer *layers;               /* n_layers */
+    fe_mat tok_embd;                /* [vocab, dim] */
+    fe_mat output;                  /* [vocab, dim] (may alias tok_embd) */
+    const float *output_norm;       /* [dim] */
+} llama_model;
+
+#define MODEL(e) ((llama_model *)(e)->arch_data)
+
+/* ---------------------------------------------------------------- binding */
+
+static ferry_status bind_layer(ferry_engine *e, int l, ferry_error *err) {
+    const fe_hparams *hp = &e->c.hp;
+    fe_layer *L = &MODEL(e)->layers[l];
+    int qd = hp->n_heads * hp->head_dim, kvd = hp->n_kv_heads * hp->head_dim, d = hp->dim;
+    char n[FE_MAX_NAME];
+    ferry_status s;
+#define NAME(suffix) (snprintf(n, sizeof n, "blk.%d.%s", l, suffix), n)
+    if ((s = fe_bind_vec(&e->c, NAME("attn_norm"), d, 0, &L->attn_norm, err))) return s;
+    if ((s = fe_bind_mat(&e->c, NAME("attn_q"), qd, d, &L->wq, err))) return s;
+    if ((s = fe_bind_mat(&e->c, NAME("attn_k"), kvd, d, &L->wk, err))) return s;
+    if ((s = fe_bind_mat(&e->c, NAME("attn_v"), kvd, d, &L->wv, err))) return s;
+    if ((s = fe_bind_mat(&e->c, NAME("attn_output"), d, qd, &L->wo, err))) return s;
+    if ((s = fe_bind_vec(&e->c, NAME("attn_q_bias"), qd, !hp->qkv_bias, &L->bq, err))) return s;
+    if ((s = fe_bind_vec(&e->c, NAME("attn_k_bias"), kvd, !hp->qkv_bias, &L->bk, err))) return s;
+    if ((s = fe_bind_vec(&e->c, NAME("attn_v_bias"), kvd, !hp->qkv_bias, &L->bv, err))) return s;
+    if ((s = fe_bind_vec(&e->c, NAME("attn_output_bias"), d, !hp->o_bias, &L->bo, err))) return s;
+    if (hp->qk_norm) {
+        int qn = hp->qk_norm == 1 ? hp->head_dim : qd, kn = hp->qk_norm == 1 ? hp->head_dim : kvd;
+        if ((s = fe_bind_vec(&e->c, NAME("attn_q_norm"), qn, 0, &L->q_norm, err))) return s;
+        if ((s = fe_bind_vec(&e->c, NAME("attn_k_norm"), kn, 0, &L->k_norm, err))) return s;
+    }
+    if ((s = fe_bind_vec(&e->c, NAME("ffn_norm"), d, 0, &L->ffn_norm, err))) return s;
+    if (hp->layer_is_moe[l]) {
+        if ((s = fe_bind_mat(&e->c, NAME("ffn_gate_inp"), hp->n_experts, d, &L->router, err))) return s;
+    } else {
+        if ((s = fe_bind_mat(&e->c, NAME("ffn_gate"), hp->ffn_dim, d, &L->w_gate, err))) return s;
+        if ((s = fe_bind_mat(&e->c, NAME("ffn_up"), hp->ffn_dim, d, &L->w_up, err))) return s;
+        if ((s = fe_bind_mat(&e->c, NAME("ffn_down"), d, hp->ffn_dim, &L->w_down, err))) return s;
+    }
+#undef NAME
+    return FERRY_OK;
+}
+
+static void llama_unbind(ferry_engine *e) {
+    llama_model *m = MODEL(e);
+    if (m) free(m->layers);
+    free(m);
+    e->arch_data = NULL;
+}
+
+static ferry_status llama_bind(ferry_engine *e, ferry_error *err) {
+    const fe_hparams *hp = &e->c.hp;
+    llama_model *m = calloc(1, sizeof *m);
+    if (m) m->layers = calloc((size_t)hp->n_layers, sizeof *m->layers);
+    e->arch_data = m;
+    if (!m || !m->layers) return fe_fail(err, FERRY_E_NOMEM, "out of memory");
+    ferry_status s;
+    if ((s = fe_bind_mat(&e->c, "token_embd", hp->vocab, hp->dim, &m->tok_embd, err))) return s;
+    if ((s = fe_bind_vec(&e->c, "output_norm", hp->dim, 0, &m->output_norm, err))) return s;
+    if (hp->tied_embeddings) m->output = m->tok_embd;
+    else if ((s = fe_bind_mat(&e->c, "output", hp->vocab, hp->dim, &m->output, err))) return s;
+    for (int l = 0; l < hp->n_layers; l++)
+        if ((s = bind_layer(e, l, err))) return s;
+    return FERRY_OK;
+}
+
+/* ------------------------------------------------------------ scratch plan */
+
+/* The per-chunk activations, in the order they are carved from scratch. */
+typedef struct chunk_bufs {
+    float *x;        /* [C][dim] residual stream */
+    float *xb;       /* [C][dim] normed input of a sub-block */
+    float *q;        /* [C][q_dim] */
+    float *k, *v;    /* [C][kv_dim] */
+    float *att;      /* [C][q_dim] attention output before o_proj */
+    float *h1, *h2;  /* [C][max ffn] feed-forward hidden */
+    float *y;        /* [C][dim] sub-block output */
+    float *router;   /* [C][n_experts] router probabilities */
+    int *sel;        /* [C][top_k] chosen experts */
+    float *sel_w;    /* [C][top_k] their weights */
+    float *slots;    /* [C][top_k][dim] each chosen expert's output */
+    float *ex_in;    /* [C][dim] rows routed to one expert */
+    int *ex_tok;     /* [C] which token each row is, and */
+    int *ex_rank;    /* [C] at which rank it chose the expert */
+    float *rows;     /* [threads][max cols] dequantized weight rows */
+    float *scores;   /* [threads][n_ctx] attention scores */
+} chunk_bufs;
+
+static int max_cols(const fe_hparams *hp) {
+    int m = hp->dim;
+    if (hp->n_heads * hp->head_dim > m) m = hp->n_heads * hp->head_dim;
+    if (hp->ffn_dim > m) m = hp->ffn_dim;
+    if (hp->expert_ffn_dim > m) m = hp->expert_ffn_dim;
+    return m;
+}
+
+/* Lay out (or just measure, when base is NULL) the chunk buffers. */
+static uint64_t carve(const fe_hparams *hp, int n_ctx, int n_threads, uint8_t *base, chunk_bufs *b) {
+    uint64_t off = 0;
+    const uint64_t C = FE_CHUNK, dim = (uint64_t)hp->dim;
+    const uint64_t qd = (uint64_t)hp->n_heads * hp->head_dim, kvd = (uint64_t)hp->n_kv_heads * hp->head_dim;
+    uint64_t ffn = (uint64_t)(hp->ffn_dim > hp->expert_ffn_dim ? hp->ffn_dim : hp->expert_ffn_dim);
+    uint64_t E = (uint64_t)hp->n_experts, K = (uint64_t)hp->top_k;
+#define TAKE(field, type, count)                                                                      \
+    do {                                                                                              \
+        if (base) b->field = (type *)(base + off);                                                   \
+        off += FE_ALIGN_UP((uint64_t)(count) * sizeof(type), 64);                                     \
+    } while (0)
+    TAKE(x, float, C * dim);
+    TAKE(xb, float, C * dim);
+    TAKE(q, float, C * qd);
+    TAKE(k, float, C * kvd);
+    TAKE(v, float, C * kvd);
+    TAKE(att, float, C * qd);
+    TAKE(h1, float, C * ffn);
+    TAKE(h2, float, C * ffn);
+    TAKE(y, float, C * dim);
+    TAKE(router, float, C * E);
+    TAKE(sel, int, C * K);
+    TAKE(sel_w, float, C * K);
+    TAKE(slots, float, C * K * dim);
+    TAKE(ex_in, float, C * dim);
+    TAKE(ex_tok, int, C);
+    TAKE(ex_rank, int, C);
+    TAKE(rows, float, (uint64_t)n_threads * (uint64_t)max_cols(hp));
+    TAKE(scores, float, (uint64_t)n_threads * (uint64_t)n_ctx);
+#undef TAKE
+    return off;
+}
+
+/* Floats in each of the K and V caches. */
+static uint64_t kv_floats(const fe_hparams *hp, int n_ctx) {
+    return (uint64_t)hp->n_layers * (uint64_t)n_ctx * (uint64_t)hp->n_kv_heads * (uint64_t)hp->head_dim;
+}
+
+static void llama_sizes(const ferry_engine *e, int n_ctx, int n_threads, fe_session_sizes *out) {
+    const fe_hparams *hp = &e->c.hp;
+    out->state = 2 * FE_ALIGN_UP(kv_floats(hp, n_ctx) * sizeof(float), 64);
+    out->scratch = carve(hp, n_ctx, n_threads, NULL, NULL);
+    out->expert = fe_max_record(&e->c);
+}
+
+static float *k_cache(const ferry_session *s) { return (float *)s->state; }
+static float *v_cache(const ferry_session *s) {
+    return (float *)(s->state + FE_ALIGN_UP(kv_floats(&s->e->c.hp, s->n_ctx) * sizeof(float), 64));
+}
+
+/* ------------------------------------------------------------- primitives */
+
+/* Rotate one head's leading rope_dim values for position pos. */
+static void rope(float *v, int pos, const fe_hparams *hp) {
+    int half = hp->rope_dim / 2;
+    for (int i = 0; i < half; i++) {
+        float inv_freq = 1.0f / powf(hp->rope_theta, (float)(2 * i) / (float)hp->rope_dim);
+        float angle = (float)pos * inv_freq;
+        float c = cosf(angle), s = sinf(angle);
+        int a = hp->rope_interleaved ? 2 * i : i, b = hp->rope_interleaved ? 2 * i + 1 : i + half;
+        float x0 = v[a], x1 = v[b];
+        v[a] = x0 * c - x1 * s;
+        v[b] = x0 * s + x1 * c;
+    }
+}
+
+static void matmul(ferry_session *s, const chunk_bufs *b, const fe_mat *w, const float *x, int n, float *y) {
+    fe_ops ops = {s->pool, b->rows, max_cols(&s->e->c.hp)};
+    fe_matmul(&ops, w, x, n, y);
+}
+
+/* ------------------------------------------------------------- attention */
+
+typedef struct {
+    ferry_session *s;
+    const chunk_bufs *b;
+    int layer, n;       /* layer and tokens in the chunk */
+} attn_job;
+
+/* One (token, head) pair per item: causal softmax attention over the cache. */
+static void attn_items(void *p, int start, int end, int tid) {
+    attn_job *j = p;
+    ferry_session *s = j->s;
+    const fe_hparams *hp = &s->e->c.hp;
+    const int hd = hp->head_dim, kvd = hp->n_kv_heads * hd, qd = hp->n_heads * hd;
+    const int group = hp->n_heads / hp->n_kv_heads;
+    const float scale = 1.0f / sqrtf((float)hd);
+    float *scores = j->b->scores + (size_t)tid * (size_t)s->n_ctx;
+    const float *kc = k_cache(s) + (size_t)j->layer * s->n_ctx * kvd;
+    const float *vc = v_cache(s) + (size_t)j->layer * s->n_ctx * kvd;
+    for (int it = start; it < end; it++) {
+        int t = it / hp->n_heads, h = it % hp->n_heads, kvh = h / group;
+        int upto = s->pos + t; /* inclusive */
+        const float *q = j->b->q + (size_t)t * qd + (size_t)h * hd;
+        for (int i = 0; i <= upto; i++) scores[i] = fe_dot_f32(q, kc + (size_t)i * kvd + (size_t)kvh * hd, hd) * scale;
+        fe_softmax(scores, upto + 1);
+        float *out = j->b->att + (size_t)t * qd + (size_t)h * hd;
+        memset(out, 0, (size_t)hd * sizeof *out);
+        for (int i = 0; i <= upto; i++) {
+            const float *v = vc + (size_t)i * kvd + (size_t)kvh * hd;
+            float w = scores[i];
+            for (int d = 0; d < hd; d++) out[d] += w * v[d];
+        }
+    }
+}
+
+static void attention(ferry_session *s, const chunk_bufs *b, int l, int n) {
+    const fe_hparams *hp = &s->e->c.hp;
+    const fe_layer *L = &MODEL(s->e)->layers[l];
+    const int hd = hp->head_dim, qd = hp->n_heads * hd, kvd = hp->n_kv_heads * hd, d = hp->dim;
+    for (int t = 0; t < n; t++) fe_rmsnorm(b->xb + (size_t)t * d, b->x + (size_t)t * d, L->attn_norm, d, hp->norm_eps);
+    matmul(s, b, &L->wq, b->xb, n, b->q);
+    matmul(s, b, &L->wk, b->xb, n, b->k);
+    matmul(s, b, &L->wv, b->xb, n, b->v);
+    for (int t = 0; t < n; t++) {
+        float *q = b->q + (size_t)t * qd, *k = b->k + (size_t)t * kvd, *v = b->v + (size_t)t * kvd;
+        if (L->bq)
+            for (int i = 0; i < qd; i++) q[i] += L->bq[i];
+        if (L->bk)
+            for (int i = 0; i < kvd; i++) k[i] += L->bk[i];
+        if (L->bv)
+            for (int i = 0; i < kvd; i++) v[i] += L->bv[i];
+        if (hp->qk_norm == 2) {
+            fe_rmsnorm(q, q, L->q_norm, qd, hp->norm_eps);
+            fe_rmsnorm(k, k, L->k_norm, kvd, hp->norm_eps);
+        }
+        for (int h = 0; h < hp->n_heads; h++) {
+            if (hp->qk_norm == 1) fe_rmsnorm(q + h * hd, q + h * hd, L->q_norm, hd, hp->norm_eps);
+            rope(q + h * hd, s->pos + t, hp);
+        }
+        for (int h = 0; h < hp->n_kv_heads; h++) {
+            if (hp->qk_norm == 1) fe_rmsnorm(k + h * hd, k + h * hd, L->k_norm, hd, hp->norm_eps);
+            rope(k + h * hd, s->pos + t, hp);
+        }
+        size_t at = ((size_t)l * s->n_ctx + (size_t)(s->pos + t)) * kvd;
+        memcpy(k_cache(s) + at, k, (size_t)kvd * sizeof *k);
+        memcpy(v_cache(s) + at, v, (size_t)kvd * sizeof *v);
+    }
+    attn_job j = {s, b, l, n};
+    fe_pool_run(s->pool, attn_items, &j, n * hp->n_heads);
+    matmul(s, b, &L->wo, b->att, n, b->y);
+    for (int t = 0; t < n; t++)
+        for (int i = 0; i < d; i++) b->x[(size_t)t * d + i] += b->y[(size_t)t * d + i] + (L->bo ? L->bo[i] : 0.0f);
+}
+
+/* ---------------------------------------------------------- feed-forward */
+
+/* out = down(fe_silu(gate x) * up x) for n rows of x. */
+static void swiglu(ferry_session *s, const chunk_bufs *b, const fe_mat *g, const fe_mat *u, const fe_mat *dn,
+                   const float *x, int n, float *out) {
+    matmul(s, b, g, x, n, b->h1);
+    matmul(s, b, u, x, n, b->h2);
+    size_t m = (size_t)n * g->rows;
+    for (size_t i = 0; i < m; i++) b->h1[i] = fe_silu(b->h1[i]) * b->h2[i];
+    matmul(s, b, dn, b->h1, n, out);
+}
+
+/* Top-k of one token's router probabilities, highest first, ties to the lower id. */
+static void top_k(const float *p, int n, int k, int *ids, float *w, int renorm) {
+    for (int r = 0; r < k; r++) {
+        int best = -1;
+        for (int e = 0; e < n; e++) {
+            int taken = 0;
+            for (int q = 0; q < r; q++) taken |= ids[q] == e;
+            if (!taken && (best < 0 || p[e] > p[best])) best = e;
+        }
+        ids[r] = best;
+        w[r] = p[best];
+    }
+    if (renorm) {
+        float sum = 0.0f;
+        for (int r = 0; r < k; r++) sum += w[r];
+        for (int r = 0; r < k; r++) w[r] /= sum;
+    }
+}
+
+static ferry_status moe(ferry_session *s, const chunk_bufs *b, int l, int n, ferry_error *err) {
+    const fe_hparams *hp = &s->e->c.hp;
+    const fe_layer *L = &MODEL(s->e)->layers[l];
+    const fe_bank *bk = &s->e->c.banks[l];
+    const int d = hp->dim, E = hp->n_experts, K = hp->top_k;
+    matmul(s, b, &L->router, b->xb, n, b->router);
+    for (int t = 0; t < n; t++) {
+        fe_softmax(b->router + (size_t)t * E, E);
+        top_k(b->router + (size_t)t * E, E, K, b->sel + t * K, b->sel_w + t * K, hp->norm_topk_prob);
+    }
+    /* Each distinct expert of the chunk is read once and run on all its rows. */
+    for (int e = 0; e < E; e++) {
+        int m = 0;
+        for (int t = 0; t < n; t++)
+            for (int r = 0; r < K; r++)
+                if (b->sel[t * K + r] == e) {
+                    memcpy(b->ex_in + (size_t)m * d, b->xb + (size_t)t * d, (size_t)d * sizeof(float));
+                    b->ex_tok[m] = t;
+                    b->ex_rank[m] = r;
+                    m++;
+                }
+        if (m == 0) continue;
+        const uint8_t *rec;
+        ferry_status st = fe_expert_get(s, l, e, &rec, err);
+        if (st) return st;
+        fe_mat g = fe_expert_mat(bk, 0, rec), u = fe_expert_mat(bk, 1, rec), dn = fe_expert_mat(bk, 2, rec);
+        swiglu(s, b, &g, &u, &dn, b->ex_in, m, b->y);
+        for (int i = 0; i < m; i++)
+            memcpy(b->slots + ((size_t)b->ex_tok[i] * K + (size_t)b->ex_rank[i]) * d, b->y + (size_t)i * d,
+                   (size_t)d * sizeof(float));
+    }
+    /* Sum in rank order so a token's result does not depend on its chunk. */
+    for (int t = 0; t < n; t++)
+        for (int r = 0; r < K; r++) {
+            const float *y = b->slots + ((size_t)t * K + r) * d;
+            float w = b->sel_w[t * K + r];
+            for (int i = 0; i < d; i++) b->x[(size_t)t * d + i] += w * y[i];
+        }
+    return FERRY_OK;
+}
+
+static ferry_status ffn(ferry_session *s, const chunk_bufs *b, int l, int n, ferry_error *err) {
+    const fe_hparams *hp = &s->e->c.hp;
+    const fe_layer *L = &MODEL(s->e)->layers[l];
+    const int d = hp->dim;
+    for (int t = 0; t < n; t++) fe_rmsnorm(b->xb + (size_t)t * d, b->x + (size_t)t * d, L->ffn_norm, d, hp->norm_eps);
+    if (hp->layer_is_moe[l]) return moe(s, b, l, n, err);
+    swiglu(s, b, &L->w_gate, &L->w_up, &L->w_down, b->xb, n, b->y);
+    for (size_t i = 0; i < (size_t)n * d; i++) b->x[i] += b->y[i];
+    return FERRY_OK;
+}
+
+/* ------------------------------------------------------------ whole pass */
+
+static ferry_status llama_forward(ferry_session *s, const int32_t *tokens, int n, float *logits, int all_logits,
+                              ferry_error *err) {
+    ferry_engine *e = s->e;
+    const llama_model *m = MODEL(e);
+    const fe_hparams *hp = &e->c.hp;
+    const int d = hp->dim;
+    chunk_bufs b;
+    carve(hp, s->n_ctx, fe_pool_threads(s->pool), s->scratch, &b);
+    for (int t = 0; t < n; t++)
+        fe_dequant_row(m->tok_embd.fmt, m->tok_embd.data + (uint64_t)tokens[t] * m->tok_embd.row_bytes,
+                       b.x + (size_t)t * d, d);
+    fe_stage(s, 0, n, b.x);
+    for (int l = 0; l < hp->n_layers; l++) {
+        if (atomic_exchange(&s->cancel, 0))
+            return fe_fail(err, FERRY_E_CANCELLED, "cancelled at layer %d", l);
+        attention(s, &b, l, n);
+        ferry_status st = ffn(s, &b, l, n, err);
+        if (st) return st;
+        fe_stage(s, l + 1, n, b.x);
+    }
+    for (int t = 0; t < n; t++) fe_rmsnorm(b.xb + (size_t)t * d, b.x + (size_t)t * d, m->output_norm, d, hp->norm_eps);
+    fe_stage(s, hp->n_layers + 1, n, b.xb);
+    if (logits) {
+        if (all_logits) matmul(s, &b, &m->output, b.xb, n, logits);
+        else matmul(s, &b, &m->output, b.xb + (size_t)(n - 1) * d, 1, logits);
+    }
+    return FERRY_OK;
+}
+
+const fe_arch fe_arch_llama = {"llama", llama_bind, llama_unbind, llama_sizes, llama_forward};

@@ -1,0 +1,40 @@
+/* ops.h — numeric building blocks shared by every architecture's forward pass. */
+#ifndef FERRY_OPS_H
+#define FERRY_OPS_H
+
+#include <stdint.h>
+
+#include "pool.h"
+
+/* A weight matrix [rows, cols] in some stored format (formats.h). */
+typedef struct fe_mat {
+    const uint8_t *data;  /* first row */
+    int fmt;              /* fe_format */
+    int rows, cols;       /* shape */
+    uint64_t row_bytes;   /* stored bytes per row */
+} fe_mat;
+
+/* Where matrix products run: the session's pool and one row buffer of
+ * `rows_stride` floats per pool thread. */
+typedef struct fe_ops {
+    fe_pool *pool;        /* compute threads */
+    float *rows;          /* [threads][rows_stride] */
+    int rows_stride;      /* floats per thread, >= the widest matrix row */
+} fe_ops;
+
+/* A matrix view over stored bytes. */
+fe_mat fe_mat_view(const uint8_t *data, int fmt, int rows, int cols);
+
+/* y[t][r] = W[r] . x[t] for t < n; x is [n][cols], y is [n][rows]. Each
+ * output is computed by one thread the same way whatever n is, so a batch
+ * gives bit-identical results to n single products. */
+void fe_matmul(const fe_ops *ops, const fe_mat *w, const float *x, int n, float *y);
+
+/* out = w * x / rms(x) over n values (out may alias x). */
+void fe_rmsnorm(float *out, const float *x, const float *w, int n, float eps);
+float fe_silu(float x);
+float fe_sigmoid(float x);
+/* In-place softmax over n values. */
+void fe_softmax(float *x, int n);
+
+#endif
