@@ -1,0 +1,196 @@
+"""The expert-cache policy: its C unit tests under ASan/UBSan, the Python
+wrapper on the real OLMoE routing trace, and a brute-force proof on tiny
+traces that the C OPT is optimal under the pinning rule."""
+from __future__ import annotations
+
+import functools
+import importlib.util
+import itertools
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from cffi import FFI
+
+from app.engine import cachesim
+from core_c import build_ferry
+from tests.conftest import REPO
+
+CORE = REPO / "core_c"
+TRACE = Path("/work/shared/data/traces/olmoe-1b-7b_299tok.jsonl")
+EXPERTS = 64
+SANITIZE = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all"]
+# Engine-policy hit rate / OPT measured on the full trace, cold (docs/CACHE_POLICY.md),
+# minus a 0.01 margin. The 0.90 target is not reached; these pin what is.
+ENGINE_RATIO_FLOOR = {61: 0.751, 128: 0.760, 256: 0.802}
+
+
+def build_private_lib(tmpdir: Path):
+    """(ffi, lib) of ferry_cachesim.h alone, compiled with cffi in API mode
+    into tmpdir: the tests' stand-in for app.engine._ferry_c."""
+    ffi = FFI()
+    ffi.cdef(build_ferry.cdef_text(CORE / "include" / "ferry_cachesim.h"))
+    ffi.set_source("_ferry_cachesim_private", '#include "ferry_cachesim.h"',
+                   sources=[str(CORE / "src" / "cachesim.c"), str(CORE / "src" / "cache_policy.c")],
+                   include_dirs=[str(CORE / "include")],
+                   extra_compile_args=build_ferry.compile_args())
+    path = ffi.compile(tmpdir=str(tmpdir))
+    spec = importlib.util.spec_from_file_location("_ferry_cachesim_private", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.ffi, module.lib
+
+
+@pytest.fixture(scope="session")
+def lib(tmp_path_factory):
+    return build_private_lib(tmp_path_factory.mktemp("cachesim"))
+
+
+@pytest.fixture(scope="session")
+def trace():
+    return cachesim.load_trace(TRACE)
+
+
+def test_c_unit_tests_pass_under_sanitizers(tmp_path):
+    cc = shutil.which("gcc") or shutil.which("cc") or shutil.which("clang")
+    if cc is None:
+        pytest.fail("no C compiler found: install gcc or clang")
+    exe = tmp_path / "test_cache_policy"
+    sources = [CORE / "tests" / "test_cache_policy.c", CORE / "src" / "cache_policy.c",
+               CORE / "src" / "cachesim.c"]
+    subprocess.run([cc, "-std=c11", "-Wall", "-Wextra", "-Werror", "-O1", "-g", *SANITIZE,
+                    "-I", str(CORE / "include"), "-I", str(CORE / "src"), *map(str, sources),
+                    "-o", str(exe), "-lm"], check=True, capture_output=True, text=True)
+    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
+    last = run.stdout.strip().splitlines()[-1]
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert re.fullmatch(r"\d+ passed, 0 failed", last), run.stdout
+
+
+def test_real_trace_shape(trace):
+    assert trace.shape == (299, 16, 8) and trace.dtype == np.int32
+    assert trace.min() >= 0 and trace.max() < EXPERTS
+
+
+@pytest.mark.parametrize("slots", sorted(ENGINE_RATIO_FLOOR))
+def test_engine_policy_fraction_of_opt(trace, lib, slots):
+    r = cachesim.simulate(trace, EXPERTS, slots, "engine", lib=lib)
+    assert r["policy"] == "echo"
+    assert r["ratio_to_opt"] >= ENGINE_RATIO_FLOOR[slots]
+    assert r["hit_rate"] > r["lru_hit_rate"]
+
+
+def test_opt_bounds_every_policy_at_every_size(trace, lib):
+    for slots in (8, 32, 61, 128, 256, 512, 1024):
+        for name in cachesim.policy_names(lib):
+            r = cachesim.simulate(trace, EXPERTS, slots, name, lib=lib)
+            assert 0.0 <= r["hit_rate"] <= r["opt_hit_rate"] <= 1.0, (slots, name)
+            assert r["hits"] + r["misses"] == r["requests"] == trace.size
+    # The whole expert set fits: every policy misses exactly the cold misses.
+    distinct = np.count_nonzero(cachesim.usage_counts(trace, EXPERTS))
+    full = cachesim.simulate(trace, EXPERTS, 16 * EXPERTS, "engine", lib=lib)
+    assert full["misses"] == distinct and full["hit_rate"] == full["opt_hit_rate"]
+
+
+def test_warm_prior_from_first_half_evaluated_on_second_half(trace, lib):
+    half = len(trace) // 2  # tokens 0-148 teach the hot list, 149-298 are replayed
+    first, second = trace[:half], trace[half:]
+    prior = cachesim.usage_counts(first, EXPERTS)
+    assert prior.sum() == first.size
+    for slots in (61, 128, 256):
+        cold = cachesim.simulate(second, EXPERTS, slots, "engine", lib=lib)
+        warm = cachesim.simulate(second, EXPERTS, slots, "engine", prior=prior, lib=lib)
+        assert warm["opt_hit_rate"] == cold["opt_hit_rate"]
+        assert warm["hit_rate"] >= cold["hit_rate"] - 0.01
+
+
+def test_bad_arguments_are_rejected_with_messages(trace, lib):
+    bad = trace[:3].copy()
+    bad[1, 2, 0] = 64
+    with pytest.raises(ValueError, match=r"token 1 layer 2: expert id 64 out of range \[0, 64\)"):
+        cachesim.simulate(bad, EXPERTS, 61, lib=lib)
+    bad[1, 2, 0] = bad[1, 2, 1]
+    with pytest.raises(ValueError, match="requested twice"):
+        cachesim.simulate(bad, EXPERTS, 61, lib=lib)
+    with pytest.raises(ValueError, match=r"n_slots \(7\) must be >= top_k \(8\)"):
+        cachesim.simulate(trace, EXPERTS, 7, lib=lib)
+    with pytest.raises(ValueError, match="unknown policy 'mru'"):
+        cachesim.simulate(trace, EXPERTS, 61, "mru", lib=lib)
+    with pytest.raises(ValueError, match="prior must hold 16 x 64 counts"):
+        cachesim.simulate(trace, EXPERTS, 61, prior=np.zeros(5, np.uint32), lib=lib)
+    with pytest.raises(ValueError, match="trace must be a non-empty"):
+        cachesim.simulate(trace[0], EXPERTS, 61, lib=lib)
+    with pytest.raises(ValueError, match=r"experts_per_layer \(4\) must be >= top_k \(8\)"):
+        cachesim.simulate(trace, 4, 61, lib=lib)
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"tok": 1, "layers": [[1, 2]]}\n{"tok": 2, "layers": [[1, 2]\n', r":2: not JSON"),
+    ('{"tok": 1, "layers": [[1, 2]]}\n{"tok": 2, "layers": [[1, 2, 3]]}\n', r":2: shape 1x3 differs"),
+    ('{"tok": 1, "layers": [[1, 2], [3]]}\n', r":1: every layer must list the same"),
+    ('{"tok": 1, "layers": [[1, -2]]}\n', r":1: layer 0: expert ids must be non-negative"),
+    ('{"tok": 1, "layers": [[1, 2.5]]}\n', r":1: layer 0: expert ids"),
+    ('[1, 2]\n', r":1: 'layers' must be"),
+    ('\n', r"no tokens"),
+])
+def test_load_trace_names_the_bad_line(tmp_path, text, message):
+    path = tmp_path / "t.jsonl"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=message):
+        cachesim.load_trace(path)
+
+
+def test_cli_prints_json_and_text(lib, capsys, tmp_path):
+    args = ["--trace", str(TRACE), "--experts-per-layer", "64", "--slots", "128"]
+    assert cachesim.main([*args, "--json"], lib=lib) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert {"hit_rate", "lru_hit_rate", "opt_hit_rate", "hits", "misses", "requests", "policy",
+            "slots", "ratio_to_opt", "prior_tokens"} <= r.keys()
+    assert cachesim.main([*args, "--policy", "lru", "--prior-tokens", "150"], lib=lib) == 0
+    assert "lru with 128 slots, warm from the first 150 tokens: hit rate" in capsys.readouterr().out
+    (tmp_path / "bad.jsonl").write_text("{")
+    assert cachesim.main(["--trace", str(tmp_path / "bad.jsonl"), "--experts-per-layer", "64",
+                          "--slots", "8"], lib=lib) == 2
+    assert "bad.jsonl:1: not JSON" in capsys.readouterr().err
+
+
+def brute_force_best_hits(trace: np.ndarray, n_slots: int) -> int:
+    """Most hits any eviction schedule reaches when a layer's set is pinned
+    and a miss must be inserted: exhaustive search over every choice of
+    victims at every visit."""
+    n_tokens, n_layers, _ = trace.shape
+    visits = [frozenset((layer, int(e)) for e in trace[t, layer])
+              for t in range(n_tokens) for layer in range(n_layers)]
+
+    @functools.lru_cache(maxsize=None)
+    def best(v: int, resident: frozenset) -> int:
+        if v == len(visits):
+            return 0
+        want = visits[v]
+        need = max(0, len(resident | want) - n_slots)
+        evictable = sorted(resident - want)
+        return len(want & resident) + max(best(v + 1, (resident - set(drop)) | want)
+                                          for drop in itertools.combinations(evictable, need))
+
+    return best(0, frozenset())
+
+
+def test_opt_is_optimal_on_tiny_traces_by_exhaustive_search(lib):
+    rng = np.random.default_rng(20240601)
+    for _ in range(120):
+        n_layers, n_experts = int(rng.integers(1, 4)), int(rng.integers(3, 7))
+        top_k = int(rng.integers(1, min(3, n_experts) + 1))
+        n_slots, n_tokens = top_k + int(rng.integers(0, 4)), int(rng.integers(2, 6))
+        weights = rng.dirichlet(np.ones(n_experts) * 0.7)
+        trace = np.array([[rng.choice(n_experts, top_k, replace=False, p=weights)
+                           for _ in range(n_layers)] for _ in range(n_tokens)], dtype=np.int32)
+        r = cachesim.simulate(trace, n_experts, n_slots, "lru", lib=lib)
+        best = brute_force_best_hits(trace, n_slots)
+        assert round(r["opt_hit_rate"] * r["requests"]) == best, (trace.tolist(), n_slots)
+        for name in cachesim.policy_names(lib):
+            online = cachesim.simulate(trace, n_experts, n_slots, name, lib=lib)
+            assert online["hits"] <= best
