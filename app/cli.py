@@ -17,6 +17,7 @@ from app.convert.errors import SourceError
 from app.convert.layout import FORMAT_CHOICES
 from app.engine.binding import FerryError, verify
 from app.model import Finished, LoadedModel, ModelError, PromptProgress, Token
+from app.plan import describe, gib, plan_container
 from app.sampling import SamplingParams
 
 DEMO = "demo"
@@ -58,8 +59,15 @@ def _progress_printer():
 
 
 def _open(args) -> LoadedModel:
-    return LoadedModel(resolve_model(args.model), ram_budget=parse_size(args.budget) if args.budget else 0,
-                       threads=args.threads)
+    path = resolve_model(args.model)
+    if args.budget:
+        budget = parse_size(args.budget)
+    else:
+        plan = plan_container(path, args.ctx)
+        budget = plan.recommended
+        if not getattr(args, "json", False):
+            print(f"ferry: RAM budget {gib(budget)} ({plan.reason})", file=sys.stderr)
+    return LoadedModel(path, ram_budget=budget, threads=args.threads, n_ctx=args.ctx)
 
 
 def _params(args) -> SamplingParams:
@@ -190,6 +198,20 @@ def cmd_eval(args) -> int:
     return 0
 
 
+def cmd_plan(args) -> int:
+    plan = plan_container(resolve_model(args.model), args.ctx)
+    budget = parse_size(args.budget) if args.budget else None
+    if args.json:
+        doc = plan.as_dict()
+        if budget is not None:
+            doc["budget"] = budget
+            doc["budget_ok"] = budget >= plan.floor
+        print(json.dumps(doc, indent=1))
+    else:
+        print(describe(plan, budget))
+    return 0 if budget is None or budget >= plan.floor else 1
+
+
 def cmd_verify(args) -> int:
     path = resolve_model(args.model)
     state = {"last": 0}
@@ -283,6 +305,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_eval)
 
+    p = sub.add_parser("plan", help="the RAM a model needs here, and the budget Ferry would choose")
+    p.add_argument("model", help="a container, or use `ferry plan --config config.json` for a bare config")
+    p.add_argument("--budget", help="check this budget against the floor")
+    p.add_argument("--ctx", type=int, default=4096)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_plan)
+
     p = sub.add_parser("verify", help="check every checksum of a container")
     p.add_argument("model")
     p.add_argument("--quiet", action="store_true")
@@ -305,6 +334,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if argv[:1] == ["cache-sim"]:
             return cmd_cache_sim(argv[1:])
+        if argv[:1] == ["plan"] and any(a == "--config" or a.startswith("--config=") for a in argv):
+            from app.plan_config import main as plan_config_main
+
+            return plan_config_main(argv[1:])
         args = build_parser().parse_args(argv)
         return args.fn(args)
     except (FerryError, SourceError, ConvertError, ModelError, UsageError, ValueError, OSError) as exc:

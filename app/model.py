@@ -73,10 +73,11 @@ class StreamDecoder:
 
 
 class LoadedModel:
-    def __init__(self, path: str | Path, *, ram_budget: int = 0, threads: int = 0):
+    def __init__(self, path: str | Path, *, ram_budget: int = 0, threads: int = 0, n_ctx: int = 0,
+                 **engine_options):
         self.path = Path(path)
         manifest_path = self.path / "manifest.json"
-        self.engine = Engine(self.path, ram_budget=ram_budget, threads=threads)
+        self.engine = Engine(self.path, ram_budget=ram_budget, threads=threads, n_ctx=n_ctx, **engine_options)
         try:
             self.manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:

@@ -7,6 +7,7 @@ here that becomes a :class:`FerryError` carrying the code name and message.
 from __future__ import annotations
 
 import os
+import weakref
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
@@ -56,6 +57,11 @@ class ModelInfo:
     trunk_bytes: int
     expert_bytes: int
     n_threads: int
+    direct_io: int
+    io_note: str
+    cache_slots: int
+    prefetch_slots: int
+    ram_budget: int
 
 
 @dataclass(frozen=True)
@@ -65,6 +71,9 @@ class MemoryPlan:
     scratch_bytes: int
     expert_bytes: int
     total_bytes: int
+    floor_bytes: int
+    record_bytes: int
+    token_set_bytes: int
 
 
 @dataclass(frozen=True)
@@ -79,6 +88,14 @@ class Stats:
     compute_seconds: float = 0.0
     hits: int = 0
     misses: int = 0
+    decode_hits: int = 0
+    decode_misses: int = 0
+    prefetch_issued: int = 0
+    prefetch_used: int = 0
+    prefetch_wasted: int = 0
+    lookahead_predicted: int = 0
+    lookahead_correct: int = 0
+    stall_seconds: float = 0.0
 
     def as_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -92,22 +109,46 @@ class Engine:
     """A container opened by the C core. Close it (or use ``with``) to free RAM."""
 
     def __init__(self, path: str | os.PathLike, *, ram_budget: int = 0, threads: int = 0,
-                 verify_reads: bool = False):
+                 verify_reads: bool = False, n_ctx: int = 0, cache_slots: int = 0, readers: int = 0,
+                 direct_io: bool = True, overlap: bool = True, lookahead: bool = True, cache: bool = True,
+                 usage_counts: np.ndarray | None = None):
+        """Open a container. ``n_ctx`` is the context the RAM budget must leave
+        room for; the switches exist to measure each mechanism (they change
+        speed, never output)."""
         self.path = Path(path)
         opts = ffi.new("ferry_open_options *")
         lib.ferry_open_options_init(opts)
         opts.ram_budget = int(ram_budget)
         opts.n_threads = int(threads)
         opts.verify_reads = int(verify_reads)
+        opts.n_ctx = int(n_ctx)
+        opts.cache_slots = int(cache_slots)
+        opts.n_readers = int(readers)
+        opts.flags = ((0 if direct_io else lib.FERRY_NO_DIRECT_IO) | (0 if overlap else lib.FERRY_NO_OVERLAP)
+                      | (0 if lookahead else lib.FERRY_NO_LOOKAHEAD) | (0 if cache else lib.FERRY_NO_CACHE))
+        counts = None
+        if usage_counts is not None:
+            counts = np.ascontiguousarray(usage_counts, dtype=np.uint32)
+            opts.usage_counts = ffi.from_buffer("uint32_t[]", counts)
+            opts.n_usage_counts = counts.size
         out = ffi.new("ferry_engine **")
         err = ffi.new("ferry_error *")
         _check(lib.ferry_engine_open(os.fsencode(self.path), opts, out, err), err)
         self._ptr = out[0]
+        self._sessions: weakref.WeakSet[Session] = weakref.WeakSet()
         self.ram_budget = int(ram_budget)
         c = ffi.new("ferry_model_info *")
         lib.ferry_engine_info(self._ptr, c)
-        self.info = ModelInfo(arch=ffi.string(c.arch).decode(),
-                              **{f.name: getattr(c, f.name) for f in fields(ModelInfo) if f.name != "arch"})
+        text = {"arch": ffi.string(c.arch).decode(), "io_note": ffi.string(c.io_note).decode()}
+        self.info = ModelInfo(**text, **{f.name: getattr(c, f.name) for f in fields(ModelInfo) if f.name not in text})
+
+    def usage(self) -> np.ndarray:
+        """Expert usage counts [n_layers, n_experts] (the hot list to save)."""
+        n = self.info.n_layers * self.info.n_experts
+        out = np.zeros(n, dtype=np.uint32)
+        err = ffi.new("ferry_error *")
+        _check(lib.ferry_engine_usage(self._live(), ffi.from_buffer("uint32_t[]", out), n, err), err)
+        return out.reshape(self.info.n_layers, self.info.n_experts)
 
     def plan(self, n_ctx: int = 0) -> MemoryPlan:
         c = ffi.new("ferry_memory_plan *")
@@ -123,7 +164,10 @@ class Engine:
         return self._ptr
 
     def close(self) -> None:
+        """Free the engine; its sessions are closed first (they borrow it)."""
         if getattr(self, "_ptr", None) is not None:
+            for session in list(self._sessions):
+                session.close()
             lib.ferry_engine_close(self._ptr)
             self._ptr = None
 
@@ -158,16 +202,17 @@ class Session:
         err = ffi.new("ferry_error *")
         _check(lib.ferry_session_new(engine._live(), int(n_ctx), out, err), err)
         self._ptr = out[0]
+        engine._sessions.add(self)
         self._observer_handle = None
         self.tokens: list[int] = []  # the tokens the session holds, in order
 
     @property
     def position(self) -> int:
-        return lib.ferry_session_position(self._ptr)
+        return lib.ferry_session_position(self._live())
 
     @property
     def n_ctx(self) -> int:
-        return lib.ferry_session_context(self._ptr)
+        return lib.ferry_session_context(self._live())
 
     def eval(self, tokens: Sequence[int], *, all_logits: bool = False) -> np.ndarray:
         """Evaluate tokens after those held; returns the last token's logits
@@ -177,7 +222,7 @@ class Session:
         vocab = self.engine.info.vocab
         logits = np.empty((n, vocab) if all_logits else (vocab,), dtype=np.float32)
         err = ffi.new("ferry_error *")
-        status = lib.ferry_session_eval(self._ptr, ffi.from_buffer("int32_t[]", toks), n,
+        status = lib.ferry_session_eval(self._live(), ffi.from_buffer("int32_t[]", toks), n,
                                         ffi.from_buffer("float[]", logits), int(all_logits), err)
         _check(status, err)
         self.tokens.extend(int(t) for t in toks)
@@ -200,33 +245,40 @@ class Session:
 
     def truncate(self, n_keep: int) -> None:
         err = ffi.new("ferry_error *")
-        _check(lib.ferry_session_truncate(self._ptr, int(n_keep), err), err)
+        _check(lib.ferry_session_truncate(self._live(), int(n_keep), err), err)
         del self.tokens[n_keep:]
 
     def reset(self) -> None:
-        lib.ferry_session_reset(self._ptr)
+        lib.ferry_session_reset(self._live())
         self.tokens.clear()
 
     def cancel(self) -> None:
         """Stop a running (or the next) eval between layers. Any thread."""
-        lib.ferry_session_request_cancel(self._ptr)
+        ptr = self._ptr
+        if ptr is not None:
+            lib.ferry_session_request_cancel(ptr)
 
     def clear_cancel(self) -> None:
-        lib.ferry_session_clear_cancel(self._ptr)
+        lib.ferry_session_clear_cancel(self._live())
 
     def observe(self, observer: StageObserver | None) -> None:
         """Receive the residual stream after each stage (see ferry.h)."""
         if observer is None:
-            lib.ferry_session_set_stage_callback(self._ptr, ffi.NULL, ffi.NULL)
+            lib.ferry_session_set_stage_callback(self._live(), ffi.NULL, ffi.NULL)
             self._observer_handle = None
             return
         self._observer_handle = ffi.new_handle(observer)
-        lib.ferry_session_set_stage_callback(self._ptr, lib._ferry_stage_cb, self._observer_handle)
+        lib.ferry_session_set_stage_callback(self._live(), lib._ferry_stage_cb, self._observer_handle)
 
     def stats(self) -> Stats:
         c = ffi.new("ferry_stats *")
-        lib.ferry_session_stats(self._ptr, c)
+        lib.ferry_session_stats(self._live(), c)
         return _struct_to(Stats, c)
+
+    def _live(self):
+        if self._ptr is None:
+            raise FerryError("FERRY_E_ARG", "the session is closed")
+        return self._ptr
 
     def close(self) -> None:
         if getattr(self, "_ptr", None) is not None:
@@ -235,6 +287,15 @@ class Session:
 
     def __del__(self) -> None:
         self.close()
+
+
+def container_plan(path: str | os.PathLike, n_ctx: int = 0, threads: int = 0) -> MemoryPlan:
+    """The RAM plan of a container from its manifest alone (nothing is loaded);
+    ``expert_bytes`` is what caching every expert would take."""
+    c = ffi.new("ferry_memory_plan *")
+    err = ffi.new("ferry_error *")
+    _check(lib.ferry_container_plan(os.fsencode(Path(path)), int(n_ctx), int(threads), c, err), err)
+    return _struct_to(MemoryPlan, c)
 
 
 def verify(path: str | os.PathLike, progress: Callable[[int, int], bool | None] | None = None) -> None:

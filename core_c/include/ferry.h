@@ -54,11 +54,24 @@ typedef struct ferry_error {
 /* The container format version this core reads. */
 #define FERRY_FORMAT_VERSION 1
 
+/* Switches of ferry_open_options.flags, for measurement and tests: each
+ * mechanism changes speed, never output. */
+#define FERRY_NO_DIRECT_IO 1  /* read expert records through the page cache */
+#define FERRY_NO_OVERLAP 2    /* read misses one at a time, not while computing */
+#define FERRY_NO_LOOKAHEAD 4  /* do not prefetch the next layer's predicted experts */
+#define FERRY_NO_CACHE 8      /* forget every expert after its layer: read each use */
+
 /* Options for ferry_engine_open. Initialise with ferry_open_options_init. */
 typedef struct ferry_open_options {
     uint64_t ram_budget;  /* bytes the core may allocate in all; 0 = unlimited */
     int n_threads;        /* compute threads; 0 = one per online CPU (max 64) */
     int verify_reads;     /* nonzero: check each expert record's CRC32 on read */
+    int n_ctx;            /* context the budget must leave room for; 0 = min(4096, max_ctx) */
+    int cache_slots;      /* expert records to cache; 0 = as many as the budget allows */
+    int n_readers;        /* reader threads; 0 = 4 */
+    int flags;            /* FERRY_NO_* switches */
+    const uint32_t *usage_counts; /* hot list from ferry_engine_usage of an earlier run, or NULL */
+    size_t n_usage_counts;        /* its length: n_layers * n_experts */
 } ferry_open_options;
 
 /* What a loaded model is. Filled by ferry_engine_info. */
@@ -77,6 +90,11 @@ typedef struct ferry_model_info {
     uint64_t trunk_bytes;     /* resident weights held in RAM */
     uint64_t expert_bytes;    /* bytes of one expert record on disk (0 if none) */
     int n_threads;            /* compute threads actually in use */
+    int direct_io;            /* expert reads bypass the page cache */
+    char io_note[160];        /* why direct I/O is off, when it is */
+    int cache_slots;          /* expert records the cache holds */
+    int prefetch_slots;       /* records the lookahead may read ahead */
+    uint64_t ram_budget;      /* the budget in force (0 = unlimited) */
 } ferry_model_info;
 
 /* Counters of one session. Times are wall-clock seconds. */
@@ -91,6 +109,14 @@ typedef struct ferry_stats {
     double compute_seconds;   /* time in eval not spent reading */
     uint64_t hits;            /* expert uses served from RAM */
     uint64_t misses;          /* expert uses that needed a read */
+    uint64_t decode_hits;     /* hits during single-token steps */
+    uint64_t decode_misses;   /* misses during single-token steps */
+    uint64_t prefetch_issued; /* records the lookahead started reading */
+    uint64_t prefetch_used;   /* of those, records the next layer did use */
+    uint64_t prefetch_wasted; /* of those, records it did not */
+    uint64_t lookahead_predicted; /* experts the lookahead router predicted */
+    uint64_t lookahead_correct;   /* of those, experts the real router chose */
+    double stall_seconds;     /* time compute waited for reads */
 } ferry_stats;
 
 /* RAM a session needs at a context length, and what it is made of. */
@@ -98,8 +124,11 @@ typedef struct ferry_memory_plan {
     uint64_t trunk_bytes;     /* resident weights */
     uint64_t state_bytes;     /* attention caches at the context asked for */
     uint64_t scratch_bytes;   /* activations and buffers for one prompt chunk */
-    uint64_t expert_bytes;    /* expert read buffers */
-    uint64_t total_bytes;     /* the sum: the floor for this context */
+    uint64_t expert_bytes;    /* the expert cache and prefetch buffers in force */
+    uint64_t total_bytes;     /* the sum */
+    uint64_t floor_bytes;     /* the least budget that runs: trunk, state, scratch, minimum cache */
+    uint64_t record_bytes;    /* one expert record */
+    uint64_t token_set_bytes; /* one token's expert working set: records of top_k x MoE layers */
 } ferry_memory_plan;
 
 typedef struct ferry_engine ferry_engine;
@@ -127,6 +156,17 @@ void ferry_engine_info(const ferry_engine *engine, ferry_model_info *info);
 
 /* Memory a session of n_ctx tokens needs on this engine. */
 void ferry_engine_plan(const ferry_engine *engine, int n_ctx, ferry_memory_plan *plan);
+
+/* The same plan read from a container's manifest alone, without loading
+ * anything (for `ferry plan` and budget choices before opening). expert_bytes
+ * is then what caching every expert would take. */
+ferry_status ferry_container_plan(const char *path, int n_ctx, int n_threads, ferry_memory_plan *plan,
+                                  ferry_error *err);
+
+/* The expert usage counts so far (loaded hot list plus this run), for the
+ * caller to save and pass back as ferry_open_options.usage_counts next time.
+ * n must be n_layers * n_experts. */
+ferry_status ferry_engine_usage(const ferry_engine *engine, uint32_t *counts, size_t n, ferry_error *err);
 
 /* Check the CRC32 of every trunk tensor and expert record of the container at
  * `path`. Returns FERRY_E_CHECKSUM naming the first bad item, or another

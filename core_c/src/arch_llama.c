@@ -109,6 +109,12 @@ typedef struct chunk_bufs {
     float *ex_in;    /* [C][dim] rows routed to one expert */
     int *ex_tok;     /* [C] which token each row is, and */
     int *ex_rank;    /* [C] at which rank it chose the expert */
+    uint8_t *wanted; /* [n_experts] chosen by some token of the chunk */
+    int *ids;        /* [n_experts] the distinct chosen experts */
+    float *look_in;  /* [dim] lookahead: the next layer's normed input */
+    float *look_p;   /* [n_experts] its router probabilities */
+    int *look_ids;   /* [top_k] its predicted experts */
+    float *look_w;   /* [top_k] their weights (unused) */
     float *rows;     /* [threads][max cols] dequantized weight rows */
     float *scores;   /* [threads][n_ctx] attention scores */
 } chunk_bufs;
@@ -149,6 +155,12 @@ static uint64_t carve(const fe_hparams *hp, int n_ctx, int n_threads, uint8_t *b
     TAKE(ex_in, float, C * dim);
     TAKE(ex_tok, int, C);
     TAKE(ex_rank, int, C);
+    TAKE(wanted, uint8_t, E);
+    TAKE(ids, int, E);
+    TAKE(look_in, float, dim);
+    TAKE(look_p, float, E);
+    TAKE(look_ids, int, K);
+    TAKE(look_w, float, K);
     TAKE(rows, float, (uint64_t)n_threads * (uint64_t)max_cols(hp));
     TAKE(scores, float, (uint64_t)n_threads * (uint64_t)n_ctx);
 #undef TAKE
@@ -164,7 +176,6 @@ static void llama_sizes(const ferry_engine *e, int n_ctx, int n_threads, fe_sess
     const fe_hparams *hp = &e->c.hp;
     out->state = 2 * FE_ALIGN_UP(kv_floats(hp, n_ctx) * sizeof(float), 64);
     out->scratch = carve(hp, n_ctx, n_threads, NULL, NULL);
-    out->expert = fe_max_record(&e->c);
 }
 
 static float *k_cache(const ferry_session *s) { return (float *)s->state; }
@@ -298,6 +309,38 @@ static void top_k(const float *p, int n, int k, int *ids, float *w, int renorm) 
     }
 }
 
+/* Rows of the chunk routed to expert e, gathered into ex_in; returns their count. */
+static int gather(const fe_hparams *hp, const chunk_bufs *b, int n, int e) {
+    const int d = hp->dim, K = hp->top_k;
+    int m = 0;
+    for (int t = 0; t < n; t++)
+        for (int r = 0; r < K; r++)
+            if (b->sel[t * K + r] == e) {
+                memcpy(b->ex_in + (size_t)m * d, b->xb + (size_t)t * d, (size_t)d * sizeof(float));
+                b->ex_tok[m] = t;
+                b->ex_rank[m] = r;
+                m++;
+            }
+    return m;
+}
+
+/* Lookahead: run the next MoE layer's router on the current residual and let
+ * the cache start reading its likely experts while this layer computes. The
+ * real router still decides, so this changes speed, never output. */
+static void lookahead(ferry_session *s, const chunk_bufs *b, int l, int n) {
+    const fe_hparams *hp = &s->e->c.hp;
+    if (n != 1) return; /* a prompt chunk reads each distinct expert once anyway */
+    int next = l + 1;
+    while (next < hp->n_layers && !hp->layer_is_moe[next]) next++;
+    if (next >= hp->n_layers) return;
+    const fe_layer *N = &MODEL(s->e)->layers[next];
+    fe_rmsnorm(b->look_in, b->x, N->ffn_norm, hp->dim, hp->norm_eps);
+    matmul(s, b, &N->router, b->look_in, 1, b->look_p);
+    fe_softmax(b->look_p, hp->n_experts);
+    top_k(b->look_p, hp->n_experts, hp->top_k, b->look_ids, b->look_w, 0);
+    fe_experts_prefetch(s, next, b->look_ids, hp->top_k);
+}
+
 static ferry_status moe(ferry_session *s, const chunk_bufs *b, int l, int n, ferry_error *err) {
     const fe_hparams *hp = &s->e->c.hp;
     const fe_layer *L = &MODEL(s->e)->layers[l];
@@ -308,28 +351,34 @@ static ferry_status moe(ferry_session *s, const chunk_bufs *b, int l, int n, fer
         fe_softmax(b->router + (size_t)t * E, E);
         top_k(b->router + (size_t)t * E, E, K, b->sel + t * K, b->sel_w + t * K, hp->norm_topk_prob);
     }
-    /* Each distinct expert of the chunk is read once and run on all its rows. */
-    for (int e = 0; e < E; e++) {
-        int m = 0;
-        for (int t = 0; t < n; t++)
-            for (int r = 0; r < K; r++)
-                if (b->sel[t * K + r] == e) {
-                    memcpy(b->ex_in + (size_t)m * d, b->xb + (size_t)t * d, (size_t)d * sizeof(float));
-                    b->ex_tok[m] = t;
-                    b->ex_rank[m] = r;
-                    m++;
-                }
-        if (m == 0) continue;
-        const uint8_t *rec;
-        ferry_status st = fe_expert_get(s, l, e, &rec, err);
+    /* The distinct experts of the chunk, ascending: each is read once. */
+    memset(b->wanted, 0, (size_t)E);
+    for (int i = 0; i < n * K; i++) b->wanted[b->sel[i]] = 1;
+    int n_ids = 0;
+    for (int e = 0; e < E; e++)
+        if (b->wanted[e]) b->ids[n_ids++] = e;
+    lookahead(s, b, l, n);
+    const int per_visit = fe_experts_max_visit(s);
+    for (int g = 0; g < n_ids; g += per_visit) {
+        int cnt = n_ids - g < per_visit ? n_ids - g : per_visit;
+        ferry_status st = fe_experts_begin(s, l, b->ids + g, cnt, err);
         if (st) return st;
-        fe_mat g = fe_expert_mat(bk, 0, rec), u = fe_expert_mat(bk, 1, rec), dn = fe_expert_mat(bk, 2, rec);
-        swiglu(s, b, &g, &u, &dn, b->ex_in, m, b->y);
-        for (int i = 0; i < m; i++)
-            memcpy(b->slots + ((size_t)b->ex_tok[i] * K + (size_t)b->ex_rank[i]) * d, b->y + (size_t)i * d,
-                   (size_t)d * sizeof(float));
+        /* Compute experts in the order their records land. */
+        int which;
+        const uint8_t *rec;
+        while ((st = fe_experts_next(s, &which, &rec, err)) == FERRY_OK && which >= 0) {
+            int m = gather(hp, b, n, b->ids[g + which]);
+            fe_mat gm = fe_expert_mat(bk, 0, rec), um = fe_expert_mat(bk, 1, rec), dm = fe_expert_mat(bk, 2, rec);
+            swiglu(s, b, &gm, &um, &dm, b->ex_in, m, b->y);
+            for (int i = 0; i < m; i++)
+                memcpy(b->slots + ((size_t)b->ex_tok[i] * K + (size_t)b->ex_rank[i]) * d, b->y + (size_t)i * d,
+                       (size_t)d * sizeof(float));
+        }
+        fe_experts_end(s);
+        if (st) return st;
     }
-    /* Sum in rank order so a token's result does not depend on its chunk. */
+    /* Sum in rank order so a token's result does not depend on its chunk or
+     * on the order the records landed. */
     for (int t = 0; t < n; t++)
         for (int r = 0; r < K; r++) {
             const float *y = b->slots + ((size_t)t * K + r) * d;

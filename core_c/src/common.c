@@ -36,6 +36,16 @@ void *fe_alloc(size_t nbytes) {
     return p;
 }
 
+void *fe_alloc_pages(size_t nbytes) {
+    if (nbytes == 0) nbytes = 4096;
+    if (nbytes > SIZE_MAX - 4096) return NULL;
+    size_t size = FE_ALIGN_UP(nbytes, 4096);
+    void *p = NULL;
+    if (posix_memalign(&p, 4096, size) != 0) return NULL;
+    memset(p, 0, size);
+    return p;
+}
+
 void fe_free(void *p) { free(p); }
 
 int fe_mul_size(uint64_t a, uint64_t b, uint64_t *out) {

@@ -16,6 +16,8 @@ double fe_now(void);
 
 /* 64-byte aligned allocation, zero-filled; NULL on failure or overflow. */
 void *fe_alloc(size_t nbytes);
+/* 4096-byte aligned and sized allocation (direct I/O buffers), zero-filled. */
+void *fe_alloc_pages(size_t nbytes);
 void fe_free(void *p);
 
 /* size arithmetic that reports overflow: returns 0 and leaves *out alone on overflow. */

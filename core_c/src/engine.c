@@ -8,6 +8,7 @@
 #include "formats.h"
 #include "model.h"
 
+
 #define MAX_THREADS 64
 
 void ferry_open_options_init(ferry_open_options *opts) {
@@ -25,6 +26,71 @@ static void fmt_bytes(char *buf, size_t cap, uint64_t n) {
     snprintf(buf, cap, "%.2f GiB (%llu bytes)", (double)n / (1024.0 * 1024.0 * 1024.0), (unsigned long long)n);
 }
 
+#define DEFAULT_CTX 4096
+#define DEFAULT_READERS 4
+
+static int n_moe_layers(const fe_hparams *hp) {
+    int n = 0;
+    for (int l = 0; l < hp->n_layers; l++) n += hp->layer_is_moe[l];
+    return n;
+}
+
+/* Fixed parts of the budget: trunk and one session at opts.n_ctx. */
+static void fixed_parts(const ferry_engine *e, int n_ctx, uint64_t *trunk, uint64_t *session) {
+    fe_session_sizes sz;
+    e->arch->sizes(e, n_ctx, e->opts.n_threads, &sz);
+    *trunk = e->c.trunk_size;
+    *session = sz.state + sz.scratch;
+}
+
+/* Least number of cached records that runs: one layer's top_k set. */
+static int min_slots(const fe_hparams *hp) { return hp->top_k; }
+
+/* Decide the cache and prefetch sizes from the budget; FERRY_E_BUDGET with
+ * the floor when the budget cannot hold the minimum. */
+static ferry_status size_cache(ferry_engine *e, ferry_error *err) {
+    const fe_hparams *hp = &e->c.hp;
+    uint64_t trunk, session, rec = fe_max_record(&e->c);
+    fixed_parts(e, e->opts.n_ctx, &trunk, &session);
+    e->session_bytes = session;
+    int moe = n_moe_layers(hp);
+    if (!moe) {
+        if (e->opts.ram_budget && trunk + session > e->opts.ram_budget) goto too_small;
+        return FERRY_OK;
+    }
+    int all = moe * hp->n_experts;
+    int lookahead = !(e->opts.flags & (FERRY_NO_LOOKAHEAD | FERRY_NO_OVERLAP));
+    e->prefetch_slots = lookahead ? hp->top_k : 0;
+    if (e->opts.cache_slots > 0) {
+        e->cache_slots = e->opts.cache_slots < all ? e->opts.cache_slots : all;
+    } else if (e->opts.ram_budget == 0) {
+        e->cache_slots = all;
+    } else {
+        uint64_t fixed = trunk + session + (uint64_t)e->prefetch_slots * rec;
+        uint64_t left = e->opts.ram_budget > fixed ? e->opts.ram_budget - fixed : 0;
+        uint64_t slots = left / rec;
+        e->cache_slots = slots > (uint64_t)all ? all : (int)slots;
+    }
+    if (e->cache_slots < min_slots(hp)) e->cache_slots = e->opts.ram_budget ? 0 : min_slots(hp);
+    e->cache_bytes = (uint64_t)(e->cache_slots + e->prefetch_slots) * rec;
+    if (e->cache_slots < min_slots(hp) ||
+        (e->opts.ram_budget && trunk + session + e->cache_bytes > e->opts.ram_budget))
+        goto too_small;
+    return FERRY_OK;
+too_small:;
+    ferry_memory_plan plan;
+    ferry_engine_plan(e, e->opts.n_ctx, &plan);
+    char need[64], have[64];
+    fmt_bytes(need, sizeof need, plan.floor_bytes);
+    fmt_bytes(have, sizeof have, e->opts.ram_budget);
+    return fe_fail(err, FERRY_E_BUDGET,
+                   "the RAM budget of %s is below the floor of %s for a %d-token context (trunk %llu, attention "
+                   "state %llu, scratch %llu, minimum expert cache %llu bytes)",
+                   have, need, e->opts.n_ctx, (unsigned long long)plan.trunk_bytes,
+                   (unsigned long long)plan.state_bytes, (unsigned long long)plan.scratch_bytes,
+                   (unsigned long long)(plan.floor_bytes - plan.trunk_bytes - plan.state_bytes - plan.scratch_bytes));
+}
+
 ferry_status ferry_engine_open(const char *path, const ferry_open_options *opts, ferry_engine **out,
                                ferry_error *err) {
     if (err) { err->code = FERRY_OK; err->message[0] = '\0'; }
@@ -32,33 +98,41 @@ ferry_status ferry_engine_open(const char *path, const ferry_open_options *opts,
     *out = NULL;
     ferry_engine *e = calloc(1, sizeof *e);
     if (!e) return fe_fail(err, FERRY_E_NOMEM, "out of memory");
+    pthread_mutex_init(&e->lock, NULL);
     if (opts) e->opts = *opts;
     e->opts.n_threads = resolve_threads(e->opts.n_threads);
+    if (e->opts.n_readers <= 0) e->opts.n_readers = DEFAULT_READERS;
     ferry_status s = fe_container_open(&e->c, path, err);
-    if (s) { free(e); return s; }
-    if (e->opts.ram_budget && e->c.trunk_size > e->opts.ram_budget) {
-        char need[64], have[64];
-        fmt_bytes(need, sizeof need, e->c.trunk_size);
-        fmt_bytes(have, sizeof have, e->opts.ram_budget);
-        fe_container_close(&e->c);
-        free(e);
-        return fe_fail(err, FERRY_E_BUDGET, "the RAM budget of %s is below the trunk alone: %s", have, need);
-    }
+    if (s) { pthread_mutex_destroy(&e->lock); free(e); return s; }
+    const int max_ctx = e->c.hp.max_ctx;
+    if (e->opts.n_ctx <= 0) e->opts.n_ctx = max_ctx < DEFAULT_CTX ? max_ctx : DEFAULT_CTX;
+    if (e->opts.n_ctx > max_ctx) e->opts.n_ctx = max_ctx;
     e->arch = fe_arch_find(e->c.hp.arch);
     if (!e->arch)
         s = fe_fail(err, FERRY_E_UNSUPPORTED, "model.arch \"%s\" is not an architecture this core runs",
                     e->c.hp.arch);
+    /* Refuse a budget under the floor before anything big is loaded. */
+    if (!s) s = size_cache(e, err);
     if (!s) s = fe_container_load_trunk(&e->c, err);
     if (!s) s = e->arch->bind(e, err);
+    if (!s && e->cache_slots) {
+        fe_ecache_config cfg = {e->cache_slots, e->prefetch_slots, e->opts.n_readers, e->opts.flags,
+                                e->opts.verify_reads};
+        s = fe_ecache_new(e, &cfg, &e->cache, err);
+    }
     if (s) { ferry_engine_close(e); return s; }
+    e->opts.usage_counts = NULL; /* borrowed only for the call */
+    e->opts.n_usage_counts = 0;
     *out = e;
     return FERRY_OK;
 }
 
 void ferry_engine_close(ferry_engine *e) {
     if (!e) return;
-    if (e->arch) e->arch->unbind(e);
+    fe_ecache_free(e->cache);
+    if (e->arch && e->arch_data) e->arch->unbind(e);
     fe_container_close(&e->c);
+    pthread_mutex_destroy(&e->lock);
     free(e);
 }
 
@@ -77,21 +151,56 @@ void ferry_engine_info(const ferry_engine *e, ferry_model_info *info) {
     info->top_k = hp->top_k;
     info->trunk_bytes = e->c.trunk_size;
     info->n_threads = e->opts.n_threads;
-    for (int l = 0; l < hp->n_layers; l++) {
-        info->n_moe_layers += hp->layer_is_moe[l];
-        if (e->c.banks[l].record_size > info->expert_bytes) info->expert_bytes = e->c.banks[l].record_size;
-    }
+    info->n_moe_layers = n_moe_layers(hp);
+    info->expert_bytes = fe_max_record(&e->c);
+    info->cache_slots = e->cache_slots;
+    info->prefetch_slots = e->prefetch_slots;
+    info->ram_budget = e->opts.ram_budget;
+    if (e->cache) info->direct_io = fe_ecache_direct_io(e->cache, info->io_note, sizeof info->io_note);
 }
 
 void ferry_engine_plan(const ferry_engine *e, int n_ctx, ferry_memory_plan *plan) {
+    const fe_hparams *hp = &e->c.hp;
     fe_session_sizes sz;
-    if (n_ctx <= 0 || n_ctx > e->c.hp.max_ctx) n_ctx = e->c.hp.max_ctx;
+    if (n_ctx <= 0 || n_ctx > hp->max_ctx) n_ctx = hp->max_ctx;
     e->arch->sizes(e, n_ctx, e->opts.n_threads, &sz);
+    memset(plan, 0, sizeof *plan);
     plan->trunk_bytes = e->c.trunk_size;
     plan->state_bytes = sz.state;
     plan->scratch_bytes = sz.scratch;
-    plan->expert_bytes = sz.expert;
+    plan->expert_bytes = e->cache_bytes;
     plan->total_bytes = plan->trunk_bytes + plan->state_bytes + plan->scratch_bytes + plan->expert_bytes;
+    plan->record_bytes = fe_max_record(&e->c);
+    plan->token_set_bytes = (uint64_t)n_moe_layers(hp) * (uint64_t)hp->top_k * plan->record_bytes;
+    uint64_t min_cache = n_moe_layers(hp) ? (uint64_t)min_slots(hp) * plan->record_bytes : 0;
+    plan->floor_bytes = plan->trunk_bytes + plan->state_bytes + plan->scratch_bytes + min_cache;
+}
+
+ferry_status ferry_container_plan(const char *path, int n_ctx, int n_threads, ferry_memory_plan *plan,
+                                  ferry_error *err) {
+    if (err) { err->code = FERRY_OK; err->message[0] = '\0'; }
+    ferry_engine e;
+    memset(&e, 0, sizeof e);
+    e.opts.n_threads = resolve_threads(n_threads);
+    ferry_status s = fe_container_open(&e.c, path, err);
+    if (s) return s;
+    e.arch = fe_arch_find(e.c.hp.arch);
+    if (!e.arch) {
+        s = fe_fail(err, FERRY_E_UNSUPPORTED, "model.arch \"%s\" is not an architecture this core runs", e.c.hp.arch);
+    } else {
+        e.cache_bytes = (uint64_t)n_moe_layers(&e.c.hp) * (uint64_t)e.c.hp.n_experts * fe_max_record(&e.c);
+        ferry_engine_plan(&e, n_ctx, plan);
+    }
+    fe_container_close(&e.c);
+    return s;
+}
+
+ferry_status ferry_engine_usage(const ferry_engine *e, uint32_t *counts, size_t n, ferry_error *err) {
+    if (!e->cache) return fe_fail(err, FERRY_E_ARG, "this model has no experts");
+    pthread_mutex_lock((pthread_mutex_t *)&e->lock);
+    ferry_status s = fe_ecache_usage(e->cache, counts, n, err);
+    pthread_mutex_unlock((pthread_mutex_t *)&e->lock);
+    return s;
 }
 
 ferry_status ferry_session_new(ferry_engine *e, int n_ctx, ferry_session **out, ferry_error *err) {
@@ -101,34 +210,37 @@ ferry_status ferry_session_new(ferry_engine *e, int n_ctx, ferry_session **out, 
     if (n_ctx < 0 || n_ctx > e->c.hp.max_ctx)
         return fe_fail(err, FERRY_E_ARG, "a context of %d tokens is outside 1..%d, the model's trained length", n_ctx,
                        e->c.hp.max_ctx);
-    if (n_ctx == 0) n_ctx = e->c.hp.max_ctx;
-    ferry_memory_plan plan;
-    ferry_engine_plan(e, n_ctx, &plan);
-    if (e->opts.ram_budget && plan.total_bytes > e->opts.ram_budget) {
-        char need[64], have[64];
-        fmt_bytes(need, sizeof need, plan.total_bytes);
-        fmt_bytes(have, sizeof have, e->opts.ram_budget);
-        return fe_fail(err, FERRY_E_BUDGET,
-                       "the RAM budget of %s is below the floor of %s for a %d-token context (trunk %llu, "
-                       "attention state %llu, scratch %llu, expert buffer %llu bytes)",
-                       have, need, n_ctx, (unsigned long long)plan.trunk_bytes,
-                       (unsigned long long)plan.state_bytes, (unsigned long long)plan.scratch_bytes,
-                       (unsigned long long)plan.expert_bytes);
-    }
+    if (n_ctx == 0) n_ctx = e->opts.n_ctx;
     ferry_session *s = calloc(1, sizeof *s);
     if (!s) return fe_fail(err, FERRY_E_NOMEM, "out of memory");
     s->e = e;
     s->n_ctx = n_ctx;
     atomic_init(&s->cancel, 0);
     s->pool = fe_pool_new(e->opts.n_threads);
+    if (!s->pool) { free(s); return fe_fail(err, FERRY_E_NOMEM, "cannot start compute threads"); }
     e->arch->sizes(e, n_ctx, fe_pool_threads(s->pool), &s->sizes);
+    uint64_t need = s->sizes.state + s->sizes.scratch;
+    pthread_mutex_lock(&e->lock);
+    int fits = !e->opts.ram_budget || e->sessions_in_use + need <= e->session_bytes;
+    if (fits) e->sessions_in_use += need;
+    pthread_mutex_unlock(&e->lock);
+    if (!fits) {
+        char want[64], room[64];
+        fmt_bytes(want, sizeof want, need);
+        fmt_bytes(room, sizeof room, e->session_bytes - e->sessions_in_use);
+        fe_pool_free(s->pool);
+        free(s);
+        return fe_fail(err, FERRY_E_BUDGET,
+                       "a %d-token session needs %s but the RAM budget leaves %s for sessions (the budget "
+                       "was planned for a %d-token context; open the model with a larger context or budget)",
+                       n_ctx, want, room, e->opts.n_ctx);
+    }
     s->state = fe_alloc(s->sizes.state);
     s->scratch = fe_alloc(s->sizes.scratch);
-    s->expert_buf = s->sizes.expert ? fe_alloc(s->sizes.expert) : NULL;
-    if (!s->pool || !s->state || !s->scratch || (s->sizes.expert && !s->expert_buf)) {
+    if (!s->state || !s->scratch) {
         ferry_session_free(s);
         return fe_fail(err, FERRY_E_NOMEM, "cannot allocate %llu bytes for a %d-token session",
-                       (unsigned long long)(plan.total_bytes - plan.trunk_bytes), n_ctx);
+                       (unsigned long long)need, n_ctx);
     }
     *out = s;
     return FERRY_OK;
@@ -136,10 +248,14 @@ ferry_status ferry_session_new(ferry_engine *e, int n_ctx, ferry_session **out, 
 
 void ferry_session_free(ferry_session *s) {
     if (!s) return;
+    if (s->state || s->scratch) {
+        pthread_mutex_lock(&s->e->lock);
+        s->e->sessions_in_use -= s->sizes.state + s->sizes.scratch;
+        pthread_mutex_unlock(&s->e->lock);
+    }
     fe_pool_free(s->pool);
     fe_free(s->state);
     fe_free(s->scratch);
-    fe_free(s->expert_buf);
     free(s);
 }
 
@@ -169,7 +285,9 @@ ferry_status ferry_session_eval(ferry_session *s, const int32_t *tokens, int n, 
             return fe_fail(err, FERRY_E_ARG, "token %d (at index %d) is outside the vocabulary of %d", tokens[i], i,
                            vocab);
     const int start = s->pos;
-    const double t0 = fe_now(), read0 = s->stats.read_seconds;
+    pthread_mutex_lock(&s->e->lock); /* the expert cache serves one evaluation at a time */
+    const double t0 = fe_now(), stall0 = s->stats.stall_seconds;
+    s->decoding = n == 1;
     ferry_status st = FERRY_OK;
     for (int done = 0; done < n && st == FERRY_OK;) {
         int m = n - done < FE_CHUNK ? n - done : FE_CHUNK;
@@ -183,14 +301,15 @@ ferry_status ferry_session_eval(ferry_session *s, const int32_t *tokens, int n, 
             done += m;
         }
     }
+    double dt = fe_now() - t0;
+    pthread_mutex_unlock(&s->e->lock);
     if (st != FERRY_OK) {
         s->pos = start; /* the caches beyond start are garbage now, and unused */
         return st;
     }
-    double dt = fe_now() - t0;
     if (n == 1) { s->stats.decode_tokens++; s->stats.decode_seconds += dt; }
     else { s->stats.prompt_tokens += (uint64_t)n; s->stats.prompt_seconds += dt; }
-    s->stats.compute_seconds += dt - (s->stats.read_seconds - read0);
+    s->stats.compute_seconds += dt - (s->stats.stall_seconds - stall0);
     return FERRY_OK;
 }
 

@@ -1,10 +1,20 @@
-/* experts.h — how a forward pass gets an expert's weights.
+/* experts.h — how a forward pass gets expert weights: the expert cache.
  *
- * A forward pass asks for the record of (layer, expert) and gets a pointer to
- * its bytes in RAM, valid until the next fe_expert_get on the same session.
- * Where the bytes come from (a synchronous read now; the expert cache,
- * reader threads and lookahead prefetch of the streaming engine later) is
- * this module's business alone: placement may change speed, never output. */
+ * The engine owns a cache of expert records (equal-sized, 4096-aligned
+ * buffers) under the RAM budget, a replacement policy (cache_policy.h), a
+ * small prefetch pool for the lookahead router, and reader threads (io.h)
+ * that read misses with direct I/O while the forward pass computes.
+ *
+ * A forward pass uses it one layer visit at a time:
+ *
+ *     fe_experts_begin(s, layer, ids, n);        // hits resolved, misses queued
+ *     while (fe_experts_next(s, &i, &rec) == FERRY_OK && i >= 0)
+ *         compute expert ids[i] from rec;         // in the order records land
+ *     fe_experts_end(s);
+ *     fe_experts_prefetch(s, next_layer, predicted, k);   // optional hint
+ *
+ * Placement may change speed, never output: every record handed out is the
+ * record of the expert asked for, checked, whatever buffer it sits in. */
 #ifndef FERRY_EXPERTS_H
 #define FERRY_EXPERTS_H
 
@@ -12,8 +22,38 @@
 #include "ops.h"
 
 struct ferry_session;
+struct ferry_engine;
 struct fe_bank;
+typedef struct fe_ecache fe_ecache;
 
+/* Sizing, decided by the engine from its budget. */
+typedef struct fe_ecache_config {
+    int n_slots;          /* cached records */
+    int n_prefetch;       /* prefetch buffers (0: no lookahead) */
+    int n_readers;        /* reader threads */
+    int flags;            /* FERRY_NO_* */
+    int verify_reads;     /* check each record's CRC */
+} fe_ecache_config;
+
+ferry_status fe_ecache_new(struct ferry_engine *e, const fe_ecache_config *cfg, fe_ecache **out, ferry_error *err);
+void fe_ecache_free(fe_ecache *c);
+int fe_ecache_direct_io(const fe_ecache *c, char *note, size_t note_len);
+/* Most distinct experts one visit may ask for (the cache's slot count). */
+int fe_experts_max_visit(const struct ferry_session *s);
+ferry_status fe_ecache_usage(const fe_ecache *c, uint32_t *counts, size_t n, ferry_error *err);
+
+/* Open a visit of `layer` asking for n distinct experts (n <= max_visit). */
+ferry_status fe_experts_begin(struct ferry_session *s, int layer, const int *ids, int n, ferry_error *err);
+/* The next record ready to compute: *which indexes ids, or -1 when all were
+ * handed out. On an error the visit must still be ended. */
+ferry_status fe_experts_next(struct ferry_session *s, int *which, const uint8_t **record, ferry_error *err);
+/* Close the visit; waits for any read still in flight. */
+void fe_experts_end(struct ferry_session *s);
+/* Hint: the next visit of `layer` will likely ask for these experts. */
+void fe_experts_prefetch(struct ferry_session *s, int layer, const int *ids, int n);
+
+/* One expert as a visit of its own: *record stays valid until the next call
+ * into the cache on this session. Simple, but nothing overlaps. */
 ferry_status fe_expert_get(struct ferry_session *s, int layer, int expert, const uint8_t **record,
                            ferry_error *err);
 

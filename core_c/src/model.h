@@ -3,9 +3,11 @@
 #ifndef FERRY_MODEL_H
 #define FERRY_MODEL_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 
 #include "container.h"
+#include "experts.h"
 #include "ops.h"
 #include "pool.h"
 
@@ -16,8 +18,7 @@
 typedef struct fe_session_sizes {
     uint64_t state;     /* attention caches / recurrent state at n_ctx */
     uint64_t scratch;   /* activations and row buffers for one chunk */
-    uint64_t expert;    /* the expert read buffer */
-} fe_session_sizes;
+} fe_session_sizes;   /* expert records live in the engine's cache, not here */
 
 struct ferry_engine;
 struct ferry_session;
@@ -28,6 +29,7 @@ typedef struct fe_arch {
     /* Resolve and check every trunk tensor; allocate e->arch_data. */
     ferry_status (*bind)(struct ferry_engine *e, ferry_error *err);
     void (*unbind)(struct ferry_engine *e);              /* free e->arch_data */
+    /* Session sizes from the manifest alone (called before bind, without a trunk). */
     void (*sizes)(const struct ferry_engine *e, int n_ctx, int n_threads, fe_session_sizes *out);
     /* Evaluate n <= FE_CHUNK tokens at s->pos (logits as ferry_session_eval). */
     ferry_status (*forward)(struct ferry_session *s, const int32_t *tokens, int n, float *logits,
@@ -43,7 +45,14 @@ struct ferry_engine {
     fe_container c;               /* the container and its resident trunk */
     const fe_arch *arch;          /* how to run it */
     void *arch_data;              /* the architecture's bound tensors */
-    ferry_open_options opts;      /* as opened, threads resolved */
+    ferry_open_options opts;      /* as opened, threads and context resolved */
+    fe_ecache *cache;             /* expert records in RAM, or NULL for dense models */
+    int cache_slots;              /* its records */
+    int prefetch_slots;           /* its lookahead buffers */
+    uint64_t cache_bytes;         /* RAM of both */
+    uint64_t session_bytes;       /* RAM the budget keeps for sessions (state + scratch) */
+    uint64_t sessions_in_use;     /* of that, allocated by open sessions */
+    pthread_mutex_t lock;         /* one evaluation at a time uses the cache; guards sessions_in_use */
 };
 
 struct ferry_session {
@@ -52,8 +61,8 @@ struct ferry_session {
     int pos;                    /* tokens held */
     uint8_t *state;             /* attention caches / recurrent state, sizes.state bytes */
     uint8_t *scratch;           /* activations, carved up per chunk, sizes.scratch bytes */
-    uint8_t *expert_buf;        /* one expert record, 4096-aligned */
     fe_session_sizes sizes;     /* what was allocated */
+    int decoding;               /* the running eval is a single-token step */
     fe_pool *pool;              /* compute threads of this session */
     atomic_int cancel;          /* set by ferry_session_request_cancel */
     ferry_stage_fn stage_fn;    /* observer or NULL */

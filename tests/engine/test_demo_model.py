@@ -66,11 +66,13 @@ def test_follow_up_turn_processes_only_new_tokens(demo_container):
 def test_budget_below_floor_is_refused_with_the_floor(demo_container):
     with pytest.raises(FerryError) as info:
         Engine(demo_container, ram_budget=10 << 20)
-    assert info.value.code == "FERRY_E_BUDGET" and "trunk" in info.value.message
-    with Engine(demo_container, ram_budget=160 << 20) as engine:
+    assert info.value.code == "FERRY_E_BUDGET" and "floor" in info.value.message and "trunk" in info.value.message
+    with Engine(demo_container, ram_budget=160 << 20, n_ctx=1024) as engine:
+        assert engine.plan(1024).floor_bytes <= 160 << 20
+        engine.session(1024).close()
         with pytest.raises(FerryError) as info:
             engine.session(8192)
-        assert info.value.code == "FERRY_E_BUDGET" and "floor" in info.value.message
+        assert info.value.code == "FERRY_E_BUDGET" and "1024-token context" in info.value.message
 
 
 def test_prompt_longer_than_context_is_refused(demo_container):

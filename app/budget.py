@@ -1,0 +1,125 @@
+"""How much RAM Ferry may use on this machine, and the budget to open a
+model with when the user names none.
+
+Usable memory is the smallest of what the machine has and what this process
+is allowed: a cgroup v2 ``memory.max`` or v1 ``memory.limit_in_bytes`` (in
+containers and under systemd), ``MemAvailable`` on Linux, ``hw.memsize`` on
+macOS. The automatic budget keeps a margin for the app, the OS and the page
+cache, then steps down in whole multiples of one token's expert working set
+(the records of top-k experts in every MoE layer), so the cache holds whole
+tokens' worth of experts.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+#: Left for the app itself, Python, Qt and the OS.
+APP_RESERVE = 1 << 30
+#: Of the usable memory, the share Ferry takes by default.
+DEFAULT_SHARE = 0.75
+
+
+@dataclass(frozen=True)
+class MachineMemory:
+    total: int          #: physical RAM
+    usable: int         #: what this process may use now
+    source: str         #: where `usable` came from
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    if not text or text == "max":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        return None
+
+
+def _cgroup_limit() -> tuple[int | None, str]:
+    """The memory limit of this process's cgroup (v2, then v1), if any."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None, ""
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        controllers, rel = parts[1], parts[2].lstrip("/")
+        if controllers == "":  # v2 unified hierarchy
+            for base in (Path("/sys/fs/cgroup") / rel, Path("/sys/fs/cgroup")):
+                limit = _read_int(base / "memory.max")
+                if limit:
+                    return limit, f"cgroup v2 {base / 'memory.max'}"
+        elif "memory" in controllers.split(","):
+            for base in (Path("/sys/fs/cgroup/memory") / rel, Path("/sys/fs/cgroup/memory")):
+                limit = _read_int(base / "memory.limit_in_bytes")
+                if limit and limit < (1 << 60):  # v1 writes a huge number for "no limit"
+                    return limit, f"cgroup v1 {base / 'memory.limit_in_bytes'}"
+    return None, ""
+
+
+def _meminfo() -> dict[str, int]:
+    out = {}
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            key, _, rest = line.partition(":")
+            fields = rest.split()
+            if fields:
+                out[key] = int(fields[0]) * 1024
+    except (OSError, ValueError):
+        pass
+    return out
+
+
+def machine_memory() -> MachineMemory:
+    if sys.platform == "darwin":
+        try:
+            total = int(subprocess.run(["sysctl", "-n", "hw.memsize"], capture_output=True, text=True,
+                                       check=True).stdout)
+        except (OSError, ValueError, subprocess.CalledProcessError):
+            total = 8 << 30
+        # macOS compresses and swaps freely; physical RAM is the honest ceiling.
+        return MachineMemory(total, total, "sysctl hw.memsize")
+    info = _meminfo()
+    total = info.get("MemTotal", 0) or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    usable, source = info.get("MemAvailable", total), "/proc/meminfo MemAvailable"
+    limit, where = _cgroup_limit()
+    if limit and limit < usable:
+        usable, source = limit, where
+    return MachineMemory(total, usable, source)
+
+
+@dataclass(frozen=True)
+class BudgetChoice:
+    budget: int
+    reason: str
+
+
+def auto_budget(floor: int, token_set: int, wanted_max: int, memory: MachineMemory | None = None) -> BudgetChoice:
+    """A safe budget: a share of usable memory, at most what the model can use
+    (``wanted_max``), stepped down to floor + whole token working sets."""
+    memory = memory or machine_memory()
+    room = int(max(0, memory.usable - APP_RESERVE) * DEFAULT_SHARE)
+    target = min(room, wanted_max)
+    if target < floor:
+        return BudgetChoice(floor, f"{_gib(memory.usable)} usable ({memory.source}) leaves less than the floor "
+                                   f"{_gib(floor)}; using the floor")
+    if token_set > 0 and target < wanted_max:
+        target = floor + (target - floor) // token_set * token_set
+    why = ("the whole model fits" if target >= wanted_max else
+           f"{DEFAULT_SHARE:.0%} of {_gib(memory.usable)} usable ({memory.source}) less {_gib(APP_RESERVE)} "
+           f"for the app, in whole token working sets of {_gib(token_set)}")
+    return BudgetChoice(target, why)
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"

@@ -1,0 +1,64 @@
+"""The RAM plan of a container and the budget to open it with: what
+`ferry plan` prints and what the CLI and the app use when no budget is given."""
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+
+from app.budget import BudgetChoice, MachineMemory, auto_budget, machine_memory
+from app.engine.binding import MemoryPlan, container_plan
+
+
+@dataclass(frozen=True)
+class Plan:
+    n_ctx: int
+    floor: int            #: the least budget that runs
+    trunk: int
+    state: int
+    scratch: int
+    min_cache: int
+    record: int           #: one expert record
+    token_set: int        #: one token's expert working set
+    everything: int       #: a budget that caches every expert
+    recommended: int      #: what Ferry would choose on this machine
+    reason: str
+    machine: MachineMemory
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["machine"] = asdict(self.machine)
+        return d
+
+
+def plan_container(path: str | os.PathLike, n_ctx: int, memory: MachineMemory | None = None) -> Plan:
+    p: MemoryPlan = container_plan(path, n_ctx)
+    min_cache = p.floor_bytes - p.trunk_bytes - p.state_bytes - p.scratch_bytes
+    top_k_records = min_cache // p.record_bytes if p.record_bytes else 0
+    everything = p.trunk_bytes + p.state_bytes + p.scratch_bytes + p.expert_bytes + top_k_records * p.record_bytes
+    memory = memory or machine_memory()
+    choice: BudgetChoice = auto_budget(p.floor_bytes, p.token_set_bytes, everything, memory)
+    return Plan(n_ctx=n_ctx, floor=p.floor_bytes, trunk=p.trunk_bytes, state=p.state_bytes, scratch=p.scratch_bytes,
+                min_cache=min_cache, record=p.record_bytes, token_set=p.token_set_bytes, everything=everything,
+                recommended=choice.budget, reason=choice.reason, machine=memory)
+
+
+def gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def describe(plan: Plan, budget: int | None = None) -> str:
+    lines = [
+        f"floor at a {plan.n_ctx}-token context: {gib(plan.floor)}",
+        f"  trunk {gib(plan.trunk)}, attention state {gib(plan.state)}, scratch {gib(plan.scratch)}, "
+        f"minimum expert cache {gib(plan.min_cache)}",
+    ]
+    if plan.record:
+        lines.append(f"expert record {plan.record / 2**20:.2f} MiB; one token's working set {gib(plan.token_set)}; "
+                     f"caching every expert needs {gib(plan.everything)}")
+    lines.append(f"recommended budget: {gib(plan.recommended)} ({plan.reason})")
+    lines.append(f"machine: {gib(plan.machine.total)} RAM, {gib(plan.machine.usable)} usable "
+                 f"({plan.machine.source})")
+    if budget is not None:
+        verdict = "runs" if budget >= plan.floor else "is below the floor and will be refused"
+        lines.append(f"a budget of {gib(budget)} {verdict}")
+    return "\n".join(lines)

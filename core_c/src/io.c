@@ -1,0 +1,153 @@
+/* io.c — see io.h. */
+#define _GNU_SOURCE
+#include "io.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+struct fe_io {
+    pthread_mutex_t mu;         /* guards the queue, job->done, completions */
+    pthread_cond_t work;        /* a job was queued, or shutdown */
+    pthread_cond_t finished;    /* a job completed */
+    fe_io_job *head, *tail;     /* FIFO of pending jobs */
+    unsigned completions;       /* jobs completed so far (wraps) */
+    int shutdown;               /* readers should exit */
+    int n_readers;              /* threads started */
+    pthread_t *readers;         /* their handles */
+};
+
+static void run_job(fe_io_job *job) {
+    double t0 = fe_now();
+    uint64_t done = 0;
+    int err_no = 0;
+    while (done < job->size) {
+        ssize_t r = pread(job->fd, job->buf + done, job->size - done, (off_t)(job->offset + done));
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) { err_no = errno; break; }
+        if (r == 0) { err_no = -1; break; }
+        done += (uint64_t)r;
+    }
+    job->got = done;
+    job->err_no = err_no;
+    job->seconds = fe_now() - t0;
+}
+
+static void *reader_main(void *arg) {
+    fe_io *io = arg;
+    pthread_mutex_lock(&io->mu);
+    while (1) {
+        while (!io->shutdown && !io->head) pthread_cond_wait(&io->work, &io->mu);
+        if (io->shutdown && !io->head) break;
+        fe_io_job *job = io->head;
+        io->head = job->next;
+        if (!io->head) io->tail = NULL;
+        pthread_mutex_unlock(&io->mu);
+        run_job(job);
+        pthread_mutex_lock(&io->mu);
+        job->done = 1;
+        io->completions++;
+        pthread_cond_broadcast(&io->finished);
+    }
+    pthread_mutex_unlock(&io->mu);
+    return NULL;
+}
+
+fe_io *fe_io_new(int n_readers) {
+    fe_io *io = calloc(1, sizeof *io);
+    if (!io) return NULL;
+    pthread_mutex_init(&io->mu, NULL);
+    pthread_cond_init(&io->work, NULL);
+    pthread_cond_init(&io->finished, NULL);
+    io->readers = calloc((size_t)(n_readers > 0 ? n_readers : 1), sizeof *io->readers);
+    if (!io->readers) { fe_io_free(io); return NULL; }
+    for (int i = 0; i < n_readers; i++) {
+        if (pthread_create(&io->readers[i], NULL, reader_main, io) != 0) break;
+        io->n_readers++;
+    }
+    if (io->n_readers == 0) { fe_io_free(io); return NULL; }
+    return io;
+}
+
+void fe_io_free(fe_io *io) {
+    if (!io) return;
+    pthread_mutex_lock(&io->mu);
+    io->shutdown = 1;
+    pthread_cond_broadcast(&io->work);
+    pthread_mutex_unlock(&io->mu);
+    for (int i = 0; i < io->n_readers; i++) pthread_join(io->readers[i], NULL);
+    pthread_mutex_destroy(&io->mu);
+    pthread_cond_destroy(&io->work);
+    pthread_cond_destroy(&io->finished);
+    free(io->readers);
+    free(io);
+}
+
+void fe_io_submit(fe_io *io, fe_io_job *job) {
+    job->done = 0;
+    job->err_no = 0;
+    job->got = 0;
+    job->next = NULL;
+    pthread_mutex_lock(&io->mu);
+    if (io->tail) io->tail->next = job;
+    else io->head = job;
+    io->tail = job;
+    pthread_cond_signal(&io->work);
+    pthread_mutex_unlock(&io->mu);
+}
+
+void fe_io_wait(fe_io *io, fe_io_job *job) {
+    pthread_mutex_lock(&io->mu);
+    while (!job->done) pthread_cond_wait(&io->finished, &io->mu);
+    pthread_mutex_unlock(&io->mu);
+}
+
+int fe_io_is_done(fe_io *io, fe_io_job *job) {
+    pthread_mutex_lock(&io->mu);
+    int d = job->done;
+    pthread_mutex_unlock(&io->mu);
+    return d;
+}
+
+void fe_io_wait_any(fe_io *io, unsigned *seen) {
+    pthread_mutex_lock(&io->mu);
+    while (io->completions == *seen) pthread_cond_wait(&io->finished, &io->mu);
+    *seen = io->completions;
+    pthread_mutex_unlock(&io->mu);
+}
+
+int fe_io_open_records(const char *path, uint64_t probe_offset, uint64_t probe_size, int want_direct,
+                       int *direct, char *why, size_t why_len) {
+    *direct = 0;
+    why[0] = '\0';
+    if (want_direct) {
+#if defined(__linux__) && defined(O_DIRECT)
+        int fd = open(path, O_RDONLY | O_DIRECT);
+        if (fd >= 0) {
+            void *buf = NULL;
+            if (posix_memalign(&buf, 4096, probe_size) == 0) {
+                ssize_t r = pread(fd, buf, probe_size, (off_t)probe_offset);
+                free(buf);
+                if (r == (ssize_t)probe_size) { *direct = 1; return fd; }
+                snprintf(why, why_len, "an O_DIRECT read failed (%s)", r < 0 ? strerror(errno) : "short read");
+            }
+            close(fd);
+        } else {
+            snprintf(why, why_len, "the filesystem refused O_DIRECT (%s)", strerror(errno));
+        }
+#elif defined(__APPLE__)
+        int fd = open(path, O_RDONLY);
+        if (fd >= 0 && fcntl(fd, F_NOCACHE, 1) == 0) { *direct = 1; return fd; }
+        if (fd >= 0) close(fd);
+        snprintf(why, why_len, "F_NOCACHE was refused (%s)", strerror(errno));
+#else
+        snprintf(why, why_len, "direct I/O is not available on this system");
+#endif
+    } else {
+        snprintf(why, why_len, "direct I/O was switched off");
+    }
+    return open(path, O_RDONLY);
+}

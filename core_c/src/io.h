@@ -1,0 +1,50 @@
+/* io.h — reading expert records: direct I/O where the filesystem allows it,
+ * and reader threads that spend their lives in pread so that reads overlap
+ * compute.
+ *
+ * A job reads `size` bytes at `offset` of `fd` into `buf`. Jobs are queued
+ * with fe_io_submit and waited for with fe_io_wait; all of one engine's jobs
+ * share one queue and one completion signal. */
+#ifndef FERRY_IO_H
+#define FERRY_IO_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "common.h"
+
+typedef struct fe_io_job {
+    int fd;                  /* file to read */
+    uint8_t *buf;            /* destination, 4096-aligned */
+    uint64_t size;           /* bytes */
+    uint64_t offset;         /* file offset */
+    int done;                /* set by a reader when finished (guarded by the io mutex) */
+    int err_no;              /* errno of a failed read, or -1 for a short read, 0 if fine */
+    uint64_t got;            /* bytes actually read */
+    double seconds;          /* time the read took */
+    struct fe_io_job *next;  /* queue link */
+} fe_io_job;
+
+typedef struct fe_io fe_io;
+
+/* Reader threads (n >= 1). NULL when threads cannot be started. */
+fe_io *fe_io_new(int n_readers);
+void fe_io_free(fe_io *io);
+
+/* Queue a job (the caller owns it and must not touch it until it is done). */
+void fe_io_submit(fe_io *io, fe_io_job *job);
+/* Block until the job is done. */
+void fe_io_wait(fe_io *io, fe_io_job *job);
+/* Block until any job completes after this call's snapshot; returns at once
+ * if `job` is already done. */
+int fe_io_is_done(fe_io *io, fe_io_job *job);
+void fe_io_wait_any(fe_io *io, unsigned *seen_completions);
+
+/* Open `path` for reading expert records bypassing the page cache
+ * (O_DIRECT on Linux, F_NOCACHE on macOS), checked with one aligned read of
+ * `probe_size` bytes at `probe_offset`. Returns the fd and sets *direct to 1,
+ * or falls back to a plain buffered fd with *direct = 0 and `why` saying why. */
+int fe_io_open_records(const char *path, uint64_t probe_offset, uint64_t probe_size, int want_direct,
+                       int *direct, char *why, size_t why_len);
+
+#endif

@@ -1,0 +1,170 @@
+"""The streaming engine: the expert cache, direct I/O, overlapped reads and
+the lookahead router change speed, never output; faults end an answer, not
+the session; the RAM budget is a ceiling."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from app.convert.convert import convert
+from app.engine.binding import Engine, FerryError
+from bench.make_synthetic import make, parse
+from tests.conftest import REPO
+
+TOKENS = [int(t) for t in np.random.default_rng(11).integers(3, 500, 40)]
+
+
+@pytest.fixture(scope="module")
+def moe_model(tmp_path_factory):
+    """A Qwen3-MoE-shaped container: 6 MoE layers x 32 experts, top 4, 388 KiB records."""
+    root = tmp_path_factory.mktemp("stream")
+    ckpt = make(parse(["--out", str(root / "ckpt"), "--layers", "6", "--experts", "32", "--top-k", "4",
+                       "--shards", "2"]))
+    return convert(ckpt, root / "moe.ferry")
+
+
+def run(container, prompt=TOKENS[:24], steps=TOKENS[24:], **options):
+    """Logits of a prompt then single steps, and the session's stats."""
+    with Engine(container, threads=2, n_ctx=64, **options) as engine:
+        s = engine.session(64)
+        out = [s.eval(prompt, all_logits=True)]
+        out += [s.eval([t])[None] for t in steps]
+        return np.concatenate(out), s.stats(), engine.info
+
+
+def test_every_mechanism_on_or_off_gives_identical_logits(moe_model):
+    reference, _, info = run(moe_model, cache=False, overlap=False, lookahead=False, direct_io=False)
+    assert info.cache_slots == 6 * 32  # no budget: every expert fits
+    variants = {
+        "all on": {},
+        "small cache (12.5%)": {"cache_slots": 24},
+        "tiny cache (one layer's set)": {"cache_slots": 4},
+        "no cache": {"cache": False},
+        "no overlap": {"overlap": False},
+        "no lookahead": {"lookahead": False},
+        "no direct I/O": {"direct_io": False},
+        "one reader": {"readers": 1},
+    }
+    for name, opts in variants.items():
+        logits, stats, _ = run(moe_model, **opts)
+        assert np.array_equal(logits, reference), name
+        assert stats.hits + stats.misses > 0
+
+
+def test_chunked_prefill_reads_each_distinct_expert_once(moe_model):
+    _, chunked, _ = run(moe_model, prompt=TOKENS[:32], steps=[], cache=False)
+    _, stepwise, _ = run(moe_model, prompt=TOKENS[:1], steps=TOKENS[1:32], cache=False)
+    # 32 tokens x 6 layers x 4 experts = 768 uses; a chunk reads at most 32 per layer.
+    assert chunked.expert_reads <= 6 * 32 < stepwise.expert_reads == 32 * 6 * 4
+
+
+def test_cache_hits_and_lookahead_are_reported(moe_model):
+    _, st, info = run(moe_model, cache_slots=48)
+    assert info.cache_slots == 48 and info.prefetch_slots == 4
+    assert st.hits > 0 and st.misses > 0 and st.decode_hits + st.decode_misses == 16 * 6 * 4
+    assert st.lookahead_predicted == 16 * 5 * 4  # every decode step, every MoE layer but the first
+    assert 0 < st.lookahead_correct <= st.lookahead_predicted
+    assert st.prefetch_issued >= st.prefetch_used + 0 and st.prefetch_used > 0
+    assert st.bytes_read == st.expert_reads * info.expert_bytes
+
+
+def test_direct_io_is_detected_and_reported(moe_model, tmp_path):
+    info = run(moe_model, steps=[])[2]
+    on_tmpfs = subprocess.run(["stat", "-f", "-c", "%T", str(moe_model)], capture_output=True, text=True).stdout
+    if "tmpfs" in on_tmpfs:
+        assert info.direct_io == 0 and "O_DIRECT" in info.io_note
+    else:
+        assert info.direct_io == 1, info.io_note
+    assert run(moe_model, steps=[], direct_io=False)[2].io_note == "direct I/O was switched off"
+
+
+def test_read_error_mid_generation_ends_the_answer_and_keeps_the_session(moe_model, tmp_path):
+    damaged = tmp_path / "m.ferry"
+    shutil.copytree(moe_model, damaged)
+    bank = damaged / "experts" / "layer_003.bin"
+    whole = bank.read_bytes()
+    with Engine(damaged, threads=2, n_ctx=64, cache=False) as engine:
+        s = engine.session(64)
+        s.eval(TOKENS[:8])
+        with open(bank, "r+b") as f:   # the disk loses the bank's tail: reads come back short
+            f.truncate(4096 + 3 * (len(whole) - 4096) // 32)
+        with pytest.raises(FerryError) as info:
+            for t in TOKENS[8:20]:
+                s.eval([t])
+        assert info.value.code == "FERRY_E_IO" and "layer_003.bin" in info.value.message
+        held = s.position
+        bank.write_bytes(whole)         # the disk is back
+        rest = [s.eval([t]) for t in TOKENS[held:20]]
+    reference, _, _ = run(moe_model, prompt=TOKENS[:8], steps=TOKENS[8:20])
+    assert np.array_equal(np.stack(rest), reference[held:20])
+
+
+def test_usage_counts_round_trip(moe_model):
+    with Engine(moe_model, n_ctx=64) as engine:
+        engine.session(64).eval(TOKENS[:16])
+        counts = engine.usage()
+    assert counts.shape == (6, 32) and counts.sum() > 0
+    with Engine(moe_model, n_ctx=64, usage_counts=counts) as engine:
+        assert np.array_equal(engine.usage(), counts)
+    with pytest.raises(FerryError, match="usage counts"):
+        Engine(moe_model, usage_counts=counts[:3])
+
+
+def test_budget_floor_and_refusal(moe_model):
+    with Engine(moe_model, n_ctx=64) as engine:
+        plan = engine.plan(64)
+    assert plan.floor_bytes == plan.trunk_bytes + plan.state_bytes + plan.scratch_bytes + 4 * plan.record_bytes
+    with pytest.raises(FerryError) as info:
+        Engine(moe_model, n_ctx=64, ram_budget=plan.floor_bytes - 1)
+    assert info.value.code == "FERRY_E_BUDGET" and f"({plan.floor_bytes} bytes)" in info.value.message
+    budget = plan.floor_bytes + 20 * plan.record_bytes
+    with Engine(moe_model, n_ctx=64, ram_budget=budget) as engine:
+        assert engine.info.cache_slots == 20  # the rest, in whole records, after 4 prefetch buffers
+        assert engine.plan(64).total_bytes <= budget
+
+
+RSS_PROBE = """
+import json, sys
+from pathlib import Path
+from app.engine.binding import Engine
+
+def status(key):
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+
+budget = int(sys.argv[2])
+Path("/proc/self/clear_refs").write_text("5")   # reset the peak (VmHWM) to the current RSS
+before = status("VmRSS")
+with Engine(sys.argv[1], ram_budget=budget, n_ctx=64, threads=2) as engine:
+    s = engine.session(64)
+    s.eval(list(range(3, 35)))
+    for t in range(40, 72):
+        s.eval([t])
+    st = s.stats()
+peak = status("VmHWM")
+print(json.dumps({"before": before, "peak": peak, "reads": st.expert_reads}))
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="needs Linux /proc to measure peak RSS")
+def test_peak_rss_stays_within_the_budget(moe_model):
+    model_bytes = sum(p.stat().st_size for p in moe_model.rglob("*.bin"))
+    with Engine(moe_model, n_ctx=64) as engine:
+        plan = engine.plan(64)
+    budget = plan.floor_bytes + 12 * plan.record_bytes      # far below the model's size
+    assert budget < model_bytes / 3
+    res = subprocess.run([sys.executable, "-c", RSS_PROBE, str(moe_model), str(budget)], capture_output=True,
+                         text=True, cwd=REPO, check=True)
+    out = json.loads(res.stdout)
+    grown = out["peak"] - out["before"]
+    print(f"budget {budget / 2**20:.1f} MiB, model {model_bytes / 2**20:.1f} MiB, RSS grew {grown / 2**20:.1f} MiB")
+    assert out["reads"] > 0
+    assert grown >= budget // 2   # the measurement sees the cache being filled
+    assert grown <= budget + (16 << 20)  # the budget plus a small fixed overhead (thread stacks, allocator)
