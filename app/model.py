@@ -8,10 +8,13 @@ answer text, and a final ``Finished`` with the reason and the statistics.
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
 
 from app.chat.hf_tokenizer import HFTokenizer
 from app.chat.segments import Segment
@@ -21,6 +24,8 @@ from app.sampling import Sampler, SamplingParams
 
 #: Tokens evaluated per call while processing a prompt (progress granularity).
 PROMPT_STEP = 32
+#: The learned hot list beside a container: uint32 expert use counts [layers, experts].
+USAGE_FILE = "usage.u32"
 
 
 @dataclass(frozen=True)
@@ -77,11 +82,12 @@ class LoadedModel:
                  **engine_options):
         self.path = Path(path)
         manifest_path = self.path / "manifest.json"
-        self.engine = Engine(self.path, ram_budget=ram_budget, threads=threads, n_ctx=n_ctx, **engine_options)
         try:
             self.manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
             raise ModelError(f"{manifest_path}: {exc}") from exc
+        engine_options.setdefault("usage_counts", self._load_usage())
+        self.engine = Engine(self.path, ram_budget=ram_budget, threads=threads, n_ctx=n_ctx, **engine_options)
         tok = self.manifest.get("tokenizer") or {}
         if tok.get("kind") != "hf-tokenizers":
             raise ModelError(f"this container's tokenizer kind {tok.get('kind')!r} is not supported yet")
@@ -167,7 +173,32 @@ class LoadedModel:
         return Finished(reason=reason, tokens=list(out), text=text, prompt_tokens=n_prompt, reused_tokens=kept,
                         seconds=time.monotonic() - t0, stats=session.stats(), error=error)
 
+    def _load_usage(self) -> np.ndarray | None:
+        """The hot list an earlier run saved, so the cache starts warm."""
+        path = self.path / USAGE_FILE
+        model = self.manifest.get("model") or {}
+        expected = int(model.get("n_layers") or 0) * int((model.get("moe") or {}).get("n_experts") or 0)
+        try:
+            counts = np.fromfile(path, dtype="<u4") if path.exists() and expected else None
+        except OSError:
+            return None
+        return counts if counts is not None and counts.size == expected else None
+
+    def save_usage(self) -> None:
+        """Record which experts were used, for the next open (best effort: a
+        read-only container simply starts cold next time)."""
+        if not self.engine.info.n_moe_layers:
+            return
+        tmp = self.path / (USAGE_FILE + ".tmp")
+        try:
+            self.engine.usage().astype("<u4").tofile(tmp)
+            os.replace(tmp, self.path / USAGE_FILE)
+        except OSError:
+            pass
+
     def close(self) -> None:
+        if self.engine._ptr is not None:
+            self.save_usage()
         self.engine.close()
 
 

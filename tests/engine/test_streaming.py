@@ -168,3 +168,21 @@ def test_peak_rss_stays_within_the_budget(moe_model):
     assert out["reads"] > 0
     assert grown >= budget // 2   # the measurement sees the cache being filled
     assert grown <= budget + (16 << 20)  # the budget plus a small fixed overhead (thread stacks, allocator)
+
+
+def test_hot_list_is_saved_beside_the_container_and_loaded_next_time(moe_model, tmp_path):
+    from app.model import USAGE_FILE, LoadedModel
+
+    copy = tmp_path / "warm.ferry"
+    shutil.copytree(moe_model, copy)
+    model = LoadedModel(copy, n_ctx=64)
+    model.new_session(64).eval(TOKENS[:16])
+    used = model.engine.usage()
+    model.close()
+    saved = np.fromfile(copy / USAGE_FILE, dtype="<u4").reshape(used.shape)
+    assert np.array_equal(saved, used) and saved.sum() > 0
+    again = LoadedModel(copy, n_ctx=64)
+    assert np.array_equal(again.engine.usage(), used)  # warm: the counts came back
+    again.close()
+    (copy / USAGE_FILE).write_bytes(b"\0" * 12)          # a stale file of the wrong size is ignored
+    LoadedModel(copy, n_ctx=64).close()
