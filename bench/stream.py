@@ -29,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+
 from app.convert.convert import convert
 from app.engine.binding import Engine, container_plan
 from bench.make_synthetic import make, parse
