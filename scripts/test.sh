@@ -3,5 +3,6 @@
 source "$(dirname "$0")/common.sh"
 make_venv
 install_ferry "[test]"
+ensure_system_packages
 cd "$ROOT"
 exec "$VENV/bin/python" -m pytest -q "$@"

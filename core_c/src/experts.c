@@ -182,13 +182,13 @@ ferry_status fe_ecache_usage(const fe_ecache *c, uint32_t *counts, size_t n, fer
 
 /* ---------------------------------------------------------------- reads */
 
-static void submit(fe_ecache *c, fe_io_job *job, int layer, int expert, uint8_t *buf) {
+static void submit(fe_ecache *c, fe_io_job *job, int layer, int expert, uint8_t *buf, int urgent) {
     const fe_bank *b = &c->e->c.banks[layer];
     job->fd = c->record_fd[layer];
     job->buf = buf;
     job->size = b->record_size;
     job->offset = record_offset(b, expert);
-    fe_io_submit(c->io, job);
+    fe_io_submit(c->io, job, urgent);
 }
 
 /* Wait for a job and turn its outcome into a status; account its bytes. */
@@ -274,9 +274,10 @@ ferry_status fe_experts_begin(ferry_session *s, int layer, const int *ids, int n
         if (pf >= 0) {
             v->how[i] = FROM_PREFETCH;
             v->pf_index[i] = pf;
+            fe_io_promote(c->io, &c->pf[pf].job);
         } else {
             v->how[i] = FROM_READ;
-            if (overlap) submit(c, &c->slot_job[slot], layer, e, c->slot_buf[slot]);
+            if (overlap) submit(c, &c->slot_job[slot], layer, e, c->slot_buf[slot], 1);
         }
     }
     fe_cache_counters after;
@@ -313,7 +314,7 @@ static ferry_status settle(ferry_session *s, visit *v, int i, ferry_error *err) 
         if (!st) s->stats.prefetch_used++;
     } else if (v->how[i] == FROM_READ) {
         fe_io_job *job = &c->slot_job[slot];
-        if (!job->buf) submit(c, job, layer, e, c->slot_buf[slot]); /* no overlap: read now */
+        if (!job->buf) submit(c, job, layer, e, c->slot_buf[slot], 1); /* no overlap: read now */
         st = finish_read(s, job, layer, e, err);
         job->buf = NULL;
     }
@@ -392,7 +393,7 @@ void fe_experts_prefetch(ferry_session *s, int layer, const int *ids, int n) {
         p->layer = layer;
         p->expert = ids[i];
         p->submitted = 1;
-        submit(c, &p->job, layer, ids[i], p->buf);
+        submit(c, &p->job, layer, ids[i], p->buf, 0);
         s->stats.prefetch_issued++;
     }
 }

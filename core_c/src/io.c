@@ -13,7 +13,8 @@ struct fe_io {
     pthread_mutex_t mu;         /* guards the queue, job->done, completions */
     pthread_cond_t work;        /* a job was queued, or shutdown */
     pthread_cond_t finished;    /* a job completed */
-    fe_io_job *head, *tail;     /* FIFO of pending jobs */
+    fe_io_job *head, *tail;     /* pending jobs: urgent ones first, each kind in FIFO order */
+    fe_io_job *last_urgent;     /* the last urgent job in the queue, or NULL */
     unsigned completions;       /* jobs completed so far (wraps) */
     int shutdown;               /* readers should exit */
     int n_readers;              /* threads started */
@@ -45,6 +46,7 @@ static void *reader_main(void *arg) {
         fe_io_job *job = io->head;
         io->head = job->next;
         if (!io->head) io->tail = NULL;
+        if (io->last_urgent == job) io->last_urgent = NULL;
         pthread_mutex_unlock(&io->mu);
         run_job(job);
         pthread_mutex_lock(&io->mu);
@@ -86,16 +88,46 @@ void fe_io_free(fe_io *io) {
     free(io);
 }
 
-void fe_io_submit(fe_io *io, fe_io_job *job) {
+/* Put a job into the urgent part of the queue (io->mu held). */
+static void link_urgent(fe_io *io, fe_io_job *job) {
+    job->urgent = 1;
+    fe_io_job **at = io->last_urgent ? &io->last_urgent->next : &io->head;
+    job->next = *at;
+    *at = job;
+    if (!job->next) io->tail = job;
+    io->last_urgent = job;
+}
+
+void fe_io_submit(fe_io *io, fe_io_job *job, int urgent) {
     job->done = 0;
     job->err_no = 0;
     job->got = 0;
     job->next = NULL;
+    job->urgent = 0;
     pthread_mutex_lock(&io->mu);
-    if (io->tail) io->tail->next = job;
-    else io->head = job;
-    io->tail = job;
+    if (urgent) { /* after the urgent ones already queued, before the rest */
+        link_urgent(io, job);
+    } else {
+        if (io->tail) io->tail->next = job;
+        else io->head = job;
+        io->tail = job;
+    }
     pthread_cond_signal(&io->work);
+    pthread_mutex_unlock(&io->mu);
+}
+
+void fe_io_promote(fe_io *io, fe_io_job *job) {
+    pthread_mutex_lock(&io->mu);
+    fe_io_job *prev = NULL;
+    for (fe_io_job *j = io->head; j; prev = j, j = j->next) {
+        if (j != job) continue;
+        if (j->urgent) break;
+        if (prev) prev->next = j->next;
+        else io->head = j->next;
+        if (io->tail == j) io->tail = prev;
+        link_urgent(io, j);
+        break;
+    }
     pthread_mutex_unlock(&io->mu);
 }
 

@@ -22,6 +22,7 @@ typedef struct fe_io_job {
     int err_no;              /* errno of a failed read, or -1 for a short read, 0 if fine */
     uint64_t got;            /* bytes actually read */
     double seconds;          /* time the read took */
+    int urgent;              /* queued ahead of non-urgent jobs (guarded by the io mutex) */
     struct fe_io_job *next;  /* queue link */
 } fe_io_job;
 
@@ -31,8 +32,13 @@ typedef struct fe_io fe_io;
 fe_io *fe_io_new(int n_readers);
 void fe_io_free(fe_io *io);
 
-/* Queue a job (the caller owns it and must not touch it until it is done). */
-void fe_io_submit(fe_io *io, fe_io_job *job);
+/* Queue a job (the caller owns it and must not touch it until it is done).
+ * An urgent job (a read the compute is about to wait for) goes ahead of
+ * every queued non-urgent one (speculative prefetches). */
+void fe_io_submit(fe_io *io, fe_io_job *job, int urgent);
+/* Make a queued non-urgent job urgent (the compute now needs it); no effect
+ * once a reader has taken it. */
+void fe_io_promote(fe_io *io, fe_io_job *job);
 /* Block until the job is done. */
 void fe_io_wait(fe_io *io, fe_io_job *job);
 /* Block until any job completes after this call's snapshot; returns at once

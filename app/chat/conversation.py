@@ -1,0 +1,312 @@
+"""One conversation as the GUI sees it: a tree of messages kept in the
+history store, the branch on screen, the answer being written, and the
+prompt for the engine. No Qt here: the window renders a ``Chat`` and
+forwards intent to it; tests drive it directly.
+
+Branches: regenerating an answer adds a sibling assistant message under the
+same question; editing a question adds a sibling user message (and a new
+answer under it). ``switch_to`` shows another sibling; the conversation keeps
+the leaf on screen so a restart opens the same branch.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from app.store.history import HistoryStore, MessageRecord
+
+#: Save a streaming answer at least this often (seconds), and on finish.
+SAVE_INTERVAL = 0.5
+STREAMING = "streaming"
+TITLE_WORDS = 8
+
+
+class ChatError(RuntimeError):
+    pass
+
+
+class ConversationTree:
+    """Messages by id with parent links; ``leaf_id`` is the branch on screen."""
+
+    def __init__(self, messages: list[MessageRecord] = (), leaf_id: int | None = None):
+        self.by_id: dict[int, MessageRecord] = {m.id: m for m in messages}
+        self.leaf_id = leaf_id if leaf_id in self.by_id else None
+        if self.leaf_id is None and self.by_id:
+            self.leaf_id = self.deepest(max(self.by_id))
+
+    def add(self, message: MessageRecord) -> None:
+        self.by_id[message.id] = message
+
+    def children(self, parent_id: int | None) -> list[MessageRecord]:
+        return sorted((m for m in self.by_id.values() if m.parent_id == parent_id), key=lambda m: m.id)
+
+    def siblings(self, message_id: int) -> list[MessageRecord]:
+        """The message and its alternatives (same parent, same role), oldest first."""
+        m = self.by_id[message_id]
+        return [c for c in self.children(m.parent_id) if c.role == m.role]
+
+    def path(self, leaf_id: int | None = None) -> list[MessageRecord]:
+        """Root to ``leaf_id`` (default: the branch on screen)."""
+        node = self.by_id.get(self.leaf_id if leaf_id is None else leaf_id)
+        out: list[MessageRecord] = []
+        seen: set[int] = set()
+        while node is not None and node.id not in seen:
+            seen.add(node.id)
+            out.append(node)
+            node = self.by_id.get(node.parent_id) if node.parent_id is not None else None
+        return out[::-1]
+
+    def deepest(self, message_id: int) -> int:
+        """The leaf reached from ``message_id`` by always taking the newest child."""
+        node = message_id
+        while True:
+            kids = self.children(node)
+            if not kids:
+                return node
+            node = kids[-1].id
+
+
+@dataclass
+class TurnStart:
+    """What the worker needs to write one answer."""
+
+    assistant_id: int
+    messages: list[dict[str, str]]   #: the conversation up to the answer, for the chat template
+
+
+class Chat:
+    """A conversation backed by the history store.
+
+    A new ``Chat`` with no id is not stored until the first message is sent.
+    ``clock`` is injectable for tests of the save interval.
+    """
+
+    def __init__(self, store: HistoryStore, conversation_id: int | None = None, *, model_name: str = "",
+                 clock: Callable[[], float] = time.monotonic):
+        self.store = store
+        self.id = conversation_id
+        self.model_name = model_name
+        self.clock = clock
+        self.title = "New chat"
+        self.tree = ConversationTree()
+        if conversation_id is not None:
+            info = store.conversation(conversation_id)
+            self.title = info.title
+            self.tree = ConversationTree(store.messages(conversation_id), info.leaf_id)
+        self.streaming_id: int | None = None
+        self._last_save = 0.0
+        self._dirty = False
+        self._think_started: float | None = None
+        self._think_ended: float | None = None
+
+    # ---- what is on screen
+
+    def visible(self) -> list[MessageRecord]:
+        return self.tree.path()
+
+    @property
+    def busy(self) -> bool:
+        return self.streaming_id is not None
+
+    # ---- starting a turn
+
+    def send(self, text: str, system_prompt: str = "") -> TurnStart:
+        """A new question after the branch on screen, and an empty answer to fill."""
+        self._idle_check()
+        text = text.strip()
+        if not text:
+            raise ChatError("the message is empty")
+        if self.id is None:
+            self.title = _title_from(text)
+            self.id = self.store.create_conversation(self.title, model=self.model_name)
+        parent = self.tree.leaf_id
+        uid = self._add(parent, "user", text)
+        return self._start_answer(uid, system_prompt)
+
+    def regenerate(self, assistant_id: int, system_prompt: str = "") -> TurnStart:
+        """Another answer to the same question, as a sibling of ``assistant_id``."""
+        self._idle_check()
+        m = self.tree.by_id[assistant_id]
+        if m.role != "assistant" or m.parent_id is None:
+            raise ChatError("only an answer can be regenerated")
+        return self._start_answer(m.parent_id, system_prompt)
+
+    def edit(self, user_id: int, new_text: str, system_prompt: str = "") -> TurnStart:
+        """The question ``user_id`` asked differently: a sibling question and a new answer."""
+        self._idle_check()
+        m = self.tree.by_id[user_id]
+        if m.role != "user":
+            raise ChatError("only a question can be edited")
+        new_text = new_text.strip()
+        if not new_text:
+            raise ChatError("the message is empty")
+        uid = self._add(m.parent_id, "user", new_text)
+        return self._start_answer(uid, system_prompt)
+
+    def switch_to(self, message_id: int) -> None:
+        """Show the branch through ``message_id`` (e.g. another sibling)."""
+        self._idle_check()
+        self.tree.leaf_id = self.tree.deepest(message_id)
+        if self.id is not None:
+            self.store.set_leaf(self.id, self.tree.leaf_id)
+
+    def rename(self, title: str) -> None:
+        title = title.strip() or "Untitled"
+        self.title = title
+        if self.id is not None:
+            self.store.rename(self.id, title)
+
+    # ---- the answer being written
+
+    def append(self, channel: str, text: str) -> None:
+        """More text for the answer being written (``channel`` is "thinking" or "response")."""
+        m = self._streaming()
+        now = self.clock()
+        if channel == "thinking":
+            if self._think_started is None:
+                self._think_started = now
+            m.thinking += text
+        else:
+            if self._think_started is not None and self._think_ended is None:
+                self._think_ended = now
+                m.thinking_seconds = now - self._think_started
+            m.content += text
+        self._dirty = True
+        if now - self._last_save >= SAVE_INTERVAL:
+            self.save()
+
+    def thinking_seconds(self) -> float | None:
+        """How long the answer has thought so far (still counting while it thinks)."""
+        if self._think_started is None:
+            m = self.tree.by_id.get(self.streaming_id) if self.streaming_id else None
+            return m.thinking_seconds if m else None
+        end = self._think_ended if self._think_ended is not None else self.clock()
+        return end - self._think_started
+
+    def save(self) -> None:
+        """Write the answer so far to the store."""
+        m = self._streaming()
+        self.store.update_message(m.id, content=m.content, thinking=m.thinking,
+                                  thinking_seconds=m.thinking_seconds)
+        self._last_save = self.clock()
+        self._dirty = False
+
+    def finish(self, reason: str, text: str | None = None, thinking: str | None = None,
+               stats: dict[str, Any] | None = None) -> MessageRecord:
+        """The answer is over: ``reason`` is the engine's ("stop", "length",
+        "cancelled", "error"); ``text``/``thinking`` are the complete channels."""
+        m = self._streaming()
+        if text is not None:
+            m.content = text
+        if thinking is not None:
+            m.thinking = thinking
+        if m.thinking and self._think_started is not None and self._think_ended is None:
+            m.thinking_seconds = self.clock() - self._think_started
+        m.status = reason
+        m.stats = dict(stats or {})
+        self.store.update_message(m.id, content=m.content, thinking=m.thinking, status=m.status,
+                                  thinking_seconds=m.thinking_seconds, stats=m.stats)
+        self.streaming_id = None
+        return m
+
+    # ---- output
+
+    def prompt_messages(self, upto_id: int, system_prompt: str = "") -> list[dict[str, str]]:
+        """The chat-template messages for the path ending at ``upto_id``."""
+        msgs = [{"role": "system", "content": system_prompt}] if system_prompt.strip() else []
+        for m in self.tree.path(upto_id):
+            if m.role in ("user", "assistant"):
+                msgs.append({"role": m.role, "content": m.content})
+        return msgs
+
+    def to_markdown(self) -> str:
+        """The branch on screen as a Markdown document."""
+        lines = [f"# {self.title}", ""]
+        for m in self.visible():
+            who = "You" if m.role == "user" else "Assistant"
+            lines += [f"## {who}", ""]
+            if m.thinking:
+                secs = f" ({m.thinking_seconds:.0f} s)" if m.thinking_seconds else ""
+                lines += [f"<details><summary>Thinking{secs}</summary>", "", m.thinking.strip(), "", "</details>",
+                          ""]
+            lines += [m.content.strip() or "*(no answer)*", ""]
+            if m.status in ("cancelled", "error", "length"):
+                lines += [f"*({_STATUS_NOTE[m.status]})*", ""]
+        return "\n".join(lines).rstrip() + "\n"
+
+    # ---- helpers
+
+    def _start_answer(self, parent_id: int, system_prompt: str) -> TurnStart:
+        messages = self.prompt_messages(parent_id, system_prompt)
+        aid = self._add(parent_id, "assistant", "", status=STREAMING)
+        self.streaming_id = aid
+        self._think_started = self._think_ended = None
+        self._last_save = self.clock()
+        return TurnStart(aid, messages)
+
+    def _add(self, parent_id: int | None, role: str, text: str, status: str = "done") -> int:
+        assert self.id is not None
+        mid = self.store.add_message(self.id, parent_id, role, text, status=status)
+        self.tree.add(MessageRecord(id=mid, conversation_id=self.id, parent_id=parent_id, role=role,
+                                    content=text, status=status, created=time.time()))
+        self.tree.leaf_id = mid
+        return mid
+
+    def _streaming(self) -> MessageRecord:
+        if self.streaming_id is None:
+            raise ChatError("no answer is being written")
+        return self.tree.by_id[self.streaming_id]
+
+    def _idle_check(self) -> None:
+        if self.streaming_id is not None:
+            raise ChatError("an answer is still being written")
+
+
+_STATUS_NOTE = {"cancelled": "stopped", "error": "ended by an error", "length": "cut off at the length limit"}
+
+
+def _title_from(text: str) -> str:
+    words = text.split()
+    title = " ".join(words[:TITLE_WORDS])
+    return title + ("…" if len(words) > TITLE_WORDS else "")
+
+
+# ---------------------------------------------------------------- prompts
+
+def build_prompt(model: Any, messages: list[dict[str, str]], thinking: bool = True) -> tuple[list[int], str]:
+    """Token ids for ``messages`` plus a generation prompt, and the channel the
+    generation prompt leaves open ("thinking" when it opens ``<think>``).
+
+    ``model`` is an ``app.model.LoadedModel``. Templates that understand
+    ``enable_thinking`` are told the user's choice; others ignore it."""
+    if model.template is None:
+        text = "\n\n".join(m["content"] for m in messages)
+        return model.encode_plain(text), "response"
+    segments = model.template.render(messages, add_generation_prompt=True, enable_thinking=bool(thinking))
+    return model.encode(segments), opening_channel(segments)
+
+
+def opening_channel(segments: list[tuple[str, bool]]) -> str:
+    """"thinking" if the markup after the last piece of content opens a
+    ``<think>`` that it does not close, else "response"."""
+    tail = []
+    for text, is_markup in reversed(segments):
+        if not is_markup:
+            break
+        tail.append(text)
+    tail_text = "".join(reversed(tail))
+    opened = tail_text.rfind("<think>")
+    return "thinking" if opened >= 0 and tail_text.find("</think>", opened) < 0 else "response"
+
+
+def recover_interrupted(store: HistoryStore) -> int:
+    """Answers left "streaming" by a crash become "cancelled" (their text is kept).
+    Returns how many were fixed."""
+    fixed = 0
+    for info in store.conversations():
+        for m in store.messages(info.id):
+            if m.status == STREAMING:
+                store.update_message(m.id, status="cancelled")
+                fixed += 1
+    return fixed

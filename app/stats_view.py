@@ -1,0 +1,238 @@
+"""What the gauges show, computed from the engine's counters. No Qt here.
+
+The worker samples ``Session.stats()`` (cumulative counters) a few times a
+second and tags each sample with the phase it was taken in ("prefill" while
+the prompt is processed, "decode" while the answer is written). ``StatsView``
+turns the samples into rates over a short window, hit rates split by phase
+(recent and since the view started), and a bounded history per gauge for the
+sparklines. A counter that goes down means a new session: the view re-bases.
+
+Also here: the machine's usable RAM and the memory split for the RAM bar.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+COUNTERS = ("prompt_tokens", "decode_tokens", "prompt_seconds", "decode_seconds", "expert_reads",
+            "bytes_read", "read_seconds", "compute_seconds", "hits", "misses", "decode_hits", "decode_misses")
+GAUGES = ("decode_tps", "prompt_tps", "read_mbps", "hit_decode", "hit_prefill")
+PHASES = ("prefill", "decode")
+
+
+@dataclass
+class GaugeValues:
+    decode_tps: float | None = None       #: answer tokens per second (recent)
+    prompt_tps: float | None = None       #: prompt tokens per second (recent)
+    read_mbps: float | None = None        #: disk read throughput, MB/s of wall time (recent)
+    hit_decode: float | None = None       #: expert cache hit rate while decoding, recent window
+    hit_decode_total: float | None = None  #: ... since the view started
+    hit_prefill: float | None = None
+    hit_prefill_total: float | None = None
+    bytes_read_total: int = 0
+    expert_reads_total: int = 0
+    active: bool = False                  #: the engine did work inside the window
+
+
+@dataclass
+class _Sample:
+    t: float
+    phase: str
+    counters: dict[str, float]
+    delta: dict[str, float]
+    by_phase: dict[str, tuple[float, float]]  #: phase -> (hits, misses) in this sample
+
+
+class StatsView:
+    def __init__(self, window: float = 3.0, history: int = 120):
+        self.window = window
+        self.history: dict[str, deque[float]] = {g: deque(maxlen=history) for g in GAUGES}
+        self._samples: deque[_Sample] = deque()
+        self._last: dict[str, float] | None = None
+        self._totals = {p: [0, 0] for p in PHASES}  # phase -> [hits, misses]
+        self._bytes_total = 0
+        self._reads_total = 0
+        self._shown = GaugeValues()
+        self.samples_seen = 0
+
+    def push(self, stats: dict[str, Any], phase: str = "decode", t: float | None = None) -> GaugeValues:
+        """Take one sample of the cumulative counters; returns what to show now."""
+        t = time.monotonic() if t is None else t
+        cur = {k: float(stats.get(k, 0) or 0) for k in COUNTERS}
+        if self._last is None or any(cur[k] < self._last[k] for k in COUNTERS):
+            self._last = {k: 0.0 for k in COUNTERS}  # first sample, or a new session: counted from zero
+        delta = {k: cur[k] - self._last[k] for k in COUNTERS}
+        self._last = cur
+        self.samples_seen += 1
+        if "decode_hits" in stats:  # the engine splits hits itself: trust it over the sample's phase
+            dec = (delta["decode_hits"], delta["decode_misses"])
+            by_phase = {"decode": dec, "prefill": (delta["hits"] - dec[0], delta["misses"] - dec[1])}
+        else:
+            by_phase = {p: ((delta["hits"], delta["misses"]) if p == phase else (0.0, 0.0)) for p in PHASES}
+        for p, (h, m) in by_phase.items():
+            self._totals[p][0] += int(h)
+            self._totals[p][1] += int(m)
+        self._bytes_total += int(delta["bytes_read"])
+        self._reads_total += int(delta["expert_reads"])
+        self._samples.append(_Sample(t, phase, cur, delta, by_phase))
+        while self._samples and self._samples[0].t < t - self.window:
+            self._samples.popleft()
+        self._shown = self._compute(t)
+        for g in GAUGES:
+            v = getattr(self._shown, g)
+            self.history[g].append(0.0 if v is None else float(v))
+        return self._shown
+
+    @property
+    def values(self) -> GaugeValues:
+        return self._shown
+
+    def _compute(self, t: float) -> GaugeValues:
+        win = list(self._samples)
+        s = {k: sum(x.delta[k] for x in win) for k in COUNTERS}
+        prev = self._shown
+        v = GaugeValues(bytes_read_total=self._bytes_total, expert_reads_total=self._reads_total)
+        v.active = (s["prompt_tokens"] + s["decode_tokens"]) > 0
+        v.decode_tps = s["decode_tokens"] / s["decode_seconds"] if s["decode_seconds"] > 0 else prev.decode_tps
+        v.prompt_tps = s["prompt_tokens"] / s["prompt_seconds"] if s["prompt_seconds"] > 0 else prev.prompt_tps
+        span = (win[-1].t - win[0].t) if len(win) > 1 else 0.0
+        # the first sample in the window carries work done before it: count its time too
+        if len(win) > 1:
+            busy = s["prompt_seconds"] + s["decode_seconds"]
+            span = max(span, busy)
+        elif win:
+            span = win[0].delta["prompt_seconds"] + win[0].delta["decode_seconds"]
+        if span > 0 and v.active:
+            v.read_mbps = s["bytes_read"] / span / 1e6
+        else:
+            v.read_mbps = 0.0 if prev.read_mbps is not None else None
+        for phase in PHASES:
+            h = sum(x.by_phase[phase][0] for x in win)
+            m = sum(x.by_phase[phase][1] for x in win)
+            recent = h / (h + m) if h + m > 0 else getattr(prev, f"hit_{phase}")
+            th, tm = self._totals[phase]
+            setattr(v, f"hit_{phase}", recent)
+            setattr(v, f"hit_{phase}_total", th / (th + tm) if th + tm > 0 else None)
+        return v
+
+
+# ---------------------------------------------------------------- memory
+
+def _read_int(path: str) -> int | None:
+    try:
+        text = Path(path).read_text().strip()
+    except OSError:
+        return None
+    if not text or text == "max":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        return None
+
+
+def _cgroup_limit() -> int | None:
+    """The memory this process's cgroup may still use, if it is limited."""
+    limit = _read_int("/sys/fs/cgroup/memory.max")
+    if limit is not None:
+        used = _read_int("/sys/fs/cgroup/memory.current") or 0
+        return max(0, limit - used)
+    limit = _read_int("/sys/fs/cgroup/memory/memory.limit_in_bytes")
+    if limit is not None and limit < (1 << 60):
+        used = _read_int("/sys/fs/cgroup/memory/memory.usage_in_bytes") or 0
+        return max(0, limit - used)
+    return None
+
+
+def usable_ram() -> int:
+    """Bytes of RAM this process can use now: MemAvailable (and any cgroup
+    limit) on Linux, the physical memory on macOS, a best guess elsewhere."""
+    if sys.platform.startswith("linux"):
+        avail = None
+        try:
+            for line in Path("/proc/meminfo").read_text().splitlines():
+                if line.startswith("MemAvailable:"):
+                    avail = int(line.split()[1]) * 1024
+                    break
+        except (OSError, ValueError, IndexError):
+            pass
+        cg = _cgroup_limit()
+        values = [x for x in (avail, cg) if x is not None]
+        if values:
+            return min(values)
+    if sys.platform == "darwin":
+        try:
+            out = subprocess.run(["sysctl", "-n", "hw.memsize"], capture_output=True, text=True, timeout=5)
+            return int(out.stdout.strip())
+        except (OSError, ValueError, subprocess.SubprocessError):
+            pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+@dataclass
+class MemorySplit:
+    """The RAM bar: what the core uses, part by part, against what the machine has."""
+
+    trunk: int
+    state: int
+    scratch: int
+    expert_cache: int      #: expert read buffers plus the cache the budget leaves room for
+    usable: int
+    floor: int             #: the least the model can run in at this context
+    recommended: int
+    budget: int            #: what the core was given (0 = no limit)
+    parts: list[tuple[str, int]] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        return self.trunk + self.state + self.scratch + self.expert_cache
+
+
+def expert_total_bytes(info: Any) -> int:
+    """Bytes of all expert records of a model (``ModelInfo``)."""
+    return int(info.n_moe_layers) * int(info.n_experts) * int(info.expert_bytes)
+
+
+def plan_floor(plan: Any) -> int:
+    """The least budget the model runs in (older plans had no separate floor)."""
+    return int(getattr(plan, "floor_bytes", 0) or plan.total_bytes)
+
+
+def recommended_budget(plan: Any, info: Any, usable: int) -> int:
+    """The floor, plus a cache as large as every expert or three quarters of
+    the usable RAM, whichever is smaller (never below the floor)."""
+    floor = plan_floor(plan)
+    experts = expert_total_bytes(info)
+    if not experts:
+        return floor
+    return max(floor, min(floor + experts, int(usable * 0.75)))
+
+
+def memory_split(plan: Any, info: Any, budget: int, usable: int | None = None) -> MemorySplit:
+    """The plan in force: trunk, attention state, the expert cache (with its
+    prefetch buffers) and scratch."""
+    usable = usable_ram() if usable is None else usable
+    split = MemorySplit(trunk=int(plan.trunk_bytes), state=int(plan.state_bytes), scratch=int(plan.scratch_bytes),
+                        expert_cache=int(plan.expert_bytes), usable=usable, floor=plan_floor(plan),
+                        recommended=recommended_budget(plan, info, usable), budget=budget)
+    split.parts = [("trunk", split.trunk), ("attention state", split.state),
+                   ("expert cache", split.expert_cache), ("scratch", split.scratch)]
+    return split
+
+
+def fmt_bytes(n: float) -> str:
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"

@@ -1,0 +1,267 @@
+"""Conversation history in SQLite, encrypted at rest. No Qt here.
+
+A conversation is a tree of messages: every message names its parent, so a
+regenerated answer or an edited question is a sibling of the one it replaces
+and both stay reachable. The conversation remembers which leaf is shown.
+
+Titles, message bodies and thinking traces are stored as AES-GCM blobs (see
+:mod:`app.store.crypto`); ids, roles, timestamps, status and the numeric
+statistics are stored in the clear. A ``check`` value in ``meta`` tells a
+wrong key from a right one before anything is read.
+"""
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from app import paths
+from app.store.crypto import Cipher, KeyProvider, WrongKey
+
+SCHEMA_VERSION = 1
+CHECK_TEXT = "ferry history key check"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS conversations (
+    id INTEGER PRIMARY KEY,
+    created REAL NOT NULL,
+    updated REAL NOT NULL,
+    title BLOB NOT NULL,
+    leaf_id INTEGER,
+    model TEXT NOT NULL DEFAULT ''
+);
+CREATE TABLE IF NOT EXISTS messages (
+    id INTEGER PRIMARY KEY,
+    conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+    parent_id INTEGER REFERENCES messages(id) ON DELETE CASCADE,
+    role TEXT NOT NULL,
+    body BLOB NOT NULL,
+    thinking BLOB NOT NULL,
+    thinking_seconds REAL,
+    status TEXT NOT NULL,
+    created REAL NOT NULL,
+    stats TEXT NOT NULL DEFAULT '{}'
+);
+CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id);
+"""
+
+
+def default_path() -> Path:
+    return paths.data_dir() / "history.sqlite3"
+
+
+@dataclass
+class ConversationInfo:
+    id: int
+    title: str
+    created: float
+    updated: float
+    leaf_id: int | None
+    model: str = ""
+
+
+@dataclass
+class MessageRecord:
+    id: int
+    conversation_id: int
+    parent_id: int | None
+    role: str                 #: "user" or "assistant"
+    content: str
+    thinking: str = ""
+    thinking_seconds: float | None = None
+    status: str = "done"      #: "done", "streaming", "stop", "length", "cancelled", "error"
+    created: float = 0.0
+    stats: dict = field(default_factory=dict)
+
+
+class _MetaTable:
+    def __init__(self, db: sqlite3.Connection):
+        self._db = db
+
+    def get(self, key: str) -> bytes | None:
+        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else bytes(row[0])
+
+    def set(self, key: str, value: bytes) -> None:
+        with self._db:
+            self._db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (key, value))
+
+
+def stored_key_kind(path: str | Path) -> str | None:
+    """Which key provider made the history at ``path`` ("keychain",
+    "passphrase"...), or None when there is no history there yet."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    db = sqlite3.connect(path)
+    try:
+        row = db.execute("SELECT value FROM meta WHERE key = 'key_kind'").fetchone()
+    except sqlite3.DatabaseError:
+        return None
+    finally:
+        db.close()
+    return None if row is None else bytes(row[0]).decode()
+
+
+class HistoryStore:
+    """Open (or create) the history at ``path`` with a key from ``keys``.
+
+    Raises :class:`WrongKey` when the key does not open an existing history
+    and :class:`app.store.crypto.KeyUnavailable` when there is no key to have.
+    Use from one thread (the GUI's main thread)."""
+
+    def __init__(self, path: str | Path | None = None, keys: KeyProvider | None = None):
+        if keys is None:
+            raise ValueError("a key provider is required: the history is never stored in plaintext")
+        self.path = Path(path) if path is not None else default_path()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(self.path)
+        try:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.execute("PRAGMA foreign_keys=ON")
+            self._db.execute("PRAGMA secure_delete=ON")
+            self._db.executescript(_SCHEMA)
+            meta = _MetaTable(self._db)
+            self.key_kind = keys.kind
+            key = keys.key(meta)
+            self._cipher = Cipher(key)
+            check = meta.get("check")
+            if check is None:
+                meta.set("check", self._cipher.encrypt(CHECK_TEXT, "meta:check"))
+                meta.set("key_kind", keys.kind.encode())
+                meta.set("schema", str(SCHEMA_VERSION).encode())
+            else:
+                try:
+                    ok = self._cipher.decrypt(check, "meta:check") == CHECK_TEXT
+                except WrongKey:
+                    ok = False
+                if not ok:
+                    raise WrongKey("this key or passphrase does not open the history")
+        except BaseException:
+            self._db.close()
+            raise
+
+    # ---- conversations
+
+    def create_conversation(self, title: str = "New chat", model: str = "") -> int:
+        now = time.time()
+        with self._db:
+            cur = self._db.execute("INSERT INTO conversations(created, updated, title, model) VALUES (?, ?, ?, ?)",
+                                   (now, now, b"", model))
+            cid = int(cur.lastrowid)
+            self._db.execute("UPDATE conversations SET title = ? WHERE id = ?", (self._enc(title, cid), cid))
+        return cid
+
+    def rename(self, conversation_id: int, title: str) -> None:
+        with self._db:
+            self._db.execute("UPDATE conversations SET title = ?, updated = ? WHERE id = ?",
+                             (self._enc(title, conversation_id), time.time(), conversation_id))
+
+    def delete_conversation(self, conversation_id: int) -> None:
+        with self._db:
+            self._db.execute("DELETE FROM messages WHERE conversation_id = ?", (conversation_id,))
+            self._db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
+
+    def conversation(self, conversation_id: int) -> ConversationInfo:
+        row = self._db.execute("SELECT id, title, created, updated, leaf_id, model FROM conversations WHERE id = ?",
+                               (conversation_id,)).fetchone()
+        if row is None:
+            raise KeyError(f"no conversation {conversation_id}")
+        return self._info(row)
+
+    def conversations(self) -> list[ConversationInfo]:
+        """Every conversation, the most recently changed first."""
+        rows = self._db.execute("SELECT id, title, created, updated, leaf_id, model FROM conversations "
+                                "ORDER BY updated DESC, id DESC").fetchall()
+        return [self._info(r) for r in rows]
+
+    def set_leaf(self, conversation_id: int, leaf_id: int | None) -> None:
+        with self._db:
+            self._db.execute("UPDATE conversations SET leaf_id = ? WHERE id = ?", (leaf_id, conversation_id))
+
+    def search(self, query: str) -> list[ConversationInfo]:
+        """Conversations whose title or any message contains ``query`` (case-insensitive).
+        The text is encrypted, so this decrypts in memory; nothing is indexed on disk."""
+        q = query.casefold().strip()
+        found = []
+        for info in self.conversations():
+            if not q or q in info.title.casefold() or any(
+                    q in m.content.casefold() or q in m.thinking.casefold() for m in self.messages(info.id)):
+                found.append(info)
+        return found
+
+    # ---- messages
+
+    def add_message(self, conversation_id: int, parent_id: int | None, role: str, content: str = "", *,
+                    thinking: str = "", status: str = "done") -> int:
+        now = time.time()
+        with self._db:
+            cur = self._db.execute(
+                "INSERT INTO messages(conversation_id, parent_id, role, body, thinking, status, created) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)", (conversation_id, parent_id, role, b"", b"", status, now))
+            mid = int(cur.lastrowid)
+            self._db.execute("UPDATE messages SET body = ?, thinking = ? WHERE id = ?",
+                             (self._enc(content, mid, "body"), self._enc(thinking, mid, "thinking"), mid))
+            self._db.execute("UPDATE conversations SET updated = ?, leaf_id = ? WHERE id = ?",
+                             (now, mid, conversation_id))
+        return mid
+
+    def update_message(self, message_id: int, *, content: str | None = None, thinking: str | None = None,
+                       status: str | None = None, thinking_seconds: float | None = None,
+                       stats: dict | None = None) -> None:
+        sets, args = [], []
+        if content is not None:
+            sets.append("body = ?")
+            args.append(self._enc(content, message_id, "body"))
+        if thinking is not None:
+            sets.append("thinking = ?")
+            args.append(self._enc(thinking, message_id, "thinking"))
+        if status is not None:
+            sets.append("status = ?")
+            args.append(status)
+        if thinking_seconds is not None:
+            sets.append("thinking_seconds = ?")
+            args.append(float(thinking_seconds))
+        if stats is not None:
+            sets.append("stats = ?")
+            args.append(json.dumps(stats))
+        if not sets:
+            return
+        with self._db:
+            self._db.execute(f"UPDATE messages SET {', '.join(sets)} WHERE id = ?", (*args, message_id))
+            self._db.execute("UPDATE conversations SET updated = ? WHERE id = "
+                             "(SELECT conversation_id FROM messages WHERE id = ?)", (time.time(), message_id))
+
+    def messages(self, conversation_id: int) -> list[MessageRecord]:
+        rows = self._db.execute(
+            "SELECT id, conversation_id, parent_id, role, body, thinking, thinking_seconds, status, created, stats "
+            "FROM messages WHERE conversation_id = ? ORDER BY id", (conversation_id,)).fetchall()
+        return [MessageRecord(id=r[0], conversation_id=r[1], parent_id=r[2], role=r[3],
+                              content=self._dec(r[4], r[0], "body"), thinking=self._dec(r[5], r[0], "thinking"),
+                              thinking_seconds=r[6], status=r[7], created=r[8], stats=json.loads(r[9] or "{}"))
+                for r in rows]
+
+    def close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+    # ---- helpers
+
+    def _info(self, row) -> ConversationInfo:
+        return ConversationInfo(id=row[0], title=self._dec(row[1], row[0]), created=row[2], updated=row[3],
+                                leaf_id=row[4], model=row[5])
+
+    def _enc(self, text: str, row_id: int, column: str = "title") -> bytes:
+        table = "conv" if column == "title" else "msg"
+        return self._cipher.encrypt(text, f"{table}:{row_id}:{column}")
+
+    def _dec(self, blob: bytes, row_id: int, column: str = "title") -> str:
+        if not blob:
+            return ""
+        table = "conv" if column == "title" else "msg"
+        return self._cipher.decrypt(bytes(blob), f"{table}:{row_id}:{column}")

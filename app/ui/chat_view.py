@@ -1,0 +1,398 @@
+"""The conversation on screen: one widget per message of the branch shown,
+Markdown bodies with copyable code blocks, a collapsible thinking panel, and
+per-message actions (copy, edit and resend, regenerate, switch between
+alternatives). It renders a ``Chat``; every action is a signal."""
+from __future__ import annotations
+
+from PySide6.QtCore import QEvent, QSize, Qt, QTimer, QUrl, Signal
+from PySide6.QtGui import QDesktopServices, QGuiApplication, QPalette, QTextOption
+from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QScrollArea,
+                               QSizePolicy, QTextBrowser, QToolButton, QVBoxLayout, QWidget)
+
+from app.chat.conversation import STREAMING, Chat
+from app.store.history import MessageRecord
+from app.ui import theme
+from app.ui.markdown import render
+
+STATUS_NOTES = {"cancelled": "Stopped", "error": "Ended by an error", "length": "Cut off at the length limit"}
+
+
+class AutoBrowser(QTextBrowser):
+    """A QTextBrowser as tall as its text (the chat scrolls, not each message)."""
+
+    copied = Signal(str)
+
+    def __init__(self, parent=None, *, markdown: bool = True):
+        super().__init__(parent)
+        self.markdown = markdown
+        self.code_blocks: list[str] = []
+        self._source = None
+        self.setOpenLinks(False)
+        self.setOpenExternalLinks(False)
+        self.anchorClicked.connect(self._anchor)
+        self.setFrameShape(QFrame.Shape.NoFrame)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+        self.setWordWrapMode(QTextOption.WrapMode.WrapAtWordBoundaryOrAnywhere)
+        self.viewport().setAutoFillBackground(False)
+        self.setStyleSheet("QTextBrowser { background: transparent; }")
+        self.document().setDocumentMargin(2)
+        self.document().documentLayout().documentSizeChanged.connect(self._fit)
+
+    def set_text(self, text: str) -> None:
+        if text == self._source:
+            return
+        self._source = text
+        if self.markdown:
+            r = render(text, theme.markdown_colors())
+            self.code_blocks = r.code_blocks
+            self.setHtml(r.html)
+        else:
+            self.setPlainText(text)
+        self._fit()
+
+    def restyle(self) -> None:
+        text, self._source = self._source, None
+        if text is not None:
+            self.set_text(text)
+
+    def _anchor(self, url: QUrl) -> None:
+        if url.scheme() == "copy":
+            try:
+                code = self.code_blocks[int(url.path() or url.toString().split(":", 1)[1])]
+            except (ValueError, IndexError):
+                return
+            QGuiApplication.clipboard().setText(code)
+            self.copied.emit(code)
+        elif url.scheme() in ("http", "https", "mailto"):
+            QDesktopServices.openUrl(url)
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        self._fit()
+
+    def _fit(self, *_) -> None:
+        self.document().setTextWidth(self.viewport().width())
+        h = int(self.document().size().height()) + 4
+        if h != self.height():
+            self.setFixedHeight(h)
+
+    def sizeHint(self) -> QSize:
+        return QSize(400, self.height())
+
+    def wheelEvent(self, event) -> None:  # let the chat scroll
+        event.ignore()
+
+
+class ThinkingPanel(QFrame):
+    """The thinking trace, collapsed to one line titled with its duration."""
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.setObjectName("thinkingPanel")
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(8, 4, 8, 4)
+        lay.setSpacing(2)
+        self.toggle = QToolButton(self)
+        self.toggle.setCheckable(True)
+        self.toggle.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
+        self.toggle.setAutoRaise(True)
+        self.toggle.setAccessibleName("Show or hide the thinking trace")
+        self.toggle.toggled.connect(self._toggled)
+        self.body = AutoBrowser(self, markdown=False)
+        self.body.setAccessibleName("Thinking trace")
+        lay.addWidget(self.toggle, 0, Qt.AlignmentFlag.AlignLeft)
+        lay.addWidget(self.body)
+        self.user_touched = False
+        self._apply(False)
+
+    def set_title(self, title: str) -> None:
+        self.toggle.setText(title)
+
+    @property
+    def expanded(self) -> bool:
+        return self.toggle.isChecked()
+
+    def set_expanded(self, on: bool) -> None:
+        self.toggle.blockSignals(True)
+        self.toggle.setChecked(on)
+        self.toggle.blockSignals(False)
+        self._apply(on)
+
+    def _toggled(self, on: bool) -> None:
+        self.user_touched = True
+        self._apply(on)
+
+    def _apply(self, on: bool) -> None:
+        self.toggle.setArrowType(Qt.ArrowType.DownArrow if on else Qt.ArrowType.RightArrow)
+        self.body.setVisible(on)
+
+
+def thinking_title(seconds: float | None, still_thinking: bool) -> str:
+    if still_thinking:
+        return f"Thinking… {seconds:.0f} s" if seconds else "Thinking…"
+    if seconds is None:
+        return "Thoughts"
+    return f"Thought for {max(1, round(seconds))} s" if seconds >= 0.5 else "Thought for less than a second"
+
+
+class MessageWidget(QFrame):
+    regenerate = Signal(int)
+    edit = Signal(int, str)
+    switch = Signal(int)
+    copied = Signal(str)
+
+    def __init__(self, record: MessageRecord, author: str, siblings: list[int], parent=None):
+        super().__init__(parent)
+        self.record = record
+        self.message_id = record.id
+        self.setObjectName("userBubble" if record.role == "user" else "assistantBubble")
+        self.setFrameShape(QFrame.Shape.StyledPanel)
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(12, 8, 12, 8)
+        outer.setSpacing(4)
+
+        head = QHBoxLayout()
+        head.setSpacing(6)
+        self.author = QLabel(f"<b>{author}</b>")
+        head.addWidget(self.author)
+        self.note = QLabel("")
+        self.note.setObjectName("mutedLabel")
+        head.addWidget(self.note)
+        head.addStretch(1)
+        self.prev_btn = self._tool("‹", "Previous version")
+        self.pos_label = QLabel("")
+        self.pos_label.setObjectName("mutedLabel")
+        self.next_btn = self._tool("›", "Next version")
+        for w in (self.prev_btn, self.pos_label, self.next_btn):
+            head.addWidget(w)
+        self.copy_btn = self._tool("Copy", "Copy this message")
+        head.addWidget(self.copy_btn)
+        if record.role == "user":
+            self.action_btn = self._tool("Edit", "Edit and resend this message")
+            self.action_btn.clicked.connect(self._begin_edit)
+        else:
+            self.action_btn = self._tool("Regenerate", "Write another answer")
+            self.action_btn.clicked.connect(lambda: self.regenerate.emit(self.message_id))
+        head.addWidget(self.action_btn)
+        outer.addLayout(head)
+
+        self.thinking = ThinkingPanel(self)
+        self.thinking.setVisible(False)
+        outer.addWidget(self.thinking)
+        self.body = AutoBrowser(self)
+        self.body.setAccessibleName("Your message" if record.role == "user" else "Answer")
+        self.body.copied.connect(self.copied)
+        outer.addWidget(self.body)
+
+        self.editor = QPlainTextEdit(self)
+        self.editor.setAccessibleName("Edit the message")
+        self.editor.setVisible(False)
+        self.editor.setFixedHeight(90)
+        outer.addWidget(self.editor)
+        self.edit_row = QWidget(self)
+        er = QHBoxLayout(self.edit_row)
+        er.setContentsMargins(0, 0, 0, 0)
+        er.addStretch(1)
+        cancel = QPushButton("Cancel")
+        cancel.setAccessibleName("Cancel editing")
+        cancel.clicked.connect(self._end_edit)
+        self.resend_btn = QPushButton("Save && resend")
+        self.resend_btn.setAccessibleName("Save the edit and resend")
+        self.resend_btn.clicked.connect(self._resend)
+        er.addWidget(cancel)
+        er.addWidget(self.resend_btn)
+        self.edit_row.setVisible(False)
+        outer.addWidget(self.edit_row)
+
+        self.copy_btn.clicked.connect(self._copy)
+        self._siblings = siblings
+        self.prev_btn.clicked.connect(lambda: self._go(-1))
+        self.next_btn.clicked.connect(lambda: self._go(+1))
+        self._auto_collapsed = False
+        self.update_from(record, streaming=record.status == STREAMING)
+
+    def _tool(self, text: str, name: str) -> QToolButton:
+        b = QToolButton(self)
+        b.setText(text)
+        b.setToolTip(name)
+        b.setAccessibleName(name)
+        b.setAutoRaise(True)
+        return b
+
+    def update_from(self, record: MessageRecord, *, streaming: bool, thinking_seconds: float | None = None,
+                    busy: bool = False) -> None:
+        self.record = record
+        has_thinking = bool(record.thinking)
+        self.thinking.setVisible(has_thinking)
+        if has_thinking:
+            still = streaming and not record.content
+            secs = thinking_seconds if thinking_seconds is not None else record.thinking_seconds
+            self.thinking.set_title(thinking_title(secs, still))
+            self.thinking.body.set_text(record.thinking.strip())
+            if streaming and not record.content and not self.thinking.user_touched:
+                self.thinking.set_expanded(True)
+            elif record.content and not self._auto_collapsed:
+                self._auto_collapsed = True
+                self.thinking.set_expanded(False)
+            elif not streaming and not self._auto_collapsed:
+                self._auto_collapsed = True
+                self.thinking.set_expanded(False)
+        text = record.content
+        if not text and streaming:
+            text = "" if has_thinking else "…"
+        elif not text and record.role == "assistant":
+            text = "*(no answer)*"
+        self.body.set_text(text)
+        self.body.setVisible(bool(text))
+        note = "writing…" if streaming else STATUS_NOTES.get(record.status, "")
+        self.note.setText(note)
+        n = len(self._siblings)
+        multi = n > 1
+        for w in (self.prev_btn, self.pos_label, self.next_btn):
+            w.setVisible(multi)
+        if multi:
+            i = self._siblings.index(record.id) if record.id in self._siblings else 0
+            self.pos_label.setText(f"{i + 1}/{n}")
+            self.prev_btn.setEnabled(i > 0 and not busy)
+            self.next_btn.setEnabled(i < n - 1 and not busy)
+        self.action_btn.setEnabled(not busy)
+        self.copy_btn.setEnabled(bool(record.content))
+
+    def restyle(self) -> None:
+        self.body.restyle()
+        self.thinking.body.restyle()
+
+    def _copy(self) -> None:
+        QGuiApplication.clipboard().setText(self.record.content)
+        self.copied.emit(self.record.content)
+
+    def _go(self, step: int) -> None:
+        i = self._siblings.index(self.message_id) + step
+        if 0 <= i < len(self._siblings):
+            self.switch.emit(self._siblings[i])
+
+    def _begin_edit(self) -> None:
+        self.editor.setPlainText(self.record.content)
+        self.editor.setVisible(True)
+        self.edit_row.setVisible(True)
+        self.body.setVisible(False)
+        self.editor.setFocus()
+
+    def _end_edit(self) -> None:
+        self.editor.setVisible(False)
+        self.edit_row.setVisible(False)
+        self.body.setVisible(True)
+
+    def _resend(self) -> None:
+        text = self.editor.toPlainText().strip()
+        if text:
+            self._end_edit()
+            self.edit.emit(self.message_id, text)
+
+
+class ChatView(QScrollArea):
+    """The branch on screen. ``show_chat`` rebuilds; ``refresh_streaming`` only
+    redraws the answer being written (the window calls it on a timer)."""
+
+    regenerate = Signal(int)
+    edit = Signal(int, str)
+    switch = Signal(int)
+    copied = Signal(str)
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.setWidgetResizable(True)
+        self.setFrameShape(QFrame.Shape.NoFrame)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.setAccessibleName("Conversation")
+        self.inner = QWidget()
+        self.inner.setObjectName("chatInner")
+        self.lay = QVBoxLayout(self.inner)
+        self.lay.setContentsMargins(18, 14, 18, 14)
+        self.lay.setSpacing(10)
+        self.placeholder = QLabel()
+        self.placeholder.setObjectName("chatPlaceholder")
+        self.placeholder.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.placeholder.setWordWrap(True)
+        self.placeholder.setContentsMargins(20, 140, 20, 0)
+        self.lay.addWidget(self.placeholder)
+        self.lay.addStretch(1)
+        self.setWidget(self.inner)
+        self.widgets: list[MessageWidget] = []
+        self.chat: Chat | None = None
+        self.author = "Assistant"
+        self._stick = True
+        self._end_timer = QTimer(self)
+        self._end_timer.setSingleShot(True)
+        self._end_timer.setInterval(0)
+        self._end_timer.timeout.connect(self.scroll_to_end)
+        self.verticalScrollBar().rangeChanged.connect(self._range_changed)
+        self.verticalScrollBar().valueChanged.connect(self._scrolled)
+
+    def set_placeholder(self, html: str) -> None:
+        self.placeholder.setText(html)
+
+    def show_chat(self, chat: Chat | None, author: str | None = None) -> None:
+        self.chat = chat
+        if author:
+            self.author = author
+        for w in self.widgets:
+            # hide and let Qt delete it on this (the GUI) thread; dropping it from
+            # Python could leave it to a garbage collection on the engine's thread
+            self.lay.removeWidget(w)
+            w.hide()
+            w.deleteLater()
+        self.widgets = []
+        records = chat.visible() if chat else []
+        self.placeholder.setVisible(not records)
+        busy = bool(chat and chat.busy)
+        for rec in records:
+            sibs = [m.id for m in chat.tree.siblings(rec.id)]
+            w = MessageWidget(rec, "You" if rec.role == "user" else self.author, sibs, self.inner)
+            w.regenerate.connect(self.regenerate)
+            w.edit.connect(self.edit)
+            w.switch.connect(self.switch)
+            w.copied.connect(self.copied)
+            w.update_from(rec, streaming=rec.status == STREAMING and rec.id == chat.streaming_id, busy=busy,
+                          thinking_seconds=chat.thinking_seconds() if rec.id == chat.streaming_id else None)
+            self.lay.insertWidget(self.lay.count() - 1, w)
+            w.show()
+            self.widgets.append(w)
+        self._stick = True
+        self._end_timer.start()
+
+    def refresh_streaming(self) -> None:
+        chat = self.chat
+        if chat is None or not self.widgets:
+            return
+        w = self.widgets[-1]
+        rec = chat.tree.by_id.get(w.message_id)
+        if rec is None:
+            return
+        w.update_from(rec, streaming=chat.streaming_id == rec.id, thinking_seconds=chat.thinking_seconds(),
+                      busy=chat.busy)
+
+    def set_busy(self, busy: bool) -> None:
+        if self.chat is None:
+            return
+        for w in self.widgets:
+            rec = self.chat.tree.by_id.get(w.message_id)
+            if rec is not None:
+                w.update_from(rec, streaming=self.chat.streaming_id == rec.id, busy=busy)
+
+    def restyle(self) -> None:
+        for w in self.widgets:
+            w.restyle()
+
+    def scroll_to_end(self) -> None:
+        bar = self.verticalScrollBar()
+        bar.setValue(bar.maximum())
+
+    def _range_changed(self, _lo: int, hi: int) -> None:
+        if self._stick:
+            self.verticalScrollBar().setValue(hi)
+
+    def _scrolled(self, value: int) -> None:
+        self._stick = value >= self.verticalScrollBar().maximum() - 8

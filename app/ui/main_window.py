@@ -1,0 +1,590 @@
+"""The main window: conversation list, chat, composer, gauges. It renders the
+state held by ``Chat``, ``StatsView`` and ``Settings`` and forwards what the
+user asks for to them and to the engine worker."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from PySide6.QtCore import QEvent, Qt, QTimer, Signal
+from PySide6.QtGui import QAction, QKeySequence, QShortcut
+from PySide6.QtWidgets import (QApplication, QFileDialog, QFrame, QHBoxLayout, QInputDialog, QLabel, QLineEdit,
+                               QListWidget, QListWidgetItem, QMainWindow, QMenu, QMessageBox, QPlainTextEdit,
+                               QProgressBar, QPushButton, QScrollArea, QSizePolicy, QSplitter, QStackedWidget,
+                               QToolButton,
+                               QVBoxLayout, QWidget)
+
+from app import paths
+from app.chat.conversation import Chat, ChatError, TurnStart, recover_interrupted
+from app.engine.binding import MemoryPlan, ModelInfo
+from app.stats_view import StatsView, memory_split
+from app.store import settings as settings_mod
+from app.store.history import HistoryStore
+from app.store.settings import Settings
+from app.ui import theme
+from app.ui.chat_view import ChatView
+from app.ui.gauges import GaugePanel
+from app.ui.settings_dialog import SettingsDialog
+from app.ui.welcome import WelcomePage
+from app.ui.worker import WorkerThread
+
+REPAINT_INTERVAL_MS = 50   #: the answer is redrawn at most 20 times a second
+
+
+def find_models(settings: Settings) -> list[Path]:
+    """Containers (folders with a manifest.json) in the models dir and the user's model folders."""
+    found: list[Path] = []
+    for root in [paths.models_dir(), *map(Path, settings.model_folders)]:
+        if (root / "manifest.json").exists():
+            found.append(root)
+            continue
+        try:
+            kids = sorted(root.iterdir())
+        except OSError:
+            continue
+        found += [k for k in kids if (k / "manifest.json").exists()]
+    return found
+
+
+def display_name(name: str) -> str:
+    """A model's name without the file extension it was converted from."""
+    for ext in (".gguf", ".safetensors", ".ferry"):
+        if name.lower().endswith(ext):
+            return name[: -len(ext)]
+    return name
+
+
+class MainWindow(QMainWindow):
+    model_loaded = Signal(object)
+    answer_finished = Signal(str)     #: reason
+
+    def __init__(self, store: HistoryStore, settings: Settings | None = None, *, persist_settings: bool = True):
+        super().__init__()
+        self.store = store
+        recover_interrupted(store)
+        self.settings = settings or settings_mod.load()
+        self.persist_settings = persist_settings
+        self.setWindowTitle("Ferry")
+        self.setAccessibleName("Ferry")
+        self.resize(1200, 780)
+        self.model_info: dict | None = None
+        self.memory = None
+        self.stats_view = StatsView()
+        self.last_stats: dict = {}
+        self.gen_id = 0
+        self.worker = WorkerThread(self)
+        w = self.worker.worker
+        w.loaded.connect(self._on_loaded)
+        w.load_failed.connect(self._on_load_failed)
+        w.response_text.connect(self._on_response)
+        w.thinking_text.connect(self._on_thinking)
+        w.prompt_progress.connect(self._on_prompt_progress)
+        w.stats.connect(self._on_stats)
+        w.finished.connect(self._on_finished)
+        w.error.connect(self._on_error)
+        self.chat = Chat(store)
+        self._repaint_timer = QTimer(self)
+        self._repaint_timer.setSingleShot(True)
+        self._repaint_timer.setInterval(REPAINT_INTERVAL_MS)
+        self._repaint_timer.timeout.connect(self._repaint)
+        self._build()
+        self._shortcuts()
+        self.apply_theme()
+        QApplication.instance().styleHints().colorSchemeChanged.connect(lambda *_: self.apply_theme(True))
+        self.refresh_list()
+        self._show_current()
+        self._set_busy(False)
+
+    # ------------------------------------------------------------ layout
+
+    def _build(self) -> None:
+        split = QSplitter(Qt.Orientation.Horizontal, self)
+        split.setChildrenCollapsible(False)
+
+        side = QFrame()
+        side.setObjectName("sidebar")
+        sl = QVBoxLayout(side)
+        sl.setContentsMargins(10, 10, 10, 10)
+        self.new_btn = QPushButton("New chat")
+        self.new_btn.setAccessibleName("New chat")
+        self.new_btn.setToolTip("New chat (Ctrl+N)")
+        self.new_btn.clicked.connect(self.new_chat)
+        sl.addWidget(self.new_btn)
+        self.search = QLineEdit()
+        self.search.setPlaceholderText("Search conversations (Ctrl+F)")
+        self.search.setAccessibleName("Search conversations")
+        self.search.setClearButtonEnabled(True)
+        self.search.textChanged.connect(lambda _t: self.refresh_list())
+        sl.addWidget(self.search)
+        self.conv_list = QListWidget()
+        self.conv_list.setAccessibleName("Conversations")
+        self.conv_list.setTextElideMode(Qt.TextElideMode.ElideRight)
+        self.conv_list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.conv_list.setUniformItemSizes(True)
+        self.conv_list.itemClicked.connect(self._open_item)
+        self.conv_list.itemActivated.connect(self._open_item)
+        self.conv_list.itemDoubleClicked.connect(lambda item: self.rename_conversation(item.data(Qt.ItemDataRole.UserRole)))
+        self.conv_list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
+        self.conv_list.customContextMenuRequested.connect(self._list_menu)
+        sl.addWidget(self.conv_list, 1)
+        side.setMinimumWidth(200)
+        split.addWidget(side)
+
+        center = QWidget()
+        cl = QVBoxLayout(center)
+        cl.setContentsMargins(0, 0, 0, 0)
+        cl.setSpacing(0)
+        top = QFrame()
+        top.setObjectName("topBar")
+        tl = QHBoxLayout(top)
+        tl.setContentsMargins(14, 6, 10, 6)
+        self.title_label = QLabel("New chat")
+        self.title_label.setObjectName("chatTitle")
+        self.title_label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        tl.addWidget(self.title_label, 1)
+        self.model_label = QLabel("No model")
+        self.model_label.setObjectName("mutedLabel")
+        self.model_label.setAccessibleName("Model")
+        self.export_btn = self._top_button("Export…", "Export this conversation to Markdown", self.export_markdown)
+        self.gauges_btn = self._top_button("Gauges", "Show or hide the gauges", None)
+        self.gauges_btn.setCheckable(True)
+        self.gauges_btn.setChecked(True)
+        self.settings_btn = self._top_button("Settings", "Settings", self.open_settings)
+        for b in (self.export_btn, self.gauges_btn, self.settings_btn):
+            tl.addWidget(b)
+        cl.addWidget(top)
+
+        self.stack = QStackedWidget()
+        self.welcome = WelcomePage()
+        self.welcome.model_ready.connect(self.load_model)
+        self.stack.addWidget(self.welcome)
+        chat_page = QWidget()
+        pl = QVBoxLayout(chat_page)
+        pl.setContentsMargins(0, 0, 0, 0)
+        pl.setSpacing(0)
+        self.chat_view = ChatView()
+        self.chat_view.regenerate.connect(self.regenerate)
+        self.chat_view.edit.connect(self.edit_and_resend)
+        self.chat_view.switch.connect(self.switch_to)
+        self.chat_view.copied.connect(lambda _t: self.statusBar().showMessage("Copied to the clipboard", 2000))
+        pl.addWidget(self.chat_view, 1)
+
+        bottom = QFrame()
+        bottom.setObjectName("composerBar")
+        bl = QVBoxLayout(bottom)
+        bl.setContentsMargins(14, 8, 14, 10)
+        bl.setSpacing(6)
+        prow = QHBoxLayout()
+        self.prompt_label = QLabel("")
+        self.prompt_label.setObjectName("mutedLabel")
+        self.prompt_bar = QProgressBar()
+        self.prompt_bar.setAccessibleName("Prompt processing")
+        self.prompt_bar.setTextVisible(False)
+        self.prompt_bar.setMaximumHeight(8)
+        prow.addWidget(self.prompt_label)
+        prow.addWidget(self.prompt_bar, 1)
+        self.prompt_row = QWidget()
+        self.prompt_row.setLayout(prow)
+        prow.setContentsMargins(0, 0, 0, 0)
+        self.prompt_row.setVisible(False)
+        bl.addWidget(self.prompt_row)
+        crow = QHBoxLayout()
+        self.composer = QPlainTextEdit()
+        self.composer.setAccessibleName("Message")
+        self.composer.setPlaceholderText("Ask anything… (Ctrl+Enter to send)")
+        self.composer.setFixedHeight(76)
+        crow.addWidget(self.composer, 1)
+        btns = QVBoxLayout()
+        self.send_btn = QPushButton("Send")
+        self.send_btn.setAccessibleName("Send")
+        self.send_btn.setToolTip("Send (Ctrl+Enter)")
+        self.send_btn.setDefault(True)
+        self.send_btn.clicked.connect(self.send)
+        self.stop_btn = QPushButton("Stop")
+        self.stop_btn.setAccessibleName("Stop")
+        self.stop_btn.setToolTip("Stop the answer (Esc)")
+        self.stop_btn.clicked.connect(self.stop)
+        btns.addWidget(self.send_btn)
+        btns.addWidget(self.stop_btn)
+        crow.addLayout(btns)
+        bl.addLayout(crow)
+        pl.addWidget(bottom)
+        self.stack.addWidget(chat_page)
+        self.chat_page = chat_page
+        cl.addWidget(self.stack, 1)
+        split.addWidget(center)
+
+        self.gauges = GaugePanel()
+        self.gauge_scroll = QScrollArea()
+        self.gauge_scroll.setWidget(self.gauges)
+        self.gauge_scroll.setWidgetResizable(True)
+        self.gauge_scroll.setFrameShape(QFrame.Shape.NoFrame)
+        self.gauge_scroll.setMinimumWidth(300)
+        self.gauge_scroll.setMaximumWidth(420)
+        self.gauge_scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.gauges_btn.toggled.connect(lambda on: self.gauge_scroll.setVisible(on and self.model_info is not None))
+        split.addWidget(self.gauge_scroll)
+        split.setStretchFactor(0, 0)
+        split.setStretchFactor(1, 1)
+        split.setStretchFactor(2, 0)
+        split.setSizes([240, 640, 320])
+        self.setCentralWidget(split)
+        self.statusBar().addPermanentWidget(self.model_label)
+        self.statusBar().showMessage("Ready")
+
+    def _top_button(self, text: str, name: str, slot) -> QToolButton:
+        b = QToolButton()
+        b.setText(text)
+        b.setAccessibleName(name)
+        b.setToolTip(name)
+        b.setAutoRaise(True)
+        if slot is not None:
+            b.clicked.connect(slot)
+        return b
+
+    def _shortcuts(self) -> None:
+        for keys, slot in ((("Ctrl+Return", "Ctrl+Enter"), self.send), (("Esc",), self.stop),
+                           (("Ctrl+N",), self.new_chat), (("Ctrl+F",), self.focus_search)):
+            for k in keys:
+                sc = QShortcut(QKeySequence(k), self)
+                sc.setContext(Qt.ShortcutContext.WindowShortcut)
+                sc.activated.connect(slot)
+
+    def apply_theme(self, rerender: bool = False) -> None:
+        app = QApplication.instance()
+        theme.apply(app)
+        c = theme.bubble_colors()
+        self.setStyleSheet(f"""
+            QFrame#userBubble {{ background: {c['user']}; border: 1px solid {c['border']}; border-radius: 10px; }}
+            QFrame#assistantBubble {{ background: {c['assistant']}; border: 1px solid {c['border']};
+                                      border-radius: 10px; }}
+            QFrame#thinkingPanel {{ background: {c['thinking']}; border: 1px solid {c['border']};
+                                    border-radius: 6px; }}
+            QLabel#mutedLabel {{ color: {c['muted']}; }}
+            QLabel#chatTitle {{ font-size: 13pt; font-weight: 600; }}
+            QLabel#chatPlaceholder {{ color: {c['muted']}; font-size: 12pt; }}
+            QLabel#gaugeValue {{ font-size: 15pt; font-weight: 600; }}
+            QLabel#gaugeTitle {{ color: {c['muted']}; }}
+            QFrame#gaugeTile {{ border: 1px solid {c['border']}; border-radius: 8px; }}
+            QFrame#topBar, QFrame#composerBar {{ border: none; }}
+        """)
+        if rerender:
+            self.chat_view.restyle()
+
+    # ------------------------------------------------------------ model
+
+    def load_model(self, path: str | Path) -> None:
+        self.model_info = None
+        self.model_label.setText(f"Opening {Path(path).name}…")
+        self.statusBar().showMessage(f"Opening {path}…")
+        self._set_busy(False)
+        s = self.settings
+        self.worker.load(str(path), {"ram_budget": s.ram_budget, "threads": s.threads,
+                                     "context_length": s.context_length})
+
+    def open_default_model(self) -> bool:
+        """Open the last model or the first one found; False shows the welcome page."""
+        last = Path(self.settings.model_path) if self.settings.model_path else None
+        if last and (last / "manifest.json").exists():
+            self.load_model(last)
+            return True
+        models = find_models(self.settings)
+        if models:
+            self.load_model(models[0])
+            return True
+        self.stack.setCurrentWidget(self.welcome)
+        return False
+
+    def _on_loaded(self, info: dict) -> None:
+        info = {**info, "name": display_name(info["name"])}
+        self.model_info = info
+        self.stats_view = StatsView()
+        plan = MemoryPlan(**info["plan"])
+        minfo = ModelInfo(**info["info"])
+        self.memory = memory_split(plan, minfo, self.settings.ram_budget)
+        self.gauges.set_model(info["has_experts"])
+        self.gauges.show_memory(self.memory)
+        self.model_label.setText(f"{info['name']} · {info['n_ctx']} tokens of context")
+        self.stack.setCurrentWidget(self.chat_page)
+        self.chat.model_name = info["name"]
+        self.chat_view.author = info["name"]
+        self._show_current()
+        if self.settings.model_path != info["path"]:
+            self.settings.model_path = info["path"]
+            self._save_settings()
+        self.statusBar().showMessage(f"{info['name']} is ready", 4000)
+        self._set_busy(False)
+        self.composer.setFocus()
+        self.model_loaded.emit(info)
+
+    def _on_load_failed(self, message: str) -> None:
+        self.model_label.setText("No model")
+        self.statusBar().showMessage(f"Could not open the model: {message}")
+        QMessageBox.warning(self, "Could not open the model", message)
+        self.stack.setCurrentWidget(self.welcome)
+
+    # ------------------------------------------------------------ chat intents
+
+    @property
+    def busy(self) -> bool:
+        return self.chat.busy
+
+    def send(self) -> None:
+        if self.busy or self.model_info is None:
+            return
+        text = self.composer.toPlainText().strip()
+        if not text:
+            return
+        start = self.chat.send(text, self.settings.system_prompt)
+        self.composer.clear()
+        self._begin(start)
+
+    def send_text(self, text: str) -> None:
+        self.composer.setPlainText(text)
+        self.send()
+
+    def regenerate(self, assistant_id: int) -> None:
+        if self.busy or self.model_info is None:
+            return
+        self._begin(self.chat.regenerate(assistant_id, self.settings.system_prompt))
+
+    def edit_and_resend(self, user_id: int, text: str) -> None:
+        if self.busy or self.model_info is None:
+            return
+        try:
+            start = self.chat.edit(user_id, text, self.settings.system_prompt)
+        except ChatError as exc:
+            self.statusBar().showMessage(str(exc), 4000)
+            return
+        self._begin(start)
+
+    def switch_to(self, message_id: int) -> None:
+        if self.busy:
+            return
+        self.chat.switch_to(message_id)
+        self._show_current()
+
+    def stop(self) -> None:
+        if self.busy:
+            self.worker.stop(self.gen_id)
+            self.statusBar().showMessage("Stopping…")
+
+    def new_chat(self) -> None:
+        if self.busy:
+            self.statusBar().showMessage("Stop the answer first (Esc)", 3000)
+            return
+        self.chat = Chat(self.store, model_name=self.model_info["name"] if self.model_info else "")
+        self._show_current()
+        self.conv_list.clearSelection()
+        self.composer.setFocus()
+
+    def open_conversation(self, conversation_id: int) -> None:
+        if self.busy:
+            self.statusBar().showMessage("Stop the answer first (Esc)", 3000)
+            return
+        self.chat = Chat(self.store, conversation_id, model_name=self.model_info["name"] if self.model_info else "")
+        self.stack.setCurrentWidget(self.chat_page)
+        self._show_current()
+
+    def rename_conversation(self, conversation_id: int | None = None, title: str | None = None) -> None:
+        cid = conversation_id if conversation_id is not None else self.chat.id
+        if cid is None:
+            return
+        if title is None:
+            current = self.store.conversation(cid).title
+            title, ok = QInputDialog.getText(self, "Rename", "Title:", text=current)
+            if not ok:
+                return
+        if cid == self.chat.id:
+            self.chat.rename(title)
+        else:
+            self.store.rename(cid, title.strip() or "Untitled")
+        self.refresh_list()
+        self.title_label.setText(self.chat.title)
+
+    def delete_conversation(self, conversation_id: int) -> None:
+        if self.busy and conversation_id == self.chat.id:
+            return
+        self.store.delete_conversation(conversation_id)
+        if conversation_id == self.chat.id:
+            self.chat = Chat(self.store, model_name=self.chat.model_name)
+            self._show_current()
+        self.refresh_list()
+
+    def export_markdown(self, path: str | Path | None = None) -> Path | None:
+        if not self.chat.visible():
+            self.statusBar().showMessage("Nothing to export yet", 3000)
+            return None
+        if path is None:
+            safe = "".join(ch if ch.isalnum() or ch in " -_" else "_" for ch in self.chat.title).strip() or "chat"
+            path, _ = QFileDialog.getSaveFileName(self, "Export to Markdown", str(Path.home() / f"{safe}.md"),
+                                                  "Markdown (*.md)")
+            if not path:
+                return None
+        out = Path(path)
+        out.write_text(self.chat.to_markdown(), encoding="utf-8")
+        self.statusBar().showMessage(f"Exported to {out}", 4000)
+        return out
+
+    def focus_search(self) -> None:
+        self.search.setFocus()
+        self.search.selectAll()
+
+    def open_settings(self) -> SettingsDialog:
+        d = SettingsDialog(self.settings, self.memory, self)
+        d.accepted.connect(lambda: self.apply_settings(d.result_settings()))
+        d.open()
+        return d
+
+    def apply_settings(self, new: Settings) -> None:
+        old = self.settings
+        self.settings = new
+        self._save_settings()
+        reload = (old.ram_budget, old.threads, old.context_length) != (new.ram_budget, new.threads,
+                                                                         new.context_length)
+        if reload and self.model_info and not self.busy:
+            self.load_model(self.model_info["path"])
+
+    def _save_settings(self) -> None:
+        if self.persist_settings:
+            settings_mod.save(self.settings)
+
+    # ------------------------------------------------------------ generation
+
+    def _request(self, start: TurnStart) -> dict:
+        s = self.settings
+        return {"messages": start.messages, "max_tokens": s.max_tokens, "thinking": s.thinking,
+                "sampling": {"temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k, "min_p": s.min_p}}
+
+    def _begin(self, start: TurnStart) -> None:
+        self.last_stats = {}
+        self.statusBar().clearMessage()
+        self._show_current()
+        self._set_busy(True)
+        self.prompt_row.setVisible(True)
+        self.prompt_bar.setRange(0, 0)
+        self.prompt_label.setText("Reading the conversation…")
+        self.gen_id = self.worker.generate(self._request(start))
+        self.refresh_list()
+
+    def _on_response(self, text: str) -> None:
+        if self.chat.busy:
+            self.chat.append("response", text)
+            self._schedule_repaint()
+
+    def _on_thinking(self, text: str) -> None:
+        if self.chat.busy:
+            self.chat.append("thinking", text)
+            self._schedule_repaint()
+
+    def _schedule_repaint(self) -> None:
+        if not self._repaint_timer.isActive():
+            self._repaint_timer.start()
+
+    def _repaint(self) -> None:
+        self.chat_view.refresh_streaming()
+
+    def _on_prompt_progress(self, done: int, total: int) -> None:
+        if not self.chat.busy:
+            return
+        if done >= total:
+            self.prompt_row.setVisible(False)
+            return
+        self.prompt_row.setVisible(True)
+        self.prompt_bar.setRange(0, max(1, total))
+        self.prompt_bar.setValue(done)
+        self.prompt_label.setText(f"Reading the prompt: {done} of {total} tokens")
+
+    def _on_stats(self, d: dict) -> None:
+        self.stats_view.push(d, d.get("phase", "decode"), d.get("t"))
+        if d.get("final"):
+            self.last_stats = d
+        self.gauges.show_values(self.stats_view)
+
+    def _on_finished(self, reason: str, text: str, thinking: str) -> None:
+        if not self.chat.busy:
+            return
+        s = self.last_stats
+        turn = {k: s[k] for k in ("turn_prompt_tokens", "turn_reused_tokens", "turn_tokens", "turn_seconds")
+                if k in s}
+        self.chat.finish(reason, text, thinking, stats=turn)
+        self.prompt_row.setVisible(False)
+        self._set_busy(False)
+        self._show_current()
+        self.refresh_list()
+        if turn.get("turn_tokens") and turn.get("turn_seconds"):
+            msg = (f"{turn['turn_tokens']} tokens in {turn['turn_seconds']:.1f} s · "
+                   f"{turn.get('turn_prompt_tokens', 0)} prompt tokens read, "
+                   f"{turn.get('turn_reused_tokens', 0)} reused")
+            self.statusBar().showMessage(("Stopped · " if reason == "cancelled" else "") + msg)
+        elif reason == "cancelled":
+            self.statusBar().showMessage("Stopped")
+        self.answer_finished.emit(reason)
+
+    def _on_error(self, message: str) -> None:
+        self.statusBar().showMessage(f"Error: {message}")
+
+    # ------------------------------------------------------------ rendering
+
+    def _set_busy(self, busy: bool) -> None:
+        ready = self.model_info is not None
+        self.send_btn.setEnabled(ready and not busy)
+        self.stop_btn.setEnabled(busy)
+        self.new_btn.setEnabled(not busy)
+        self.conv_list.setEnabled(not busy)
+        self.chat_view.set_busy(busy)
+        self.export_btn.setVisible(ready)
+        self.gauges_btn.setVisible(ready)
+        self.gauge_scroll.setVisible(ready and self.gauges_btn.isChecked())
+
+    def _show_current(self) -> None:
+        self.title_label.setText(self.chat.title)
+        self.title_label.setToolTip(self.chat.title)
+        name = self.model_info["name"] if self.model_info else None
+        self.chat_view.set_placeholder(
+            f"<p style='font-size:15pt'>Start a conversation</p><p>{name} runs on this computer; "
+            "nothing you type leaves it.</p><p>Ctrl+Enter sends · Esc stops · Ctrl+N starts a new chat</p>"
+            if name else "<p>Open a model to start.</p>")
+        self.chat_view.show_chat(self.chat, name)
+
+    def refresh_list(self) -> None:
+        q = self.search.text()
+        infos = self.store.search(q) if q.strip() else self.store.conversations()
+        self.conv_list.blockSignals(True)
+        self.conv_list.clear()
+        for info in infos:
+            item = QListWidgetItem(info.title or "Untitled")
+            item.setData(Qt.ItemDataRole.UserRole, info.id)
+            item.setToolTip(time.strftime("%Y-%m-%d %H:%M", time.localtime(info.updated)))
+            self.conv_list.addItem(item)
+            if info.id == self.chat.id:
+                item.setSelected(True)
+                self.conv_list.setCurrentItem(item)
+        self.conv_list.blockSignals(False)
+
+    def _open_item(self, item: QListWidgetItem) -> None:
+        cid = item.data(Qt.ItemDataRole.UserRole)
+        if cid != self.chat.id:
+            self.open_conversation(cid)
+
+    def _list_menu(self, pos) -> None:
+        item = self.conv_list.itemAt(pos)
+        if item is None:
+            return
+        cid = item.data(Qt.ItemDataRole.UserRole)
+        menu = QMenu(self)
+        menu.addAction("Rename…", lambda: self.rename_conversation(cid))
+        menu.addAction("Delete", lambda: self.delete_conversation(cid))
+        menu.exec(self.conv_list.mapToGlobal(pos))
+
+    # ------------------------------------------------------------ shutdown
+
+    def shutdown(self) -> None:
+        if self.chat.busy:
+            self.worker.stop(self.gen_id)
+            self.chat.finish("cancelled")
+        self.worker.close()
+
+    def closeEvent(self, event) -> None:
+        self.shutdown()
+        super().closeEvent(event)

@@ -1,0 +1,150 @@
+"""The settings dialog: edits a copy of ``Settings``; the window saves it."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from PySide6.QtWidgets import (QCheckBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFileDialog, QFormLayout,
+                               QHBoxLayout, QLabel, QListWidget, QPlainTextEdit, QPushButton, QSpinBox,
+                               QVBoxLayout, QWidget)
+
+from app.stats_view import MemorySplit, fmt_bytes
+from app.store.settings import Settings
+
+MIB = 1 << 20
+
+
+class SettingsDialog(QDialog):
+    def __init__(self, settings: Settings, memory: MemorySplit | None = None, parent=None):
+        super().__init__(parent)
+        self.setWindowTitle("Settings")
+        self.setAccessibleName("Settings")
+        self._settings = settings
+        self.memory = memory
+        form = QFormLayout()
+        form.setVerticalSpacing(8)
+
+        self.folders = QListWidget()
+        self.folders.setAccessibleName("Model folders")
+        self.folders.addItems(settings.model_folders)
+        self.folders.setMaximumHeight(70)
+        fb = QHBoxLayout()
+        add = QPushButton("Add…")
+        add.setAccessibleName("Add a model folder")
+        add.clicked.connect(self._add_folder)
+        rm = QPushButton("Remove")
+        rm.setAccessibleName("Remove the selected model folder")
+        rm.clicked.connect(lambda: [self.folders.takeItem(self.folders.row(i)) for i in self.folders.selectedItems()])
+        fb.addWidget(add)
+        fb.addWidget(rm)
+        fb.addStretch(1)
+        fw = QWidget()
+        fl = QVBoxLayout(fw)
+        fl.setContentsMargins(0, 0, 0, 0)
+        fl.addWidget(self.folders)
+        fl.addLayout(fb)
+        form.addRow("Model folders", fw)
+
+        self.budget = QSpinBox()
+        self.budget.setAccessibleName("RAM budget in MiB")
+        self.budget.setRange(0, 1 << 24)
+        self.budget.setSuffix(" MiB")
+        self.budget.setSpecialValueText("Recommended")
+        self.budget.setValue(settings.ram_budget // MIB)
+        rec = QPushButton("Use recommended")
+        rec.setAccessibleName("Use the recommended RAM budget")
+        rec.clicked.connect(lambda: self.budget.setValue(0))
+        bw = QWidget()
+        bl = QHBoxLayout(bw)
+        bl.setContentsMargins(0, 0, 0, 0)
+        bl.addWidget(self.budget, 1)
+        bl.addWidget(rec)
+        form.addRow("RAM budget", bw)
+        self.budget_note = QLabel(self._budget_note())
+        self.budget_note.setObjectName("mutedLabel")
+        self.budget_note.setWordWrap(True)
+        form.addRow("", self.budget_note)
+        if memory is not None:
+            self.budget.setMinimum(0)
+
+        self.threads = QSpinBox()
+        self.threads.setAccessibleName("Compute threads")
+        self.threads.setRange(0, 256)
+        self.threads.setSpecialValueText("One per CPU")
+        self.threads.setValue(settings.threads)
+        form.addRow("Threads", self.threads)
+
+        self.ctx = QSpinBox()
+        self.ctx.setAccessibleName("Context length in tokens")
+        self.ctx.setRange(256, 1 << 20)
+        self.ctx.setSingleStep(1024)
+        self.ctx.setSuffix(" tokens")
+        self.ctx.setValue(settings.context_length)
+        form.addRow("Context length", self.ctx)
+
+        self.temp = self._dspin(0.0, 5.0, 0.05, settings.temperature, "Temperature")
+        form.addRow("Temperature", self.temp)
+        self.top_p = self._dspin(0.01, 1.0, 0.01, settings.top_p, "Top-p")
+        form.addRow("Top-p", self.top_p)
+        self.top_k = QSpinBox()
+        self.top_k.setAccessibleName("Top-k")
+        self.top_k.setRange(0, 100000)
+        self.top_k.setSpecialValueText("Off")
+        self.top_k.setValue(settings.top_k)
+        form.addRow("Top-k", self.top_k)
+        self.min_p = self._dspin(0.0, 0.99, 0.01, settings.min_p, "Min-p")
+        form.addRow("Min-p", self.min_p)
+        self.max_tokens = QSpinBox()
+        self.max_tokens.setAccessibleName("Longest answer in tokens")
+        self.max_tokens.setRange(1, 1 << 20)
+        self.max_tokens.setSuffix(" tokens")
+        self.max_tokens.setValue(settings.max_tokens)
+        form.addRow("Longest answer", self.max_tokens)
+
+        self.thinking = QCheckBox("Let thinking models think before they answer")
+        self.thinking.setAccessibleName("Thinking")
+        self.thinking.setChecked(settings.thinking)
+        form.addRow("Thinking", self.thinking)
+
+        self.system = QPlainTextEdit(settings.system_prompt)
+        self.system.setAccessibleName("System prompt")
+        self.system.setPlaceholderText("Optional instructions sent before every conversation")
+        self.system.setFixedHeight(70)
+        form.addRow("System prompt", self.system)
+
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Save | QDialogButtonBox.StandardButton.Cancel)
+        buttons.accepted.connect(self.accept)
+        buttons.rejected.connect(self.reject)
+        lay = QVBoxLayout(self)
+        lay.addLayout(form)
+        lay.addWidget(buttons)
+        self.resize(520, 600)
+
+    def _dspin(self, lo, hi, step, value, name) -> QDoubleSpinBox:
+        s = QDoubleSpinBox()
+        s.setAccessibleName(name)
+        s.setRange(lo, hi)
+        s.setSingleStep(step)
+        s.setDecimals(2)
+        s.setValue(value)
+        return s
+
+    def _budget_note(self) -> str:
+        m = self.memory
+        if m is None:
+            return "Open a model to see its floor and recommended budget."
+        return (f"Floor {fmt_bytes(m.floor)} (the least this model runs in at this context) · "
+                f"recommended {fmt_bytes(m.recommended)} · usable RAM now {fmt_bytes(m.usable)}")
+
+    def _add_folder(self) -> None:
+        d = QFileDialog.getExistingDirectory(self, "A folder with converted models")
+        if d:
+            self.folders.addItem(d)
+
+    def result_settings(self) -> Settings:
+        return replace(
+            self._settings,
+            model_folders=[self.folders.item(i).text() for i in range(self.folders.count())],
+            ram_budget=self.budget.value() * MIB, threads=self.threads.value(), context_length=self.ctx.value(),
+            temperature=self.temp.value(), top_p=self.top_p.value(), top_k=self.top_k.value(),
+            min_p=self.min_p.value(), max_tokens=self.max_tokens.value(), thinking=self.thinking.isChecked(),
+            system_prompt=self.system.toPlainText()).validated()
