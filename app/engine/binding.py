@@ -270,6 +270,25 @@ class Session:
         self._observer_handle = ffi.new_handle(observer)
         lib.ferry_session_set_stage_callback(self._live(), lib._ferry_stage_cb, self._observer_handle)
 
+    def export_state(self) -> "SessionState":
+        """Everything the session holds (attention caches, position, tokens), to
+        restore later into a session of the same engine."""
+        size = lib.ferry_session_state_size(self._live())
+        blob = bytearray(size)
+        err = ffi.new("ferry_error *")
+        _check(lib.ferry_session_export(self._ptr, ffi.from_buffer(blob), size, err), err)
+        return SessionState(tokens=list(self.tokens), blob=bytes(blob))
+
+    def import_state(self, state: "SessionState") -> None:
+        """Continue from a saved state; a state from another model or a
+        damaged one raises FerryError and leaves the session as it was."""
+        err = ffi.new("ferry_error *")
+        blob = state.blob
+        _check(lib.ferry_session_import(self._live(), ffi.from_buffer(blob), len(blob), err), err)
+        if self.position != len(state.tokens):
+            raise FerryError("FERRY_E_FORMAT", "the saved token list does not match the saved state")
+        self.tokens = list(state.tokens)
+
     def stats(self) -> Stats:
         c = ffi.new("ferry_stats *")
         lib.ferry_session_stats(self._live(), c)
@@ -287,6 +306,30 @@ class Session:
 
     def __del__(self) -> None:
         self.close()
+
+
+@dataclass(frozen=True)
+class SessionState:
+    """A saved timeline: its tokens and the core's state blob (see ferry.h)."""
+
+    tokens: list[int]
+    blob: bytes
+
+    MAGIC = b"FXSS"
+
+    def to_bytes(self) -> bytes:
+        toks = np.asarray(self.tokens, dtype="<i4").tobytes()
+        return self.MAGIC + len(self.tokens).to_bytes(4, "little") + toks + self.blob
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "SessionState":
+        if len(data) < 8 or data[:4] != cls.MAGIC:
+            raise FerryError("FERRY_E_FORMAT", "this is not a saved Ferry session")
+        n = int.from_bytes(data[4:8], "little")
+        if len(data) < 8 + 4 * n:
+            raise FerryError("FERRY_E_FORMAT", "the saved session is truncated")
+        tokens = np.frombuffer(data[8:8 + 4 * n], dtype="<i4").tolist()
+        return cls(tokens=tokens, blob=data[8 + 4 * n:])
 
 
 def container_plan(path: str | os.PathLike, n_ctx: int = 0, threads: int = 0) -> MemoryPlan:

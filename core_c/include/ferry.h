@@ -200,6 +200,17 @@ ferry_status ferry_session_eval(ferry_session *session, const int32_t *tokens, i
 void ferry_session_request_cancel(ferry_session *session);
 void ferry_session_clear_cancel(ferry_session *session);
 
+/* Session state, to save and restore a timeline (e.g. a processed document
+ * prefix): ferry_session_state_size gives the bytes ferry_session_export
+ * writes for the tokens now held; ferry_session_import restores them into a
+ * session of the same engine (any context that holds them). The blob starts
+ * with the container's fingerprint, so a blob from another model or a damaged
+ * one is refused (FERRY_E_FORMAT) and the session is left as it was. The
+ * caller stores the token ids beside it and encrypts it if it wants. */
+uint64_t ferry_session_state_size(const ferry_session *session);
+ferry_status ferry_session_export(const ferry_session *session, void *buf, uint64_t size, ferry_error *err);
+ferry_status ferry_session_import(ferry_session *session, const void *buf, uint64_t size, ferry_error *err);
+
 /* Observe the residual stream (for tests and tools); fn NULL turns it off. */
 void ferry_session_set_stage_callback(ferry_session *session, ferry_stage_fn fn, void *user);
 

@@ -430,4 +430,24 @@ static ferry_status llama_forward(ferry_session *s, const int32_t *tokens, int n
     return FERRY_OK;
 }
 
-const fe_arch fe_arch_llama = {"llama", llama_bind, llama_unbind, llama_sizes, llama_forward};
+/* The blob is K then V, each layer's first `pos` rows in turn. */
+static uint64_t llama_blob_size(const ferry_session *s, int pos) {
+    const fe_hparams *hp = &s->e->c.hp;
+    return 2ull * (uint64_t)hp->n_layers * (uint64_t)pos * (uint64_t)hp->n_kv_heads * (uint64_t)hp->head_dim *
+           sizeof(float);
+}
+
+static void llama_blob_copy(ferry_session *s, int pos, uint8_t *blob, int to_blob) {
+    const fe_hparams *hp = &s->e->c.hp;
+    const size_t kvd = (size_t)hp->n_kv_heads * (size_t)hp->head_dim, rows = (size_t)pos * kvd * sizeof(float);
+    float *caches[2] = {k_cache(s), v_cache(s)};
+    for (int c = 0; c < 2; c++)
+        for (int l = 0; l < hp->n_layers; l++, blob += rows) {
+            float *at = caches[c] + (size_t)l * (size_t)s->n_ctx * kvd;
+            if (to_blob) memcpy(blob, at, rows);
+            else memcpy(at, blob, rows);
+        }
+}
+
+const fe_arch fe_arch_llama = {"llama", llama_bind, llama_unbind, llama_sizes, llama_forward,
+                               llama_blob_size, llama_blob_copy};

@@ -13,6 +13,7 @@
 
 #include "formats.h"
 #include "json.h"
+#include "kimi_manifest.h"
 
 #define MAX_MANIFEST_BYTES (64u << 20)
 #define MAX_TENSORS 200000
@@ -118,7 +119,8 @@ static ferry_status read_hparams(reader *r, const fe_json_node *m, fe_hparams *h
     ferry_status s;
     if (!m || m->type != FE_JSON_OBJECT) return bad(r, "", "model", "is missing or not an object");
     if ((s = get_str(r, m, w, "arch", hp->arch, sizeof hp->arch))) return s;
-    if (strcmp(hp->arch, "llama") != 0)
+    int kimi = strcmp(hp->arch, "kimi") == 0;
+    if (strcmp(hp->arch, "llama") != 0 && !kimi)
         return fe_fail(r->err, FERRY_E_UNSUPPORTED,
                        "manifest.json: model.arch \"%s\" is not an architecture this core runs", hp->arch);
     if ((s = get_int(r, m, w, "n_layers", 1, 1024, &hp->n_layers))) return s;
@@ -159,7 +161,7 @@ static ferry_status read_hparams(reader *r, const fe_json_node *m, fe_hparams *h
         if ((s = get_bool(r, moe, mw, "norm_topk_prob", &hp->norm_topk_prob))) return s;
         char scoring[16];
         if ((s = get_str(r, moe, mw, "scoring", scoring, sizeof scoring))) return s;
-        if (strcmp(scoring, "softmax") != 0)
+        if (strcmp(scoring, "softmax") != 0 && !(kimi && strcmp(scoring, "sigmoid") == 0))
             return fe_fail(r->err, FERRY_E_UNSUPPORTED, "manifest.json: model.moe.scoring \"%s\" is not supported",
                            scoring);
         if (hp->top_k > hp->n_experts) return bad(r, mw, "top_k", "exceeds n_experts");
@@ -176,6 +178,7 @@ static ferry_status read_hparams(reader *r, const fe_json_node *m, fe_hparams *h
         else if (k->type == FE_JSON_STRING && strcmp(k->str, "dense") == 0 && hp->ffn_dim > 0) hp->layer_is_moe[i] = 0;
         else return bad(r, w, "layer_ffn", "entries must be \"dense\" (needs ffn_dim) or \"moe\" (needs moe)");
     }
+    if (kimi) return fe_kimi_parse(r->doc, m, hp, r->err);
     return FERRY_OK;
 }
 
@@ -269,7 +272,7 @@ static ferry_status read_part(reader *r, const fe_json_node *b, const char *wher
 
 static ferry_status check_bank_geometry(reader *r, const fe_hparams *hp, fe_bank *b, const char *w) {
     const fe_expert_part *g = &b->part[0], *u = &b->part[1], *d = &b->part[2];
-    uint64_t f = (uint64_t)hp->expert_ffn_dim, dim = (uint64_t)hp->dim;
+    uint64_t f = (uint64_t)hp->expert_ffn_dim, dim = (uint64_t)(hp->expert_dim ? hp->expert_dim : hp->dim);
     if (g->rows != f || g->cols != dim || u->rows != f || u->cols != dim || d->rows != dim || d->cols != f)
         return bad(r, w, "shape", "of gate/up/down does not match model.dim and model.moe.expert_ffn_dim");
     if (b->n_experts != (uint32_t)hp->n_experts) return bad(r, w, "n_experts", "differs from model.moe.n_experts");
@@ -417,6 +420,7 @@ ferry_status fe_container_open(fe_container *c, const char *dir, ferry_error *er
     snprintf(path, sizeof path, "%s/manifest.json", dir);
     ferry_status s = slurp(path, "manifest.json", MAX_MANIFEST_BYTES, &text, &len, err);
     if (s) return s;
+    c->fingerprint = ((uint64_t)fe_crc32(0, text, len) << 32) | (uint32_t)len;
     fe_json *doc = fe_json_parse(text, len, msg, sizeof msg);
     free(text);
     if (!doc) return fe_fail(err, FERRY_E_FORMAT, "manifest.json is not valid JSON: %s", msg);
@@ -456,6 +460,7 @@ void fe_container_close(fe_container *c) {
     free(c->banks);
     free(c->tensors);
     free(c->hp.layer_is_moe);
+    fe_kimi_free(c->hp.kimi);
     fe_free(c->trunk);
     memset(c, 0, sizeof *c);
 }

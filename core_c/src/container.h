@@ -19,7 +19,7 @@
 
 /* Model hyperparameters the forward pass needs (manifest "model"). */
 typedef struct fe_hparams {
-    char arch[32];          /* family: "llama" */
+    char arch[32];          /* family: "llama" or "kimi" */
     int n_layers;           /* transformer blocks */
     int dim;                /* residual width */
     int n_heads;            /* query heads */
@@ -41,6 +41,8 @@ typedef struct fe_hparams {
     int expert_ffn_dim;     /* hidden width of one expert */
     int norm_topk_prob;     /* renormalise the chosen experts' weights to sum 1 */
     uint8_t *layer_is_moe;  /* n_layers flags */
+    int expert_dim;         /* width experts read and write, 0 = dim (latent MoE: narrower) */
+    struct fe_kimi_hparams *kimi; /* arch "kimi" only (kimi_manifest.h), else NULL */
 } fe_hparams;
 
 /* One resident tensor of the trunk. */
@@ -83,6 +85,7 @@ typedef struct fe_container {
     uint64_t trunk_size;    /* size of trunk.bin */
     fe_bank *banks;         /* n_layers entries; banks[l].fd < 0 for dense layers */
     uint8_t *trunk;         /* trunk.bin in RAM, or NULL when not loaded */
+    uint64_t fingerprint;   /* identity of this exact container: CRC-32 of the manifest, and its length */
 } fe_container;
 
 /* Parse and validate the manifest and the headers of all bank files. Does

@@ -313,6 +313,65 @@ ferry_status ferry_session_eval(ferry_session *s, const int32_t *tokens, int n, 
     return FERRY_OK;
 }
 
+/* Blob: magic, version, fingerprint, position, context, payload size, CRC-32 of the payload. */
+#define STATE_MAGIC 0x54535846u /* "FXST" */
+#define STATE_HEADER 40
+
+static uint64_t blob_payload(const ferry_session *s, int pos) {
+    const fe_arch *a = s->e->arch;
+    return a->state_blob_size ? a->state_blob_size(s, pos) : s->sizes.state;
+}
+
+static void put32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i)); }
+static void put64(uint8_t *p, uint64_t v) { put32(p, (uint32_t)v); put32(p + 4, (uint32_t)(v >> 32)); }
+static uint32_t get32(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
+static uint64_t get64(const uint8_t *p) { return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32; }
+
+uint64_t ferry_session_state_size(const ferry_session *s) { return STATE_HEADER + blob_payload(s, s->pos); }
+
+ferry_status ferry_session_export(const ferry_session *s, void *buf, uint64_t size, ferry_error *err) {
+    uint64_t payload = blob_payload(s, s->pos);
+    if (!buf || size < STATE_HEADER + payload)
+        return fe_fail(err, FERRY_E_ARG, "the state needs %llu bytes", (unsigned long long)(STATE_HEADER + payload));
+    uint8_t *p = buf;
+    const fe_arch *a = s->e->arch;
+    if (a->state_blob_copy) a->state_blob_copy((ferry_session *)s, s->pos, p + STATE_HEADER, 1);
+    else memcpy(p + STATE_HEADER, s->state, payload);
+    put32(p, STATE_MAGIC);
+    put32(p + 4, 1);
+    put64(p + 8, s->e->c.fingerprint);
+    put32(p + 16, (uint32_t)s->pos);
+    put32(p + 20, (uint32_t)s->n_ctx);
+    put64(p + 24, payload);
+    put32(p + 32, fe_crc32(0, p + STATE_HEADER, payload));
+    put32(p + 36, 0);
+    return FERRY_OK;
+}
+
+ferry_status ferry_session_import(ferry_session *s, const void *buf, uint64_t size, ferry_error *err) {
+    const uint8_t *p = buf;
+    if (!buf || size < STATE_HEADER || get32(p) != STATE_MAGIC)
+        return fe_fail(err, FERRY_E_FORMAT, "this is not a Ferry session state");
+    if (get32(p + 4) != 1) return fe_fail(err, FERRY_E_VERSION, "session state version %u is not supported", get32(p + 4));
+    if (get64(p + 8) != s->e->c.fingerprint)
+        return fe_fail(err, FERRY_E_FORMAT, "this session state was saved by another model (or another conversion of it)");
+    uint32_t pos = get32(p + 16), saved_ctx = get32(p + 20);
+    uint64_t payload = get64(p + 24);
+    if (pos > (uint32_t)s->n_ctx)
+        return fe_fail(err, FERRY_E_CONTEXT, "the saved state holds %u tokens; this session's context is %d", pos,
+                       s->n_ctx);
+    if (!s->e->arch->state_blob_copy && saved_ctx != (uint32_t)s->n_ctx)
+        return fe_fail(err, FERRY_E_CONTEXT, "the saved state needs a %u-token session", saved_ctx);
+    if (payload != blob_payload(s, (int)pos) || size != STATE_HEADER + payload)
+        return fe_fail(err, FERRY_E_FORMAT, "the session state is truncated or damaged (size)");
+    if (fe_crc32(0, p + STATE_HEADER, payload) != get32(p + 32))
+        return fe_fail(err, FERRY_E_CHECKSUM, "the session state is damaged (CRC32 mismatch)");
+    if (s->e->arch->state_blob_copy) s->e->arch->state_blob_copy(s, (int)pos, (uint8_t *)p + STATE_HEADER, 0);
+    else memcpy(s->state, p + STATE_HEADER, payload);
+    s->pos = (int)pos;
+    return FERRY_OK;
+}
+
 void ferry_session_request_cancel(ferry_session *s) { atomic_store(&s->cancel, 1); }
 void ferry_session_clear_cancel(ferry_session *s) { atomic_store(&s->cancel, 0); }
 

@@ -34,6 +34,12 @@ typedef struct fe_arch {
     /* Evaluate n <= FE_CHUNK tokens at s->pos (logits as ferry_session_eval). */
     ferry_status (*forward)(struct ferry_session *s, const int32_t *tokens, int n, float *logits,
                             int all_logits, ferry_error *err);
+    /* The state of the first `pos` tokens as one contiguous blob (for save and
+     * restore): its size, and copying it out of or into a session. NULL
+     * means the whole state buffer is the blob (then only a session of the
+     * same context can take it). */
+    uint64_t (*state_blob_size)(const struct ferry_session *s, int pos);
+    void (*state_blob_copy)(struct ferry_session *s, int pos, uint8_t *blob, int to_blob);
 } fe_arch;
 
 /* The architecture named by a manifest, or NULL. */

@@ -186,3 +186,31 @@ def test_hot_list_is_saved_beside_the_container_and_loaded_next_time(moe_model, 
     again.close()
     (copy / USAGE_FILE).write_bytes(b"\0" * 12)          # a stale file of the wrong size is ignored
     LoadedModel(copy, n_ctx=64).close()
+
+
+def test_saved_state_continues_exactly_like_an_uninterrupted_session(moe_model, demo_container):
+    from app.engine.binding import SessionState
+
+    states = {}
+    for container in (moe_model, demo_container):
+        with Engine(container, threads=2, n_ctx=64) as engine:
+            whole = engine.session(64)
+            want = [whole.eval(TOKENS[:20])] + [whole.eval([t]) for t in TOKENS[20:30]]
+            first = engine.session(64)
+            first.eval(TOKENS[:20])
+            saved = states[container] = SessionState.from_bytes(first.export_state().to_bytes())
+            first.close()
+            later = engine.session(48)          # another session, another context size
+            later.import_state(saved)
+            assert later.position == 20 and later.tokens == TOKENS[:20]
+            got = [want[0]] + [later.eval([t]) for t in TOKENS[20:30]]
+            assert all(np.array_equal(a, b) for a, b in zip(got, want))
+            damaged = bytearray(saved.blob)
+            damaged[100] ^= 1
+            with pytest.raises(FerryError, match="damaged"):
+                later.import_state(SessionState(saved.tokens, bytes(damaged)))
+            assert later.position == 30            # unchanged by the refusal
+    # A state from another model is refused.
+    with Engine(demo_container, n_ctx=64) as engine:
+        with pytest.raises(FerryError, match="another model"):
+            engine.session(64).import_state(states[moe_model])
