@@ -108,6 +108,8 @@ def cmd_info(args) -> int:
     if info.n_moe_layers:
         print(f"  experts: {info.n_moe_layers} MoE layers x {info.n_experts} experts, top {info.top_k}; "
               f"record {info.expert_bytes} bytes")
+        print(f"  cache: {info.cache_slots} records + {info.prefetch_slots} lookahead buffers; direct I/O "
+              + ("on" if info.direct_io else f"off ({info.io_note})"))
     print(f"  trunk: {plan.trunk_bytes / 2**20:.1f} MiB resident; session of {doc['plan']['n_ctx']} tokens "
           f"needs {plan.total_bytes / 2**20:.1f} MiB in all")
     return 0
@@ -138,7 +140,12 @@ def cmd_run(args) -> int:
             "tok_per_s": round(s.decode_tokens / decode_s, 3) if decode_s > 0 else None,
             "prompt_tok_per_s": round(s.prompt_tokens / s.prompt_seconds, 3) if s.prompt_seconds > 0 else None,
             "bytes_read": s.bytes_read, "hits": s.hits, "misses": s.misses, "expert_reads": s.expert_reads,
-            "read_seconds": s.read_seconds, "error": end.error}))
+            "hit_rate": s.hits / (s.hits + s.misses) if s.hits + s.misses else None,
+            "read_seconds": s.read_seconds, "stall_seconds": s.stall_seconds,
+            "lookahead_accuracy": (s.lookahead_correct / s.lookahead_predicted if s.lookahead_predicted else None),
+            "prefetch_used": s.prefetch_used, "prefetch_wasted": s.prefetch_wasted,
+            "ram_budget": model.engine.info.ram_budget, "direct_io": bool(model.engine.info.direct_io),
+            "error": end.error}))
     return 1 if end.reason == "error" else 0
 
 
