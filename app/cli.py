@@ -108,7 +108,7 @@ def cmd_info(args) -> int:
     if info.n_moe_layers:
         print(f"  experts: {info.n_moe_layers} MoE layers x {info.n_experts} experts, top {info.top_k}; "
               f"record {info.expert_bytes} bytes")
-        print(f"  cache: {info.cache_slots} records + {info.prefetch_slots} lookahead buffers; direct I/O "
+        print(f"  cache: {info.cache_slots} expert records; direct I/O "
               + ("on" if info.direct_io else f"off ({info.io_note})"))
     print(f"  trunk: {plan.trunk_bytes / 2**20:.1f} MiB resident; session of {doc['plan']['n_ctx']} tokens "
           f"needs {plan.total_bytes / 2**20:.1f} MiB in all")

@@ -60,7 +60,6 @@ class ModelInfo:
     direct_io: int
     io_note: str
     cache_slots: int
-    prefetch_slots: int
     ram_budget: int
 
 

@@ -93,7 +93,6 @@ typedef struct ferry_model_info {
     int direct_io;            /* expert reads bypass the page cache */
     char io_note[160];        /* why direct I/O is off, when it is */
     int cache_slots;          /* expert records the cache holds */
-    int prefetch_slots;       /* records the lookahead may read ahead */
     uint64_t ram_budget;      /* the budget in force (0 = unlimited) */
 } ferry_model_info;
 

@@ -357,12 +357,12 @@ static ferry_status moe(ferry_session *s, const chunk_bufs *b, int l, int n, fer
     int n_ids = 0;
     for (int e = 0; e < E; e++)
         if (b->wanted[e]) b->ids[n_ids++] = e;
-    lookahead(s, b, l, n);
     const int per_visit = fe_experts_max_visit(s);
     for (int g = 0; g < n_ids; g += per_visit) {
         int cnt = n_ids - g < per_visit ? n_ids - g : per_visit;
         ferry_status st = fe_experts_begin(s, l, b->ids + g, cnt, err);
         if (st) return st;
+        if (g == 0) lookahead(s, b, l, n); /* reads for the next layer start now, behind this one's */
         /* Compute experts in the order their records land. */
         int which;
         const uint8_t *rec;

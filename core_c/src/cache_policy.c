@@ -923,6 +923,32 @@ int fe_cache_policy_insert(fe_cache_policy *p, int layer, int expert, int slot)
     return FERRY_CACHE_OK;
 }
 
+int fe_cache_policy_prefetch(fe_cache_policy *p, int layer, int expert, int *already)
+{
+    *already = 0;
+    if (!p->open) return FERRY_CACHE_ESTATE;
+    if (p->fam != FAMILY_SCORE || p->kind == FE_CACHE_POLICY_OPT) return FERRY_CACHE_EINVAL;
+    if (layer < 0 || layer >= p->n_layers || layer == p->cur_layer || expert < 0 || expert >= p->n_experts)
+        return FERRY_CACHE_EINVAL;
+    int32_t key = layer * p->n_experts + expert;
+    if (p->key_slot[key] != NONE) {
+        *already = 1;
+        return p->key_slot[key];
+    }
+    int slot;
+    if (p->n_free > 0) {
+        slot = p->free_slots[p->n_free - 1];
+    } else {
+        int32_t victim = family_victim(p);
+        if (victim == NONE) return FERRY_CACHE_ESTATE;
+        slot = p->key_slot[victim];
+        slot_unmap(p, victim);
+        p->counters.evictions++;
+    }
+    slot_map(p, key, slot);
+    return slot;
+}
+
 int fe_cache_policy_set_next_use(fe_cache_policy *p, int layer, int expert, uint64_t next_use)
 {
     if (p->kind != FE_CACHE_POLICY_OPT) return FERRY_CACHE_EINVAL;

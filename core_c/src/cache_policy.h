@@ -93,6 +93,16 @@ int fe_cache_policy_choose_victim(fe_cache_policy *p, int *evicted_layer,
 int fe_cache_policy_insert(fe_cache_policy *p, int layer, int expert,
                            int slot);
 
+/* Lookahead: makes (layer, expert) resident ahead of its request, during an
+ * open visit of another layer (whose set stays pinned). Returns the slot the
+ * caller must fill, with *already = 0 (evicting a key chosen by the policy if
+ * no slot is free), or the slot already holding the key with *already = 1.
+ * No request is counted: when the key's layer is visited, it is a hit. Only
+ * the score-based policies (REUSE, ECHO) support it (else FERRY_CACHE_EINVAL),
+ * since the others rank keys only when they are requested. */
+int fe_cache_policy_prefetch(fe_cache_policy *p, int layer, int expert,
+                             int *already);
+
 /* FE_CACHE_POLICY_OPT only: the visit number (0-based count of
  * begin_layer calls) at which (layer, expert), a key of the open visit,
  * is requested next; UINT64_MAX for never. Unset keys count as never. */

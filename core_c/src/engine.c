@@ -59,20 +59,18 @@ static ferry_status size_cache(ferry_engine *e, ferry_error *err) {
         return FERRY_OK;
     }
     int all = moe * hp->n_experts;
-    int lookahead = !(e->opts.flags & (FERRY_NO_LOOKAHEAD | FERRY_NO_OVERLAP));
-    e->prefetch_slots = lookahead ? hp->top_k : 0;
     if (e->opts.cache_slots > 0) {
         e->cache_slots = e->opts.cache_slots < all ? e->opts.cache_slots : all;
     } else if (e->opts.ram_budget == 0) {
         e->cache_slots = all;
     } else {
-        uint64_t fixed = trunk + session + (uint64_t)e->prefetch_slots * rec;
+        uint64_t fixed = trunk + session;
         uint64_t left = e->opts.ram_budget > fixed ? e->opts.ram_budget - fixed : 0;
         uint64_t slots = left / rec;
         e->cache_slots = slots > (uint64_t)all ? all : (int)slots;
     }
     if (e->cache_slots < min_slots(hp)) e->cache_slots = e->opts.ram_budget ? 0 : min_slots(hp);
-    e->cache_bytes = (uint64_t)(e->cache_slots + e->prefetch_slots) * rec;
+    e->cache_bytes = (uint64_t)e->cache_slots * rec;
     if (e->cache_slots < min_slots(hp) ||
         (e->opts.ram_budget && trunk + session + e->cache_bytes > e->opts.ram_budget))
         goto too_small;
@@ -116,8 +114,7 @@ ferry_status ferry_engine_open(const char *path, const ferry_open_options *opts,
     if (!s) s = fe_container_load_trunk(&e->c, err);
     if (!s) s = e->arch->bind(e, err);
     if (!s && e->cache_slots) {
-        fe_ecache_config cfg = {e->cache_slots, e->prefetch_slots, e->opts.n_readers, e->opts.flags,
-                                e->opts.verify_reads};
+        fe_ecache_config cfg = {e->cache_slots, e->opts.n_readers, e->opts.flags, e->opts.verify_reads};
         s = fe_ecache_new(e, &cfg, &e->cache, err);
     }
     if (s) { ferry_engine_close(e); return s; }
@@ -154,7 +151,6 @@ void ferry_engine_info(const ferry_engine *e, ferry_model_info *info) {
     info->n_moe_layers = n_moe_layers(hp);
     info->expert_bytes = fe_max_record(&e->c);
     info->cache_slots = e->cache_slots;
-    info->prefetch_slots = e->prefetch_slots;
     info->ram_budget = e->opts.ram_budget;
     if (e->cache) info->direct_io = fe_ecache_direct_io(e->cache, info->io_note, sizeof info->io_note);
 }

@@ -1,17 +1,18 @@
 /* experts.h — how a forward pass gets expert weights: the expert cache.
  *
  * The engine owns a cache of expert records (equal-sized, 4096-aligned
- * buffers) under the RAM budget, a replacement policy (cache_policy.h), a
- * small prefetch pool for the lookahead router, and reader threads (io.h)
- * that read misses with direct I/O while the forward pass computes.
+ * buffers) under the RAM budget, a replacement policy (cache_policy.h), and
+ * reader threads (io.h) that read misses with direct I/O while the forward
+ * pass computes. The lookahead router's predictions are read straight into
+ * cache slots the policy gives up, so a right guess is a plain hit.
  *
  * A forward pass uses it one layer visit at a time:
  *
  *     fe_experts_begin(s, layer, ids, n);        // hits resolved, misses queued
+ *     fe_experts_prefetch(s, next_layer, predicted, k);   // optional, while open
  *     while (fe_experts_next(s, &i, &rec) == FERRY_OK && i >= 0)
  *         compute expert ids[i] from rec;         // in the order records land
  *     fe_experts_end(s);
- *     fe_experts_prefetch(s, next_layer, predicted, k);   // optional hint
  *
  * Placement may change speed, never output: every record handed out is the
  * record of the expert asked for, checked, whatever buffer it sits in. */
@@ -29,7 +30,6 @@ typedef struct fe_ecache fe_ecache;
 /* Sizing, decided by the engine from its budget. */
 typedef struct fe_ecache_config {
     int n_slots;          /* cached records */
-    int n_prefetch;       /* prefetch buffers (0: no lookahead) */
     int n_readers;        /* reader threads */
     int flags;            /* FERRY_NO_* */
     int verify_reads;     /* check each record's CRC */
@@ -49,7 +49,8 @@ ferry_status fe_experts_begin(struct ferry_session *s, int layer, const int *ids
 ferry_status fe_experts_next(struct ferry_session *s, int *which, const uint8_t **record, ferry_error *err);
 /* Close the visit; waits for any read still in flight. */
 void fe_experts_end(struct ferry_session *s);
-/* Hint: the next visit of `layer` will likely ask for these experts. */
+/* Hint, during an open visit of another layer: the next visit of `layer`
+ * will likely ask for these experts; the cache starts reading them. */
 void fe_experts_prefetch(struct ferry_session *s, int layer, const int *ids, int n);
 
 /* One expert as a visit of its own: *record stays valid until the next call

@@ -54,8 +54,7 @@ struct ferry_engine {
     ferry_open_options opts;      /* as opened, threads and context resolved */
     fe_ecache *cache;             /* expert records in RAM, or NULL for dense models */
     int cache_slots;              /* its records */
-    int prefetch_slots;           /* its lookahead buffers */
-    uint64_t cache_bytes;         /* RAM of both */
+    uint64_t cache_bytes;         /* their RAM */
     uint64_t session_bytes;       /* RAM the budget keeps for sessions (state + scratch) */
     uint64_t sessions_in_use;     /* of that, allocated by open sessions */
     pthread_mutex_t lock;         /* one evaluation at a time uses the cache; guards sessions_in_use */

@@ -66,11 +66,11 @@ def test_chunked_prefill_reads_each_distinct_expert_once(moe_model):
 
 def test_cache_hits_and_lookahead_are_reported(moe_model):
     _, st, info = run(moe_model, cache_slots=48)
-    assert info.cache_slots == 48 and info.prefetch_slots == 4
+    assert info.cache_slots == 48
     assert st.hits > 0 and st.misses > 0 and st.decode_hits + st.decode_misses == 16 * 6 * 4
     assert st.lookahead_predicted == 16 * 5 * 4  # every decode step, every MoE layer but the first
     assert 0 < st.lookahead_correct <= st.lookahead_predicted
-    assert st.prefetch_issued >= st.prefetch_used + 0 and st.prefetch_used > 0
+    assert st.prefetch_issued >= st.prefetch_used > 0
     assert st.bytes_read == st.expert_reads * info.expert_bytes
 
 
@@ -125,7 +125,7 @@ def test_budget_floor_and_refusal(moe_model):
     assert info.value.code == "FERRY_E_BUDGET" and f"({plan.floor_bytes} bytes)" in info.value.message
     budget = plan.floor_bytes + 20 * plan.record_bytes
     with Engine(moe_model, n_ctx=64, ram_budget=budget) as engine:
-        assert engine.info.cache_slots == 20  # the rest, in whole records, after 4 prefetch buffers
+        assert engine.info.cache_slots == 24  # the minimum (top 4) and the 20 records above it
         assert engine.plan(64).total_bytes <= budget
 
 
