@@ -77,6 +77,42 @@ class StreamDecoder:
         return piece
 
 
+class TiktokenContainerTokenizer:
+    """A container whose tokenizer is a tiktoken BPE file (the Kimi family):
+    the K3 tokenizer (app/chat/tiktoken_tokenizer.py) behind HFTokenizer's
+    interface, with the manifest's stop and BOS ids."""
+
+    def __init__(self, path: Path, *, eos_ids=(), bos_id: int | None = None):
+        from app.chat.tiktoken_tokenizer import K3Tokenizer
+
+        try:
+            self._tok = K3Tokenizer.from_file(path)
+        except (OSError, ValueError) as exc:
+            raise ModelError(f"{path.name}: cannot load tokenizer: {exc}") from exc
+        self.eos_ids = frozenset(int(i) for i in eos_ids) or frozenset([self._tok.eos_id])
+        self.bos_id = bos_id
+        self.special_ids = self._tok.special_ids
+        self.vocab_size = self._tok.vocab_size
+
+    def encode_markup(self, text: str) -> list[int]:
+        return self._tok.encode_markup(text)
+
+    def encode_content(self, text: str) -> list[int]:
+        return self._tok.encode_content(text)
+
+    def encode_segments(self, segments) -> list[int]:
+        return self._tok.encode_segments(segments)
+
+    def decode(self, ids, *, skip_special: bool = False) -> str:
+        ids = [int(i) for i in ids]
+        if skip_special:
+            ids = [i for i in ids if i not in self.special_ids]
+        return self._tok.decode(ids)
+
+    def token_text(self, token_id: int) -> str:
+        return self._tok.decode_token_bytes(int(token_id)).decode("utf-8", "replace")
+
+
 class LoadedModel:
     def __init__(self, path: str | Path, *, ram_budget: int = 0, threads: int = 0, n_ctx: int = 0,
                  **engine_options):
@@ -89,10 +125,14 @@ class LoadedModel:
         engine_options.setdefault("usage_counts", self._load_usage())
         self.engine = Engine(self.path, ram_budget=ram_budget, threads=threads, n_ctx=n_ctx, **engine_options)
         tok = self.manifest.get("tokenizer") or {}
-        if tok.get("kind") != "hf-tokenizers":
+        if tok.get("kind") == "tiktoken":
+            self.tokenizer = TiktokenContainerTokenizer(self.path / tok["file"], eos_ids=tok.get("eos_ids", []),
+                                                        bos_id=tok.get("bos_id"))
+        elif tok.get("kind") != "hf-tokenizers":
             raise ModelError(f"this container's tokenizer kind {tok.get('kind')!r} is not supported yet")
-        self.tokenizer = HFTokenizer(self.path / tok["file"], eos_ids=tok.get("eos_ids", []),
-                                     bos_id=tok.get("bos_id"))
+        else:
+            self.tokenizer = HFTokenizer(self.path / tok["file"], eos_ids=tok.get("eos_ids", []),
+                                         bos_id=tok.get("bos_id"))
         self.add_bos = bool(tok.get("add_bos"))
         template_file = tok.get("chat_template")
         self.template = None

@@ -8,18 +8,40 @@ refused here, with the reason, before anything is written.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from app.convert.errors import SourceError
 
 #: Per-layer trunk tensors in the order they are laid out in trunk.bin.
-LAYER_TENSORS = ("attn_norm", "attn_q", "attn_q_bias", "attn_k", "attn_k_bias", "attn_v", "attn_v_bias",
+LLAMA_LAYER_TENSORS = ("attn_norm", "attn_q", "attn_q_bias", "attn_k", "attn_k_bias", "attn_v", "attn_v_bias",
                  "attn_q_norm", "attn_k_norm", "attn_output", "attn_output_bias", "ffn_norm", "ffn_gate_inp",
                  "ffn_gate", "ffn_up", "ffn_down")
 #: Tensors that are vectors (always stored as f32).
-VECTOR_SUFFIXES = ("attn_norm", "ffn_norm", "attn_q_bias", "attn_k_bias", "attn_v_bias", "attn_output_bias",
+LLAMA_VECTOR_SUFFIXES = ("attn_norm", "ffn_norm", "attn_q_bias", "attn_k_bias", "attn_v_bias", "attn_output_bias",
                    "attn_q_norm", "attn_k_norm")
+#: The "kimi" architecture's per-layer tensors (see docs/KIMI.md), after the llama ones.
+KIMI_LAYER_TENSORS = ("attnres_attn_norm", "attnres_attn_proj",
+                      "attn_q_a", "attn_q_a_norm", "attn_q_b", "attn_kv_a_mqa", "attn_kv_a_norm", "attn_kv_b",
+                      "attn_gate",
+                      "kda_q", "kda_k", "kda_v", "kda_q_conv", "kda_k_conv", "kda_v_conv", "kda_f_a", "kda_f_b",
+                      "kda_dt_bias", "kda_a_log", "kda_beta", "kda_g", "kda_g_a", "kda_g_b", "kda_o_norm",
+                      "kda_output",
+                      "attnres_mlp_norm", "attnres_mlp_proj",
+                      "ffn_router", "ffn_router_bias", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp",
+                      "ffn_latent_down", "ffn_latent_norm", "ffn_latent_up",
+                      "attnres_out_norm", "attnres_out_proj")
+#: Kept in f32 whatever the trunk format: norms, biases, the KDA convolution
+#: and decay parameters, AttnRes weights, and the router (exact routing).
+KIMI_VECTOR_SUFFIXES = ("attn_q_a_norm", "attn_kv_a_norm", "kda_q_conv", "kda_k_conv", "kda_v_conv",
+                        "kda_dt_bias", "kda_a_log", "kda_o_norm", "attnres_attn_norm", "attnres_attn_proj",
+                        "attnres_mlp_norm", "attnres_mlp_proj", "attnres_out_norm", "attnres_out_proj",
+                        "ffn_router", "ffn_router_bias", "ffn_latent_norm")
+#: Per-layer trunk tensors in the order they are laid out in trunk.bin.
+LAYER_TENSORS = LLAMA_LAYER_TENSORS + KIMI_LAYER_TENSORS
+#: Tensors that are vectors (always stored as f32).
+VECTOR_SUFFIXES = LLAMA_VECTOR_SUFFIXES + KIMI_VECTOR_SUFFIXES
 EXPERT_PARTS = ("gate", "up", "down")
 
 
@@ -75,7 +97,7 @@ _HF_ARCHS = {
 
 
 def supported_hf_architectures() -> list[str]:
-    return sorted(_HF_ARCHS)
+    return sorted(list(_HF_ARCHS) + list(KIMI_HF_ARCHS))
 
 
 def _hf_moe_layers(cfg: dict, arch: str, n_layers: int) -> list[bool]:
@@ -90,6 +112,8 @@ def spec_from_hf(cfg: dict) -> ModelSpec:
     if not isinstance(cfg, dict):
         raise SourceError("config.json", "config.json is not a JSON object")
     archs = cfg.get("architectures") or []
+    if any(a in KIMI_HF_ARCHS for a in archs):
+        return spec_from_kimi(cfg)
     arch = next((a for a in archs if a in _HF_ARCHS), None)
     if arch is None:
         raise SourceError("config.json", f"architecture {archs or '(none)'} is not supported; "
@@ -236,7 +260,7 @@ def spec_from_gguf(meta: dict, tensor_names: set[str], where: str) -> ModelSpec:
     if not model["tied_embeddings"]:
         spec.trunk["output"] = "output.weight"
     for i in range(n_layers):
-        for suffix in LAYER_TENSORS:
+        for suffix in LLAMA_LAYER_TENSORS:
             base = suffix[:-5] if suffix.endswith("_bias") else suffix
             name = f"blk.{i}.{base}.{'bias' if suffix.endswith('_bias') else 'weight'}"
             if name in tensor_names:
@@ -245,4 +269,244 @@ def spec_from_gguf(meta: dict, tensor_names: set[str], where: str) -> ModelSpec:
             # Experts are stacked 3-D tensors in GGUF; the writer slices them.
             spec.experts[i] = [{part: f"blk.{i}.ffn_{part}_exps.weight#{e}" for part in EXPERT_PARTS}
                                for e in range(n_exp)]
+    return spec
+
+
+# ----------------------------------------------------------------------------
+# The "kimi" architecture: DeepSeek-V3 / Kimi-K2, Kimi-Linear, Kimi K3.
+# Source tensor names are the releases' (not transformers' internal ones).
+# A source name may end in "@flat" (read as a vector) or "@2d" (read as
+# [rows, everything else]); sources.py applies these views.
+
+KIMI_HF_ARCHS = ("DeepseekV3ForCausalLM", "KimiLinearForCausalLM", "KimiK3ForConditionalGeneration")
+
+
+def _first(cfg: dict, *keys, default=None):
+    for k in keys:
+        if cfg.get(k) is not None:
+            return cfg[k]
+    return default
+
+
+def _kimi_rope(cfg: dict) -> tuple[float, dict | None]:
+    """RoPE base and YaRN parameters (or None) of a DeepSeek-style config."""
+    params = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+    theta = float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    kind = params.get("rope_type") or params.get("type") or "default"
+    if kind == "default":
+        return theta, None
+    if kind != "yarn":
+        raise SourceError("config.json", f"RoPE scaling '{kind}' is not supported for MLA (only YaRN)")
+    orig = int(_first(params, "original_max_position_embeddings",
+                      default=cfg.get("original_max_position_embeddings") or cfg.get("max_position_embeddings")))
+    factor = float(params.get("factor") or int(cfg["max_position_embeddings"]) / orig)
+
+    def mscale(scale, m=1.0):
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    ms, ms_all = params.get("mscale"), params.get("mscale_all_dim")
+    attn_factor = params.get("attention_factor")
+    if attn_factor is None:
+        attn_factor = mscale(factor, ms) / mscale(factor, ms_all) if (ms and ms_all) else mscale(factor)
+    if params.get("truncate", True) is False:
+        raise SourceError("config.json", "YaRN with truncate=false is not supported")
+    yarn = {"factor": factor, "original_ctx": orig, "beta_fast": float(params.get("beta_fast") or 32),
+            "beta_slow": float(params.get("beta_slow") or 1), "attn_factor": float(attn_factor),
+            "softmax_mscale": mscale(factor, ms_all) ** 2 if ms_all else 1.0}
+    return theta, yarn
+
+
+def spec_from_kimi(top: dict) -> ModelSpec:
+    archs = top.get("architectures") or []
+    k3 = "KimiK3ForConditionalGeneration" in archs
+    cfg = top.get("text_config") if k3 else top
+    if not isinstance(cfg, dict):
+        raise SourceError("config.json", "config.json has no text_config object")
+    prefix = "language_model." if k3 else ""
+    deepseek = "DeepseekV3ForCausalLM" in archs
+    n_layers = int(_require(cfg, "num_hidden_layers"))
+    dim = int(_require(cfg, "hidden_size"))
+    lin = cfg.get("linear_attn_config") or {}
+
+    # Which layers are KDA and which MLA (1-based lists in the release configs).
+    if deepseek:
+        kinds = ["mla"] * n_layers
+    elif lin.get("kda_layers") is not None or lin.get("full_attn_layers") is not None:
+        kinds = [None] * n_layers
+        for i in lin.get("full_attn_layers") or []:
+            kinds[int(i) - 1] = "mla"
+        for i in lin.get("kda_layers") or []:
+            kinds[int(i) - 1] = "kda"
+        if None in kinds:
+            raise SourceError("config.json", f"layer {kinds.index(None) + 1} is neither in kda_layers nor in "
+                                             "full_attn_layers")
+    elif cfg.get("layer_types"):
+        kinds = ["mla" if t == "full_attention" else "kda" for t in cfg["layer_types"]]
+    else:
+        raise SourceError("config.json", "config.json does not say which layers are KDA (linear_attn_config)")
+
+    # Which layers are MoE.
+    n_exp = int(_first(cfg, "n_routed_experts", "num_experts", "num_local_experts", default=0) or 0)
+    first_dense = int(_first(cfg, "first_k_dense_replace", default=0 if not deepseek else 3))
+    freq = int(cfg.get("moe_layer_freq") or 1)
+    if cfg.get("mlp_layer_types") and not deepseek:
+        is_moe = [t == "sparse" for t in cfg["mlp_layer_types"]]
+    else:
+        is_moe = [n_exp > 0 and i >= first_dense and i % freq == 0 for i in range(n_layers)]
+    if len(is_moe) != n_layers or len(kinds) != n_layers:
+        raise SourceError("config.json", "layer lists do not have one entry per layer")
+
+    act = cfg.get("hidden_act", "silu")
+    if act not in ("silu", "situ"):
+        raise SourceError("config.json", f"activation '{act}' is not supported")
+    if cfg.get("scoring_func", "sigmoid") != "sigmoid" or cfg.get("moe_router_activation_func", "sigmoid") != "sigmoid":
+        raise SourceError("config.json", "only sigmoid router scoring is supported")
+    eps = float(cfg.get("rms_norm_eps", 1e-6))
+    n_mla_heads = int(_require(cfg, "num_attention_heads"))
+    nope = int(cfg.get("qk_nope_head_dim") or 128)
+    rope_d = int(cfg.get("qk_rope_head_dim") or 64)
+    v_dim = int(cfg.get("v_head_dim") or 128)
+    q_lora = int(cfg.get("q_lora_rank") or 0)
+    kv_lora = int(cfg.get("kv_lora_rank") or 512)
+    mla_rope = deepseek and not cfg.get("mla_use_nope", False)
+    theta, yarn = _kimi_rope(cfg) if mla_rope else (10000.0, None)
+    scale = (nope + rope_d) ** -0.5 * (yarn["softmax_mscale"] if yarn else 1.0)
+    kda_heads = int(_first(lin, "num_heads", default=cfg.get("linear_num_heads") or 32))
+    kda_hd = int(_first(lin, "head_dim", default=cfg.get("linear_head_dim") or 128))
+    conv_k = int(_first(lin, "short_conv_kernel_size", default=cfg.get("linear_conv_kernel_dim") or 4))
+    lower = lin.get("gate_lower_bound")
+    full_gate = bool(lin.get("use_full_rank_gate", False))
+    latent = int(cfg.get("routed_expert_hidden_size") or 0)
+    if latent == dim:
+        latent = 0
+    block = int(cfg.get("attn_res_block_size") or 0)
+    n_shared = int(_first(cfg, "n_shared_experts", "num_shared_experts", default=0) or 0)
+    moe_ffn = int(cfg.get("moe_intermediate_size") or 0)
+    has_mla, has_kda = "mla" in kinds, "kda" in kinds
+    ctx = int(_require(cfg, "max_position_embeddings"))
+
+    kimi: dict[str, Any] = {
+        "variant": "k3" if k3 else ("deepseek" if deepseek else "kimi_linear"),
+        "layer_attn": kinds,
+        "mla": None if not has_mla else {
+            "heads": n_mla_heads, "q_lora_rank": q_lora, "kv_lora_rank": kv_lora, "qk_nope_dim": nope,
+            "qk_rope_dim": rope_d, "v_dim": v_dim, "rope": mla_rope,
+            "rope_interleaved": bool(cfg.get("rope_interleave", True)),
+            "output_gate": bool(cfg.get("mla_use_output_gate", False)), "softmax_scale": scale,
+            # q_a_layernorm / kv_a_layernorm are built without the config's eps in the releases' code
+            "latent_norm_eps": 1e-6,
+            "rope_theta": theta,
+            "yarn": None if not yarn else {k: yarn[k] for k in ("factor", "original_ctx", "beta_fast",
+                                                                 "beta_slow", "attn_factor")}},
+        "kda": None if not has_kda else {
+            "heads": kda_heads, "head_dim": kda_hd, "conv_kernel": conv_k, "full_rank_gate": full_gate,
+            "decay": "bounded" if lower is not None else "softplus", "gate_lower_bound": lower,
+            "a_log_len": kda_heads},
+        "ffn": {"act": act, "situ_beta": float(cfg.get("activation_situ_beta", 4.0)),
+                "situ_linear_beta": float(cfg.get("activation_situ_linear_beta", 25.0)),
+                "n_group": int(_first(cfg, "n_group", "num_expert_group", default=1) or 1),
+                "topk_group": int(cfg.get("topk_group") or 1),
+                "routed_scale": float(cfg.get("routed_scaling_factor", 1.0)),
+                "shared_ffn_dim": n_shared * moe_ffn, "latent_dim": latent},
+        "attn_res_block": block,
+    }
+    model: dict[str, Any] = {
+        "arch": "kimi",
+        "source_arch": "KimiK3ForConditionalGeneration" if k3 else next(a for a in archs if a in KIMI_HF_ARCHS),
+        "n_layers": n_layers,
+        "dim": dim,
+        "n_heads": n_mla_heads if has_mla else kda_heads,
+        "n_kv_heads": n_mla_heads if has_mla else kda_heads,
+        "head_dim": nope + rope_d if has_mla else kda_hd,
+        "ffn_dim": int(cfg.get("intermediate_size") or 0) if not all(is_moe) else 0,
+        "vocab": int(_require(cfg, "vocab_size")),
+        "max_ctx": ctx,
+        "norm_eps": eps,
+        "rope_theta": theta,
+        "rope_dim": rope_d if mla_rope else 0,
+        "rope_pairing": "interleaved" if cfg.get("rope_interleave", True) else "half",
+        "qkv_bias": False,
+        "o_bias": False,
+        "qk_norm": "none",
+        "tied_embeddings": bool(cfg.get("tie_word_embeddings", top.get("tie_word_embeddings", False))),
+        "moe": None if not any(is_moe) else {
+            "n_experts": n_exp, "top_k": int(_first(cfg, "num_experts_per_tok", "num_experts_per_token")),
+            "expert_ffn_dim": moe_ffn,
+            "norm_topk_prob": bool(_first(cfg, "norm_topk_prob", "moe_renormalize", default=True)),
+            "scoring": "sigmoid"},
+        "layer_ffn": ["moe" if m else "dense" for m in is_moe],
+        "kimi": kimi,
+    }
+    if cfg.get("attention_bias"):
+        raise SourceError("config.json", "attention_bias is not supported for MLA")
+
+    spec = ModelSpec(model=model)
+    t = spec.trunk
+    t["token_embd"] = prefix + "model.embed_tokens.weight"
+    t["output_norm"] = prefix + "model.norm.weight"
+    if not model["tied_embeddings"]:
+        t["output"] = prefix + "lm_head.weight"
+    moe_block = "mlp." if deepseek else "block_sparse_moe."
+    part_names = ({"gate": "gate_proj", "up": "up_proj", "down": "down_proj"} if deepseek
+                  else {"gate": "w1", "up": "w3", "down": "w2"})
+    for i in range(n_layers):
+        p = f"{prefix}model.layers.{i}."
+        b = f"blk.{i}."
+        a = p + "self_attn."
+        t[b + "attn_norm"] = p + "input_layernorm.weight"
+        t[b + "ffn_norm"] = p + "post_attention_layernorm.weight"
+        if kinds[i] == "mla":
+            if q_lora:
+                t[b + "attn_q_a"] = a + "q_a_proj.weight"
+                t[b + "attn_q_a_norm"] = a + "q_a_layernorm.weight"
+                t[b + "attn_q_b"] = a + "q_b_proj.weight"
+            else:
+                t[b + "attn_q"] = a + "q_proj.weight"
+            t[b + "attn_kv_a_mqa"] = a + "kv_a_proj_with_mqa.weight"
+            t[b + "attn_kv_a_norm"] = a + "kv_a_layernorm.weight"
+            t[b + "attn_kv_b"] = a + "kv_b_proj.weight"
+            t[b + "attn_output"] = a + "o_proj.weight"
+            if kimi["mla"]["output_gate"]:
+                t[b + "attn_gate"] = a + "g_proj.weight"
+        else:
+            for ours, theirs in (("q", "q_proj"), ("k", "k_proj"), ("v", "v_proj")):
+                t[b + f"kda_{ours}"] = a + f"{theirs}.weight"
+                t[b + f"kda_{ours}_conv"] = a + f"{ours}_conv1d.weight@2d"
+            t[b + "kda_f_a"] = a + "f_a_proj.weight"
+            t[b + "kda_f_b"] = a + "f_b_proj.weight"
+            t[b + "kda_dt_bias"] = a + "dt_bias@flat"
+            t[b + "kda_a_log"] = a + f"A_log@first:{kda_heads}"
+            t[b + "kda_beta"] = a + "b_proj.weight"
+            if full_gate:
+                t[b + "kda_g"] = a + "g_proj.weight"
+            else:
+                t[b + "kda_g_a"] = a + "g_a_proj.weight"
+                t[b + "kda_g_b"] = a + "g_b_proj.weight"
+            t[b + "kda_o_norm"] = a + "o_norm.weight"
+            t[b + "kda_output"] = a + "o_proj.weight"
+        if block:
+            t[b + "attnres_attn_norm"] = p + "self_attention_res_norm.weight"
+            t[b + "attnres_attn_proj"] = p + "self_attention_res_proj.weight@flat"
+            t[b + "attnres_mlp_norm"] = p + "mlp_res_norm.weight"
+            t[b + "attnres_mlp_proj"] = p + "mlp_res_proj.weight@flat"
+        if not is_moe[i]:
+            for ours, theirs in (("gate", "gate_proj"), ("up", "up_proj"), ("down", "down_proj")):
+                t[b + f"ffn_{ours}"] = p + f"mlp.{theirs}.weight"
+            continue
+        m = p + moe_block
+        t[b + "ffn_router"] = m + "gate.weight"
+        t[b + "ffn_router_bias"] = m + "gate.e_score_correction_bias"
+        if n_shared:
+            for ours, theirs in (("gate", "gate_proj"), ("up", "up_proj"), ("down", "down_proj")):
+                t[b + f"ffn_{ours}_shexp"] = m + f"shared_experts.{theirs}.weight"
+        if latent:
+            t[b + "ffn_latent_down"] = m + "routed_expert_down_proj.weight"
+            t[b + "ffn_latent_up"] = m + "routed_expert_up_proj.weight"
+            t[b + "ffn_latent_norm"] = m + "routed_expert_norm.weight"
+        spec.experts[i] = [{part: m + f"experts.{e}.{part_names[part]}.weight" for part in EXPERT_PARTS}
+                           for e in range(n_exp)]
+    if block:
+        # Laid out with the last layer's segment (the layout orders per-layer tensors only).
+        t[f"blk.{n_layers - 1}.attnres_out_norm"] = prefix + "model.output_attn_res_norm.weight"
+        t[f"blk.{n_layers - 1}.attnres_out_proj"] = prefix + "model.output_attn_res_proj.weight@flat"
     return spec

@@ -16,6 +16,7 @@ import numpy as np
 
 from app.convert import quant
 from app.convert.arch import ModelSpec, spec_from_gguf, spec_from_hf
+from app.convert.compressed import CompressedTensors
 from app.convert.errors import SourceError
 from app.convert.gguf_file import GGUFFile
 from app.convert.safetensors_file import Checkpoint
@@ -66,6 +67,10 @@ def _stat_identity(paths: list[Path]) -> list[list]:
 
 
 class HFSource(Source):
+    """A Hugging Face checkpoint folder. Names may carry a view suffix
+    (``@flat``, ``@2d``, ``@first:N``, see arch.py), and quantized weights of
+    the Kimi / DeepSeek releases (compressed.py) read as their float values."""
+
     kind = "hf"
 
     def __init__(self, path: Path):
@@ -74,6 +79,7 @@ class HFSource(Source):
         self.spec = spec_from_hf(load_json(path / "config.json"))
         self.ckpt = Checkpoint(path)
         self.config = self.ckpt.config
+        self.compressed = CompressedTensors(self.ckpt, self.config)
         self._check_present()
 
     def _check_present(self) -> None:
@@ -82,29 +88,69 @@ class HFSource(Source):
         for experts in self.spec.experts.values():
             for parts in experts:
                 wanted.extend(parts.values())
-        missing = [n for n in wanted if n not in names]
+        missing = [n for n in wanted if _view(n)[0] not in names and not self.compressed.present(_view(n)[0])]
         if missing:
             more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-            raise SourceError(self.path, f"the checkpoint has no tensor '{missing[0]}'{more}")
+            raise SourceError(self.path, f"the checkpoint has no tensor '{_view(missing[0])[0]}'{more}")
 
     def shape(self, name: str) -> tuple[int, ...]:
-        return tuple(self.ckpt.info(name).shape)
+        base, view = _view(name)
+        if self.compressed.kind(base):
+            shape = self.compressed.shape(base)
+        else:
+            shape = tuple(self.ckpt.info(base).shape)
+        return _view_shape(shape, view, name)
 
     def stored_format(self, name: str) -> str:
-        dtype = self.ckpt.info(name).dtype
-        return _SAFETENSORS_DTYPES.get(dtype, dtype)
+        base, view = _view(name)
+        kind = self.compressed.kind(base)
+        if kind:
+            return kind
+        dtype = self.ckpt.info(base).dtype
+        fmt = _SAFETENSORS_DTYPES.get(dtype, dtype)
+        if view.startswith("first:") and int(view[6:]) != int(np.prod(self.ckpt.info(base).shape)):
+            return fmt + "-slice"  # not byte-identical: read through read_f32
+        return fmt
 
     def read_raw(self, name: str) -> np.ndarray:
-        return self.ckpt.read_raw(name)
+        return self.ckpt.read_raw(_view(name)[0])
 
     def read_f32(self, name: str) -> np.ndarray:
-        return self.ckpt.read_f32(name)
+        base, view = _view(name)
+        if self.compressed.kind(base):
+            values = self.compressed.read_f32(base)
+        else:
+            values = self.ckpt.read_f32(base)
+        if view.startswith("first:"):
+            values = values.reshape(-1)[:int(view[6:])]
+        return values.reshape(self.shape(name))
 
     def identity(self) -> dict[str, Any]:
         return {"kind": "hf", "files": _stat_identity([self.path / "config.json", *self.ckpt.shards])}
 
     def total_bytes(self) -> int:
         return int(self.ckpt.total_bytes)
+
+
+def _view(name: str) -> tuple[str, str]:
+    base, _, view = name.partition("@")
+    return base, view
+
+
+def _view_shape(shape: tuple[int, ...], view: str, name: str) -> tuple[int, ...]:
+    if not view:
+        return shape
+    n = int(np.prod(shape)) if shape else 1
+    if view == "flat":
+        return (n,)
+    if view == "2d":
+        return (int(shape[0]), n // int(shape[0])) if shape else (1, 1)
+    if view.startswith("first:"):
+        k = int(view[6:])
+        if k > n:
+            raise SourceError(name, f"has {n} values, fewer than the {k} needed")
+        return (k,)
+    raise SourceError(name, f"unknown tensor view '{view}'")
 
 
 class GGUFSource(Source):

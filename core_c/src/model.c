@@ -7,7 +7,7 @@
 
 #include "formats.h"
 
-static const fe_arch *const ARCHS[] = {&fe_arch_llama};
+static const fe_arch *const ARCHS[] = {&fe_arch_llama, &fe_arch_kimi};
 
 const fe_arch *fe_arch_find(const char *name) {
     for (size_t i = 0; i < sizeof ARCHS / sizeof ARCHS[0]; i++)

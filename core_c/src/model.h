@@ -45,7 +45,8 @@ typedef struct fe_arch {
 /* The architecture named by a manifest, or NULL. */
 const fe_arch *fe_arch_find(const char *name);
 
-extern const fe_arch fe_arch_llama;
+extern const fe_arch fe_arch_llama;  /* arch_llama.c */
+extern const fe_arch fe_arch_kimi;   /* arch_kimi.c */
 
 struct ferry_engine {
     fe_container c;               /* the container and its resident trunk */

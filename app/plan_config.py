@@ -1,0 +1,291 @@
+"""``ferry plan --config config.json``: what a model needs, from its config alone.
+
+Covers the architectures whose config says enough to size them: the "kimi"
+family (DeepSeek-V3 / Kimi-K2, Kimi-Linear, Kimi K3) exactly as `ferry
+convert` would lay them out, and the "llama" family approximately. The
+figures follow the engine's own accounting (core_c/src/arch_kimi.c):
+
+* trunk: every resident matrix at the trunk format, the tensors the
+  converter keeps in f32 (norms, biases, KDA conv/decay parameters, AttnRes
+  weights, routers) at 4 bytes, each tensor 64-byte aligned;
+* expert record: gate, up and down at the expert format, each 64-byte
+  aligned after a 64-byte header, rounded up to 4096;
+* state at ``ctx``: the MLA latent cache (kv_lora + rope floats per token per
+  MLA layer), the KDA f32 state and conv inputs (context independent), or the
+  llama K/V caches;
+* scratch: the engine's per-chunk buffers (32 tokens) for ``threads`` threads;
+* floor: trunk + state + scratch + one layer visit of expert records (top_k).
+
+Bits map to formats the way `ferry convert` writes them: 32 f32, 16 bf16,
+8 q8_0 (8.5 bits/weight), 4 q4_1 for the trunk (5.0) and q4_0 for experts
+(4.5), 3 q3_nl (3.09). Other widths (2, 5, 6) have no Ferry encoder yet; they are costed
+as B bits plus one f16 scale per 32 weights (B + 0.5 bits/weight) and the
+result says so. ``scheme="pure"`` costs every matrix at exactly B bits per
+weight (no scales), the accounting published figures usually use.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from typing import Any
+
+GIB = 1024 ** 3
+CHUNK = 32
+
+
+def _fmt_of(bits: float, role: str, scheme: str) -> tuple[str, float, bool]:
+    """(format name, bits per weight, a format `ferry convert` can write)."""
+    if scheme == "pure":
+        return f"{bits:g}-bit (pure)", float(bits), False
+    table = {32: ("f32", 32.0), 16: ("bf16", 16.0), 8: ("q8_0", 8.5)}
+    if bits in table:
+        name, bpw = table[bits]
+        return name, bpw, True
+    if bits == 4:
+        return ("q4_1", 5.0, True) if role == "trunk" else ("q4_0", 4.5, True)
+    if bits == 3:
+        return "q3_nl", 99 * 8 / 256, True   # Ferry's 3-bit format: 99 bytes per 256 values
+    return f"q{bits:g} (hypothetical: {bits:g} bits + f16 scale per 32)", bits + 0.5, False
+
+
+def _align(n: float, a: int) -> int:
+    return int(math.ceil(n / a) * a)
+
+
+def _g(cfg: dict, *keys, default=None):
+    for k in keys:
+        if cfg.get(k) is not None:
+            return cfg[k]
+    return default
+
+
+def _parse_size(text: str) -> int:
+    t = text.strip().upper().replace("IB", "").replace("B", "")
+    mult = {"K": 1024, "M": 1024 ** 2, "G": GIB, "T": 1024 ** 4}
+    if t and t[-1] in mult:
+        return int(float(t[:-1]) * mult[t[-1]])
+    return int(float(t))
+
+
+class _Acc:
+    """Sums tensors the way the layout does: matrices at a format, vectors f32, 64-byte aligned."""
+
+    def __init__(self, bpw: float):
+        self.bpw = bpw
+        self.bytes = 0
+        self.params = 0
+
+    def mat(self, rows: int, cols: int, count: int = 1, f32: bool = False) -> None:
+        n = rows * cols
+        per = n * 4 if f32 else n * self.bpw / 8
+        self.bytes += count * _align(per, 64)
+        self.params += count * n
+
+    def vec(self, n: int, count: int = 1) -> None:
+        self.mat(1, n, count, f32=True)
+
+
+def plan_from_config(config: dict, expert_bits: float = 4, trunk_bits: float = 4, ctx: int = 4096,
+                     ram: int | None = None, disk_gbps: float | None = None, threads: int = 8,
+                     scheme: str = "ferry") -> dict[str, Any]:
+    """Memory and disk figures of a model from its config.json (a dict)."""
+    archs = config.get("architectures") or []
+    cfg = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    kimi = any(a in ("DeepseekV3ForCausalLM", "KimiLinearForCausalLM", "KimiK3ForConditionalGeneration")
+               for a in archs) or cfg.get("model_type") in ("kimi_linear", "deepseek_v3", "kimi_k2")
+    deepseek = "DeepseekV3ForCausalLM" in archs or cfg.get("model_type") in ("deepseek_v3", "kimi_k2")
+    t_name, t_bpw, t_ok = _fmt_of(trunk_bits, "trunk", scheme)
+    e_name, e_bpw, e_ok = _fmt_of(expert_bits, "expert", scheme)
+    dim = int(cfg["hidden_size"])
+    L = int(cfg["num_hidden_layers"])
+    vocab = int(cfg["vocab_size"])
+    tied = bool(cfg.get("tie_word_embeddings", False))
+    E = int(_g(cfg, "n_routed_experts", "num_experts", "num_local_experts", default=0) or 0)
+    K = int(_g(cfg, "num_experts_per_tok", "num_experts_per_token", default=0) or 0)
+    eff = int(_g(cfg, "moe_intermediate_size", default=0) or cfg.get("intermediate_size") or 0)
+    ffn = int(cfg.get("intermediate_size") or 0)
+    trunk = _Acc(t_bpw)
+    trunk.mat(vocab, dim)
+    if not tied:
+        trunk.mat(vocab, dim)
+    trunk.vec(dim)
+    state = 64
+    n_moe = 0
+    router_bytes = 0
+    lin = cfg.get("linear_attn_config") or {}
+    ed = dim
+    if kimi:
+        first = int(_g(cfg, "first_k_dense_replace", default=3 if deepseek else 1))
+        kda = set() if deepseek else {i - 1 for i in lin.get("kda_layers") or []}
+        H = int(cfg["num_attention_heads"])
+        nope, rope = int(cfg.get("qk_nope_head_dim") or 128), int(cfg.get("qk_rope_head_dim") or 64)
+        vd, kvl, qlr = int(cfg.get("v_head_dim") or 128), int(cfg.get("kv_lora_rank") or 512), int(cfg.get("q_lora_rank") or 0)
+        KH, hd = int(lin.get("num_heads") or H), int(lin.get("head_dim") or 128)
+        HD, ck = KH * hd, int(lin.get("short_conv_kernel_size") or 4)
+        latent = int(cfg.get("routed_expert_hidden_size") or 0)
+        latent = 0 if latent == dim else latent
+        ed = latent or dim
+        shf = int(_g(cfg, "n_shared_experts", "num_shared_experts", default=0) or 0) * eff
+        block = int(cfg.get("attn_res_block_size") or 0)
+        for i in range(L):
+            trunk.vec(dim, 2)
+            if block:
+                trunk.vec(dim, 4)
+            if i in kda:
+                trunk.mat(HD, dim, 3)
+                trunk.vec(HD * ck, 3)
+                trunk.mat(hd, dim)
+                trunk.mat(HD, hd)
+                trunk.vec(HD)
+                trunk.vec(KH)
+                trunk.mat(KH, dim)
+                if lin.get("use_full_rank_gate"):
+                    trunk.mat(HD, dim)
+                else:
+                    trunk.mat(hd, dim)
+                    trunk.mat(HD, hd)
+                trunk.vec(hd)
+                trunk.mat(dim, HD)
+                state += _align((KH * hd * hd + 3 * HD * (ck - 1)) * 4, 64)
+            else:
+                if qlr:
+                    trunk.mat(qlr, dim)
+                    trunk.vec(qlr)
+                    trunk.mat(H * (nope + rope), qlr)
+                else:
+                    trunk.mat(H * (nope + rope), dim)
+                trunk.mat(kvl + rope, dim)
+                trunk.vec(kvl)
+                trunk.mat(H * (nope + vd), kvl)
+                trunk.mat(dim, H * vd)
+                if cfg.get("mla_use_output_gate"):
+                    trunk.mat(H * vd, dim)
+                state += _align(ctx * (kvl + rope) * 4, 64)
+            moe = E > 0 and i >= first and i % int(cfg.get("moe_layer_freq") or 1) == 0
+            if moe:
+                n_moe += 1
+                router_bytes += _align(E * dim * 4, 64)
+                trunk.mat(E, dim, f32=True)
+                trunk.vec(E)
+                if shf:
+                    trunk.mat(shf, dim, 2)
+                    trunk.mat(dim, shf)
+                if latent:
+                    trunk.mat(latent, dim)
+                    trunk.mat(dim, latent)
+                    trunk.vec(latent)
+            else:
+                trunk.mat(ffn, dim, 2)
+                trunk.mat(dim, ffn)
+        if block:
+            trunk.vec(dim, 2)
+        att_w = max(H * vd, HD)
+        nb = -(-L // block) if block else 0
+        cols = max(dim, qlr, kvl, H * vd, HD, hd, ffn, eff, shf, ed)
+        floats = CHUNK * (4 * dim + nb * dim + qlr + H * (nope + rope) + kvl + rope + 2 * att_w + 4 * HD
+                          + 2 * hd + KH + 2 * max(ffn, eff, shf) + 2 * E + 2 * K + K * ed + 3 * ed) + E
+        floats += threads * (cols + ctx + max(2 * kvl, 5 * hd) + 16)
+        scratch = int(floats * 4) + 64 * 36
+    else:
+        H = int(cfg["num_attention_heads"])
+        kvh = int(cfg.get("num_key_value_heads") or H)
+        hd = int(cfg.get("head_dim") or dim // H)
+        moe_all = E > 0
+        for _ in range(L):
+            trunk.vec(dim, 2)
+            trunk.mat(H * hd, dim)
+            trunk.mat(kvh * hd, dim, 2)
+            trunk.mat(dim, H * hd)
+            if moe_all:
+                n_moe += 1
+                trunk.mat(E, dim)
+            else:
+                trunk.mat(ffn, dim, 2)
+                trunk.mat(dim, ffn)
+        state = 2 * _align(L * ctx * kvh * hd * 4, 64)
+        cols = max(dim, H * hd, ffn, eff)
+        scratch = int((CHUNK * (3 * dim + 2 * H * hd + 2 * kvh * hd + 2 * max(ffn, eff) + E + 2 * K + K * dim + dim)
+                       + threads * (cols + ctx)) * 4)
+    record = 0
+    if n_moe:
+        off = 64
+        for rows, cols_ in ((eff, ed), (eff, ed), (ed, eff)):
+            off = _align(off, 64) + math.ceil(rows * cols_ * e_bpw / 8)
+        record = _align(off, 4096)
+    expert_params = 3 * eff * ed
+    floor = trunk.bytes + state + scratch + K * record
+    cold = K * n_moe * record
+    recommended = floor + cold   # room to keep one whole token's experts cached
+    out: dict[str, Any] = {
+        "arch": "kimi" if kimi else "llama",
+        "ctx": ctx,
+        "trunk_format": t_name, "trunk_bits_per_weight": t_bpw, "trunk_format_exists": t_ok,
+        "expert_format": e_name, "expert_bits_per_weight": e_bpw, "expert_format_exists": e_ok,
+        "trunk_params": trunk.params,
+        "trunk_bytes": trunk.bytes,
+        "state_bytes": state,
+        "scratch_bytes": scratch,
+        "moe_layers": n_moe, "experts_per_layer": E, "top_k": K,
+        "expert_params": expert_params,
+        "expert_record_bytes": record,
+        "experts_total_bytes": record * E * n_moe,
+        "floor_bytes": floor,
+        "recommended_bytes": recommended,
+        "cold_bytes_per_token": cold,
+        "threads": threads,
+    }
+    if disk_gbps:
+        out["disk_gbps"] = disk_gbps
+        out["tok_per_s_disk_bound"] = (disk_gbps * 1e9 / cold) if cold else None
+    if ram is not None:
+        out["ram_bytes"] = ram
+        out["fits"] = ram >= floor
+        out["cache_records"] = max(0, (ram - floor) // record + K) if record else 0
+    out["router_bytes"] = router_bytes
+    for k in [k for k in out if "_bytes" in k]:
+        out[k.replace("_bytes", "_gib")] = round(out[k] / GIB, 3)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="ferry plan --config", description=__doc__.split("\n")[0])
+    p.add_argument("--config", required=True, help="a model's config.json")
+    p.add_argument("--expert-bits", type=float, default=4)
+    p.add_argument("--trunk-bits", type=float, default=4)
+    p.add_argument("--ctx", type=int, default=4096)
+    p.add_argument("--ram", type=_parse_size, default=None, help="e.g. 32G")
+    p.add_argument("--disk-gbps", type=float, default=None, help="sustained read speed in GB/s")
+    p.add_argument("--threads", type=int, default=8)
+    p.add_argument("--scheme", choices=("ferry", "pure"), default="ferry")
+    p.add_argument("--json", action="store_true")
+    a = p.parse_args(argv)
+    try:
+        with open(a.config, encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError) as exc:
+        print(f"ferry plan: cannot read {a.config}: {exc}", file=sys.stderr)
+        return 2
+    bits = lambda v: int(v) if float(v).is_integer() else v  # noqa: E731
+    try:
+        plan = plan_from_config(config, bits(a.expert_bits), bits(a.trunk_bits), a.ctx, a.ram, a.disk_gbps,
+                                a.threads, a.scheme)
+    except (KeyError, TypeError, ValueError) as exc:
+        print(f"ferry plan: {a.config} does not describe a model this plan knows: {exc}", file=sys.stderr)
+        return 2
+    if a.json:
+        print(json.dumps(plan, indent=1))
+        return 0
+    print(f"trunk {plan['trunk_gib']:.2f} GiB ({plan['trunk_format']}), state {plan['state_gib']:.3f} GiB at "
+          f"{a.ctx} tokens, scratch {plan['scratch_gib']:.3f} GiB")
+    print(f"expert record {plan['expert_record_bytes'] / 2**20:.2f} MiB ({plan['expert_format']}), "
+          f"cold reads {plan['cold_gib_per_token']:.2f} GiB per token")
+    print(f"floor {plan['floor_gib']:.2f} GiB, recommended {plan['recommended_gib']:.2f} GiB")
+    if plan.get("tok_per_s_disk_bound"):
+        print(f"at {a.disk_gbps} GB/s with every expert read cold: {plan['tok_per_s_disk_bound']:.3f} tok/s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

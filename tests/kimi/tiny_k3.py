@@ -1,0 +1,165 @@
+"""A tiny random Kimi K3 checkpoint in the release's exact layout: the nested
+config (KimiK3ForConditionalGeneration with text_config), the
+`language_model.` prefix, bf16 matrices with the f32 exceptions of the
+release (norms, A_log padded to a longer vector, dt_bias, conv kernels, the
+router bias), compressed-tensors MXFP4 experts (weight_packed u8 with the
+low nibble the even column, weight_scale u8 E8M0, group 32), three shards
+behind model.safetensors.index.json, a vision tensor in the last shard, and
+a tiktoken.model. 7 layers with AttnRes blocks of 3 (three block sums),
+MLA at 1-based layers 4 and 7, KDA elsewhere, layer 0 dense."""
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import numpy as np
+
+HIDDEN, LAYERS, BLOCK = 64, 7, 3
+HEADS, HEAD_DIM = 4, 16          # KDA and MLA heads
+NOPE, ROPE, VDIM, QLORA, KVLORA = 16, 8, 16, 32, 32
+EXPERTS, TOPK, MOE_FFN, LATENT, SHARED = 16, 4, 32, 32, 2
+DENSE_FFN = 96
+BASE_VOCAB = 256
+VOCAB = BASE_VOCAB + 256
+A_LOG_LEN = 8                    # padded beyond the 4 real heads, as the release pads 96 to 128
+
+
+def text_config() -> dict:
+    full = [4, 7]
+    return {
+        "activation_situ_beta": 4.0, "activation_situ_linear_beta": 25.0,
+        "architectures": ["KimiLinearForCausalLM"], "attn_res_block_size": BLOCK,
+        "bos_token_id": BASE_VOCAB, "eos_token_id": BASE_VOCAB + 2, "pad_token_id": VOCAB - 1,
+        "first_k_dense_replace": 1, "hidden_act": "situ", "hidden_size": HIDDEN,
+        "intermediate_size": DENSE_FFN, "kv_lora_rank": KVLORA, "latent_moe_use_norm": True,
+        "linear_attn_config": {"full_attn_layers": full, "gate_lower_bound": -5.0, "head_dim": HEAD_DIM,
+                               "kda_layers": [i for i in range(1, LAYERS + 1) if i not in full],
+                               "num_heads": HEADS, "short_conv_kernel_size": 4, "use_full_rank_gate": True},
+        "max_position_embeddings": 4096, "mla_use_nope": True, "mla_use_output_gate": True,
+        "model_type": "kimi_linear", "moe_intermediate_size": MOE_FFN, "moe_layer_freq": 1,
+        "moe_renormalize": True, "moe_router_activation_func": "sigmoid", "num_attention_heads": HEADS,
+        "num_expert_group": 1, "num_experts": EXPERTS, "num_experts_per_token": TOPK,
+        "num_hidden_layers": LAYERS, "num_key_value_heads": HEADS, "num_nextn_predict_layers": 0,
+        "num_shared_experts": SHARED, "q_lora_rank": QLORA, "qk_nope_head_dim": NOPE, "qk_rope_head_dim": ROPE,
+        "quantization_config": {
+            "config_groups": {"group_0": {"format": "mxfp4-pack-quantized", "targets": ["Linear"],
+                                          "weights": {"group_size": 32, "num_bits": 4, "strategy": "group",
+                                                      "symmetric": True, "type": "float",
+                                                      "scale_dtype": "torch.uint8"}}},
+            "format": "mxfp4-pack-quantized", "quant_method": "compressed-tensors",
+            "ignore": ["re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*",
+                       "re:.*lm_head.*", "re:.*vision_tower.*", "re:.*mm_projector.*"],
+            "quantization_status": "compressed"},
+        "rms_norm_eps": 1e-5, "routed_expert_hidden_size": LATENT, "routed_scaling_factor": 1.0,
+        "tie_word_embeddings": False, "topk_group": 1, "topk_method": "noaux_tc", "use_grouped_topk": True,
+        "v_head_dim": VDIM, "vocab_size": VOCAB,
+    }
+
+
+def config() -> dict:
+    return {"architectures": ["KimiK3ForConditionalGeneration"], "model_type": "kimi_k3",
+            "bos_token_id": BASE_VOCAB, "eos_token_id": BASE_VOCAB + 2, "pad_token_id": VOCAB - 1,
+            "text_config": text_config(), "tie_word_embeddings": False,
+            "vision_config": {"vt_hidden_size": 16}}
+
+
+def build(out: Path, seed: int = 3) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    rng = np.random.default_rng(seed)
+    t: dict[str, torch.Tensor] = {}
+
+    def mat(name, rows, cols, scale=0.08):
+        t[name] = torch.tensor(scale * rng.standard_normal((rows, cols)), dtype=torch.float32).to(torch.bfloat16)
+
+    def norm(name, n, dtype=torch.float32):
+        t[name] = torch.tensor(1.0 + 0.2 * rng.standard_normal(n), dtype=torch.float32).to(dtype)
+
+    def f32(name, shape, scale=0.08, offset=0.0):
+        t[name] = torch.tensor(offset + scale * rng.standard_normal(shape), dtype=torch.float32)
+
+    def mxfp4(name, rows, cols):
+        t[name + ".weight_packed"] = torch.tensor(rng.integers(0, 256, (rows, cols // 2)), dtype=torch.uint8)
+        # scales around 2^-6: e2m1 values up to 6 give weights of up to ~0.1
+        t[name + ".weight_scale"] = torch.tensor(rng.integers(119, 123, (rows, cols // 32)), dtype=torch.uint8)
+
+    P = "language_model.model."
+    mat(P + "embed_tokens.weight", VOCAB, HIDDEN, 1.0)
+    HD = HEADS * HEAD_DIM
+    cfg = text_config()
+    kda = {i - 1 for i in cfg["linear_attn_config"]["kda_layers"]}
+    for i in range(LAYERS):
+        L = P + f"layers.{i}."
+        a = L + "self_attn."
+        norm(L + "input_layernorm.weight", HIDDEN)
+        norm(L + "post_attention_layernorm.weight", HIDDEN)
+        norm(L + "self_attention_res_norm.weight", HIDDEN)
+        mat(L + "self_attention_res_proj.weight", 1, HIDDEN, 0.3)
+        norm(L + "mlp_res_norm.weight", HIDDEN)
+        mat(L + "mlp_res_proj.weight", 1, HIDDEN, 0.3)
+        if i in kda:
+            for w in "qkv":
+                mat(a + f"{w}_proj.weight", HD, HIDDEN)
+                f32(a + f"{w}_conv1d.weight", (HD, 1, 4), 0.5)
+            mat(a + "f_a_proj.weight", HEAD_DIM, HIDDEN)
+            mat(a + "f_b_proj.weight", HD, HEAD_DIM, 0.3)
+            f32(a + "dt_bias", (HD,), 0.5)
+            alog = np.zeros(A_LOG_LEN, dtype=np.float32)
+            alog[:HEADS] = np.log(rng.uniform(1, 16, HEADS))
+            t[a + "A_log"] = torch.tensor(alog)
+            mat(a + "b_proj.weight", HEADS, HIDDEN)
+            mat(a + "g_proj.weight", HD, HIDDEN)
+            norm(a + "o_norm.weight", HEAD_DIM)
+            mat(a + "o_proj.weight", HIDDEN, HD)
+        else:
+            mat(a + "q_a_proj.weight", QLORA, HIDDEN)
+            norm(a + "q_a_layernorm.weight", QLORA)
+            mat(a + "q_b_proj.weight", HEADS * (NOPE + ROPE), QLORA, 0.2)
+            mat(a + "kv_a_proj_with_mqa.weight", KVLORA + ROPE, HIDDEN)
+            norm(a + "kv_a_layernorm.weight", KVLORA)
+            mat(a + "kv_b_proj.weight", HEADS * (NOPE + VDIM), KVLORA, 0.2)
+            mat(a + "g_proj.weight", HEADS * VDIM, HIDDEN)
+            mat(a + "o_proj.weight", HIDDEN, HEADS * VDIM)
+        if i == 0:
+            mat(L + "mlp.gate_proj.weight", DENSE_FFN, HIDDEN)
+            mat(L + "mlp.up_proj.weight", DENSE_FFN, HIDDEN)
+            mat(L + "mlp.down_proj.weight", HIDDEN, DENSE_FFN)
+            continue
+        m = L + "block_sparse_moe."
+        mat(m + "gate.weight", EXPERTS, HIDDEN, 0.3)
+        f32(m + "gate.e_score_correction_bias", (EXPERTS,), 0.05)
+        mat(m + "routed_expert_down_proj.weight", LATENT, HIDDEN, 0.2)
+        mat(m + "routed_expert_up_proj.weight", HIDDEN, LATENT, 0.2)
+        norm(m + "routed_expert_norm.weight", LATENT)
+        mat(m + "shared_experts.gate_proj.weight", SHARED * MOE_FFN, HIDDEN)
+        mat(m + "shared_experts.up_proj.weight", SHARED * MOE_FFN, HIDDEN)
+        mat(m + "shared_experts.down_proj.weight", HIDDEN, SHARED * MOE_FFN)
+        for e in range(EXPERTS):
+            ex = m + f"experts.{e}."
+            mxfp4(ex + "w1", MOE_FFN, LATENT)
+            mxfp4(ex + "w3", MOE_FFN, LATENT)
+            mxfp4(ex + "w2", LATENT, MOE_FFN)
+    norm(P + "norm.weight", HIDDEN)
+    norm(P + "output_attn_res_norm.weight", HIDDEN)
+    mat(P + "output_attn_res_proj.weight", 1, HIDDEN, 0.3)
+    mat("language_model.lm_head.weight", VOCAB, HIDDEN)
+    vision = {"vision_tower.patch_embed.proj.weight": torch.zeros(16, 12, dtype=torch.bfloat16)}
+
+    out.mkdir(parents=True, exist_ok=True)
+    names = list(t)
+    shards = [names[: len(names) // 2], names[len(names) // 2:]]
+    n_shards = len(shards) + 1
+    weight_map = {}
+    for k, group in enumerate(shards + [list(vision)]):
+        fname = f"model-{k + 1:05d}-of-{n_shards:05d}.safetensors"
+        src = vision if k == len(shards) else t
+        save_file({n: src[n].contiguous() for n in group}, str(out / fname), metadata={"format": "pt"})
+        weight_map.update({n: fname for n in group})
+    (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    (out / "config.json").write_text(json.dumps(config(), indent=1))
+    (out / "tiktoken.model").write_text("".join(f"{base64.b64encode(bytes([b])).decode()} {b}\n"
+                                                for b in range(BASE_VOCAB)))
+    (out / "tokenizer_config.json").write_text(json.dumps({"bos_token": "[BOS]", "eos_token": "[EOS]",
+                                                           "add_bos_token": False}))
