@@ -149,10 +149,37 @@ class LoadedModel:
 
     # ---- prompts
 
-    def chat_segments(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[Segment]:
-        if self.template is None:
+    @property
+    def chat_format(self) -> str | None:
+        """"k3" for Kimi K3 (its own XTML renderer), "template" for a model's
+        Jinja2 template, None for a model without a chat format."""
+        config = (self.manifest.get("source") or {}).get("config") or {}
+        if config.get("model_type") == "kimi_k3":
+            return "k3"
+        return "template" if self.template is not None else None
+
+    def stream_dialect(self, thinking: bool = True) -> tuple[str, str]:
+        """(dialect, initial channel) for app.chat.stream_parser.StreamParser:
+        K3's generation prompt already opened the think channel when thinking
+        is on; other models mark thinking with <think> tags, if at all."""
+        if self.chat_format == "k3":
+            return "k3", "thinking" if thinking else "response"
+        return "think_tags", "response"
+
+    def chat_segments(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                      **options: Any) -> list[Segment]:
+        """The prompt of a conversation as markup/content segments. ``options``
+        go to the format: for K3 the request keys (tools, thinking,
+        thinking_effort, response_format...); for a Jinja2 template its
+        variables (e.g. enable_thinking, tools)."""
+        fmt = self.chat_format
+        if fmt == "k3":
+            from app.chat.k3_format import render_k3
+
+            return render_k3({"messages": messages, "add_generation_prompt": add_generation_prompt, **options})
+        if fmt is None:
             raise ModelError("this model has no chat template; use a plain prompt")
-        return self.template.render(messages, add_generation_prompt=add_generation_prompt)
+        return self.template.render(messages, add_generation_prompt=add_generation_prompt, **options)
 
     def encode(self, segments: Sequence[Segment]) -> list[int]:
         ids = self.tokenizer.encode_segments(segments)
@@ -160,8 +187,8 @@ class LoadedModel:
             ids.insert(0, self.tokenizer.bos_id)
         return ids
 
-    def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
-        return self.encode(self.chat_segments(messages))
+    def encode_chat(self, messages: list[dict[str, Any]], **options: Any) -> list[int]:
+        return self.encode(self.chat_segments(messages, **options))
 
     def encode_plain(self, text: str) -> list[int]:
         return self.encode([(text, False)])
