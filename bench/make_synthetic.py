@@ -51,11 +51,16 @@ def tensor_list(cfg: dict) -> list[tuple[str, tuple[int, ...]]]:
     return out + [("model.norm.weight", (d,)), ("lm_head.weight", (cfg["vocab_size"], d))]
 
 
-def values(name: str, shape: tuple[int, ...], seed: int) -> np.ndarray:
+def values(name: str, shape: tuple[int, ...], seed: int, same_router: bool = False) -> np.ndarray:
+    # Correlated routing, as in real models: one router for every layer, and
+    # blocks that nudge the residual stream rather than replace it.
+    small = same_router and name.endswith(("o_proj.weight", "down_proj.weight"))
+    if same_router and name.endswith("mlp.gate.weight"):
+        name = "router"
     rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
     if len(shape) == 1:
         return (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
-    scale = 1.0 / np.sqrt(shape[1])
+    scale = (0.05 if small else 1.0) / np.sqrt(shape[1])
     return (scale * rng.standard_normal(shape, dtype=np.float32)).astype(np.float32)
 
 
@@ -67,7 +72,8 @@ def encode(x: np.ndarray, dtype: str) -> bytes:
     return rounded.astype("<u2").tobytes()
 
 
-def write_shard(path: Path, items: list[tuple[str, tuple[int, ...]]], dtype: str, seed: int) -> None:
+def write_shard(path: Path, items: list[tuple[str, tuple[int, ...]]], dtype: str, seed: int,
+                same_router: bool = False) -> None:
     st_dtype, size = DTYPES[dtype]
     header, offset = {}, 0
     for name, shape in items:
@@ -79,7 +85,7 @@ def write_shard(path: Path, items: list[tuple[str, tuple[int, ...]]], dtype: str
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(blob)) + blob)
         for name, shape in items:
-            f.write(encode(values(name, shape, seed), dtype))
+            f.write(encode(values(name, shape, seed, same_router), dtype))
 
 
 def write_tokenizer(out: Path, vocab: int) -> None:
@@ -106,7 +112,7 @@ def make(a) -> Path:
     weight_map = {}
     for i, items in enumerate(shards):
         fname = f"model-{i + 1:05d}-of-{a.shards:05d}.safetensors"
-        write_shard(out / fname, items, a.dtype, a.seed)
+        write_shard(out / fname, items, a.dtype, a.seed, a.same_router)
         weight_map.update({name: fname for name, _ in items})
     (out / "model.safetensors.index.json").write_text(
         json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
@@ -128,6 +134,8 @@ def parse(argv=None):
     ap.add_argument("--shards", type=int, default=2)
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--same-router", action="store_true",
+                    help="one router for every layer (routing correlated across layers, as in real models)")
     ap.add_argument("--size-gb", type=float, default=None,
                     help="grow --experts until the checkpoint is about this large")
     a = ap.parse_args(argv)

@@ -115,12 +115,15 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=24, help="decode steps")
     ap.add_argument("--readers", type=int, default=4)
     ap.add_argument("--workdir", default=None, help="where to write the model (default: a temp dir)")
+    ap.add_argument("--correlated", action="store_true",
+                    help="one router for all layers (routing predictable across layers, as in real models)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(dir=a.workdir) as tmp:
         t0 = time.perf_counter()
         ckpt = make(parse(["--out", f"{tmp}/ckpt", "--layers", "8", "--dim", "1024", "--expert-ffn", "512",
-                           "--top-k", "8", "--heads", "8", "--vocab", "2048", "--size-gb", str(a.size_gb)]))
+                           "--top-k", "8", "--heads", "8", "--vocab", "2048", "--size-gb", str(a.size_gb)]
+                          + (["--same-router"] if a.correlated else [])))
         container = convert(ckpt, Path(tmp) / "synth.ferry", expert_format="q4_1")
         prep = time.perf_counter() - t0
         plan = container_plan(container, 256)
@@ -138,7 +141,7 @@ def main(argv=None) -> int:
         model_bytes = sum(p.stat().st_size for p in container.rglob("*.bin"))
     result = {
         "machine": {"arch": platform.machine(), "cpus": os.cpu_count()},
-        "model_bytes": model_bytes, "budget_bytes": budget, "record_bytes": plan.record_bytes,
+        "routing": "correlated" if a.correlated else "random", "model_bytes": model_bytes, "budget_bytes": budget, "record_bytes": plan.record_bytes,
         "prepare_seconds": round(prep, 1),
         "streaming": streaming, "synchronous": sync, "no_lookahead": no_lookahead,
         "compute_floor_s_per_token": compute["s_per_token"],

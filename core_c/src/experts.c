@@ -37,11 +37,22 @@ struct fe_ecache {
     int lookahead;            /* the policy supports prefetching and it is not switched off */
     int *predicted;           /* [n_layers][top_k]: last lookahead per layer */
     int *n_predicted;         /* [n_layers] */
+    uint8_t *predicted_cold;  /* [n_layers][top_k]: that prediction was not cached when made */
+    double precision;         /* running share of cold predictions the real router then chose */
     int layer;                /* the open visit's layer, -1 when none is open */
     int n;                    /* experts it asked for */
     visit visit;              /* its bookkeeping */
     void *visit_mem;          /* the one allocation behind visit's arrays */
 };
+
+/* The lookahead reads its predictions only while the ones that would need a
+ * read (not cached when predicted) are right often enough to pay for the
+ * disk time: a wrong one costs a read and an evicted record. It keeps
+ * predicting and scoring either way, so it resumes reading when the routing
+ * becomes predictable. */
+#define LOOKAHEAD_PRIOR 0.5     /* assumed precision before any is measured */
+#define LOOKAHEAD_MIN 0.5       /* read predictions only at or above this running precision */
+#define LOOKAHEAD_DECAY 0.9     /* weight of the past in the running precision */
 
 /* ---------------------------------------------------------------- setup */
 
@@ -85,7 +96,8 @@ ferry_status fe_ecache_new(ferry_engine *e, const fe_ecache_config *cfg, fe_ecac
     c->record_fd = malloc((size_t)hp->n_layers * sizeof *c->record_fd);
     c->predicted = calloc((size_t)hp->n_layers * (size_t)(hp->top_k > 0 ? hp->top_k : 1), sizeof(int));
     c->n_predicted = calloc((size_t)hp->n_layers, sizeof(int));
-    if (!c->slot_buf || !c->slot_valid || !c->slot_prefetched || !c->slot_job || !c->visit_mem || !c->record_fd ||
+    c->predicted_cold = calloc((size_t)hp->n_layers * (size_t)(hp->top_k > 0 ? hp->top_k : 1), 1);
+    if (!c->predicted_cold || !c->slot_buf || !c->slot_valid || !c->slot_prefetched || !c->slot_job || !c->visit_mem || !c->record_fd ||
         !c->predicted || !c->n_predicted) {
         fe_ecache_free(c);
         return fe_fail(err, FERRY_E_NOMEM, "out of memory for the expert cache");
@@ -115,6 +127,7 @@ ferry_status fe_ecache_new(ferry_engine *e, const fe_ecache_config *cfg, fe_ecac
                        e->opts.n_usage_counts, hp->n_layers * hp->n_experts);
     }
     c->lookahead = !(cfg->flags & (FERRY_NO_LOOKAHEAD | FERRY_NO_OVERLAP));
+    c->precision = LOOKAHEAD_PRIOR;
     ferry_status st = open_record_fds(c, err);
     if (!st && !(c->io = fe_io_new(cfg->n_readers > 0 ? cfg->n_readers : 1)))
         st = fe_fail(err, FERRY_E_NOMEM, "cannot start reader threads");
@@ -153,6 +166,7 @@ void fe_ecache_free(fe_ecache *c) {
     free(c->record_fd);
     free(c->predicted);
     free(c->n_predicted);
+    free(c->predicted_cold);
     free(c);
 }
 
@@ -204,10 +218,15 @@ static ferry_status finish_read(ferry_session *s, int slot, int layer, int exper
     return fe_bank_check_record(b, (uint32_t)expert, c->slot_buf[slot], c->cfg.verify_reads, err);
 }
 
-/* A slot is being given to another key: account a lookahead that was never used. */
+/* A slot is being given to another key: a read still queued into it is taken
+ * back, one already running is waited for (as a stall); a lookahead that was
+ * never used is accounted. */
 static void reuse_slot(ferry_session *s, int slot) {
     fe_ecache *c = s->e->cache;
+    if (c->slot_job[slot].buf && fe_io_cancel(c->io, &c->slot_job[slot])) c->slot_job[slot].buf = NULL;
+    double t0 = fe_now();
     quiesce(c, slot);
+    s->stats.stall_seconds += fe_now() - t0;
     if (c->slot_prefetched[slot]) s->stats.prefetch_wasted++;
     c->slot_prefetched[slot] = 0;
     c->slot_valid[slot] = 0;
@@ -219,10 +238,17 @@ static void score_lookahead(ferry_session *s, int layer, const int *ids, int n) 
     fe_ecache *c = s->e->cache;
     int k = s->e->c.hp.top_k, np = c->n_predicted[layer];
     if (!np) return;
+    int correct = 0, cold = 0, cold_correct = 0;
+    for (int i = 0; i < np; i++) {
+        int chosen = 0;
+        for (int j = 0; j < n && !chosen; j++) chosen = c->predicted[layer * k + i] == ids[j];
+        correct += chosen;
+        cold += c->predicted_cold[layer * k + i];
+        cold_correct += chosen && c->predicted_cold[layer * k + i];
+    }
     s->stats.lookahead_predicted += (uint64_t)np;
-    for (int i = 0; i < np; i++)
-        for (int j = 0; j < n; j++)
-            if (c->predicted[layer * k + i] == ids[j]) { s->stats.lookahead_correct++; break; }
+    s->stats.lookahead_correct += (uint64_t)correct;
+    if (cold) c->precision = LOOKAHEAD_DECAY * c->precision + (1.0 - LOOKAHEAD_DECAY) * cold_correct / cold;
     c->n_predicted[layer] = 0;
 }
 
@@ -334,6 +360,11 @@ void fe_experts_prefetch(ferry_session *s, int layer, const int *ids, int n) {
     int keep = n < k ? n : k;
     memcpy(c->predicted + layer * k, ids, (size_t)keep * sizeof(int));
     c->n_predicted[layer] = keep;
+    for (int i = 0; i < keep; i++) {
+        int slot = fe_cache_policy_lookup(c->policy, layer, ids[i]);
+        c->predicted_cold[layer * k + i] = slot < 0;
+    }
+    if (c->precision < LOOKAHEAD_MIN) return; /* predictions are scored, not read */
     for (int i = 0; i < n; i++) {
         int already = 0;
         int slot = fe_cache_policy_prefetch(c->policy, layer, ids[i], &already);

@@ -64,13 +64,35 @@ def test_chunked_prefill_reads_each_distinct_expert_once(moe_model):
     assert chunked.expert_reads <= 6 * 32 < stepwise.expert_reads == 32 * 6 * 4
 
 
+@pytest.fixture(scope="module")
+def correlated_model(tmp_path_factory):
+    """The same shape with one router shared by every layer, so routing is
+    predictable across layers (as the lookahead needs; random routers are not)."""
+    root = tmp_path_factory.mktemp("correlated")
+    ckpt = make(parse(["--out", str(root / "ckpt"), "--layers", "6", "--experts", "32", "--top-k", "4",
+                       "--same-router"]))
+    return convert(ckpt, root / "moe.ferry")
+
+
+def test_lookahead_reads_only_while_its_guesses_pay(moe_model, correlated_model):
+    """Random routers: the lookahead keeps scoring its predictions but stops
+    reading them. Correlated routing: it reads them and they are used."""
+    _, random_st, _ = run(moe_model, cache_slots=48)
+    assert random_st.prefetch_issued < 0.25 * random_st.lookahead_predicted
+    reference, _, _ = run(correlated_model, cache=False, lookahead=False)
+    logits, st, _ = run(correlated_model, cache_slots=24)
+    assert np.array_equal(logits, reference)
+    assert st.lookahead_correct / st.lookahead_predicted > 0.5
+    assert st.prefetch_used > 0 and st.prefetch_used >= st.prefetch_wasted
+
+
 def test_cache_hits_and_lookahead_are_reported(moe_model):
     _, st, info = run(moe_model, cache_slots=48)
     assert info.cache_slots == 48
     assert st.hits > 0 and st.misses > 0 and st.decode_hits + st.decode_misses == 16 * 6 * 4
     assert st.lookahead_predicted == 16 * 5 * 4  # every decode step, every MoE layer but the first
     assert 0 < st.lookahead_correct <= st.lookahead_predicted
-    assert st.prefetch_issued >= st.prefetch_used > 0
+    assert st.prefetch_issued >= st.prefetch_used + st.prefetch_wasted
     assert st.bytes_read == st.expert_reads * info.expert_bytes
 
 
