@@ -249,6 +249,26 @@ def cmd_render_chat(args) -> int:
     return 0
 
 
+def cmd_serve(args) -> int:
+    import os
+
+    from app.server import Limits, Server, ServeError, check_binding
+
+    key = args.api_key or os.environ.get("FERRY_API_KEY") or None
+    try:
+        warning = check_binding(args.host, key)
+    except ServeError as exc:
+        raise UsageError(str(exc)) from None
+    model = _open(args)
+    server = Server(model, model.new_session(args.ctx), host=args.host, port=args.port, api_key=key,
+                    limits=Limits(max_tokens=args.max_tokens, max_waiting=args.queue))
+    if warning:
+        print(f"ferry: {warning}", file=sys.stderr)
+    print(f"ferry: serving {server.model_id} at {server.url} (Ctrl-C stops)", flush=True)
+    server.run()
+    return 0
+
+
 def cmd_cache_sim(argv: Sequence[str]) -> int:
     from app.engine.cachesim import main as cachesim_main
 
@@ -332,7 +352,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("request")
     p.set_defaults(fn=cmd_render_chat)
 
+    p = sub.add_parser("serve", help="an OpenAI-compatible API on the model (docs/SERVER.md)")
+    _add_model_options(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; any other "
+                   "needs an API key)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
+    p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (or set FERRY_API_KEY)")
+    p.add_argument("--max-tokens", type=int, default=2048, help="the most tokens one answer may ask for")
+    p.add_argument("--queue", type=int, default=32, help="requests that may wait for the engine")
+    p.set_defaults(fn=cmd_serve)
+
     sub.add_parser("cache-sim", help="simulate the expert cache on a routing trace", add_help=False)
+    sub.add_parser("docs", help="ask about your own documents: add, search, ask (see `ferry docs -h`)", add_help=False)
     return ap
 
 
@@ -341,6 +372,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if argv[:1] == ["cache-sim"]:
             return cmd_cache_sim(argv[1:])
+        if argv[:1] == ["docs"]:
+            from app.documents.cli import main as documents_main
+            return documents_main(argv[1:])
         if argv[:1] == ["plan"] and any(a == "--config" or a.startswith("--config=") for a in argv):
             from app.plan_config import main as plan_config_main
 

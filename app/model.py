@@ -19,7 +19,7 @@ import numpy as np
 from app.chat.hf_tokenizer import HFTokenizer
 from app.chat.segments import Segment
 from app.chat.template import ChatTemplate
-from app.engine.binding import Cancelled, Engine, Session, Stats
+from app.engine.binding import Cancelled, Engine, FerryError, Session, Stats
 from app.sampling import Sampler, SamplingParams
 
 #: Tokens evaluated per call while processing a prompt (progress granularity).
@@ -214,9 +214,20 @@ class LoadedModel:
         out: list[int] = []
         try:
             logits = None
-            for i in range(0, len(todo), PROMPT_STEP):
-                logits = session.eval(todo[i:i + PROMPT_STEP])
-                yield PromptProgress(min(i + PROMPT_STEP, len(todo)), len(todo))
+            i = 0
+            while i < len(todo):
+                try:
+                    logits = session.eval(todo[i:i + PROMPT_STEP])
+                except FerryError as exc:
+                    # A recurrent state (KDA) cannot rewind to a shorter prefix:
+                    # the core says so, and the prompt is evaluated from the start.
+                    if exc.code != "FERRY_E_UNSUPPORTED" or i > 0 or kept == 0:
+                        raise
+                    session.reset()
+                    kept, todo = 0, prompt
+                    continue
+                i += PROMPT_STEP
+                yield PromptProgress(min(i, len(todo)), len(todo))
             reason = "length"
             for _ in range(max_tokens):
                 tok = sampler(logits)

@@ -170,3 +170,24 @@ def test_loaded_model_speaks_the_k3_chat_format(k3):
         StreamParser(dialect=dialect, initial_channel=channel)  # the GUI builds its parser this way
     finally:
         model.close()
+
+
+def test_an_edited_conversation_starts_over_on_a_recurrent_model(k3):
+    """KDA state cannot rewind: when a follow-up shares only part of what the
+    session holds, generation evaluates the prompt again from the start and
+    gives the same answer as a fresh session."""
+    from app.model import LoadedModel, run_to_end
+
+    _, out = k3
+    model = LoadedModel(out, threads=2)
+    try:
+        session = model.new_session(128)
+        first = model.encode_chat([{"role": "user", "content": "one two three"}])
+        run_to_end(model.generate(session, first, max_tokens=3))
+        edited = model.encode_chat([{"role": "user", "content": "one two four"}])
+        again = run_to_end(model.generate(session, edited, max_tokens=3))
+        fresh = run_to_end(model.generate(model.new_session(128), edited, max_tokens=3))
+        assert again.error is None and again.tokens == fresh.tokens
+        assert again.reused_tokens == 0 and again.prompt_tokens == len(edited)
+    finally:
+        model.close()

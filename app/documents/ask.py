@@ -1,0 +1,167 @@
+"""Ask a question about a collection: retrieve, build the prompt, reuse the
+document prefix's saved state, generate, and cite.
+
+Citations: the model is asked to write ``[n]`` after each fact. Markers it
+writes for passages it was given are kept ("model"). A sentence of the
+answer without a marker that shares most of its words with one passage gets
+that passage's marker appended ("match"; small models rarely cite by
+themselves). Each citation carries the file, page, heading, offsets and the
+exact passage text.
+"""
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Iterator
+
+from app.documents.index import word_terms
+from app.documents.prompt import DocPrompt, Passage, build_prompt
+from app.documents.states import StateCache, StateError, model_fingerprint
+from app.documents.store import DocumentStore
+from app.model import PROMPT_STEP, Finished, LoadedModel, PromptProgress, Token
+from app.sampling import SamplingParams
+
+_MARKER = re.compile(r"\[(\d{1,3}(?:\s*,\s*\d{1,3})*)\]")
+
+
+@dataclass
+class Citation:
+    n: int
+    file: str
+    path: str
+    page: int | None
+    heading: str
+    start: int
+    end: int
+    passage: str
+    file_id: int
+    chunk_id: int
+    source: str = "model"    #: "model" (the model wrote the marker) or "match" (added by word overlap)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Answer:
+    text: str                      #: the answer with its citation markers
+    model_text: str                #: what the model wrote
+    citations: list[Citation]
+    passages: list[Citation]       #: every passage the model was given
+    reason: str
+    prompt_tokens: int             #: tokens evaluated for this answer (prefix and question)
+    reused_tokens: int
+    prefix_state: str              #: "restored", "saved", "held", "refused: ...", "off"
+    passage_tokens: int
+    budget: int
+    whole_collection: bool
+    seconds: float
+    tokens: list[int] = field(default_factory=list)
+    error: str | None = None
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["citations"] = [c.as_dict() for c in self.citations]
+        d["passages"] = [c.as_dict() for c in self.passages]
+        return d
+
+
+def _citation(p: Passage, source: str = "model") -> Citation:
+    c = p.chunk
+    return Citation(p.n, c.file_name, c.path, c.page, c.heading, c.start, c.end, c.text, c.file_id, c.id, source)
+
+
+def cite(text: str, passages: list[Passage]) -> tuple[str, list[Citation]]:
+    """The answer with markers, and the passages it cites in order of first mention."""
+    by_n = {p.n: p for p in passages}
+    order: dict[int, str] = {}
+    out = []
+    pieces = re.split(r"(?<=[.!?])(\s+)", text)
+    terms = {p.n: set(word_terms(p.chunk.text)) for p in passages}
+    for piece in pieces:
+        if not piece.strip():
+            out.append(piece)
+            continue
+        marks = [int(n) for m in _MARKER.finditer(piece) for n in m.group(1).split(",") if int(n) in by_n]
+        for n in marks:
+            order.setdefault(n, "model")
+        if not marks and passages:
+            words = set(word_terms(piece))
+            if len(words) >= 2:
+                best, n = max((len(words & terms[p.n]), p.n) for p in passages)
+                if best >= 2 and best >= 0.5 * len(words):
+                    order.setdefault(n, "match")
+                    m = re.search(r"[.!?]*\s*$", piece)
+                    piece = piece[:m.start()] + f" [{n}]" + piece[m.start():]
+        out.append(piece)
+    return "".join(out), [_citation(by_n[n], src) for n, src in order.items()]
+
+
+class DocumentChat:
+    """Questions about collections on one model and session (reused across questions)."""
+
+    def __init__(self, model: LoadedModel, store: DocumentStore, *, states: StateCache | None = None,
+                 n_ctx: int = 0):
+        self.model = model
+        self.store = store
+        self.states = states
+        self.session = model.new_session(n_ctx)
+        self.fingerprint = model_fingerprint(model.path)
+
+    def prompt(self, collection: str, question: str, budget: int | None = None, mode: str = "hybrid") -> DocPrompt:
+        coll = self.store.collection(collection)
+        budget = int(budget or coll.budget)
+        return build_prompt(self.model, self.store.index(collection), question, budget, mode=mode)
+
+    def ask(self, collection: str, question: str, *, budget: int | None = None, params: SamplingParams | None = None,
+            max_tokens: int = 256, mode: str = "hybrid") -> Iterator[PromptProgress | Token | Answer]:
+        t0 = time.monotonic()
+        dp = self.prompt(collection, question, budget, mode)
+        session = self.session
+        state = "off"
+        evaluated = 0
+        if dp.prefix_ids is not None and self.states is not None:
+            prefix = dp.prefix_ids
+            if session.tokens[:len(prefix)] == prefix:
+                state = "held"
+            else:
+                try:
+                    restored = self.states.restore(session, self.fingerprint, prefix)
+                except StateError as exc:
+                    restored = False
+                    state = f"refused: {exc}"
+                if restored:
+                    state = "restored"
+                else:
+                    kept = session.sync(prefix)
+                    todo = prefix[kept:]
+                    total = len(dp.ids) - kept
+                    for i in range(0, len(todo), PROMPT_STEP):
+                        session.eval(todo[i:i + PROMPT_STEP])
+                        yield PromptProgress(min(i + PROMPT_STEP, len(todo)), total)
+                    evaluated = len(todo)
+                    self.states.save(self.fingerprint, session.export_state())
+                    if not state.startswith("refused"):
+                        state = "saved"
+        end: Finished | None = None
+        offset = evaluated
+        for ev in self.model.generate(session, dp.ids, params or SamplingParams(), max_tokens=max_tokens):
+            if isinstance(ev, PromptProgress):
+                yield PromptProgress(offset + ev.done, offset + ev.total)
+            elif isinstance(ev, Token):
+                yield ev
+            elif isinstance(ev, Finished):
+                end = ev
+        assert end is not None
+        text, citations = cite(end.text, dp.passages)
+        yield Answer(text=text, model_text=end.text, citations=citations,
+                     passages=[_citation(p) for p in dp.passages], reason=end.reason,
+                     prompt_tokens=evaluated + end.prompt_tokens,
+                     reused_tokens=len(dp.ids) - evaluated - end.prompt_tokens,
+                     prefix_state=state, passage_tokens=dp.passage_tokens, budget=dp.budget,
+                     whole_collection=dp.whole_collection, seconds=time.monotonic() - t0, tokens=end.tokens,
+                     error=end.error)
+
+    def close(self) -> None:
+        self.session.close()

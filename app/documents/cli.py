@@ -1,0 +1,237 @@
+"""``ferry docs``: private documents from the command line.
+
+    ferry docs add COLLECTION PATH...                  read and index files and folders
+    ferry docs search COLLECTION QUESTION [-k N] [--json] [--mode hybrid|bm25|ngram]
+    ferry docs ask MODEL COLLECTION QUESTION [--json] [--context-tokens N] [-n N]
+    ferry docs list [COLLECTION] [--json]
+    ferry docs remove COLLECTION [PATH...]
+    ferry docs budget COLLECTION TOKENS
+
+The store is the history's (encrypted with the key in the OS keychain).
+Where there is no keychain, or the history was made with a passphrase, the
+passphrase is read from the terminal, or from ``FERRY_PASSPHRASE`` when
+there is no terminal (for scripts).
+"""
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from app.store.crypto import KeychainKeys, KeyUnavailable, PassphraseKeys, WrongKey, keychain_problem
+from app.store.history import default_path, stored_key_kind
+
+
+def key_provider(db_path: Path):
+    kind = stored_key_kind(db_path)
+    if kind == "ephemeral":
+        raise KeyUnavailable("this history was made with a throw-away key and cannot be opened")
+    passphrase = os.environ.get("FERRY_PASSPHRASE")
+    if kind == "passphrase" or (kind is None and keychain_problem() is not None):
+        if not passphrase:
+            if not sys.stdin.isatty():
+                why = "the history is protected by a passphrase" if kind == "passphrase" else keychain_problem()
+                raise KeyUnavailable(f"{why}; set FERRY_PASSPHRASE or run from a terminal")
+            passphrase = getpass.getpass("Ferry passphrase: ")
+        return PassphraseKeys(passphrase)
+    return KeychainKeys()
+
+
+def open_store():
+    from app.documents.store import DocumentStore
+
+    path = default_path()
+    return DocumentStore(path, key_provider(path))
+
+
+def _progress(p) -> None:
+    if p.stage == "failed":
+        print(f"  skipped {p.path.name}: {p.message}", file=sys.stderr, flush=True)
+    elif p.stage in ("indexed", "unchanged"):
+        extra = f" ({p.message})" if p.message else ""
+        print(f"  [{p.done}/{p.total}] {p.stage} {p.path.name}{extra}", file=sys.stderr, flush=True)
+
+
+def cmd_add(args) -> int:
+    with open_store() as store:
+        report = store.add(args.collection, args.paths, progress=None if args.json else _progress)
+    if args.json:
+        print(json.dumps(report.as_dict(), indent=1, ensure_ascii=False))
+    else:
+        print(f"{args.collection}: {len(report.added)} added ({report.chunks} passages), "
+              f"{len(report.unchanged)} unchanged, {len(report.failed)} skipped, {report.seconds:.1f} s")
+        for p, why in report.failed:
+            print(f"  skipped {p}: {why}")
+    return 1 if report.failed else 0
+
+
+def _hit_dict(rank: int, h) -> dict:
+    c = h.chunk
+    return {"rank": rank, "score": round(h.score, 6), "bm25": round(h.bm25, 6), "ngram": round(h.ngram, 6),
+            "file": c.file_name, "path": c.path, "page": c.page, "heading": c.heading, "start": c.start,
+            "end": c.end, "text": c.text, "chunk_id": c.id, "file_id": c.file_id}
+
+
+def cmd_search(args) -> int:
+    from app.documents.retrieve import search
+
+    with open_store() as store:
+        hits = search(store.index(args.collection), args.question, k=args.k, mode=args.mode)
+    rows = [_hit_dict(i + 1, h) for i, h in enumerate(hits)]
+    if args.json:
+        print(json.dumps({"collection": args.collection, "question": args.question, "mode": args.mode,
+                          "results": rows}, indent=1, ensure_ascii=False))
+    else:
+        for r in rows:
+            where = r["file"] + (f", page {r['page']}" if r["page"] is not None else "")
+            print(f"{r['rank']}. {where}  ({r['score']:.3f})\n   {r['text'][:300]}")
+    return 0
+
+
+def cmd_ask(args) -> int:
+    from app.cli import _open
+    from app.documents.ask import Answer, DocumentChat
+    from app.documents.states import StateCache
+    from app.model import Token
+    from app.sampling import SamplingParams
+
+    with open_store() as store:
+        store.collection(args.collection)      # fail before loading the model
+        model = _open(args)
+        chat = DocumentChat(model, store, states=StateCache(store.keys.states), n_ctx=args.ctx)
+        answer = None
+        params = SamplingParams(temperature=args.temp, seed=args.seed)
+        for ev in chat.ask(args.collection, args.question, budget=args.context_tokens, params=params,
+                           max_tokens=args.n, mode=args.mode):
+            if isinstance(ev, Token) and not args.json:
+                print(ev.text, end="", flush=True)
+            elif isinstance(ev, Answer):
+                answer = ev
+        chat.close()
+        model.close()
+    assert answer is not None
+    if args.json:
+        print(json.dumps(answer.as_dict(), indent=1, ensure_ascii=False))
+    else:
+        print()
+        if answer.text != answer.model_text:
+            print(f"\n{answer.text}")
+        print()
+        for c in answer.citations or answer.passages[:3]:
+            where = c.file + (f", page {c.page}" if c.page is not None else "")
+            print(f"[{c.n}] {where}: {c.passage[:200]}")
+        print(f"  [{answer.prompt_tokens} prompt tokens evaluated, {answer.reused_tokens} reused; "
+              f"prefix {answer.prefix_state}]", file=sys.stderr)
+    if answer.error:
+        print(f"ferry: error: {answer.error}", file=sys.stderr)
+    return 1 if answer.reason == "error" else 0
+
+
+def cmd_list(args) -> int:
+    with open_store() as store:
+        if args.collection:
+            files = store.files(args.collection)
+            doc = [f.__dict__ for f in files]
+        else:
+            doc = [c.__dict__ for c in store.collections()]
+    if args.json:
+        print(json.dumps(doc, indent=1, ensure_ascii=False))
+    elif args.collection:
+        for f in doc:
+            print(f"{f['name']}  {f['kind']}, {f['pages']} page(s), {f['chunks']} passages  {f['path']}")
+    else:
+        for c in doc:
+            print(f"{c['name']}  {c['files']} files, {c['chunks']} passages, budget {c['budget']} tokens")
+    return 0
+
+
+def cmd_remove(args) -> int:
+    with open_store() as store:
+        if not args.paths:
+            store.delete_collection(args.collection)
+            print(f"removed the collection {args.collection}")
+            return 0
+        missing = [p for p in args.paths if not store.remove_file(args.collection, p)]
+    for p in missing:
+        print(f"ferry: {p} is not in {args.collection}", file=sys.stderr)
+    return 1 if missing else 0
+
+
+def cmd_budget(args) -> int:
+    with open_store() as store:
+        store.set_budget(args.collection, args.tokens)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from app.cli import _add_model_options
+
+    ap = argparse.ArgumentParser(prog="ferry docs", description="Ask about your own documents, offline.")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("add", help="read and index files and folders into a collection")
+    p.add_argument("collection")
+    p.add_argument("paths", nargs="+")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_add)
+
+    p = sub.add_parser("search", help="the passages that best match a question")
+    p.add_argument("collection")
+    p.add_argument("question")
+    p.add_argument("-k", type=int, default=5)
+    p.add_argument("--mode", choices=("hybrid", "bm25", "ngram"), default="hybrid")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_search)
+
+    p = sub.add_parser("ask", help="answer a question from a collection, with citations")
+    _add_model_options(p)
+    p.add_argument("collection")
+    p.add_argument("question")
+    p.add_argument("--context-tokens", type=int, default=None,
+                   help="token budget for passages (default: the collection's, 1024 unless set)")
+    p.add_argument("-n", type=int, default=256, help="most tokens to generate")
+    p.add_argument("--temp", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--mode", choices=("hybrid", "bm25", "ngram"), default="hybrid")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_ask)
+
+    p = sub.add_parser("list", help="collections, or the files of one")
+    p.add_argument("collection", nargs="?")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_list)
+
+    p = sub.add_parser("remove", help="remove files from a collection, or the whole collection")
+    p.add_argument("collection")
+    p.add_argument("paths", nargs="*")
+    p.set_defaults(fn=cmd_remove)
+
+    p = sub.add_parser("budget", help="set a collection's token budget for passages")
+    p.add_argument("collection")
+    p.add_argument("tokens", type=int)
+    p.set_defaults(fn=cmd_budget)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from app.documents.states import StateError
+    from app.documents.store import DocumentError
+    from app.engine.binding import FerryError
+    from app.model import ModelError
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except (KeyUnavailable, WrongKey, DocumentError, StateError, FerryError, ModelError, ValueError,
+            OSError) as exc:
+        print(f"ferry: error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

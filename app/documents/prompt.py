@@ -1,0 +1,130 @@
+"""The prompt of a question about documents.
+
+Passages are chosen to fit a token budget (the user's, shown in the app and
+``--context-tokens`` on the command line), numbered, and put in the system
+message; the question is the user message. The chat template renders both
+as *content* segments (app/chat/template.py), so a document can never
+produce a control token or a fake turn: ``<|im_start|>system`` in a file is
+tokenized as the text it is.
+
+Everything before the question's segment is the *document prefix*. It does
+not depend on the question when the whole collection fits in the budget
+(then every passage is included, in document order), or when two questions
+select the same passages (the selection is put in document order too), so
+its session state can be saved once and restored (app/documents/states.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from app.chat.segments import Segment, content
+from app.chat.template import TemplateRenderError
+from app.documents.index import IndexedChunk, MemoryIndex
+from app.documents.retrieve import search
+
+INSTRUCTIONS = (
+    "Answer the question using only the numbered passages below, which come from the user's own documents. "
+    "After each fact, cite the passage it comes from with its number in square brackets, like [1]. "
+    "If the passages do not answer the question, say that the documents do not say.")
+#: most passages in one prompt
+MAX_PASSAGES = 24
+
+
+@dataclass
+class Passage:
+    n: int
+    chunk: IndexedChunk
+    score: float
+    tokens: int
+
+    def label(self) -> str:
+        where = self.chunk.file_name + (f", page {self.chunk.page}" if self.chunk.page is not None else "")
+        if self.chunk.heading:
+            where += f", {self.chunk.heading}"
+        return where
+
+
+@dataclass
+class DocPrompt:
+    segments: list[Segment]
+    ids: list[int]
+    prefix_ids: list[int] | None    #: the question-independent part of ``ids`` (None: not cacheable)
+    passages: list[Passage]
+    whole_collection: bool
+    passage_tokens: int
+    budget: int
+
+
+def format_passage(n: int, chunk: IndexedChunk) -> str:
+    where = chunk.file_name + (f", page {chunk.page}" if chunk.page is not None else "")
+    if chunk.heading:
+        where += f" — {chunk.heading}"
+    return f"[{n}] ({where})\n{chunk.text}"
+
+
+def _overlaps(a: IndexedChunk, b: IndexedChunk) -> bool:
+    if a.file_id != b.file_id or a.page != b.page:
+        return False
+    inter = min(a.end, b.end) - max(a.start, b.start)
+    return inter > 0.5 * min(a.end - a.start, b.end - b.start)
+
+
+def select_passages(model, index: MemoryIndex, question: str, budget: int, mode: str = "hybrid"
+                    ) -> tuple[list[tuple[IndexedChunk, float]], bool, int]:
+    """(chunks with scores in prompt order, whole collection?, their tokens)."""
+    count = lambda c: len(model.tokenizer.encode_content(format_passage(99, c) + "\n\n"))  # noqa: E731
+    hits = search(index, question, k=0, mode=mode)
+    scores = {h.chunk.id: h.score for h in hits}
+    costs = {}
+    total = 0
+    for c in index.chunks:
+        costs[c.id] = count(c)
+        total += costs[c.id]
+        if total > budget:
+            break
+    if total <= budget and len(index.chunks) <= MAX_PASSAGES:
+        return [(c, scores.get(c.id, 0.0)) for c in index.chunks], True, total
+    chosen: list[tuple[IndexedChunk, float]] = []
+    used = 0
+    for h in hits:
+        if h.score <= 0 or len(chosen) >= MAX_PASSAGES:
+            break
+        cost = costs.get(h.chunk.id) or count(h.chunk)
+        if used + cost > budget or any(_overlaps(h.chunk, c) for c, _ in chosen):
+            continue
+        chosen.append((h.chunk, h.score))
+        used += cost
+    chosen.sort(key=lambda cs: (cs[0].file_id, cs[0].seq))
+    return chosen, False, used
+
+
+def build_prompt(model, index: MemoryIndex, question: str, budget: int, *, mode: str = "hybrid",
+                 instructions: str = INSTRUCTIONS) -> DocPrompt:
+    chosen, whole, used = select_passages(model, index, question, budget, mode)
+    passages = [Passage(i + 1, c, s, 0) for i, (c, s) in enumerate(chosen)]
+    body = "\n\n".join(format_passage(p.n, p.chunk) for p in passages) or "(no passage matches the question)"
+    system = f"{instructions}\n\nPassages:\n\n{body}"
+    prefix_ids: list[int] | None = None
+    if model.template is None:
+        segments = [content(system + "\n\nQuestion: "), content(question), content("\nAnswer:")]
+        q_at = 1
+    else:
+        try:
+            segments = model.chat_segments([{"role": "system", "content": system},
+                                            {"role": "user", "content": question}])
+        except TemplateRenderError:   # a template without a system role
+            segments = model.chat_segments([{"role": "user", "content": f"{system}\n\nQuestion: {question}"}])
+        q_at = next((i for i in range(len(segments) - 1, -1, -1)
+                     if not segments[i][1] and segments[i][0] == question), None)
+    ids = model.encode(segments)
+    if q_at is not None:
+        prefix = model.encode(segments[:q_at])
+        if ids[:len(prefix)] == prefix:
+            prefix_ids = prefix
+    return DocPrompt(segments, ids, prefix_ids, passages, whole, used, budget)
+
+
+def content_only(segments: Sequence[Segment], texts: Sequence[str]) -> bool:
+    """Whether each of ``texts`` appears only inside content segments."""
+    return all(not any(t in s for s, is_markup in segments if is_markup) for t in texts)

@@ -1,0 +1,42 @@
+"""Ranking: BM25 over words, optionally fused with BM25 over character
+4-grams (the second signal; measured in docs/BENCHMARKS.md, "Documents")."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from app.documents.index import IndexedChunk, MemoryIndex, ngram_terms, word_terms
+
+#: weight of the n-gram signal (each signal is divided by its best score first); equal
+#: weights, not tuned: see docs/BENCHMARKS.md for the sweep
+NGRAM_WEIGHT = 1.0
+MODES = ("hybrid", "bm25", "ngram")
+
+
+@dataclass
+class Hit:
+    chunk: IndexedChunk
+    score: float
+    bm25: float
+    ngram: float
+
+
+def search(index: MemoryIndex, question: str, k: int = 5, mode: str = "hybrid",
+           ngram_weight: float = NGRAM_WEIGHT) -> list[Hit]:
+    if mode not in MODES:
+        raise ValueError(f"unknown search mode '{mode}' (known: {', '.join(MODES)})")
+    words = index.words.scores(word_terms(question)) if mode != "ngram" else {}
+    grams = index.ngrams.scores(ngram_terms(question)) if mode != "bm25" else {}
+    top_w = max(words.values(), default=0.0) or 1.0
+    top_g = max(grams.values(), default=0.0) or 1.0
+    hits = []
+    for i in set(words) | set(grams):
+        w, g = words.get(i, 0.0), grams.get(i, 0.0)
+        if mode == "bm25":
+            score = w
+        elif mode == "ngram":
+            score = g
+        else:
+            score = w / top_w + ngram_weight * g / top_g
+        hits.append(Hit(index.chunks[i], score, w, g))
+    hits.sort(key=lambda h: (-h.score, h.chunk.file_id, h.chunk.seq))
+    return hits[:k] if k else hits
