@@ -131,6 +131,23 @@ void fe_io_promote(fe_io *io, fe_io_job *job) {
     pthread_mutex_unlock(&io->mu);
 }
 
+int fe_io_cancel(fe_io *io, fe_io_job *job) {
+    pthread_mutex_lock(&io->mu);
+    fe_io_job *prev = NULL;
+    int taken = 0;
+    for (fe_io_job *j = io->head; j; prev = j, j = j->next) {
+        if (j != job) continue;
+        if (prev) prev->next = j->next;
+        else io->head = j->next;
+        if (io->tail == j) io->tail = prev;
+        if (io->last_urgent == j) io->last_urgent = j->urgent && prev && prev->urgent ? prev : NULL;
+        taken = 1;
+        break;
+    }
+    pthread_mutex_unlock(&io->mu);
+    return taken;
+}
+
 void fe_io_wait(fe_io *io, fe_io_job *job) {
     pthread_mutex_lock(&io->mu);
     while (!job->done) pthread_cond_wait(&io->finished, &io->mu);

@@ -39,6 +39,9 @@ void fe_io_submit(fe_io *io, fe_io_job *job, int urgent);
 /* Make a queued non-urgent job urgent (the compute now needs it); no effect
  * once a reader has taken it. */
 void fe_io_promote(fe_io *io, fe_io_job *job);
+/* Take a job back if no reader has started it; returns 1 if it was taken
+ * back (it will not run), 0 if it is running or done (wait for it). */
+int fe_io_cancel(fe_io *io, fe_io_job *job);
 /* Block until the job is done. */
 void fe_io_wait(fe_io *io, fe_io_job *job);
 /* Block until any job completes after this call's snapshot; returns at once
