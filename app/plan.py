@@ -62,3 +62,18 @@ def describe(plan: Plan, budget: int | None = None) -> str:
         verdict = "runs" if budget >= plan.floor else "is below the floor and will be refused"
         lines.append(f"a budget of {gib(budget)} {verdict}")
     return "\n".join(lines)
+
+
+def plan_source(src, layout, tokenizer: dict, n_ctx: int = 4096, memory: MachineMemory | None = None) -> Plan:
+    """The plan of the container a source *will* become, before converting: the
+    C core plans a skeleton of it (the real manifest and bank headers, sparse
+    files), so the floor and the recommendation are the ones `ferry plan` will
+    print for the finished container."""
+    import tempfile
+    from pathlib import Path
+
+    from app.convert.convert import write_skeleton
+
+    with tempfile.TemporaryDirectory(prefix="ferry-plan-") as tmp:
+        root = write_skeleton(src, layout, tokenizer, Path(tmp) / "plan.ferry")
+        return plan_container(root, min(n_ctx, int(layout.model.get("max_ctx", n_ctx))), memory)

@@ -157,6 +157,7 @@ class MainWindow(QMainWindow):
         self.stack = QStackedWidget()
         self.welcome = WelcomePage()
         self.welcome.model_ready.connect(self.load_model)
+        self.welcome.convert_requested.connect(self.open_wizard)
         self.stack.addWidget(self.welcome)
         chat_page = QWidget()
         pl = QVBoxLayout(chat_page)
@@ -229,6 +230,10 @@ class MainWindow(QMainWindow):
         split.setStretchFactor(2, 0)
         split.setSizes([240, 640, 320])
         self.setCentralWidget(split)
+        model_menu = self.menuBar().addMenu("&Model")
+        self.convert_action = model_menu.addAction("Convert a model…", self.open_wizard)
+        self.convert_action.setShortcut(QKeySequence("Ctrl+Shift+N"))
+        self.wizard = None
         self.statusBar().addPermanentWidget(self.model_label)
         self.statusBar().showMessage("Ready")
 
@@ -283,17 +288,43 @@ class MainWindow(QMainWindow):
                                      "context_length": s.context_length})
 
     def open_default_model(self) -> bool:
-        """Open the last model or the first one found; False shows the welcome page."""
+        """Open the last model or the first one found; False shows the welcome page
+        and, on a first run, the conversion wizard. An unfinished conversion
+        opens the wizard too, which offers to resume it."""
+        from app.ui.wizard import pending
+
+        unfinished = pending.load() is not None
         last = Path(self.settings.model_path) if self.settings.model_path else None
-        if last and (last / "manifest.json").exists():
-            self.load_model(last)
-            return True
-        models = find_models(self.settings)
+        models = [last] if last and (last / "manifest.json").exists() else find_models(self.settings)
         if models:
             self.load_model(models[0])
+            if unfinished:
+                QTimer.singleShot(0, self.open_wizard)
             return True
         self.stack.setCurrentWidget(self.welcome)
+        QTimer.singleShot(0, self.open_wizard)
         return False
+
+    def open_wizard(self):
+        """The conversion wizard (Model → Convert a model…); at its end the new model opens."""
+        from shiboken6 import isValid
+
+        from app.ui.wizard import ConvertWizard
+
+        if self.wizard is not None and isValid(self.wizard) and self.wizard.isVisible():
+            self.wizard.raise_()
+            return self.wizard
+        wiz = ConvertWizard(self)
+        wiz.model_ready.connect(self._wizard_model_ready)
+        self.wizard = wiz
+        wiz.show()
+        return wiz
+
+    def _wizard_model_ready(self, path: str, budget: int) -> None:
+        if budget != self.settings.ram_budget:
+            self.settings.ram_budget = budget
+            self._save_settings()
+        self.load_model(path)
 
     def _on_loaded(self, info: dict) -> None:
         info = {**info, "name": display_name(info["name"])}
@@ -583,6 +614,10 @@ class MainWindow(QMainWindow):
         if self.chat.busy:
             self.worker.stop(self.gen_id)
             self.chat.finish("cancelled")
+        if self.wizard is not None:
+            from shiboken6 import isValid
+            if isValid(self.wizard):
+                self.wizard.shutdown()
         self.worker.close()
 
     def closeEvent(self, event) -> None:

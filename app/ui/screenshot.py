@@ -1,8 +1,11 @@
 """``--screenshot DIR``: drive the real window through its main states on a
-real model and save one PNG per state. Used for the docs and by a test."""
+real model and save one PNG per state, then the conversion wizard's pages on
+the demo model (converted into a temporary folder). Used for the docs and by
+a test."""
 from __future__ import annotations
 
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -91,6 +94,74 @@ class ScreenshotRun(QObject):
     def _settings(self, dialog) -> None:
         self._grab("06-settings", dialog)
         dialog.reject()
+        QTimer.singleShot(100, self._wizard_start)
+
+    # ---- the conversion wizard, on the demo model, into a throw-away folder
+
+    def _wizard_start(self) -> None:
+        from app.ui.wizard import ConvertWizard
+
+        self._tmp = tempfile.TemporaryDirectory(prefix="ferry-shot-convert-")
+        self.wiz = ConvertWizard(self.w, remember=False)
+        self.wiz.show()
+        QTimer.singleShot(300, self._wizard_welcome)
+
+    def _wait(self, ready, then, what: str, timeout_s: float = 120, delay_ms: int = 300) -> None:
+        t_end = time.monotonic() + timeout_s
+
+        def tick():
+            if ready():
+                QTimer.singleShot(delay_ms, then)
+            elif time.monotonic() > t_end:
+                self._fail(f"the wizard did not get {what}")
+            else:
+                QTimer.singleShot(20, tick)
+        tick()
+
+    def _wizard_welcome(self) -> None:
+        self._grab("07-wizard-welcome", self.wiz)
+        self.wiz.next()
+        self.wiz.source_page.choose("demo")
+        self._wait(self.wiz.source_page.isComplete, self._wizard_source, "the demo model checked")
+
+    def _wizard_source(self) -> None:
+        self._grab("08-wizard-source", self.wiz)
+        self.wiz.next()
+        self.wiz.destination_page.set_folder(self._tmp.name)
+        self._wait(self.wiz.destination_page.isComplete, self._wizard_destination, "the disk measured")
+
+    def _wizard_destination(self) -> None:
+        self._grab("09-wizard-destination", self.wiz)
+        self.wiz.next()
+        QTimer.singleShot(300, self._wizard_memory)
+
+    def _wizard_memory(self) -> None:
+        self._grab("10-wizard-memory", self.wiz)
+        page = self.wiz.convert_page
+        self.wiz.next()
+
+        def midway():
+            p = page.latest
+            return page.state.result is not None or (p is not None and p.done_bytes >= 0.3 * p.total_bytes)
+
+        def pause():    # hold it midway, so the shot shows the bytes, the rate and the layer
+            if page.running():
+                page.toggle_pause()
+            QTimer.singleShot(400, shot)
+
+        def shot():
+            self._grab("11-wizard-convert", self.wiz)
+            if page.running() and page.control.paused:
+                page.toggle_pause()
+            self._wait(lambda: self.wiz.finish_page.isComplete(), self._wizard_finish, "the model verified")
+
+        self._wait(midway, pause, "halfway through converting", delay_ms=0)
+
+    def _wizard_finish(self) -> None:
+        self._grab("12-wizard-finish", self.wiz)
+        self.wiz.shutdown()
+        self.wiz.hide()
+        self._tmp.cleanup()
         self.ok = True
         print("\n".join(str(p) for p in self.saved))
         QApplication.instance().quit()

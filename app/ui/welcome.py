@@ -6,8 +6,7 @@ import re
 from pathlib import Path
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QLabel, QMessageBox, QProgressBar, QPushButton,
-                               QVBoxLayout, QWidget)
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QPushButton, QVBoxLayout, QWidget
 
 from app import demo, paths
 from app.convert.convert import convert
@@ -22,6 +21,7 @@ def container_out_path(source: Path) -> Path:
 
 class WelcomePage(QWidget):
     model_ready = Signal(str)   #: the container's path
+    convert_requested = Signal()   #: "Convert a model…": the window opens the wizard
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -49,7 +49,8 @@ class WelcomePage(QWidget):
         self.convert_btn = QPushButton("Convert a model…")
         self.convert_btn.setAccessibleName("Convert a model")
         self.convert_btn.setMinimumHeight(36)
-        self.convert_btn.clicked.connect(self.choose_and_convert)
+        self.convert_btn.setToolTip("A guided conversion of a Hugging Face checkpoint or a GGUF file")
+        self.convert_btn.clicked.connect(self.convert_requested.emit)
         row.addWidget(self.demo_btn)
         row.addWidget(self.convert_btn)
         row.addStretch(1)
@@ -71,23 +72,6 @@ class WelcomePage(QWidget):
 
     def start_demo(self) -> None:
         self._run(lambda progress: demo.ensure_demo(progress), "Preparing the demo model…")
-
-    def choose_and_convert(self) -> None:
-        box = QMessageBox(self)
-        box.setWindowTitle("Convert a model")
-        box.setText("What do you want to convert?")
-        gguf = box.addButton("A GGUF file…", QMessageBox.ButtonRole.AcceptRole)
-        folder = box.addButton("A checkpoint folder…", QMessageBox.ButtonRole.AcceptRole)
-        box.addButton(QMessageBox.StandardButton.Cancel)
-        box.exec()
-        if box.clickedButton() is gguf:
-            src, _ = QFileDialog.getOpenFileName(self, "A GGUF file", str(Path.home()), "GGUF (*.gguf);;All (*)")
-        elif box.clickedButton() is folder:
-            src = QFileDialog.getExistingDirectory(self, "A Hugging Face checkpoint folder", str(Path.home()))
-        else:
-            return
-        if src:
-            self.convert_source(Path(src))
 
     def convert_source(self, source: Path, out: Path | None = None) -> None:
         out = out or container_out_path(source)

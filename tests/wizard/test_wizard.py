@@ -1,0 +1,177 @@
+"""The conversion wizard, driven page by page on the real converter: the
+demo model into a chat, a DeepSeek-layout checkpoint, stop midway and resume
+after closing, a disk without room, a missing or damaged shard."""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+from PySide6.QtWidgets import QWizard
+
+from app.convert.convert import ConvertControl, convert, partial_dir
+from tests.wizard.conftest import T, convert_to_end, to_memory, to_source, tree_bytes
+
+
+def folder(p: Path) -> Path:
+    p.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+def test_demo_model_from_the_model_menu_to_a_chat(qtbot, make_window, demo_gguf, tmp_path):
+    w = make_window(None)
+    w.convert_action.trigger()                      # Model → Convert a model…
+    wiz = w.wizard
+    assert wiz is not None and wiz.isVisible()
+    to_memory(qtbot, wiz, "demo", None, folder(tmp_path / "models"))
+    src = wiz.source_page.result.text()
+    assert "Everything needed is there" in src and "dense model" in src and "RAM it needs" in src
+    assert "reads" in wiz.destination_page.speed.text() and "no experts to stream" in wiz.destination_page.speed.text()
+    plan = wiz.state.report.plan
+    assert wiz.memory_page.budget() == plan.recommended and wiz.state.budget == plan.recommended
+    out = convert_to_end(qtbot, wiz)
+    assert out == tmp_path / "models" / "smollm2-135m-instruct.ferry"
+    assert "The model is ready" in wiz.finish_page.message.text()
+    reference = convert(demo_gguf, folder(tmp_path / "reference") / out.name)
+    assert tree_bytes(out) == tree_bytes(reference)
+    with qtbot.waitSignal(w.model_loaded, timeout=T) as loaded:
+        wiz.button(QWizard.WizardButton.FinishButton).click()      # "Open a chat"
+    assert loaded.args[0]["path"] == str(out)
+    assert w.stack.currentWidget() is w.chat_page
+    assert w.settings.ram_budget == 0          # the recommended budget: "auto" in Settings
+
+
+def test_deepseek_release_layout_converts_to_the_same_bytes(qtbot, wizard, deepseek_ckpt, tmp_path):
+    wiz = wizard(remember=False)
+    to_memory(qtbot, wiz, "hf", deepseek_ckpt, tmp_path)
+    text = wiz.source_page.result.text()
+    assert "DeepseekV3ForCausalLM" in text and "16 experts, 4 used per token" in text
+    assert "3 files" in text
+    speed = wiz.destination_page.speed.text()
+    assert "tokens per second" in speed and wiz.state.speed.read_bytes_per_s > 0
+    assert wiz.destination_page.name_edit.text() == "deepseek-v3-tiny.ferry"
+    out = convert_to_end(qtbot, wiz)
+    reference = convert(deepseek_ckpt, folder(tmp_path / "ref") / out.name)
+    assert tree_bytes(out) == tree_bytes(reference)
+    # The plan shown before converting is the finished container's plan.
+    from app.plan import plan_container
+    real = plan_container(out, wiz.state.report.plan.n_ctx)
+    assert (real.floor, real.recommended) == (wiz.state.report.plan.floor, wiz.state.report.plan.recommended)
+
+
+def test_stop_midway_close_and_resume_gives_the_same_bytes(qtbot, wizard, synthetic, tmp_path, monkeypatch):
+    import app.ui.wizard.convert_page as cp
+
+    reached, release = threading.Event(), threading.Event()
+    real = cp.convert
+
+    def held_convert(src, out, *, progress=None, control: ConvertControl | None = None, **kw):
+        def hold(p):
+            progress(p)
+            if not reached.is_set() and p.done_bytes > 0.4 * p.total_bytes:
+                reached.set()
+                release.wait(30)        # the user's hand is on the mouse now
+        return real(src, out, progress=hold, control=control, **kw)
+
+    monkeypatch.setattr(cp, "convert", held_convert)
+    wiz = wizard()
+    to_memory(qtbot, wiz, "hf", synthetic, tmp_path)
+    wiz.next()
+    page = wiz.convert_page
+    assert wiz.currentPage() is page
+    assert reached.wait(30)
+    page.pause_btn.click()
+    release.set()
+    qtbot.waitUntil(lambda: page.latest is not None and page.latest.paused, timeout=T)
+    qtbot.waitUntil(lambda: page.speed.text().startswith("Paused"), timeout=T)
+    assert "of" in page.amount.text() and "layer" in page.stage.text()
+    assert page.pause_btn.text() == "Continue"
+    page.stop_btn.click()
+    qtbot.waitUntil(lambda: not page.running(), timeout=T)
+    assert "Stopped" in page.message.text() and page.resume_btn.isVisible()
+    assert "kept" in page.message.text()
+    out = wiz.state.out
+    assert not out.exists() and (partial_dir(out) / "journal.json").exists()
+    wiz.reject()                                    # Ferry is closed
+    monkeypatch.setattr(cp, "convert", real)
+
+    again = wizard()                               # ... and opened again
+    assert again.welcome_page.resume_box.isVisible()
+    assert synthetic.name in again.welcome_page.resume_text.text()
+    again.welcome_page.resume_btn.click()
+    qtbot.waitUntil(again.source_page.isComplete, timeout=T)
+    again.next()
+    qtbot.waitUntil(again.destination_page.isComplete, timeout=T)
+    assert again.destination_page.out_path() == out
+    assert "stopped at" in again.destination_page.space.text()
+    again.next()
+    assert again.currentPage() is again.memory_page and again.state.budget == wiz.state.budget
+    again.next()
+    seen = []
+    page2 = again.convert_page
+    qtbot.waitUntil(lambda: page2.latest is not None and (seen.append(page2.latest) or True), timeout=T)
+    assert seen[0].start_bytes > 0.3 * seen[0].total_bytes          # it resumed, it did not start over
+    qtbot.waitUntil(lambda: again.currentPage() is again.finish_page, timeout=T)
+    qtbot.waitUntil(again.finish_page.isComplete, timeout=T)
+    reference = convert(synthetic, folder(tmp_path / "ref") / out.name)
+    assert tree_bytes(out) == tree_bytes(reference)
+    from app.ui.wizard import pending
+    assert pending.load() is None
+
+
+def test_a_destination_without_room_is_refused_before_converting(qtbot, wizard, synthetic, small_tmpfs):
+    wiz = wizard(remember=False)
+    to_source(qtbot, wiz, "hf", synthetic)
+    wiz.next()
+    wiz.destination_page.set_folder(small_tmpfs)
+    text = wiz.destination_page.space.text()
+    assert "Not enough space" in text and "MB free" in text
+    assert not wiz.destination_page.isComplete()
+    assert not wiz.button(QWizard.WizardButton.NextButton).isEnabled()
+    qtbot.wait(300)
+    assert list(small_tmpfs.iterdir()) == []       # nothing written, not even the disk probe
+
+
+def _without(src: Path, dst: Path, skip: str) -> Path:
+    dst.mkdir()
+    for f in src.iterdir():
+        if f.name != skip:
+            (dst / f.name).symlink_to(f)
+    return dst
+
+
+def test_a_missing_shard_is_named(qtbot, wizard, deepseek_ckpt, tmp_path):
+    broken = _without(deepseek_ckpt, tmp_path / "broken", "model-00002-of-00003.safetensors")
+    wiz = wizard(remember=False)
+    to_source(qtbot, wiz, "hf", broken)
+    text = wiz.source_page.result.text()
+    assert "model-00002-of-00003.safetensors" in text and "missing" in text
+    assert not wiz.source_page.isComplete()
+    assert not wiz.button(QWizard.WizardButton.NextButton).isEnabled()
+
+
+def test_a_truncated_shard_and_a_missing_tokenizer_are_both_named(qtbot, wizard, deepseek_ckpt, tmp_path):
+    broken = _without(deepseek_ckpt, tmp_path / "broken", "model-00003-of-00003.safetensors")
+    (broken / "tokenizer.json").unlink()
+    data = (deepseek_ckpt / "model-00003-of-00003.safetensors").read_bytes()
+    (broken / "model-00003-of-00003.safetensors").write_bytes(data[: len(data) - 1000])
+    wiz = wizard(remember=False)
+    to_source(qtbot, wiz, "hf", broken)
+    text = wiz.source_page.result.text()
+    assert "model-00003-of-00003.safetensors" in text and "ends at byte" in text
+    assert "tokenizer" in text
+    assert not wiz.source_page.isComplete()
+
+
+@pytest.mark.parametrize("kind", ["hf", "gguf"])
+def test_an_unsupported_or_wrong_source_says_what_is_wrong(qtbot, wizard, tmp_path, kind):
+    if kind == "hf":
+        (tmp_path / "config.json").write_text('{"architectures": ["GPTBigCodeForCausalLM"]}')
+        path, want = tmp_path, "GPTBigCodeForCausalLM"
+    else:
+        path = tmp_path / "notes.gguf"
+        path.write_text("hello")
+        want = "neither a checkpoint folder nor a GGUF file"
+    wiz = wizard(remember=False)
+    to_source(qtbot, wiz, kind, path)
+    assert want in wiz.source_page.result.text() and not wiz.source_page.isComplete()
