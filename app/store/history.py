@@ -118,6 +118,7 @@ class HistoryStore:
             raise ValueError("a key provider is required: the history is never stored in plaintext")
         self.path = Path(path) if path is not None else default_path()
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.key_provider = keys  #: kept so the document store opens with the same key
         self._db = sqlite3.connect(self.path)
         try:
             self._db.execute("PRAGMA journal_mode=WAL")

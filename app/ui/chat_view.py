@@ -21,6 +21,7 @@ class AutoBrowser(QTextBrowser):
     """A QTextBrowser as tall as its text (the chat scrolls, not each message)."""
 
     copied = Signal(str)
+    cite = Signal(int)   #: a citation marker [n] was clicked
 
     def __init__(self, parent=None, *, markdown: bool = True):
         super().__init__(parent)
@@ -65,6 +66,11 @@ class AutoBrowser(QTextBrowser):
                 return
             QGuiApplication.clipboard().setText(code)
             self.copied.emit(code)
+        elif url.scheme() == "cite":
+            try:
+                self.cite.emit(int(url.path() or url.toString().split(":", 1)[1]))
+            except ValueError:
+                return
         elif url.scheme() in ("http", "https", "mailto"):
             QDesktopServices.openUrl(url)
 
@@ -142,10 +148,12 @@ class MessageWidget(QFrame):
     edit = Signal(int, str)
     switch = Signal(int)
     copied = Signal(str)
+    cite = Signal(int, int)   #: message id, citation number
 
-    def __init__(self, record: MessageRecord, author: str, siblings: list[int], parent=None):
+    def __init__(self, record: MessageRecord, author: str, siblings: list[int], parent=None, decorate=None):
         super().__init__(parent)
         self.record = record
+        self.decorate = decorate  #: (record, markdown) -> markdown, e.g. citation links
         self.message_id = record.id
         self.setObjectName("userBubble" if record.role == "user" else "assistantBubble")
         self.setFrameShape(QFrame.Shape.StyledPanel)
@@ -182,6 +190,7 @@ class MessageWidget(QFrame):
         self.thinking.setVisible(False)
         outer.addWidget(self.thinking)
         self.body = AutoBrowser(self)
+        self.body.cite.connect(lambda n: self.cite.emit(self.message_id, n))
         self.body.setAccessibleName("Your message" if record.role == "user" else "Answer")
         self.body.copied.connect(self.copied)
         outer.addWidget(self.body)
@@ -244,6 +253,8 @@ class MessageWidget(QFrame):
             text = "" if has_thinking else "…"
         elif not text and record.role == "assistant":
             text = "*(no answer)*"
+        if self.decorate and record.content:
+            text = self.decorate(record, text)
         self.body.set_text(text)
         self.body.setVisible(bool(text))
         note = "writing…" if streaming else STATUS_NOTES.get(record.status, "")
@@ -300,9 +311,11 @@ class ChatView(QScrollArea):
     edit = Signal(int, str)
     switch = Signal(int)
     copied = Signal(str)
+    cite = Signal(int, int)   #: message id, citation number
 
     def __init__(self, parent=None):
         super().__init__(parent)
+        self.decorate = None  #: (record, markdown) -> markdown for each message, or None
         self.setWidgetResizable(True)
         self.setFrameShape(QFrame.Shape.NoFrame)
         self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
@@ -350,7 +363,9 @@ class ChatView(QScrollArea):
         busy = bool(chat and chat.busy)
         for rec in records:
             sibs = [m.id for m in chat.tree.siblings(rec.id)]
-            w = MessageWidget(rec, "You" if rec.role == "user" else self.author, sibs, self.inner)
+            w = MessageWidget(rec, "You" if rec.role == "user" else self.author, sibs, self.inner,
+                              decorate=self.decorate)
+            w.cite.connect(self.cite)
             w.regenerate.connect(self.regenerate)
             w.edit.connect(self.edit)
             w.switch.connect(self.switch)

@@ -16,6 +16,7 @@ from PySide6.QtWidgets import (QApplication, QFileDialog, QFrame, QHBoxLayout, Q
 
 from app import paths
 from app.chat.conversation import Chat, ChatError, TurnStart, recover_interrupted
+from app.documents.store import DocumentError, DocumentStore, conversation_collection
 from app.engine.binding import MemoryPlan, ModelInfo
 from app.stats_view import StatsView, memory_split
 from app.store import settings as settings_mod
@@ -23,6 +24,7 @@ from app.store.history import HistoryStore
 from app.store.settings import Settings
 from app.ui import theme
 from app.ui.chat_view import ChatView
+from app.ui.documents_panel import attach_passages, link_markers, open_documents_panel, show_citation
 from app.ui.gauges import GaugePanel
 from app.ui.settings_dialog import SettingsDialog
 from app.ui.welcome import WelcomePage
@@ -68,6 +70,9 @@ class MainWindow(QMainWindow):
         self.setAccessibleName("Ferry")
         self.resize(1200, 780)
         self.model_info: dict | None = None
+        self._documents: DocumentStore | None = None
+        self.citations: dict[int, list] = {}   #: answer message id -> the passages it may cite
+        self.pending_citations: list = []
         self.memory = None
         self.stats_view = StatsView()
         self.last_stats: dict = {}
@@ -145,12 +150,14 @@ class MainWindow(QMainWindow):
         self.model_label = QLabel("No model")
         self.model_label.setObjectName("mutedLabel")
         self.model_label.setAccessibleName("Model")
+        self.attach_btn = self._top_button("Attach…", "Attach files or folders to this conversation",
+                                           self.open_documents)
         self.export_btn = self._top_button("Export…", "Export this conversation to Markdown", self.export_markdown)
         self.gauges_btn = self._top_button("Gauges", "Show or hide the gauges", None)
         self.gauges_btn.setCheckable(True)
         self.gauges_btn.setChecked(True)
         self.settings_btn = self._top_button("Settings", "Settings", self.open_settings)
-        for b in (self.export_btn, self.gauges_btn, self.settings_btn):
+        for b in (self.attach_btn, self.export_btn, self.gauges_btn, self.settings_btn):
             tl.addWidget(b)
         cl.addWidget(top)
 
@@ -168,6 +175,8 @@ class MainWindow(QMainWindow):
         self.chat_view.edit.connect(self.edit_and_resend)
         self.chat_view.switch.connect(self.switch_to)
         self.chat_view.copied.connect(lambda _t: self.statusBar().showMessage("Copied to the clipboard", 2000))
+        self.chat_view.cite.connect(self.show_citation)
+        self.chat_view.decorate = self._with_citation_links
         pl.addWidget(self.chat_view, 1)
 
         bottom = QFrame()
@@ -484,8 +493,48 @@ class MainWindow(QMainWindow):
 
     def _request(self, start: TurnStart) -> dict:
         s = self.settings
-        return {"messages": start.messages, "max_tokens": s.max_tokens, "thinking": s.thinking,
-                "sampling": {"temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k, "min_p": s.min_p}}
+        req = {"messages": start.messages, "max_tokens": s.max_tokens, "thinking": s.thinking,
+               "sampling": {"temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k, "min_p": s.min_p}}
+        # Attached documents: their best passages go into the prompt as content.
+        self.pending_citations = []
+        if self.chat.id is not None and self.model_info and self._has_documents():
+            self.pending_citations = attach_passages(req, self.documents(), self._collection(),
+                                                     self.model_info["path"], start.messages[-1]["content"])
+        return req
+
+    # ---- documents
+
+    def documents(self) -> DocumentStore:
+        """The encrypted document store beside the history, opened on first use."""
+        if self._documents is None:
+            self._documents = DocumentStore(self.store.path, self.store.key_provider)
+        return self._documents
+
+    def _collection(self) -> str:
+        return conversation_collection(self.chat.id)
+
+    def _has_documents(self) -> bool:
+        try:
+            return bool(self.documents().files(self._collection()))
+        except DocumentError:
+            return False
+
+    def open_documents(self):
+        """The documents attached to this conversation (a new chat is saved first)."""
+        if self.chat.id is None:
+            self.chat.id = self.store.create_conversation(self.chat.title or "New chat", model=self.chat.model_name)
+            self.refresh_list()
+        return open_documents_panel(self, self.documents(), self._collection())
+
+    def _with_citation_links(self, record, text: str) -> str:
+        citations = self.citations.get(record.id)
+        return link_markers(text, citations)[0] if citations else text
+
+    def show_citation(self, message_id: int, n: int):
+        citation = next((c for c in self.citations.get(message_id, []) if c.n == n), None)
+        if citation is None:
+            return None
+        return show_citation(self, self.documents(), citation)
 
     def _begin(self, start: TurnStart) -> None:
         self.last_stats = {}
@@ -539,6 +588,9 @@ class MainWindow(QMainWindow):
         turn = {k: s[k] for k in ("turn_prompt_tokens", "turn_reused_tokens", "turn_tokens", "turn_seconds")
                 if k in s}
         self.chat.finish(reason, text, thinking, stats=turn)
+        if self.pending_citations:
+            self.citations[self.chat.tree.leaf_id] = self.pending_citations
+            self.pending_citations = []
         self.prompt_row.setVisible(False)
         self._set_busy(False)
         self._show_current()
