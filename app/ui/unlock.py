@@ -45,7 +45,11 @@ class PassphraseDialog(QDialog):
         buttons.accepted.connect(self._ok)
         buttons.rejected.connect(self.reject)
         lay.addWidget(buttons)
-        self.resize(440, 0)
+        # A word-wrapped label needs its width fixed before the dialog can
+        # know its height; otherwise the message is clipped.
+        self.message.setFixedWidth(420)
+        self.message.setMinimumHeight(self.message.heightForWidth(420))
+        self.adjustSize()
 
     def _ok(self) -> None:
         if not self.field.text():
