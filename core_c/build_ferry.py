@@ -14,7 +14,7 @@ from cffi import FFI
 
 CORE = Path(__file__).resolve().parent
 #: Public headers, each with the source file that implements it.
-HEADERS = {"ferry.h": "engine.c", "ferry_cachesim.h": "cachesim.c"}
+HEADERS = {"ferry.h": "engine.c", "ferry_cachesim.h": "cachesim.c", "ferry_kernels.h": "kernels.c"}
 
 # Callbacks the Python binding implements (see app/engine/binding.py).
 PYTHON_CALLBACKS = """

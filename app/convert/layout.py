@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from app.convert import quant
+from app.convert import quant, quant3
 from app.convert.arch import LAYER_TENSORS, VECTOR_SUFFIXES
 from app.convert.errors import SourceError
 from app.convert.sources import CORE_FORMATS, Source
@@ -25,13 +25,16 @@ RECORD_HEADER_BYTES = 64
 BANK_HEADER_BYTES = 4096
 #: Container spelling -> the C core's format code (core_c/src/formats.h).
 FORMAT_CODES = {name: i for i, name in enumerate(CORE_FORMATS)}
+#: Ferry's own formats beyond the ggml ones (code 8: core_c/src/formats.h FE_Q3_NL).
+FORMAT_CODES[quant3.NAME] = 8
 #: Formats the converter can encode floats into.
-ENCODABLE = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1")
+ENCODABLE = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", quant3.NAME)
 #: Accepted values of --trunk-format / --expert-format.
 FORMAT_CHOICES = ("auto",) + ENCODABLE
 
-_BLOCK = {"q8_0": 32, "q4_0": 32, "q4_1": 32, "q4_k": 256, "q6_k": 256}
-_BYTES = {"f32": 4, "f16": 2, "bf16": 2, "q8_0": 34, "q4_0": 18, "q4_1": 20, "q4_k": 144, "q6_k": 210}
+_BLOCK = {"q8_0": 32, "q4_0": 32, "q4_1": 32, "q4_k": 256, "q6_k": 256, quant3.NAME: quant3.BLOCK}
+_BYTES = {"f32": 4, "f16": 2, "bf16": 2, "q8_0": 34, "q4_0": 18, "q4_1": 20, "q4_k": 144, "q6_k": 210,
+          quant3.NAME: quant3.BLOCK_BYTES}
 
 
 def _align(n: int, a: int) -> int:
@@ -162,4 +165,8 @@ def encode(src: Source, name: str, fmt: str) -> np.ndarray:
         return quant.f32_to_f16_bits(values).view(np.uint8).reshape(-1)
     if fmt in ("q8_0", "q4_0", "q4_1"):
         return quant.quantize(values, fmt.upper())
+    if fmt == quant3.NAME:
+        if not np.isfinite(values).all():
+            raise SourceError(name, "cannot quantize non-finite values to q3_nl")
+        return quant3.quantize(values)
     raise SourceError(name, f"cannot encode into {fmt}")

@@ -338,6 +338,10 @@ def dequantize(raw: np.ndarray, type_name: str, n_elements: int) -> np.ndarray:
     ``raw`` must hold exactly the bytes of those elements (uint8). Raises
     ValueError for an unknown or undecodable type or a length mismatch.
     """
+    if type_name == "Q3_NL":  # Ferry's own 3-bit expert format (app/convert/quant3.py)
+        from app.convert import quant3
+
+        return quant3.dequantize(np.asarray(raw), n_elements)
     fmt = _format(type_name)
     decoder = _DECODERS.get(type_name)
     if decoder is None:

@@ -1,4 +1,7 @@
-"""User settings, kept as JSON under ``app.paths.config_dir()``. No Qt here."""
+"""User settings, kept as JSON under ``app.paths.config_dir()``. No Qt here.
+
+The remote engine's API key is not in the file: it is kept in the OS
+keychain (``keyring``, service "Ferry", one entry per server URL)."""
 from __future__ import annotations
 
 import json
@@ -9,6 +12,9 @@ from pathlib import Path
 from app import paths
 
 FILE_NAME = "settings.json"
+ENGINES = ("local", "remote")
+KEYCHAIN_SERVICE = "Ferry"
+DEFAULT_SERVE_PORT = 8000
 
 
 @dataclass
@@ -25,6 +31,11 @@ class Settings:
     system_prompt: str = ""
     context_length: int = 4096
     max_tokens: int = 1024        #: longest answer
+    engine: str = "local"         #: "local" (a model on this computer) or "remote" (an OpenAI-compatible server)
+    remote_url: str = ""          #: the server's API base, e.g. http://gpu-box:8000/v1
+    remote_model: str = ""        #: the model to ask for there ("" = the first it lists)
+    serve_local: bool = False     #: serve the loaded model on 127.0.0.1:serve_port
+    serve_port: int = DEFAULT_SERVE_PORT
 
     def validated(self) -> "Settings":
         """A copy with every value clamped into its legal range."""
@@ -38,7 +49,56 @@ class Settings:
         s.context_length = min(max(256, int(s.context_length)), 1 << 20)
         s.max_tokens = min(max(1, int(s.max_tokens)), 1 << 20)
         s.model_folders = [str(f) for f in s.model_folders if str(f).strip()]
+        s.engine = s.engine if s.engine in ENGINES else "local"
+        s.remote_url = str(s.remote_url).strip()
+        s.remote_model = str(s.remote_model).strip()
+        s.serve_local = bool(s.serve_local)
+        s.serve_port = min(max(1, int(s.serve_port)), 65535)
         return s
+
+
+def engine_changed(old: Settings, new: Settings) -> bool:
+    """Whether the engine must be reopened: what the local model opens with, or which engine."""
+    keys = ("ram_budget", "threads", "context_length", "engine", "remote_url", "remote_model")
+    return any(getattr(old, k) != getattr(new, k) for k in keys)
+
+
+def _api_key_user(url: str) -> str:
+    return f"api-key {url.strip().rstrip('/')}"
+
+
+def remote_api_key(url: str) -> str | None:
+    """The API key kept in the keychain for this server, or None (none kept, or no keychain)."""
+    if not url.strip():
+        return None
+    try:
+        import keyring
+
+        return keyring.get_password(KEYCHAIN_SERVICE, _api_key_user(url)) or None
+    except Exception:  # no usable keychain backend: the server is used without a key
+        return None
+
+
+def set_remote_api_key(url: str, key: str | None) -> None:
+    """Keep (or with an empty key, forget) this server's API key in the keychain.
+
+    Raises RuntimeError when there is no usable keychain: the key is never
+    written anywhere else."""
+    from app.store.crypto import keychain_problem
+
+    problem = keychain_problem()
+    if problem:
+        raise RuntimeError(f"the API key cannot be kept: {problem}")
+    import keyring
+
+    user = _api_key_user(url)
+    try:
+        if key:
+            keyring.set_password(KEYCHAIN_SERVICE, user, key)
+        elif keyring.get_password(KEYCHAIN_SERVICE, user) is not None:
+            keyring.delete_password(KEYCHAIN_SERVICE, user)
+    except Exception as exc:
+        raise RuntimeError(f"the keychain failed: {exc}") from exc
 
 
 def settings_path() -> Path:

@@ -10,6 +10,14 @@ from app.stats_view import GaugeValues, MemorySplit, StatsView, fmt_bytes
 from app.ui import theme
 
 NO_EXPERTS = "This model has no experts to stream, so there are no disk reads or cache hits to show."
+NOT_REPORTED = "not reported by the server"
+#: What a remote engine's gauges say, by what the server reports (app.engine.remote).
+REMOTE_FERRY = ("A remote Ferry server: these are its engine's own figures. Its memory is on the server and is "
+                "not shown here.")
+REMOTE_OTHER = ("A remote engine: answer and prompt speeds are measured here from the stream (they include the "
+                "network and any queue). The server does not report disk reads, expert cache hits or memory.")
+_TILE_FIGURE = {"decode": "decode_tps", "prompt": "prompt_tps", "disk": "read_mbps", "hit_decode": "hit_decode",
+                "hit_prefill": "hit_prefill"}
 
 
 class Sparkline(QWidget):
@@ -161,6 +169,12 @@ class GaugePanel(QWidget):
         self.no_experts.setWordWrap(True)
         self.no_experts.setVisible(False)
         lay.addWidget(self.no_experts)
+        self.remote_note = QLabel("")
+        self.remote_note.setObjectName("mutedLabel")
+        self.remote_note.setWordWrap(True)
+        self.remote_note.setVisible(False)
+        self.remote_note.setAccessibleName("What the remote engine reports")
+        lay.addWidget(self.remote_note)
 
         ram_title = QLabel("<b>Memory</b>")
         lay.addWidget(ram_title)
@@ -176,20 +190,38 @@ class GaugePanel(QWidget):
         lay.addWidget(self.ram_note)
         lay.addStretch(1)
         self.has_experts = True
+        self.remote: dict | None = None     #: the loaded-model info of a remote engine, else None
         self.values = GaugeValues()
 
-    def set_model(self, has_experts: bool) -> None:
+    def set_model(self, has_experts: bool, engine: dict | None = None) -> None:
+        """``engine``: the worker's loaded-model info; without it, the window's
+        ``model_info`` says whether the engine is remote."""
+        if engine is None:
+            engine = getattr(self.window(), "model_info", None)
+        self.remote = engine if isinstance(engine, dict) and engine.get("engine") == "remote" else None
         self.has_experts = has_experts
-        self.no_experts.setVisible(not has_experts)
-        for t in (self.disk, self.hit_decode, self.hit_prefill):
-            t.setEnabled(has_experts)
+        self.no_experts.setVisible(not has_experts and self.remote is None)
+        if self.remote is not None:
+            ferry = set(self.remote.get("provides") or ()) >= {"read_mbps", "hit_decode"}
+            self.remote_note.setText(REMOTE_FERRY if ferry else REMOTE_OTHER)
+        self.remote_note.setVisible(self.remote is not None)
+        for name, figure in _TILE_FIGURE.items():
+            getattr(self, name).setEnabled(self._provides(figure) and (has_experts or name in ("decode", "prompt")))
         self.show_values(StatsView())
+
+    def _provides(self, figure: str) -> bool:
+        return self.remote is None or figure in (self.remote.get("provides") or ())
 
     def show_values(self, view: StatsView) -> None:
         v = self.values = view.values
         h = view.history
-        self.decode.set(_rate(v.decode_tps, "tok/s"), "", h["decode_tps"])
-        self.prompt.set(_rate(v.prompt_tps, "tok/s"), "", h["prompt_tps"])
+        measured = self.remote is not None and not self._provides("read_mbps")  # speeds timed here, not by the server
+        self.decode.set(_rate(v.decode_tps, "tok/s"), "measured here" if measured else "", h["decode_tps"])
+        self.prompt.set(_rate(v.prompt_tps, "tok/s"), "measured here" if measured else "", h["prompt_tps"])
+        if measured:
+            for t in (self.disk, self.hit_decode, self.hit_prefill):
+                t.set("—", NOT_REPORTED, [])
+            return
         if not self.has_experts:
             for t in (self.disk, self.hit_decode, self.hit_prefill):
                 t.set("—", "no experts", [])
@@ -201,6 +233,13 @@ class GaugePanel(QWidget):
         self.hit_prefill.set(_pct(v.hit_prefill), f"since start {_pct(v.hit_prefill_total)}", h["hit_prefill"])
 
     def show_memory(self, split: MemorySplit | None) -> None:
+        self.ram.setVisible(self.remote is None)
+        if self.remote is not None:
+            self.ram.set_split(None)
+            self.legend.setText("")
+            self.ram_note.setText(f"The model runs on {self.remote.get('url', 'the server')}: its memory is "
+                                  f"{NOT_REPORTED}.")
+            return
         self.ram.set_split(split)
         if split is None:
             self.legend.setText("")

@@ -28,7 +28,7 @@ from app.ui.documents_panel import attach_passages, link_markers, open_documents
 from app.ui.gauges import GaugePanel
 from app.ui.settings_dialog import SettingsDialog
 from app.ui.welcome import WelcomePage
-from app.ui.worker import WorkerThread
+from app.ui.worker import WorkerThread, load_options
 
 REPAINT_INTERVAL_MS = 50   #: the answer is redrawn at most 20 times a second
 
@@ -87,6 +87,7 @@ class MainWindow(QMainWindow):
         w.stats.connect(self._on_stats)
         w.finished.connect(self._on_finished)
         w.error.connect(self._on_error)
+        w.serving.connect(self._on_serving)
         self.chat = Chat(store)
         self._repaint_timer = QTimer(self)
         self._repaint_timer.setSingleShot(True)
@@ -292,9 +293,7 @@ class MainWindow(QMainWindow):
         self.model_label.setText(f"Opening {Path(path).name}…")
         self.statusBar().showMessage(f"Opening {path}…")
         self._set_busy(False)
-        s = self.settings
-        self.worker.load(str(path), {"ram_budget": s.ram_budget, "threads": s.threads,
-                                     "context_length": s.context_length})
+        self.worker.load(str(path), load_options(self.settings))
 
     def open_default_model(self) -> bool:
         """Open the last model or the first one found; False shows the welcome page
@@ -302,6 +301,9 @@ class MainWindow(QMainWindow):
         opens the wizard too, which offers to resume it."""
         from app.ui.wizard import pending
 
+        if self.settings.engine == "remote":
+            self.load_model(self.settings.model_path or "remote")
+            return True
         unfinished = pending.load() is not None
         last = Path(self.settings.model_path) if self.settings.model_path else None
         models = [last] if last and (last / "manifest.json").exists() else find_models(self.settings)
@@ -342,9 +344,10 @@ class MainWindow(QMainWindow):
         plan = MemoryPlan(**info["plan"])
         minfo = ModelInfo(**info["info"])
         self.memory = memory_split(plan, minfo, self.settings.ram_budget)
-        self.gauges.set_model(info["has_experts"])
+        self.gauges.set_model(info["has_experts"], engine=info)
         self.gauges.show_memory(self.memory)
-        self.model_label.setText(f"{info['name']} · {info['n_ctx']} tokens of context")
+        where = f"{info['n_ctx']} tokens of context" if info.get("n_ctx") else info.get("url", "remote server")
+        self.model_label.setText(f"{info['name']} · {where}")
         self.stack.setCurrentWidget(self.chat_page)
         self.chat.model_name = info["name"]
         self.chat_view.author = info["name"]
@@ -480,10 +483,19 @@ class MainWindow(QMainWindow):
         old = self.settings
         self.settings = new
         self._save_settings()
-        reload = (old.ram_budget, old.threads, old.context_length) != (new.ram_budget, new.threads,
-                                                                         new.context_length)
-        if reload and self.model_info and not self.busy:
-            self.load_model(self.model_info["path"])
+        if settings_mod.engine_changed(old, new):
+            if new.engine == "remote" and not self.model_info:
+                self.load_model(new.model_path or "remote")
+            elif self.model_info and not self.busy:
+                self.load_model(self.model_info["path"])
+        elif (old.serve_local, old.serve_port) != (new.serve_local, new.serve_port):
+            self.worker.set_serving(new.serve_port if new.serve_local else 0)
+
+    def _on_serving(self, url: str, error: str) -> None:
+        if error:
+            self.statusBar().showMessage(f"Could not serve the model: {error}")
+        elif url:
+            self.statusBar().showMessage(f"Serving the model at {url} (OpenAI-compatible)", 6000)
 
     def _save_settings(self) -> None:
         if self.persist_settings:

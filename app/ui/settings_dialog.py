@@ -3,12 +3,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from PySide6.QtWidgets import (QCheckBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFileDialog, QFormLayout,
-                               QHBoxLayout, QLabel, QListWidget, QPlainTextEdit, QPushButton, QSpinBox,
-                               QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFileDialog,
+                               QFormLayout, QHBoxLayout, QLabel, QLineEdit, QListWidget, QMessageBox,
+                               QPlainTextEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget)
 
 from app.stats_view import MemorySplit, fmt_bytes
-from app.store.settings import Settings
+from app.store.settings import Settings, remote_api_key, set_remote_api_key
 
 MIB = 1 << 20
 
@@ -22,6 +22,7 @@ class SettingsDialog(QDialog):
         self.memory = memory
         form = QFormLayout()
         form.setVerticalSpacing(8)
+        self._engine_rows(form, settings)
 
         self.folders = QListWidget()
         self.folders.setAccessibleName("Model folders")
@@ -117,7 +118,87 @@ class SettingsDialog(QDialog):
         lay = QVBoxLayout(self)
         lay.addLayout(form)
         lay.addWidget(buttons)
-        self.resize(520, 600)
+        self.resize(560, 760)
+
+    def _engine_rows(self, form: QFormLayout, settings: Settings) -> None:
+        """The engine: this computer, or an OpenAI-compatible server; and serving the loaded model."""
+        self.engine = QComboBox()
+        self.engine.setAccessibleName("Engine")
+        self.engine.addItem("This computer", "local")
+        self.engine.addItem("OpenAI-compatible server", "remote")
+        self.engine.setCurrentIndex(1 if settings.engine == "remote" else 0)
+        form.addRow("Engine", self.engine)
+        self.remote_url = QLineEdit(settings.remote_url)
+        self.remote_url.setAccessibleName("Server URL")
+        self.remote_url.setPlaceholderText("http://gpu-box:8000/v1")
+        form.addRow("Server URL", self.remote_url)
+        self.remote_model = QLineEdit(settings.remote_model)
+        self.remote_model.setAccessibleName("Server model")
+        self.remote_model.setPlaceholderText("the first model the server lists")
+        form.addRow("Model", self.remote_model)
+        self.api_key = QLineEdit()
+        self.api_key.setAccessibleName("API key")
+        self.api_key.setEchoMode(QLineEdit.EchoMode.Password)
+        self.forget_key = QPushButton("Forget")
+        self.forget_key.setAccessibleName("Forget the stored API key")
+        self.forget_key.clicked.connect(self._forget_key)
+        kw = QWidget()
+        kl = QHBoxLayout(kw)
+        kl.setContentsMargins(0, 0, 0, 0)
+        kl.addWidget(self.api_key, 1)
+        kl.addWidget(self.forget_key)
+        form.addRow("API key", kw)
+        self._key_forgotten = False
+        self._show_key_state()
+        self.remote_note = QLabel("Answers come from the server; the history stays on this computer. "
+                                  "The key is kept in the system keychain, never in the settings file.")
+        self.remote_note.setObjectName("mutedLabel")
+        self.remote_note.setWordWrap(True)
+        form.addRow("", self.remote_note)
+        self.serve = QCheckBox("Serve the loaded model on 127.0.0.1, port")
+        self.serve.setAccessibleName("Serve the loaded model")
+        self.serve.setChecked(settings.serve_local)
+        self.serve_port = QSpinBox()
+        self.serve_port.setAccessibleName("Server port")
+        self.serve_port.setRange(1024, 65535)
+        self.serve_port.setValue(max(1024, settings.serve_port))
+        sw = QWidget()
+        sl = QHBoxLayout(sw)
+        sl.setContentsMargins(0, 0, 0, 0)
+        sl.addWidget(self.serve)
+        sl.addWidget(self.serve_port)
+        sl.addStretch(1)
+        form.addRow("OpenAI API", sw)
+        self.engine.currentIndexChanged.connect(self._engine_changed)
+        self.remote_url.textChanged.connect(lambda _t: self._show_key_state())
+        self._engine_changed()
+
+    def _engine_changed(self, *_args) -> None:
+        remote = self.engine.currentData() == "remote"
+        for w in (self.remote_url, self.remote_model, self.api_key, self.forget_key, self.remote_note):
+            w.setEnabled(remote)
+        self.serve.setEnabled(not remote)
+        self.serve_port.setEnabled(not remote)
+
+    def _show_key_state(self) -> None:
+        stored = not self._key_forgotten and remote_api_key(self.remote_url.text()) is not None
+        self.api_key.setPlaceholderText("kept in the keychain (type to replace)" if stored else "none")
+
+    def _forget_key(self) -> None:
+        self.api_key.clear()
+        self._key_forgotten = True
+        self._show_key_state()
+
+    def accept(self) -> None:
+        """Keep the API key in the keychain (only there), then close."""
+        url, key = self.remote_url.text().strip(), self.api_key.text().strip()
+        if url and (key or self._key_forgotten):
+            try:
+                set_remote_api_key(url, key or None)
+            except RuntimeError as exc:
+                QMessageBox.warning(self, "The API key was not kept", str(exc))
+                return
+        super().accept()
 
     def _dspin(self, lo, hi, step, value, name) -> QDoubleSpinBox:
         s = QDoubleSpinBox()
@@ -147,4 +228,6 @@ class SettingsDialog(QDialog):
             ram_budget=self.budget.value() * MIB, threads=self.threads.value(), context_length=self.ctx.value(),
             temperature=self.temp.value(), top_p=self.top_p.value(), top_k=self.top_k.value(),
             min_p=self.min_p.value(), max_tokens=self.max_tokens.value(), thinking=self.thinking.isChecked(),
-            system_prompt=self.system.toPlainText()).validated()
+            system_prompt=self.system.toPlainText(), engine=self.engine.currentData(),
+            remote_url=self.remote_url.text().strip(), remote_model=self.remote_model.text().strip(),
+            serve_local=self.serve.isChecked(), serve_port=self.serve_port.value()).validated()

@@ -7,7 +7,26 @@ static const fe_format_info FORMATS[FE_N_FORMATS] = {
     [FE_F32] = {"f32", 1, 4},     [FE_F16] = {"f16", 1, 2},    [FE_BF16] = {"bf16", 1, 2},
     [FE_Q8_0] = {"q8_0", 32, 34}, [FE_Q4_0] = {"q4_0", 32, 18}, [FE_Q4_1] = {"q4_1", 32, 20},
     [FE_Q4_K] = {"q4_k", 256, 144}, [FE_Q6_K] = {"q6_k", 256, 210},
+    [FE_Q3_NL] = {"q3_nl", FE_Q3_BLOCK, FE_Q3_BYTES},
 };
+
+/* Trained once (docs/QUANTIZATION.md) and frozen: part of the format. */
+const float fe_q3_levels[8] = {-2.1959f, -1.3138f, -0.7133f, -0.2161f, 0.2301f, 0.7209f, 1.3177f, 2.1983f};
+
+const float fe_q3_frac[8] = {1.0f, 1.09050773f, 1.18920712f, 1.29683955f,
+                             1.41421356f, 1.54221083f, 1.68179283f, 1.83400809f};
+
+int fe_q3_index(const uint8_t *block, int i) {
+    int s = i >> 3, l = i & 7, bit = 3 * s;
+    uint32_t w[3];
+    for (int k = 0; k < 3; k++)
+        w[k] = (uint32_t)block[32 * k + 4 * l] | (uint32_t)block[32 * k + 4 * l + 1] << 8 |
+               (uint32_t)block[32 * k + 4 * l + 2] << 16 | (uint32_t)block[32 * k + 4 * l + 3] << 24;
+    uint64_t lo = (uint64_t)w[0] | (uint64_t)w[1] << 32;
+    if (bit + 3 <= 64) return (int)((lo >> bit) & 7);
+    if (bit >= 64) return (int)((w[2] >> (bit - 64)) & 7);
+    return (int)(((lo >> bit) | ((uint64_t)w[2] << (64 - bit))) & 7);
+}
 
 const fe_format_info *fe_format_get(int fmt) {
     return (fmt >= 0 && fmt < FE_N_FORMATS) ? &FORMATS[fmt] : NULL;
@@ -143,6 +162,14 @@ static void dequant_q6_k(const uint8_t *b, float *out, int nb) {
     }
 }
 
+static void dequant_q3_nl(const uint8_t *b, float *out, int nb) {
+    for (int i = 0; i < nb; i++, b += FE_Q3_BYTES, out += FE_Q3_BLOCK)
+        for (int g = 0; g < 4; g++) {
+            float s = fe_q3_group_scale(b, g);
+            for (int v = 64 * g; v < 64 * g + 64; v++) out[v] = s * fe_q3_levels[fe_q3_index(b, v)];
+        }
+}
+
 void fe_dequant_row(int fmt, const void *row, float *out, int cols) {
     const uint8_t *b = (const uint8_t *)row;
     switch (fmt) {
@@ -158,6 +185,7 @@ void fe_dequant_row(int fmt, const void *row, float *out, int cols) {
     case FE_Q4_1: dequant_q4_1(b, out, cols / 32); break;
     case FE_Q4_K: dequant_q4_k(b, out, cols / 256); break;
     case FE_Q6_K: dequant_q6_k(b, out, cols / 256); break;
+    case FE_Q3_NL: dequant_q3_nl(b, out, cols / FE_Q3_BLOCK); break;
     default: memset(out, 0, (size_t)cols * 4); break;
     }
 }

@@ -12,8 +12,37 @@
 
 typedef enum {
     FE_F32 = 0, FE_F16 = 1, FE_BF16 = 2, FE_Q8_0 = 3, FE_Q4_0 = 4, FE_Q4_1 = 5,
-    FE_Q4_K = 6, FE_Q6_K = 7, FE_N_FORMATS = 8
+    FE_Q4_K = 6, FE_Q6_K = 7, FE_Q3_NL = 8, FE_N_FORMATS = 9
 } fe_format;
+
+/* q3_nl: Ferry's 3-bit expert format (docs/FORMAT.md, docs/QUANTIZATION.md).
+ * A block of 256 values is 99 bytes: 96 bytes of 3-bit indices into the
+ * fixed non-uniform grid fe_q3_levels, then one byte e (the block's scale
+ * exponent code) and four 4-bit codes j[g], one per group of 64 values:
+ * value = s_g * fe_q3_levels[index], s_g = 2^((e - j[g]) / 8 - 20), s_g = 0
+ * when e = 0. Index layout: the 96 bytes are three rows k of eight
+ * little-endian u32 words (word (k, l) at byte 32k + 4l); for lane l the
+ * three words form a 96-bit number whose bits 3s..3s+2 are the index of
+ * value 8s + l (s = 0..31). Group g holds values 64g..64g+63 (s = 8g..8g+7). */
+#define FE_Q3_BLOCK 256
+#define FE_Q3_BYTES 99
+extern const float fe_q3_levels[8];
+/* 2^(i/8) for i = 0..7, rounded to float. */
+extern const float fe_q3_frac[8];
+
+/* Scale of group g (0..3) of a q3_nl block (inline: the SIMD kernels call it
+ * between vector operations). */
+static inline float fe_q3_group_scale(const uint8_t *block, int g) {
+    int e = block[96];
+    if (e == 0) return 0.0f;
+    int j = (block[97 + (g >> 1)] >> (4 * (g & 1))) & 15;
+    int v = e - j + 16; /* 2..270 */
+    union { uint32_t u; float f; } p;
+    p.u = (uint32_t)((v >> 3) + 105) << 23; /* 2^((v >> 3) - 22) */
+    return fe_q3_frac[v & 7] * p.f;
+}
+/* The 3-bit index of value i (0..255) of a block. */
+int fe_q3_index(const uint8_t *block, int i);
 
 typedef struct {
     const char *name;   /* manifest spelling, e.g. "q4_1" */

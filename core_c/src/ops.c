@@ -5,6 +5,7 @@
 #include <stddef.h>
 
 #include "formats.h"
+#include "kernels.h"
 
 fe_mat fe_mat_view(const uint8_t *data, int fmt, int rows, int cols) {
     fe_mat m = {data, fmt, rows, cols, fe_row_bytes(fmt, (uint64_t)cols)};
@@ -17,26 +18,23 @@ typedef struct {
     const float *x;     /* [n][cols] */
     float *y;           /* [n][rows] */
     int n;              /* tokens */
+    fe_rowdot_fn dot;   /* the row kernel of w's format (kernels.h) */
 } matmul_job;
 
+/* Rows [start, end) of y for every token: one kernel call per weight row, so
+ * each output is computed by the same code whatever n is. */
 static void matmul_rows(void *p, int start, int end, int tid) {
     matmul_job *j = p;
     const fe_mat *w = j->w;
     float *buf = j->ops->rows + (size_t)tid * (size_t)j->ops->rows_stride;
-    for (int r = start; r < end; r++) {
-        const uint8_t *row = w->data + (uint64_t)r * w->row_bytes;
-        const float *wr = (const float *)row;
-        if (w->fmt != FE_F32) {
-            fe_dequant_row(w->fmt, row, buf, w->cols);
-            wr = buf;
-        }
-        for (int t = 0; t < j->n; t++)
-            j->y[(size_t)t * w->rows + r] = fe_dot_f32(wr, j->x + (size_t)t * w->cols, w->cols);
-    }
+    for (int r = start; r < end; r++)
+        j->dot(w->data + (uint64_t)r * w->row_bytes, w->cols, j->x, (size_t)w->cols, j->n, j->y + r,
+               (size_t)w->rows, buf);
 }
 
 void fe_matmul(const fe_ops *ops, const fe_mat *w, const float *x, int n, float *y) {
-    matmul_job j = {ops, w, x, y, n};
+    matmul_job j = {ops, w, x, y, n, fe_kernel_for(fe_kernels_active(), w->fmt)};
+    if (!j.dot) return;
     fe_pool_run(ops->pool, matmul_rows, &j, w->rows);
 }
 

@@ -1,0 +1,334 @@
+"""A remote engine: any OpenAI-compatible server (vLLM, SGLang, llama.cpp,
+another Ferry...) behind the same event stream as ``LoadedModel.generate``,
+so the app's worker drives either one.
+
+Events: ``PromptProgress`` (from a Ferry server's progress comments; else one
+when the first text arrives), ``Thinking`` (reasoning text: the
+``reasoning_content`` or ``reasoning`` delta field, or ``<think>`` tags in the
+content of a server that does not split them), ``Token`` (answer text; its
+``id`` is -1, a remote server sends text, not ids), ``Figures`` (engine
+counters, as ``Session.stats()`` names them), and a final ``Finished``.
+
+What a remote engine reports: a Ferry server sends its engine's own counters
+(speeds, disk reads, cache hits) in its ``ferry`` extension field; any other
+server gives only text and usage, so the answer and prompt speeds are measured
+here from the stream and the disk and cache figures are unknown
+(``provided`` says which is which).
+
+``cancel()`` may be called from any thread: it shuts the connection, so the
+server sees the client leave and stops generating.
+"""
+from __future__ import annotations
+
+import json
+import queue
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Sequence
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+
+from app.chat.stream_parser import StreamParser
+from app.model import Finished, PromptProgress, Token
+from app.sampling import SamplingParams
+
+#: Figures a Ferry server sends / that can be measured from any server's stream.
+FERRY_FIGURES = frozenset({"decode_tps", "prompt_tps", "read_mbps", "hit_decode", "hit_prefill"})
+MEASURED_FIGURES = frozenset({"decode_tps", "prompt_tps"})
+POLL = 0.1
+
+
+class RemoteError(RuntimeError):
+    """The server cannot be used (unreachable, wrong key, unknown model...)."""
+
+
+@dataclass(frozen=True)
+class Thinking:
+    text: str
+
+
+@dataclass(frozen=True)
+class Figures:
+    counters: dict[str, float]
+
+
+@dataclass(frozen=True)
+class RemoteStats:
+    """The counters of one remote answer, with ``Stats``'s ``as_dict``."""
+
+    counters: dict[str, float] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, float]:
+        return dict(self.counters)
+
+    def __getattr__(self, name: str) -> float:
+        try:
+            return self.__dict__["counters"].get(name, 0)
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+def normalise_url(url: str) -> str:
+    """``host:port``, ``http://host:port`` or ``.../v1`` -> the API base ending in /v1."""
+    url = url.strip()
+    if not url:
+        raise RemoteError("no server URL is set")
+    if "://" not in url:
+        url = "http://" + url
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise RemoteError(f"'{url}' is not an http(s) URL")
+    path = parts.path.rstrip("/")
+    if not path:
+        path = "/v1"
+    return urlunsplit((parts.scheme, parts.netloc, path, "", ""))
+
+
+class RemoteEngine:
+    def __init__(self, url: str, model: str = "", api_key: str | None = None, *, timeout: float = 30.0):
+        self.url = normalise_url(url)
+        self.model = model.strip()
+        self.api_key = api_key or None
+        self.timeout = timeout
+        self.is_ferry = False
+        self.n_ctx = 0
+        self._cancel = threading.Event()
+        self._lock = threading.Lock()
+        self._socket: socket.socket | None = None
+
+    @property
+    def provided(self) -> frozenset[str]:
+        """The gauges this engine can fill."""
+        return FERRY_FIGURES if self.is_ferry else MEASURED_FIGURES
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    # ---- set-up
+
+    def check(self) -> dict[str, Any]:
+        """Reach the server, check the key and pick the model (the first one if none is set)."""
+        try:
+            r = httpx.get(self.url + "/models", headers=self._headers(), timeout=self.timeout)
+        except httpx.HTTPError as exc:
+            raise RemoteError(f"cannot reach {self.url}: {exc}") from None
+        if r.status_code != 200:
+            raise RemoteError(f"{self.url} answered {r.status_code}: {_error_message(r)}")
+        try:
+            cards = [c for c in r.json().get("data", []) if isinstance(c, dict) and isinstance(c.get("id"), str)]
+        except (ValueError, AttributeError):
+            raise RemoteError(f"{self.url}/models did not answer with a model list") from None
+        if not cards:
+            raise RemoteError(f"{self.url} serves no models")
+        if not self.model:
+            self.model = cards[0]["id"]
+        card = next((c for c in cards if c["id"] == self.model), None)
+        if card is None:
+            names = ", ".join(c["id"] for c in cards[:10])
+            raise RemoteError(f"{self.url} does not serve '{self.model}' (it serves: {names})")
+        self.is_ferry = card.get("owned_by") == "ferry"
+        self.n_ctx = int(card.get("max_model_len") or 0)
+        return card
+
+    # ---- generation
+
+    def cancel(self) -> None:
+        """Stop the running (or the next) answer. Any thread."""
+        self._cancel.set()
+        with self._lock:
+            sock = self._socket
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def clear_cancel(self) -> None:
+        self._cancel.clear()
+
+    def request_body(self, messages: Sequence[dict[str, Any]], params: SamplingParams, *, max_tokens: int,
+                     thinking: bool = True, stop: Sequence[str] | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": self.model, "messages": [dict(m) for m in messages], "stream": True,
+            "stream_options": {"include_usage": True}, "max_tokens": int(max_tokens),
+            "temperature": float(params.temperature), "top_p": float(params.top_p)}
+        if params.top_k:
+            body["top_k"] = int(params.top_k)
+        if params.min_p:
+            body["min_p"] = float(params.min_p)
+        if params.seed is not None:
+            body["seed"] = int(params.seed)
+        if stop:
+            body["stop"] = list(stop)
+        if not thinking:
+            body["chat_template_kwargs"] = {"enable_thinking": False}
+        return body
+
+    def generate(self, messages: Sequence[dict[str, Any]], params: SamplingParams | None = None, *,
+                 max_tokens: int = 512, thinking: bool = True,
+                 stop: Sequence[str] | None = None) -> Iterator[Any]:
+        body = self.request_body(messages, params or SamplingParams(), max_tokens=max_tokens, thinking=thinking,
+                                 stop=stop)
+        items: queue.Queue = queue.Queue()
+        reader = threading.Thread(target=self._read, args=(body, items), name="ferry-remote", daemon=True)
+        t0 = time.monotonic()
+        reader.start()
+        acc = _Answer(t0, self.is_ferry)
+        while True:
+            try:
+                kind, value = items.get(timeout=POLL)
+            except queue.Empty:
+                if self._cancel.is_set():
+                    self.cancel()
+                    yield acc.finished("cancelled")
+                    return
+                continue
+            if self._cancel.is_set():
+                self.cancel()
+                yield acc.finished("cancelled")
+                return
+            if kind == "comment":
+                progress = value.get("prompt_progress")
+                if isinstance(progress, list) and len(progress) == 2:
+                    acc.progress_seen = True
+                    yield PromptProgress(int(progress[0]), int(progress[1]))
+            elif kind == "chunk":
+                yield from acc.chunk(value)
+            elif kind == "end":
+                yield from acc.flush()
+                yield acc.finished(acc.reason or "stop")
+                return
+            elif kind == "error":
+                yield from acc.flush()
+                yield acc.finished("cancelled" if self._cancel.is_set() else "error", value)
+                return
+
+    def _read(self, body: dict[str, Any], items: queue.Queue) -> None:
+        """The HTTP stream, on its own thread: lines in, (kind, value) items out."""
+        try:
+            with httpx.Client(timeout=httpx.Timeout(self.timeout, read=None)) as client:
+                with client.stream("POST", self.url + "/chat/completions", json=body,
+                                   headers=self._headers()) as r:
+                    stream = r.extensions.get("network_stream")
+                    with self._lock:
+                        self._socket = stream.get_extra_info("socket") if stream is not None else None
+                    if self._cancel.is_set():
+                        return items.put(("error", "cancelled"))
+                    if r.status_code != 200:
+                        r.read()
+                        return items.put(("error", f"the server answered {r.status_code}: {_error_message(r)}"))
+                    for line in r.iter_lines():
+                        if line.startswith(":"):
+                            text = line[1:].strip()
+                            if text.startswith("ferry "):
+                                try:
+                                    items.put(("comment", json.loads(text[6:])))
+                                except ValueError:
+                                    pass
+                            continue
+                        if not line.startswith("data:"):
+                            continue
+                        data = line[5:].strip()
+                        if data == "[DONE]":
+                            return items.put(("end", None))
+                        try:
+                            doc = json.loads(data)
+                        except ValueError:
+                            return items.put(("error", "the server sent an event that is not JSON"))
+                        if isinstance(doc, dict) and isinstance(doc.get("error"), dict):
+                            return items.put(("error", str(doc["error"].get("message") or "the server failed")))
+                        if isinstance(doc, dict):
+                            items.put(("chunk", doc))
+                    items.put(("end", None))  # a server that closes without [DONE]
+        except (httpx.HTTPError, OSError) as exc:
+            items.put(("error", f"the connection to {self.url} failed: {exc}"))
+        finally:
+            with self._lock:
+                self._socket = None
+
+
+class _Answer:
+    """The answer as it streams in, and the counters measured on the way."""
+
+    def __init__(self, t0: float, is_ferry: bool):
+        self.t0 = t0
+        self.is_ferry = is_ferry
+        self.first: float | None = None
+        self.pieces = 0
+        self.text: list[str] = []
+        self.reason: str | None = None
+        self.usage: dict[str, Any] = {}
+        self.server_counters: dict[str, float] | None = None
+        self.progress_seen = False
+        self.parser = StreamParser("think_tags", "response")   # for <think> written into content
+
+    def chunk(self, doc: dict[str, Any]) -> Iterator[Any]:
+        if isinstance(doc.get("usage"), dict):
+            self.usage = doc["usage"]
+        ferry = doc.get("ferry")
+        if isinstance(ferry, dict) and isinstance(ferry.get("counters"), dict):
+            self.server_counters = {k: float(v) for k, v in ferry["counters"].items() if isinstance(v, (int, float))}
+        for choice in doc.get("choices") or []:
+            if not isinstance(choice, dict):
+                continue
+            delta = choice.get("delta") or {}
+            reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+            content = delta.get("content")
+            if (reasoning or content) and self.first is None:
+                self.first = time.monotonic()
+                if not self.progress_seen:
+                    yield PromptProgress(1, 1)
+            if isinstance(reasoning, str) and reasoning:
+                self.pieces += 1
+                yield Thinking(reasoning)
+            if isinstance(content, str) and content:
+                self.pieces += 1
+                yield from self._route(self.parser.feed(content))
+            if choice.get("finish_reason"):
+                self.reason = "length" if choice["finish_reason"] == "length" else "stop"
+        if isinstance(ferry, dict) and self.server_counters is not None:
+            yield Figures(self.counters())
+
+    def _route(self, events) -> Iterator[Any]:
+        for kind, text in events:
+            if kind == "thinking" and text:
+                yield Thinking(text)
+            elif kind == "response" and text:
+                self.text.append(text)
+                yield Token(-1, text)
+
+    def flush(self) -> Iterator[Any]:
+        yield from self._route(self.parser.finish())
+
+    def counters(self) -> dict[str, float]:
+        if self.server_counters is not None:
+            return dict(self.server_counters)
+        now = time.monotonic()
+        first = self.first or now
+        done = int(self.usage.get("completion_tokens") or self.pieces)
+        return {"prompt_tokens": float(self.usage.get("prompt_tokens") or 0), "prompt_seconds": first - self.t0,
+                "decode_tokens": float(done), "decode_seconds": max(0.0, now - first)}
+
+    def finished(self, reason: str, error: str | None = None) -> Finished:
+        counters = self.counters()
+        prompt = int(self.usage.get("prompt_tokens") or 0)
+        cached = int((self.usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+        done = int(self.usage.get("completion_tokens") or self.pieces)
+        return Finished(reason=reason, tokens=[-1] * done, text="".join(self.text), prompt_tokens=prompt - cached,
+                        reused_tokens=cached, seconds=time.monotonic() - self.t0, stats=RemoteStats(counters),
+                        error=error)
+
+
+def _error_message(r: httpx.Response) -> str:
+    try:
+        err = r.json().get("error")
+        if isinstance(err, dict) and err.get("message"):
+            return str(err["message"])
+        if isinstance(err, str):
+            return err
+    except (ValueError, AttributeError):
+        pass
+    return r.text[:300] or r.reason_phrase

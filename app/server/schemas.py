@@ -1,0 +1,201 @@
+"""The request and response bodies of the OpenAI-compatible API, as pydantic
+models: they validate requests (strictly: unknown fields and wrong types are
+refused, nothing is coerced) and they are the OpenAPI description."""
+from __future__ import annotations
+
+from typing import Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+#: Ceilings that hold whatever the server's own limits are (these bound the schema).
+MAX_STOP_SEQUENCES = 4
+MAX_STOP_CHARS = 256
+MAX_TOOLS = 128
+#: The reasoning efforts OpenAI clients send; "none" turns thinking off.
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class Open(BaseModel):
+    """Response bodies: clients must tolerate fields they do not know."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+# ---------------------------------------------------------------- requests
+
+class TextPart(Strict):
+    type: Literal["text"]
+    text: str = Field(max_length=1 << 22)
+
+
+class FunctionCall(Strict):
+    name: str = Field(min_length=1, max_length=256)
+    arguments: str = Field(default="", max_length=1 << 22)
+
+
+class ToolCall(Strict):
+    id: str | None = Field(default=None, max_length=256)
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class Message(Strict):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Union[str, list[TextPart], None] = None
+    name: str | None = Field(default=None, max_length=256)
+    tool_calls: list[ToolCall] | None = Field(default=None, max_length=MAX_TOOLS)
+    tool_call_id: str | None = Field(default=None, max_length=256)
+    reasoning_content: str | None = Field(default=None, max_length=1 << 22)
+
+
+class FunctionSpec(Strict):
+    name: str = Field(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9_.\-]+$")
+    description: str | None = Field(default=None, max_length=1 << 16)
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(Strict):
+    type: Literal["function"]
+    function: FunctionSpec
+
+
+class NamedFunction(Strict):
+    name: str = Field(min_length=1, max_length=256)
+
+
+class NamedToolChoice(Strict):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class JsonSchemaSpec(Strict):
+    name: str = Field(min_length=1, max_length=256)
+    description: str | None = Field(default=None, max_length=1 << 16)
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaSpec | None = None
+
+
+class StreamOptions(Strict):
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(Strict):
+    model: str = Field(max_length=512)
+    messages: list[Message] = Field(min_length=1, max_length=4096)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    top_k: int | None = Field(default=None, ge=0, le=1 << 20, description="Ferry extension (as vLLM's)")
+    min_p: float | None = Field(default=None, ge=0, lt=1, description="Ferry extension (as vLLM's)")
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    stop: Union[str, list[str], None] = None
+    seed: int | None = Field(default=None, ge=0, le=1 << 53)
+    n: Literal[1] | None = None
+    user: str | None = Field(default=None, max_length=512)
+    tools: list[Tool] | None = Field(default=None, max_length=MAX_TOOLS)
+    tool_choice: Union[Literal["none", "auto", "required"], NamedToolChoice, None] = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
+    reasoning_effort: Literal[REASONING_EFFORTS] | None = Field(  # type: ignore[valid-type]
+        default=None, description="'none' turns thinking off; other values set the effort where the format has one")
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        default=None, description="extra variables for the model's Jinja chat template, e.g. enable_thinking")
+
+
+# ---------------------------------------------------------------- responses
+
+class ErrorDetail(Open):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(Open):
+    error: ErrorDetail
+
+
+class ModelCard(Open):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str
+    max_model_len: int | None = Field(default=None, description="the context length (as vLLM names it)")
+
+
+class ModelList(Open):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class OutFunction(Open):
+    name: str
+    arguments: str
+
+
+class OutToolCall(Open):
+    id: str
+    type: Literal["function"] = "function"
+    function: OutFunction
+
+
+class AssistantMessage(Open):
+    role: Literal["assistant"] = "assistant"
+    content: str | None
+    reasoning_content: str | None = None
+    tool_calls: list[OutToolCall] | None = None
+
+
+class Choice(Open):
+    index: int
+    message: AssistantMessage
+    finish_reason: Literal["stop", "length", "tool_calls"]
+
+
+class Usage(Open):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: dict[str, int] | None = None
+    completion_tokens_details: dict[str, int] | None = None
+
+
+class FerryFigures(Open):
+    """Ferry's own figures for the answer (the engine's counters)."""
+
+    tok_per_s: float | None = None
+    prompt_tok_per_s: float | None = None
+    hit_rate: float | None = None
+    bytes_read: int = 0
+    seconds: float = 0.0
+    queue_seconds: float = 0.0
+
+
+class ChatCompletion(Open):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[Choice]
+    usage: Usage
+    ferry: FerryFigures | None = None
+
+
+class FerryStatus(Open):
+    model: str
+    busy: bool
+    waiting: int
+    served: int
+    cancelled: int

@@ -1,0 +1,153 @@
+"""Matrix-vector and small-batch kernel speed against memory bandwidth.
+
+    python bench/kernels.py [--mb 96] [--batch 1 8 32] [--threads 1 2] [--impl scalar avx2] --json
+
+Measures, in one run: single-core and all-core memory read bandwidth
+(ferry_memory_read over a buffer far larger than the caches), then for every
+kernel implementation, format, batch size n and thread count, weight bytes
+consumed per second and GFLOP/s (2 * rows * cols * n / time) of
+ferry_kernel_matmul on a [rows, 3584] matrix of random blocks. Decode (n = 1)
+runs on `--mb` MB of weights (out of cache, like streaming experts); batches
+run on a matrix of mb/8 MB. Threads split the rows (the C call releases the GIL).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from app.convert import quant  # noqa: E402
+from app.engine._ferry_c import ffi, lib  # noqa: E402
+
+FORMATS = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q4_k", "q6_k", "q3_nl"]
+COLS = 3584
+#: (block elems, block bytes, byte offsets of f16 scale fields) per format
+BLOCKS = {"f32": (1, 4, []), "f16": (1, 2, []), "bf16": (1, 2, []), "q8_0": (32, 34, [0]), "q4_0": (32, 18, [0]),
+          "q4_1": (32, 20, [0, 2]), "q4_k": (256, 144, [0, 2]), "q6_k": (256, 210, [208]), "q3_nl": (256, 99, [])}
+
+
+def random_matrix(fmt: str, rows: int, rng) -> np.ndarray:
+    elems, nbytes, scales = BLOCKS[fmt]
+    nb = rows * COLS // elems
+    if fmt in ("f32", "f16", "bf16"):
+        w = (rng.standard_normal(rows * COLS) * 0.05).astype(np.float32)
+        return {"f32": w.view(np.uint8), "f16": quant.f32_to_f16_bits(w).view(np.uint8),
+                "bf16": quant.f32_to_bf16_bits(w).view(np.uint8)}[fmt]
+    b = rng.integers(0, 256, size=(nb, nbytes), dtype=np.uint8)
+    for off in scales:
+        b[:, off:off + 2] = quant.f32_to_f16_bits(rng.uniform(0.001, 0.01, (nb, 1)).astype(np.float32)).view(np.uint8)
+    if fmt == "q3_nl":
+        b[:, 96] = rng.integers(120, 140, nb)
+    return b.reshape(-1)
+
+
+def run_threads(fn, n: int) -> float:
+    ts = [threading.Thread(target=fn, args=(i,)) for i in range(n)]
+    t0 = time.perf_counter()
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return time.perf_counter() - t0
+
+
+def bandwidth(threads: int, mb: int, streams: int) -> float:
+    bufs = [np.ones(mb * 2**20 // 8, dtype=np.uint64) for _ in range(threads)]
+    reps = 4
+    for b in bufs:
+        lib.ferry_memory_read(ffi.from_buffer(b), b.nbytes, 1, streams)
+    best = 0.0
+    for _ in range(3):
+        dt = run_threads(lambda i: lib.ferry_memory_read(ffi.from_buffer(bufs[i]), bufs[i].nbytes, reps, streams), threads)
+        best = max(best, threads * reps * bufs[0].nbytes / dt / 1e9)
+    return best
+
+
+def bench_kernel(impl: int, fmt: str, n: int, threads: int, mb: float, rng, cache) -> dict:
+    code = lib.ferry_format_code(fmt.encode())
+    row_bytes = lib.ferry_format_row_bytes(code, COLS)
+    rows = max(threads * 8, int(mb * 2**20 // row_bytes) // 8 * 8)
+    key = (fmt, rows)
+    if key not in cache:
+        cache.clear()
+        cache[key] = random_matrix(fmt, rows, rng)
+    w = cache[key]
+    x = (rng.standard_normal((n, COLS))).astype(np.float32)
+    y = np.zeros((threads, n, rows // threads), dtype=np.float32)
+    per = rows // threads
+
+    def work(i: int) -> None:
+        lib.ferry_kernel_matmul(impl, code, ffi.from_buffer(w[i * per * row_bytes:(i + 1) * per * row_bytes]), per,
+                                COLS, ffi.from_buffer("float[]", x), n, ffi.from_buffer("float[]", y[i]))
+
+    run_threads(work, threads)  # warm up
+    dt = run_threads(work, threads)
+    reps = max(1, min(20, int(0.4 / max(dt, 1e-6))))
+    best = dt
+    for _ in range(reps):
+        best = min(best, run_threads(work, threads))
+    wbytes = per * threads * row_bytes
+    return {"impl": ffi.string(lib.ferry_kernels_name(impl)).decode(), "format": fmt, "n": n, "threads": threads,
+            "rows": per * threads, "cols": COLS, "weight_mb": round(wbytes / 2**20, 1),
+            "weight_gb_s": round(wbytes / best / 1e9, 2),
+            "gflop_s": round(2 * per * threads * COLS * n / best / 1e9, 2),
+            "bits_per_weight": round(8 * row_bytes / COLS, 4)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mb", type=float, default=96)
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--threads", type=int, nargs="+", default=sorted({1, os.cpu_count() or 1}))
+    ap.add_argument("--impl", nargs="+", default=None, help="scalar avx2 neon (default: all available)")
+    ap.add_argument("--formats", nargs="+", default=FORMATS)
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args(argv)
+    names = {ffi.string(lib.ferry_kernels_name(i)).decode(): i for i in range(3)}
+    impls = [names[i] for i in a.impl] if a.impl else [i for i in range(3) if lib.ferry_kernels_available(i)]
+    rng = np.random.default_rng(0)
+    try:
+        cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines()[:16]
+    except OSError:
+        cpu = [platform.processor()]
+    out = {"machine": cpu, "python": platform.python_version(),
+           "date": time.strftime("%Y-%m-%d"),
+           "active_kernels": ffi.string(lib.ferry_kernels_name(lib.ferry_kernels_active())).decode(),
+           "memory_read_gb_s": {}, "kernels": []}
+    for t in a.threads:
+        for st in (1, 4):
+            out["memory_read_gb_s"][f"{t} threads, {st} stream(s) each"] = round(bandwidth(t, 256, st), 2)
+    cache: dict = {}
+    for fmt in a.formats:
+        for impl in impls:
+            if not lib.ferry_kernels_available(impl):
+                continue
+            for n in a.batch:
+                for t in a.threads:
+                    mb = a.mb if n == 1 else a.mb / 8
+                    if impl == 0 and n > 1:
+                        mb = min(mb, 4)
+                    r = bench_kernel(impl, fmt, n, t, mb, rng, cache)
+                    out["kernels"].append(r)
+                    if not a.json:
+                        print(r, flush=True)
+    for t in a.threads:  # again at the end: the box is shared, so bracket the run
+        for st in (1, 4):
+            out["memory_read_gb_s"][f"{t} threads, {st} stream(s) each, after"] = round(bandwidth(t, 256, st), 2)
+    if a.json:
+        print(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,71 @@
+/*
+ * ferry_kernels.h — the core's compute kernels and its 3-bit expert quantizer,
+ * for the converter, tests and benchmarks. Independent of engines: nothing
+ * here allocates beyond the call or keeps state, except that the kernel set
+ * matrix products use is chosen once per process (FERRY_KERNELS=scalar forces
+ * the scalar reference; unset or "auto" picks the best this CPU supports).
+ *
+ * Formats are the container's codes (docs/FORMAT.md): 0 f32, 1 f16, 2 bf16,
+ * 3 q8_0, 4 q4_0, 5 q4_1, 6 q4_k, 7 q6_k, 8 q3_nl.
+ */
+#ifndef FERRY_KERNELS_H_PUBLIC
+#define FERRY_KERNELS_H_PUBLIC
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Kernel implementations. */
+#define FERRY_KERNELS_SCALAR 0
+#define FERRY_KERNELS_AVX2 1
+#define FERRY_KERNELS_NEON 2
+
+/* The q3_nl format: 256 values in 99 bytes (3.09375 bits per value). */
+#define FERRY_Q3_BLOCK 256
+#define FERRY_Q3_BLOCK_BYTES 99
+
+/* "scalar", "avx2", "neon" (or "unknown"). */
+const char *ferry_kernels_name(int impl);
+/* Nonzero when `impl` is built in and this CPU can run it. */
+int ferry_kernels_available(int impl);
+/* The implementation engines use in this process. */
+int ferry_kernels_active(void);
+
+/* Format code by manifest name, or -1; bytes of one row (0 if impossible). */
+int ferry_format_code(const char *name);
+uint64_t ferry_format_row_bytes(int fmt, uint64_t cols);
+
+/* y[t][r] = W[r] . x[t] for a [rows, cols] matrix stored in `fmt`, x [n][cols],
+ * y [n][rows], on the calling thread with implementation `impl`.
+ * Returns 0, or -1 for a bad argument or an unavailable implementation. */
+int ferry_kernel_matmul(int impl, int fmt, const void *w, int rows, int cols, const float *x, int n, float *y);
+
+/* Widen rows x cols stored values to floats (the scalar reference decoder). */
+int ferry_dequantize(int fmt, const void *src, int rows, int cols, float *out);
+
+/* Read nbytes at p (64-byte aligned, a multiple of 128 * streams), `reps`
+ * times, as `streams` (1..8) interleaved sequential streams; returns a value
+ * that depends on every byte read (so nothing is skipped). One core reads
+ * more with several streams in flight than with one. */
+uint64_t ferry_memory_read(const void *p, size_t nbytes, int reps, int streams);
+
+/* Quantize rows x cols values (cols a multiple of FERRY_Q3_BLOCK) to q3_nl,
+ * writing rows * cols / 256 * 99 bytes to dst. importance: NULL, or `cols`
+ * non-negative weights (e.g. mean squared activations of each input column)
+ * that the scale search minimises the weighted error for.
+ * Returns 0, or -1 for bad arguments or non-finite input. */
+int ferry_q3_quantize_f32(const float *src, int rows, int cols, const float *importance, void *dst);
+int ferry_q3_quantize_bf16(const uint16_t *src, int rows, int cols, const float *importance, void *dst);
+/* From MXFP4 (compressed-tensors mxfp4-pack-quantized): `packed` is
+ * [rows][cols/2] bytes, low nibble the even column, each nibble e2m1 with bit 3
+ * the sign; `scales` is [rows][cols/32] E8M0 bytes: w = e2m1 * 2^(scale-127). */
+int ferry_q3_quantize_mxfp4(const uint8_t *packed, const uint8_t *scales, int rows, int cols,
+                            const float *importance, void *dst);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FERRY_KERNELS_H_PUBLIC */

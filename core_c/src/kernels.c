@@ -1,0 +1,139 @@
+/* kernels.c — the scalar reference row kernels, run-time selection, and the
+ * public kernel entry points of ferry_kernels.h. */
+#define _POSIX_C_SOURCE 200809L
+#include "kernels.h"
+
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../include/ferry_kernels.h"
+
+/* The reference: widen the row to f32 (fe_dequant_row), then fe_dot_f32. */
+static void rowdot_scalar(int fmt, const uint8_t *row, int cols, const float *x, size_t xs, int n, float *y,
+                          size_t ys, float *scratch) {
+    const float *w = (const float *)row;
+    if (fmt != FE_F32) {
+        fe_dequant_row(fmt, row, scratch, cols);
+        w = scratch;
+    }
+    for (int t = 0; t < n; t++) y[(size_t)t * ys] = fe_dot_f32(w, x + (size_t)t * xs, cols);
+}
+
+#define SCALAR(F, CODE)                                                                                  \
+    static void rowdot_scalar_##F(const uint8_t *row, int cols, const float *x, size_t xs, int n, float *y, \
+                                  size_t ys, float *scratch) {                                           \
+        rowdot_scalar(CODE, row, cols, x, xs, n, y, ys, scratch);                                        \
+    }
+SCALAR(f32, FE_F32)
+SCALAR(f16, FE_F16)
+SCALAR(bf16, FE_BF16)
+SCALAR(q8_0, FE_Q8_0)
+SCALAR(q4_0, FE_Q4_0)
+SCALAR(q4_1, FE_Q4_1)
+SCALAR(q4_k, FE_Q4_K)
+SCALAR(q6_k, FE_Q6_K)
+SCALAR(q3_nl, FE_Q3_NL)
+#undef SCALAR
+
+static const fe_kernels SCALAR_TABLE = {
+    "scalar",
+    {[FE_F32] = rowdot_scalar_f32, [FE_F16] = rowdot_scalar_f16, [FE_BF16] = rowdot_scalar_bf16,
+     [FE_Q8_0] = rowdot_scalar_q8_0, [FE_Q4_0] = rowdot_scalar_q4_0, [FE_Q4_1] = rowdot_scalar_q4_1,
+     [FE_Q4_K] = rowdot_scalar_q4_k, [FE_Q6_K] = rowdot_scalar_q6_k, [FE_Q3_NL] = rowdot_scalar_q3_nl},
+};
+
+const fe_kernels *fe_kernels_get(int impl) {
+    switch (impl) {
+    case FE_KERNELS_SCALAR: return &SCALAR_TABLE;
+    case FE_KERNELS_AVX2: return fe_cpu_has_avx2() ? fe_kernels_avx2_table() : NULL;
+    case FE_KERNELS_NEON: return fe_kernels_neon_table();
+    default: return NULL;
+    }
+}
+
+static int best_available(void) {
+    for (int i = FE_KERNELS_N - 1; i > 0; i--)
+        if (fe_kernels_get(i)) return i;
+    return FE_KERNELS_SCALAR;
+}
+
+static atomic_int active_id = -1;
+
+int fe_kernels_active_id(void) {
+    int id = atomic_load_explicit(&active_id, memory_order_acquire);
+    if (id >= 0) return id;
+    const char *want = getenv("FERRY_KERNELS");
+    id = best_available();
+    if (want && *want) {
+        for (int i = 0; i < FE_KERNELS_N; i++)
+            if (strcmp(want, ferry_kernels_name(i)) == 0 && fe_kernels_get(i)) id = i;
+    }
+    /* Every thread computes the same answer; the first store wins. */
+    int expected = -1;
+    atomic_compare_exchange_strong(&active_id, &expected, id);
+    return atomic_load(&active_id);
+}
+
+const fe_kernels *fe_kernels_active(void) { return fe_kernels_get(fe_kernels_active_id()); }
+
+fe_rowdot_fn fe_kernel_for(const fe_kernels *k, int fmt) {
+    if (fmt < 0 || fmt >= FE_N_FORMATS) return NULL;
+    if (k && k->rowdot[fmt]) return k->rowdot[fmt];
+    return SCALAR_TABLE.rowdot[fmt];
+}
+
+/* ----------------------------------------------------------- public API */
+
+const char *ferry_kernels_name(int impl) {
+    static const char *names[FE_KERNELS_N] = {"scalar", "avx2", "neon"};
+    return (impl >= 0 && impl < FE_KERNELS_N) ? names[impl] : "unknown";
+}
+
+int ferry_kernels_available(int impl) { return fe_kernels_get(impl) != NULL; }
+
+int ferry_kernels_active(void) { return fe_kernels_active_id(); }
+
+int ferry_format_code(const char *name) { return name ? fe_format_from_name(name) : -1; }
+
+uint64_t ferry_format_row_bytes(int fmt, uint64_t cols) { return fe_row_bytes(fmt, cols); }
+
+int ferry_dequantize(int fmt, const void *src, int rows, int cols, float *out) {
+    uint64_t rb = fe_row_bytes(fmt, (uint64_t)(cols > 0 ? cols : 0));
+    if (!src || !out || rows < 0 || rb == 0) return -1;
+    for (int r = 0; r < rows; r++)
+        fe_dequant_row(fmt, (const uint8_t *)src + (uint64_t)r * rb, out + (size_t)r * (size_t)cols, cols);
+    return 0;
+}
+
+int ferry_kernel_matmul(int impl, int fmt, const void *w, int rows, int cols, const float *x, int n, float *y) {
+    const fe_kernels *k = fe_kernels_get(impl);
+    uint64_t rb = fe_row_bytes(fmt, (uint64_t)(cols > 0 ? cols : 0));
+    if (!k || !w || !x || !y || rows < 0 || n < 0 || rb == 0) return -1;
+    fe_rowdot_fn f = fe_kernel_for(k, fmt);
+    float *scratch = malloc((size_t)cols * sizeof(float));
+    if (!scratch) return -1;
+    for (int r = 0; r < rows; r++)
+        f((const uint8_t *)w + (uint64_t)r * rb, cols, x, (size_t)cols, n, y + r, (size_t)rows, scratch);
+    free(scratch);
+    return 0;
+}
+
+uint64_t ferry_memory_read(const void *p, size_t nbytes, int reps, int streams) {
+    if (!p || reps <= 0 || streams < 1 || streams > 8) return 0;
+    if (fe_cpu_has_avx2()) return fe_memory_read_simd(p, nbytes, reps, streams);
+    size_t per = nbytes / (size_t)streams / 128 * 128;
+    uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+    for (int r = 0; r < reps; r++)
+        for (size_t off = 0; off < per; off += 128)
+            for (int s = 0; s < streams; s++) {
+                const uint64_t *v = (const uint64_t *)((const uint8_t *)p + (size_t)s * per + off);
+                for (int i = 0; i < 16; i += 4) {
+                    a0 ^= v[i];
+                    a1 ^= v[i + 1];
+                    a2 ^= v[i + 2];
+                    a3 ^= v[i + 3];
+                }
+            }
+    return a0 ^ a1 ^ a2 ^ a3;
+}

@@ -1,0 +1,373 @@
+/* kernels_avx2.c — fused dequantize-and-dot row kernels for x86-64 with
+ * AVX2 + FMA + F16C. Compiled with per-function target attributes, so the
+ * extension still loads on x86-64 CPUs without AVX2; kernels.c only selects
+ * this table when the CPU reports all three features.
+ *
+ * Every format is decoded 32 values at a time into four vectors w0..w3;
+ * each token keeps four accumulators (w_j goes to accumulator j), tokens run
+ * in pairs, and the four accumulators are summed ((a0+a1)+(a2+a3)) and then
+ * across lanes in one fixed order. A token's arithmetic is therefore the
+ * same whether it is computed alone or in a batch. */
+#include "kernels.h"
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <cpuid.h>
+#include <immintrin.h>
+#include <string.h>
+
+#define TGT __attribute__((target("avx2,fma,f16c")))
+#define INL static inline __attribute__((always_inline, target("avx2,fma,f16c")))
+
+/* AVX2, FMA and F16C from cpuid (clang 14 cannot ask __builtin_cpu_supports
+ * about f16c), and the OS saving the AVX registers (OSXSAVE + XCR0). */
+int fe_cpu_has_avx2(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
+    int fma = (c >> 12) & 1, osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, f16c = (c >> 29) & 1;
+    if (!(fma && osxsave && avx && f16c)) return 0;
+    unsigned lo, hi;
+    __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    if ((lo & 6) != 6) return 0; /* XMM and YMM state enabled by the OS */
+    if (__get_cpuid_max(0, NULL) < 7) return 0;
+    __cpuid_count(7, 0, a, b, c, d);
+    return (b >> 5) & 1; /* AVX2 */
+}
+
+INL float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+INL float f16_1(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+/* Accumulators of a token pair. */
+typedef struct { __m256 a0, a1, a2, a3, b0, b1, b2, b3; } acc2;
+
+INL void acc_zero(acc2 *A) {
+    A->a0 = A->a1 = A->a2 = A->a3 = A->b0 = A->b1 = A->b2 = A->b3 = _mm256_setzero_ps();
+}
+
+INL void acc_add(acc2 *A, const __m256 w[4], const float *xa, const float *xb, const int two) {
+    A->a0 = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(xa), A->a0);
+    A->a1 = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xa + 8), A->a1);
+    A->a2 = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xa + 16), A->a2);
+    A->a3 = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xa + 24), A->a3);
+    if (two) {
+        A->b0 = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(xb), A->b0);
+        A->b1 = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xb + 8), A->b1);
+        A->b2 = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xb + 16), A->b2);
+        A->b3 = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xb + 24), A->b3);
+    }
+}
+
+INL void acc_done(const acc2 *A, float *ya, float *yb, const int two) {
+    *ya = hsum8(_mm256_add_ps(_mm256_add_ps(A->a0, A->a1), _mm256_add_ps(A->a2, A->a3)));
+    if (two) *yb = hsum8(_mm256_add_ps(_mm256_add_ps(A->b0, A->b1), _mm256_add_ps(A->b2, A->b3)));
+}
+
+/* A partial chunk of a plain-float row: values and x padded with zeros. */
+INL void acc_tail(acc2 *A, const float *wt, const float *xa, const float *xb, int m, const int two) {
+    float xpa[32] = {0}, xpb[32] = {0};
+    memcpy(xpa, xa, (size_t)m * 4);
+    if (two) memcpy(xpb, xb, (size_t)m * 4);
+    __m256 w[4] = {_mm256_loadu_ps(wt), _mm256_loadu_ps(wt + 8), _mm256_loadu_ps(wt + 16), _mm256_loadu_ps(wt + 24)};
+    acc_add(A, w, xpa, xpb, two);
+}
+
+/* The per-format pair kernels: PAIR(name) defines name##_pair(row, cols, xa, xb, ya, yb, two). */
+#define PAIR(name) INL void name##_pair(const uint8_t *row, int cols, const float *xa, const float *xb, float *ya, \
+                                        float *yb, const int two)
+
+PAIR(f32) {
+    acc2 A;
+    acc_zero(&A);
+    const float *w = (const float *)row;
+    int c = 0;
+    for (; c + 32 <= cols; c += 32) {
+        __m256 v[4] = {_mm256_loadu_ps(w + c), _mm256_loadu_ps(w + c + 8), _mm256_loadu_ps(w + c + 16),
+                       _mm256_loadu_ps(w + c + 24)};
+        acc_add(&A, v, xa + c, xb + c, two);
+    }
+    if (c < cols) {
+        float wt[32] = {0};
+        memcpy(wt, w + c, (size_t)(cols - c) * 4);
+        acc_tail(&A, wt, xa + c, xb + c, cols - c, two);
+    }
+    acc_done(&A, ya, yb, two);
+}
+
+INL __m256 ld_f16(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+
+PAIR(f16) {
+    acc2 A;
+    acc_zero(&A);
+    int c = 0;
+    for (; c + 32 <= cols; c += 32) {
+        const uint8_t *p = row + 2 * c;
+        __m256 v[4] = {ld_f16(p), ld_f16(p + 16), ld_f16(p + 32), ld_f16(p + 48)};
+        acc_add(&A, v, xa + c, xb + c, two);
+    }
+    if (c < cols) {
+        float wt[32] = {0};
+        for (int i = c; i < cols; i++) wt[i - c] = f16_1(row + 2 * i);
+        acc_tail(&A, wt, xa + c, xb + c, cols - c, two);
+    }
+    acc_done(&A, ya, yb, two);
+}
+
+INL __m256 ld_bf16(const uint8_t *p) {
+    __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
+}
+
+PAIR(bf16) {
+    acc2 A;
+    acc_zero(&A);
+    int c = 0;
+    for (; c + 32 <= cols; c += 32) {
+        const uint8_t *p = row + 2 * c;
+        __m256 v[4] = {ld_bf16(p), ld_bf16(p + 16), ld_bf16(p + 32), ld_bf16(p + 48)};
+        acc_add(&A, v, xa + c, xb + c, two);
+    }
+    if (c < cols) {
+        float wt[32] = {0};
+        for (int i = c; i < cols; i++) wt[i - c] = fe_bf16_to_f32((uint16_t)(row[2 * i] | row[2 * i + 1] << 8));
+        acc_tail(&A, wt, xa + c, xb + c, cols - c, two);
+    }
+    acc_done(&A, ya, yb, two);
+}
+
+INL __m256i u8x8(const uint8_t *p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)); }
+
+PAIR(q8_0) {
+    acc2 A;
+    acc_zero(&A);
+    for (int b = 0; b < cols / 32; b++) {
+        const uint8_t *p = row + 34 * b;
+        __m256 d = _mm256_set1_ps(f16_1(p));
+        __m256 v[4];
+        for (int j = 0; j < 4; j++)
+            v[j] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + 2 + 8 * j)))));
+        acc_add(&A, v, xa + 32 * b, xb + 32 * b, two);
+    }
+    acc_done(&A, ya, yb, two);
+}
+
+/* Nibbles of 16 bytes as four vectors of 8: low of 0-7, low of 8-15, high of 0-7, high of 8-15. */
+INL void nibbles16(const uint8_t *q, __m256 out[4]) {
+    const __m256i m = _mm256_set1_epi32(15);
+    __m256i lo = u8x8(q), hi = u8x8(q + 8);
+    out[0] = _mm256_cvtepi32_ps(_mm256_and_si256(lo, m));
+    out[1] = _mm256_cvtepi32_ps(_mm256_and_si256(hi, m));
+    out[2] = _mm256_cvtepi32_ps(_mm256_srli_epi32(lo, 4));
+    out[3] = _mm256_cvtepi32_ps(_mm256_srli_epi32(hi, 4));
+}
+
+PAIR(q4_0) {
+    acc2 A;
+    acc_zero(&A);
+    for (int b = 0; b < cols / 32; b++) {
+        const uint8_t *p = row + 18 * b;
+        float df = f16_1(p);
+        __m256 d = _mm256_set1_ps(df), off = _mm256_set1_ps(-8.0f * df);
+        __m256 v[4];
+        nibbles16(p + 2, v);
+        for (int j = 0; j < 4; j++) v[j] = _mm256_fmadd_ps(v[j], d, off);
+        acc_add(&A, v, xa + 32 * b, xb + 32 * b, two);
+    }
+    acc_done(&A, ya, yb, two);
+}
+
+PAIR(q4_1) {
+    acc2 A;
+    acc_zero(&A);
+    for (int b = 0; b < cols / 32; b++) {
+        const uint8_t *p = row + 20 * b;
+        __m256 d = _mm256_set1_ps(f16_1(p)), m = _mm256_set1_ps(f16_1(p + 2));
+        __m256 v[4];
+        nibbles16(p + 4, v);
+        for (int j = 0; j < 4; j++) v[j] = _mm256_fmadd_ps(v[j], d, m);
+        acc_add(&A, v, xa + 32 * b, xb + 32 * b, two);
+    }
+    acc_done(&A, ya, yb, two);
+}
+
+INL void q4k_sm(int j, const uint8_t *s, int *sc, int *m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
+        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+PAIR(q4_k) {
+    acc2 A;
+    acc_zero(&A);
+    const __m256i m15 = _mm256_set1_epi32(15);
+    for (int b = 0; b < cols / 256; b++) {
+        const uint8_t *p = row + 144 * b;
+        float d = f16_1(p), dmin = f16_1(p + 2);
+        const uint8_t *q = p + 16;
+        const float *xa0 = xa + 256 * b, *xb0 = xb + 256 * b;
+        for (int j = 0; j < 8; j += 2, q += 32) {
+            int sc, mn;
+            q4k_sm(j, p + 4, &sc, &mn);
+            __m256 d1 = _mm256_set1_ps(d * (float)sc), m1 = _mm256_set1_ps(-(dmin * (float)mn));
+            q4k_sm(j + 1, p + 4, &sc, &mn);
+            __m256 d2 = _mm256_set1_ps(d * (float)sc), m2 = _mm256_set1_ps(-(dmin * (float)mn));
+            __m256i r[4] = {u8x8(q), u8x8(q + 8), u8x8(q + 16), u8x8(q + 24)};
+            __m256 v[4];
+            for (int k = 0; k < 4; k++) v[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(r[k], m15)), d1, m1);
+            acc_add(&A, v, xa0 + 32 * j, xb0 + 32 * j, two);
+            for (int k = 0; k < 4; k++) v[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(r[k], 4)), d2, m2);
+            acc_add(&A, v, xa0 + 32 * j + 32, xb0 + 32 * j + 32, two);
+        }
+    }
+    acc_done(&A, ya, yb, two);
+}
+
+PAIR(q6_k) {
+    acc2 A;
+    acc_zero(&A);
+    const __m256i m15 = _mm256_set1_epi32(15), m3 = _mm256_set1_epi32(3), k32 = _mm256_set1_epi32(32);
+    for (int b = 0; b < cols / 256; b++) {
+        const uint8_t *p = row + 210 * b;
+        float d = f16_1(p + 208);
+        for (int half = 0; half < 2; half++) {
+            const uint8_t *ql = p + 64 * half, *qh = p + 128 + 32 * half;
+            const int8_t *sc = (const int8_t *)(p + 192 + 8 * half);
+            int base = 256 * b + 128 * half;
+            for (int c = 0; c < 4; c++) { /* values base + 32c + l, l < 32 */
+                const uint8_t *lq = ql + (c & 1) * 32;
+                int lshift = (c >> 1) * 4, hshift = 2 * c;
+                __m256 v[4];
+                for (int k = 0; k < 4; k++) {
+                    __m256i lo = _mm256_and_si256(_mm256_srli_epi32(u8x8(lq + 8 * k), lshift), m15);
+                    __m256i hi = _mm256_and_si256(_mm256_srli_epi32(u8x8(qh + 8 * k), hshift), m3);
+                    __m256i q = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), k32);
+                    v[k] = _mm256_mul_ps(_mm256_set1_ps(d * (float)sc[2 * c + (k >> 1)]), _mm256_cvtepi32_ps(q));
+                }
+                acc_add(&A, v, xa + base + 32 * c, xb + base + 32 * c, two);
+            }
+        }
+    }
+    acc_done(&A, ya, yb, two);
+}
+
+/* q3_nl (formats.h): per 64-value group, the grid times the group scale is
+ * one 8-float table; each index vector then costs a shift and a vpermps
+ * (which reads only the low 3 bits of each lane). */
+INL __m256i q3_field(__m256i w0, __m256i w1, __m256i w2, const int s) {
+    const int bit = 3 * s;
+    if (bit + 3 <= 32) return _mm256_srli_epi32(w0, bit);
+    if (bit < 32) return _mm256_or_si256(_mm256_srli_epi32(w0, bit), _mm256_slli_epi32(w1, 32 - bit));
+    if (bit + 3 <= 64) return _mm256_srli_epi32(w1, bit - 32);
+    if (bit < 64) return _mm256_or_si256(_mm256_srli_epi32(w1, bit - 32), _mm256_slli_epi32(w2, 64 - bit));
+    return _mm256_srli_epi32(w2, bit - 64);
+}
+
+PAIR(q3_nl) {
+    acc2 A;
+    acc_zero(&A);
+    const __m256 grid = _mm256_loadu_ps(fe_q3_levels);
+    for (int b = 0; b < cols / FE_Q3_BLOCK; b++) {
+        const uint8_t *p = row + FE_Q3_BYTES * b;
+        const float *xa0 = xa + FE_Q3_BLOCK * b, *xb0 = xb + FE_Q3_BLOCK * b;
+        __m256i w0 = _mm256_loadu_si256((const __m256i *)p), w1 = _mm256_loadu_si256((const __m256i *)(p + 32)),
+                w2 = _mm256_loadu_si256((const __m256i *)(p + 64));
+        __m256 lut = grid;
+        __m256 v[4];
+#define Q3_CHUNK(c)                                                                                        \
+    do {                                                                                                   \
+        if (((c) & 1) == 0) lut = _mm256_mul_ps(grid, _mm256_set1_ps(fe_q3_group_scale(p, (c) >> 1)));     \
+        v[0] = _mm256_permutevar8x32_ps(lut, q3_field(w0, w1, w2, 4 * (c)));                               \
+        v[1] = _mm256_permutevar8x32_ps(lut, q3_field(w0, w1, w2, 4 * (c) + 1));                           \
+        v[2] = _mm256_permutevar8x32_ps(lut, q3_field(w0, w1, w2, 4 * (c) + 2));                           \
+        v[3] = _mm256_permutevar8x32_ps(lut, q3_field(w0, w1, w2, 4 * (c) + 3));                           \
+        acc_add(&A, v, xa0 + 32 * (c), xb0 + 32 * (c), two);                                               \
+    } while (0)
+        Q3_CHUNK(0);
+        Q3_CHUNK(1);
+        Q3_CHUNK(2);
+        Q3_CHUNK(3);
+        Q3_CHUNK(4);
+        Q3_CHUNK(5);
+        Q3_CHUNK(6);
+        Q3_CHUNK(7);
+#undef Q3_CHUNK
+    }
+    acc_done(&A, ya, yb, two);
+}
+
+#define ROWDOT(name)                                                                                       \
+    TGT static void rowdot_avx2_##name(const uint8_t *row, int cols, const float *x, size_t xs, int n,     \
+                                       float *y, size_t ys, float *scratch) {                             \
+        (void)scratch;                                                                                     \
+        int t = 0;                                                                                         \
+        for (; t + 2 <= n; t += 2)                                                                         \
+            name##_pair(row, cols, x + (size_t)t * xs, x + (size_t)(t + 1) * xs, y + (size_t)t * ys,       \
+                        y + (size_t)(t + 1) * ys, 1);                                                      \
+        if (t < n)                                                                                         \
+            name##_pair(row, cols, x + (size_t)t * xs, x + (size_t)t * xs, y + (size_t)t * ys,             \
+                        y + (size_t)t * ys, 0);                                                            \
+    }
+ROWDOT(f32)
+ROWDOT(f16)
+ROWDOT(bf16)
+ROWDOT(q8_0)
+ROWDOT(q4_0)
+ROWDOT(q4_1)
+ROWDOT(q4_k)
+ROWDOT(q6_k)
+ROWDOT(q3_nl)
+#undef ROWDOT
+
+static const fe_kernels AVX2_TABLE = {
+    "avx2",
+    {[FE_F32] = rowdot_avx2_f32, [FE_F16] = rowdot_avx2_f16, [FE_BF16] = rowdot_avx2_bf16,
+     [FE_Q8_0] = rowdot_avx2_q8_0, [FE_Q4_0] = rowdot_avx2_q4_0, [FE_Q4_1] = rowdot_avx2_q4_1,
+     [FE_Q4_K] = rowdot_avx2_q4_k, [FE_Q6_K] = rowdot_avx2_q6_k, [FE_Q3_NL] = rowdot_avx2_q3_nl},
+};
+
+const fe_kernels *fe_kernels_avx2_table(void) { return &AVX2_TABLE; }
+
+TGT static uint64_t read_avx2(const void *p, size_t nbytes, int reps, int streams) {
+    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+    size_t per = nbytes / (size_t)streams / 128 * 128;
+    for (int r = 0; r < reps; r++)
+        for (size_t off = 0; off < per; off += 128)
+            for (int s = 0; s < streams; s++) {
+                const __m256i *v = (const __m256i *)((const uint8_t *)p + (size_t)s * per + off);
+                a0 = _mm256_xor_si256(a0, _mm256_loadu_si256(v));
+                a1 = _mm256_xor_si256(a1, _mm256_loadu_si256(v + 1));
+                a2 = _mm256_xor_si256(a2, _mm256_loadu_si256(v + 2));
+                a3 = _mm256_xor_si256(a3, _mm256_loadu_si256(v + 3));
+            }
+    __m256i s = _mm256_xor_si256(_mm256_xor_si256(a0, a1), _mm256_xor_si256(a2, a3));
+    uint64_t out[4];
+    _mm256_storeu_si256((__m256i *)out, s);
+    return out[0] ^ out[1] ^ out[2] ^ out[3];
+}
+
+uint64_t fe_memory_read_simd(const void *p, size_t nbytes, int reps, int streams) {
+    return fe_cpu_has_avx2() ? read_avx2(p, nbytes, reps, streams) : 0;
+}
+
+#else /* not x86-64 */
+
+int fe_cpu_has_avx2(void) { return 0; }
+const fe_kernels *fe_kernels_avx2_table(void) { return 0; }
+uint64_t fe_memory_read_simd(const void *p, size_t nbytes, int reps, int streams) {
+    (void)p, (void)nbytes, (void)reps, (void)streams;
+    return 0;
+}
+
+#endif

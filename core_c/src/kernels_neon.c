@@ -1,0 +1,328 @@
+/* kernels_neon.c — fused dequantize-and-dot row kernels for aarch64 NEON
+ * (baseline on every aarch64 CPU, so no run-time check).
+ *
+ * Same structure as kernels_avx2.c: 32 values are decoded into eight
+ * 4-lane vectors, vector j goes to accumulator j % 4 of its token, tokens
+ * run in pairs, and the reduction order is fixed, so a token's arithmetic
+ * does not depend on the batch. */
+#include "kernels.h"
+
+#if defined(__aarch64__)
+#include <arm_neon.h>
+#include <string.h>
+
+#define INL static inline __attribute__((always_inline))
+
+typedef struct { float32x4_t a[4], b[4]; } acc2;
+
+INL void acc_zero(acc2 *A) {
+    for (int i = 0; i < 4; i++) A->a[i] = A->b[i] = vdupq_n_f32(0.0f);
+}
+
+INL void acc_add(acc2 *A, const float32x4_t w[8], const float *xa, const float *xb, const int two) {
+    for (int j = 0; j < 8; j++) A->a[j & 3] = vfmaq_f32(A->a[j & 3], w[j], vld1q_f32(xa + 4 * j));
+    if (two)
+        for (int j = 0; j < 8; j++) A->b[j & 3] = vfmaq_f32(A->b[j & 3], w[j], vld1q_f32(xb + 4 * j));
+}
+
+INL float hsum4(float32x4_t v) {
+    float32x2_t s = vadd_f32(vget_low_f32(v), vget_high_f32(v));
+    return vget_lane_f32(s, 0) + vget_lane_f32(s, 1);
+}
+
+INL void acc_done(const acc2 *A, float *ya, float *yb, const int two) {
+    *ya = hsum4(vaddq_f32(vaddq_f32(A->a[0], A->a[1]), vaddq_f32(A->a[2], A->a[3])));
+    if (two) *yb = hsum4(vaddq_f32(vaddq_f32(A->b[0], A->b[1]), vaddq_f32(A->b[2], A->b[3])));
+}
+
+INL void acc_tail(acc2 *A, const float *wt, const float *xa, const float *xb, int m, const int two) {
+    float xpa[32] = {0}, xpb[32] = {0};
+    memcpy(xpa, xa, (size_t)m * 4);
+    if (two) memcpy(xpb, xb, (size_t)m * 4);
+    float32x4_t w[8];
+    for (int j = 0; j < 8; j++) w[j] = vld1q_f32(wt + 4 * j);
+    acc_add(A, w, xpa, xpb, two);
+}
+
+INL float f16_1(const uint8_t *p) { return fe_f16_to_f32((uint16_t)(p[0] | p[1] << 8)); }
+
+/* 16 bytes widened to four float vectors (bytes 0-3, 4-7, 8-11, 12-15). */
+INL void u8x16_f32(uint8x16_t v, float32x4_t out[4]) {
+    uint16x8_t lo = vmovl_u8(vget_low_u8(v)), hi = vmovl_u8(vget_high_u8(v));
+    out[0] = vcvtq_f32_u32(vmovl_u16(vget_low_u16(lo)));
+    out[1] = vcvtq_f32_u32(vmovl_u16(vget_high_u16(lo)));
+    out[2] = vcvtq_f32_u32(vmovl_u16(vget_low_u16(hi)));
+    out[3] = vcvtq_f32_u32(vmovl_u16(vget_high_u16(hi)));
+}
+
+#define PAIR(name) INL void name##_pair(const uint8_t *row, int cols, const float *xa, const float *xb, float *ya, \
+                                        float *yb, const int two)
+
+PAIR(f32) {
+    acc2 A;
+    acc_zero(&A);
+    const float *w = (const float *)row;
+    int c = 0;
+    for (; c + 32 <= cols; c += 32) {
+        float32x4_t v[8];
+        for (int j = 0; j < 8; j++) v[j] = vld1q_f32(w + c + 4 * j);
+        acc_add(&A, v, xa + c, xb + c, two);
+    }
+    if (c < cols) {
+        float wt[32] = {0};
+        memcpy(wt, w + c, (size_t)(cols - c) * 4);
+        acc_tail(&A, wt, xa + c, xb + c, cols - c, two);
+    }
+    acc_done(&A, ya, yb, two);
+}
+
+PAIR(f16) {
+    acc2 A;
+    acc_zero(&A);
+    int c = 0;
+    for (; c + 32 <= cols; c += 32) {
+        float32x4_t v[8];
+        for (int j = 0; j < 8; j++)
+            v[j] = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)(const void *)(row + 2 * c + 8 * j))));
+        acc_add(&A, v, xa + c, xb + c, two);
+    }
+    if (c < cols) {
+        float wt[32] = {0};
+        for (int i = c; i < cols; i++) wt[i - c] = f16_1(row + 2 * i);
+        acc_tail(&A, wt, xa + c, xb + c, cols - c, two);
+    }
+    acc_done(&A, ya, yb, two);
+}
+
+PAIR(bf16) {
+    acc2 A;
+    acc_zero(&A);
+    int c = 0;
+    for (; c + 32 <= cols; c += 32) {
+        float32x4_t v[8];
+        for (int j = 0; j < 8; j++) {
+            uint16x4_t h;
+            memcpy(&h, row + 2 * c + 8 * j, 8);
+            v[j] = vreinterpretq_f32_u32(vshll_n_u16(h, 16));
+        }
+        acc_add(&A, v, xa + c, xb + c, two);
+    }
+    if (c < cols) {
+        float wt[32] = {0};
+        for (int i = c; i < cols; i++) wt[i - c] = fe_bf16_to_f32((uint16_t)(row[2 * i] | row[2 * i + 1] << 8));
+        acc_tail(&A, wt, xa + c, xb + c, cols - c, two);
+    }
+    acc_done(&A, ya, yb, two);
+}
+
+PAIR(q8_0) {
+    acc2 A;
+    acc_zero(&A);
+    for (int b = 0; b < cols / 32; b++) {
+        const uint8_t *p = row + 34 * b;
+        float d = f16_1(p);
+        float32x4_t v[8];
+        for (int h = 0; h < 2; h++) {
+            int8x16_t q = vreinterpretq_s8_u8(vld1q_u8(p + 2 + 16 * h));
+            int16x8_t lo = vmovl_s8(vget_low_s8(q)), hi = vmovl_s8(vget_high_s8(q));
+            v[4 * h + 0] = vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_low_s16(lo))), d);
+            v[4 * h + 1] = vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_high_s16(lo))), d);
+            v[4 * h + 2] = vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_low_s16(hi))), d);
+            v[4 * h + 3] = vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_high_s16(hi))), d);
+        }
+        acc_add(&A, v, xa + 32 * b, xb + 32 * b, two);
+    }
+    acc_done(&A, ya, yb, two);
+}
+
+/* 16 nibble bytes: low nibbles are values 0..15, high nibbles 16..31; w = q*d + m. */
+INL void nib16(const uint8_t *q, float d, float m, float32x4_t v[8]) {
+    uint8x16_t raw = vld1q_u8(q);
+    u8x16_f32(vandq_u8(raw, vdupq_n_u8(15)), v);
+    u8x16_f32(vshrq_n_u8(raw, 4), v + 4);
+    float32x4_t vm = vdupq_n_f32(m);
+    for (int j = 0; j < 8; j++) v[j] = vfmaq_n_f32(vm, v[j], d);
+}
+
+PAIR(q4_0) {
+    acc2 A;
+    acc_zero(&A);
+    for (int b = 0; b < cols / 32; b++) {
+        const uint8_t *p = row + 18 * b;
+        float d = f16_1(p);
+        float32x4_t v[8];
+        nib16(p + 2, d, -8.0f * d, v);
+        acc_add(&A, v, xa + 32 * b, xb + 32 * b, two);
+    }
+    acc_done(&A, ya, yb, two);
+}
+
+PAIR(q4_1) {
+    acc2 A;
+    acc_zero(&A);
+    for (int b = 0; b < cols / 32; b++) {
+        const uint8_t *p = row + 20 * b;
+        float32x4_t v[8];
+        nib16(p + 4, f16_1(p), f16_1(p + 2), v);
+        acc_add(&A, v, xa + 32 * b, xb + 32 * b, two);
+    }
+    acc_done(&A, ya, yb, two);
+}
+
+INL void q4k_sm(int j, const uint8_t *s, int *sc, int *m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
+        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+PAIR(q4_k) {
+    acc2 A;
+    acc_zero(&A);
+    for (int b = 0; b < cols / 256; b++) {
+        const uint8_t *p = row + 144 * b;
+        float d = f16_1(p), dmin = f16_1(p + 2);
+        const uint8_t *q = p + 16;
+        const float *xa0 = xa + 256 * b, *xb0 = xb + 256 * b;
+        for (int j = 0; j < 8; j += 2, q += 32) {
+            int sc, mn;
+            q4k_sm(j, p + 4, &sc, &mn);
+            float d1 = d * (float)sc, m1 = -(dmin * (float)mn);
+            q4k_sm(j + 1, p + 4, &sc, &mn);
+            float d2 = d * (float)sc, m2 = -(dmin * (float)mn);
+            uint8x16_t r0 = vld1q_u8(q), r1 = vld1q_u8(q + 16);
+            float32x4_t v[8];
+            u8x16_f32(vandq_u8(r0, vdupq_n_u8(15)), v);
+            u8x16_f32(vandq_u8(r1, vdupq_n_u8(15)), v + 4);
+            for (int k = 0; k < 8; k++) v[k] = vfmaq_n_f32(vdupq_n_f32(m1), v[k], d1);
+            acc_add(&A, v, xa0 + 32 * j, xb0 + 32 * j, two);
+            u8x16_f32(vshrq_n_u8(r0, 4), v);
+            u8x16_f32(vshrq_n_u8(r1, 4), v + 4);
+            for (int k = 0; k < 8; k++) v[k] = vfmaq_n_f32(vdupq_n_f32(m2), v[k], d2);
+            acc_add(&A, v, xa0 + 32 * j + 32, xb0 + 32 * j + 32, two);
+        }
+    }
+    acc_done(&A, ya, yb, two);
+}
+
+PAIR(q6_k) {
+    acc2 A;
+    acc_zero(&A);
+    for (int b = 0; b < cols / 256; b++) {
+        const uint8_t *p = row + 210 * b;
+        float d = f16_1(p + 208);
+        for (int half = 0; half < 2; half++) {
+            const uint8_t *ql = p + 64 * half, *qh = p + 128 + 32 * half;
+            const int8_t *sc = (const int8_t *)(p + 192 + 8 * half);
+            int base = 256 * b + 128 * half;
+            for (int c = 0; c < 4; c++) {
+                const uint8_t *lq = ql + (c & 1) * 32;
+                float32x4_t v[8];
+                for (int h = 0; h < 2; h++) { /* values 16h .. 16h+15 of the run, scale sc[2c + h] */
+                    uint8x16_t l = vld1q_u8(lq + 16 * h), hb = vld1q_u8(qh + 16 * h);
+                    l = (c >> 1) ? vshrq_n_u8(l, 4) : vandq_u8(l, vdupq_n_u8(15));
+                    uint8x16_t hh = vandq_u8(vshlq_u8(hb, vdupq_n_s8((int8_t)(-2 * c))), vdupq_n_u8(3));
+                    int8x16_t q = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(l, vshlq_n_u8(hh, 4))), vdupq_n_s8(32));
+                    int16x8_t lo16 = vmovl_s8(vget_low_s8(q)), hi16 = vmovl_s8(vget_high_s8(q));
+                    float s = d * (float)sc[2 * c + h];
+                    v[4 * h + 0] = vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_low_s16(lo16))), s);
+                    v[4 * h + 1] = vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_high_s16(lo16))), s);
+                    v[4 * h + 2] = vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_low_s16(hi16))), s);
+                    v[4 * h + 3] = vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_high_s16(hi16))), s);
+                }
+                acc_add(&A, v, xa + base + 32 * c, xb + base + 32 * c, two);
+            }
+        }
+    }
+    acc_done(&A, ya, yb, two);
+}
+
+/* q3_nl: the scaled 8-float grid is a 32-byte table; an index i becomes the
+ * byte indices 4i..4i+3 of its float, looked up with one tbl2. */
+INL uint32x4_t q3_field(uint32x4_t w0, uint32x4_t w1, uint32x4_t w2, const int s) {
+    const int bit = 3 * s;
+    if (bit + 3 <= 32) return vshlq_u32(w0, vdupq_n_s32(-bit));
+    if (bit < 32) return vorrq_u32(vshlq_u32(w0, vdupq_n_s32(-bit)), vshlq_u32(w1, vdupq_n_s32(32 - bit)));
+    if (bit + 3 <= 64) return vshlq_u32(w1, vdupq_n_s32(32 - bit));
+    if (bit < 64) return vorrq_u32(vshlq_u32(w1, vdupq_n_s32(32 - bit)), vshlq_u32(w2, vdupq_n_s32(64 - bit)));
+    return vshlq_u32(w2, vdupq_n_s32(64 - bit));
+}
+
+INL float32x4_t q3_look(uint8x16x2_t lut, uint32x4_t f) {
+    uint32x4_t i = vandq_u32(f, vdupq_n_u32(7));
+    uint32x4_t bi = vorrq_u32(vmulq_n_u32(i, 0x04040404u), vdupq_n_u32(0x03020100u));
+    return vreinterpretq_f32_u8(vqtbl2q_u8(lut, vreinterpretq_u8_u32(bi)));
+}
+
+PAIR(q3_nl) {
+    acc2 A;
+    acc_zero(&A);
+    const float32x4_t g0 = vld1q_f32(fe_q3_levels), g1 = vld1q_f32(fe_q3_levels + 4);
+    for (int b = 0; b < cols / FE_Q3_BLOCK; b++) {
+        const uint8_t *p = row + FE_Q3_BYTES * b;
+        const float *xa0 = xa + FE_Q3_BLOCK * b, *xb0 = xb + FE_Q3_BLOCK * b;
+        uint32x4_t wl[3], wh[3];
+        for (int k = 0; k < 3; k++) {
+            uint8x16_t lo = vld1q_u8(p + 32 * k), hi = vld1q_u8(p + 32 * k + 16);
+            wl[k] = vreinterpretq_u32_u8(lo);
+            wh[k] = vreinterpretq_u32_u8(hi);
+        }
+        uint8x16x2_t lut = {{vreinterpretq_u8_f32(g0), vreinterpretq_u8_f32(g1)}};
+        for (int c = 0; c < 8; c++) {
+            if ((c & 1) == 0) {
+                float s = fe_q3_group_scale(p, c >> 1);
+                lut.val[0] = vreinterpretq_u8_f32(vmulq_n_f32(g0, s));
+                lut.val[1] = vreinterpretq_u8_f32(vmulq_n_f32(g1, s));
+            }
+            float32x4_t v[8];
+            for (int i = 0; i < 4; i++) {
+                int s = 4 * c + i;
+                v[2 * i] = q3_look(lut, q3_field(wl[0], wl[1], wl[2], s));
+                v[2 * i + 1] = q3_look(lut, q3_field(wh[0], wh[1], wh[2], s));
+            }
+            acc_add(&A, v, xa0 + 32 * c, xb0 + 32 * c, two);
+        }
+    }
+    acc_done(&A, ya, yb, two);
+}
+
+#define ROWDOT(name)                                                                                       \
+    static void rowdot_neon_##name(const uint8_t *row, int cols, const float *x, size_t xs, int n,         \
+                                   float *y, size_t ys, float *scratch) {                                 \
+        (void)scratch;                                                                                     \
+        int t = 0;                                                                                         \
+        for (; t + 2 <= n; t += 2)                                                                         \
+            name##_pair(row, cols, x + (size_t)t * xs, x + (size_t)(t + 1) * xs, y + (size_t)t * ys,       \
+                        y + (size_t)(t + 1) * ys, 1);                                                      \
+        if (t < n)                                                                                         \
+            name##_pair(row, cols, x + (size_t)t * xs, x + (size_t)t * xs, y + (size_t)t * ys,             \
+                        y + (size_t)t * ys, 0);                                                            \
+    }
+ROWDOT(f32)
+ROWDOT(f16)
+ROWDOT(bf16)
+ROWDOT(q8_0)
+ROWDOT(q4_0)
+ROWDOT(q4_1)
+ROWDOT(q4_k)
+ROWDOT(q6_k)
+ROWDOT(q3_nl)
+#undef ROWDOT
+
+static const fe_kernels NEON_TABLE = {
+    "neon",
+    {[FE_F32] = rowdot_neon_f32, [FE_F16] = rowdot_neon_f16, [FE_BF16] = rowdot_neon_bf16,
+     [FE_Q8_0] = rowdot_neon_q8_0, [FE_Q4_0] = rowdot_neon_q4_0, [FE_Q4_1] = rowdot_neon_q4_1,
+     [FE_Q4_K] = rowdot_neon_q4_k, [FE_Q6_K] = rowdot_neon_q6_k, [FE_Q3_NL] = rowdot_neon_q3_nl},
+};
+
+const fe_kernels *fe_kernels_neon_table(void) { return &NEON_TABLE; }
+
+#else
+
+const fe_kernels *fe_kernels_neon_table(void) { return 0; }
+
+#endif

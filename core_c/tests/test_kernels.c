@@ -1,0 +1,160 @@
+/* test_kernels.c — every built-in SIMD kernel against the scalar reference.
+ *
+ *   cc -std=c11 -O2 -Iinclude src/formats.c src/kernels*.c src/quant3.c tests/test_kernels.c -lm
+ *
+ * For each format and implementation: random rows of awkward sizes, token
+ * counts 1..33. Checks (1) each result is within TOL * sum|w_i x_i| of the
+ * scalar reference (the SIMD kernels sum in another order and fuse
+ * multiply-adds), (2) a token's result in a batch is bit-identical to the
+ * same token computed alone, (3) the q3_nl quantizer round-trips. Prints
+ * "N passed, M failed" last and exits nonzero on any failure. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../include/ferry_kernels.h"
+#include "../src/formats.h"
+#include "../src/kernels.h"
+
+#define TOL 1e-5
+
+static int passed, failed;
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+
+static uint32_t rnd(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 16);
+}
+static float frand(void) { return (float)rnd() / 4294967296.0f * 2.0f - 1.0f; } /* [-1, 1) roughly */
+
+static void check(int ok, const char *what) {
+    if (ok) {
+        passed++;
+    } else {
+        failed++;
+        printf("FAIL %s\n", what);
+    }
+}
+
+static uint16_t f16_bits(float f) { /* normal range, truncating: good enough for test scales */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint32_t sign = (u >> 16) & 0x8000u;
+    int e = (int)((u >> 23) & 0xFF) - 127 + 15;
+    if (e <= 0) return (uint16_t)sign;
+    return (uint16_t)(sign | (uint32_t)e << 10 | ((u >> 13) & 0x3FF));
+}
+static void put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v, p[1] = (uint8_t)(v >> 8); }
+
+/* A random row: random bytes, with every scale field made finite and sane. */
+static void random_row(int fmt, uint8_t *row, int cols) {
+    uint64_t nb = fe_row_bytes(fmt, (uint64_t)cols);
+    for (uint64_t i = 0; i < nb; i++) row[i] = (uint8_t)rnd();
+    const fe_format_info *f = fe_format_get(fmt);
+    int blocks = cols / f->block_elems;
+    for (int b = 0; b < blocks; b++) {
+        uint8_t *p = row + (size_t)b * (size_t)f->block_bytes;
+        switch (fmt) {
+        case FE_F32: { float v = frand(); memcpy(p, &v, 4); } break;
+        case FE_F16: put16(p, f16_bits(frand())); break;
+        case FE_BF16: { float v = frand(); uint32_t u; memcpy(&u, &v, 4); put16(p, (uint16_t)(u >> 16)); } break;
+        case FE_Q8_0: case FE_Q4_0: put16(p, f16_bits(0.01f + 0.1f * fabsf(frand()))); break;
+        case FE_Q4_1: case FE_Q4_K:
+            put16(p, f16_bits(0.01f + 0.1f * fabsf(frand())));
+            put16(p + 2, f16_bits(0.05f * frand()));
+            break;
+        case FE_Q6_K: put16(p + 208, f16_bits(0.001f + 0.01f * fabsf(frand()))); break;
+        case FE_Q3_NL: p[96] = (uint8_t)(b % 7 == 3 ? 0 : 120 + rnd() % 60); break;
+        default: break;
+        }
+    }
+}
+
+static void test_format(int fmt, int impl, int cols, int n) {
+    const fe_format_info *f = fe_format_get(fmt);
+    const int rows = 5;
+    uint64_t rb = fe_row_bytes(fmt, (uint64_t)cols);
+    uint8_t *w = malloc(rb * rows);
+    float *x = malloc(sizeof(float) * (size_t)cols * (size_t)n);
+    float *dq = malloc(sizeof(float) * (size_t)cols);
+    float *ref = malloc(sizeof(float) * (size_t)rows * (size_t)n), *got = malloc(sizeof(float) * (size_t)rows * (size_t)n);
+    float one[5];
+    for (int r = 0; r < rows; r++) random_row(fmt, w + r * rb, cols);
+    for (int i = 0; i < cols * n; i++) x[i] = frand() * (i % 17 == 0 ? 8.0f : 1.0f);
+    char what[160];
+    snprintf(what, sizeof what, "%s impl=%s cols=%d n=%d", f->name, ferry_kernels_name(impl), cols, n);
+    check(ferry_kernel_matmul(FERRY_KERNELS_SCALAR, fmt, w, rows, cols, x, n, ref) == 0, what);
+    check(ferry_kernel_matmul(impl, fmt, w, rows, cols, x, n, got) == 0, what);
+    int ok = 1;
+    double worst = 0;
+    for (int r = 0; r < rows; r++) {
+        fe_dequant_row(fmt, w + r * rb, dq, cols);
+        for (int t = 0; t < n; t++) {
+            double mag = 0;
+            for (int i = 0; i < cols; i++) mag += fabs((double)dq[i] * x[(size_t)t * cols + i]);
+            double diff = fabs((double)got[(size_t)t * rows + r] - ref[(size_t)t * rows + r]);
+            if (!(diff <= TOL * mag + 1e-30)) ok = 0;
+            if (mag > 0 && diff / mag > worst) worst = diff / mag;
+        }
+    }
+    if (!ok) printf("  worst |simd - scalar| / sum|wx| = %.3g\n", worst);
+    check(ok, what);
+    /* Batch invariance: token t alone gives the same bits as within the batch. */
+    int same = 1;
+    for (int t = 0; t < n; t += (n > 4 ? 3 : 1)) {
+        ferry_kernel_matmul(impl, fmt, w, rows, cols, x + (size_t)t * cols, 1, one);
+        for (int r = 0; r < rows; r++) same &= memcmp(&one[r], &got[(size_t)t * rows + r], 4) == 0;
+    }
+    snprintf(what, sizeof what, "%s impl=%s cols=%d n=%d batch bit-identical", f->name, ferry_kernels_name(impl), cols, n);
+    check(same, what);
+    free(w), free(x), free(dq), free(ref), free(got);
+}
+
+static void test_quantizer(void) {
+    const int rows = 7, cols = 512;
+    float *src = malloc(sizeof(float) * rows * cols), *back = malloc(sizeof(float) * rows * cols);
+    uint8_t *q = malloc((size_t)rows * cols / 256 * 99);
+    double num = 0, den = 0;
+    for (int i = 0; i < rows * cols; i++) {
+        float g = frand() + frand() + frand(); /* roughly bell-shaped */
+        src[i] = (i / cols == 3) ? 0.0f : 0.02f * g;
+    }
+    check(ferry_q3_quantize_f32(src, rows, cols, NULL, q) == 0, "q3 quantize");
+    check(ferry_dequantize(FE_Q3_NL, q, rows, cols, back) == 0, "q3 dequantize");
+    for (int i = 0; i < rows * cols; i++) num += (double)(src[i] - back[i]) * (src[i] - back[i]), den += (double)src[i] * src[i];
+    printf("q3_nl round trip: relative error %.4f\n", sqrt(num / den));
+    check(sqrt(num / den) < 0.21, "q3 round trip error < 0.21");
+    int zero = 1;
+    for (int i = 3 * cols; i < 4 * cols; i++) zero &= back[i] == 0.0f;
+    check(zero, "q3 all-zero row stays zero");
+    src[5] = NAN;
+    check(ferry_q3_quantize_f32(src, rows, cols, NULL, q) == -1, "q3 refuses NaN");
+    check(ferry_q3_quantize_f32(src, rows, 100, NULL, q) == -1, "q3 refuses cols % 256");
+    free(src), free(back), free(q);
+}
+
+int main(void) {
+    static const int sizes[] = {1, 7, 31, 32, 33, 100, 255};
+    static const int ns[] = {1, 2, 3, 5, 32, 33};
+    int impls = 0;
+    for (int impl = 1; impl < FE_KERNELS_N; impl++) {
+        if (!ferry_kernels_available(impl)) continue;
+        impls++;
+        printf("testing %s against scalar\n", ferry_kernels_name(impl));
+        for (int fmt = 0; fmt < FE_N_FORMATS; fmt++) {
+            const fe_format_info *f = fe_format_get(fmt);
+            for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++) {
+                int cols = f->block_elems == 1 ? sizes[s] * 3 + (int)s : f->block_elems * (1 + (int)s % 4);
+                for (size_t k = 0; k < sizeof ns / sizeof *ns; k++) test_format(fmt, impl, cols, ns[k]);
+            }
+        }
+    }
+    printf("simd implementations tested: %d (active: %s)\n", impls, ferry_kernels_name(ferry_kernels_active()));
+    check(impls > 0 || ferry_kernels_active() == FERRY_KERNELS_SCALAR, "some implementation is active");
+    test_quantizer();
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed != 0;
+}

@@ -1,0 +1,66 @@
+"""The kernel test program (core_c/tests/test_kernels.c): every SIMD kernel
+against the scalar reference, natively and, for NEON, built with Debian's
+aarch64 cross compiler and run under qemu-aarch64."""
+from __future__ import annotations
+
+import platform
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+CORE = REPO / "core_c"
+SOURCES = [CORE / "src" / f for f in ("formats.c", "kernels.c", "kernels_avx2.c", "kernels_neon.c", "quant3.c")]
+FLAGS = ["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-ffp-contract=off", "-I", str(CORE / "include")]
+
+
+def run_program(cmd: list[str]) -> str:
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
+    last = res.stdout.strip().splitlines()[-1]
+    assert last.endswith(" 0 failed") and int(last.split()[0]) > 1000, last
+    return res.stdout
+
+
+def test_native_kernels_match_scalar(tmp_path: Path):
+    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if cc is None:
+        pytest.fail("no C compiler found")
+    exe = tmp_path / "test_kernels"
+    subprocess.run([cc, *FLAGS, *map(str, SOURCES), str(CORE / "tests" / "test_kernels.c"), "-o", str(exe), "-lm"],
+                   check=True, capture_output=True, text=True)
+    out = run_program([str(exe)])
+    machine = platform.machine().lower()
+    if machine in ("x86_64", "amd64"):
+        from app.engine._ferry_c import lib
+        if lib.ferry_kernels_available(lib.FERRY_KERNELS_AVX2):
+            assert "testing avx2 against scalar" in out
+    if machine in ("arm64", "aarch64"):
+        assert "testing neon against scalar" in out
+
+
+def test_native_kernels_under_sanitizers(tmp_path: Path):
+    cc = shutil.which("gcc") or shutil.which("clang") or shutil.which("cc")
+    exe = tmp_path / "test_kernels_asan"
+    cmd = [cc, *FLAGS, "-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
+           *map(str, SOURCES), str(CORE / "tests" / "test_kernels.c"), "-o", str(exe), "-lm"]
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    run_program([str(exe)])
+
+
+def test_neon_kernels_under_qemu(tmp_path: Path):
+    if platform.machine().lower() in ("arm64", "aarch64"):
+        pytest.skip("native aarch64: the native test already runs the NEON kernels")
+    cross = shutil.which("aarch64-linux-gnu-gcc")
+    qemu = shutil.which("qemu-aarch64-static") or shutil.which("qemu-aarch64")
+    if cross is None or qemu is None:
+        pytest.skip("needs Debian's aarch64 cross compiler and qemu user mode: "
+                    "apt-get install gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static")
+    exe = tmp_path / "test_kernels_aarch64"
+    subprocess.run([cross, *FLAGS, "-static", *map(str, SOURCES), str(CORE / "tests" / "test_kernels.c"),
+                    "-o", str(exe), "-lm"], check=True, capture_output=True, text=True)
+    out = run_program([qemu, str(exe)])
+    assert "testing neon against scalar" in out

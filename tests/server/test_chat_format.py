@@ -1,0 +1,148 @@
+"""The server's prompt and answer handling without HTTP: K3 requests (tools,
+tool_choice, response_format, thinking effort) rendered by the K3 format, K3
+and Hermes tool calls parsed out of the answer, stop sequences, and what a
+format cannot do refused."""
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from app.chat.k3_format import render_k3
+from app.server.chat import AnswerBuilder, ChatFormatter, Limits, Prepared, StopFilter
+from app.server.errors import APIError
+from app.server.schemas import ChatCompletionRequest
+from app.sampling import SamplingParams
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+                                             "parameters": {"type": "object",
+                                                            "properties": {"city": {"type": "string"}}}}}
+
+
+class K3Stub:
+    """Just enough of a LoadedModel with the K3 chat format."""
+
+    def __init__(self):
+        self.manifest = {"model": {"kimi": {"variant": "k3"}}, "tokenizer": {"kind": "tiktoken"}}
+        self.template = None
+        self.path = "k3.ferry"
+        self.tokenizer = SimpleNamespace(special_ids=frozenset(), token_text=lambda i: "")
+        self.segments = None
+
+    def encode(self, segments):
+        self.segments = list(segments)
+        return list(range(len(self.segments)))
+
+
+def request(**kw) -> ChatCompletionRequest:
+    return ChatCompletionRequest.model_validate({"model": "k3", "messages": [{"role": "user", "content": "Hi"}],
+                                                 **kw})
+
+
+def test_k3_requests_use_the_k3_format():
+    stub = K3Stub()
+    fmt = ChatFormatter(stub)
+    assert fmt.kind == "k3"
+    p = fmt.prepare(request(tools=[WEATHER], tool_choice="required", reasoning_effort="high",
+                            response_format={"type": "json_schema",
+                                             "json_schema": {"name": "w", "schema": {"type": "object"}}}),
+                    limits=Limits(), n_ctx=4096)
+    assert stub.segments == render_k3({
+        "messages": [{"role": "user", "content": "Hi"}], "tools": [WEATHER], "tool_choice": "required",
+        "thinking": True, "thinking_effort": "high",
+        "response_format": {"type": "json_schema", "json_schema": {"name": "w", "schema": {"type": "object"}}}})
+    assert p.dialect == "k3" and p.channel == "thinking"
+    fmt.prepare(request(reasoning_effort="none"), limits=Limits(), n_ctx=4096)
+    assert stub.segments == render_k3({"messages": [{"role": "user", "content": "Hi"}], "thinking": False})
+    with pytest.raises(APIError) as info:
+        fmt.prepare(request(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "get_weather"}}),
+                    limits=Limits(), n_ctx=4096)
+    assert info.value.param == "tool_choice" and info.value.status == 400
+    with pytest.raises(APIError) as info:
+        fmt.prepare(request(messages=[{"role": "tool", "content": "20 C"}]), limits=Limits(), n_ctx=4096)
+    assert "tool" in info.value.message
+
+
+class K3Tokens:
+    """A toy K3 tokenizer: ids 1-4 are the control tokens, others are text."""
+
+    MARKERS = {1: "<|open|>", 2: "<|close|>", 3: "<|sep|>", 4: "<|end_of_msg|>"}
+
+    def __init__(self):
+        self.special_ids = frozenset(self.MARKERS)
+        self.text: dict[int, str] = {}
+        self._tok = self
+
+    def decode_token_bytes(self, i: int) -> bytes:
+        return (self.MARKERS.get(i) or self.text[i]).encode()
+
+    def ids(self, *pieces: str) -> list[int]:
+        out = []
+        for piece in pieces:
+            known = {v: k for k, v in self.MARKERS.items()}
+            if piece in known:
+                out.append(known[piece])
+            else:
+                i = 100 + len(self.text)
+                self.text[i] = piece
+                out.append(i)
+        return out
+
+
+def test_k3_answers_give_reasoning_content_and_tool_calls():
+    tok = K3Tokens()
+    O, C, S, E = "<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"
+    ids = tok.ids("Let me look", " it up.", C, "think", S, O, "response", S, "Checking.", C, "response", S,
+                  O, "tools", S, O, 'call tool="get_weather"', S, O, 'argument key="city" type="string"', S,
+                  "Paris", C, "argument", S, C, "call", S, C, "tools", S, E, "never seen")
+    b = AnswerBuilder(Prepared(prompt=[], params=SamplingParams(), max_tokens=50, stops=[], dialect="k3",
+                               channel="thinking"), tok)
+    out = []
+    for i in ids:
+        out += b.token(i, "")
+        if b.ended:
+            break
+    out += b.finish()
+    assert "".join(v for k, v in out if k == "reasoning") == "Let me look it up."
+    assert "".join(v for k, v in out if k == "content") == "Checking."
+    calls = [v for k, v in out if k == "tool_call"]
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Paris"})]
+    assert b.reasoning_tokens == 2
+
+
+def test_hermes_tool_calls_in_a_jinja_models_answer():
+    b = AnswerBuilder(Prepared(prompt=[], params=SamplingParams(), max_tokens=50, stops=[], dialect="think_tags",
+                               channel="response", hermes_tools=True), None)
+    out = []
+    for piece in ["Sure. <tool", '_call>{"name": "get_weather", ', '"arguments": {"city": "Oslo"}}</tool_',
+                  "call>", " <tool_call>not json</tool_call>"]:
+        out += b.token(0, piece)
+    out += b.finish()
+    calls = [v for k, v in out if k == "tool_call"]
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Oslo"})]
+    assert "".join(v for k, v in out if k == "content") == "Sure.  <tool_call>not json</tool_call>"
+
+
+@pytest.mark.parametrize("pieces,stops,shown", [
+    (["Hello wor", "ld. Bye"], ["world"], "Hello "),
+    (["ab", "c", "d"], ["cd", "x"], "ab"),
+    (["a<", "b"], ["<x"], "a<b"),
+    (["no stop here"], ["zz"], "no stop here"),
+    (["sto", "p"], [], "stop"),
+])
+def test_stop_sequences_across_pieces(pieces, stops, shown):
+    f = StopFilter(stops)
+    text = "".join(f.feed(p) for p in pieces) + f.flush()
+    assert text == shown
+    assert f.stopped == (shown != "".join(pieces))
+
+
+def test_unknown_and_mistyped_fields_are_refused():
+    from pydantic import ValidationError
+
+    for bad in ({"temperature": "0.5"}, {"stream": 1}, {"n": 2}, {"unknown": True}, {"stop": 5},
+                {"messages": [{"role": "wizard", "content": "x"}]}):
+        with pytest.raises(ValidationError):
+            request(**bad)
+    assert request(temperature=1).temperature == 1.0          # an integer is a fine number

@@ -1,0 +1,63 @@
+"""The server's own OpenAPI description, fuzzed with schemathesis against a
+real `ferry serve` on the demo model: no input may produce a server error, and
+every response must match the description.
+
+All of schemathesis's checks run but one: `positive_data_acceptance`. The API
+refuses some requests that the schema allows, with a 400 as OpenAI does: a
+prompt longer than the context, more tokens than this server's --max-tokens,
+tools or response_format for a model whose chat format has neither."""
+from __future__ import annotations
+
+import time
+
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, settings
+
+from schemathesis.specs.openapi.checks import positive_data_acceptance
+
+from app.server.app import openapi_document
+from tests.server.conftest import start_ferry_serve
+
+#: The whole fuzzing run stays under a minute (each answer is at most 2 tokens).
+BUDGET_SECONDS = 60
+_clock: list[float] = []
+_statuses: list[int] = []
+
+schema = schemathesis.openapi.from_dict(openapi_document())
+# valid requests and invalid ones (wrong types, missing or unknown fields...)
+schema.config.generation.update(modes=[schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE])
+
+
+@pytest.fixture(scope="module")
+def fuzz_server(demo_container, tmp_path_factory):
+    s = start_ferry_serve(demo_container, tmp_path_factory.mktemp("fuzz"), "--max-tokens", "2", "--ctx", "256")
+    _clock.append(time.monotonic())
+    yield s
+    s.stop()
+
+
+def test_the_served_description_is_this_one(fuzz_server):
+    import httpx
+
+    served = httpx.get(fuzz_server.url.removesuffix("/v1") + "/openapi.json").json()
+    assert served == openapi_document() | {"paths": served["paths"]}
+    assert set(served["paths"]) == {"/v1/models", "/v1/models/{model}", "/ferry/status", "/v1/chat/completions"}
+
+
+@schema.parametrize()
+@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+def test_no_input_breaks_the_server(case, fuzz_server):
+    assert time.monotonic() - _clock[0] < BUDGET_SECONDS, "the fuzzing run went over its time budget"
+    valid = case.meta is None or case.meta.generation.mode == schemathesis.GenerationMode.POSITIVE
+    if valid and case.path_parameters and "model" in case.path_parameters:
+        case.path_parameters["model"] = fuzz_server.model
+    if valid and isinstance(case.body, dict) and "model" in case.body:
+        case.body["model"] = fuzz_server.model      # so that valid requests reach the engine
+    response = case.call_and_validate(base_url=fuzz_server.url.removesuffix("/v1"), timeout=30,
+                                      excluded_checks=[positive_data_acceptance])
+    _statuses.append(response.status_code)
+
+
+def test_the_fuzzer_reached_the_engine():
+    assert _statuses.count(200) >= 10 and 400 in _statuses and 404 in _statuses
