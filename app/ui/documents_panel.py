@@ -282,8 +282,17 @@ def show_citation(parent: QWidget | None, store: DocumentStore, citation: Citati
     return dialog
 
 
+class _EstimatedTokens:
+    """A remote model's tokenizer is not here: estimate four characters a token."""
+
+    @staticmethod
+    def encode_content(text: str) -> list[int]:
+        return [0] * (len(text) // 4 + 1)
+
+
 class _TokenCounter:
-    """The model's tokenizer, for counting passage tokens on the GUI thread."""
+    """The model's tokenizer, for counting passage tokens on the GUI thread
+    (an estimate for a remote engine, which has no local container)."""
 
     def __init__(self, model_path: str | Path):
         import json
@@ -291,6 +300,9 @@ class _TokenCounter:
         from app.chat.hf_tokenizer import HFTokenizer
         from app.model import TiktokenContainerTokenizer
 
+        if not (Path(model_path) / "manifest.json").exists():
+            self.tokenizer = _EstimatedTokens()
+            return
         manifest = json.loads((Path(model_path) / "manifest.json").read_text(encoding="utf-8"))
         tok = manifest.get("tokenizer") or {}
         cls = TiktokenContainerTokenizer if tok.get("kind") == "tiktoken" else HFTokenizer
