@@ -4,7 +4,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import keyring
 import pytest
+from keyring.backend import KeyringBackend
 
 from app import demo
 from app.convert.convert import convert
@@ -17,6 +19,40 @@ REPO = Path(__file__).resolve().parents[1]
 def _isolated_home(tmp_path_factory, monkeypatch):
     """Never touch the user's real Ferry data directory."""
     monkeypatch.setenv("FERRY_HOME", str(tmp_path_factory.getbasetemp() / "ferry-home"))
+
+
+class MemoryKeyring(KeyringBackend):
+    """A keychain that lives in this process (tests only; the app uses the OS's)."""
+
+    priority = 1
+
+    def __init__(self):
+        super().__init__()
+        self.items: dict[tuple[str, str], str] = {}
+
+    def get_password(self, service, username):
+        return self.items.get((service, username))
+
+    def set_password(self, service, username, password):
+        self.items[(service, username)] = password
+
+    def delete_password(self, service, username):
+        self.items.pop((service, username), None)
+
+
+@pytest.fixture
+def memory_keyring():
+    before = keyring.get_keyring()
+    kr = MemoryKeyring()
+    keyring.set_keyring(kr)
+    yield kr
+    keyring.set_keyring(before)
+
+
+@pytest.fixture
+def kr(memory_keyring):
+    """The short name the store and documents tests use."""
+    return memory_keyring
 
 
 @pytest.fixture(scope="session")

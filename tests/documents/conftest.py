@@ -5,37 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import keyring
 import pytest
-from keyring.backend import KeyringBackend
 
 from corpus_tools import build_corpus
 
 
-class MemoryKeyring(KeyringBackend):
-    priority = 1
-
-    def __init__(self):
-        super().__init__()
-        self.items = {}
-
-    def get_password(self, service, username):
-        return self.items.get((service, username))
-
-    def set_password(self, service, username, password):
-        self.items[(service, username)] = password
-
-    def delete_password(self, service, username):
-        self.items.pop((service, username), None)
-
-
-@pytest.fixture
-def kr():
-    before = keyring.get_keyring()
-    k = MemoryKeyring()
-    keyring.set_keyring(k)
-    yield k
-    keyring.set_keyring(before)
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,7 @@ from app.model import Finished, LoadedModel
 from app.sampling import SamplingParams
 from tests.conftest import REPO
 # The GUI fixtures (offscreen Qt, in-memory keychain, windows, tiny models) for the remote-engine tests.
-from tests.ui.conftest import make_window, memory_keyring, thinking_model, tiny_chat  # noqa: F401
+from tests.ui.conftest import make_window, thinking_model, tiny_chat  # noqa: F401
 
 
 class Served:

@@ -5,7 +5,6 @@ import sqlite3
 
 import keyring
 import pytest
-from keyring.backend import KeyringBackend
 from keyring.backends import fail
 
 from app.chat.conversation import SAVE_INTERVAL, Chat, ChatError, opening_channel, recover_interrupted
@@ -18,30 +17,6 @@ SECRET = "the harbour key is under the blue stone 7731"
 TITLE = "zebra-kumquat planning"
 
 
-class MemoryKeyring(KeyringBackend):
-    priority = 1
-
-    def __init__(self):
-        super().__init__()
-        self.items = {}
-
-    def get_password(self, service, username):
-        return self.items.get((service, username))
-
-    def set_password(self, service, username, password):
-        self.items[(service, username)] = password
-
-    def delete_password(self, service, username):
-        self.items.pop((service, username), None)
-
-
-@pytest.fixture
-def kr():
-    before = keyring.get_keyring()
-    k = MemoryKeyring()
-    keyring.set_keyring(k)
-    yield k
-    keyring.set_keyring(before)
 
 
 def raw_bytes(db) -> bytes:

@@ -10,10 +10,8 @@ os.environ["QT_QPA_PLATFORM"] = "offscreen"
 
 from pathlib import Path
 
-import keyring
 import pytest
 from PySide6.QtCore import QObject
-from keyring.backend import KeyringBackend
 
 from app.convert.convert import convert
 from app.model import Finished, LoadedModel, Token
@@ -29,32 +27,6 @@ THINK_TEMPLATE = ("{% for m in messages %}{% if m.role == 'user' %}w3 {{ m.conte
 THINK_PROMPT = "w10 w11 w12"
 
 
-class MemoryKeyring(KeyringBackend):
-    """A keychain that lives in this process (tests only)."""
-
-    priority = 1
-
-    def __init__(self):
-        super().__init__()
-        self.items: dict[tuple[str, str], str] = {}
-
-    def get_password(self, service, username):
-        return self.items.get((service, username))
-
-    def set_password(self, service, username, password):
-        self.items[(service, username)] = password
-
-    def delete_password(self, service, username):
-        self.items.pop((service, username), None)
-
-
-@pytest.fixture
-def memory_keyring():
-    before = keyring.get_keyring()
-    kr = MemoryKeyring()
-    keyring.set_keyring(kr)
-    yield kr
-    keyring.set_keyring(before)
 
 
 def _word_tokenizer(ckpt: Path, renames: dict[int, str]) -> None:
