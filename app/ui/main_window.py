@@ -73,6 +73,7 @@ class MainWindow(QMainWindow):
         self._documents: DocumentStore | None = None
         self.citations: dict[int, list] = {}   #: answer message id -> the passages it may cite
         self.pending_citations: list = []
+        self._last_error = ""
         self.memory = None
         self.stats_view = StatsView()
         self.last_stats: dict = {}
@@ -550,6 +551,7 @@ class MainWindow(QMainWindow):
 
     def _begin(self, start: TurnStart) -> None:
         self.last_stats = {}
+        self._last_error = ""
         self.statusBar().clearMessage()
         self._show_current()
         self._set_busy(True)
@@ -607,7 +609,9 @@ class MainWindow(QMainWindow):
         self._set_busy(False)
         self._show_current()
         self.refresh_list()
-        if turn.get("turn_tokens") and turn.get("turn_seconds"):
+        if reason == "error":  # the engine's message stays, not the turn's figures
+            self.statusBar().showMessage(f"Error: {self._last_error or 'the answer stopped'}")
+        elif turn.get("turn_tokens") and turn.get("turn_seconds"):
             msg = (f"{turn['turn_tokens']} tokens in {turn['turn_seconds']:.1f} s · "
                    f"{turn.get('turn_prompt_tokens', 0)} prompt tokens read, "
                    f"{turn.get('turn_reused_tokens', 0)} reused")
@@ -617,6 +621,7 @@ class MainWindow(QMainWindow):
         self.answer_finished.emit(reason)
 
     def _on_error(self, message: str) -> None:
+        self._last_error = message
         self.statusBar().showMessage(f"Error: {message}")
 
     # ------------------------------------------------------------ rendering
