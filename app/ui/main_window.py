@@ -344,7 +344,7 @@ class MainWindow(QMainWindow):
         self.stats_view = StatsView()
         plan = MemoryPlan(**info["plan"])
         minfo = ModelInfo(**info["info"])
-        self.memory = memory_split(plan, minfo, self.settings.ram_budget)
+        self.memory = memory_split(plan, minfo, minfo.ram_budget or self.settings.ram_budget)
         self.gauges.set_model(info["has_experts"], engine=info)
         self.gauges.show_memory(self.memory)
         where = f"{info['n_ctx']} tokens of context" if info.get("n_ctx") else info.get("url", "remote server")

@@ -78,6 +78,10 @@ class EngineWorker(QObject):
             self._close()
             budget, threads = int(options.get("ram_budget", 0)), int(options.get("threads", 0))
             want = int(options.get("context_length", 4096))
+            if budget <= 0:  # "recommended": the engine's safe choice for this machine
+                from app.plan import plan_container
+
+                budget = plan_container(path, want).recommended
             try:  # the budget must leave room for this context
                 model = LoadedModel(path, ram_budget=budget, threads=threads, n_ctx=want)
             except Exception:  # e.g. more context than the model has: let the core pick
