@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from bench.make_synthetic import make, parse
-from tests.ui.conftest import make_window, memory_keyring  # noqa: F401  (fixtures)
+from tests.ui.conftest import make_window  # noqa: F401  (fixtures)
 
 
 def tree_bytes(root: Path) -> dict[str, bytes]:
