@@ -65,17 +65,59 @@ def build(name: str, out: Path, *, seed: int = 0, shard_size: str | None = None,
 
 
 def reference(model, tokens: list[int]):
-    """Hidden states (stage-indexed like the engine's) and logits from transformers."""
+    """Hidden states (transformers' indexing) and logits from transformers."""
     import torch
 
     with torch.no_grad():
-        res = model(torch.tensor([tokens]), output_hidden_states=True)
+        res = model(torch.tensor([tokens]), output_hidden_states=True, use_cache=False)
     hidden = [h[0].float().numpy() for h in res.hidden_states]
     return hidden, res.logits[0].float().numpy()
 
 
-def rel_l2(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.linalg.norm(a.astype(np.float64) - b) / max(np.linalg.norm(b.astype(np.float64)), 1e-30))
+def rel_l2(a, b) -> float:
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def run_engine(container, tokens, prompt: int, threads: int = 2, n_ctx: int = 64):
+    """Stages {stage: [T, dim]}, logits [T, vocab] and the layer count from the
+    engine: a prompt of `prompt` tokens, then single decode steps."""
+    from app.engine.binding import Engine
+
+    with Engine(container, threads=threads) as engine:
+        session = engine.session(n_ctx)
+        stages: dict[int, list[np.ndarray]] = {}
+        session.observe(lambda stage, pos, h: stages.setdefault(stage, []).append(h))
+        logits = [session.eval(tokens[:prompt], all_logits=True)]
+        for t in tokens[prompt:]:
+            logits.append(session.eval([t])[None])
+        n_layers = engine.info.n_layers
+        session.close()
+    return {k: np.concatenate(v) for k, v in stages.items()}, np.concatenate(logits), n_layers
+
+
+def compare(stages, logits, n_layers, hidden, ref_logits) -> dict[str, float]:
+    """Relative L2 per stage; transformers' hidden[0] is the embedding, hidden[i]
+    block i-1's output, hidden[L] the final norm."""
+    pairs = [(0, 0)] + [(i, i) for i in range(1, n_layers)] + [(n_layers + 1, n_layers)]
+    errors = {f"stage {s}": rel_l2(stages[s], hidden[h]) for s, h in pairs}
+    errors["logits"] = rel_l2(logits, ref_logits)
+    return errors
+
+
+def assert_prefill_equals_single_steps(container, tokens, threads: int = 2) -> None:
+    """A prompt evaluated at once, token by token, and in chunks that do not
+    line up with the core's 32-token chunks gives bit-identical logits."""
+    from app.engine.binding import Engine
+
+    with Engine(container, threads=threads) as engine:
+        batch = engine.session(64).eval(tokens, all_logits=True)
+        s = engine.session(64)
+        steps = np.stack([s.eval([t]) for t in tokens])
+        s2 = engine.session(64)
+        mixed = np.concatenate([s2.eval(tokens[:5], all_logits=True), s2.eval(tokens[5:], all_logits=True)])
+    assert np.array_equal(batch, steps)
+    assert np.array_equal(batch, mixed)
 
 
 def dequantized_reference_model(container: Path, work: Path):

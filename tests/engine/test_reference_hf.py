@@ -21,26 +21,12 @@ import numpy as np
 import pytest
 
 from app.convert.convert import convert
-from app.engine.binding import Engine
-from tests.tiny_models import ARCHS, build, dequantized_reference_model, reference, rel_l2
+from tests.tiny_models import (ARCHS, assert_prefill_equals_single_steps, build, compare,
+                                dequantized_reference_model, reference, run_engine)
 
 PROMPT, DECODE = 16, 8
 BOUNDS = {"f32": 1e-5, "bf16": 2e-2, "q8_0": 6e-2, "q4_1": 0.4}
 EXACT = 1e-5
-
-
-def run_engine(container, tokens):
-    """Stages [n_layers + 2] x [24, dim] and logits [24, vocab] from the engine."""
-    with Engine(container, threads=2) as engine:
-        session = engine.session(64)
-        stages: dict[int, list[np.ndarray]] = {}
-        session.observe(lambda stage, pos, h: stages.setdefault(stage, []).append(h))
-        logits = [session.eval(tokens[:PROMPT], all_logits=True)]
-        for t in tokens[PROMPT:]:
-            logits.append(session.eval([t])[None])
-        n_layers = engine.info.n_layers
-        session.close()
-    return {k: np.concatenate(v) for k, v in stages.items()}, np.concatenate(logits), n_layers
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +41,7 @@ def test_layers_match_transformers(arch, fmt, tokens, tmp_path):
     ckpt = tmp_path / arch
     model = build(arch, ckpt, shard_size="40KB" if arch == "qwen3moe" else None)
     out = convert(ckpt, tmp_path / f"{arch}.ferry", trunk_format=fmt, expert_format=fmt)
-    stages, logits, n_layers = run_engine(out, tokens)
+    stages, logits, n_layers = run_engine(out, tokens, PROMPT)
     against_source = compare(stages, logits, n_layers, *reference(model, tokens))
     print(f"{arch} {fmt} vs source: " + ", ".join(f"{k} {v:.2e}" for k, v in against_source.items()))
     assert max(against_source.values()) < BOUNDS[fmt], against_source
@@ -68,26 +54,9 @@ def test_layers_match_transformers(arch, fmt, tokens, tmp_path):
         assert max(against_stored.values()) < EXACT, against_stored
 
 
-def compare(stages, logits, n_layers, hidden, ref_logits) -> dict[str, float]:
-    """Relative L2 per stage; transformers' hidden[0] is the embedding, hidden[i]
-    block i-1's output, hidden[L] the final norm."""
-    pairs = [(0, 0)] + [(i, i) for i in range(1, n_layers)] + [(n_layers + 1, n_layers)]
-    errors = {f"stage {s}": rel_l2(stages[s], hidden[h]) for s, h in pairs}
-    errors["logits"] = rel_l2(logits, ref_logits)
-    return errors
-
-
 @pytest.mark.parametrize("arch", ["llama", "qwen3moe", "mixtral"])
 def test_prefill_equals_single_steps(arch, tmp_path, tokens):
     """A prompt evaluated at once and token by token gives bit-identical logits."""
     build(arch, tmp_path / arch)
     out = convert(tmp_path / arch, tmp_path / f"{arch}.ferry", trunk_format="q8_0", expert_format="q8_0")
-    with Engine(out, threads=2) as engine:
-        batch = engine.session(64).eval(tokens, all_logits=True)
-        s = engine.session(64)
-        steps = np.stack([s.eval([t]) for t in tokens])
-        # Chunks that do not line up with the core's 32-token chunks, too.
-        s2 = engine.session(64)
-        mixed = np.concatenate([s2.eval(tokens[:5], all_logits=True), s2.eval(tokens[5:], all_logits=True)])
-    assert np.array_equal(batch, steps)
-    assert np.array_equal(batch, mixed)
+    assert_prefill_equals_single_steps(out, tokens)

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from app.convert.convert import convert
-from tests.kimi.tiny_kimi import build, compare, reference, run_engine
+from tests.kimi.tiny_kimi import build
+from tests.tiny_models import assert_prefill_equals_single_steps, compare, reference, run_engine
 
 PROMPT, DECODE = 16, 8
 EXACT = 1e-5
@@ -38,15 +39,6 @@ def test_prefill_equals_single_steps(kind, tokens, tmp_path):
     """The absorbed MLA and the sequential KDA recurrence give bit-identical
     logits whether a prompt is evaluated at once, token by token, or in
     chunks that do not line up with the core's."""
-    from app.engine.binding import Engine
-
     build(kind, tmp_path / kind)
     out = convert(tmp_path / kind, tmp_path / f"{kind}.ferry", trunk_format="q8_0", expert_format="q8_0")
-    with Engine(out, threads=3) as engine:
-        batch = engine.session(64).eval(tokens, all_logits=True)
-        s = engine.session(64)
-        steps = np.stack([s.eval([t]) for t in tokens])
-        s2 = engine.session(64)
-        mixed = np.concatenate([s2.eval(tokens[:5], all_logits=True), s2.eval(tokens[5:], all_logits=True)])
-    assert np.array_equal(batch, steps)
-    assert np.array_equal(batch, mixed)
+    assert_prefill_equals_single_steps(out, tokens, threads=3)

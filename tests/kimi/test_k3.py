@@ -15,7 +15,7 @@ import pytest
 from app.convert.convert import convert
 from tests.kimi import k3_reference as ref
 from tests.kimi import tiny_k3
-from tests.kimi.tiny_kimi import rel_l2, run_engine
+from tests.tiny_models import rel_l2, run_engine
 
 PROMPT, DECODE = 12, 6
 EXACT = 1e-5
