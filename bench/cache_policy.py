@@ -10,6 +10,10 @@ Prints one JSON object:
                beside the cold replay of the same tokens
   first_pass   prior = hot list of the whole trace, replay of the whole
                trace (trained on the evaluated tokens: an upper reference)
+  horizon      NOT an online policy, an upper reference: the hit rate of a
+               cache that knows the next h tokens' routing exactly (Belady
+               inside that horizon, fewest requests so far beyond it), for
+               h = 1, 2, 4, 8, at the headline sizes
   timing       seconds per request / layer visit / token of each policy on a
                synthetic Zipf-routed trace: 92 MoE layers x 896 experts,
                top 16, 2000 slots (hit rates there mean nothing)
@@ -109,6 +113,58 @@ def timing(cachesim, lib) -> dict:
     return {"shape": K3, **runs}
 
 
+def horizon_hit_rate(trace: np.ndarray, slots: int, horizon: int | None) -> float:
+    """Hit rate of a cache that sees `horizon` tokens ahead (None: the whole
+    future, which is Belady's OPT). Same cache model as the C simulator: one
+    pool for all layers, a layer's set requested and pinned together, every
+    miss inserted. A victim whose next request lies inside the horizon is
+    chosen farthest-first; one beyond it (unknown to this cache) goes first,
+    the one with the fewest requests so far. A reference, never a policy."""
+    n_tok, n_layers, _ = trace.shape
+    visits = [(l, [int(e) for e in trace[t, l]]) for t in range(n_tok) for l in range(n_layers)]
+    never = len(visits) * 2
+    next_use: list[dict[int, int]] = [{} for _ in visits]
+    last: dict[tuple[int, int], int] = {}
+    for i in range(len(visits) - 1, -1, -1):
+        l, experts = visits[i]
+        next_use[i] = {e: last.get((l, e), never) for e in experts}
+        for e in experts:
+            last[(l, e)] = i
+    resident: dict[tuple[int, int], int] = {}  # key -> index of its next request
+    counts: dict[tuple[int, int], int] = {}
+    hits = requests = 0
+    for i, (l, experts) in enumerate(visits):
+        seen = never * 2 if horizon is None else i + horizon * n_layers
+        pinned = {(l, e) for e in experts}
+        for k in pinned:
+            requests += 1
+            counts[k] = counts.get(k, 0) + 1
+            hits += k in resident
+        for k in pinned:
+            if k in resident:
+                continue
+            if len(resident) >= slots:
+                victim = max((c for c in resident if c not in pinned),
+                             key=lambda c: (0, resident[c]) if resident[c] <= seen else (1, -counts[c]))
+                del resident[victim]
+            resident[k] = never
+        for e in experts:
+            resident[(l, e)] = next_use[i][e]
+    return hits / requests
+
+
+def horizon_table(trace: np.ndarray) -> dict:
+    out = {}
+    for slots in HEADLINE:
+        opt = horizon_hit_rate(trace, slots, None)
+        row = {"opt": round(opt, 4)}
+        for h in (1, 2, 4, 8):
+            r = horizon_hit_rate(trace, slots, h)
+            row[f"next_{h}"] = {"hit_rate": round(r, 4), "ratio_to_opt": round(r / opt, 3)}
+        out[str(slots)] = row
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--trace", type=Path, default=TRACE)
@@ -144,6 +200,7 @@ def main(argv=None) -> int:
                  "slots": warm_table(cachesim, trace[half:], first_half_counts, lib)},
         "first_pass": {str(s): round(cachesim.simulate(trace, EXPERTS, s, prior=all_counts,
                                                        lib=lib)["hit_rate"], 4) for s in HEADLINE},
+        "horizon": horizon_table(trace),
         "timing": timing(cachesim, lib),
     }
     if a.json:
