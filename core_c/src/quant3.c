@@ -109,6 +109,16 @@ static inline float scale_of_code(int c) {
     return fe_q3_frac[v & 7] * p.f;
 }
 
+/* About 1 / (CELL_W scale_of_code(c)) without a division: it only picks cells, which have margins. */
+static inline float inv_cell_width(int c) {
+    static const float inv_frac[8] = {1.0f / 1.0f, 1.0f / 1.09050773f, 1.0f / 1.18920712f, 1.0f / 1.29683955f,
+                                      1.0f / 1.41421356f, 1.0f / 1.54221083f, 1.0f / 1.68179283f, 1.0f / 1.83400809f};
+    int v = c + 16;
+    union { uint32_t u; float f; } p;
+    p.u = (uint32_t)(149 - (v >> 3)) << 23; /* 2^(22 - (v >> 3)) */
+    return inv_frac[v & 7] * (1.0f / CELL_W) * p.f;
+}
+
 static inline __attribute__((always_inline)) void cand_init(q3_cand *c, const q3_grid *g, float s) {
     for (int i = 0; i < 7; i++) c->ts[i] = g->thr[i] * s;
     for (int i = 0; i < 8; i++) c->ls[i] = fe_q3_levels[i] * s;
@@ -118,17 +128,22 @@ static inline float sum8(const float *a) {
     return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
 }
 
-/* Weighted squared error of one group at candidate c (nearest grid point each). */
-static inline __attribute__((always_inline)) float group_error(const float *x, const float *h, const q3_cand *c) {
-    float acc[8] = {0};
+/* Weighted squared errors err[i] of one group at the CANDIDATES candidates c[i] (nearest grid
+ * point each), in one pass over the values. */
+static inline __attribute__((always_inline)) void group_errors(const float *x, const float *h, const q3_cand *c,
+                                                               float *err) {
+    float acc[CANDIDATES][8] = {{0}};
     for (int k = 0; k < GROUP; k += 8)
         for (int l = 0; l < 8; l++) {
-            float v = x[k + l], q = c->ls[0];
-            for (int i = 0; i < 7; i++) q = v > c->ts[i] ? c->ls[i + 1] : q;
-            float d = v - q, e = d * d;
-            acc[l] += h ? h[k + l] * e : e;
+            float v = x[k + l];
+            for (int j = 0; j < CANDIDATES; j++) {
+                float q = c[j].ls[0];
+                for (int i = 0; i < 7; i++) q = v > c[j].ts[i] ? c[j].ls[i + 1] : q;
+                float d = v - q, e = d * d;
+                acc[j][l] += h ? h[k + l] * e : e;
+            }
         }
-    return sum8(acc);
+    for (int j = 0; j < CANDIDATES; j++) err[j] = sum8(acc[j]);
 }
 
 /* The indices of one group at candidate c, packed into the lane words w[3][8]; g0 = group 0..3. */
@@ -156,10 +171,10 @@ typedef struct {
 } cand_v;
 
 /* Products with s exactly as cand_init's: the same midpoints * s and grid points * s. */
-AVX2 static inline __attribute__((always_inline)) cand_v cand_load(const q3_grid *g, float s) {
+AVX2 static inline __attribute__((always_inline)) cand_v cand_load(const q3_grid *g, int code) {
     cand_v r;
-    __m256 sv = _mm256_set1_ps(s);
-    r.a = _mm256_set1_ps(1.0f / (CELL_W * s));
+    __m256 sv = _mm256_set1_ps(scale_of_code(code));
+    r.a = _mm256_set1_ps(inv_cell_width(code));
     r.off = _mm256_set1_ps(-CELL_LO / CELL_W);
     r.top = _mm256_set1_ps(7.5f);
     r.cthr = _mm256_mul_ps(_mm256_loadu_ps(g->ucthr), sv);
@@ -178,28 +193,35 @@ AVX2 static inline __attribute__((always_inline)) __m256 cell_of(__m256 v, const
 }
 
 /* (Not always_inline: the portable copy of best_code holds a call it never makes.) */
-AVX2 static inline float group_error_avx2(const float *x, const float *h, const q3_grid *g, float s) {
-    cand_v c = cand_load(g, s);
-    __m256 acc = _mm256_setzero_ps();
+AVX2 static inline __attribute__((flatten)) void group_errors_avx2(const float *x, const float *h, const q3_grid *g, const int *code,
+                                          float *err) {
+    cand_v c[CANDIDATES];
+    __m256 acc[CANDIDATES];
+    for (int j = 0; j < CANDIDATES; j++) c[j] = cand_load(g, code[j]), acc[j] = _mm256_setzero_ps();
     for (int k = 0; k < GROUP; k += 8) {
-        __m256 v = _mm256_loadu_ps(x + k);
-        __m256i cell;
-        __m256 up = cell_of(v, &c, &cell);
-        __m256 q = _mm256_blendv_ps(_mm256_permutevar8x32_ps(c.clo, cell), _mm256_permutevar8x32_ps(c.chi, cell), up);
-        __m256 d = _mm256_sub_ps(v, q), e = _mm256_mul_ps(d, d);
-        if (h) e = _mm256_mul_ps(_mm256_loadu_ps(h + k), e);
-        acc = _mm256_add_ps(acc, e);
+        __m256 v = _mm256_loadu_ps(x + k), hv = h ? _mm256_loadu_ps(h + k) : _mm256_setzero_ps();
+        for (int j = 0; j < CANDIDATES; j++) {
+            __m256i cell;
+            __m256 up = cell_of(v, &c[j], &cell);
+            __m256 q = _mm256_blendv_ps(_mm256_permutevar8x32_ps(c[j].clo, cell),
+                                        _mm256_permutevar8x32_ps(c[j].chi, cell), up);
+            __m256 d = _mm256_sub_ps(v, q), e = _mm256_mul_ps(d, d);
+            if (h) e = _mm256_mul_ps(hv, e);
+            acc[j] = _mm256_add_ps(acc[j], e);
+        }
     }
-    float a[8];
-    _mm256_storeu_ps(a, acc);
-    return sum8(a);
+    for (int j = 0; j < CANDIDATES; j++) {
+        float a[8];
+        _mm256_storeu_ps(a, acc[j]);
+        err[j] = sum8(a);
+    }
 }
 
 /* The indices of a block whose group codes are e - j[k], into out[0..95]. */
 AVX2 static inline void block_pack_avx2(const float *x, const q3_grid *g, int e, const int j[4], uint8_t *out) {
     __m256i w[3] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
     for (int g0 = 0; g0 < 4; g0++) {
-        cand_v c = cand_load(g, scale_of_code(e - j[g0]));
+        cand_v c = cand_load(g, e - j[g0]);
         for (int st = 8 * g0; st < 8 * g0 + 8; st++) {
             int bit = 3 * st, k = bit >> 5, off = bit & 31;
             __m256i cell;
@@ -213,30 +235,35 @@ AVX2 static inline void block_pack_avx2(const float *x, const q3_grid *g, int e,
 }
 #endif
 
-/* The best scale code of one group; `simd` selects the AVX2 error (x86-64). */
+static inline int clamp_code(int c) { return c < -14 ? -14 : c > 255 ? 255 : c; }
+
+/* The best scale code of one group (the lowest error, ties to the smaller code); `simd` selects the
+ * AVX2 errors (x86-64). */
 static inline __attribute__((always_inline)) int best_code(const float *x, const float *h, const q3_grid *g,
                                                            float amax, const int simd) {
     if (amax == 0.0f) return ZERO_CODE;
-    int c0 = (int)lrintf(8.0f * log2f(amax / g->lmax)) + 160;
+    int c0 = (int)floorf(8.0f * log2f(amax / g->lmax) + 0.5f) + 160;
+    int code[CANDIDATES];
+    float err[CANDIDATES];
+    for (int k = 0; k < CANDIDATES; k++) code[k] = clamp_code(c0 - CAND_BELOW + k);
+#if defined(__x86_64__)
+    if (simd) group_errors_avx2(x, h, g, code, err);
+    else
+#endif
+    {
+        q3_cand c[CANDIDATES];
+        for (int k = 0; k < CANDIDATES; k++) cand_init(&c[k], g, scale_of_code(code[k]));
+        group_errors(x, h, c, err);
+    }
+    (void)simd;
     int best = c0;
     float best_err = INFINITY;
     for (int k = 0; k < CANDIDATES; k++) {
         int code = c0 - CAND_BELOW + k;
-        if (code < -14 || code > 255) continue;
-        float e, s = scale_of_code(code);
-#if defined(__x86_64__)
-        if (simd) e = group_error_avx2(x, h, g, s);
-        else
-#endif
-        {
-            q3_cand c;
-            cand_init(&c, g, s);
-            e = group_error(x, h, &c);
-        }
-        (void)simd;
-        if (e < best_err) best_err = e, best = code;
+        if (code < -14 || code > 255) continue; /* codes the format lacks are not candidates */
+        if (err[k] < best_err) best_err = err[k], best = code;
     }
-    return best < -14 ? -14 : best > 255 ? 255 : best;
+    return clamp_code(best);
 }
 
 /* max |x| of a group; *bad is set when a value is not finite. */
@@ -247,20 +274,44 @@ static inline __attribute__((always_inline)) float group_absmax(const float *x, 
         for (int l = 0; l < 8; l++) {
             float a = fabsf(x[k + l]);
             nf |= !(a <= FLT_MAX);
-            m[l] = a > m[l] ? a : m[l];
+            m[l] = fmaxf(a, m[l]);
         }
     *bad |= nf;
-    float r = 0;
-    for (int l = 0; l < 8; l++) r = m[l] > r ? m[l] : r;
-    return r;
+    return fmaxf(fmaxf(fmaxf(m[0], m[1]), fmaxf(m[2], m[3])), fmaxf(fmaxf(m[4], m[5]), fmaxf(m[6], m[7])));
 }
+
+#if defined(__x86_64__)
+/* (Not always_inline, like the other AVX2 helpers the portable quant_block names.) */
+AVX2 static inline float group_absmax_avx2(const float *x, int *bad) {
+    const __m256 sign = _mm256_set1_ps(-0.0f), big = _mm256_set1_ps(FLT_MAX);
+    __m256 m = _mm256_setzero_ps(), nf = m;
+    for (int k = 0; k < GROUP; k += 8) {
+        __m256 a = _mm256_andnot_ps(sign, _mm256_loadu_ps(x + k));
+        nf = _mm256_or_ps(nf, _mm256_cmp_ps(a, big, _CMP_NLE_UQ));
+        m = _mm256_max_ps(m, a);
+    }
+    *bad |= _mm256_movemask_ps(nf);
+    __m128 r = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    r = _mm_max_ps(r, _mm_movehl_ps(r, r));
+    r = _mm_max_ss(r, _mm_movehdup_ps(r));
+    return _mm_cvtss_f32(r);
+}
+#endif
 
 /* One block of 256 values x (importance h or NULL) into 99 bytes; -1 for a non-finite value. */
 static inline __attribute__((always_inline)) int quant_block(const float *x, const float *h, uint8_t *out,
                                                              const q3_grid *g, const int simd) {
     int c[4], e = ZERO_CODE, bad = 0;
     float amax[4];
-    for (int k = 0; k < 4; k++) amax[k] = group_absmax(x + GROUP * k, &bad);
+    for (int k = 0; k < 4; k++) {
+#if defined(__x86_64__)
+        if (simd) {
+            amax[k] = group_absmax_avx2(x + GROUP * k, &bad);
+            continue;
+        }
+#endif
+        amax[k] = group_absmax(x + GROUP * k, &bad);
+    }
     if (bad) return -1;
     for (int k = 0; k < 4; k++) {
         c[k] = best_code(x + GROUP * k, h ? h + GROUP * k : NULL, g, amax[k], simd);
@@ -336,7 +387,9 @@ static inline __attribute__((always_inline)) int quant_rows_body(int kind, const
     for (int r = 0; r < rows; r++)
         for (int b = 0; b < nb; b++) {
             const float *x = source_block(kind, src, scales, cols, r, b, buf);
-            if (quant_block(x, imp ? imp + FE_Q3_BLOCK * b : NULL, dst + ((size_t)r * nb + b) * FE_Q3_BYTES, &g, simd))
+            uint8_t *out = dst + ((size_t)r * nb + b) * FE_Q3_BYTES;
+            /* Two calls so that the common case compiles with h = NULL known. */
+            if (imp ? quant_block(x, imp + FE_Q3_BLOCK * b, out, &g, simd) : quant_block(x, NULL, out, &g, simd))
                 return -1;
         }
     return 0;
