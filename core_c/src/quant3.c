@@ -351,10 +351,46 @@ static inline __attribute__((always_inline)) int quant_block(const float *x, con
 /* The sources: a block of 256 values of row r, block b, as floats in buf (or a pointer into src). */
 enum { SRC_F32 = FE_Q3_SRC_F32, SRC_BF16 = FE_Q3_SRC_BF16, SRC_MXFP4 = FE_Q3_SRC_MXFP4 };
 
+#if defined(__x86_64__)
+/* The same values as source_block's loops (E2M1 * 2^(e-127), the sign applied after: the same bits). */
+AVX2 static inline void bf16_block_avx2(const uint16_t *p, float *buf) {
+    for (int i = 0; i < FE_Q3_BLOCK; i += 8) {
+        __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p + i)));
+        _mm256_storeu_si256((__m256i *)(buf + i), _mm256_slli_epi32(v, 16));
+    }
+}
+
+AVX2 static inline void mxfp4_block_avx2(const uint8_t *p, const uint8_t *sc, float *buf) {
+    const __m256 mag = _mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f);
+    const __m128i low4 = _mm_set1_epi8(15);
+    const __m256i sign = _mm256_set1_epi32((int)0x80000000u);
+    for (int gi = 0; gi < FE_Q3_BLOCK / 32; gi++) {
+        union { uint32_t u; float f; } s = {sc[gi] ? (uint32_t)sc[gi] << 23 : 0x00400000u};
+        __m256 sv = _mm256_set1_ps(s.f);
+        __m128i b = _mm_loadu_si128((const __m128i *)(p + 16 * gi));
+        __m128i lo = _mm_and_si128(b, low4), hi = _mm_and_si128(_mm_srli_epi16(b, 4), low4);
+        __m128i n[2] = {_mm_unpacklo_epi8(lo, hi), _mm_unpackhi_epi8(lo, hi)};
+        for (int q = 0; q < 4; q++) {
+            __m128i part = (q & 1) ? _mm_srli_si128(n[q >> 1], 8) : n[q >> 1];
+            __m256i nib = _mm256_cvtepu8_epi32(part);
+            __m256 m = _mm256_mul_ps(_mm256_permutevar8x32_ps(mag, nib), sv);
+            __m256 sg = _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(nib, 28), sign));
+            _mm256_storeu_ps(buf + 32 * gi + 8 * q, _mm256_xor_ps(m, sg));
+        }
+    }
+}
+#endif
+
 static inline __attribute__((always_inline)) const float *source_block(int kind, const void *src, const uint8_t *scales,
-                                                                       int cols, int r, int b, float *buf) {
+                                                                       int cols, int r, int b, float *buf,
+                                                                       const int simd) {
     size_t i0 = (size_t)r * (size_t)cols + (size_t)FE_Q3_BLOCK * (size_t)b;
     if (kind == SRC_F32) return (const float *)src + i0;
+#if defined(__x86_64__)
+    if (simd && kind == SRC_BF16) return bf16_block_avx2((const uint16_t *)src + i0, buf), buf;
+    if (simd) return mxfp4_block_avx2((const uint8_t *)src + i0 / 2, scales + i0 / 32, buf), buf;
+#endif
+    (void)simd;
     if (kind == SRC_BF16) {
         const uint16_t *p = (const uint16_t *)src + i0;
         for (int i = 0; i < FE_Q3_BLOCK; i++) {
@@ -386,7 +422,7 @@ static inline __attribute__((always_inline)) int quant_rows_body(int kind, const
     int nb = cols / FE_Q3_BLOCK;
     for (int r = 0; r < rows; r++)
         for (int b = 0; b < nb; b++) {
-            const float *x = source_block(kind, src, scales, cols, r, b, buf);
+            const float *x = source_block(kind, src, scales, cols, r, b, buf, simd);
             uint8_t *out = dst + ((size_t)r * nb + b) * FE_Q3_BYTES;
             /* Two calls so that the common case compiles with h = NULL known. */
             if (imp ? quant_block(x, imp + FE_Q3_BLOCK * b, out, &g, simd) : quant_block(x, NULL, out, &g, simd))
