@@ -456,6 +456,7 @@ int fe_q3_quantize_impl(int impl, int kind, const void *src, const uint8_t *scal
             if (!(imp[i] >= 0.0f) || !isfinite(imp[i])) return -1;
     static const rows_fn portable[3] = {rows_f32, rows_bf16, rows_mxfp4};
     rows_fn fn = portable[kind];
+    (void)impl;
 #if defined(__x86_64__)
     static const rows_fn avx2[3] = {rows_f32_avx2, rows_bf16_avx2, rows_mxfp4_avx2};
     if (impl == FE_KERNELS_AVX2 && fe_cpu_has_avx2()) fn = avx2[kind];
