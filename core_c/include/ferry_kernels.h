@@ -56,7 +56,8 @@ uint64_t ferry_memory_read(const void *p, size_t nbytes, int reps, int streams);
  * writing rows * cols / 256 * 99 bytes to dst. importance: NULL, or `cols`
  * non-negative weights (e.g. mean squared activations of each input column)
  * that the scale search minimises the weighted error for.
- * Returns 0, or -1 for bad arguments or non-finite input. */
+ * Returns 0, or -1 for bad arguments or non-finite input (dst is then partly
+ * written). */
 int ferry_q3_quantize_f32(const float *src, int rows, int cols, const float *importance, void *dst);
 int ferry_q3_quantize_bf16(const uint16_t *src, int rows, int cols, const float *importance, void *dst);
 /* From MXFP4 (compressed-tensors mxfp4-pack-quantized): `packed` is

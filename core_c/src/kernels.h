@@ -41,6 +41,14 @@ fe_rowdot_fn fe_kernel_for(const fe_kernels *k, int fmt);
 const fe_kernels *fe_kernels_avx2_table(void);
 const fe_kernels *fe_kernels_neon_table(void);
 int fe_cpu_has_avx2(void);
+/* The q3_nl quantizer (quant3.c) with a chosen implementation: FE_KERNELS_AVX2 (when this CPU has it)
+ * or any other value for the portable path; both give identical bytes. kind: FE_Q3_SRC_*; scales only
+ * for MXFP4. The public ferry_q3_quantize_* use the implementation the matmul kernels use. */
+enum { FE_Q3_SRC_F32 = 0, FE_Q3_SRC_BF16 = 1, FE_Q3_SRC_MXFP4 = 2 };
+int fe_q3_quantize_impl(int impl, int kind, const void *src, const uint8_t *scales, int rows, int cols,
+                        const float *imp, void *dst);
+/* 1 when every grid midpoint sits well inside one cell of the AVX2 assignment (quant3.c). */
+int fe_q3_cells_ok(void);
 /* SIMD memory read loop (kernels_avx2.c; 0 when AVX2 is missing or on other CPUs). */
 uint64_t fe_memory_read_simd(const void *p, size_t nbytes, int reps, int streams);
 

@@ -136,6 +136,49 @@ static void test_quantizer(void) {
     free(src), free(back), free(q);
 }
 
+/* The portable and AVX2 quantizers give the same bytes, from every source kind, with and without
+ * importance, on heavy-tailed values with zero groups and huge / tiny magnitudes. */
+static void test_quantizer_paths(void) {
+    check(fe_q3_cells_ok(), "q3 grid midpoints sit inside the AVX2 cells");
+    const int rows = 9, cols = 768, nq = rows * cols / 256 * 99;
+    float *src = malloc(sizeof(float) * rows * cols), imp[768];
+    uint16_t *bf = malloc(2 * (size_t)rows * cols);
+    uint8_t *packed = malloc((size_t)rows * cols / 2), *scales = malloc((size_t)rows * cols / 32);
+    uint8_t *a = malloc(nq), *b = malloc(nq);
+    for (int i = 0; i < rows * cols; i++) {
+        float u = frand(), t = u / (1.02f - fabsf(frand())); /* heavy-tailed */
+        int r = i / cols;
+        src[i] = r == 2 && i % cols < 64 ? 0.0f : t * (r == 5 ? 3e3f : r == 6 ? 1e-6f : 0.02f);
+        uint32_t bits;
+        memcpy(&bits, &src[i], 4);
+        bf[i] = (uint16_t)(bits >> 16);
+    }
+    for (int i = 0; i < cols; i++) imp[i] = 0.1f + fabsf(frand()) * 4.0f;
+    for (int i = 0; i < rows * cols / 2; i++) packed[i] = (uint8_t)rnd();
+    for (int i = 0; i < rows * cols / 32; i++) scales[i] = (uint8_t)(100 + rnd() % 40);
+    int impls[2] = {FE_KERNELS_SCALAR, FE_KERNELS_AVX2};
+    for (int kind = 0; kind < 3; kind++)
+        for (int wi = 0; wi < 2; wi++) {
+            const void *p = kind == FE_Q3_SRC_F32 ? (const void *)src : kind == FE_Q3_SRC_BF16 ? (const void *)bf
+                                                                                                : (const void *)packed;
+            uint8_t *out[2] = {a, b};
+            for (int k = 0; k < 2; k++) {
+                memset(out[k], 0xAB, nq);
+                check(fe_q3_quantize_impl(impls[k], kind, p, scales, rows, cols, wi ? imp : NULL, out[k]) == 0,
+                      "q3 quantize (path test)");
+            }
+            char what[96];
+            snprintf(what, sizeof what, "q3 portable and avx2 quantizers agree (source %d, importance %d)", kind, wi);
+            check(memcmp(a, b, nq) == 0, what);
+        }
+    scales[3] = 255; /* E8M0 NaN */
+    check(fe_q3_quantize_impl(FE_KERNELS_AVX2, FE_Q3_SRC_MXFP4, packed, scales, rows, cols, NULL, a) == -1,
+          "q3 refuses an MXFP4 NaN scale");
+    check(fe_q3_quantize_impl(FE_KERNELS_SCALAR, FE_Q3_SRC_MXFP4, packed, scales, rows, cols, NULL, a) == -1,
+          "q3 refuses an MXFP4 NaN scale (portable)");
+    free(src), free(bf), free(packed), free(scales), free(a), free(b);
+}
+
 int main(void) {
     static const int sizes[] = {1, 7, 31, 32, 33, 100, 255};
     static const int ns[] = {1, 2, 3, 5, 32, 33};
@@ -155,6 +198,7 @@ int main(void) {
     printf("simd implementations tested: %d (active: %s)\n", impls, ferry_kernels_name(ferry_kernels_active()));
     check(impls > 0 || ferry_kernels_active() == FERRY_KERNELS_SCALAR, "some implementation is active");
     test_quantizer();
+    test_quantizer_paths();
     printf("%d passed, %d failed\n", passed, failed);
     return failed != 0;
 }

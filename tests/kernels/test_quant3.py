@@ -73,3 +73,48 @@ def test_bad_input_is_refused():
         quant3.quantize(bad)
     with pytest.raises(ValueError):
         quant3.dequantize(np.zeros(98, np.uint8), 256)
+
+
+def _heavy_tailed() -> np.ndarray:
+    rng = np.random.default_rng(7)
+    w = (rng.standard_t(4, size=(96, 1024)) * 0.02).astype(np.float32)
+    w *= np.exp(rng.normal(0, 0.3, (96, 1))).astype(np.float32)
+    w[7, :64] = 0
+    return w
+
+
+#: The relative weight error of the quantizer before 2026-12-03 (5 codes, 7 compares per value) on
+#: _heavy_tailed(): 0.22966 (measured with core_c/src/quant3.c of revision 5ae6b8f).
+OLD_ERROR = 0.22966
+
+
+def test_faster_quantizer_is_no_worse_than_the_old_one():
+    w = _heavy_tailed()
+    back = quant3.dequantize(quant3.quantize(w, threads=1), w.size).reshape(w.shape)
+    assert np.linalg.norm(w - back) / np.linalg.norm(w) <= OLD_ERROR + 1e-5
+
+
+def test_portable_and_avx2_paths_give_the_same_bytes(tmp_path):
+    """FERRY_KERNELS=scalar makes the quantizer take its portable path (decided once per process, so
+    in a child); on a CPU without AVX2 both runs take it."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+    w = _heavy_tailed()
+    packed, scales = quant3.mxfp4_encode(w)
+    imp = np.linspace(0.1, 3.0, w.shape[1], dtype=np.float32)
+    np.save(tmp_path / "w.npy", w)
+    np.save(tmp_path / "imp.npy", imp)
+    code = ("import sys, numpy as np; from app.convert import quant, quant3; d = sys.argv[1]\n"
+            "w = np.load(d + '/w.npy'); imp = np.load(d + '/imp.npy'); p, s = quant3.mxfp4_encode(w)\n"
+            "np.save(d + '/' + sys.argv[2], np.concatenate([quant3.quantize(w), quant3.quantize(w, imp),\n"
+            "    quant3.quantize(quant.f32_to_bf16_bits(w)), quant3.quantize_mxfp4(p, s, imp)]))\n")
+    for name, kernels in (("auto.npy", "auto"), ("scalar.npy", "scalar")):
+        env = dict(os.environ, FERRY_KERNELS=kernels, PYTHONPATH=str(REPO))
+        subprocess.run([sys.executable, "-c", code, str(tmp_path), name], check=True, env=env, cwd=REPO)
+    auto, scalar = np.load(tmp_path / "auto.npy"), np.load(tmp_path / "scalar.npy")
+    assert np.array_equal(auto, scalar)
+    assert np.array_equal(auto[:w.size // 256 * 99], quant3.quantize(w))
+    assert np.array_equal(auto[-w.size // 256 * 99:], quant3.quantize_mxfp4(packed, scales, imp))

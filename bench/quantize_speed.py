@@ -1,0 +1,159 @@
+"""q3_nl quantizer throughput against the disk, all in one run.
+
+    python bench/quantize_speed.py --json [--rows 768] [--reference REV] [--disk-gb 2] [--workdir DIR]
+
+Matrices: K3's expert shapes (w1/w3 [rows of 3584], w2 [rows of 3072]), the
+first --rows rows of each, weights as in bench/quant_quality.py (Student-t(5),
+log-normal row/column scales, bf16, then MXFP4). Each source kind (f32, bf16
+bits, MXFP4 blocks) is quantized by the extension in this tree (app/engine/
+_ferry_c) with 1 and 2 threads of the Python wrapper (app/convert/quant3.py);
+the best of --repeats timings is kept (the box is shared and noisy).
+
+--reference REV also builds core_c/src/quant3.c as it was at git revision REV
+(with today's formats.c / kernels*.c, cc -O3) into a temporary shared library
+and times its f32/bf16/mxfp4 entry points on one thread in the same run, so
+the before/after ratio is measured under the same load.
+
+Disk: bench/convert.py's sequential() — a --disk-gb file written and read
+back in 4 MiB O_DIRECT requests in --workdir.
+
+Prints one JSON object; weights/s are in millions, "per_core" divides by the
+thread count.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from app.convert import quant, quant3  # noqa: E402
+from bench.quant_quality import k3_weights  # noqa: E402
+
+SHAPES = {"w1": 3584, "w3": 3584, "w2": 3072}
+
+
+def matrices(rows: int) -> list[dict]:
+    out = []
+    for i, (name, cols) in enumerate(SHAPES.items()):
+        w = k3_weights((rows, cols), i)
+        packed, scales = quant3.mxfp4_encode(w)
+        values = quant3.mxfp4_decode(packed, scales)
+        out.append({"name": name, "f32": values, "bf16": quant.f32_to_bf16_bits(values),
+                    "packed": packed, "scales": scales})
+    return out
+
+
+def reference_lib(rev: str, folder: Path) -> ctypes.CDLL:
+    """The quantizer of revision `rev`, built beside today's support files."""
+    src = folder / "quant3_ref.c"
+    src.write_text(subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:core_c/src/quant3.c"],
+                                  check=True, capture_output=True, text=True).stdout)
+    (folder / "include").mkdir(exist_ok=True)
+    shutil.copy(ROOT / "core_c" / "include" / "ferry_kernels.h", folder / "include")
+    for f in ("formats.h", "kernels.h", "common.h"):
+        if (ROOT / "core_c" / "src" / f).exists():
+            shutil.copy(ROOT / "core_c" / "src" / f, folder)
+    support = [str(ROOT / "core_c" / "src" / f) for f in ("formats.c", "kernels.c", "kernels_avx2.c", "kernels_neon.c")]
+    so = folder / "quant3_ref.so"
+    cc = shutil.which("cc") or shutil.which("gcc") or "cc"
+    subprocess.run([cc, "-std=c11", "-O3", "-ffp-contract=off", "-shared", "-fPIC", "-pthread",
+                    "-I", str(folder / "include"), "-I", str(folder), str(src), *support, "-o", str(so), "-lm"],
+                   check=True, capture_output=True, text=True)
+    lib = ctypes.CDLL(str(so))
+    vp = ctypes.c_void_p
+    for fn, args in (("ferry_q3_quantize_f32", [vp, ctypes.c_int, ctypes.c_int, vp, vp]),
+                     ("ferry_q3_quantize_bf16", [vp, ctypes.c_int, ctypes.c_int, vp, vp]),
+                     ("ferry_q3_quantize_mxfp4", [vp, vp, ctypes.c_int, ctypes.c_int, vp, vp])):
+        getattr(lib, fn).argtypes = args
+        getattr(lib, fn).restype = ctypes.c_int
+    return lib
+
+
+def best_time(fn, repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def run_new(mats: list[dict], src: str, threads: int) -> None:
+    for m in mats:
+        if src == "mxfp4":
+            quant3.quantize_mxfp4(m["packed"], m["scales"], threads=threads)
+        else:
+            quant3.quantize(m[src], threads=threads)
+
+
+def run_ref(lib: ctypes.CDLL, mats: list[dict], src: str) -> None:
+    for m in mats:
+        rows, cols = m["f32"].shape
+        out = np.zeros(rows * cols // 256 * 99, np.uint8)
+        p = lambda a: a.ctypes.data_as(ctypes.c_void_p)  # noqa: E731
+        if src == "mxfp4":
+            rc = lib.ferry_q3_quantize_mxfp4(p(m["packed"]), p(m["scales"]), rows, cols, None, p(out))
+        else:
+            rc = getattr(lib, f"ferry_q3_quantize_{src}")(p(m[src]), rows, cols, None, p(out))
+        assert rc == 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, default=768, help="rows of each K3-shaped matrix")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--reference", default="", help="git revision whose quant3.c to time alongside")
+    ap.add_argument("--disk-gb", type=float, default=2.0, help="0 skips the disk measurement")
+    ap.add_argument("--workdir", default="", help="folder on the disk to measure (default: a temp dir under /tmp)")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args(argv)
+    mats = matrices(a.rows)
+    n = sum(m["f32"].size for m in mats)
+    src_bytes = {"f32": 4, "bf16": 2, "mxfp4": 17 / 32}
+    res: dict = {"date": time.strftime("%Y-%m-%d"), "machine": platform.machine(), "cpus": os.cpu_count(),
+                 "weights_per_pass": n, "unit": "millions of weights per second", "this_tree": {}}
+    for src in ("f32", "bf16", "mxfp4"):
+        run_new(mats, src, 1)  # warm up
+        for threads in (1, 2):
+            dt = best_time(lambda: run_new(mats, src, threads), a.repeats)
+            res["this_tree"][f"{src}/{threads}t"] = {
+                "weights_per_s": round(n / dt / 1e6, 1), "weights_per_s_per_core": round(n / dt / 1e6 / threads, 1),
+                "source_mb_per_s": round(n * src_bytes[src] / dt / 1e6, 1)}
+    if a.reference:
+        with tempfile.TemporaryDirectory() as d:
+            lib = reference_lib(a.reference, Path(d))
+            res["reference"] = {"revision": a.reference}
+            for src in ("f32", "bf16", "mxfp4"):
+                dt = best_time(lambda: run_ref(lib, mats, src), a.repeats)
+                res["reference"][f"{src}/1t"] = {"weights_per_s_per_core": round(n / dt / 1e6, 1)}
+                res["reference"][f"{src}/1t"]["speedup_now"] = round(
+                    res["this_tree"][f"{src}/1t"]["weights_per_s_per_core"] / (n / dt / 1e6), 2)
+    if a.disk_gb > 0:
+        from bench.convert import sequential
+        with tempfile.TemporaryDirectory(dir=a.workdir or None) as d:
+            seq = sequential(Path(d), int(a.disk_gb * (1 << 30)) // (4 << 20) * (4 << 20))
+        res["disk"] = {"read_mb_per_s": round(seq["read_bytes_per_s"] / 1e6), "direct": seq["direct"],
+                       "bytes": seq["bytes"], "folder": a.workdir or tempfile.gettempdir()}
+        # Reading MXFP4 at that rate feeds 32/17 weights per byte.
+        res["disk"]["mxfp4_weights_per_s"] = round(seq["read_bytes_per_s"] * 32 / 17 / 1e6, 1)
+        res["disk"]["cores_to_keep_up_mxfp4"] = round(
+            res["disk"]["mxfp4_weights_per_s"] / res["this_tree"]["mxfp4/1t"]["weights_per_s_per_core"], 2)
+    print(json.dumps(res, indent=1) if a.json else res)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
