@@ -29,11 +29,12 @@ typedef struct fe_kernels {
 
 /* An implementation, or NULL when it is not built in or this CPU lacks it. */
 const fe_kernels *fe_kernels_get(int impl);
-/* The implementation matrix products use: the best this CPU supports, or the
- * scalar reference when the environment variable FERRY_KERNELS=scalar is set
- * (FERRY_KERNELS=avx2|neon|auto also accepted). Decided once per process. */
-int fe_kernels_active_id(void);
-const fe_kernels *fe_kernels_active(void);
+/* The best implementation this CPU supports (a pure function of the build
+ * and cpuid; nothing is cached). Engines choose their set at open and keep
+ * it (ferry_open_options.kernels); there is no process-wide choice. */
+int fe_kernels_best(void);
+/* The implementation named "scalar", "avx2" or "neon", or -1. */
+int fe_kernels_by_name(const char *name);
 /* The row kernel of `fmt` in implementation `k`, falling back to scalar. */
 fe_rowdot_fn fe_kernel_for(const fe_kernels *k, int fmt);
 
