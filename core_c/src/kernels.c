@@ -36,12 +36,7 @@ SCALAR(q6_k, FE_Q6_K)
 SCALAR(q3_nl, FE_Q3_NL)
 #undef SCALAR
 
-static const fe_kernels SCALAR_TABLE = {
-    "scalar",
-    {[FE_F32] = rowdot_scalar_f32, [FE_F16] = rowdot_scalar_f16, [FE_BF16] = rowdot_scalar_bf16,
-     [FE_Q8_0] = rowdot_scalar_q8_0, [FE_Q4_0] = rowdot_scalar_q4_0, [FE_Q4_1] = rowdot_scalar_q4_1,
-     [FE_Q4_K] = rowdot_scalar_q4_k, [FE_Q6_K] = rowdot_scalar_q6_k, [FE_Q3_NL] = rowdot_scalar_q3_nl},
-};
+FE_KERNEL_TABLE(SCALAR_TABLE, scalar);
 
 const fe_kernels *fe_kernels_get(int impl) {
     switch (impl) {
