@@ -305,8 +305,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("convert", help="convert a Hugging Face checkpoint folder or a GGUF file")
     p.add_argument("source")
     p.add_argument("out")
-    p.add_argument("--trunk-format", choices=FORMAT_CHOICES, default="auto")
-    p.add_argument("--expert-format", choices=FORMAT_CHOICES, default="auto")
+    p.add_argument("--trunk-format", choices=FORMAT_CHOICES, default="auto",
+                   help="how the resident (non-expert) matrices are stored; auto (default): q8_0 for a trunk "
+                        "converted from floats (f32/f16/bf16), a quantized source's own formats otherwise "
+                        "(a Q4_1 GGUF stays Q4_1); q4_1 for the least memory. Norms and other vectors stay f32")
+    p.add_argument("--expert-format", choices=FORMAT_CHOICES, default="auto",
+                   help="how expert matrices are stored; auto (default) keeps the source's format "
+                        "(a format the core lacks is widened to f32)")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(fn=cmd_convert)
 
