@@ -15,7 +15,7 @@ import numpy as np
 from app.convert.convert import ConvertError, Progress, convert
 from app.convert.errors import SourceError
 from app.convert.layout import FORMAT_CHOICES
-from app.engine.binding import FerryError, verify
+from app.engine.binding import KERNEL_CHOICES, FerryError, verify
 from app.model import Finished, LoadedModel, ModelError, PromptProgress, Token
 from app.plan import describe, gib, plan_container
 from app.sampling import SamplingParams
@@ -67,7 +67,7 @@ def _open(args) -> LoadedModel:
         budget = plan.recommended
         if not getattr(args, "json", False):
             print(f"ferry: RAM budget {gib(budget)} ({plan.reason})", file=sys.stderr)
-    return LoadedModel(path, ram_budget=budget, threads=args.threads, n_ctx=args.ctx)
+    return LoadedModel(path, ram_budget=budget, threads=args.threads, n_ctx=args.ctx, kernels=getattr(args, "kernels", None))
 
 
 def _params(args) -> SamplingParams:
@@ -110,6 +110,7 @@ def cmd_info(args) -> int:
               f"record {info.expert_bytes} bytes")
         print(f"  cache: {info.cache_slots} expert records; direct I/O "
               + ("on" if info.direct_io else f"off ({info.io_note})"))
+    print(f"  compute: {info.n_threads} threads, {info.kernels} kernels")
     print(f"  trunk: {plan.trunk_bytes / 2**20:.1f} MiB resident; session of {doc['plan']['n_ctx']} tokens "
           f"needs {plan.total_bytes / 2**20:.1f} MiB in all")
     return 0
@@ -281,6 +282,9 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="a container directory, or 'demo' for the built-in demo model")
     p.add_argument("--budget", help="RAM budget for the core, e.g. 4G (default: no limit)")
     p.add_argument("--threads", type=int, default=0, help="compute threads (default: one per CPU)")
+    p.add_argument("--kernels", choices=KERNEL_CHOICES, default=None,
+                   help="matrix-product kernels: auto (the best this CPU supports), scalar, avx2 or neon "
+                        "(default: $FERRY_KERNELS, else auto)")
     p.add_argument("--ctx", type=int, default=4096, help="context length of the session (default 4096)")
 
 
@@ -301,8 +305,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("convert", help="convert a Hugging Face checkpoint folder or a GGUF file")
     p.add_argument("source")
     p.add_argument("out")
-    p.add_argument("--trunk-format", choices=FORMAT_CHOICES, default="auto")
-    p.add_argument("--expert-format", choices=FORMAT_CHOICES, default="auto")
+    p.add_argument("--trunk-format", choices=FORMAT_CHOICES, default="auto",
+                   help="how the resident (non-expert) matrices are stored; auto (default): q8_0 for a trunk "
+                        "converted from floats (f32/f16/bf16), a quantized source's own formats otherwise "
+                        "(a Q4_1 GGUF stays Q4_1); q4_1 for the least memory. Norms and other vectors stay f32")
+    p.add_argument("--expert-format", choices=FORMAT_CHOICES, default="auto",
+                   help="how expert matrices are stored; auto (default) keeps the source's format "
+                        "(a format the core lacks is widened to f32)")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(fn=cmd_convert)
 

@@ -122,7 +122,7 @@ def main(argv=None) -> int:
         cpu = [platform.processor()]
     out = {"machine": cpu, "python": platform.python_version(),
            "date": time.strftime("%Y-%m-%d"),
-           "active_kernels": ffi.string(lib.ferry_kernels_name(lib.ferry_kernels_active())).decode(),
+           "best_kernels": ffi.string(lib.ferry_kernels_name(lib.ferry_kernels_best())).decode(),
            "memory_read_gb_s": {}, "kernels": []}
     for t in a.threads:
         for st in (1, 4):

@@ -71,7 +71,7 @@ def tiny_moe(tmp_path_factory):
     """(checkpoint dir, f32 container, torch model) of a tiny Qwen3-MoE."""
     root = tmp_path_factory.mktemp("tiny_moe")
     model = build("qwen3moe", root / "ckpt")
-    return root / "ckpt", convert(root / "ckpt", root / "moe.ferry"), model
+    return root / "ckpt", convert(root / "ckpt", root / "moe.ferry", trunk_format="f32"), model
 
 
 def run_ferry(*args: str, check: bool = True, timeout: float = 600, env: dict | None = None):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Iterable
+from typing import Generic, Iterable, TypeVar
 
 import numpy as np
 
@@ -63,3 +63,30 @@ def reject_overlaps(path: Path, ranges: Iterable[tuple[int, int, str]]) -> None:
             raise SourceError(
                 path, f"tensors {prev_name!r} and {name!r} overlap (byte {begin} is in both)"
             )
+
+
+#: A reader's tensor info: anything with ``name``, ``offset`` and ``nbytes``.
+InfoT = TypeVar("InfoT")
+
+
+class TensorFile(Generic[InfoT]):
+    """What both readers (GGUFFile, SafetensorsFile) share once a file is
+    parsed: ``tensors`` maps names to infos, each a byte range of ``path``."""
+
+    path: Path
+    tensors: dict[str, InfoT]
+
+    def _reject_overlaps(self) -> None:
+        reject_overlaps(self.path, ((t.offset, t.nbytes, t.name) for t in self.tensors.values()))
+
+    def info(self, name: str) -> InfoT:
+        """The tensor info of ``name``; SourceError if there is no such tensor."""
+        try:
+            return self.tensors[name]
+        except KeyError:
+            raise SourceError(self.path, f"has no tensor named {name!r}") from None
+
+    def read_raw(self, name: str) -> np.ndarray:
+        """The tensor's stored bytes as a flat uint8 array."""
+        info = self.info(name)
+        return read_file_range(self.path, info.offset, info.nbytes)

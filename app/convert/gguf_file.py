@@ -17,7 +17,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from app.convert import quant
-from app.convert.errors import SourceError, read_file_range, reject_overlaps
+from app.convert.errors import SourceError, TensorFile
 
 MAX_TENSORS = 1_000_000
 MAX_KV = 1_000_000
@@ -181,7 +181,7 @@ def _alignment(path: Path, metadata: dict[str, Any]) -> int:
     return value
 
 
-class GGUFFile:
+class GGUFFile(TensorFile[GGUFTensorInfo]):
     """A validated GGUF file; tensor data is read lazily, one tensor at a time."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -217,7 +217,7 @@ class GGUFFile:
         self.data_offset = -(-cur.pos // alignment) * alignment
         for name, ggml_type, dims, offset in raw_infos:
             self._add_tensor(cur.size, alignment, name, ggml_type, dims, offset)
-        reject_overlaps(self.path, ((t.offset, t.nbytes, t.name) for t in self.tensors.values()))
+        self._reject_overlaps()
 
     def _read_kv(self, cur: _Cursor, index: int) -> None:
         """One metadata key and its typed value."""
@@ -265,18 +265,6 @@ class GGUFFile:
             )
         info = GGUFTensorInfo(name, ggml_type, fmt.name, dims, n_elements, start, nbytes)
         self.tensors[name] = info
-
-    def info(self, name: str) -> GGUFTensorInfo:
-        """The tensor info of ``name``; SourceError if there is no such tensor."""
-        try:
-            return self.tensors[name]
-        except KeyError:
-            raise SourceError(self.path, f"has no tensor named {name!r}") from None
-
-    def read_raw(self, name: str) -> np.ndarray:
-        """The tensor's stored bytes as a flat uint8 array."""
-        info = self.info(name)
-        return read_file_range(self.path, info.offset, info.nbytes)
 
     def read_f32(self, name: str) -> np.ndarray:
         """The tensor dequantized to float32, shaped row-major (..., ne1, ne0)."""

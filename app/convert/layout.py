@@ -31,6 +31,13 @@ FORMAT_CODES[quant3.NAME] = 8
 ENCODABLE = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", quant3.NAME)
 #: Accepted values of --trunk-format / --expert-format.
 FORMAT_CHOICES = ("auto",) + ENCODABLE
+#: What trunk format 'auto' stores a trunk converted from floats in (every
+#: matrix of the source f32, f16 or bf16): q8_0, whose error is small and whose
+#: extra bits cost little RAM next to the experts (docs/BENCHMARKS.md, "Default
+#: trunk format"). A trunk with any quantized matrix (e.g. a Q4_1 GGUF) keeps
+#: its formats: converting it up gains nothing.
+AUTO_FLOAT_TRUNK = "q8_0"
+FLOAT_SOURCE_FORMATS = ("f32", "f16", "bf16")
 
 _BLOCK = {"q8_0": 32, "q4_0": 32, "q4_1": 32, "q4_k": 256, "q6_k": 256, quant3.NAME: quant3.BLOCK}
 _BYTES = {"f32": 4, "f16": 2, "bf16": 2, "q8_0": 34, "q4_0": 18, "q4_1": 20, "q4_k": 144, "q6_k": 210,
@@ -48,6 +55,20 @@ def stored_bytes(fmt: str, shape: tuple[int, ...]) -> int:
     if cols % block:
         raise SourceError("layout", f"a row of {cols} values is not a whole number of {fmt} blocks")
     return rows * (cols // block) * _BYTES[fmt]
+
+
+def is_float_format(source_fmt: str) -> bool:
+    """f32, f16 or bf16, whole or a slice of one (sources.py's "-slice")."""
+    return source_fmt.removesuffix("-slice") in FLOAT_SOURCE_FORMATS
+
+
+def trunk_auto_format(matrix_formats: list[str]) -> str:
+    """What trunk format 'auto' means for a source whose trunk matrices are
+    stored in `matrix_formats`: AUTO_FLOAT_TRUNK when all are floats, else
+    'auto' (keep each tensor's own format)."""
+    if matrix_formats and all(is_float_format(f) for f in matrix_formats):
+        return AUTO_FLOAT_TRUNK
+    return "auto"
 
 
 def choose_format(source_fmt: str, wanted: str, shape: tuple[int, ...], vector: bool) -> str:
@@ -118,6 +139,13 @@ def plan_layout(src: Source, trunk_format: str = "auto", expert_format: str = "a
     for i in range(n_layers):
         order += [(f"blk.{i}.{s}", i) for s in LAYER_TENSORS if f"blk.{i}.{s}" in spec.trunk]
     order += [(n, n_layers) for n in ("output_norm", "output") if n in spec.trunk]
+
+    def is_vector(name: str) -> bool:
+        return name.split(".")[-1] in VECTOR_SUFFIXES or name == "output_norm"
+
+    trunk_wanted = trunk_format
+    if trunk_format == "auto":
+        trunk_wanted = trunk_auto_format([src.stored_format(spec.trunk[n]) for n, _ in order if not is_vector(n)])
     entries, offset, segment_ends, current = [], 0, [], -1
     for name, layer in order:
         if layer != current and entries:
@@ -125,8 +153,7 @@ def plan_layout(src: Source, trunk_format: str = "auto", expert_format: str = "a
         current = layer
         source = spec.trunk[name]
         shape = src.shape(source)
-        vector = name.split(".")[-1] in VECTOR_SUFFIXES or name == "output_norm"
-        fmt = choose_format(src.stored_format(source), trunk_format, shape, vector)
+        fmt = choose_format(src.stored_format(source), trunk_wanted, shape, is_vector(name))
         offset = _align(offset, TENSOR_ALIGN)
         nbytes = stored_bytes(fmt, shape)
         entries.append(TrunkEntry(name, source, fmt, shape, offset, nbytes, layer))

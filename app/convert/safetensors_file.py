@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from app.convert import quant
-from app.convert.errors import SourceError, read_file_range, reject_overlaps
+from app.convert.errors import SourceError, TensorFile, read_file_range
 
 MAX_HEADER_BYTES = 100_000_000
 MAX_JSON_BYTES = 100_000_000
@@ -177,7 +177,7 @@ def _check_metadata(path: Path, metadata: Any) -> dict[str, str]:
     return metadata
 
 
-class SafetensorsFile:
+class SafetensorsFile(TensorFile[TensorInfo]):
     """A validated safetensors file; tensors are read lazily, one at a time."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -218,19 +218,7 @@ class SafetensorsFile:
                 self.metadata = _check_metadata(self.path, entry)
             else:
                 self.tensors[name] = _parse_entry(self.path, name, entry, data_start, size)
-        reject_overlaps(self.path, ((t.offset, t.nbytes, t.name) for t in self.tensors.values()))
-
-    def info(self, name: str) -> TensorInfo:
-        """The TensorInfo of ``name``; SourceError if there is no such tensor."""
-        try:
-            return self.tensors[name]
-        except KeyError:
-            raise SourceError(self.path, f"has no tensor named {name!r}") from None
-
-    def read_raw(self, name: str) -> np.ndarray:
-        """The tensor's exact bytes as a flat uint8 array."""
-        info = self.info(name)
-        return read_file_range(self.path, info.offset, info.nbytes)
+        self._reject_overlaps()
 
     def read_array(self, name: str) -> np.ndarray:
         """The tensor with its shape, in its own dtype.

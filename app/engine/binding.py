@@ -61,6 +61,19 @@ class ModelInfo:
     io_note: str
     cache_slots: int
     ram_budget: int
+    kernels: str  # the kernel set matrix products use: "scalar", "avx2" or "neon"
+
+
+#: Kernel sets an engine can be opened with (``Engine(kernels=...)``).
+KERNEL_CHOICES = ("auto", "scalar", "avx2", "neon")
+
+
+def default_kernels() -> str:
+    """The kernel set engines open with when none is given: the environment
+    variable ``FERRY_KERNELS`` (``scalar``, ``avx2``, ``neon``), else ``auto``
+    (the best this CPU supports). Read here, at each open; the C core reads
+    no environment."""
+    return os.environ.get("FERRY_KERNELS", "").strip() or "auto"
 
 
 @dataclass(frozen=True)
@@ -110,10 +123,12 @@ class Engine:
     def __init__(self, path: str | os.PathLike, *, ram_budget: int = 0, threads: int = 0,
                  verify_reads: bool = False, n_ctx: int = 0, cache_slots: int = 0, readers: int = 0,
                  direct_io: bool = True, overlap: bool = True, lookahead: bool = True, cache: bool = True,
-                 usage_counts: np.ndarray | None = None):
+                 usage_counts: np.ndarray | None = None, kernels: str | None = None):
         """Open a container. ``n_ctx`` is the context the RAM budget must leave
         room for; the switches exist to measure each mechanism (they change
-        speed, never output)."""
+        speed, never output). ``kernels`` is one of :data:`KERNEL_CHOICES`
+        (None: :func:`default_kernels`); a set this CPU cannot run raises
+        FerryError (``FERRY_E_UNSUPPORTED``)."""
         self.path = Path(path)
         opts = ffi.new("ferry_open_options *")
         lib.ferry_open_options_init(opts)
@@ -130,6 +145,8 @@ class Engine:
             counts = np.ascontiguousarray(usage_counts, dtype=np.uint32)
             opts.usage_counts = ffi.from_buffer("uint32_t[]", counts)
             opts.n_usage_counts = counts.size
+        kernel_name = ffi.new("char[]", (default_kernels() if kernels is None else kernels).encode())
+        opts.kernels = kernel_name
         out = ffi.new("ferry_engine **")
         err = ffi.new("ferry_error *")
         _check(lib.ferry_engine_open(os.fsencode(self.path), opts, out, err), err)
@@ -138,7 +155,7 @@ class Engine:
         self.ram_budget = int(ram_budget)
         c = ffi.new("ferry_model_info *")
         lib.ferry_engine_info(self._ptr, c)
-        text = {"arch": ffi.string(c.arch).decode(), "io_note": ffi.string(c.io_note).decode()}
+        text = {name: ffi.string(getattr(c, name)).decode() for name in ("arch", "io_note", "kernels")}
         self.info = ModelInfo(**text, **{f.name: getattr(c, f.name) for f in fields(ModelInfo) if f.name not in text})
 
     def usage(self) -> np.ndarray:

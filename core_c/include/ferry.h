@@ -72,6 +72,12 @@ typedef struct ferry_open_options {
     int flags;            /* FERRY_NO_* switches */
     const uint32_t *usage_counts; /* hot list from ferry_engine_usage of an earlier run, or NULL */
     size_t n_usage_counts;        /* its length: n_layers * n_experts */
+    /* The matrix-product kernels this engine uses: NULL or "auto" = the best
+     * this CPU supports, or "scalar" (the reference), "avx2" (x86-64 with
+     * AVX2, FMA and F16C), "neon" (aarch64). A set this build or CPU cannot
+     * run is refused with FERRY_E_UNSUPPORTED, an unknown name with
+     * FERRY_E_ARG. The core reads no environment variable for this. */
+    const char *kernels;
 } ferry_open_options;
 
 /* What a loaded model is. Filled by ferry_engine_info. */
@@ -94,6 +100,7 @@ typedef struct ferry_model_info {
     char io_note[160];        /* why direct I/O is off, when it is */
     int cache_slots;          /* expert records the cache holds */
     uint64_t ram_budget;      /* the budget in force (0 = unlimited) */
+    char kernels[16];         /* the kernel set in use: "scalar", "avx2" or "neon" */
 } ferry_model_info;
 
 /* Counters of one session. Times are wall-clock seconds. */

@@ -1,9 +1,10 @@
 /*
  * ferry_kernels.h — the core's compute kernels and its 3-bit expert quantizer,
  * for the converter, tests and benchmarks. Independent of engines: nothing
- * here allocates beyond the call or keeps state, except that the kernel set
- * matrix products use is chosen once per process (FERRY_KERNELS=scalar forces
- * the scalar reference; unset or "auto" picks the best this CPU supports).
+ * here allocates beyond the call or keeps state. Every call names the kernel
+ * implementation it uses; an engine picks its own set when it is opened
+ * (ferry_open_options.kernels in ferry.h) and ferry_model_info.kernels says
+ * which.
  *
  * Formats are the container's codes (docs/FORMAT.md): 0 f32, 1 f16, 2 bf16,
  * 3 q8_0, 4 q4_0, 5 q4_1, 6 q4_k, 7 q6_k, 8 q3_nl.
@@ -31,8 +32,9 @@ extern "C" {
 const char *ferry_kernels_name(int impl);
 /* Nonzero when `impl` is built in and this CPU can run it. */
 int ferry_kernels_available(int impl);
-/* The implementation engines use in this process. */
-int ferry_kernels_active(void);
+/* The best implementation this CPU supports: what an engine opened with
+ * kernels "auto" uses. */
+int ferry_kernels_best(void);
 
 /* Format code by manifest name, or -1; bytes of one row (0 if impossible). */
 int ferry_format_code(const char *name);

@@ -200,7 +200,7 @@ static void rope(float *v, int pos, const fe_hparams *hp) {
 }
 
 static void matmul(ferry_session *s, const chunk_bufs *b, const fe_mat *w, const float *x, int n, float *y) {
-    fe_ops ops = {s->pool, b->rows, max_cols(&s->e->c.hp)};
+    fe_ops ops = {s->pool, b->rows, max_cols(&s->e->c.hp), s->e->kernels};
     fe_matmul(&ops, w, x, n, y);
 }
 

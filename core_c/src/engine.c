@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "formats.h"
+#include "kernels.h"
 #include "model.h"
 
 
@@ -24,6 +25,22 @@ static int resolve_threads(int asked) {
 
 static void fmt_bytes(char *buf, size_t cap, uint64_t n) {
     snprintf(buf, cap, "%.2f GiB (%llu bytes)", (double)n / (1024.0 * 1024.0 * 1024.0), (unsigned long long)n);
+}
+
+/* The kernel set ferry_open_options.kernels names (NULL or "auto": the best
+ * this CPU supports), or a refusal saying why it cannot run here. */
+static ferry_status choose_kernels(const char *want, const fe_kernels **out, ferry_error *err) {
+    int id = (!want || !*want || strcmp(want, "auto") == 0) ? fe_kernels_best() : fe_kernels_by_name(want);
+    if (id < 0)
+        return fe_fail(err, FERRY_E_ARG, "unknown kernel set \"%s\" (choose auto, scalar, avx2 or neon)", want);
+    *out = fe_kernels_get(id);
+    if (*out) return FERRY_OK;
+    if (id == FE_KERNELS_AVX2 && fe_kernels_avx2_table())
+        return fe_fail(err, FERRY_E_UNSUPPORTED,
+                       "the avx2 kernels need AVX2, FMA and F16C (with the OS saving AVX registers), and this CPU "
+                       "lacks them; use auto or scalar");
+    return fe_fail(err, FERRY_E_UNSUPPORTED, "the %s kernels are not built into this core: they are for %s CPUs; use "
+                   "auto or scalar", want, id == FE_KERNELS_AVX2 ? "x86-64" : "aarch64");
 }
 
 #define DEFAULT_CTX 4096
@@ -94,13 +111,18 @@ ferry_status ferry_engine_open(const char *path, const ferry_open_options *opts,
     if (err) { err->code = FERRY_OK; err->message[0] = '\0'; }
     if (!path || !out) return fe_fail(err, FERRY_E_ARG, "ferry_engine_open needs a path and an output handle");
     *out = NULL;
+    const fe_kernels *kernels = NULL;
+    ferry_status s = choose_kernels(opts ? opts->kernels : NULL, &kernels, err);
+    if (s) return s;
     ferry_engine *e = calloc(1, sizeof *e);
     if (!e) return fe_fail(err, FERRY_E_NOMEM, "out of memory");
     pthread_mutex_init(&e->lock, NULL);
     if (opts) e->opts = *opts;
+    e->opts.kernels = NULL; /* borrowed only for the call */
+    e->kernels = kernels;
     e->opts.n_threads = resolve_threads(e->opts.n_threads);
     if (e->opts.n_readers <= 0) e->opts.n_readers = DEFAULT_READERS;
-    ferry_status s = fe_container_open(&e->c, path, err);
+    s = fe_container_open(&e->c, path, err);
     if (s) { pthread_mutex_destroy(&e->lock); free(e); return s; }
     const int max_ctx = e->c.hp.max_ctx;
     if (e->opts.n_ctx <= 0) e->opts.n_ctx = max_ctx < DEFAULT_CTX ? max_ctx : DEFAULT_CTX;
@@ -152,6 +174,7 @@ void ferry_engine_info(const ferry_engine *e, ferry_model_info *info) {
     info->expert_bytes = fe_max_record(&e->c);
     info->cache_slots = e->cache_slots;
     info->ram_budget = e->opts.ram_budget;
+    snprintf(info->kernels, sizeof info->kernels, "%s", e->kernels->name);
     if (e->cache) info->direct_io = fe_ecache_direct_io(e->cache, info->io_note, sizeof info->io_note);
 }
 

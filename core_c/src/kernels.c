@@ -1,9 +1,9 @@
-/* kernels.c — the scalar reference row kernels, run-time selection, and the
- * public kernel entry points of ferry_kernels.h. */
+/* kernels.c — the scalar reference row kernels, the table of implementations
+ * (which ones this build and CPU can run), and the public kernel entry points
+ * of ferry_kernels.h. Nothing here keeps state: engines hold their own choice. */
 #define _POSIX_C_SOURCE 200809L
 #include "kernels.h"
 
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -36,12 +36,7 @@ SCALAR(q6_k, FE_Q6_K)
 SCALAR(q3_nl, FE_Q3_NL)
 #undef SCALAR
 
-static const fe_kernels SCALAR_TABLE = {
-    "scalar",
-    {[FE_F32] = rowdot_scalar_f32, [FE_F16] = rowdot_scalar_f16, [FE_BF16] = rowdot_scalar_bf16,
-     [FE_Q8_0] = rowdot_scalar_q8_0, [FE_Q4_0] = rowdot_scalar_q4_0, [FE_Q4_1] = rowdot_scalar_q4_1,
-     [FE_Q4_K] = rowdot_scalar_q4_k, [FE_Q6_K] = rowdot_scalar_q6_k, [FE_Q3_NL] = rowdot_scalar_q3_nl},
-};
+FE_KERNEL_TABLE(SCALAR_TABLE, scalar);
 
 const fe_kernels *fe_kernels_get(int impl) {
     switch (impl) {
@@ -52,30 +47,17 @@ const fe_kernels *fe_kernels_get(int impl) {
     }
 }
 
-static int best_available(void) {
+int fe_kernels_best(void) {
     for (int i = FE_KERNELS_N - 1; i > 0; i--)
         if (fe_kernels_get(i)) return i;
     return FE_KERNELS_SCALAR;
 }
 
-static atomic_int active_id = -1;
-
-int fe_kernels_active_id(void) {
-    int id = atomic_load_explicit(&active_id, memory_order_acquire);
-    if (id >= 0) return id;
-    const char *want = getenv("FERRY_KERNELS");
-    id = best_available();
-    if (want && *want) {
-        for (int i = 0; i < FE_KERNELS_N; i++)
-            if (strcmp(want, ferry_kernels_name(i)) == 0 && fe_kernels_get(i)) id = i;
-    }
-    /* Every thread computes the same answer; the first store wins. */
-    int expected = -1;
-    atomic_compare_exchange_strong(&active_id, &expected, id);
-    return atomic_load(&active_id);
+int fe_kernels_by_name(const char *name) {
+    for (int i = 0; name && i < FE_KERNELS_N; i++)
+        if (strcmp(name, ferry_kernels_name(i)) == 0) return i;
+    return -1;
 }
-
-const fe_kernels *fe_kernels_active(void) { return fe_kernels_get(fe_kernels_active_id()); }
 
 fe_rowdot_fn fe_kernel_for(const fe_kernels *k, int fmt) {
     if (fmt < 0 || fmt >= FE_N_FORMATS) return NULL;
@@ -92,7 +74,7 @@ const char *ferry_kernels_name(int impl) {
 
 int ferry_kernels_available(int impl) { return fe_kernels_get(impl) != NULL; }
 
-int ferry_kernels_active(void) { return fe_kernels_active_id(); }
+int ferry_kernels_best(void) { return fe_kernels_best(); }
 
 int ferry_format_code(const char *name) { return name ? fe_format_from_name(name) : -1; }
 

@@ -29,13 +29,58 @@ typedef struct fe_kernels {
 
 /* An implementation, or NULL when it is not built in or this CPU lacks it. */
 const fe_kernels *fe_kernels_get(int impl);
-/* The implementation matrix products use: the best this CPU supports, or the
- * scalar reference when the environment variable FERRY_KERNELS=scalar is set
- * (FERRY_KERNELS=avx2|neon|auto also accepted). Decided once per process. */
-int fe_kernels_active_id(void);
-const fe_kernels *fe_kernels_active(void);
+/* The best implementation this CPU supports (a pure function of the build
+ * and cpuid; nothing is cached). Engines choose their set at open and keep
+ * it (ferry_open_options.kernels); there is no process-wide choice. */
+int fe_kernels_best(void);
+/* The implementation named "scalar", "avx2" or "neon", or -1. */
+int fe_kernels_by_name(const char *name);
 /* The row kernel of `fmt` in implementation `k`, falling back to scalar. */
 fe_rowdot_fn fe_kernel_for(const fe_kernels *k, int fmt);
+
+/* `static const fe_kernels table` named "prefix", of the row kernels
+ * rowdot_<prefix>_<format> that the including file defines. */
+#define FE_KERNEL_TABLE(table, prefix)                                                                     \
+    static const fe_kernels table = {                                                                      \
+        #prefix,                                                                                           \
+        {[FE_F32] = rowdot_##prefix##_f32, [FE_F16] = rowdot_##prefix##_f16,                               \
+         [FE_BF16] = rowdot_##prefix##_bf16, [FE_Q8_0] = rowdot_##prefix##_q8_0,                           \
+         [FE_Q4_0] = rowdot_##prefix##_q4_0, [FE_Q4_1] = rowdot_##prefix##_q4_1,                           \
+         [FE_Q4_K] = rowdot_##prefix##_q4_k, [FE_Q6_K] = rowdot_##prefix##_q6_k,                           \
+         [FE_Q3_NL] = rowdot_##prefix##_q3_nl},                                                            \
+    }
+
+/* The batch driver of a SIMD set: rowdot_<prefix>_<fmt> (an fe_rowdot_fn)
+ * runs the including file's <fmt>_pair(row, cols, xa, xb, ya, yb, two) on
+ * tokens two at a time and the odd last one alone (two = 0), so a token's
+ * arithmetic is the same whatever n is. `attr` is the functions' attribute
+ * (a target, or nothing). */
+#define FE_ROWDOT_PAIRS(prefix, attr, fmt)                                                                 \
+    attr static void rowdot_##prefix##_##fmt(const uint8_t *row, int cols, const float *x, size_t xs, int n, \
+                                             float *y, size_t ys, float *scratch) {                        \
+        (void)scratch;                                                                                     \
+        int t = 0;                                                                                         \
+        for (; t + 2 <= n; t += 2)                                                                         \
+            fmt##_pair(row, cols, x + (size_t)t * xs, x + (size_t)(t + 1) * xs, y + (size_t)t * ys,        \
+                       y + (size_t)(t + 1) * ys, 1);                                                       \
+        if (t < n)                                                                                         \
+            fmt##_pair(row, cols, x + (size_t)t * xs, x + (size_t)t * xs, y + (size_t)t * ys,              \
+                       y + (size_t)t * ys, 0);                                                             \
+    }
+
+/* A whole SIMD set: a driver per format over the file's <fmt>_pair
+ * functions, and its table. */
+#define FE_SIMD_KERNELS(table, prefix, attr)                                                               \
+    FE_ROWDOT_PAIRS(prefix, attr, f32)                                                                     \
+    FE_ROWDOT_PAIRS(prefix, attr, f16)                                                                     \
+    FE_ROWDOT_PAIRS(prefix, attr, bf16)                                                                    \
+    FE_ROWDOT_PAIRS(prefix, attr, q8_0)                                                                    \
+    FE_ROWDOT_PAIRS(prefix, attr, q4_0)                                                                    \
+    FE_ROWDOT_PAIRS(prefix, attr, q4_1)                                                                    \
+    FE_ROWDOT_PAIRS(prefix, attr, q4_k)                                                                    \
+    FE_ROWDOT_PAIRS(prefix, attr, q6_k)                                                                    \
+    FE_ROWDOT_PAIRS(prefix, attr, q3_nl)                                                                   \
+    FE_KERNEL_TABLE(table, prefix)
 
 /* Tables built in by kernels_avx2.c / kernels_neon.c (NULL elsewhere). */
 const fe_kernels *fe_kernels_avx2_table(void);

@@ -289,35 +289,7 @@ PAIR(q3_nl) {
     acc_done(&A, ya, yb, two);
 }
 
-#define ROWDOT(name)                                                                                       \
-    static void rowdot_neon_##name(const uint8_t *row, int cols, const float *x, size_t xs, int n,         \
-                                   float *y, size_t ys, float *scratch) {                                 \
-        (void)scratch;                                                                                     \
-        int t = 0;                                                                                         \
-        for (; t + 2 <= n; t += 2)                                                                         \
-            name##_pair(row, cols, x + (size_t)t * xs, x + (size_t)(t + 1) * xs, y + (size_t)t * ys,       \
-                        y + (size_t)(t + 1) * ys, 1);                                                      \
-        if (t < n)                                                                                         \
-            name##_pair(row, cols, x + (size_t)t * xs, x + (size_t)t * xs, y + (size_t)t * ys,             \
-                        y + (size_t)t * ys, 0);                                                            \
-    }
-ROWDOT(f32)
-ROWDOT(f16)
-ROWDOT(bf16)
-ROWDOT(q8_0)
-ROWDOT(q4_0)
-ROWDOT(q4_1)
-ROWDOT(q4_k)
-ROWDOT(q6_k)
-ROWDOT(q3_nl)
-#undef ROWDOT
-
-static const fe_kernels NEON_TABLE = {
-    "neon",
-    {[FE_F32] = rowdot_neon_f32, [FE_F16] = rowdot_neon_f16, [FE_BF16] = rowdot_neon_bf16,
-     [FE_Q8_0] = rowdot_neon_q8_0, [FE_Q4_0] = rowdot_neon_q4_0, [FE_Q4_1] = rowdot_neon_q4_1,
-     [FE_Q4_K] = rowdot_neon_q4_k, [FE_Q6_K] = rowdot_neon_q6_k, [FE_Q3_NL] = rowdot_neon_q3_nl},
-};
+FE_SIMD_KERNELS(NEON_TABLE, neon, );
 
 const fe_kernels *fe_kernels_neon_table(void) { return &NEON_TABLE; }
 

@@ -53,6 +53,7 @@ struct ferry_engine {
     const fe_arch *arch;          /* how to run it */
     void *arch_data;              /* the architecture's bound tensors */
     ferry_open_options opts;      /* as opened, threads and context resolved */
+    const struct fe_kernels *kernels; /* the matrix-product kernels chosen at open (kernels.h) */
     fe_ecache *cache;             /* expert records in RAM, or NULL for dense models */
     int cache_slots;              /* its records */
     uint64_t cache_bytes;         /* their RAM */

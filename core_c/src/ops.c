@@ -33,7 +33,7 @@ static void matmul_rows(void *p, int start, int end, int tid) {
 }
 
 void fe_matmul(const fe_ops *ops, const fe_mat *w, const float *x, int n, float *y) {
-    matmul_job j = {ops, w, x, y, n, fe_kernel_for(fe_kernels_active(), w->fmt)};
+    matmul_job j = {ops, w, x, y, n, fe_kernel_for(ops->kernels, w->fmt)};
     if (!j.dot) return;
     fe_pool_run(ops->pool, matmul_rows, &j, w->rows);
 }

@@ -14,12 +14,15 @@ typedef struct fe_mat {
     uint64_t row_bytes;   /* stored bytes per row */
 } fe_mat;
 
-/* Where matrix products run: the session's pool and one row buffer of
- * `rows_stride` floats per pool thread. */
+struct fe_kernels;
+
+/* Where and how matrix products run: the session's pool, one row buffer of
+ * `rows_stride` floats per pool thread, and the engine's kernel set. */
 typedef struct fe_ops {
     fe_pool *pool;        /* compute threads */
     float *rows;          /* [threads][rows_stride] */
     int rows_stride;      /* floats per thread, >= the widest matrix row */
+    const struct fe_kernels *kernels; /* the engine's row kernels (kernels.h) */
 } fe_ops;
 
 /* A matrix view over stored bytes. */

@@ -4,16 +4,13 @@ scalar kernel sets agree; batches stay bit-identical to single steps."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 from app.convert.convert import convert
 from app.engine.binding import Engine
-from tests.conftest import REPO, run_ferry
+from tests.conftest import run_ferry
 from tests.tiny_models import dequantized_reference_model, reference, rel_l2, write_tokenizer
 
 PROMPT, DECODE = 12, 4
@@ -102,32 +99,16 @@ def test_prefill_equals_single_steps(q3_container, tokens):
     assert np.array_equal(batch, steps)
 
 
-SCRIPT = """
-import sys, numpy as np
-from app.engine.binding import Engine
-from app.engine._ferry_c import lib
-toks = [int(t) for t in sys.argv[2].split(",")]
-with Engine(sys.argv[1], threads=1) as e:
-    out = e.session(64).eval(toks, all_logits=True)
-np.save(sys.argv[3], out)
-from app.engine._ferry_c import ffi
-print(ffi.string(lib.ferry_kernels_name(lib.ferry_kernels_active())).decode())
-"""
-
-
 @pytest.mark.parametrize("which", ["scalar", "auto"])
-def test_kernel_sets_agree(q3_container, tokens, tmp_path, which):
-    """FERRY_KERNELS=scalar (read once per process) against the default choice."""
+def test_kernel_sets_agree(q3_container, tokens, which):
+    """An engine opened with the scalar kernels against one with `which`, in one process."""
     _, container, _ = q3_container
     outs = {}
     for mode in ("scalar", which):
-        res = subprocess.run([sys.executable, "-c", SCRIPT, str(container), ",".join(map(str, tokens)),
-                              str(tmp_path / f"{mode}.npy")], capture_output=True, text=True, cwd=REPO,
-                             env={**os.environ, "FERRY_KERNELS": mode}, timeout=300)
-        assert res.returncode == 0, res.stderr
-        if mode == "scalar":
-            assert res.stdout.strip() == "scalar"
-        outs[mode] = np.load(tmp_path / f"{mode}.npy")
+        with Engine(container, threads=1, kernels=mode) as e:
+            if mode == "scalar":
+                assert e.info.kernels == "scalar"
+            outs[mode] = e.session(64).eval(tokens, all_logits=True)
     err = rel_l2(outs[which], outs["scalar"])
     print(f"kernels {which} vs scalar: logits rel L2 {err:.2e}")
     assert err < 1e-5
