@@ -85,6 +85,22 @@ def _run_rows(rows: int, fn, threads: int | None) -> None:
             f.result()
 
 
+def _impl() -> int:
+    """The kernel implementation to quantize with: the engines' default
+    (FERRY_KERNELS, else the best this CPU runs). Every one writes the same bytes."""
+    from app.engine.binding import default_kernels
+    ffi, lib = _lib()
+    name = default_kernels()
+    if name == "auto":
+        return lib.ferry_kernels_best()
+    for impl in (lib.FERRY_KERNELS_SCALAR, lib.FERRY_KERNELS_AVX2, lib.FERRY_KERNELS_NEON):
+        if ffi.string(lib.ferry_kernels_name(impl)).decode() == name:
+            if not lib.ferry_kernels_available(impl):
+                raise ValueError(f"FERRY_KERNELS={name}: this CPU cannot run the {name} kernels")
+            return impl
+    raise ValueError(f"FERRY_KERNELS={name!r} is not one of auto, scalar, avx2, neon")
+
+
 def _importance(importance, cols):
     ffi, _ = _lib()
     if importance is None:
@@ -106,15 +122,17 @@ def quantize(values: np.ndarray, importance: np.ndarray | None = None, threads: 
     out = np.zeros(rows * (cols // BLOCK) * BLOCK_BYTES, dtype=np.uint8)
     imp_ptr, _keep = _importance(importance, cols)
     if src.dtype == np.uint16:
-        call, ctype = lib.ferry_q3_quantize_bf16, "uint16_t[]"
+        source, ctype = lib.FERRY_Q3_SOURCE_BF16, "uint16_t[]"
     else:
         src = np.ascontiguousarray(src, dtype=np.float32)
-        call, ctype = lib.ferry_q3_quantize_f32, "float[]"
+        source, ctype = lib.FERRY_Q3_SOURCE_F32, "float[]"
     flat = src.reshape(rows, cols)
     rb = cols // BLOCK * BLOCK_BYTES
+    impl = _impl()
 
     def part(r0: int, r1: int) -> None:
-        rc = call(ffi.from_buffer(ctype, flat[r0:r1]), r1 - r0, cols, imp_ptr, ffi.from_buffer(out[r0 * rb:r1 * rb]))
+        rc = lib.ferry_q3_quantize(impl, source, ffi.from_buffer(ctype, flat[r0:r1]), ffi.NULL, r1 - r0, cols,
+                                   imp_ptr, ffi.from_buffer(out[r0 * rb:r1 * rb]))
         if rc != 0:
             raise ValueError("cannot quantize non-finite values (or bad importance) to q3_nl")
 
@@ -134,10 +152,12 @@ def quantize_mxfp4(packed: np.ndarray, scales: np.ndarray, importance: np.ndarra
     out = np.zeros(rows * (cols // BLOCK) * BLOCK_BYTES, dtype=np.uint8)
     imp_ptr, _keep = _importance(importance, cols)
     rb = cols // BLOCK * BLOCK_BYTES
+    impl = _impl()
 
     def part(r0: int, r1: int) -> None:
-        rc = lib.ferry_q3_quantize_mxfp4(ffi.from_buffer(packed[r0:r1]), ffi.from_buffer(scales[r0:r1]), r1 - r0,
-                                         cols, imp_ptr, ffi.from_buffer(out[r0 * rb:r1 * rb]))
+        rc = lib.ferry_q3_quantize(impl, lib.FERRY_Q3_SOURCE_MXFP4, ffi.from_buffer(packed[r0:r1]),
+                                   ffi.from_buffer(scales[r0:r1]), r1 - r0, cols, imp_ptr,
+                                   ffi.from_buffer(out[r0 * rb:r1 * rb]))
         if rc != 0:
             raise ValueError("cannot quantize these MXFP4 blocks to q3_nl")
 

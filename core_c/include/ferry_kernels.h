@@ -1,8 +1,8 @@
 /*
  * ferry_kernels.h — the core's compute kernels and its 3-bit expert quantizer,
  * for the converter, tests and benchmarks. Independent of engines: nothing
- * here allocates beyond the call or keeps state. Every call names the kernel
- * implementation it uses; an engine picks its own set when it is opened
+ * here allocates beyond the call or keeps state. Every kernel call names the
+ * implementation it uses (the three plain quantizer calls take the best); an engine picks its own set when it is opened
  * (ferry_open_options.kernels in ferry.h) and ferry_model_info.kernels says
  * which.
  *
@@ -67,6 +67,17 @@ int ferry_q3_quantize_bf16(const uint16_t *src, int rows, int cols, const float 
  * the sign; `scales` is [rows][cols/32] E8M0 bytes: w = e2m1 * 2^(scale-127). */
 int ferry_q3_quantize_mxfp4(const uint8_t *packed, const uint8_t *scales, int rows, int cols,
                             const float *importance, void *dst);
+
+/* The same three with the implementation named: impl FERRY_KERNELS_*, source
+ * FERRY_Q3_SOURCE_* (src is float, uint16_t bf16 bits, or the MXFP4 `packed`
+ * bytes; mxfp4_scales only for MXFP4). Every implementation writes the same
+ * bytes; the three calls above use ferry_kernels_best(). Returns -1 as they
+ * do, and for an implementation this CPU cannot run. */
+#define FERRY_Q3_SOURCE_F32 0
+#define FERRY_Q3_SOURCE_BF16 1
+#define FERRY_Q3_SOURCE_MXFP4 2
+int ferry_q3_quantize(int impl, int source, const void *src, const uint8_t *mxfp4_scales, int rows, int cols,
+                      const float *importance, void *dst);
 
 #ifdef __cplusplus
 }

@@ -88,8 +88,8 @@ const fe_kernels *fe_kernels_neon_table(void);
 int fe_cpu_has_avx2(void);
 /* The q3_nl quantizer (quant3.c) with a chosen implementation: FE_KERNELS_AVX2 (when this CPU has it)
  * or any other value for the portable path; both give identical bytes. kind: FE_Q3_SRC_*; scales only
- * for MXFP4. The public ferry_q3_quantize_* use the implementation the matmul kernels use. */
-enum { FE_Q3_SRC_F32 = 0, FE_Q3_SRC_BF16 = 1, FE_Q3_SRC_MXFP4 = 2 };
+ * for MXFP4. The public ferry_q3_quantize_* use ferry_kernels_best(); ferry_q3_quantize names one. */
+enum { FE_Q3_SRC_F32 = 0, FE_Q3_SRC_BF16 = 1, FE_Q3_SRC_MXFP4 = 2 }; /* = FERRY_Q3_SOURCE_* */
 int fe_q3_quantize_impl(int impl, int kind, const void *src, const uint8_t *scales, int rows, int cols,
                         const float *imp, void *dst);
 /* 1 when every grid midpoint sits well inside one cell of the AVX2 assignment (quant3.c). */

@@ -468,14 +468,20 @@ int fe_q3_quantize_impl(int impl, int kind, const void *src, const uint8_t *scal
 }
 
 int ferry_q3_quantize_f32(const float *src, int rows, int cols, const float *importance, void *dst) {
-    return fe_q3_quantize_impl(fe_kernels_active_id(), SRC_F32, src, NULL, rows, cols, importance, dst);
+    return fe_q3_quantize_impl(fe_kernels_best(), SRC_F32, src, NULL, rows, cols, importance, dst);
 }
 
 int ferry_q3_quantize_bf16(const uint16_t *src, int rows, int cols, const float *importance, void *dst) {
-    return fe_q3_quantize_impl(fe_kernels_active_id(), SRC_BF16, src, NULL, rows, cols, importance, dst);
+    return fe_q3_quantize_impl(fe_kernels_best(), SRC_BF16, src, NULL, rows, cols, importance, dst);
 }
 
 int ferry_q3_quantize_mxfp4(const uint8_t *packed, const uint8_t *scales, int rows, int cols,
                             const float *importance, void *dst) {
-    return fe_q3_quantize_impl(fe_kernels_active_id(), SRC_MXFP4, packed, scales, rows, cols, importance, dst);
+    return fe_q3_quantize_impl(fe_kernels_best(), SRC_MXFP4, packed, scales, rows, cols, importance, dst);
+}
+
+int ferry_q3_quantize(int impl, int source, const void *src, const uint8_t *mxfp4_scales, int rows, int cols,
+                      const float *importance, void *dst) {
+    if (!fe_kernels_get(impl) || source < FERRY_Q3_SOURCE_F32 || source > FERRY_Q3_SOURCE_MXFP4) return -1;
+    return fe_q3_quantize_impl(impl, source, src, mxfp4_scales, rows, cols, importance, dst);
 }

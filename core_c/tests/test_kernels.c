@@ -133,6 +133,14 @@ static void test_quantizer(void) {
     src[5] = NAN;
     check(ferry_q3_quantize_f32(src, rows, cols, NULL, q) == -1, "q3 refuses NaN");
     check(ferry_q3_quantize_f32(src, rows, 100, NULL, q) == -1, "q3 refuses cols % 256");
+    src[5] = 0.0f;
+    check(ferry_q3_quantize(FERRY_KERNELS_SCALAR, FERRY_Q3_SOURCE_F32, src, NULL, rows, cols, NULL, q) == 0,
+          "q3 with a named implementation");
+    check(ferry_q3_quantize(FERRY_KERNELS_SCALAR, 7, src, NULL, rows, cols, NULL, q) == -1, "q3 refuses a bad source");
+    for (int impl = 0; impl < 3; impl++)
+        if (!ferry_kernels_available(impl))
+            check(ferry_q3_quantize(impl, FERRY_Q3_SOURCE_F32, src, NULL, rows, cols, NULL, q) == -1,
+                  "q3 refuses an implementation this CPU cannot run");
     free(src), free(back), free(q);
 }
 

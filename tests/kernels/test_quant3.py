@@ -95,8 +95,8 @@ def test_faster_quantizer_is_no_worse_than_the_old_one():
 
 
 def test_portable_and_avx2_paths_give_the_same_bytes(tmp_path):
-    """FERRY_KERNELS=scalar makes the quantizer take its portable path (decided once per process, so
-    in a child); on a CPU without AVX2 both runs take it."""
+    """FERRY_KERNELS=scalar makes the quantizer take its portable path (run in a child, as a user
+    would set it); on a CPU without AVX2 both runs take it."""
     import os
     import subprocess
     import sys
