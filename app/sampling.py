@@ -30,7 +30,11 @@ class Sampler:
         p = self.params
         if p.temperature == 0:
             return int(np.argmax(logits))
-        z = logits.astype(np.float64) / p.temperature
+        z = logits.astype(np.float64)
+        # Shift before dividing: a tiny temperature (down to subnormals) then
+        # sends the others to -inf, never the best one to inf - inf = NaN.
+        with np.errstate(over="ignore"):
+            z = (z - z.max()) / p.temperature
         order = np.argsort(-z, kind="stable")
         if p.top_k:
             order = order[:p.top_k]

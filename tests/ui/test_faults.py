@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 
+from app.engine.binding import container_plan
 from app.store.crypto import KeychainKeys
 from app.store.history import HistoryStore
 from tests.conftest import REPO
@@ -21,10 +22,13 @@ from tests.ui.test_chat_window import send
 
 def test_disk_error_mid_answer_keeps_the_chat(qtbot, make_window, tiny_moe, tmp_path):
     container = tmp_path / "moe.ferry"
-    shutil.copytree(tiny_moe[1], container)
+    # A cold copy (no hot list an earlier test saved) and a cache that holds
+    # half of the experts, so the answer must keep reading layer 2's bank.
+    shutil.copytree(tiny_moe[1], container, ignore=shutil.ignore_patterns("usage.u32*"))
     bank = container / "experts" / "layer_002.bin"
     whole = bank.read_bytes()
-    w = make_window(container, max_tokens=40, ram_budget=0)
+    plan = container_plan(container, 2048)  # the window's context (quick_settings)
+    w = make_window(container, max_tokens=40, ram_budget=plan.floor_bytes + plan.expert_bytes // 2)
     errors: list[str] = []
     on_gui(w.worker.worker.error, errors.append)
     # The first tokens stream, then the disk loses the bank's tail.
@@ -77,6 +81,7 @@ class FileKeyring(KeyringBackend):
         pass
 keyring.set_keyring(FileKeyring())
 from PySide6.QtWidgets import QApplication
+from app.engine.binding import container_plan
 from app.store.crypto import KeychainKeys
 from app.store.history import HistoryStore
 from app.store.settings import Settings
