@@ -110,16 +110,6 @@ static void dequant_q4_1(const uint8_t *b, float *out, int nb) {
 /* Q4_K: f16 d, f16 dmin, 12 bytes of packed 6-bit (scale, min) for 8
  * sub-blocks of 32, then 128 bytes of nibbles: each 64-element half-pair j
  * uses bytes 32j..32j+31, low nibbles first, high nibbles second. */
-static void q4k_scale_min(int j, const uint8_t *s, uint8_t *sc, uint8_t *m) {
-    if (j < 4) {
-        *sc = s[j] & 63;
-        *m = s[j + 4] & 63;
-    } else {
-        *sc = (uint8_t)((s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4));
-        *m = (uint8_t)((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
-    }
-}
-
 static void dequant_q4_k(const uint8_t *b, float *out, int nb) {
     for (int i = 0; i < nb; i++, b += 144) {
         float d = fe_f16_to_f32(rd16(b));
@@ -127,11 +117,11 @@ static void dequant_q4_k(const uint8_t *b, float *out, int nb) {
         const uint8_t *scales = b + 4;
         const uint8_t *q = b + 16;
         for (int j = 0; j < 8; j += 2, q += 32) {
-            uint8_t sc, m;
-            q4k_scale_min(j, scales, &sc, &m);
-            float d1 = d * sc, m1 = dmin * m;
-            q4k_scale_min(j + 1, scales, &sc, &m);
-            float d2 = d * sc, m2 = dmin * m;
+            int sc, m;
+            fe_q4k_scale_min(j, scales, &sc, &m);
+            float d1 = d * (float)sc, m1 = dmin * (float)m;
+            fe_q4k_scale_min(j + 1, scales, &sc, &m);
+            float d2 = d * (float)sc, m2 = dmin * (float)m;
             for (int l = 0; l < 32; l++) *out++ = d1 * (float)(q[l] & 0x0F) - m1;
             for (int l = 0; l < 32; l++) *out++ = d2 * (float)(q[l] >> 4) - m2;
         }

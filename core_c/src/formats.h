@@ -41,6 +41,17 @@ static inline float fe_q3_group_scale(const uint8_t *block, int g) {
     p.u = (uint32_t)((v >> 3) + 105) << 23; /* 2^((v >> 3) - 22) */
     return fe_q3_frac[v & 7] * p.f;
 }
+/* Q4_K: the 6-bit scale and min of sub-block j (0..7) from a block's 12
+ * packed bytes `s` (inline: the scalar decoder and the SIMD kernels share it). */
+static inline void fe_q4k_scale_min(int j, const uint8_t *s, int *sc, int *m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
+        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
 /* The 3-bit index of value i (0..255) of a block. */
 int fe_q3_index(const uint8_t *block, int i);
 

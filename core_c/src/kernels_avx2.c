@@ -198,16 +198,6 @@ PAIR(q4_1) {
     acc_done(&A, ya, yb, two);
 }
 
-INL void q4k_sm(int j, const uint8_t *s, int *sc, int *m) {
-    if (j < 4) {
-        *sc = s[j] & 63;
-        *m = s[j + 4] & 63;
-    } else {
-        *sc = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
-        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-    }
-}
-
 PAIR(q4_k) {
     acc2 A;
     acc_zero(&A);
@@ -219,9 +209,9 @@ PAIR(q4_k) {
         const float *xa0 = xa + 256 * b, *xb0 = xb + 256 * b;
         for (int j = 0; j < 8; j += 2, q += 32) {
             int sc, mn;
-            q4k_sm(j, p + 4, &sc, &mn);
+            fe_q4k_scale_min(j, p + 4, &sc, &mn);
             __m256 d1 = _mm256_set1_ps(d * (float)sc), m1 = _mm256_set1_ps(-(dmin * (float)mn));
-            q4k_sm(j + 1, p + 4, &sc, &mn);
+            fe_q4k_scale_min(j + 1, p + 4, &sc, &mn);
             __m256 d2 = _mm256_set1_ps(d * (float)sc), m2 = _mm256_set1_ps(-(dmin * (float)mn));
             __m256i r[4] = {u8x8(q), u8x8(q + 8), u8x8(q + 16), u8x8(q + 24)};
             __m256 v[4];

@@ -169,16 +169,6 @@ PAIR(q4_1) {
     acc_done(&A, ya, yb, two);
 }
 
-INL void q4k_sm(int j, const uint8_t *s, int *sc, int *m) {
-    if (j < 4) {
-        *sc = s[j] & 63;
-        *m = s[j + 4] & 63;
-    } else {
-        *sc = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
-        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-    }
-}
-
 PAIR(q4_k) {
     acc2 A;
     acc_zero(&A);
@@ -189,9 +179,9 @@ PAIR(q4_k) {
         const float *xa0 = xa + 256 * b, *xb0 = xb + 256 * b;
         for (int j = 0; j < 8; j += 2, q += 32) {
             int sc, mn;
-            q4k_sm(j, p + 4, &sc, &mn);
+            fe_q4k_scale_min(j, p + 4, &sc, &mn);
             float d1 = d * (float)sc, m1 = -(dmin * (float)mn);
-            q4k_sm(j + 1, p + 4, &sc, &mn);
+            fe_q4k_scale_min(j + 1, p + 4, &sc, &mn);
             float d2 = d * (float)sc, m2 = -(dmin * (float)mn);
             uint8x16_t r0 = vld1q_u8(q), r1 = vld1q_u8(q + 16);
             float32x4_t v[8];
