@@ -6,7 +6,9 @@ router bias), compressed-tensors MXFP4 experts (weight_packed u8 with the
 low nibble the even column, weight_scale u8 E8M0, group 32), three shards
 behind model.safetensors.index.json, a vision tensor in the last shard, and
 a tiktoken.model. 7 layers with AttnRes blocks of 3 (three block sums),
-MLA at 1-based layers 4 and 7, KDA elsewhere, layer 0 dense."""
+MLA at 1-based layers 4 and 7, KDA elsewhere, layer 0 dense. The expert
+sizes can be raised (`moe_ffn`, `latent`) to rows that 256-value block
+formats such as q3_nl can hold."""
 from __future__ import annotations
 
 import base64
@@ -25,7 +27,7 @@ VOCAB = BASE_VOCAB + 256
 A_LOG_LEN = 8                    # padded beyond the 4 real heads, as the release pads 96 to 128
 
 
-def text_config() -> dict:
+def text_config(moe_ffn: int = MOE_FFN, latent: int = LATENT) -> dict:
     full = [4, 7]
     return {
         "activation_situ_beta": 4.0, "activation_situ_linear_beta": 25.0,
@@ -37,7 +39,7 @@ def text_config() -> dict:
                                "kda_layers": [i for i in range(1, LAYERS + 1) if i not in full],
                                "num_heads": HEADS, "short_conv_kernel_size": 4, "use_full_rank_gate": True},
         "max_position_embeddings": 4096, "mla_use_nope": True, "mla_use_output_gate": True,
-        "model_type": "kimi_linear", "moe_intermediate_size": MOE_FFN, "moe_layer_freq": 1,
+        "model_type": "kimi_linear", "moe_intermediate_size": moe_ffn, "moe_layer_freq": 1,
         "moe_renormalize": True, "moe_router_activation_func": "sigmoid", "num_attention_heads": HEADS,
         "num_expert_group": 1, "num_experts": EXPERTS, "num_experts_per_token": TOPK,
         "num_hidden_layers": LAYERS, "num_key_value_heads": HEADS, "num_nextn_predict_layers": 0,
@@ -51,20 +53,20 @@ def text_config() -> dict:
             "ignore": ["re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*",
                        "re:.*lm_head.*", "re:.*vision_tower.*", "re:.*mm_projector.*"],
             "quantization_status": "compressed"},
-        "rms_norm_eps": 1e-5, "routed_expert_hidden_size": LATENT, "routed_scaling_factor": 1.0,
+        "rms_norm_eps": 1e-5, "routed_expert_hidden_size": latent, "routed_scaling_factor": 1.0,
         "tie_word_embeddings": False, "topk_group": 1, "topk_method": "noaux_tc", "use_grouped_topk": True,
         "v_head_dim": VDIM, "vocab_size": VOCAB,
     }
 
 
-def config() -> dict:
+def config(moe_ffn: int = MOE_FFN, latent: int = LATENT) -> dict:
     return {"architectures": ["KimiK3ForConditionalGeneration"], "model_type": "kimi_k3",
             "bos_token_id": BASE_VOCAB, "eos_token_id": BASE_VOCAB + 2, "pad_token_id": VOCAB - 1,
-            "text_config": text_config(), "tie_word_embeddings": False,
+            "text_config": text_config(moe_ffn, latent), "tie_word_embeddings": False,
             "vision_config": {"vt_hidden_size": 16}}
 
 
-def build(out: Path, seed: int = 3) -> None:
+def build(out: Path, seed: int = 3, moe_ffn: int = MOE_FFN, latent: int = LATENT) -> None:
     import torch
     from safetensors.torch import save_file
 
@@ -88,7 +90,7 @@ def build(out: Path, seed: int = 3) -> None:
     P = "language_model.model."
     mat(P + "embed_tokens.weight", VOCAB, HIDDEN, 1.0)
     HD = HEADS * HEAD_DIM
-    cfg = text_config()
+    cfg = text_config(moe_ffn, latent)
     kda = {i - 1 for i in cfg["linear_attn_config"]["kda_layers"]}
     for i in range(LAYERS):
         L = P + f"layers.{i}."
@@ -130,17 +132,17 @@ def build(out: Path, seed: int = 3) -> None:
         m = L + "block_sparse_moe."
         mat(m + "gate.weight", EXPERTS, HIDDEN, 0.3)
         f32(m + "gate.e_score_correction_bias", (EXPERTS,), 0.05)
-        mat(m + "routed_expert_down_proj.weight", LATENT, HIDDEN, 0.2)
-        mat(m + "routed_expert_up_proj.weight", HIDDEN, LATENT, 0.2)
-        norm(m + "routed_expert_norm.weight", LATENT)
-        mat(m + "shared_experts.gate_proj.weight", SHARED * MOE_FFN, HIDDEN)
-        mat(m + "shared_experts.up_proj.weight", SHARED * MOE_FFN, HIDDEN)
-        mat(m + "shared_experts.down_proj.weight", HIDDEN, SHARED * MOE_FFN)
+        mat(m + "routed_expert_down_proj.weight", latent, HIDDEN, 0.2)
+        mat(m + "routed_expert_up_proj.weight", HIDDEN, latent, 0.2)
+        norm(m + "routed_expert_norm.weight", latent)
+        mat(m + "shared_experts.gate_proj.weight", SHARED * moe_ffn, HIDDEN)
+        mat(m + "shared_experts.up_proj.weight", SHARED * moe_ffn, HIDDEN)
+        mat(m + "shared_experts.down_proj.weight", HIDDEN, SHARED * moe_ffn)
         for e in range(EXPERTS):
             ex = m + f"experts.{e}."
-            mxfp4(ex + "w1", MOE_FFN, LATENT)
-            mxfp4(ex + "w3", MOE_FFN, LATENT)
-            mxfp4(ex + "w2", LATENT, MOE_FFN)
+            mxfp4(ex + "w1", moe_ffn, latent)
+            mxfp4(ex + "w3", moe_ffn, latent)
+            mxfp4(ex + "w2", latent, moe_ffn)
     norm(P + "norm.weight", HIDDEN)
     norm(P + "output_attn_res_norm.weight", HIDDEN)
     mat(P + "output_attn_res_proj.weight", 1, HIDDEN, 0.3)
@@ -158,7 +160,7 @@ def build(out: Path, seed: int = 3) -> None:
         save_file({n: src[n].contiguous() for n in group}, str(out / fname), metadata={"format": "pt"})
         weight_map.update({n: fname for n in group})
     (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    (out / "config.json").write_text(json.dumps(config(), indent=1))
+    (out / "config.json").write_text(json.dumps(config(moe_ffn, latent), indent=1))
     (out / "tiktoken.model").write_text("".join(f"{base64.b64encode(bytes([b])).decode()} {b}\n"
                                                 for b in range(BASE_VOCAB)))
     (out / "tokenizer_config.json").write_text(json.dumps({"bos_token": "[BOS]", "eos_token": "[EOS]",
