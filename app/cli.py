@@ -15,6 +15,9 @@ import numpy as np
 from app.convert.convert import ConvertError, Progress, convert
 from app.convert.errors import SourceError
 from app.convert.layout import FORMAT_CHOICES
+
+#: `ferry convert --expert-format recommended`: app.convert.expert_choices's pick
+RECOMMENDED = "recommended"
 from app.engine.binding import KERNEL_CHOICES, FerryError, verify
 from app.model import Finished, LoadedModel, ModelError, PromptProgress, Token
 from app.plan import describe, gib, plan_container
@@ -84,10 +87,64 @@ def _prompt_ids(model: LoadedModel, prompt: str, raw: bool, system: str | None =
 
 # ---------------------------------------------------------------- commands
 
+def _recommended_expert_format(source: str, trunk_format: str) -> str:
+    from app.convert.expert_choices import recommended
+    from app.convert.validate import validate_source
+
+    report = validate_source(source, trunk_format=trunk_format)
+    if not report.ok:
+        raise SourceError(str(source), "; ".join(str(p) for p in report.problems))
+    return recommended(report.expert_choices)
+
+
 def cmd_convert(args) -> int:
-    out = convert(args.source, args.out, trunk_format=args.trunk_format, expert_format=args.expert_format,
+    expert_format = args.expert_format
+    if expert_format == RECOMMENDED:
+        expert_format = _recommended_expert_format(args.source, args.trunk_format)
+        if not args.quiet:
+            print(f"experts: {expert_format} (recommended on this machine; see `ferry check`)", file=sys.stderr)
+    out = convert(args.source, args.out, trunk_format=args.trunk_format, expert_format=expert_format,
                   progress=None if args.quiet else _progress_printer())
     print(out)
+    return 0
+
+
+def cmd_check(args) -> int:
+    """What the wizard's Source page shows: every problem, or the sizes, the RAM
+    plan and how the experts could be stored."""
+    from app.convert.expert_choices import why
+    from app.convert.validate import validate_source
+
+    report = validate_source(args.source, trunk_format=args.trunk_format, expert_format=args.expert_format)
+    if args.json:
+        doc = {"ok": report.ok, "problems": [str(p) for p in report.problems], "warnings": report.warnings,
+               "architecture": report.architecture, "source_bytes": report.source_bytes,
+               "container_bytes": report.container_bytes, "trunk_bytes": report.trunk_bytes,
+               "n_experts": report.n_experts, "top_k": report.top_k,
+               "cold_bytes_per_token": report.cold_bytes_per_token, "expert_format": report.expert_format,
+               "plan": report.plan.as_dict() if report.plan is not None else None,
+               "expert_choices": [c.as_dict() for c in report.expert_choices]}
+        print(json.dumps(doc, indent=1))
+        return 0 if report.ok else 1
+    if not report.ok:
+        for problem in report.problems:
+            print(f"problem: {problem}")
+        return 1
+    print(f"{report.path}: {report.architecture}, {report.n_layers} layers; "
+          f"source {gib(report.source_bytes)}, container {gib(report.container_bytes)}")
+    for warning in report.warnings:
+        print(f"warning: {warning}")
+    print(describe(report.plan))
+    if report.expert_choices:
+        print(f"experts ({report.n_experts} per MoE layer, {report.top_k} per token) can be stored as:")
+        for c in report.expert_choices:
+            mark = "*" if c.recommended else " "
+            print(f" {mark} {c.format:6s} {c.label:32s} {c.bits_per_weight:5.2f} bits/weight, "
+                  f"error {c.weight_error:15s} container {gib(c.container_bytes):>12s}, "
+                  f"{c.cold_bytes_per_token / 2**20:9.1f} MiB per token cold"
+                  + ("" if c.fits_in_ram else ", does not fit in RAM"))
+        best = next(c for c in report.expert_choices if c.recommended)
+        print(f"recommended (*): --expert-format {best.format}, because {why(best)}")
     return 0
 
 
@@ -309,11 +366,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how the resident (non-expert) matrices are stored; auto (default): q8_0 for a trunk "
                         "converted from floats (f32/f16/bf16), a quantized source's own formats otherwise "
                         "(a Q4_1 GGUF stays Q4_1); q4_1 for the least memory. Norms and other vectors stay f32")
-    p.add_argument("--expert-format", choices=FORMAT_CHOICES, default="auto",
-                   help="how expert matrices are stored; auto (default) keeps the source's format "
-                        "(a format the core lacks is widened to f32)")
+    p.add_argument("--expert-format", choices=FORMAT_CHOICES + (RECOMMENDED,), default="auto",
+                   help="how expert matrices are stored; auto (default) keeps the source's values exactly "
+                        "(its own format; MXFP4 as bf16; other formats the core lacks widened to f32); "
+                        "recommended: what `ferry check` recommends on this machine")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(fn=cmd_convert)
+
+    p = sub.add_parser("check", help="check a source before converting it: problems, sizes, RAM plan, "
+                                     "and how its experts could be stored")
+    p.add_argument("source")
+    p.add_argument("--trunk-format", choices=FORMAT_CHOICES, default="auto")
+    p.add_argument("--expert-format", choices=FORMAT_CHOICES, default="auto",
+                   help="the expert format the sizes and plan are for")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_check)
 
     p = sub.add_parser("info", help="describe a container")
     _add_model_options(p)

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from app.convert import quant, quant3
+from app.convert.compressed import MXFP4
 from app.convert.arch import LAYER_TENSORS, VECTOR_SUFFIXES
 from app.convert.errors import SourceError
 from app.convert.sources import CORE_FORMATS, Source
@@ -77,7 +78,11 @@ def choose_format(source_fmt: str, wanted: str, shape: tuple[int, ...], vector: 
     if vector:
         return "f32"
     if wanted == "auto":
-        return source_fmt if source_fmt in CORE_FORMATS else "f32"
+        if source_fmt in CORE_FORMATS:
+            return source_fmt
+        # e2m1 x 2^k has two significant bits and bf16 has f32's exponents: MXFP4
+        # is exact in bf16 at half f32's bytes (docs/KIMI.md). Other codes widen to f32.
+        return "bf16" if source_fmt == MXFP4 else "f32"
     if wanted in _BLOCK and shape[-1] % _BLOCK[wanted]:
         return "f32" if source_fmt not in CORE_FORMATS else source_fmt
     return wanted

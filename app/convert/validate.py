@@ -45,6 +45,9 @@ class SourceReport:
     record_bytes: int = 0                   #: one expert record
     cold_bytes_per_token: int = 0           #: one token's experts, all read from disk
     plan: Any = None                        #: app.plan.Plan of the container, when ok
+    expert_format: str = "auto"             #: the --expert-format this report was made for
+    #: how the experts could be stored (app.convert.expert_choices), one marked recommended; [] if dense
+    expert_choices: list = field(default_factory=list)
     layout: Layout | None = None
     files: list[Path] = field(default_factory=list)   #: the source files read
 
@@ -92,7 +95,14 @@ def validate_source(path: str | os.PathLike, trunk_format: str = "auto", expert_
     _describe(report, src, layout)
     from app.plan import plan_source
 
+    report.expert_format = expert_format
     report.plan = _guard(report, p, plan_source, src, layout, tokenizer, n_ctx, memory)
+    if report.plan is not None and layout.banks:
+        from app.convert.expert_choices import expert_choices
+
+        working = report.plan.state + report.plan.scratch
+        report.expert_choices = _guard(report, p, expert_choices, src, trunk_format, report.top_k, working,
+                                       report.plan.machine.usable) or []
     return report
 
 

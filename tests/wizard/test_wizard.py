@@ -175,3 +175,45 @@ def test_an_unsupported_or_wrong_source_says_what_is_wrong(qtbot, wizard, tmp_pa
     wiz = wizard(remember=False)
     to_source(qtbot, wiz, kind, path)
     assert want in wiz.source_page.result.text() and not wiz.source_page.isComplete()
+
+
+def test_a_model_larger_than_ram_gets_3_bit_experts_and_the_user_can_choose(qtbot, wizard, synthetic, tmp_path,
+                                                                             monkeypatch):
+    """On a machine whose RAM holds none of the choices, the Source page plans
+    the recommended 3-bit experts (the fewest bytes per token), says why, and
+    converts exactly what `convert(..., expert_format="q3_nl")` writes; picking
+    another format re-plans for it."""
+    import app.plan
+    from app.budget import MachineMemory
+
+    monkeypatch.setattr(app.plan, "machine_memory", lambda: MachineMemory(64 << 20, 16 << 20, "test"))
+    wiz = wizard(remember=False)
+    to_memory(qtbot, wiz, "hf", synthetic, tmp_path)
+    page, report = wiz.source_page, wiz.state.report
+    assert wiz.state.expert_format == "q3_nl" and report.expert_format == "q3_nl"
+    choices = {c.format: c for c in report.expert_choices}
+    assert list(choices) == ["auto", "q8_0", "q4_0", "q3_nl"] and choices["q3_nl"].recommended
+    assert not any(c.fits_in_ram for c in choices.values())
+    assert report.container_bytes == choices["q3_nl"].container_bytes < choices["auto"].container_bytes / 4
+    assert not page.formats_row.isHidden() and page.formats.currentData() == "q3_nl"
+    assert "fewest bytes per token" in page.format_note.text()
+    out = convert_to_end(qtbot, wiz)
+    reference = convert(synthetic, folder(tmp_path / "ref") / out.name, expert_format="q3_nl")
+    assert tree_bytes(out) == tree_bytes(reference)
+
+    other = wizard(remember=False)
+    to_source(qtbot, other, "hf", synthetic)
+    other.source_page.choose_experts("q8_0")
+    page = other.source_page
+    qtbot.waitUntil(lambda: page.shown == page._asked and page.shown[2] == "q8_0", timeout=T)
+    assert other.state.expert_format == "q8_0" and other.state.report.container_bytes == choices["q8_0"].container_bytes
+    assert page.formats.currentData() == "q8_0" and "would recommend" in page.format_note.text()
+
+
+def test_a_model_that_fits_keeps_its_experts_exact(qtbot, wizard, synthetic):
+    wiz = wizard(remember=False)
+    to_source(qtbot, wiz, "hf", synthetic)
+    report = wiz.state.report
+    assert wiz.state.expert_format == "auto" and report.expert_choices[0].recommended
+    assert report.expert_choices[0].label == "Exact (bf16, no loss)"
+    assert "whole model fits in this computer" in wiz.source_page.format_note.text()

@@ -20,6 +20,7 @@ class WizardState:
     kind: str = "hf"                 #: "hf", "gguf" or "demo"
     source: Path | None = None
     report: Any = None               #: app.convert.validate.SourceReport of `source`
+    expert_format: str = "auto"      #: how the experts are stored (app.convert.expert_choices)
     out: Path | None = None          #: the container to write
     speed: Any = None                #: app.disk_probe.DiskSpeed of the destination
     budget: int = 0                  #: the RAM budget chosen (bytes)

@@ -90,15 +90,15 @@ class ConvertPage(QWizardPage):
             return
         s = self.state
         if s.remember:
-            pending.save(s.kind, s.source, s.out, s.budget)
+            pending.save(s.kind, s.source, s.out, s.budget, s.expert_format)
         self.control = ctl = ConvertControl()
         self.latest = None
         self.samples.clear()
         self.message.setText("Starting…")
-        src, out = s.source, s.out
+        src, out, experts = s.source, s.out, s.expert_format
 
         def run():
-            return convert(src, out, progress=self._progress, control=ctl)
+            return convert(src, out, expert_format=experts, progress=self._progress, control=ctl)
 
         job = Job(run, self)
         job.done.connect(self._done)
