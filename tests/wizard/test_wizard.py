@@ -217,3 +217,26 @@ def test_a_model_that_fits_keeps_its_experts_exact(qtbot, wizard, synthetic):
     assert wiz.state.expert_format == "auto" and report.expert_choices[0].recommended
     assert report.expert_choices[0].label == "Exact (bf16, no loss)"
     assert "whole model fits in this computer" in wiz.source_page.format_note.text()
+
+
+def test_an_interrupted_conversion_resumes_with_its_expert_format(qtbot, wizard, synthetic, tmp_path):
+    """The format chosen is part of the note of an unfinished conversion: resuming
+    plans (and converts) with it, not with the recommendation of the day."""
+    from app.convert.convert import JOURNAL
+    from app.ui.wizard import pending
+
+    out = tmp_path / "resumed.ferry"
+    partial_dir(out).mkdir()
+    (partial_dir(out) / JOURNAL).write_text("{}")
+    pending.save("hf", synthetic, out, 0, "q4_0")
+    try:
+        wiz = wizard()
+        assert wiz.welcome_page.resume_box.isVisible()
+        wiz.welcome_page.resume_btn.click()
+        page = wiz.source_page
+        qtbot.waitUntil(page.isComplete, timeout=T)
+        assert page.shown[2] == "q4_0" and wiz.state.expert_format == "q4_0"
+        assert wiz.state.report.expert_format == "q4_0" and page.formats.currentData() == "q4_0"
+        assert "would recommend" in page.format_note.text()
+    finally:
+        pending.clear()
