@@ -3,12 +3,16 @@
     python bench/kernels.py [--mb 96] [--batch 1 8 32] [--threads 1 2] [--impl scalar avx2] --json
 
 Measures, in one run: single-core and all-core memory read bandwidth
-(ferry_memory_read over a buffer far larger than the caches), then for every
+(ferry_memory_read over a 256 MB buffer per thread, far larger than the L3, as
+1, 2, 4 and 8 interleaved sequential streams; before and after the kernels,
+summarised per thread count as the single-stream and the best figure), then for every
 kernel implementation, format, batch size n and thread count, weight bytes
 consumed per second and GFLOP/s (2 * rows * cols * n / time) of
 ferry_kernel_matmul on a [rows, 3584] matrix of random blocks. Decode (n = 1)
 runs on `--mb` MB of weights (out of cache, like streaming experts); batches
 run on a matrix of mb/8 MB. Threads split the rows (the C call releases the GIL).
+"q3_nl_target" holds issue 6's target: one core's n = 1 q3_nl weight GB/s
+against half of one core's single-stream and best read.
 """
 from __future__ import annotations
 
@@ -61,7 +65,12 @@ def run_threads(fn, n: int) -> float:
     return time.perf_counter() - t0
 
 
+STREAMS = (1, 2, 4, 8)
+
+
 def bandwidth(threads: int, mb: int, streams: int) -> float:
+    """GB/s that `threads` threads read together, each its own `mb` MB buffer (far beyond the L3) as `streams`
+    interleaved sequential streams (hardware-prefetch friendly); the best of 3 rounds of 4 passes."""
     bufs = [np.ones(mb * 2**20 // 8, dtype=np.uint64) for _ in range(threads)]
     reps = 4
     for b in bufs:
@@ -71,6 +80,42 @@ def bandwidth(threads: int, mb: int, streams: int) -> float:
         dt = run_threads(lambda i: lib.ferry_memory_read(ffi.from_buffer(bufs[i]), bufs[i].nbytes, reps, streams), threads)
         best = max(best, threads * reps * bufs[0].nbytes / dt / 1e9)
     return best
+
+
+def memory_read(threads: list[int], out: dict, when: str) -> None:
+    """Every (threads, streams) read figure into out["memory_read_gb_s"] (keys "T threads, S stream(s) each"
+    plus `when`)."""
+    for t in threads:
+        for st in STREAMS:
+            out["memory_read_gb_s"][f"{t} threads, {st} stream(s) each{when}"] = round(bandwidth(t, 256, st), 2)
+
+
+def memory_summary(out: dict, threads: list[int]) -> dict:
+    """Per thread count, over both brackets of the run: the single-stream read and the best read (any stream
+    count), the figure a kernel is held against."""
+    res = {}
+    for t in threads:
+        figs = {k: v for k, v in out["memory_read_gb_s"].items() if k.startswith(f"{t} threads, ")}
+        one = max(v for k, v in figs.items() if ", 1 stream(s)" in k)
+        best_key = max(figs, key=figs.get)
+        res[f"{t} threads"] = {"single_stream_gb_s": one, "best_gb_s": figs[best_key], "best_is": best_key}
+    return res
+
+
+def target(out: dict) -> list[dict]:
+    """Issue 6's target for every 1-thread n = 1 q3_nl result: weight bytes per second against half of one
+    core's single-stream and best memory read."""
+    mem = out["memory_summary"].get("1 threads")
+    if not mem:
+        return []
+    res = []
+    for r in out["kernels"]:
+        if r["format"] == "q3_nl" and r["n"] == 1 and r["threads"] == 1:
+            res.append({"impl": r["impl"], "weight_gb_s": r["weight_gb_s"],
+                        "vs_half_single_stream": round(r["weight_gb_s"] / (mem["single_stream_gb_s"] / 2), 3),
+                        "vs_half_best": round(r["weight_gb_s"] / (mem["best_gb_s"] / 2), 3),
+                        "met_vs_best": r["weight_gb_s"] >= mem["best_gb_s"] / 2})
+    return res
 
 
 def bench_kernel(impl: int, fmt: str, n: int, threads: int, mb: float, rng, cache) -> dict:
@@ -124,9 +169,7 @@ def main(argv=None) -> int:
            "date": time.strftime("%Y-%m-%d"),
            "best_kernels": ffi.string(lib.ferry_kernels_name(lib.ferry_kernels_best())).decode(),
            "memory_read_gb_s": {}, "kernels": []}
-    for t in a.threads:
-        for st in (1, 4):
-            out["memory_read_gb_s"][f"{t} threads, {st} stream(s) each"] = round(bandwidth(t, 256, st), 2)
+    memory_read(a.threads, out, "")
     cache: dict = {}
     for fmt in a.formats:
         for impl in impls:
@@ -141,9 +184,9 @@ def main(argv=None) -> int:
                     out["kernels"].append(r)
                     if not a.json:
                         print(r, flush=True)
-    for t in a.threads:  # again at the end: the box is shared, so bracket the run
-        for st in (1, 4):
-            out["memory_read_gb_s"][f"{t} threads, {st} stream(s) each, after"] = round(bandwidth(t, 256, st), 2)
+    memory_read(a.threads, out, ", after")  # again at the end: the box is shared, so bracket the run
+    out["memory_summary"] = memory_summary(out, a.threads)
+    out["q3_nl_target"] = target(out)
     if a.json:
         print(json.dumps(out, indent=1))
     return 0
