@@ -1,6 +1,6 @@
 """Matrix-vector and small-batch kernel speed against memory bandwidth.
 
-    python bench/kernels.py [--mb 96] [--batch 1 8 32] [--threads 1 2] [--impl scalar avx2] --json
+    python bench/kernels.py [--mb 96] [--batch 1 8 32] [--threads 1 2] [--impl scalar avx2] [--int8-experiment] --json
 
 Measures, in one run: single-core and all-core memory read bandwidth
 (ferry_memory_read over a 256 MB buffer per thread, far larger than the L3, as
@@ -12,7 +12,9 @@ ferry_kernel_matmul on a [rows, 3584] matrix of random blocks. Decode (n = 1)
 runs on `--mb` MB of weights (out of cache, like streaming experts); batches
 run on a matrix of mb/8 MB. Threads split the rows (the C call releases the GIL).
 "q3_nl_target" holds issue 6's target: one core's n = 1 q3_nl weight GB/s
-against half of one core's single-stream and best read.
+against half of one core's single-stream and best read. --int8-experiment adds
+bench/q3_int8.c's figures (an int8-activation q3_nl kernel that is not product
+code: speed against the f32 AVX2 kernel in the same process, and accuracy).
 """
 from __future__ import annotations
 
@@ -20,8 +22,10 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -149,6 +153,27 @@ def bench_kernel(impl: int, fmt: str, n: int, threads: int, mb: float, rng, cach
             "bits_per_weight": round(8 * row_bytes / COLS, 4)}
 
 
+def int8_experiment(mb: float) -> list[dict]:
+    """bench/q3_int8.c (an experiment, not product code): an int8-activation q3_nl kernel against the f32
+    AVX2 kernel, for activation scales per 32 and per 64 values, built here with the system C compiler."""
+    root = Path(__file__).resolve().parents[1]
+    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if cc is None:
+        return [{"error": "no C compiler"}]
+    core = root / "core_c"
+    srcs = [root / "bench" / "q3_int8.c"] + [core / "src" / f for f in
+                                             ("formats.c", "kernels.c", "kernels_avx2.c", "kernels_neon.c", "quant3.c")]
+    res = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for ablk in (32, 64):
+            exe = Path(tmp) / f"q3_int8_{ablk}"
+            subprocess.run([cc, f"-DABLK={ablk}", "-std=c11", "-O3", "-ffp-contract=off", "-I", str(core / "include"),
+                            *map(str, srcs), "-o", str(exe), "-lm"], check=True, capture_output=True, text=True)
+            out = subprocess.run([str(exe), str(mb), "7"], check=True, capture_output=True, text=True).stdout
+            res.append(json.loads(out))
+    return res
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mb", type=float, default=96)
@@ -157,6 +182,8 @@ def main(argv=None) -> int:
     ap.add_argument("--impl", nargs="+", default=None, help="scalar avx2 neon (default: all available)")
     ap.add_argument("--formats", nargs="+", default=FORMATS)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--int8-experiment", action="store_true",
+                    help="also build and run bench/q3_int8.c (int8-activation q3_nl kernel, x86-64 AVX2 only)")
     a = ap.parse_args(argv)
     names = {ffi.string(lib.ferry_kernels_name(i)).decode(): i for i in range(3)}
     impls = [names[i] for i in a.impl] if a.impl else [i for i in range(3) if lib.ferry_kernels_available(i)]
@@ -184,6 +211,10 @@ def main(argv=None) -> int:
                     out["kernels"].append(r)
                     if not a.json:
                         print(r, flush=True)
+    if a.int8_experiment:
+        out["q3_nl_int8_experiment"] = int8_experiment(a.mb)
+        if not a.json:
+            print(out["q3_nl_int8_experiment"], flush=True)
     memory_read(a.threads, out, ", after")  # again at the end: the box is shared, so bracket the run
     out["memory_summary"] = memory_summary(out, a.threads)
     out["q3_nl_target"] = target(out)
