@@ -14,7 +14,8 @@ run on a matrix of mb/8 MB. Threads split the rows (the C call releases the GIL)
 "q3_nl_target" holds issue 6's target: one core's n = 1 q3_nl weight GB/s
 against half of one core's single-stream and best read. --int8-experiment adds
 bench/q3_int8.c's figures (an int8-activation q3_nl kernel that is not product
-code: speed against the f32 AVX2 kernel in the same process, and accuracy).
+code: speed against the f32 AVX2 kernel in the same process, and accuracy;
+and ns per 8 of FMA, vpermps, vpsrld, vpshufb alone and mixed).
 """
 from __future__ import annotations
 
@@ -155,7 +156,8 @@ def bench_kernel(impl: int, fmt: str, n: int, threads: int, mb: float, rng, cach
 
 def int8_experiment(mb: float) -> list[dict]:
     """bench/q3_int8.c (an experiment, not product code): an int8-activation q3_nl kernel against the f32
-    AVX2 kernel, for activation scales per 32 and per 64 values, built here with the system C compiler."""
+    AVX2 kernel, for activation scales per 32 and per 64 values, and the instruction-mix timings that bound
+    the f32 kernel; built here with the system C compiler."""
     root = Path(__file__).resolve().parents[1]
     cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
     if cc is None:

@@ -20,7 +20,8 @@
  * reference of the same integer arithmetic. Measures weight GB/s against the f32 kernel in the same run and the
  * relative error of y against the f32 kernel (and the q3_nl error itself:
  * y of the f32 source against y of its q3_nl quantization) on Gaussian
- * weights and Gaussian activations with log-normal per-channel scales. */
+ * weights and Gaussian activations with log-normal per-channel scales.
+ * First it times the instruction mixes that bound the f32 kernel (port_mix). */
 #define _POSIX_C_SOURCE 200809L
 #include <immintrin.h>
 #include <math.h>
@@ -92,10 +93,14 @@ INL float hsum4x8(const __m256 acc[4]) {
     return _mm_cvtss_f32(h);
 }
 
-/* Four 3-bit fields at bits 0, 3, 6, 9 of each lane (garbage above) into bytes 0..3. */
+/* Four 3-bit fields at bits 0, 3, 6, 9 of each lane (garbage above) into
+ * the low 4 bits of bytes 0..3 (bit 3 is the next field's: the tables repeat
+ * after 8 entries): byte j = lane bits 3j..3j+7. 16-bit halves from bits 0
+ * and 6, then byte 1 of each half from the half shifted by 5. */
 INL __m256i spread(__m256i t) {
-    __m256i b = _mm256_and_si256(_mm256_blend_epi16(t, _mm256_slli_epi32(t, 10), 0xAA), _mm256_set1_epi32(0x003F003F));
-    return _mm256_and_si256(_mm256_or_si256(b, _mm256_slli_epi32(b, 5)), _mm256_set1_epi32(0x07070707));
+    __m256i v = _mm256_blend_epi16(t, _mm256_slli_epi32(t, 10), 0xAA);
+    __m256i u = _mm256_blendv_epi8(v, _mm256_slli_epi16(v, 5), _mm256_set1_epi32((int)0xFF00FF00u));
+    return _mm256_and_si256(u, _mm256_set1_epi8(15));
 }
 
 TGT static float dot_int8(const uint8_t *row, int cols, const qx_t *x) {
@@ -242,6 +247,48 @@ static double rel(const float *a, const float *b, int n) {
     return sqrt(num / den);
 }
 
+/* Why the f32 kernel is where it is: ns per loop of 8 independent copies of
+ * each instruction mix (registers only, 8 accumulator chains for the FMAs),
+ * best of 3 runs of 2e7 loops. On a CPU where vpermps issues beside the
+ * FMAs, "fma+vpermps" costs about max(fma, vpermps); where they share
+ * pipes, about the sum. */
+#define OPS8(op) op(0) op(1) op(2) op(3) op(4) op(5) op(6) op(7)
+#define OPS8HI(op) op(8) op(9) op(10) op(11) op(12) op(13) op(8) op(9) /* beside OPS8, sources ymm14/15 */
+#define FMA_(d) "vfmadd231ps %%ymm15, %%ymm14, %%ymm" #d "\n"
+#define PERM_(d) "vpermps %%ymm15, %%ymm14, %%ymm" #d "\n"
+#define SHIFT_(d) "vpsrld $3, %%ymm15, %%ymm" #d "\n"
+#define SHUF_(d) "vpshufb %%ymm15, %%ymm14, %%ymm" #d "\n"
+#define MIX(name, body)                                                                                   \
+    do {                                                                                                  \
+        double best = 1e9;                                                                                \
+        for (int r = 0; r < 3; r++) {                                                                     \
+            double t = now();                                                                             \
+            for (long i = 0; i < 20000000L; i++)                                                          \
+                __asm__ volatile(body ::: "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", \
+                                 "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15");   \
+            t = now() - t;                                                                                \
+            best = t < best ? t : best;                                                                   \
+        }                                                                                                 \
+        printf("%s\"%s\": %.3f", first ? "" : ", ", name, best / 2e7 * 1e9);                              \
+        first = 0;                                                                                        \
+    } while (0)
+
+TGT static void port_mix(void) {
+    int first = 1;
+    __asm__ volatile("vxorps %%ymm15, %%ymm15, %%ymm15\n vxorps %%ymm14, %%ymm14, %%ymm14" ::: "xmm14", "xmm15");
+    printf("\"port_mix_ns_per_8\": {");
+    MIX("fma", OPS8(FMA_));
+    MIX("vpermps", OPS8(PERM_));
+    MIX("vpsrld", OPS8(SHIFT_));
+    MIX("vpshufb", OPS8(SHUF_));
+    /* the f32 kernel's mix per 8 vectors of weights: a shift, a vpermps and an FMA each */
+    MIX("fma+vpermps", OPS8(FMA_) OPS8HI(PERM_));
+    MIX("fma+vpsrld", OPS8(FMA_) OPS8HI(SHIFT_));
+    MIX("fma+vpshufb", OPS8(FMA_) OPS8HI(SHUF_));
+    MIX("fma+vpermps+vpsrld", OPS8(FMA_) OPS8HI(PERM_) OPS8HI(SHIFT_));
+    printf("}, ");
+}
+
 /* Relative error of a kernel's y over `rows` rows, and its worst relative distance from its integer reference. */
 typedef struct { double vs_f32_kernel, vs_source, vs_reference; } acc_t;
 
@@ -267,7 +314,9 @@ int main(int argc, char **argv) {
     float *y32 = malloc(sizeof(float) * rows), *y8 = malloc(sizeof(float) * rows), *yf = malloc(sizeof(float) * acc_rows),
           *yr = malloc(sizeof(float) * acc_rows);
     const int variants = ABLK == 64 ? 2 : 1;
-    printf("{\"cols\": %d, \"rows\": %d, \"weight_mb\": %.1f, \"activation_block\": %d, \"q3_nl_vs_f32_source\": [",
+    printf("{");
+    port_mix();
+    printf("\"cols\": %d, \"rows\": %d, \"weight_mb\": %.1f, \"activation_block\": %d, \"q3_nl_vs_f32_source\": [",
            cols, rows, (double)rows * rb / 1048576, ABLK);
     const double sigmas[2] = {0.5, 1.0};
     acc_t acc[2][2];
