@@ -1,14 +1,21 @@
 """Matrix-vector and small-batch kernel speed against memory bandwidth.
 
-    python bench/kernels.py [--mb 96] [--batch 1 8 32] [--threads 1 2] [--impl scalar avx2] --json
+    python bench/kernels.py [--mb 96] [--batch 1 8 32] [--threads 1 2] [--impl scalar avx2] [--int8-experiment] --json
 
 Measures, in one run: single-core and all-core memory read bandwidth
-(ferry_memory_read over a buffer far larger than the caches), then for every
+(ferry_memory_read over a 256 MB buffer per thread, far larger than the L3, as
+1, 2, 4 and 8 interleaved sequential streams; before and after the kernels,
+summarised per thread count as the single-stream and the best figure), then for every
 kernel implementation, format, batch size n and thread count, weight bytes
 consumed per second and GFLOP/s (2 * rows * cols * n / time) of
 ferry_kernel_matmul on a [rows, 3584] matrix of random blocks. Decode (n = 1)
 runs on `--mb` MB of weights (out of cache, like streaming experts); batches
 run on a matrix of mb/8 MB. Threads split the rows (the C call releases the GIL).
+"q3_nl_target" holds issue 6's target: one core's n = 1 q3_nl weight GB/s
+against half of one core's single-stream and best read. --int8-experiment adds
+bench/q3_int8.c's figures (an int8-activation q3_nl kernel that is not product
+code: speed against the f32 AVX2 kernel in the same process, and accuracy;
+and ns per 8 of FMA, vpermps, vpsrld, vpshufb alone and mixed).
 """
 from __future__ import annotations
 
@@ -16,8 +23,10 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -61,7 +70,12 @@ def run_threads(fn, n: int) -> float:
     return time.perf_counter() - t0
 
 
+STREAMS = (1, 2, 4, 8)
+
+
 def bandwidth(threads: int, mb: int, streams: int) -> float:
+    """GB/s that `threads` threads read together, each its own `mb` MB buffer (far beyond the L3) as `streams`
+    interleaved sequential streams (hardware-prefetch friendly); the best of 3 rounds of 4 passes."""
     bufs = [np.ones(mb * 2**20 // 8, dtype=np.uint64) for _ in range(threads)]
     reps = 4
     for b in bufs:
@@ -71,6 +85,42 @@ def bandwidth(threads: int, mb: int, streams: int) -> float:
         dt = run_threads(lambda i: lib.ferry_memory_read(ffi.from_buffer(bufs[i]), bufs[i].nbytes, reps, streams), threads)
         best = max(best, threads * reps * bufs[0].nbytes / dt / 1e9)
     return best
+
+
+def memory_read(threads: list[int], out: dict, when: str) -> None:
+    """Every (threads, streams) read figure into out["memory_read_gb_s"] (keys "T threads, S stream(s) each"
+    plus `when`)."""
+    for t in threads:
+        for st in STREAMS:
+            out["memory_read_gb_s"][f"{t} threads, {st} stream(s) each{when}"] = round(bandwidth(t, 256, st), 2)
+
+
+def memory_summary(out: dict, threads: list[int]) -> dict:
+    """Per thread count, over both brackets of the run: the single-stream read and the best read (any stream
+    count), the figure a kernel is held against."""
+    res = {}
+    for t in threads:
+        figs = {k: v for k, v in out["memory_read_gb_s"].items() if k.startswith(f"{t} threads, ")}
+        one = max(v for k, v in figs.items() if ", 1 stream(s)" in k)
+        best_key = max(figs, key=figs.get)
+        res[f"{t} threads"] = {"single_stream_gb_s": one, "best_gb_s": figs[best_key], "best_is": best_key}
+    return res
+
+
+def target(out: dict) -> list[dict]:
+    """Issue 6's target for every 1-thread n = 1 q3_nl result: weight bytes per second against half of one
+    core's single-stream and best memory read."""
+    mem = out["memory_summary"].get("1 threads")
+    if not mem:
+        return []
+    res = []
+    for r in out["kernels"]:
+        if r["format"] == "q3_nl" and r["n"] == 1 and r["threads"] == 1:
+            res.append({"impl": r["impl"], "weight_gb_s": r["weight_gb_s"],
+                        "vs_half_single_stream": round(r["weight_gb_s"] / (mem["single_stream_gb_s"] / 2), 3),
+                        "vs_half_best": round(r["weight_gb_s"] / (mem["best_gb_s"] / 2), 3),
+                        "met_vs_best": r["weight_gb_s"] >= mem["best_gb_s"] / 2})
+    return res
 
 
 def bench_kernel(impl: int, fmt: str, n: int, threads: int, mb: float, rng, cache) -> dict:
@@ -104,6 +154,28 @@ def bench_kernel(impl: int, fmt: str, n: int, threads: int, mb: float, rng, cach
             "bits_per_weight": round(8 * row_bytes / COLS, 4)}
 
 
+def int8_experiment(mb: float) -> list[dict]:
+    """bench/q3_int8.c (an experiment, not product code): an int8-activation q3_nl kernel against the f32
+    AVX2 kernel, for activation scales per 32 and per 64 values, and the instruction-mix timings that bound
+    the f32 kernel; built here with the system C compiler."""
+    root = Path(__file__).resolve().parents[1]
+    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if cc is None:
+        return [{"error": "no C compiler"}]
+    core = root / "core_c"
+    srcs = [root / "bench" / "q3_int8.c"] + [core / "src" / f for f in
+                                             ("formats.c", "kernels.c", "kernels_avx2.c", "kernels_neon.c", "quant3.c")]
+    res = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for ablk in (32, 64):
+            exe = Path(tmp) / f"q3_int8_{ablk}"
+            subprocess.run([cc, f"-DABLK={ablk}", "-std=c11", "-O3", "-ffp-contract=off", "-I", str(core / "include"),
+                            *map(str, srcs), "-o", str(exe), "-lm"], check=True, capture_output=True, text=True)
+            out = subprocess.run([str(exe), str(mb), "7"], check=True, capture_output=True, text=True).stdout
+            res.append(json.loads(out))
+    return res
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mb", type=float, default=96)
@@ -112,6 +184,8 @@ def main(argv=None) -> int:
     ap.add_argument("--impl", nargs="+", default=None, help="scalar avx2 neon (default: all available)")
     ap.add_argument("--formats", nargs="+", default=FORMATS)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--int8-experiment", action="store_true",
+                    help="also build and run bench/q3_int8.c (int8-activation q3_nl kernel, x86-64 AVX2 only)")
     a = ap.parse_args(argv)
     names = {ffi.string(lib.ferry_kernels_name(i)).decode(): i for i in range(3)}
     impls = [names[i] for i in a.impl] if a.impl else [i for i in range(3) if lib.ferry_kernels_available(i)]
@@ -124,9 +198,7 @@ def main(argv=None) -> int:
            "date": time.strftime("%Y-%m-%d"),
            "best_kernels": ffi.string(lib.ferry_kernels_name(lib.ferry_kernels_best())).decode(),
            "memory_read_gb_s": {}, "kernels": []}
-    for t in a.threads:
-        for st in (1, 4):
-            out["memory_read_gb_s"][f"{t} threads, {st} stream(s) each"] = round(bandwidth(t, 256, st), 2)
+    memory_read(a.threads, out, "")
     cache: dict = {}
     for fmt in a.formats:
         for impl in impls:
@@ -141,9 +213,13 @@ def main(argv=None) -> int:
                     out["kernels"].append(r)
                     if not a.json:
                         print(r, flush=True)
-    for t in a.threads:  # again at the end: the box is shared, so bracket the run
-        for st in (1, 4):
-            out["memory_read_gb_s"][f"{t} threads, {st} stream(s) each, after"] = round(bandwidth(t, 256, st), 2)
+    if a.int8_experiment:
+        out["q3_nl_int8_experiment"] = int8_experiment(a.mb)
+        if not a.json:
+            print(out["q3_nl_int8_experiment"], flush=True)
+    memory_read(a.threads, out, ", after")  # again at the end: the box is shared, so bracket the run
+    out["memory_summary"] = memory_summary(out, a.threads)
+    out["q3_nl_target"] = target(out)
     if a.json:
         print(json.dumps(out, indent=1))
     return 0
