@@ -79,6 +79,9 @@ def _threads() -> int:
 def _run_rows(rows: int, fn, threads: int | None) -> None:
     """Call fn(r0, r1) over row slices on a thread pool (the C call releases the GIL)."""
     n = max(1, min(threads or _threads(), rows))
+    if n == 1:
+        fn(0, rows)
+        return
     cuts = [rows * i // n for i in range(n + 1)]
     with ThreadPoolExecutor(n) as pool:
         for f in [pool.submit(fn, cuts[i], cuts[i + 1]) for i in range(n) if cuts[i] < cuts[i + 1]]:
