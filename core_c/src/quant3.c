@@ -277,10 +277,11 @@ static inline void cand_codes(int c0, int code[CANDIDATES]) {
 static inline int pick_code(int c0, const float *err) {
     int best = c0;
     float best_err = INFINITY;
-    for (int k = 0; k < CANDIDATES; k++) {
+    for (int k = 0; k < CANDIDATES; k++) { /* selects, not branches: which candidate wins is data */
         int code = c0 - CAND_BELOW + k;
-        if (code < -14 || code > 255) continue; /* codes the format lacks are not candidates */
-        if (err[k] < best_err) best_err = err[k], best = code;
+        int take = (code >= -14) & (code <= 255) & (err[k] < best_err); /* codes the format lacks are not candidates */
+        best_err = take ? err[k] : best_err;
+        best = take ? code : best;
     }
     return clamp_code(best);
 }
