@@ -38,6 +38,7 @@ from app.convert import tokenizer_files
 from app.convert.errors import SourceError
 from app.convert.layout import (BANK_HEADER_BYTES, FORMAT_CODES, FORMAT_VERSION, RECORD_HEADER_BYTES,
                                 BankLayout, Layout, encode, plan_layout)
+from app.convert.quant3 import NAME as Q3
 from app.convert.sources import Source, open_source
 
 JOURNAL = "journal.json"
@@ -224,7 +225,8 @@ def _record_into(rec, b: BankLayout, expert: int, payloads: dict[str, np.ndarray
                                     f"expected {info['nbytes']}")
         if info["offset"] > end:
             view[end:info["offset"]] = bytes(info["offset"] - end)
-        view[info["offset"]:info["offset"] + info["nbytes"]] = memoryview(np.ascontiguousarray(data)).cast("B")
+        if not _is_at(data, rec, info["offset"]):    # (encoded in place: nothing to copy)
+            view[info["offset"]:info["offset"] + info["nbytes"]] = memoryview(np.ascontiguousarray(data)).cast("B")
         end = info["offset"] + info["nbytes"]
     if end < b.record_size:
         view[end:] = bytes(b.record_size - end)
@@ -238,6 +240,18 @@ def _record_into(rec, b: BankLayout, expert: int, payloads: dict[str, np.ndarray
     assert len(head) == RECORD_HEADER_BYTES
     view[:RECORD_HEADER_BYTES] = head
     return rec
+
+
+def _is_at(data: np.ndarray, rec, offset: int) -> bool:
+    """True when ``data`` already is rec[offset:offset + data.size]."""
+    if not isinstance(rec, mmap.mmap) or not data.flags.c_contiguous:
+        return False
+    return np.frombuffer(rec, np.uint8, count=1, offset=offset).ctypes.data == data.ctypes.data
+
+
+def _part_view(rec, info: dict) -> np.ndarray:
+    """Record bytes of one part, for an encoder to write into."""
+    return np.frombuffer(rec, np.uint8, count=info["nbytes"], offset=info["offset"])
 
 
 # --------------------------------------------------------------- writing
@@ -494,7 +508,8 @@ class _Writer:
 
         def make(e: int, buf) -> None:
             parts = experts[e]
-            payloads = {p: encode(self.src, parts[p], bank.parts[p]["dtype"], threads=self.row_threads)
+            payloads = {p: encode(self.src, parts[p], bank.parts[p]["dtype"], threads=self.row_threads,
+                                  out=_part_view(buf, bank.parts[p]) if bank.parts[p]["dtype"] == Q3 else None)
                         for p in parts}
             _record_into(buf, bank, e, payloads)
 
