@@ -86,7 +86,7 @@ def _prompt_ids(model: LoadedModel, prompt: str, raw: bool, system: str | None =
 
 def cmd_convert(args) -> int:
     out = convert(args.source, args.out, trunk_format=args.trunk_format, expert_format=args.expert_format,
-                  progress=None if args.quiet else _progress_printer())
+                  progress=None if args.quiet else _progress_printer(), threads=args.threads)
     print(out)
     return 0
 
@@ -312,6 +312,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--expert-format", choices=FORMAT_CHOICES, default="auto",
                    help="how expert matrices are stored; auto (default) keeps the source's format "
                         "(a format the core lacks is widened to f32)")
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="expert records read and encoded at once (default: one per core); "
+                        "the container is the same whatever N")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(fn=cmd_convert)
 
