@@ -277,11 +277,10 @@ static inline void cand_codes(int c0, int code[CANDIDATES]) {
 static inline int pick_code(int c0, const float *err) {
     int best = c0;
     float best_err = INFINITY;
-    for (int k = 0; k < CANDIDATES; k++) { /* selects, not branches: which candidate wins is data */
+    for (int k = 0; k < CANDIDATES; k++) {
         int code = c0 - CAND_BELOW + k;
-        int take = (code >= -14) & (code <= 255) & (err[k] < best_err); /* codes the format lacks are not candidates */
-        best_err = take ? err[k] : best_err;
-        best = take ? code : best;
+        if (code < -14 || code > 255) continue; /* codes the format lacks are not candidates */
+        if (err[k] < best_err) best_err = err[k], best = code;
     }
     return clamp_code(best);
 }
