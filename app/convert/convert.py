@@ -1,8 +1,10 @@
 """``ferry convert``: a source checkpoint into a Ferry container.
 
-The conversion streams one tensor at a time, writes into ``OUT.partial`` next
-to the destination, records each finished unit (a trunk segment, an expert
-bank) in a journal, and publishes by renaming the finished directory to OUT.
+The conversion streams the source (trunk tensors one at a time; expert records
+read and encoded on one thread per core, written in order), writes into
+``OUT.partial`` next to the destination, records each finished unit (a trunk
+segment, an expert bank) in a journal, and publishes by renaming the finished
+directory to OUT.
 Killed at any point, running it again resumes after the last finished unit
 and produces the same bytes as an uninterrupted run.
 
