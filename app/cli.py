@@ -104,7 +104,7 @@ def cmd_convert(args) -> int:
         if not args.quiet:
             print(f"experts: {expert_format} (recommended on this machine; see `ferry check`)", file=sys.stderr)
     out = convert(args.source, args.out, trunk_format=args.trunk_format, expert_format=expert_format,
-                  progress=None if args.quiet else _progress_printer())
+                  progress=None if args.quiet else _progress_printer(), threads=args.threads)
     print(out)
     return 0
 
@@ -370,6 +370,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how expert matrices are stored; auto (default) keeps the source's values exactly "
                         "(its own format; MXFP4 as bf16; other formats the core lacks widened to f32); "
                         "recommended: what `ferry check` recommends on this machine")
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="expert records read and encoded at once (default: one per core); "
+                        "the container is the same whatever N")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(fn=cmd_convert)
 

@@ -1,19 +1,34 @@
 """Conversion throughput against the disk it runs on.
 
     python bench/convert.py --json [--size-gb 4] [--workdir DIR] [--expert-format auto]
+    python bench/convert.py --json --source-experts mxfp4 --expert-format q3_nl [--threads N]
 
 Writes a deterministic Qwen3-MoE-shaped bf16 checkpoint of about --size-gb
-(bench/make_synthetic.py) in --workdir, then measures in the same run, on the
-same disk:
+(bench/make_synthetic.py; `--source-experts mxfp4` stores the routed experts
+as Kimi K3 does, compressed-tensors MXFP4) in --workdir, then measures in the
+same run, on the same disk:
 
 * sequential write: 1 GiB in 4 MiB direct writes, then fsync;
 * sequential read: that file read back in 4 MiB direct reads;
 * conversion: `convert()` of the checkpoint with the source evicted from the
   page cache first (posix_fadvise DONTNEED), so it is read from the disk.
 
+* the q3_nl quantizer alone (--expert-format q3_nl): the first layer's
+  expert matrices, from the source's own bytes, in memory, on 1 thread
+  (weights/s per core) and on --threads threads.
+
 Prints one JSON object; `ratio_to_target` >= 1 means the conversion ran at
 least at half the slower of the two bandwidths (the target: it reads the
-source and writes the container on the same disk).
+source and writes the container on the same disk); `ratio_to_disk_read` is
+the source bytes read per second against the disk's direct sequential read
+(1 = as fast as the disk reads); `disk_seconds` is what reading the source
+and writing the container take at those bandwidths one after the other
+(--out-dir elsewhere, e.g. /dev/shm: the reading alone). `cpu_busy` is the process's CPU time over
+wall time times the cores (1 = every core busy all the time), and
+`disk_read_bytes` what the kernel read from the disk for it (/proc/self/io).
+`--f32-path` converts as before the fast path (float32 arrays in numpy), for
+comparison; `--row-threads` splits each tensor's rows over threads inside
+each encoder (with `--threads 1`: one record at a time, rows in parallel).
 """
 from __future__ import annotations
 
@@ -30,7 +45,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from app.convert.convert import convert
+from app.convert import convert as convert_mod
+from app.convert import layout, quant3
+from app.convert.convert import convert, default_threads
+from app.convert.sources import open_source
 from bench.make_synthetic import make, parse
 
 BLOCK = 4 << 20
@@ -77,44 +95,124 @@ def evict(folder: Path) -> None:
             os.close(fd)
 
 
+def _io_read_bytes() -> int:
+    try:
+        for line in Path("/proc/self/io").read_text().splitlines():
+            if line.startswith("read_bytes:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return -1
+
+
+def quantizer_speed(ckpt: Path, threads: int, repeats: int = 3) -> dict:
+    """M weights/s of the q3_nl quantizer on the first layer's experts (their own bytes, in memory)."""
+    src = open_source(ckpt)
+    names = [n for parts in src.spec.experts[0][:8] for n in parts.values()]
+    inputs = [(src.q3_input(n), src.shape(n)[-1]) for n in names]
+    weights = sum(int(np_size(src.shape(n))) for n in names)
+    out = {}
+    for t in sorted({1, threads}):
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            for native, cols in inputs:
+                layout._q3_native("bench", cols, native, t)
+            best = min(best, time.perf_counter() - t0)
+        out[f"threads_{t}_weights_per_s"] = weights / best
+        out[f"threads_{t}_weights_per_s_per_core"] = weights / best / t
+    out["weights"] = weights
+    out["source"] = inputs[0][0][0]
+    return out
+
+
+def np_size(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size-gb", type=float, default=4.0, help="bf16 checkpoint size")
     ap.add_argument("--workdir", default=None, help="where to write (default: a temp dir on the default disk)")
     ap.add_argument("--expert-format", default="auto")
+    ap.add_argument("--source-experts", choices=("bf16", "mxfp4"), default="bf16",
+                    help="how the synthetic source stores its routed experts")
+    ap.add_argument("--dim", type=int, default=1024)
+    ap.add_argument("--expert-ffn", type=int, default=512)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=None, help="encoder threads (default: one per core)")
+    ap.add_argument("--row-threads", type=int, default=1, help="threads each encoder splits a tensor's rows over")
+    ap.add_argument("--f32-path", action="store_true", help="convert through float32 arrays (the old path)")
+    ap.add_argument("--out-dir", default=None,
+                    help="write the containers here instead of --workdir (e.g. /dev/shm: the source's disk then "
+                         "only reads)")
+    ap.add_argument("--keep-source", default=None,
+                    help="write the checkpoint here and keep it (reused if it exists) instead of a temp dir")
     ap.add_argument("--runs", type=int, default=2, help="conversions (the best is reported, all are listed)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
+    threads = a.threads or default_threads()
+    convert_mod.ROW_THREADS = a.row_threads
+    layout.NATIVE_Q3 = not a.f32_path
     with tempfile.TemporaryDirectory(dir=a.workdir, prefix="ferry-bench-convert-") as tmp:
         root = Path(tmp)
         t0 = time.perf_counter()
-        ckpt = make(parse(["--out", str(root / "ckpt"), "--layers", "8", "--dim", "1024", "--expert-ffn", "512",
-                           "--top-k", "8", "--heads", "8", "--vocab", "2048", "--shards", "4",
-                           "--size-gb", str(a.size_gb)]))
+        where = Path(a.keep_source) if a.keep_source else root / "ckpt"
+        args = parse(["--out", str(where), "--layers", str(a.layers), "--dim", str(a.dim),
+                      "--expert-ffn", str(a.expert_ffn), "--top-k", "8", "--heads", "8", "--vocab", "2048",
+                      "--shards", "4", "--size-gb", str(a.size_gb), "--expert-dtype", a.source_experts])
+        ckpt = where if (where / "config.json").exists() else make(args)
         prepare = time.perf_counter() - t0
         source_bytes = sum(p.stat().st_size for p in ckpt.glob("*.safetensors"))
+        src = open_source(ckpt)
+        weights = sum(np_size(src.shape(n)) for n in src.spec.trunk.values())
+        weights += sum(np_size(src.shape(n)) for experts in src.spec.experts.values() for parts in experts
+                       for n in parts.values())
+        quantizer = quantizer_speed(ckpt, threads) if a.expert_format == quant3.NAME else None
         disk = sequential(root)
         runs = []
         for i in range(a.runs):
-            out = root / f"out{i}.ferry"
+            out = (Path(a.out_dir) if a.out_dir else root) / f"out{i}.ferry"
             evict(ckpt)
+            io0, cpu0 = _io_read_bytes(), os.times()
             t0 = time.perf_counter()
-            convert(ckpt, out, expert_format=a.expert_format)
+            convert(ckpt, out, expert_format=a.expert_format, threads=threads)
             seconds = time.perf_counter() - t0
+            cpu1, io1 = os.times(), _io_read_bytes()
+            cpu = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
             written = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
             runs.append({"seconds": round(seconds, 2), "written_bytes": written,
-                         "bytes_per_s": written / seconds, "source_bytes_per_s": source_bytes / seconds})
+                         "bytes_per_s": written / seconds, "source_bytes_per_s": source_bytes / seconds,
+                         "weights_per_s": weights / seconds, "cpu_seconds": round(cpu, 2),
+                         "cpu_busy": round(cpu / (seconds * (os.cpu_count() or 1)), 3),
+                         "disk_read_bytes": io1 - io0 if io0 >= 0 else None})
             shutil.rmtree(out)
         disk_after = sequential(root)
     best = max(runs, key=lambda r: r["bytes_per_s"])
     slower = min(disk["read_bytes_per_s"], disk["write_bytes_per_s"], disk_after["read_bytes_per_s"],
                  disk_after["write_bytes_per_s"])
+    disk_read = min(disk["read_bytes_per_s"], disk_after["read_bytes_per_s"])
     result = {
         "machine": {"arch": platform.machine(), "cpus": os.cpu_count(), "system": platform.system(),
                     "python": platform.python_version()},
-        "expert_format": a.expert_format, "source_bytes": source_bytes, "prepare_seconds": round(prepare, 1),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "expert_format": a.expert_format, "source_experts": a.source_experts, "threads": threads,
+        "row_threads": a.row_threads, "path": "f32" if a.f32_path else "native",
+        "source_bytes": source_bytes, "weights": weights, "prepare_seconds": round(prepare, 1),
+        "quantizer": quantizer,
         "disk_before": disk, "disk_after": disk_after, "runs": runs,
         "convert_bytes_per_s": best["bytes_per_s"],
+        "source_bytes_per_s": best["source_bytes_per_s"],
+        "weights_per_s": best["weights_per_s"],
+        "ratio_to_disk_read": best["source_bytes_per_s"] / disk_read,
+        # the disk's own time for this conversion: reading the source, plus writing the container
+        # unless it goes elsewhere (--out-dir), at the sequential bandwidths measured above
+        "disk_seconds": round(source_bytes / disk_read + (0 if a.out_dir else best["written_bytes"] / min(
+            disk["write_bytes_per_s"], disk_after["write_bytes_per_s"])), 2),
+        "out_dir": a.out_dir,
         "target_bytes_per_s": slower / 2,
         "ratio_to_target": best["bytes_per_s"] / (slower / 2),
     }

@@ -5,7 +5,14 @@ tokenizer.json): the layout `ferry convert` reads from a real download. Every
 tensor is generated from its own seed, so any size can be written with
 bounded memory, and the same flags always give the same bytes.
 
+`--expert-dtype mxfp4` stores the routed experts as Kimi K3 does:
+compressed-tensors `mxfp4-pack-quantized` (`X.weight_packed` u8 [out, in/2],
+element 2j in the low nibble of byte j; `X.weight_scale` u8 [out, in/32]
+E8M0), with K3's `quantization_config`; the nibbles follow the distribution
+of round-to-nearest MXFP4 of Gaussian weights.
+
     python bench/make_synthetic.py --out /tmp/synth --layers 8 --experts 64 --size-gb 4
+    python bench/make_synthetic.py --out /tmp/synth-mx --dim 1024 --expert-dtype mxfp4 --size-gb 4
 """
 from __future__ import annotations
 
@@ -18,7 +25,19 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+
 DTYPES = {"bf16": ("BF16", 2), "f32": ("F32", 4)}
+MXFP4 = "mxfp4"
+#: Bytes per weight of each expert dtype.
+EXPERT_BYTES = {"bf16": 2, "f32": 4, MXFP4: 17 / 32}
+#: K3's quantization_config (the release's config.json), for --expert-dtype mxfp4.
+MXFP4_CONFIG = {
+    "config_groups": {"group_0": {"format": "mxfp4-pack-quantized", "targets": ["Linear"],
+                                  "weights": {"group_size": 32, "num_bits": 4, "strategy": "group",
+                                              "symmetric": True, "type": "float", "scale_dtype": "torch.uint8"}}},
+    "format": "mxfp4-pack-quantized", "quant_method": "compressed-tensors",
+    "ignore": ["re:.*self_attn.*", "re:.*mlp\\.gate$", "re:.*lm_head.*"], "quantization_status": "compressed"}
 
 
 def qwen3moe_config(a) -> dict:
@@ -31,6 +50,7 @@ def qwen3moe_config(a) -> dict:
         "decoder_sparse_step": 1, "mlp_only_layers": [], "max_position_embeddings": 4096,
         "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": False,
         "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "bfloat16" if a.dtype == "bf16" else "float32",
+        **({"quantization_config": MXFP4_CONFIG} if a.expert_dtype == MXFP4 else {}),
     }
 
 
@@ -72,20 +92,59 @@ def encode(x: np.ndarray, dtype: str) -> bytes:
     return rounded.astype("<u2").tobytes()
 
 
+def is_expert(name: str) -> bool:
+    return ".mlp.experts." in name
+
+
+def _mxfp4_pool() -> np.ndarray:
+    """Packed bytes of round-to-nearest MXFP4 Gaussian weights, to draw nibble pairs from."""
+    from app.convert.quant3 import mxfp4_encode
+
+    w = np.random.default_rng(12345).standard_normal((256, 4096), dtype=np.float32)
+    return mxfp4_encode(w)[0].reshape(-1)
+
+
+def mxfp4_tensors(name: str, shape: tuple[int, ...], seed: int, pool: np.ndarray) -> list[tuple[str, bytes]]:
+    """`name` (X.weight) as compressed-tensors MXFP4: X.weight_packed and X.weight_scale."""
+    rows, cols = shape
+    rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
+    packed = pool[rng.integers(0, pool.size, rows * cols // 2, dtype=np.uint32)]
+    # E8M0 scales around 2^-7 (weights up to ~0.05, as in the bf16 checkpoints' experts)
+    scales = (120 + rng.integers(-1, 2, rows * cols // 32, dtype=np.int32)).astype(np.uint8)
+    base = name.removesuffix(".weight")
+    return [(base + ".weight_packed", packed.tobytes()), (base + ".weight_scale", scales.tobytes())]
+
+
+def stored(name: str, shape: tuple[int, ...], dtype: str, expert_dtype: str) -> list[tuple[str, str, list, int]]:
+    """(name, safetensors dtype, shape, bytes) of what `name` is stored as."""
+    if expert_dtype == MXFP4 and is_expert(name):
+        rows, cols = shape
+        base = name.removesuffix(".weight")
+        return [(base + ".weight_packed", "U8", [rows, cols // 2], rows * cols // 2),
+                (base + ".weight_scale", "U8", [rows, cols // 32], rows * cols // 32)]
+    st_dtype, size = DTYPES[expert_dtype if is_expert(name) else dtype]
+    return [(name, st_dtype, list(shape), int(np.prod(shape)) * size)]
+
+
 def write_shard(path: Path, items: list[tuple[str, tuple[int, ...]]], dtype: str, seed: int,
-                same_router: bool = False) -> None:
-    st_dtype, size = DTYPES[dtype]
+                same_router: bool = False, expert_dtype: str | None = None) -> None:
+    expert_dtype = expert_dtype or dtype
     header, offset = {}, 0
     for name, shape in items:
-        n = int(np.prod(shape)) * size
-        header[name] = {"dtype": st_dtype, "shape": list(shape), "data_offsets": [offset, offset + n]}
-        offset += n
+        for sname, st_dtype, sshape, n in stored(name, shape, dtype, expert_dtype):
+            header[sname] = {"dtype": st_dtype, "shape": sshape, "data_offsets": [offset, offset + n]}
+            offset += n
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)
+    pool = _mxfp4_pool() if expert_dtype == MXFP4 else None
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(blob)) + blob)
         for name, shape in items:
-            f.write(encode(values(name, shape, seed, same_router), dtype))
+            if pool is not None and is_expert(name):
+                for _, data in mxfp4_tensors(name, shape, seed, pool):
+                    f.write(data)
+            else:
+                f.write(encode(values(name, shape, seed, same_router), expert_dtype if is_expert(name) else dtype))
 
 
 def write_tokenizer(out: Path, vocab: int) -> None:
@@ -101,19 +160,22 @@ def make(a) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     cfg = qwen3moe_config(a)
     tensors = tensor_list(cfg)
-    size = DTYPES[a.dtype][1]
-    total = sum(int(np.prod(s)) * size for _, s in tensors)
+    def nbytes(name, shape):
+        return sum(n for *_, n in stored(name, shape, a.dtype, a.expert_dtype))
+
+    total = sum(nbytes(n, s) for n, s in tensors)
     per_shard = total / a.shards
     shards: list[list] = [[] for _ in range(a.shards)]
     acc = 0
     for name, shape in tensors:
         shards[min(int(acc / per_shard), a.shards - 1)].append((name, shape))
-        acc += int(np.prod(shape)) * size
+        acc += nbytes(name, shape)
     weight_map = {}
     for i, items in enumerate(shards):
         fname = f"model-{i + 1:05d}-of-{a.shards:05d}.safetensors"
-        write_shard(out / fname, items, a.dtype, a.seed, a.same_router)
-        weight_map.update({name: fname for name, _ in items})
+        write_shard(out / fname, items, a.dtype, a.seed, a.same_router, a.expert_dtype)
+        weight_map.update({sname: fname for name, shape in items
+                           for sname, *_ in stored(name, shape, a.dtype, a.expert_dtype)})
     (out / "model.safetensors.index.json").write_text(
         json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
     (out / "config.json").write_text(json.dumps(cfg, indent=1))
@@ -133,14 +195,17 @@ def parse(argv=None):
     ap.add_argument("--vocab", type=int, default=512)
     ap.add_argument("--shards", type=int, default=2)
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    ap.add_argument("--expert-dtype", choices=sorted(EXPERT_BYTES), default=None,
+                    help="how the routed experts are stored (default: --dtype); mxfp4 as in Kimi K3")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--same-router", action="store_true",
                     help="one router for every layer (routing correlated across layers, as in real models)")
     ap.add_argument("--size-gb", type=float, default=None,
                     help="grow --experts until the checkpoint is about this large")
     a = ap.parse_args(argv)
+    a.expert_dtype = a.expert_dtype or a.dtype
     if a.size_gb:
-        per_expert = 3 * a.dim * a.expert_ffn * DTYPES[a.dtype][1] * a.layers
+        per_expert = 3 * a.dim * a.expert_ffn * EXPERT_BYTES[a.expert_dtype] * a.layers
         a.experts = max(a.top_k, int(a.size_gb * 2**30 / per_expert))
     return a
 

@@ -147,6 +147,22 @@ class CompressedTensors:
             return (int(r), int(w) * 8)
         return tuple(self.ckpt.info(name).shape)
 
+    def mxfp4_parts(self, name: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """An MXFP4 weight's stored nibbles [out, in/2] and E8M0 scales [out, in/32]
+        as they are (the layout the C q3_nl quantizer reads: element 2j in the low
+        nibble of byte j, one u8 scale per 32 values), or None for another kind or
+        another group size."""
+        if self.kind(name) != MXFP4:
+            return None
+        base = self._base(name)
+        if self.ckpt.info(base + ".weight_scale").dtype != "U8":
+            return None
+        scale = _array(self.ckpt, base + ".weight_scale")
+        rows, cols = self.shape(name)
+        if scale.ndim != 2 or scale.shape != (rows, cols // 32) or cols % 32:
+            return None
+        return _array(self.ckpt, base + ".weight_packed"), scale
+
     def read_f32(self, name: str) -> np.ndarray:
         kind, base = self.kind(name), self._base(name)
         if kind == MXFP4:

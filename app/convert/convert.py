@@ -1,8 +1,10 @@
 """``ferry convert``: a source checkpoint into a Ferry container.
 
-The conversion streams one tensor at a time, writes into ``OUT.partial`` next
-to the destination, records each finished unit (a trunk segment, an expert
-bank) in a journal, and publishes by renaming the finished directory to OUT.
+The conversion streams the source (trunk tensors one at a time; expert records
+read and encoded on one thread per core, written in order), writes into
+``OUT.partial`` next to the destination, records each finished unit (a trunk
+segment, an expert bank) in a journal, and publishes by renaming the finished
+directory to OUT.
 Killed at any point, running it again resumes after the last finished unit
 and produces the same bytes as an uninterrupted run.
 
@@ -38,6 +40,7 @@ from app.convert import tokenizer_files
 from app.convert.errors import SourceError
 from app.convert.layout import (BANK_HEADER_BYTES, FORMAT_CODES, FORMAT_VERSION, RECORD_HEADER_BYTES,
                                 BankLayout, Layout, encode, plan_layout)
+from app.convert.quant3 import NAME as Q3
 from app.convert.sources import Source, open_source
 
 JOURNAL = "journal.json"
@@ -49,6 +52,14 @@ SYNC_EVERY = 1 << 30
 PREFETCH = 3
 #: Expert records being written at once (a queue depth of 2 keeps an SSD busy).
 WRITERS = 2
+#: Threads each expert record's encoder splits a tensor's rows over (records
+#: are encoded in parallel already: see convert(threads=)).
+ROW_THREADS = 1
+
+
+def default_threads() -> int:
+    """Expert records encoded at once by default: one per core."""
+    return max(1, min(os.cpu_count() or 1, 64))
 
 
 @dataclass
@@ -216,7 +227,8 @@ def _record_into(rec, b: BankLayout, expert: int, payloads: dict[str, np.ndarray
                                     f"expected {info['nbytes']}")
         if info["offset"] > end:
             view[end:info["offset"]] = bytes(info["offset"] - end)
-        view[info["offset"]:info["offset"] + info["nbytes"]] = memoryview(np.ascontiguousarray(data)).cast("B")
+        if not _is_at(data, rec, info["offset"]):    # (encoded in place: nothing to copy)
+            view[info["offset"]:info["offset"] + info["nbytes"]] = memoryview(np.ascontiguousarray(data)).cast("B")
         end = info["offset"] + info["nbytes"]
     if end < b.record_size:
         view[end:] = bytes(b.record_size - end)
@@ -230,6 +242,18 @@ def _record_into(rec, b: BankLayout, expert: int, payloads: dict[str, np.ndarray
     assert len(head) == RECORD_HEADER_BYTES
     view[:RECORD_HEADER_BYTES] = head
     return rec
+
+
+def _is_at(data: np.ndarray, rec, offset: int) -> bool:
+    """True when ``data`` already is rec[offset:offset + data.size]."""
+    if not isinstance(rec, mmap.mmap) or not data.flags.c_contiguous:
+        return False
+    return np.frombuffer(rec, np.uint8, count=1, offset=offset).ctypes.data == data.ctypes.data
+
+
+def _part_view(rec, info: dict) -> np.ndarray:
+    """Record bytes of one part, for an encoder to write into."""
+    return np.frombuffer(rec, np.uint8, count=info["nbytes"], offset=info["offset"])
 
 
 # --------------------------------------------------------------- writing
@@ -297,49 +321,77 @@ class _RecordWriter:
 
 
 class _Prefetch:
-    """Reads and encodes records on a thread, ``PREFETCH`` ahead of the writer,
-    into page-aligned buffers that the writer hands back (the source is read
-    while the previous records are written)."""
+    """Reads and encodes records on ``threads`` threads into page-aligned
+    buffers that the writer hands back, and gives them to the writer in order
+    (the source is read and encoded while the previous records are written).
+    Each thread takes a free buffer, then the next record: at most ``threads +
+    PREFETCH + WRITERS`` buffers exist, so memory stays bounded however far the
+    encoders could run ahead, and the record the writer waits for is always
+    held by a thread that is working on it."""
 
-    def __init__(self, make: Callable[[int, mmap.mmap], None], items: range, size: int):
-        self.ready: queue.Queue = queue.Queue()
+    def __init__(self, make: Callable[[int, mmap.mmap], None], items: range, size: int, threads: int = 1):
         self.free: queue.Queue = queue.Queue()
-        for _ in range(PREFETCH + WRITERS + 1):
+        for _ in range(threads + PREFETCH + WRITERS):
             self.free.put(mmap.mmap(-1, size))
+        self.items = iter(items)
+        self.lock = threading.Lock()
+        self.cond = threading.Condition()
+        self.finished: dict[int, tuple] = {}
         self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, args=(make, items), name="ferry-convert-read", daemon=True)
-        self.thread.start()
+        self.threads = [threading.Thread(target=self._run, args=(make,), name=f"ferry-convert-encode-{i}",
+                                         daemon=True) for i in range(threads)]
+        for t in self.threads:
+            t.start()
 
-    def _run(self, make, items) -> None:
-        try:
-            for item in items:
-                buf = self.free.get()
-                if self.stop.is_set():
-                    return
+    def _run(self, make) -> None:
+        while True:
+            buf = self.free.get()
+            if self.stop.is_set():
+                return
+            with self.lock:
+                item = next(self.items, None)
+            if item is None:
+                self.free.put(buf)
+                return
+            exc = None
+            try:
                 make(item, buf)
-                self.ready.put((item, buf, None))
-        except BaseException as exc:   # handed to the writer, raised there
-            self.ready.put((None, None, exc))
+            except BaseException as e:   # handed to the writer, raised there in order
+                exc = e
+                self.stop.set()          # no new records; those before this one finish
+            with self.cond:
+                self.finished[item] = (buf, exc)
+                self.cond.notify_all()
+            if exc is not None:
+                return
 
-    def next(self) -> tuple[int, mmap.mmap]:
-        item, buf, exc = self.ready.get()
+    def next(self, item: int) -> mmap.mmap:
+        """Record ``item``'s buffer, once encoded (records come in order)."""
+        with self.cond:
+            while item not in self.finished:
+                self.cond.wait()
+            buf, exc = self.finished.pop(item)
         if exc is not None:
             raise exc
-        return item, buf
+        return buf
 
     def give_back(self, buf: mmap.mmap) -> None:
         self.free.put(buf)
 
     def close(self) -> None:
         self.stop.set()
-        self.free.put(mmap.mmap(-1, 1))   # wakes a reader waiting for a buffer
-        self.thread.join()
+        for _ in self.threads:
+            self.free.put(mmap.mmap(-1, 1))   # wakes a thread waiting for a buffer
+        for t in self.threads:
+            t.join()
 
 
 class _Writer:
     def __init__(self, src: Source, layout: Layout, root: Path, progress: ProgressFn | None,
-                 control: ConvertControl | None = None):
+                 control: ConvertControl | None = None, threads: int | None = None):
         self.src, self.layout, self.root, self.progress = src, layout, root, progress
+        self.threads = max(1, threads or default_threads())
+        self.row_threads = ROW_THREADS
         self.control = control or ConvertControl()
         self.journal = Journal(root, layout.digest(src.identity()))
         self.done_bytes = 0
@@ -458,7 +510,9 @@ class _Writer:
 
         def make(e: int, buf) -> None:
             parts = experts[e]
-            payloads = {p: encode(self.src, parts[p], bank.parts[p]["dtype"]) for p in parts}
+            payloads = {p: encode(self.src, parts[p], bank.parts[p]["dtype"], threads=self.row_threads,
+                                  out=_part_view(buf, bank.parts[p]) if bank.parts[p]["dtype"] == Q3 else None)
+                        for p in parts}
             _record_into(buf, bank, e, payloads)
 
         out = _RecordWriter(fd, tmp)
@@ -480,13 +534,12 @@ class _Writer:
             head[:] = bank_header(bank)
             out.write(head, 0)
             self.done_bytes = base + BANK_HEADER_BYTES + start * rs
-            ahead = _Prefetch(make, range(start, bank.n_experts), rs)
+            ahead = _Prefetch(make, range(start, bank.n_experts), rs, self.threads)
             since_sync = 0
             for e in range(start, bank.n_experts):
                 self.control.checkpoint(self.hold(f"{stage}: {e} of {bank.n_experts}", bank.layer,
                                                   lambda e=e: (drain(0), sync(e))))
-                got, buf = ahead.next()
-                assert got == e
+                buf = ahead.next(e)
                 inflight.append((pool.submit(out.write, buf, BANK_HEADER_BYTES + e * rs), buf))
                 drain(WRITERS - 1)
                 self.done_bytes += rs
@@ -573,8 +626,11 @@ def _already_written(root: Path) -> int:
 
 def convert(source: str | os.PathLike, out: str | os.PathLike, *, trunk_format: str = "auto",
             expert_format: str = "auto", progress: ProgressFn | None = None,
-            control: ConvertControl | None = None) -> Path:
+            control: ConvertControl | None = None, threads: int | None = None) -> Path:
     """Convert ``source`` into the container directory ``out`` and return its path.
+
+    ``threads``: expert records read and encoded at once (default: one per
+    core); the bytes written do not depend on it.
 
     ``control`` pauses or cancels the run from another thread (ConvertCancelled).
     Any stop (cancel, a full disk, a source that cannot be read, a kill) keeps
@@ -593,7 +649,7 @@ def convert(source: str | os.PathLike, out: str | os.PathLike, *, trunk_format: 
     root = partial_dir(out)
     check_space(out, layout.total_bytes() - _already_written(root))
     root.mkdir(exist_ok=True)
-    writer = _Writer(src, layout, root, progress, control)
+    writer = _Writer(src, layout, root, progress, control, threads)
     try:
         writer.run()
         for name, data in tok_files.items():

@@ -184,10 +184,23 @@ def _plan_bank(src: Source, layer: int, experts: list[dict[str, str]], wanted: s
                       payload_size=payload, record_size=_align(offset, RECORD_ALIGN))
 
 
-def encode(src: Source, name: str, fmt: str) -> np.ndarray:
-    """One source tensor in the stored format, as uint8 bytes."""
+#: Quantize bf16 and MXFP4 sources to q3_nl from their stored bytes (the C
+#: quantizer decodes them itself) instead of through float32 arrays; the bytes
+#: written are the same either way (tests/convert/test_convert_speed.py).
+NATIVE_Q3 = True
+
+
+def encode(src: Source, name: str, fmt: str, threads: int | None = None, out: np.ndarray | None = None) -> np.ndarray:
+    """One source tensor in the stored format, as uint8 bytes. ``threads``: how
+    many threads the q3_nl quantizer splits its rows over (None: one per core).
+    ``out``: where q3_nl is written (the stored size in bytes; returned), else
+    a new array."""
     if src.stored_format(name) == fmt:
         return np.ascontiguousarray(src.read_raw(name)).view(np.uint8).reshape(-1)
+    if fmt == quant3.NAME and NATIVE_Q3:
+        native = src.q3_input(name)
+        if native is not None:
+            return _q3_native(name, src.shape(name)[-1], native, threads, out)
     values = np.ascontiguousarray(src.read_f32(name), dtype=np.float32)
     if fmt == "f32":
         return values.view(np.uint8).reshape(-1)
@@ -200,5 +213,17 @@ def encode(src: Source, name: str, fmt: str) -> np.ndarray:
     if fmt == quant3.NAME:
         if not np.isfinite(values).all():
             raise SourceError(name, "cannot quantize non-finite values to q3_nl")
-        return quant3.quantize(values)
+        return quant3.quantize(values, threads=threads, out=out)
     raise SourceError(name, f"cannot encode into {fmt}")
+
+
+def _q3_native(name: str, cols: int, native: tuple, threads: int | None, out: np.ndarray | None = None) -> np.ndarray:
+    """q3_nl from bf16 bits or MXFP4 nibbles and scales, as Source.q3_input gives them."""
+    try:
+        if native[0] == "bf16":
+            return quant3.quantize(native[1].reshape(-1, cols), threads=threads, out=out)
+        packed, scales = native[1:]
+        return quant3.quantize_mxfp4(packed.reshape(-1, cols // 2), scales.reshape(-1, cols // 32), threads=threads,
+                                     out=out)
+    except ValueError:
+        raise SourceError(name, "cannot quantize non-finite values to q3_nl") from None

@@ -79,6 +79,9 @@ def _threads() -> int:
 def _run_rows(rows: int, fn, threads: int | None) -> None:
     """Call fn(r0, r1) over row slices on a thread pool (the C call releases the GIL)."""
     n = max(1, min(threads or _threads(), rows))
+    if n == 1:
+        fn(0, rows)
+        return
     cuts = [rows * i // n for i in range(n + 1)]
     with ThreadPoolExecutor(n) as pool:
         for f in [pool.submit(fn, cuts[i], cuts[i + 1]) for i in range(n) if cuts[i] < cuts[i + 1]]:
@@ -101,6 +104,15 @@ def _impl() -> int:
     raise ValueError(f"FERRY_KERNELS={name!r} is not one of auto, scalar, avx2, neon")
 
 
+def _out(out, nbytes: int) -> np.ndarray:
+    """Where the quantizer writes: ``out`` (uint8, contiguous, nbytes) or a new array."""
+    if out is None:
+        return np.zeros(nbytes, dtype=np.uint8)
+    if out.dtype != np.uint8 or out.size != nbytes or not out.flags.c_contiguous or not out.flags.writeable:
+        raise ValueError(f"out must be {nbytes} writable contiguous bytes")
+    return out.reshape(-1)
+
+
 def _importance(importance, cols):
     ffi, _ = _lib()
     if importance is None:
@@ -111,15 +123,16 @@ def _importance(importance, cols):
     return ffi.from_buffer("float[]", imp), imp
 
 
-def quantize(values: np.ndarray, importance: np.ndarray | None = None, threads: int | None = None) -> np.ndarray:
-    """float32 (or bfloat16 bits as uint16) [..., cols] -> q3_nl bytes (uint8, flat)."""
+def quantize(values: np.ndarray, importance: np.ndarray | None = None, threads: int | None = None,
+             out: np.ndarray | None = None) -> np.ndarray:
+    """float32 (or bfloat16 bits as uint16) [..., cols] -> q3_nl bytes (uint8, flat; into ``out`` if given)."""
     ffi, lib = _lib()
     src = np.ascontiguousarray(values)
     cols = src.shape[-1]
     rows = src.size // cols if cols else 0
     if cols == 0 or cols % BLOCK:
         raise ValueError(f"q3_nl needs rows of a multiple of {BLOCK} values, got {cols}")
-    out = np.zeros(rows * (cols // BLOCK) * BLOCK_BYTES, dtype=np.uint8)
+    out = _out(out, rows * (cols // BLOCK) * BLOCK_BYTES)
     imp_ptr, _keep = _importance(importance, cols)
     if src.dtype == np.uint16:
         source, ctype = lib.FERRY_Q3_SOURCE_BF16, "uint16_t[]"
@@ -141,7 +154,7 @@ def quantize(values: np.ndarray, importance: np.ndarray | None = None, threads: 
 
 
 def quantize_mxfp4(packed: np.ndarray, scales: np.ndarray, importance: np.ndarray | None = None,
-                   threads: int | None = None) -> np.ndarray:
+                   threads: int | None = None, out: np.ndarray | None = None) -> np.ndarray:
     """MXFP4 (packed [rows, cols/2] u8, E8M0 scales [rows, cols/32] u8) -> q3_nl bytes."""
     ffi, lib = _lib()
     packed = np.ascontiguousarray(packed, dtype=np.uint8)
@@ -149,7 +162,7 @@ def quantize_mxfp4(packed: np.ndarray, scales: np.ndarray, importance: np.ndarra
     rows, cols = packed.shape[0], packed.shape[1] * 2
     if scales.shape != (rows, cols // 32) or cols % BLOCK:
         raise ValueError("MXFP4 blocks and scales do not match, or a row is not a multiple of 256 values")
-    out = np.zeros(rows * (cols // BLOCK) * BLOCK_BYTES, dtype=np.uint8)
+    out = _out(out, rows * (cols // BLOCK) * BLOCK_BYTES)
     imp_ptr, _keep = _importance(importance, cols)
     rb = cols // BLOCK * BLOCK_BYTES
     impl = _impl()

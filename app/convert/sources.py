@@ -54,6 +54,15 @@ class Source:
         """What identifies these exact source bytes (for resuming safely)."""
         raise NotImplementedError
 
+    def q3_input(self, name: str) -> tuple | None:
+        """The tensor's stored bytes in a form the C q3_nl quantizer reads as they
+        are: ("bf16", uint16 bits) or ("mxfp4", packed nibbles, E8M0 scales); None
+        when it must go through read_f32. Either way the quantizer writes the same
+        bytes (it decodes exactly what read_f32 decodes)."""
+        if self.stored_format(name) == "bf16":
+            return ("bf16", self.read_raw(name).view("<u2"))
+        return None
+
     def total_bytes(self) -> int:
         raise NotImplementedError
 
@@ -124,6 +133,13 @@ class HFSource(Source):
         if view.startswith("first:"):
             values = values.reshape(-1)[:int(view[6:])]
         return values.reshape(self.shape(name))
+
+    def q3_input(self, name: str) -> tuple | None:
+        base, _ = _view(name)
+        if self.compressed.kind(base):
+            parts = self.compressed.mxfp4_parts(base)
+            return None if parts is None else ("mxfp4", *parts)
+        return super().q3_input(name)
 
     def identity(self) -> dict[str, Any]:
         return {"kind": "hf", "files": _stat_identity([self.path / "config.json", *self.ckpt.shards])}

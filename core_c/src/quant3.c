@@ -21,8 +21,11 @@
  *    (lanes are summed in the same order, without fused multiply-adds).
  * The 3-bit indices are packed 8 lanes at a time (lane l of step s is value
  * 8s + l, the format's own lane order), so packing is shifts and ORs.
- * bf16 and MXFP4 sources are decoded one 256-value block at a time into a
- * buffer on the stack, inside the same loop. */
+ * bf16 sources are decoded one 256-value block at a time into a buffer on
+ * the stack, inside the same loop. MXFP4 blocks whose scales keep every
+ * product a normal float take tables instead (see "MXFP4 by tables" below):
+ * the same comparisons and the same error terms, looked up per nibble; the
+ * others are decoded like bf16. */
 #include <float.h>
 #include <math.h>
 #include <stdlib.h>
@@ -146,19 +149,29 @@ static inline __attribute__((always_inline)) void group_errors(const float *x, c
     for (int j = 0; j < CANDIDATES; j++) err[j] = sum8(acc[j]);
 }
 
+/* Index q of value 8 st + l into the lane words w[3][8] (3 bits at 3 st of lane l's 96). */
+static inline __attribute__((always_inline)) void put3(uint32_t w[3][8], int st, int l, uint32_t q) {
+    int bit = 3 * st, k = bit >> 5, off = bit & 31;
+    w[k][l] |= q << off;
+    if (off > 29) w[k + 1][l] |= q >> (32 - off);
+}
+
+static inline void store_words(const uint32_t w[3][8], uint8_t *out) {
+    for (int k = 0; k < 3; k++)
+        for (int l = 0; l < 8; l++)
+            for (int b = 0; b < 4; b++) out[32 * k + 4 * l + b] = (uint8_t)(w[k][l] >> (8 * b));
+}
+
 /* The indices of one group at candidate c, packed into the lane words w[3][8]; g0 = group 0..3. */
 static inline __attribute__((always_inline)) void group_pack(const float *x, const q3_cand *c, int g0,
                                                              uint32_t w[3][8]) {
-    for (int st = 8 * g0; st < 8 * g0 + 8; st++) {
-        int bit = 3 * st, k = bit >> 5, off = bit & 31;
+    for (int st = 8 * g0; st < 8 * g0 + 8; st++)
         for (int l = 0; l < 8; l++) {
             float v = x[8 * st + l];
             uint32_t q = 0;
             for (int i = 0; i < 7; i++) q += v > c->ts[i];
-            w[k][l] |= q << off;
-            if (off > 29) w[k + 1][l] |= q >> (32 - off);
+            put3(w, st, l, q);
         }
-    }
 }
 
 #if defined(__x86_64__)
@@ -192,6 +205,19 @@ AVX2 static inline __attribute__((always_inline)) __m256 cell_of(__m256 v, const
     return _mm256_cmp_ps(v, _mm256_permutevar8x32_ps(c->cthr, *cell), _CMP_GT_OQ);
 }
 
+/* err[0..n-1] = sum8 of acc[0..n-1] (n <= 4), in sum8's order: ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7)). */
+AVX2 static inline void sum8x4_avx2(const __m256 *acc, int n, float *err) {
+    __m256 a = acc[0], b = acc[n > 1], c = acc[n > 2 ? 2 : 0], d = acc[n > 3 ? 3 : 0];
+    __m256 q = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+    float r[4];
+    _mm_storeu_ps(r, _mm_add_ps(_mm256_castps256_ps128(q), _mm256_extractf128_ps(q, 1)));
+    for (int i = 0; i < n; i++) err[i] = r[i];
+}
+
+AVX2 static inline void sum8_all_avx2(const __m256 *acc, float *err) {
+    for (int j = 0; j < CANDIDATES; j += 4) sum8x4_avx2(acc + j, CANDIDATES - j < 4 ? CANDIDATES - j : 4, err + j);
+}
+
 /* (Not always_inline: the portable copy of best_code holds a call it never makes.) */
 AVX2 static inline __attribute__((flatten)) void group_errors_avx2(const float *x, const float *h, const q3_grid *g, const int *code,
                                           float *err) {
@@ -210,11 +236,14 @@ AVX2 static inline __attribute__((flatten)) void group_errors_avx2(const float *
             acc[j] = _mm256_add_ps(acc[j], e);
         }
     }
-    for (int j = 0; j < CANDIDATES; j++) {
-        float a[8];
-        _mm256_storeu_ps(a, acc[j]);
-        err[j] = sum8(a);
-    }
+    sum8_all_avx2(acc, err);
+}
+
+/* put3 for 8 lanes at once. */
+AVX2 static inline void put3_avx2(__m256i w[3], int st, __m256i q) {
+    int bit = 3 * st, k = bit >> 5, off = bit & 31;
+    w[k] = _mm256_or_si256(w[k], _mm256_sll_epi32(q, _mm_cvtsi32_si128(off)));
+    if (off > 29) w[k + 1] = _mm256_or_si256(w[k + 1], _mm256_srl_epi32(q, _mm_cvtsi32_si128(32 - off)));
 }
 
 /* The indices of a block whose group codes are e - j[k], into out[0..95]. */
@@ -223,12 +252,9 @@ AVX2 static inline void block_pack_avx2(const float *x, const q3_grid *g, int e,
     for (int g0 = 0; g0 < 4; g0++) {
         cand_v c = cand_load(g, e - j[g0]);
         for (int st = 8 * g0; st < 8 * g0 + 8; st++) {
-            int bit = 3 * st, k = bit >> 5, off = bit & 31;
             __m256i cell;
             __m256 up = cell_of(_mm256_loadu_ps(x + 8 * st), &c, &cell);
-            __m256i q = _mm256_sub_epi32(_mm256_permutevar8x32_epi32(c.cbase, cell), _mm256_castps_si256(up));
-            w[k] = _mm256_or_si256(w[k], _mm256_sll_epi32(q, _mm_cvtsi32_si128(off)));
-            if (off > 29) w[k + 1] = _mm256_or_si256(w[k + 1], _mm256_srl_epi32(q, _mm_cvtsi32_si128(32 - off)));
+            put3_avx2(w, st, _mm256_sub_epi32(_mm256_permutevar8x32_epi32(c.cbase, cell), _mm256_castps_si256(up)));
         }
     }
     for (int k = 0; k < 3; k++) _mm256_storeu_si256((__m256i *)(out + 32 * k), w[k]);
@@ -237,15 +263,36 @@ AVX2 static inline void block_pack_avx2(const float *x, const q3_grid *g, int e,
 
 static inline int clamp_code(int c) { return c < -14 ? -14 : c > 255 ? 255 : c; }
 
-/* The best scale code of one group (the lowest error, ties to the smaller code); `simd` selects the
- * AVX2 errors (x86-64). */
+/* The code nearest to amax / max|grid| (amax > 0): the candidates are c0 - CAND_BELOW .. */
+static inline int first_code(const q3_grid *g, float amax) {
+    return (int)floorf(8.0f * log2f(amax / g->lmax) + 0.5f) + 160;
+}
+
+/* The candidate codes around c0, clamped to the format's codes. */
+static inline void cand_codes(int c0, int code[CANDIDATES]) {
+    for (int k = 0; k < CANDIDATES; k++) code[k] = clamp_code(c0 - CAND_BELOW + k);
+}
+
+/* The best of the candidates around c0 given their errors: the lowest, ties to the smaller code. */
+static inline int pick_code(int c0, const float *err) {
+    int best = c0;
+    float best_err = INFINITY;
+    for (int k = 0; k < CANDIDATES; k++) {
+        int code = c0 - CAND_BELOW + k;
+        if (code < -14 || code > 255) continue; /* codes the format lacks are not candidates */
+        if (err[k] < best_err) best_err = err[k], best = code;
+    }
+    return clamp_code(best);
+}
+
+/* The best scale code of one group; `simd` selects the AVX2 errors (x86-64). */
 static inline __attribute__((always_inline)) int best_code(const float *x, const float *h, const q3_grid *g,
                                                            float amax, const int simd) {
     if (amax == 0.0f) return ZERO_CODE;
-    int c0 = (int)floorf(8.0f * log2f(amax / g->lmax) + 0.5f) + 160;
     int code[CANDIDATES];
     float err[CANDIDATES];
-    for (int k = 0; k < CANDIDATES; k++) code[k] = clamp_code(c0 - CAND_BELOW + k);
+    int c0 = first_code(g, amax);
+    cand_codes(c0, code);
 #if defined(__x86_64__)
     if (simd) group_errors_avx2(x, h, g, code, err);
     else
@@ -256,14 +303,28 @@ static inline __attribute__((always_inline)) int best_code(const float *x, const
         group_errors(x, h, c, err);
     }
     (void)simd;
-    int best = c0;
-    float best_err = INFINITY;
-    for (int k = 0; k < CANDIDATES; k++) {
-        int code = c0 - CAND_BELOW + k;
-        if (code < -14 || code > 255) continue; /* codes the format lacks are not candidates */
-        if (err[k] < best_err) best_err = err[k], best = code;
+    return pick_code(c0, err);
+}
+
+/* The block's exponent byte e (>= 1) from its groups' codes c (ZERO_CODE: an all-zero group) and each
+ * group's offset j (its code is e - j); 0 for an all-zero block. */
+static inline int block_scales(const int c[4], int j[4]) {
+    int e = ZERO_CODE;
+    for (int k = 0; k < 4; k++)
+        if (c[k] > e) e = c[k];
+    if (e == ZERO_CODE) return 0;
+    if (e < 1) e = 1;
+    for (int k = 0; k < 4; k++) {
+        j[k] = e - c[k];
+        if (j[k] > 15 || c[k] == ZERO_CODE) j[k] = 15;
     }
-    return clamp_code(best);
+    return e;
+}
+
+static inline void put_scales(uint8_t *out, int e, const int j[4]) {
+    out[96] = (uint8_t)e;
+    out[97] = (uint8_t)(j[0] | j[1] << 4);
+    out[98] = (uint8_t)(j[2] | j[3] << 4);
 }
 
 /* max |x| of a group; *bad is set when a value is not finite. */
@@ -301,7 +362,7 @@ AVX2 static inline float group_absmax_avx2(const float *x, int *bad) {
 /* One block of 256 values x (importance h or NULL) into 99 bytes; -1 for a non-finite value. */
 static inline __attribute__((always_inline)) int quant_block(const float *x, const float *h, uint8_t *out,
                                                              const q3_grid *g, const int simd) {
-    int c[4], e = ZERO_CODE, bad = 0;
+    int c[4], e, bad = 0;
     float amax[4];
     for (int k = 0; k < 4; k++) {
 #if defined(__x86_64__)
@@ -313,23 +374,13 @@ static inline __attribute__((always_inline)) int quant_block(const float *x, con
         amax[k] = group_absmax(x + GROUP * k, &bad);
     }
     if (bad) return -1;
-    for (int k = 0; k < 4; k++) {
-        c[k] = best_code(x + GROUP * k, h ? h + GROUP * k : NULL, g, amax[k], simd);
-        if (c[k] > e) e = c[k];
-    }
-    if (e == ZERO_CODE) { /* all zero: e = 0 means scale 0 */
+    for (int k = 0; k < 4; k++) c[k] = best_code(x + GROUP * k, h ? h + GROUP * k : NULL, g, amax[k], simd);
+    int j[4];
+    if (!(e = block_scales(c, j))) { /* all zero: e = 0 means scale 0 */
         memset(out, 0, FE_Q3_BYTES);
         return 0;
     }
-    if (e < 1) e = 1;
-    int j[4];
-    for (int k = 0; k < 4; k++) {
-        j[k] = e - c[k];
-        if (j[k] > 15 || c[k] == ZERO_CODE) j[k] = 15;
-    }
-    out[96] = (uint8_t)e;
-    out[97] = (uint8_t)(j[0] | j[1] << 4);
-    out[98] = (uint8_t)(j[2] | j[3] << 4);
+    put_scales(out, e, j);
 #if defined(__x86_64__)
     if (simd) {
         block_pack_avx2(x, g, e, j, out);
@@ -342,14 +393,16 @@ static inline __attribute__((always_inline)) int quant_block(const float *x, con
         cand_init(&cs, g, scale_of_code(e - j[k]));
         group_pack(x, &cs, k, w);
     }
-    for (int k = 0; k < 3; k++)
-        for (int l = 0; l < 8; l++)
-            for (int b = 0; b < 4; b++) out[32 * k + 4 * l + b] = (uint8_t)(w[k][l] >> (8 * b));
+    store_words(w, out);
     return 0;
 }
 
 /* The sources: a block of 256 values of row r, block b, as floats in buf (or a pointer into src). */
 enum { SRC_F32 = FE_Q3_SRC_F32, SRC_BF16 = FE_Q3_SRC_BF16, SRC_MXFP4 = FE_Q3_SRC_MXFP4 };
+
+/* e2m1 by nibble (bit 3 the sign). */
+static const float E2M1[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
+                               -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
 
 #if defined(__x86_64__)
 /* The same values as source_block's loops (E2M1 * 2^(e-127), the sign applied after: the same bits). */
@@ -399,8 +452,6 @@ static inline __attribute__((always_inline)) const float *source_block(int kind,
         }
         return buf;
     }
-    static const float E2M1[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
-                                   -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
     const uint8_t *p = (const uint8_t *)src + i0 / 2, *sc = scales + i0 / 32;
     for (int gi = 0; gi < FE_Q3_BLOCK / 32; gi++) {
         /* 2^(e - 127), exact (E8M0 is a power of two; e = 0 is the subnormal 2^-127). */
@@ -413,6 +464,233 @@ static inline __attribute__((always_inline)) const float *source_block(int kind,
     return buf;
 }
 
+/* ---- MXFP4 by tables ----
+ * An MXFP4 value is v = E2M1[n] 2^k (n its nibble, k = its scale byte - 127), and the scale of code c
+ * is S(c) = S(c - 8k) 2^k exactly (scale_of_code). While every product stays a normal float, scaling by
+ * 2^k commutes with float rounding, so v > thr S(c) exactly when E2M1[n] > thr S(c - 8k), and the
+ * search's error term (v - grid S(c))^2 is (E2M1[n] - grid S(c - 8k))^2 2^2k, bit for bit. So for each
+ * relative code d = c - 8k the nearest grid point's index and error of the 16 nibbles are tabulated once
+ * per call; a block then costs lookups (AVX2: two vpermps and a blend per 8 values and candidate, the
+ * error scaled by 2^2k in the table) instead of the search's arithmetic, and the errors are summed over
+ * the same lanes in the same order: the same codes, the same indices, the same bytes. The scales
+ * MX_KLO..MX_KHI keep every product normal (the smallest non-zero |v - grid S| is over 2^(k-33), its
+ * square over 2^-126; no error exceeds 2^127); d stays in the tables unless a group's two scales are
+ * more than ~2^3 apart or a 32-value half is all zero next to a much larger one. Any other block is
+ * decoded to floats and quantized as before. */
+#define MX_DLO 112
+#define MX_ROWS 160
+#define MX_KLO (-30)
+#define MX_KHI 40
+
+typedef struct {
+    float err[MX_ROWS][16];  /* (E2M1[n] - nearest grid point * S(d))^2, d = MX_DLO + row */
+    int32_t idx[MX_ROWS][16]; /* that grid point */
+    int16_t c0[MX_KHI - MX_KLO + 1][8]; /* first_code of amax = E2M1[top] 2^k */
+} mx_tables;
+
+static inline float pow2i(int k) { /* 2^k, k in -126..127 */
+    union { uint32_t u; float f; } p = {(uint32_t)(k + 127) << 23};
+    return p.f;
+}
+
+static void mx_tables_init(mx_tables *t, const q3_grid *g) {
+    for (int r = 0; r < MX_ROWS; r++) {
+        q3_cand c;
+        cand_init(&c, g, scale_of_code(MX_DLO + r));
+        for (int n = 0; n < 16; n++) {
+            float v = E2M1[n];
+            int q = 0;
+            for (int i = 0; i < 7; i++) q += v > c.ts[i];
+            float d = v - c.ls[q];
+            t->err[r][n] = d * d;
+            t->idx[r][n] = q;
+        }
+    }
+    for (int k = MX_KLO; k <= MX_KHI; k++)
+        for (int top = 0; top < 8; top++)
+            t->c0[k - MX_KLO][top] = (int16_t)(top ? first_code(g, E2M1[top] * pow2i(k)) : 0);
+}
+
+/* The errors err[j] of one group (nibbles nib[64], importance h or NULL) at the candidates whose table
+ * rows are row[j][half] (half 0: values 0..31, scale 2^k0; half 1: 32..63), p2[half] = 2^2k. */
+static inline __attribute__((always_inline)) void mx_errors(const uint8_t *nib, const float *h,
+                                                            const float *row[CANDIDATES][2], const float p2[2],
+                                                            float *err) {
+    float tab[CANDIDATES][2][16], acc[CANDIDATES][8] = {{0}};
+    for (int j = 0; j < CANDIDATES; j++)
+        for (int half = 0; half < 2; half++)
+            for (int n = 0; n < 16; n++) tab[j][half][n] = row[j][half][n] * p2[half];
+    for (int k = 0; k < GROUP; k += 8)
+        for (int l = 0; l < 8; l++) {
+            int n = nib[k + l], half = k >= GROUP / 2;
+            for (int j = 0; j < CANDIDATES; j++) {
+                float e = tab[j][half][n];
+                acc[j][l] += h ? h[k + l] * e : e;
+            }
+        }
+    for (int j = 0; j < CANDIDATES; j++) err[j] = sum8(acc[j]);
+}
+
+#if defined(__x86_64__)
+/* 16-entry lookups by the nibbles in n (bit 3 moved to the sign of neg): two permutes and a blend. */
+AVX2 static inline __m256 lookup16_avx2(__m256 lo, __m256 hi, __m256i n, __m256 neg) {
+    return _mm256_blendv_ps(_mm256_permutevar8x32_ps(lo, n), _mm256_permutevar8x32_ps(hi, n), neg);
+}
+
+AVX2 static inline __m256i nibbles8_avx2(const uint8_t *nib, __m256 *neg) {
+    __m256i n = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)nib));
+    *neg = _mm256_castsi256_ps(_mm256_slli_epi32(n, 28));
+    return n;
+}
+
+AVX2 static inline __attribute__((flatten)) void mx_errors_avx2(const uint8_t *nib, const float *h,
+                                                                const float *row[CANDIDATES][2], const float p2[2],
+                                                                float *err) {
+    __m256 acc[CANDIDATES];
+    for (int j = 0; j < CANDIDATES; j++) acc[j] = _mm256_setzero_ps();
+    for (int half = 0; half < 2; half++) {
+        __m256 lo[CANDIDATES], hi[CANDIDATES], s = _mm256_set1_ps(p2[half]);
+        for (int j = 0; j < CANDIDATES; j++) {
+            lo[j] = _mm256_mul_ps(_mm256_loadu_ps(row[j][half]), s);
+            hi[j] = _mm256_mul_ps(_mm256_loadu_ps(row[j][half] + 8), s);
+        }
+        for (int k = GROUP / 2 * half; k < GROUP / 2 * (half + 1); k += 8) {
+            __m256 neg, hv = h ? _mm256_loadu_ps(h + k) : _mm256_setzero_ps();
+            __m256i n = nibbles8_avx2(nib + k, &neg);
+            for (int j = 0; j < CANDIDATES; j++) {
+                __m256 e = lookup16_avx2(lo[j], hi[j], n, neg);
+                if (h) e = _mm256_mul_ps(hv, e);
+                acc[j] = _mm256_add_ps(acc[j], e);
+            }
+        }
+    }
+    sum8_all_avx2(acc, err);
+}
+
+/* The 256 nibbles of 128 packed bytes in value order (the low nibble first). */
+AVX2 static inline void unpack_nibbles_avx2(const uint8_t *p, uint8_t *nib) {
+    const __m128i low4 = _mm_set1_epi8(15);
+    for (int i = 0; i < FE_Q3_BLOCK / 2; i += 16) {
+        __m128i b = _mm_loadu_si128((const __m128i *)(p + i));
+        __m128i lo = _mm_and_si128(b, low4), hi = _mm_and_si128(_mm_srli_epi16(b, 4), low4);
+        _mm_storeu_si128((__m128i *)(nib + 2 * i), _mm_unpacklo_epi8(lo, hi));
+        _mm_storeu_si128((__m128i *)(nib + 2 * i + 16), _mm_unpackhi_epi8(lo, hi));
+    }
+}
+
+/* The largest magnitude (nibble & 7) of the 32 values in 16 packed bytes. */
+AVX2 static inline int max_magnitude_avx2(const uint8_t *p) {
+    const __m128i seven = _mm_set1_epi8(7);
+    __m128i b = _mm_loadu_si128((const __m128i *)p);
+    __m128i m = _mm_max_epu8(_mm_and_si128(b, seven), _mm_and_si128(_mm_srli_epi16(b, 4), seven));
+    m = _mm_max_epu8(m, _mm_srli_si128(m, 8));
+    m = _mm_max_epu8(m, _mm_srli_si128(m, 4));
+    m = _mm_max_epu8(m, _mm_srli_si128(m, 2));
+    m = _mm_max_epu8(m, _mm_srli_si128(m, 1));
+    return _mm_cvtsi128_si32(m) & 0xFF;
+}
+
+/* The indices of a block, idx[m] the table row of 32-value part m, into out[0..95]. */
+AVX2 static inline void mx_pack_avx2(const uint8_t *nib, const int32_t *const idx[8], uint8_t *out) {
+    __m256i w[3] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
+#pragma GCC unroll 32 /* constant word and shift per step: w stays in registers */
+    for (int st = 0; st < 32; st++) {
+        const int32_t *r = idx[st >> 2];
+        __m256 neg;
+        __m256i n = nibbles8_avx2(nib + 8 * st, &neg);
+        __m256 q = lookup16_avx2(_mm256_castsi256_ps(_mm256_loadu_si256((const __m256i *)r)),
+                                 _mm256_castsi256_ps(_mm256_loadu_si256((const __m256i *)(r + 8))), n, neg);
+        put3_avx2(w, st, _mm256_castps_si256(q));
+    }
+    for (int k = 0; k < 3; k++) _mm256_storeu_si256((__m256i *)(out + 32 * k), w[k]);
+}
+#endif
+
+/* One MXFP4 block (128 packed bytes p, 8 scale bytes sc, importance h or NULL) by the tables into out;
+ * 0 when it has to take the float path instead (out untouched). */
+static inline __attribute__((always_inline)) int mx_block(const uint8_t *p, const uint8_t *sc, const float *h,
+                                                          uint8_t *out, const mx_tables *t, const int simd) {
+    (void)simd;
+    int k[8];
+    for (int m = 0; m < 8; m++) {
+        k[m] = (int)sc[m] - 127;
+        if (k[m] < MX_KLO || k[m] > MX_KHI) return 0;
+    }
+    uint8_t nib[FE_Q3_BLOCK];
+#if defined(__x86_64__)
+    if (simd) unpack_nibbles_avx2(p, nib);
+    else
+#endif
+        for (int i = 0; i < FE_Q3_BLOCK / 2; i++) nib[2 * i] = p[i] & 15, nib[2 * i + 1] = p[i] >> 4;
+    /* max |v| of each 32 values: the largest magnitude nibble times the scale, as the float path's. */
+    float part_max[8];
+    int top[8];
+    for (int m = 0; m < 8; m++) {
+#if defined(__x86_64__)
+        if (simd) top[m] = max_magnitude_avx2(p + 16 * m);
+        else
+#endif
+        {
+            uint8_t t8 = 0;
+            for (int i = 0; i < 32; i++) t8 = (uint8_t)(nib[32 * m + i] & 7) > t8 ? (uint8_t)(nib[32 * m + i] & 7) : t8;
+            top[m] = t8;
+        }
+        part_max[m] = E2M1[top[m]] * pow2i(k[m]);
+    }
+    int c[4];
+    for (int g0 = 0; g0 < 4; g0++) {
+        float amax = fmaxf(part_max[2 * g0], part_max[2 * g0 + 1]);
+        if (amax == 0.0f) {
+            c[g0] = ZERO_CODE;
+            continue;
+        }
+        /* amax is one part's max, E2M1[top] 2^k: its c0 is tabulated from the same float */
+        int m = part_max[2 * g0] >= part_max[2 * g0 + 1] ? 2 * g0 : 2 * g0 + 1;
+        int code[CANDIDATES], c0 = t->c0[k[m] - MX_KLO][top[m]];
+        cand_codes(c0, code);
+        const float *row[CANDIDATES][2];
+        float p2[2] = {pow2i(2 * k[2 * g0]), pow2i(2 * k[2 * g0 + 1])};
+        for (int j = 0; j < CANDIDATES; j++)
+            for (int half = 0; half < 2; half++) {
+                int r = code[j] - 8 * k[2 * g0 + half] - MX_DLO;
+                if (r < 0 || r >= MX_ROWS) return 0;
+                row[j][half] = t->err[r];
+            }
+        float err[CANDIDATES];
+        const uint8_t *gn = nib + GROUP * g0;
+        const float *gh = h ? h + GROUP * g0 : NULL;
+#if defined(__x86_64__)
+        if (simd) mx_errors_avx2(gn, gh, row, p2, err);
+        else
+#endif
+            mx_errors(gn, gh, row, p2, err);
+        c[g0] = pick_code(c0, err);
+    }
+    int j[4], e = block_scales(c, j);
+    if (!e) {
+        memset(out, 0, FE_Q3_BYTES);
+        return 1;
+    }
+    const int32_t *idx[8];
+    for (int m = 0; m < 8; m++) {
+        int r = e - j[m >> 1] - 8 * k[m] - MX_DLO;
+        if (r < 0 || r >= MX_ROWS) return 0;
+        idx[m] = t->idx[r];
+    }
+    put_scales(out, e, j);
+#if defined(__x86_64__)
+    if (simd) {
+        mx_pack_avx2(nib, idx, out);
+        return 1;
+    }
+#endif
+    uint32_t w[3][8] = {{0}};
+    for (int st = 0; st < 32; st++)
+        for (int l = 0; l < 8; l++) put3(w, st, l, (uint32_t)idx[st >> 2][nib[8 * st + l]]);
+    store_words(w, out);
+    return 1;
+}
+
 static inline __attribute__((always_inline)) int quant_rows_body(int kind, const void *src, const uint8_t *scales,
                                                                  int rows, int cols, const float *imp, uint8_t *dst,
                                                                  const int simd) {
@@ -420,10 +698,17 @@ static inline __attribute__((always_inline)) int quant_rows_body(int kind, const
     grid_init(&g);
     float buf[FE_Q3_BLOCK];
     int nb = cols / FE_Q3_BLOCK;
+    mx_tables *t = NULL, tables;
+    if (kind == SRC_MXFP4) mx_tables_init(t = &tables, &g);
     for (int r = 0; r < rows; r++)
         for (int b = 0; b < nb; b++) {
-            const float *x = source_block(kind, src, scales, cols, r, b, buf, simd);
             uint8_t *out = dst + ((size_t)r * nb + b) * FE_Q3_BYTES;
+            size_t i0 = (size_t)r * (size_t)cols + (size_t)FE_Q3_BLOCK * (size_t)b;
+            if (t && (imp ? mx_block((const uint8_t *)src + i0 / 2, scales + i0 / 32, imp + FE_Q3_BLOCK * b, out, t,
+                                     simd)
+                          : mx_block((const uint8_t *)src + i0 / 2, scales + i0 / 32, NULL, out, t, simd)))
+                continue;
+            const float *x = source_block(kind, src, scales, cols, r, b, buf, simd);
             /* Two calls so that the common case compiles with h = NULL known. */
             if (imp ? quant_block(x, imp + FE_Q3_BLOCK * b, out, &g, simd) : quant_block(x, NULL, out, &g, simd))
                 return -1;

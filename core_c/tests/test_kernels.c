@@ -187,6 +187,52 @@ static void test_quantizer_paths(void) {
     free(src), free(bf), free(packed), free(scales), free(a), free(b);
 }
 
+/* MXFP4 blocks go through tables (quant3.c, "MXFP4 by tables") when their scales allow, else through
+ * floats: either way the bytes must be those of the same values given as floats, on both paths. Scales
+ * spread wide (subnormal to overflowing products, neighbours far apart), narrow (every block by
+ * tables), all-zero and -0 halves next to large ones, every nibble. */
+static void test_quantizer_mxfp4_tables(void) {
+    static const float E2M1[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, -0.0f, -0.5f, -1, -1.5f, -2, -3, -4, -6};
+    const int rows = 16, cols = 1024, nq = rows * cols / 256 * 99;
+    uint8_t *packed = malloc((size_t)rows * cols / 2), *scales = malloc((size_t)rows * cols / 32);
+    float *vals = malloc(sizeof(float) * rows * cols), imp[1024];
+    uint8_t *a = malloc(nq), *b = malloc(nq);
+    for (int i = 0; i < cols; i++) imp[i] = 0.1f + fabsf(frand()) * 4.0f;
+    static const int lo[6] = {118, 97, 0, 60, 150, 120}, width[6] = {5, 71, 255, 40, 30, 1};
+    for (int trial = 0; trial < 12; trial++) {
+        for (int i = 0; i < rows * cols / 2; i++) {
+            uint32_t r = rnd();
+            packed[i] = (uint8_t)r;
+            if (trial % 4 == 1) packed[i] &= 0x77;                      /* positive only */
+            if (trial % 4 == 2 && i % 3 == 0) packed[i] = 0x88;         /* -0 */
+            if (trial % 4 == 3 && (r >> 8) % 10 < 7) packed[i] = 0;     /* mostly zeros */
+        }
+        for (int i = 0; i < 16; i++) packed[i] = (uint8_t)(17 * i);    /* every nibble */
+        memset(packed + 16 * 5, trial & 1 ? 0x88 : 0, 16);             /* a zero half */
+        for (int i = 0; i < rows * cols / 32; i++) scales[i] = (uint8_t)(lo[trial % 6] + rnd() % width[trial % 6]);
+        for (int i = 0; i < rows * cols / 32; i++)
+            if (scales[i] > 252) scales[i] = 252;                        /* no overflow: -1 is tested elsewhere */
+        scales[7] = (uint8_t)(scales[6] + 40 < 252 ? scales[6] + 40 : 252); /* neighbours far apart */
+        for (int i = 0; i < rows * cols; i++) {
+            int nib = (packed[i / 2] >> (4 * (i & 1))) & 15;
+            union { uint32_t u; float f; } s = {scales[i / 32] ? (uint32_t)scales[i / 32] << 23 : 0x00400000u};
+            vals[i] = E2M1[nib] * s.f;
+        }
+        int impls[2] = {FE_KERNELS_SCALAR, FE_KERNELS_AVX2};
+        for (int k = 0; k < 2; k++)
+            for (int wi = 0; wi < 2; wi++) {
+                memset(a, 0xAB, nq), memset(b, 0xCD, nq);
+                int ra = fe_q3_quantize_impl(impls[k], FE_Q3_SRC_MXFP4, packed, scales, rows, cols, wi ? imp : NULL, a);
+                int rb = fe_q3_quantize_impl(impls[k], FE_Q3_SRC_F32, vals, NULL, rows, cols, wi ? imp : NULL, b);
+                char what[112];
+                snprintf(what, sizeof what, "q3 MXFP4 source = its float values (trial %d, impl %d, importance %d)",
+                         trial, impls[k], wi);
+                check(ra == rb && (ra != 0 || memcmp(a, b, nq) == 0), what);
+            }
+    }
+    free(packed), free(scales), free(vals), free(a), free(b);
+}
+
 int main(void) {
     static const int sizes[] = {1, 7, 31, 32, 33, 100, 255};
     static const int ns[] = {1, 2, 3, 5, 32, 33};
@@ -207,6 +253,7 @@ int main(void) {
     check(impls > 0 || ferry_kernels_best() == FERRY_KERNELS_SCALAR, "the best implementation is one tested");
     test_quantizer();
     test_quantizer_paths();
+    test_quantizer_mxfp4_tables();
     printf("%d passed, %d failed\n", passed, failed);
     return failed != 0;
 }

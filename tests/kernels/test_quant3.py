@@ -118,3 +118,31 @@ def test_portable_and_avx2_paths_give_the_same_bytes(tmp_path):
     assert np.array_equal(auto, scalar)
     assert np.array_equal(auto[:w.size // 256 * 99], quant3.quantize(w))
     assert np.array_equal(auto[-w.size // 256 * 99:], quant3.quantize_mxfp4(packed, scales, imp))
+
+
+@pytest.mark.parametrize("scale_range", [(118, 123), (97, 168), (0, 253)])
+def test_mxfp4_tables_give_the_bytes_of_the_float_values(scale_range):
+    """MXFP4 blocks take lookup tables when their scales keep every product normal (quant3.c, "MXFP4
+    by tables"), floats otherwise: both must give the bytes of the decoded values, on every path."""
+    from app.engine._ferry_c import ffi, lib
+    rng = np.random.default_rng(scale_range[0])
+    rows, cols = 32, 1536
+    packed = rng.integers(0, 256, (rows, cols // 2), dtype=np.uint8)
+    packed[::4, ::3] = 0x88
+    packed[1::4] &= 0x77
+    packed[2, :16] = 0
+    scales = rng.integers(*scale_range, (rows, cols // 32)).astype(np.uint8)
+    values = quant3.mxfp4_decode(packed, scales)
+    imp = np.exp(rng.normal(0, 1, cols)).astype(np.float32)
+    nq = rows * cols // 256 * 99
+    for impl in (lib.FERRY_KERNELS_SCALAR, lib.FERRY_KERNELS_AVX2, lib.FERRY_KERNELS_NEON):
+        if not lib.ferry_kernels_available(impl):
+            continue
+        for w in (None, imp):
+            h = ffi.NULL if w is None else ffi.from_buffer("float[]", w)
+            a, b = np.zeros(nq, np.uint8), np.ones(nq, np.uint8)
+            assert lib.ferry_q3_quantize(impl, lib.FERRY_Q3_SOURCE_MXFP4, ffi.from_buffer(packed),
+                                         ffi.from_buffer(scales), rows, cols, h, ffi.from_buffer(a)) == 0
+            assert lib.ferry_q3_quantize(impl, lib.FERRY_Q3_SOURCE_F32, ffi.from_buffer("float[]", values),
+                                         ffi.NULL, rows, cols, h, ffi.from_buffer(b)) == 0
+            assert np.array_equal(a, b), (impl, w is None)
