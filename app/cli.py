@@ -15,9 +15,7 @@ import numpy as np
 from app.convert.convert import ConvertError, Progress, convert
 from app.convert.errors import SourceError
 from app.convert.layout import FORMAT_CHOICES
-
-#: `ferry convert --expert-format recommended`: app.convert.expert_choices's pick
-RECOMMENDED = "recommended"
+from app.convert.format_choices import RECOMMENDED
 from app.engine.binding import KERNEL_CHOICES, FerryError, verify
 from app.model import Finished, LoadedModel, ModelError, PromptProgress, Token
 from app.plan import describe, gib, plan_container
@@ -87,23 +85,24 @@ def _prompt_ids(model: LoadedModel, prompt: str, raw: bool, system: str | None =
 
 # ---------------------------------------------------------------- commands
 
-def _recommended_expert_format(source: str, trunk_format: str) -> str:
-    from app.convert.expert_choices import recommended
+def _resolve_formats(args) -> tuple[str, str]:
+    """The trunk and expert formats to convert with, "recommended" resolved."""
+    if RECOMMENDED not in (args.trunk_format, args.expert_format):
+        return args.trunk_format, args.expert_format
     from app.convert.validate import validate_source
 
-    report = validate_source(source, trunk_format=trunk_format)
+    report = validate_source(args.source, trunk_format=args.trunk_format, expert_format=args.expert_format)
     if not report.ok:
-        raise SourceError(str(source), "; ".join(str(p) for p in report.problems))
-    return recommended(report.expert_choices)
+        raise SourceError(str(args.source), "; ".join(str(p) for p in report.problems))
+    if not args.quiet:
+        print(f"trunk: {report.trunk_format}, experts: {report.expert_format} "
+              "(as asked, or recommended on this machine: see `ferry check`)", file=sys.stderr)
+    return report.trunk_format, report.expert_format
 
 
 def cmd_convert(args) -> int:
-    expert_format = args.expert_format
-    if expert_format == RECOMMENDED:
-        expert_format = _recommended_expert_format(args.source, args.trunk_format)
-        if not args.quiet:
-            print(f"experts: {expert_format} (recommended on this machine; see `ferry check`)", file=sys.stderr)
-    out = convert(args.source, args.out, trunk_format=args.trunk_format, expert_format=expert_format,
+    trunk_format, expert_format = _resolve_formats(args)
+    out = convert(args.source, args.out, trunk_format=trunk_format, expert_format=expert_format,
                   progress=None if args.quiet else _progress_printer(), threads=args.threads)
     print(out)
     return 0
@@ -111,13 +110,15 @@ def cmd_convert(args) -> int:
 
 def cmd_check(args) -> int:
     """What the wizard's Source page shows: every problem, or the sizes, the RAM
-    plan and how the experts could be stored."""
-    from app.convert.expert_choices import why
+    plan and how the trunk and the experts could be stored."""
+    from app.convert.format_choices import why
     from app.convert.validate import validate_source
+    from app.units import size
 
     report = validate_source(args.source, trunk_format=args.trunk_format, expert_format=args.expert_format)
     if args.json:
         doc = {"ok": report.ok, "problems": [str(p) for p in report.problems], "warnings": report.warnings,
+               "trunk_format": report.trunk_format, "trunk_choices": [c.as_dict() for c in report.trunk_choices],
                "architecture": report.architecture, "source_bytes": report.source_bytes,
                "container_bytes": report.container_bytes, "trunk_bytes": report.trunk_bytes,
                "n_experts": report.n_experts, "top_k": report.top_k,
@@ -131,20 +132,25 @@ def cmd_check(args) -> int:
             print(f"problem: {problem}")
         return 1
     print(f"{report.path}: {report.architecture}, {report.n_layers} layers; "
-          f"source {gib(report.source_bytes)}, container {gib(report.container_bytes)}")
+          f"source {size(report.source_bytes)}, container {size(report.container_bytes)}")
     for warning in report.warnings:
         print(f"warning: {warning}")
     print(describe(report.plan))
-    if report.expert_choices:
-        print(f"experts ({report.n_experts} per MoE layer, {report.top_k} per token) can be stored as:")
-        for c in report.expert_choices:
-            mark = "*" if c.recommended else " "
-            print(f" {mark} {c.format:6s} {c.label:32s} {c.bits_per_weight:5.2f} bits/weight, "
-                  f"error {c.weight_error:15s} container {gib(c.container_bytes):>12s}, "
-                  f"{c.cold_bytes_per_token / 2**20:9.1f} MiB per token cold"
-                  + ("" if c.fits_in_ram else ", does not fit in RAM"))
-        best = next(c for c in report.expert_choices if c.recommended)
-        print(f"recommended (*): --expert-format {best.format}, because {why(best)}")
+    dense = not report.expert_choices
+    for role, choices in (("trunk", report.trunk_choices), ("experts", report.expert_choices)):
+        if not choices:
+            continue
+        print("the trunk can be stored as:" if role == "trunk" else
+              f"the experts ({report.n_experts} per MoE layer, {report.top_k} per token) can be stored as:")
+        chosen = report.trunk_format if role == "trunk" else report.expert_format
+        for c in choices:
+            per_token = f", {size(c.cold_bytes_per_token)} per token cold" if role == "experts" else ""
+            print(f" {'*' if c.format == chosen else ' '} {c.format:6s} {c.label:30s} "
+                  f"{c.bits_per_weight:5.2f} bits/weight, error {c.weight_error:14s} {size(c.nbytes):>8s}{per_token}"
+                  + ("  (recommended)" if c.recommended else ""))
+        best = next(c for c in choices if c.recommended)
+        print(f"  recommended: --{'trunk' if role == 'trunk' else 'expert'}-format {best.format}, "
+              f"because {why(best, dense)}")
     return 0
 
 
@@ -362,10 +368,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("convert", help="convert a Hugging Face checkpoint folder or a GGUF file")
     p.add_argument("source")
     p.add_argument("out")
-    p.add_argument("--trunk-format", choices=FORMAT_CHOICES, default="auto",
+    p.add_argument("--trunk-format", choices=FORMAT_CHOICES + (RECOMMENDED,), default="auto",
                    help="how the resident (non-expert) matrices are stored; auto (default): q8_0 for a trunk "
                         "converted from floats (f32/f16/bf16), a quantized source's own formats otherwise "
-                        "(a Q4_1 GGUF stays Q4_1); q4_1 for the least memory. Norms and other vectors stay f32")
+                        "(a Q4_1 GGUF stays Q4_1); q4_0 for less memory; recommended: what `ferry check` "
+                        "recommends on this machine. Norms and other vectors stay f32")
     p.add_argument("--expert-format", choices=FORMAT_CHOICES + (RECOMMENDED,), default="auto",
                    help="how expert matrices are stored; auto (default) keeps the source's values exactly "
                         "(its own format; MXFP4 as bf16; other formats the core lacks widened to f32); "
@@ -377,11 +384,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_convert)
 
     p = sub.add_parser("check", help="check a source before converting it: problems, sizes, RAM plan, "
-                                     "and how its experts could be stored")
+                                     "and how its trunk and experts could be stored")
     p.add_argument("source")
-    p.add_argument("--trunk-format", choices=FORMAT_CHOICES, default="auto")
-    p.add_argument("--expert-format", choices=FORMAT_CHOICES, default="auto",
-                   help="the expert format the sizes and plan are for")
+    p.add_argument("--trunk-format", choices=FORMAT_CHOICES + (RECOMMENDED,), default=RECOMMENDED,
+                   help="the trunk format the sizes and plan are for (default: the recommended one)")
+    p.add_argument("--expert-format", choices=FORMAT_CHOICES + (RECOMMENDED,), default=RECOMMENDED,
+                   help="the expert format the sizes and plan are for (default: the recommended one)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_check)
 

@@ -45,8 +45,11 @@ class SourceReport:
     record_bytes: int = 0                   #: one expert record
     cold_bytes_per_token: int = 0           #: one token's experts, all read from disk
     plan: Any = None                        #: app.plan.Plan of the container, when ok
-    expert_format: str = "auto"             #: the --expert-format this report was made for
-    #: how the experts could be stored (app.convert.expert_choices), one marked recommended; [] if dense
+    trunk_format: str = "auto"              #: the --trunk-format this report was made for ("recommended" resolved)
+    expert_format: str = "auto"             #: the --expert-format this report was made for ("recommended" resolved)
+    #: how the trunk / the experts could be stored (app.convert.format_choices), one of each marked
+    #: recommended; no expert choices for a dense model
+    trunk_choices: list = field(default_factory=list)
     expert_choices: list = field(default_factory=list)
     layout: Layout | None = None
     files: list[Path] = field(default_factory=list)   #: the source files read
@@ -77,7 +80,9 @@ def _guard(report: SourceReport, where: Path, fn, *args):
 
 def validate_source(path: str | os.PathLike, trunk_format: str = "auto", expert_format: str = "auto",
                     n_ctx: int = PLAN_CTX, memory=None) -> SourceReport:
-    """Everything that would stop (or spoil) the conversion of ``path``."""
+    """Everything that would stop (or spoil) the conversion of ``path``. Either
+    format may be "recommended": it is resolved (app.convert.format_choices)
+    and the sizes and plan are those of the recommended container."""
     p = Path(path)
     report = SourceReport(p)
     if not p.exists():
@@ -89,20 +94,32 @@ def validate_source(path: str | os.PathLike, trunk_format: str = "auto", expert_
         src, tokenizer = _check_gguf(report, p)
     if src is None or report.problems:
         return report
-    layout = _guard(report, p, plan_layout, src, trunk_format, expert_format)
+    from app.convert.format_choices import RECOMMENDED, expert_choices, recommended, trunk_choices
+    from app.plan import plan_source
+
+    t0 = "auto" if trunk_format == RECOMMENDED else trunk_format
+    e0 = "auto" if expert_format == RECOMMENDED else expert_format
+    layout = _guard(report, p, plan_layout, src, t0, e0)
     if layout is None:
         return report
     _describe(report, src, layout)
-    from app.plan import plan_source
-
-    report.expert_format = expert_format
-    report.plan = _guard(report, p, plan_source, src, layout, tokenizer, n_ctx, memory)
-    if report.plan is not None and layout.banks:
-        from app.convert.expert_choices import expert_choices
-
-        working = report.plan.state + report.plan.scratch
-        report.expert_choices = _guard(report, p, expert_choices, src, trunk_format, report.top_k, working,
-                                       report.plan.machine.usable) or []
+    plan = _guard(report, p, plan_source, src, layout, tokenizer, n_ctx, memory)
+    if plan is None:
+        return report
+    working, usable = plan.state + plan.scratch, plan.machine.usable
+    report.trunk_choices = _guard(report, p, trunk_choices, src, e0, working, usable) or []
+    t = recommended(report.trunk_choices) if trunk_format == RECOMMENDED else trunk_format
+    if layout.banks:
+        report.expert_choices = _guard(report, p, expert_choices, src, t, report.top_k, working, usable) or []
+    e = recommended(report.expert_choices) if expert_format == RECOMMENDED else expert_format
+    if (t, e) != (t0, e0):      # plan what will be converted: the recommended formats
+        layout = _guard(report, p, plan_layout, src, t, e)
+        if layout is None:
+            return report
+        _describe(report, src, layout)
+        plan = _guard(report, p, plan_source, src, layout, tokenizer, n_ctx, memory)
+    report.trunk_format, report.expert_format = t, e
+    report.plan = plan
     return report
 
 

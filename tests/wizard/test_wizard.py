@@ -180,9 +180,10 @@ def test_an_unsupported_or_wrong_source_says_what_is_wrong(qtbot, wizard, tmp_pa
 def test_a_model_larger_than_ram_gets_3_bit_experts_and_the_user_can_choose(qtbot, wizard, synthetic, tmp_path,
                                                                              monkeypatch):
     """On a machine whose RAM holds none of the choices, the Source page plans
-    the recommended 3-bit experts (the fewest bytes per token), says why, and
-    converts exactly what `convert(..., expert_format="q3_nl")` writes; picking
-    another format re-plans for it."""
+    the recommended 3-bit experts (the fewest bytes per token) and the smaller
+    q4_0 trunk, says why, and converts exactly what `convert(...,
+    trunk_format="q4_0", expert_format="q3_nl")` writes; picking another
+    format re-plans for it."""
     import app.plan
     from app.budget import MachineMemory
 
@@ -195,19 +196,23 @@ def test_a_model_larger_than_ram_gets_3_bit_experts_and_the_user_can_choose(qtbo
     assert list(choices) == ["auto", "q8_0", "q4_0", "q3_nl"] and choices["q3_nl"].recommended
     assert not any(c.fits_in_ram for c in choices.values())
     assert report.container_bytes == choices["q3_nl"].container_bytes < choices["auto"].container_bytes / 4
-    assert not page.formats_row.isHidden() and page.formats.currentData() == "q3_nl"
-    assert "fewest bytes per token" in page.format_note.text()
+    experts = page.choosers["experts"]
+    assert not experts.isHidden() and experts.combo.currentData() == "q3_nl"
+    assert "fewest bytes per token" in experts.note.text()
     out = convert_to_end(qtbot, wiz)
-    reference = convert(synthetic, folder(tmp_path / "ref") / out.name, expert_format="q3_nl")
+    assert wiz.state.trunk_format == "q4_0" and report.trunk_format == "q4_0"   # the smaller trunk, too
+    assert "smallest" in page.choosers["trunk"].note.text()
+    reference = convert(synthetic, folder(tmp_path / "ref") / out.name, trunk_format="q4_0", expert_format="q3_nl")
     assert tree_bytes(out) == tree_bytes(reference)
 
     other = wizard(remember=False)
     to_source(qtbot, other, "hf", synthetic)
     other.source_page.choose_experts("q8_0")
     page = other.source_page
-    qtbot.waitUntil(lambda: page.shown == page._asked and page.shown[2] == "q8_0", timeout=T)
+    qtbot.waitUntil(lambda: page.shown == page._asked and page.shown[3] == "q8_0", timeout=T)
     assert other.state.expert_format == "q8_0" and other.state.report.container_bytes == choices["q8_0"].container_bytes
-    assert page.formats.currentData() == "q8_0" and "would recommend" in page.format_note.text()
+    experts = page.choosers["experts"]
+    assert experts.combo.currentData() == "q8_0" and "would recommend" in experts.note.text()
 
 
 def test_a_model_that_fits_keeps_its_experts_exact(qtbot, wizard, synthetic):
@@ -216,7 +221,10 @@ def test_a_model_that_fits_keeps_its_experts_exact(qtbot, wizard, synthetic):
     report = wiz.state.report
     assert wiz.state.expert_format == "auto" and report.expert_choices[0].recommended
     assert report.expert_choices[0].label == "Exact (bf16, no loss)"
-    assert "whole model fits in this computer" in wiz.source_page.format_note.text()
+    assert "whole model fits in this computer" in wiz.source_page.choosers["experts"].note.text()
+    trunk = wiz.source_page.choosers["trunk"]
+    assert wiz.state.trunk_format == "auto" and trunk.combo.currentData() == "auto"
+    assert [c.format for c in report.trunk_choices] == ["auto", "q4_0"] and report.trunk_choices[0].recommended
 
 
 def test_an_interrupted_conversion_resumes_with_its_expert_format(qtbot, wizard, synthetic, tmp_path):
@@ -228,15 +236,17 @@ def test_an_interrupted_conversion_resumes_with_its_expert_format(qtbot, wizard,
     out = tmp_path / "resumed.ferry"
     partial_dir(out).mkdir()
     (partial_dir(out) / JOURNAL).write_text("{}")
-    pending.save("hf", synthetic, out, 0, "q4_0")
+    pending.save("hf", synthetic, out, 0, "q4_0", "q4_0")
     try:
         wiz = wizard()
         assert wiz.welcome_page.resume_box.isVisible()
         wiz.welcome_page.resume_btn.click()
         page = wiz.source_page
         qtbot.waitUntil(page.isComplete, timeout=T)
-        assert page.shown[2] == "q4_0" and wiz.state.expert_format == "q4_0"
-        assert wiz.state.report.expert_format == "q4_0" and page.formats.currentData() == "q4_0"
-        assert "would recommend" in page.format_note.text()
+        assert page.shown[2:] == ("q4_0", "q4_0") and (wiz.state.trunk_format, wiz.state.expert_format) == ("q4_0",
+                                                                                                             "q4_0")
+        assert wiz.state.report.expert_format == "q4_0" and page.choosers["experts"].combo.currentData() == "q4_0"
+        assert "would recommend" in page.choosers["experts"].note.text()
+        assert "would recommend" in page.choosers["trunk"].note.text()
     finally:
         pending.clear()

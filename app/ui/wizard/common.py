@@ -11,6 +11,8 @@ from typing import Any, Callable
 from PySide6.QtCore import QObject, Signal
 from PySide6.QtWidgets import QLabel
 
+from app.units import size  # noqa: F401  (the pages take it from here)
+
 SOURCE_KINDS = ("hf", "gguf", "demo")
 RED, ORANGE, GREEN = "#c9302c", "#b35c00", "#2e7d32"
 
@@ -20,7 +22,8 @@ class WizardState:
     kind: str = "hf"                 #: "hf", "gguf" or "demo"
     source: Path | None = None
     report: Any = None               #: app.convert.validate.SourceReport of `source`
-    expert_format: str = "auto"      #: how the experts are stored (app.convert.expert_choices)
+    trunk_format: str = "auto"       #: how the trunk is stored (app.convert.format_choices)
+    expert_format: str = "auto"      #: how the experts are stored
     out: Path | None = None          #: the container to write
     speed: Any = None                #: app.disk_probe.DiskSpeed of the destination
     budget: int = 0                  #: the RAM budget chosen (bytes)
@@ -56,16 +59,6 @@ class Job(QObject):
             self.failed.emit(exc)
         else:
             self.done.emit(result)
-
-
-def size(n: float) -> str:
-    """Bytes for people: 1.42 TB style decimal units, as disks are sold."""
-    n = float(n)
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(n) >= scale:
-            v = n / scale
-            return f"{v:.2f} {unit}" if v < 10 else f"{v:.1f} {unit}" if v < 100 else f"{v:.0f} {unit}"
-    return f"{int(n)} bytes"
 
 
 def gib(n: float) -> str:

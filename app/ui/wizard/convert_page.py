@@ -90,15 +90,16 @@ class ConvertPage(QWizardPage):
             return
         s = self.state
         if s.remember:
-            pending.save(s.kind, s.source, s.out, s.budget, s.expert_format)
+            pending.save(s.kind, s.source, s.out, s.budget, s.trunk_format, s.expert_format)
         self.control = ctl = ConvertControl()
         self.latest = None
         self.samples.clear()
         self.message.setText("Starting…")
-        src, out, experts = s.source, s.out, s.expert_format
+        src, out, trunk, experts = s.source, s.out, s.trunk_format, s.expert_format
 
         def run():
-            return convert(src, out, expert_format=experts, progress=self._progress, control=ctl)
+            return convert(src, out, trunk_format=trunk, expert_format=experts, progress=self._progress,
+                           control=ctl)
 
         job = Job(run, self)
         job.done.connect(self._done)

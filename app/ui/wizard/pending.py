@@ -17,12 +17,13 @@ def _path() -> Path:
     return paths.data_dir() / FILE
 
 
-def save(kind: str, source: Path, out: Path, budget: int, expert_format: str = "auto") -> None:
+def save(kind: str, source: Path, out: Path, budget: int, trunk_format: str = "auto",
+         expert_format: str = "auto") -> None:
     p = _path()
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.with_suffix(".tmp")
     tmp.write_text(json.dumps({"kind": kind, "source": str(source), "out": str(out), "budget": int(budget),
-                               "expert_format": expert_format}))
+                               "trunk_format": trunk_format, "expert_format": expert_format}))
     os.replace(tmp, p)
 
 

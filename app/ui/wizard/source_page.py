@@ -7,7 +7,7 @@ from PySide6.QtCore import QTimer, Signal
 from PySide6.QtWidgets import (QButtonGroup, QComboBox, QFileDialog, QHBoxLayout, QLabel, QLineEdit, QPushButton,
                                QRadioButton, QVBoxLayout, QWidget, QWizardPage)
 
-from app.convert.expert_choices import recommended, why
+from app.convert.format_choices import RECOMMENDED, why
 
 from app.ui.wizard.common import GREEN, ORANGE, RED, Job, colour, esc, gib, para, size
 
@@ -15,16 +15,62 @@ CHOICES = (("hf", "A Hugging Face checkpoint folder"), ("gguf", "A GGUF file"),
            ("demo", "The built-in demo model (SmolLM2-135M-Instruct, about 100 MB)"))
 
 
-def check_source(kind: str, path: Path | None, expert_format: str = "auto"):
+def check_source(kind: str, path: Path | None, trunk_format: str = RECOMMENDED, expert_format: str = RECOMMENDED):
     """Runs on a thread: the demo's file (installed if needed), then its report
-    for that expert format."""
+    for those formats ("recommended" resolved by the report)."""
     from app.convert.validate import validate_source
 
     if kind == "demo":
         from app import demo
 
         path = demo.gguf_path(install=True)
-    return validate_source(path, expert_format=expert_format)
+    return validate_source(path, trunk_format=trunk_format, expert_format=expert_format)
+
+
+ROLES = (("trunk", "Store the trunk as", "How to store the trunk"),
+         ("experts", "Store the experts as", "How to store the experts"))
+
+
+class FormatChooser(QWidget):
+    """One role's choices (app.convert.format_choices): a combo box and a note."""
+
+    def __init__(self, role: str, title: str, accessible: str, on_choose, parent=None):
+        super().__init__(parent)
+        self.role = role
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(0, 0, 0, 0)
+        row = QHBoxLayout()
+        label = QLabel(f"<b>{title}</b>")
+        label.setMinimumWidth(label.fontMetrics().horizontalAdvance("Store the experts as") + 16)  # combos align
+        row.addWidget(label)
+        self.combo = QComboBox()
+        self.combo.setAccessibleName(accessible)
+        self.combo.activated.connect(lambda i: on_choose(role, self.combo.itemData(i)))
+        row.addWidget(self.combo, 1)
+        lay.addLayout(row)
+        self.note = para()
+        self.note.setAccessibleName(f"About the {role} format")
+        lay.addWidget(self.note)
+        self.setVisible(False)
+
+    def show_choices(self, choices, chosen: str, dense: bool) -> None:
+        self.setVisible(len(choices) > 1)
+        self.combo.clear()
+        for c in choices:
+            cost = f"{size(c.cold_bytes_per_token)} per token" if self.role == "experts" else "in RAM"
+            self.combo.addItem(f"{c.label}: {c.bits_per_weight:.2f} bits per weight, {size(c.nbytes)}, {cost}"
+                               + ("  (recommended)" if c.recommended else ""), c.format)
+        if not choices:
+            return
+        self.combo.setCurrentIndex(max(0, self.combo.findData(chosen)))
+        mine = next((c for c in choices if c.format == chosen), choices[0])
+        best = next(c for c in choices if c.recommended)
+        note = (f"{'The trunk keeps' if self.role == 'trunk' else 'The experts keep'} the source's values exactly. "
+                if mine.exact else f"Weight error {esc(mine.weight_error)} against the source (as measured on "
+                "real and Kimi-shaped weights). ")
+        note += (f"Recommended, because {esc(why(best, dense))}." if mine is best else
+                 colour(f"Ferry would recommend {esc(best.label)}, because {esc(why(best, dense))}.", ORANGE))
+        self.note.setText(note)
 
 
 class SourcePage(QWizardPage):
@@ -62,20 +108,10 @@ class SourcePage(QWizardPage):
         self.result = para()
         self.result.setAccessibleName("Source check")
         lay.addWidget(self.result)
-        self.formats_row = QWidget()
-        frow = QHBoxLayout(self.formats_row)
-        frow.setContentsMargins(0, 0, 0, 0)
-        frow.addWidget(QLabel("<b>Store the experts as</b>"))
-        self.formats = QComboBox()
-        self.formats.setAccessibleName("How to store the experts")
-        self.formats.activated.connect(lambda i: self.choose_experts(self.formats.itemData(i)))
-        frow.addWidget(self.formats, 1)
-        lay.addWidget(self.formats_row)
-        self.format_note = para()
-        self.format_note.setAccessibleName("About the expert format")
-        lay.addWidget(self.format_note)
-        self.formats_row.setVisible(False)
-        self.format_note.setVisible(False)
+        self.choosers = {role: FormatChooser(role, title, name, self.choose_format)
+                         for role, title, name in ROLES}
+        for chooser in self.choosers.values():
+            lay.addWidget(chooser)
         lay.addStretch(1)
         self._debounce = QTimer(self)
         self._debounce.setSingleShot(True)
@@ -83,18 +119,19 @@ class SourcePage(QWizardPage):
         self._debounce.timeout.connect(self.check)
         self.job: Job | None = None
         self._asked: tuple | None = None
-        self.shown: tuple | None = None     #: the (kind, path, expert format) whose result is on screen
+        self.shown: tuple | None = None     #: the (kind, path, trunk format, expert format) asked for, whose result is on screen
         self._presetting = False
-        #: the expert format the user picked for this source (None: the recommended one)
-        self.chosen_format: str | None = None
-        self._preset_format: str | None = None
+        #: the formats the user picked for this source, by role (absent: the recommended one)
+        self.chosen: dict[str, str] = {}
+        self._preset_formats: dict[str, str] = {}
         self.radios["hf"].setChecked(True)
 
     # ---- intents
 
-    def preset(self, kind: str, path: Path | None, expert_format: str | None = None) -> None:
-        """``expert_format``: the one an interrupted conversion used (it resumes with it)."""
-        self._preset_format = expert_format
+    def preset(self, kind: str, path: Path | None, trunk_format: str | None = None,
+               expert_format: str | None = None) -> None:
+        """The formats: those an interrupted conversion used (it resumes with them)."""
+        self._preset_formats = {r: f for r, f in (("trunk", trunk_format), ("experts", expert_format)) if f}
         self._presetting = True
         self.radios[kind].setChecked(True)
         self._presetting = False
@@ -114,11 +151,16 @@ class SourcePage(QWizardPage):
         if p:
             self.path_edit.setText(p)
 
-    def choose_experts(self, fmt: str) -> None:
-        """The user picks how the experts are stored; sizes and plan are made again for it."""
-        if fmt and fmt != self.state.expert_format:
-            self.chosen_format = fmt
+    def choose_format(self, role: str, fmt: str) -> None:
+        """The user picks how the trunk or the experts are stored; sizes and plan
+        are made again for it."""
+        now = self.state.trunk_format if role == "trunk" else self.state.expert_format
+        if fmt and fmt != now:
+            self.chosen[role] = fmt
             self.check()
+
+    def choose_experts(self, fmt: str) -> None:
+        self.choose_format("experts", fmt)
 
     def current_kind(self) -> str:
         return next(k for k, r in self.radios.items() if r.isChecked())
@@ -144,15 +186,11 @@ class SourcePage(QWizardPage):
             return
         path = None if kind == "demo" else Path(text).expanduser()
         if self._asked is None or self._asked[:2] != (kind, path):
-            self.chosen_format, self._preset_format = self._preset_format, None   # another source
-        self._run_check(kind, path, self.chosen_format or "auto")
-
-    def _run_check(self, kind: str, path: Path | None, fmt: str) -> None:
-        self._asked = (kind, path, fmt)
-        self.state.report = None
-        self.completeChanged.emit()
+            self.chosen, self._preset_formats = self._preset_formats, {}     # another source
+        trunk, experts = self.chosen.get("trunk", RECOMMENDED), self.chosen.get("experts", RECOMMENDED)
+        self._asked = (kind, path, trunk, experts)
         self.result.setText("Checking the files…" if kind != "demo" else "Preparing the demo model…")
-        job = Job(lambda: check_source(kind, path, fmt), self)
+        job = Job(lambda: check_source(kind, path, trunk, experts), self)
         job.done.connect(lambda report, ask=self._asked: self._checked(ask, report))
         job.failed.connect(lambda exc, ask=self._asked: self._check_failed(ask, exc))
         self.job = job.start()
@@ -160,14 +198,9 @@ class SourcePage(QWizardPage):
     def _checked(self, asked, report) -> None:
         if asked != self._asked:
             return              # an older check; the path changed since
-        if report.ok and report.expert_choices and self.chosen_format is None:
-            pick = recommended(report.expert_choices)
-            if pick != report.expert_format:     # plan what will be converted: the recommended format
-                self._run_check(asked[0], asked[1], pick)
-                return
         self.state.kind = asked[0]
         self.state.source = report.path
-        self.state.expert_format = report.expert_format
+        self.state.trunk_format, self.state.expert_format = report.trunk_format, report.expert_format
         self.state.report = report if report.ok else None
         self.result.setText(describe(report))
         self._show_formats(report)
@@ -176,35 +209,20 @@ class SourcePage(QWizardPage):
         self.checked.emit(report)
 
     def _show_formats(self, report) -> None:
-        choices = report.expert_choices if report.ok else []
-        self.formats_row.setVisible(bool(choices))
-        self.format_note.setVisible(bool(choices))
-        self.formats.clear()
-        for c in choices:
-            self.formats.addItem(f"{c.label}: {c.bits_per_weight:.2f} bits per weight, {size(c.container_bytes)}, "
-                                 f"{size(c.cold_bytes_per_token)} per token" + ("  (recommended)" if c.recommended
-                                                                                 else ""), c.format)
-        if not choices:
-            return
-        self.formats.setCurrentIndex(max(0, self.formats.findData(report.expert_format)))
-        mine = next(c for c in choices if c.format == report.expert_format)
-        best = next(c for c in choices if c.recommended)
-        note = ("The experts keep the source's values exactly. " if mine.exact else
-                f"Weight error {esc(mine.weight_error)} against the source (as measured on real and "
-                "Kimi-shaped weights). ")
-        note += (f"Recommended, because {esc(why(best))}." if mine is best else
-                 colour(f"Ferry would recommend {esc(best.label)}, because {esc(why(best))}.", ORANGE))
-        self.format_note.setText(note)
+        dense = not report.expert_choices
+        self.choosers["trunk"].show_choices(report.trunk_choices if report.ok else [], report.trunk_format, dense)
+        self.choosers["experts"].show_choices(report.expert_choices if report.ok else [], report.expert_format,
+                                              dense)
 
-    def _show_formats_none(self) -> None:
-        self.formats_row.setVisible(False)
-        self.format_note.setVisible(False)
+    def _hide_formats(self) -> None:
+        for chooser in self.choosers.values():
+            chooser.setVisible(False)
 
     def _check_failed(self, asked, exc) -> None:
         if asked != self._asked:
             return
         self.result.setText(colour(f"<b>That cannot be used:</b> {esc(exc)}", RED))
-        self._show_formats_none()
+        self._hide_formats()
         self.shown = asked
         self.completeChanged.emit()
 

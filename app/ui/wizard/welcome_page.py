@@ -64,7 +64,7 @@ class WelcomePage(QWizardPage):
             return
         w = self.wizard()
         w.source_page.preset(self.pending["kind"], Path(self.pending["source"]),
-                             self.pending.get("expert_format") or "auto")
+                             self.pending.get("trunk_format") or "auto", self.pending.get("expert_format") or "auto")
         w.destination_page.preset(Path(self.pending["out"]))
         w.memory_page.preset(int(self.pending.get("budget") or 0))
         w.next()

@@ -1,11 +1,15 @@
-"""How the experts could be stored, and the one recommended
-(app/convert/expert_choices.py): the most accurate choice whose whole model
-fits in the usable RAM, else the one reading the fewest bytes per token; the
-same list from `ferry check`, and `ferry convert --expert-format recommended`
-converting with it. Also: expert `auto` keeps MXFP4 experts exactly, as bf16."""
+"""How the trunk and the experts could be stored, and the ones recommended
+(app/convert/format_choices.py): for experts the most accurate choice whose
+whole model fits in the usable RAM, else the one reading the fewest bytes
+per token; for the trunk the most accurate that leaves half the RAM to the
+expert cache, else the smallest; the same lists from `ferry check`, and
+`ferry convert --trunk-format recommended --expert-format recommended`
+converting with them. Also: expert `auto` keeps MXFP4 experts exactly, as
+bf16."""
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -14,7 +18,7 @@ import app.plan
 from app.budget import MachineMemory
 from app.cli import main as ferry
 from app.convert.convert import convert
-from app.convert.expert_choices import expert_choices, recommended
+from app.convert.format_choices import expert_choices, recommended, trunk_choices
 from app.convert.sources import open_source
 from bench.make_synthetic import make, parse
 from tests.kimi import k3_reference as ref
@@ -42,7 +46,7 @@ def test_the_most_accurate_choice_that_fits_else_the_fewest_bytes(moe):
     assert sizes == sorted(sizes, reverse=True)
     assert [round(every[f].bits_per_weight) for f in ("q8_0", "q4_0", "q3_nl")] == [9, 5, 3]
     assert 3.09 <= every["q3_nl"].bits_per_weight < 3.3     # 3.094 plus record headers and alignment
-    trunk = every["auto"].container_bytes - every["auto"].expert_bytes
+    trunk = every["auto"].container_bytes - every["auto"].nbytes
 
     def pick(usable):
         return recommended(expert_choices(open_source(moe), "auto", 4, WORKING, usable))
@@ -87,12 +91,54 @@ def test_ferry_check_and_convert_recommended(moe, tmp_path, monkeypatch, capsys)
     assert ferry(["check", str(moe), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["ok"] and [c["format"] for c in doc["expert_choices"] if c["recommended"]] == ["q3_nl"]
+    assert doc["trunk_format"] == "q4_0" and doc["expert_format"] == "q3_nl"
     assert ferry(["check", str(moe)]) == 0
     text = capsys.readouterr().out
-    assert "* q3_nl" in text and "recommended (*): --expert-format q3_nl" in text and "does not fit" in text
-    assert ferry(["convert", str(moe), str(tmp_path / "rec.ferry"), "--expert-format", "recommended",
-                  "--quiet"]) == 0
+    assert "* q3_nl" in text and "recommended: --expert-format q3_nl" in text
+    assert "* q4_0" in text and "recommended: --trunk-format q4_0" in text
+    assert ferry(["convert", str(moe), str(tmp_path / "rec.ferry"), "--trunk-format", "recommended",
+                  "--expert-format", "recommended", "--quiet"]) == 0
     manifest = json.loads((tmp_path / "rec.ferry" / "manifest.json").read_text())
     assert manifest["expert_banks"][0]["gate"]["dtype"] == "q3_nl"
+    assert {t["dtype"] for t in manifest["tensors"] if len(t["shape"]) > 1} == {"q4_0"}
     assert ferry(["check", str(tmp_path / "missing")]) == 1
     assert "does not exist" in capsys.readouterr().out
+
+
+def test_the_trunk_leaves_half_the_ram_to_the_expert_cache(moe):
+    src = open_source(moe)
+    every = {c.format: c for c in trunk_choices(src, "auto", WORKING, 1 << 40)}
+    assert list(every) == ["auto", "q4_0"] and every["auto"].stored == "q8_0" and every["auto"].recommended
+    assert not every["auto"].exact and every["q4_0"].nbytes < every["auto"].nbytes
+    assert round(every["auto"].bits_per_weight, 2) == 8.5 and round(every["q4_0"].bits_per_weight, 2) == 4.5
+
+    def pick(usable):
+        return recommended(trunk_choices(open_source(moe), "auto", WORKING, usable))
+
+    assert pick(2 * (every["auto"].nbytes + WORKING)) == "auto"
+    assert pick(2 * (every["auto"].nbytes + WORKING) - 2) == "q4_0"
+    assert pick(WORKING) == "q4_0"                    # nothing leaves half: the smallest
+
+
+def test_k3_on_a_64_gb_mac_gets_a_4_bit_trunk_and_3_bit_experts():
+    """The arithmetic behind the recommendation for the real K3 (its config's
+    trunk: 56.7 G weights, `ferry plan --config`): at q8_0 it would take 62 GB
+    of a 64 GB Mac's RAM, at 4 bits about 35-37 GB."""
+    from app.plan_config import plan_from_config
+
+    config = json.loads(open(k3_config_path()).read())
+    q8 = plan_from_config(config, expert_bits=3, trunk_bits=8, ctx=4096)
+    q4 = plan_from_config(config, expert_bits=3, trunk_bits=4, ctx=4096)
+    mac = 64 << 30
+    assert q8["trunk_bytes"] + q8["state_bytes"] + q8["scratch_bytes"] > mac // 2
+    assert q8["floor_bytes"] > 0.9 * mac                                   # it would barely run at all
+    assert q4["trunk_bytes"] < q8["trunk_bytes"] * 0.65               # (plan_config costs 4 bits as q4_1)
+    assert q4["experts_total_bytes"] > 10 * mac                             # nothing fits: 3-bit experts
+
+
+def k3_config_path() -> str:
+    from tests.kimi.test_source_formats import K3_CONFIG
+
+    if not os.path.exists(K3_CONFIG):
+        pytest.skip(f"{K3_CONFIG} (the shared spec) is not here")
+    return K3_CONFIG
