@@ -40,7 +40,12 @@ def test_disk_error_mid_answer_keeps_the_chat(qtbot, make_window, tiny_moe, tmp_
             with open(bank, "r+b") as f:
                 f.truncate(4096 + 100)
 
-    on_gui(w.worker.worker.response_text, first_token)
+    # Connected directly, so it runs on the engine's thread at the first token's
+    # flush, before the next token is computed (a queued slot could run after a
+    # fast answer had already ended).
+    from PySide6.QtCore import Qt
+
+    w.worker.worker.response_text.connect(first_token, Qt.ConnectionType.DirectConnection)
     reason = send(qtbot, w, "w5 w6 w7 w8")
     assert reason == "error"
     assert errors and "layer_002.bin" in errors[-1]
