@@ -132,6 +132,20 @@ def main(argv=None) -> int:
             res["this_tree"][f"{src}/{threads}t"] = {
                 "weights_per_s": round(n / dt / 1e6, 1), "weights_per_s_per_core": round(n / dt / 1e6 / threads, 1),
                 "source_mb_per_s": round(n * src_bytes[src] / dt / 1e6, 1)}
+    # The trunk formats (ferry_quantize_blocks against the numpy reference it
+    # replaced in the converter), on the same matrices' f32 values.
+    from app.convert import quant
+    flat = np.concatenate([m["f32"].reshape(-1) for m in mats])
+    res["trunk"] = {}
+    for name in ("Q8_0", "Q4_0", "Q4_1"):
+        quant.quantize(flat[:1 << 16], name)  # warm up
+        row = {"numpy_reference_1t": round(n / best_time(lambda: quant.quantize_reference(flat, name), a.repeats)
+                                           / 1e6, 1)}
+        for threads in (1, 2):
+            row[f"c_{threads}t"] = round(n / best_time(lambda: quant.quantize(flat, name, threads=threads),
+                                                       a.repeats) / 1e6, 1)
+        row["speedup_1t"] = round(row["c_1t"] / row["numpy_reference_1t"], 2)
+        res["trunk"][name.lower()] = row
     if a.reference:
         with tempfile.TemporaryDirectory() as d:
             lib = reference_lib(a.reference, Path(d))

@@ -385,17 +385,24 @@ def _quantize_q8_0(blocks: np.ndarray) -> np.ndarray:
     return np.concatenate([_f16_bytes(d), q.view(np.uint8)], axis=1)
 
 
+def _first(blocks: np.ndarray, index: np.ndarray) -> np.ndarray:
+    return np.take_along_axis(blocks, index[:, None], axis=1)
+
+
 def _quantize_q4_0(blocks: np.ndarray) -> np.ndarray:
-    first_max = np.abs(blocks).argmax(axis=1)[:, None]
-    d = np.take_along_axis(blocks, first_max, axis=1) / np.float32(-8)
+    # ggml's loop: the first value of the largest magnitude, +0 for an all-zero block
+    mags = np.abs(blocks)
+    first_max = np.where(mags.max(axis=1, keepdims=True) > 0, _first(blocks, mags.argmax(axis=1)), np.float32(0))
+    d = first_max / np.float32(-8)
     scaled = blocks * _inverse(d) + np.float32(8.5)
     q = np.minimum(np.trunc(scaled), 15).astype(np.uint8)
     return np.concatenate([_f16_bytes(d), _pack_nibbles(q)], axis=1)
 
 
 def _quantize_q4_1(blocks: np.ndarray) -> np.ndarray:
-    lo = blocks.min(axis=1, keepdims=True)
-    hi = blocks.max(axis=1, keepdims=True)
+    # ggml's loop keeps the first of equal extremes (so the sign of a zero is the first zero's)
+    lo = _first(blocks, blocks.argmin(axis=1))
+    hi = _first(blocks, blocks.argmax(axis=1))
     d = (hi - lo) / np.float32(15)
     scaled = (blocks - lo) * _inverse(d) + np.float32(0.5)
     q = np.minimum(np.trunc(scaled), 15).astype(np.uint8)
@@ -409,19 +416,50 @@ _QUANTIZERS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
 }
 
 
-def quantize(x: np.ndarray, type_name: str) -> np.ndarray:
-    """Quantize float32 values to ``type_name`` (Q8_0, Q4_0 or Q4_1) blocks.
-
-    The values are taken in C order; their count must be a multiple of 32 and
-    all must be finite. Returns the flat uint8 block bytes, byte-identical to
-    ggml's reference quantizer.
-    """
-    quantizer = _QUANTIZERS.get(type_name)
-    if quantizer is None:
+def _checked_values(x: np.ndarray, type_name: str) -> np.ndarray:
+    if type_name not in _QUANTIZERS:
         raise ValueError(f"cannot quantize to {type_name!r}; supported: {QUANTIZABLE}")
     values = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
     if values.size % 32:
         raise ValueError(f"{type_name} needs a multiple of 32 values, got {values.size}")
+    return values
+
+
+def quantize_reference(x: np.ndarray, type_name: str) -> np.ndarray:
+    """`quantize` in numpy: the reference the C quantizer is tested against."""
+    values = _checked_values(x, type_name)
     if not np.isfinite(values).all():
         raise ValueError(f"cannot quantize non-finite values to {type_name}")
-    return quantizer(values.reshape(-1, 32)).reshape(-1)
+    return _QUANTIZERS[type_name](values.reshape(-1, 32)).reshape(-1)
+
+
+_BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}
+
+
+def quantize(x: np.ndarray, type_name: str, threads: int | None = None) -> np.ndarray:
+    """Quantize float32 values to ``type_name`` (Q8_0, Q4_0 or Q4_1) blocks.
+
+    The values are taken in C order; their count must be a multiple of 32 and
+    all must be finite. Returns the flat uint8 block bytes, byte-identical to
+    ggml's reference quantizer. Runs in C (`ferry_quantize_blocks`), the
+    blocks split over ``threads`` (default one per core); `quantize_reference`
+    is the same in numpy.
+    """
+    from app.convert.quant3 import _lib, _run_rows, _threads
+
+    values = _checked_values(x, type_name)
+    ffi, lib = _lib()
+    fmt = lib.ferry_format_code(type_name.lower().encode())
+    nb = _BLOCK_BYTES[type_name]
+    blocks = values.size // 32
+    out = np.empty(blocks * nb, dtype=np.uint8)
+
+    def part(b0: int, b1: int) -> None:
+        rc = lib.ferry_quantize_blocks(fmt, ffi.from_buffer("float[]", values[b0 * 32:b1 * 32]), (b1 - b0) * 32,
+                                       ffi.from_buffer(out[b0 * nb:b1 * nb]))
+        if rc != 0:
+            raise ValueError(f"cannot quantize non-finite values to {type_name}")
+
+    # at least 64 K values per thread: below that a thread costs more than it saves
+    _run_rows(blocks, part, min(threads or _threads(), max(1, blocks // 2048)))
+    return out

@@ -48,6 +48,14 @@ int ferry_kernel_matmul(int impl, int fmt, const void *w, int rows, int cols, co
 /* Widen rows x cols stored values to floats (the scalar reference decoder). */
 int ferry_dequantize(int fmt, const void *src, int rows, int cols, float *out);
 
+/* Quantize n floats (a multiple of 32) to q8_0, q4_0 or q4_1 blocks
+ * (fmt: ferry_format_code("q8_0") etc.), byte for byte ggml's reference
+ * quantizer (round half away from zero for q8_0, truncation after +8.5 / +0.5
+ * for the 4-bit ones, scales as f16 rounded to nearest even). Returns 0, or -1
+ * for another format, n not a multiple of 32, or a non-finite value (dst is
+ * then written up to the block before it). Thread-safe: split n over threads. */
+int ferry_quantize_blocks(int fmt, const float *src, uint64_t n, void *dst);
+
 /* Read nbytes at p (64-byte aligned, a multiple of 128 * streams), `reps`
  * times, as `streams` (1..8) interleaved sequential streams; returns a value
  * that depends on every byte read (so nothing is skipped). One core reads

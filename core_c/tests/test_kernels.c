@@ -233,6 +233,52 @@ static void test_quantizer_mxfp4_tables(void) {
     free(packed), free(scales), free(vals), free(a), free(b);
 }
 
+/* ferry_quantize_blocks: the trunk formats round-trip within half a step of
+ * their stored (f16) scale, the scale's f16 rounding at its edges (subnormal,
+ * the largest half, overflow to inf), and bad input refused. The bytes
+ * themselves are compared with the numpy reference in tests/convert/test_quant.py. */
+static void test_block_quantizer(void) {
+    static const char *names[] = {"q8_0", "q4_0", "q4_1"};
+    static const float steps[] = {127.0f, 8.0f, 15.0f};
+    enum { N = 32 * 40 };
+    static float x[N], back[N];
+    static uint8_t q[N / 32 * 34];
+    for (int f = 0; f < 3; f++) {
+        int fmt = ferry_format_code(names[f]);
+        for (int b = 0; b < N / 32; b++) {
+            float scale = b % 4 == 0 ? 1e-3f : b % 4 == 1 ? 1.0f : b % 4 == 2 ? 300.0f : 0.0f;
+            for (int i = 0; i < 32; i++) x[32 * b + i] = scale * frand();
+        }
+        check(ferry_quantize_blocks(fmt, x, N, q) == 0, "block quantizer runs");
+        ferry_dequantize(fmt, q, 1, N, back);
+        int within = 1;
+        for (int b = 0; b < N / 32; b++) {
+            float lo = x[32 * b], hi = x[32 * b];
+            for (int i = 0; i < 32; i++) lo = fminf(lo, x[32 * b + i]), hi = fmaxf(hi, x[32 * b + i]);
+            float span = fmaxf(fabsf(lo), fabsf(hi)) * 2.0f, step = span / steps[f];
+            for (int i = 0; i < 32; i++) within &= fabsf(back[32 * b + i] - x[32 * b + i]) <= step * 0.51f + 1e-6f;
+        }
+        check(within, "block quantizer round trip within half a step");
+        x[5] = NAN;
+        check(ferry_quantize_blocks(fmt, x, N, q) == -1, "block quantizer refuses nan");
+        x[5] = INFINITY;
+        check(ferry_quantize_blocks(fmt, x, N, q) == -1, "block quantizer refuses inf");
+        check(ferry_quantize_blocks(fmt, x, 33, q) == -1, "block quantizer refuses a partial block");
+    }
+    check(ferry_quantize_blocks(ferry_format_code("f32"), x, 32, q) == -1, "block quantizer refuses f32");
+    /* q8_0 scale = max/127 stored as f16: 65504 * 127 stays the largest half, 65520 * 127 overflows,
+     * 2^-24 * 127 is the smallest subnormal, 2^-26 * 127 rounds to zero */
+    static const struct { float amax; uint16_t bits; } edges[] = {
+        {65504.0f * 127.0f, 0x7bff}, {65520.0f * 127.0f, 0x7c00}, {5.9604645e-8f * 127.0f, 0x0001},
+        {1.4901161e-8f * 127.0f, 0x0000}, {1.0f * 127.0f, 0x3c00}};
+    for (size_t e = 0; e < sizeof edges / sizeof *edges; e++) {
+        float blk[32] = {0};
+        blk[3] = edges[e].amax;
+        ferry_quantize_blocks(ferry_format_code("q8_0"), blk, 32, q);
+        check((uint16_t)(q[0] | q[1] << 8) == edges[e].bits, "q8_0 scale rounds to the right half");
+    }
+}
+
 int main(void) {
     static const int sizes[] = {1, 7, 31, 32, 33, 100, 255};
     static const int ns[] = {1, 2, 3, 5, 32, 33};
@@ -254,6 +300,7 @@ int main(void) {
     test_quantizer();
     test_quantizer_paths();
     test_quantizer_mxfp4_tables();
+    test_block_quantizer();
     printf("%d passed, %d failed\n", passed, failed);
     return failed != 0;
 }

@@ -178,3 +178,32 @@ def test_f8_e5m2_decoding() -> None:
     codes = np.arange(256, dtype=np.uint8)
     ref = torch.from_numpy(codes).view(torch.float8_e5m2).float().numpy()
     np.testing.assert_array_equal(quant.f8_e5m2_to_f32(codes), ref)
+
+
+def _edge_values(rng) -> list[np.ndarray]:
+    """Scales from subnormal scales to f16 overflow, exact ties, signed zeros in
+    every order, and random bit patterns (every finite float32 kind)."""
+    cases = [(rng.standard_normal(32 * 512) * s).astype(np.float32) for s in (1e-9, 1e-6, 1e-2, 1, 1e4, 3e5, 1e7)]
+    cases.append(np.round(rng.standard_normal(32 * 512) * 8).astype(np.float32) / 4)
+    cases.append(rng.integers(-3, 4, 32 * 256).astype(np.float32) * np.float32(2 ** -20))
+    for pattern in ([0.0, -0.0], [-0.0, 0.0], [0.0, 0.0, 0.0, -0.0], [-0.0], [0.0]):
+        cases.append(np.array((pattern * 32)[:32] * 4, np.float32))
+    bits = rng.integers(0, 2 ** 32, 32 * 8192, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    cases.append(np.where(np.isfinite(bits), bits, np.float32(0)).astype(np.float32))
+    return cases
+
+
+@pytest.mark.parametrize("name", ["Q8_0", "Q4_0", "Q4_1"])
+def test_the_c_quantizer_writes_the_reference_bytes(name: str) -> None:
+    """`quantize` (C, ferry_quantize_blocks, several threads) against the numpy
+    `quantize_reference`, which follows ggml's loops (the sign of a zero scale
+    included, where gguf's numpy port differs)."""
+    for x in _edge_values(np.random.default_rng(3)):
+        with np.errstate(all="ignore"):
+            want = quant.quantize_reference(x, name)
+        np.testing.assert_array_equal(quant.quantize(x, name, threads=3), want)
+        np.testing.assert_array_equal(quant.quantize(x, name, threads=1), want)
+    bad = np.ones(32 * 5000, np.float32)
+    bad[32 * 4000 + 7] = np.inf
+    with pytest.raises(ValueError, match="non-finite"):
+        quant.quantize(bad, name, threads=2)

@@ -13,7 +13,7 @@ import pytest
 from tests.conftest import REPO
 
 CORE = REPO / "core_c"
-SOURCES = [CORE / "src" / f for f in ("formats.c", "kernels.c", "kernels_avx2.c", "kernels_neon.c", "quant3.c")]
+SOURCES = [CORE / "src" / f for f in ("formats.c", "kernels.c", "kernels_avx2.c", "kernels_neon.c", "quant3.c", "quant_blocks.c")]
 FLAGS = ["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-ffp-contract=off", "-I", str(CORE / "include")]
 
 
