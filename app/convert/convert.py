@@ -41,6 +41,7 @@ from app.convert.errors import SourceError
 from app.convert.layout import (BANK_HEADER_BYTES, FORMAT_CODES, FORMAT_VERSION, RECORD_HEADER_BYTES,
                                 BankLayout, Layout, encode, plan_layout)
 from app.convert.quant3 import NAME as Q3
+from app.convert.quant3 import default_threads  # noqa: F401  (bench/convert.py takes it from here)
 from app.convert.sources import Source, open_source
 
 JOURNAL = "journal.json"
@@ -55,11 +56,6 @@ WRITERS = 2
 #: Threads each expert record's encoder splits a tensor's rows over (records
 #: are encoded in parallel already: see convert(threads=)).
 ROW_THREADS = 1
-
-
-def default_threads() -> int:
-    """Expert records encoded at once by default: one per core."""
-    return max(1, min(os.cpu_count() or 1, 64))
 
 
 @dataclass

@@ -433,9 +433,6 @@ def quantize_reference(x: np.ndarray, type_name: str) -> np.ndarray:
     return _QUANTIZERS[type_name](values.reshape(-1, 32)).reshape(-1)
 
 
-_BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}
-
-
 def quantize(x: np.ndarray, type_name: str, threads: int | None = None) -> np.ndarray:
     """Quantize float32 values to ``type_name`` (Q8_0, Q4_0 or Q4_1) blocks.
 
@@ -445,12 +442,12 @@ def quantize(x: np.ndarray, type_name: str, threads: int | None = None) -> np.nd
     blocks split over ``threads`` (default one per core); `quantize_reference`
     is the same in numpy.
     """
-    from app.convert.quant3 import _lib, _run_rows, _threads
+    from app.convert.quant3 import _lib, _run_rows, default_threads
 
     values = _checked_values(x, type_name)
     ffi, lib = _lib()
     fmt = lib.ferry_format_code(type_name.lower().encode())
-    nb = _BLOCK_BYTES[type_name]
+    nb = FORMATS[type_name].block_bytes
     blocks = values.size // 32
     out = np.empty(blocks * nb, dtype=np.uint8)
 
@@ -461,5 +458,5 @@ def quantize(x: np.ndarray, type_name: str, threads: int | None = None) -> np.nd
             raise ValueError(f"cannot quantize non-finite values to {type_name}")
 
     # at least 64 K values per thread: below that a thread costs more than it saves
-    _run_rows(blocks, part, min(threads or _threads(), max(1, blocks // 2048)))
+    _run_rows(blocks, part, min(threads or default_threads(), max(1, blocks // 2048)))
     return out

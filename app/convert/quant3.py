@@ -72,13 +72,15 @@ def _lib():
     return ffi, lib
 
 
-def _threads() -> int:
+def default_threads() -> int:
+    """Threads a conversion uses by default: one per core (the quantizers' row
+    splits and the converter's record encoders)."""
     return max(1, min(os.cpu_count() or 1, 64))
 
 
 def _run_rows(rows: int, fn, threads: int | None) -> None:
     """Call fn(r0, r1) over row slices on a thread pool (the C call releases the GIL)."""
-    n = max(1, min(threads or _threads(), rows))
+    n = max(1, min(threads or default_threads(), rows))
     if n == 1:
         fn(0, rows)
         return
