@@ -33,19 +33,13 @@ from app.convert.sources import Source
 #: `--trunk-format` / `--expert-format` value meaning "what this module recommends"
 RECOMMENDED = "recommended"
 
-#: (format, label, typical weight error), from the most accurate to the smallest
-EXPERT_CANDIDATES: tuple[tuple[str, str, str], ...] = (
-    ("auto", "exact", "none"),
-    ("q8_0", "8-bit (q8_0)", "about 0.6 %"),
-    ("q4_0", "4-bit (q4_0)", "about 9 %"),
-    (quant3.NAME, "3-bit (q3_nl)", "about 18-22 %"),
-)
-TRUNK_CANDIDATES: tuple[tuple[str, str, str], ...] = (
-    ("auto", "auto", ""),
-    ("q4_0", "4-bit (q4_0)", "about 9 %"),
-)
-_LOSSY = {"q8_0": ("8-bit (q8_0)", "about 0.6 %"), "q4_0": ("4-bit (q4_0)", "about 9 %"),
-          "q4_1": ("4-bit (q4_1)", "about 10 %")}
+#: The choices, from the most accurate to the smallest ("auto" is described
+#: by what it resolves to).
+EXPERT_CANDIDATES = ("auto", "q8_0", "q4_0", quant3.NAME)
+TRUNK_CANDIDATES = ("auto", "q4_0")
+#: Each lossy format's label and its measured typical relative weight error.
+LOSSY = {"q8_0": ("8-bit (q8_0)", "about 0.6 %"), "q4_0": ("4-bit (q4_0)", "about 9 %"),
+         "q4_1": ("4-bit (q4_1)", "about 10 %"), quant3.NAME: ("3-bit (q3_nl)", "about 18-22 %")}
 
 
 @dataclass(frozen=True)
@@ -90,18 +84,17 @@ def expert_choices(src: Source, trunk_format: str, top_k: int, working_bytes: in
         return []
     n_weights = sum(_count(p["shape"]) * b.n_experts for b in base.banks for p in b.parts.values())
     made: list[FormatChoice] = []
-    for fmt, label, error in EXPERT_CANDIDATES:
+    for fmt in EXPERT_CANDIDATES:
         layout = base if fmt == "auto" else plan_layout(src, trunk_format, fmt)
         stored = "+".join(sorted({p["dtype"] for b in layout.banks for p in b.parts.values()}))
         if fmt != "auto" and fmt not in stored.split("+"):
             continue            # no matrix has rows this format can hold: it would change nothing
-        expert_bytes = sum(b.n_experts * b.record_size for b in layout.banks)
-        cold = sum(b.record_size for b in layout.banks) * top_k
+        expert_bytes, cold = layout.expert_bytes(), layout.cold_bytes_per_token(top_k)
         if made and cold >= made[0].cold_bytes_per_token:
             continue            # no smaller than keeping the source's values: only a loss
+        label, error = (f"Exact ({stored}, no loss)", "none") if fmt == "auto" else LOSSY[fmt]
         made.append(FormatChoice(
-            role="experts", format=fmt, stored=stored,
-            label=label if fmt != "auto" else f"Exact ({stored}, no loss)", exact=fmt == "auto",
+            role="experts", format=fmt, stored=stored, label=label, exact=fmt == "auto",
             weight_error=error, bits_per_weight=expert_bytes * 8 / max(1, n_weights), nbytes=expert_bytes,
             container_bytes=layout.total_bytes(), cold_bytes_per_token=cold,
             fits_in_ram=layout.trunk_size + expert_bytes + working_bytes <= usable_bytes))
@@ -115,7 +108,7 @@ def trunk_choices(src: Source, expert_format: str, working_bytes: int, usable_by
     moe = bool(base.banks)
     limit = usable_bytes // 2 if moe else usable_bytes
     made: list[FormatChoice] = []
-    for fmt, label, error in TRUNK_CANDIDATES:
+    for fmt in TRUNK_CANDIDATES:
         layout = base if fmt == "auto" else plan_layout(src, fmt, expert_format)
         mats = [t for t in layout.trunk if len(t.shape) > 1]
         by_bytes: dict[str, int] = {}
@@ -123,12 +116,11 @@ def trunk_choices(src: Source, expert_format: str, working_bytes: int, usable_by
             by_bytes[t.fmt] = by_bytes.get(t.fmt, 0) + t.nbytes
         stored = "+".join(sorted(by_bytes, key=lambda f: -by_bytes[f]))
         exact = all(t.fmt in ("f32", src.stored_format(t.source)) for t in mats)
-        if fmt == "auto":
-            main = max(by_bytes, key=by_bytes.get) if by_bytes else "f32"
-            if exact:
-                label, error = f"As stored ({stored}, no loss)", "none"
-            else:
-                label, error = _LOSSY.get(main, (main, ""))
+        if fmt == "auto" and exact:
+            label, error = f"As stored ({stored}, no loss)", "none"
+        else:   # auto: what most of the trunk's bytes are stored as
+            main = max(by_bytes, key=by_bytes.get, default="f32") if fmt == "auto" else fmt
+            label, error = LOSSY.get(main, (main, ""))
         if made and layout.trunk_size >= made[0].nbytes:
             continue            # no smaller than auto: only a loss
         made.append(FormatChoice(

@@ -126,6 +126,14 @@ class Layout:
     def total_bytes(self) -> int:
         return self.trunk_size + sum(b.file_size for b in self.banks)
 
+    def expert_bytes(self) -> int:
+        """Every expert record of every bank."""
+        return sum(b.n_experts * b.record_size for b in self.banks)
+
+    def cold_bytes_per_token(self, top_k: int) -> int:
+        """What one token reads when none of its experts is cached."""
+        return sum(b.record_size for b in self.banks) * top_k
+
     def digest(self, identity: dict) -> str:
         """A fingerprint of what this conversion will write, for safe resumes."""
         blob = json.dumps({"identity": identity, "model": self.model, "options": self.options,

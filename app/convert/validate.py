@@ -218,4 +218,4 @@ def _describe(report: SourceReport, src: Source, layout: Layout) -> None:
     report.n_experts = int(moe.get("n_experts", 0) or 0)
     report.top_k = int(moe.get("top_k", 0) or 0)
     report.record_bytes = max((b.record_size for b in layout.banks), default=0)
-    report.cold_bytes_per_token = sum(b.record_size for b in layout.banks) * report.top_k
+    report.cold_bytes_per_token = layout.cold_bytes_per_token(report.top_k)

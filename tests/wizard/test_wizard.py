@@ -207,7 +207,7 @@ def test_a_model_larger_than_ram_gets_3_bit_experts_and_the_user_can_choose(qtbo
 
     other = wizard(remember=False)
     to_source(qtbot, other, "hf", synthetic)
-    other.source_page.choose_experts("q8_0")
+    other.source_page.choose_format("experts", "q8_0")
     page = other.source_page
     qtbot.waitUntil(lambda: page.shown == page._asked and page.shown[3] == "q8_0", timeout=T)
     assert other.state.expert_format == "q8_0" and other.state.report.container_bytes == choices["q8_0"].container_bytes

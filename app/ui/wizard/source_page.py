@@ -8,7 +8,6 @@ from PySide6.QtWidgets import (QButtonGroup, QComboBox, QFileDialog, QHBoxLayout
                                QRadioButton, QVBoxLayout, QWidget, QWizardPage)
 
 from app.convert.format_choices import RECOMMENDED, why
-
 from app.ui.wizard.common import GREEN, ORANGE, RED, Job, colour, esc, gib, para, size
 
 CHOICES = (("hf", "A Hugging Face checkpoint folder"), ("gguf", "A GGUF file"),
@@ -158,9 +157,6 @@ class SourcePage(QWizardPage):
         if fmt and fmt != now:
             self.chosen[role] = fmt
             self.check()
-
-    def choose_experts(self, fmt: str) -> None:
-        self.choose_format("experts", fmt)
 
     def current_kind(self) -> str:
         return next(k for k, r in self.radios.items() if r.isChecked())
