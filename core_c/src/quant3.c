@@ -404,6 +404,12 @@ enum { SRC_F32 = FE_Q3_SRC_F32, SRC_BF16 = FE_Q3_SRC_BF16, SRC_MXFP4 = FE_Q3_SRC
 static const float E2M1[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
                                -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
 
+/* An E8M0 scale byte as the float 2^(e - 127), exact (e = 0 is the subnormal 2^-127). */
+static inline float e8m0_scale(uint8_t e) {
+    union { uint32_t u; float f; } s = {e ? (uint32_t)e << 23 : 0x00400000u};
+    return s.f;
+}
+
 #if defined(__x86_64__)
 /* The same values as source_block's loops (E2M1 * 2^(e-127), the sign applied after: the same bits). */
 AVX2 static inline void bf16_block_avx2(const uint16_t *p, float *buf) {
@@ -418,8 +424,7 @@ AVX2 static inline void mxfp4_block_avx2(const uint8_t *p, const uint8_t *sc, fl
     const __m128i low4 = _mm_set1_epi8(15);
     const __m256i sign = _mm256_set1_epi32((int)0x80000000u);
     for (int gi = 0; gi < FE_Q3_BLOCK / 32; gi++) {
-        union { uint32_t u; float f; } s = {sc[gi] ? (uint32_t)sc[gi] << 23 : 0x00400000u};
-        __m256 sv = _mm256_set1_ps(s.f);
+        __m256 sv = _mm256_set1_ps(e8m0_scale(sc[gi]));
         __m128i b = _mm_loadu_si128((const __m128i *)(p + 16 * gi));
         __m128i lo = _mm_and_si128(b, low4), hi = _mm_and_si128(_mm_srli_epi16(b, 4), low4);
         __m128i n[2] = {_mm_unpacklo_epi8(lo, hi), _mm_unpackhi_epi8(lo, hi)};
@@ -454,11 +459,10 @@ static inline __attribute__((always_inline)) const float *source_block(int kind,
     }
     const uint8_t *p = (const uint8_t *)src + i0 / 2, *sc = scales + i0 / 32;
     for (int gi = 0; gi < FE_Q3_BLOCK / 32; gi++) {
-        /* 2^(e - 127), exact (E8M0 is a power of two; e = 0 is the subnormal 2^-127). */
-        union { uint32_t u; float f; } s = {sc[gi] ? (uint32_t)sc[gi] << 23 : 0x00400000u};
+        float s = e8m0_scale(sc[gi]);
         for (int i = 0; i < 16; i++) {
-            buf[32 * gi + 2 * i] = E2M1[p[16 * gi + i] & 15] * s.f;
-            buf[32 * gi + 2 * i + 1] = E2M1[p[16 * gi + i] >> 4] * s.f;
+            buf[32 * gi + 2 * i] = E2M1[p[16 * gi + i] & 15] * s;
+            buf[32 * gi + 2 * i + 1] = E2M1[p[16 * gi + i] >> 4] * s;
         }
     }
     return buf;
