@@ -75,8 +75,30 @@ def _rope_theta(cfg: dict) -> float:
     return float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
 
 
+#: Keys a config.json states its trained context length under, in order of
+#: preference (the Kimi-Linear release states only ``model_max_length``).
+CONTEXT_KEYS = ("max_position_embeddings", "model_max_length", "max_sequence_length", "seq_length")
+#: The context a converted model gets when its config states none of those:
+#: the engine's default session length, which every supported family runs.
+DEFAULT_CONTEXT = 4096
+
+
+def stated_context(cfg: dict) -> int:
+    """The trained context length the config states, else DEFAULT_CONTEXT."""
+    value = _first(cfg, *CONTEXT_KEYS)
+    if value is None:
+        return DEFAULT_CONTEXT
+    try:
+        ctx = int(value)
+    except (TypeError, ValueError):
+        raise SourceError("config.json", f"config.json states a context length of {value!r}, not a number")
+    if ctx < 1:
+        raise SourceError("config.json", f"config.json states a context length of {ctx}")
+    return ctx
+
+
 def _context(cfg: dict) -> int:
-    ctx = int(_require(cfg, "max_position_embeddings"))
+    ctx = stated_context(cfg)
     window = cfg.get("sliding_window")
     if window and (cfg.get("use_sliding_window", True)) and int(window) < ctx:
         # Exact inside the window; beyond it the model would need windowed attention.
@@ -298,8 +320,8 @@ def _kimi_rope(cfg: dict) -> tuple[float, dict | None]:
     if kind != "yarn":
         raise SourceError("config.json", f"RoPE scaling '{kind}' is not supported for MLA (only YaRN)")
     orig = int(_first(params, "original_max_position_embeddings",
-                      default=cfg.get("original_max_position_embeddings") or cfg.get("max_position_embeddings")))
-    factor = float(params.get("factor") or int(cfg["max_position_embeddings"]) / orig)
+                      default=cfg.get("original_max_position_embeddings") or stated_context(cfg)))
+    factor = float(params.get("factor") or stated_context(cfg) / orig)
 
     def mscale(scale, m=1.0):
         return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
@@ -383,7 +405,7 @@ def spec_from_kimi(top: dict) -> ModelSpec:
     n_shared = int(_first(cfg, "n_shared_experts", "num_shared_experts", default=0) or 0)
     moe_ffn = int(cfg.get("moe_intermediate_size") or 0)
     has_mla, has_kda = "mla" in kinds, "kda" in kinds
-    ctx = int(_require(cfg, "max_position_embeddings"))
+    ctx = stated_context(cfg)
 
     kimi: dict[str, Any] = {
         "variant": "k3" if k3 else ("deepseek" if deepseek else "kimi_linear"),

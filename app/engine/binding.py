@@ -108,9 +108,32 @@ class Stats:
     lookahead_predicted: int = 0
     lookahead_correct: int = 0
     stall_seconds: float = 0.0
+    routed_choices: int = 0
+    routed_swaps: int = 0
 
     def as_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt_tokens + self.decode_tokens
+
+    def per_mode(self) -> dict:
+        """The figures that compare routing modes: bytes read per token, the
+        cache's hit rate, the lookahead's accuracy (None before it predicted
+        anything), seconds the compute waited for reads, and the share of
+        expert choices cache-aware routing moved to an expert in RAM."""
+        uses = self.hits + self.misses
+        return {
+            "tokens": self.tokens,
+            "bytes_per_token": self.bytes_read / self.tokens if self.tokens else None,
+            "hit_rate": self.hits / uses if uses else None,
+            "lookahead_accuracy": (self.lookahead_correct / self.lookahead_predicted
+                                   if self.lookahead_predicted else None),
+            "prefetch_used": self.prefetch_used,
+            "stall_seconds": self.stall_seconds,
+            "swap_rate": self.routed_swaps / self.routed_choices if self.routed_choices else None,
+        }
 
 
 def _struct_to(cls, cdata):
@@ -304,6 +327,19 @@ class Session:
         if self.position != len(state.tokens):
             raise FerryError("FERRY_E_FORMAT", "the saved token list does not match the saved state")
         self.tokens = list(state.tokens)
+
+    def set_routing(self, experts_per_token: int | None = None, cache_aware_margin: float = 0.0) -> None:
+        """Opt-in routing modes that read fewer experts, for later evaluations
+        (see ferry_session_set_routing in ferry.h): route each token to its top
+        ``experts_per_token`` experts instead of the model's k (None or the
+        model's k = exact), and with ``cache_aware_margin`` > 0 prefer experts
+        already in RAM among those scoring within the margin of the last
+        choice. ``set_routing(None, 0.0)`` restores exact routing."""
+        err = ffi.new("ferry_error *")
+        n = 0 if experts_per_token is None else int(experts_per_token)
+        if experts_per_token is not None and n < 1:
+            raise FerryError("FERRY_E_ARG", "experts per token must be at least 1")
+        _check(lib.ferry_session_set_routing(self._live(), n, float(cache_aware_margin), err), err)
 
     def stats(self) -> Stats:
         c = ffi.new("ferry_stats *")

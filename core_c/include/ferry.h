@@ -123,6 +123,8 @@ typedef struct ferry_stats {
     uint64_t lookahead_predicted; /* experts the lookahead router predicted */
     uint64_t lookahead_correct;   /* of those, experts the real router chose */
     double stall_seconds;     /* time compute waited for reads */
+    uint64_t routed_choices;  /* expert choices the routers made (tokens x experts per token x MoE layers) */
+    uint64_t routed_swaps;    /* of those, choices cache-aware routing moved to an expert in RAM */
 } ferry_stats;
 
 /* RAM a session needs at a context length, and what it is made of. */
@@ -221,6 +223,23 @@ ferry_status ferry_session_import(ferry_session *session, const void *buf, uint6
 void ferry_session_set_stage_callback(ferry_session *session, ferry_stage_fn fn, void *user);
 
 void ferry_session_stats(const ferry_session *session, ferry_stats *stats);
+
+/* Routing modes that trade exactness for fewer expert reads; opt-in, off by
+ * default, for this session's later evaluations:
+ *   experts_per_token  route each token to its top N experts instead of the
+ *                      model's top_k (1..top_k; 0 = top_k, exact). The N
+ *                      weights are renormalised as the model renormalises its
+ *                      k (models that do not renormalise: scaled to the weight
+ *                      the k would carry).
+ *   cache_aware_margin among experts whose router score is within this
+ *                      margin of the last chosen one, prefer one already in
+ *                      RAM (0 = exact). Softmax routers: a margin in
+ *                      log-probability (logit) units; sigmoid routers
+ *                      (DeepSeek-V3, Kimi): in sigmoid score units.
+ * Both at 0 give output bit-identical to exact routing. FERRY_E_ARG for a
+ * value out of range, or a model without experts. */
+ferry_status ferry_session_set_routing(ferry_session *session, int experts_per_token, float cache_aware_margin,
+                                       ferry_error *err);
 
 /* A short name for a status code, e.g. "FERRY_E_FORMAT". Never NULL. */
 const char *ferry_status_name(int code);

@@ -18,6 +18,7 @@
  * state live in the session's state buffer, sized by kimi_sizes. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +27,7 @@
 #include "formats.h"
 #include "kimi_manifest.h"
 #include "model.h"
+#include "moe.h"
 
 typedef struct kimi_layer {
     const float *attn_norm, *ffn_norm;          /* [dim] */
@@ -255,15 +257,9 @@ typedef struct kbufs {
     float *fz;       /* [C][HD] decay pre-activation */
     float *beta;     /* [C][KH] */
     float *h1, *h2;  /* [C][max ffn] */
-    float *router;   /* [C][E] */
-    float *choice;   /* [E] biased scores of one token */
-    int *sel;        /* [C][top_k] */
-    float *sel_w;    /* [C][top_k] */
-    float *slots;    /* [C][top_k][ed] */
-    float *ex_in;    /* [C][ed] */
-    int *ex_tok, *ex_rank; /* [C] */
     float *z;        /* [C][ed] expert input (latent or xb copy) */
     float *u;        /* [C][ed] weighted expert sum */
+    fe_moe_bufs moe; /* the MoE loop's scratch (moe.h) */
     float *rows;     /* [threads][max cols] */
     float *scores;   /* [threads][n_ctx] */
     float *tmp;      /* [threads][tmp_stride] per-thread vectors of MLA / KDA items */
@@ -299,16 +295,13 @@ static uint64_t carve(const fe_hparams *hp, int n_ctx, int n_threads, uint8_t *b
     TAKE(beta, float, C * d.KH_);
     TAKE(h1, float, C * ffw);
     TAKE(h2, float, C * ffw);
-    TAKE(router, float, C * d.E);
-    TAKE(choice, float, d.E);
-    TAKE(sel, int, C * d.topk);
-    TAKE(sel_w, float, C * d.topk);
-    TAKE(slots, float, C * d.topk * d.ed);
-    TAKE(ex_in, float, C * d.ed);
-    TAKE(ex_tok, int, C);
-    TAKE(ex_rank, int, C);
     TAKE(z, float, C * d.ed);
     TAKE(u, float, C * d.ed);
+    if (d.E) {
+        uint64_t m = fe_moe_carve(hp, d.ed, NULL, NULL);
+        if (base) fe_moe_carve(hp, d.ed, base + off, &b->moe);
+        off += FE_ALIGN_UP(m, 64);
+    }
     TAKE(rows, float, (uint64_t)n_threads * (uint64_t)max_cols(&d));
     TAKE(scores, float, (uint64_t)n_threads * (uint64_t)n_ctx);
     TAKE(tmp, float, (uint64_t)n_threads * (uint64_t)tmp_stride(&d));
@@ -621,100 +614,40 @@ static void kda_attention(ferry_session *s, const kbufs *b, int l, int n) {
 
 /* ---------------------------------------------------------- feed-forward */
 
-/* DeepSeek-V3 routing of one token: sigmoid scores, + correction bias for the
- * choice, group-limited top-k, weights from the unbiased scores. */
-static void route(const fe_hparams *hp, const float *bias, float *scores, float *choice, int *ids, float *w) {
-    const fe_kimi_hparams *k = KH(hp);
-    const int E = hp->n_experts, K = hp->top_k, G = k->n_group, per = E / G;
-    for (int e = 0; e < E; e++) {
-        scores[e] = fe_sigmoid(scores[e]);
-        choice[e] = scores[e] + bias[e];
-    }
-    if (G > 1 && k->topk_group < G) {
-        float gs[1024];
-        unsigned char keep[1024];
-        for (int g = 0; g < G; g++) {
-            float a = -INFINITY, c = -INFINITY;   /* the two largest */
-            for (int e = g * per; e < (g + 1) * per; e++) {
-                float v = choice[e];
-                if (v > a) { c = a; a = v; }
-                else if (v > c) c = v;
-            }
-            gs[g] = a + c;
-            keep[g] = 0;
-        }
-        for (int r = 0; r < k->topk_group; r++) {
-            int best = -1;
-            for (int g = 0; g < G; g++)
-                if (!keep[g] && (best < 0 || gs[g] > gs[best])) best = g;
-            keep[best] = 1;
-        }
-        for (int g = 0; g < G; g++)
-            if (!keep[g])
-                for (int e = g * per; e < (g + 1) * per; e++) choice[e] = -INFINITY;
-    }
-    for (int r = 0; r < K; r++) {
-        int best = -1;
-        for (int e = 0; e < E; e++) {
-            if (choice[e] == -INFINITY) continue;
-            int taken = 0;
-            for (int q = 0; q < r; q++) taken |= ids[q] == e;
-            if (!taken && (best < 0 || choice[e] > choice[best])) best = e;
-        }
-        ids[r] = best;
-        w[r] = scores[best];
-    }
-    if (hp->norm_topk_prob) {
-        float sum = 0.0f;
-        for (int r = 0; r < K; r++) sum += w[r];
-        sum += 1e-20f;
-        for (int r = 0; r < K; r++) w[r] /= sum;
-    }
-    for (int r = 0; r < K; r++) w[r] *= k->routed_scale;
+/* What the MoE loop (moe.c) needs from this family: DeepSeek-V3 routing
+ * (sigmoid + correction bias, group-limited top-k, renormalised unbiased
+ * weights times routed_scale, all in moe.c) on this family's router, and the
+ * expert MLP (SiLU or SiTU) on the expert width (the latent width for K3). */
+typedef struct moe_ctx {
+    ferry_session *s;
+    const kbufs *b;
+} moe_ctx;
+
+static void moe_expert(void *p, int l, const uint8_t *rec, const float *in, int m, float *out) {
+    moe_ctx *c = p;
+    const fe_bank *bk = &c->s->e->c.banks[l];
+    fe_mat g = fe_expert_mat(bk, 0, rec), u = fe_expert_mat(bk, 1, rec), dn = fe_expert_mat(bk, 2, rec);
+    mlp(c->s, c->b, &g, &u, &dn, in, m, out);
 }
 
 static ferry_status moe(ferry_session *s, const kbufs *b, int l, int n, ferry_error *err) {
     const fe_hparams *hp = &s->e->c.hp;
     const fe_kimi_hparams *k = KH(hp);
     const kimi_layer *L = &MODEL(s->e)->layers[l];
-    const fe_bank *bk = &s->e->c.banks[l];
     kdims d = dims_of(hp);
-    const int E = d.E, K = d.topk, ed = d.ed;
-    matmul(s, b, &L->router, b->xb, n, b->router);
-    for (int t = 0; t < n; t++)
-        route(hp, L->router_bias, b->router + (size_t)t * E, b->choice, b->sel + t * K, b->sel_w + t * K);
+    const int ed = d.ed;
+    /* the latent path: experts run on a down-projection of the normed input */
     if (k->latent_dim) matmul(s, b, &L->lat_down, b->xb, n, b->z);
     else memcpy(b->z, b->xb, (size_t)n * ed * sizeof(float));
-    for (int e = 0; e < E; e++) {
-        int m = 0;
-        for (int t = 0; t < n; t++)
-            for (int r = 0; r < K; r++)
-                if (b->sel[t * K + r] == e) {
-                    memcpy(b->ex_in + (size_t)m * ed, b->z + (size_t)t * ed, (size_t)ed * sizeof(float));
-                    b->ex_tok[m] = t;
-                    b->ex_rank[m] = r;
-                    m++;
-                }
-        if (m == 0) continue;
-        const uint8_t *rec;
-        ferry_status st = fe_expert_get(s, l, e, &rec, err);
-        if (st) return st;
-        fe_mat g = fe_expert_mat(bk, 0, rec), u = fe_expert_mat(bk, 1, rec), dn = fe_expert_mat(bk, 2, rec);
-        mlp(s, b, &g, &u, &dn, b->ex_in, m, b->u);
-        for (int i = 0; i < m; i++)
-            memcpy(b->slots + ((size_t)b->ex_tok[i] * K + (size_t)b->ex_rank[i]) * ed, b->u + (size_t)i * ed,
-                   (size_t)ed * sizeof(float));
-    }
-    /* Sum in rank order so a token's result does not depend on its chunk. */
-    for (int t = 0; t < n; t++) {
-        float *u = b->u + (size_t)t * ed;
-        memset(u, 0, (size_t)ed * sizeof *u);
-        for (int r = 0; r < K; r++) {
-            const float *y = b->slots + ((size_t)t * K + r) * ed;
-            float w = b->sel_w[t * K + r];
-            for (int i = 0; i < ed; i++) u[i] += w * y[i];
-        }
-    }
+    memset(b->u, 0, (size_t)n * ed * sizeof(float));
+    moe_ctx c = {s, b};
+    fe_moe_arch a = {.ctx = &c, .kind = FE_ROUTE_SIGMOID_GROUPED, .ed = ed,
+                     .ops = {s->pool, b->rows, max_cols(&d), s->e->kernels},
+                     .layers = MODEL(s->e)->layers, .layer_size = sizeof(kimi_layer),
+                     .router_at = offsetof(kimi_layer, router), .norm_at = offsetof(kimi_layer, ffn_norm),
+                     .bias_at = offsetof(kimi_layer, router_bias), .expert = moe_expert};
+    ferry_status st = fe_moe_layer(s, &a, &b->moe, l, n, b->xb, b->z, b->x, b->u, err);
+    if (st) return st;
     if (k->latent_dim) {
         for (int t = 0; t < n; t++) fe_rmsnorm(b->u + (size_t)t * ed, b->u + (size_t)t * ed, L->lat_norm, ed, hp->norm_eps);
         matmul(s, b, &L->lat_up, b->u, n, b->y);

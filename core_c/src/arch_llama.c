@@ -4,6 +4,7 @@
  * come from the expert banks through experts.h. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +12,7 @@
 #include "experts.h"
 #include "formats.h"
 #include "model.h"
+#include "moe.h"
 
 /* The resident tensors of one transformer block. Vectors are f32. */
 typedef struct fe_layer {
@@ -102,19 +104,7 @@ typedef struct chunk_bufs {
     float *att;      /* [C][q_dim] attention output before o_proj */
     float *h1, *h2;  /* [C][max ffn] feed-forward hidden */
     float *y;        /* [C][dim] sub-block output */
-    float *router;   /* [C][n_experts] router probabilities */
-    int *sel;        /* [C][top_k] chosen experts */
-    float *sel_w;    /* [C][top_k] their weights */
-    float *slots;    /* [C][top_k][dim] each chosen expert's output */
-    float *ex_in;    /* [C][dim] rows routed to one expert */
-    int *ex_tok;     /* [C] which token each row is, and */
-    int *ex_rank;    /* [C] at which rank it chose the expert */
-    uint8_t *wanted; /* [n_experts] chosen by some token of the chunk */
-    int *ids;        /* [n_experts] the distinct chosen experts */
-    float *look_in;  /* [dim] lookahead: the next layer's normed input */
-    float *look_p;   /* [n_experts] its router probabilities */
-    int *look_ids;   /* [top_k] its predicted experts */
-    float *look_w;   /* [top_k] their weights (unused) */
+    fe_moe_bufs moe; /* the MoE loop's scratch (moe.h) */
     float *rows;     /* [threads][max cols] dequantized weight rows */
     float *scores;   /* [threads][n_ctx] attention scores */
 } chunk_bufs;
@@ -133,7 +123,7 @@ static uint64_t carve(const fe_hparams *hp, int n_ctx, int n_threads, uint8_t *b
     const uint64_t C = FE_CHUNK, dim = (uint64_t)hp->dim;
     const uint64_t qd = (uint64_t)hp->n_heads * hp->head_dim, kvd = (uint64_t)hp->n_kv_heads * hp->head_dim;
     uint64_t ffn = (uint64_t)(hp->ffn_dim > hp->expert_ffn_dim ? hp->ffn_dim : hp->expert_ffn_dim);
-    uint64_t E = (uint64_t)hp->n_experts, K = (uint64_t)hp->top_k;
+    uint64_t E = (uint64_t)hp->n_experts;
 #define TAKE(field, type, count)                                                                      \
     do {                                                                                              \
         if (base) b->field = (type *)(base + off);                                                   \
@@ -148,19 +138,11 @@ static uint64_t carve(const fe_hparams *hp, int n_ctx, int n_threads, uint8_t *b
     TAKE(h1, float, C * ffn);
     TAKE(h2, float, C * ffn);
     TAKE(y, float, C * dim);
-    TAKE(router, float, C * E);
-    TAKE(sel, int, C * K);
-    TAKE(sel_w, float, C * K);
-    TAKE(slots, float, C * K * dim);
-    TAKE(ex_in, float, C * dim);
-    TAKE(ex_tok, int, C);
-    TAKE(ex_rank, int, C);
-    TAKE(wanted, uint8_t, E);
-    TAKE(ids, int, E);
-    TAKE(look_in, float, dim);
-    TAKE(look_p, float, E);
-    TAKE(look_ids, int, K);
-    TAKE(look_w, float, K);
+    if (E) {
+        uint64_t m = fe_moe_carve(hp, hp->dim, NULL, NULL);
+        if (base) fe_moe_carve(hp, hp->dim, base + off, &b->moe);
+        off += FE_ALIGN_UP(m, 64);
+    }
     TAKE(rows, float, (uint64_t)n_threads * (uint64_t)max_cols(hp));
     TAKE(scores, float, (uint64_t)n_threads * (uint64_t)n_ctx);
 #undef TAKE
@@ -290,102 +272,29 @@ static void swiglu(ferry_session *s, const chunk_bufs *b, const fe_mat *g, const
     matmul(s, b, dn, b->h1, n, out);
 }
 
-/* Top-k of one token's router probabilities, highest first, ties to the lower id. */
-static void top_k(const float *p, int n, int k, int *ids, float *w, int renorm) {
-    for (int r = 0; r < k; r++) {
-        int best = -1;
-        for (int e = 0; e < n; e++) {
-            int taken = 0;
-            for (int q = 0; q < r; q++) taken |= ids[q] == e;
-            if (!taken && (best < 0 || p[e] > p[best])) best = e;
-        }
-        ids[r] = best;
-        w[r] = p[best];
-    }
-    if (renorm) {
-        float sum = 0.0f;
-        for (int r = 0; r < k; r++) sum += w[r];
-        for (int r = 0; r < k; r++) w[r] /= sum;
-    }
-}
+/* What the MoE loop (moe.c) needs from this family: the softmax router and
+ * the SwiGLU expert. */
+typedef struct moe_ctx {
+    ferry_session *s;
+    const chunk_bufs *b;
+} moe_ctx;
 
-/* Rows of the chunk routed to expert e, gathered into ex_in; returns their count. */
-static int gather(const fe_hparams *hp, const chunk_bufs *b, int n, int e) {
-    const int d = hp->dim, K = hp->top_k;
-    int m = 0;
-    for (int t = 0; t < n; t++)
-        for (int r = 0; r < K; r++)
-            if (b->sel[t * K + r] == e) {
-                memcpy(b->ex_in + (size_t)m * d, b->xb + (size_t)t * d, (size_t)d * sizeof(float));
-                b->ex_tok[m] = t;
-                b->ex_rank[m] = r;
-                m++;
-            }
-    return m;
-}
-
-/* Lookahead: run the next MoE layer's router on the current residual and let
- * the cache start reading its likely experts while this layer computes. The
- * real router still decides, so this changes speed, never output. */
-static void lookahead(ferry_session *s, const chunk_bufs *b, int l, int n) {
-    const fe_hparams *hp = &s->e->c.hp;
-    if (n != 1) return; /* a prompt chunk reads each distinct expert once anyway */
-    int next = l + 1;
-    while (next < hp->n_layers && !hp->layer_is_moe[next]) next++;
-    if (next >= hp->n_layers) return;
-    const fe_layer *N = &MODEL(s->e)->layers[next];
-    fe_rmsnorm(b->look_in, b->x, N->ffn_norm, hp->dim, hp->norm_eps);
-    matmul(s, b, &N->router, b->look_in, 1, b->look_p);
-    fe_softmax(b->look_p, hp->n_experts);
-    top_k(b->look_p, hp->n_experts, hp->top_k, b->look_ids, b->look_w, 0);
-    fe_experts_prefetch(s, next, b->look_ids, hp->top_k);
+static void moe_expert(void *p, int l, const uint8_t *rec, const float *in, int m, float *out) {
+    moe_ctx *c = p;
+    const fe_bank *bk = &c->s->e->c.banks[l];
+    fe_mat gm = fe_expert_mat(bk, 0, rec), um = fe_expert_mat(bk, 1, rec), dm = fe_expert_mat(bk, 2, rec);
+    swiglu(c->s, c->b, &gm, &um, &dm, in, m, out);
 }
 
 static ferry_status moe(ferry_session *s, const chunk_bufs *b, int l, int n, ferry_error *err) {
-    const fe_hparams *hp = &s->e->c.hp;
-    const fe_layer *L = &MODEL(s->e)->layers[l];
-    const fe_bank *bk = &s->e->c.banks[l];
-    const int d = hp->dim, E = hp->n_experts, K = hp->top_k;
-    matmul(s, b, &L->router, b->xb, n, b->router);
-    for (int t = 0; t < n; t++) {
-        fe_softmax(b->router + (size_t)t * E, E);
-        top_k(b->router + (size_t)t * E, E, K, b->sel + t * K, b->sel_w + t * K, hp->norm_topk_prob);
-    }
-    /* The distinct experts of the chunk, ascending: each is read once. */
-    memset(b->wanted, 0, (size_t)E);
-    for (int i = 0; i < n * K; i++) b->wanted[b->sel[i]] = 1;
-    int n_ids = 0;
-    for (int e = 0; e < E; e++)
-        if (b->wanted[e]) b->ids[n_ids++] = e;
-    const int per_visit = fe_experts_max_visit(s);
-    for (int g = 0; g < n_ids; g += per_visit) {
-        int cnt = n_ids - g < per_visit ? n_ids - g : per_visit;
-        ferry_status st = fe_experts_begin(s, l, b->ids + g, cnt, err);
-        if (st) return st;
-        if (g == 0) lookahead(s, b, l, n); /* reads for the next layer start now, behind this one's */
-        /* Compute experts in the order their records land. */
-        int which;
-        const uint8_t *rec;
-        while ((st = fe_experts_next(s, &which, &rec, err)) == FERRY_OK && which >= 0) {
-            int m = gather(hp, b, n, b->ids[g + which]);
-            fe_mat gm = fe_expert_mat(bk, 0, rec), um = fe_expert_mat(bk, 1, rec), dm = fe_expert_mat(bk, 2, rec);
-            swiglu(s, b, &gm, &um, &dm, b->ex_in, m, b->y);
-            for (int i = 0; i < m; i++)
-                memcpy(b->slots + ((size_t)b->ex_tok[i] * K + (size_t)b->ex_rank[i]) * d, b->y + (size_t)i * d,
-                       (size_t)d * sizeof(float));
-        }
-        fe_experts_end(s);
-        if (st) return st;
-    }
-    /* Sum in rank order so a token's result does not depend on its chunk or
-     * on the order the records landed. */
-    for (int t = 0; t < n; t++)
-        for (int r = 0; r < K; r++) {
-            const float *y = b->slots + ((size_t)t * K + r) * d;
-            float w = b->sel_w[t * K + r];
-            for (int i = 0; i < d; i++) b->x[(size_t)t * d + i] += w * y[i];
-        }
-    return FERRY_OK;
+    moe_ctx c = {s, b};
+    fe_moe_arch a = {.ctx = &c, .kind = FE_ROUTE_SOFTMAX, .ed = s->e->c.hp.dim,
+                     .ops = {s->pool, b->rows, max_cols(&s->e->c.hp), s->e->kernels},
+                     .layers = MODEL(s->e)->layers, .layer_size = sizeof(fe_layer),
+                     .router_at = offsetof(fe_layer, router), .norm_at = offsetof(fe_layer, ffn_norm),
+                     .expert = moe_expert};
+    /* the weighted expert outputs are added straight into the residual stream */
+    return fe_moe_layer(s, &a, &b->moe, l, n, b->xb, b->xb, b->x, b->x, err);
 }
 
 static ferry_status ffn(ferry_session *s, const chunk_bufs *b, int l, int n, ferry_error *err) {

@@ -401,6 +401,22 @@ void ferry_session_set_stage_callback(ferry_session *s, ferry_stage_fn fn, void 
 
 void ferry_session_stats(const ferry_session *s, ferry_stats *out) { *out = s->stats; }
 
+ferry_status ferry_session_set_routing(ferry_session *s, int experts_per_token, float cache_aware_margin,
+                                       ferry_error *err) {
+    if (err) { err->code = FERRY_OK; err->message[0] = '\0'; }
+    if (!s) return fe_fail(err, FERRY_E_ARG, "ferry_session_set_routing needs a session");
+    const int k = s->e->c.hp.top_k;
+    if (!s->e->cache || k <= 0)
+        return fe_fail(err, FERRY_E_ARG, "this model has no experts to route");
+    if (experts_per_token < 0 || experts_per_token > k)
+        return fe_fail(err, FERRY_E_ARG, "experts per token must be 1..%d (this model's top-k), or 0 for exact", k);
+    if (!(cache_aware_margin >= 0.0f) || cache_aware_margin > 1e6f)
+        return fe_fail(err, FERRY_E_ARG, "the cache-aware margin must be a number >= 0 (0 = exact routing)");
+    s->route_k = experts_per_token == k ? 0 : experts_per_token;
+    s->route_margin = cache_aware_margin;
+    return FERRY_OK;
+}
+
 const char *ferry_status_name(int code) {
     static const char *const names[] = {"FERRY_OK", "FERRY_E_ARG", "FERRY_E_IO", "FERRY_E_FORMAT",
                                         "FERRY_E_VERSION", "FERRY_E_NOMEM", "FERRY_E_BUDGET",

@@ -380,6 +380,14 @@ void fe_experts_prefetch(ferry_session *s, int layer, const int *ids, int n) {
     }
 }
 
+int fe_experts_cached(const ferry_session *s, int layer, int expert) {
+    const fe_ecache *c = s->e->cache;
+    int slot = fe_cache_policy_lookup(c->policy, layer, expert);
+    return slot >= 0 && (c->slot_valid[slot] || c->slot_job[slot].buf != NULL);
+}
+
+int fe_experts_lookahead_on(const ferry_session *s) { return s->e->cache->lookahead; }
+
 ferry_status fe_expert_get(ferry_session *s, int layer, int expert, const uint8_t **record, ferry_error *err) {
     int which;
     ferry_status st = fe_experts_begin(s, layer, &expert, 1, err);

@@ -53,6 +53,11 @@ void fe_experts_end(struct ferry_session *s);
  * will likely ask for these experts; the cache starts reading them. */
 void fe_experts_prefetch(struct ferry_session *s, int layer, const int *ids, int n);
 
+/* Is the record of (layer, expert) in RAM or already being read into it? */
+int fe_experts_cached(const struct ferry_session *s, int layer, int expert);
+/* Does the cache read the lookahead's predictions (not switched off)? */
+int fe_experts_lookahead_on(const struct ferry_session *s);
+
 /* One expert as a visit of its own: *record stays valid until the next call
  * into the cache on this session. Simple, but nothing overlaps. */
 ferry_status fe_expert_get(struct ferry_session *s, int layer, int expert, const uint8_t **record,

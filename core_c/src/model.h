@@ -74,6 +74,8 @@ struct ferry_session {
     atomic_int cancel;          /* set by ferry_session_request_cancel */
     ferry_stage_fn stage_fn;    /* observer or NULL */
     void *stage_user;           /* its user data */
+    int route_k;                /* experts per token; 0 = the model's top_k (ferry_session_set_routing) */
+    float route_margin;         /* cache-aware routing margin; 0 = exact routing */
     ferry_stats stats;          /* counters */
 };
 

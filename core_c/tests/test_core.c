@@ -3,7 +3,8 @@
  *
  *   test_core GOOD_CONTAINER [BAD_CONTAINER...]
  *
- * Unit checks of the JSON parser, CRC-32, number formats and the thread pool,
+ * Unit checks of the JSON parser, CRC-32, number formats, the thread pool and
+ * the MoE routing rules (exact, fewer experts per token, cache-aware),
  * then a full open/eval/verify of the good container, then every bad
  * container must be refused with a code and a message. Prints
  * "N passed, N failed" last and exits nonzero on any failure. */
@@ -16,6 +17,7 @@
 #include "../src/common.h"
 #include "../src/formats.h"
 #include "../src/json.h"
+#include "../src/moe.h"
 #include "../src/pool.h"
 
 static int passed, failed;
@@ -191,11 +193,93 @@ static void test_bad_container(const char *path) {
     CHECK(ferry_verify(path, NULL, NULL, &err) != FERRY_OK && err.message[0] != '\0');
 }
 
+
+/* Routing of one token, both rules, on random logits: experts per token N
+ * gives the exact top-k's first N (renormalised like the model's k); N = k and
+ * margin 0 give the exact choice and weights bit for bit; a cache-aware margin
+ * only swaps choices within the margin for experts in RAM. */
+static void route_once(fe_route_params *p, const float *logits, const uint8_t *ram, int *ids, float *w, int *swapped) {
+    enum { E = 64 };
+    float l[E], choice[E], group[E];
+    uint8_t mark[E] = {0};
+    memcpy(l, logits, sizeof l);
+    fe_moe_route(p, l, choice, group, mark, ram, ids, w, swapped);
+    for (int e = 0; e < E; e++) CHECK(mark[e] == 0);
+}
+
+static void test_routing(void) {
+    enum { E = 64, K = 8 };
+    float bias[E];
+    uint64_t x = 88172645463325252ull;
+    int total_swaps[2] = {0, 0};
+    for (int kind = 0; kind < 2; kind++)
+        for (int trial = 0; trial < 40; trial++) {
+            float logits[E];
+            uint8_t ram[E];
+            for (int e = 0; e < E; e++) {
+                x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+                logits[e] = (float)((x >> 11) % 20000) / 5000.0f - 2.0f;
+                bias[e] = (float)((x >> 40) % 100) / 1000.0f;
+                ram[e] = (x >> 3) % 3 == 0;
+            }
+            fe_route_params p = {.kind = kind, .n_experts = E, .top_k = K, .norm = 1, .scale = kind ? 2.5f : 1.0f,
+                                 .n_group = kind ? 8 : 0, .topk_group = kind ? 4 : 0, .norm_eps = kind ? 1e-20f : 0,
+                                 .bias = bias};
+            int exact[K], ids[K], sw;
+            float we[K], w[K];
+            route_once(&p, logits, NULL, exact, we, &sw);
+            for (int r = 1; r < K; r++) CHECK(exact[r] != exact[r - 1]);
+            p.k_used = K;
+            route_once(&p, logits, ram, ids, w, &sw);
+            CHECK(memcmp(ids, exact, sizeof ids) == 0 && memcmp(w, we, sizeof w) == 0 && sw == 0);
+            for (int n = 1; n < K; n++) { /* fewer experts per token: the exact top n, weights renormalised */
+                p.k_used = n;
+                route_once(&p, logits, NULL, ids, w, &sw);
+                float sum = 0;
+                for (int r = 0; r < n; r++) { CHECK(ids[r] == exact[r]); sum += w[r]; }
+                CHECK(fabsf(sum - p.scale) < 1e-5f);
+            }
+            p.k_used = 0;
+            p.margin = kind ? 0.05f : 0.5f;
+            route_once(&p, logits, ram, ids, w, &sw);
+            /* the scores the rule compares: softmax probabilities, or sigmoid + bias */
+            float key[E], mx = -1e30f, z = 0;
+            for (int e = 0; e < E; e++) mx = logits[e] > mx ? logits[e] : mx;
+            for (int e = 0; e < E; e++) z += expf(logits[e] - mx);
+            for (int e = 0; e < E; e++)
+                key[e] = kind ? 1.0f / (1.0f + expf(-logits[e])) + bias[e] : expf(logits[e] - mx) / z;
+            float ref = key[exact[K - 1]];
+            int changed = 0;
+            for (int r = 0; r < K; r++) {
+                int in_exact = 0;
+                for (int j = 0; j < K; j++) in_exact |= ids[r] == exact[j];
+                if (!in_exact) { /* a swap: in RAM and within the margin below the last exact choice */
+                    changed++;
+                    CHECK(ram[ids[r]]);
+                    CHECK(kind ? key[ids[r]] >= ref - p.margin - 1e-6f : key[ids[r]] >= ref * expf(-p.margin) * 0.999f);
+                }
+                if (r) CHECK(key[ids[r]] <= key[ids[r - 1]]); /* still in rank order */
+            }
+            CHECK(changed == sw);
+            total_swaps[kind] += sw;
+            for (int j = 0; j < K; j++) { /* an exact choice dropped was cold and within the margin above */
+                int kept = 0;
+                for (int r = 0; r < K; r++) kept |= ids[r] == exact[j];
+                if (!kept) {
+                    CHECK(!ram[exact[j]]);
+                    CHECK(kind ? key[exact[j]] <= ref + p.margin + 1e-6f : key[exact[j]] <= ref * expf(p.margin) * 1.001f);
+                }
+            }
+        }
+    CHECK(total_swaps[0] > 0 && total_swaps[1] > 0); /* the margins above do move some choices */
+}
+
 int main(int argc, char **argv) {
     test_crc32();
     test_json();
     test_formats();
     test_pool();
+    test_routing();
     if (argc > 1) test_good_container(argv[1]);
     for (int i = 2; i < argc; i++) test_bad_container(argv[i]);
     CHECK(strcmp(ferry_status_name(FERRY_E_CHECKSUM), "FERRY_E_CHECKSUM") == 0);

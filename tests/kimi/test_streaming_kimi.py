@@ -1,0 +1,167 @@
+"""Kimi K3, Kimi-Linear and DeepSeek-V3 on the streaming machinery (the one
+MoE loop of core_c/src/moe.c): the expert cache, overlapped reads, the
+lookahead with the family's own router, and chunked prefill change speed,
+never output; the opt-in routing modes (fewer experts per token, cache-aware
+routing) read fewer experts and are exact when set to the model's k and a
+zero margin."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from app.convert.convert import convert
+from app.engine.binding import Engine, FerryError
+from tests.kimi import tiny_k3, tiny_kimi
+
+pytestmark = pytest.mark.slow
+
+PROMPT, DECODE = 20, 8
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("kimi_stream")
+    out = {}
+    tiny_k3.build(root / "k3")
+    out["k3"] = convert(root / "k3", root / "k3.ferry", trunk_format="f32", expert_format="f32")
+    for kind in ("deepseek", "kimi_linear"):
+        tiny_kimi.build(kind, root / kind)
+        out[kind] = convert(root / kind, root / f"{kind}.ferry", trunk_format="f32", expert_format="f32")
+    return out
+
+
+def tokens_for(kind):
+    vocab = tiny_k3.VOCAB if kind == "k3" else tiny_kimi.VOCAB
+    return [int(t) for t in np.random.default_rng(7).integers(3, vocab, PROMPT + DECODE)]
+
+
+def run(container, tokens, *, stepwise_prompt=False, routing=None, **options):
+    """Logits of every position (a chunked or token-at-a-time prompt, then
+    single steps) and the session's stats."""
+    with Engine(container, threads=2, n_ctx=64, **options) as engine:
+        s = engine.session(64)
+        if routing is not None:
+            s.set_routing(*routing)
+        if stepwise_prompt:
+            out = [s.eval([t])[None] for t in tokens[:PROMPT]]
+        else:
+            out = [s.eval(tokens[:PROMPT], all_logits=True)]
+        out += [s.eval([t])[None] for t in tokens[PROMPT:]]
+        return np.concatenate(out), s.stats(), engine.info
+
+
+@pytest.mark.parametrize("kind", ["k3", "deepseek", "kimi_linear"])
+def test_every_mechanism_and_prefill_mode_gives_identical_logits(models, kind):
+    tokens = tokens_for(kind)
+    reference, _, info = run(models[kind], tokens, cache=False, overlap=False, lookahead=False, direct_io=False)
+    k = info.top_k
+    variants = {
+        "all on": {},
+        "cache of one token's set": {"cache_slots": k},
+        "small cache": {"cache_slots": 2 * k},
+        "no cache": {"cache": False},
+        "no overlap": {"overlap": False},
+        "no lookahead": {"lookahead": False},
+        "token-at-a-time prompt": {"stepwise_prompt": True},
+        "token-at-a-time prompt, small cache": {"stepwise_prompt": True, "cache_slots": 2 * k},
+        "experts per token = k, margin 0": {"routing": (k, 0.0), "cache_slots": 2 * k},
+        "routing reset to exact": {"routing": (None, 0.0)},
+    }
+    for name, opts in variants.items():
+        logits, stats, _ = run(models[kind], tokens, **opts)
+        assert np.array_equal(logits, reference), f"{kind}: {name}"
+        assert stats.hits + stats.misses > 0
+        assert stats.routed_swaps == 0
+
+
+@pytest.mark.parametrize("kind", ["k3", "deepseek", "kimi_linear"])
+def test_chunked_prefill_reads_each_distinct_expert_once(models, kind):
+    tokens = tokens_for(kind)
+    _, chunked, info = run(models[kind], tokens[:PROMPT] + tokens[PROMPT:PROMPT], cache=False)
+    _, stepwise, _ = run(models[kind], tokens, stepwise_prompt=True, cache=False)
+    moe_layers = info.n_moe_layers
+    assert chunked.expert_reads <= moe_layers * info.n_experts  # each distinct expert of a layer once
+    assert chunked.prompt_tokens == PROMPT
+    # token by token every choice is a read (no cache): PROMPT + DECODE tokens x layers x k
+    assert stepwise.expert_reads == (PROMPT + DECODE) * moe_layers * info.top_k
+
+
+def test_k3_near_its_floor_reports_lookahead_and_uses_prefetched_records(models):
+    """Under a budget a few records above the floor, decoding runs the next
+    layer's DeepSeek router on the current residual: its accuracy is
+    reported and its reads are used."""
+    tokens = tokens_for("k3")
+    with Engine(models["k3"], threads=2, n_ctx=64) as probe:
+        plan = probe.plan(64)
+    budget = plan.floor_bytes + 4 * plan.record_bytes
+    reference, _, _ = run(models["k3"], tokens, cache=False, lookahead=False)
+    logits, st, info = run(models["k3"], tokens, ram_budget=budget)
+    assert np.array_equal(logits, reference)
+    assert info.cache_slots < info.n_moe_layers * info.n_experts
+    mode = st.per_mode()
+    assert mode["lookahead_accuracy"] is not None and 0 < mode["lookahead_accuracy"] <= 1
+    assert st.lookahead_predicted == DECODE * (info.n_moe_layers - 1) * info.top_k
+    assert st.prefetch_issued > 0 and st.prefetch_used > 0
+    assert mode["bytes_per_token"] > 0 and 0 <= mode["hit_rate"] < 1
+
+
+@pytest.mark.parametrize("kind", ["k3", "deepseek", "kimi_linear"])
+def test_fewer_experts_per_token_read_fewer_experts(models, kind):
+    tokens = tokens_for(kind)
+    exact, exact_st, info = run(models[kind], tokens, cache=False)
+    k = info.top_k
+    n = max(1, k // 2)
+    logits, st, _ = run(models[kind], tokens, cache=False, routing=(n, 0.0))
+    uses = (PROMPT + DECODE) * info.n_moe_layers
+    assert st.routed_choices == uses * n and exact_st.routed_choices == uses * k
+    assert st.bytes_read < exact_st.bytes_read and st.expert_reads < exact_st.expert_reads
+    assert np.isfinite(logits).all() and not np.array_equal(logits, exact)
+    # same argmax for most positions on these random models is not promised; the logits stay close in scale
+    assert np.abs(logits).max() < 10 * np.abs(exact).max()
+
+
+@pytest.mark.parametrize("kind", ["k3", "deepseek"])
+def test_cache_aware_routing_moves_choices_to_experts_in_ram(models, kind):
+    tokens = tokens_for(kind)
+    with Engine(models[kind], threads=2, n_ctx=64) as probe:
+        k = probe.info.top_k
+    _, exact_st, _ = run(models[kind], tokens, cache_slots=2 * k)
+    logits, st, _ = run(models[kind], tokens, cache_slots=2 * k, routing=(None, 0.2))
+    assert st.routed_swaps > 0
+    assert st.routed_choices == exact_st.routed_choices
+    assert st.per_mode()["hit_rate"] > exact_st.per_mode()["hit_rate"]
+    assert st.misses < exact_st.misses  # (reads also count the lookahead's, so they need not fall)
+    assert np.isfinite(logits).all()
+
+
+def test_routing_settings_are_checked(models):
+    with Engine(models["deepseek"], threads=1, n_ctx=32) as engine:
+        s = engine.session(32)
+        k = engine.info.top_k
+        for bad in [(0, 0.0), (k + 1, 0.0), (None, -1.0), (None, float("nan"))]:
+            with pytest.raises(FerryError):
+                s.set_routing(*bad)
+        s.set_routing(k, 0.0)
+        s.set_routing(1, 0.5)
+        s.set_routing(None, 0.0)
+
+
+@pytest.mark.parametrize("key", ["model_max_length", None])
+def test_convert_takes_the_context_length_a_kimi_linear_config_states(tmp_path, key):
+    """The Kimi-Linear release states its context as model_max_length only; a
+    config that states no length gets the documented default."""
+    import json
+
+    from app.convert.arch import DEFAULT_CONTEXT
+
+    ckpt = tmp_path / "ckpt"
+    tiny_kimi.build("kimi_linear", ckpt)
+    cfg = json.loads((ckpt / "config.json").read_text())
+    del cfg["max_position_embeddings"]
+    if key:
+        cfg[key] = 1048576
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    out = convert(ckpt, tmp_path / "kl.ferry", trunk_format="f32", expert_format="f32")
+    with Engine(out, threads=1, n_ctx=32) as engine:
+        assert engine.info.max_ctx == (1048576 if key else DEFAULT_CONTEXT)
+        assert np.isfinite(engine.session(32).eval([5, 6, 7])).all()
