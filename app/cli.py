@@ -182,6 +182,7 @@ def cmd_info(args) -> int:
 def cmd_run(args) -> int:
     model = _open(args)
     session = model.new_session(args.ctx)
+    _set_routing(args, session)
     ids = _prompt_ids(model, args.prompt, args.raw, args.system)
     stream = not args.json
     end: Finished | None = None
@@ -252,9 +253,51 @@ def cmd_chat(args) -> int:
               file=sys.stderr)
 
 
+def _add_routing(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--experts-per-token", type=int, default=None, metavar="N",
+                   help="opt-in: route each token to its top N experts instead of the model's k (fewer reads, "
+                        "not exact)")
+    p.add_argument("--cache-aware", type=float, default=0.0, metavar="MARGIN",
+                   help="opt-in: prefer experts already in RAM among those within MARGIN of the last choice "
+                        "(0 = exact routing)")
+
+
+def _set_routing(args, session) -> None:
+    if args.experts_per_token is not None or args.cache_aware:
+        session.set_routing(args.experts_per_token, args.cache_aware)
+
+
+def cmd_eval_compare(args) -> int:
+    from app.engine.compare import compare, read_prompts
+
+    model = _open(args)
+    try:
+        ids = [_prompt_ids(model, p, not args.chat)[:args.max_tokens] for p in read_prompts(args.compare)]
+        budget = model.engine.info.ram_budget
+    finally:
+        model.close()  # the comparison opens the model afresh per mode
+    report = compare(model.path, ids, experts_per_token=args.experts_per_token, cache_aware_margin=args.cache_aware,
+                     ram_budget=budget, threads=args.threads, kernels=getattr(args, "kernels", None))
+    if args.json:
+        print(json.dumps(report, indent=1))
+    else:
+        ex, md = report["exact"], report["compared"]
+        print(f"{report['positions']} positions of {report['prompts']} prompts: KL mean {report['kl_mean']:.4g}, "
+              f"max {report['kl_max']:.4g}; top-1 agreement {report['top1_agreement']:.1%}")
+        for name, m in (("exact", ex), ("mode", md)):
+            print(f"  {name:5s}  {m['bytes_per_token'] or 0:14,.0f} bytes/token  hit rate {m['hit_rate'] or 0:.1%}  "
+                  f"stall {m['stall_seconds']:.3f} s")
+    return 0
+
+
 def cmd_eval(args) -> int:
+    if args.compare:
+        return cmd_eval_compare(args)
+    if args.prompt is None:
+        raise UsageError("ferry eval needs a prompt (or --compare FILE)")
     model = _open(args)
     session = model.new_session(args.ctx)
+    _set_routing(args, session)
     ids = _prompt_ids(model, args.prompt, not args.chat)
     logits = session.eval(ids).astype(np.float64)
     logp = logits - (logits.max() + math.log(np.exp(logits - logits.max()).sum()))
@@ -404,6 +447,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sampling(p)
     p.add_argument("--raw", action="store_true", help="do not apply the chat template")
     p.add_argument("--json", action="store_true")
+    _add_routing(p)
     p.set_defaults(fn=cmd_run)
 
     p = sub.add_parser("chat", help="an interactive conversation")
@@ -413,10 +457,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("eval", help="next-token log-probabilities after a prompt")
     _add_model_options(p)
-    p.add_argument("prompt")
+    p.add_argument("prompt", nargs="?")
     p.add_argument("--chat", action="store_true", help="apply the chat template to the prompt")
     p.add_argument("--top", type=int, default=20)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--compare", metavar="FILE",
+                   help="compare a routing mode (--experts-per-token/--cache-aware) with exact routing over the "
+                        "prompts in FILE (text, one a line, or JSON Lines): KL, top-1 agreement, bytes/token")
+    p.add_argument("--max-tokens", type=int, default=256, help="with --compare: tokens of each prompt evaluated")
+    _add_routing(p)
     p.set_defaults(fn=cmd_eval)
 
     p = sub.add_parser("plan", help="the RAM a model needs here, and the budget Ferry would choose")
