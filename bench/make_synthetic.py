@@ -155,7 +155,34 @@ def write_tokenizer(out: Path, vocab: int) -> None:
     tok.save(str(out / "tokenizer.json"))
 
 
+def make_kimi(a) -> Path:
+    """A K3- or Kimi-Linear-shaped checkpoint in the release layout, written by
+    the generators the tests check against their references (tests/kimi):
+    K3 (KDA + MLA, AttnRes, latent MoE, MXFP4 experts, sigmoid routing) or
+    Kimi-Linear (KDA + NoPE MLA, sigmoid routing, shared expert), with the
+    expert count, top-k and expert width asked for."""
+    # Run as a script, bench/ is first on the path and its kernels.py would
+    # shadow the `kernels` package transformers imports.
+    here = Path(__file__).resolve().parent
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != here]
+    from tests.kimi import tiny_k3, tiny_kimi
+
+    out = Path(a.out)
+    if a.family == "k3":
+        tiny_k3.build(out, seed=a.seed, moe_ffn=a.expert_ffn, latent=a.latent, experts=a.experts, top_k=a.top_k)
+    else:
+        layers = range(1, a.layers + 1)  # one MLA layer in four, as the release (3 KDA : 1 MLA)
+        lin = {**tiny_kimi.KIMI_LINEAR["linear_attn_config"], "kda_layers": [i for i in layers if i % 4],
+               "full_attn_layers": [i for i in layers if not i % 4]}
+        tiny_kimi.build("kimi_linear", out, num_experts=a.experts, num_experts_per_token=a.top_k,
+                        moe_intermediate_size=a.expert_ffn, hidden_size=a.dim, num_hidden_layers=a.layers,
+                        intermediate_size=2 * a.dim, linear_attn_config=lin)
+    return out
+
+
 def make(a) -> Path:
+    if a.family != "qwen3moe":
+        return make_kimi(a)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     cfg = qwen3moe_config(a)
@@ -186,6 +213,10 @@ def make(a) -> Path:
 def parse(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--family", choices=["qwen3moe", "k3", "kimi_linear"], default="qwen3moe",
+                    help="k3: Kimi K3's layout (7 layers, width 64, latent MoE; --layers/--dim are fixed); "
+                         "kimi_linear: Kimi-Linear's (KDA + MLA)")
+    ap.add_argument("--latent", type=int, default=64, help="k3: the latent width the experts run on")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--experts", type=int, default=16)
     ap.add_argument("--top-k", type=int, default=4)

@@ -1,13 +1,17 @@
 """The streaming engine on a synthetic MoE model larger than its RAM budget.
 
     python bench/stream.py --json [--size-gb 2] [--budget-frac 0.25] [--tokens 24] [--rounds 3]
+    python bench/stream.py --json --family k3 --routing [--margins 0.02,0.1]
 
-Writes a deterministic Qwen3-MoE-shaped checkpoint (bench/make_synthetic.py),
+Writes a deterministic Qwen3-MoE-shaped checkpoint (bench/make_synthetic.py;
+--family k3 or kimi_linear: those releases' layouts, shapes in KIMI_SHAPES),
 converts it with `ferry convert` (q4_1 experts), then measures in one run:
 
 * streaming: decode with the cache, overlapped reads and the lookahead;
 * synchronous: the same budget with overlap and lookahead off;
 * the compute floor: the same tokens with every expert already in RAM;
+* with --routing, the opt-in modes: fewer experts per token (3k/4, k/2, k/4)
+  and cache-aware margins, each with bytes/token, hit rate and s/token;
 * the disk floor: the bytes each token must read (the fewest any mode read
   at this budget), over the best bandwidth the disk gave in any round to the
   engine's own pattern (random whole records, direct I/O, the same number of
@@ -46,9 +50,11 @@ from bench.make_synthetic import make, parse
 PROMPT = 16
 
 
-def decode_run(container: Path, tokens: list[int], **opts) -> dict:
+def decode_run(container: Path, tokens: list[int], routing: tuple | None = None, **opts) -> dict:
     with Engine(container, n_ctx=256, **opts) as engine:
         s = engine.session(256)
+        if routing:
+            s.set_routing(*routing)
         s.eval(tokens[:PROMPT])
         before = s.stats()
         t0 = time.perf_counter()
@@ -67,6 +73,7 @@ def decode_run(container: Path, tokens: list[int], **opts) -> dict:
             "lookahead_accuracy": (d("lookahead_correct") / d("lookahead_predicted")
                                    if d("lookahead_predicted") else None),
             "prefetch_used": d("prefetch_used"), "prefetch_wasted": d("prefetch_wasted"),
+            "swap_rate": d("routed_swaps") / d("routed_choices") if d("routed_choices") else None,
             "cache_slots": engine.info.cache_slots, "direct_io": engine.info.direct_io,
             "io_note": engine.info.io_note,
         }
@@ -79,7 +86,8 @@ def compute_floor(container: Path, tokens: list[int]) -> dict:
         s.eval(tokens[:PROMPT])
         for t in tokens[PROMPT:]:
             s.eval([t])
-        s.truncate(PROMPT)
+        s.reset()  # (not truncate: a recurrent model such as Kimi-Linear or K3 cannot rewind)
+        s.eval(tokens[:PROMPT])
         t0 = time.perf_counter()
         for t in tokens[PROMPT:]:
             s.eval([t])
@@ -126,6 +134,8 @@ def median_run(runs: list[dict]) -> dict:
 
 def prepare(a, where: Path) -> Path:
     """Write and convert the synthetic model, or reuse the one a run with the same flags left."""
+    if a.family != "qwen3moe":
+        return prepare_kimi(a, where)
     tag = f"synth-{a.size_gb:g}gb-{'corr' if a.correlated else 'rand'}"
     container = where / f"{tag}.ferry"
     if (container / "manifest.json").exists() and (where / f"{tag}.done").exists():
@@ -139,6 +149,39 @@ def prepare(a, where: Path) -> Path:
     return container
 
 
+#: The Kimi-family shapes (small enough for a 2-core box): K3's 896 experts
+#: top-16 scaled to 128 top-16 on its latent MoE; Kimi-Linear's 256 top-8 to
+#: 128 top-8.
+KIMI_SHAPES = {
+    "k3": ["--experts", "128", "--top-k", "16", "--expert-ffn", "512", "--latent", "128"],
+    "kimi_linear": ["--experts", "128", "--top-k", "8", "--expert-ffn", "512", "--dim", "128", "--layers", "8"],
+}
+
+
+def prepare_kimi(a, where: Path) -> Path:
+    tag = f"synth-{a.family}"
+    container = where / f"{tag}.ferry"
+    if (container / "manifest.json").exists() and (where / f"{tag}.done").exists():
+        return container
+    ckpt = make(parse(["--out", str(where / f"{tag}-ckpt"), "--family", a.family, *KIMI_SHAPES[a.family]]))
+    convert(ckpt, container, expert_format="q4_1")
+    shutil.rmtree(ckpt, ignore_errors=True)
+    (where / f"{tag}.done").write_text("converted\n")
+    return container
+
+
+def routing_modes(top_k: int, margins: list[float]) -> dict:
+    """Opt-in routing: top-k, 3k/4, k/2, k/4 experts per token (16/12/8/4 on
+    K3), and cache-aware margins at the model's k."""
+    modes = {}
+    for n in sorted({top_k, max(1, 3 * top_k // 4), max(1, top_k // 2), max(1, top_k // 4)}, reverse=True):
+        if n != top_k:
+            modes[f"top{n}"] = {"routing": (n, 0.0)}
+    for m in margins:
+        modes[f"cache_aware_{m:g}"] = {"routing": (None, m)}
+    return modes
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size-gb", type=float, default=2.0, help="bf16 checkpoint size")
@@ -149,6 +192,11 @@ def main(argv=None) -> int:
     ap.add_argument("--correlated", action="store_true",
                     help="one router for all layers (routing predictable across layers, as in real models)")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved repetitions of every mode")
+    ap.add_argument("--family", choices=["qwen3moe", "k3", "kimi_linear"], default="qwen3moe",
+                    help="the synthetic model's shape (k3 and kimi_linear: see KIMI_SHAPES)")
+    ap.add_argument("--routing", action="store_true",
+                    help="also measure the opt-in routing modes (fewer experts per token, cache-aware margins)")
+    ap.add_argument("--margins", default="0.02,0.1", help="cache-aware margins to measure with --routing")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     if a.workdir:
@@ -160,13 +208,17 @@ def main(argv=None) -> int:
         plan = container_plan(container, 256)
         all_experts = plan.expert_bytes
         budget = plan.floor_bytes + int(a.budget_frac * all_experts) + 8 * plan.record_bytes
+        with Engine(container, n_ctx=256, threads=1) as probe:
+            vocab, top_k = probe.info.vocab, probe.info.top_k
         rng = np.random.default_rng(5)
-        tokens = [int(t) for t in rng.integers(3, 2048, PROMPT + a.tokens)]
+        tokens = [int(t) for t in rng.integers(3, vocab, PROMPT + a.tokens)]
         modes = {
             "streaming": {},
             "synchronous": {"overlap": False, "lookahead": False},
             "no_lookahead": {"lookahead": False},
         }
+        if a.routing:
+            modes.update(routing_modes(top_k, [float(m) for m in a.margins.split(",") if m]))
         runs: dict[str, list[dict]] = {m: [] for m in modes}
         compute, disk = [], []
         for _ in range(max(1, a.rounds)):
@@ -188,6 +240,7 @@ def main(argv=None) -> int:
     larger = max(disk_floor, compute_s)
     result = {
         "machine": {"arch": platform.machine(), "cpus": os.cpu_count()},
+        "family": a.family,
         "routing": "correlated" if a.correlated else "random", "model_bytes": model_bytes, "budget_bytes": budget,
         "record_bytes": plan.record_bytes, "rounds": max(1, a.rounds), "tokens": a.tokens,
         "prepare_seconds": round(prep, 1),

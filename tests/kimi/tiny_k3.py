@@ -27,7 +27,7 @@ VOCAB = BASE_VOCAB + 256
 A_LOG_LEN = 8                    # padded beyond the 4 real heads, as the release pads 96 to 128
 
 
-def text_config(moe_ffn: int = MOE_FFN, latent: int = LATENT) -> dict:
+def text_config(moe_ffn: int = MOE_FFN, latent: int = LATENT, experts: int = EXPERTS, top_k: int = TOPK) -> dict:
     full = [4, 7]
     return {
         "activation_situ_beta": 4.0, "activation_situ_linear_beta": 25.0,
@@ -41,7 +41,7 @@ def text_config(moe_ffn: int = MOE_FFN, latent: int = LATENT) -> dict:
         "max_position_embeddings": 4096, "mla_use_nope": True, "mla_use_output_gate": True,
         "model_type": "kimi_linear", "moe_intermediate_size": moe_ffn, "moe_layer_freq": 1,
         "moe_renormalize": True, "moe_router_activation_func": "sigmoid", "num_attention_heads": HEADS,
-        "num_expert_group": 1, "num_experts": EXPERTS, "num_experts_per_token": TOPK,
+        "num_expert_group": 1, "num_experts": experts, "num_experts_per_token": top_k,
         "num_hidden_layers": LAYERS, "num_key_value_heads": HEADS, "num_nextn_predict_layers": 0,
         "num_shared_experts": SHARED, "q_lora_rank": QLORA, "qk_nope_head_dim": NOPE, "qk_rope_head_dim": ROPE,
         "quantization_config": {
@@ -59,14 +59,15 @@ def text_config(moe_ffn: int = MOE_FFN, latent: int = LATENT) -> dict:
     }
 
 
-def config(moe_ffn: int = MOE_FFN, latent: int = LATENT) -> dict:
+def config(moe_ffn: int = MOE_FFN, latent: int = LATENT, experts: int = EXPERTS, top_k: int = TOPK) -> dict:
     return {"architectures": ["KimiK3ForConditionalGeneration"], "model_type": "kimi_k3",
             "bos_token_id": BASE_VOCAB, "eos_token_id": BASE_VOCAB + 2, "pad_token_id": VOCAB - 1,
-            "text_config": text_config(moe_ffn, latent), "tie_word_embeddings": False,
+            "text_config": text_config(moe_ffn, latent, experts, top_k), "tie_word_embeddings": False,
             "vision_config": {"vt_hidden_size": 16}}
 
 
-def build(out: Path, seed: int = 3, moe_ffn: int = MOE_FFN, latent: int = LATENT) -> None:
+def build(out: Path, seed: int = 3, moe_ffn: int = MOE_FFN, latent: int = LATENT, experts: int = EXPERTS,
+          top_k: int = TOPK) -> None:
     import torch
     from safetensors.torch import save_file
 
@@ -90,7 +91,7 @@ def build(out: Path, seed: int = 3, moe_ffn: int = MOE_FFN, latent: int = LATENT
     P = "language_model.model."
     mat(P + "embed_tokens.weight", VOCAB, HIDDEN, 1.0)
     HD = HEADS * HEAD_DIM
-    cfg = text_config(moe_ffn, latent)
+    cfg = text_config(moe_ffn, latent, experts, top_k)
     kda = {i - 1 for i in cfg["linear_attn_config"]["kda_layers"]}
     for i in range(LAYERS):
         L = P + f"layers.{i}."
@@ -130,15 +131,15 @@ def build(out: Path, seed: int = 3, moe_ffn: int = MOE_FFN, latent: int = LATENT
             mat(L + "mlp.down_proj.weight", HIDDEN, DENSE_FFN)
             continue
         m = L + "block_sparse_moe."
-        mat(m + "gate.weight", EXPERTS, HIDDEN, 0.3)
-        f32(m + "gate.e_score_correction_bias", (EXPERTS,), 0.05)
+        mat(m + "gate.weight", experts, HIDDEN, 0.3)
+        f32(m + "gate.e_score_correction_bias", (experts,), 0.05)
         mat(m + "routed_expert_down_proj.weight", latent, HIDDEN, 0.2)
         mat(m + "routed_expert_up_proj.weight", HIDDEN, latent, 0.2)
         norm(m + "routed_expert_norm.weight", latent)
         mat(m + "shared_experts.gate_proj.weight", SHARED * moe_ffn, HIDDEN)
         mat(m + "shared_experts.up_proj.weight", SHARED * moe_ffn, HIDDEN)
         mat(m + "shared_experts.down_proj.weight", HIDDEN, SHARED * moe_ffn)
-        for e in range(EXPERTS):
+        for e in range(experts):
             ex = m + f"experts.{e}."
             mxfp4(ex + "w1", moe_ffn, latent)
             mxfp4(ex + "w3", moe_ffn, latent)
@@ -160,7 +161,7 @@ def build(out: Path, seed: int = 3, moe_ffn: int = MOE_FFN, latent: int = LATENT
         save_file({n: src[n].contiguous() for n in group}, str(out / fname), metadata={"format": "pt"})
         weight_map.update({n: fname for n in group})
     (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    (out / "config.json").write_text(json.dumps(config(moe_ffn, latent), indent=1))
+    (out / "config.json").write_text(json.dumps(config(moe_ffn, latent, experts, top_k), indent=1))
     (out / "tiktoken.model").write_text("".join(f"{base64.b64encode(bytes([b])).decode()} {b}\n"
                                                 for b in range(BASE_VOCAB)))
     (out / "tokenizer_config.json").write_text(json.dumps({"bos_token": "[BOS]", "eos_token": "[EOS]",

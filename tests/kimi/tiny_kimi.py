@@ -88,20 +88,21 @@ def release_names(state: dict, kind: str, conv_dim: int = 0) -> dict:
     return out
 
 
-def build(kind: str, out: Path):
-    """Write a random checkpoint ('deepseek' or 'kimi_linear') in release naming; returns the torch model."""
+def build(kind: str, out: Path, **overrides):
+    """Write a random checkpoint ('deepseek' or 'kimi_linear') in release naming; returns the torch model.
+    ``overrides`` replace entries of the config (e.g. num_experts for a benchmark)."""
     import torch
     import transformers
     from safetensors.numpy import save_file
 
     if kind == "deepseek":
-        cfg = transformers.DeepseekV3Config(**DEEPSEEK)
+        cfg = transformers.DeepseekV3Config(**{**DEEPSEEK, **overrides})
         model = transformers.DeepseekV3ForCausalLM(cfg)
         config = cfg.to_dict()
         config["architectures"] = ["DeepseekV3ForCausalLM"]
         conv_dim, naming = 0, "deepseek"
     else:
-        raw = dict(KIMI_LINEAR)
+        raw = {**KIMI_LINEAR, **overrides}
         cfg = transformers.KimiLinearConfig(**{k: v for k, v in raw.items() if k not in ("architectures",)})
         model = transformers.KimiLinearForCausalLM(cfg)
         config = raw
