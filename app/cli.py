@@ -217,6 +217,7 @@ def cmd_run(args) -> int:
 def cmd_chat(args) -> int:
     model = _open(args)
     session = model.new_session(args.ctx)
+    _set_routing(args, session)
     messages: list[dict] = [{"role": "system", "content": args.system}] if args.system else []
     print(f"Chatting with {model.name}. Empty line or Ctrl-D to quit; /new starts over.", file=sys.stderr)
     while True:
@@ -453,6 +454,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("chat", help="an interactive conversation")
     _add_model_options(p)
     _add_sampling(p)
+    _add_routing(p)
     p.set_defaults(fn=cmd_chat)
 
     p = sub.add_parser("eval", help="next-token log-probabilities after a prompt")

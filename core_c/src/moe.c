@@ -248,27 +248,18 @@ ferry_status fe_moe_layer(ferry_session *s, const fe_moe_arch *a, const fe_moe_b
         s->stats.routed_choices += (uint64_t)k;
         s->stats.routed_swaps += (uint64_t)swapped;
     }
-    /* The distinct experts and each one's rows (token * K + rank), in token
-     * then rank order: a counting sort, O(n k + distinct). */
-    int n_ids = 0;
+    /* The distinct experts, counted: O(n k). */
     for (int t = 0; t < n; t++)
         for (int r = 0; r < K; r++) {
             int e = b->sel[t * K + r];
-            if (e >= 0 && b->count[e]++ == 0) b->ids[n_ids++] = e;
+            if (e >= 0) b->count[e]++;
         }
-    /* Those in RAM first, then the misses, each part ascending. */
-    int n_cached = 0;
-    for (int i = 0; i < n_ids; i++) {
-        int e = b->ids[i], j = i;
-        while (j > 0 && b->ids[j - 1] > e) { b->ids[j] = b->ids[j - 1]; j--; }
-        b->ids[j] = e;
-    }
-    for (int i = 0; i < n_ids; i++)
-        if (fe_experts_cached(s, layer, b->ids[i])) {
-            int e = b->ids[i];
-            memmove(b->ids + n_cached + 1, b->ids + n_cached, (size_t)(i - n_cached) * sizeof(int));
-            b->ids[n_cached++] = e;
-        }
+    /* In visiting order: those in RAM (or landing) first, then the misses,
+     * each part ascending. One pass over the counts, O(E), no sort. */
+    int n_ids = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (int e = 0; e < E; e++)
+            if (b->count[e] && fe_experts_cached(s, layer, e) == !pass) b->ids[n_ids++] = e;
     int at = 0;
     for (int i = 0; i < n_ids; i++) {
         int e = b->ids[i];

@@ -239,7 +239,18 @@ static void test_routing(void) {
                 for (int r = 0; r < n; r++) { CHECK(ids[r] == exact[r]); sum += w[r]; }
                 CHECK(fabsf(sum - p.scale) < 1e-5f);
             }
+            p.norm = 0; /* a model that does not renormalise: the n carry the k's weight */
             p.k_used = 0;
+            route_once(&p, logits, NULL, exact, we, &sw);
+            float mass = 0;
+            for (int r = 0; r < K; r++) mass += we[r];
+            p.k_used = 3;
+            route_once(&p, logits, NULL, ids, w, &sw);
+            CHECK(ids[0] == exact[0] && ids[2] == exact[2] && fabsf(w[0] + w[1] + w[2] - mass) < 1e-5f * mass);
+            CHECK(w[0] / w[1] > we[0] / we[1] * 0.9999f && w[0] / w[1] < we[0] / we[1] * 1.0001f);
+            p.norm = 1;
+            p.k_used = 0;
+            route_once(&p, logits, NULL, exact, we, &sw);
             p.margin = kind ? 0.05f : 0.5f;
             route_once(&p, logits, ram, ids, w, &sw);
             /* the scores the rule compares: softmax probabilities, or sigmoid + bias */
