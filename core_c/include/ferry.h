@@ -236,8 +236,9 @@ void ferry_session_stats(const ferry_session *session, ferry_stats *stats);
  *                      RAM (0 = exact). Softmax routers: a margin in
  *                      log-probability (logit) units; sigmoid routers
  *                      (DeepSeek-V3, Kimi): in sigmoid score units.
- * Both at 0 give output bit-identical to exact routing. FERRY_E_ARG for a
- * value out of range, or a model without experts. */
+ * Both at 0 give output bit-identical to exact routing (and are accepted by
+ * every model, dense ones too). FERRY_E_ARG for a value out of range, or a
+ * mode asked of a model without experts. */
 ferry_status ferry_session_set_routing(ferry_session *session, int experts_per_token, float cache_aware_margin,
                                        ferry_error *err);
 

@@ -406,9 +406,9 @@ ferry_status ferry_session_set_routing(ferry_session *s, int experts_per_token, 
     if (err) { err->code = FERRY_OK; err->message[0] = '\0'; }
     if (!s) return fe_fail(err, FERRY_E_ARG, "ferry_session_set_routing needs a session");
     const int k = s->e->c.hp.top_k;
-    if (!s->e->cache || k <= 0)
+    if ((!s->e->cache || k <= 0) && (experts_per_token || cache_aware_margin != 0.0f))
         return fe_fail(err, FERRY_E_ARG, "this model has no experts to route");
-    if (experts_per_token < 0 || experts_per_token > k)
+    if (experts_per_token < 0 || (experts_per_token > k && k > 0))
         return fe_fail(err, FERRY_E_ARG, "experts per token must be 1..%d (this model's top-k)", k);
     if (!(cache_aware_margin >= 0.0f) || cache_aware_margin > 1e6f)
         return fe_fail(err, FERRY_E_ARG, "the cache-aware margin must be a number >= 0 (0 = exact routing)");
