@@ -144,6 +144,11 @@ def test_routing_settings_are_checked(models, demo_container):
         s.set_routing(k, 0.0)
         s.set_routing(1, 0.5)
         s.set_routing(None, 0.0)
+    with Engine(demo_container, threads=1, n_ctx=32) as dense:
+        s = dense.session(32)
+        s.set_routing(None, 0.0)  # exact routing: accepted by every model
+        with pytest.raises(FerryError, match="no experts"):
+            s.set_routing(2, 0.0)
 
 
 @pytest.mark.parametrize("key", ["model_max_length", None])
@@ -165,8 +170,3 @@ def test_convert_takes_the_context_length_a_kimi_linear_config_states(tmp_path, 
     with Engine(out, threads=1, n_ctx=32) as engine:
         assert engine.info.max_ctx == (1048576 if key else DEFAULT_CONTEXT)
         assert np.isfinite(engine.session(32).eval([5, 6, 7])).all()
-    with Engine(demo_container, threads=1, n_ctx=32) as dense:
-        s = dense.session(32)
-        s.set_routing(None, 0.0)  # exact routing: accepted by every model
-        with pytest.raises(FerryError, match="no experts"):
-            s.set_routing(2, 0.0)
