@@ -73,7 +73,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # A throw-away history and default settings: screenshots never touch the user's data.
         tmp = tempfile.TemporaryDirectory(prefix="ferry-shot-")
         store = HistoryStore(Path(tmp.name) / "history.sqlite3", EphemeralKeys())
-        window = MainWindow(store, settings_mod.Settings(temperature=0.0), persist_settings=False)
+        folders = [str(Path(args.model).resolve().parent)] if args.model else []   # the library lists it
+        window = MainWindow(store, settings_mod.Settings(temperature=0.0, model_folders=folders),
+                            persist_settings=False)
         window.resize(w, h)
         run = ScreenshotRun(window, out, args.model, args.prompt)
         window.show()
