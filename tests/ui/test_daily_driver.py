@@ -229,3 +229,13 @@ def test_per_model_settings_reset_and_presets(qtbot, make_window, tiny_chat):
     d2.accept()
     assert key not in w.settings.model_settings and w.effective().temperature == 0.0
     assert "Loose" in w.settings.presets
+
+
+def test_gauges_show_the_budget_actually_chosen(qtbot, make_window, tiny_chat):
+    from app.plan import plan_container
+    from app.stats_view import fmt_bytes
+
+    w = make_window(tiny_chat, context_length=2048)          # no budget set: the one budget rule chooses
+    chosen = plan_container(tiny_chat, w.model_info["n_ctx"]).recommended
+    assert w.settings.ram_budget == 0 and w.memory.budget == chosen
+    assert f"budget: {fmt_bytes(chosen)}" in w.gauges.ram_note.text()
