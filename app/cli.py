@@ -344,7 +344,8 @@ def cmd_cache_sim(argv: Sequence[str]) -> int:
 # ---------------------------------------------------------------- parser
 
 def _add_model_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="a container directory, or 'demo' for the built-in demo model")
+    p.add_argument("model", help="a converted model: its folder, its name in the models folder, or 'demo' for the "
+                                 "built-in demo model")
     p.add_argument("--budget", help="RAM budget for the core, e.g. 4G (default: chosen for this machine and model, as `ferry plan` shows)")
     p.add_argument("--threads", type=int, default=0, help="compute threads (default: one per CPU)")
     p.add_argument("--kernels", choices=KERNEL_CHOICES, default=None,

@@ -601,7 +601,7 @@ class MainWindow(QMainWindow):
             return
         if title is None:
             current = self.store.conversation(cid).title
-            title, ok = QInputDialog.getText(self, "Rename", "Title:", text=current)
+            title, ok = QInputDialog.getText(self, f"Rename “{current}”", "Title:", text=current)
             if not ok:
                 return
         if cid == self.chat.id:

@@ -162,6 +162,11 @@ def test_reopened_app_shows_the_citation_links(qtbot, make_window, demo_containe
     qtbot.addWidget(dialog)
     assert dialog.highlighted_text() == after[0].passage
     dialog.close()
+    # and the export carries them
+    doc = json.loads(w2.export_chat(tmp_path / "cited.json").read_text(encoding="utf-8"))
+    assert [c["passage"] for c in doc["messages"][-1]["citations"]] == [c.passage for c in after]
+    md = w2.export_chat(tmp_path / "cited.md").read_text(encoding="utf-8")
+    assert "## Sources" in md and "manual.md" in md
 
 
 def test_long_titles_are_elided_with_an_ellipsis(qtbot, make_window, tiny_chat):
