@@ -657,6 +657,9 @@ class MainWindow(QMainWindow):
 
     def open_settings(self) -> SettingsDialog:
         d = SettingsDialog(self.settings, self.memory, self)
+        if self.model_key() in self.settings.model_settings:
+            d.note_model_settings(self.model_info["name"] if self.model_info else display_name(
+                Path(self.model_key()).name))
         d.accepted.connect(lambda: self.apply_settings(d.result_settings()))
         d.open()
         return d

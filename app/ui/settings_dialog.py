@@ -120,9 +120,21 @@ class SettingsDialog(QDialog):
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
         lay = QVBoxLayout(self)
+        self.model_note = QLabel("")
+        self.model_note.setObjectName("mutedLabel")
+        self.model_note.setWordWrap(True)
+        self.model_note.setVisible(False)
+        lay.addWidget(self.model_note)
         lay.addLayout(form)
         lay.addWidget(buttons)
         self.resize(560, 760)
+
+    def note_model_settings(self, model_name: str) -> None:
+        """Say that the open model has its own values, which win over these general ones."""
+        self.model_note.setText(f"{model_name} has its own settings (Model → Settings for this model…); its "
+                                "system prompt, temperature, context and thinking there take precedence over "
+                                "these.")
+        self.model_note.setVisible(True)
 
     def _engine_rows(self, form: QFormLayout, settings: Settings) -> None:
         """The engine: this computer, or an OpenAI-compatible server; and serving the loaded model."""

@@ -72,6 +72,15 @@ def test_switch_model_during_a_streaming_answer(qtbot, make_window, demo_contain
     assert send(qtbot, w, "w10 w11") in ("stop", "length")
     # and it is the most recently used in the library
     assert w.library.entries()[0].name == "chat"
+    # back to the first model from the Model menu
+    w._fill_model_menu()
+    action = next(a for a in w.model_menu.actions() if a.text() == "smollm2")
+    assert not action.isChecked()
+    with qtbot.waitSignal(w.model_loaded, timeout=LONG) as loaded:
+        action.trigger()
+    assert loaded.args[0]["path"] == str(demo_container) and w.model_combo.currentText() == "smollm2"
+    w._fill_model_menu()
+    assert next(a for a in w.model_menu.actions() if a.text() == "smollm2").isChecked()
 
 
 def _drop(w, path):
@@ -200,6 +209,21 @@ def test_model_library_rename_and_remove(qtbot, make_window, tiny_chat, tmp_path
     assert freed > 0 and not (folder / "kept copy").exists() and "freed" in d.note.text()
     assert [w.model_combo.itemText(i) for i in range(w.model_combo.count())] == ["chat"]
     d.close()
+    # Open switches to the chosen model; Convert a model… opens the wizard
+    shutil.copytree(tiny_chat, folder / "second")
+    d = w.open_library()
+    qtbot.addWidget(d)
+    d.select("second")
+    with qtbot.waitSignal(w.model_loaded, timeout=LONG) as loaded:
+        d.open_btn.click()
+    assert loaded.args[0]["path"] == str(folder / "second") and not d.isVisible()
+    d = w.open_library()
+    qtbot.addWidget(d)
+    d.convert_btn.click()
+    assert w.wizard is not None and w.wizard.isVisible()
+    qtbot.addWidget(w.wizard)
+    w.wizard.state.remember = False
+    w.wizard.reject()
 
 
 def test_per_model_settings_reset_and_presets(qtbot, make_window, tiny_chat):
@@ -217,6 +241,10 @@ def test_per_model_settings_reset_and_presets(qtbot, make_window, tiny_chat):
     assert w.settings.model_settings[key]["temperature"] == 1.3
     assert w.settings.presets["Loose"]["experts_per_token"] == 2
     assert w.effective().temperature == 1.3 and w.settings.temperature == 0.0    # the general value is kept
+    general = w.open_settings()
+    qtbot.addWidget(general)
+    assert general.model_note.isVisibleTo(general) and "its own settings" in general.model_note.text()
+    general.reject()
     sent = []
     generate = w.worker.generate
     w.worker.generate = lambda req: (sent.append(req), generate(req))[1]

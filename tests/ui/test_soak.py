@@ -9,7 +9,7 @@ import sys
 import time
 
 import pytest
-from PySide6.QtCore import QTimer
+from PySide6.QtCore import Qt, QTimer
 
 from tests.ui.conftest import on_gui
 
@@ -56,7 +56,11 @@ def test_two_minutes_of_streaming_keeps_the_window_alive(qtbot, make_window, dem
             turns["stop"] += 1
         else:              # switch to an earlier chat and carry on there
             target = chats[max(0, len(chats) - 2)]
-            w.open_conversation(target)
+            row = next(r for r in range(w.conv_list.count())
+                       if w.conv_list.item(r).data(Qt.ItemDataRole.UserRole) == target)
+            w.conv_list.scrollToItem(w.conv_list.item(row))
+            rect = w.conv_list.visualItemRect(w.conv_list.item(row))
+            qtbot.mouseClick(w.conv_list.viewport(), Qt.MouseButton.LeftButton, pos=rect.center())
             assert w.chat.id == target
             reason = _answer(qtbot, w, lambda: w.send_text("One more detail, please."))
             assert reason in ("stop", "length", "cancelled"), reason
