@@ -60,7 +60,9 @@ class Settings:
         s.serve_local = bool(s.serve_local)
         s.serve_port = min(max(1, int(s.serve_port)), 65535)
         s.enter_sends = bool(s.enter_sends)
-        s.experts_per_token = None if s.experts_per_token in (None, "", 0) else max(1, int(s.experts_per_token))
+        # anything but a positive count means the model's own (never a silent, drastic 1)
+        s.experts_per_token = None if s.experts_per_token in (None, "") or int(s.experts_per_token) < 1 \
+            else int(s.experts_per_token)
         s.cache_aware_margin = min(max(0.0, float(s.cache_aware_margin)), 10.0)
         s.model_settings = {str(k): _per_model(v) for k, v in dict(s.model_settings or {}).items()
                             if isinstance(v, dict)}
