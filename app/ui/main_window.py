@@ -11,7 +11,7 @@ from PySide6.QtGui import QAction, QKeySequence, QShortcut
 from PySide6.QtWidgets import (QApplication, QComboBox, QFileDialog, QFrame, QHBoxLayout, QInputDialog, QLabel,
                                QLineEdit,
                                QListWidget, QListWidgetItem, QMainWindow, QMenu, QMessageBox, QPlainTextEdit,
-                               QProgressBar, QPushButton, QScrollArea, QSizePolicy, QSplitter, QStackedWidget,
+                               QProgressBar, QPushButton, QScrollArea, QSplitter, QStackedWidget,
                                QToolButton,
                                QVBoxLayout, QWidget)
 
@@ -27,6 +27,7 @@ from app.store.history import HistoryStore
 from app.store.settings import Settings
 from app.ui import theme
 from app.ui.chat_view import ChatView
+from app.ui.elided import ElidedLabel
 from app.ui.documents_panel import attach_passages, link_markers, open_documents_panel, show_citation
 from app.ui.gauges import GaugePanel
 from app.ui.library_dialog import LibraryDialog
@@ -36,31 +37,6 @@ from app.ui.welcome import WelcomePage
 from app.ui.worker import WorkerThread, load_options
 
 REPAINT_INTERVAL_MS = 50   #: the answer is redrawn at most 20 times a second
-
-
-class ElidedLabel(QLabel):
-    """A one-line label that ends in an ellipsis when its text does not fit
-    (whole characters only, never a clipped letter); ``full_text`` is the text."""
-
-    def __init__(self, text: str = "", parent=None):
-        super().__init__(parent)
-        self.full_text = text
-        self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
-        self._elide()
-
-    def set_full_text(self, text: str) -> None:
-        self.full_text = text
-        self.setToolTip(text)
-        self._elide()
-
-    def resizeEvent(self, event) -> None:
-        super().resizeEvent(event)
-        self._elide()
-
-    def _elide(self) -> None:
-        shown = self.fontMetrics().elidedText(self.full_text, Qt.TextElideMode.ElideRight, max(0, self.width() - 2))
-        if shown != self.text():
-            self.setText(shown)
 
 
 class MainWindow(QMainWindow):

@@ -21,6 +21,11 @@ def test_export_both_formats_by_clicking(qtbot, make_window, tiny_chat, tmp_path
     w = make_window(tiny_chat, max_tokens=6)
     send(qtbot, w, "w10 w11 w12")
     answer = w.chat.visible()[-1]
+    note = w.chat_view.widgets[-1].note.full_text     # the answer's own figures, time to first token included
+    assert f"{answer.stats['turn_tokens']} tokens" in note and "tok/s" in note and "first token after" in note
+    bubble = w.chat_view.widgets[-1]           # the figures never push the buttons out of the bubble
+    qtbot.waitUntil(lambda: bubble.action_btn.geometry().right() <= bubble.width())
+    assert w.chat_view.inner.width() <= w.chat_view.viewport().width()
     for fmt, filt in (("md", "Markdown (*.md)"), ("json", "JSON (*.json)")):
         target = tmp_path / f"out-{fmt}"                 # no suffix typed: the chosen format adds it
         monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda *a, t=target, f=filt, **k: (str(t), f))
