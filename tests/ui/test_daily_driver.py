@@ -103,7 +103,7 @@ def _drop(w, path):
     return ev
 
 
-def test_dropping_a_gguf_starts_the_wizard_on_it(qtbot, make_window, demo_gguf, tmp_path):
+def test_dropping_a_gguf_starts_the_wizard_on_it(qtbot, make_window, demo_gguf, tiny_chat, tmp_path):
     w = make_window(None)
     junk = tmp_path / "notes.txt"
     junk.write_text("hello")
@@ -119,6 +119,20 @@ def test_dropping_a_gguf_starts_the_wizard_on_it(qtbot, make_window, demo_gguf, 
     assert wiz.state.report is not None and wiz.state.report.n_experts == 0
     wiz.state.remember = False
     wiz.reject()
+    # a checkpoint folder starts it too, as a Hugging Face checkpoint
+    ckpt = tiny_chat.parent / "ckpt"
+    _drop(w, ckpt)
+    wiz = w.wizard
+    qtbot.addWidget(wiz)
+    assert wiz.isVisible() and wiz.source_page.current_kind() == "hf"
+    assert wiz.source_page.path_edit.text() == str(ckpt)
+    qtbot.waitUntil(lambda: wiz.source_page.isComplete(), timeout=60000)
+    wiz.state.remember = False
+    wiz.reject()
+    # a converted model opens
+    with qtbot.waitSignal(w.model_loaded, timeout=LONG) as loaded:
+        _drop(w, tiny_chat)
+    assert loaded.args[0]["path"] == str(tiny_chat)
 
 
 def test_enter_sends_and_shift_enter_makes_a_new_line(qtbot, make_window, tiny_chat):
