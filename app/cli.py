@@ -42,7 +42,9 @@ def resolve_model(name: str) -> Path:
         from app.demo import ensure_demo
 
         return ensure_demo(progress=_progress_printer())
-    return Path(name)
+    from app.library import Library
+
+    return Library().resolve(name)   # a container path or name; else says what to do (LibraryError)
 
 
 def _progress_printer():
@@ -386,8 +388,9 @@ def cmd_cache_sim(argv: Sequence[str]) -> int:
 # ---------------------------------------------------------------- parser
 
 def _add_model_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="a container directory, or 'demo' for the built-in demo model")
-    p.add_argument("--budget", help="RAM budget for the core, e.g. 4G (default: no limit)")
+    p.add_argument("model", help="a converted model: its folder, its name in the models folder, or 'demo' for the "
+                                 "built-in demo model")
+    p.add_argument("--budget", help="RAM budget for the core, e.g. 4G (default: chosen for this machine and model, as `ferry plan` shows)")
     p.add_argument("--threads", type=int, default=0, help="compute threads (default: one per CPU)")
     p.add_argument("--kernels", choices=KERNEL_CHOICES, default=None,
                    help="matrix-product kernels: auto (the best this CPU supports), scalar, avx2 or neon "

@@ -36,6 +36,11 @@ class Settings:
     remote_model: str = ""        #: the model to ask for there ("" = the first it lists)
     serve_local: bool = False     #: serve the loaded model on 127.0.0.1:serve_port
     serve_port: int = DEFAULT_SERVE_PORT
+    enter_sends: bool = True      #: Enter sends and Shift+Enter makes a new line (False: the other way round)
+    experts_per_token: int | None = None  #: routed experts per token (None = the model's own); issue 17's opt-in
+    cache_aware_margin: float = 0.0       #: cache-aware routing margin (0 = exact routing); issue 17's opt-in
+    model_settings: dict = field(default_factory=dict)  #: model key -> its own values of PER_MODEL keys
+    presets: dict = field(default_factory=dict)         #: preset name -> values of PER_MODEL keys
 
     def validated(self) -> "Settings":
         """A copy with every value clamped into its legal range."""
@@ -54,7 +59,60 @@ class Settings:
         s.remote_model = str(s.remote_model).strip()
         s.serve_local = bool(s.serve_local)
         s.serve_port = min(max(1, int(s.serve_port)), 65535)
+        s.enter_sends = bool(s.enter_sends)
+        # anything but a positive count means the model's own (never a silent, drastic 1)
+        s.experts_per_token = None if s.experts_per_token in (None, "") or int(s.experts_per_token) < 1 \
+            else int(s.experts_per_token)
+        s.cache_aware_margin = min(max(0.0, float(s.cache_aware_margin)), 10.0)
+        s.model_settings = {str(k): _per_model(v) for k, v in dict(s.model_settings or {}).items()
+                            if isinstance(v, dict)}
+        s.presets = {str(k).strip(): _per_model(v) for k, v in dict(s.presets or {}).items()
+                     if isinstance(v, dict) and str(k).strip()}
         return s
+
+
+#: What each model may have its own value of (and what a preset holds).
+PER_MODEL = ("system_prompt", "temperature", "context_length", "thinking", "experts_per_token", "cache_aware_margin")
+
+
+def _per_model(values: dict) -> dict:
+    """Only the PER_MODEL keys of ``values``, each clamped as Settings.validated does."""
+    known = {k: v for k, v in values.items() if k in PER_MODEL}
+    checked = Settings(**known).validated()
+    return {k: getattr(checked, k) for k in known}
+
+
+def for_model(settings: Settings, model: str) -> Settings:
+    """The settings in effect for ``model`` (its key: the container path): the
+    global ones with the model's own values on top."""
+    own = settings.model_settings.get(model) or {}
+    return Settings(**{**asdict(settings), **own}).validated() if own else settings
+
+
+def model_values(settings: Settings, model: str) -> dict:
+    """The PER_MODEL values in effect for ``model``."""
+    eff = for_model(settings, model)
+    return {k: getattr(eff, k) for k in PER_MODEL}
+
+
+def set_model_values(settings: Settings, model: str, values: dict | None) -> Settings:
+    """A copy where ``model`` has its own ``values`` (None: back to the defaults, the global settings)."""
+    s = Settings(**asdict(settings))
+    s.model_settings = dict(s.model_settings)
+    if values is None:
+        s.model_settings.pop(model, None)
+    else:
+        s.model_settings[model] = _per_model(values)
+    return s.validated()
+
+
+def save_preset(settings: Settings, name: str, values: dict) -> Settings:
+    name = name.strip()
+    if not name:
+        raise ValueError("a preset needs a name")
+    s = Settings(**asdict(settings))
+    s.presets = {**s.presets, name: _per_model(values)}
+    return s.validated()
 
 
 def engine_changed(old: Settings, new: Settings) -> bool:

@@ -44,9 +44,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError:
         print(f"ferry: --size must look like 1280x800, not {args.size!r}", file=sys.stderr)
         return 2
-    if args.model and not (Path(args.model) / "manifest.json").exists():
-        print(f"ferry: {args.model} is not a converted model (it has no manifest.json)", file=sys.stderr)
-        return 2
+    if args.model:
+        from app.library import Library, LibraryError
+
+        try:   # a path or the name of a converted model; else what to do (convert it, close names)
+            args.model = str(Library().resolve(args.model))
+        except LibraryError as exc:
+            print(f"ferry: {exc}", file=sys.stderr)
+            return 2
 
     from PySide6.QtWidgets import QApplication, QMessageBox
 
@@ -73,7 +78,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # A throw-away history and default settings: screenshots never touch the user's data.
         tmp = tempfile.TemporaryDirectory(prefix="ferry-shot-")
         store = HistoryStore(Path(tmp.name) / "history.sqlite3", EphemeralKeys())
-        window = MainWindow(store, settings_mod.Settings(temperature=0.0), persist_settings=False)
+        folders = [str(Path(args.model).resolve().parent)] if args.model else []   # the library lists it
+        window = MainWindow(store, settings_mod.Settings(temperature=0.0, model_folders=folders),
+                            persist_settings=False)
         window.resize(w, h)
         run = ScreenshotRun(window, out, args.model, args.prompt)
         window.show()

@@ -12,6 +12,7 @@ from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPus
 from app.chat.conversation import STREAMING, Chat
 from app.store.history import MessageRecord
 from app.ui import theme
+from app.ui.elided import ElidedLabel
 from app.ui.markdown import render
 
 STATUS_NOTES = {"cancelled": "Stopped", "error": "Ended by an error", "length": "Cut off at the length limit"}
@@ -143,6 +144,16 @@ def thinking_title(seconds: float | None, still_thinking: bool) -> str:
     return f"Thought for {max(1, round(seconds))} s" if seconds >= 0.5 else "Thought for less than a second"
 
 
+def turn_figures(stats: dict | None) -> str:
+    """An answer's own figures: '42 tokens · 12.3 tok/s · first token after 0.4 s' ('' when unknown)."""
+    stats = stats or {}
+    n, secs, ttft = stats.get("turn_tokens"), stats.get("turn_seconds"), stats.get("ttft_s")
+    if not n or not secs:
+        return ""
+    text = f"{n} token{'' if n == 1 else 's'} · {n / secs:.1f} tok/s"
+    return text + (f" · first token after {ttft:.1f} s" if ttft is not None else "")
+
+
 class MessageWidget(QFrame):
     regenerate = Signal(int)
     edit = Signal(int, str)
@@ -165,10 +176,9 @@ class MessageWidget(QFrame):
         head.setSpacing(6)
         self.author = QLabel(f"<b>{author}</b>")
         head.addWidget(self.author)
-        self.note = QLabel("")
+        self.note = ElidedLabel("")      # status and figures: elided, never widening the bubble
         self.note.setObjectName("mutedLabel")
-        head.addWidget(self.note)
-        head.addStretch(1)
+        head.addWidget(self.note, 1)
         self.prev_btn = self._tool("‹", "Previous version")
         self.pos_label = QLabel("")
         self.pos_label.setObjectName("mutedLabel")
@@ -257,8 +267,9 @@ class MessageWidget(QFrame):
             text = self.decorate(record, text)
         self.body.set_text(text)
         self.body.setVisible(bool(text))
-        note = "writing…" if streaming else STATUS_NOTES.get(record.status, "")
-        self.note.setText(note)
+        note = "writing…" if streaming else " · ".join(
+            x for x in (STATUS_NOTES.get(record.status, ""), turn_figures(record.stats)) if x)
+        self.note.set_full_text(note)
         n = len(self._siblings)
         multi = n > 1
         for w in (self.prev_btn, self.pos_label, self.next_btn):

@@ -67,10 +67,11 @@ class DocumentsPanel(QDialog):
 
     indexing_finished = Signal(object)   #: the AddReport as a dict
 
-    def __init__(self, store: DocumentStore, collection: str, parent: QWidget | None = None):
+    def __init__(self, store: DocumentStore, collection: str, parent: QWidget | None = None,
+                 title: str | None = None):
         super().__init__(parent)
         self.store, self.collection = store, collection
-        self.setWindowTitle(f"Documents — {collection}")
+        self.setWindowTitle(f"Documents — {title or collection}")
         self.setAccessibleName("Documents")
         self.resize(560, 460)
         lay = QVBoxLayout(self)
@@ -130,8 +131,8 @@ class DocumentsPanel(QDialog):
         self.budget.setValue(coll.budget)
         self.budget.blockSignals(False)
         for f in self.store.files(self.collection):
-            pages = f"{f.pages} pages, " if f.kind == "pdf" else ""
-            self.files_list.addItem(f"{f.name}  —  {f.kind}, {pages}{f.chunks} passages")
+            pages = f"{_count(f.pages, 'page')}, " if f.kind == "pdf" else ""
+            self.files_list.addItem(f"{f.name}  —  {f.kind}, {pages}{_count(f.chunks, 'passage')}")
 
     def _budget_changed(self, value: int) -> None:
         try:
@@ -198,7 +199,7 @@ class DocumentsPanel(QDialog):
             if not f.get("name"):
                 self.errors.show()
                 self.errors.addItem(f["error"])
-        self.status.setText(f"{len(report['added'])} added ({report['chunks']} passages), "
+        self.status.setText(f"{len(report['added'])} added ({_count(report['chunks'], 'passage')}), "
                             f"{len(report['unchanged'])} unchanged, {len(failed)} could not be read.")
         self.refresh()
         self.indexing_finished.emit(report)
@@ -264,8 +265,15 @@ class CitationDialog(QDialog):
 
 # ---------------------------------------------------------------- the main window's calls
 
-def open_documents_panel(parent: QWidget | None, store: DocumentStore, collection: str) -> DocumentsPanel:
-    panel = DocumentsPanel(store, collection, parent)
+def _count(n: int, noun: str) -> str:
+    """'1 passage', '3 passages'."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def open_documents_panel(parent: QWidget | None, store: DocumentStore, collection: str,
+                         title: str | None = None) -> DocumentsPanel:
+    """``title``: what the dialog is called after (the chat's name), instead of the collection's id."""
+    panel = DocumentsPanel(store, collection, parent, title)
     panel.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
     panel.show()
     return panel

@@ -8,52 +8,35 @@ from pathlib import Path
 
 from PySide6.QtCore import QEvent, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QKeySequence, QShortcut
-from PySide6.QtWidgets import (QApplication, QFileDialog, QFrame, QHBoxLayout, QInputDialog, QLabel, QLineEdit,
+from PySide6.QtWidgets import (QApplication, QComboBox, QFileDialog, QFrame, QHBoxLayout, QInputDialog, QLabel,
+                               QLineEdit,
                                QListWidget, QListWidgetItem, QMainWindow, QMenu, QMessageBox, QPlainTextEdit,
-                               QProgressBar, QPushButton, QScrollArea, QSizePolicy, QSplitter, QStackedWidget,
+                               QProgressBar, QPushButton, QScrollArea, QSplitter, QStackedWidget,
                                QToolButton,
                                QVBoxLayout, QWidget)
 
-from app import paths
-from app.chat.conversation import Chat, ChatError, TurnStart, recover_interrupted
+from app.chat import export
+from app.chat.conversation import Chat, ChatError, TurnStart, _title_from, recover_interrupted
+from app.documents.ask import Citation
 from app.documents.store import DocumentError, DocumentStore, conversation_collection
 from app.engine.binding import MemoryPlan, ModelInfo
+from app.library import Library, display_name, find_containers, is_container, is_source
 from app.stats_view import StatsView, memory_split
 from app.store import settings as settings_mod
 from app.store.history import HistoryStore
 from app.store.settings import Settings
 from app.ui import theme
 from app.ui.chat_view import ChatView
+from app.ui.elided import ElidedLabel
 from app.ui.documents_panel import attach_passages, link_markers, open_documents_panel, show_citation
 from app.ui.gauges import GaugePanel
+from app.ui.library_dialog import LibraryDialog
+from app.ui.model_settings_dialog import ModelSettingsDialog
 from app.ui.settings_dialog import SettingsDialog
 from app.ui.welcome import WelcomePage
 from app.ui.worker import WorkerThread, load_options
 
 REPAINT_INTERVAL_MS = 50   #: the answer is redrawn at most 20 times a second
-
-
-def find_models(settings: Settings) -> list[Path]:
-    """Containers (folders with a manifest.json) in the models dir and the user's model folders."""
-    found: list[Path] = []
-    for root in [paths.models_dir(), *map(Path, settings.model_folders)]:
-        if (root / "manifest.json").exists():
-            found.append(root)
-            continue
-        try:
-            kids = sorted(root.iterdir())
-        except OSError:
-            continue
-        found += [k for k in kids if (k / "manifest.json").exists()]
-    return found
-
-
-def display_name(name: str) -> str:
-    """A model's name without the file extension it was converted from."""
-    for ext in (".gguf", ".safetensors", ".ferry"):
-        if name.lower().endswith(ext):
-            return name[: -len(ext)]
-    return name
 
 
 class MainWindow(QMainWindow):
@@ -78,6 +61,9 @@ class MainWindow(QMainWindow):
         self.stats_view = StatsView()
         self.last_stats: dict = {}
         self.gen_id = 0
+        self.library = Library(self.settings.model_folders)
+        self.loading: str | None = None    #: the model being opened, while it loads
+        self.setAcceptDrops(True)
         self.worker = WorkerThread(self)
         w = self.worker.worker
         w.loaded.connect(self._on_loaded)
@@ -98,7 +84,9 @@ class MainWindow(QMainWindow):
         self._shortcuts()
         self.apply_theme()
         QApplication.instance().styleHints().colorSchemeChanged.connect(lambda *_: self.apply_theme(True))
+        self._turn_t0 = time.monotonic()
         self.refresh_list()
+        self.refresh_models()
         self._show_current()
         self._set_busy(False)
 
@@ -145,16 +133,22 @@ class MainWindow(QMainWindow):
         top.setObjectName("topBar")
         tl = QHBoxLayout(top)
         tl.setContentsMargins(14, 6, 10, 6)
-        self.title_label = QLabel("New chat")
+        self.title_label = ElidedLabel("New chat")
         self.title_label.setObjectName("chatTitle")
-        self.title_label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         tl.addWidget(self.title_label, 1)
+        self.model_combo = QComboBox()
+        self.model_combo.setAccessibleName("Switch model")
+        self.model_combo.setToolTip("The model answering; choose another to switch")
+        self.model_combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
+        self.model_combo.activated.connect(lambda i: self._combo_chosen(i))
+        tl.addWidget(self.model_combo)
         self.model_label = QLabel("No model")
         self.model_label.setObjectName("mutedLabel")
         self.model_label.setAccessibleName("Model")
         self.attach_btn = self._top_button("Attach…", "Attach files or folders to this conversation",
                                            self.open_documents)
-        self.export_btn = self._top_button("Export…", "Export this conversation to Markdown", self.export_markdown)
+        self.export_btn = self._top_button("Export…", "Export this conversation (Markdown or JSON)",
+                                           lambda: self.export_chat())
         self.gauges_btn = self._top_button("Gauges", "Show or hide the gauges", None)
         self.gauges_btn.setCheckable(True)
         self.gauges_btn.setChecked(True)
@@ -203,7 +197,7 @@ class MainWindow(QMainWindow):
         crow = QHBoxLayout()
         self.composer = QPlainTextEdit()
         self.composer.setAccessibleName("Message")
-        self.composer.setPlaceholderText("Ask anything… (Ctrl+Enter to send)")
+        self.composer.installEventFilter(self)
         self.composer.setFixedHeight(76)
         crow.addWidget(self.composer, 1)
         btns = QVBoxLayout()
@@ -241,10 +235,27 @@ class MainWindow(QMainWindow):
         split.setStretchFactor(2, 0)
         split.setSizes([240, 640, 320])
         self.setCentralWidget(split)
-        model_menu = self.menuBar().addMenu("&Model")
-        self.convert_action = model_menu.addAction("Convert a model…", self.open_wizard)
+        self.model_menu = self.menuBar().addMenu("&Model")
+        self.model_menu.aboutToShow.connect(self._fill_model_menu)
+        self.library_action = QAction("Model library…", self)
+        self.library_action.setShortcut(QKeySequence("Ctrl+Shift+L"))
+        self.library_action.triggered.connect(lambda: self.open_library())
+        self.model_settings_action = QAction("Settings for this model…", self)
+        self.model_settings_action.triggered.connect(lambda: self.open_model_settings())
+        self.convert_action = QAction("Convert a model…", self)
         self.convert_action.setShortcut(QKeySequence("Ctrl+Shift+N"))
+        self.convert_action.triggered.connect(lambda: self.open_wizard())
+        for a in (self.library_action, self.convert_action):
+            self.addAction(a)   # the shortcuts work before the menu was ever opened
+        self._fill_model_menu()
         self.wizard = None
+        self.load_bar = QProgressBar()
+        self.load_bar.setAccessibleName("Opening the model")
+        self.load_bar.setRange(0, 0)
+        self.load_bar.setMaximumWidth(140)
+        self.load_bar.setMaximumHeight(12)
+        self.load_bar.setVisible(False)
+        self.statusBar().addPermanentWidget(self.load_bar)
         self.statusBar().addPermanentWidget(self.model_label)
         self.statusBar().showMessage("Ready")
 
@@ -290,11 +301,119 @@ class MainWindow(QMainWindow):
     # ------------------------------------------------------------ model
 
     def load_model(self, path: str | Path) -> None:
+        """Open a model in the background (the window stays usable; a bar shows it is loading)."""
         self.model_info = None
-        self.model_label.setText(f"Opening {Path(path).name}…")
+        self.loading = str(path)
+        self.model_label.setText(f"Opening {display_name(Path(path).name)}…")
         self.statusBar().showMessage(f"Opening {path}…")
-        self._set_busy(False)
-        self.worker.load(str(path), load_options(self.settings))
+        self.load_bar.setVisible(True)
+        self._set_busy(self.busy)
+        self.worker.load(str(path), load_options(settings_mod.for_model(self.settings, str(path))))
+
+    def switch_model(self, path: str | Path) -> None:
+        """Answer with another model: a running answer is stopped first (it is kept, marked
+        stopped), then the new engine loads in the background."""
+        if self.model_info is not None and Path(self.model_info["path"]).resolve() == Path(path).resolve():
+            return
+        if self.busy:
+            self.worker.stop(self.gen_id)   # the worker finishes that answer before it loads the next model
+        self.load_model(path)
+
+    def model_key(self) -> str:
+        """What per-model settings are kept under: the open (or opening) container's path."""
+        if self.model_info is not None:
+            return self.model_info["path"]
+        return self.loading or self.settings.model_path
+
+    def effective(self) -> Settings:
+        """The settings in effect for the open model (its own values over the general ones)."""
+        return settings_mod.for_model(self.settings, self.model_key())
+
+    def refresh_models(self) -> None:
+        """The model switcher: every converted model, the open one selected."""
+        self.library.model_folders = list(self.settings.model_folders)
+        entries = self.library.entries()
+        current = self.model_key()
+        self.model_combo.blockSignals(True)
+        self.model_combo.clear()
+        for e in entries:
+            self.model_combo.addItem(e.name, str(e.path))
+        idx = next((i for i, e in enumerate(entries) if current and e.key == str(Path(current).resolve())), -1)
+        if idx < 0 and self.model_info is not None:   # e.g. a remote engine or a model outside the library
+            self.model_combo.addItem(self.model_info["name"], self.model_info["path"])
+            idx = self.model_combo.count() - 1
+        self.model_combo.setCurrentIndex(idx)
+        self.model_combo.blockSignals(False)
+        self.model_combo.setVisible(self.model_combo.count() > 0)
+
+    def _combo_chosen(self, index: int) -> None:
+        path = self.model_combo.itemData(index)
+        if path:
+            self.switch_model(path)
+
+    def _fill_model_menu(self) -> None:
+        m = self.model_menu
+        m.clear()
+        m.addAction(self.library_action)
+        m.addAction(self.model_settings_action)
+        self.model_settings_action.setEnabled(bool(self.model_key()))
+        m.addSeparator()
+        current = self.model_key()
+        for e in self.library.entries():
+            a = m.addAction(e.name, lambda p=str(e.path): self.switch_model(p))
+            a.setCheckable(True)
+            a.setChecked(bool(current) and e.key == str(Path(current).resolve()))
+            a.setToolTip(str(e.path))
+        m.addSeparator()
+        m.addAction(self.convert_action)
+
+    def open_library(self) -> LibraryDialog:
+        d = LibraryDialog(self.library, self.model_key() or None, self)
+        d.open_requested.connect(self.switch_model)
+        d.convert_requested.connect(lambda: self.open_wizard())
+        d.removed.connect(lambda _p: self.refresh_models())
+        d.finished.connect(lambda _r: self.refresh_models())
+        d.open()
+        return d
+
+    def open_model_settings(self) -> ModelSettingsDialog | None:
+        key = self.model_key()
+        if not key:
+            return None
+        name = self.model_info["name"] if self.model_info else display_name(Path(key).name)
+        d = ModelSettingsDialog(self.settings, key, name, self)
+        d.accepted.connect(lambda: self.apply_settings(d.result_settings()))
+        d.open()
+        return d
+
+    # ---- drag and drop: a container opens, a GGUF file or a checkpoint folder starts the wizard
+
+    def _dropped_path(self, event) -> Path | None:
+        urls = event.mimeData().urls() if event.mimeData().hasUrls() else []
+        local = [Path(u.toLocalFile()) for u in urls if u.isLocalFile()]
+        if len(local) == 1 and (is_container(local[0]) or is_source(local[0])):
+            return local[0]
+        return None
+
+    def dragEnterEvent(self, event) -> None:
+        if self._dropped_path(event) is not None:
+            event.acceptProposedAction()
+        else:
+            event.ignore()
+
+    def dragMoveEvent(self, event) -> None:
+        self.dragEnterEvent(event)
+
+    def dropEvent(self, event) -> None:
+        path = self._dropped_path(event)
+        if path is None:
+            event.ignore()
+            return
+        event.acceptProposedAction()
+        if is_container(path):
+            self.switch_model(path)
+        else:
+            self.open_wizard(path)
 
     def open_default_model(self) -> bool:
         """Open the last model or the first one found; False shows the welcome page
@@ -307,7 +426,7 @@ class MainWindow(QMainWindow):
             return True
         unfinished = pending.load() is not None
         last = Path(self.settings.model_path) if self.settings.model_path else None
-        models = [last] if last and (last / "manifest.json").exists() else find_models(self.settings)
+        models = [last] if last and is_container(last) else find_containers(self.settings.model_folders)
         if models:
             self.load_model(models[0])
             if unfinished:
@@ -317,19 +436,27 @@ class MainWindow(QMainWindow):
         QTimer.singleShot(0, self.open_wizard)
         return False
 
-    def open_wizard(self):
-        """The conversion wizard (Model → Convert a model…); at its end the new model opens."""
+    def open_wizard(self, source: str | Path | None = None):
+        """The conversion wizard (Model → Convert a model…); at its end the new model opens.
+        With ``source`` (a dropped GGUF file or checkpoint folder) it starts on that source."""
         from shiboken6 import isValid
 
         from app.ui.wizard import ConvertWizard
 
         if self.wizard is not None and isValid(self.wizard) and self.wizard.isVisible():
-            self.wizard.raise_()
-            return self.wizard
-        wiz = ConvertWizard(self)
-        wiz.model_ready.connect(self._wizard_model_ready)
-        self.wizard = wiz
-        wiz.show()
+            wiz = self.wizard
+        else:
+            wiz = ConvertWizard(self)
+            wiz.model_ready.connect(self._wizard_model_ready)
+            self.wizard = wiz
+            wiz.show()
+        if source is not None:
+            source = Path(source)
+            if wiz.currentPage() is wiz.welcome_page:
+                wiz.next()
+            if wiz.currentPage() is wiz.source_page:
+                wiz.source_page.choose("gguf" if source.is_file() else "hf", source)
+        wiz.raise_()
         return wiz
 
     def _wizard_model_ready(self, path: str, budget: int) -> None:
@@ -341,6 +468,13 @@ class MainWindow(QMainWindow):
     def _on_loaded(self, info: dict) -> None:
         info = {**info, "name": display_name(info["name"])}
         self.model_info = info
+        self.loading = None
+        self.load_bar.setVisible(False)
+        if info.get("engine") == "local":
+            try:
+                self.library.mark_used(info["path"])
+            except OSError:
+                pass
         self.stats_view = StatsView()
         plan = MemoryPlan(**info["plan"])
         minfo = ModelInfo(**info["info"])
@@ -356,12 +490,16 @@ class MainWindow(QMainWindow):
         if self.settings.model_path != info["path"]:
             self.settings.model_path = info["path"]
             self._save_settings()
+        self.refresh_models()
         self.statusBar().showMessage(f"{info['name']} is ready", 4000)
         self._set_busy(False)
         self.composer.setFocus()
         self.model_loaded.emit(info)
 
     def _on_load_failed(self, message: str) -> None:
+        self.loading = None
+        self.load_bar.setVisible(False)
+        self.refresh_models()
         self.model_label.setText("No model")
         self.statusBar().showMessage(f"Could not open the model: {message}")
         QMessageBox.warning(self, "Could not open the model", message)
@@ -379,7 +517,10 @@ class MainWindow(QMainWindow):
         text = self.composer.toPlainText().strip()
         if not text:
             return
-        start = self.chat.send(text, self.settings.system_prompt)
+        untitled = self.chat.id is not None and not self.chat.visible()   # saved by Attach… before any question
+        start = self.chat.send(text, self.effective().system_prompt)
+        if untitled:
+            self.chat.rename(_title_from(text))
         self.composer.clear()
         self._begin(start)
 
@@ -390,13 +531,13 @@ class MainWindow(QMainWindow):
     def regenerate(self, assistant_id: int) -> None:
         if self.busy or self.model_info is None:
             return
-        self._begin(self.chat.regenerate(assistant_id, self.settings.system_prompt))
+        self._begin(self.chat.regenerate(assistant_id, self.effective().system_prompt))
 
     def edit_and_resend(self, user_id: int, text: str) -> None:
         if self.busy or self.model_info is None:
             return
         try:
-            start = self.chat.edit(user_id, text, self.settings.system_prompt)
+            start = self.chat.edit(user_id, text, self.effective().system_prompt)
         except ChatError as exc:
             self.statusBar().showMessage(str(exc), 4000)
             return
@@ -436,7 +577,7 @@ class MainWindow(QMainWindow):
             return
         if title is None:
             current = self.store.conversation(cid).title
-            title, ok = QInputDialog.getText(self, "Rename", "Title:", text=current)
+            title, ok = QInputDialog.getText(self, f"Rename “{current}”", "Title:", text=current)
             if not ok:
                 return
         if cid == self.chat.id:
@@ -444,7 +585,7 @@ class MainWindow(QMainWindow):
         else:
             self.store.rename(cid, title.strip() or "Untitled")
         self.refresh_list()
-        self.title_label.setText(self.chat.title)
+        self.title_label.set_full_text(self.chat.title)
 
     def delete_conversation(self, conversation_id: int) -> None:
         if self.busy and conversation_id == self.chat.id:
@@ -455,20 +596,36 @@ class MainWindow(QMainWindow):
             self._show_current()
         self.refresh_list()
 
-    def export_markdown(self, path: str | Path | None = None) -> Path | None:
+    def export_chat(self, path: str | Path | None = None, fmt: str | None = None) -> Path | None:
+        """Export… : the conversation as Markdown or JSON (messages, thinking, citations,
+        model, sampling, token counts). Without ``path`` a save dialog asks."""
         if not self.chat.visible():
             self.statusBar().showMessage("Nothing to export yet", 3000)
             return None
         if path is None:
             safe = "".join(ch if ch.isalnum() or ch in " -_" else "_" for ch in self.chat.title).strip() or "chat"
-            path, _ = QFileDialog.getSaveFileName(self, "Export to Markdown", str(Path.home() / f"{safe}.md"),
-                                                  "Markdown (*.md)")
+            filters = ";;".join(export.FORMATS.values())
+            path, chosen = QFileDialog.getSaveFileName(self, f"Export “{self.chat.title}”",
+                                                       str(Path.home() / f"{safe}.md"), filters)
             if not path:
                 return None
-        out = Path(path)
-        out.write_text(self.chat.to_markdown(), encoding="utf-8")
+            fmt = next((k for k, v in export.FORMATS.items() if v == chosen), None)
+            if fmt and Path(path).suffix.lower() != f".{fmt}":
+                path = f"{path}.{fmt}"
+        eff = self.effective()
+        sampling = {"temperature": eff.temperature, "top_p": eff.top_p, "top_k": eff.top_k, "min_p": eff.min_p,
+                    "max_tokens": eff.max_tokens, "thinking": eff.thinking, "system_prompt": eff.system_prompt}
+        try:
+            out = export.write(self.chat, path, fmt, model=self.chat.model_name, sampling=sampling,
+                               citations=self.citations)
+        except (OSError, ValueError) as exc:
+            QMessageBox.warning(self, "Could not export", str(exc))
+            return None
         self.statusBar().showMessage(f"Exported to {out}", 4000)
         return out
+
+    def export_markdown(self, path: str | Path) -> Path | None:
+        return self.export_chat(path, "md")
 
     def focus_search(self) -> None:
         self.search.setFocus()
@@ -476,14 +633,20 @@ class MainWindow(QMainWindow):
 
     def open_settings(self) -> SettingsDialog:
         d = SettingsDialog(self.settings, self.memory, self)
+        if self.model_key() in self.settings.model_settings:
+            d.note_model_settings(self.model_info["name"] if self.model_info else display_name(
+                Path(self.model_key()).name))
         d.accepted.connect(lambda: self.apply_settings(d.result_settings()))
         d.open()
         return d
 
     def apply_settings(self, new: Settings) -> None:
-        old = self.settings
-        self.settings = new
+        key = self.model_key()
+        old, self.settings = settings_mod.for_model(self.settings, key), new
         self._save_settings()
+        self.library.model_folders = list(new.model_folders)
+        self.refresh_models()
+        new = settings_mod.for_model(new, key)
         if settings_mod.engine_changed(old, new):
             if new.engine == "remote" and not self.model_info:
                 self.load_model(new.model_path or "remote")
@@ -505,9 +668,11 @@ class MainWindow(QMainWindow):
     # ------------------------------------------------------------ generation
 
     def _request(self, start: TurnStart) -> dict:
-        s = self.settings
+        s = self.effective()
         req = {"messages": start.messages, "max_tokens": s.max_tokens, "thinking": s.thinking,
-               "sampling": {"temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k, "min_p": s.min_p}}
+               "sampling": {"temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k, "min_p": s.min_p},
+               # issue 17's opt-in routing modes (None / 0: exact, the default)
+               "experts_per_token": s.experts_per_token, "cache_aware_margin": s.cache_aware_margin}
         # Attached documents: their best passages go into the prompt as content.
         self.pending_citations = []
         if self.chat.id is not None and self.model_info and self._has_documents():
@@ -537,7 +702,7 @@ class MainWindow(QMainWindow):
         if self.chat.id is None:
             self.chat.id = self.store.create_conversation(self.chat.title or "New chat", model=self.chat.model_name)
             self.refresh_list()
-        return open_documents_panel(self, self.documents(), self._collection())
+        return open_documents_panel(self, self.documents(), self._collection(), title=self.chat.title)
 
     def _with_citation_links(self, record, text: str) -> str:
         citations = self.citations.get(record.id)
@@ -558,6 +723,7 @@ class MainWindow(QMainWindow):
         self.prompt_row.setVisible(True)
         self.prompt_bar.setRange(0, 0)
         self.prompt_label.setText("Reading the conversation…")
+        self._turn_t0 = time.monotonic()
         self.gen_id = self.worker.generate(self._request(start))
         self.refresh_list()
 
@@ -587,7 +753,11 @@ class MainWindow(QMainWindow):
         self.prompt_row.setVisible(True)
         self.prompt_bar.setRange(0, max(1, total))
         self.prompt_bar.setValue(done)
-        self.prompt_label.setText(f"Reading the prompt: {done} of {total} tokens")
+        elapsed = time.monotonic() - self._turn_t0
+        left = ""
+        if done > 0 and elapsed >= 1.0:
+            left = f" · about {max(1, round(elapsed * (total - done) / done))} s left"
+        self.prompt_label.setText(f"Reading the prompt: {done} of {total} tokens · {elapsed:.0f} s{left}")
 
     def _on_stats(self, d: dict) -> None:
         self.stats_view.push(d, d.get("phase", "decode"), d.get("t"))
@@ -599,8 +769,10 @@ class MainWindow(QMainWindow):
         if not self.chat.busy:
             return
         s = self.last_stats
-        turn = {k: s[k] for k in ("turn_prompt_tokens", "turn_reused_tokens", "turn_tokens", "turn_seconds")
-                if k in s}
+        turn = {k: s[k] for k in ("turn_prompt_tokens", "turn_reused_tokens", "turn_tokens", "turn_seconds",
+                                  "ttft_s") if s.get(k) is not None}
+        if self.pending_citations:   # kept with the answer, so the links survive a restart
+            turn["citations"] = [c.as_dict() for c in self.pending_citations]
         self.chat.finish(reason, text, thinking, stats=turn)
         if self.pending_citations:
             self.citations[self.chat.tree.leaf_id] = self.pending_citations
@@ -612,7 +784,8 @@ class MainWindow(QMainWindow):
         if reason == "error":  # the engine's message stays, not the turn's figures
             self.statusBar().showMessage(f"Error: {self._last_error or 'the answer stopped'}")
         elif turn.get("turn_tokens") and turn.get("turn_seconds"):
-            msg = (f"{turn['turn_tokens']} tokens in {turn['turn_seconds']:.1f} s · "
+            first = f"first token after {turn['ttft_s']:.1f} s · " if turn.get("ttft_s") is not None else ""
+            msg = (f"{turn['turn_tokens']} tokens in {turn['turn_seconds']:.1f} s · {first}"
                    f"{turn.get('turn_prompt_tokens', 0)} prompt tokens read, "
                    f"{turn.get('turn_reused_tokens', 0)} reused")
             self.statusBar().showMessage(("Stopped · " if reason == "cancelled" else "") + msg)
@@ -632,20 +805,50 @@ class MainWindow(QMainWindow):
         self.stop_btn.setEnabled(busy)
         self.new_btn.setEnabled(not busy)
         self.conv_list.setEnabled(not busy)
+        self.model_settings_action.setEnabled(bool(self.model_key()))
         self.chat_view.set_busy(busy)
         self.export_btn.setVisible(ready)
         self.gauges_btn.setVisible(ready)
         self.gauge_scroll.setVisible(ready and self.gauges_btn.isChecked())
 
     def _show_current(self) -> None:
-        self.title_label.setText(self.chat.title)
-        self.title_label.setToolTip(self.chat.title)
+        self.title_label.set_full_text(self.chat.title)
+        self._load_citations()
         name = self.model_info["name"] if self.model_info else None
         self.chat_view.set_placeholder(
             f"<p style='font-size:15pt'>Start a conversation</p><p>{name} runs on this computer; "
-            "nothing you type leaves it.</p><p>Ctrl+Enter sends · Esc stops · Ctrl+N starts a new chat</p>"
-            if name else "<p>Open a model to start.</p>")
+            f"nothing you type leaves it.</p><p>{self._send_keys()} · Esc stops · Ctrl+N starts a new chat · "
+            "drop a GGUF file here to convert it</p>"
+            if name else "<p>Open a model to start, or drop a GGUF file or a checkpoint folder here.</p>")
+        self.composer.setPlaceholderText(f"Ask anything… ({self._send_keys()})")
         self.chat_view.show_chat(self.chat, name)
+
+    def _send_keys(self) -> str:
+        return ("Enter sends, Shift+Enter for a new line" if self.settings.enter_sends else
+                "Shift+Enter sends, Enter for a new line")
+
+    def _load_citations(self) -> None:
+        """The citation links of the conversation's answers, as saved with them (they survive a restart)."""
+        for m in self.chat.tree.by_id.values():
+            saved = (m.stats or {}).get("citations")
+            if saved and m.id not in self.citations:
+                try:
+                    self.citations[m.id] = [Citation(**c) for c in saved]
+                except TypeError:   # saved by another version: the links are left out, the text stays
+                    continue
+
+    def eventFilter(self, obj, event) -> bool:
+        if obj is self.composer and event.type() == QEvent.Type.KeyPress and \
+                event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter):
+            mods = event.modifiers() & ~Qt.KeyboardModifier.KeypadModifier
+            if mods == Qt.KeyboardModifier.NoModifier or mods == Qt.KeyboardModifier.ShiftModifier:
+                shift = mods == Qt.KeyboardModifier.ShiftModifier
+                if shift != self.settings.enter_sends:   # this key sends
+                    self.send()
+                    return True
+                self.composer.insertPlainText("\n")
+                return True
+        return super().eventFilter(obj, event)
 
     def refresh_list(self) -> None:
         q = self.search.text()

@@ -94,7 +94,47 @@ class ScreenshotRun(QObject):
     def _settings(self, dialog) -> None:
         self._grab("06-settings", dialog)
         dialog.reject()
-        QTimer.singleShot(100, self._wizard_start)
+        QTimer.singleShot(100, self._library)
+
+    # ---- the model library, the switcher, and a long prompt being read
+
+    def _library(self) -> None:
+        d = self.w.open_library()
+        QTimer.singleShot(300, lambda: self._library_shot(d))
+
+    def _library_shot(self, dialog) -> None:
+        self._grab("06a-library", dialog)
+        dialog.reject()
+        menu = self.w.model_menu
+        self.w._fill_model_menu()
+        menu.popup(self.w.mapToGlobal(self.w.menuBar().geometry().bottomLeft()))
+        QTimer.singleShot(300, lambda: self._switcher_shot(menu))
+
+    def _switcher_shot(self, menu) -> None:
+        self._grab("06b-switcher", menu)
+        menu.hide()
+        self._progress_grabbed = False
+        self.w.answer_finished.disconnect(self._finished)
+        self.w.answer_finished.connect(self._long_prompt_done)
+        self.w.settings.max_tokens = 4
+        self.w.send_text("Summarise this report in one line: " +
+                         "The harbour opened at dawn and the ferries left on time. " * 60)
+        self._wait(self._reading_midway, self._progress_shot, "the prompt being read", delay_ms=0)
+
+    def _reading_midway(self) -> bool:
+        bar = self.w.prompt_bar
+        return self._progress_grabbed or not self.w.chat.busy or (
+            self.w.prompt_row.isVisible() and bar.maximum() > 0 and 0 < bar.value() < bar.maximum())
+
+    def _progress_shot(self) -> None:
+        if not self._progress_grabbed:
+            self._progress_grabbed = True
+            self._grab("06c-prompt-progress")
+
+    def _long_prompt_done(self, _reason: str) -> None:
+        if not self._progress_grabbed:   # read too fast to catch midway: show the state it ended in
+            self._progress_shot()
+        QTimer.singleShot(200, self._wizard_start)
 
     # ---- the conversion wizard, on the demo model, into a throw-away folder
 

@@ -105,6 +105,10 @@ class SettingsDialog(QDialog):
         self.thinking.setAccessibleName("Thinking")
         self.thinking.setChecked(settings.thinking)
         form.addRow("Thinking", self.thinking)
+        self.enter_sends = QCheckBox("Enter sends, Shift+Enter starts a new line (off: the other way round)")
+        self.enter_sends.setAccessibleName("Enter sends")
+        self.enter_sends.setChecked(settings.enter_sends)
+        form.addRow("Keyboard", self.enter_sends)
 
         self.system = QPlainTextEdit(settings.system_prompt)
         self.system.setAccessibleName("System prompt")
@@ -116,9 +120,21 @@ class SettingsDialog(QDialog):
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
         lay = QVBoxLayout(self)
+        self.model_note = QLabel("")
+        self.model_note.setObjectName("mutedLabel")
+        self.model_note.setWordWrap(True)
+        self.model_note.setVisible(False)
+        lay.addWidget(self.model_note)
         lay.addLayout(form)
         lay.addWidget(buttons)
         self.resize(560, 760)
+
+    def note_model_settings(self, model_name: str) -> None:
+        """Say that the open model has its own values, which win over these general ones."""
+        self.model_note.setText(f"{model_name} has its own settings (Model → Settings for this model…); its "
+                                "system prompt, temperature, context and thinking there take precedence over "
+                                "these.")
+        self.model_note.setVisible(True)
 
     def _engine_rows(self, form: QFormLayout, settings: Settings) -> None:
         """The engine: this computer, or an OpenAI-compatible server; and serving the loaded model."""
@@ -212,8 +228,9 @@ class SettingsDialog(QDialog):
     def _budget_note(self) -> str:
         m = self.memory
         if m is None:
-            return "Open a model to see its floor and recommended budget."
-        return (f"Floor {fmt_bytes(m.floor)} (the least this model runs in at this context) · "
+            return ("With no budget set (Recommended), Ferry chooses one for this computer and model when it "
+                    "opens it. Open a model to see its floor and recommended budget.")
+        return (f"With no budget set, Ferry uses the recommended one. Floor {fmt_bytes(m.floor)} (the least this model runs in at this context) · "
                 f"recommended {fmt_bytes(m.recommended)} · usable RAM now {fmt_bytes(m.usable)}")
 
     def _add_folder(self) -> None:
@@ -228,6 +245,7 @@ class SettingsDialog(QDialog):
             ram_budget=self.budget.value() * MIB, threads=self.threads.value(), context_length=self.ctx.value(),
             temperature=self.temp.value(), top_p=self.top_p.value(), top_k=self.top_k.value(),
             min_p=self.min_p.value(), max_tokens=self.max_tokens.value(), thinking=self.thinking.isChecked(),
+            enter_sends=self.enter_sends.isChecked(),
             system_prompt=self.system.toPlainText(), engine=self.engine.currentData(),
             remote_url=self.remote_url.text().strip(), remote_model=self.remote_model.text().strip(),
             serve_local=self.serve.isChecked(), serve_port=self.serve_port.value()).validated()

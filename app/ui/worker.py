@@ -185,6 +185,7 @@ class EngineWorker(QObject):
             self.stats.emit({**session.stats().as_dict(), "phase": phase, "t": now, **(extra or {})})
 
         end: Finished | None = None
+        t_start, ttft = time.monotonic(), None   # time to first token: the prompt read, the first token out
         try:
             ids, channel = build_prompt(model, request["messages"], request.get("thinking", True))
             parser = StreamParser("think_tags", channel)
@@ -199,6 +200,7 @@ class EngineWorker(QObject):
                 elif isinstance(ev, Token):
                     if phase == "prefill":
                         phase = "decode"
+                        ttft = now - t_start
                     route(parser.feed(ev.text))
                     if now - last_text >= TEXT_INTERVAL:
                         flush()
@@ -224,7 +226,7 @@ class EngineWorker(QObject):
             self.error.emit(end.error)
         sample(time.monotonic(), {"final": True, "turn_prompt_tokens": end.prompt_tokens,
                                   "turn_reused_tokens": end.reused_tokens, "turn_tokens": len(end.tokens),
-                                  "turn_seconds": end.seconds})
+                                  "turn_seconds": end.seconds, "ttft_s": ttft})
         self.finished.emit(end.reason, "".join(texts["response"]), "".join(texts["thinking"]))
 
     def _generate_remote(self, gen_id: int, request: dict) -> None:

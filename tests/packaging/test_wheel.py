@@ -42,6 +42,7 @@ def test_wheel_holds_the_compiled_core(wheel):
     ext = [n for n in names if n.startswith("app/engine/_ferry_c") and n.endswith((".so", ".pyd"))]
     assert ext, f"no compiled C core in {wheel.name}"
     assert "app/__main__.py" in names and "app/engine/binding.py" in names
+    assert "app/library.py" in names and "app/chat/export.py" in names and "app/ui/library_dialog.py" in names
     assert not any(n.startswith(("tests/", "core_c/", "bench/")) for n in names)
     # A platform wheel, not py3-none-any: it carries machine code.
     assert not wheel.name.endswith("-none-any.whl"), wheel.name

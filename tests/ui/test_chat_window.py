@@ -61,7 +61,7 @@ def test_stop_mid_answer_keeps_a_consistent_conversation(qtbot, make_window, dem
     assert m.status == "cancelled" and m.content == "".join(got) and m.content
     assert not w.chat.busy and w.send_btn.isEnabled() and not w.stop_btn.isEnabled()
     assert w.store.messages(w.chat.id)[-1].content == m.content
-    assert "Stopped" in w.chat_view.widgets[-1].note.text()
+    assert "Stopped" in w.chat_view.widgets[-1].note.full_text
     # the session is still usable: the next turn answers normally
     w.settings.max_tokens = 6
     assert send(qtbot, w, "Thanks.") in ("stop", "length")

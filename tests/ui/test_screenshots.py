@@ -13,7 +13,8 @@ import pytest
 from PySide6.QtGui import QImage
 
 REPO = Path(__file__).resolve().parents[2]
-STATES = ["01-welcome", "02-empty-chat", "03-streaming", "04-finished", "05-gauges", "06-settings"]
+STATES = ["01-welcome", "02-empty-chat", "03-streaming", "04-finished", "05-gauges", "06-settings", "06a-library",
+          "06b-switcher", "06c-prompt-progress"]
 
 
 def _free_display() -> int:
@@ -62,8 +63,10 @@ def test_screenshots_under_xvfb(xvfb, demo_container, tmp_path):
         assert p.exists(), f"{name}.png missing; stderr:\n{res.stderr[-2000:]}"
         img = QImage(str(p))
         assert not img.isNull()
-        if name in ("05-gauges", "06-settings"):
+        if name in ("05-gauges", "06-settings", "06a-library"):
             assert img.width() > 250 and img.height() > 300
+        elif name == "06b-switcher":          # the Model menu: library, the models, convert
+            assert img.width() > 100 and img.height() > 60
         else:
             assert (img.width(), img.height()) == (1200, 780), name
         assert _colours(img) > 40, f"{name} looks blank"

@@ -27,6 +27,7 @@ def test_demo_model_from_the_model_menu_to_a_chat(qtbot, make_window, demo_gguf,
     src = wiz.source_page.result.text()
     assert "Everything needed is there" in src and "dense model" in src and "RAM it needs" in src
     assert "reads" in wiz.destination_page.speed.text() and "no experts to stream" in wiz.destination_page.speed.text()
+    assert wiz.state.speed is None     # a dense model: the disk probe did not run (issue 16)
     plan = wiz.state.report.plan
     assert wiz.memory_page.budget() == plan.recommended and wiz.state.budget == plan.recommended
     out = convert_to_end(qtbot, wiz)

@@ -187,7 +187,13 @@ class DestinationPage(QWizardPage):
         self.space.setText(colour(f"{resume}The converted model needs {size(need)} (with {size(SPACE_MARGIN)} "
                                   f"to spare); this disk has {size(free)} free.", GREEN))
         self.completeChanged.emit()
-        if self._probed != folder:
+        report = self.state.report
+        if report is not None and not (report.n_experts and report.record_bytes):
+            # a dense model streams nothing from the disk: its speed does not matter
+            self.state.speed = None
+            self.speed.setText("This model has no experts to stream: it reads the disk only while it opens, "
+                               "so the disk's speed was not measured.")
+        elif self._probed != folder:
             self.start_probe(folder)
 
     # ---- the disk probe
