@@ -186,6 +186,7 @@ class DownloadPage(QWizardPage):
         else:
             self.control.pause()
             self.pause_btn.setText("Resume")
+            self.status.setText(self.status.text() + "; pausing (the part being written is finished first)")
 
     def stop(self) -> None:
         if self.control is not None:
@@ -232,7 +233,8 @@ class DownloadPage(QWizardPage):
         parts = []
         if p.download_total:
             left = f", {duration(p.eta)} left" if p.eta is not None else ""
-            parts.append(f"Downloaded {size(p.downloaded)} of {size(p.download_total)} at {rate(p.rate)}{left}")
+            at = f" at {rate(p.rate)}" if p.rate > 0 and not p.paused else ""
+            parts.append(f"Downloaded {size(p.downloaded)} of {size(p.download_total)}{at}{left}")
         if p.convert_total:
             parts.append(f"converted {size(p.converted)} of {size(p.convert_total)} ({esc(p.convert_stage)})")
         if p.paused:
