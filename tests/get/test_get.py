@@ -116,3 +116,21 @@ def test_wrong_token_missing_repo_and_revision(hub, memory_keyring):
         open_repo("meta/tiny-llama", "no-such-branch")
     with pytest.raises(GetError, match="owner/name"):
         open_repo("../etc")
+
+
+@pytest.mark.slow
+def test_cli_plan_and_refusal(hub, tmp_path):
+    import json
+    import os
+
+    from tests.conftest import run_ferry
+
+    env = {k: os.environ[k] for k in ("HF_ENDPOINT", "HF_HOME", "NO_PROXY")}
+    res = run_ferry("get", "moonshotai/Kimi-K3-tiny", "--plan", "--into", str(tmp_path), "--json", env=env)
+    plan = json.loads(res.stdout)
+    assert plan["verdict"] in ("runs well", "runs slowly") and plan["container_bytes"] > 0
+    assert hub.shard_gets() == []
+    res = run_ferry("get", "nobody/nothing", "--plan", "--into", str(tmp_path), env=env, check=False)
+    assert res.returncode == 1 and "was not found" in res.stderr and "Traceback" not in res.stderr
+    res = run_ferry("get", "--catalogue", "--json", env=env)
+    assert len(json.loads(res.stdout)) == 8

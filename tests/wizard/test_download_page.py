@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
 from PySide6.QtWidgets import QWizard
 
 from app.budget import MachineMemory
@@ -16,6 +17,7 @@ BIG = MachineMemory(64 << 30, 64 << 30, "test")
 SHOTS = Path(os.environ.get("FERRY_SCREENSHOTS", "")) if os.environ.get("FERRY_SCREENSHOTS") else None
 
 
+@pytest.mark.slow
 def test_download_a_model_from_the_wizard(qtbot, wizard, hub, repos, tmp_path):  # noqa: F811
     wiz = wizard(remember=False)
     wiz.next()
