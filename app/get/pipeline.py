@@ -257,6 +257,8 @@ class Getter:
             out = convert(src, self.out, trunk_format=plan.trunk_format, expert_format=plan.expert_format,
                           control=self.control, threads=self.threads, progress=self._on_convert,
                           unit_done=feed.unit_done)
+            if feed.thread is not None:
+                feed.thread.join()          # the rest of a kept copy (shards no unit reads)
         finally:
             feed.stop()
         feed.raise_error()
@@ -285,6 +287,8 @@ class _Feed:
         pending = [u for u in order if u not in done]
         self.pending = set(pending)
         self.sequence = shard_order(pending, reads)
+        if not self.g.delete_source:       # a full copy is kept: the shards no unit reads too (a vision tower)
+            self.sequence += [s for s in self.shards if s not in self.sequence]
         self.left = {s: sum(1 for u in pending if s in reads[u]) for s in self.shards}
         self.reads = reads
         if self.g.delete_source:           # converted by an earlier run, still here: not needed

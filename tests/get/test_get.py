@@ -134,3 +134,10 @@ def test_cli_plan_and_refusal(hub, tmp_path):
     assert res.returncode == 1 and "was not found" in res.stderr and "Traceback" not in res.stderr
     res = run_ferry("get", "--catalogue", "--json", env=env)
     assert len(json.loads(res.stdout)) == 8
+
+
+def test_a_kept_download_is_the_whole_repository(hub, repos, tmp_path):
+    """Without --delete-source the folder is a full copy, with the shard no unit reads (K3's vision tower)."""
+    Getter("moonshotai/Kimi-K3-tiny", tmp_path, memory=BIG).run()
+    for p in repos["k3"].iterdir():
+        assert (tmp_path / "Kimi-K3-tiny" / p.name).read_bytes() == p.read_bytes()

@@ -35,7 +35,7 @@ def disk_use(root: Path) -> int:
 
 
 def test_delete_source_keeps_peak_disk_within_the_plan(hub, repos, tmp_path):
-    hub.rate = 300_000                                      # ~1.5 s: the sampler sees every step
+    hub.rate = 600_000                                      # the sampler (2 ms) sees every step
     into = tmp_path / "into"
     plan = plan_repo("meta/tiny-llama", into=into, memory=BIG, disk_bps=1e9, kernel_bps=1e9)
     peak = [0]
