@@ -23,7 +23,8 @@ trunk_fits, experts_fit) applied to the usable RAM of this machine (or
 ``ram``), "auto" meaning what the converter keeps for the source's dtype
 (q8_0 for a float trunk; bf16 for MXFP4 experts, f32 for FP8 ones).
 Bits map to formats the way `ferry convert` writes them: 32 f32, 16 bf16,
-8 q8_0 (8.5 bits/weight), 4 q4_0 (4.5), 3 q3_nl (3.09). Other widths (2, 5, 6) have no Ferry encoder yet; they are costed
+8 q8_0 (8.5 bits/weight), 4 q4_0 (4.5), 3 q3_nl (3.09). Other widths (2, 5, 6)
+have no Ferry encoder yet; they are costed
 as B bits plus one f16 scale per 32 weights (B + 0.5 bits/weight) and the
 result says so. ``scheme="pure"`` costs every matrix at exactly B bits per
 weight (no scales), the accounting published figures usually use.

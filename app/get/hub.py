@@ -83,7 +83,7 @@ def explain(exc: BaseException, repo_id: str, what: str = "") -> GetError:
         return GetError(f"{repo_id} is gated: accept its terms on {host}/{repo_id} with your account, then "
                         f"give Ferry a token of that account (`ferry get --login`)")
     if isinstance(exc, errors.RevisionNotFoundError):
-        return GetError(f"{repo_id} has no revision of that name (a branch, tag or commit): {exc.server_message or ''}".strip())
+        return GetError(f"{repo_id} has no revision of that name (a branch, tag or commit); check --revision")
     if isinstance(exc, errors.RemoteEntryNotFoundError):
         return GetError(f"{where}: the file is not in the repository")
     if isinstance(exc, errors.RepositoryNotFoundError):

@@ -200,6 +200,11 @@ class Getter:
         revision = st.get("commit") or self.revision
         repo = hub.open_repo(self.repo_id, revision)
         t, e = st.get("formats") or (self.trunk_format, self.expert_format)
+        asked = (self.trunk_format, self.expert_format)
+        stored = st.get("formats")
+        if stored and any(a not in ("recommended", b) for a, b in zip(asked, stored)):
+            raise GetError(f"this download was started with trunk {stored[0]} and experts {stored[1]}; run it "
+                           f"with those formats to resume, or delete {self.statedir} and {partial_dir(self.out)} to start over")
         self.plan = plan = plan_repo(self.repo_id, into=self.into, trunk_format=t, expert_format=e, file=self.file,
                                      memory=self.memory, repo=repo, work=self.into, disk_bps=0.0,
                                      kernel_bps=0.0)

@@ -355,7 +355,9 @@ def _plan_gguf(repo: Repo, work: Path, file: str | None, t: str, e: str, memory)
         file = repo.ggufs[0].name
     f = repo.file(file)
     plan.file = file
-    path = work / Path(file).name
+    state = work / f"{repo.name}.get"
+    state.mkdir(parents=True, exist_ok=True)
+    path = state / Path(file).name          # the header, the rest sparse: a plan-only copy
     head = GGUF_HEAD
     while True:
         data = hub.fetch_range(repo, file, 0, min(head, f.size))

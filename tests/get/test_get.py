@@ -141,3 +141,15 @@ def test_a_kept_download_is_the_whole_repository(hub, repos, tmp_path):
     Getter("moonshotai/Kimi-K3-tiny", tmp_path, memory=BIG).run()
     for p in repos["k3"].iterdir():
         assert (tmp_path / "Kimi-K3-tiny" / p.name).read_bytes() == p.read_bytes()
+
+
+def test_a_resume_with_other_formats_is_refused_clearly(hub, tmp_path):
+    from app.convert.convert import ConvertCancelled, ConvertControl
+
+    ctl = ConvertControl()
+    ctl.cancel()
+    with pytest.raises(ConvertCancelled):
+        Getter("meta/tiny-llama", tmp_path, memory=BIG, control=ctl, trunk_format="q8_0").run()
+    with pytest.raises(GetError, match="started with trunk q8_0"):
+        Getter("meta/tiny-llama", tmp_path, memory=BIG, trunk_format="q4_0").run()
+    assert Getter("meta/tiny-llama", tmp_path, memory=BIG).run().is_dir()     # "recommended": the stored ones
