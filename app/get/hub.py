@@ -26,6 +26,8 @@ DEFAULT_ENDPOINT = "https://huggingface.co"
 #: Files other than weights that a conversion may read (config, index, tokenizer, template).
 SMALL_SUFFIXES = (".json", ".jinja", ".model", ".tiktoken", ".txt")
 SMALL_LIMIT = 64 << 20
+#: Bytes between two progress reports of a download.
+PROGRESS_CHUNK = 1 << 20
 WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".onnx")
 
 
@@ -206,8 +208,11 @@ def download(repo: Repo, name: str, folder: Path, on_bytes: Callable[[int], None
              force: bool = False) -> Path:
     """``name`` at the repo's commit into ``folder`` (the hub client resumes a
     partial download kept in ``folder/.cache``)."""
-    from huggingface_hub import hf_hub_download
+    from huggingface_hub import constants, hf_hub_download
 
+    # The client reports (and so can be paused or stopped) once per chunk it reads, 10 MB by default:
+    # a slow connection would show no progress for many seconds.
+    constants.DOWNLOAD_CHUNK_SIZE = min(constants.DOWNLOAD_CHUNK_SIZE, PROGRESS_CHUNK)
     kwargs = {}
     if on_bytes is not None:
         kwargs["tqdm_class"] = _bar_class(on_bytes)
@@ -219,6 +224,75 @@ def download(repo: Repo, name: str, folder: Path, on_bytes: Callable[[int], None
             raise
         raise explain(exc, repo.repo_id, name) from exc
     return Path(path)
+
+
+#: Network errors a weight download resumes after (within one run), at most this many times in a row.
+RETRIES = 5
+
+
+def _part(folder: Path, name: str) -> Path:
+    return folder / ".cache" / "ferry" / f"{name}.part"
+
+
+def download_weights(repo: Repo, f: RepoFile, folder: Path, on_bytes: Callable[[int], None] | None = None) -> Path:
+    """A weight file (a shard, a GGUF) into ``folder``, resumable across runs
+    and kills: it streams into ``folder/.cache/ferry/NAME.part`` and a later
+    call asks only for the rest (a Range request), then moves it into place.
+    The hub client's URL, headers (token, user agent), session (proxies,
+    HF_ENDPOINT) and errors are used; its own download is not, because it
+    discards a partial file when it is interrupted (huggingface_hub 2.4,
+    `_download_to_tmp_and_move`), which would lose up to a whole shard (tens of
+    GB) at every stop or crash."""
+    from huggingface_hub import hf_hub_url
+    from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+
+    final, part = folder / f.name, _part(folder, f.name)
+    part.parent.mkdir(parents=True, exist_ok=True)
+    url = hf_hub_url(repo.repo_id, f.name, revision=repo.commit, endpoint=endpoint())
+    failures = 0
+    while True:
+        have = part.stat().st_size if part.exists() else 0
+        if have > f.size:
+            part.unlink()
+            have = 0
+        if have == f.size:
+            break
+        headers = build_hf_headers(token=_token())
+        headers["Accept-Encoding"] = "identity"
+        if have:
+            headers["Range"] = f"bytes={have}-"
+        try:
+            with get_session().stream("GET", url, headers=headers, follow_redirects=True, timeout=60) as r:
+                if r.status_code >= 400:
+                    r.read()
+                    hf_raise_for_status(r)
+                if have and r.status_code != 206:      # the server ignored the Range: start over
+                    have = 0
+                with open(part, "r+b" if have else "wb") as out:
+                    out.seek(have)
+                    out.truncate()
+                    for chunk in r.iter_bytes(PROGRESS_CHUNK):
+                        out.write(chunk)
+                        failures = 0
+                        if on_bytes is not None:
+                            on_bytes(len(chunk))
+        except Exception as exc:
+            if type(exc).__name__ == "ConvertCancelled" or isinstance(exc, GetError):
+                raise
+            name = type(exc).__name__
+            transient = any(w in name for w in ("Connect", "Timeout", "Protocol", "ReadError", "Network"))
+            failures += 1
+            if not transient or failures > RETRIES:
+                raise explain(exc, repo.repo_id, f.name) from exc
+            continue
+        if part.stat().st_size < f.size and failures < RETRIES:   # the connection ended early: go on
+            failures += 1
+            continue
+        break
+    if part.stat().st_size != f.size:
+        raise GetError(f"{repo.repo_id} {f.name}: received {part.stat().st_size} bytes, the hub lists {f.size}")
+    os.replace(part, final)
+    return final
 
 
 def fetch_range(repo: Repo, name: str, start: int, length: int) -> bytes:
@@ -276,7 +350,7 @@ def _incomplete(folder: Path, f: RepoFile) -> list[Path]:
 def forget_partial(folder: Path, f: RepoFile) -> None:
     """Remove a downloaded file and the hub client's record of it (so it is fetched again)."""
     for p in (folder / f.name, folder / ".cache" / "huggingface" / "download" / f"{f.name}.metadata",
-              *_incomplete(folder, f)):
+              _part(folder, f.name), *_incomplete(folder, f)):
         try:
             p.unlink()
         except FileNotFoundError:
@@ -284,8 +358,9 @@ def forget_partial(folder: Path, f: RepoFile) -> None:
 
 
 def partial_size(folder: Path, f: RepoFile) -> int:
-    """Bytes of ``f`` the hub client has kept from an interrupted download."""
-    return sum(p.stat().st_size for p in _incomplete(folder, f))
+    """Bytes of ``f`` kept from an interrupted download."""
+    part = _part(folder, f.name)
+    return (part.stat().st_size if part.exists() else 0) + sum(p.stat().st_size for p in _incomplete(folder, f))
 
 
 def free_bytes(folder: Path) -> int:

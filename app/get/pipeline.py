@@ -3,8 +3,8 @@
 Layout in the destination folder ``INTO`` for a repository ``owner/NAME``:
 
 * ``INTO/NAME/``: the checkpoint as downloaded (small files first, then the
-  shards; the hub client keeps a partial file in ``INTO/NAME/.cache`` and
-  resumes it);
+  shards; a partial shard is kept in ``INTO/NAME/.cache/ferry`` and resumed
+  with a Range request: app.get.hub.download_weights);
 * ``INTO/NAME.get/``: this download's state (``state.json``: the commit,
   the formats chosen at the start, the shards whose hash was checked) and
   the shard headers;
@@ -18,8 +18,8 @@ fetches the shards in the order the converter first needs them; with
 deleted as soon as every unit (trunk segment, expert bank) reading it is in
 the journal, so the disk holds the container plus the shards in flight.
 Killed at any point, the same call resumes: the journal skips what was
-converted, the state skips hashing shards already checked, the hub client
-resumes a partial file, and the formats stay those of the first run.
+converted, the state skips hashing shards already checked, a partial shard
+is resumed where it stopped, and the formats stay those of the first run.
 """
 from __future__ import annotations
 
@@ -170,7 +170,10 @@ class Getter:
             self.control.checkpoint()
             self._report(True, file=f.name, downloaded=self.status.downloaded + hub.partial_size(self.folder, f))
             start = self.status.downloaded
-            hub.download(repo, f.name, self.folder, self._on_bytes, force=attempt > 0)
+            if f.is_weight:
+                hub.download_weights(repo, f, self.folder, self._on_bytes)
+            else:
+                hub.download(repo, f.name, self.folder, self._on_bytes, force=attempt > 0)
             if path.stat().st_size == f.size and (f.sha256 is None or hub.sha256_of(path) == f.sha256):
                 state.mark_verified(path, f)
                 # a file the hub client found complete already: count it

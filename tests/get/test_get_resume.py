@@ -95,3 +95,35 @@ def test_kill_9_at_random_moments_resumes_to_the_same_bytes(hub, repos, tmp_path
     assert tree_bytes(into / f"{stem}.ferry") == tree_bytes(ref)
     if extra:
         assert not (into / stem).exists()
+
+
+def test_a_stopped_download_resumes_inside_the_shard(hub, repos, tmp_path, monkeypatch):
+    """Stop mid-shard (the wizard's Stop): the hub client's partial file is
+    kept and the next run asks for the rest with a Range request."""
+    from app.convert.convert import ConvertCancelled, ConvertControl
+    from app.get import hub as hubmod
+
+    monkeypatch.setattr(hubmod, "PROGRESS_CHUNK", 32 << 10)      # progress (and a stop) every 32 kB
+
+    hub.rate = 200_000
+    ctl = ConvertControl()
+    big = max(repos["k3"].glob("*.safetensors"), key=lambda p: p.stat().st_size).name
+    state = {}
+
+    def progress(p):
+        if p.file == big and "start" not in state:
+            state["start"] = p.downloaded
+        if p.file == big and p.downloaded > state.get("start", 1 << 60) + 100_000:
+            ctl.cancel()
+
+    with pytest.raises(ConvertCancelled):
+        Getter("moonshotai/Kimi-K3-tiny", tmp_path, memory=BIG, control=ctl, progress=progress).run()
+    hub.rate = None
+    hub.log.clear()
+    out = Getter("moonshotai/Kimi-K3-tiny", tmp_path, memory=BIG).run()
+    ranges = [rng for m, path, rng in hub.log if m == "GET" and path.endswith(big) and rng]
+    assert any(int(r[6:].split("-")[0]) >= 100_000 and r.endswith("-") for r in ranges), ranges
+    plan = plan_repo("moonshotai/Kimi-K3-tiny", into=tmp_path / "p", memory=BIG, disk_bps=1e9, kernel_bps=1e9)
+    ref = local_convert(repos["k3"], tmp_path / "ref", "Kimi-K3-tiny", trunk_format=plan.trunk_format,
+                        expert_format=plan.expert_format)
+    assert tree_bytes(out) == tree_bytes(ref)
