@@ -164,7 +164,7 @@ def _demo_row(e: Entry, memory, disk_bps, kernel_bps_of) -> Row:
     plan = GetPlan(e.repo_id, "", "gguf", file=path.name, download_bytes=0)
     _fill(plan, report, memory)
     plan.disk_read_bytes_per_s = disk_bps
-    plan.kernel_bytes_per_s = kernel_bps_of(plan.trunk_format if plan.trunk_format != "auto" else "q4_1")
+    plan.kernel_bytes_per_s = kernel_bps_of(plan.kernel_format) if plan.kernel_format else None
     finish_estimate(plan)
     judge(plan)
     return _row_from_plan(e, plan)

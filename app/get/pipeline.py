@@ -143,6 +143,7 @@ class Getter:
         if self.progress_fn and (force or now - self._last_report >= 0.25):
             self._last_report = now
             self.progress_fn(GetProgress(**vars(self.status)))
+            self.status.note = ""           # said once
 
     def _on_bytes(self, n: int) -> None:
         if self.stopping:

@@ -60,6 +60,7 @@ class GetPlan:
     record_bytes: int = 0                   #: one expert record
     n_records: int = 0                      #: expert records in all
     top_k: int = 0
+    kernel_format: str = ""                 #: what the per-token matrices are stored as (the speed measured)
     expected_read_per_token: int = 0        #: at the recommended budget (cache hits assumed uniform)
     compute_bytes_per_token: int = 0        #: weights the kernels go through per token
     disk_read_bytes_per_s: float | None = None
@@ -280,7 +281,7 @@ def plan_repo(repo_id: str, revision: str | None = None, into: str | os.PathLike
             disk_bps = _measure_disk(existing)
         if kernel_bps is None:
             from app.get.speed import kernel_bytes_per_s
-            kernel_bps = kernel_bytes_per_s(plan.expert_format if plan.cold_bytes_per_token else plan.trunk_format)
+            kernel_bps = kernel_bytes_per_s(plan.kernel_format)
         plan.disk_read_bytes_per_s, plan.kernel_bytes_per_s = disk_bps, kernel_bps
         finish_estimate(plan)
     judge(plan)
@@ -321,6 +322,13 @@ def _fill(plan: GetPlan, report, memory) -> None:
     embd = sum(t.nbytes for t in layout.trunk if t.name == "token_embd")
     plan.compute_bytes_per_token = layout.trunk_size - embd + report.cold_bytes_per_token
     plan.record_bytes, plan.top_k = report.record_bytes, report.top_k
+    if layout.banks:
+        plan.kernel_format = layout.banks[0].parts["gate"]["dtype"]
+    else:
+        by: dict[str, int] = {}
+        for t in layout.trunk:
+            by[t.fmt] = by.get(t.fmt, 0) + t.nbytes
+        plan.kernel_format = max(by, key=by.get)
     plan.n_records = sum(b.n_experts for b in layout.banks)
 
 
