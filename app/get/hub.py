@@ -234,7 +234,8 @@ def _part(folder: Path, name: str) -> Path:
     return folder / ".cache" / "ferry" / f"{name}.part"
 
 
-def download_weights(repo: Repo, f: RepoFile, folder: Path, on_bytes: Callable[[int], None] | None = None) -> Path:
+def download_weights(repo: Repo, f: RepoFile, folder: Path,
+                     on_bytes: Callable[[int], None] | None = None) -> tuple[Path, str]:
     """A weight file (a shard, a GGUF) into ``folder``, resumable across runs
     and kills: it streams into ``folder/.cache/ferry/NAME.part`` and a later
     call asks only for the rest (a Range request), then moves it into place.
@@ -242,7 +243,10 @@ def download_weights(repo: Repo, f: RepoFile, folder: Path, on_bytes: Callable[[
     HF_ENDPOINT) and errors are used; its own download is not, because it
     discards a partial file when it is interrupted (huggingface_hub 2.4,
     `_download_to_tmp_and_move`), which would lose up to a whole shard (tens of
-    GB) at every stop or crash."""
+    GB) at every stop or crash.
+
+    Returns the path and the sha256 of the bytes written, computed as they
+    arrive (a resumed part is hashed first), so no second read is needed."""
     from huggingface_hub import hf_hub_url
     from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
@@ -250,11 +254,19 @@ def download_weights(repo: Repo, f: RepoFile, folder: Path, on_bytes: Callable[[
     part.parent.mkdir(parents=True, exist_ok=True)
     url = hf_hub_url(repo.repo_id, f.name, revision=repo.commit, endpoint=endpoint())
     failures = 0
+    digest, hashed = hashlib.sha256(), 0
     while True:
         have = part.stat().st_size if part.exists() else 0
         if have > f.size:
             part.unlink()
             have = 0
+        if hashed != have:                   # a part from an earlier run (or a restart): hash what is there
+            digest, hashed = hashlib.sha256(), 0
+            if have:
+                with open(part, "rb") as src:
+                    while hashed < have and (chunk := src.read(min(8 << 20, have - hashed))):
+                        digest.update(chunk)
+                        hashed += len(chunk)
         if have == f.size:
             break
         headers = build_hf_headers(token=_token())
@@ -267,12 +279,14 @@ def download_weights(repo: Repo, f: RepoFile, folder: Path, on_bytes: Callable[[
                     r.read()
                     hf_raise_for_status(r)
                 if have and r.status_code != 206:      # the server ignored the Range: start over
-                    have = 0
+                    have, digest, hashed = 0, hashlib.sha256(), 0
                 with open(part, "r+b" if have else "wb") as out:
                     out.seek(have)
                     out.truncate()
                     for chunk in r.iter_bytes(PROGRESS_CHUNK):
                         out.write(chunk)
+                        digest.update(chunk)
+                        hashed += len(chunk)
                         failures = 0
                         if on_bytes is not None:
                             on_bytes(len(chunk))
@@ -292,7 +306,8 @@ def download_weights(repo: Repo, f: RepoFile, folder: Path, on_bytes: Callable[[
     if part.stat().st_size != f.size:
         raise GetError(f"{repo.repo_id} {f.name}: received {part.stat().st_size} bytes, the hub lists {f.size}")
     os.replace(part, final)
-    return final
+    return final, digest.hexdigest()
+
 
 
 def fetch_range(repo: Repo, name: str, start: int, length: int) -> bytes:

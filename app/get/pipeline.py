@@ -171,11 +171,14 @@ class Getter:
             self.control.checkpoint()
             self._report(True, file=f.name, downloaded=self.status.downloaded + hub.partial_size(self.folder, f))
             start = self.status.downloaded
+            digest = None
             if f.is_weight:
-                hub.download_weights(repo, f, self.folder, self._on_bytes)
+                _, digest = hub.download_weights(repo, f, self.folder, self._on_bytes)
             else:
                 hub.download(repo, f.name, self.folder, self._on_bytes, force=attempt > 0)
-            if path.stat().st_size == f.size and (f.sha256 is None or hub.sha256_of(path) == f.sha256):
+            if f.sha256 is not None and digest is None:
+                digest = hub.sha256_of(path)
+            if path.stat().st_size == f.size and (f.sha256 is None or digest == f.sha256):
                 state.mark_verified(path, f)
                 # a file the hub client found complete already: count it
                 self._report(True, downloaded=max(self.status.downloaded, start + f.size - hub.partial_size(
