@@ -504,6 +504,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_serve)
 
     sub.add_parser("cache-sim", help="simulate the expert cache on a routing trace", add_help=False)
+    sub.add_parser("get", help="plan, download and convert a model from the Hugging Face hub "
+                               "(the only command that uses the network; see `ferry get -h`)", add_help=False)
     sub.add_parser("docs", help="ask about your own documents: add, search, ask (see `ferry docs -h`)", add_help=False)
     return ap
 
@@ -513,6 +515,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if argv[:1] == ["cache-sim"]:
             return cmd_cache_sim(argv[1:])
+        if argv[:1] == ["get"]:
+            from app.get.cli import main as get_main
+            return get_main(argv[1:])
         if argv[:1] == ["docs"]:
             from app.documents.cli import main as documents_main
             return documents_main(argv[1:])

@@ -16,9 +16,15 @@ figures follow the engine's own accounting (core_c/src/arch_kimi.c):
 * scratch: the engine's per-chunk buffers (32 tokens) for ``threads`` threads;
 * floor: trunk + state + scratch + one layer visit of expert records (top_k).
 
+The formats are, unless asked, the ones `ferry check` recommends and `ferry
+convert --trunk-format recommended --expert-format recommended` writes: the
+same candidates and the same rule (app.convert.format_choices.pick,
+trunk_fits, experts_fit) applied to the usable RAM of this machine (or
+``ram``), "auto" meaning what the converter keeps for the source's dtype
+(q8_0 for a float trunk; bf16 for MXFP4 experts, f32 for FP8 ones).
 Bits map to formats the way `ferry convert` writes them: 32 f32, 16 bf16,
-8 q8_0 (8.5 bits/weight), 4 q4_1 for the trunk (5.0) and q4_0 for experts
-(4.5), 3 q3_nl (3.09). Other widths (2, 5, 6) have no Ferry encoder yet; they are costed
+8 q8_0 (8.5 bits/weight), 4 q4_0 (4.5), 3 q3_nl (3.09). Other widths (2, 5, 6)
+have no Ferry encoder yet; they are costed
 as B bits plus one f16 scale per 32 weights (B + 0.5 bits/weight) and the
 result says so. ``scheme="pure"`` costs every matrix at exactly B bits per
 weight (no scales), the accounting published figures usually use.
@@ -44,7 +50,7 @@ def _fmt_of(bits: float, role: str, scheme: str) -> tuple[str, float, bool]:
         name, bpw = table[bits]
         return name, bpw, True
     if bits == 4:
-        return ("q4_1", 5.0, True) if role == "trunk" else ("q4_0", 4.5, True)
+        return "q4_0", 4.5, True
     if bits == 3:
         return "q3_nl", 99 * 8 / 256, True   # Ferry's 3-bit format: 99 bytes per 256 values
     return f"q{bits:g} (hypothetical: {bits:g} bits + f16 scale per 32)", bits + 0.5, False
@@ -87,17 +93,91 @@ class _Acc:
         self.mat(1, n, count, f32=True)
 
 
-def plan_from_config(config: dict, expert_bits: float = 4, trunk_bits: float = 4, ctx: int = 4096,
-                     ram: int | None = None, disk_gbps: float | None = None, threads: int = 8,
-                     scheme: str = "ferry") -> dict[str, Any]:
-    """Memory and disk figures of a model from its config.json (a dict)."""
+#: Bits per weight of the formats the converter writes.
+_BPW = {"f32": 32.0, "bf16": 16.0, "f16": 16.0, "q8_0": 8.5, "q4_0": 4.5, "q4_1": 5.0, "q3_nl": 99 * 8 / 256}
+
+
+def _auto_formats(config: dict) -> tuple[str, str]:
+    """What "auto" keeps, from the config's quantization: (trunk, experts)."""
+    q = config.get("quantization_config") or (config.get("text_config") or {}).get("quantization_config") or {}
+    method = str(q.get("quant_method") or "")
+    if method == "fp8":                        # DeepSeek-V3 / Kimi-K2 block FP8: widened to f32
+        return "f32", "f32"
+    if method == "compressed-tensors" and "mxfp4" in str(q.get("format") or ""):
+        return "q8_0", "bf16"                  # K3: bf16 trunk, MXFP4 experts stored exactly as bf16
+    return "q8_0", "bf16" if str(config.get("torch_dtype") or "bfloat16") != "float32" else "f32"
+
+
+def _format(name: str) -> tuple[str, float, bool]:
+    if name not in _BPW:
+        raise ValueError(f"unknown format '{name}' (known: {', '.join(_BPW)})")
+    return name, _BPW[name], True
+
+
+def recommended_formats(config: dict, ctx: int = 4096, ram: int | None = None,
+                        threads: int = 8) -> tuple[str, str, str]:
+    """(trunk format, expert format, why): what `ferry check` would recommend
+    for this model on a machine with ``ram`` usable bytes (default: this one),
+    by format_choices' candidates and rule."""
+    from app.convert.format_choices import EXPERT_CANDIDATES, TRUNK_CANDIDATES, experts_fit, pick, trunk_fits
+
+    if ram is None:
+        from app.budget import machine_memory
+        ram = machine_memory().usable
+    t_auto, e_auto = _auto_formats(config)
+
+    def cost(t: str, e: str) -> dict:
+        return plan_from_config(config, ctx=ctx, threads=threads, trunk_format=t, expert_format=e)
+
+    base = cost(t_auto, e_auto)
+    moe = base["moe_layers"] > 0
+    trunks = []
+    for name in TRUNK_CANDIDATES:
+        fmt = t_auto if name == "auto" else name
+        plan = base if fmt == t_auto else cost(fmt, e_auto)
+        if trunks and plan["trunk_bytes"] >= trunks[0][1]["trunk_bytes"]:
+            continue
+        trunks.append((fmt, plan))
+    work = base["state_bytes"] + base["scratch_bytes"]
+    t_fits = [trunk_fits(p["trunk_bytes"], work, ram, moe) for _, p in trunks]
+    t = trunks[pick(t_fits, [p["trunk_bytes"] for _, p in trunks])][0]
+    if not moe:
+        return t, e_auto, "dense"
+    experts = []
+    for name in EXPERT_CANDIDATES:
+        fmt = e_auto if name == "auto" else name
+        plan = cost(t, fmt)
+        if experts and plan["cold_bytes_per_token"] >= experts[0][1]["cold_bytes_per_token"]:
+            continue
+        experts.append((fmt, plan))
+    e_fits = [experts_fit(p["trunk_bytes"], p["experts_total_bytes"], work, ram) for _, p in experts]
+    i = pick(e_fits, [p["cold_bytes_per_token"] for _, p in experts])
+    return t, experts[i][0], "fits in RAM" if e_fits[i] else "streams from the disk"
+
+
+def plan_from_config(config: dict, expert_bits: float | None = None, trunk_bits: float | None = None,
+                     ctx: int = 4096, ram: int | None = None, disk_gbps: float | None = None, threads: int = 8,
+                     scheme: str = "ferry", trunk_format: str | None = None,
+                     expert_format: str | None = None) -> dict[str, Any]:
+    """Memory and disk figures of a model from its config.json (a dict). The
+    formats: ``*_format`` by name, else ``*_bits``, else the recommended ones
+    (recommended_formats) for ``ram`` (default: this machine's usable RAM)."""
     archs = config.get("architectures") or []
     cfg = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
     kimi = any(a in ("DeepseekV3ForCausalLM", "KimiLinearForCausalLM", "KimiK3ForConditionalGeneration")
                for a in archs) or cfg.get("model_type") in ("kimi_linear", "deepseek_v3", "kimi_k2")
     deepseek = "DeepseekV3ForCausalLM" in archs or cfg.get("model_type") in ("deepseek_v3", "kimi_k2")
-    t_name, t_bpw, t_ok = _fmt_of(trunk_bits, "trunk", scheme)
-    e_name, e_bpw, e_ok = _fmt_of(expert_bits, "expert", scheme)
+    chosen = None
+    if scheme == "pure" and (trunk_bits is None or expert_bits is None):
+        raise ValueError("the pure scheme costs bits, not formats: give both expert_bits and trunk_bits")
+    if (trunk_format is None and trunk_bits is None) or (expert_format is None and expert_bits is None):
+        chosen = recommended_formats(config, ctx, ram, threads)
+    if trunk_format is None and trunk_bits is None:
+        trunk_format = chosen[0]
+    if expert_format is None and expert_bits is None:
+        expert_format = chosen[1]
+    t_name, t_bpw, t_ok = _format(trunk_format) if trunk_format else _fmt_of(trunk_bits, "trunk", scheme)
+    e_name, e_bpw, e_ok = _format(expert_format) if expert_format else _fmt_of(expert_bits, "expert", scheme)
     dim = int(cfg["hidden_size"])
     L = int(cfg["num_hidden_layers"])
     vocab = int(cfg["vocab_size"])
@@ -235,6 +315,7 @@ def plan_from_config(config: dict, expert_bits: float = 4, trunk_bits: float = 4
         "recommended_bytes": recommended,
         "cold_bytes_per_token": cold,
         "threads": threads,
+        "formats_recommended": chosen is not None,
     }
     if disk_gbps:
         out["disk_gbps"] = disk_gbps
@@ -252,8 +333,14 @@ def plan_from_config(config: dict, expert_bits: float = 4, trunk_bits: float = 4
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="ferry plan --config", description=__doc__.split("\n")[0])
     p.add_argument("--config", required=True, help="a model's config.json")
-    p.add_argument("--expert-bits", type=float, default=4)
-    p.add_argument("--trunk-bits", type=float, default=4)
+    p.add_argument("--expert-bits", type=float, default=None,
+                   help="cost the experts at this many bits (default: the recommended format)")
+    p.add_argument("--trunk-bits", type=float, default=None,
+                   help="cost the trunk at this many bits (default: the recommended format)")
+    p.add_argument("--trunk-format", choices=sorted(_BPW), default=None,
+                   help="the trunk format (default: what `ferry check` would recommend on this machine)")
+    p.add_argument("--expert-format", choices=sorted(_BPW), default=None,
+                   help="the expert format (default: what `ferry check` would recommend on this machine)")
     p.add_argument("--ctx", type=int, default=4096)
     p.add_argument("--ram", type=_parse_size, default=None, help="e.g. 32G")
     p.add_argument("--disk-gbps", type=float, default=None, help="sustained read speed in GB/s")
@@ -267,10 +354,10 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as exc:
         print(f"ferry plan: cannot read {a.config}: {exc}", file=sys.stderr)
         return 2
-    bits = lambda v: int(v) if float(v).is_integer() else v  # noqa: E731
+    bits = lambda v: None if v is None else int(v) if float(v).is_integer() else v  # noqa: E731
     try:
         plan = plan_from_config(config, bits(a.expert_bits), bits(a.trunk_bits), a.ctx, a.ram, a.disk_gbps,
-                                a.threads, a.scheme)
+                                a.threads, a.scheme, a.trunk_format, a.expert_format)
     except (KeyError, TypeError, ValueError) as exc:
         print(f"ferry plan: {a.config} does not describe a model this plan knows: {exc}", file=sys.stderr)
         return 2

@@ -384,17 +384,24 @@ class _Prefetch:
 
 class _Writer:
     def __init__(self, src: Source, layout: Layout, root: Path, progress: ProgressFn | None,
-                 control: ConvertControl | None = None, threads: int | None = None):
+                 control: ConvertControl | None = None, threads: int | None = None,
+                 unit_done: Callable[[str], None] | None = None):
         self.src, self.layout, self.root, self.progress = src, layout, root, progress
         self.threads = max(1, threads or default_threads())
         self.row_threads = ROW_THREADS
         self.control = control or ConvertControl()
+        self.unit_done = unit_done
         self.journal = Journal(root, layout.digest(src.identity()))
-        self.done_bytes = 0
+        self.trunk_bytes = 0                        #: trunk.bin written so far
+        self.bank_bytes: dict[int, int] = {}        #: layer -> its bank file's bytes written so far
         self.start_bytes = 0
         self.t0 = time.monotonic()
         self.crcs: dict[str, int] = {}
         self.n_layers = int(layout.model["n_layers"])
+
+    @property
+    def done_bytes(self) -> int:
+        return self.trunk_bytes + sum(self.bank_bytes.values())
 
     def report(self, stage: str, layer: int | None = None, paused: bool = False) -> None:
         if self.progress:
@@ -410,6 +417,11 @@ class _Writer:
             if self.control.paused:
                 self.report(f"paused: {stage}", layer, paused=True)
         return on_hold
+
+    def finished(self, unit: str) -> None:
+        """``unit`` is in the container (written now or by an earlier run)."""
+        if self.unit_done is not None:
+            self.unit_done(unit)
 
     def resumed_bytes(self) -> int:
         """What earlier runs finished, as this run will count it."""
@@ -428,48 +440,57 @@ class _Writer:
         return done
 
     def run(self) -> None:
+        """Layer by layer: the trunk segment of a layer, then its expert bank
+        (the bytes do not depend on the order; this one reads a sharded
+        source shard after shard, so `ferry get` can convert each shard as
+        it arrives and delete it once its layers are written)."""
         self.start_bytes = self.resumed_bytes()
-        self.write_trunk()
-        for bank in self.layout.banks:
-            self.write_bank(bank)
-
-    def write_trunk(self) -> None:
         lay = self.layout
-        path = self.root / "trunk.bin"
+        banks = {b.layer: b for b in lay.banks}
         segments = sorted({t.layer for t in lay.trunk})
-        # Resume: keep the finished segments, cut off whatever came after them.
-        keep = 0
-        for i, seg in enumerate(segments):
-            if self.journal.has(f"trunk:{seg}"):
-                keep = lay.segment_ends[i]
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(self.root / "trunk.bin", os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            os.ftruncate(fd, keep)
-            self.done_bytes = keep
+            # Resume: keep the finished segments, cut off whatever came after them.
+            keep = 0
             for i, seg in enumerate(segments):
-                entries = [t for t in lay.trunk if t.layer == seg]
                 if self.journal.has(f"trunk:{seg}"):
-                    for t in entries:  # CRCs are recomputed from what is on disk
-                        self.crcs[t.name] = zlib.crc32(os.pread(fd, t.nbytes, t.offset)) if t.nbytes else 0
-                    continue
-                layer = seg if 0 <= seg < self.n_layers else None
-                stage = self._segment_name(seg)
-                for t in entries:
-                    self.control.checkpoint(self.hold(stage, layer))
-                    data = encode(self.src, t.source, t.fmt)
-                    if data.size != t.nbytes:
-                        raise SourceError(t.source, f"encodes to {data.size} bytes, expected {t.nbytes}")
-                    _pwrite_all(fd, data, t.offset)
-                    self.crcs[t.name] = zlib.crc32(data)
-                    self.done_bytes = t.offset + t.nbytes
-                    self.report(stage, layer)
-                os.ftruncate(fd, lay.segment_ends[i])
-                os.fsync(fd)
-                self.done_bytes = lay.segment_ends[i]
-                self.journal.mark(f"trunk:{seg}")
-                self.report(stage, layer)
+                    keep = lay.segment_ends[i]
+            os.ftruncate(fd, keep)
+            self.trunk_bytes = keep
+            for i, seg in enumerate(segments):
+                self.write_segment(fd, i, seg)
+                if seg in banks:
+                    self.write_bank(banks.pop(seg))
         finally:
             os.close(fd)
+        for bank in banks.values():      # (a bank without a trunk segment: none today)
+            self.write_bank(bank)
+
+    def write_segment(self, fd: int, i: int, seg: int) -> None:
+        lay = self.layout
+        entries = [t for t in lay.trunk if t.layer == seg]
+        if self.journal.has(f"trunk:{seg}"):
+            for t in entries:  # CRCs are recomputed from what is on disk
+                self.crcs[t.name] = zlib.crc32(os.pread(fd, t.nbytes, t.offset)) if t.nbytes else 0
+            self.finished(f"trunk:{seg}")
+            return
+        layer = seg if 0 <= seg < self.n_layers else None
+        stage = self._segment_name(seg)
+        for t in entries:
+            self.control.checkpoint(self.hold(stage, layer))
+            data = encode(self.src, t.source, t.fmt)
+            if data.size != t.nbytes:
+                raise SourceError(t.source, f"encodes to {data.size} bytes, expected {t.nbytes}")
+            _pwrite_all(fd, data, t.offset)
+            self.crcs[t.name] = zlib.crc32(data)
+            self.trunk_bytes = t.offset + t.nbytes
+            self.report(stage, layer)
+        os.ftruncate(fd, lay.segment_ends[i])
+        os.fsync(fd)
+        self.trunk_bytes = lay.segment_ends[i]
+        self.journal.mark(f"trunk:{seg}")
+        self.report(stage, layer)
+        self.finished(f"trunk:{seg}")
 
     def _segment_name(self, seg: int) -> str:
         n = self.n_layers
@@ -484,7 +505,8 @@ class _Writer:
         final = self.root / bank.file
         stage = f"experts of layer {bank.layer + 1} of {self.n_layers}"
         if self.journal.has(unit) and final.exists():
-            self.done_bytes += bank.file_size
+            self.bank_bytes[bank.layer] = bank.file_size
+            self.finished(unit)
             return
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = final.with_suffix(".tmp")
@@ -494,7 +516,6 @@ class _Writer:
         start = self.journal.partial.get(unit, 0) if tmp.exists() else 0
         if start and (start > bank.n_experts or tmp.stat().st_size < BANK_HEADER_BYTES + start * rs):
             start = 0
-        base = self.done_bytes
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT, 0o644)
         synced = [start]
 
@@ -529,7 +550,7 @@ class _Writer:
             head = mmap.mmap(-1, BANK_HEADER_BYTES)
             head[:] = bank_header(bank)
             out.write(head, 0)
-            self.done_bytes = base + BANK_HEADER_BYTES + start * rs
+            self.bank_bytes[bank.layer] = BANK_HEADER_BYTES + start * rs
             ahead = _Prefetch(make, range(start, bank.n_experts), rs, self.threads)
             since_sync = 0
             for e in range(start, bank.n_experts):
@@ -538,7 +559,7 @@ class _Writer:
                 buf = ahead.next(e)
                 inflight.append((pool.submit(out.write, buf, BANK_HEADER_BYTES + e * rs), buf))
                 drain(WRITERS - 1)
-                self.done_bytes += rs
+                self.bank_bytes[bank.layer] += rs
                 since_sync += rs
                 if since_sync >= SYNC_EVERY and e + 1 < bank.n_experts:
                     drain(0)
@@ -556,6 +577,7 @@ class _Writer:
         os.replace(tmp, final)
         self.journal.mark(unit)
         self.report(stage, bank.layer)
+        self.finished(unit)
 
 
 # --------------------------------------------------------------- manifest
@@ -620,10 +642,16 @@ def _already_written(root: Path) -> int:
     return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
 
 
-def convert(source: str | os.PathLike, out: str | os.PathLike, *, trunk_format: str = "auto",
+def convert(source: str | os.PathLike | Source, out: str | os.PathLike, *, trunk_format: str = "auto",
             expert_format: str = "auto", progress: ProgressFn | None = None,
-            control: ConvertControl | None = None, threads: int | None = None) -> Path:
-    """Convert ``source`` into the container directory ``out`` and return its path.
+            control: ConvertControl | None = None, threads: int | None = None,
+            unit_done: Callable[[str], None] | None = None) -> Path:
+    """Convert ``source`` (a path, or an opened Source) into the container
+    directory ``out`` and return its path.
+
+    ``unit_done`` is called with each unit ("trunk:L", "bank:L") once it is
+    in the container, by this run or an earlier one (app.get deletes a
+    source shard once all the units reading it are done).
 
     ``threads``: expert records read and encoded at once (default: one per
     core); the bytes written do not depend on it.
@@ -636,7 +664,7 @@ def convert(source: str | os.PathLike, out: str | os.PathLike, *, trunk_format: 
         raise ConvertError(f"{out} already exists; remove it or choose another name")
     if not out.parent.is_dir():
         raise ConvertError(f"the destination folder {out.parent} does not exist")
-    src = open_source(source)
+    src = source if isinstance(source, Source) else open_source(source)
     layout = plan_layout(src, trunk_format, expert_format)
     if src.kind == "hf":
         tok_section, tok_files = tokenizer_files.from_hf(src.path, src.config)
@@ -645,7 +673,7 @@ def convert(source: str | os.PathLike, out: str | os.PathLike, *, trunk_format: 
     root = partial_dir(out)
     check_space(out, layout.total_bytes() - _already_written(root))
     root.mkdir(exist_ok=True)
-    writer = _Writer(src, layout, root, progress, control, threads)
+    writer = _Writer(src, layout, root, progress, control, threads, unit_done)
     try:
         writer.run()
         for name, data in tok_files.items():

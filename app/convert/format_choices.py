@@ -68,9 +68,30 @@ def _count(shape) -> int:
     return n
 
 
+def pick(fits: list[bool], sizes: list[int]) -> int:
+    """The rule of both recommendations, on choices listed from the most
+    accurate: the index of the first that fits, else of the smallest. `ferry
+    plan --config` (app/plan_config.py) applies it to sizes costed from a bare
+    config, so its formats are the ones a conversion will be recommended."""
+    return next((i for i, f in enumerate(fits) if f), None) if any(fits) else min(range(len(sizes)),
+                                                                                   key=sizes.__getitem__)
+
+
+def trunk_fits(trunk_bytes: int, working_bytes: int, usable_bytes: int, moe: bool) -> bool:
+    """The trunk test: a MoE model's trunk (with the session's state and
+    scratch) leaves at least half of the usable RAM to the expert cache; a
+    dense model fits in it."""
+    return trunk_bytes + working_bytes <= (usable_bytes // 2 if moe else usable_bytes)
+
+
+def experts_fit(trunk_bytes: int, expert_bytes: int, working_bytes: int, usable_bytes: int) -> bool:
+    """The expert test: the whole model fits in the usable RAM."""
+    return trunk_bytes + expert_bytes + working_bytes <= usable_bytes
+
+
 def _mark(made: list[FormatChoice], smallest: Callable[[FormatChoice], int]) -> list[FormatChoice]:
-    pick = next((c for c in made if c.fits_in_ram), None) or min(made, key=smallest)
-    return [FormatChoice(**{**c.as_dict(), "recommended": c is pick}) for c in made]
+    chosen = made[pick([c.fits_in_ram for c in made], [smallest(c) for c in made])]
+    return [FormatChoice(**{**c.as_dict(), "recommended": c is chosen}) for c in made]
 
 
 def expert_choices(src: Source, trunk_format: str, top_k: int, working_bytes: int,
@@ -97,7 +118,7 @@ def expert_choices(src: Source, trunk_format: str, top_k: int, working_bytes: in
             role="experts", format=fmt, stored=stored, label=label, exact=fmt == "auto",
             weight_error=error, bits_per_weight=expert_bytes * 8 / max(1, n_weights), nbytes=expert_bytes,
             container_bytes=layout.total_bytes(), cold_bytes_per_token=cold,
-            fits_in_ram=layout.trunk_size + expert_bytes + working_bytes <= usable_bytes))
+            fits_in_ram=experts_fit(layout.trunk_size, expert_bytes, working_bytes, usable_bytes)))
     return _mark(made, lambda c: c.cold_bytes_per_token)
 
 
@@ -106,7 +127,6 @@ def trunk_choices(src: Source, expert_format: str, working_bytes: int, usable_by
     source's own formats) and q4_0 when it is smaller."""
     base = plan_layout(src, "auto", expert_format)
     moe = bool(base.banks)
-    limit = usable_bytes // 2 if moe else usable_bytes
     made: list[FormatChoice] = []
     for fmt in TRUNK_CANDIDATES:
         layout = base if fmt == "auto" else plan_layout(src, fmt, expert_format)
@@ -127,7 +147,7 @@ def trunk_choices(src: Source, expert_format: str, working_bytes: int, usable_by
             role="trunk", format=fmt, stored=stored, label=label, exact=exact, weight_error=error,
             bits_per_weight=sum(t.nbytes for t in mats) * 8 / max(1, sum(_count(t.shape) for t in mats)),
             nbytes=layout.trunk_size, container_bytes=layout.total_bytes(), cold_bytes_per_token=0,
-            fits_in_ram=layout.trunk_size + working_bytes <= limit))
+            fits_in_ram=trunk_fits(layout.trunk_size, working_bytes, usable_bytes, moe)))
     return _mark(made, lambda c: c.nbytes)
 
 

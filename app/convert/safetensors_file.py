@@ -190,7 +190,7 @@ class SafetensorsFile(TensorFile[TensorInfo]):
         """Read and decode the JSON header, checking its declared length."""
         if size < 8:
             raise SourceError(self.path, f"file is only {size} bytes, too short for safetensors")
-        length = int(read_file_range(self.path, 0, 8).view("<u8")[0])
+        length = int(self._range(0, 8).view("<u8")[0])
         if length > MAX_HEADER_BYTES:
             raise SourceError(
                 self.path, f"header length {length} exceeds the {MAX_HEADER_BYTES} byte limit"
@@ -199,19 +199,27 @@ class SafetensorsFile(TensorFile[TensorInfo]):
             raise SourceError(
                 self.path, f"header length {length} is larger than the file ({size} bytes)"
             )
-        header = parse_json(self.path, read_file_range(self.path, 8, length).tobytes(), "header")
+        header = parse_json(self.path, self._range(8, length).tobytes(), "header")
         if not isinstance(header, dict):
             raise SourceError(self.path, "header is not a JSON object")
         if len(header) > MAX_TENSORS + 1:
             raise SourceError(self.path, f"header lists {len(header)} tensors (max {MAX_TENSORS})")
         return header, 8 + length
 
-    def _parse(self) -> None:
-        """Validate the whole header and fill ``tensors`` and ``metadata``."""
+    def _size(self) -> int:
+        """The file's size (app.get reads a header before the rest is downloaded)."""
         try:
-            size = self.path.stat().st_size
+            return self.path.stat().st_size
         except OSError as exc:
             raise SourceError(self.path, f"cannot read file: {exc.strerror or exc}") from None
+
+    def _range(self, offset: int, nbytes: int) -> np.ndarray:
+        """Bytes of the header."""
+        return read_file_range(self.path, offset, nbytes)
+
+    def _parse(self) -> None:
+        """Validate the whole header and fill ``tensors`` and ``metadata``."""
+        size = self._size()
         header, data_start = self._read_header(size)
         for name, entry in header.items():
             if name == "__metadata__":
@@ -299,6 +307,10 @@ class _Scan:
         elif config is not None:
             self.config = config
 
+    def _present(self, path: Path) -> bool:
+        """Whether a shard named by the index can be opened."""
+        return path.is_file()
+
     def _open_shard(self, path: Path) -> SafetensorsFile | None:
         if path not in self.files:
             shard = self._record(SafetensorsFile, path)
@@ -326,7 +338,7 @@ class _Scan:
             return
         for shard_name in dict.fromkeys(weight_map.values()):
             path = self.directory / shard_name
-            if not path.is_file():
+            if not self._present(path):
                 self.problems.append(SourceError(path, f"shard listed in {INDEX_NAME} is missing"))
             else:
                 self._open_shard(path)
@@ -363,8 +375,8 @@ class Checkpoint:
     constructor raises the first problem found; :meth:`validate` lists all.
     """
 
-    def __init__(self, directory: str | os.PathLike[str]) -> None:
-        scan = _Scan(Path(directory))
+    def __init__(self, directory: str | os.PathLike[str], scan: _Scan | None = None) -> None:
+        scan = scan or _Scan(Path(directory))
         if scan.problems:
             raise scan.problems[0]
         self.directory = scan.directory

@@ -82,11 +82,11 @@ class HFSource(Source):
 
     kind = "hf"
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, ckpt: Checkpoint | None = None):
         self.path = path
         # The architecture first: "unsupported" is the more useful message.
         self.spec = spec_from_hf(load_json(path / "config.json"))
-        self.ckpt = Checkpoint(path)
+        self.ckpt = ckpt or Checkpoint(path)
         self.config = self.ckpt.config
         self.compressed = CompressedTensors(self.ckpt, self.config)
         self._check_present()

@@ -94,6 +94,15 @@ def validate_source(path: str | os.PathLike, trunk_format: str = "auto", expert_
         src, tokenizer = _check_gguf(report, p)
     if src is None or report.problems:
         return report
+    return plan_report(report, src, tokenizer, trunk_format, expert_format, n_ctx, memory)
+
+
+def plan_report(report: SourceReport, src: Source, tokenizer: dict, trunk_format: str = "auto",
+                expert_format: str = "auto", n_ctx: int = PLAN_CTX, memory=None) -> SourceReport:
+    """The sizes, the format choices and the RAM plan of an opened source
+    (validate_source's second half; `ferry get --plan` gives it a source made
+    of the repository's shard headers)."""
+    p = report.path
     from app.convert.format_choices import RECOMMENDED, expert_choices, recommended, trunk_choices
     from app.plan import plan_source
 

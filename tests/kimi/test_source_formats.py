@@ -79,7 +79,7 @@ def test_plan_k3_against_published():
     assert abs(pure["floor_gib"] - 29.06) < 0.5                        # published: 29.06 GB
     assert pure["moe_layers"] == 92 and pure["top_k"] == 16
     ferry = plan_from_config(config, expert_bits=3, trunk_bits=4, ctx=4096)
-    assert ferry["trunk_format"] == "q4_1" and ferry["expert_format"] == "q3_nl"
+    assert ferry["trunk_format"] == "q4_0" and ferry["expert_format"] == "q3_nl"   # the converter's 4-bit trunk
     assert ferry["floor_bytes"] > pure["floor_bytes"]
     assert ferry["state_bytes"] == pure["state_bytes"] == 64 + 24 * 4096 * 576 * 4 + 69 * (96 * 128 * 128 + 3 * 12288 * 3) * 4
 
@@ -89,3 +89,7 @@ def test_plan_main_json(capsys):
                       "--ram", "64G", "--disk-gbps", "7", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["fits"] is True and out["tok_per_s_disk_bound"] > 0
+    # No formats asked: the ones `ferry check` recommends on a 64 GB Mac (format_choices' rule).
+    assert plan_main(["--config", K3_CONFIG, "--ram", "64G", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["trunk_format"], out["expert_format"], out["formats_recommended"]) == ("q4_0", "q3_nl", True)

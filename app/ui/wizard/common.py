@@ -13,13 +13,13 @@ from PySide6.QtWidgets import QLabel
 
 from app.units import size  # noqa: F401  (the pages take it from here)
 
-SOURCE_KINDS = ("hf", "gguf", "demo")
+SOURCE_KINDS = ("hf", "gguf", "demo", "download")
 RED, ORANGE, GREEN = "#c9302c", "#b35c00", "#2e7d32"
 
 
 @dataclass
 class WizardState:
-    kind: str = "hf"                 #: "hf", "gguf" or "demo"
+    kind: str = "hf"                 #: "hf", "gguf", "demo" or "download"
     source: Path | None = None
     report: Any = None               #: app.convert.validate.SourceReport of `source`
     trunk_format: str = "auto"       #: how the trunk is stored (app.convert.format_choices)

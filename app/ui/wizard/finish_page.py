@@ -65,3 +65,6 @@ class FinishPage(QWizardPage):
 
     def isComplete(self) -> bool:
         return self.verified
+
+    def nextId(self) -> int:
+        return -1                      # the last page (the download page is added after it)

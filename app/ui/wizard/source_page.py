@@ -11,6 +11,7 @@ from app.convert.format_choices import RECOMMENDED, why
 from app.ui.wizard.common import GREEN, ORANGE, RED, Job, colour, esc, gib, para, size
 
 CHOICES = (("hf", "A Hugging Face checkpoint folder"), ("gguf", "A GGUF file"),
+           ("download", "Download a model (from the Hugging Face hub; the next page plans it first)"),
            ("demo", "The built-in demo model (SmolLM2-135M-Instruct, about 100 MB)"))
 
 
@@ -162,7 +163,7 @@ class SourcePage(QWizardPage):
         return next(k for k, r in self.radios.items() if r.isChecked())
 
     def _kind_changed(self, kind: str) -> None:
-        self.path_row.setVisible(kind != "demo")
+        self.path_row.setVisible(kind not in ("demo", "download"))
         self.path_edit.setPlaceholderText(
             "The .gguf file" if kind == "gguf" else
             "The folder that holds config.json and the .safetensors files")
@@ -177,6 +178,13 @@ class SourcePage(QWizardPage):
         text = self.path_edit.text().strip()
         self.state.report = None
         self.completeChanged.emit()
+        if kind == "download":           # the download page plans and checks it
+            self.state.kind, self._asked = "download", None
+            self._hide_formats()
+            self.result.setText("<b>Next</b> shows models known to work and what each needs on this computer; "
+                                "nothing is downloaded until you ask.")
+            self.completeChanged.emit()
+            return
         if kind != "demo" and not text:
             self.result.setText("Choose the model above." if kind == "hf" else "Choose the .gguf file above.")
             return
@@ -223,7 +231,15 @@ class SourcePage(QWizardPage):
         self.completeChanged.emit()
 
     def isComplete(self) -> bool:
+        if self.current_kind() == "download":
+            return True
         return self.state.report is not None and self.state.report.ok
+
+    def nextId(self) -> int:
+        wiz = self.wizard()
+        if wiz is None:
+            return -1
+        return wiz.download_id if self.current_kind() == "download" else wiz.destination_id
 
     def initializePage(self) -> None:
         if self.state.report is None and self._asked is None and self.current_kind() == "demo":

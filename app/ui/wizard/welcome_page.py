@@ -19,7 +19,9 @@ answers and the history. Nothing is uploaded, and converting needs no network.</
 <ul>
 <li>The model, already downloaded: a Hugging Face checkpoint folder
 (<tt>config.json</tt>, the <tt>.safetensors</tt> shards and the tokenizer) or a
-single GGUF file. Or start with the small built-in demo model.</li>
+single GGUF file. Or let Ferry download one from the Hugging Face hub (it says
+first whether it fits and how fast it will run; that download is the only time
+Ferry uses the network). Or start with the small built-in demo model.</li>
 <li>Free disk space about the size of the model, ideally on an internal SSD:
 the disk's speed sets how fast the model answers.</li>
 <li>Time: converting copies the whole model once. Ferry shows the estimate;

@@ -1,4 +1,5 @@
-"""The wizard itself: six pages over one WizardState."""
+"""The wizard itself: six pages over one WizardState, and the download page
+(Source -> Download -> Finish when a model is to be downloaded)."""
 from __future__ import annotations
 
 from PySide6.QtCore import Signal
@@ -7,6 +8,7 @@ from PySide6.QtWidgets import QWizard
 from app.ui.wizard.common import WizardState
 from app.ui.wizard.convert_page import ConvertPage
 from app.ui.wizard.destination_page import DestinationPage
+from app.ui.wizard.download_page import DownloadPage
 from app.ui.wizard.finish_page import FinishPage
 from app.ui.wizard.memory_page import MemoryPage
 from app.ui.wizard.source_page import SourcePage
@@ -34,9 +36,14 @@ class ConvertWizard(QWizard):
         self.memory_page = MemoryPage(self.state)
         self.convert_page = ConvertPage(self.state)
         self.finish_page = FinishPage(self.state)
+        self.download_page = DownloadPage(self.state)
         for page in (self.welcome_page, self.source_page, self.destination_page, self.memory_page,
                      self.convert_page, self.finish_page):
             self.addPage(page)
+        # "Download a model": Source -> Download (plans, downloads and converts) -> Finish.
+        self.finish_id = self.pageIds()[-1]
+        self.destination_id = self.pageIds()[2]
+        self.download_id = self.addPage(self.download_page)
         self.convert_page.setCommitPage(True)     # once converted there is no going back
         self.setButtonText(QWizard.WizardButton.CommitButton, "Next")
 
@@ -54,6 +61,7 @@ class ConvertWizard(QWizard):
 
     def shutdown(self) -> None:
         self.convert_page.stop_and_wait()
+        self.download_page.stop_and_wait()
         self.destination_page.cleanupPage()
 
     def closeEvent(self, event) -> None:

@@ -1,0 +1,58 @@
+"""How fast this machine's matrix kernels go through weights of a format:
+one short measurement (a few tenths of a second) of the C core's
+matrix-vector product, the operation each generated token is made of, on a
+matrix far larger than the caches, split over the cores as the engine does."""
+from __future__ import annotations
+
+import functools
+import os
+import threading
+import time
+
+import numpy as np
+
+COLS = 4096
+MATRIX_BYTES = 96 << 20     # far beyond the last-level cache, like weights streamed per token
+
+
+@functools.lru_cache(maxsize=None)
+def kernel_bytes_per_s(fmt: str, threads: int | None = None) -> float | None:
+    """Weight bytes per second of one decode step in ``fmt`` (None when the
+    format has no kernel or the core is not built)."""
+    try:
+        from app.engine._ferry_c import ffi, lib
+    except ImportError:
+        return None
+    code = lib.ferry_format_code(fmt.encode())
+    if code < 0:
+        return None
+    row = lib.ferry_format_row_bytes(code, COLS)
+    if row <= 0:
+        return None
+    threads = max(1, threads or os.cpu_count() or 1)
+    rows = max(threads * 8, MATRIX_BYTES // row // 8 * 8)
+    per = rows // threads
+    rng = np.random.default_rng(0)
+    w = rng.integers(0, 256, size=rows * row, dtype=np.uint8)
+    if fmt in ("q8_0", "q4_0", "q4_1"):   # sane f16 scales: no inf/nan slowing anything
+        w.reshape(-1, 2)[:, 1] &= 0x1F
+    x = rng.standard_normal(COLS).astype(np.float32)
+    y = np.zeros((threads, per), dtype=np.float32)
+    impl = lib.ferry_kernels_best()
+
+    def work(i: int) -> None:
+        lib.ferry_kernel_matmul(impl, code, ffi.from_buffer(w[i * per * row:(i + 1) * per * row]), per, COLS,
+                                ffi.from_buffer("float[]", x), 1, ffi.from_buffer("float[]", y[i]))
+
+    def run() -> float:
+        ts = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
+        t0 = time.perf_counter()
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        return time.perf_counter() - t0
+
+    run()
+    best = min(run() for _ in range(3))
+    return per * threads * row / best

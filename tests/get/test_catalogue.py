@@ -1,0 +1,43 @@
+"""The catalogue: every entry planned live, with no network."""
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+
+from app.budget import MachineMemory
+from app.get.catalogue import ENTRIES, catalogue, describe_catalogue
+
+MAC64 = MachineMemory(64 << 30, 64 << 30, "test")
+
+
+def test_every_entry_is_planned_on_a_64_gb_mac_without_the_network(monkeypatch):
+    def refuse(*a, **k):
+        raise AssertionError("the catalogue must not use the network")
+
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    rows = catalogue(MAC64, disk_bps=5e9, kernel_bps_of=lambda fmt: 50e9)
+    assert [r.name for r in rows] == [e.name for e in ENTRIES]
+    by = {r.name: r for r in rows}
+    k3 = by["Kimi K3"]
+    assert (k3.trunk_format, k3.expert_format) == ("q4_0", "q3_nl")    # what `ferry check` recommends there
+    assert 1.3e12 < k3.download_bytes < 1.6e12 and k3.verdict == "runs slowly"
+    assert 30 < k3.floor_bytes / 2**30 < 36
+    assert by["OLMoE 1B-7B"].verdict == "runs well"
+    assert all(r.verdict in ("runs well", "runs slowly", "does not fit", "unknown") and r.reason for r in rows)
+    assert "Kimi-Linear" in describe_catalogue(rows)
+
+
+def test_k3_does_not_fit_a_16_gb_machine():
+    rows = catalogue(MachineMemory(16 << 30, 12 << 30, "test"), disk_bps=3e9, kernel_bps_of=lambda fmt: 20e9)
+    k3 = next(r for r in rows if r.name == "Kimi K3")
+    assert k3.verdict == "does not fit" and "RAM" in k3.reason
+
+
+def test_importing_ferry_get_opens_no_connection():
+    code = ("import socket\n"
+            "def no(*a, **k): raise SystemExit('connected')\n"
+            "socket.socket.connect = no\nsocket.create_connection = no\n"
+            "import app.get.catalogue, app.get.plan, app.get.pipeline, app.get.cli, app.get.hub\n")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
