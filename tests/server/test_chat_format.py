@@ -12,8 +12,15 @@ import pytest
 from app.chat.k3_format import render_k3
 from app.server.chat import AnswerBuilder, ChatFormatter, Limits, Prepared, StopFilter
 from app.server.errors import APIError
+from app.events import Reasoning, Text, ToolCallMade
 from app.server.schemas import ChatCompletionRequest
 from app.sampling import SamplingParams
+
+
+def pairs(events) -> list[tuple]:
+    """The pipeline's typed events as (kind, value) for compact asserts."""
+    names = {Reasoning: "reasoning", Text: "content", ToolCallMade: "tool_call"}
+    return [(names[type(e)], e.call if isinstance(e, ToolCallMade) else e.text) for e in events]
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
                                              "parameters": {"type": "object",
@@ -100,10 +107,10 @@ def test_k3_answers_give_reasoning_content_and_tool_calls():
                                channel="thinking"), tok)
     out = []
     for i in ids:
-        out += b.token(i, "")
+        out += pairs(b.token(i, ""))
         if b.ended:
             break
-    out += b.finish()
+    out += pairs(b.finish())
     assert "".join(v for k, v in out if k == "reasoning") == "Let me look it up."
     assert "".join(v for k, v in out if k == "content") == "Checking."
     calls = [v for k, v in out if k == "tool_call"]
@@ -117,8 +124,8 @@ def test_hermes_tool_calls_in_a_jinja_models_answer():
     out = []
     for piece in ["Sure. <tool", '_call>{"name": "get_weather", ', '"arguments": {"city": "Oslo"}}</tool_',
                   "call>", " <tool_call>not json</tool_call>"]:
-        out += b.token(0, piece)
-    out += b.finish()
+        out += pairs(b.token(0, piece))
+    out += pairs(b.finish())
     calls = [v for k, v in out if k == "tool_call"]
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Oslo"})]
     assert "".join(v for k, v in out if k == "content") == "Sure.  <tool_call>not json</tool_call>"
@@ -141,7 +148,7 @@ def test_stop_sequences_across_pieces(pieces, stops, shown):
 def test_unknown_and_mistyped_fields_are_refused():
     from pydantic import ValidationError
 
-    for bad in ({"temperature": "0.5"}, {"stream": 1}, {"n": 2}, {"unknown": True}, {"stop": 5},
+    for bad in ({"temperature": "0.5"}, {"stream": 1}, {"n": 0}, {"unknown": True}, {"stop": 5},
                 {"messages": [{"role": "wizard", "content": "x"}]}):
         with pytest.raises(ValidationError):
             request(**bad)

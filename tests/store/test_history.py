@@ -7,7 +7,8 @@ import keyring
 import pytest
 from keyring.backends import fail
 
-from app.chat.conversation import SAVE_INTERVAL, Chat, ChatError, opening_channel, recover_interrupted
+from app.chat.conversation import SAVE_INTERVAL, Chat, ChatError, recover_interrupted
+from app.chat.turn import opening_channel
 from app.stats_view import StatsView, memory_split, recommended_budget, usable_ram
 from app.store import settings as settings_mod
 from app.store.crypto import EphemeralKeys, KeychainKeys, KeyUnavailable, PassphraseKeys, WrongKey
