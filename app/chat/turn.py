@@ -433,19 +433,25 @@ class AnswerBuilder:
 
 # -------------------------------------------------------------------- running
 
+def check_routing(session, prepared: Prepared) -> None:
+    """Refuse routing options the engine build cannot honour (before queueing)."""
+    if (prepared.experts_per_token is not None or prepared.cache_aware_margin) and \
+            getattr(session, "set_routing", None) is None:
+        what = "experts_per_token" if prepared.experts_per_token is not None else "cache_aware_margin"
+        raise TurnError(f"this engine build does not support {what} (no Session.set_routing)", what,
+                        "unsupported_parameter")
+
+
 def apply_routing(session, prepared: Prepared) -> None:
     """The one place a turn's routing options reach the engine. Default values
-    call nothing; a value the engine build cannot honour is refused."""
+    call nothing (unless an earlier turn changed the routing: then it is put
+    back); a value the engine build cannot honour is refused."""
     wanted = (prepared.experts_per_token, float(prepared.cache_aware_margin or 0.0))
     current = getattr(session, "_ferry_routing", (None, 0.0))
     if wanted == current:
         return
-    set_routing = getattr(session, "set_routing", None)
-    if set_routing is None:
-        what = "experts_per_token" if prepared.experts_per_token is not None else "cache_aware_margin"
-        raise TurnError(f"this engine build does not support {what} (no Session.set_routing)", what,
-                        "unsupported_parameter")
-    set_routing(*wanted)
+    check_routing(session, prepared)
+    session.set_routing(*wanted)
     try:
         session._ferry_routing = wanted
     except AttributeError:

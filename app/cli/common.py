@@ -73,14 +73,14 @@ def progress_printer():
 
 def open_from_args(args) -> LoadedModel:
     """The model named on the command line, with its --budget (or the recommended one)."""
-    path = resolve_model(args.model)
     quiet = getattr(args, "json", False)
-    if args.budget:
+    if args.budget:   # checked before anything is loaded
         budget = parse_size(args.budget)
         warning = check_budget(budget)
         if warning and not quiet:
             print(f"ferry: warning: {warning}", file=sys.stderr)
-    else:
+    path = resolve_model(args.model)
+    if not args.budget:
         from app.plan import gib, plan_container
 
         plan = plan_container(path, args.ctx)

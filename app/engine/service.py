@@ -22,7 +22,7 @@ import time
 from collections import deque
 from typing import Any, Callable, Iterator
 
-from app.chat.turn import ChatFormat, Prepared, TurnRequest, run_turn
+from app.chat.turn import ChatFormat, Prepared, TurnRequest, check_routing, run_turn
 from app.events import TurnDone, TurnEvent
 
 
@@ -73,7 +73,9 @@ class EngineService:
 
     def prepare(self, request: TurnRequest, max_tokens_limit: int | None = None) -> Prepared:
         """Render and encode ``request`` (raises ``TurnError``); any thread."""
-        return self.format.prepare(request, n_ctx=self.n_ctx, max_tokens_limit=max_tokens_limit)
+        prepared = self.format.prepare(request, n_ctx=self.n_ctx, max_tokens_limit=max_tokens_limit)
+        check_routing(self.session, prepared)
+        return prepared
 
     def stream(self, prepared: Prepared) -> "TurnStream":
         """Submit a turn and read its events on the calling thread."""

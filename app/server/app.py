@@ -116,12 +116,13 @@ def openapi_document() -> dict[str, Any]:
 def create_app(service: EngineService, formatter: ChatFormatter, *, model_id: str, limits: Limits = Limits(),
                api_key: str | None = None, loopback_only: bool = True, created: int | None = None) -> Any:
     """The ASGI app: the API behind its guard."""
-    return Guard(build_api(service, formatter, model_id=model_id, limits=limits, created=created),
+    return Guard(build_api(service, formatter, model_id=model_id, limits=limits, created=created,
+                           keyed=bool(api_key)),
                  api_key=api_key, max_body=limits.max_request_bytes, loopback_only=loopback_only)
 
 
 def build_api(service: EngineService, formatter: ChatFormatter | None, *, model_id: str, limits: Limits = Limits(),
-              created: int | None = None) -> FastAPI:
+              created: int | None = None, keyed: bool = False) -> FastAPI:
     queue = service
     created = created or int(time.time())
     names = {model_id}
@@ -172,9 +173,9 @@ def build_api(service: EngineService, formatter: ChatFormatter | None, *, model_
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         if body.model not in names:
             raise _unknown_model(body.model)
-        client = client_id(request.headers.get("authorization"),
-                           (request.client.host, request.client.port) if request.client else None)
-        prepared = await asyncio.to_thread(formatter.prepare, body, limits=limits, n_ctx=queue.n_ctx, client=client)
+        client = client_id(keyed, (request.client.host, request.client.port) if request.client else None)
+        prepared = await asyncio.to_thread(formatter.prepare, body, limits=limits, n_ctx=queue.n_ctx, client=client,
+                                           session=queue.session)
         job = AsyncJob(queue, prepared, asyncio.get_running_loop())
         rid = "chatcmpl-" + secrets.token_hex(12)
         stamp = int(time.time())
@@ -241,8 +242,6 @@ def _out_call(call: ToolCall, rid: str) -> dict[str, Any]:
 def _failed(s: TurnDone) -> APIError:
     if s.reason == "cancelled":
         return APIError(503, "The request was cancelled.", type="server_error", code="cancelled")
-    if s.error and "does not support" in s.error:
-        return APIError(400, s.error, code="unsupported_parameter")
     return server_error(s.error or "The engine failed while answering.")
 
 

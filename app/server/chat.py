@@ -5,12 +5,11 @@ here, and no prompt building or stream parsing: ``ChatFormat`` and
 """
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from typing import Any
 
 from app.chat.turn import (AnswerBuilder, ChatFormat, Prepared, StopFilter, TurnError,  # noqa: F401 (re-exported)
-                           TurnRequest)
+                           TurnRequest, check_routing)
 from app.events import TokenLogprob, TurnDone
 from app.sampling import SamplingParams
 from app.server.errors import APIError, invalid
@@ -29,12 +28,12 @@ class Limits:
     cache_aware_margin: float = 0.0       #: likewise (`serve --cache-aware`)
 
 
-def client_id(authorization: str | None, peer: tuple[str, int] | None) -> str:
-    """Who is asking, for prefix reuse: the API key (hashed) when one is sent,
-    else the TCP connection."""
-    scheme, _, token = (authorization or "").partition(" ")
-    if scheme.lower() == "bearer" and token.strip():
-        return "key:" + hashlib.sha256(token.strip().encode()).hexdigest()[:32]
+def client_id(keyed: bool, peer: tuple[str, int] | None) -> str:
+    """Who is asking, for prefix reuse. A server with an API key has one
+    principal: whoever holds the key. Without a key, every TCP connection is
+    its own client (a bearer token is then unchecked, so it proves nothing)."""
+    if keyed:
+        return "key"
     return "conn:" + (f"{peer[0]}:{peer[1]}" if peer else "?")
 
 
@@ -91,10 +90,15 @@ class ChatFormatter:
     def kind(self) -> str:
         return self.format.kind
 
-    def prepare(self, req: ChatCompletionRequest, *, limits: Limits, n_ctx: int, client: str = "local") -> Prepared:
+    def prepare(self, req: ChatCompletionRequest, *, limits: Limits, n_ctx: int, client: str = "local",
+                session=None) -> Prepared:
+        """``session``: the engine's, to refuse routing options its build lacks."""
         turn = turn_request(req, limits=limits, client=client)
         try:
-            return self.format.prepare(turn, n_ctx=n_ctx, max_tokens_limit=limits.max_tokens)
+            prepared = self.format.prepare(turn, n_ctx=n_ctx, max_tokens_limit=limits.max_tokens)
+            if session is not None:
+                check_routing(session, prepared)
+            return prepared
         except TurnError as exc:
             raise APIError(400, exc.message, param=exc.param, code=exc.code) from None
 
