@@ -36,10 +36,10 @@ __all__ = [
 def open_model(path: str | os.PathLike, *, ram_budget: int = 0, threads: int = 0, n_ctx: int = 0,
                **engine_options) -> LoadedModel:
     """Open a container. ``ram_budget`` 0 takes the recommended budget for this
-    machine and context (the one budget rule, ``app.plan``). A context the
+    machine and context (the one budget rule, ``app.memory.plan``). A context the
     model cannot hold is left to the core to choose."""
     if ram_budget <= 0:
-        from app.plan import plan_container
+        from app.memory.plan import plan_container
 
         ram_budget = plan_container(path, n_ctx).recommended
     try:

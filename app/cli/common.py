@@ -35,8 +35,8 @@ def parse_size(text: str) -> int:
 def check_budget(budget: int, memory=None) -> str | None:
     """Refuse a budget above the machine's RAM (UsageError, with the numbers);
     a warning (text) for one above the memory usable now; else None."""
-    from app.budget import machine_memory
-    from app.units import size
+    from app.memory.budget import machine_memory
+    from app.memory.units import size
 
     memory = memory or machine_memory()
     if budget > memory.total:
@@ -81,12 +81,13 @@ def open_from_args(args) -> LoadedModel:
             print(f"ferry: warning: {warning}", file=sys.stderr)
     path = resolve_model(args.model)
     if not args.budget:
-        from app.plan import gib, plan_container
+        from app.memory.plan import plan_container
+        from app.memory.units import size
 
         plan = plan_container(path, args.ctx)
         budget = plan.recommended
         if not quiet:
-            print(f"ferry: RAM budget {gib(budget)} ({plan.reason})", file=sys.stderr)
+            print(f"ferry: RAM budget {size(budget)} ({plan.reason})", file=sys.stderr)
     return open_model(path, ram_budget=budget, threads=args.threads, n_ctx=args.ctx,
                       kernels=getattr(args, "kernels", None))
 

@@ -6,20 +6,21 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
 from app.api import EngineService, ModelError, Reasoning, Text, ToolCallMade, TurnDone, TurnError, TurnRequest
-from app.cli.common import (UsageError, add_model_options, add_routing, add_sampling, check_budget,  # noqa: F401
-                            open_from_args, parse_size, progress_printer, resolve_model, turn_request)
+from app.cli.common import (UsageError, add_model_options, add_routing, add_sampling, open_from_args, parse_size,
+                            progress_printer, resolve_model, turn_request)
 from app.convert.convert import ConvertError, convert
 from app.convert.errors import SourceError
 from app.convert.format_choices import RECOMMENDED
 from app.convert.layout import FORMAT_CHOICES
 from app.engine.binding import FerryError, verify
 from app.model import log_softmax
-from app.plan import describe, plan_container
+from app.memory.plan import describe, plan_container
 
 def _messages(args, prompt: str) -> list[dict]:
     return ([{"role": "system", "content": args.system}] if getattr(args, "system", None) else []) + \
@@ -56,7 +57,7 @@ def cmd_check(args) -> int:
     plan and how the trunk and the experts could be stored."""
     from app.convert.format_choices import why
     from app.convert.validate import validate_source
-    from app.units import size
+    from app.memory.units import size
 
     report = validate_source(args.source, trunk_format=args.trunk_format, expert_format=args.expert_format)
     if args.json:
@@ -417,7 +418,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from app.documents.cli import main as documents_main
             return documents_main(argv[1:])
         if argv[:1] == ["plan"] and any(a == "--config" or a.startswith("--config=") for a in argv):
-            from app.plan_config import main as plan_config_main
+            from app.memory.plan_config import main as plan_config_main
 
             return plan_config_main(argv[1:])
         args = build_parser().parse_args(argv)

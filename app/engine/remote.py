@@ -26,7 +26,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx

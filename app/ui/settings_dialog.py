@@ -7,7 +7,8 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, 
                                QFormLayout, QHBoxLayout, QLabel, QLineEdit, QListWidget, QMessageBox,
                                QPlainTextEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget)
 
-from app.stats_view import MemorySplit, fmt_bytes
+from app.memory.stats import MemorySplit
+from app.memory.units import size
 from app.store.settings import Settings, remote_api_key, set_remote_api_key
 
 MIB = 1 << 20
@@ -213,8 +214,8 @@ class SettingsDialog(QDialog):
         m = self.memory
         if m is None:
             return "Open a model to see its floor and recommended budget."
-        return (f"Floor {fmt_bytes(m.floor)} (the least this model runs in at this context) · "
-                f"recommended {fmt_bytes(m.recommended)} · usable RAM now {fmt_bytes(m.usable)}")
+        return (f"Floor {size(m.floor)} (the least this model runs in at this context) · "
+                f"recommended {size(m.recommended)} · usable RAM now {size(m.usable)}")
 
     def _add_folder(self) -> None:
         d = QFileDialog.getExistingDirectory(self, "A folder with converted models")

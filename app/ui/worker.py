@@ -82,8 +82,11 @@ class EngineWorker(QObject):
         try:
             self._close()
             want = int(options.get("context_length", 4096))
-            model = open_model(path, ram_budget=int(options.get("ram_budget", 0)),
-                               threads=int(options.get("threads", 0)), n_ctx=want)
+            from app.memory.plan import plan_container
+
+            recommended = plan_container(path, want).recommended   # the one budget rule, shown and used
+            budget = int(options.get("ram_budget", 0)) or recommended
+            model = open_model(path, ram_budget=budget, threads=int(options.get("threads", 0)), n_ctx=want)
             info = model.engine.info
             n_ctx = min(want or info.max_ctx, info.max_ctx)
             session = model.new_session(n_ctx)
@@ -95,6 +98,7 @@ class EngineWorker(QObject):
                               "info": asdict(info), "plan": asdict(plan),
                               "has_experts": bool(info.n_moe_layers and info.n_experts),
                               "has_template": service.format.kind != "plain", "chat_format": service.format.kind,
+                              "recommended_budget": recommended,
                               "engine": "local"})
         except Exception as exc:
             self.load_failed.emit(f"{type(exc).__name__}: {exc}" if not str(exc) else str(exc))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from app.budget import MachineMemory
+from app.memory.budget import MachineMemory
 from app.chat.turn import Prepared, TurnError, apply_routing, check_routing
 from app.cli import main as ferry
 from app.cli.common import UsageError, check_budget, parse_size
@@ -25,9 +25,9 @@ def test_sizes_have_bounds():
 
 def test_a_budget_above_the_machine_is_refused_with_the_numbers():
     machine = MachineMemory(total=24 * GIB, usable=20 * GIB, source="test")
-    with pytest.raises(UsageError, match=r"110 TB.*25.8 GB of RAM, 21.5 GB usable"):
+    with pytest.raises(UsageError, match=r"100 TiB.*24.0 GiB of RAM, 20.0 GiB usable"):
         check_budget(parse_size("100T"), machine)
-    assert "21.5 GB usable" in check_budget(22 * GIB, machine)      # above usable: a warning
+    assert "20.0 GiB usable" in check_budget(22 * GIB, machine)      # above usable: a warning
     assert check_budget(8 * GIB, machine) is None
 
 
@@ -83,3 +83,10 @@ def test_the_server_refuses_routing_this_build_lacks(demo_container):
     finally:
         server.stop()
         model.close()
+
+
+def test_one_byte_formatter():
+    from app.memory.units import size
+
+    assert [size(n) for n in (0, 1023, 1536, 23.4 * 2**20, 118 * GIB, 2 * 2**40)] == \
+        ["0 bytes", "1023 bytes", "1.50 KiB", "23.4 MiB", "118 GiB", "2.00 TiB"]

@@ -191,7 +191,7 @@ def test_thinking_is_controllable_per_request(tmp_path, thinking_model):
 
 
 def test_gauges_say_what_a_generic_server_does_not_report(qtbot):
-    from app.stats_view import StatsView
+    from app.memory.stats import StatsView
     from app.ui.gauges import NOT_REPORTED, REMOTE_OTHER, GaugePanel
 
     g = GaugePanel()
