@@ -176,7 +176,7 @@ class ChatFormat:
                                 "tool_choice")
             body["tool_choice"] = req.tool_choice
         if req.response_format is not None:
-            body["response_format"] = _schema_in_place(req.response_format)
+            body["response_format"] = req.response_format
         try:
             segments = render_k3(body)
         except ValueError as exc:
@@ -239,25 +239,6 @@ class ChatFormat:
             if special in text:
                 raise TurnError(f"the request holds the model's control token {special!r} outside a message body",
                                 "messages")
-
-
-def _schema_in_place(rf: dict[str, Any]) -> dict[str, Any]:
-    """OpenAI's ``json_schema: {name, schema}``, or a ``json_schema`` that holds
-    the schema itself (as some clients send it): the K3 renderer gets the former."""
-    spec = rf.get("json_schema")
-    if rf.get("type") == "json_schema" and isinstance(spec, dict) and "schema" not in spec:
-        if not spec or set(spec) <= {"name", "description", "strict"}:
-            raise TurnError("response_format.json_schema needs a schema", "response_format")
-        meta = {k: spec[k] for k in ("name", "description", "strict") if k in spec and not _is_schema_word(spec, k)}
-        schema = {k: v for k, v in spec.items() if k not in meta}
-        return {**rf, "json_schema": {**meta, "schema": schema}}
-    return rf
-
-
-def _is_schema_word(spec: dict[str, Any], key: str) -> bool:
-    """``description`` is also a JSON-schema keyword: keep it in the schema when
-    the object is clearly a schema (it has ``type``/``properties``) and no name."""
-    return key == "description" and "name" not in spec and ("type" in spec or "properties" in spec)
 
 
 def text_of(value) -> str:

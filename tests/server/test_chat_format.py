@@ -153,3 +153,20 @@ def test_unknown_and_mistyped_fields_are_refused():
         with pytest.raises(ValidationError):
             request(**bad)
     assert request(temperature=1).temperature == 1.0          # an integer is a fine number
+
+
+def test_k3_conformance_text_parts_and_a_bare_json_schema():
+    """Content as a list of text parts is rendered part by part; a json_schema
+    that holds the schema itself is taken as the schema."""
+    stub = K3Stub()
+    fmt = ChatFormatter(stub)
+    parts = [{"type": "text", "text": "Look "}, {"type": "text", "text": "here."}]
+    fmt.prepare(request(messages=[{"role": "user", "content": parts}]), limits=Limits(), n_ctx=4096)
+    assert stub.segments == render_k3({"messages": [{"role": "user", "content": parts}], "thinking": True})
+    assert ("Look ", False) in stub.segments and ("here.", False) in stub.segments
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}}
+    fmt.prepare(request(response_format={"type": "json_schema", "json_schema": schema}), limits=Limits(), n_ctx=4096)
+    bare = stub.segments
+    fmt.prepare(request(response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": schema}}),
+                limits=Limits(), n_ctx=4096)
+    assert bare == stub.segments
