@@ -25,7 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from app.chat.stream_parser import ToolCall
 from app.engine.service import EngineService
 from app.events import LiveStats, PromptProgress, Reasoning, Text, ToolCallMade, TurnDone
-from app.server.chat import ChatFormatter, Limits, Summary, client_id, figures, logprobs_content
+from app.server.chat import ChatFormatter, Limits, client_id, figures, logprobs_content
 from app.server.engine import AsyncJob
 from app.server.errors import APIError, error_body, server_error, too_large, unauthorized
 from app.server.schemas import (ChatCompletion, ChatCompletionRequest, ErrorResponse, FerryStatus, ModelCard,
@@ -216,21 +216,21 @@ def _validation_error(errors: list[dict[str, Any]]) -> APIError:
                     code="invalid_value")
 
 
-def _usage(s: Summary) -> dict[str, Any]:
+def _usage(s: TurnDone) -> dict[str, Any]:
     return {"prompt_tokens": s.prompt_tokens, "completion_tokens": s.completion_tokens,
             "total_tokens": s.prompt_tokens + s.completion_tokens,
             "prompt_tokens_details": {"cached_tokens": s.reused_tokens},
             "completion_tokens_details": {"reasoning_tokens": s.reasoning_tokens}}
 
 
-def _ferry(s: Summary) -> dict[str, Any]:
+def _ferry(s: TurnDone) -> dict[str, Any]:
     return {**figures(s.counters), "seconds": round(s.seconds, 6), "queue_seconds": round(s.queue_seconds, 6),
             "ttft_s": round(s.ttft_s, 6) if s.ttft_s is not None else None,
             "prompt_tokens_evaluated": s.prompt_tokens - s.reused_tokens, "reused_tokens": s.reused_tokens,
             "started": s.started, "ended": s.ended}
 
 
-def _logprobs(s: Summary, tokenizer) -> dict[str, Any] | None:
+def _logprobs(s: TurnDone, tokenizer) -> dict[str, Any] | None:
     return {"content": logprobs_content(s.logprobs, tokenizer), "refusal": None} if s.logprobs else None
 
 
@@ -263,7 +263,7 @@ async def _complete(job: AsyncJob, request: Request, rid: str, stamp: int, model
                 break
     finally:
         job.cancel()  # no-op once it is done
-    s: Summary = ev
+    s: TurnDone = ev
     if s.reason in ("cancelled", "error"):
         raise _failed(s)
     message: dict[str, Any] = {"role": "assistant", "content": s.content if s.content or not s.tool_calls else None}

@@ -8,16 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from app.chat.turn import (AnswerBuilder, ChatFormat, Prepared, StopFilter, TurnError,  # noqa: F401 (re-exported)
-                           TurnRequest, check_routing)
-from app.events import TokenLogprob, TurnDone
+from app.chat.turn import ChatFormat, Prepared, TurnError, TurnRequest, check_routing
+from app.events import TokenLogprob
 from app.sampling import SamplingParams
 from app.server.errors import APIError, invalid
 from app.server.schemas import ChatCompletionRequest
-
-#: What a finished answer is called in the OpenAI shapes.
-Summary = TurnDone
-
 
 @dataclass(frozen=True)
 class Limits:

@@ -10,7 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from app.chat.k3_format import render_k3
-from app.server.chat import AnswerBuilder, ChatFormatter, Limits, Prepared, StopFilter
+from app.chat.turn import AnswerBuilder, Prepared, StopFilter
+from app.server.chat import ChatFormatter, Limits
 from app.server.errors import APIError
 from app.events import Reasoning, Text, ToolCallMade
 from app.server.schemas import ChatCompletionRequest
