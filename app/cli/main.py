@@ -297,7 +297,10 @@ def cmd_serve(args) -> int:
     except ServeError as exc:
         raise UsageError(str(exc)) from None
     model = open_from_args(args)
-    server = Server(model, model.new_session(args.ctx), host=args.host, port=args.port, api_key=key,
+    session = model.new_session(args.ctx)
+    if (args.experts_per_token is not None or args.cache_aware) and not hasattr(session, "set_routing"):
+        raise UsageError("this engine build does not support --experts-per-token / --cache-aware")
+    server = Server(model, session, host=args.host, port=args.port, api_key=key,
                     limits=Limits(max_tokens=args.max_tokens, max_waiting=args.queue,
                                   experts_per_token=args.experts_per_token, cache_aware_margin=args.cache_aware))
     if warning:

@@ -3,7 +3,7 @@ models: they validate requests (strictly: unknown fields and wrong types are
 refused, nothing is coerced) and they are the OpenAPI description."""
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -107,8 +107,8 @@ class ChatCompletionRequest(Strict):
     user: str | None = Field(default=None, max_length=512, description="accepted; not stored")
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
-    logit_bias: dict[str, float] | None = Field(default=None, max_length=1024,
-                                                description="token id (as a string) -> bias, -100..100")
+    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = Field(
+        default=None, max_length=1024, description="token id (as a string) -> bias, -100..100")
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     experts_per_token: int | None = Field(default=None, ge=1, le=1024,
