@@ -84,9 +84,12 @@ class ToolCallMade:
 
 @dataclass(frozen=True)
 class LiveStats:
-    """The engine's counters moved by this turn so far (``Stats`` field names)."""
+    """The engine's counters moved by this turn so far (``Stats`` field names),
+    and the session's running totals (read on the engine's thread, so a front
+    end never reads a session another thread is using)."""
 
     counters: dict[str, float]
+    totals: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -104,6 +107,7 @@ class TurnDone:
     completion_tokens: int = 0
     reasoning_tokens: int = 0
     counters: dict[str, float] = field(default_factory=dict)
+    totals: dict[str, float] = field(default_factory=dict)   #: the session's running totals at the end
     seconds: float = 0.0
     queue_seconds: float = 0.0
     ttft_s: float | None = None       #: time to the first generated token (from the turn's start)

@@ -452,13 +452,18 @@ def run_turn(model, session, prepared: Prepared, *, reuse_limit: int | None = No
         now = session.stats().as_dict()
         return {k: now[k] - base.get(k, 0) for k in now}
 
+    def live() -> LiveStats:
+        totals = session.stats().as_dict()
+        return LiveStats({k: totals[k] - base.get(k, 0) for k in totals}, totals)
+
     def done(reason: str, error: str | None = None, **extra) -> TurnDone:
         ended = time.monotonic()
         return TurnDone(reason=reason, content="".join(builder.content), reasoning="".join(builder.reasoning),
                         tool_calls=list(builder.tool_calls), prompt_ids=list(prepared.prompt),
                         token_ids=list(out_ids), prompt_tokens=len(prepared.prompt),
                         completion_tokens=len(out_ids), reasoning_tokens=builder.reasoning_tokens,
-                        counters=counters(), seconds=ended - start, queue_seconds=start - submitted,
+                        counters=counters(), totals=session.stats().as_dict(), seconds=ended - start,
+                        queue_seconds=start - submitted,
                         started=start, ended=ended, logprobs=list(logprobs), error=error, **extra)
 
     builder = AnswerBuilder(prepared, model.tokenizer)
@@ -477,6 +482,10 @@ def run_turn(model, session, prepared: Prepared, *, reuse_limit: int | None = No
         for ev in events:
             if isinstance(ev, PromptProgress):
                 yield ev
+                now = time.monotonic()
+                if now - last_stats >= STATS_INTERVAL or ev.done == ev.total:
+                    yield live()
+                    last_stats = now
             elif isinstance(ev, Token):
                 out_ids.append(ev.id)
                 if ev.logprob is not None:
@@ -486,7 +495,7 @@ def run_turn(model, session, prepared: Prepared, *, reuse_limit: int | None = No
                     break
                 now = time.monotonic()
                 if now - last_stats >= STATS_INTERVAL:
-                    yield LiveStats(counters())
+                    yield live()
                     last_stats = now
             elif isinstance(ev, Finished):
                 end = ev

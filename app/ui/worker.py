@@ -28,7 +28,6 @@ from app.engine.binding import MemoryPlan, ModelInfo
 from app.sampling import SamplingParams
 
 TEXT_INTERVAL = 0.05    #: seconds between text signals (20 a second at most)
-STATS_INTERVAL = 0.25   #: seconds between stats samples
 
 
 class EngineWorker(QObject):
@@ -56,10 +55,6 @@ class EngineWorker(QObject):
         self._running_id = 0
         self._stop_id = 0
         self._job = None
-
-    @property
-    def session(self):
-        return self.service.session if self.service is not None else None
 
     # ---- any thread
 
@@ -197,10 +192,10 @@ class EngineWorker(QObject):
         self.started.emit(gen_id)
         texts = {"thinking": [], "response": []}
         pending = {"thinking": [], "response": []}
-        last_text = last_stats = 0.0
+        last_text = 0.0
         phase = "prefill"
         extra = {"remote": True, "provides": sorted(self.remote.provided)} if remote else {}
-        session = None if remote else self.session
+        latest: dict = {}   #: the last figures: a local session's running totals, a remote answer's counters
 
         def flush() -> None:
             for channel, signal in (("thinking", self.thinking_text), ("response", self.response_text)):
@@ -208,12 +203,9 @@ class EngineWorker(QObject):
                     signal.emit("".join(pending[channel]))
                     pending[channel].clear()
 
-        def sample(counters: dict | None, more: dict | None = None) -> None:
-            if counters is None:
-                if session is None:
-                    return
-                counters = session.stats().as_dict()
-            self.stats.emit({**counters, "phase": phase, "t": time.monotonic(), **extra, **(more or {})})
+        def sample(figures: dict, more: dict | None = None) -> None:
+            if figures or more:
+                self.stats.emit({**figures, "phase": phase, "t": time.monotonic(), **extra, **(more or {})})
 
         end: TurnDone | None = None
         try:
@@ -221,9 +213,6 @@ class EngineWorker(QObject):
                 now = time.monotonic()
                 if isinstance(ev, PromptProgress):
                     self.prompt_progress.emit(ev.done, ev.total)
-                    if not remote and (now - last_stats >= STATS_INTERVAL or ev.done == ev.total):
-                        sample(None)
-                        last_stats = now
                 elif isinstance(ev, (Reasoning, Text)):
                     phase = "decode"
                     channel = "thinking" if isinstance(ev, Reasoning) else "response"
@@ -232,13 +221,11 @@ class EngineWorker(QObject):
                     if now - last_text >= TEXT_INTERVAL:
                         flush()
                         last_text = now
-                    if not remote and now - last_stats >= STATS_INTERVAL:
-                        sample(None)
-                        last_stats = now
                 elif isinstance(ev, ToolCallMade):
                     self.tool_call.emit(ev.call)
-                elif isinstance(ev, LiveStats) and remote:
-                    sample(ev.counters)
+                elif isinstance(ev, LiveStats):   # a few a second, made on the engine's thread
+                    latest = ev.totals or ev.counters
+                    sample(latest)
                 elif isinstance(ev, TurnDone):
                     end = ev
         except TurnError as exc:
@@ -250,15 +237,15 @@ class EngineWorker(QObject):
                 self._running_id = 0
         flush()
         if end is None:
-            sample(None, {"final": True})
+            sample(latest, {"final": True})
             self.finished.emit("error", "".join(texts["response"]), "".join(texts["thinking"]))
             return
         if end.reason == "error" and end.error:
             self.error.emit(end.error)
-        counters = end.counters if remote else None
-        sample(counters, {"final": True, "turn_prompt_tokens": end.prompt_tokens - end.reused_tokens,
-                          "turn_reused_tokens": end.reused_tokens, "turn_tokens": len(end.token_ids),
-                          "turn_seconds": end.seconds, "ttft_s": end.ttft_s})
+        sample(end.totals or end.counters,
+               {"final": True, "turn_prompt_tokens": end.prompt_tokens - end.reused_tokens,
+                "turn_reused_tokens": end.reused_tokens, "turn_tokens": len(end.token_ids),
+                "turn_seconds": end.seconds, "ttft_s": end.ttft_s})
         self.turn_done.emit(end)
         reason = "stop" if end.reason == "tool_calls" else end.reason
         self.finished.emit(reason, "".join(texts["response"]), "".join(texts["thinking"]))
