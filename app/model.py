@@ -8,9 +8,9 @@ answer text, and a final ``Finished`` with the reason and the statistics.
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -19,7 +19,8 @@ import numpy as np
 from app.chat.hf_tokenizer import HFTokenizer
 from app.chat.segments import Segment
 from app.chat.template import ChatTemplate
-from app.engine.binding import Cancelled, Engine, FerryError, Session, Stats
+from app.engine.binding import Cancelled, Engine, FerryError, Session
+from app.events import EngineEvent, Finished, PromptProgress, Token, TokenLogprob
 from app.sampling import Sampler, SamplingParams
 
 #: Tokens evaluated per call while processing a prompt (progress granularity).
@@ -28,31 +29,7 @@ PROMPT_STEP = 32
 USAGE_FILE = "usage.u32"
 
 
-@dataclass(frozen=True)
-class PromptProgress:
-    done: int
-    total: int
-
-
-@dataclass(frozen=True)
-class Token:
-    id: int
-    text: str          #: the new text this token completes (may be "")
-
-
-@dataclass(frozen=True)
-class Finished:
-    reason: str        #: "stop" (end token), "length", "cancelled" or "error"
-    tokens: list[int]
-    text: str
-    prompt_tokens: int     #: tokens of the prompt that had to be evaluated
-    reused_tokens: int     #: tokens of the prompt the session already held
-    seconds: float
-    stats: Stats
-    error: str | None = None
-
-
-Event = PromptProgress | Token | Finished
+Event = EngineEvent
 
 
 class ModelError(RuntimeError):
@@ -147,39 +124,7 @@ class LoadedModel:
     def new_session(self, n_ctx: int = 0) -> Session:
         return self.engine.session(n_ctx)
 
-    # ---- prompts
-
-    @property
-    def chat_format(self) -> str | None:
-        """"k3" for Kimi K3 (its own XTML renderer), "template" for a model's
-        Jinja2 template, None for a model without a chat format."""
-        config = (self.manifest.get("source") or {}).get("config") or {}
-        if config.get("model_type") == "kimi_k3":
-            return "k3"
-        return "template" if self.template is not None else None
-
-    def stream_dialect(self, thinking: bool = True) -> tuple[str, str]:
-        """(dialect, initial channel) for app.chat.stream_parser.StreamParser:
-        K3's generation prompt already opened the think channel when thinking
-        is on; other models mark thinking with <think> tags, if at all."""
-        if self.chat_format == "k3":
-            return "k3", "thinking" if thinking else "response"
-        return "think_tags", "response"
-
-    def chat_segments(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                      **options: Any) -> list[Segment]:
-        """The prompt of a conversation as markup/content segments. ``options``
-        go to the format: for K3 the request keys (tools, thinking,
-        thinking_effort, response_format...); for a Jinja2 template its
-        variables (e.g. enable_thinking, tools)."""
-        fmt = self.chat_format
-        if fmt == "k3":
-            from app.chat.k3_format import render_k3
-
-            return render_k3({"messages": messages, "add_generation_prompt": add_generation_prompt, **options})
-        if fmt is None:
-            raise ModelError("this model has no chat template; use a plain prompt")
-        return self.template.render(messages, add_generation_prompt=add_generation_prompt, **options)
+    # ---- prompts (the chat format itself is app.chat.turn.ChatFormat: one renderer for every front end)
 
     def encode(self, segments: Sequence[Segment]) -> list[int]:
         ids = self.tokenizer.encode_segments(segments)
@@ -187,8 +132,11 @@ class LoadedModel:
             ids.insert(0, self.tokenizer.bos_id)
         return ids
 
-    def encode_chat(self, messages: list[dict[str, Any]], **options: Any) -> list[int]:
-        return self.encode(self.chat_segments(messages, **options))
+    def encode_chat(self, messages: list[dict[str, Any]], thinking: bool = True) -> list[int]:
+        """The prompt ids of ``messages`` in this model's chat format (as every front end renders them)."""
+        from app.chat.turn import ChatFormat, TurnRequest
+
+        return ChatFormat(self).prepare(TurnRequest(messages, thinking=thinking), n_ctx=1 << 62).prompt
 
     def encode_plain(self, text: str) -> list[int]:
         return self.encode([(text, False)])
@@ -196,9 +144,12 @@ class LoadedModel:
     # ---- generation
 
     def generate(self, session: Session, prompt: Sequence[int], params: SamplingParams | None = None, *,
-                 max_tokens: int = 256, stop_ids: Sequence[int] | None = None) -> Iterator[Event]:
+                 max_tokens: int = 256, stop_ids: Sequence[int] | None = None, reuse_limit: int | None = None,
+                 top_logprobs: int | None = None) -> Iterator[Event]:
         """Answer after ``prompt`` (the whole conversation's tokens); the session
-        reuses whatever prefix of it it already holds."""
+        reuses whatever prefix of it it already holds, at most ``reuse_limit``
+        tokens of it (0: evaluate the whole prompt). ``top_logprobs`` (0-20)
+        attaches each token's log-probability and that many alternatives."""
         params = params or SamplingParams()
         sampler = Sampler(params)
         stops = set(stop_ids if stop_ids is not None else self.tokenizer.eos_ids)
@@ -209,9 +160,17 @@ class LoadedModel:
                                  f"the prompt has {len(prompt)} tokens but the context holds {session.n_ctx}")
             return
         kept = session.sync(prompt)
+        if reuse_limit is not None and kept > reuse_limit:
+            try:
+                session.truncate(max(0, reuse_limit))
+                kept = max(0, reuse_limit)
+            except FerryError:  # a recurrent state cannot rewind: start over
+                session.reset()
+                kept = 0
         todo = prompt[kept:]
         decoder = StreamDecoder(self.tokenizer)
         out: list[int] = []
+        ttft = None
         try:
             logits = None
             i = 0
@@ -231,25 +190,27 @@ class LoadedModel:
             reason = "length"
             for _ in range(max_tokens):
                 tok = sampler(logits)
+                if ttft is None:
+                    ttft = time.monotonic() - t0
                 if tok in stops:
                     reason = "stop"
                     break
                 out.append(tok)
-                yield Token(tok, decoder.push(tok))
+                yield Token(tok, decoder.push(tok), _logprob(logits, tok, top_logprobs))
                 if session.position >= session.n_ctx:
                     break
                 logits = session.eval([tok])
         except Cancelled:
-            yield self._finished(session, "cancelled", out, decoder.text, len(todo), kept, t0)
+            yield self._finished(session, "cancelled", out, decoder.text, len(todo), kept, t0, ttft=ttft)
             return
         except Exception as exc:  # an I/O error mid-answer ends this answer, not the app
-            yield self._finished(session, "error", out, decoder.text, len(todo), kept, t0, str(exc))
+            yield self._finished(session, "error", out, decoder.text, len(todo), kept, t0, str(exc), ttft=ttft)
             return
-        yield self._finished(session, reason, out, decoder.text, len(todo), kept, t0)
+        yield self._finished(session, reason, out, decoder.text, len(todo), kept, t0, ttft=ttft)
 
-    def _finished(self, session, reason, out, text, n_prompt, kept, t0, error=None) -> Finished:
+    def _finished(self, session, reason, out, text, n_prompt, kept, t0, error=None, ttft=None) -> Finished:
         return Finished(reason=reason, tokens=list(out), text=text, prompt_tokens=n_prompt, reused_tokens=kept,
-                        seconds=time.monotonic() - t0, stats=session.stats(), error=error)
+                        seconds=time.monotonic() - t0, stats=session.stats(), error=error, ttft_s=ttft)
 
     def _load_usage(self) -> np.ndarray | None:
         """The hot list an earlier run saved, so the cache starts warm."""
@@ -278,6 +239,20 @@ class LoadedModel:
         if self.engine._ptr is not None:
             self.save_usage()
         self.engine.close()
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """Log-probabilities of the next token from raw logits (float64)."""
+    z = logits.astype(np.float64)
+    return z - (z.max() + math.log(np.exp(z - z.max()).sum()))
+
+
+def _logprob(logits: np.ndarray, tok: int, top: int | None) -> TokenLogprob | None:
+    if top is None:
+        return None
+    logp = log_softmax(logits)
+    best = np.argsort(-logp, kind="stable")[:top] if top else []
+    return TokenLogprob(float(logp[tok]), tuple((int(i), float(logp[i])) for i in best))
 
 
 def run_to_end(events: Iterator[Event], on_token: Callable[[str], None] | None = None) -> Finished:

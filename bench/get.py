@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path[0] = str(Path(__file__).resolve().parents[1])   # (not bench/: its kernels.py would shadow a package)
 
-from app.budget import MachineMemory  # noqa: E402
+from app.memory.budget import MachineMemory  # noqa: E402
 
 MEM = MachineMemory(64 << 30, 64 << 30, "bench")
 
@@ -74,7 +74,7 @@ def main() -> int:
     from app.get import hub as hubmod
     from app.get.pipeline import Getter
     from app.get.plan import plan_repo
-    from app.plan import plan_container
+    from app.memory.plan import plan_container
     from tests.get.hub_server import Hub
     from tests.kimi import tiny_k3
     from tests.tiny_models import build

@@ -272,34 +272,6 @@ def _title_from(text: str) -> str:
     return title + ("…" if len(words) > TITLE_WORDS else "")
 
 
-# ---------------------------------------------------------------- prompts
-
-def build_prompt(model: Any, messages: list[dict[str, str]], thinking: bool = True) -> tuple[list[int], str]:
-    """Token ids for ``messages`` plus a generation prompt, and the channel the
-    generation prompt leaves open ("thinking" when it opens ``<think>``).
-
-    ``model`` is an ``app.model.LoadedModel``. Templates that understand
-    ``enable_thinking`` are told the user's choice; others ignore it."""
-    if model.template is None:
-        text = "\n\n".join(m["content"] for m in messages)
-        return model.encode_plain(text), "response"
-    segments = model.template.render(messages, add_generation_prompt=True, enable_thinking=bool(thinking))
-    return model.encode(segments), opening_channel(segments)
-
-
-def opening_channel(segments: list[tuple[str, bool]]) -> str:
-    """"thinking" if the markup after the last piece of content opens a
-    ``<think>`` that it does not close, else "response"."""
-    tail = []
-    for text, is_markup in reversed(segments):
-        if not is_markup:
-            break
-        tail.append(text)
-    tail_text = "".join(reversed(tail))
-    opened = tail_text.rfind("<think>")
-    return "thinking" if opened >= 0 and tail_text.find("</think>", opened) < 0 else "response"
-
-
 def recover_interrupted(store: HistoryStore) -> int:
     """Answers left "streaming" by a crash become "cancelled" (their text is kept).
     Returns how many were fixed."""

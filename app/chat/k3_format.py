@@ -183,8 +183,7 @@ def _response_format_message(value: Any) -> list[Segment]:
         raise ValueError(f"response_format.type must be text, json_object or json_schema; got {kind!r}")
     lines = [f"The system is invoked with `response_format={kind}`.", _RAW_JSON_RULE]
     if kind == "json_schema":
-        spec = value.get("json_schema")
-        schema = spec.get("schema") if isinstance(spec, Mapping) else None
+        schema = _json_schema(value.get("json_schema"))
         if not isinstance(schema, Mapping):
             raise ValueError("response_format.json_schema.schema must be an object")
         lines.append("The JSON data must match the following schema:\n" + _json_block(schema))
@@ -193,6 +192,18 @@ def _response_format_message(value: Any) -> list[Segment]:
 
 # --------------------------------------------------------------------------
 # The conversation
+
+
+def _json_schema(spec: Any) -> Any:
+    """The schema of ``response_format.json_schema``: OpenAI's ``{name, schema,
+    strict}``, or the schema itself with no ``schema`` wrapper (as clients
+    also send it; OpenAI's ``name`` and ``strict`` are then not part of it)."""
+    if not isinstance(spec, Mapping):
+        return None
+    if "schema" in spec:
+        return spec["schema"]
+    bare = {k: v for k, v in spec.items() if k not in ("name", "strict")}
+    return bare or None
 
 
 def _render_conversation(messages: list[Any], images: _ImagePrompts) -> list[Segment]:
@@ -435,22 +446,21 @@ def _message_content(
         return images.fill(value, f"{where}.content")
     if not isinstance(value, list):
         raise ValueError(f"{where}.content must be a string or a list of parts")
+    # Each text part is its own content segment (tokenized on its own), as the
+    # release's encoder renders a list of parts.
     segments: list[Segment] = []
-    text_run: list[str] = []
     for position, part in enumerate(value):
         here = f"{where}.content[{position}]"
         kind = part.get("type") if isinstance(part, Mapping) else None
         if kind == "text":
             if not isinstance(part.get("text"), str):
                 raise ValueError(f"{here}.text must be a string")
-            text_run.append(part["text"])
+            segments += images.fill(part["text"], here)
         elif kind in _IMAGE_PART_TYPES:
-            segments += images.fill("".join(text_run), here)
             segments.append(images.take(here))
-            text_run = []
         else:
             raise ValueError(f"{here} must be a text or image part; got type {kind!r}")
-    return segments + images.fill("".join(text_run), f"{where}.content")
+    return segments
 
 
 class _ImagePrompts:

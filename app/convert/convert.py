@@ -36,6 +36,7 @@ from typing import Callable
 
 import numpy as np
 
+from app.memory.units import size
 from app.convert import tokenizer_files
 from app.convert.errors import SourceError
 from app.convert.layout import (BANK_HEADER_BYTES, FORMAT_CODES, FORMAT_VERSION, RECORD_HEADER_BYTES,
@@ -628,12 +629,8 @@ def check_space(out: Path, needed: int) -> None:
     usage = shutil.disk_usage(probe)
     if usage.free < needed + SPACE_MARGIN:
         raise ConvertError(
-            f"not enough free space in {probe}: the container needs {_gib(needed + SPACE_MARGIN)} more, "
-            f"the disk has {_gib(usage.free)} free. Choose another destination or free some space.")
-
-
-def _gib(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+            f"not enough free space in {probe}: the container needs {size(needed + SPACE_MARGIN)} more, "
+            f"the disk has {size(usage.free)} free. Choose another destination or free some space.")
 
 
 def _already_written(root: Path) -> int:
@@ -686,10 +683,10 @@ def convert(source: str | os.PathLike | Source, out: str | os.PathLike, *, trunk
             f"reads again, run the same conversion to resume (a source file that changed starts it over).") from exc
     except OSError as exc:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            left = _gib(max(0, layout.total_bytes() - writer.done_bytes) + SPACE_MARGIN)
+            left = size(max(0, layout.total_bytes() - writer.done_bytes) + SPACE_MARGIN)
             raise ConvertError(
-                f"the disk filled up while writing {root} ({_gib(writer.done_bytes)} of "
-                f"{_gib(layout.total_bytes())} done); what was finished is kept. Free at least {left} "
+                f"the disk filled up while writing {root} ({size(writer.done_bytes)} of "
+                f"{size(layout.total_bytes())} done); what was finished is kept. Free at least {left} "
                 f"and run the same conversion again to resume.") from exc
         raise ConvertError(f"writing {root} failed: {exc}; run the same conversion again to resume") from exc
     (root / JOURNAL).unlink()

@@ -44,7 +44,7 @@ class SourceReport:
     top_k: int = 0
     record_bytes: int = 0                   #: one expert record
     cold_bytes_per_token: int = 0           #: one token's experts, all read from disk
-    plan: Any = None                        #: app.plan.Plan of the container, when ok
+    plan: Any = None                        #: app.memory.plan.Plan of the container, when ok
     trunk_format: str = "auto"              #: the --trunk-format this report was made for ("recommended" resolved)
     expert_format: str = "auto"             #: the --expert-format this report was made for ("recommended" resolved)
     #: how the trunk / the experts could be stored (app.convert.format_choices), one of each marked
@@ -104,7 +104,7 @@ def plan_report(report: SourceReport, src: Source, tokenizer: dict, trunk_format
     of the repository's shard headers)."""
     p = report.path
     from app.convert.format_choices import RECOMMENDED, expert_choices, recommended, trunk_choices
-    from app.plan import plan_source
+    from app.memory.plan import plan_source
 
     t0 = "auto" if trunk_format == RECOMMENDED else trunk_format
     e0 = "auto" if expert_format == RECOMMENDED else expert_format

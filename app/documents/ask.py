@@ -19,7 +19,9 @@ from app.documents.index import word_terms
 from app.documents.prompt import DocPrompt, Passage, build_prompt
 from app.documents.states import StateCache, StateError, model_fingerprint
 from app.documents.store import DocumentStore
-from app.model import PROMPT_STEP, Finished, LoadedModel, PromptProgress, Token
+from app.chat.turn import TurnRequest, run_turn
+from app.events import PromptProgress, Reasoning, Text, ToolCallMade, TurnDone
+from app.model import PROMPT_STEP, LoadedModel
 from app.sampling import SamplingParams
 
 _MARKER = re.compile(r"\[(\d{1,3}(?:\s*,\s*\d{1,3})*)\]")
@@ -46,7 +48,7 @@ class Citation:
 @dataclass
 class Answer:
     text: str                      #: the answer with its citation markers
-    model_text: str                #: what the model wrote
+    model_text: str                #: what the model wrote (its answer; the thinking trace is ``reasoning``)
     citations: list[Citation]
     passages: list[Citation]       #: every passage the model was given
     reason: str
@@ -59,6 +61,9 @@ class Answer:
     seconds: float
     tokens: list[int] = field(default_factory=list)
     error: str | None = None
+    reasoning: str = ""
+    prompt_ids: list[int] = field(default_factory=list)
+    ttft_s: float | None = None
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -109,15 +114,26 @@ class DocumentChat:
         self.session = model.new_session(n_ctx)
         self.fingerprint = model_fingerprint(model.path)
 
-    def prompt(self, collection: str, question: str, budget: int | None = None, mode: str = "hybrid") -> DocPrompt:
+    def prompt(self, collection: str, question: str, budget: int | None = None, mode: str = "hybrid",
+               request: TurnRequest | None = None) -> DocPrompt:
         coll = self.store.collection(collection)
         budget = int(budget or coll.budget)
-        return build_prompt(self.model, self.store.index(collection), question, budget, mode=mode)
+        return build_prompt(self.model, self.store.index(collection), question, budget, mode=mode,
+                            request=request, n_ctx=self.session.n_ctx)
 
     def ask(self, collection: str, question: str, *, budget: int | None = None, params: SamplingParams | None = None,
-            max_tokens: int = 256, mode: str = "hybrid") -> Iterator[PromptProgress | Token | Answer]:
+            max_tokens: int = 256, mode: str = "hybrid", request: TurnRequest | None = None
+            ) -> Iterator[PromptProgress | Reasoning | Text | ToolCallMade | Answer]:
+        """The turn pipeline's events for the question, then the ``Answer``.
+        ``request`` carries the turn's options (thinking, routing...); its
+        messages are replaced by the passages and the question."""
         t0 = time.monotonic()
-        dp = self.prompt(collection, question, budget, mode)
+        request = request or TurnRequest(messages=[])
+        if params is not None:
+            request.sampling = params
+        request.max_tokens = max_tokens
+        request.client = "documents"
+        dp = self.prompt(collection, question, budget, mode, request)
         session = self.session
         state = "off"
         evaluated = 0
@@ -144,24 +160,24 @@ class DocumentChat:
                     self.states.save(self.fingerprint, session.export_state())
                     if not state.startswith("refused"):
                         state = "saved"
-        end: Finished | None = None
+        end: TurnDone | None = None
         offset = evaluated
-        for ev in self.model.generate(session, dp.ids, params or SamplingParams(), max_tokens=max_tokens):
+        for ev in run_turn(self.model, session, dp.prepared):
             if isinstance(ev, PromptProgress):
                 yield PromptProgress(offset + ev.done, offset + ev.total)
-            elif isinstance(ev, Token):
+            elif isinstance(ev, (Reasoning, Text, ToolCallMade)):
                 yield ev
-            elif isinstance(ev, Finished):
+            elif isinstance(ev, TurnDone):
                 end = ev
         assert end is not None
-        text, citations = cite(end.text, dp.passages)
-        yield Answer(text=text, model_text=end.text, citations=citations,
+        text, citations = cite(end.content, dp.passages)
+        yield Answer(text=text, model_text=end.content, citations=citations,
                      passages=[_citation(p) for p in dp.passages], reason=end.reason,
-                     prompt_tokens=evaluated + end.prompt_tokens,
-                     reused_tokens=len(dp.ids) - evaluated - end.prompt_tokens,
+                     prompt_tokens=evaluated + len(dp.ids) - end.reused_tokens,
+                     reused_tokens=end.reused_tokens - evaluated,
                      prefix_state=state, passage_tokens=dp.passage_tokens, budget=dp.budget,
-                     whole_collection=dp.whole_collection, seconds=time.monotonic() - t0, tokens=end.tokens,
-                     error=end.error)
+                     whole_collection=dp.whole_collection, seconds=time.monotonic() - t0, tokens=end.token_ids,
+                     error=end.error, reasoning=end.reasoning, prompt_ids=end.prompt_ids, ttft_s=end.ttft_s)
 
     def close(self) -> None:
         self.session.close()

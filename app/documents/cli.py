@@ -93,21 +93,21 @@ def cmd_search(args) -> int:
 
 
 def cmd_ask(args) -> int:
-    from app.cli import _open
+    from app.cli.common import open_from_args
     from app.documents.ask import Answer, DocumentChat
     from app.documents.states import StateCache
-    from app.model import Token
-    from app.sampling import SamplingParams
+    from app.cli.common import turn_request
+    from app.events import Text
 
     with open_store() as store:
         store.collection(args.collection)      # fail before loading the model
-        model = _open(args)
+        model = open_from_args(args)
         chat = DocumentChat(model, store, states=StateCache(store.keys.states), n_ctx=args.ctx)
         answer = None
-        params = SamplingParams(temperature=args.temp, seed=args.seed)
-        for ev in chat.ask(args.collection, args.question, budget=args.context_tokens, params=params,
-                           max_tokens=args.n, mode=args.mode):
-            if isinstance(ev, Token) and not args.json:
+        request = turn_request(args, [])
+        for ev in chat.ask(args.collection, args.question, budget=args.context_tokens, max_tokens=args.n,
+                           mode=args.mode, request=request):
+            if isinstance(ev, Text) and not args.json:
                 print(ev.text, end="", flush=True)
             elif isinstance(ev, Answer):
                 answer = ev
@@ -168,7 +168,7 @@ def cmd_budget(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from app.cli import _add_model_options
+    from app.cli.common import add_model_options, add_routing
 
     ap = argparse.ArgumentParser(prog="ferry docs", description="Ask about your own documents, offline.")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -188,7 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_search)
 
     p = sub.add_parser("ask", help="answer a question from a collection, with citations")
-    _add_model_options(p)
+    add_model_options(p)
+    add_routing(p)
     p.add_argument("collection")
     p.add_argument("question")
     p.add_argument("--context-tokens", type=int, default=None,
@@ -196,6 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-n", type=int, default=256, help="most tokens to generate")
     p.add_argument("--temp", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--no-think", action="store_true", help="turn the model's thinking off (where it has it)")
     p.add_argument("--mode", choices=("hybrid", "bm25", "ngram"), default="hybrid")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_ask)

@@ -2,10 +2,11 @@
 
 Passages are chosen to fit a token budget (the user's, shown in the app and
 ``--context-tokens`` on the command line), numbered, and put in the system
-message; the question is the user message. The chat template renders both
-as *content* segments (app/chat/template.py), so a document can never
-produce a control token or a fake turn: ``<|im_start|>system`` in a file is
-tokenized as the text it is.
+message; the question is the user message. The model's chat format (the one
+turn pipeline's ``ChatFormat``: K3's renderer, a Jinja template, or plain
+text) renders both as *content* segments, so a document can never produce a
+control token or a fake turn: ``<|im_start|>system`` in a file is tokenized
+as the text it is.
 
 Everything before the question's segment is the *document prefix*. It does
 not depend on the question when the whole collection fits in the budget
@@ -18,8 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from app.chat.segments import Segment, content
-from app.chat.template import TemplateRenderError
+from app.chat.segments import Segment
+from app.chat.turn import ChatFormat, Prepared, TurnError, TurnRequest
 from app.documents.index import IndexedChunk, MemoryIndex
 from app.documents.retrieve import search
 
@@ -47,6 +48,7 @@ class Passage:
 
 @dataclass
 class DocPrompt:
+    prepared: Prepared              #: the turn, ready for the engine
     segments: list[Segment]
     ids: list[int]
     prefix_ids: list[int] | None    #: the question-independent part of ``ids`` (None: not cacheable)
@@ -99,30 +101,40 @@ def select_passages(model, index: MemoryIndex, question: str, budget: int, mode:
     return chosen, False, used
 
 
+def passages_message(passages: Sequence[Passage], instructions: str = INSTRUCTIONS) -> str:
+    """The system message that carries the numbered passages."""
+    body = "\n\n".join(format_passage(p.n, p.chunk) for p in passages) or "(no passage matches the question)"
+    return f"{instructions}\n\nPassages:\n\n{body}"
+
+
 def build_prompt(model, index: MemoryIndex, question: str, budget: int, *, mode: str = "hybrid",
-                 instructions: str = INSTRUCTIONS) -> DocPrompt:
+                 instructions: str = INSTRUCTIONS, request: TurnRequest | None = None,
+                 n_ctx: int | None = None) -> DocPrompt:
+    """The turn for ``question``: ``request`` (sampling, thinking...) with the
+    passages as the system message and the question as the user message."""
     chosen, whole, used = select_passages(model, index, question, budget, mode)
     passages = [Passage(i + 1, c, s, 0) for i, (c, s) in enumerate(chosen)]
-    body = "\n\n".join(format_passage(p.n, p.chunk) for p in passages) or "(no passage matches the question)"
-    system = f"{instructions}\n\nPassages:\n\n{body}"
+    system = passages_message(passages, instructions)
+    request = request or TurnRequest(messages=[])
+    fmt = ChatFormat(model)
+    n_ctx = n_ctx or model.engine.info.max_ctx
+    try:
+        request.messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
+        prepared = fmt.prepare(request, n_ctx=n_ctx)
+    except TurnError as exc:   # a template without a system role
+        if exc.param != "messages" or "context holds" in exc.message:
+            raise
+        request.messages = [{"role": "user", "content": f"{system}\n\nQuestion: {question}"}]
+        prepared = fmt.prepare(request, n_ctx=n_ctx)
+    segments, ids = prepared.segments, prepared.prompt
+    q_at = next((i for i in range(len(segments) - 1, -1, -1)
+                 if not segments[i][1] and segments[i][0] == question), None)
     prefix_ids: list[int] | None = None
-    if model.template is None:
-        segments = [content(system + "\n\nQuestion: "), content(question), content("\nAnswer:")]
-        q_at = 1
-    else:
-        try:
-            segments = model.chat_segments([{"role": "system", "content": system},
-                                            {"role": "user", "content": question}])
-        except TemplateRenderError:   # a template without a system role
-            segments = model.chat_segments([{"role": "user", "content": f"{system}\n\nQuestion: {question}"}])
-        q_at = next((i for i in range(len(segments) - 1, -1, -1)
-                     if not segments[i][1] and segments[i][0] == question), None)
-    ids = model.encode(segments)
     if q_at is not None:
         prefix = model.encode(segments[:q_at])
         if ids[:len(prefix)] == prefix:
             prefix_ids = prefix
-    return DocPrompt(segments, ids, prefix_ids, passages, whole, used, budget)
+    return DocPrompt(prepared, segments, ids, prefix_ids, passages, whole, used, budget)
 
 
 def content_only(segments: Sequence[Segment], texts: Sequence[str]) -> bool:

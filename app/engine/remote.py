@@ -1,13 +1,13 @@
 """A remote engine: any OpenAI-compatible server (vLLM, SGLang, llama.cpp,
-another Ferry...) behind the same event stream as ``LoadedModel.generate``,
-so the app's worker drives either one.
+another Ferry...) behind the same turn events as the local engine
+(``app.events``), so the app's worker drives either one.
 
 Events: ``PromptProgress`` (from a Ferry server's progress comments; else one
-when the first text arrives), ``Thinking`` (reasoning text: the
-``reasoning_content`` or ``reasoning`` delta field, or ``<think>`` tags in the
-content of a server that does not split them), ``Token`` (answer text; its
-``id`` is -1, a remote server sends text, not ids), ``Figures`` (engine
-counters, as ``Session.stats()`` names them), and a final ``Finished``.
+when the first text arrives), ``Reasoning`` (the ``reasoning_content`` or
+``reasoning`` delta field, or ``<think>`` tags in the content of a server that
+does not split them), ``Text`` (answer text), ``ToolCallMade`` (a tool call,
+once its streamed pieces are complete), ``LiveStats`` (engine counters, as
+``Session.stats()`` names them), and a final ``TurnDone``.
 
 What a remote engine reports: a Ferry server sends its engine's own counters
 (speeds, disk reads, cache hits) in its ``ferry`` extension field; any other
@@ -26,14 +26,14 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-from app.chat.stream_parser import StreamParser
-from app.model import Finished, PromptProgress, Token
-from app.sampling import SamplingParams
+from app.chat.stream_parser import StreamParser, ToolCall
+from app.chat.turn import TurnRequest
+from app.events import LiveStats, PromptProgress, Reasoning, Text, ToolCallMade, TurnDone, TurnEvent
 
 #: Figures a Ferry server sends / that can be measured from any server's stream.
 FERRY_FIGURES = frozenset({"decode_tps", "prompt_tps", "read_mbps", "hit_decode", "hit_prefill"})
@@ -43,16 +43,6 @@ POLL = 0.1
 
 class RemoteError(RuntimeError):
     """The server cannot be used (unreachable, wrong key, unknown model...)."""
-
-
-@dataclass(frozen=True)
-class Thinking:
-    text: str
-
-
-@dataclass(frozen=True)
-class Figures:
-    counters: dict[str, float]
 
 
 @dataclass(frozen=True)
@@ -98,6 +88,7 @@ class RemoteEngine:
         self._cancel = threading.Event()
         self._lock = threading.Lock()
         self._socket: socket.socket | None = None
+        self._client: httpx.Client | None = None
 
     @property
     def provided(self) -> frozenset[str]:
@@ -149,29 +140,47 @@ class RemoteEngine:
     def clear_cancel(self) -> None:
         self._cancel.clear()
 
-    def request_body(self, messages: Sequence[dict[str, Any]], params: SamplingParams, *, max_tokens: int,
-                     thinking: bool = True, stop: Sequence[str] | None = None) -> dict[str, Any]:
+    def _http(self) -> httpx.Client:
+        """One client, so turns travel on one kept-alive connection: a server
+        without API keys keeps prefix reuse per connection."""
+        with self._lock:
+            if self._client is None:
+                self._client = httpx.Client(timeout=httpx.Timeout(self.timeout, read=None))
+            return self._client
+
+    def close(self) -> None:
+        self.cancel()
+        with self._lock:
+            client, self._client = self._client, None
+        if client is not None:
+            client.close()
+
+    def request_body(self, request: TurnRequest) -> dict[str, Any]:
+        p = request.sampling
         body: dict[str, Any] = {
-            "model": self.model, "messages": [dict(m) for m in messages], "stream": True,
-            "stream_options": {"include_usage": True}, "max_tokens": int(max_tokens),
-            "temperature": float(params.temperature), "top_p": float(params.top_p)}
-        if params.top_k:
-            body["top_k"] = int(params.top_k)
-        if params.min_p:
-            body["min_p"] = float(params.min_p)
-        if params.seed is not None:
-            body["seed"] = int(params.seed)
-        if stop:
-            body["stop"] = list(stop)
-        if not thinking:
-            body["chat_template_kwargs"] = {"enable_thinking": False}
+            "model": self.model, "messages": [dict(m) for m in request.messages], "stream": True,
+            "stream_options": {"include_usage": True}, "max_tokens": int(request.max_tokens or 512),
+            "temperature": float(p.temperature), "top_p": float(p.top_p)}
+        optional = {"top_k": int(p.top_k), "min_p": float(p.min_p), "seed": p.seed,
+                    "frequency_penalty": float(p.frequency_penalty), "presence_penalty": float(p.presence_penalty),
+                    "logit_bias": {str(k): v for k, v in p.logit_bias}, "stop": list(request.stop),
+                    "tools": request.tools, "tool_choice": request.tool_choice,
+                    "response_format": request.response_format, "reasoning_effort": request.reasoning_effort,
+                    "experts_per_token": request.experts_per_token,
+                    "cache_aware_margin": float(request.cache_aware_margin or 0.0)}
+        body.update({k: v for k, v in optional.items() if v})   # defaults are left out: other servers may not know them
+        if request.top_logprobs is not None:
+            body.update(logprobs=True, top_logprobs=int(request.top_logprobs))
+        kwargs = dict(request.chat_template_kwargs or {})
+        if not request.thinking:
+            kwargs.setdefault("enable_thinking", False)
+        if kwargs:
+            body["chat_template_kwargs"] = kwargs
         return body
 
-    def generate(self, messages: Sequence[dict[str, Any]], params: SamplingParams | None = None, *,
-                 max_tokens: int = 512, thinking: bool = True,
-                 stop: Sequence[str] | None = None) -> Iterator[Any]:
-        body = self.request_body(messages, params or SamplingParams(), max_tokens=max_tokens, thinking=thinking,
-                                 stop=stop)
+    def generate(self, request: TurnRequest) -> Iterator[TurnEvent]:
+        """One turn on the server: the same events as the local pipeline."""
+        body = self.request_body(request)
         items: queue.Queue = queue.Queue()
         reader = threading.Thread(target=self._read, args=(body, items), name="ferry-remote", daemon=True)
         t0 = time.monotonic()
@@ -183,12 +192,12 @@ class RemoteEngine:
             except queue.Empty:
                 if self._cancel.is_set():
                     self.cancel()
-                    yield acc.finished("cancelled")
+                    yield acc.done("cancelled")
                     return
                 continue
             if self._cancel.is_set():
                 self.cancel()
-                yield acc.finished("cancelled")
+                yield acc.done("cancelled")
                 return
             if kind == "comment":
                 progress = value.get("prompt_progress")
@@ -199,49 +208,55 @@ class RemoteEngine:
                 yield from acc.chunk(value)
             elif kind == "end":
                 yield from acc.flush()
-                yield acc.finished(acc.reason or "stop")
+                yield acc.done(acc.reason or "stop")
                 return
             elif kind == "error":
                 yield from acc.flush()
-                yield acc.finished("cancelled" if self._cancel.is_set() else "error", value)
+                yield acc.done("cancelled" if self._cancel.is_set() else "error", value)
                 return
 
     def _read(self, body: dict[str, Any], items: queue.Queue) -> None:
         """The HTTP stream, on its own thread: lines in, (kind, value) items out."""
         try:
-            with httpx.Client(timeout=httpx.Timeout(self.timeout, read=None)) as client:
-                with client.stream("POST", self.url + "/chat/completions", json=body,
-                                   headers=self._headers()) as r:
-                    stream = r.extensions.get("network_stream")
-                    with self._lock:
-                        self._socket = stream.get_extra_info("socket") if stream is not None else None
-                    if self._cancel.is_set():
-                        return items.put(("error", "cancelled"))
-                    if r.status_code != 200:
-                        r.read()
-                        return items.put(("error", f"the server answered {r.status_code}: {_error_message(r)}"))
-                    for line in r.iter_lines():
-                        if line.startswith(":"):
-                            text = line[1:].strip()
-                            if text.startswith("ferry "):
-                                try:
-                                    items.put(("comment", json.loads(text[6:])))
-                                except ValueError:
-                                    pass
-                            continue
-                        if not line.startswith("data:"):
-                            continue
-                        data = line[5:].strip()
-                        if data == "[DONE]":
-                            return items.put(("end", None))
-                        try:
-                            doc = json.loads(data)
-                        except ValueError:
-                            return items.put(("error", "the server sent an event that is not JSON"))
-                        if isinstance(doc, dict) and isinstance(doc.get("error"), dict):
-                            return items.put(("error", str(doc["error"].get("message") or "the server failed")))
-                        if isinstance(doc, dict):
-                            items.put(("chunk", doc))
+            client = self._http()
+            with client.stream("POST", self.url + "/chat/completions", json=body,
+                               headers=self._headers()) as r:
+                stream = r.extensions.get("network_stream")
+                with self._lock:
+                    self._socket = stream.get_extra_info("socket") if stream is not None else None
+                if self._cancel.is_set():
+                    return items.put(("error", "cancelled"))
+                if r.status_code != 200:
+                    r.read()
+                    return items.put(("error", f"the server answered {r.status_code}: {_error_message(r)}"))
+                ended = False
+                for line in r.iter_lines():   # read to the body's end, so the connection is kept alive
+                    if ended:
+                        continue
+                    if line.startswith(":"):
+                        text = line[1:].strip()
+                        if text.startswith("ferry "):
+                            try:
+                                items.put(("comment", json.loads(text[6:])))
+                            except ValueError:
+                                pass
+                        continue
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        ended = True
+                        items.put(("end", None))
+                        continue
+                    try:
+                        doc = json.loads(data)
+                    except ValueError:
+                        return items.put(("error", "the server sent an event that is not JSON"))
+                    if isinstance(doc, dict) and isinstance(doc.get("error"), dict):
+                        return items.put(("error", str(doc["error"].get("message") or "the server failed")))
+                    if isinstance(doc, dict):
+                        items.put(("chunk", doc))
+                if not ended:
                     items.put(("end", None))  # a server that closes without [DONE]
         except (httpx.HTTPError, OSError) as exc:
             items.put(("error", f"the connection to {self.url} failed: {exc}"))
@@ -259,49 +274,70 @@ class _Answer:
         self.first: float | None = None
         self.pieces = 0
         self.text: list[str] = []
+        self.reasoning: list[str] = []
+        self.calls: dict[int, dict[str, str]] = {}
+        self.tool_calls: list[ToolCall] = []
         self.reason: str | None = None
         self.usage: dict[str, Any] = {}
+        self.ferry: dict[str, Any] = {}
         self.server_counters: dict[str, float] | None = None
         self.progress_seen = False
         self.parser = StreamParser("think_tags", "response")   # for <think> written into content
 
-    def chunk(self, doc: dict[str, Any]) -> Iterator[Any]:
+    def chunk(self, doc: dict[str, Any]) -> Iterator[TurnEvent]:
         if isinstance(doc.get("usage"), dict):
             self.usage = doc["usage"]
         ferry = doc.get("ferry")
-        if isinstance(ferry, dict) and isinstance(ferry.get("counters"), dict):
-            self.server_counters = {k: float(v) for k, v in ferry["counters"].items() if isinstance(v, (int, float))}
+        if isinstance(ferry, dict):
+            self.ferry.update(ferry)
+            if isinstance(ferry.get("counters"), dict):
+                self.server_counters = {k: float(v) for k, v in ferry["counters"].items()
+                                        if isinstance(v, (int, float))}
         for choice in doc.get("choices") or []:
             if not isinstance(choice, dict):
                 continue
             delta = choice.get("delta") or {}
             reasoning = delta.get("reasoning_content") or delta.get("reasoning")
             content = delta.get("content")
-            if (reasoning or content) and self.first is None:
+            if (reasoning or content or delta.get("tool_calls")) and self.first is None:
                 self.first = time.monotonic()
                 if not self.progress_seen:
                     yield PromptProgress(1, 1)
             if isinstance(reasoning, str) and reasoning:
                 self.pieces += 1
-                yield Thinking(reasoning)
+                self.reasoning.append(reasoning)
+                yield Reasoning(reasoning)
             if isinstance(content, str) and content:
                 self.pieces += 1
                 yield from self._route(self.parser.feed(content))
+            for call in delta.get("tool_calls") or []:
+                if isinstance(call, dict):
+                    slot = self.calls.setdefault(int(call.get("index") or 0), {"name": "", "arguments": ""})
+                    fn = call.get("function") or {}
+                    slot["name"] += fn.get("name") or ""
+                    slot["arguments"] += fn.get("arguments") or ""
             if choice.get("finish_reason"):
-                self.reason = "length" if choice["finish_reason"] == "length" else "stop"
+                self.reason = choice["finish_reason"] if choice["finish_reason"] in ("length", "tool_calls") \
+                    else "stop"
         if isinstance(ferry, dict) and self.server_counters is not None:
-            yield Figures(self.counters())
+            yield LiveStats(self.counters())
 
-    def _route(self, events) -> Iterator[Any]:
+    def _route(self, events) -> Iterator[TurnEvent]:
         for kind, text in events:
             if kind == "thinking" and text:
-                yield Thinking(text)
+                self.reasoning.append(text)
+                yield Reasoning(text)
             elif kind == "response" and text:
                 self.text.append(text)
-                yield Token(-1, text)
+                yield Text(text)
 
-    def flush(self) -> Iterator[Any]:
+    def flush(self) -> Iterator[TurnEvent]:
         yield from self._route(self.parser.finish())
+        for index in sorted(self.calls):
+            call = ToolCall(self.calls[index]["name"], len(self.tool_calls) + 1, self.calls[index]["arguments"])
+            self.tool_calls.append(call)
+            yield ToolCallMade(call)
+        self.calls.clear()
 
     def counters(self) -> dict[str, float]:
         if self.server_counters is not None:
@@ -312,13 +348,19 @@ class _Answer:
         return {"prompt_tokens": float(self.usage.get("prompt_tokens") or 0), "prompt_seconds": first - self.t0,
                 "decode_tokens": float(done), "decode_seconds": max(0.0, now - first)}
 
-    def finished(self, reason: str, error: str | None = None) -> Finished:
-        counters = self.counters()
+    def done(self, reason: str, error: str | None = None) -> TurnDone:
         prompt = int(self.usage.get("prompt_tokens") or 0)
         cached = int((self.usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
         done = int(self.usage.get("completion_tokens") or self.pieces)
-        return Finished(reason=reason, tokens=[-1] * done, text="".join(self.text), prompt_tokens=prompt - cached,
-                        reused_tokens=cached, seconds=time.monotonic() - self.t0, stats=RemoteStats(counters),
+        reasoning = int((self.usage.get("completion_tokens_details") or {}).get("reasoning_tokens") or 0)
+        now = time.monotonic()
+        ttft = self.ferry.get("ttft_s")
+        if not isinstance(ttft, (int, float)):
+            ttft = (self.first - self.t0) if self.first is not None else None
+        return TurnDone(reason=reason, content="".join(self.text), reasoning="".join(self.reasoning),
+                        tool_calls=list(self.tool_calls), token_ids=[-1] * done, prompt_tokens=prompt,
+                        reused_tokens=cached, completion_tokens=done, reasoning_tokens=reasoning,
+                        counters=self.counters(), seconds=now - self.t0, ttft_s=ttft, started=self.t0, ended=now,
                         error=error)
 
 

@@ -4,7 +4,7 @@ computed live (`ferry get --catalogue`, the wizard's download page).
 The plans come from the configs below (the fields of each release's
 config.json that size it: Kimi K3's is the spec's /work/shared k3-config,
 the others written down from the published files) through `ferry plan
---config` (app.plan_config): the formats `ferry check` would recommend here,
+--config` (app.memory.plan_config): the formats `ferry check` would recommend here,
 the RAM floor, the recommended budget and the bytes per token; the demo is
 planned from its GGUF when installed. Nothing here uses the network: `ferry
 get REPO --plan` reads the real repository for the exact plan.
@@ -123,9 +123,9 @@ def _row_from_plan(e: Entry, plan) -> Row:
 def plan_entry(e: Entry, memory, disk_bps: float | None, kernel_bps_of) -> Row:
     """One entry planned on a machine with ``memory``, a disk reading
     ``disk_bps`` and kernels measured by ``kernel_bps_of(format)``."""
-    from app.budget import auto_budget
+    from app.memory.budget import auto_budget
     from app.get.plan import GetPlan, estimate, judge
-    from app.plan_config import plan_from_config
+    from app.memory.plan_config import plan_from_config
 
     if e.config is None:
         return _demo_row(e, memory, disk_bps, kernel_bps_of)
@@ -172,7 +172,7 @@ def _demo_row(e: Entry, memory, disk_bps, kernel_bps_of) -> Row:
 
 def catalogue(memory=None, disk_bps: float | None = None, kernel_bps_of=None) -> list[Row]:
     """Every entry planned on this machine (measured here when not given)."""
-    from app.budget import machine_memory
+    from app.memory.budget import machine_memory
 
     memory = memory or machine_memory()
     if disk_bps is None:
@@ -188,7 +188,7 @@ def catalogue(memory=None, disk_bps: float | None = None, kernel_bps_of=None) ->
 
 
 def describe_catalogue(rows: list[Row]) -> str:
-    from app.units import size
+    from app.memory.units import size
 
     lines = []
     for r in rows:

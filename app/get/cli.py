@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _printer(quiet: bool):
-    from app.units import size
+    from app.memory.units import size
 
     last = [0.0]
 

@@ -13,7 +13,7 @@ from the chosen file's first megabytes (its metadata and tensor table).
 On top of that: the disk needed at the peak of the download and conversion
 (with --delete-source: the container plus the shards in flight, simulated
 shard by shard in the order the converter reads them), a tok/s estimate from
-this machine's measured disk read speed (app.disk_probe) and kernel speed
+this machine's measured disk read speed (app.memory.disk_probe) and kernel speed
 (app.get.speed), and a verdict: runs well, runs slowly, or does not fit.
 """
 from __future__ import annotations
@@ -215,16 +215,15 @@ def estimate(plan: GetPlan, budget: int, everything: int, record: int, top_k: in
 
 def judge(plan: GetPlan, delete_source: bool | None = None) -> None:
     """The verdict and its reason, in words for people."""
-    from app.units import size
+    from app.memory.units import size
 
-    gib = lambda n: f"{n / 2**30:.1f} GiB"  # noqa: E731
     if plan.problems:
         plan.verdict, plan.reason = "does not fit", "; ".join(plan.problems)
         return
     if plan.floor_bytes > plan.usable_ram:
         plan.verdict = "does not fit"
-        plan.reason = (f"it needs at least {gib(plan.floor_bytes)} of RAM (trunk, state and one layer of experts); "
-                       f"this machine has {gib(plan.usable_ram)} usable")
+        plan.reason = (f"it needs at least {size(plan.floor_bytes)} of RAM (trunk, state and one layer of experts); "
+                       f"this machine has {size(plan.usable_ram)} usable")
         return
     free = plan.free_disk_bytes
     if free is not None and plan.peak_disk_delete_bytes > free:
@@ -296,7 +295,7 @@ def _default_into() -> Path:
 def _measure_disk(folder: Path | None) -> float | None:
     if folder is None:
         return None
-    from app.disk_probe import probe
+    from app.memory.disk_probe import probe
     try:
         return probe(folder, size=64 << 20, max_seconds=5.0).read_bytes_per_s
     except OSError:
@@ -393,9 +392,8 @@ def finish_estimate(plan: GetPlan) -> None:
 
 def describe(plan: GetPlan) -> str:
     """The plan in words, as `ferry get --plan` prints it."""
-    from app.units import size
+    from app.memory.units import size
 
-    gib = lambda n: f"{n / 2**30:.1f} GiB"  # noqa: E731
     lines = [f"{plan.repo_id} @ {plan.commit[:12]}" + (f" ({plan.file})" if plan.file else "")
              + (f": {plan.architecture}" if plan.architecture else "")]
     if plan.ggufs and (plan.file is None or len(plan.ggufs) > 1):
@@ -412,8 +410,8 @@ def describe(plan: GetPlan) -> str:
             f"disk at the peak: {size(plan.peak_disk_bytes)} keeping the download, "
             f"{size(plan.peak_disk_delete_bytes)} with --delete-source"
             + (f"; {size(plan.free_disk_bytes)} free" if plan.free_disk_bytes is not None else ""),
-            f"RAM: floor {gib(plan.floor_bytes)}, recommended budget {gib(plan.recommended_budget)} of "
-            f"{gib(plan.usable_ram)} usable",
+            f"RAM: floor {size(plan.floor_bytes)}, recommended budget {size(plan.recommended_budget)} of "
+            f"{size(plan.usable_ram)} usable",
         ]
         if plan.cold_bytes_per_token:
             lines.append(f"per token: {size(plan.cold_bytes_per_token)} of experts, about "

@@ -1,8 +1,8 @@
 """The OpenAI-compatible HTTP API (FastAPI): /v1/models and
 /v1/chat/completions, JSON or server-sent events, with OpenAI-style errors.
 
-``create_app`` wires a ``ChatFormatter`` and an ``EngineQueue`` into an ASGI
-app. A guard in front of it checks the Host header (a loopback server answers
+``create_app`` wires a ``ChatFormatter`` and the ``EngineService`` into an
+ASGI app. A guard in front of it checks the Host header (a loopback server answers
 only to loopback names, which stops DNS-rebinding pages), the API key, and the
 body size, before any route sees the request.
 """
@@ -23,8 +23,10 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.chat.stream_parser import ToolCall
-from app.server.chat import ChatFormatter, Limits, Summary, figures
-from app.server.engine import EngineQueue, Job
+from app.engine.service import EngineService
+from app.events import LiveStats, PromptProgress, Reasoning, Text, ToolCallMade, TurnDone
+from app.server.chat import ChatFormatter, Limits, client_id, figures, logprobs_content
+from app.server.engine import AsyncJob
 from app.server.errors import APIError, error_body, server_error, too_large, unauthorized
 from app.server.schemas import (ChatCompletion, ChatCompletionRequest, ErrorResponse, FerryStatus, ModelCard,
                                 ModelList)
@@ -108,19 +110,20 @@ def openapi_document() -> dict[str, Any]:
     """The API's OpenAPI description (also served at /openapi.json)."""
     from types import SimpleNamespace
 
-    return build_api(SimpleNamespace(limits=Limits()), None, model_id="MODEL").openapi()
+    return build_api(SimpleNamespace(n_ctx=0), None, model_id="MODEL").openapi()
 
 
-def create_app(queue: EngineQueue, formatter: ChatFormatter, *, model_id: str, api_key: str | None = None,
-               loopback_only: bool = True, created: int | None = None) -> Any:
+def create_app(service: EngineService, formatter: ChatFormatter, *, model_id: str, limits: Limits = Limits(),
+               api_key: str | None = None, loopback_only: bool = True, created: int | None = None) -> Any:
     """The ASGI app: the API behind its guard."""
-    return Guard(build_api(queue, formatter, model_id=model_id, created=created), api_key=api_key,
-                 max_body=queue.limits.max_request_bytes, loopback_only=loopback_only)
+    return Guard(build_api(service, formatter, model_id=model_id, limits=limits, created=created,
+                           keyed=bool(api_key)),
+                 api_key=api_key, max_body=limits.max_request_bytes, loopback_only=loopback_only)
 
 
-def build_api(queue: EngineQueue, formatter: ChatFormatter | None, *, model_id: str,
-              created: int | None = None) -> FastAPI:
-    limits: Limits = queue.limits
+def build_api(service: EngineService, formatter: ChatFormatter | None, *, model_id: str, limits: Limits = Limits(),
+              created: int | None = None, keyed: bool = False) -> FastAPI:
+    queue = service
     created = created or int(time.time())
     names = {model_id}
     api = FastAPI(title="Ferry", version="1", docs_url=None, redoc_url=None,
@@ -170,16 +173,18 @@ def build_api(queue: EngineQueue, formatter: ChatFormatter | None, *, model_id: 
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         if body.model not in names:
             raise _unknown_model(body.model)
-        prepared = await asyncio.to_thread(formatter.prepare, body, limits=limits, n_ctx=queue.n_ctx)
-        job = Job(prepared, asyncio.get_running_loop())
-        queue.submit(job)
+        client = client_id(keyed, (request.client.host, request.client.port) if request.client else None)
+        prepared = await asyncio.to_thread(formatter.prepare, body, limits=limits, n_ctx=queue.n_ctx, client=client,
+                                           session=queue.session)
+        job = AsyncJob(queue, prepared, asyncio.get_running_loop())
         rid = "chatcmpl-" + secrets.token_hex(12)
         stamp = int(time.time())
+        tokenizer = formatter.model.tokenizer
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return EventSourceResponse(_stream(queue, job, rid, stamp, model_id, include_usage),
+            return EventSourceResponse(_stream(job, rid, stamp, model_id, include_usage, tokenizer),
                                        ping=SSE_PING_SECONDS, headers={"Cache-Control": "no-store"})
-        return await _complete(queue, job, request, rid, stamp, model_id)
+        return await _complete(job, request, rid, stamp, model_id, tokenizer)
 
     return api
 
@@ -211,17 +216,22 @@ def _validation_error(errors: list[dict[str, Any]]) -> APIError:
                     code="invalid_value")
 
 
-def _usage(s: Summary) -> dict[str, Any]:
+def _usage(s: TurnDone) -> dict[str, Any]:
     return {"prompt_tokens": s.prompt_tokens, "completion_tokens": s.completion_tokens,
             "total_tokens": s.prompt_tokens + s.completion_tokens,
             "prompt_tokens_details": {"cached_tokens": s.reused_tokens},
             "completion_tokens_details": {"reasoning_tokens": s.reasoning_tokens}}
 
 
-def _ferry(s: Summary) -> dict[str, Any]:
+def _ferry(s: TurnDone) -> dict[str, Any]:
     return {**figures(s.counters), "seconds": round(s.seconds, 6), "queue_seconds": round(s.queue_seconds, 6),
+            "ttft_s": round(s.ttft_s, 6) if s.ttft_s is not None else None,
             "prompt_tokens_evaluated": s.prompt_tokens - s.reused_tokens, "reused_tokens": s.reused_tokens,
             "started": s.started, "ended": s.ended}
+
+
+def _logprobs(s: TurnDone, tokenizer) -> dict[str, Any] | None:
+    return {"content": logprobs_content(s.logprobs, tokenizer), "refusal": None} if s.logprobs else None
 
 
 def _out_call(call: ToolCall, rid: str) -> dict[str, Any]:
@@ -229,7 +239,13 @@ def _out_call(call: ToolCall, rid: str) -> dict[str, Any]:
             "function": {"name": call.name, "arguments": call.arguments}}
 
 
-async def _complete(queue: EngineQueue, job: Job, request: Request, rid: str, stamp: int, model_id: str):
+def _failed(s: TurnDone) -> APIError:
+    if s.reason == "cancelled":
+        return APIError(503, "The request was cancelled.", type="server_error", code="cancelled")
+    return server_error(s.error or "The engine failed while answering.")
+
+
+async def _complete(job: AsyncJob, request: Request, rid: str, stamp: int, model_id: str, tokenizer):
     """Wait for the whole answer; a client that leaves meanwhile cancels it."""
     checked = time.monotonic()
     try:
@@ -237,21 +253,19 @@ async def _complete(queue: EngineQueue, job: Job, request: Request, rid: str, st
             try:
                 ev = await asyncio.wait_for(job.next(), DISCONNECT_POLL)
             except asyncio.TimeoutError:
-                ev = ("waiting",)
+                ev = None
             if time.monotonic() - checked >= DISCONNECT_POLL:
                 checked = time.monotonic()
                 if await request.is_disconnected():
-                    queue.cancel(job)
+                    job.cancel()
                     return JSONResponse(error_body("the client went away"), status_code=400)
-            if ev[0] == "done":
+            if isinstance(ev, TurnDone):
                 break
-            if ev[0] == "error":
-                raise server_error(ev[1])
-            if ev[0] == "cancelled":
-                raise APIError(503, "The request was cancelled.", type="server_error", code="cancelled")
     finally:
-        queue.cancel(job)  # no-op once it is done
-    s: Summary = ev[1]
+        job.cancel()  # no-op once it is done
+    s: TurnDone = ev
+    if s.reason in ("cancelled", "error"):
+        raise _failed(s)
     message: dict[str, Any] = {"role": "assistant", "content": s.content if s.content or not s.tool_calls else None}
     if s.reasoning:
         message["reasoning_content"] = s.reasoning
@@ -259,17 +273,19 @@ async def _complete(queue: EngineQueue, job: Job, request: Request, rid: str, st
         message["tool_calls"] = [_out_call(c, rid) for c in s.tool_calls]
     return JSONResponse({"id": rid, "object": "chat.completion", "created": stamp, "model": model_id,
                          "system_fingerprint": "ferry",
-                         "choices": [{"index": 0, "message": message, "finish_reason": s.finish_reason,
-                                      "logprobs": None}],
+                         "choices": [{"index": 0, "message": message, "finish_reason": s.reason,
+                                      "logprobs": _logprobs(s, tokenizer)}],
                          "usage": _usage(s), "ferry": _ferry(s)})
 
 
-async def _stream(queue: EngineQueue, job: Job, rid: str, stamp: int, model_id: str, include_usage: bool):
+async def _stream(job: AsyncJob, rid: str, stamp: int, model_id: str, include_usage: bool, tokenizer):
     """chat.completion.chunk events; prompt progress rides in SSE comments
-    (``: ferry {"prompt_progress": [done, total]}``), which clients ignore."""
+    (``: ferry {"prompt_progress": [done, total]}``), which clients ignore.
+    With logprobs asked for, the last chunk carries them for the whole answer."""
 
-    def chunk(delta: dict[str, Any] | None, finish: str | None = None, **extra) -> ServerSentEvent:
-        choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]
+    def chunk(delta: dict[str, Any] | None, finish: str | None = None, logprobs=None, **extra) -> ServerSentEvent:
+        choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish,
+                                            "logprobs": logprobs}]
         doc = {"id": rid, "object": "chat.completion.chunk", "created": stamp, "model": model_id,
                "system_fingerprint": "ferry", "choices": choices, **extra}
         return ServerSentEvent(json.dumps(doc, ensure_ascii=False, separators=(",", ":")))
@@ -280,30 +296,29 @@ async def _stream(queue: EngineQueue, job: Job, rid: str, stamp: int, model_id: 
         yield chunk({"role": "assistant", "content": ""})
         while True:
             ev = await job.next()
-            kind = ev[0]
-            if kind == "progress":
-                yield ServerSentEvent(comment="ferry " + json.dumps({"prompt_progress": [ev[1], ev[2]]}))
-            elif kind == "stats":
-                pending_stats = {**figures(ev[1])}
-            elif kind in ("content", "reasoning"):
-                key = "content" if kind == "content" else "reasoning_content"
+            if isinstance(ev, PromptProgress):
+                yield ServerSentEvent(comment="ferry " + json.dumps({"prompt_progress": [ev.done, ev.total]}))
+            elif isinstance(ev, LiveStats):
+                pending_stats = {**figures(ev.counters)}
+            elif isinstance(ev, (Text, Reasoning)):
+                key = "content" if isinstance(ev, Text) else "reasoning_content"
                 extra = {"ferry": pending_stats} if pending_stats else {}
                 pending_stats = None
-                yield chunk({key: ev[1]}, **extra)
-            elif kind == "tool_call":
-                call = _out_call(ev[1], rid)
+                yield chunk({key: ev.text}, **extra)
+            elif isinstance(ev, ToolCallMade):
+                call = _out_call(ev.call, rid)
                 yield chunk({"tool_calls": [{"index": calls, **call}]})
                 calls += 1
-            elif kind == "done":
-                s: Summary = ev[1]
-                yield chunk({}, s.finish_reason, ferry=_ferry(s), usage=None)
+            elif isinstance(ev, TurnDone):
+                s = ev
+                if s.reason in ("cancelled", "error"):
+                    message = s.error if s.reason == "error" and s.error else "The request was cancelled."
+                    yield ServerSentEvent(json.dumps(error_body(message, type="server_error", code="engine_error")))
+                    return
+                yield chunk({}, s.reason, _logprobs(s, tokenizer), ferry=_ferry(s), usage=None)
                 if include_usage:
                     yield chunk(None, usage=_usage(s))
                 yield ServerSentEvent("[DONE]")
                 return
-            else:
-                message = ev[1] if kind == "error" else "The request was cancelled."
-                yield ServerSentEvent(json.dumps(error_body(message, type="server_error", code="engine_error")))
-                return
     finally:
-        queue.cancel(job)
+        job.cancel()

@@ -10,8 +10,14 @@ import uvicorn
 
 from app.model import LoadedModel
 from app.server.app import create_app, is_loopback
+from app.engine.service import EngineService
 from app.server.chat import ChatFormatter, Limits
-from app.server.engine import EngineQueue
+
+
+#: How long an idle connection stays open: a chat client that thinks between
+#: turns keeps its connection, and with it its prefix reuse (kept per
+#: connection when the server has no API key).
+KEEP_ALIVE_SECONDS = 600
 
 
 class ServeError(ValueError):
@@ -50,25 +56,31 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 class Server:
-    """The API on one model and session, bound to ``host:port`` (0: any free port)."""
+    """The API on one model and session, bound to ``host:port`` (0: any free port).
 
-    def __init__(self, model: LoadedModel, session, *, host: str = "127.0.0.1", port: int = 8000,
-                 api_key: str | None = None, limits: Limits = Limits(), gate: threading.Lock | None = None,
+    ``service``: an engine service already owning the session (the app's,
+    when the window serves its loaded model: the chat and the API then queue
+    on it together); without one the server makes its own on ``session``
+    and closes it when it stops."""
+
+    def __init__(self, model: LoadedModel, session=None, *, host: str = "127.0.0.1", port: int = 8000,
+                 api_key: str | None = None, limits: Limits = Limits(), service: EngineService | None = None,
                  model_id: str | None = None, log_level: str = "warning"):
         self.warning = check_binding(host, api_key)
         self.model_id = model_id or model_id_for(model)
-        self.queue = EngineQueue(model, session, limits=limits, gate=gate)
+        self._own_service = service is None
+        self.queue = service or EngineService(model, session, max_waiting=limits.max_waiting)
         self.formatter = ChatFormatter(model)
         try:
             self.socket = bind(host, port)
         except OSError:
-            self.queue.close()
+            self._close_service()
             raise
         self.host, self.port = host, self.socket.getsockname()[1]
-        app = create_app(self.queue, self.formatter, model_id=self.model_id, api_key=api_key,
+        app = create_app(self.queue, self.formatter, model_id=self.model_id, limits=limits, api_key=api_key,
                          loopback_only=is_loopback(host))
         config = uvicorn.Config(app, log_level=log_level, access_log=False, timeout_graceful_shutdown=2,
-                                lifespan="off", ws="none")
+                                lifespan="off", ws="none", timeout_keep_alive=KEEP_ALIVE_SECONDS)
         self._uvicorn = uvicorn.Server(config)
         self._thread: threading.Thread | None = None
 
@@ -82,8 +94,12 @@ class Server:
         try:
             self._uvicorn.run(sockets=[self.socket])
         finally:
-            self.queue.close()
+            self._close_service()
             self.socket.close()
+
+    def _close_service(self) -> None:
+        if self._own_service:
+            self.queue.close()
 
     def start(self) -> "Server":
         self._thread = threading.Thread(target=self.run, name="ferry-serve-http", daemon=True)
@@ -95,7 +111,7 @@ class Server:
         return self._thread is not None and self._thread.is_alive()
 
     def stop(self, timeout: float = 10.0) -> None:
-        self.queue.close()          # ends the running answer and every waiting one
+        self._close_service()       # ends the running answer and every waiting one (its own service only)
         self._uvicorn.should_exit = True
         if self._thread is not None:
             self._thread.join(timeout)

@@ -3,7 +3,7 @@ models: they validate requests (strictly: unknown fields and wrong types are
 refused, nothing is coerced) and they are the OpenAPI description."""
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -82,7 +82,8 @@ class JsonSchemaSpec(Strict):
 
 class ResponseFormat(Strict):
     type: Literal["text", "json_object", "json_schema"]
-    json_schema: JsonSchemaSpec | None = None
+    json_schema: Union[JsonSchemaSpec, dict[str, Any], None] = Field(
+        default=None, description="{name, schema, ...} as OpenAI has it, or the schema itself")
 
 
 class StreamOptions(Strict):
@@ -102,8 +103,20 @@ class ChatCompletionRequest(Strict):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     stop: Union[str, list[str], None] = None
     seed: int | None = Field(default=None, ge=0, le=1 << 53)
-    n: Literal[1] | None = None
-    user: str | None = Field(default=None, max_length=512)
+    n: int | None = Field(default=None, ge=1, le=128, description="only 1 is served (one answer per request)")
+    user: str | None = Field(default=None, max_length=512, description="accepted; not stored")
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = Field(
+        default=None, max_length=1024, description="token id (as a string) -> bias, -100..100")
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    experts_per_token: int | None = Field(default=None, ge=1, le=1024,
+                                          description="Ferry extension: experts each token visits (opt-in, "
+                                                      "inexact)")
+    cache_aware_margin: float | None = Field(default=None, ge=0, le=1000,
+                                             description="Ferry extension: prefer cached experts within this "
+                                                         "router-score margin (opt-in, inexact)")
     tools: list[Tool] | None = Field(default=None, max_length=MAX_TOOLS)
     tool_choice: Union[Literal["none", "auto", "required"], NamedToolChoice, None] = None
     parallel_tool_calls: bool | None = None
@@ -162,6 +175,7 @@ class Choice(Open):
     index: int
     message: AssistantMessage
     finish_reason: Literal["stop", "length", "tool_calls"]
+    logprobs: dict[str, Any] | None = None
 
 
 class Usage(Open):

@@ -26,7 +26,7 @@ from PySide6.QtWidgets import (QDialog, QDialogButtonBox, QFileDialog, QHBoxLayo
                                QProgressBar, QPushButton, QSpinBox, QTextEdit, QVBoxLayout, QWidget)
 
 from app.documents.ask import Citation, _citation, cite
-from app.documents.prompt import INSTRUCTIONS, format_passage, select_passages
+from app.documents.prompt import passages_message, select_passages
 from app.documents.store import DocumentError, DocumentStore
 from app.documents.extract import SUFFIXES
 
@@ -336,7 +336,7 @@ def attach_passages(request: dict, store: DocumentStore, collection: str, model_
     from app.documents.prompt import Passage
 
     passages = [Passage(i + 1, c, s, 0) for i, (c, s) in enumerate(chosen)]
-    block = f"{INSTRUCTIONS}\n\nPassages:\n\n" + "\n\n".join(format_passage(p.n, p.chunk) for p in passages)
+    block = passages_message(passages)   # the same system message as `ferry docs ask`
     messages = [dict(m) for m in request["messages"]]
     if messages and messages[0].get("role") == "system":
         messages[0]["content"] = f"{messages[0]['content']}\n\n{block}"

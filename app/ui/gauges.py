@@ -6,7 +6,8 @@ from PySide6.QtCore import QPointF, QRectF, Qt
 from PySide6.QtGui import QColor, QPainter, QPainterPath, QPalette, QPen
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QSizePolicy, QVBoxLayout, QWidget
 
-from app.stats_view import GaugeValues, MemorySplit, StatsView, fmt_bytes
+from app.memory.stats import GaugeValues, MemorySplit, StatsView
+from app.memory.units import size
 from app.ui import theme
 
 NO_EXPERTS = "This model has no experts to stream, so there are no disk reads or cache hits to show."
@@ -116,8 +117,8 @@ class RamBar(QWidget):
     def set_split(self, split: MemorySplit | None) -> None:
         self.split = split
         if split:
-            self.setAccessibleDescription(", ".join(f"{n} {fmt_bytes(b)}" for n, b in split.parts)
-                                          + f", of {fmt_bytes(split.usable)} usable")
+            self.setAccessibleDescription(", ".join(f"{n} {size(b)}" for n, b in split.parts)
+                                          + f", of {size(split.usable)} usable")
         self.update()
 
     def paintEvent(self, _event) -> None:
@@ -227,7 +228,7 @@ class GaugePanel(QWidget):
                 t.set("—", "no experts", [])
             return
         self.disk.set(_rate(v.read_mbps, "MB/s"),
-                      f"{fmt_bytes(v.bytes_read_total)} in {v.expert_reads_total} reads",
+                      f"{size(v.bytes_read_total)} in {v.expert_reads_total} reads",
                       h["read_mbps"])
         self.hit_decode.set(_pct(v.hit_decode), f"since start {_pct(v.hit_decode_total)}", h["hit_decode"])
         self.hit_prefill.set(_pct(v.hit_prefill), f"since start {_pct(v.hit_prefill_total)}", h["hit_prefill"])
@@ -246,11 +247,11 @@ class GaugePanel(QWidget):
             self.ram_note.setText("")
             return
         rows = "".join(f'<tr><td><span style="color:{theme.SERIES[n]};">■</span> {n}</td>'
-                       f'<td align="right">&nbsp;&nbsp;{fmt_bytes(b)}</td></tr>' for n, b in split.parts)
+                       f'<td align="right">&nbsp;&nbsp;{size(b)}</td></tr>' for n, b in split.parts)
         self.legend.setText(f"<table>{rows}</table>")
-        budget = "no limit" if split.budget <= 0 else fmt_bytes(split.budget)
-        self.ram_note.setText(f"{fmt_bytes(split.total)} planned of {fmt_bytes(split.usable)} usable RAM. "
-                              f"Floor {fmt_bytes(split.floor)}, recommended {fmt_bytes(split.recommended)}, "
+        budget = "no limit" if split.budget <= 0 else size(split.budget)
+        self.ram_note.setText(f"{size(split.total)} planned of {size(split.usable)} usable RAM. "
+                              f"Floor {size(split.floor)}, recommended {size(split.recommended)}, "
                               f"budget: {budget}.")
 
 

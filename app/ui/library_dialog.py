@@ -9,8 +9,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QDialog, QHBoxLayout, QHeaderV
                                QMessageBox, QPushButton, QTableWidget, QTableWidgetItem, QVBoxLayout)
 
 from app.library import Library, LibraryError, ModelEntry, ago
-from app.stats_view import fmt_bytes
-from app.units import size
+from app.memory.units import size
 
 COLUMNS = ("Name", "Size", "RAM floor", "Last used")
 
@@ -73,7 +72,7 @@ class LibraryDialog(QDialog):
         for r, e in enumerate(self.entries):
             name = e.name + ("  (open)" if self.current and e.key == _key(self.current) else "")
             # disk space in decimal units as disks are sold; RAM as the gauges show it
-            cells = (name, size(e.size), fmt_bytes(e.ram_floor) if e.ram_floor else "unknown", ago(e.last_used))
+            cells = (name, size(e.size), size(e.ram_floor) if e.ram_floor else "unknown", ago(e.last_used))
             for c, text in enumerate(cells):
                 item = QTableWidgetItem(text)
                 if c == 0:

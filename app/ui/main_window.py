@@ -21,7 +21,7 @@ from app.documents.ask import Citation
 from app.documents.store import DocumentError, DocumentStore, conversation_collection
 from app.engine.binding import MemoryPlan, ModelInfo
 from app.library import Library, display_name, find_containers, is_container, is_source
-from app.stats_view import StatsView, memory_split
+from app.memory.stats import StatsView, memory_split
 from app.store import settings as settings_mod
 from app.store.history import HistoryStore
 from app.store.settings import Settings
@@ -478,7 +478,8 @@ class MainWindow(QMainWindow):
         self.stats_view = StatsView()
         plan = MemoryPlan(**info["plan"])
         minfo = ModelInfo(**info["info"])
-        self.memory = memory_split(plan, minfo, minfo.ram_budget or self.settings.ram_budget)
+        self.memory = memory_split(plan, minfo, minfo.ram_budget or self.settings.ram_budget,
+                                   recommended=info.get("recommended_budget"))
         self.gauges.set_model(info["has_experts"], engine=info)
         self.gauges.show_memory(self.memory)
         where = f"{info['n_ctx']} tokens of context" if info.get("n_ctx") else info.get("url", "remote server")

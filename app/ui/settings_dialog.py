@@ -7,7 +7,8 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, 
                                QFormLayout, QHBoxLayout, QLabel, QLineEdit, QListWidget, QMessageBox,
                                QPlainTextEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget)
 
-from app.stats_view import MemorySplit, fmt_bytes
+from app.memory.stats import MemorySplit
+from app.memory.units import size
 from app.store.settings import Settings, remote_api_key, set_remote_api_key
 
 MIB = 1 << 20
@@ -230,8 +231,8 @@ class SettingsDialog(QDialog):
         if m is None:
             return ("With no budget set (Recommended), Ferry chooses one for this computer and model when it "
                     "opens it. Open a model to see its floor and recommended budget.")
-        return (f"With no budget set, Ferry uses the recommended one. Floor {fmt_bytes(m.floor)} (the least this model runs in at this context) · "
-                f"recommended {fmt_bytes(m.recommended)} · usable RAM now {fmt_bytes(m.usable)}")
+        return (f"With no budget set, Ferry uses the recommended one. Floor {size(m.floor)} (the least this model runs in at this context) · "
+                f"recommended {size(m.recommended)} · usable RAM now {size(m.usable)}")
 
     def _add_folder(self) -> None:
         d = QFileDialog.getExistingDirectory(self, "A folder with converted models")

@@ -1,35 +1,33 @@
-"""The engine worker: a QObject living in its own QThread that owns the
-LoadedModel and its session. The window talks to it with queued signals
-(``load``, ``generate``) and calls :meth:`EngineWorker.stop` directly (it only
-sets a flag and calls ``Session.cancel``, which is thread-safe).
+"""The engine worker: a thin Qt adapter. A QObject living in its own QThread
+that loads the model (local or remote), hands each turn to the one
+conversation pipeline (``app.chat.turn``, through the engine service that
+owns the session) and turns the pipeline's typed events (``app.events``)
+into signals. It builds no prompt and parses no stream.
+
+The window talks to it with queued signals (``load``, ``generate``) and calls
+:meth:`EngineWorker.stop` directly (thread-safe: the service's cancel).
 
 Text is coalesced here: the window gets at most ~20 text signals a second,
 however fast the engine runs. Stats are sampled a few times a second.
 
-The engine is either local (a container on this computer) or remote (an
-OpenAI-compatible server, ``app.engine.remote``): ``load`` chooses from its
-options (see ``load_options``), and both drive the same signals. With a local
-engine the worker can also serve the loaded model on 127.0.0.1
-(``app.server``); the server and the chat then take turns on the one session
-through ``gate``.
+With a local engine the worker can also serve the loaded model on 127.0.0.1
+(``app.server``): the server then queues its requests on the same engine
+service as the chat.
 """
 from __future__ import annotations
 
 import threading
 import time
-import traceback
 from dataclasses import asdict
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
-from app.chat.conversation import build_prompt
-from app.chat.stream_parser import StreamParser
+from app.api import (EngineService, LiveStats, LoadedModel, PromptProgress, Reasoning, Text, ToolCallMade,
+                     TurnDone, TurnError, TurnRequest, open_model)
 from app.engine.binding import MemoryPlan, ModelInfo
-from app.model import Finished, LoadedModel, PromptProgress, Token
 from app.sampling import SamplingParams
 
 TEXT_INTERVAL = 0.05    #: seconds between text signals (20 a second at most)
-STATS_INTERVAL = 0.25   #: seconds between stats samples
 
 
 class EngineWorker(QObject):
@@ -38,9 +36,11 @@ class EngineWorker(QObject):
     load_failed = Signal(str)
     response_text = Signal(str)      #: coalesced answer text
     thinking_text = Signal(str)      #: coalesced thinking text
-    prompt_progress = Signal(int, int)  #: tokens done, total
-    stats = Signal(object)             #: a snapshot of Session.stats() plus "phase" and "t"
+    prompt_progress = Signal(int, int)  #: prompt tokens read, total (one per prefill chunk)
+    stats = Signal(object)             #: a snapshot of Session.stats() plus "phase" and "t" (final: ttft_s...)
+    tool_call = Signal(object)         #: an app.chat.stream_parser.ToolCall the model made
     finished = Signal(str, str, str)  #: reason, answer text, thinking text
+    turn_done = Signal(object)         #: the pipeline's TurnDone (prompt ids, figures, tool calls)
     error = Signal(str)
     started = Signal(int)            #: the generation id that began
     serving = Signal(str, str)       #: the server's URL ("" when off), and why it failed ("" if it did not)
@@ -48,13 +48,13 @@ class EngineWorker(QObject):
     def __init__(self):
         super().__init__()
         self.model: LoadedModel | None = None
-        self.session = None
+        self.service: EngineService | None = None   #: owns the local session; the server queues on it too
         self.remote = None               #: an app.engine.remote.RemoteEngine when the engine is remote
         self.server = None               #: an app.server.Server while the loaded model is served
-        self.gate = threading.Lock()     #: held by whoever uses the session: the chat or the server
         self._lock = threading.Lock()
         self._running_id = 0
         self._stop_id = 0
+        self._job = None
 
     # ---- any thread
 
@@ -65,8 +65,8 @@ class EngineWorker(QObject):
             if self._running_id and self._stop_id == self._running_id:
                 if self.remote is not None:
                     self.remote.cancel()
-                elif self.session is not None:
-                    self.session.cancel()
+                elif self.service is not None and self._job is not None:
+                    self.service.cancel(self._job)
 
     # ---- the worker thread
 
@@ -76,26 +76,25 @@ class EngineWorker(QObject):
             return self._load_remote(path, options)
         try:
             self._close()
-            budget, threads = int(options.get("ram_budget", 0)), int(options.get("threads", 0))
             want = int(options.get("context_length", 4096))
-            if budget <= 0:  # "recommended": the engine's safe choice for this machine
-                from app.plan import plan_container
+            from app.memory.plan import plan_container
 
-                budget = plan_container(path, want).recommended
-            try:  # the budget must leave room for this context
-                model = LoadedModel(path, ram_budget=budget, threads=threads, n_ctx=want)
-            except Exception:  # e.g. more context than the model has: let the core pick
-                model = LoadedModel(path, ram_budget=budget, threads=threads)
+            recommended = plan_container(path, want).recommended   # the one budget rule, shown and used
+            budget = int(options.get("ram_budget", 0)) or recommended
+            model = open_model(path, ram_budget=budget, threads=int(options.get("threads", 0)), n_ctx=want)
             info = model.engine.info
             n_ctx = min(want or info.max_ctx, info.max_ctx)
             session = model.new_session(n_ctx)
             plan = model.engine.plan(n_ctx)
+            service = EngineService(model, session)
             with self._lock:
-                self.model, self.session = model, session
+                self.model, self.service = model, service
             self.loaded.emit({"path": str(path), "name": model.name, "n_ctx": session.n_ctx,
                               "info": asdict(info), "plan": asdict(plan),
                               "has_experts": bool(info.n_moe_layers and info.n_experts),
-                              "has_template": model.template is not None, "engine": "local"})
+                              "has_template": service.format.kind != "plain", "chat_format": service.format.kind,
+                              "recommended_budget": recommended,
+                              "engine": "local"})
         except Exception as exc:
             self.load_failed.emit(f"{type(exc).__name__}: {exc}" if not str(exc) else str(exc))
             return
@@ -117,8 +116,9 @@ class EngineWorker(QObject):
             self.remote = remote
         self.loaded.emit({"path": str(path), "name": remote.model, "n_ctx": remote.n_ctx,
                           "info": _blank(ModelInfo, arch="remote", max_ctx=remote.n_ctx), "plan": _blank(MemoryPlan),
-                          "has_experts": remote.is_ferry, "has_template": True, "engine": "remote",
-                          "url": remote.url, "provides": sorted(remote.provided), "owned_by": card.get("owned_by")})
+                          "has_experts": remote.is_ferry, "has_template": True, "chat_format": "remote",
+                          "engine": "remote", "url": remote.url, "provides": sorted(remote.provided),
+                          "owned_by": card.get("owned_by")})
 
     @Slot(int)
     def set_serving(self, port: int) -> None:
@@ -127,13 +127,13 @@ class EngineWorker(QObject):
         if not port:
             self.serving.emit("", "")
             return
-        if self.model is None or self.session is None:
+        if self.model is None or self.service is None:
             self.serving.emit("", "serving needs a model on this computer")
             return
         from app.server import Server
 
         try:
-            self.server = Server(self.model, self.session, host="127.0.0.1", port=int(port), gate=self.gate).start()
+            self.server = Server(self.model, host="127.0.0.1", port=int(port), service=self.service).start()
         except Exception as exc:  # e.g. the port is taken
             self.serving.emit("", f"cannot serve on 127.0.0.1:{port}: {exc}")
             return
@@ -144,106 +144,58 @@ class EngineWorker(QObject):
         if server is not None:
             server.stop()
 
+    @staticmethod
+    def turn_request(request: dict) -> TurnRequest:
+        """The window's request dict (messages, sampling, max_tokens, thinking, and
+        the opt-in routing fields) as the pipeline's ``TurnRequest``."""
+        return TurnRequest(messages=list(request["messages"]),
+                           sampling=SamplingParams(**request.get("sampling", {})),
+                           max_tokens=int(request.get("max_tokens", 512)),
+                           thinking=bool(request.get("thinking", True)),
+                           experts_per_token=request.get("experts_per_token"),
+                           cache_aware_margin=float(request.get("cache_aware_margin") or 0.0),
+                           client="window")
+
     @Slot(int, object)
     def generate(self, gen_id: int, request: dict) -> None:
         """``request``: messages, sampling (dict of SamplingParams fields), max_tokens, thinking."""
-        if self.remote is not None:
-            return self._generate_remote(gen_id, request)
-        model, session = self.model, self.session
-        if model is None or session is None:
+        if self.remote is None and self.service is None:
             self.error.emit("no model is loaded")
             self.finished.emit("error", "", "")
             return
-        with self.gate:  # uncontended unless the loaded model is also being served
-            self._generate_local(gen_id, request, model, session)
+        turn = self.turn_request(request)
+        if self.remote is not None:
+            remote = self.remote
+            remote.clear_cancel()
+            self._run(gen_id, lambda: remote.generate(turn), remote=True)
+        else:
+            self._run(gen_id, lambda: self._local_events(gen_id, turn))
 
-    def _generate_local(self, gen_id: int, request: dict, model: LoadedModel, session) -> None:
+    def _local_events(self, gen_id: int, turn: TurnRequest):
+        """The service's events for one turn, read on this thread."""
+        stream = self.service.stream(self.service.prepare(turn))
         with self._lock:
-            self._running_id = gen_id
-            session.clear_cancel()
+            self._job = stream.job
             if self._stop_id == gen_id:
-                session.cancel()
-        self.started.emit(gen_id)
-        texts = {"thinking": [], "response": []}
-        pending = {"thinking": [], "response": []}
-        last_text = last_stats = 0.0
-        phase = "prefill"
-
-        def flush() -> None:
-            for channel, signal in (("thinking", self.thinking_text), ("response", self.response_text)):
-                if pending[channel]:
-                    signal.emit("".join(pending[channel]))
-                    pending[channel].clear()
-
-        def route(events) -> None:
-            for kind, text in events:
-                if kind in texts and text:
-                    texts[kind].append(text)
-                    pending[kind].append(text)
-
-        def sample(now: float, extra: dict | None = None) -> None:
-            self.stats.emit({**session.stats().as_dict(), "phase": phase, "t": now, **(extra or {})})
-
-        end: Finished | None = None
-        t_start, ttft = time.monotonic(), None   # time to first token: the prompt read, the first token out
+                stream.cancel()
         try:
-            ids, channel = build_prompt(model, request["messages"], request.get("thinking", True))
-            parser = StreamParser("think_tags", channel)
-            params = SamplingParams(**request.get("sampling", {}))
-            for ev in model.generate(session, ids, params, max_tokens=int(request.get("max_tokens", 512))):
-                now = time.monotonic()
-                if isinstance(ev, PromptProgress):
-                    self.prompt_progress.emit(ev.done, ev.total)
-                    if now - last_stats >= STATS_INTERVAL or ev.done == ev.total:
-                        sample(now)
-                        last_stats = now
-                elif isinstance(ev, Token):
-                    if phase == "prefill":
-                        phase = "decode"
-                        ttft = now - t_start
-                    route(parser.feed(ev.text))
-                    if now - last_text >= TEXT_INTERVAL:
-                        flush()
-                        last_text = now
-                    if now - last_stats >= STATS_INTERVAL:
-                        sample(now)
-                        last_stats = now
-                elif isinstance(ev, Finished):
-                    end = ev
-        except Exception as exc:
-            self.error.emit(f"{exc}\n{traceback.format_exc(limit=3)}" if not str(exc) else str(exc))
-            end = None
+            yield from stream
         finally:
             with self._lock:
-                self._running_id = 0
-        route(parser.finish() if "parser" in locals() else [])
-        flush()
-        if end is None:
-            sample(time.monotonic(), {"final": True})
-            self.finished.emit("error", "".join(texts["response"]), "".join(texts["thinking"]))
-            return
-        if end.reason == "error" and end.error:
-            self.error.emit(end.error)
-        sample(time.monotonic(), {"final": True, "turn_prompt_tokens": end.prompt_tokens,
-                                  "turn_reused_tokens": end.reused_tokens, "turn_tokens": len(end.tokens),
-                                  "turn_seconds": end.seconds, "ttft_s": ttft})
-        self.finished.emit(end.reason, "".join(texts["response"]), "".join(texts["thinking"]))
+                self._job = None
 
-    def _generate_remote(self, gen_id: int, request: dict) -> None:
-        from app.engine.remote import Figures, Thinking
-
-        remote = self.remote
+    def _run(self, gen_id: int, events, remote: bool = False) -> None:
         with self._lock:
             self._running_id = gen_id
-            remote.clear_cancel()
-            if self._stop_id == gen_id:
-                remote.cancel()
+            if remote and self._stop_id == gen_id:
+                self.remote.cancel()
         self.started.emit(gen_id)
         texts = {"thinking": [], "response": []}
         pending = {"thinking": [], "response": []}
         last_text = 0.0
         phase = "prefill"
-        provides = sorted(remote.provided)
+        extra = {"remote": True, "provides": sorted(self.remote.provided)} if remote else {}
+        latest: dict = {}   #: the last figures: a local session's running totals, a remote answer's counters
 
         def flush() -> None:
             for channel, signal in (("thinking", self.thinking_text), ("response", self.response_text)):
@@ -251,30 +203,33 @@ class EngineWorker(QObject):
                     signal.emit("".join(pending[channel]))
                     pending[channel].clear()
 
-        def sample(counters: dict, extra: dict | None = None) -> None:
-            self.stats.emit({**counters, "phase": phase, "t": time.monotonic(), "remote": True,
-                             "provides": provides, **(extra or {})})
+        def sample(figures: dict, more: dict | None = None) -> None:
+            if figures or more:
+                self.stats.emit({**figures, "phase": phase, "t": time.monotonic(), **extra, **(more or {})})
 
-        end: Finished | None = None
+        end: TurnDone | None = None
         try:
-            params = SamplingParams(**request.get("sampling", {}))
-            for ev in remote.generate(request["messages"], params, max_tokens=int(request.get("max_tokens", 512)),
-                                      thinking=request.get("thinking", True)):
+            for ev in events():
                 now = time.monotonic()
                 if isinstance(ev, PromptProgress):
                     self.prompt_progress.emit(ev.done, ev.total)
-                elif isinstance(ev, (Thinking, Token)):
+                elif isinstance(ev, (Reasoning, Text)):
                     phase = "decode"
-                    channel = "thinking" if isinstance(ev, Thinking) else "response"
+                    channel = "thinking" if isinstance(ev, Reasoning) else "response"
                     texts[channel].append(ev.text)
                     pending[channel].append(ev.text)
                     if now - last_text >= TEXT_INTERVAL:
                         flush()
                         last_text = now
-                elif isinstance(ev, Figures):
-                    sample(ev.counters)
-                elif isinstance(ev, Finished):
+                elif isinstance(ev, ToolCallMade):
+                    self.tool_call.emit(ev.call)
+                elif isinstance(ev, LiveStats):   # a few a second, made on the engine's thread
+                    latest = ev.totals or ev.counters
+                    sample(latest)
+                elif isinstance(ev, TurnDone):
                     end = ev
+        except TurnError as exc:
+            self.error.emit(exc.message)
         except Exception as exc:
             self.error.emit(str(exc) or type(exc).__name__)
         finally:
@@ -282,14 +237,18 @@ class EngineWorker(QObject):
                 self._running_id = 0
         flush()
         if end is None:
+            sample(latest, {"final": True})
             self.finished.emit("error", "".join(texts["response"]), "".join(texts["thinking"]))
             return
         if end.reason == "error" and end.error:
             self.error.emit(end.error)
-        sample(end.stats.as_dict(), {"final": True, "turn_prompt_tokens": end.prompt_tokens,
-                                     "turn_reused_tokens": end.reused_tokens, "turn_tokens": len(end.tokens),
-                                     "turn_seconds": end.seconds})
-        self.finished.emit(end.reason, "".join(texts["response"]), "".join(texts["thinking"]))
+        sample(end.totals or end.counters,
+               {"final": True, "turn_prompt_tokens": end.prompt_tokens - end.reused_tokens,
+                "turn_reused_tokens": end.reused_tokens, "turn_tokens": len(end.token_ids),
+                "turn_seconds": end.seconds, "ttft_s": end.ttft_s})
+        self.turn_done.emit(end)
+        reason = "stop" if end.reason == "tool_calls" else end.reason
+        self.finished.emit(reason, "".join(texts["response"]), "".join(texts["thinking"]))
 
     @Slot()
     def shutdown(self) -> None:
@@ -298,11 +257,14 @@ class EngineWorker(QObject):
     def _close(self) -> None:
         self._stop_server()
         with self._lock:
-            session, model = self.session, self.model
-            self.session = self.model = None
+            service, model, remote = self.service, self.model, self.remote
+            self.service = self.model = None
             self.remote = None
-        if session is not None:
-            session.close()
+        if remote is not None:
+            remote.close()
+        if service is not None:
+            service.close()
+            service.session.close()
         if model is not None:
             model.close()
 

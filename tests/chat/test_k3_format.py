@@ -177,7 +177,18 @@ def test_content_parts_and_image_parts() -> None:
     ]}
     segments = render_k3({"messages": [message], "image_prompts": ["<IMG1>", "<IMG2>"]})
     body = segments[segments.index(("user", False)) + 3:segments.index(("<|close|>", True))]
-    assert body == [("Look here: ", False), ("<IMG1>", True), (" and ", False), ("<IMG2>", True), (".", False)]
+    # each text part is its own content segment (the release's encoder tokenizes them apart)
+    assert body == [("Look ", False), ("here: ", False), ("<IMG1>", True), (" and ", False), ("<IMG2>", True),
+                    (".", False)]
+
+
+def test_a_json_schema_without_the_schema_wrapper_is_the_schema() -> None:
+    schema = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+    wrapped = render_k3({"messages": [USER], "response_format": {"type": "json_schema",
+                                                                  "json_schema": {"name": "p", "schema": schema}}})
+    for bare in (schema, {**schema, "name": "p", "strict": True}):
+        assert render_k3({"messages": [USER], "response_format": {"type": "json_schema", "json_schema": bare}}) \
+            == wrapped
 
 
 def test_control_strings_in_content_stay_content() -> None:

@@ -14,8 +14,8 @@ import os
 import numpy as np
 import pytest
 
-import app.plan
-from app.budget import MachineMemory
+import app.memory.plan
+from app.memory.budget import MachineMemory
 from app.cli import main as ferry
 from app.convert.convert import convert
 from app.convert.format_choices import expert_choices, recommended, trunk_choices
@@ -87,7 +87,7 @@ def test_mxfp4_experts_convert_exactly_by_default(tmp_path):
 
 
 def test_ferry_check_and_convert_recommended(moe, tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(app.plan, "machine_memory", lambda: MachineMemory(8 << 20, 2 << 20, "test"))
+    monkeypatch.setattr(app.memory.plan, "machine_memory", lambda: MachineMemory(8 << 20, 2 << 20, "test"))
     assert ferry(["check", str(moe), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["ok"] and [c["format"] for c in doc["expert_choices"] if c["recommended"]] == ["q3_nl"]
@@ -124,7 +124,7 @@ def test_k3_on_a_64_gb_mac_gets_a_4_bit_trunk_and_3_bit_experts():
     """The arithmetic behind the recommendation for the real K3 (its config's
     trunk: 56.7 G weights, `ferry plan --config`): at q8_0 it would take 62 GB
     of a 64 GB Mac's RAM, at 4 bits about 35-37 GB."""
-    from app.plan_config import plan_from_config
+    from app.memory.plan_config import plan_from_config
 
     config = json.loads(open(k3_config_path()).read())
     q8 = plan_from_config(config, expert_bits=3, trunk_bits=8, ctx=4096)
@@ -148,9 +148,9 @@ def test_plan_config_recommends_what_check_recommends(tmp_path):
     """`ferry plan --config` and `ferry check` make one choice: on a tiny K3
     checkpoint, for RAM sizes on both sides of each threshold, the formats
     planned from the bare config are the ones validate_source recommends."""
-    from app.budget import MachineMemory
+    from app.memory.budget import MachineMemory
     from app.convert.validate import validate_source
-    from app.plan_config import recommended_formats
+    from app.memory.plan_config import recommended_formats
     from tests.kimi import tiny_k3
 
     src = tmp_path / "k3"

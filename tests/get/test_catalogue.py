@@ -5,7 +5,7 @@ import socket
 import subprocess
 import sys
 
-from app.budget import MachineMemory
+from app.memory.budget import MachineMemory
 from app.get.catalogue import ENTRIES, catalogue, describe_catalogue
 
 MAC64 = MachineMemory(64 << 30, 64 << 30, "test")

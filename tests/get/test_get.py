@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.budget import MachineMemory
+from app.memory.budget import MachineMemory
 from app.get.hub import GetError, open_repo
 from app.get.pipeline import Getter
 from app.get.plan import plan_repo

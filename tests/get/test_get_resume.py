@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from app.budget import MachineMemory
+from app.memory.budget import MachineMemory
 from app.get.pipeline import Getter
 from app.get.plan import plan_repo
 from tests.get.conftest import local_convert, tree_bytes

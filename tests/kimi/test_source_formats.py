@@ -10,8 +10,8 @@ import pytest
 
 from app.convert import compressed
 from app.convert.safetensors_file import Checkpoint
-from app.plan_config import main as plan_main
-from app.plan_config import plan_from_config
+from app.memory.plan_config import main as plan_main
+from app.memory.plan_config import plan_from_config
 
 K3_CONFIG = "/work/shared/spec/k3-config.json"
 

@@ -10,10 +10,18 @@ from types import SimpleNamespace
 import pytest
 
 from app.chat.k3_format import render_k3
-from app.server.chat import AnswerBuilder, ChatFormatter, Limits, Prepared, StopFilter
+from app.chat.turn import AnswerBuilder, Prepared, StopFilter
+from app.server.chat import ChatFormatter, Limits
 from app.server.errors import APIError
+from app.events import Reasoning, Text, ToolCallMade
 from app.server.schemas import ChatCompletionRequest
 from app.sampling import SamplingParams
+
+
+def pairs(events) -> list[tuple]:
+    """The pipeline's typed events as (kind, value) for compact asserts."""
+    names = {Reasoning: "reasoning", Text: "content", ToolCallMade: "tool_call"}
+    return [(names[type(e)], e.call if isinstance(e, ToolCallMade) else e.text) for e in events]
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
                                              "parameters": {"type": "object",
@@ -100,10 +108,10 @@ def test_k3_answers_give_reasoning_content_and_tool_calls():
                                channel="thinking"), tok)
     out = []
     for i in ids:
-        out += b.token(i, "")
+        out += pairs(b.token(i, ""))
         if b.ended:
             break
-    out += b.finish()
+    out += pairs(b.finish())
     assert "".join(v for k, v in out if k == "reasoning") == "Let me look it up."
     assert "".join(v for k, v in out if k == "content") == "Checking."
     calls = [v for k, v in out if k == "tool_call"]
@@ -117,8 +125,8 @@ def test_hermes_tool_calls_in_a_jinja_models_answer():
     out = []
     for piece in ["Sure. <tool", '_call>{"name": "get_weather", ', '"arguments": {"city": "Oslo"}}</tool_',
                   "call>", " <tool_call>not json</tool_call>"]:
-        out += b.token(0, piece)
-    out += b.finish()
+        out += pairs(b.token(0, piece))
+    out += pairs(b.finish())
     calls = [v for k, v in out if k == "tool_call"]
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Oslo"})]
     assert "".join(v for k, v in out if k == "content") == "Sure.  <tool_call>not json</tool_call>"
@@ -141,8 +149,25 @@ def test_stop_sequences_across_pieces(pieces, stops, shown):
 def test_unknown_and_mistyped_fields_are_refused():
     from pydantic import ValidationError
 
-    for bad in ({"temperature": "0.5"}, {"stream": 1}, {"n": 2}, {"unknown": True}, {"stop": 5},
+    for bad in ({"temperature": "0.5"}, {"stream": 1}, {"n": 0}, {"unknown": True}, {"stop": 5},
                 {"messages": [{"role": "wizard", "content": "x"}]}):
         with pytest.raises(ValidationError):
             request(**bad)
     assert request(temperature=1).temperature == 1.0          # an integer is a fine number
+
+
+def test_k3_conformance_text_parts_and_a_bare_json_schema():
+    """Content as a list of text parts is rendered part by part; a json_schema
+    that holds the schema itself is taken as the schema."""
+    stub = K3Stub()
+    fmt = ChatFormatter(stub)
+    parts = [{"type": "text", "text": "Look "}, {"type": "text", "text": "here."}]
+    fmt.prepare(request(messages=[{"role": "user", "content": parts}]), limits=Limits(), n_ctx=4096)
+    assert stub.segments == render_k3({"messages": [{"role": "user", "content": parts}], "thinking": True})
+    assert ("Look ", False) in stub.segments and ("here.", False) in stub.segments
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}}
+    fmt.prepare(request(response_format={"type": "json_schema", "json_schema": schema}), limits=Limits(), n_ctx=4096)
+    bare = stub.segments
+    fmt.prepare(request(response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": schema}}),
+                limits=Limits(), n_ctx=4096)
+    assert bare == stub.segments

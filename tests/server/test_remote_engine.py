@@ -11,8 +11,10 @@ import time
 import openai
 import pytest
 
-from app.engine.remote import FERRY_FIGURES, MEASURED_FIGURES, RemoteEngine, RemoteError, Thinking, normalise_url
-from app.model import Finished, LoadedModel, Token
+from app.chat.turn import TurnRequest
+from app.engine.remote import FERRY_FIGURES, MEASURED_FIGURES, RemoteEngine, RemoteError, normalise_url
+from app.events import Reasoning, Text, TurnDone
+from app.model import LoadedModel
 from app.sampling import SamplingParams
 from app.server import Limits, Server
 from app.store.settings import Settings, remote_api_key
@@ -50,12 +52,13 @@ def test_remote_engine_events_match_the_local_engine(served, demo_container):
     card = remote.check()
     assert remote.model == served.model == card["id"] and remote.is_ferry and remote.n_ctx == 2048
     messages = [{"role": "user", "content": "Name three colours."}]
-    events = list(remote.generate(messages, SamplingParams(), max_tokens=10))
+    events = list(remote.generate(TurnRequest(messages, SamplingParams(), max_tokens=10)))
     end = events[-1]
-    assert isinstance(end, Finished) and end.reason in ("stop", "length")
-    assert "".join(e.text for e in events if isinstance(e, Token)) == end.text == engine_answer(
+    assert isinstance(end, TurnDone) and end.reason in ("stop", "length")
+    assert "".join(e.text for e in events if isinstance(e, Text)) == end.content == engine_answer(
         demo_container, messages, 10)
-    assert end.stats.decode_tokens == len(end.tokens) and end.stats.as_dict()["prompt_tokens"] >= 0
+    assert end.counters["decode_tokens"] == len(end.token_ids) and end.counters["prompt_tokens"] >= 0
+    assert end.ttft_s is not None and 0 < end.ttft_s <= end.seconds
     with pytest.raises(RemoteError, match="does not serve"):
         RemoteEngine(served.url, "gpt-4o").check()
     with pytest.raises(RemoteError, match="cannot reach"):
@@ -180,15 +183,15 @@ def test_thinking_is_controllable_per_request(tmp_path, thinking_model):
         # the remote engine's thinking switch is the vLLM-style one
         remote = RemoteEngine(server.url)
         remote.check()
-        events = list(remote.generate(ask["messages"], SamplingParams(), max_tokens=8, thinking=False))
-        assert not any(isinstance(e, Thinking) for e in events) and events[-1].text == plain.content
+        events = list(remote.generate(TurnRequest(ask["messages"], SamplingParams(), max_tokens=8, thinking=False)))
+        assert not any(isinstance(e, Reasoning) for e in events) and events[-1].content == plain.content
     finally:
         server.stop()
         model.close()
 
 
 def test_gauges_say_what_a_generic_server_does_not_report(qtbot):
-    from app.stats_view import StatsView
+    from app.memory.stats import StatsView
     from app.ui.gauges import NOT_REPORTED, REMOTE_OTHER, GaugePanel
 
     g = GaugePanel()

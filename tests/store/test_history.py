@@ -7,8 +7,9 @@ import keyring
 import pytest
 from keyring.backends import fail
 
-from app.chat.conversation import SAVE_INTERVAL, Chat, ChatError, opening_channel, recover_interrupted
-from app.stats_view import StatsView, memory_split, recommended_budget, usable_ram
+from app.chat.conversation import SAVE_INTERVAL, Chat, ChatError, recover_interrupted
+from app.chat.turn import opening_channel
+from app.memory.stats import StatsView, memory_split, recommended_budget, usable_ram
 from app.store import settings as settings_mod
 from app.store.crypto import EphemeralKeys, KeychainKeys, KeyUnavailable, PassphraseKeys, WrongKey
 from app.store.history import HistoryStore, stored_key_kind
@@ -245,21 +246,23 @@ def test_stats_view_uses_the_engines_decode_split():
 
 class _Plan:
     trunk_bytes, state_bytes, scratch_bytes, expert_bytes, total_bytes, floor_bytes = 100, 20, 5, 210, 335, 135
+    record_bytes, token_set_bytes = 5, 10
 
 
 class _Info:
     n_moe_layers, n_experts, expert_bytes = 2, 8, 50
 
 
-class _Dense:
-    n_moe_layers, n_experts, expert_bytes = 0, 0, 0
-
-
 def test_memory_split():
+    from app.memory.budget import APP_RESERVE, MachineMemory
+    from app.memory.plan import recommend
+
     assert usable_ram() > 0
-    assert recommended_budget(_Plan, _Dense, 10_000) == 135
-    assert recommended_budget(_Plan, _Info, 10_000) == 135 + 800
-    assert recommended_budget(_Plan, _Info, 400) == 300
+    # the gauge's recommendation is the budget rule's, exactly
+    for usable in (APP_RESERVE + 10_000, APP_RESERVE + 400, 100):
+        assert recommended_budget(_Plan, usable) == recommend(_Plan, MachineMemory(usable, usable, "t")).budget
+    assert recommended_budget(_Plan, 100) == 135                                   # never below the floor
+    assert memory_split(_Plan, _Info, 335, usable=10_000, recommended=777).recommended == 777
     m = memory_split(_Plan, _Info, budget=335, usable=10_000)
     assert (m.trunk, m.state, m.scratch, m.expert_cache) == (100, 20, 5, 210) and m.total == 335
     assert m.floor == 135 and [n for n, _ in m.parts] == ["trunk", "attention state", "expert cache", "scratch"]

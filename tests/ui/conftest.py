@@ -145,9 +145,9 @@ def reference_answer(container: Path, messages: list[dict], max_tokens: int) -> 
     """What the engine itself answers (greedy): the whole text and its token pieces."""
     model = LoadedModel(container)
     pieces, end = [], None
-    from app.chat.conversation import build_prompt
+    from app.chat.turn import ChatFormat, TurnRequest
 
-    ids, _ = build_prompt(model, messages)
+    ids = ChatFormat(model).prepare(TurnRequest(messages), n_ctx=model.engine.info.max_ctx).prompt
     for ev in model.generate(model.new_session(2048 if model.engine.info.max_ctx >= 2048 else 0), ids,
                              SamplingParams(), max_tokens=max_tokens):
         if isinstance(ev, Token):

@@ -284,10 +284,10 @@ def test_per_model_settings_reset_and_presets(qtbot, make_window, tiny_chat):
 
 
 def test_gauges_show_the_budget_actually_chosen(qtbot, make_window, tiny_chat):
-    from app.plan import plan_container
-    from app.stats_view import fmt_bytes
+    from app.memory.plan import plan_container
+    from app.memory.units import size
 
     w = make_window(tiny_chat, context_length=2048)          # no budget set: the one budget rule chooses
     chosen = plan_container(tiny_chat, w.model_info["n_ctx"]).recommended
     assert w.settings.ram_budget == 0 and w.memory.budget == chosen
-    assert f"budget: {fmt_bytes(chosen)}" in w.gauges.ram_note.text()
+    assert f"budget: {size(chosen)}" in w.gauges.ram_note.text()

@@ -17,7 +17,7 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 
 from app.chat.conversation import Chat
-from app.stats_view import StatsView
+from app.memory.stats import StatsView
 from app.store.crypto import KeychainKeys
 from app.store.history import HistoryStore
 from tests.conftest import REPO
@@ -57,7 +57,7 @@ def _stats_view() -> StatsView:
 
 
 def test_painting_the_gauges_keeps_none_alive(qtbot):
-    from app.stats_view import MemorySplit
+    from app.memory.stats import MemorySplit
     from app.ui.gauges import GaugePanel
 
     panel = GaugePanel()

@@ -1,7 +1,7 @@
 """The thinking panel, fed by the real worker and engine through the stream parser."""
 from __future__ import annotations
 
-from app.chat.conversation import build_prompt
+from app.chat.turn import ChatFormat, TurnRequest
 from app.model import LoadedModel
 from tests.ui.conftest import on_gui, THINK_PROMPT
 
@@ -12,7 +12,7 @@ def test_thinking_panel_fills_then_collapses(qtbot, make_window, thinking_model)
     container, n_before = thinking_model
     # the template's generation prompt opens <think>: the answer starts in the thinking channel
     m = LoadedModel(container)
-    _ids, channel = build_prompt(m, [{"role": "user", "content": THINK_PROMPT}])
+    channel = ChatFormat(m).prepare(TurnRequest([{"role": "user", "content": THINK_PROMPT}]), n_ctx=2048).channel
     m.close()
     assert channel == "thinking"
 

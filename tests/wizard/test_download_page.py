@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from PySide6.QtWidgets import QWizard
 
-from app.budget import MachineMemory
+from app.memory.budget import MachineMemory
 from tests.get.conftest import hub, local_convert, repos, tree_bytes  # noqa: F401  (fixtures)
 from tests.wizard.conftest import T
 

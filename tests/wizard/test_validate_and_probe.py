@@ -1,5 +1,5 @@
 """The Source page's checks (app.convert.validate) and the Destination page's
-disk probe (app.disk_probe), without a window."""
+disk probe (app.memory.disk_probe), without a window."""
 from __future__ import annotations
 
 import json
@@ -7,7 +7,7 @@ import json
 import pytest
 
 from app.convert.validate import validate_source
-from app.disk_probe import probe, tok_s_bound
+from app.memory.disk_probe import probe, tok_s_bound
 
 
 def test_every_problem_is_reported_with_its_file(deepseek_ckpt, tmp_path):

@@ -55,7 +55,7 @@ def test_deepseek_release_layout_converts_to_the_same_bytes(qtbot, wizard, deeps
     reference = convert(deepseek_ckpt, folder(tmp_path / "ref") / out.name)
     assert tree_bytes(out) == tree_bytes(reference)
     # The plan shown before converting is the finished container's plan.
-    from app.plan import plan_container
+    from app.memory.plan import plan_container
     real = plan_container(out, wiz.state.report.plan.n_ctx)
     assert (real.floor, real.recommended) == (wiz.state.report.plan.floor, wiz.state.report.plan.recommended)
 
@@ -126,7 +126,7 @@ def test_a_destination_without_room_is_refused_before_converting(qtbot, wizard, 
     wiz.next()
     wiz.destination_page.set_folder(small_tmpfs)
     text = wiz.destination_page.space.text()
-    assert "Not enough space" in text and "MB free" in text
+    assert "Not enough space" in text and "MiB free" in text
     assert not wiz.destination_page.isComplete()
     assert not wiz.button(QWizard.WizardButton.NextButton).isEnabled()
     qtbot.wait(300)
@@ -185,10 +185,10 @@ def test_a_model_larger_than_ram_gets_3_bit_experts_and_the_user_can_choose(qtbo
     q4_0 trunk, says why, and converts exactly what `convert(...,
     trunk_format="q4_0", expert_format="q3_nl")` writes; picking another
     format re-plans for it."""
-    import app.plan
-    from app.budget import MachineMemory
+    import app.memory.plan
+    from app.memory.budget import MachineMemory
 
-    monkeypatch.setattr(app.plan, "machine_memory", lambda: MachineMemory(64 << 20, 16 << 20, "test"))
+    monkeypatch.setattr(app.memory.plan, "machine_memory", lambda: MachineMemory(64 << 20, 16 << 20, "test"))
     wiz = wizard(remember=False)
     to_memory(qtbot, wiz, "hf", synthetic, tmp_path)
     page, report = wiz.source_page, wiz.state.report

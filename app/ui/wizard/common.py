@@ -11,7 +11,7 @@ from typing import Any, Callable
 from PySide6.QtCore import QObject, Signal
 from PySide6.QtWidgets import QLabel
 
-from app.units import size  # noqa: F401  (the pages take it from here)
+from app.memory.units import size  # noqa: F401  (the pages take it from here)
 
 SOURCE_KINDS = ("hf", "gguf", "demo", "download")
 RED, ORANGE, GREEN = "#c9302c", "#b35c00", "#2e7d32"
@@ -25,7 +25,7 @@ class WizardState:
     trunk_format: str = "auto"       #: how the trunk is stored (app.convert.format_choices)
     expert_format: str = "auto"      #: how the experts are stored
     out: Path | None = None          #: the container to write
-    speed: Any = None                #: app.disk_probe.DiskSpeed of the destination
+    speed: Any = None                #: app.memory.disk_probe.DiskSpeed of the destination
     budget: int = 0                  #: the RAM budget chosen (bytes)
     result: Path | None = None       #: the finished container
     remember: bool = True            #: note an unfinished conversion for the next start (off in screenshots)
@@ -59,11 +59,6 @@ class Job(QObject):
             self.failed.emit(exc)
         else:
             self.done.emit(result)
-
-
-def gib(n: float) -> str:
-    """RAM in binary units, as the OS shows it."""
-    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
 def rate(bps: float) -> str:

@@ -199,7 +199,7 @@ class DestinationPage(QWizardPage):
     # ---- the disk probe
 
     def start_probe(self, folder: Path) -> None:
-        from app.disk_probe import probe
+        from app.memory.disk_probe import probe
 
         self._stop_probe()
         report = self.state.report
@@ -258,7 +258,7 @@ class DestinationPage(QWizardPage):
 
 
 def describe_speed(speed, report) -> str:
-    from app.disk_probe import tok_s_bound
+    from app.memory.disk_probe import tok_s_bound
 
     how = "bypassing the cache, as Ferry reads experts" if speed.direct else esc(speed.note)
     text = (f"<b>This disk reads {rate(speed.read_bytes_per_s)}</b> in {size(speed.block)} blocks ({how}); "

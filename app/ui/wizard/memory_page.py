@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from PySide6.QtWidgets import QDoubleSpinBox, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWizardPage
 
-from app.ui.wizard.common import ORANGE, colour, gib, para
+from app.ui.wizard.common import ORANGE, colour, para, size
 
 GIB = 2**30
 
@@ -51,12 +51,12 @@ class MemoryPage(QWizardPage):
         self.spin.setRange(plan.floor / GIB, max(plan.everything, plan.recommended, m.total) / GIB)
         self.facts.setText(
             "<table>"
-            f"<tr><td style='padding-right:14px'><b>The least it runs in</b></td><td>{gib(plan.floor)} "
-            f"(the always-needed weights {gib(plan.trunk)}, the conversation's state at {plan.n_ctx} tokens "
-            f"{gib(plan.state)}, working memory {gib(plan.scratch + plan.min_cache)})</td></tr>"
-            f"<tr><td><b>Recommended</b></td><td>{gib(plan.recommended)} ({plan.reason})</td></tr>"
-            + (f"<tr><td><b>Everything in RAM</b></td><td>{gib(plan.everything)}</td></tr>" if plan.record else "")
-            + f"<tr><td><b>This computer</b></td><td>{gib(m.total)} of RAM, {gib(m.usable)} usable now</td></tr>"
+            f"<tr><td style='padding-right:14px'><b>The least it runs in</b></td><td>{size(plan.floor)} "
+            f"(the always-needed weights {size(plan.trunk)}, the conversation's state at {plan.n_ctx} tokens "
+            f"{size(plan.state)}, working memory {size(plan.scratch + plan.min_cache)})</td></tr>"
+            f"<tr><td><b>Recommended</b></td><td>{size(plan.recommended)} ({plan.reason})</td></tr>"
+            + (f"<tr><td><b>Everything in RAM</b></td><td>{size(plan.everything)}</td></tr>" if plan.record else "")
+            + f"<tr><td><b>This computer</b></td><td>{size(m.total)} of RAM, {size(m.usable)} usable now</td></tr>"
             "</table>")
         value = self._preset if self._preset >= plan.floor else plan.recommended
         self._preset = 0
@@ -77,7 +77,7 @@ class MemoryPage(QWizardPage):
             return
         b = self.state.budget = self.budget()
         if b > self.plan.machine.usable:
-            self.verdict.setText(colour(f"More than the {gib(self.plan.machine.usable)} this computer can use "
+            self.verdict.setText(colour(f"More than the {size(self.plan.machine.usable)} this computer can use "
                                         "now: other programs would be pushed out of memory and everything "
                                         "would slow down.", ORANGE))
         elif b == self.plan.recommended:

@@ -8,7 +8,7 @@ from PySide6.QtWidgets import (QButtonGroup, QComboBox, QFileDialog, QHBoxLayout
                                QRadioButton, QVBoxLayout, QWidget, QWizardPage)
 
 from app.convert.format_choices import RECOMMENDED, why
-from app.ui.wizard.common import GREEN, ORANGE, RED, Job, colour, esc, gib, para, size
+from app.ui.wizard.common import GREEN, ORANGE, RED, Job, colour, esc, para, size
 
 CHOICES = (("hf", "A Hugging Face checkpoint folder"), ("gguf", "A GGUF file"),
            ("download", "Download a model (from the Hugging Face hub; the next page plans it first)"),
@@ -260,7 +260,7 @@ def describe(r) -> str:
         ("Model", f"{esc(r.architecture)} · {r.n_layers} layers · {experts}"),
         ("Source", f"{size(r.source_bytes)} in {len(r.files)} file{'s' if len(r.files) != 1 else ''}"),
         ("Converted model", f"{size(r.container_bytes)} on disk"),
-        ("RAM it needs", f"at least {gib(plan.floor)}; recommended on this computer {gib(plan.recommended)}"),
+        ("RAM it needs", f"at least {size(plan.floor)}; recommended on this computer {size(plan.recommended)}"),
     ]
     if r.n_moe_layers:
         rows.append(("Read per token", f"{size(plan.token_set)} of experts when none is in RAM yet"))
@@ -268,7 +268,7 @@ def describe(r) -> str:
     warn = "".join(f"<p>{colour(esc(w), ORANGE)}</p>" for w in r.warnings)
     short = ""
     if plan.floor > plan.machine.usable:
-        short = "<p>" + colour(f"This computer has {gib(plan.machine.usable)} of RAM free now, less than the "
-                                f"{gib(plan.floor)} the model needs at least. It can be converted, but it will "
+        short = "<p>" + colour(f"This computer has {size(plan.machine.usable)} of RAM free now, less than the "
+                                f"{size(plan.floor)} the model needs at least. It can be converted, but it will "
                                 "not open here until more memory is free.", ORANGE) + "</p>"
     return colour("<b>Everything needed is there.</b>", GREEN) + f"<table>{table}</table>{warn}{short}"

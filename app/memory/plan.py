@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass
 
-from app.budget import BudgetChoice, MachineMemory, auto_budget, machine_memory
+from app.memory.budget import BudgetChoice, MachineMemory, auto_budget, machine_memory
+from app.memory.units import size
 from app.engine.binding import MemoryPlan, container_plan
 
 
@@ -30,37 +31,45 @@ class Plan:
         return d
 
 
+def everything_bytes(p: MemoryPlan) -> int:
+    """A budget that caches every expert (plus the top-k read buffers)."""
+    min_cache = p.floor_bytes - p.trunk_bytes - p.state_bytes - p.scratch_bytes
+    top_k_records = min_cache // p.record_bytes if p.record_bytes else 0
+    return p.trunk_bytes + p.state_bytes + p.scratch_bytes + p.expert_bytes + top_k_records * p.record_bytes
+
+
+def recommend(p: MemoryPlan, memory: MachineMemory | None = None) -> BudgetChoice:
+    """THE budget rule: the budget Ferry opens a model with when the user names
+    none, and the one the RAM gauge marks as recommended."""
+    return auto_budget(p.floor_bytes, p.token_set_bytes, everything_bytes(p), memory or machine_memory())
+
+
 def plan_container(path: str | os.PathLike, n_ctx: int, memory: MachineMemory | None = None) -> Plan:
     p: MemoryPlan = container_plan(path, n_ctx)
     min_cache = p.floor_bytes - p.trunk_bytes - p.state_bytes - p.scratch_bytes
-    top_k_records = min_cache // p.record_bytes if p.record_bytes else 0
-    everything = p.trunk_bytes + p.state_bytes + p.scratch_bytes + p.expert_bytes + top_k_records * p.record_bytes
+    everything = everything_bytes(p)
     memory = memory or machine_memory()
-    choice: BudgetChoice = auto_budget(p.floor_bytes, p.token_set_bytes, everything, memory)
+    choice: BudgetChoice = recommend(p, memory)
     return Plan(n_ctx=n_ctx, floor=p.floor_bytes, trunk=p.trunk_bytes, state=p.state_bytes, scratch=p.scratch_bytes,
                 min_cache=min_cache, record=p.record_bytes, token_set=p.token_set_bytes, everything=everything,
                 recommended=choice.budget, reason=choice.reason, machine=memory)
 
 
-def gib(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB"
-
-
 def describe(plan: Plan, budget: int | None = None) -> str:
     lines = [
-        f"floor at a {plan.n_ctx}-token context: {gib(plan.floor)}",
-        f"  trunk {gib(plan.trunk)}, attention state {gib(plan.state)}, scratch {gib(plan.scratch)}, "
-        f"minimum expert cache {gib(plan.min_cache)}",
+        f"floor at a {plan.n_ctx}-token context: {size(plan.floor)}",
+        f"  trunk {size(plan.trunk)}, attention state {size(plan.state)}, scratch {size(plan.scratch)}, "
+        f"minimum expert cache {size(plan.min_cache)}",
     ]
     if plan.record:
-        lines.append(f"expert record {plan.record / 2**20:.2f} MiB; one token's working set {gib(plan.token_set)}; "
-                     f"caching every expert needs {gib(plan.everything)}")
-    lines.append(f"recommended budget: {gib(plan.recommended)} ({plan.reason})")
-    lines.append(f"machine: {gib(plan.machine.total)} RAM, {gib(plan.machine.usable)} usable "
+        lines.append(f"expert record {size(plan.record)}; one token's working set {size(plan.token_set)}; "
+                     f"caching every expert needs {size(plan.everything)}")
+    lines.append(f"recommended budget: {size(plan.recommended)} ({plan.reason})")
+    lines.append(f"machine: {size(plan.machine.total)} RAM, {size(plan.machine.usable)} usable "
                  f"({plan.machine.source})")
     if budget is not None:
         verdict = "runs" if budget >= plan.floor else "is below the floor and will be refused"
-        lines.append(f"a budget of {gib(budget)} {verdict}")
+        lines.append(f"a budget of {size(budget)} {verdict}")
     return "\n".join(lines)
 
 

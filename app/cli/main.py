@@ -1,88 +1,30 @@
 """``ferry``: the command-line client. Every command is a thin call into the
-same Python API the GUI uses (app.model, app.convert, app.engine)."""
+public Python API (``app.api``) the window and the server use: one chat
+format, one turn pipeline, one engine service."""
 from __future__ import annotations
 
 import argparse
 import json
-import math
-import re
 import sys
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
-from app.convert.convert import ConvertError, Progress, convert
+from app.api import EngineService, ModelError, Reasoning, Text, ToolCallMade, TurnDone, TurnError, TurnRequest
+from app.cli.common import (UsageError, add_model_options, add_routing, add_sampling, open_from_args, parse_size,
+                            progress_printer, resolve_model, turn_request)
+from app.convert.convert import ConvertError, convert
 from app.convert.errors import SourceError
-from app.convert.layout import FORMAT_CHOICES
 from app.convert.format_choices import RECOMMENDED
-from app.engine.binding import KERNEL_CHOICES, FerryError, verify
-from app.model import Finished, LoadedModel, ModelError, PromptProgress, Token
-from app.plan import describe, gib, plan_container
-from app.sampling import SamplingParams
+from app.convert.layout import FORMAT_CHOICES
+from app.engine.binding import FerryError, verify
+from app.model import log_softmax
+from app.memory.plan import describe, plan_container
 
-DEMO = "demo"
-
-
-class UsageError(ValueError):
-    pass
-
-
-def parse_size(text: str) -> int:
-    """'24G', '512MiB', '1.5GB', '1000000' -> bytes (K/M/G/T are binary)."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?b)?\s*", text.lower())
-    if not m:
-        raise UsageError(f"'{text}' is not a size (examples: 24G, 512M, 1000000)")
-    scale = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}[m.group(2)]
-    return int(float(m.group(1)) * scale)
-
-
-def resolve_model(name: str) -> Path:
-    if name == DEMO:
-        from app.demo import ensure_demo
-
-        return ensure_demo(progress=_progress_printer())
-    from app.library import Library
-
-    return Library().resolve(name)   # a container path or name; else says what to do (LibraryError)
-
-
-def _progress_printer():
-    last = [-1.0]
-
-    def show(p: Progress) -> None:
-        pct = 100.0 * p.done_bytes / max(1, p.total_bytes)
-        if pct - last[0] >= 5 or p.stage == "done":
-            last[0] = pct
-            rate = p.done_bytes / max(p.elapsed, 1e-9) / 2**20
-            print(f"  {pct:5.1f}%  {p.done_bytes / 2**20:8.1f} of {p.total_bytes / 2**20:.1f} MiB  "
-                  f"{rate:6.1f} MiB/s  {p.stage}", file=sys.stderr, flush=True)
-
-    return show
-
-
-def _open(args) -> LoadedModel:
-    path = resolve_model(args.model)
-    if args.budget:
-        budget = parse_size(args.budget)
-    else:
-        plan = plan_container(path, args.ctx)
-        budget = plan.recommended
-        if not getattr(args, "json", False):
-            print(f"ferry: RAM budget {gib(budget)} ({plan.reason})", file=sys.stderr)
-    return LoadedModel(path, ram_budget=budget, threads=args.threads, n_ctx=args.ctx, kernels=getattr(args, "kernels", None))
-
-
-def _params(args) -> SamplingParams:
-    return SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                          seed=args.seed)
-
-
-def _prompt_ids(model: LoadedModel, prompt: str, raw: bool, system: str | None = None) -> list[int]:
-    if raw or model.template is None:
-        return model.encode_plain(prompt)
-    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-    return model.encode_chat(messages)
+def _messages(args, prompt: str) -> list[dict]:
+    return ([{"role": "system", "content": args.system}] if getattr(args, "system", None) else []) + \
+        [{"role": "user", "content": prompt}]
 
 
 # ---------------------------------------------------------------- commands
@@ -105,7 +47,7 @@ def _resolve_formats(args) -> tuple[str, str]:
 def cmd_convert(args) -> int:
     trunk_format, expert_format = _resolve_formats(args)
     out = convert(args.source, args.out, trunk_format=trunk_format, expert_format=expert_format,
-                  progress=None if args.quiet else _progress_printer(), threads=args.threads)
+                  progress=None if args.quiet else progress_printer(), threads=args.threads)
     print(out)
     return 0
 
@@ -115,7 +57,7 @@ def cmd_check(args) -> int:
     plan and how the trunk and the experts could be stored."""
     from app.convert.format_choices import why
     from app.convert.validate import validate_source
-    from app.units import size
+    from app.memory.units import size
 
     report = validate_source(args.source, trunk_format=args.trunk_format, expert_format=args.expert_format)
     if args.json:
@@ -157,7 +99,7 @@ def cmd_check(args) -> int:
 
 
 def cmd_info(args) -> int:
-    model = _open(args)
+    model = open_from_args(args)
     info = model.engine.info
     plan = model.engine.plan(args.ctx)
     doc = {"path": str(model.path), "name": model.name, "model": model.manifest["model"],
@@ -181,101 +123,120 @@ def cmd_info(args) -> int:
     return 0
 
 
-def cmd_run(args) -> int:
-    model = _open(args)
-    session = model.new_session(args.ctx)
-    _set_routing(args, session)
-    ids = _prompt_ids(model, args.prompt, args.raw, args.system)
-    stream = not args.json
-    end: Finished | None = None
-    for ev in model.generate(session, ids, _params(args), max_tokens=args.n):
-        if isinstance(ev, Token) and stream:
-            print(ev.text, end="", flush=True)
-        elif isinstance(ev, Finished):
-            end = ev
-    assert end is not None
-    if stream:
+def _answer(service: EngineService, request: TurnRequest, *, show: bool) -> TurnDone:
+    """One turn: the answer to stdout as it comes (the thinking trace to stderr)."""
+    end = None
+    thinking = False
+    stream = service.stream(service.prepare(request))
+    try:
+        for ev in stream:
+            if isinstance(ev, Reasoning) and show:
+                if not thinking:
+                    print("[thinking] ", end="", file=sys.stderr)
+                    thinking = True
+                print(ev.text, end="", file=sys.stderr, flush=True)
+            elif isinstance(ev, Text) and show:
+                if thinking:
+                    print("\n[/thinking]", file=sys.stderr, flush=True)
+                    thinking = False
+                print(ev.text, end="", flush=True)
+            elif isinstance(ev, ToolCallMade) and show:
+                print(f"\n[tool call] {ev.call.name}({ev.call.arguments})", flush=True)
+            elif isinstance(ev, TurnDone):
+                end = ev
+    except KeyboardInterrupt:
+        stream.cancel()
+        end = TurnDone("cancelled")
+    if show:
         print()
+    return end
+
+
+def cmd_run(args) -> int:
+    model = open_from_args(args)
+    service = EngineService(model, model.new_session(args.ctx))
+    try:
+        end = _answer(service, turn_request(args, _messages(args, args.prompt), raw=args.raw), show=not args.json)
+    finally:
+        service.close()
     if end.reason == "error":
         print(f"ferry: error: {end.error}", file=sys.stderr)
     if args.json:
-        s = end.stats
-        decode_s = s.decode_seconds
+        c = end.counters
+        decode_s, prompt_s = c.get("decode_seconds", 0), c.get("prompt_seconds", 0)
+        hits, misses = c.get("hits", 0), c.get("misses", 0)
         print(json.dumps({
-            "text": end.text, "tokens": len(end.tokens), "token_ids": end.tokens, "finish_reason": end.reason,
-            "prompt_tokens": end.prompt_tokens, "seconds": round(end.seconds, 6),
-            "tok_per_s": round(s.decode_tokens / decode_s, 3) if decode_s > 0 else None,
-            "prompt_tok_per_s": round(s.prompt_tokens / s.prompt_seconds, 3) if s.prompt_seconds > 0 else None,
-            "bytes_read": s.bytes_read, "hits": s.hits, "misses": s.misses, "expert_reads": s.expert_reads,
-            "hit_rate": s.hits / (s.hits + s.misses) if s.hits + s.misses else None,
-            "read_seconds": s.read_seconds, "stall_seconds": s.stall_seconds,
-            "lookahead_accuracy": (s.lookahead_correct / s.lookahead_predicted if s.lookahead_predicted else None),
-            "prefetch_used": s.prefetch_used, "prefetch_wasted": s.prefetch_wasted,
+            "text": end.content, "reasoning": end.reasoning,
+            "tool_calls": [{"name": t.name, "arguments": t.arguments} for t in end.tool_calls],
+            "tokens": len(end.token_ids), "token_ids": end.token_ids, "prompt_ids": end.prompt_ids,
+            "finish_reason": end.reason, "prompt_tokens": end.prompt_tokens - end.reused_tokens,
+            "seconds": round(end.seconds, 6), "ttft_s": end.ttft_s,
+            "tok_per_s": round(c.get("decode_tokens", 0) / decode_s, 3) if decode_s > 0 else None,
+            "prompt_tok_per_s": round(c.get("prompt_tokens", 0) / prompt_s, 3) if prompt_s > 0 else None,
+            "bytes_read": int(c.get("bytes_read", 0)), "hits": int(hits), "misses": int(misses),
+            "expert_reads": int(c.get("expert_reads", 0)),
+            "hit_rate": hits / (hits + misses) if hits + misses else None,
+            "read_seconds": c.get("read_seconds", 0.0), "stall_seconds": c.get("stall_seconds", 0.0),
+            "lookahead_accuracy": (c["lookahead_correct"] / c["lookahead_predicted"]
+                                   if c.get("lookahead_predicted") else None),
+            "prefetch_used": int(c.get("prefetch_used", 0)), "prefetch_wasted": int(c.get("prefetch_wasted", 0)),
             "ram_budget": model.engine.info.ram_budget, "direct_io": bool(model.engine.info.direct_io),
             "error": end.error}))
+    model.close()
     return 1 if end.reason == "error" else 0
 
 
 def cmd_chat(args) -> int:
-    model = _open(args)
-    session = model.new_session(args.ctx)
-    _set_routing(args, session)
+    model = open_from_args(args)
+    service = EngineService(model, model.new_session(args.ctx))
     messages: list[dict] = [{"role": "system", "content": args.system}] if args.system else []
     print(f"Chatting with {model.name}. Empty line or Ctrl-D to quit; /new starts over.", file=sys.stderr)
-    while True:
-        try:
-            line = input("> ")
-        except (EOFError, KeyboardInterrupt):
-            print(file=sys.stderr)
-            return 0
-        if not line.strip():
-            return 0
-        if line.strip() == "/new":
-            messages = messages[:1] if args.system else []
-            continue
-        messages.append({"role": "user", "content": line})
-        end = None
-        try:
-            for ev in model.generate(session, model.encode_chat(messages), _params(args), max_tokens=args.n):
-                if isinstance(ev, Token):
-                    print(ev.text, end="", flush=True)
-                elif isinstance(ev, Finished):
-                    end = ev
-        except KeyboardInterrupt:
-            session.cancel()
-        print()
-        if end is None or end.reason in ("error", "cancelled"):
-            if end is not None and end.error:
-                print(f"ferry: {end.error}", file=sys.stderr)
-            messages.pop()
-            continue
-        messages.append({"role": "assistant", "content": end.text})
-        s = end.stats
-        print(f"  [{len(end.tokens)} tokens, {end.prompt_tokens} prompt tokens evaluated, "
-              f"{end.reused_tokens} reused, {len(end.tokens) / max(end.seconds, 1e-9):.1f} tok/s]",
-              file=sys.stderr)
+    try:
+        while True:
+            try:
+                line = input("> ")
+            except (EOFError, KeyboardInterrupt):
+                print(file=sys.stderr)
+                return 0
+            if not line.strip():
+                return 0
+            if line.strip() == "/new":
+                messages = messages[:1] if args.system else []
+                continue
+            messages.append({"role": "user", "content": line})
+            try:
+                end = _answer(service, turn_request(args, list(messages)), show=True)
+            except TurnError as exc:
+                end = TurnDone("error", error=exc.message)
+            if end.reason in ("error", "cancelled"):
+                if end.error:
+                    print(f"ferry: {end.error}", file=sys.stderr)
+                messages.pop()
+                continue
+            messages.append({"role": "assistant", "content": end.content,
+                             **({"reasoning_content": end.reasoning} if end.reasoning else {})})
+            n = len(end.token_ids)
+            print(f"  [{n} tokens, {end.prompt_tokens - end.reused_tokens} prompt tokens evaluated, "
+                  f"{end.reused_tokens} reused, {n / max(end.seconds, 1e-9):.1f} tok/s]", file=sys.stderr)
+    finally:
+        service.close()
+        model.close()
 
 
-def _add_routing(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--experts-per-token", type=int, default=None, metavar="N",
-                   help="opt-in: route each token to its top N experts instead of the model's k (fewer reads, "
-                        "not exact)")
-    p.add_argument("--cache-aware", type=float, default=0.0, metavar="MARGIN",
-                   help="opt-in: prefer experts already in RAM among those within MARGIN of the last choice "
-                        "(0 = exact routing)")
-
-
-def _set_routing(args, session) -> None:
-    if args.experts_per_token is not None or args.cache_aware:
-        session.set_routing(args.experts_per_token, args.cache_aware)
+def _eval_request(args, prompt: str) -> TurnRequest:
+    return TurnRequest(messages=_messages(args, prompt), raw=not args.chat,
+                       experts_per_token=args.experts_per_token, cache_aware_margin=args.cache_aware or 0.0)
 
 
 def cmd_eval_compare(args) -> int:
+    from app.api import ChatFormat
     from app.engine.compare import compare, read_prompts
 
-    model = _open(args)
+    model = open_from_args(args)
     try:
-        ids = [_prompt_ids(model, p, not args.chat)[:args.max_tokens] for p in read_prompts(args.compare)]
+        fmt = ChatFormat(model)
+        ids = [fmt.prepare(_eval_request(args, p), n_ctx=args.ctx).prompt[:args.max_tokens]
+               for p in read_prompts(args.compare)]
         budget = model.engine.info.ram_budget
     finally:
         model.close()  # the comparison opens the model afresh per mode
@@ -294,16 +255,19 @@ def cmd_eval_compare(args) -> int:
 
 
 def cmd_eval(args) -> int:
+    from app.api import ChatFormat
+    from app.chat.turn import apply_routing
+
     if args.compare:
         return cmd_eval_compare(args)
     if args.prompt is None:
         raise UsageError("ferry eval needs a prompt (or --compare FILE)")
-    model = _open(args)
+    model = open_from_args(args)
     session = model.new_session(args.ctx)
-    _set_routing(args, session)
-    ids = _prompt_ids(model, args.prompt, not args.chat)
-    logits = session.eval(ids).astype(np.float64)
-    logp = logits - (logits.max() + math.log(np.exp(logits - logits.max()).sum()))
+    prepared = ChatFormat(model).prepare(_eval_request(args, args.prompt), n_ctx=session.n_ctx)
+    apply_routing(session, prepared)
+    ids = prepared.prompt
+    logp = log_softmax(session.eval(ids))
     top = np.argsort(-logp, kind="stable")[:args.top]
     rows = [{"id": int(i), "token": model.tokenizer.token_text(int(i)),
              "text": model.tokenizer.decode([int(i)]), "logprob": float(logp[i])} for i in top]
@@ -346,7 +310,7 @@ def cmd_verify(args) -> int:
 def cmd_demo(args) -> int:
     from app.demo import ensure_demo
 
-    print(ensure_demo(progress=_progress_printer()))
+    print(ensure_demo(progress=progress_printer()))
     return 0
 
 
@@ -369,9 +333,13 @@ def cmd_serve(args) -> int:
         warning = check_binding(args.host, key)
     except ServeError as exc:
         raise UsageError(str(exc)) from None
-    model = _open(args)
-    server = Server(model, model.new_session(args.ctx), host=args.host, port=args.port, api_key=key,
-                    limits=Limits(max_tokens=args.max_tokens, max_waiting=args.queue))
+    model = open_from_args(args)
+    session = model.new_session(args.ctx)
+    if (args.experts_per_token is not None or args.cache_aware) and not hasattr(session, "set_routing"):
+        raise UsageError("this engine build does not support --experts-per-token / --cache-aware")
+    server = Server(model, session, host=args.host, port=args.port, api_key=key,
+                    limits=Limits(max_tokens=args.max_tokens, max_waiting=args.queue,
+                                  experts_per_token=args.experts_per_token, cache_aware_margin=args.cache_aware))
     if warning:
         print(f"ferry: {warning}", file=sys.stderr)
     print(f"ferry: serving {server.model_id} at {server.url} (Ctrl-C stops)", flush=True)
@@ -386,27 +354,6 @@ def cmd_cache_sim(argv: Sequence[str]) -> int:
 
 
 # ---------------------------------------------------------------- parser
-
-def _add_model_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="a converted model: its folder, its name in the models folder, or 'demo' for the "
-                                 "built-in demo model")
-    p.add_argument("--budget", help="RAM budget for the core, e.g. 4G (default: chosen for this machine and model, as `ferry plan` shows)")
-    p.add_argument("--threads", type=int, default=0, help="compute threads (default: one per CPU)")
-    p.add_argument("--kernels", choices=KERNEL_CHOICES, default=None,
-                   help="matrix-product kernels: auto (the best this CPU supports), scalar, avx2 or neon "
-                        "(default: $FERRY_KERNELS, else auto)")
-    p.add_argument("--ctx", type=int, default=4096, help="context length of the session (default 4096)")
-
-
-def _add_sampling(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-n", type=int, default=256, help="most tokens to generate")
-    p.add_argument("--temp", type=float, default=0.0, help="temperature; 0 is greedy (default)")
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--min-p", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--system", help="a system prompt")
-
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="ferry", description="Run large mixture-of-experts models offline.")
@@ -441,27 +388,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_check)
 
     p = sub.add_parser("info", help="describe a container")
-    _add_model_options(p)
+    add_model_options(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_info)
 
     p = sub.add_parser("run", help="answer one prompt")
-    _add_model_options(p)
+    add_model_options(p)
     p.add_argument("prompt")
-    _add_sampling(p)
+    add_sampling(p)
     p.add_argument("--raw", action="store_true", help="do not apply the chat template")
     p.add_argument("--json", action="store_true")
-    _add_routing(p)
     p.set_defaults(fn=cmd_run)
 
     p = sub.add_parser("chat", help="an interactive conversation")
-    _add_model_options(p)
-    _add_sampling(p)
-    _add_routing(p)
+    add_model_options(p)
+    add_sampling(p)
     p.set_defaults(fn=cmd_chat)
 
     p = sub.add_parser("eval", help="next-token log-probabilities after a prompt")
-    _add_model_options(p)
+    add_model_options(p)
     p.add_argument("prompt", nargs="?")
     p.add_argument("--chat", action="store_true", help="apply the chat template to the prompt")
     p.add_argument("--top", type=int, default=20)
@@ -470,7 +415,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="compare a routing mode (--experts-per-token/--cache-aware) with exact routing over the "
                         "prompts in FILE (text, one a line, or JSON Lines): KL, top-1 agreement, bytes/token")
     p.add_argument("--max-tokens", type=int, default=256, help="with --compare: tokens of each prompt evaluated")
-    _add_routing(p)
+    add_routing(p)
     p.set_defaults(fn=cmd_eval)
 
     p = sub.add_parser("plan", help="the RAM a model needs here, and the budget Ferry would choose")
@@ -494,13 +439,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_render_chat)
 
     p = sub.add_parser("serve", help="an OpenAI-compatible API on the model (docs/SERVER.md)")
-    _add_model_options(p)
+    add_model_options(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; any other "
                    "needs an API key)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (or set FERRY_API_KEY)")
     p.add_argument("--max-tokens", type=int, default=2048, help="the most tokens one answer may ask for")
     p.add_argument("--queue", type=int, default=32, help="requests that may wait for the engine")
+    add_routing(p)
     p.set_defaults(fn=cmd_serve)
 
     sub.add_parser("cache-sim", help="simulate the expert cache on a routing trace", add_help=False)
@@ -522,7 +468,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from app.documents.cli import main as documents_main
             return documents_main(argv[1:])
         if argv[:1] == ["plan"] and any(a == "--config" or a.startswith("--config=") for a in argv):
-            from app.plan_config import main as plan_config_main
+            from app.memory.plan_config import main as plan_config_main
 
             return plan_config_main(argv[1:])
         args = build_parser().parse_args(argv)

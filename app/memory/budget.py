@@ -17,6 +17,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from app.memory.units import size
+
 #: Left for the app itself, Python, Qt and the OS.
 APP_RESERVE = 1 << 30
 #: Of the usable memory, the share Ferry takes by default.
@@ -111,15 +113,13 @@ def auto_budget(floor: int, token_set: int, wanted_max: int, memory: MachineMemo
     room = int(max(0, memory.usable - APP_RESERVE) * DEFAULT_SHARE)
     target = min(room, wanted_max)
     if target < floor:
-        return BudgetChoice(floor, f"{_gib(memory.usable)} usable ({memory.source}) leaves less than the floor "
-                                   f"{_gib(floor)}; using the floor")
+        return BudgetChoice(floor, f"{size(memory.usable)} usable ({memory.source}) leaves less than the floor "
+                                   f"{size(floor)}; using the floor")
     if token_set > 0 and target < wanted_max:
         target = floor + (target - floor) // token_set * token_set
     why = ("the whole model fits" if target >= wanted_max else
-           f"{DEFAULT_SHARE:.0%} of {_gib(memory.usable)} usable ({memory.source}) less {_gib(APP_RESERVE)} "
-           f"for the app, in whole token working sets of {_gib(token_set)}")
+           f"{DEFAULT_SHARE:.0%} of {size(memory.usable)} usable ({memory.source}) less {size(APP_RESERVE)} "
+           f"for the app, in whole token working sets of {size(token_set)}")
     return BudgetChoice(target, why)
 
 
-def _gib(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB"

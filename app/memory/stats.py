@@ -11,14 +11,11 @@ Also here: the machine's usable RAM and the memory split for the RAM bar.
 """
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
+
 
 COUNTERS = ("prompt_tokens", "decode_tokens", "prompt_seconds", "decode_seconds", "expert_reads",
             "bytes_read", "read_seconds", "compute_seconds", "hits", "misses", "decode_hits", "decode_misses")
@@ -124,58 +121,11 @@ class StatsView:
 
 # ---------------------------------------------------------------- memory
 
-def _read_int(path: str) -> int | None:
-    try:
-        text = Path(path).read_text().strip()
-    except OSError:
-        return None
-    if not text or text == "max":
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        return None
-
-
-def _cgroup_limit() -> int | None:
-    """The memory this process's cgroup may still use, if it is limited."""
-    limit = _read_int("/sys/fs/cgroup/memory.max")
-    if limit is not None:
-        used = _read_int("/sys/fs/cgroup/memory.current") or 0
-        return max(0, limit - used)
-    limit = _read_int("/sys/fs/cgroup/memory/memory.limit_in_bytes")
-    if limit is not None and limit < (1 << 60):
-        used = _read_int("/sys/fs/cgroup/memory/memory.usage_in_bytes") or 0
-        return max(0, limit - used)
-    return None
-
-
 def usable_ram() -> int:
-    """Bytes of RAM this process can use now: MemAvailable (and any cgroup
-    limit) on Linux, the physical memory on macOS, a best guess elsewhere."""
-    if sys.platform.startswith("linux"):
-        avail = None
-        try:
-            for line in Path("/proc/meminfo").read_text().splitlines():
-                if line.startswith("MemAvailable:"):
-                    avail = int(line.split()[1]) * 1024
-                    break
-        except (OSError, ValueError, IndexError):
-            pass
-        cg = _cgroup_limit()
-        values = [x for x in (avail, cg) if x is not None]
-        if values:
-            return min(values)
-    if sys.platform == "darwin":
-        try:
-            out = subprocess.run(["sysctl", "-n", "hw.memsize"], capture_output=True, text=True, timeout=5)
-            return int(out.stdout.strip())
-        except (OSError, ValueError, subprocess.SubprocessError):
-            pass
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 0
+    """Bytes of RAM this process can use now (``app.memory.budget.machine_memory``)."""
+    from app.memory.budget import machine_memory
+
+    return machine_memory().usable
 
 
 @dataclass
@@ -207,32 +157,27 @@ def plan_floor(plan: Any) -> int:
     return int(getattr(plan, "floor_bytes", 0) or plan.total_bytes)
 
 
-def recommended_budget(plan: Any, info: Any, usable: int) -> int:
-    """The floor, plus a cache as large as every expert or three quarters of
-    the usable RAM, whichever is smaller (never below the floor)."""
-    floor = plan_floor(plan)
-    experts = expert_total_bytes(info)
-    if not experts:
-        return floor
-    return max(floor, min(floor + experts, int(usable * 0.75)))
+def recommended_budget(plan: Any, usable: int) -> int:
+    """The budget Ferry recommends for ``plan`` (an engine ``MemoryPlan``) with
+    ``usable`` bytes free: the one rule of ``app.memory.plan.recommend``."""
+    from app.memory.budget import MachineMemory
+    from app.memory.plan import recommend
+
+    return recommend(plan, MachineMemory(max(usable, 0), usable, "given")).budget
 
 
-def memory_split(plan: Any, info: Any, budget: int, usable: int | None = None) -> MemorySplit:
+def memory_split(plan: Any, info: Any, budget: int, usable: int | None = None,
+                 recommended: int | None = None) -> MemorySplit:
     """The plan in force: trunk, attention state, the expert cache (with its
-    prefetch buffers) and scratch."""
+    prefetch buffers) and scratch. ``recommended``: the budget the model was
+    recommended when it was opened (else computed by the same rule)."""
     usable = usable_ram() if usable is None else usable
     split = MemorySplit(trunk=int(plan.trunk_bytes), state=int(plan.state_bytes), scratch=int(plan.scratch_bytes),
                         expert_cache=int(plan.expert_bytes), usable=usable, floor=plan_floor(plan),
-                        recommended=recommended_budget(plan, info, usable), budget=budget)
+                        recommended=recommended if recommended else recommended_budget(plan, usable),
+                        budget=budget)
     split.parts = [("trunk", split.trunk), ("attention state", split.state),
                    ("expert cache", split.expert_cache), ("scratch", split.scratch)]
     return split
 
 
-def fmt_bytes(n: float) -> str:
-    n = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"

@@ -1,0 +1,52 @@
+"""Ferry's public Python API: the one module the CLI, the window's worker and
+the server import to run a model. Everything a front end needs to hold a
+conversation is here; the modules behind it are implementation.
+
+    from app.api import open_model, EngineService, TurnRequest, Text, TurnDone
+
+    model = open_model("model.ferry")
+    service = EngineService(model, model.new_session(4096))
+    for ev in service.stream(service.prepare(TurnRequest([{"role": "user", "content": "Hi"}]))):
+        if isinstance(ev, Text):
+            print(ev.text, end="")
+
+Event types live one floor below (``app.events``): the engines and the
+pipeline produce them, the front ends consume them.
+"""
+from __future__ import annotations
+
+import os
+
+from app.chat.stream_parser import ToolCall
+from app.chat.turn import ChatFormat, Prepared, TurnError, TurnRequest, collect, run_turn
+from app.engine.service import EngineService, ServiceBusy, ServiceClosed, TurnStream
+from app.events import (Finished, LiveStats, PromptProgress, Reasoning, Text, Token, TokenLogprob, ToolCallMade,
+                        TurnDone, TurnEvent)
+from app.model import LoadedModel, ModelError
+from app.sampling import SamplingParams
+
+__all__ = [
+    "ChatFormat", "EngineService", "Finished", "LiveStats", "LoadedModel", "ModelError", "Prepared",
+    "PromptProgress", "Reasoning", "SamplingParams", "ServiceBusy", "ServiceClosed", "Text", "Token",
+    "TokenLogprob", "ToolCall", "ToolCallMade", "TurnDone", "TurnError", "TurnEvent", "TurnRequest", "TurnStream",
+    "collect", "open_model", "run_turn",
+]
+
+
+def open_model(path: str | os.PathLike, *, ram_budget: int = 0, threads: int = 0, n_ctx: int = 0,
+               **engine_options) -> LoadedModel:
+    """Open a container. ``ram_budget`` 0 takes the recommended budget for this
+    machine and context (the one budget rule, ``app.memory.plan``). A context the
+    model cannot hold is left to the core to choose."""
+    if ram_budget <= 0:
+        from app.memory.plan import plan_container
+
+        ram_budget = plan_container(path, n_ctx).recommended
+    try:
+        return LoadedModel(path, ram_budget=ram_budget, threads=threads, n_ctx=n_ctx, **engine_options)
+    except ModelError:
+        raise
+    except Exception:
+        if not n_ctx:
+            raise
+        return LoadedModel(path, ram_budget=ram_budget, threads=threads, **engine_options)

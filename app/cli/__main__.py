@@ -1,0 +1,5 @@
+import sys
+
+from app.cli.main import main
+
+sys.exit(main())

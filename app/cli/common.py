@@ -1,0 +1,138 @@
+"""What ``ferry`` and ``ferry docs`` share: sizes and budgets, opening a
+model, the model and sampling options, and a turn request from them."""
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+from app.api import LoadedModel, SamplingParams, TurnRequest, open_model
+from app.convert.convert import Progress
+from app.engine.binding import KERNEL_CHOICES
+
+DEMO = "demo"
+#: No machine has more memory than this (2^62 bytes, 4 EiB): a larger size is a typo.
+MAX_SIZE = 1 << 62
+
+
+class UsageError(ValueError):
+    pass
+
+
+def parse_size(text: str) -> int:
+    """'24G', '512MiB', '1.5GB', '1000000' -> bytes (K/M/G/T are binary)."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgtpe]?)(i?b)?\s*", text.lower())
+    if not m:
+        raise UsageError(f"'{text}' is not a size (examples: 24G, 512M, 1000000)")
+    scale = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40, "p": 2**50, "e": 2**60}[m.group(2)]
+    value = float(m.group(1)) * scale
+    if value > MAX_SIZE:
+        raise UsageError(f"'{text}' is larger than any machine's memory (at most {MAX_SIZE} bytes)")
+    return int(value)
+
+
+def check_budget(budget: int, memory=None) -> str | None:
+    """Refuse a budget above the machine's RAM (UsageError, with the numbers);
+    a warning (text) for one above the memory usable now; else None."""
+    from app.memory.budget import machine_memory
+    from app.memory.units import size
+
+    memory = memory or machine_memory()
+    if budget > memory.total:
+        raise UsageError(f"a RAM budget of {size(budget)} is more than this machine has ({size(memory.total)} "
+                         f"of RAM, {size(memory.usable)} usable now from {memory.source}); leave --budget out "
+                         f"for the recommended one")
+    if budget > memory.usable:
+        return (f"a RAM budget of {size(budget)} is more than the {size(memory.usable)} usable now "
+                f"({memory.source}); the system may swap")
+    return None
+
+
+def resolve_model(name: str) -> Path:
+    if name == DEMO:
+        from app.demo import ensure_demo
+
+        return ensure_demo(progress=progress_printer())
+    from app.library import Library
+
+    return Library().resolve(name)   # a container path or name; else says what to do (LibraryError)
+
+
+def progress_printer():
+    last = [-1.0]
+
+    def show(p: Progress) -> None:
+        pct = 100.0 * p.done_bytes / max(1, p.total_bytes)
+        if pct - last[0] >= 5 or p.stage == "done":
+            last[0] = pct
+            rate = p.done_bytes / max(p.elapsed, 1e-9) / 2**20
+            print(f"  {pct:5.1f}%  {p.done_bytes / 2**20:8.1f} of {p.total_bytes / 2**20:.1f} MiB  "
+                  f"{rate:6.1f} MiB/s  {p.stage}", file=sys.stderr, flush=True)
+
+    return show
+
+
+def open_from_args(args) -> LoadedModel:
+    """The model named on the command line, with its --budget (or the recommended one)."""
+    quiet = getattr(args, "json", False)
+    if args.budget:   # checked before anything is loaded
+        budget = parse_size(args.budget)
+        warning = check_budget(budget)
+        if warning and not quiet:
+            print(f"ferry: warning: {warning}", file=sys.stderr)
+    path = resolve_model(args.model)
+    if not args.budget:
+        from app.memory.plan import plan_container
+        from app.memory.units import size
+
+        plan = plan_container(path, args.ctx)
+        budget = plan.recommended
+        if not quiet:
+            print(f"ferry: RAM budget {size(budget)} ({plan.reason})", file=sys.stderr)
+    return open_model(path, ram_budget=budget, threads=args.threads, n_ctx=args.ctx,
+                      kernels=getattr(args, "kernels", None))
+
+
+def add_model_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="a converted model: its folder, its name in the models folder, or 'demo' for the "
+                                 "built-in demo model")
+    p.add_argument("--budget", help="RAM budget for the core, e.g. 4G (default: chosen for this machine and model, "
+                                    "as `ferry plan` prints it)")
+    p.add_argument("--threads", type=int, default=0, help="compute threads (default: one per CPU)")
+    p.add_argument("--kernels", choices=KERNEL_CHOICES, default=None,
+                   help="matrix-product kernels: auto (the best this CPU supports), scalar, avx2 or neon "
+                        "(default: $FERRY_KERNELS, else auto)")
+    p.add_argument("--ctx", type=int, default=4096, help="context length of the session (default 4096)")
+
+
+def add_routing(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--experts-per-token", type=int, default=None, metavar="N",
+                   help="experts each token visits (opt-in, inexact; default: the model's own)")
+    p.add_argument("--cache-aware", type=float, default=0.0, metavar="M",
+                   help="prefer cached experts whose router score is within M of the chosen ones "
+                        "(opt-in, inexact; default 0: off)")
+
+
+def add_sampling(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-n", type=int, default=256, help="most tokens to generate")
+    p.add_argument("--temp", type=float, default=0.0, help="temperature; 0 is greedy (default)")
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--system", help="a system prompt")
+    p.add_argument("--no-think", action="store_true", help="turn the model's thinking off (where it has it)")
+    add_routing(p)
+
+
+def sampling(args) -> SamplingParams:
+    return SamplingParams(temperature=args.temp, top_k=getattr(args, "top_k", 0), top_p=getattr(args, "top_p", 1.0),
+                          min_p=getattr(args, "min_p", 0.0), seed=args.seed)
+
+
+def turn_request(args, messages: list[dict], *, raw: bool = False, client: str = "cli") -> TurnRequest:
+    return TurnRequest(messages=messages, sampling=sampling(args), max_tokens=args.n,
+                       thinking=not getattr(args, "no_think", False), raw=raw,
+                       experts_per_token=getattr(args, "experts_per_token", None),
+                       cache_aware_margin=getattr(args, "cache_aware", 0.0) or 0.0, client=client)

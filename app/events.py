@@ -1,0 +1,120 @@
+"""The events of one turn, as typed values. This module is the floor: it
+imports nothing of Ferry's but the tool-call type, and every front end (the
+window's worker, the CLI, the server, document Q&A) and both engines (the
+local core, a remote OpenAI-compatible server) speak these types.
+
+Two layers:
+
+* the **engine stream** (``LoadedModel.generate``): ``PromptProgress`` per
+  prefill chunk, ``Token`` per generated token, then one ``Finished``;
+* the **turn stream** (``app.chat.turn``): ``PromptProgress``, ``Reasoning``
+  (thinking-trace text), ``Text`` (answer text), ``ToolCallMade``,
+  ``LiveStats`` (engine counters so far) and exactly one ``TurnDone``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.chat.stream_parser import ToolCall
+
+
+# ---------------------------------------------------------------- engine stream
+
+@dataclass(frozen=True)
+class PromptProgress:
+    """Prompt tokens read so far for this turn (one event per prefill chunk)."""
+
+    done: int
+    total: int
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """The chosen token's log-probability and the most likely alternatives
+    (log-softmax of the model's raw logits, as ``ferry eval`` prints them)."""
+
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class Token:
+    id: int
+    text: str          #: the new text this token completes (may be "")
+    logprob: TokenLogprob | None = None
+
+
+@dataclass(frozen=True)
+class Finished:
+    reason: str        #: "stop" (end token), "length", "cancelled" or "error"
+    tokens: list[int]
+    text: str
+    prompt_tokens: int     #: tokens of the prompt that had to be evaluated
+    reused_tokens: int     #: tokens of the prompt the session already held
+    seconds: float
+    stats: Any             #: app.engine.binding.Stats (or a remote's figures): has as_dict()
+    error: str | None = None
+    ttft_s: float | None = None   #: seconds from the start to the first generated token
+
+
+EngineEvent = PromptProgress | Token | Finished
+
+
+# ---------------------------------------------------------------- turn stream
+
+@dataclass(frozen=True)
+class Reasoning:
+    """Text of the thinking trace."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Text:
+    """Text of the answer."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class ToolCallMade:
+    call: ToolCall
+
+
+@dataclass(frozen=True)
+class LiveStats:
+    """The engine's counters moved by this turn so far (``Stats`` field names),
+    and the session's running totals (read on the engine's thread, so a front
+    end never reads a session another thread is using)."""
+
+    counters: dict[str, float]
+    totals: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class TurnDone:
+    """The end of a turn: why, the whole answer split, and the figures."""
+
+    reason: str                       #: "stop", "length", "tool_calls", "cancelled" or "error"
+    content: str = ""
+    reasoning: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    prompt_ids: list[int] = field(default_factory=list)   #: the whole prompt (empty for a remote engine)
+    token_ids: list[int] = field(default_factory=list)    #: generated ids (-1 each for a remote engine)
+    prompt_tokens: int = 0            #: the whole prompt's length
+    reused_tokens: int = 0            #: of which the session already held
+    completion_tokens: int = 0
+    reasoning_tokens: int = 0
+    counters: dict[str, float] = field(default_factory=dict)
+    totals: dict[str, float] = field(default_factory=dict)   #: the session's running totals at the end
+    seconds: float = 0.0
+    queue_seconds: float = 0.0
+    ttft_s: float | None = None       #: time to the first generated token (from the turn's start)
+    started: float = 0.0
+    ended: float = 0.0
+    logprobs: list[tuple[int, TokenLogprob]] = field(default_factory=list)  #: (token id, logprob) when asked
+    error: str | None = None
+
+
+TurnEvent = PromptProgress | Reasoning | Text | ToolCallMade | LiveStats | TurnDone

@@ -1,0 +1,21 @@
+"""`ferry chat` on the one turn pipeline: a conversation over several turns
+on one engine service, the second turn reusing the first's prefix."""
+from __future__ import annotations
+
+import io
+import re
+
+from app.cli import main as ferry
+
+
+def test_chat_keeps_the_conversation_and_reuses_its_prefix(demo_container, monkeypatch, capsys):
+    monkeypatch.setattr("sys.stdin", io.StringIO("What is the capital of France?\nAnd of Italy?\n\n"))
+    assert ferry(["chat", str(demo_container), "-n", "8", "--ctx", "1024", "--threads", "2"]) == 0
+    out, err = capsys.readouterr()
+    figures = [tuple(map(int, m)) for m in re.findall(r"\[(\d+) tokens, (\d+) prompt tokens evaluated, (\d+) reused",
+                                                      err)]
+    assert len(figures) == 2 and out.count("> ") == 3
+    (n1, evaluated1, reused1), (n2, evaluated2, reused2) = figures
+    assert n1 >= 1 and reused1 == 0
+    assert reused2 >= evaluated1                   # the whole first prompt was kept
+    assert evaluated2 < evaluated1 + 20

@@ -1,0 +1,188 @@
+"""One conversation, every model family, every front end: the window (driven
+with pytest-qt), the CLI (`ferry run`), the server (through the `openai`
+client, over loopback HTTP) and `ferry docs ask` give the same prompt token
+ids, the same generated ids, and the same split of those ids into thinking,
+answer and tool calls, because all of them go through the one turn
+pipeline. Kimi K3 with thinking on shows its trace in the window's thinking
+panel; the window on a remote engine (pointed at a Ferry server) gives the
+same turn as on the local engine."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import openai
+import pytest
+
+from app.cli import main as ferry
+from app.convert.convert import convert
+from app.documents.prompt import Passage, passages_message
+from app.events import TurnDone
+from app.model import LoadedModel
+from app.server import Server
+from app.ui.worker import load_options
+from tests.ui.conftest import on_gui, quick_settings
+
+QUESTION = "What colour is the boathouse door?"
+NOTE = "The boathouse door is painted green and the key hangs inside the shed."
+N = 10
+LONG = 120_000
+#: A ChatML-like template (Kimi-Linear's tiny stand-in) and one whose generation
+#: prompt opens <think> (DeepSeek-V3's R1-style stand-in).
+PLAIN_CHAT = ("{% for m in messages %}<|im_{{ m.role }}|> {{ m.content }} <|im_end|> {% endfor %}"
+              "{% if add_generation_prompt %}<|im_assistant|> {% endif %}")
+THINK_CHAT = ("{% for m in messages %}<｜{{ m.role }}｜> {{ m.content }} {% endfor %}"
+              "{% if add_generation_prompt %}<｜Assistant｜> <think> {% endif %}")
+FAMILIES = ["demo", "k3", "kimi_linear", "deepseek"]
+CTX = {"demo": 1024, "k3": 1024, "kimi_linear": 256, "deepseek": 256}
+_built: dict[str, Path] = {}
+
+
+def _tiny_kimi(kind: str, root: Path, template: str) -> Path:
+    from tests.kimi.tiny_kimi import build
+
+    build(kind, root / "ckpt")
+    cfg = root / "ckpt" / "tokenizer_config.json"
+    cfg.write_text(json.dumps({**json.loads(cfg.read_text()), "chat_template": template}))
+    return convert(root / "ckpt", root / f"{kind}.ferry", trunk_format="f32", expert_format="f32")
+
+
+@pytest.fixture
+def container(request, tmp_path_factory) -> tuple[str, Path]:
+    family = request.param
+    if family not in _built:
+        root = tmp_path_factory.mktemp(family)
+        if family == "demo":
+            _built[family] = request.getfixturevalue("demo_container")
+        elif family == "k3":
+            from tests.kimi import tiny_k3
+
+            tiny_k3.build(root / "ckpt")
+            _built[family] = convert(root / "ckpt", root / "k3.ferry", trunk_format="f32", expert_format="f32")
+        else:
+            _built[family] = _tiny_kimi(family, root, PLAIN_CHAT if family == "kimi_linear" else THINK_CHAT)
+    return family, _built[family]
+
+
+def _cli_json(capsys, *argv: str) -> dict:
+    capsys.readouterr()
+    code = ferry(list(argv))
+    out = capsys.readouterr().out
+    assert code == 0, out
+    return json.loads(out)
+
+
+def _window_turn(qtbot, w, text: str) -> tuple[TurnDone, object]:
+    done: list[TurnDone] = []
+    on_gui(w.worker.worker.turn_done, done.append)
+    with qtbot.waitSignal(w.answer_finished, timeout=LONG):
+        w.send_text(text)
+    qtbot.waitUntil(lambda: bool(done), timeout=10000)
+    return done[-1], w.chat.visible()[-1]
+
+
+def _split(content: str, reasoning: str, calls) -> tuple[str, str, list]:
+    return content, reasoning, [(c["name"], c["arguments"]) if isinstance(c, dict) else
+                                (c.name, c.arguments) for c in calls]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("container", FAMILIES, indirect=True)
+def test_every_front_end_gives_the_same_turn(container, qtbot, make_window, capsys, tmp_path, kr, monkeypatch):
+    family, path = container
+    ctx = CTX[family]
+    monkeypatch.setenv("FERRY_HOME", str(tmp_path / "home"))   # a store for this test's keychain
+    # documents: one note, so the whole collection is the passage block
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "boathouse.txt").write_text(NOTE + "\n")
+    assert ferry(["docs", "add", "home", str(notes), "--json"]) == 0
+    docs = _cli_json(capsys, "docs", "ask", str(path), "home", QUESTION, "-n", str(N), "--ctx", str(ctx),
+                     "--threads", "2", "--context-tokens", "900", "--json")
+    assert docs["whole_collection"] and len(docs["passages"]) == 1
+    from app.documents.cli import open_store
+
+    with open_store() as store:
+        chunks = store.index("home").chunks
+    system = passages_message([Passage(i + 1, c, 0.0, 0) for i, c in enumerate(chunks)])
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": QUESTION}]
+
+    # the CLI
+    cli = _cli_json(capsys, "run", str(path), QUESTION, "--system", system, "-n", str(N), "--ctx", str(ctx),
+                    "--threads", "2", "--json")
+
+    # the server, through the openai client over loopback HTTP
+    model = LoadedModel(path, threads=2, n_ctx=ctx)
+    server = Server(model, model.new_session(ctx), host="127.0.0.1", port=0).start()
+    try:
+        client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0)
+        r = client.chat.completions.create(model=server.model_id, messages=messages, max_tokens=N, temperature=0)
+        held = list(server.queue.session.tokens)
+    finally:
+        server.stop()
+        model.close()
+    msg = r.choices[0].message
+    n_prompt = r.usage.prompt_tokens
+    server_split = _split(msg.content or "", msg.model_extra.get("reasoning_content") or "",
+                          [{"name": c.function.name, "arguments": c.function.arguments} for c in msg.tool_calls or []])
+
+    # the window
+    w = make_window(path, max_tokens=N, system_prompt=system, context_length=ctx)
+    win, shown = _window_turn(qtbot, w, QUESTION)
+
+    # the same prompt ids everywhere
+    assert cli["prompt_ids"] == docs["prompt_ids"] == win.prompt_ids == held[:n_prompt]
+    assert len(win.prompt_ids) == n_prompt
+    # the same generated ids (greedy), and the same split of them
+    assert cli["token_ids"] == docs["tokens"] == win.token_ids
+    assert held[n_prompt:] == win.token_ids[:len(held) - n_prompt]
+    assert r.usage.completion_tokens == len(win.token_ids)
+    cli_split = _split(cli["text"], cli["reasoning"], cli["tool_calls"])
+    docs_split = _split(docs["model_text"], docs["reasoning"], [])
+    win_split = _split(win.content, win.reasoning, win.tool_calls)
+    assert cli_split == server_split == win_split == docs_split
+    # what the window shows is that split
+    assert (shown.content, shown.thinking) == (win.content, win.reasoning)
+    if family == "k3":   # thinking on: the trace is in the thinking panel, not the answer
+        assert win.reasoning.strip(), "K3 wrote no thinking trace"
+        w.chat_view.refresh_streaming()
+        panel = w.chat_view.widgets[-1].thinking
+        assert panel.isVisible()
+        panel.toggle.click() if not panel.expanded else None
+        assert panel.body.toPlainText().strip()
+        assert "<|open|>" not in shown.content and "<|close|>" not in shown.content
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("container", ["k3"], indirect=True)
+def test_the_window_on_a_remote_engine_gives_the_same_turn(container, qtbot, make_window):
+    """K3 on `ferry serve`'s engine (in this process, on loopback): the window's
+    remote engine yields the same thinking, answer and figures as local."""
+    _family, path = container
+    local = make_window(path, max_tokens=N, context_length=1024)
+    progress: list[tuple[int, int]] = []
+    on_gui(local.worker.worker.prompt_progress, lambda d, t: progress.append((d, t)))
+    stats: list[dict] = []
+    on_gui(local.worker.worker.stats, stats.append)
+    mine, _ = _window_turn(qtbot, local, QUESTION)
+    assert stats[-1]["final"] and stats[-1]["ttft_s"] == mine.ttft_s
+    assert progress and progress[-1][0] == progress[-1][1] == len(mine.prompt_ids)
+    assert len(progress) == -(-len(mine.prompt_ids) // 32)        # one event per prefill chunk
+    assert mine.ttft_s is not None and 0 < mine.ttft_s <= mine.seconds
+
+    model = LoadedModel(path, threads=2, n_ctx=1024)
+    server = Server(model, model.new_session(1024), host="127.0.0.1", port=0).start()
+    try:
+        w = make_window(None, max_tokens=N)
+        s = quick_settings(engine="remote", remote_url=server.url, max_tokens=N)
+        with qtbot.waitSignal(w.model_loaded, timeout=60000):
+            w.worker.load("remote", load_options(s, api_key_lookup=lambda _url: None))
+        theirs, shown = _window_turn(qtbot, w, QUESTION)
+    finally:
+        server.stop()
+        model.close()
+    assert (theirs.reason, theirs.content, theirs.reasoning, theirs.tool_calls) == \
+        (mine.reason, mine.content, mine.reasoning, mine.tool_calls)
+    assert theirs.prompt_tokens == len(mine.prompt_ids) and theirs.completion_tokens == len(mine.token_ids)
+    assert theirs.ttft_s is not None and theirs.ttft_s > 0
+    assert shown.thinking == mine.reasoning and shown.content == mine.content
