@@ -28,6 +28,38 @@ class UsageError(ValueError):
     pass
 
 
+#: Arguments that are text for the model (paths may hold any bytes; these may not).
+TEXT_ARGUMENTS = ("prompt", "system", "question")
+
+
+def not_text(text: str) -> str | None:
+    """Why ``text`` (decoded with surrogateescape, as Python decodes argv and
+    our stdin) is not valid UTF-8, or None when it is."""
+    for i, ch in enumerate(text):
+        if 0xDC80 <= ord(ch) <= 0xDCFF:
+            return f"byte 0x{ord(ch) - 0xDC00:02x} at character {i} is not UTF-8"
+        if 0xD800 <= ord(ch) <= 0xDFFF:
+            return f"a lone surrogate at character {i}"
+    return None
+
+
+def _check_text_arguments(args) -> None:
+    for name in TEXT_ARGUMENTS:
+        value = getattr(args, name, None)
+        if isinstance(value, str) and (bad := not_text(value)):
+            raise UsageError(f"--{name} is not valid UTF-8 text: {bad}" if name == "system" else
+                             f"the {name} is not valid UTF-8 text: {bad}")
+
+
+def _tolerant_stdin() -> None:
+    """Read stdin with surrogateescape so that invalid UTF-8 arrives as a line
+    we can refuse by name instead of an exception that ends the program."""
+    try:
+        sys.stdin.reconfigure(errors="surrogateescape")
+    except (AttributeError, ValueError):
+        pass
+
+
 def parse_size(text: str) -> int:
     """'24G', '512MiB', '1.5GB', '1000000' -> bytes (K/M/G/T are binary)."""
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?b)?\s*", text.lower())
@@ -68,7 +100,8 @@ def _open(args) -> LoadedModel:
         budget = plan.recommended
         if not getattr(args, "json", False):
             print(f"ferry: RAM budget {gib(budget)} ({plan.reason})", file=sys.stderr)
-    return LoadedModel(path, ram_budget=budget, threads=args.threads, n_ctx=args.ctx, kernels=getattr(args, "kernels", None))
+    return LoadedModel(path, ram_budget=budget, threads=args.threads, n_ctx=args.ctx, kernels=getattr(args, "kernels", None),
+                       verify_reads=bool(getattr(args, "verify_reads", False)))
 
 
 def _params(args) -> SamplingParams:
@@ -218,12 +251,17 @@ def cmd_chat(args) -> int:
     session = model.new_session(args.ctx)
     messages: list[dict] = [{"role": "system", "content": args.system}] if args.system else []
     print(f"Chatting with {model.name}. Empty line or Ctrl-D to quit; /new starts over.", file=sys.stderr)
+    _tolerant_stdin()
     while True:
         try:
             line = input("> ")
         except (EOFError, KeyboardInterrupt):
             print(file=sys.stderr)
             return 0
+        if (bad := not_text(line)):
+            print(f"ferry: that line is not valid UTF-8 text ({bad}); nothing was sent, type it again",
+                  file=sys.stderr)
+            continue
         if not line.strip():
             return 0
         if line.strip() == "/new":
@@ -349,6 +387,9 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
                    help="matrix-product kernels: auto (the best this CPU supports), scalar, avx2 or neon "
                         "(default: $FERRY_KERNELS, else auto)")
     p.add_argument("--ctx", type=int, default=4096, help="context length of the session (default 4096)")
+    p.add_argument("--verify-reads", action="store_true",
+                   help="check each expert record's CRC32 when it is first read from disk; a damaged record "
+                        "ends that answer with an error naming it (costs CPU per GB read: docs/BENCHMARKS.md)")
 
 
 def _add_sampling(p: argparse.ArgumentParser) -> None:
@@ -467,6 +508,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return plan_config_main(argv[1:])
         args = build_parser().parse_args(argv)
+        _check_text_arguments(args)
         return args.fn(args)
     except (FerryError, SourceError, ConvertError, ModelError, UsageError, ValueError, OSError) as exc:
         print(f"ferry: error: {exc}", file=sys.stderr)

@@ -25,7 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from app.chat.stream_parser import ToolCall
 from app.server.chat import ChatFormatter, Limits, Summary, figures
 from app.server.engine import EngineQueue, Job
-from app.server.errors import APIError, error_body, server_error, too_large, unauthorized
+from app.server.errors import APIError, error_body, lone_surrogate, server_error, too_large, unauthorized
 from app.server.schemas import (ChatCompletion, ChatCompletionRequest, ErrorResponse, FerryStatus, ModelCard,
                                 ModelList)
 
@@ -170,6 +170,8 @@ def build_api(queue: EngineQueue, formatter: ChatFormatter | None, *, model_id: 
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         if body.model not in names:
             raise _unknown_model(body.model)
+        if (bad_text := lone_surrogate(body.model_dump(exclude_none=True))) is not None:
+            raise bad_text
         prepared = await asyncio.to_thread(formatter.prepare, body, limits=limits, n_ctx=queue.n_ctx)
         job = Job(prepared, asyncio.get_running_loop())
         queue.submit(job)

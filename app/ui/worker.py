@@ -82,10 +82,11 @@ class EngineWorker(QObject):
                 from app.plan import plan_container
 
                 budget = plan_container(path, want).recommended
+            verify_reads = bool(options.get("verify_reads", False))
             try:  # the budget must leave room for this context
-                model = LoadedModel(path, ram_budget=budget, threads=threads, n_ctx=want)
+                model = LoadedModel(path, ram_budget=budget, threads=threads, n_ctx=want, verify_reads=verify_reads)
             except Exception:  # e.g. more context than the model has: let the core pick
-                model = LoadedModel(path, ram_budget=budget, threads=threads)
+                model = LoadedModel(path, ram_budget=budget, threads=threads, verify_reads=verify_reads)
             info = model.engine.info
             n_ctx = min(want or info.max_ctx, info.max_ctx)
             session = model.new_session(n_ctx)
@@ -317,7 +318,7 @@ def load_options(settings, api_key_lookup=None) -> dict:
     from app.store.settings import remote_api_key
 
     options = {"ram_budget": settings.ram_budget, "threads": settings.threads,
-               "context_length": settings.context_length,
+               "context_length": settings.context_length, "verify_reads": settings.verify_reads,
                "serve_port": settings.serve_port if settings.serve_local else 0}
     if settings.engine == "remote":
         lookup = api_key_lookup or remote_api_key

@@ -207,6 +207,32 @@ static uint64_t tensor_bytes(int fmt, int n_dims, const uint64_t *shape) {
     return total;
 }
 
+static int by_offset(const void *a, const void *b) {
+    const fe_tensor *x = *(const fe_tensor *const *)a, *y = *(const fe_tensor *const *)b;
+    return x->offset < y->offset ? -1 : x->offset > y->offset;
+}
+
+/* Two tensors sharing bytes of trunk.bin would make one's damage the
+ * other's, or let a hostile manifest alias weights: refused. */
+static ferry_status check_no_overlap(reader *r, const fe_container *c) {
+    if (c->n_tensors < 2) return FERRY_OK;
+    const fe_tensor **order = malloc((size_t)c->n_tensors * sizeof *order);
+    if (!order) return fe_fail(r->err, FERRY_E_NOMEM, "out of memory");
+    for (int i = 0; i < c->n_tensors; i++) order[i] = &c->tensors[i];
+    qsort(order, (size_t)c->n_tensors, sizeof *order, by_offset);
+    ferry_status s = FERRY_OK;
+    for (int i = 1; i < c->n_tensors && !s; i++) {
+        const fe_tensor *a = order[i - 1], *b = order[i];
+        if (b->offset < a->offset + a->nbytes)
+            s = fe_fail(r->err, FERRY_E_FORMAT,
+                        "manifest.json: tensors %s (bytes %llu..%llu) and %s (bytes %llu..%llu) overlap in trunk.bin",
+                        a->name, (unsigned long long)a->offset, (unsigned long long)(a->offset + a->nbytes),
+                        b->name, (unsigned long long)b->offset, (unsigned long long)(b->offset + b->nbytes));
+    }
+    free(order);
+    return s;
+}
+
 static ferry_status read_tensors(reader *r, const fe_json_node *list, fe_container *c) {
     if (!list || list->type != FE_JSON_ARRAY) return bad(r, "", "tensors", "is missing or not a list");
     if (list->count > MAX_TENSORS) return bad(r, "", "tensors", "lists too many tensors");
@@ -243,7 +269,7 @@ static ferry_status read_tensors(reader *r, const fe_json_node *list, fe_contain
             if (strcmp(c->tensors[j].name, x->name) == 0) return bad(r, where, "name", "appears twice");
     }
     c->n_tensors = i;
-    return FERRY_OK;
+    return check_no_overlap(r, c);
 }
 
 /* ---- expert banks ---- */
@@ -435,7 +461,7 @@ ferry_status fe_container_open(fe_container *c, const char *dir, ferry_error *er
     return s;
 }
 
-ferry_status fe_container_load_trunk(fe_container *c, ferry_error *err) {
+ferry_status fe_container_load_trunk(fe_container *c, int check_crc, ferry_error *err) {
     char path[FE_MAX_PATH + 64];
     snprintf(path, sizeof path, "%s/trunk.bin", c->dir);
     int fd = open(path, O_RDONLY);
@@ -450,6 +476,20 @@ ferry_status fe_container_load_trunk(fe_container *c, ferry_error *err) {
     close(fd);
     if (s) return s;
     for (int i = 0; i < c->n_tensors; i++) c->tensors[i].data = c->trunk + c->tensors[i].offset;
+    return check_crc ? fe_container_check_trunk(c, err) : FERRY_OK;
+}
+
+ferry_status fe_container_check_trunk(const fe_container *c, ferry_error *err) {
+    for (int i = 0; i < c->n_tensors; i++) {
+        const fe_tensor *t = &c->tensors[i];
+        uint32_t got = fe_crc32(0, c->trunk + t->offset, t->nbytes);
+        if (got != t->crc32)
+            return fe_fail(err, FERRY_E_CHECKSUM,
+                           "trunk.bin: tensor %s (bytes %llu..%llu) is damaged: CRC32 %08x, expected %08x; "
+                           "the model folder must be copied or converted again",
+                           t->name, (unsigned long long)t->offset, (unsigned long long)(t->offset + t->nbytes), got,
+                           t->crc32);
+    }
     return FERRY_OK;
 }
 

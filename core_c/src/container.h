@@ -91,8 +91,11 @@ typedef struct fe_container {
 /* Parse and validate the manifest and the headers of all bank files. Does
  * not load the trunk. */
 ferry_status fe_container_open(fe_container *c, const char *dir, ferry_error *err);
-/* Read trunk.bin into RAM and point the tensors at it. */
-ferry_status fe_container_load_trunk(fe_container *c, ferry_error *err);
+/* Read trunk.bin into RAM and point the tensors at it; with check_crc,
+ * every tensor's CRC32 is checked (fe_container_check_trunk). */
+ferry_status fe_container_load_trunk(fe_container *c, int check_crc, ferry_error *err);
+/* FERRY_E_CHECKSUM naming the first loaded tensor whose bytes do not match its CRC32. */
+ferry_status fe_container_check_trunk(const fe_container *c, ferry_error *err);
 void fe_container_close(fe_container *c);
 
 /* Tensor by name, or NULL. */
