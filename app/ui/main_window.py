@@ -21,6 +21,7 @@ from app.engine.binding import MemoryPlan, ModelInfo
 from app.stats_view import StatsView, memory_split
 from app.store import settings as settings_mod
 from app.store.history import HistoryStore
+from app.store.private import write_private
 from app.store.settings import Settings
 from app.ui import theme
 from app.ui.chat_view import ChatView
@@ -466,7 +467,7 @@ class MainWindow(QMainWindow):
             if not path:
                 return None
         out = Path(path)
-        out.write_text(self.chat.to_markdown(), encoding="utf-8")
+        write_private(out, self.chat.to_markdown())   # a conversation in the clear: the user's eyes only
         self.statusBar().showMessage(f"Exported to {out}", 4000)
         return out
 

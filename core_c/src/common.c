@@ -9,6 +9,9 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#if defined(__aarch64__) && defined(__ARM_FEATURE_CRC32)
+#include <arm_acle.h>
+#endif
 
 ferry_status fe_fail(ferry_error *err, ferry_status code, const char *fmt, ...) {
     if (err) {
@@ -63,11 +66,25 @@ int fe_add_size(uint64_t a, uint64_t b, uint64_t *out) {
 /* Byte-at-a-time CRC-32 over the reflected polynomial 0xEDB88320; the table
  * is computed per call into a local array (1 KiB, ~2 µs), so there is no
  * global state and no start-up ordering to worry about. */
-/* CRC-32 (IEEE, reflected) eight bytes at a step ("slicing by 8": table k
- * holds the CRC of a byte followed by k zero bytes), about five times the
- * speed of the byte-at-a-time loop, which finishes the tail. The tables are
- * built per call (about 2k entries, a few microseconds): no global state. */
+/* CRC-32 (IEEE, reflected). With ARMv8's CRC instructions, those; otherwise
+ * eight bytes at a step ("slicing by 8": table k holds the CRC of a byte
+ * followed by k zero bytes), about 4.5 times the speed of the byte-at-a-time
+ * loop, which finishes the tail. The tables are built per call (about 2k
+ * entries, a few microseconds): no global state. */
 uint32_t fe_crc32(uint32_t crc, const void *data, size_t n) {
+#if defined(__aarch64__) && defined(__ARM_FEATURE_CRC32)
+    /* ARMv8's CRC32 instructions compute this very polynomial (Apple Silicon
+     * always has them): eight bytes per instruction. */
+    const uint8_t *q = (const uint8_t *)data;
+    crc = ~crc;
+    for (; n >= 8; n -= 8, q += 8) {
+        uint64_t v;
+        memcpy(&v, q, 8);
+        crc = __crc32d(crc, v);
+    }
+    for (; n > 0; n--, q++) crc = __crc32b(crc, *q);
+    return ~crc;
+#else
     uint32_t t[8][256];
     for (uint32_t i = 0; i < 256; i++) {
         uint32_t c = i;
@@ -88,6 +105,7 @@ uint32_t fe_crc32(uint32_t crc, const void *data, size_t n) {
     }
     for (; n > 0; n--, p++) crc = t[0][(crc ^ *p) & 0xFF] ^ (crc >> 8);
     return ~crc;
+#endif
 }
 
 ferry_status fe_pread_full(int fd, void *buf, size_t n, uint64_t offset,
