@@ -112,6 +112,7 @@ class ChatTemplate:
             raise TemplateRenderError(f"the chat template does not parse: {exc}") from exc
         except (RecursionError, MemoryError, ValueError, OverflowError) as exc:  # e.g. 1000 nested brackets
             raise TemplateRenderError(f"the chat template cannot be compiled: {type(exc).__name__}: {exc}") from exc
+        self.source = source       #: the template text (read once, from inside the container)
         self.bos_token = bos_token or ""
         self.eos_token = eos_token or ""
 

@@ -298,6 +298,7 @@ class _TokenCounter:
         import json
 
         from app.chat.hf_tokenizer import HFTokenizer
+        from app.engine.container_files import MAX_TOKENIZER_BYTES, ContainerFileError, contained_file
         from app.model import TiktokenContainerTokenizer
 
         if not (Path(model_path) / "manifest.json").exists():
@@ -306,7 +307,12 @@ class _TokenCounter:
         manifest = json.loads((Path(model_path) / "manifest.json").read_text(encoding="utf-8"))
         tok = manifest.get("tokenizer") or {}
         cls = TiktokenContainerTokenizer if tok.get("kind") == "tiktoken" else HFTokenizer
-        self.tokenizer = cls(Path(model_path) / tok["file"])
+        try:
+            path = contained_file(model_path, tok.get("file"), "tokenizer.file", MAX_TOKENIZER_BYTES)
+        except ContainerFileError:   # the model itself refuses to open; counting is only an estimate then
+            self.tokenizer = _EstimatedTokens()
+            return
+        self.tokenizer = cls(path)
 
 
 _COUNTERS: dict[str, _TokenCounter] = {}
