@@ -8,7 +8,6 @@ answer text, and a final ``Finished`` with the reason and the statistics.
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +22,7 @@ from app.engine.binding import Cancelled, Engine, FerryError, Session, Stats
 from app.engine.container_files import (MAX_TEMPLATE_BYTES, MAX_TOKENIZER_BYTES, ContainerFileError,
                                          contained_file, read_contained_text)
 from app.sampling import Sampler, SamplingParams
+from app.store.private import write_private
 
 #: Tokens evaluated per call while processing a prompt (progress granularity).
 PROMPT_STEP = 32
@@ -281,10 +281,8 @@ class LoadedModel:
         read-only container simply starts cold next time)."""
         if not self.engine.info.n_moe_layers:
             return
-        tmp = self.path / (USAGE_FILE + ".tmp")
-        try:
-            self.engine.usage().astype("<u4").tofile(tmp)
-            os.replace(tmp, self.path / USAGE_FILE)
+        try:   # private: which experts ran hints at what was asked
+            write_private(self.path / USAGE_FILE, self.engine.usage().astype("<u4").tobytes())
         except OSError:
             pass
 

@@ -39,14 +39,26 @@ def private_umask() -> Iterator[None]:
 
 
 def private_dir(path: str | os.PathLike) -> Path:
-    """Create ``path`` and missing parents as 0700. A folder that already exists
-    and belongs to this user is narrowed to 0700 too (Ferry's own folders
-    only: call this on the folders Ferry owns, never on a user's folder)."""
+    """Create ``path`` and missing parents as 0700. A folder that already
+    existed is narrowed to 0700 only when it is Ferry's own (the data or
+    config folder, or inside one): a folder of the user's keeps its mode."""
     path = Path(path)
     with private_umask():
         path.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
-    _narrow(path, DIR_MODE)
+    if _ferrys_own(path):
+        _narrow(path, DIR_MODE)
     return path
+
+
+def _ferrys_own(path: Path) -> bool:
+    from app import paths
+
+    try:
+        real = path.resolve()
+        roots = {paths.data_dir().resolve(), paths.config_dir().resolve()}
+    except OSError:
+        return False
+    return any(real == r or r in real.parents for r in roots)
 
 
 def private_file(path: str | os.PathLike, mode: str = "w", *, encoding: str | None = "utf-8") -> IO:
@@ -82,7 +94,7 @@ def write_private(path: str | os.PathLike, data: str | bytes) -> Path:
     """Replace ``path`` atomically with ``data`` (a crash leaves the old or the
     new file, never half of one); the file is 0600 from its first byte."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
         with private_file(tmp, "wb") as f:
             f.write(data.encode("utf-8") if isinstance(data, str) else data)

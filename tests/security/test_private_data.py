@@ -55,6 +55,22 @@ def test_private_helpers(tmp_path, open_umask):
     assert os.umask(0o022) == 0o022      # the umask is restored
 
 
+def test_only_ferrys_own_existing_folders_are_narrowed(tmp_path, open_umask):
+    from app import paths
+
+    mine = tmp_path / "my documents"
+    mine.mkdir()
+    os.chmod(mine, 0o755)
+    private_dir(mine)
+    assert mode(mine) == 0o755           # a folder of the user's keeps its mode
+    data = paths.data_dir()
+    data.mkdir(parents=True, exist_ok=True)
+    os.chmod(data, 0o755)                # as an older Ferry left it
+    private_dir(data / "states")
+    private_dir(data)
+    assert mode(data) == 0o700 and mode(data / "states") == 0o700
+
+
 def test_history_documents_and_settings_are_private(tmp_path, open_umask, kr):
     from app.documents.store import DocumentStore
 
