@@ -29,6 +29,7 @@ from app.documents.ask import Citation, _citation, cite
 from app.documents.prompt import INSTRUCTIONS, format_passage, select_passages
 from app.documents.store import DocumentError, DocumentStore
 from app.documents.extract import SUFFIXES
+from app.documents.walk import display_name
 
 FILE_FILTER = "Documents (" + " ".join(f"*{s}" for s in sorted(SUFFIXES)) + ")"
 
@@ -50,7 +51,7 @@ class _AddWorker(QObject):
         store = self._store.clone()     # a connection of this thread's own
         try:
             report = store.add(self._collection, self._paths, cancelled=lambda: self._cancel,
-                               progress=lambda p: self.progress.emit(p.done, p.total, p.path.name, p.stage,
+                               progress=lambda p: self.progress.emit(p.done, p.total, display_name(p.path.name), p.stage,
                                                                      p.message))
             self.finished.emit(report.as_dict())
         except Exception as exc:  # report, never crash the window

@@ -10,6 +10,8 @@ import time
 
 import pytest
 
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")   # the panel test's window
+
 from app.documents.extract import ExtractError
 from app.documents.walk import Skip, display_name, iter_document_files, read_document_bytes
 from tests.conftest import run_ferry
@@ -85,3 +87,22 @@ def test_docs_add_skips_the_hostile_files_and_adds_the_rest(hostile, tmp_path):
     assert res.returncode == 1   # something was skipped: said, not hidden
     text = run_ferry("docs", "add", "house", str(hostile), check=False, timeout=120, env=env)
     assert "skipped" in text.stdout and "caf\ufffd.txt" in text.stdout and "Traceback" not in text.stderr
+
+
+def test_the_documents_panel_names_the_skips_and_adds_the_rest(qtbot, kr, hostile, tmp_path):
+    from app.documents.store import DocumentStore
+    from app.store.crypto import KeychainKeys
+    from app.ui.documents_panel import open_documents_panel
+
+    store = DocumentStore(tmp_path / "h.sqlite3", keys=KeychainKeys())
+    panel = open_documents_panel(None, store, "conversation:1")
+    qtbot.addWidget(panel)
+    with qtbot.waitSignal(panel.indexing_finished, timeout=60000) as sig:
+        panel.add_paths([str(hostile)])
+    report = sig.args[0]
+    assert len(report["added"]) == 3
+    shown = [panel.errors.item(i).text() for i in range(panel.errors.count())]
+    assert any(t.startswith("pipe.txt: a FIFO") for t in shown)
+    assert any(t.startswith("caf\ufffd.txt: its name is not valid UTF-8") for t in shown)
+    panel.close()
+    store.close()
