@@ -206,3 +206,20 @@ def test_a_weak_ferry_passphrase_does_not_create_a_history(tmp_path):
     res = _docs_list({"FERRY_PASSPHRASE": "1234"}, tmp_path)
     assert res.returncode != 0 and "too easy to guess" in res.stderr and "Traceback" not in res.stderr
     assert not (tmp_path / "home" / "history.sqlite3").exists()
+
+
+def test_every_setting_that_can_hold_user_text_is_sealed_or_known_to_be_plain():
+    """A new setting holding text (presets, per-model prompts...) must join
+    settings.PRIVATE_FIELDS, or be added here with the reason it is not the
+    user's own words."""
+    import dataclasses
+    import typing
+
+    plain = {"model_folders": "folder paths", "model_path": "a path", "engine": "a fixed choice",
+             "remote_url": "a server address", "remote_model": "a model name"}
+    hints = typing.get_type_hints(settings_mod.Settings)
+    for f in dataclasses.fields(settings_mod.Settings):
+        holds_text = "str" in str(hints[f.name]) or "dict" in str(hints[f.name]) or "list" in str(hints[f.name])
+        if holds_text:
+            assert f.name in settings_mod.PRIVATE_FIELDS or f.name in plain, \
+                f"settings.{f.name} may hold user text: add it to PRIVATE_FIELDS"
