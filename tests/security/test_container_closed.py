@@ -148,3 +148,20 @@ def test_a_hostile_template_does_not_hang_ferry_run(chat_copy):
     assert res.returncode == 1, res.stderr
     assert "Traceback" not in res.stderr and "chat template" in res.stderr
     assert time.monotonic() - t0 < 60
+
+
+def test_a_checkpoint_whose_tokenizer_is_dev_zero_or_a_fifo_is_refused(tmp_path):
+    from app.convert.convert import convert
+    from app.convert.errors import SourceError
+    from tests.tiny_models import build
+
+    ckpt = tmp_path / "ckpt"
+    build("llama", ckpt, seed=1)
+    (ckpt / "tokenizer.json").unlink()
+    (ckpt / "tokenizer.json").symlink_to("/dev/zero")
+    with pytest.raises(SourceError, match="not a regular file"):
+        convert(ckpt, tmp_path / "out.ferry")
+    (ckpt / "tokenizer.json").unlink()
+    os.mkfifo(ckpt / "tokenizer.json")
+    with pytest.raises(SourceError, match="not a regular file"):
+        convert(ckpt, tmp_path / "out2.ferry")
