@@ -59,7 +59,12 @@ def kind_of(path: Path) -> str | None:
     return SUFFIXES.get(path.suffix.lower())
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def _clean(text: str) -> str:
+    # A lone surrogate (a broken PDF text map can yield one) is not text: U+FFFD, the defined replacement.
+    text = _SURROGATE.sub("\ufffd", text)
     text = unicodedata.normalize("NFC", text).replace("\r\n", "\n").replace("\r", "\n")
     text = text.replace("\u00ad", "").replace("\x00", "")
     return re.sub(r"[ \t\f\v\u00a0]+", " ", text)

@@ -106,3 +106,20 @@ def test_the_documents_panel_names_the_skips_and_adds_the_rest(qtbot, kr, hostil
     assert any(t.startswith("caf\ufffd.txt: its name is not valid UTF-8") for t in shown)
     panel.close()
     store.close()
+
+
+def test_lone_surrogates_in_extracted_text_become_the_replacement_character(tmp_path, kr, monkeypatch):
+    from app.documents import extract as ex
+    from app.documents.store import DocumentStore
+    from app.store.crypto import KeychainKeys
+
+    assert ex._clean("a\ud800b \udfff") == "a\ufffdb \ufffd"
+    f = tmp_path / "broken.pdf"
+    f.write_bytes(b"%PDF-1.4 stand-in")
+    # What pypdf can return for a page with a broken text map.
+    monkeypatch.setattr(ex, "_extract_pdf",
+                        lambda data: [ex.Page(1, [ex.Block("para", ex._clean("page text \ud835 " + NOTE))])])
+    store = DocumentStore(tmp_path / "h.sqlite3", keys=KeychainKeys())
+    report = store.add("c", [f])
+    assert [p.name for p in report.added] == ["broken.pdf"] and not report.failed
+    store.close()
