@@ -20,6 +20,7 @@ from app.engine.binding import KERNEL_CHOICES, FerryError, verify
 from app.model import Finished, LoadedModel, ModelError, PromptProgress, Token
 from app.plan import describe, gib, plan_container
 from app.sampling import SamplingParams
+from app.text_input import not_text, text_argument_problem, tolerant_stdin
 
 DEMO = "demo"
 
@@ -30,34 +31,6 @@ class UsageError(ValueError):
 
 #: Arguments that are text for the model (paths may hold any bytes; these may not).
 TEXT_ARGUMENTS = ("prompt", "system", "question")
-
-
-def not_text(text: str) -> str | None:
-    """Why ``text`` (decoded with surrogateescape, as Python decodes argv and
-    our stdin) is not valid UTF-8, or None when it is."""
-    for i, ch in enumerate(text):
-        if 0xDC80 <= ord(ch) <= 0xDCFF:
-            return f"byte 0x{ord(ch) - 0xDC00:02x} at character {i} is not UTF-8"
-        if 0xD800 <= ord(ch) <= 0xDFFF:
-            return f"a lone surrogate at character {i}"
-    return None
-
-
-def _check_text_arguments(args) -> None:
-    for name in TEXT_ARGUMENTS:
-        value = getattr(args, name, None)
-        if isinstance(value, str) and (bad := not_text(value)):
-            raise UsageError(f"--{name} is not valid UTF-8 text: {bad}" if name == "system" else
-                             f"the {name} is not valid UTF-8 text: {bad}")
-
-
-def _tolerant_stdin() -> None:
-    """Read stdin with surrogateescape so that invalid UTF-8 arrives as a line
-    we can refuse by name instead of an exception that ends the program."""
-    try:
-        sys.stdin.reconfigure(errors="surrogateescape")
-    except (AttributeError, ValueError):
-        pass
 
 
 def parse_size(text: str) -> int:
@@ -251,7 +224,7 @@ def cmd_chat(args) -> int:
     session = model.new_session(args.ctx)
     messages: list[dict] = [{"role": "system", "content": args.system}] if args.system else []
     print(f"Chatting with {model.name}. Empty line or Ctrl-D to quit; /new starts over.", file=sys.stderr)
-    _tolerant_stdin()
+    tolerant_stdin()
     while True:
         try:
             line = input("> ")
@@ -508,7 +481,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return plan_config_main(argv[1:])
         args = build_parser().parse_args(argv)
-        _check_text_arguments(args)
+        if (bad := text_argument_problem(args, TEXT_ARGUMENTS)):
+            raise UsageError(bad)
         return args.fn(args)
     except (FerryError, SourceError, ConvertError, ModelError, UsageError, ValueError, OSError) as exc:
         print(f"ferry: error: {exc}", file=sys.stderr)

@@ -26,6 +26,7 @@ from app.documents.walk import display_name
 from app.store.crypto import KeychainKeys, KeyUnavailable, PassphraseKeys, WrongKey, keychain_problem
 from app.store.history import default_path, stored_key_kind
 from app.store.passphrase import LOST_PASSPHRASE_WARNING, passphrase_problem
+from app.text_input import text_argument_problem
 
 
 def key_provider(db_path: Path):
@@ -244,6 +245,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    if (bad := text_argument_problem(args, ("collection", "question"))):
+        print(f"ferry: error: {bad}", file=sys.stderr)
+        return 2
     try:
         return args.fn(args)
     except (KeyUnavailable, WrongKey, DocumentError, StateError, FerryError, ModelError, ValueError,

@@ -84,3 +84,12 @@ def test_invalid_utf8_typed_into_ferry_chat_is_refused_and_the_chat_goes_on(tiny
     assert res.returncode == 0, err
     assert "Traceback" not in err and "not valid UTF-8" in err
     assert "tokens" in err    # the next, valid line was answered
+
+
+def test_invalid_utf8_in_a_docs_question_is_a_clear_error(tmp_path):
+    env = {**os.environ, "FERRY_HOME": str(tmp_path / "home"), "FERRY_PASSPHRASE": "tractor violet harbour sonnet",
+           "PYTHON_KEYRING_BACKEND": "keyring.backends.null.Keyring"}
+    res = subprocess.run([sys.executable.encode(), b"-m", b"app.cli", b"docs", b"search", b"notes", b"boiler \xff?"],
+                         cwd=REPO, env=env, capture_output=True, timeout=120)
+    assert res.returncode == 2 and b"Traceback" not in res.stderr
+    assert b"the question is not valid UTF-8 text: byte 0xff" in res.stderr
