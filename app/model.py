@@ -19,9 +19,12 @@ import numpy as np
 from app.chat.hf_tokenizer import HFTokenizer
 from app.chat.segments import Segment
 from app.chat.template import ChatTemplate
-from app.engine.binding import Cancelled, Engine, FerryError, Session
+from app.engine.binding import Cancelled, Engine, FerryError, Session, Stats
+from app.engine.container_files import (MAX_TEMPLATE_BYTES, MAX_TOKENIZER_BYTES, ContainerFileError,
+                                         contained_file, read_contained_text)
 from app.events import EngineEvent, Finished, PromptProgress, Token, TokenLogprob
 from app.sampling import Sampler, SamplingParams
+from app.store.private import write_private
 
 #: Tokens evaluated per call while processing a prompt (progress granularity).
 PROMPT_STEP = 32
@@ -102,20 +105,32 @@ class LoadedModel:
         engine_options.setdefault("usage_counts", self._load_usage())
         self.engine = Engine(self.path, ram_budget=ram_budget, threads=threads, n_ctx=n_ctx, **engine_options)
         tok = self.manifest.get("tokenizer") or {}
-        if tok.get("kind") == "tiktoken":
-            self.tokenizer = TiktokenContainerTokenizer(self.path / tok["file"], eos_ids=tok.get("eos_ids", []),
-                                                        bos_id=tok.get("bos_id"))
-        elif tok.get("kind") != "hf-tokenizers":
+        try:
+            self._open_tokenizer(tok if isinstance(tok, dict) else {})
+        except BaseException:
+            self.engine.close()
+            raise
+
+    def _open_tokenizer(self, tok: dict) -> None:
+        """The tokenizer and chat template the manifest names, read only from inside the container."""
+        if tok.get("kind") not in ("tiktoken", "hf-tokenizers"):
             raise ModelError(f"this container's tokenizer kind {tok.get('kind')!r} is not supported yet")
+        try:
+            tok_path = contained_file(self.path, tok.get("file"), "tokenizer.file", MAX_TOKENIZER_BYTES)
+            template_file = tok.get("chat_template")
+            source = (read_contained_text(self.path, template_file, "tokenizer.chat_template", MAX_TEMPLATE_BYTES)
+                      if template_file else None)
+        except ContainerFileError as exc:
+            raise ModelError(f"{self.path}: {exc}") from None
+        if tok.get("kind") == "tiktoken":
+            self.tokenizer = TiktokenContainerTokenizer(tok_path, eos_ids=tok.get("eos_ids", []),
+                                                        bos_id=tok.get("bos_id"))
         else:
-            self.tokenizer = HFTokenizer(self.path / tok["file"], eos_ids=tok.get("eos_ids", []),
-                                         bos_id=tok.get("bos_id"))
+            self.tokenizer = HFTokenizer(tok_path, eos_ids=tok.get("eos_ids", []), bos_id=tok.get("bos_id"))
         self.add_bos = bool(tok.get("add_bos"))
-        template_file = tok.get("chat_template")
         self.template = None
-        if template_file:
-            self.template = ChatTemplate((self.path / template_file).read_text(encoding="utf-8"),
-                                         bos_token=tok.get("bos_token"), eos_token=tok.get("eos_token"))
+        if source is not None:
+            self.template = ChatTemplate(source, bos_token=tok.get("bos_token"), eos_token=tok.get("eos_token"))
 
     @property
     def name(self) -> str:
@@ -228,10 +243,8 @@ class LoadedModel:
         read-only container simply starts cold next time)."""
         if not self.engine.info.n_moe_layers:
             return
-        tmp = self.path / (USAGE_FILE + ".tmp")
-        try:
-            self.engine.usage().astype("<u4").tofile(tmp)
-            os.replace(tmp, self.path / USAGE_FILE)
+        try:   # private: which experts ran hints at what was asked
+            write_private(self.path / USAGE_FILE, self.engine.usage().astype("<u4").tobytes())
         except OSError:
             pass
 

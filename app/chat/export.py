@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from app.store.private import write_private
+
 FORMAT_VERSION = 1
 FORMATS = {"md": "Markdown (*.md)", "json": "JSON (*.json)"}
 
@@ -69,7 +71,4 @@ def write(chat, path: str | Path, fmt: str | None = None, **kw) -> Path:
     if fmt not in FORMATS:
         raise ValueError(f"unknown export format {fmt!r}: use md or json")
     text = to_json(chat, **kw) if fmt == "json" else to_markdown(chat, **kw)
-    tmp = path.with_name(path.name + ".part")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
-    return path
+    return write_private(path, text)   # a conversation in the clear: the user's eyes only

@@ -96,17 +96,12 @@ class ChatFormat:
 
     def __init__(self, model):
         self.model = model
-        tok = model.manifest.get("tokenizer") or {}
         kimi = (model.manifest.get("model") or {}).get("kimi") or {}
         config = (model.manifest.get("source") or {}).get("config") or {}
         is_k3 = kimi.get("variant") == "k3" or config.get("model_type") == "kimi_k3"
         self.kind = "k3" if is_k3 else ("jinja" if model.template is not None else "plain")
-        source = ""
-        if self.kind == "jinja" and tok.get("chat_template"):
-            try:
-                source = (model.path / tok["chat_template"]).read_text(encoding="utf-8")
-            except OSError:
-                source = ""
+        # The source LoadedModel read (inside the container, bounded), never read again from the folder.
+        source = model.template.source if self.kind == "jinja" else ""
         self.template_takes_tools = "tools" in source
         self.hermes = HERMES_OPEN in source
         self._specials = sorted({model.tokenizer.token_text(i) for i in getattr(model.tokenizer, "special_ids", ())

@@ -91,7 +91,7 @@ def open_from_args(args) -> LoadedModel:
         if not quiet:
             print(f"ferry: RAM budget {size(budget)} ({plan.reason})", file=sys.stderr)
     return open_model(path, ram_budget=budget, threads=args.threads, n_ctx=args.ctx,
-                      kernels=getattr(args, "kernels", None))
+                      kernels=getattr(args, "kernels", None), verify_reads=bool(getattr(args, "verify_reads", False)))
 
 
 def add_model_options(p: argparse.ArgumentParser) -> None:
@@ -104,6 +104,9 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
                    help="matrix-product kernels: auto (the best this CPU supports), scalar, avx2 or neon "
                         "(default: $FERRY_KERNELS, else auto)")
     p.add_argument("--ctx", type=int, default=4096, help="context length of the session (default 4096)")
+    p.add_argument("--verify-reads", action="store_true",
+                   help="check each expert record's CRC32 when it is first read from disk; a damaged record "
+                        "ends that answer with an error naming it (costs CPU per GB read: docs/BENCHMARKS.md)")
 
 
 def add_routing(p: argparse.ArgumentParser) -> None:

@@ -21,6 +21,11 @@ from app.convert.layout import FORMAT_CHOICES
 from app.engine.binding import FerryError, verify
 from app.model import log_softmax
 from app.memory.plan import describe, plan_container
+from app.text_input import not_text, text_argument_problem, tolerant_stdin
+
+#: Arguments that are text for the model (paths may hold any bytes; these may not).
+TEXT_ARGUMENTS = ("prompt", "system", "question")
+
 
 def _messages(args, prompt: str) -> list[dict]:
     return ([{"role": "system", "content": args.system}] if getattr(args, "system", None) else []) + \
@@ -191,6 +196,7 @@ def cmd_chat(args) -> int:
     service = EngineService(model, model.new_session(args.ctx))
     messages: list[dict] = [{"role": "system", "content": args.system}] if args.system else []
     print(f"Chatting with {model.name}. Empty line or Ctrl-D to quit; /new starts over.", file=sys.stderr)
+    tolerant_stdin()
     try:
         while True:
             try:
@@ -198,6 +204,10 @@ def cmd_chat(args) -> int:
             except (EOFError, KeyboardInterrupt):
                 print(file=sys.stderr)
                 return 0
+            if (bad := not_text(line)):
+                print(f"ferry: that line is not valid UTF-8 text ({bad}); nothing was sent, type it again",
+                      file=sys.stderr)
+                continue
             if not line.strip():
                 return 0
             if line.strip() == "/new":
@@ -472,6 +482,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return plan_config_main(argv[1:])
         args = build_parser().parse_args(argv)
+        if (bad := text_argument_problem(args, TEXT_ARGUMENTS)):
+            raise UsageError(bad)
         return args.fn(args)
     except (FerryError, SourceError, ConvertError, ModelError, UsageError, ValueError, OSError) as exc:
         print(f"ferry: error: {exc}", file=sys.stderr)

@@ -8,12 +8,14 @@ section naming the files and the special ids (BOS, the stop tokens).
 from __future__ import annotations
 
 import json
+import stat
 from pathlib import Path
 from typing import Any
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 
 from app.convert.errors import SourceError
+from app.engine.container_files import MAX_TOKENIZER_BYTES
 
 #: Files copied from a checkpoint when present.
 HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -29,10 +31,30 @@ def _as_list(value) -> list[int]:
     return [int(v) for v in (value if isinstance(value, list) else [value])]
 
 
-def _read_json(path: Path) -> dict:
+def _read_small(path: Path, limit: int = MAX_TOKENIZER_BYTES) -> bytes:
+    """A tokenizer or config file of a checkpoint: a regular file (links are
+    fine: Hugging Face's cache is made of them) no larger than ``limit``; a
+    FIFO or ``/dev/zero`` in its place is refused, never read."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):
+            raise SourceError(path, "is not a regular file")
+        if st.st_size > limit:
+            raise SourceError(path, f"has {st.st_size} bytes; the most Ferry reads for it is {limit}")
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+    except OSError as exc:
+        raise SourceError(path, f"cannot be read: {exc.strerror or exc}") from exc
+    if len(data) > limit:
+        raise SourceError(path, f"is larger than {limit} bytes")
+    return data
+
+
+def _read_json(path: Path) -> dict:
+    raw = _read_small(path)
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except ValueError as exc:
         raise SourceError(path, f"cannot read JSON: {exc}") from exc
     if not isinstance(data, dict):
         raise SourceError(path, "is not a JSON object")
@@ -41,7 +63,7 @@ def _read_json(path: Path) -> dict:
 
 def from_hf(ckpt_dir: Path, config: dict) -> tuple[dict[str, Any], dict[str, bytes]]:
     """The manifest section and the files to copy from a checkpoint directory."""
-    files = {name: (ckpt_dir / name).read_bytes() for name in HF_TOKENIZER_FILES if (ckpt_dir / name).exists()}
+    files = {name: _read_small(ckpt_dir / name) for name in HF_TOKENIZER_FILES if (ckpt_dir / name).exists()}
     if "tokenizer.json" not in files and "tiktoken.model" not in files:
         raise SourceError(ckpt_dir, "has no tokenizer.json or tiktoken.model")
     tok_cfg = _read_json(ckpt_dir / "tokenizer_config.json") if "tokenizer_config.json" in files else {}

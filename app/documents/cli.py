@@ -22,8 +22,11 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from app.documents.walk import display_name
 from app.store.crypto import KeychainKeys, KeyUnavailable, PassphraseKeys, WrongKey, keychain_problem
 from app.store.history import default_path, stored_key_kind
+from app.store.passphrase import LOST_PASSPHRASE_WARNING, passphrase_problem
+from app.text_input import text_argument_problem
 
 
 def key_provider(db_path: Path):
@@ -31,14 +34,31 @@ def key_provider(db_path: Path):
     if kind == "ephemeral":
         raise KeyUnavailable("this history was made with a throw-away key and cannot be opened")
     passphrase = os.environ.get("FERRY_PASSPHRASE")
-    if kind == "passphrase" or (kind is None and keychain_problem() is not None):
+    # FERRY_PASSPHRASE is honoured whatever the keyring backend (null, fail or
+    # a real one) unless the history was made with a keychain key.
+    if kind == "passphrase" or (kind is None and (passphrase or keychain_problem() is not None)):
         if not passphrase:
             if not sys.stdin.isatty():
                 why = "the history is protected by a passphrase" if kind == "passphrase" else keychain_problem()
                 raise KeyUnavailable(f"{why}; set FERRY_PASSPHRASE or run from a terminal")
             passphrase = getpass.getpass("Ferry passphrase: ")
+            if kind is None:
+                passphrase = _confirm_new(passphrase)
+        elif kind is None and (problem := passphrase_problem(passphrase)):
+            raise KeyUnavailable(f"FERRY_PASSPHRASE cannot protect a new history: {problem}")
         return PassphraseKeys(passphrase)
     return KeychainKeys()
+
+
+def _confirm_new(passphrase: str) -> str:
+    """A new history's passphrase typed at the terminal: checked against the rule and typed twice."""
+    print(LOST_PASSPHRASE_WARNING, file=sys.stderr)
+    while (problem := passphrase_problem(passphrase)):
+        print(problem, file=sys.stderr)
+        passphrase = getpass.getpass("Ferry passphrase: ")
+    if getpass.getpass("The same passphrase again: ") != passphrase:
+        raise KeyUnavailable("the two passphrases differ; nothing was created")
+    return passphrase
 
 
 def open_store():
@@ -50,7 +70,7 @@ def open_store():
 
 def _progress(p) -> None:
     if p.stage == "failed":
-        print(f"  skipped {p.path.name}: {p.message}", file=sys.stderr, flush=True)
+        print(f"  skipped {display_name(p.path.name)}: {p.message}", file=sys.stderr, flush=True)
     elif p.stage in ("indexed", "unchanged"):
         extra = f" ({p.message})" if p.message else ""
         print(f"  [{p.done}/{p.total}] {p.stage} {p.path.name}{extra}", file=sys.stderr, flush=True)
@@ -65,7 +85,7 @@ def cmd_add(args) -> int:
         print(f"{args.collection}: {len(report.added)} added ({report.chunks} passages), "
               f"{len(report.unchanged)} unchanged, {len(report.failed)} skipped, {report.seconds:.1f} s")
         for p, why in report.failed:
-            print(f"  skipped {p}: {why}")
+            print(f"  skipped {display_name(p)}: {why}")
     return 1 if report.failed else 0
 
 
@@ -227,6 +247,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    if (bad := text_argument_problem(args, ("collection", "question"))):
+        print(f"ferry: error: {bad}", file=sys.stderr)
+        return 2
     try:
         return args.fn(args)
     except (KeyUnavailable, WrongKey, DocumentError, StateError, FerryError, ModelError, ValueError,

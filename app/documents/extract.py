@@ -59,7 +59,12 @@ def kind_of(path: Path) -> str | None:
     return SUFFIXES.get(path.suffix.lower())
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def _clean(text: str) -> str:
+    # A lone surrogate (a broken PDF text map can yield one) is not text: U+FFFD, the defined replacement.
+    text = _SURROGATE.sub("\ufffd", text)
     text = unicodedata.normalize("NFC", text).replace("\r\n", "\n").replace("\r", "\n")
     text = text.replace("\u00ad", "").replace("\x00", "")
     return re.sub(r"[ \t\f\v\u00a0]+", " ", text)
@@ -239,13 +244,9 @@ def extract(path: str | os.PathLike) -> Extracted:
     if kind is None:
         raise ExtractError(f"unsupported file type '{path.suffix or '(none)'}' "
                            f"(supported: {', '.join(sorted(set(SUFFIXES)))})")
-    try:
-        size = path.stat().st_size
-        if size > MAX_FILE_BYTES:
-            raise ExtractError(f"the file is larger than {MAX_FILE_BYTES // 2**20} MiB")
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ExtractError(f"cannot be read ({exc.strerror or exc})") from exc
+    from app.documents.walk import read_document_bytes
+
+    data = read_document_bytes(path, MAX_FILE_BYTES)   # never a FIFO, a device or an endless file
     if kind in ("text", "markdown"):
         pages = [Page(None, _text_blocks(_decode(data), kind == "markdown"))]
     elif kind == "pdf":
@@ -265,25 +266,15 @@ def extract(path: str | os.PathLike) -> Extracted:
 
 
 def expand(paths: Iterable[str | os.PathLike]) -> tuple[list[Path], list[tuple[Path, str]]]:
-    """Files to read from files and folders (folders recursively, hidden
-    entries skipped); returns (files, [(path, why it is skipped)])."""
+    """Files to read from files and folders, and [(path, why it is skipped)]:
+    the policy of :func:`app.documents.walk.iter_document_files`, collected."""
+    from app.documents.walk import Skip, iter_document_files
+
     files: list[Path] = []
     skipped: list[tuple[Path, str]] = []
-    for raw in paths:
-        p = Path(raw).expanduser()
-        if p.is_dir():
-            for root, dirs, names in os.walk(p):
-                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-                for name in sorted(names):
-                    if name.startswith("."):
-                        continue
-                    f = Path(root) / name
-                    if kind_of(f) is None:
-                        skipped.append((f, f"unsupported file type '{f.suffix or '(none)'}'"))
-                    else:
-                        files.append(f)
-        elif p.exists():
-            files.append(p)
+    for item in iter_document_files(paths):
+        if isinstance(item, Skip):
+            skipped.append((item.path, item.reason))
         else:
-            skipped.append((p, "no such file or folder"))
+            files.append(item)
     return files, skipped

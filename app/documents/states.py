@@ -29,6 +29,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from app import paths
 from app.engine.binding import FerryError, Session, SessionState
+from app.store.private import private_dir, write_private
 
 MAGIC = b"FXDS"
 VERSION = 1
@@ -75,13 +76,8 @@ class StateCache:
         nonce = os.urandom(NONCE)
         data = header + nonce + self._aead.encrypt(nonce, state.to_bytes(), header)
         path = self.path_for(fingerprint, state.tokens)
-        self.root.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        private_dir(self.root)
+        write_private(path, data)
         self._evict(keep=path)
         return path
 

@@ -36,8 +36,10 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from app.documents.chunk import chunk_document
 from app.documents.extract import ExtractError, expand, extract
 from app.documents.index import IndexedChunk, MemoryIndex
+from app.documents.walk import display_name, read_document_bytes
 from app.store.crypto import Cipher, KeyProvider, WrongKey
 from app.store.history import CHECK_TEXT, HistoryStore, _MetaTable, default_path
+from app.store.private import private_dir, private_umask, touch_private
 
 NONCE = 12
 #: the token budget for passages in a prompt, unless the user sets one
@@ -160,7 +162,8 @@ class AddReport:
 
     def as_dict(self) -> dict:
         return {"added": [str(p) for p in self.added], "unchanged": [str(p) for p in self.unchanged],
-                "failed": [{"path": str(p), "name": p.name, "error": why} for p, why in self.failed],
+                "failed": [{"path": display_name(p), "name": display_name(p.name), "error": why}
+                           for p, why in self.failed],
                 "chunks": self.chunks, "seconds": round(self.seconds, 3), "cancelled": self.cancelled}
 
 
@@ -177,11 +180,13 @@ class DocumentStore:
         if _derived is None:
             if keys is None:
                 raise ValueError("a key provider is required: documents are never stored in plaintext")
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            private_dir(self.path.parent)
             _derived = Keys.derive(history_key(self.path, keys))
         self.keys = _derived
         self._aead = AESGCM(self.keys.aead)
-        self._db = sqlite3.connect(self.path, timeout=30)
+        touch_private(self.path)
+        with private_umask():
+            self._db = sqlite3.connect(self.path, timeout=30)
         try:
             for pragma in ("journal_mode=WAL", "synchronous=NORMAL", "foreign_keys=ON", "secure_delete=ON",
                            "temp_store=MEMORY", "busy_timeout=30000"):
@@ -331,10 +336,7 @@ class DocumentStore:
     def _add_file(self, cid: int, f: Path) -> tuple[str, int]:
         resolved = f.expanduser().resolve()
         path_mac = self.mac("path", str(resolved))
-        try:
-            data = resolved.read_bytes()
-        except OSError as exc:
-            raise ExtractError(f"cannot be read ({exc.strerror or exc})") from exc
+        data = read_document_bytes(resolved)
         digest = hashlib.sha256(data).hexdigest()
         aad = f"docs:file:{cid}:{path_mac.hex()}"
         row = self._db.execute("SELECT id, info FROM docs_files WHERE collection_id = ? AND path_mac = ?",

@@ -146,10 +146,12 @@ class Engine:
     def __init__(self, path: str | os.PathLike, *, ram_budget: int = 0, threads: int = 0,
                  verify_reads: bool = False, n_ctx: int = 0, cache_slots: int = 0, readers: int = 0,
                  direct_io: bool = True, overlap: bool = True, lookahead: bool = True, cache: bool = True,
-                 usage_counts: np.ndarray | None = None, kernels: str | None = None):
+                 usage_counts: np.ndarray | None = None, kernels: str | None = None, trunk_check: bool = True):
         """Open a container. ``n_ctx`` is the context the RAM budget must leave
         room for; the switches exist to measure each mechanism (they change
-        speed, never output). ``kernels`` is one of :data:`KERNEL_CHOICES`
+        speed, never output; ``trunk_check=False`` skips the trunk's CRC check
+        on open, for measuring its cost only). ``verify_reads`` checks each
+        expert record's CRC32 as its read completes. ``kernels`` is one of :data:`KERNEL_CHOICES`
         (None: :func:`default_kernels`); a set this CPU cannot run raises
         FerryError (``FERRY_E_UNSUPPORTED``)."""
         self.path = Path(path)
@@ -162,7 +164,8 @@ class Engine:
         opts.cache_slots = int(cache_slots)
         opts.n_readers = int(readers)
         opts.flags = ((0 if direct_io else lib.FERRY_NO_DIRECT_IO) | (0 if overlap else lib.FERRY_NO_OVERLAP)
-                      | (0 if lookahead else lib.FERRY_NO_LOOKAHEAD) | (0 if cache else lib.FERRY_NO_CACHE))
+                      | (0 if lookahead else lib.FERRY_NO_LOOKAHEAD) | (0 if cache else lib.FERRY_NO_CACHE)
+                      | (0 if trunk_check else lib.FERRY_NO_TRUNK_CHECK))
         counts = None
         if usage_counts is not None:
             counts = np.ascontiguousarray(usage_counts, dtype=np.uint32)

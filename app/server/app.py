@@ -27,7 +27,7 @@ from app.engine.service import EngineService
 from app.events import LiveStats, PromptProgress, Reasoning, Text, ToolCallMade, TurnDone
 from app.server.chat import ChatFormatter, Limits, client_id, figures, logprobs_content
 from app.server.engine import AsyncJob
-from app.server.errors import APIError, error_body, server_error, too_large, unauthorized
+from app.server.errors import APIError, error_body, lone_surrogate, server_error, too_large, unauthorized
 from app.server.schemas import (ChatCompletion, ChatCompletionRequest, ErrorResponse, FerryStatus, ModelCard,
                                 ModelList)
 
@@ -173,6 +173,8 @@ def build_api(service: EngineService, formatter: ChatFormatter | None, *, model_
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         if body.model not in names:
             raise _unknown_model(body.model)
+        if (bad_text := lone_surrogate(body.model_dump(exclude_none=True))) is not None:
+            raise bad_text
         client = client_id(keyed, (request.client.host, request.client.port) if request.client else None)
         prepared = await asyncio.to_thread(formatter.prepare, body, limits=limits, n_ctx=queue.n_ctx, client=client,
                                            session=queue.session)

@@ -53,3 +53,23 @@ def queue_full(limit: int) -> APIError:
 
 def server_error(message: str = "The engine failed while answering.") -> APIError:
     return APIError(500, message, type="server_error", code="engine_error")
+
+
+def lone_surrogate(value: Any, param: str = "") -> APIError | None:
+    """A 400 naming the first string in ``value`` (a parsed JSON body) that holds
+    a lone UTF-16 surrogate such as ``"\\ud800"``: JSON can spell one, but it is
+    not text and cannot be tokenized, so it is refused rather than guessed at."""
+    stack: list[tuple[str, Any]] = [(param, value)]
+    while stack:
+        where, v = stack.pop()
+        if isinstance(v, str):
+            if any(0xD800 <= ord(c) <= 0xDFFF for c in v):
+                return APIError(400, f"{where or 'The body'} holds a lone UTF-16 surrogate (an escape such as "
+                                     "\\ud800 without its pair), which is not text.",
+                                param=where or None, code="invalid_unicode")
+        elif isinstance(v, dict):
+            stack.extend((f"{where}.{k}" if where else str(k), x) for k, x in reversed(list(v.items())))
+            stack.extend((where or "body", k) for k in v if isinstance(k, str))
+        elif isinstance(v, (list, tuple)):
+            stack.extend((f"{where}[{i}]", x) for i, x in reversed(list(enumerate(v))))
+    return None

@@ -84,6 +84,13 @@ def keychain_problem() -> str | None:
     if isinstance(backend, fail.Keyring):
         return "no keychain backend is available on this system"
     try:
+        from keyring.backends import null
+
+        if isinstance(backend, null.Keyring):
+            return "the keychain backend in use (keyring's null backend) keeps nothing"
+    except Exception:
+        pass
+    try:
         from keyring.backends import chainer
 
         if isinstance(backend, chainer.ChainerBackend) and not backend.backends:

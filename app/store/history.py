@@ -19,6 +19,7 @@ from pathlib import Path
 
 from app import paths
 from app.store.crypto import Cipher, KeyProvider, WrongKey
+from app.store.private import private_dir, private_umask, touch_private
 
 SCHEMA_VERSION = 1
 CHECK_TEXT = "ferry history key check"
@@ -117,9 +118,11 @@ class HistoryStore:
         if keys is None:
             raise ValueError("a key provider is required: the history is never stored in plaintext")
         self.path = Path(path) if path is not None else default_path()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(self.path.parent)
+        touch_private(self.path)   # 0600 before SQLite writes a byte; its journal and WAL copy the mode
         self.key_provider = keys  #: kept so the document store opens with the same key
-        self._db = sqlite3.connect(self.path)
+        with private_umask():
+            self._db = sqlite3.connect(self.path)
         try:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
@@ -145,6 +148,11 @@ class HistoryStore:
         except BaseException:
             self._db.close()
             raise
+
+    @property
+    def cipher(self) -> Cipher:
+        """This history's cipher, for other values sealed with the same key (the settings' user text)."""
+        return self._cipher
 
     # ---- conversations
 

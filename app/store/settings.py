@@ -1,20 +1,30 @@
 """User settings, kept as JSON under ``app.paths.config_dir()``. No Qt here.
 
+Settings holding the user's own text (PRIVATE_FIELDS) are encrypted with
+the history's key (``HistoryStore.cipher``); the file is 0600.
+
 The remote engine's API key is not in the file: it is kept in the OS
 keychain (``keyring``, service "Ferry", one entry per server URL)."""
 from __future__ import annotations
 
+import base64
 import json
-import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from app import paths
+from app.store.crypto import Cipher, WrongKey
+from app.store.private import private_dir, write_private
 
 FILE_NAME = "settings.json"
 ENGINES = ("local", "remote")
 KEYCHAIN_SERVICE = "Ferry"
 DEFAULT_SERVE_PORT = 8000
+#: Settings that hold the user's own text (a system prompt, presets...): stored
+#: encrypted with the history's key under ENCRYPTED_KEY, never in the clear.
+#: A new setting of user text is added here.
+PRIVATE_FIELDS = frozenset({"system_prompt", "model_settings", "presets"})   # presets and per-model values hold system prompts
+ENCRYPTED_KEY = "encrypted"
 
 
 @dataclass
@@ -41,6 +51,7 @@ class Settings:
     cache_aware_margin: float = 0.0       #: cache-aware routing margin (0 = exact routing); issue 17's opt-in
     model_settings: dict = field(default_factory=dict)  #: model key -> its own values of PER_MODEL keys
     presets: dict = field(default_factory=dict)         #: preset name -> values of PER_MODEL keys
+    verify_reads: bool = False    #: check each expert record's CRC32 when first read (costs CPU per GB read)
 
     def validated(self) -> "Settings":
         """A copy with every value clamped into its legal range."""
@@ -58,6 +69,7 @@ class Settings:
         s.remote_url = str(s.remote_url).strip()
         s.remote_model = str(s.remote_model).strip()
         s.serve_local = bool(s.serve_local)
+        s.verify_reads = bool(s.verify_reads)
         s.serve_port = min(max(1, int(s.serve_port)), 65535)
         s.enter_sends = bool(s.enter_sends)
         # anything but a positive count means the model's own (never a silent, drastic 1)
@@ -117,7 +129,7 @@ def save_preset(settings: Settings, name: str, values: dict) -> Settings:
 
 def engine_changed(old: Settings, new: Settings) -> bool:
     """Whether the engine must be reopened: what the local model opens with, or which engine."""
-    keys = ("ram_budget", "threads", "context_length", "engine", "remote_url", "remote_model")
+    keys = ("ram_budget", "threads", "context_length", "engine", "remote_url", "remote_model", "verify_reads")
     return any(getattr(old, k) != getattr(new, k) for k in keys)
 
 
@@ -163,27 +175,67 @@ def settings_path() -> Path:
     return paths.config_dir() / FILE_NAME
 
 
-def load(path: Path | None = None) -> Settings:
-    """The saved settings; defaults for anything missing or unreadable."""
+def load(path: Path | None = None, *, cipher: "Cipher | None" = None) -> Settings:
+    """The saved settings; defaults for anything missing or unreadable.
+
+    Settings that hold the user's own text (:data:`PRIVATE_FIELDS`) are kept
+    encrypted with the history's key: pass the open history's ``cipher`` to
+    read them; without it (or with another key) they are left at their defaults."""
     path = path or settings_path()
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return Settings()
-    if not isinstance(data, dict):
-        return Settings()
+    data = _read(path)
     known = {f.name for f in fields(Settings)}
+    values = {k: v for k, v in data.items() if k in known}
+    sealed = data.get(ENCRYPTED_KEY)
+    if cipher is not None and isinstance(sealed, dict):
+        for name, blob in sealed.items():
+            if name in PRIVATE_FIELDS and name in known and isinstance(blob, str):
+                try:
+                    values[name] = json.loads(cipher.decrypt(base64.b64decode(blob), _aad(name)))
+                except (ValueError, WrongKey):
+                    pass  # damaged or another key's: that one setting is back at its default
+    elif cipher is None:
+        for name in PRIVATE_FIELDS:
+            values.pop(name, None)
     try:
-        return Settings(**{k: v for k, v in data.items() if k in known}).validated()
+        return Settings(**values).validated()
     except (TypeError, ValueError):
         return Settings()
 
 
-def save(settings: Settings, path: Path | None = None) -> Path:
-    """Write atomically (a crash never leaves half a file)."""
+def save(settings: Settings, path: Path | None = None, *, cipher: "Cipher | None" = None) -> Path:
+    """Write atomically (a crash never leaves half a file), readable by the user only.
+
+    With ``cipher`` the :data:`PRIVATE_FIELDS` are written encrypted; without
+    it they are not written at all: whatever the file already held for them
+    is kept as it was, so nothing is lost and no user text is ever written in
+    the clear."""
     path = path or settings_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(asdict(settings.validated()), indent=1), encoding="utf-8")
-    os.replace(tmp, path)
+    private_dir(path.parent)
+    doc = asdict(settings.validated())
+    for name in PRIVATE_FIELDS:
+        doc.pop(name, None)
+    if cipher is not None:
+        plain = asdict(settings)
+        doc[ENCRYPTED_KEY] = {name: base64.b64encode(cipher.encrypt(json.dumps(plain[name]), _aad(name))).decode()
+                              for name in sorted(PRIVATE_FIELDS) if name in plain}
+    else:
+        old = _read(path)
+        if isinstance(old.get(ENCRYPTED_KEY), dict):
+            doc[ENCRYPTED_KEY] = old[ENCRYPTED_KEY]
+        for name in PRIVATE_FIELDS:   # a file from before encryption: kept until a key can seal it
+            if name in old:
+                doc[name] = old[name]
+    write_private(path, json.dumps(doc, indent=1))
     return path
+
+
+def _read(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _aad(name: str) -> str:
+    return f"settings:{name}"

@@ -29,6 +29,7 @@ from app.documents.ask import Citation, _citation, cite
 from app.documents.prompt import passages_message, select_passages
 from app.documents.store import DocumentError, DocumentStore
 from app.documents.extract import SUFFIXES
+from app.documents.walk import display_name
 
 FILE_FILTER = "Documents (" + " ".join(f"*{s}" for s in sorted(SUFFIXES)) + ")"
 
@@ -50,7 +51,7 @@ class _AddWorker(QObject):
         store = self._store.clone()     # a connection of this thread's own
         try:
             report = store.add(self._collection, self._paths, cancelled=lambda: self._cancel,
-                               progress=lambda p: self.progress.emit(p.done, p.total, p.path.name, p.stage,
+                               progress=lambda p: self.progress.emit(p.done, p.total, display_name(p.path.name), p.stage,
                                                                      p.message))
             self.finished.emit(report.as_dict())
         except Exception as exc:  # report, never crash the window
@@ -306,6 +307,7 @@ class _TokenCounter:
         import json
 
         from app.chat.hf_tokenizer import HFTokenizer
+        from app.engine.container_files import MAX_TOKENIZER_BYTES, ContainerFileError, contained_file
         from app.model import TiktokenContainerTokenizer
 
         if not (Path(model_path) / "manifest.json").exists():
@@ -314,7 +316,12 @@ class _TokenCounter:
         manifest = json.loads((Path(model_path) / "manifest.json").read_text(encoding="utf-8"))
         tok = manifest.get("tokenizer") or {}
         cls = TiktokenContainerTokenizer if tok.get("kind") == "tiktoken" else HFTokenizer
-        self.tokenizer = cls(Path(model_path) / tok["file"])
+        try:
+            path = contained_file(model_path, tok.get("file"), "tokenizer.file", MAX_TOKENIZER_BYTES)
+        except ContainerFileError:   # the model itself refuses to open; counting is only an estimate then
+            self.tokenizer = _EstimatedTokens()
+            return
+        self.tokenizer = cls(path)
 
 
 _COUNTERS: dict[str, _TokenCounter] = {}

@@ -47,7 +47,7 @@ class MainWindow(QMainWindow):
         super().__init__()
         self.store = store
         recover_interrupted(store)
-        self.settings = settings or settings_mod.load()
+        self.settings = settings or settings_mod.load(cipher=store.cipher)
         self.persist_settings = persist_settings
         self.setWindowTitle("Ferry")
         self.setAccessibleName("Ferry")
@@ -664,7 +664,7 @@ class MainWindow(QMainWindow):
 
     def _save_settings(self) -> None:
         if self.persist_settings:
-            settings_mod.save(self.settings)
+            settings_mod.save(self.settings, cipher=self.store.cipher)
 
     # ------------------------------------------------------------ generation
 

@@ -83,6 +83,13 @@ class SettingsDialog(QDialog):
         self.ctx.setValue(settings.context_length)
         form.addRow("Context length", self.ctx)
 
+        self.verify_reads = QCheckBox("Check each expert read from disk against its checksum")
+        self.verify_reads.setAccessibleName("Verify expert reads")
+        self.verify_reads.setToolTip("Catches a damaged model file at the answer that reads it, at a small CPU "
+                                     "cost per gigabyte read (see docs/BENCHMARKS.md).")
+        self.verify_reads.setChecked(settings.verify_reads)
+        form.addRow("Integrity", self.verify_reads)
+
         self.temp = self._dspin(0.0, 5.0, 0.05, settings.temperature, "Temperature")
         form.addRow("Temperature", self.temp)
         self.top_p = self._dspin(0.01, 1.0, 0.01, settings.top_p, "Top-p")
@@ -249,4 +256,5 @@ class SettingsDialog(QDialog):
             enter_sends=self.enter_sends.isChecked(),
             system_prompt=self.system.toPlainText(), engine=self.engine.currentData(),
             remote_url=self.remote_url.text().strip(), remote_model=self.remote_model.text().strip(),
-            serve_local=self.serve.isChecked(), serve_port=self.serve_port.value()).validated()
+            serve_local=self.serve.isChecked(), serve_port=self.serve_port.value(),
+            verify_reads=self.verify_reads.isChecked()).validated()

@@ -11,6 +11,7 @@ from PySide6.QtWidgets import QDialog, QDialogButtonBox, QLabel, QLineEdit, QVBo
 
 from app.store.crypto import KeychainKeys, KeyUnavailable, PassphraseKeys, WrongKey, keychain_problem
 from app.store.history import HistoryStore, default_path, stored_key_kind
+from app.store.passphrase import LOST_PASSPHRASE_WARNING, passphrase_problem
 
 #: (mode, message) -> passphrase, or None when the user gives up.
 #: mode is "new" (choose a passphrase) or "unlock" (type the existing one).
@@ -39,6 +40,8 @@ class PassphraseDialog(QDialog):
         lay.addWidget(self.confirm)
         self.error = QLabel("")
         self.error.setStyleSheet("color: #d9534f;")
+        self.error.setWordWrap(True)
+        self.error.setFixedWidth(420)
         self.error.setVisible(False)
         lay.addWidget(self.error)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
@@ -56,6 +59,8 @@ class PassphraseDialog(QDialog):
             self._fail("Type a passphrase.")
         elif self.mode == "new" and self.field.text() != self.confirm.text():
             self._fail("The two passphrases differ.")
+        elif self.mode == "new" and (problem := passphrase_problem(self.field.text())):
+            self._fail(problem)
         else:
             self.accept()
 
@@ -97,7 +102,8 @@ def open_history(path: Path | None = None, prompt: PassphrasePrompt | None = Non
             raise KeyUnavailable(f"Your history is locked with a key from the system keychain, but {problem}. "
                                  f"It stays in {path}; Ferry cannot read it without that key.")
         message = (f"Ferry keeps your conversations encrypted. It could not use the system keychain "
-                   f"({problem}), so please choose a passphrase. You will need it each time Ferry starts.")
+                   f"({problem}), so please choose a passphrase. You will need it each time Ferry starts. "
+                   + LOST_PASSPHRASE_WARNING)
         mode = "new"
     else:
         message = "Your conversations are encrypted with a passphrase. Type it to open them."
@@ -106,6 +112,9 @@ def open_history(path: Path | None = None, prompt: PassphrasePrompt | None = Non
         secret = prompt(mode, message)
         if not secret:
             raise HistoryLocked("no passphrase was given; the history stays locked")
+        if mode == "new" and (problem := passphrase_problem(secret)):
+            message = problem
+            continue
         try:
             return HistoryStore(path, PassphraseKeys(secret))
         except WrongKey:

@@ -10,6 +10,7 @@ from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QPushButton, QV
 
 from app import demo, paths
 from app.convert.convert import convert
+from app.store.private import private_dir
 from app.ui.tasks import BackgroundTask
 
 
@@ -75,7 +76,7 @@ class WelcomePage(QWidget):
 
     def convert_source(self, source: Path, out: Path | None = None) -> None:
         out = out or container_out_path(source)
-        out.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(out.parent)
         self._run(lambda progress: convert(source, out, progress=progress), f"Converting {source.name}…")
 
     # ---- plumbing

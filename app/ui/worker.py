@@ -81,7 +81,8 @@ class EngineWorker(QObject):
 
             recommended = plan_container(path, want).recommended   # the one budget rule, shown and used
             budget = int(options.get("ram_budget", 0)) or recommended
-            model = open_model(path, ram_budget=budget, threads=int(options.get("threads", 0)), n_ctx=want)
+            model = open_model(path, ram_budget=budget, threads=int(options.get("threads", 0)), n_ctx=want,
+                               verify_reads=bool(options.get("verify_reads", False)))
             info = model.engine.info
             n_ctx = min(want or info.max_ctx, info.max_ctx)
             session = model.new_session(n_ctx)
@@ -281,7 +282,7 @@ def load_options(settings, api_key_lookup=None) -> dict:
     from app.store.settings import remote_api_key
 
     options = {"ram_budget": settings.ram_budget, "threads": settings.threads,
-               "context_length": settings.context_length,
+               "context_length": settings.context_length, "verify_reads": settings.verify_reads,
                "serve_port": settings.serve_port if settings.serve_local else 0}
     if settings.engine == "remote":
         lookup = api_key_lookup or remote_api_key

@@ -60,12 +60,17 @@ typedef struct ferry_error {
 #define FERRY_NO_OVERLAP 2    /* read misses one at a time, not while computing */
 #define FERRY_NO_LOOKAHEAD 4  /* do not prefetch the next layer's predicted experts */
 #define FERRY_NO_CACHE 8      /* forget every expert after its layer: read each use */
+#define FERRY_NO_TRUNK_CHECK 16 /* skip the trunk's CRC32 check on open (to measure its cost only) */
 
 /* Options for ferry_engine_open. Initialise with ferry_open_options_init. */
 typedef struct ferry_open_options {
     uint64_t ram_budget;  /* bytes the core may allocate in all; 0 = unlimited */
     int n_threads;        /* compute threads; 0 = one per online CPU (max 64) */
-    int verify_reads;     /* nonzero: check each expert record's CRC32 on read */
+    int verify_reads;     /* nonzero: check each expert record's CRC32 when its read
+                           * completes; a mismatch fails that eval with
+                           * FERRY_E_CHECKSUM naming the layer, expert and file
+                           * (the session stays usable). The trunk's CRC32s are
+                           * always checked on open. */
     int n_ctx;            /* context the budget must leave room for; 0 = min(4096, max_ctx) */
     int cache_slots;      /* expert records to cache; 0 = as many as the budget allows */
     int n_readers;        /* reader threads; 0 = 4 */

@@ -9,6 +9,9 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#if defined(__aarch64__) && defined(__ARM_FEATURE_CRC32)
+#include <arm_acle.h>
+#endif
 
 ferry_status fe_fail(ferry_error *err, ferry_status code, const char *fmt, ...) {
     if (err) {
@@ -63,17 +66,46 @@ int fe_add_size(uint64_t a, uint64_t b, uint64_t *out) {
 /* Byte-at-a-time CRC-32 over the reflected polynomial 0xEDB88320; the table
  * is computed per call into a local array (1 KiB, ~2 µs), so there is no
  * global state and no start-up ordering to worry about. */
+/* CRC-32 (IEEE, reflected). With ARMv8's CRC instructions, those; otherwise
+ * eight bytes at a step ("slicing by 8": table k holds the CRC of a byte
+ * followed by k zero bytes), about 4.5 times the speed of the byte-at-a-time
+ * loop, which finishes the tail. The tables are built per call (about 2k
+ * entries, a few microseconds): no global state. */
 uint32_t fe_crc32(uint32_t crc, const void *data, size_t n) {
-    uint32_t table[256];
+#if defined(__aarch64__) && defined(__ARM_FEATURE_CRC32)
+    /* ARMv8's CRC32 instructions compute this very polynomial (Apple Silicon
+     * always has them): eight bytes per instruction. */
+    const uint8_t *q = (const uint8_t *)data;
+    crc = ~crc;
+    for (; n >= 8; n -= 8, q += 8) {
+        uint64_t v;
+        memcpy(&v, q, 8);
+        crc = __crc32d(crc, v);
+    }
+    for (; n > 0; n--, q++) crc = __crc32b(crc, *q);
+    return ~crc;
+#else
+    uint32_t t[8][256];
     for (uint32_t i = 0; i < 256; i++) {
         uint32_t c = i;
         for (int k = 0; k < 8; k++) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-        table[i] = c;
+        t[0][i] = c;
     }
     const uint8_t *p = (const uint8_t *)data;
     crc = ~crc;
-    for (size_t i = 0; i < n; i++) crc = table[(crc ^ p[i]) & 0xFF] ^ (crc >> 8);
+    if (n >= 64) {
+        for (uint32_t i = 0; i < 256; i++)
+            for (int k = 1; k < 8; k++) t[k][i] = (t[k - 1][i] >> 8) ^ t[0][t[k - 1][i] & 0xFF];
+        for (; n >= 8; n -= 8, p += 8) {
+            uint32_t lo = crc ^ ((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
+            uint32_t hi = (uint32_t)p[4] | (uint32_t)p[5] << 8 | (uint32_t)p[6] << 16 | (uint32_t)p[7] << 24;
+            crc = t[7][lo & 0xFF] ^ t[6][(lo >> 8) & 0xFF] ^ t[5][(lo >> 16) & 0xFF] ^ t[4][lo >> 24] ^
+                  t[3][hi & 0xFF] ^ t[2][(hi >> 8) & 0xFF] ^ t[1][(hi >> 16) & 0xFF] ^ t[0][hi >> 24];
+        }
+    }
+    for (; n > 0; n--, p++) crc = t[0][(crc ^ *p) & 0xFF] ^ (crc >> 8);
     return ~crc;
+#endif
 }
 
 ferry_status fe_pread_full(int fd, void *buf, size_t n, uint64_t offset,

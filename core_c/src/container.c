@@ -4,7 +4,9 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +14,7 @@
 #include <unistd.h>
 
 #include "formats.h"
+#include "pool.h"
 #include "json.h"
 #include "kimi_manifest.h"
 
@@ -207,6 +210,32 @@ static uint64_t tensor_bytes(int fmt, int n_dims, const uint64_t *shape) {
     return total;
 }
 
+static int by_offset(const void *a, const void *b) {
+    const fe_tensor *x = *(const fe_tensor *const *)a, *y = *(const fe_tensor *const *)b;
+    return x->offset < y->offset ? -1 : x->offset > y->offset;
+}
+
+/* Two tensors sharing bytes of trunk.bin would make one's damage the
+ * other's, or let a hostile manifest alias weights: refused. */
+static ferry_status check_no_overlap(reader *r, const fe_container *c) {
+    if (c->n_tensors < 2) return FERRY_OK;
+    const fe_tensor **order = malloc((size_t)c->n_tensors * sizeof *order);
+    if (!order) return fe_fail(r->err, FERRY_E_NOMEM, "out of memory");
+    for (int i = 0; i < c->n_tensors; i++) order[i] = &c->tensors[i];
+    qsort(order, (size_t)c->n_tensors, sizeof *order, by_offset);
+    ferry_status s = FERRY_OK;
+    for (int i = 1; i < c->n_tensors && !s; i++) {
+        const fe_tensor *a = order[i - 1], *b = order[i];
+        if (b->offset < a->offset + a->nbytes)
+            s = fe_fail(r->err, FERRY_E_FORMAT,
+                        "manifest.json: tensors %s (bytes %llu..%llu) and %s (bytes %llu..%llu) overlap in trunk.bin",
+                        a->name, (unsigned long long)a->offset, (unsigned long long)(a->offset + a->nbytes),
+                        b->name, (unsigned long long)b->offset, (unsigned long long)(b->offset + b->nbytes));
+    }
+    free(order);
+    return s;
+}
+
 static ferry_status read_tensors(reader *r, const fe_json_node *list, fe_container *c) {
     if (!list || list->type != FE_JSON_ARRAY) return bad(r, "", "tensors", "is missing or not a list");
     if (list->count > MAX_TENSORS) return bad(r, "", "tensors", "lists too many tensors");
@@ -243,7 +272,7 @@ static ferry_status read_tensors(reader *r, const fe_json_node *list, fe_contain
             if (strcmp(c->tensors[j].name, x->name) == 0) return bad(r, where, "name", "appears twice");
     }
     c->n_tensors = i;
-    return FERRY_OK;
+    return check_no_overlap(r, c);
 }
 
 /* ---- expert banks ---- */
@@ -435,7 +464,7 @@ ferry_status fe_container_open(fe_container *c, const char *dir, ferry_error *er
     return s;
 }
 
-ferry_status fe_container_load_trunk(fe_container *c, ferry_error *err) {
+ferry_status fe_container_load_trunk(fe_container *c, int check_threads, ferry_error *err) {
     char path[FE_MAX_PATH + 64];
     snprintf(path, sizeof path, "%s/trunk.bin", c->dir);
     int fd = open(path, O_RDONLY);
@@ -450,7 +479,57 @@ ferry_status fe_container_load_trunk(fe_container *c, ferry_error *err) {
     close(fd);
     if (s) return s;
     for (int i = 0; i < c->n_tensors; i++) c->tensors[i].data = c->trunk + c->tensors[i].offset;
-    return FERRY_OK;
+    return check_threads > 0 ? fe_container_check_trunk(c, check_threads, err) : FERRY_OK;
+}
+
+/* The tensors' CRCs over the pool's threads: each takes the next tensor,
+ * biggest first (so the embedding does not come last), and the damaged one
+ * with the lowest index is reported, whatever the thread timing. */
+typedef struct {
+    const fe_container *c;
+    const fe_tensor **order;
+    atomic_int next;
+    atomic_int bad; /* lowest damaged tensor index, or INT_MAX */
+} crc_job;
+
+static void crc_worker(void *ctx, int start, int end, int tid) {
+    (void)start, (void)end, (void)tid;
+    crc_job *j = ctx;
+    for (int k; (k = atomic_fetch_add(&j->next, 1)) < j->c->n_tensors;) {
+        const fe_tensor *t = j->order[k];
+        if (fe_crc32(0, j->c->trunk + t->offset, t->nbytes) == t->crc32) continue;
+        int i = (int)(t - j->c->tensors), cur = atomic_load(&j->bad);
+        while (i < cur && !atomic_compare_exchange_weak(&j->bad, &cur, i)) {}
+    }
+}
+
+static int by_size_desc(const void *a, const void *b) {
+    const fe_tensor *x = *(const fe_tensor *const *)a, *y = *(const fe_tensor *const *)b;
+    return x->nbytes > y->nbytes ? -1 : x->nbytes < y->nbytes;
+}
+
+ferry_status fe_container_check_trunk(const fe_container *c, int n_threads, ferry_error *err) {
+    if (c->n_tensors == 0) return FERRY_OK;
+    crc_job job = {c, malloc((size_t)c->n_tensors * sizeof *job.order), 0, INT_MAX};
+    fe_pool *pool = fe_pool_new(n_threads < 1 ? 1 : n_threads);
+    if (!job.order || !pool) {
+        free(job.order);
+        fe_pool_free(pool);
+        return fe_fail(err, FERRY_E_NOMEM, "out of memory");
+    }
+    for (int i = 0; i < c->n_tensors; i++) job.order[i] = &c->tensors[i];
+    qsort(job.order, (size_t)c->n_tensors, sizeof *job.order, by_size_desc);
+    fe_pool_run(pool, crc_worker, &job, fe_pool_threads(pool));
+    fe_pool_free(pool);
+    free(job.order);
+    int bad = atomic_load(&job.bad);
+    if (bad == INT_MAX) return FERRY_OK;
+    const fe_tensor *t = &c->tensors[bad];
+    return fe_fail(err, FERRY_E_CHECKSUM,
+                   "trunk.bin: tensor %s (bytes %llu..%llu) is damaged: CRC32 %08x, expected %08x; "
+                   "the model folder must be copied or converted again",
+                   t->name, (unsigned long long)t->offset, (unsigned long long)(t->offset + t->nbytes),
+                   fe_crc32(0, c->trunk + t->offset, t->nbytes), t->crc32);
 }
 
 void fe_container_close(fe_container *c) {
@@ -484,12 +563,17 @@ ferry_status fe_bank_check_record(const fe_bank *b, uint32_t expert, const uint8
     if (!ok)
         return fe_fail(err, FERRY_E_FORMAT, "%s: the record of expert %u (byte %llu) has a damaged header", b->rel,
                        expert, (unsigned long long)at);
-    if (check_crc) {
-        uint32_t want = rd32(buf + 56), got = fe_crc32(0, buf + FE_RECORD_HEADER_BYTES, b->payload_size);
-        if (want != got)
-            return fe_fail(err, FERRY_E_CHECKSUM,
-                           "%s: the record of layer %d expert %u (byte %llu) is damaged: CRC32 %08x, expected %08x",
-                           b->rel, b->layer, expert, (unsigned long long)at, got, want);
-    }
-    return FERRY_OK;
+    return check_crc ? fe_bank_check_crc(b, expert, buf, fe_crc32(0, buf + FE_RECORD_HEADER_BYTES, b->payload_size),
+                                         err)
+                     : FERRY_OK;
+}
+
+ferry_status fe_bank_check_crc(const fe_bank *b, uint32_t expert, const uint8_t *buf, uint32_t got,
+                               ferry_error *err) {
+    uint32_t want = rd32(buf + 56);
+    if (want == got) return FERRY_OK;
+    uint64_t at = FE_BANK_HEADER_BYTES + (uint64_t)expert * b->record_size;
+    return fe_fail(err, FERRY_E_CHECKSUM,
+                   "%s: the record of layer %d expert %u (byte %llu) is damaged: CRC32 %08x, expected %08x",
+                   b->rel, b->layer, expert, (unsigned long long)at, got, want);
 }

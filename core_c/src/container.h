@@ -91,8 +91,13 @@ typedef struct fe_container {
 /* Parse and validate the manifest and the headers of all bank files. Does
  * not load the trunk. */
 ferry_status fe_container_open(fe_container *c, const char *dir, ferry_error *err);
-/* Read trunk.bin into RAM and point the tensors at it. */
-ferry_status fe_container_load_trunk(fe_container *c, ferry_error *err);
+/* Read trunk.bin into RAM and point the tensors at it; with check_threads
+ * > 0, every tensor's CRC32 is then checked on that many threads
+ * (fe_container_check_trunk). */
+ferry_status fe_container_load_trunk(fe_container *c, int check_threads, ferry_error *err);
+/* FERRY_E_CHECKSUM naming the first loaded tensor (in manifest order) whose
+ * bytes do not match its CRC32, checked on n_threads threads. */
+ferry_status fe_container_check_trunk(const fe_container *c, int n_threads, ferry_error *err);
 void fe_container_close(fe_container *c);
 
 /* Tensor by name, or NULL. */
@@ -102,5 +107,9 @@ const fe_tensor *fe_container_find(const fe_container *c, const char *name);
  * magic, identity, formats, sizes; and its CRC when check_crc is set. */
 ferry_status fe_bank_check_record(const fe_bank *b, uint32_t expert, const uint8_t *buf,
                                   int check_crc, ferry_error *err);
+/* FERRY_E_CHECKSUM naming the record when `got` (the CRC32 of its payload,
+ * computed by whoever read it) is not the one its header holds. */
+ferry_status fe_bank_check_crc(const fe_bank *b, uint32_t expert, const uint8_t *buf, uint32_t got,
+                               ferry_error *err);
 
 #endif

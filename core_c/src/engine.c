@@ -133,7 +133,7 @@ ferry_status ferry_engine_open(const char *path, const ferry_open_options *opts,
                     e->c.hp.arch);
     /* Refuse a budget under the floor before anything big is loaded. */
     if (!s) s = size_cache(e, err);
-    if (!s) s = fe_container_load_trunk(&e->c, err);
+    if (!s) s = fe_container_load_trunk(&e->c, e->opts.flags & FERRY_NO_TRUNK_CHECK ? 0 : e->opts.n_threads, err);
     if (!s) s = e->arch->bind(e, err);
     if (!s && e->cache_slots) {
         fe_ecache_config cfg = {e->cache_slots, e->opts.n_readers, e->opts.flags, e->opts.verify_reads};

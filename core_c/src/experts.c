@@ -193,6 +193,8 @@ static void submit(fe_ecache *c, int slot, int layer, int expert, int urgent) {
     job->buf = c->slot_buf[slot];
     job->size = b->record_size;
     job->offset = record_offset(b, expert);
+    job->crc_from = FE_RECORD_HEADER_BYTES; /* --verify-reads: the reader computes the payload's CRC */
+    job->crc_len = c->cfg.verify_reads ? b->payload_size : 0;
     fe_io_submit(c->io, job, urgent);
 }
 
@@ -215,7 +217,9 @@ static ferry_status finish_read(ferry_session *s, int slot, int layer, int exper
         return fe_fail(err, FERRY_E_IO,
                        "reading expert %d of layer %d from %s returned %llu of %llu bytes (the file was cut short?)",
                        expert, layer, b->rel, (unsigned long long)job->got, (unsigned long long)job->size);
-    return fe_bank_check_record(b, (uint32_t)expert, c->slot_buf[slot], c->cfg.verify_reads, err);
+    ferry_status st = fe_bank_check_record(b, (uint32_t)expert, c->slot_buf[slot], 0, err);
+    if (!st && c->cfg.verify_reads) st = fe_bank_check_crc(b, (uint32_t)expert, c->slot_buf[slot], job->crc, err);
+    return st;
 }
 
 /* A slot is being given to another key: a read still queued into it is taken

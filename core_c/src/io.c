@@ -34,6 +34,8 @@ static void run_job(fe_io_job *job) {
     }
     job->got = done;
     job->err_no = err_no;
+    if (!err_no && job->crc_len && job->crc_from + job->crc_len <= done)
+        job->crc = fe_crc32(0, job->buf + job->crc_from, job->crc_len);
     job->seconds = fe_now() - t0;
 }
 

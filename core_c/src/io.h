@@ -23,6 +23,9 @@ typedef struct fe_io_job {
     uint64_t got;            /* bytes actually read */
     double seconds;          /* time the read took */
     int urgent;              /* queued ahead of non-urgent jobs (guarded by the io mutex) */
+    uint64_t crc_from;       /* with crc_len > 0: after a complete read the reader computes */
+    uint64_t crc_len;        /* the CRC32 of buf[crc_from, crc_from + crc_len) into crc, */
+    uint32_t crc;            /* so a record's check runs on its reader, beside the compute */
     struct fe_io_job *next;  /* queue link */
 } fe_io_job;
 

@@ -89,6 +89,20 @@ def test_flipped_byte_in_the_trunk_is_named_by_verify(container):
     with pytest.raises(FerryError) as info:
         verify(container)
     assert info.value.code == "FERRY_E_CHECKSUM" and "blk.1.attn_k" in info.value.message
+    # ... and by the engine on open (issue 18): damaged weights are never used silently.
+    refused(container, "FERRY_E_CHECKSUM", "trunk.bin", "blk.1.attn_k", "damaged")
+    with Engine(container, trunk_check=False):   # the switch that measures the check's cost
+        pass
+
+
+def test_overlapping_tensors_are_refused(container):
+    doc = manifest(container)
+    a, b = doc["tensors"][0], next(t for t in doc["tensors"][1:] if t["nbytes"] >= 128)
+    a_end = a["offset"] + a["nbytes"]
+    b["offset"] = a["offset"] + 64 if a["nbytes"] > 64 else a["offset"]
+    assert b["offset"] < a_end
+    write_manifest(container, doc)
+    refused(container, "FERRY_E_FORMAT", "overlap", a["name"], b["name"])
 
 
 def test_wrong_format_version(container):

@@ -5,7 +5,9 @@ UndefinedBehaviorSanitizer): the JSON parser, a container's manifest through
 the public API, and the expert bank and record headers. Python targets
 (tests/fuzz/fuzz_*.py, atheris): safetensors files, checkpoint index and
 config files, GGUF files, tiktoken files and text, chat templates over
-hostile conversations, and K3 requests.
+hostile conversations, hostile chat template sources (the render sandbox's
+bounds), the file names a manifest gives (container containment), and K3
+requests.
 
 Each target starts from its seed corpus in fuzz/corpus/<target>/ (copied, so
 the repository is never written) and runs for FERRY_FUZZ_SECONDS seconds
@@ -37,10 +39,12 @@ HERE = Path(__file__).resolve().parent
 CORPUS = REPO / "fuzz" / "corpus"
 CORE = REPO / "core_c"
 C_TARGETS = ("json", "manifest", "bank")
-PY_TARGETS = ("safetensors", "checkpoint", "gguf", "tiktoken", "template", "k3")
+PY_TARGETS = ("safetensors", "checkpoint", "gguf", "tiktoken", "template", "template_source", "manifest_paths",
+              "k3")
 TARGETS = C_TARGETS + PY_TARGETS
 #: Extra libFuzzer options per target.
-OPTIONS = {"bank": ["-max_len=1024"], "template": ["-max_len=2048"], "k3": ["-max_len=4096"]}
+OPTIONS = {"bank": ["-max_len=1024"], "template": ["-max_len=2048"], "template_source": ["-max_len=4096"],
+           "manifest_paths": ["-max_len=512"], "k3": ["-max_len=4096"]}
 SANITIZE = ["-fsanitize=fuzzer,address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer"]
 PARALLEL = 2
 

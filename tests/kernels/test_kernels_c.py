@@ -51,14 +51,21 @@ def test_native_kernels_under_sanitizers(tmp_path: Path):
     run_program([str(exe)])
 
 
-def test_neon_kernels_under_qemu(tmp_path: Path):
+def aarch64_toolchain(native_note: str) -> tuple[str, str]:
+    """(cross compiler, qemu) for running aarch64 test programs here; skips
+    natively on aarch64 (``native_note`` says what covers it) or without them."""
     if platform.machine().lower() in ("arm64", "aarch64"):
-        pytest.skip("native aarch64: the native test already runs the NEON kernels")
+        pytest.skip(native_note)
     cross = shutil.which("aarch64-linux-gnu-gcc")
     qemu = shutil.which("qemu-aarch64-static") or shutil.which("qemu-aarch64")
     if cross is None or qemu is None:
         pytest.skip("needs Debian's aarch64 cross compiler and qemu user mode: "
                     "apt-get install gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static")
+    return cross, qemu
+
+
+def test_neon_kernels_under_qemu(tmp_path: Path):
+    cross, qemu = aarch64_toolchain("native aarch64: the native test already runs the NEON kernels")
     exe = tmp_path / "test_kernels_aarch64"
     subprocess.run([cross, *FLAGS, "-static", *map(str, SOURCES), str(CORE / "tests" / "test_kernels.c"),
                     "-o", str(exe), "-lm"], check=True, capture_output=True, text=True)

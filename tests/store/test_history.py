@@ -205,8 +205,10 @@ def test_settings_round_trip(tmp_path):
     s = settings_mod.Settings(model_folders=["/models"], ram_budget=3 << 30, threads=4, temperature=0.3,
                               top_p=0.8, top_k=20, min_p=0.1, thinking=False, system_prompt="Be kind.",
                               context_length=8192)
-    settings_mod.save(s, p)
-    assert settings_mod.load(p) == s
+    cipher = HistoryStore(tmp_path / "h.sqlite3", EphemeralKeys()).cipher
+    settings_mod.save(s, p, cipher=cipher)
+    assert settings_mod.load(p, cipher=cipher) == s
+    assert "Be kind" not in p.read_text()   # user text is sealed with the history's key
     p.write_text("{not json")
     assert settings_mod.load(p) == settings_mod.Settings()
     assert settings_mod.settings_path().parent.name == "config"   # FERRY_HOME/config in tests

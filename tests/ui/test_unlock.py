@@ -25,7 +25,7 @@ def test_no_keychain_asks_for_a_passphrase(no_keychain, tmp_path):
 
     def prompt(mode, message):
         asked.append((mode, message))
-        return "correct horse"
+        return "tractor violet harbour sonnet"
 
     store = open_history(db, prompt)
     assert asked and asked[0][0] == "new" and "keychain" in asked[0][1] and "passphrase" in asked[0][1]
@@ -33,7 +33,7 @@ def test_no_keychain_asks_for_a_passphrase(no_keychain, tmp_path):
     store.close()
     assert stored_key_kind(db) == "passphrase"
 
-    answers = iter(["wrong one", "correct horse"])
+    answers = iter(["wrong one", "tractor violet harbour sonnet"])
     asked.clear()
 
     def prompt2(mode, message):
@@ -49,7 +49,7 @@ def test_no_keychain_asks_for_a_passphrase(no_keychain, tmp_path):
 
 def test_giving_up_keeps_it_locked(no_keychain, tmp_path):
     db = tmp_path / "h.sqlite3"
-    open_history(db, lambda m, t: "pw").close()
+    open_history(db, lambda m, t: "tractor violet harbour sonnet").close()
     with pytest.raises(HistoryLocked):
         open_history(db, lambda m, t: None)
     with pytest.raises(HistoryLocked):
@@ -78,4 +78,8 @@ def test_passphrase_dialog(qtbot):
     assert d.error.isVisible() and "differ" in d.error.text() and d.result() == 0
     d.confirm.setText("abc")
     d._ok()
-    assert d.result() == d.DialogCode.Accepted and d.passphrase() == "abc"
+    assert "too easy to guess" in d.error.text() and d.result() == 0   # the strength rule
+    d.field.setText("tractor violet harbour sonnet")
+    d.confirm.setText("tractor violet harbour sonnet")
+    d._ok()
+    assert d.result() == d.DialogCode.Accepted and d.passphrase() == "tractor violet harbour sonnet"

@@ -4,11 +4,11 @@ work itself)."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from app import paths
 from app.convert.convert import JOURNAL, partial_dir
+from app.store.private import private_dir, write_private
 
 FILE = "pending-conversion.json"
 
@@ -20,11 +20,9 @@ def _path() -> Path:
 def save(kind: str, source: Path, out: Path, budget: int, trunk_format: str = "auto",
          expert_format: str = "auto") -> None:
     p = _path()
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"kind": kind, "source": str(source), "out": str(out), "budget": int(budget),
-                               "trunk_format": trunk_format, "expert_format": expert_format}))
-    os.replace(tmp, p)
+    private_dir(p.parent)
+    write_private(p, json.dumps({"kind": kind, "source": str(source), "out": str(out), "budget": int(budget),
+                                 "trunk_format": trunk_format, "expert_format": expert_format}))
 
 
 def load() -> dict | None:

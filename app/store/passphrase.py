@@ -1,0 +1,46 @@
+"""The rule a new passphrase must meet, and why. No Qt here.
+
+The history's key is derived from the passphrase with scrypt (about a tenth
+of a second and 32 MiB per guess); the salt and a check value sit in the
+history file. Anyone who can read that file can therefore guess passphrases
+offline, as fast as their hardware allows. A passphrase is accepted when
+zxcvbn (Dropbox's strength estimator: dictionaries, names, keyboard walks,
+dates, repeats, l33t substitutions) estimates at least 10^10 guesses to find
+it (its score 4 of 4) -- at a thousand scrypt guesses a second on a large GPU
+rig that is over three months. Passphrases of a few unrelated words pass;
+``1234``, ``password1`` or a name with a year do not.
+
+The rule applies when a passphrase is chosen, never when one is typed to
+open an existing history (that one is what it is).
+"""
+from __future__ import annotations
+
+MIN_GUESSES_LOG10 = 10.0
+#: Longest passphrase given to the estimator (it is quadratic in the length;
+#: anything longer is long enough).
+_ESTIMATE_CHARS = 100
+
+LOST_PASSPHRASE_WARNING = ("There is no way to recover a lost passphrase: without it your conversations and "
+                           "documents cannot be read by anyone, Ferry included. Write it down somewhere safe.")
+
+RULE = ("Choose a passphrase that would take at least 10 billion guesses to find, for example four or more "
+        "unrelated words. Common words, names, dates, keyboard patterns and short passwords are refused.")
+
+
+def passphrase_problem(passphrase: str, context: tuple[str, ...] = ("ferry",)) -> str | None:
+    """Why ``passphrase`` is too weak to protect the history, or None when it is strong enough."""
+    from zxcvbn import zxcvbn
+
+    if not passphrase:
+        return "The passphrase is empty."
+    if len(passphrase) >= _ESTIMATE_CHARS:
+        return None
+    result = zxcvbn(passphrase, user_inputs=list(context))
+    if float(result["guesses_log10"]) >= MIN_GUESSES_LOG10:
+        return None
+    feedback = result.get("feedback") or {}
+    hints = [feedback.get("warning") or ""] + list(feedback.get("suggestions") or [])
+    hints = " ".join(h.strip().rstrip(".") + "." for h in hints if h and h.strip())
+    crack = (result.get("crack_times_display") or {}).get("offline_slow_hashing_1e4_per_second", "")
+    where = f" someone who copies your history file could find it in {crack}" if crack else ""
+    return f"This passphrase is too easy to guess:{where}. {hints} {RULE}".replace("  ", " ").strip()

@@ -1,0 +1,35 @@
+"""The C core's CRC-32 (trunk on open, --verify-reads, ferry verify) against
+its bytewise definition: the portable slicing-by-8 path natively, and the
+ARMv8 CRC-instruction path (Apple Silicon's) under qemu."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+from tests.conftest import REPO
+from tests.kernels.test_kernels_c import aarch64_toolchain
+
+CORE = REPO / "core_c"
+SOURCES = [str(CORE / "src" / "common.c"), str(CORE / "tests" / "test_crc32.c")]
+
+
+def _run(cmd: list[str]) -> None:
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and "crc32 ok" in res.stdout, res.stdout + res.stderr
+
+
+def test_crc32_native_under_sanitizers(tmp_path: Path):
+    cc = shutil.which("gcc") or shutil.which("clang") or shutil.which("cc")
+    exe = tmp_path / "test_crc32"
+    subprocess.run([cc, "-std=c11", "-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
+                    *SOURCES, "-o", str(exe)], check=True, capture_output=True, text=True)
+    _run([str(exe)])
+
+
+def test_crc32_arm_instructions_under_qemu(tmp_path: Path):
+    cross, qemu = aarch64_toolchain("native aarch64: the native test already runs this path when the CPU has CRC")
+    exe = tmp_path / "test_crc32_arm"
+    subprocess.run([cross, "-std=c11", "-O2", "-march=armv8-a+crc", "-static", *SOURCES, "-o", str(exe)],
+                   check=True, capture_output=True, text=True)
+    _run([qemu, str(exe)])
