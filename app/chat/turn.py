@@ -416,6 +416,19 @@ def check_routing(session, prepared: Prepared) -> None:
         what = "experts_per_token" if prepared.experts_per_token is not None else "cache_aware_margin"
         raise TurnError(f"this engine build does not support {what} (no Session.set_routing)", what,
                         "unsupported_parameter")
+    info = getattr(getattr(session, "engine", None), "info", None)
+    if info is None or (prepared.experts_per_token is None and not prepared.cache_aware_margin):
+        return
+    what = "experts_per_token" if prepared.experts_per_token is not None else "cache_aware_margin"
+    if info.n_experts <= 0 or info.top_k <= 0:
+        raise TurnError(f"{what} applies to mixture-of-experts models; this model has no experts to route", what,
+                        "unsupported_parameter")
+    n = prepared.experts_per_token
+    if n is not None and not 1 <= n <= info.top_k:
+        raise TurnError(f"experts_per_token must be 1..{info.top_k} (this model's top-k)", "experts_per_token")
+    margin = float(prepared.cache_aware_margin or 0.0)
+    if not 0.0 <= margin <= 1e6:
+        raise TurnError("cache_aware_margin must be a number from 0 (exact routing) to 1e6", "cache_aware_margin")
 
 
 def apply_routing(session, prepared: Prepared) -> None:

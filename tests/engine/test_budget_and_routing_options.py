@@ -66,23 +66,44 @@ def test_routing_options_are_applied_in_one_place():
     assert new.calls == [(4, 0.5), (None, 0.0)]
 
 
-def test_the_server_refuses_routing_this_build_lacks(demo_container):
+@pytest.mark.parametrize("extra, param", [({"experts_per_token": 2}, "experts_per_token"),
+                                          ({"cache_aware_margin": 0.5}, "cache_aware_margin")])
+def test_the_server_refuses_routing_on_a_dense_model(demo_container, extra, param):
+    """Routing options are for mixture-of-experts models: on a dense one a
+    clear 400 naming the field (found by the schema fuzzer as a 500)."""
     from app.model import LoadedModel
     from app.server import Server
 
     model = LoadedModel(demo_container, threads=2, n_ctx=512)
-    if hasattr(model.new_session(16), "set_routing"):
-        pytest.skip("this engine build has Session.set_routing")
     server = Server(model, model.new_session(512), host="127.0.0.1", port=0).start()
     try:
         c = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0)
         with pytest.raises(openai.BadRequestError) as info:
             c.chat.completions.create(model=server.model_id, messages=[{"role": "user", "content": "hi"}],
-                                      max_tokens=2, extra_body={"experts_per_token": 2})
-        assert info.value.body["param"] == "experts_per_token" and "does not support" in info.value.body["message"]
+                                      max_tokens=2, extra_body=extra)
+        assert info.value.body["param"] == param and "no experts to route" in info.value.body["message"]
+        ok = c.chat.completions.create(model=server.model_id, messages=[{"role": "user", "content": "hi"}],
+                                       max_tokens=2)
+        assert ok.choices[0].finish_reason in ("stop", "length")   # the server goes on serving
     finally:
         server.stop()
         model.close()
+
+
+def test_routing_bounds_come_from_the_model():
+    from types import SimpleNamespace
+
+    from app.chat.turn import TurnError, check_routing
+
+    session = SimpleNamespace(set_routing=lambda k, m: None,
+                              engine=SimpleNamespace(info=SimpleNamespace(n_experts=8, top_k=2)))
+    check_routing(session, _prepared(experts_per_token=1, cache_aware_margin=0.1))
+    for bad, param in (({"experts_per_token": 3}, "experts_per_token"), ({"experts_per_token": 0}, "experts_per_token"),
+                       ({"cache_aware_margin": -1.0}, "cache_aware_margin"),
+                       ({"cache_aware_margin": float("nan")}, "cache_aware_margin")):
+        with pytest.raises(TurnError) as info:
+            check_routing(session, _prepared(**bad))
+        assert info.value.param == param
 
 
 def test_one_byte_formatter():
