@@ -232,20 +232,22 @@ def _extract_docx(data: bytes) -> list[Page]:
     return [Page(None, blocks)]
 
 
-def extract(path: str | os.PathLike) -> Extracted:
-    """Read one file; raises :class:`ExtractError` saying why it cannot be."""
+def extract(path: str | os.PathLike, data: bytes | None = None) -> Extracted:
+    """Read one file (or its ``data`` when the caller has read it already);
+    raises :class:`ExtractError` saying why it cannot be."""
     path = Path(path)
     kind = kind_of(path)
     if kind is None:
         raise ExtractError(f"unsupported file type '{path.suffix or '(none)'}' "
                            f"(supported: {', '.join(sorted(set(SUFFIXES)))})")
-    try:
-        size = path.stat().st_size
-        if size > MAX_FILE_BYTES:
-            raise ExtractError(f"the file is larger than {MAX_FILE_BYTES // 2**20} MiB")
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ExtractError(f"cannot be read ({exc.strerror or exc})") from exc
+    if data is None:
+        try:
+            size = path.stat().st_size
+            if size > MAX_FILE_BYTES:
+                raise ExtractError(f"the file is larger than {MAX_FILE_BYTES // 2**20} MiB")
+            data = path.read_bytes()
+        except OSError as exc:
+            raise ExtractError(f"cannot be read ({exc.strerror or exc})") from exc
     if kind in ("text", "markdown"):
         pages = [Page(None, _text_blocks(_decode(data), kind == "markdown"))]
     elif kind == "pdf":

@@ -20,7 +20,7 @@ from typing import Sequence
 
 from app.chat.segments import Segment, content
 from app.chat.template import TemplateRenderError
-from app.documents.index import IndexedChunk, MemoryIndex
+from app.documents.index import FtsIndex, IndexedChunk
 from app.documents.retrieve import search
 
 INSTRUCTIONS = (
@@ -70,7 +70,7 @@ def _overlaps(a: IndexedChunk, b: IndexedChunk) -> bool:
     return inter > 0.5 * min(a.end - a.start, b.end - b.start)
 
 
-def select_passages(model, index: MemoryIndex, question: str, budget: int, mode: str = "hybrid"
+def select_passages(model, index: FtsIndex, question: str, budget: int, mode: str = "hybrid"
                     ) -> tuple[list[tuple[IndexedChunk, float]], bool, int]:
     """(chunks with scores in prompt order, whole collection?, their tokens)."""
     count = lambda c: len(model.tokenizer.encode_content(format_passage(99, c) + "\n\n"))  # noqa: E731
@@ -78,13 +78,14 @@ def select_passages(model, index: MemoryIndex, question: str, budget: int, mode:
     scores = {h.chunk.id: h.score for h in hits}
     costs = {}
     total = 0
-    for c in index.chunks:
+    head = index.head(MAX_PASSAGES + 1) if len(index) <= MAX_PASSAGES else []
+    for c in head:
         costs[c.id] = count(c)
         total += costs[c.id]
         if total > budget:
             break
-    if total <= budget and len(index.chunks) <= MAX_PASSAGES:
-        return [(c, scores.get(c.id, 0.0)) for c in index.chunks], True, total
+    if len(index) <= MAX_PASSAGES and total <= budget:
+        return [(c, scores.get(c.id, 0.0)) for c in head], True, total
     chosen: list[tuple[IndexedChunk, float]] = []
     used = 0
     for h in hits:
@@ -99,7 +100,7 @@ def select_passages(model, index: MemoryIndex, question: str, budget: int, mode:
     return chosen, False, used
 
 
-def build_prompt(model, index: MemoryIndex, question: str, budget: int, *, mode: str = "hybrid",
+def build_prompt(model, index: FtsIndex, question: str, budget: int, *, mode: str = "hybrid",
                  instructions: str = INSTRUCTIONS) -> DocPrompt:
     chosen, whole, used = select_passages(model, index, question, budget, mode)
     passages = [Passage(i + 1, c, s, 0) for i, (c, s) in enumerate(chosen)]

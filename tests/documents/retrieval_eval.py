@@ -15,26 +15,32 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from app.documents.chunk import chunk_document  # noqa: E402
-from app.documents.extract import extract  # noqa: E402
-from app.documents.index import IndexedChunk, MemoryIndex  # noqa: E402
+from app.documents.index import FtsIndex  # noqa: E402
 from app.documents.retrieve import search  # noqa: E402
+from app.documents.store import DocumentStore  # noqa: E402
+from app.store.crypto import EphemeralKeys  # noqa: E402
+
+_OPEN: list = []     # the stores behind the indexes handed out (closed at exit)
 
 
-def corpus_index(folder: Path) -> MemoryIndex:
-    chunks = []
-    for fid, f in enumerate(sorted(folder.iterdir())):
-        for c in chunk_document(extract(f)):
-            chunks.append(IndexedChunk(len(chunks), fid, f.name, str(f), c.page, c.heading, c.start, c.end,
-                                       c.text, c.seq))
-    return MemoryIndex(chunks)
+def corpus_index(folder: Path, *, db: Path | None = None, name: str = "eval") -> FtsIndex:
+    """The corpus in a real (encrypted, throw-away key) store; ``db`` may hold other collections."""
+    if db is None:
+        tmp = tempfile.mkdtemp(prefix="ferry-eval-")
+        db = Path(tmp) / "ferry.db"
+    store = DocumentStore(db, EphemeralKeys())
+    store.add(name, [folder], workers=1)
+    _OPEN.append(store)
+    index = store.index(name)
+    index.chunks = index.head(None)
+    return index
 
 
 def _norm(text: str) -> str:
     return " ".join(text.split())
 
 
-def evaluate(index: MemoryIndex, questions: list[dict], mode: str, k: int = 3, **kw) -> dict:
+def evaluate(index: FtsIndex, questions: list[dict], mode: str, k: int = 3, **kw) -> dict:
     hits_at_k = 0
     rr = 0.0
     misses = []
