@@ -10,6 +10,7 @@ average length), so the ranking of a small collection is what it was, and a
 large one is searched without reading every passage."""
 from __future__ import annotations
 
+import functools
 import math
 import re
 import unicodedata
@@ -21,7 +22,7 @@ K1 = 1.2
 B = 0.75
 NGRAM = 4
 #: candidates taken from each FTS5 table before the exact rerank
-CANDIDATES = 100
+CANDIDATES = 50
 #: at most this many of the question's 4-grams (the rarest) choose the n-gram candidates
 CANDIDATE_GRAMS = 24
 STOPWORDS = frozenset("""
@@ -36,11 +37,21 @@ while who whom why will with would you your yours yourself yourselves shall may 
 _TOKEN = re.compile(r"\d+(?:[.,:/]\d+)*|[^\W\d_]+(?:['’][^\W\d_]+)?", re.UNICODE)
 
 
+_COMBINING: dict[int, None] | None = None
+
+
 def _fold(text: str) -> str:
-    text = unicodedata.normalize("NFKD", text.casefold())
-    return "".join(c for c in text if not unicodedata.combining(c))
+    """Casefolded, without accents ("Café" -> "cafe"); ASCII text takes the fast path."""
+    global _COMBINING
+    text = text.casefold()
+    if text.isascii():
+        return text
+    if _COMBINING is None:
+        _COMBINING = {cp: None for cp in range(0x300, 0x10000) if unicodedata.combining(chr(cp))}
+    return unicodedata.normalize("NFKD", text).translate(_COMBINING)
 
 
+@functools.lru_cache(maxsize=200_000)
 def stem(word: str) -> str:
     """A light English suffix stripper (plural, -ing, -ed, -ly): enough to join
     "charges"/"charged"/"charge"; the n-gram signal covers the rest."""
@@ -76,27 +87,30 @@ def raw_words(text: str) -> list[str]:
     return out
 
 
-def word_terms(text: str) -> list[str]:
-    return [stem(w) for w in raw_words(text) if w not in STOPWORDS]
+def word_terms(text: str, raw: list[str] | None = None) -> list[str]:
+    return [stem(w) for w in (raw_words(text) if raw is None else raw) if w not in STOPWORDS]
 
 
-def ngram_terms(text: str) -> list[str]:
-    grams = []
-    for w in raw_words(text):
-        if w in STOPWORDS:
-            continue
-        padded = f"#{w}#"
-        if len(padded) <= NGRAM:
-            grams.append(padded)
-        else:
-            grams.extend(padded[i:i + NGRAM] for i in range(len(padded) - NGRAM + 1))
+@functools.lru_cache(maxsize=200_000)
+def _grams(word: str) -> tuple[str, ...]:
+    padded = f"#{word}#"
+    if len(padded) <= NGRAM:
+        return (padded,)
+    return tuple(padded[i:i + NGRAM] for i in range(len(padded) - NGRAM + 1))
+
+
+def ngram_terms(text: str, raw: list[str] | None = None) -> list[str]:
+    grams: list[str] = []
+    for w in (raw_words(text) if raw is None else raw):
+        if w not in STOPWORDS:
+            grams.extend(_grams(w))
     return grams
 
 
 def terms_for(heading: str, text: str) -> tuple[str, int, str, int]:
     """A chunk's index terms as stored: (words, how many, 4-grams, how many)."""
-    field = f"{heading}\n{text}"
-    w, g = word_terms(field), ngram_terms(field)
+    raw = raw_words(f"{heading}\n{text}")
+    w, g = word_terms("", raw), ngram_terms("", raw)
     return " ".join(w), len(w), " ".join(g), len(g)
 
 
@@ -182,13 +196,13 @@ class FtsIndex:
         out = []
         for r in rows:
             chunk = IndexedChunk(*r[:10])
-            field = f"{chunk.heading}\n{chunk.text}"
+            raw = raw_words(f"{chunk.heading}\n{chunk.text}")
             signals = []
             for signal, query, length, fn in (("words", words, r[10], word_terms), ("grams", grams, r[11], ngram_terms)):
                 if not query:
                     signals.append(0.0)
                     continue
-                tf = Counter(fn(field))
+                tf = Counter(fn("", raw))
                 signals.append(sum(bm25(tf[t], df[signal][t], self.n, length, self._avgdl[signal])
                                    for t in query if tf[t]))
             out.append((chunk, signals[0], signals[1]))

@@ -27,6 +27,7 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -176,7 +177,15 @@ def add_paths(store: DocumentStore, name: str, paths: Iterable[str | Path], *,
                 report.cancelled = True
                 break
             f, size, fut = pending.popleft()
-            result = fut.result()
+            try:
+                result = fut.result()
+            except BrokenProcessPool:
+                # a worker died (out of memory, killed, or a host that cannot start processes):
+                # the rest is read here, one file at a time
+                pool.shutdown(wait=False, cancel_futures=True)
+                pool, window = _Inline(), 1
+                pending = deque((g, gs, pool.submit(prepare, str(g), known.get(str(g)))) for g, gs, _ in pending)
+                result = prepare(str(f), known.get(str(f)))
             _store(store, coll.id, f, result, report)
             state.done += 1
             state.bytes_done += size
