@@ -35,11 +35,12 @@ FILE_FILTER = "Documents (" + " ".join(f"*{s}" for s in sorted(SUFFIXES)) + ")"
 
 class _AddWorker(QObject):
     progress = Signal(int, int, str, str, str)     #: done, total, file name, stage, message
+    summary = Signal(str)                          #: files, MB, passages, time left (AddProgress.summary)
     finished = Signal(object)                      #: AddReport.as_dict()
 
-    def __init__(self, store: DocumentStore, collection: str, paths: list[str]):
+    def __init__(self, store: DocumentStore, collection: str, paths: list[str] | None, watch: bool | None = None):
         super().__init__()
-        self._store, self._collection, self._paths = store, collection, paths
+        self._store, self._collection, self._paths, self._watch = store, collection, paths, watch
         self._cancel = False
 
     def cancel(self) -> None:
@@ -49,9 +50,15 @@ class _AddWorker(QObject):
     def run(self) -> None:
         store = self._store.clone()     # a connection of this thread's own
         try:
-            report = store.add(self._collection, self._paths, cancelled=lambda: self._cancel,
-                               progress=lambda p: self.progress.emit(p.done, p.total, p.path.name, p.stage,
-                                                                     p.message))
+            def progress(p):
+                self.progress.emit(p.done, p.total, p.path.name, p.stage, p.message)
+                self.summary.emit(p.summary())
+
+            if self._paths is None:         # re-index: bring the collection up to date with its sources
+                report = store.rescan(self._collection, cancelled=lambda: self._cancel, progress=progress)
+            else:
+                report = store.add(self._collection, self._paths, cancelled=lambda: self._cancel,
+                                   progress=progress, watch=self._watch)
             self.finished.emit(report.as_dict())
         except Exception as exc:  # report, never crash the window
             self.finished.emit({"added": [], "unchanged": [], "failed": [{"path": "", "name": "",
@@ -130,6 +137,8 @@ class DocumentsPanel(QDialog):
         self.budget.setValue(coll.budget)
         self.budget.blockSignals(False)
         for f in self.store.files(self.collection):
+            if f.status != "indexed":
+                continue            # listed under "could not be read" while adding, and on the documents page
             pages = f"{f.pages} pages, " if f.kind == "pdf" else ""
             self.files_list.addItem(f"{f.name}  —  {f.kind}, {pages}{f.chunks} passages")
 

@@ -154,12 +154,14 @@ class MainWindow(QMainWindow):
         self.model_label.setAccessibleName("Model")
         self.attach_btn = self._top_button("Attach…", "Attach files or folders to this conversation",
                                            self.open_documents)
+        self.library_btn = self._top_button("Documents", "Collections of documents: add folders, watch, re-index",
+                                            self.open_library)
         self.export_btn = self._top_button("Export…", "Export this conversation to Markdown", self.export_markdown)
         self.gauges_btn = self._top_button("Gauges", "Show or hide the gauges", None)
         self.gauges_btn.setCheckable(True)
         self.gauges_btn.setChecked(True)
         self.settings_btn = self._top_button("Settings", "Settings", self.open_settings)
-        for b in (self.attach_btn, self.export_btn, self.gauges_btn, self.settings_btn):
+        for b in (self.attach_btn, self.library_btn, self.export_btn, self.gauges_btn, self.settings_btn):
             tl.addWidget(b)
         cl.addWidget(top)
 
@@ -520,8 +522,18 @@ class MainWindow(QMainWindow):
     def documents(self) -> DocumentStore:
         """The encrypted document store beside the history, opened on first use."""
         if self._documents is None:
+            from app.documents.indexer import FolderWatcher
+
             self._documents = DocumentStore(self.store.path, self.store.key_provider)
+            # watched folders: changes since the last run, then every few seconds (its own thread and connection)
+            self._watcher = FolderWatcher(self._documents).start()
         return self._documents
+
+    def open_library(self):
+        """The documents page: every collection, its files, add folder / watch / remove / re-index."""
+        from app.ui.documents_page import open_documents_page
+
+        return open_documents_page(self, self.documents())
 
     def _collection(self) -> str:
         return conversation_collection(self.chat.id)
@@ -687,6 +699,9 @@ class MainWindow(QMainWindow):
             from shiboken6 import isValid
             if isValid(self.wizard):
                 self.wizard.shutdown()
+        if getattr(self, "_watcher", None) is not None:
+            self._watcher.stop()
+            self._watcher = None
         self.worker.close()
 
     def closeEvent(self, event) -> None:
