@@ -2,6 +2,7 @@
 larger corpus, kill -9 in the middle of an add, resume, watched folders."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import subprocess
@@ -19,8 +20,17 @@ from app.documents.store import DocumentStore, fts_tables
 from app.store.crypto import PassphraseKeys
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-import docs_corpus  # noqa: E402
+
+
+def _load_corpus_generator():
+    # by path: putting bench/ on sys.path would shadow packages (bench/kernels.py vs `kernels`)
+    spec = importlib.util.spec_from_file_location("docs_corpus", ROOT / "bench" / "docs_corpus.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+docs_corpus = _load_corpus_generator()
 
 NEEDLE = "Quetzal-marmalade-4417 safe combination"
 
