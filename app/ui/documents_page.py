@@ -11,14 +11,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from PySide6.QtCore import Qt, QThread, Signal
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QDialog, QDialogButtonBox, QFileDialog, QHBoxLayout,
-                               QHeaderView, QInputDialog, QLabel, QMessageBox, QProgressBar, QPushButton, QSplitter,
+                               QHeaderView, QInputDialog, QLabel, QMessageBox, QPushButton, QSplitter,
                                QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
 
 from app.documents.library import collection_rows, file_rows
 from app.documents.store import DocumentError, DocumentStore
-from app.ui.documents_panel import _AddWorker
+from app.ui.documents_panel import AddRunner, progress_widgets
 
 
 def _table(headers: list[str], name: str) -> QTableWidget:
@@ -75,18 +75,14 @@ class DocumentsPage(QDialog):
         row.addStretch(1)
         row.addWidget(self.cancel_btn)
         lay.addLayout(row)
-        self.progress = QProgressBar()
-        self.progress.setAccessibleName("Indexing progress")
-        self.progress.hide()
-        self.status = QLabel("")
-        self.status.setWordWrap(True)
-        lay.addWidget(self.progress)
-        lay.addWidget(self.status)
+        self.progress, self.status = progress_widgets(lay)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
         buttons.rejected.connect(self.close)
         lay.addWidget(buttons)
-        self._thread: QThread | None = None
-        self._worker: _AddWorker | None = None
+        self._runner = AddRunner(self)
+        self._runner.progress.connect(self._on_progress)
+        self._runner.summary.connect(self.status.setText)
+        self._runner.finished.connect(self._on_finished)
         self._rows = []
         self.refresh()
 
@@ -129,7 +125,7 @@ class DocumentsPage(QDialog):
         self.watch_box.setEnabled(bool(row and row.sources))
         self.watch_box.blockSignals(False)
         for b in (self.reindex_btn, self.remove_btn, self.remove_file_btn):
-            b.setEnabled(name is not None and self._thread is None)
+            b.setEnabled(name is not None and not self._runner.busy)
 
     # ---- actions
 
@@ -190,10 +186,10 @@ class DocumentsPage(QDialog):
 
     @property
     def busy(self) -> bool:
-        return self._thread is not None
+        return self._runner.busy
 
     def _start(self, collection: str, paths: list[str] | None, watch: bool | None) -> None:
-        if self._thread is not None:
+        if self._runner.busy:
             return
         self.progress.setRange(0, 0)
         self.progress.show()
@@ -201,19 +197,11 @@ class DocumentsPage(QDialog):
         self.status.setText("Reading…")
         self.add_btn.setEnabled(False)
         self._pending_select = collection
-        self._thread = QThread(self)
-        self._worker = _AddWorker(self.store, collection, paths, watch)
-        self._worker.moveToThread(self._thread)
-        self._thread.started.connect(self._worker.run)
-        self._worker.progress.connect(self._on_progress)
-        self._worker.summary.connect(self.status.setText)
-        self._worker.finished.connect(self._on_finished)
-        self._thread.start()
+        self._runner.start(self.store, collection, paths, watch)
         self._show_files()
 
     def cancel(self) -> None:
-        if self._worker is not None:
-            self._worker.cancel()
+        self._runner.cancel()
 
     def _on_progress(self, done: int, total: int, name: str, stage: str, message: str) -> None:
         if total:
@@ -221,11 +209,6 @@ class DocumentsPage(QDialog):
             self.progress.setValue(done)
 
     def _on_finished(self, report: dict) -> None:
-        self._thread.quit()
-        self._thread.wait()
-        self._worker.deleteLater()
-        self._thread.deleteLater()
-        self._thread = self._worker = None
         self.progress.hide()
         self.cancel_btn.hide()
         self.add_btn.setEnabled(True)
@@ -238,10 +221,7 @@ class DocumentsPage(QDialog):
         self.indexing_finished.emit(report)
 
     def closeEvent(self, event) -> None:
-        if self._worker is not None:
-            self._worker.cancel()
-            self._thread.quit()
-            self._thread.wait(10000)
+        self._runner.stop()
         super().closeEvent(event)
 
 

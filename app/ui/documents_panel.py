@@ -68,6 +68,66 @@ class _AddWorker(QObject):
             store.close()
 
 
+class AddRunner(QObject):
+    """One add or re-index at a time on a QThread of its own (the GUI thread never waits)."""
+
+    progress = Signal(int, int, str, str, str)
+    summary = Signal(str)
+    finished = Signal(object)
+
+    def __init__(self, parent: QObject):
+        super().__init__(parent)
+        self._thread: QThread | None = None
+        self._worker: _AddWorker | None = None
+
+    @property
+    def busy(self) -> bool:
+        return self._thread is not None
+
+    def start(self, store: DocumentStore, collection: str, paths: list[str] | None, watch: bool | None = None) -> bool:
+        if self._thread is not None:
+            return False
+        self._thread = QThread(self)
+        self._worker = _AddWorker(store, collection, paths, watch)
+        self._worker.moveToThread(self._thread)
+        self._thread.started.connect(self._worker.run)
+        self._worker.progress.connect(self.progress)
+        self._worker.summary.connect(self.summary)
+        self._worker.finished.connect(self._done)
+        self._thread.start()
+        return True
+
+    def cancel(self) -> None:
+        if self._worker is not None:
+            self._worker.cancel()
+
+    def _done(self, report: dict) -> None:
+        self._thread.quit()
+        self._thread.wait()
+        self._worker.deleteLater()
+        self._thread.deleteLater()
+        self._thread = self._worker = None
+        self.finished.emit(report)
+
+    def stop(self) -> None:
+        """Cancel and wait (a closing dialog)."""
+        if self._worker is not None:
+            self._worker.cancel()
+            self._thread.quit()
+            self._thread.wait(10000)
+
+
+def progress_widgets(lay: QVBoxLayout) -> tuple[QProgressBar, QLabel]:
+    bar = QProgressBar()
+    bar.setAccessibleName("Indexing progress")
+    bar.hide()
+    status = QLabel("")
+    status.setWordWrap(True)
+    lay.addWidget(bar)
+    lay.addWidget(status)
+    return bar, status
+
+
 class DocumentsPanel(QDialog):
     """The files of one collection, "Add files…"/"Add folder…", progress,
     the files that could not be read (by name), and the passage budget."""
@@ -103,13 +163,7 @@ class DocumentsPanel(QDialog):
         self.budget.valueChanged.connect(self._budget_changed)
         row.addWidget(self.budget)
         lay.addLayout(row)
-        self.progress = QProgressBar()
-        self.progress.setAccessibleName("Indexing progress")
-        self.progress.hide()
-        self.status = QLabel("")
-        self.status.setWordWrap(True)
-        lay.addWidget(self.progress)
-        lay.addWidget(self.status)
+        self.progress, self.status = progress_widgets(lay)
         self.errors = QListWidget()
         self.errors.setAccessibleName("Files that could not be read")
         self.errors.hide()
@@ -117,8 +171,9 @@ class DocumentsPanel(QDialog):
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
         buttons.rejected.connect(self.close)
         lay.addWidget(buttons)
-        self._thread: QThread | None = None
-        self._worker: _AddWorker | None = None
+        self._runner = AddRunner(self)
+        self._runner.progress.connect(self._on_progress)
+        self._runner.finished.connect(self._on_finished)
         self.refresh()
 
     # ---- state
@@ -162,7 +217,7 @@ class DocumentsPanel(QDialog):
 
     def add_paths(self, paths: list[str]) -> None:
         """Read and index files/folders in the background."""
-        if self._thread is not None:
+        if self._runner.busy:
             return
         self.errors.clear()
         self.errors.hide()
@@ -171,17 +226,11 @@ class DocumentsPanel(QDialog):
         self.status.setText("Reading…")
         self.add_files_btn.setEnabled(False)
         self.add_folder_btn.setEnabled(False)
-        self._thread = QThread(self)
-        self._worker = _AddWorker(self.store, self.collection, [str(p) for p in paths])
-        self._worker.moveToThread(self._thread)
-        self._thread.started.connect(self._worker.run)
-        self._worker.progress.connect(self._on_progress)
-        self._worker.finished.connect(self._on_finished)
-        self._thread.start()
+        self._runner.start(self.store, self.collection, [str(p) for p in paths])
 
     @property
     def busy(self) -> bool:
-        return self._thread is not None
+        return self._runner.busy
 
     def _on_progress(self, done: int, total: int, name: str, stage: str, message: str) -> None:
         if total:
@@ -194,11 +243,6 @@ class DocumentsPanel(QDialog):
             self.status.setText(f"Reading {name} ({done + 1} of {total})…")
 
     def _on_finished(self, report: dict) -> None:
-        self._thread.quit()
-        self._thread.wait()
-        self._worker.deleteLater()
-        self._thread.deleteLater()
-        self._thread = self._worker = None
         self.progress.hide()
         self.add_files_btn.setEnabled(True)
         self.add_folder_btn.setEnabled(True)
@@ -213,10 +257,7 @@ class DocumentsPanel(QDialog):
         self.indexing_finished.emit(report)
 
     def closeEvent(self, event) -> None:
-        if self._worker is not None:
-            self._worker.cancel()
-            self._thread.quit()
-            self._thread.wait(10000)
+        self._runner.stop()
         super().closeEvent(event)
 
 
