@@ -132,24 +132,27 @@ def _evaluate(store, index, qs, evaluate) -> dict:
     return {"recall@3": round(hits3 / len(qs), 4), "mrr": round(rr / len(qs), 4), "questions": len(qs)}
 
 
+CLI = "import sys; from app.cli import main; sys.exit(main(sys.argv[1:]))"     # `ferry` from this checkout
+
+
 def ttft(model: str, workdir: Path) -> dict:
     """Time to first token of `ferry docs ask` (the first question, then a later one)."""
     from corpus_tools import build_corpus
 
     env = dict(os.environ, FERRY_HOME=str(workdir / "home"), FERRY_PASSPHRASE="bench passphrase")
     corpus = build_corpus(workdir / "ttft-corpus")
-    subprocess.run([sys.executable, "-m", "app", "docs", "add", "home", str(corpus), "--json"], env=env,
+    subprocess.run([sys.executable, "-c", CLI, "docs", "add", "home", str(corpus), "--json"], env=env,
                    check=True, capture_output=True, cwd=ROOT)
     out = {}
     for label, q in (("first", "How much is the monthly rent?"), ("later", "Who is the landlord?")):
-        r = subprocess.run([sys.executable, "-m", "app", "docs", "ask", model, "home", q, "--json", "-n", "8"],
+        r = subprocess.run([sys.executable, "-c", CLI, "docs", "ask", model, "home", q, "--json", "-n", "8"],
                            env=env, capture_output=True, text=True, cwd=ROOT)
         try:
-            stats = json.loads(r.stdout).get("stats", {})
+            stats = json.loads(r.stdout)
         except ValueError:
             stats = {"error": (r.stderr or r.stdout)[-300:]}
-        out[label] = {k: stats.get(k) for k in ("ttft_s", "prompt_tokens", "prefill_tokens", "reused_tokens",
-                                                 "prefill_tok_s", "error") if k in stats}
+        out[label] = {k: stats.get(k) for k in ("ttft_s", "passages_s", "prompt_tokens", "reused_tokens",
+                                                 "prefix_state", "passage_tokens", "seconds", "error") if k in stats}
     return out
 
 

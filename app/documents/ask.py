@@ -59,6 +59,8 @@ class Answer:
     seconds: float
     tokens: list[int] = field(default_factory=list)
     error: str | None = None
+    passages_s: float = 0.0        #: choosing the passages (search and prompt)
+    ttft_s: float | None = None    #: question to first answer token (passages, prefill, first token)
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -118,6 +120,8 @@ class DocumentChat:
             max_tokens: int = 256, mode: str = "hybrid") -> Iterator[PromptProgress | Token | Answer]:
         t0 = time.monotonic()
         dp = self.prompt(collection, question, budget, mode)
+        passages_s = time.monotonic() - t0
+        ttft_s = None
         session = self.session
         state = "off"
         evaluated = 0
@@ -150,6 +154,8 @@ class DocumentChat:
             if isinstance(ev, PromptProgress):
                 yield PromptProgress(offset + ev.done, offset + ev.total)
             elif isinstance(ev, Token):
+                if ttft_s is None:
+                    ttft_s = time.monotonic() - t0
                 yield ev
             elif isinstance(ev, Finished):
                 end = ev
@@ -161,7 +167,7 @@ class DocumentChat:
                      reused_tokens=len(dp.ids) - evaluated - end.prompt_tokens,
                      prefix_state=state, passage_tokens=dp.passage_tokens, budget=dp.budget,
                      whole_collection=dp.whole_collection, seconds=time.monotonic() - t0, tokens=end.tokens,
-                     error=end.error)
+                     error=end.error, passages_s=passages_s, ttft_s=ttft_s)
 
     def close(self) -> None:
         self.session.close()
