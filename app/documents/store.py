@@ -293,6 +293,7 @@ class DocumentStore:
 
     def delete_collection(self, name: str) -> None:
         coll = self.collection(name)
+        forget_states()
         with self._db:
             for t in fts_tables(coll.id):
                 self._db.execute(f"DROP TABLE IF EXISTS {t}")
@@ -368,6 +369,8 @@ class DocumentStore:
         db.execute("DELETE FROM docs_files WHERE id = ?", (file_id,))
         db.execute("UPDATE docs_collections SET n_chunks = n_chunks - ?, wlen = wlen - ?, glen = glen - ?, "
                    "generation = generation + 1, updated = ? WHERE id = ?", (n, wl, gl, time.time(), cid))
+        if n:
+            forget_states()
 
     def insert_file(self, cid: int, info: dict, pages: Sequence[tuple[int | None, str]],
                     chunks: Sequence[tuple], terms: Sequence[tuple[str, int, str, int]]) -> int:
@@ -444,6 +447,21 @@ class DocumentStore:
         """The collection's persistent index (nothing is built here)."""
         coll = self.collection(name)
         return FtsIndex(self._db, coll.id, *fts_tables(coll.id))
+
+
+def forget_states() -> int:
+    """Delete every saved prefix state: they hold (as attention caches) the passages they were
+    read from, so a removed or changed file must not live on in one. They are a cache: the next
+    question reads its passages again. Returns how many were deleted."""
+    from app.documents.states import states_dir
+
+    n = 0
+    root = states_dir()
+    if root.is_dir():
+        for f in root.glob("*.fxds"):
+            f.unlink(missing_ok=True)
+            n += 1
+    return n
 
 
 def conversation_collection(conversation_id: int) -> str:

@@ -81,7 +81,11 @@ def test_add_search_and_no_plaintext_on_disk(kr, home, corpus_dir, tmp_path):
     assert [p.name for p in report.added] == ["secret.md"] and len(report.unchanged) == 5
     assert len(store.files("household")) == 6
     assert any("garden shed" in c.text for c in store.chunks("household"))
+    states = home / "documents" / "states"
+    states.mkdir(parents=True)
+    (states / "0123.fxds").write_bytes(b"a saved prefix state that read secret.md")
     assert store.remove_file("household", secret) and len(store.files("household")) == 5
+    assert not (states / "0123.fxds").exists()        # a removed file does not live on in a saved state
     assert not any(PLANTED in c.text for c in store.chunks("household"))
     store.close()
     assert scan_for(home, needles) == []
