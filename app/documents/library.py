@@ -73,3 +73,14 @@ def file_rows(store: DocumentStore, name: str) -> list[FileRow]:
         out.append(FileRow(f.name, f.path, f.status, detail))
     out.sort(key=lambda r: (r.status != "skipped", r.path))     # what needs attention first
     return out
+
+
+def reading_label(passages: int, done: int, total: int, seconds: float) -> str:
+    """The window's line while a prompt is read: "Reading 6 passages: 412 of 1,090 tokens,
+    about 12 s left" (no passages: the conversation; time left once there is a rate)."""
+    what = f"Reading {passages} passage{'s' if passages != 1 else ''}" if passages else "Reading the prompt"
+    line = f"{what}: {done} of {total} tokens"
+    if done > 0 and seconds > 0 and total > done:
+        left = seconds * (total - done) / done
+        line += f", about {left:.0f} s left" if left < 90 else f", about {left / 60:.0f} min left"
+    return line

@@ -570,6 +570,7 @@ class MainWindow(QMainWindow):
         self.prompt_row.setVisible(True)
         self.prompt_bar.setRange(0, 0)
         self.prompt_label.setText("Reading the conversation…")
+        self._prompt_t0 = time.monotonic()
         self.gen_id = self.worker.generate(self._request(start))
         self.refresh_list()
 
@@ -599,7 +600,10 @@ class MainWindow(QMainWindow):
         self.prompt_row.setVisible(True)
         self.prompt_bar.setRange(0, max(1, total))
         self.prompt_bar.setValue(done)
-        self.prompt_label.setText(f"Reading the prompt: {done} of {total} tokens")
+        from app.documents.library import reading_label
+
+        self.prompt_label.setText(reading_label(len(self.pending_citations or []), done, total,
+                                                time.monotonic() - getattr(self, "_prompt_t0", time.monotonic())))
 
     def _on_stats(self, d: dict) -> None:
         self.stats_view.push(d, d.get("phase", "decode"), d.get("t"))

@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("pytestqt")
 
-from app.documents.library import collection_rows, file_rows, human_size, when
+from app.documents.library import collection_rows, file_rows, human_size, reading_label, when
 from app.documents.store import DocumentStore
 from app.store.crypto import PassphraseKeys
 
@@ -31,6 +31,9 @@ def test_library_rows_without_qt(home, corpus_dir, tmp_path):
     assert [f.status for f in files[:2]] == ["skipped", "skipped"]           # what needs attention first
     assert {f.name: f.detail for f in files[:2]}["photo.jpg"].startswith("unsupported file type")
     assert "passages" in files[2].detail
+    assert reading_label(6, 400, 1200, 10.0) == "Reading 6 passages: 400 of 1200 tokens, about 20 s left"
+    assert reading_label(0, 0, 80, 0.0) == "Reading the prompt: 0 of 80 tokens"
+    assert reading_label(1, 100, 10_100, 60.0).endswith("about 100 min left")
     assert human_size(1_500_000) == "1.5 MB" and when(None) == "never" and when(100.0, 160.0 + 3600) == "1 h ago"
     store.close()
 
