@@ -6,7 +6,9 @@ A question's relevant passages are the chunks of its file whose text holds
 its answer (an exact sentence or phrase of the document)."""
 from __future__ import annotations
 
+import atexit
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -20,17 +22,26 @@ from app.documents.retrieve import search  # noqa: E402
 from app.documents.store import DocumentStore  # noqa: E402
 from app.store.crypto import EphemeralKeys  # noqa: E402
 
-_OPEN: list = []     # the stores behind the indexes handed out (closed at exit)
+_OPEN: list = []     # the stores behind the indexes handed out (closed, and their folders removed, at exit)
+
+
+@atexit.register
+def _close_all() -> None:
+    for store, tmp in _OPEN:
+        store.close()
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def corpus_index(folder: Path, *, db: Path | None = None, name: str = "eval") -> FtsIndex:
     """The corpus in a real (encrypted, throw-away key) store; ``db`` may hold other collections."""
+    tmp = None
     if db is None:
         tmp = tempfile.mkdtemp(prefix="ferry-eval-")
         db = Path(tmp) / "ferry.db"
     store = DocumentStore(db, EphemeralKeys())
     store.add(name, [folder], workers=1)
-    _OPEN.append(store)
+    _OPEN.append((store, tmp))
     index = store.index(name)
     index.chunks = index.head(None)
     return index
