@@ -63,7 +63,8 @@ class Answer:
     error: str | None = None
     reasoning: str = ""
     prompt_ids: list[int] = field(default_factory=list)
-    ttft_s: float | None = None
+    passages_s: float = 0.0        #: choosing the passages (search and prompt)
+    ttft_s: float | None = None    #: question to first answer token (passages, prefill, first token)
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -134,6 +135,7 @@ class DocumentChat:
         request.max_tokens = max_tokens
         request.client = "documents"
         dp = self.prompt(collection, question, budget, mode, request)
+        passages_s = time.monotonic() - t0
         session = self.session
         state = "off"
         evaluated = 0
@@ -177,7 +179,8 @@ class DocumentChat:
                      reused_tokens=end.reused_tokens - evaluated,
                      prefix_state=state, passage_tokens=dp.passage_tokens, budget=dp.budget,
                      whole_collection=dp.whole_collection, seconds=time.monotonic() - t0, tokens=end.token_ids,
-                     error=end.error, reasoning=end.reasoning, prompt_ids=end.prompt_ids, ttft_s=end.ttft_s)
+                     error=end.error, reasoning=end.reasoning, prompt_ids=end.prompt_ids, passages_s=passages_s,
+                     ttft_s=None if end.ttft_s is None else passages_s + end.ttft_s)
 
     def close(self) -> None:
         self.session.close()

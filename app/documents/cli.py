@@ -162,6 +162,9 @@ def cmd_list(args) -> int:
         print(json.dumps(doc, indent=1, ensure_ascii=False))
     elif args.collection:
         for f in doc:
+            if f["status"] != "indexed":
+                print(f"{f['name']}  skipped: {f['reason']}  {f['path']}")
+                continue
             print(f"{f['name']}  {f['kind']}, {f['pages']} page(s), {f['chunks']} passages  {f['path']}")
     else:
         for c in doc:

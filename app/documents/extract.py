@@ -237,16 +237,18 @@ def _extract_docx(data: bytes) -> list[Page]:
     return [Page(None, blocks)]
 
 
-def extract(path: str | os.PathLike) -> Extracted:
-    """Read one file; raises :class:`ExtractError` saying why it cannot be."""
+def extract(path: str | os.PathLike, data: bytes | None = None) -> Extracted:
+    """Read one file (or its ``data`` when the caller has read it already);
+    raises :class:`ExtractError` saying why it cannot be."""
     path = Path(path)
     kind = kind_of(path)
     if kind is None:
         raise ExtractError(f"unsupported file type '{path.suffix or '(none)'}' "
                            f"(supported: {', '.join(sorted(set(SUFFIXES)))})")
-    from app.documents.walk import read_document_bytes
+    if data is None:
+        from app.documents.walk import read_document_bytes
 
-    data = read_document_bytes(path, MAX_FILE_BYTES)   # never a FIFO, a device or an endless file
+        data = read_document_bytes(path, MAX_FILE_BYTES)   # never a FIFO, a device or an endless file
     if kind in ("text", "markdown"):
         pages = [Page(None, _text_blocks(_decode(data), kind == "markdown"))]
     elif kind == "pdf":

@@ -1,9 +1,16 @@
-"""The in-memory retrieval index: BM25 over words, and BM25 over character
-4-grams as the second signal. Built from decrypted chunks when a collection
-is first searched; it never touches the disk (see docs/DOCUMENTS.md for why
-the postings are not stored, even encrypted per term)."""
+"""Retrieval terms and the persistent index: BM25 over words, and BM25 over
+character 4-grams as the second signal, both stored in the encrypted
+database as SQLite FTS5 tables (app/documents/store.py) and searched in place.
+
+A search has two stages. FTS5 finds the candidates: the best-ranked chunks
+for the question's words, and for its rarest 4-grams. Those candidates are
+then scored with the exact Okapi BM25 the in-memory index used (same k1, b,
+IDF ``log(1 + (N - df + 0.5) / (df + 0.5))``, the collection's own N, df and
+average length), so the ranking of a small collection is what it was, and a
+large one is searched without reading every passage."""
 from __future__ import annotations
 
+import functools
 import math
 import re
 import unicodedata
@@ -14,7 +21,14 @@ from typing import Iterable, Sequence
 K1 = 1.2
 B = 0.75
 NGRAM = 4
-
+#: candidates taken from each FTS5 table before the exact rerank
+CANDIDATES = 50
+#: at most this many of the question's 4-grams (the rarest) choose the n-gram candidates
+CANDIDATE_GRAMS = 24
+#: FTS5 ranks every chunk that holds a candidate term, so the terms that choose candidates
+#: are the rarest ones, adding more while their chunks (document frequencies) sum to at most
+#: this; the rarest term is always taken. A small collection takes every term.
+POSTINGS_BUDGET = 20_000
 STOPWORDS = frozenset("""
 a about above after again against all am an and any are as at be because been before being below between both
 but by can could did do does doing down during each few for from further had has have having he her here hers
@@ -27,11 +41,21 @@ while who whom why will with would you your yours yourself yourselves shall may 
 _TOKEN = re.compile(r"\d+(?:[.,:/]\d+)*|[^\W\d_]+(?:['’][^\W\d_]+)?", re.UNICODE)
 
 
+_COMBINING: dict[int, None] | None = None
+
+
 def _fold(text: str) -> str:
-    text = unicodedata.normalize("NFKD", text.casefold())
-    return "".join(c for c in text if not unicodedata.combining(c))
+    """Casefolded, without accents ("Café" -> "cafe"); ASCII text takes the fast path."""
+    global _COMBINING
+    text = text.casefold()
+    if text.isascii():
+        return text
+    if _COMBINING is None:
+        _COMBINING = {cp: None for cp in range(0x300, 0x10000) if unicodedata.combining(chr(cp))}
+    return unicodedata.normalize("NFKD", text).translate(_COMBINING)
 
 
+@functools.lru_cache(maxsize=200_000)
 def stem(word: str) -> str:
     """A light English suffix stripper (plural, -ing, -ed, -ly): enough to join
     "charges"/"charged"/"charge"; the n-gram signal covers the rest."""
@@ -67,54 +91,36 @@ def raw_words(text: str) -> list[str]:
     return out
 
 
-def word_terms(text: str) -> list[str]:
-    return [stem(w) for w in raw_words(text) if w not in STOPWORDS]
+def word_terms(text: str, raw: list[str] | None = None) -> list[str]:
+    return [stem(w) for w in (raw_words(text) if raw is None else raw) if w not in STOPWORDS]
 
 
-def ngram_terms(text: str) -> list[str]:
-    grams = []
-    for w in raw_words(text):
-        if w in STOPWORDS:
-            continue
-        padded = f"#{w}#"
-        if len(padded) <= NGRAM:
-            grams.append(padded)
-        else:
-            grams.extend(padded[i:i + NGRAM] for i in range(len(padded) - NGRAM + 1))
+@functools.lru_cache(maxsize=200_000)
+def _grams(word: str) -> tuple[str, ...]:
+    padded = f"#{word}#"
+    if len(padded) <= NGRAM:
+        return (padded,)
+    return tuple(padded[i:i + NGRAM] for i in range(len(padded) - NGRAM + 1))
+
+
+def ngram_terms(text: str, raw: list[str] | None = None) -> list[str]:
+    grams: list[str] = []
+    for w in (raw_words(text) if raw is None else raw):
+        if w not in STOPWORDS:
+            grams.extend(_grams(w))
     return grams
 
 
-class BM25:
-    """Okapi BM25 over bags of terms, all in memory."""
+def terms_for(heading: str, text: str) -> tuple[str, int, str, int]:
+    """A chunk's index terms as stored: (words, how many, 4-grams, how many)."""
+    raw = raw_words(f"{heading}\n{text}")
+    w, g = word_terms("", raw), ngram_terms("", raw)
+    return " ".join(w), len(w), " ".join(g), len(g)
 
-    def __init__(self, docs: Iterable[Sequence[str]], k1: float = K1, b: float = B):
-        self.k1, self.b = k1, b
-        self.tfs: list[Counter] = [Counter(d) for d in docs]
-        self.lengths = [sum(c.values()) for c in self.tfs]
-        self.n = len(self.tfs)
-        self.avgdl = (sum(self.lengths) / self.n) if self.n else 0.0
-        self.postings: dict[str, list[tuple[int, int]]] = {}
-        for i, tf in enumerate(self.tfs):
-            for term, f in tf.items():
-                self.postings.setdefault(term, []).append((i, f))
 
-    def idf(self, term: str) -> float:
-        df = len(self.postings.get(term, ()))
-        return math.log(1.0 + (self.n - df + 0.5) / (df + 0.5))
-
-    def scores(self, query: Sequence[str]) -> dict[int, float]:
-        out: dict[int, float] = {}
-        if not self.n:
-            return out
-        for term, qf in Counter(query).items():
-            plist = self.postings.get(term)
-            if not plist:
-                continue
-            idf = self.idf(term)
-            for i, f in plist:
-                norm = self.k1 * (1 - self.b + self.b * self.lengths[i] / (self.avgdl or 1.0))
-                out[i] = out.get(i, 0.0) + idf * f * (self.k1 + 1) / (f + norm)
-        return out
+def bm25(tf: int, df: int, n: int, length: int, avgdl: float) -> float:
+    idf = math.log(1.0 + (n - df + 0.5) / (df + 0.5))
+    return idf * tf * (K1 + 1) / (tf + K1 * (1 - B + B * length / (avgdl or 1.0)))
 
 
 @dataclass
@@ -131,14 +137,95 @@ class IndexedChunk:
     seq: int
 
 
-class MemoryIndex:
-    """Both signals over one collection's chunks."""
+_CHUNK_COLS = ('c.id, c.file_id, f.name, f.path, c.page, c.heading, c.start, c."end", c.text, c.seq, '
+               'c.wlen, c.glen')
 
-    def __init__(self, chunks: list[IndexedChunk]):
-        self.chunks = chunks
-        fields = [f"{c.heading}\n{c.text}" for c in chunks]
-        self.words = BM25(word_terms(f) for f in fields)
-        self.ngrams = BM25(ngram_terms(f) for f in fields)
+
+def _match(terms: Iterable[str]) -> str:
+    return " OR ".join('"' + t.replace('"', '""') + '"' for t in terms)
+
+
+def _rarest(terms: Sequence[str], df: dict[str, int], most: int) -> list[str]:
+    """The rarest present terms whose document frequencies fit POSTINGS_BUDGET (at least one)."""
+    chosen: list[str] = []
+    total = 0
+    for t in sorted((t for t in terms if df[t]), key=lambda t: df[t])[:most]:
+        if chosen and total + df[t] > POSTINGS_BUDGET:
+            break
+        chosen.append(t)
+        total += df[t]
+    return chosen
+
+
+class FtsIndex:
+    """One collection's persistent index, read through the store's connection."""
+
+    def __init__(self, db, collection_id: int, words_table: str, grams_table: str):
+        self._db, self.collection_id = db, collection_id
+        self._tables = {"words": words_table, "grams": grams_table}
+        self.n, wlen, glen = db.execute("SELECT n_chunks, wlen, glen FROM docs_collections WHERE id = ?",
+                                        (collection_id,)).fetchone()
+        self._avgdl = {"words": wlen / self.n if self.n else 0.0, "grams": glen / self.n if self.n else 0.0}
 
     def __len__(self) -> int:
-        return len(self.chunks)
+        return self.n
+
+    def head(self, limit: int | None) -> list[IndexedChunk]:
+        """The first ``limit`` passages in file order (all with None)."""
+        sql = (f"SELECT {_CHUNK_COLS} FROM docs_chunks c JOIN docs_files f ON f.id = c.file_id "
+               "WHERE c.collection_id = ? ORDER BY c.file_id, c.seq")
+        args: tuple = (self.collection_id,)
+        if limit is not None:
+            sql += " LIMIT ?"
+            args += (int(limit),)
+        return [IndexedChunk(*r[:10]) for r in self._db.execute(sql, args)]
+
+    def _df(self, signal: str, terms: Sequence[str]) -> dict[str, int]:
+        table = self._tables[signal]
+        out = {}
+        for t in terms:
+            # the number of chunks holding t: FTS5 counts it from the term's doclist (in C, ~5 ms per 100k)
+            out[t], = self._db.execute(f"SELECT count(*) FROM {table} WHERE {table} MATCH ?", (_match([t]),)).fetchone()
+        return out
+
+    def _candidates(self, signal: str, terms: Sequence[str], limit: int) -> list[int]:
+        if not terms:
+            return []
+        table = self._tables[signal]
+        return [r[0] for r in self._db.execute(f"SELECT rowid FROM {table} WHERE {table} MATCH ? ORDER BY rank "
+                                               "LIMIT ?", (_match(terms), limit))]
+
+    def score(self, words: Sequence[str], grams: Sequence[str], *, limit: int = CANDIDATES
+              ) -> list[tuple[IndexedChunk, float, float]]:
+        """(chunk, word BM25, n-gram BM25) of the candidates for these question terms."""
+        if not self.n:
+            return []
+        words, grams = list(dict.fromkeys(words)), list(dict.fromkeys(grams))
+        df = {"words": self._df("words", words), "grams": self._df("grams", grams)}
+        present = [w for w in words if df["words"][w]]
+        ids = dict.fromkeys(self._candidates("words", _rarest(present, df["words"], len(present)), limit))
+        if len(present) > 1 and sum(df["words"].values()) > POSTINGS_BUDGET:
+            # chunks holding every word (however common): the intersection is small and well ranked
+            table = self._tables["words"]
+            ids.update(dict.fromkeys(r[0] for r in self._db.execute(
+                f"SELECT rowid FROM {table} WHERE {table} MATCH ? ORDER BY rank LIMIT ?",
+                (" AND ".join('"' + w.replace('"', '""') + '"' for w in present), limit))))
+        ids.update(dict.fromkeys(self._candidates("grams", _rarest(grams, df["grams"], CANDIDATE_GRAMS), limit)))
+        if not ids:
+            return []
+        rows = self._db.execute(f"SELECT {_CHUNK_COLS} FROM docs_chunks c JOIN docs_files f ON f.id = c.file_id "
+                                f"WHERE c.id IN ({','.join('?' * len(ids))})", tuple(ids)).fetchall()
+        out = []
+        for r in rows:
+            chunk = IndexedChunk(*r[:10])
+            raw = raw_words(f"{chunk.heading}\n{chunk.text}")
+            signals = []
+            for signal, query, length, fn in (("words", words, r[10], word_terms), ("grams", grams, r[11], ngram_terms)):
+                if not query:
+                    signals.append(0.0)
+                    continue
+                tf = Counter(fn("", raw))
+                signals.append(sum(bm25(tf[t], df[signal][t], self.n, length, self._avgdl[signal])
+                                   for t in query if tf[t]))
+            out.append((chunk, signals[0], signals[1]))
+        return out

@@ -21,7 +21,7 @@ from typing import Sequence
 
 from app.chat.segments import Segment
 from app.chat.turn import ChatFormat, Prepared, TurnError, TurnRequest
-from app.documents.index import IndexedChunk, MemoryIndex
+from app.documents.index import IndexedChunk, FtsIndex
 from app.documents.retrieve import search
 
 INSTRUCTIONS = (
@@ -72,7 +72,7 @@ def _overlaps(a: IndexedChunk, b: IndexedChunk) -> bool:
     return inter > 0.5 * min(a.end - a.start, b.end - b.start)
 
 
-def select_passages(model, index: MemoryIndex, question: str, budget: int, mode: str = "hybrid"
+def select_passages(model, index: FtsIndex, question: str, budget: int, mode: str = "hybrid"
                     ) -> tuple[list[tuple[IndexedChunk, float]], bool, int]:
     """(chunks with scores in prompt order, whole collection?, their tokens)."""
     count = lambda c: len(model.tokenizer.encode_content(format_passage(99, c) + "\n\n"))  # noqa: E731
@@ -80,13 +80,14 @@ def select_passages(model, index: MemoryIndex, question: str, budget: int, mode:
     scores = {h.chunk.id: h.score for h in hits}
     costs = {}
     total = 0
-    for c in index.chunks:
+    head = index.head(MAX_PASSAGES + 1) if len(index) <= MAX_PASSAGES else []
+    for c in head:
         costs[c.id] = count(c)
         total += costs[c.id]
         if total > budget:
             break
-    if total <= budget and len(index.chunks) <= MAX_PASSAGES:
-        return [(c, scores.get(c.id, 0.0)) for c in index.chunks], True, total
+    if len(index) <= MAX_PASSAGES and total <= budget:
+        return [(c, scores.get(c.id, 0.0)) for c in head], True, total
     chosen: list[tuple[IndexedChunk, float]] = []
     used = 0
     for h in hits:
@@ -107,7 +108,7 @@ def passages_message(passages: Sequence[Passage], instructions: str = INSTRUCTIO
     return f"{instructions}\n\nPassages:\n\n{body}"
 
 
-def build_prompt(model, index: MemoryIndex, question: str, budget: int, *, mode: str = "hybrid",
+def build_prompt(model, index: FtsIndex, question: str, budget: int, *, mode: str = "hybrid",
                  instructions: str = INSTRUCTIONS, request: TurnRequest | None = None,
                  n_ctx: int | None = None) -> DocPrompt:
     """The turn for ``question``: ``request`` (sampling, thinking...) with the

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.documents.index import IndexedChunk, MemoryIndex, ngram_terms, word_terms
+from app.documents.index import FtsIndex, IndexedChunk, ngram_terms, word_terms
 
 #: weight of the n-gram signal (each signal is divided by its best score first); equal
 #: weights, not tuned: see docs/BENCHMARKS.md for the sweep
@@ -20,23 +20,25 @@ class Hit:
     ngram: float
 
 
-def search(index: MemoryIndex, question: str, k: int = 5, mode: str = "hybrid",
+def search(index: FtsIndex, question: str, k: int = 5, mode: str = "hybrid",
            ngram_weight: float = NGRAM_WEIGHT) -> list[Hit]:
+    """The best ``k`` passages (every candidate with k=0) for ``question``."""
     if mode not in MODES:
         raise ValueError(f"unknown search mode '{mode}' (known: {', '.join(MODES)})")
-    words = index.words.scores(word_terms(question)) if mode != "ngram" else {}
-    grams = index.ngrams.scores(ngram_terms(question)) if mode != "bm25" else {}
-    top_w = max(words.values(), default=0.0) or 1.0
-    top_g = max(grams.values(), default=0.0) or 1.0
+    scored = index.score(word_terms(question) if mode != "ngram" else [],
+                         ngram_terms(question) if mode != "bm25" else [])
+    top_w = max((w for _, w, _ in scored), default=0.0) or 1.0
+    top_g = max((g for _, _, g in scored), default=0.0) or 1.0
     hits = []
-    for i in set(words) | set(grams):
-        w, g = words.get(i, 0.0), grams.get(i, 0.0)
+    for chunk, w, g in scored:
+        if w <= 0 and g <= 0:
+            continue
         if mode == "bm25":
             score = w
         elif mode == "ngram":
             score = g
         else:
             score = w / top_w + ngram_weight * g / top_g
-        hits.append(Hit(index.chunks[i], score, w, g))
+        hits.append(Hit(chunk, score, w, g))
     hits.sort(key=lambda h: (-h.score, h.chunk.file_id, h.chunk.seq))
     return hits[:k] if k else hits

@@ -4,25 +4,25 @@ A conversation is a tree of messages: every message names its parent, so a
 regenerated answer or an edited question is a sibling of the one it replaces
 and both stay reachable. The conversation remembers which leaf is shown.
 
-Titles, message bodies and thinking traces are stored as AES-GCM blobs (see
-:mod:`app.store.crypto`); ids, roles, timestamps, status and the numeric
-statistics are stored in the clear. A ``check`` value in ``meta`` tells a
-wrong key from a right one before anything is read.
+The history lives in Ferry's one encrypted database (``ferry.db``, every
+page encrypted by SQLCipher: :mod:`app.store.database`), beside the
+documents. Titles, message bodies and thinking traces are in addition
+AES-GCM blobs bound to their row (see :mod:`app.store.crypto`), as they were
+when the file itself was not encrypted; a ``check`` value in the key side
+file tells a wrong key from a right one before anything is read.
 """
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from app import paths
-from app.store.crypto import Cipher, KeyProvider, WrongKey
-from app.store.private import private_dir, private_umask, touch_private
+from app.store import database
+from app.store.crypto import Cipher, KeyProvider
+from app.store.database import CHECK_TEXT, stored_key_kind  # noqa: F401 (re-exported)
 
-SCHEMA_VERSION = 1
-CHECK_TEXT = "ferry history key check"
+SCHEMA_VERSION = 2
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value BLOB NOT NULL);
@@ -51,7 +51,7 @@ CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id)
 
 
 def default_path() -> Path:
-    return paths.data_dir() / "history.sqlite3"
+    return database.default_path()
 
 
 @dataclass
@@ -78,39 +78,10 @@ class MessageRecord:
     stats: dict = field(default_factory=dict)
 
 
-class _MetaTable:
-    def __init__(self, db: sqlite3.Connection):
-        self._db = db
-
-    def get(self, key: str) -> bytes | None:
-        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
-        return None if row is None else bytes(row[0])
-
-    def set(self, key: str, value: bytes) -> None:
-        with self._db:
-            self._db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (key, value))
-
-
-def stored_key_kind(path: str | Path) -> str | None:
-    """Which key provider made the history at ``path`` ("keychain",
-    "passphrase"...), or None when there is no history there yet."""
-    path = Path(path)
-    if not path.exists():
-        return None
-    db = sqlite3.connect(path)
-    try:
-        row = db.execute("SELECT value FROM meta WHERE key = 'key_kind'").fetchone()
-    except sqlite3.DatabaseError:
-        return None
-    finally:
-        db.close()
-    return None if row is None else bytes(row[0]).decode()
-
-
 class HistoryStore:
     """Open (or create) the history at ``path`` with a key from ``keys``.
 
-    Raises :class:`WrongKey` when the key does not open an existing history
+    Raises :class:`app.store.crypto.WrongKey` when the key does not open an existing history
     and :class:`app.store.crypto.KeyUnavailable` when there is no key to have.
     Use from one thread (the GUI's main thread)."""
 
@@ -118,33 +89,15 @@ class HistoryStore:
         if keys is None:
             raise ValueError("a key provider is required: the history is never stored in plaintext")
         self.path = Path(path) if path is not None else default_path()
-        private_dir(self.path.parent)
-        touch_private(self.path)   # 0600 before SQLite writes a byte; its journal and WAL copy the mode
         self.key_provider = keys  #: kept so the document store opens with the same key
-        with private_umask():
-            self._db = sqlite3.connect(self.path)
+        self.key_kind = keys.kind
+        self._db, self.key = database.open_database(self.path, keys)
         try:
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.execute("PRAGMA foreign_keys=ON")
-            self._db.execute("PRAGMA secure_delete=ON")
             self._db.executescript(_SCHEMA)
-            meta = _MetaTable(self._db)
-            self.key_kind = keys.kind
-            key = keys.key(meta)
-            self._cipher = Cipher(key)
-            check = meta.get("check")
-            if check is None:
-                meta.set("check", self._cipher.encrypt(CHECK_TEXT, "meta:check"))
-                meta.set("key_kind", keys.kind.encode())
-                meta.set("schema", str(SCHEMA_VERSION).encode())
-            else:
-                try:
-                    ok = self._cipher.decrypt(check, "meta:check") == CHECK_TEXT
-                except WrongKey:
-                    ok = False
-                if not ok:
-                    raise WrongKey("this key or passphrase does not open the history")
+            with self._db:
+                self._db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('schema', ?)",
+                                 (str(SCHEMA_VERSION).encode(),))
+            self._cipher = Cipher(self.key)
         except BaseException:
             self._db.close()
             raise

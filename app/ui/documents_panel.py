@@ -25,6 +25,7 @@ from PySide6.QtGui import QColor, QTextCharFormat, QTextCursor
 from PySide6.QtWidgets import (QDialog, QDialogButtonBox, QFileDialog, QHBoxLayout, QLabel, QListWidget,
                                QProgressBar, QPushButton, QSpinBox, QTextEdit, QVBoxLayout, QWidget)
 
+from app.documents.library import count
 from app.documents.ask import Citation, _citation, cite
 from app.documents.prompt import passages_message, select_passages
 from app.documents.store import DocumentError, DocumentStore
@@ -36,11 +37,12 @@ FILE_FILTER = "Documents (" + " ".join(f"*{s}" for s in sorted(SUFFIXES)) + ")"
 
 class _AddWorker(QObject):
     progress = Signal(int, int, str, str, str)     #: done, total, file name, stage, message
+    summary = Signal(str)                          #: files, MB, passages, time left (AddProgress.summary)
     finished = Signal(object)                      #: AddReport.as_dict()
 
-    def __init__(self, store: DocumentStore, collection: str, paths: list[str]):
+    def __init__(self, store: DocumentStore, collection: str, paths: list[str] | None, watch: bool | None = None):
         super().__init__()
-        self._store, self._collection, self._paths = store, collection, paths
+        self._store, self._collection, self._paths, self._watch = store, collection, paths, watch
         self._cancel = False
 
     def cancel(self) -> None:
@@ -50,9 +52,15 @@ class _AddWorker(QObject):
     def run(self) -> None:
         store = self._store.clone()     # a connection of this thread's own
         try:
-            report = store.add(self._collection, self._paths, cancelled=lambda: self._cancel,
-                               progress=lambda p: self.progress.emit(p.done, p.total, display_name(p.path.name), p.stage,
-                                                                     p.message))
+            def progress(p):
+                self.progress.emit(p.done, p.total, display_name(p.path.name), p.stage, p.message)
+                self.summary.emit(p.summary())
+
+            if self._paths is None:         # re-index: bring the collection up to date with its sources
+                report = store.rescan(self._collection, cancelled=lambda: self._cancel, progress=progress)
+            else:
+                report = store.add(self._collection, self._paths, cancelled=lambda: self._cancel,
+                                   progress=progress, watch=self._watch)
             self.finished.emit(report.as_dict())
         except Exception as exc:  # report, never crash the window
             self.finished.emit({"added": [], "unchanged": [], "failed": [{"path": "", "name": "",
@@ -60,6 +68,66 @@ class _AddWorker(QObject):
                                 "chunks": 0, "cancelled": False})
         finally:
             store.close()
+
+
+class AddRunner(QObject):
+    """One add or re-index at a time on a QThread of its own (the GUI thread never waits)."""
+
+    progress = Signal(int, int, str, str, str)
+    summary = Signal(str)
+    finished = Signal(object)
+
+    def __init__(self, parent: QObject):
+        super().__init__(parent)
+        self._thread: QThread | None = None
+        self._worker: _AddWorker | None = None
+
+    @property
+    def busy(self) -> bool:
+        return self._thread is not None
+
+    def start(self, store: DocumentStore, collection: str, paths: list[str] | None, watch: bool | None = None) -> bool:
+        if self._thread is not None:
+            return False
+        self._thread = QThread(self)
+        self._worker = _AddWorker(store, collection, paths, watch)
+        self._worker.moveToThread(self._thread)
+        self._thread.started.connect(self._worker.run)
+        self._worker.progress.connect(self.progress)
+        self._worker.summary.connect(self.summary)
+        self._worker.finished.connect(self._done)
+        self._thread.start()
+        return True
+
+    def cancel(self) -> None:
+        if self._worker is not None:
+            self._worker.cancel()
+
+    def _done(self, report: dict) -> None:
+        self._thread.quit()
+        self._thread.wait()
+        self._worker.deleteLater()
+        self._thread.deleteLater()
+        self._thread = self._worker = None
+        self.finished.emit(report)
+
+    def stop(self) -> None:
+        """Cancel and wait (a closing dialog)."""
+        if self._worker is not None:
+            self._worker.cancel()
+            self._thread.quit()
+            self._thread.wait(10000)
+
+
+def progress_widgets(lay: QVBoxLayout) -> tuple[QProgressBar, QLabel]:
+    bar = QProgressBar()
+    bar.setAccessibleName("Indexing progress")
+    bar.hide()
+    status = QLabel("")
+    status.setWordWrap(True)
+    lay.addWidget(bar)
+    lay.addWidget(status)
+    return bar, status
 
 
 class DocumentsPanel(QDialog):
@@ -98,13 +166,7 @@ class DocumentsPanel(QDialog):
         self.budget.valueChanged.connect(self._budget_changed)
         row.addWidget(self.budget)
         lay.addLayout(row)
-        self.progress = QProgressBar()
-        self.progress.setAccessibleName("Indexing progress")
-        self.progress.hide()
-        self.status = QLabel("")
-        self.status.setWordWrap(True)
-        lay.addWidget(self.progress)
-        lay.addWidget(self.status)
+        self.progress, self.status = progress_widgets(lay)
         self.errors = QListWidget()
         self.errors.setAccessibleName("Files that could not be read")
         self.errors.hide()
@@ -112,8 +174,9 @@ class DocumentsPanel(QDialog):
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
         buttons.rejected.connect(self.close)
         lay.addWidget(buttons)
-        self._thread: QThread | None = None
-        self._worker: _AddWorker | None = None
+        self._runner = AddRunner(self)
+        self._runner.progress.connect(self._on_progress)
+        self._runner.finished.connect(self._on_finished)
         self.refresh()
 
     # ---- state
@@ -132,8 +195,10 @@ class DocumentsPanel(QDialog):
         self.budget.setValue(coll.budget)
         self.budget.blockSignals(False)
         for f in self.store.files(self.collection):
-            pages = f"{_count(f.pages, 'page')}, " if f.kind == "pdf" else ""
-            self.files_list.addItem(f"{f.name}  —  {f.kind}, {pages}{_count(f.chunks, 'passage')}")
+            if f.status != "indexed":
+                continue            # listed under "could not be read" while adding, and on the documents page
+            pages = f"{count(f.pages, 'page')}, " if f.kind == "pdf" else ""
+            self.files_list.addItem(f"{f.name}  —  {f.kind}, {pages}{count(f.chunks, 'passage')}")
 
     def _budget_changed(self, value: int) -> None:
         try:
@@ -155,7 +220,7 @@ class DocumentsPanel(QDialog):
 
     def add_paths(self, paths: list[str]) -> None:
         """Read and index files/folders in the background."""
-        if self._thread is not None:
+        if self._runner.busy:
             return
         self.errors.clear()
         self.errors.hide()
@@ -164,17 +229,11 @@ class DocumentsPanel(QDialog):
         self.status.setText("Reading…")
         self.add_files_btn.setEnabled(False)
         self.add_folder_btn.setEnabled(False)
-        self._thread = QThread(self)
-        self._worker = _AddWorker(self.store, self.collection, [str(p) for p in paths])
-        self._worker.moveToThread(self._thread)
-        self._thread.started.connect(self._worker.run)
-        self._worker.progress.connect(self._on_progress)
-        self._worker.finished.connect(self._on_finished)
-        self._thread.start()
+        self._runner.start(self.store, self.collection, [str(p) for p in paths])
 
     @property
     def busy(self) -> bool:
-        return self._thread is not None
+        return self._runner.busy
 
     def _on_progress(self, done: int, total: int, name: str, stage: str, message: str) -> None:
         if total:
@@ -187,11 +246,6 @@ class DocumentsPanel(QDialog):
             self.status.setText(f"Reading {name} ({done + 1} of {total})…")
 
     def _on_finished(self, report: dict) -> None:
-        self._thread.quit()
-        self._thread.wait()
-        self._worker.deleteLater()
-        self._thread.deleteLater()
-        self._thread = self._worker = None
         self.progress.hide()
         self.add_files_btn.setEnabled(True)
         self.add_folder_btn.setEnabled(True)
@@ -200,16 +254,13 @@ class DocumentsPanel(QDialog):
             if not f.get("name"):
                 self.errors.show()
                 self.errors.addItem(f["error"])
-        self.status.setText(f"{len(report['added'])} added ({_count(report['chunks'], 'passage')}), "
+        self.status.setText(f"{len(report['added'])} added ({count(report['chunks'], 'passage')}), "
                             f"{len(report['unchanged'])} unchanged, {len(failed)} could not be read.")
         self.refresh()
         self.indexing_finished.emit(report)
 
     def closeEvent(self, event) -> None:
-        if self._worker is not None:
-            self._worker.cancel()
-            self._thread.quit()
-            self._thread.wait(10000)
+        self._runner.stop()
         super().closeEvent(event)
 
 
@@ -265,11 +316,6 @@ class CitationDialog(QDialog):
 
 
 # ---------------------------------------------------------------- the main window's calls
-
-def _count(n: int, noun: str) -> str:
-    """'1 passage', '3 passages'."""
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
-
 
 def open_documents_panel(parent: QWidget | None, store: DocumentStore, collection: str,
                          title: str | None = None) -> DocumentsPanel:

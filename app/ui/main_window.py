@@ -147,13 +147,15 @@ class MainWindow(QMainWindow):
         self.model_label.setAccessibleName("Model")
         self.attach_btn = self._top_button("Attach…", "Attach files or folders to this conversation",
                                            self.open_documents)
+        self.documents_btn = self._top_button("Documents", "Collections of documents: add folders, watch, re-index",
+                                              lambda: self.open_documents_page())
         self.export_btn = self._top_button("Export…", "Export this conversation (Markdown or JSON)",
                                            lambda: self.export_chat())
         self.gauges_btn = self._top_button("Gauges", "Show or hide the gauges", None)
         self.gauges_btn.setCheckable(True)
         self.gauges_btn.setChecked(True)
         self.settings_btn = self._top_button("Settings", "Settings", self.open_settings)
-        for b in (self.attach_btn, self.export_btn, self.gauges_btn, self.settings_btn):
+        for b in (self.attach_btn, self.documents_btn, self.export_btn, self.gauges_btn, self.settings_btn):
             tl.addWidget(b)
         cl.addWidget(top)
 
@@ -686,8 +688,18 @@ class MainWindow(QMainWindow):
     def documents(self) -> DocumentStore:
         """The encrypted document store beside the history, opened on first use."""
         if self._documents is None:
+            from app.documents.indexer import FolderWatcher
+
             self._documents = DocumentStore(self.store.path, self.store.key_provider)
+            # watched folders: changes since the last run, then every few seconds (its own thread and connection)
+            self._watcher = FolderWatcher(self._documents).start()
         return self._documents
+
+    def open_documents_page(self):
+        """The documents page: every collection, its files, add folder / watch / remove / re-index."""
+        from app.ui.documents_page import open_documents_page
+
+        return open_documents_page(self, self.documents())
 
     def _collection(self) -> str:
         return conversation_collection(self.chat.id)
@@ -754,11 +766,10 @@ class MainWindow(QMainWindow):
         self.prompt_row.setVisible(True)
         self.prompt_bar.setRange(0, max(1, total))
         self.prompt_bar.setValue(done)
-        elapsed = time.monotonic() - self._turn_t0
-        left = ""
-        if done > 0 and elapsed >= 1.0:
-            left = f" · about {max(1, round(elapsed * (total - done) / done))} s left"
-        self.prompt_label.setText(f"Reading the prompt: {done} of {total} tokens · {elapsed:.0f} s{left}")
+        from app.documents.library import reading_label
+
+        self.prompt_label.setText(reading_label(len(self.pending_citations or []), done, total,
+                                                time.monotonic() - self._turn_t0))
 
     def _on_stats(self, d: dict) -> None:
         self.stats_view.push(d, d.get("phase", "decode"), d.get("t"))
@@ -891,6 +902,9 @@ class MainWindow(QMainWindow):
             from shiboken6 import isValid
             if isValid(self.wizard):
                 self.wizard.shutdown()
+        if getattr(self, "_watcher", None) is not None:
+            self._watcher.stop()
+            self._watcher = None
         self.worker.close()
 
     def closeEvent(self, event) -> None:

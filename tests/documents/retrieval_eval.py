@@ -6,7 +6,9 @@ A question's relevant passages are the chunks of its file whose text holds
 its answer (an exact sentence or phrase of the document)."""
 from __future__ import annotations
 
+import atexit
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -15,26 +17,41 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from app.documents.chunk import chunk_document  # noqa: E402
-from app.documents.extract import extract  # noqa: E402
-from app.documents.index import IndexedChunk, MemoryIndex  # noqa: E402
+from app.documents.index import FtsIndex  # noqa: E402
 from app.documents.retrieve import search  # noqa: E402
+from app.documents.store import DocumentStore  # noqa: E402
+from app.store.crypto import EphemeralKeys  # noqa: E402
+
+_OPEN: list = []     # the stores behind the indexes handed out (closed, and their folders removed, at exit)
 
 
-def corpus_index(folder: Path) -> MemoryIndex:
-    chunks = []
-    for fid, f in enumerate(sorted(folder.iterdir())):
-        for c in chunk_document(extract(f)):
-            chunks.append(IndexedChunk(len(chunks), fid, f.name, str(f), c.page, c.heading, c.start, c.end,
-                                       c.text, c.seq))
-    return MemoryIndex(chunks)
+@atexit.register
+def _close_all() -> None:
+    for store, tmp in _OPEN:
+        store.close()
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def corpus_index(folder: Path, *, db: Path | None = None, name: str = "eval") -> FtsIndex:
+    """The corpus in a real (encrypted, throw-away key) store; ``db`` may hold other collections."""
+    tmp = None
+    if db is None:
+        tmp = tempfile.mkdtemp(prefix="ferry-eval-")
+        db = Path(tmp) / "ferry.db"
+    store = DocumentStore(db, EphemeralKeys())
+    store.add(name, [folder], workers=1)
+    _OPEN.append((store, tmp))
+    index = store.index(name)
+    index.chunks = index.head(None)
+    return index
 
 
 def _norm(text: str) -> str:
     return " ".join(text.split())
 
 
-def evaluate(index: MemoryIndex, questions: list[dict], mode: str, k: int = 3, **kw) -> dict:
+def evaluate(index: FtsIndex, questions: list[dict], mode: str, k: int = 3, **kw) -> dict:
     hits_at_k = 0
     rr = 0.0
     misses = []

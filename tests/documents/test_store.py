@@ -38,7 +38,7 @@ def test_add_search_and_no_plaintext_on_disk(kr, home, corpus_dir, tmp_path):
     secret.write_text(f"# Notes\n\nThe safe deposit box at Harbour Mutual is opened with the {PLANTED} "
                       "written on the back of the photograph.\n", encoding="utf-8")
     store = DocumentStore(keys=KeychainKeys())
-    assert store.path == paths.data_dir() / "history.sqlite3"
+    assert store.path == paths.data_dir() / "ferry.db"
     events = []
     report = store.add("household", [docs], progress=events.append)
     assert sorted(p.name for p in report.added) == sorted(["lease.md", "discharge.txt", "statement.html",
@@ -55,11 +55,17 @@ def test_add_search_and_no_plaintext_on_disk(kr, home, corpus_dir, tmp_path):
     page = store.page_text(hits[0].chunk.file_id, 2)
     assert page[hits[0].chunk.start:hits[0].chunk.end] == hits[0].chunk.text
 
-    # the history still opens with the same key, and documents live in its file
+    # the history still opens with the same key, and documents live in its file, with their
+    # full-text index; the file is encrypted page by page (plain SQLite cannot read it)
     HistoryStore(store.path, KeychainKeys()).close()
-    tables = {r[0] for r in sqlite3.connect(store.path).execute("SELECT name FROM sqlite_master")}
+    tables = {r[0] for r in store.db.execute("SELECT name FROM sqlite_master")}
     assert {"docs_chunks", "docs_files", "docs_pages", "docs_collections", "messages"} <= tables
-    assert not any("fts" in t.lower() for t in tables)
+    assert any(t.startswith("docs_fts_w_") for t in tables)
+    with pytest.raises(sqlite3.DatabaseError):
+        sqlite3.connect(store.path).execute("SELECT name FROM sqlite_master").fetchall()
+    for f in home.iterdir():         # the database, its WAL and shared memory, the key side file
+        assert f.stat().st_mode & 0o077 == 0, f
+    assert {"ferry.db", "ferry.db-wal", "ferry.db.keys"} <= {f.name for f in home.iterdir()}
 
     needles = [PLANTED, "Zanzibar-quokka", "safe deposit box at Harbour", "secret.md", "household",
                "Monthly rent is $1,850.00", str(docs)]
@@ -75,7 +81,11 @@ def test_add_search_and_no_plaintext_on_disk(kr, home, corpus_dir, tmp_path):
     assert [p.name for p in report.added] == ["secret.md"] and len(report.unchanged) == 5
     assert len(store.files("household")) == 6
     assert any("garden shed" in c.text for c in store.chunks("household"))
+    states = home / "documents" / "states"
+    states.mkdir(parents=True)
+    (states / "0123.fxds").write_bytes(b"a saved prefix state that read secret.md")
     assert store.remove_file("household", secret) and len(store.files("household")) == 5
+    assert not (states / "0123.fxds").exists()        # a removed file does not live on in a saved state
     assert not any(PLANTED in c.text for c in store.chunks("household"))
     store.close()
     assert scan_for(home, needles) == []
@@ -108,12 +118,12 @@ def test_wrong_key_or_passphrase_is_refused(home, corpus_dir):
         DocumentStore(keys=EphemeralKeys())
     store = DocumentStore(keys=PassphraseKeys("correct horse"))
     assert len(store.chunks("c")) > 5
-    # a chunk blob moved to another row does not decrypt
-    db = sqlite3.connect(store.path)
-    blobs = db.execute("SELECT id, body FROM docs_chunks ORDER BY id LIMIT 2").fetchall()
-    db.execute("UPDATE docs_chunks SET body = ? WHERE id = ?", (blobs[0][1], blobs[1][0]))
-    db.commit()
-    db.close()
-    with pytest.raises(WrongKey, match="damaged or moved"):
-        store.chunks("c")
     store.close()
+    # a damaged page is refused, not read
+    data = bytearray(store.path.read_bytes())
+    for i in range(4096 + 100, 4096 + 140):
+        data[i] ^= 0xFF
+    store.path.write_bytes(bytes(data))
+    with pytest.raises(Exception, match="not a database|damaged|does not open|malformed"):
+        s2 = DocumentStore(keys=PassphraseKeys("correct horse"))
+        s2.chunks("c")

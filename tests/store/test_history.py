@@ -12,6 +12,7 @@ from app.chat.turn import opening_channel
 from app.memory.stats import StatsView, memory_split, recommended_budget, usable_ram
 from app.store import settings as settings_mod
 from app.store.crypto import EphemeralKeys, KeychainKeys, KeyUnavailable, PassphraseKeys, WrongKey
+from app.store.database import KeyFile
 from app.store.history import HistoryStore, stored_key_kind
 
 SECRET = "the harbour key is under the blue stone 7731"
@@ -64,8 +65,10 @@ def test_wrong_key_and_wrong_passphrase_are_refused(tmp_path):
         HistoryStore(db, EphemeralKeys())
     store = HistoryStore(db, PassphraseKeys("open sesame"))
     assert store.messages(cid)[0].content == SECRET
-    salt = sqlite3.connect(db).execute("SELECT value FROM meta WHERE key='scrypt_salt'").fetchone()[0]
+    salt = KeyFile(db).get("scrypt_salt")      # the salt is in the side file, the file itself is encrypted
     assert len(salt) == 16
+    with pytest.raises(sqlite3.DatabaseError):
+        sqlite3.connect(db).execute("SELECT value FROM meta").fetchall()
     store.close()
     assert SECRET.encode() not in raw_bytes(db)
 
@@ -88,13 +91,10 @@ def test_swapped_ciphertexts_do_not_decrypt(kr, tmp_path):
     cid = store.create_conversation("t")
     a = store.add_message(cid, None, "user", "first")
     b = store.add_message(cid, a, "assistant", "second")
-    store.close()
-    con = sqlite3.connect(db)
+    con = store._db       # inside the encrypted file, values are still bound to their rows
     blob_a = con.execute("SELECT body FROM messages WHERE id=?", (a,)).fetchone()[0]
     con.execute("UPDATE messages SET body=? WHERE id=?", (blob_a, b))
     con.commit()
-    con.close()
-    store = HistoryStore(db, KeychainKeys())
     with pytest.raises(WrongKey):
         store.messages(cid)
     store.close()

@@ -71,7 +71,7 @@ def test_screenshots_under_xvfb(xvfb, demo_container, tmp_path):
             assert (img.width(), img.height()) == (1200, 780), name
         assert _colours(img) > 40, f"{name} looks blank"
     # the user's data was not touched: the screenshot run uses a throw-away history
-    assert not (tmp_path / "home" / "history.sqlite3").exists()
+    assert not (tmp_path / "home" / "history.sqlite3").exists() and not (tmp_path / "home" / "ferry.db").exists()
 
 
 def test_no_display_gives_a_clear_message(tmp_path):

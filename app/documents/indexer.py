@@ -1,0 +1,299 @@
+"""Adding documents at scale, and keeping watched folders in sync. No Qt here.
+
+* Files are read, chunked and turned into index terms in worker processes
+  (one per core; CPU-bound Python, so processes rather than threads), while
+  the calling thread stores each finished file in one transaction. At most
+  two files per worker are in flight, so memory is bounded by the largest
+  files being read, not by the size of the corpus.
+* Progress: files, bytes and passages done, and the time left (from the
+  bytes read so far), through :class:`app.documents.store.AddProgress`.
+* Cancel stops between files; whatever was stored stays. Every file is one
+  transaction, so a crash or ``kill -9`` leaves whole files or nothing of a
+  file, and adding the same folders again (``DocumentStore.rescan``)
+  resumes: a file whose size and modification time are unchanged is not
+  read again.
+* A folder that was added is a *source*: adding it again also removes the
+  files that are no longer in it. Watched sources are checked when Ferry
+  opens and then every few seconds by :class:`FolderWatcher` (polling: one
+  ``stat`` per file; measured in docs/BENCHMARKS.md), which picks up new,
+  changed and deleted files.
+"""
+from __future__ import annotations
+
+import hashlib
+import multiprocessing
+import os
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
+from typing import Callable, Iterable
+
+from app.documents.chunk import chunk_document
+from app.documents.extract import MAX_FILE_BYTES, ExtractError, expand, extract
+from app.documents.index import terms_for
+from app.documents.walk import read_document_bytes
+from app.documents.store import AddProgress, AddReport, DocumentStore
+
+#: below this much to read, files are read in the calling thread (no process start-up)
+INLINE_BYTES = 4 * 2**20
+INLINE_FILES = 8
+
+
+def walk(paths: Iterable[str | Path]) -> tuple[list[Path], list[tuple[Path, str]]]:
+    """The files to read under ``paths`` (absolute, symbolic links resolved) and the ones skipped
+    with why. The one call site of the file walker."""
+    files, skipped = expand([Path(p).expanduser().resolve() for p in paths])
+    # folders are walked from their resolved path without following links, so only a linked file
+    # needs resolving (a resolve per file costs a syscall per path component)
+    return [f.resolve() if f.is_symlink() else f for f in files], skipped
+
+
+def prepare(path: str, known: tuple | None) -> dict:
+    """Read one file into what the store keeps (runs in a worker process).
+    ``known``: (file id, size, mtime_ns, sha256, status) of the stored version, if any."""
+    try:
+        st = os.stat(path)
+        size, mtime_ns = st.st_size, st.st_mtime_ns
+        if known is not None and known[4] == "indexed" and (known[1], known[2]) == (size, mtime_ns):
+            return {"state": "unchanged", "size": size}
+        if size > MAX_FILE_BYTES:
+            raise ExtractError(f"the file is larger than {MAX_FILE_BYTES // 2**20} MiB")
+        data = read_document_bytes(path, MAX_FILE_BYTES)   # never blocks on a FIFO swapped in after the walk
+    except OSError as exc:
+        return {"state": "failed", "size": 0, "mtime_ns": 0, "reason": f"cannot be read ({exc.strerror or exc})"}
+    except ExtractError as exc:
+        return {"state": "failed", "size": size, "mtime_ns": mtime_ns, "reason": str(exc)}
+    digest = hashlib.sha256(data).hexdigest()
+    if known is not None and known[4] == "indexed" and known[3] == digest:
+        return {"state": "touched", "size": size, "mtime_ns": mtime_ns}
+    try:
+        doc = extract(path, data)
+        chunks = chunk_document(doc)
+        if not chunks:
+            raise ExtractError("the file has no text to index")
+    except ExtractError as exc:
+        return {"state": "failed", "size": size, "mtime_ns": mtime_ns, "reason": str(exc)}
+    except Exception as exc:  # a parser's own failure on a damaged file
+        return {"state": "failed", "size": size, "mtime_ns": mtime_ns,
+                "reason": f"cannot be read ({type(exc).__name__}: {exc})"}
+    del data
+    p = Path(path)
+    return {"state": "indexed", "size": size,
+            "info": {"path": path, "name": p.name, "kind": doc.kind, "chars": doc.chars, "size": size,
+                     "mtime_ns": mtime_ns, "sha256": digest},
+            "pages": [(pg.number, pg.text) for pg in doc.pages],
+            "chunks": [(c.seq, c.page, c.heading, c.start, c.end, c.text) for c in chunks],
+            "terms": [terms_for(c.heading, c.text) for c in chunks]}
+
+
+class _Inline:
+    """The executor's interface, run in the calling thread (small adds)."""
+
+    def submit(self, fn, *args) -> Future:
+        fut: Future = Future()
+        fut.set_result(fn(*args))
+        return fut
+
+    def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
+        pass
+
+
+def default_workers() -> int:
+    return max(1, os.cpu_count() or 1)
+
+
+def add_paths(store: DocumentStore, name: str, paths: Iterable[str | Path], *,
+              progress: Callable[[AddProgress], None] | None = None, cancelled: Callable[[], bool] | None = None,
+              workers: int | None = None, watch: bool | None = None) -> AddReport:
+    t0 = time.monotonic()
+    paths = [Path(p).expanduser() for p in paths]
+    coll = store.collection(name, create=True)
+    db = store.db
+    for p in paths:
+        if p.exists():
+            store.add_source(name, p, watch=watch)
+    files, skipped = walk(paths)
+    report = AddReport(failed=list(skipped))
+    emit = progress or (lambda p: None)
+    known = store.known(coll.id)
+    # files gone from an added folder (or an added file that is gone) are removed
+    present = {str(f) for f in files} | {str(p.resolve()) for p, _ in skipped}
+    roots = [str(p.resolve()) for p in paths if p.is_dir() or not p.exists()]
+    gone = [path for path in known if path not in present
+            and any(path == r or path.startswith(r.rstrip(os.sep) + os.sep) for r in roots)]
+    if gone:
+        with db:
+            for path in gone:
+                store.delete_file_rows(coll.id, known[path][0])
+        report.removed = [Path(p) for p in gone]
+    for path in gone:
+        emit(AddProgress(0, len(files), Path(path), "removed"))
+    with db:
+        for p, why in skipped:
+            if p.exists():
+                store.mark_skipped(coll.id, str(p.resolve()), why)
+    for p, why in skipped:
+        emit(AddProgress(0, len(files), p, "failed", why))
+
+    sizes = []
+    for f in files:
+        try:
+            sizes.append(f.stat().st_size)
+        except OSError:
+            sizes.append(0)
+    state = AddProgress(0, len(files), Path(), "reading", bytes_total=sum(sizes))
+    to_read = sum(s for f, s in zip(files, sizes)
+                  if not (known.get(str(f)) and known[str(f)][1] == s and known[str(f)][4] == "indexed"))
+    n_workers = default_workers() if workers is None else workers
+    inline = n_workers <= 1 or to_read < INLINE_BYTES or len(files) < INLINE_FILES
+    pool = _Inline() if inline else ProcessPoolExecutor(
+        n_workers, mp_context=multiprocessing.get_context("spawn"))
+    window = 1 if inline else 2 * n_workers
+    pending: deque[tuple[Path, int, Future]] = deque()
+    todo = iter(zip(files, sizes))
+
+    def stage(f: Path, what: str, message: str = "") -> None:
+        state.path, state.stage, state.message = f, what, message
+        state.seconds = time.monotonic() - t0
+        left = state.bytes_total - state.bytes_done
+        state.eta_s = state.seconds * left / state.bytes_done if state.bytes_done and left > 0 else None
+        emit(AddProgress(**vars(state)))
+
+    try:
+        while True:
+            while len(pending) < window:
+                nxt = next(todo, None)
+                if nxt is None:
+                    break
+                f, size = nxt
+                if cancelled is not None and cancelled():
+                    break
+                stage(f, "reading")
+                pending.append((f, size, pool.submit(prepare, str(f), known.get(str(f)))))
+            if not pending:
+                break
+            if cancelled is not None and cancelled():
+                report.cancelled = True
+                break
+            f, size, fut = pending.popleft()
+            try:
+                result = fut.result()
+            except BrokenProcessPool:
+                # a worker died (out of memory, killed, or a host that cannot start processes):
+                # the rest is read here, one file at a time
+                pool.shutdown(wait=False, cancel_futures=True)
+                pool, window = _Inline(), 1
+                pending = deque((g, gs, pool.submit(prepare, str(g), known.get(str(g)))) for g, gs, _ in pending)
+                result = prepare(str(f), known.get(str(f)))
+            _store(store, coll.id, f, result, report)
+            state.done += 1
+            state.bytes_done += size
+            state.chunks = report.chunks
+            what = {"indexed": "indexed", "failed": "failed"}.get(result["state"], "unchanged")
+            n = len(result.get("chunks", ()))
+            stage(f, what, result.get("reason", f"{n} passages" if what == "indexed" else ""))
+        if cancelled is not None and cancelled() and (pending or next(todo, None) is not None):
+            report.cancelled = True
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    report.seconds = time.monotonic() - t0
+    state.done = state.done if report.cancelled else len(files)
+    stage(Path(), "done")
+    return report
+
+
+def _store(store: DocumentStore, cid: int, f: Path, result: dict, report: AddReport) -> None:
+    db = store.db
+    what = result["state"]
+    if what == "unchanged":
+        report.unchanged.append(f)
+        return
+    with db:
+        if what == "touched":
+            db.execute("UPDATE docs_files SET mtime_ns = ? WHERE collection_id = ? AND path = ?",
+                       (result["mtime_ns"], cid, str(f)))
+            report.unchanged.append(f)
+        elif what == "failed":
+            store.mark_skipped(cid, str(f), result["reason"], result["size"], result["mtime_ns"])
+            report.failed.append((f, result["reason"]))
+        else:
+            store.insert_file(cid, result["info"], result["pages"], result["chunks"], result["terms"])
+            report.added.append(f)
+            report.chunks += len(result["chunks"])
+            report.bytes += result["size"]
+
+
+def _changed(store: DocumentStore, name: str, root: Path) -> bool:
+    """Whether a source differs from what is stored (one stat per file)."""
+    known = store.known(store.collection(name).id)
+    files, _ = walk([root])
+    seen = set()
+    for f in files:
+        seen.add(str(f))
+        k = known.get(str(f))
+        try:
+            st = f.stat()
+        except OSError:
+            continue
+        if k is None or (k[1], k[2]) != (st.st_size, st.st_mtime_ns):
+            return True
+    r = str(root.resolve())
+    return any(p not in seen and (p == r or p.startswith(r.rstrip(os.sep) + os.sep))
+               and known[p][4] == "indexed" for p in known)
+
+
+def sync_watched(store: DocumentStore, *, progress: Callable[[str, AddProgress], None] | None = None,
+                 cancelled: Callable[[], bool] | None = None) -> dict[str, AddReport]:
+    """Bring every watched source up to date (on open, and from :class:`FolderWatcher`)."""
+    reports = {}
+    for name, source in store.watched():
+        if cancelled is not None and cancelled():
+            break
+        root = Path(source.path)
+        if _changed(store, name, root):
+            emit = (lambda p, n=name: progress(n, p)) if progress else None
+            reports[f"{name}:{source.path}"] = store.add(name, [root], progress=emit, cancelled=cancelled)
+    return reports
+
+
+class FolderWatcher:
+    """Polls the watched sources every ``interval`` seconds in a thread of its own
+    (with its own connection); ``on_change(reports)`` is called after a change was stored."""
+
+    def __init__(self, store: DocumentStore, interval: float = 5.0,
+                 on_change: Callable[[dict[str, AddReport]], None] | None = None):
+        self._store, self.interval, self.on_change = store, interval, on_change
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.error: str | None = None
+
+    def start(self) -> "FolderWatcher":
+        self._thread = threading.Thread(target=self._run, name="ferry-folder-watch", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        store = self._store.clone()
+        try:
+            while not self._stop.is_set():
+                t0 = time.monotonic()
+                try:
+                    reports = sync_watched(store, cancelled=self._stop.is_set)
+                except Exception as exc:  # keep watching; say why once
+                    self.error = str(exc)
+                    reports = {}
+                if reports and self.on_change is not None:
+                    self.on_change(reports)
+                # a large watched archive is polled less often: at most 5% of a core
+                self._stop.wait(max(self.interval, 20 * (time.monotonic() - t0)) if not reports else self.interval)
+        finally:
+            store.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None

@@ -1,0 +1,181 @@
+"""Ferry's one database file per data folder, encrypted page by page.
+
+Everything Ferry keeps about a person — conversations, documents, their
+passages and the full-text index over them — lives in one SQLite database
+(``ferry.db``) opened through SQLCipher (the ``sqlcipher3`` binding): every
+page of the file, index pages and the write-ahead log included, is
+AES-256 encrypted and authenticated with HMAC-SHA512. No Qt here.
+
+The key: the key provider (keychain, passphrase, ephemeral; see
+:mod:`app.store.crypto`) gives Ferry's 256-bit key; SQLCipher is given a
+subkey derived from it with HKDF, as a raw key (no second KDF). What the
+provider needs before the database can be opened — its kind, the scrypt
+salt, and a ``check`` value that tells a wrong key from a right one — lives
+in a small side file ``ferry.db.keys`` (JSON, nothing secret in it).
+
+Files are created private (mode 0600) before anything is written to them;
+SQLite gives its -wal and -shm files the mode of the database.
+``temp_store=MEMORY`` keeps temporary tables and sort spills in RAM, and
+``secure_delete`` overwrites what is deleted.
+
+A store of the previous layout (``history.sqlite3``: a plain SQLite file
+whose values were AES-GCM blobs) is migrated on first open, see
+:mod:`app.store.migrate`.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import os
+from pathlib import Path
+
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from sqlcipher3 import dbapi2 as sqlcipher
+
+from app import paths
+from app.store.crypto import Cipher, KeyProvider, WrongKey
+from app.store.private import private_dir, private_umask, touch_private
+
+FILE_NAME = "ferry.db"
+LEGACY_NAME = "history.sqlite3"
+CHECK_TEXT = "ferry history key check"
+SQLITE_MAGIC = b"SQLite format 3\x00"
+PRAGMAS = ("journal_mode=WAL", "synchronous=NORMAL", "foreign_keys=ON", "secure_delete=ON",
+           "temp_store=MEMORY", "busy_timeout=30000")
+
+DatabaseError = sqlcipher.DatabaseError
+IntegrityError = sqlcipher.IntegrityError
+Connection = sqlcipher.Connection
+
+
+def default_path() -> Path:
+    return paths.data_dir() / FILE_NAME
+
+
+def create_private(path: Path) -> None:
+    """Create ``path`` empty with mode 0600 (owner only) if it does not exist,
+    in a 0700 folder, and make an existing one private (app.store.private)."""
+    private_dir(path.parent)
+    touch_private(path)
+
+
+def is_legacy(path: Path) -> bool:
+    """A plain (not page-encrypted) SQLite file: the previous layout."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(16) == SQLITE_MAGIC
+    except OSError:
+        return False
+
+
+class KeyFile:
+    """The side file ``<db>.keys``: the provider's kind, salt and check value.
+    Implements :class:`app.store.crypto.Meta` (values are bytes)."""
+
+    def __init__(self, db_path: Path):
+        self.path = Path(str(db_path) + ".keys")
+        self._values: dict[str, bytes] = {}
+        if self.path.exists():
+            try:
+                raw = json.loads(self.path.read_text(encoding="utf-8"))
+                self._values = {k: base64.b64decode(v) for k, v in raw.items()}
+            except (ValueError, OSError) as exc:
+                raise WrongKey(f"{self.path.name} is damaged ({exc}); the database cannot be opened") from exc
+
+    def get(self, key: str) -> bytes | None:
+        return self._values.get(key)
+
+    def set(self, key: str, value: bytes) -> None:
+        self._values[key] = bytes(value)
+        self.save()
+
+    def save(self) -> None:
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        create_private(tmp)
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump({k: base64.b64encode(v).decode() for k, v in self._values.items()}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+
+
+def stored_key_kind(path: str | Path) -> str | None:
+    """Which key provider made the store at ``path`` ("keychain", "passphrase"...),
+    or None when there is none yet (a legacy store is asked too)."""
+    path = Path(path)
+    kind = KeyFile(path).get("key_kind")
+    if kind is not None:
+        return kind.decode()
+    from app.store.migrate import legacy_source, legacy_meta
+
+    legacy = legacy_source(path)
+    if legacy is None:
+        return None
+    kind = legacy_meta(legacy).get("key_kind")
+    return None if kind is None else kind.decode()
+
+
+def sqlcipher_key(key: bytes) -> bytes:
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=b"ferry database v1 sqlcipher").derive(key)
+
+
+def provider_key(meta, keys: KeyProvider) -> bytes:
+    """The provider's key, checked against ``meta``'s check value (written
+    when there is none yet); WrongKey when it does not match."""
+    key = keys.key(meta)
+    cipher = Cipher(key)
+    check = meta.get("check")
+    if check is None:
+        meta.set("check", cipher.encrypt(CHECK_TEXT, "meta:check"))
+        meta.set("key_kind", keys.kind.encode())
+        return key
+    try:
+        ok = cipher.decrypt(check, "meta:check") == CHECK_TEXT
+    except WrongKey:
+        ok = False
+    if not ok:
+        raise WrongKey("this key or passphrase does not open the history")
+    return key
+
+
+def connect(path: Path, raw_key: bytes, *, timeout: float = 30.0) -> Connection:
+    """A connection to the encrypted database at ``path`` (created private if
+    missing) with Ferry's pragmas; WrongKey when the key does not open it."""
+    path = Path(path)
+    create_private(path)
+    with private_umask():   # SQLite's own side files (journal, WAL, shm) private from creation too
+        db = sqlcipher.connect(str(path), timeout=timeout, check_same_thread=True)
+    try:
+        db.execute("PRAGMA cipher_log_level = NONE")    # errors are raised, never printed
+        db.execute(f"PRAGMA key = \"x'{raw_key.hex()}'\"")
+        try:
+            db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        except sqlcipher.DatabaseError as exc:
+            raise WrongKey(f"{path.name} does not open with this key (or it is damaged): {exc}") from exc
+        for pragma in PRAGMAS:
+            db.execute(f"PRAGMA {pragma}")
+    except BaseException:
+        db.close()
+        raise
+    return db
+
+
+def open_database(path: str | Path | None, keys: KeyProvider) -> tuple[Connection, bytes]:
+    """Open (creating, or migrating from the previous layout) the database at
+    ``path``: (connection, the provider's key). Raises WrongKey / KeyUnavailable."""
+    path = Path(path) if path is not None else default_path()
+    private_dir(path.parent)
+    from app.store.migrate import legacy_source, migrate
+
+    legacy = legacy_source(path)
+    if legacy is not None:
+        key = migrate(legacy, path, keys)
+    else:
+        meta = KeyFile(path)
+        if meta.get("check") is None and path.exists() and path.stat().st_size > 0:
+            # the side file is gone: a key that opens the database is taken, and the check written again
+            key = keys.key(meta)
+            connect(path, sqlcipher_key(key)).close()
+        key = provider_key(meta, keys)
+    return connect(path, sqlcipher_key(key)), key

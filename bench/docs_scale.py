@@ -1,0 +1,200 @@
+"""Documents at the scale of an archive: add, open, search, recall, at 10 MB,
+100 MB and (opt-in) 1 GB of generated text (bench/docs_corpus.py).
+
+    .venv/bin/python bench/docs_scale.py --json [--sizes 10,100] [--workers N] [--keep DIR]
+                                        [--model DEMO_MODEL_DIR]
+
+For each size, in a fresh data folder with an encrypted database: the add
+(MB/s, files, passages, peak RSS of the adding process and of its worker
+processes), database size against the text's size, the time to open the
+store and the collection, search latency p50/p95 over single-word,
+multi-word and phrase questions, and recall@3 / MRR of the test corpus's 58
+questions with the generated corpus in the same collection. With --model,
+the time to first token of ``ferry docs ask`` for a first and a later question.
+Each size runs in a child process so its peak RSS is its own.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "tests" / "documents"))
+
+SINGLE = ["payment", "mortgage", "boiler", "penicillin", "deposit", "invoice", "aldbelran", "pension", "tenant",
+          "electricity"]
+MULTI = ["what is the balance of the mortgage account", "when was the boiler serviced",
+         "how much is the monthly rent", "which medication was prescribed after the hospital visit",
+         "what does the insurance policy cover for water damage", "who signed the tenancy agreement",
+         "when is the council tax payment due", "how long is the notice period in the contract"]
+PHRASES = ['"annual leave"', '"credit card number"', '"blood pressure"', '"notice period"', '"interest rate"',
+           '"signed witness"']
+
+
+def _pct(xs: list[float], p: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
+
+
+def run_size(megabytes: float, workers: int | None, keep: Path | None, seed: int) -> dict:
+    """One size, in this process (the parent runs it in a child)."""
+    import docs_corpus
+    from corpus_tools import build_corpus, questions
+    from retrieval_eval import evaluate
+
+    from app.documents.retrieve import search
+    from app.documents.store import DocumentStore
+    from app.store.crypto import PassphraseKeys
+
+    work = Path(tempfile.mkdtemp(prefix="ferry-docs-scale-", dir=keep))
+    corpus = work / "archive"
+    t0 = time.perf_counter()
+    files = docs_corpus.generate(corpus, megabytes, seed)
+    gen_s = time.perf_counter() - t0
+    text_bytes = sum(f.stat().st_size for f in files)
+    db = work / "home" / "ferry.db"
+    keys = PassphraseKeys("bench passphrase")
+    store = DocumentStore(db, keys)
+    t0 = time.perf_counter()
+    report = store.add("archive", [corpus], workers=workers)
+    add_s = time.perf_counter() - t0
+    test_corpus = build_corpus(work / "test-corpus")
+    store.add("archive", [test_corpus], workers=1)
+    coll = store.collection("archive")
+    store.close()
+    db_bytes = sum(p.stat().st_size for p in db.parent.iterdir() if p.name.startswith("ferry.db"))
+    rss_self = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    rss_children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+
+    t0 = time.perf_counter()
+    store = DocumentStore(db, keys)
+    index = store.index("archive")
+    open_s = time.perf_counter() - t0
+    # the passphrase's scrypt is a fixed cost; opening the database itself:
+    t0 = time.perf_counter()
+    store2 = store.clone()
+    store2.index("archive")
+    reopen_s = time.perf_counter() - t0
+    store2.close()
+
+    lat = {}
+    rng = random.Random(seed)
+    for kind, qs in (("single_word", SINGLE), ("multi_word", MULTI), ("phrase", PHRASES)):
+        times = []
+        for _ in range(3):
+            for q in rng.sample(qs, len(qs)):
+                t0 = time.perf_counter()
+                search(index, q, k=5)
+                times.append((time.perf_counter() - t0) * 1000)
+        lat[kind] = {"p50_ms": round(_pct(times, 50), 1), "p95_ms": round(_pct(times, 95), 1), "n": len(times)}
+
+    index.chunks = []          # evaluate's sanity check reads index.chunks: use the store's files instead
+    qs = questions()
+    hybrid = _evaluate(store, index, qs, evaluate)
+    store.close()
+    out = {"megabytes": megabytes, "files": len(files), "text_mb": round(text_bytes / 1e6, 1),
+           "generate_s": round(gen_s, 1), "add_s": round(add_s, 1),
+           "add_mb_per_s": round(report.bytes / 1e6 / add_s, 3), "passages": coll.chunks,
+           "failed": len(report.failed), "workers": workers or os.cpu_count(),
+           "peak_rss_mb": {"adding_process": round(rss_self), "largest_worker": round(rss_children)},
+           "db_mb": round(db_bytes / 1e6, 1), "db_over_text": round(db_bytes / text_bytes, 2),
+           "open_s": round(open_s, 3), "open_without_scrypt_s": round(reopen_s, 3),
+           "search": lat, "test_questions_mixed_in": hybrid}
+    if keep is None:
+        shutil.rmtree(work, ignore_errors=True)
+    return out
+
+
+def _evaluate(store, index, qs, evaluate) -> dict:
+    from app.documents.retrieve import search
+
+    hits3, rr = 0, 0.0
+    for q in qs:
+        ranked = search(index, q["q"], k=0)
+        norm = lambda t: " ".join(t.split())  # noqa: E731
+        rank = next((i + 1 for i, h in enumerate(ranked)
+                     if h.chunk.file_name == q["file"] and norm(q["answer"]) in norm(h.chunk.text)), None)
+        hits3 += rank is not None and rank <= 3
+        rr += 1.0 / rank if rank else 0.0
+    return {"recall@3": round(hits3 / len(qs), 4), "mrr": round(rr / len(qs), 4), "questions": len(qs)}
+
+
+CLI = "import sys; from app.cli import main; sys.exit(main(sys.argv[1:]))"     # `ferry` from this checkout
+
+
+def ttft(model: str, workdir: Path) -> dict:
+    """Time to first token of `ferry docs ask`, each question a new process as from a shell:
+    the test corpus (passages chosen per question, so a later question reads new ones), and a
+    one-file collection that fits the budget whole (a later question restores the saved state)."""
+    from corpus_tools import build_corpus
+
+    env = dict(os.environ, FERRY_HOME=str(workdir / "home"), FERRY_PASSPHRASE="bench passphrase")
+    corpus = build_corpus(workdir / "ttft-corpus")
+    out = {}
+    for coll, source in (("corpus", corpus), ("lease", corpus / "lease.md")):
+        subprocess.run([sys.executable, "-c", CLI, "docs", "add", coll, str(source), "--json"], env=env,
+                       check=True, capture_output=True, cwd=ROOT)
+        for label, q in (("first", "How much is the monthly rent?"), ("later", "Who pays for repairs?")):
+            r = subprocess.run([sys.executable, "-c", CLI, "docs", "ask", model, coll, q, "--json", "-n", "8"],
+                               env=env, capture_output=True, text=True, cwd=ROOT)
+            try:
+                stats = json.loads(r.stdout)
+            except ValueError:
+                stats = {"error": (r.stderr or r.stdout)[-300:]}
+            out[f"{coll}_{label}"] = {k: stats.get(k) for k in (
+                "ttft_s", "passages_s", "prompt_tokens", "reused_tokens", "prefix_state", "passage_tokens",
+                "whole_collection", "error") if k in stats}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--sizes", default="10,100", help="MB of text, comma-separated (1000 for the 1 GB run)")
+    ap.add_argument("--workers", type=int, default=None)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--keep", type=Path, default=None, help="work in this folder (default: a temporary one)")
+    ap.add_argument("--model", default=None, help="a model folder for the docs ask TTFT")
+    ap.add_argument("--one", type=float, default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.one is not None:
+        print(json.dumps(run_size(args.one, args.workers, args.keep, args.seed)))
+        return
+    results = []
+    for mb in [float(s) for s in args.sizes.split(",") if s.strip()]:
+        cmd = [sys.executable, __file__, "--one", str(mb), "--seed", str(args.seed)]
+        if args.workers is not None:
+            cmd += ["--workers", str(args.workers)]
+        if args.keep is not None:
+            cmd += ["--keep", str(args.keep)]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            results.append({"megabytes": mb, "error": r.stderr[-2000:]})
+        else:
+            results.append(json.loads(r.stdout.strip().splitlines()[-1]))
+        if not args.json:
+            print(json.dumps(results[-1], indent=1), flush=True)
+    out = {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version(),
+           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "sizes": results}
+    if args.model:
+        with tempfile.TemporaryDirectory() as tmp:
+            out["docs_ask_ttft"] = ttft(args.model, Path(tmp))
+    if args.json:
+        print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
