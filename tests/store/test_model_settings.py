@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import json
+import os
 
 from app.store import settings as settings_mod
+from app.store.crypto import KEY_BYTES, Cipher
 from app.store.settings import PER_MODEL, Settings
 
 
@@ -18,8 +20,11 @@ def test_per_model_values_override_the_general_ones_and_round_trip(tmp_path):
     assert (a.temperature, a.system_prompt, a.experts_per_token) == (0.2, "be brief", 4)
     assert (b.temperature, b.system_prompt, b.experts_per_token, b.cache_aware_margin) == (0.7, "general", None, 0.0)
     s = settings_mod.save_preset(s, " Precise ", {"temperature": 0.0, "thinking": False})
-    p = settings_mod.save(s, tmp_path / "settings.json")
-    back = settings_mod.load(p)
+    cipher = Cipher(os.urandom(KEY_BYTES))
+    p = settings_mod.save(s, tmp_path / "settings.json", cipher=cipher)
+    assert "be brief" not in p.read_text() and "Precise" not in p.read_text()   # sealed like the system prompt
+    assert settings_mod.load(p).model_settings == {}                            # nothing without the key
+    back = settings_mod.load(p, cipher=cipher)
     assert back == s and back.presets == {"Precise": {"temperature": 0.0, "thinking": False}}
     assert set(settings_mod.model_values(back, "/models/a")) == set(PER_MODEL)
     reset = settings_mod.set_model_values(back, "/models/a", None)
@@ -32,7 +37,7 @@ def test_bad_values_are_clamped_or_dropped(tmp_path):
                              "cache_aware_margin": -1,
                              "model_settings": {"/m": {"temperature": 99, "context_length": 5}, "/n": "junk"},
                              "presets": {"": {"temperature": 1}, "Hot": {"temperature": 9}}}))
-    s = settings_mod.load(p)
+    s = settings_mod.load(p, cipher=Cipher(os.urandom(KEY_BYTES)))   # a file from before they were sealed
     assert s.enter_sends is False and s.experts_per_token is None and s.cache_aware_margin == 0.0
     assert s.model_settings == {"/m": {"temperature": 5.0, "context_length": 256}}
     assert s.presets == {"Hot": {"temperature": 5.0}}
