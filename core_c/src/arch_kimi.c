@@ -361,7 +361,7 @@ static void kimi_sizes(const ferry_engine *e, int n_ctx, int n_threads, fe_sessi
 
 static void matmul(ferry_session *s, const kbufs *b, const fe_mat *w, const float *x, int n, float *y) {
     kdims d = dims_of(&s->e->c.hp);
-    fe_ops ops = {s->pool, b->rows, max_cols(&d), s->e->kernels};
+    fe_ops ops = {s->pool, b->rows, max_cols(&d), s->e->kernels, s->prof_cur};
     fe_matmul(&ops, w, x, n, y);
 }
 

@@ -47,7 +47,7 @@ fe_rowdot_fn fe_kernel_for(const fe_kernels *k, int fmt);
          [FE_BF16] = rowdot_##prefix##_bf16, [FE_Q8_0] = rowdot_##prefix##_q8_0,                           \
          [FE_Q4_0] = rowdot_##prefix##_q4_0, [FE_Q4_1] = rowdot_##prefix##_q4_1,                           \
          [FE_Q4_K] = rowdot_##prefix##_q4_k, [FE_Q6_K] = rowdot_##prefix##_q6_k,                           \
-         [FE_Q3_NL] = rowdot_##prefix##_q3_nl},                                                            \
+         [FE_Q3_NL] = rowdot_##prefix##_q3_nl, [FE_Q5_K] = rowdot_##prefix##_q5_k},                        \
     }
 
 /* The batch driver of a SIMD set: rowdot_<prefix>_<fmt> (an fe_rowdot_fn)
@@ -78,6 +78,7 @@ fe_rowdot_fn fe_kernel_for(const fe_kernels *k, int fmt);
     FE_ROWDOT_PAIRS(prefix, attr, q4_0)                                                                    \
     FE_ROWDOT_PAIRS(prefix, attr, q4_1)                                                                    \
     FE_ROWDOT_PAIRS(prefix, attr, q4_k)                                                                    \
+    FE_ROWDOT_PAIRS(prefix, attr, q5_k)                                                                    \
     FE_ROWDOT_PAIRS(prefix, attr, q6_k)                                                                    \
     FE_ROWDOT_PAIRS(prefix, attr, q3_nl)                                                                   \
     FE_KERNEL_TABLE(table, prefix)

@@ -198,31 +198,49 @@ PAIR(q4_1) {
     acc_done(&A, ya, yb, two);
 }
 
-PAIR(q4_k) {
+/* Q4_K, and Q5_K (five = 1): Q4_K's nibbles plus a fifth bit from qh, bit
+ * j of qh[l] for value 32j + l of the block. */
+INL void k45_pair(const uint8_t *row, int cols, const float *xa, const float *xb, float *ya, float *yb,
+                  const int two, const int five) {
     acc2 A;
     acc_zero(&A);
-    const __m256i m15 = _mm256_set1_epi32(15);
+    const __m256i m15 = _mm256_set1_epi32(15), one = _mm256_set1_epi32(1);
+    const int bb = five ? 176 : 144;
     for (int b = 0; b < cols / 256; b++) {
-        const uint8_t *p = row + 144 * b;
+        const uint8_t *p = row + bb * b;
         float d = f16_1(p), dmin = f16_1(p + 2);
-        const uint8_t *q = p + 16;
+        const uint8_t *qh = p + 16, *q = p + (five ? 48 : 16);
         const float *xa0 = xa + 256 * b, *xb0 = xb + 256 * b;
+        __m256i h[4] = {m15, m15, m15, m15};
+        if (five) h[0] = u8x8(qh), h[1] = u8x8(qh + 8), h[2] = u8x8(qh + 16), h[3] = u8x8(qh + 24);
         for (int j = 0; j < 8; j += 2, q += 32) {
             int sc, mn;
             fe_q4k_scale_min(j, p + 4, &sc, &mn);
             __m256 d1 = _mm256_set1_ps(d * (float)sc), m1 = _mm256_set1_ps(-(dmin * (float)mn));
             fe_q4k_scale_min(j + 1, p + 4, &sc, &mn);
             __m256 d2 = _mm256_set1_ps(d * (float)sc), m2 = _mm256_set1_ps(-(dmin * (float)mn));
+            const __m128i s1 = _mm_cvtsi32_si128(j), s2 = _mm_cvtsi32_si128(j + 1);
             __m256i r[4] = {u8x8(q), u8x8(q + 8), u8x8(q + 16), u8x8(q + 24)};
             __m256 v[4];
-            for (int k = 0; k < 4; k++) v[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(r[k], m15)), d1, m1);
+            for (int k = 0; k < 4; k++) {
+                __m256i lo = _mm256_and_si256(r[k], m15);
+                if (five) lo = _mm256_or_si256(lo, _mm256_slli_epi32(_mm256_and_si256(_mm256_srl_epi32(h[k], s1), one), 4));
+                v[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), d1, m1);
+            }
             acc_add(&A, v, xa0 + 32 * j, xb0 + 32 * j, two);
-            for (int k = 0; k < 4; k++) v[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(r[k], 4)), d2, m2);
+            for (int k = 0; k < 4; k++) {
+                __m256i hi = _mm256_srli_epi32(r[k], 4);
+                if (five) hi = _mm256_or_si256(hi, _mm256_slli_epi32(_mm256_and_si256(_mm256_srl_epi32(h[k], s2), one), 4));
+                v[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), d2, m2);
+            }
             acc_add(&A, v, xa0 + 32 * j + 32, xb0 + 32 * j + 32, two);
         }
     }
     acc_done(&A, ya, yb, two);
 }
+
+PAIR(q4_k) { k45_pair(row, cols, xa, xb, ya, yb, two, 0); }
+PAIR(q5_k) { k45_pair(row, cols, xa, xb, ya, yb, two, 1); }
 
 PAIR(q6_k) {
     acc2 A;

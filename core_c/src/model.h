@@ -75,6 +75,9 @@ struct ferry_session {
     ferry_stage_fn stage_fn;    /* observer or NULL */
     void *stage_user;           /* its user data */
     ferry_stats stats;          /* counters */
+    int profiling;              /* ferry_session_set_profiling */
+    ferry_profile prof;         /* its counters */
+    ferry_profile_part *prof_cur; /* the part the running eval adds to, or NULL */
 };
 
 /* Largest record of any bank (the expert buffer a session needs). */

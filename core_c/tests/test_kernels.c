@@ -62,7 +62,7 @@ static void random_row(int fmt, uint8_t *row, int cols) {
         case FE_F16: put16(p, f16_bits(frand())); break;
         case FE_BF16: { float v = frand(); uint32_t u; memcpy(&u, &v, 4); put16(p, (uint16_t)(u >> 16)); } break;
         case FE_Q8_0: case FE_Q4_0: put16(p, f16_bits(0.01f + 0.1f * fabsf(frand()))); break;
-        case FE_Q4_1: case FE_Q4_K:
+        case FE_Q4_1: case FE_Q4_K: case FE_Q5_K:
             put16(p, f16_bits(0.01f + 0.1f * fabsf(frand())));
             put16(p + 2, f16_bits(0.05f * frand()));
             break;
