@@ -268,9 +268,12 @@ static void attention(ferry_session *s, const chunk_bufs *b, int l, int n) {
     double t0 = prof_t0(s);
     for (int t = 0; t < n; t++) fe_rmsnorm(b->xb + (size_t)t * d, b->x + (size_t)t * d, L->attn_norm, d, hp->norm_eps);
     PROF_ADD(s, norm_seconds, t0);
-    matmul(s, b, &L->wq, b->xb, n, b->q);
-    matmul(s, b, &L->wk, b->xb, n, b->k);
-    matmul(s, b, &L->wv, b->xb, n, b->v);
+    {   /* q, k and v in one parallel job */
+        const fe_mat *w[3] = {&L->wq, &L->wk, &L->wv};
+        float *y[3] = {b->q, b->k, b->v};
+        fe_ops ops = ops_of(s, b);
+        fe_matmul_multi(&ops, w, 3, b->xb, n, y);
+    }
     t0 = prof_t0(s);
     float *cs = b->rows; /* the caller's row buffer is free between products (rope_dim <= its width) */
     for (int t = 0; t < n; t++) {
@@ -285,14 +288,13 @@ static void attention(ferry_session *s, const chunk_bufs *b, int l, int n) {
             fe_rmsnorm(q, q, L->q_norm, qd, hp->norm_eps);
             fe_rmsnorm(k, k, L->k_norm, kvd, hp->norm_eps);
         }
+        rope_table(cs, s->pos + t, hp);
         for (int h = 0; h < hp->n_heads; h++) {
             if (hp->qk_norm == 1) fe_rmsnorm(q + h * hd, q + h * hd, L->q_norm, hd, hp->norm_eps);
-            rope_table(cs, s->pos + t, hp);
             rope(q + h * hd, cs, hp);
         }
         for (int h = 0; h < hp->n_kv_heads; h++) {
             if (hp->qk_norm == 1) fe_rmsnorm(k + h * hd, k + h * hd, L->k_norm, hd, hp->norm_eps);
-            rope_table(cs, s->pos + t, hp);
             rope(k + h * hd, cs, hp);
         }
         size_t at = ((size_t)l * s->n_ctx + (size_t)(s->pos + t)) * kvd;
@@ -314,8 +316,12 @@ static void attention(ferry_session *s, const chunk_bufs *b, int l, int n) {
 /* out = down(fe_silu(gate x) * up x) for n rows of x. */
 static void swiglu(ferry_session *s, const chunk_bufs *b, const fe_mat *g, const fe_mat *u, const fe_mat *dn,
                    const float *x, int n, float *out) {
-    matmul(s, b, g, x, n, b->h1);
-    matmul(s, b, u, x, n, b->h2);
+    {   /* gate and up in one parallel job */
+        const fe_mat *w[2] = {g, u};
+        float *y[2] = {b->h1, b->h2};
+        fe_ops ops = ops_of(s, b);
+        fe_matmul_multi(&ops, w, 2, x, n, y);
+    }
     double t0 = prof_t0(s);
     size_t m = (size_t)n * g->rows;
     for (size_t i = 0; i < m; i++) b->h1[i] = fe_silu(b->h1[i]) * b->h2[i];
