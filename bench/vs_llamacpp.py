@@ -166,9 +166,12 @@ def child_llama(a) -> dict:
     out = {"rss_before_open_bytes": before, "rss_after_open_bytes": _rss_now()}
     vocab = llm.n_vocab()
 
+    import llama_cpp
+
     def run(tokens):
-        llm.eval(tokens)
-        return int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        llm.eval(tokens)  # then the last token's logits, as the C API gives them
+        ptr = llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1)
+        return int(np.argmax(np.ctypeslib.as_array(ptr, shape=(vocab,))))
 
     p = _prompt(vocab, 128, 1)
     t0 = time.perf_counter()
