@@ -10,6 +10,7 @@
 
 #include "experts.h"
 #include "formats.h"
+#include "kernels.h"
 #include "model.h"
 
 /* The resident tensors of one transformer block. Vectors are f32. */
@@ -242,6 +243,7 @@ static void attn_items(void *p, int start, int end, int tid) {
     const int hd = hp->head_dim, kvd = hp->n_kv_heads * hd, qd = hp->n_heads * hd;
     const int group = hp->n_heads / hp->n_kv_heads;
     const float scale = 1.0f / sqrtf((float)hd);
+    const fe_kernels *K = s->e->kernels; /* its dot and axpy: bit-identical to the scalar ones */
     float *scores = j->b->scores + (size_t)tid * (size_t)s->n_ctx;
     const float *kc = k_cache(s) + (size_t)j->layer * s->n_ctx * kvd;
     const float *vc = v_cache(s) + (size_t)j->layer * s->n_ctx * kvd;
@@ -249,15 +251,11 @@ static void attn_items(void *p, int start, int end, int tid) {
         int t = it / hp->n_heads, h = it % hp->n_heads, kvh = h / group;
         int upto = s->pos + t; /* inclusive */
         const float *q = j->b->q + (size_t)t * qd + (size_t)h * hd;
-        for (int i = 0; i <= upto; i++) scores[i] = fe_dot_f32(q, kc + (size_t)i * kvd + (size_t)kvh * hd, hd) * scale;
+        for (int i = 0; i <= upto; i++) scores[i] = K->dot(q, kc + (size_t)i * kvd + (size_t)kvh * hd, hd) * scale;
         fe_softmax(scores, upto + 1);
         float *out = j->b->att + (size_t)t * qd + (size_t)h * hd;
         memset(out, 0, (size_t)hd * sizeof *out);
-        for (int i = 0; i <= upto; i++) {
-            const float *v = vc + (size_t)i * kvd + (size_t)kvh * hd;
-            float w = scores[i];
-            for (int d = 0; d < hd; d++) out[d] += w * v[d];
-        }
+        for (int i = 0; i <= upto; i++) K->axpy(out, scores[i], vc + (size_t)i * kvd + (size_t)kvh * hd, hd);
     }
 }
 

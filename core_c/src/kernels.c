@@ -37,6 +37,12 @@ SCALAR(q6_k, FE_Q6_K)
 SCALAR(q3_nl, FE_Q3_NL)
 #undef SCALAR
 
+void fe_axpy_f32(float *y, float w, const float *x, int n) {
+    for (int i = 0; i < n; i++) y[i] += w * x[i];
+}
+#define dot_scalar fe_dot_f32
+#define axpy_scalar fe_axpy_f32
+
 FE_KERNEL_TABLE(SCALAR_TABLE, scalar);
 
 const fe_kernels *fe_kernels_get(int impl) {

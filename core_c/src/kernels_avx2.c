@@ -315,6 +315,28 @@ PAIR(q3_nl) {
     acc_done(&A, ya, yb, two);
 }
 
+/* Bit-identical to fe_dot_f32: lane l of the accumulator is its acc[l]
+ * (multiply, then add: no FMA), the tail goes to lanes 0.. in order, then
+ * ((a0 + a4) + (a1 + a5)) + ((a2 + a6) + (a3 + a7)). */
+TGT static float dot_avx2(const float *a, const float *b, int n) {
+    __m256 acc = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= n; i += 8) acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i)));
+    float l[8];
+    _mm256_storeu_ps(l, acc);
+    for (int k = 0; i < n; i++, k++) l[k] += a[i] * b[i];
+    return ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7]));
+}
+
+/* Bit-identical to fe_axpy_f32. */
+TGT static void axpy_avx2(float *y, float w, const float *x, int n) {
+    const __m256 wv = _mm256_set1_ps(w);
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_add_ps(_mm256_loadu_ps(y + i), _mm256_mul_ps(wv, _mm256_loadu_ps(x + i))));
+    for (; i < n; i++) y[i] += w * x[i];
+}
+
 FE_SIMD_KERNELS(AVX2_TABLE, avx2, TGT);
 
 const fe_kernels *fe_kernels_avx2_table(void) { return &AVX2_TABLE; }

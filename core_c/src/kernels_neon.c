@@ -300,6 +300,30 @@ PAIR(q3_nl) {
     acc_done(&A, ya, yb, two);
 }
 
+/* Bit-identical to fe_dot_f32: lanes 0-3 and 4-7 of its eight accumulators
+ * in two vectors (multiply, then add: no FMA), the tail to lanes 0.. in
+ * order, then ((a0 + a4) + (a1 + a5)) + ((a2 + a6) + (a3 + a7)). */
+static float dot_neon(const float *a, const float *b, int n) {
+    float32x4_t lo = vdupq_n_f32(0.0f), hi = lo;
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        lo = vaddq_f32(lo, vmulq_f32(vld1q_f32(a + i), vld1q_f32(b + i)));
+        hi = vaddq_f32(hi, vmulq_f32(vld1q_f32(a + i + 4), vld1q_f32(b + i + 4)));
+    }
+    float l[8];
+    vst1q_f32(l, lo);
+    vst1q_f32(l + 4, hi);
+    for (int k = 0; i < n; i++, k++) l[k] += a[i] * b[i];
+    return ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7]));
+}
+
+/* Bit-identical to fe_axpy_f32. */
+static void axpy_neon(float *y, float w, const float *x, int n) {
+    int i = 0;
+    for (; i + 4 <= n; i += 4) vst1q_f32(y + i, vaddq_f32(vld1q_f32(y + i), vmulq_f32(vdupq_n_f32(w), vld1q_f32(x + i))));
+    for (; i < n; i++) y[i] += w * x[i];
+}
+
 FE_SIMD_KERNELS(NEON_TABLE, neon, );
 
 const fe_kernels *fe_kernels_neon_table(void) { return &NEON_TABLE; }
