@@ -24,10 +24,12 @@ TENSOR_ALIGN = 64
 RECORD_ALIGN = 4096
 RECORD_HEADER_BYTES = 64
 BANK_HEADER_BYTES = 4096
-#: Container spelling -> the C core's format code (core_c/src/formats.h).
-FORMAT_CODES = {name: i for i, name in enumerate(CORE_FORMATS)}
-#: Ferry's own formats beyond the ggml ones (code 8: core_c/src/formats.h FE_Q3_NL).
+#: Container spelling -> the C core's format code (core_c/src/formats.h):
+#: the ggml ones in order, Ferry's own q3_nl at 8 (FE_Q3_NL), then q5_k at 9
+#: (FE_Q5_K, added after q3_nl).
+FORMAT_CODES = {name: i for i, name in enumerate(CORE_FORMATS[:8])}
 FORMAT_CODES[quant3.NAME] = 8
+FORMAT_CODES["q5_k"] = 9
 #: Formats the converter can encode floats into.
 ENCODABLE = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", quant3.NAME)
 #: Accepted values of --trunk-format / --expert-format.
@@ -40,8 +42,8 @@ FORMAT_CHOICES = ("auto",) + ENCODABLE
 AUTO_FLOAT_TRUNK = "q8_0"
 FLOAT_SOURCE_FORMATS = ("f32", "f16", "bf16")
 
-_BLOCK = {"q8_0": 32, "q4_0": 32, "q4_1": 32, "q4_k": 256, "q6_k": 256, quant3.NAME: quant3.BLOCK}
-_BYTES = {"f32": 4, "f16": 2, "bf16": 2, "q8_0": 34, "q4_0": 18, "q4_1": 20, "q4_k": 144, "q6_k": 210,
+_BLOCK = {"q8_0": 32, "q4_0": 32, "q4_1": 32, "q4_k": 256, "q5_k": 256, "q6_k": 256, quant3.NAME: quant3.BLOCK}
+_BYTES = {"f32": 4, "f16": 2, "bf16": 2, "q8_0": 34, "q4_0": 18, "q4_1": 20, "q4_k": 144, "q5_k": 176, "q6_k": 210,
           quant3.NAME: quant3.BLOCK_BYTES}
 
 

@@ -22,7 +22,7 @@ from app.convert.gguf_file import GGUFFile
 from app.convert.safetensors_file import Checkpoint
 
 #: Formats the C core computes with, in the container's spelling.
-CORE_FORMATS = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q4_k", "q6_k")
+CORE_FORMATS = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q4_k", "q6_k", "q5_k")
 _SAFETENSORS_DTYPES = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
 
 

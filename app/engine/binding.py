@@ -136,6 +136,29 @@ class Stats:
         }
 
 
+#: Names of the weight formats by code (ferry_format_code), for the profile.
+_FORMAT_NAMES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q4_k", "q6_k", "q3_nl", "q5_k")
+
+
+def _profile_part(c) -> dict:
+    """One ferry_profile_part as a dict: matrix products by format name, the
+    other stages, and ``other_seconds`` (total minus every counted stage;
+    expert_seconds includes the experts' own products, so it is not
+    subtracted twice)."""
+    matmul = {}
+    for code, name in enumerate(_FORMAT_NAMES):
+        if c.matmul_calls[code]:
+            matmul[name] = {"seconds": c.matmul_seconds[code], "calls": int(c.matmul_calls[code]),
+                            "bytes": int(c.matmul_bytes[code])}
+    stages = {k: getattr(c, k) for k in ("attention_seconds", "norm_seconds", "elementwise_seconds",
+                                         "expert_seconds", "pool_wait_seconds")}
+    counted = sum(m["seconds"] for m in matmul.values()) + stages["attention_seconds"] + \
+        stages["norm_seconds"] + stages["elementwise_seconds"]
+    return {"evals": int(c.evals), "tokens": int(c.tokens), "total_seconds": c.total_seconds,
+            "matmul": matmul, **stages, "pool_jobs": int(c.pool_jobs),
+            "other_seconds": max(0.0, c.total_seconds - counted)}
+
+
 def _struct_to(cls, cdata):
     return cls(**{f.name: getattr(cdata, f.name) for f in fields(cls) if f.name != "arch"})
 
@@ -348,6 +371,18 @@ class Session:
         c = ffi.new("ferry_stats *")
         lib.ferry_session_stats(self._live(), c)
         return _struct_to(Stats, c)
+
+    def set_profiling(self, on: bool = True) -> None:
+        """Turn the core's per-stage timers on or off for this session (their
+        counters restart either way). Off by default; results never change."""
+        lib.ferry_session_set_profiling(self._live(), int(bool(on)))
+
+    def profile(self) -> dict:
+        """Where evaluation time went since profiling was turned on:
+        ``{"decode": part, "prompt": part}``, each part as :func:`_profile_part`."""
+        c = ffi.new("ferry_profile *")
+        lib.ferry_session_profile(self._live(), c)
+        return {"decode": _profile_part(c.decode), "prompt": _profile_part(c.prompt)}
 
     def _live(self):
         if self._ptr is None:

@@ -132,6 +132,34 @@ typedef struct ferry_stats {
     uint64_t routed_swaps;    /* of those, choices cache-aware routing moved to an expert in RAM */
 } ferry_stats;
 
+/* Where an evaluation's time went, per stage (opt-in per session with
+ * ferry_session_set_profiling; off by default, when the core reads no clock
+ * beyond ferry_stats'). One part for single-token steps, one for prompt
+ * chunks. Times are wall-clock seconds on the calling thread; matrix
+ * products and attention include the calling thread's wait for the other
+ * compute threads at the end of each parallel job, which pool_wait_seconds
+ * also counts on its own. */
+#define FERRY_PROFILE_FORMATS 16
+typedef struct ferry_profile_part {
+    uint64_t evals;               /* forward passes (chunks of at most 32 tokens) */
+    uint64_t tokens;              /* tokens they evaluated */
+    double total_seconds;         /* wall time of those passes */
+    double matmul_seconds[16]; /* = FERRY_PROFILE_FORMATS: matrix products by weight format (ferry_format_code) */
+    uint64_t matmul_calls[16];
+    uint64_t matmul_bytes[16]; /* weight bytes those products read */
+    double attention_seconds;     /* biases, q/k norms, RoPE, KV-cache writes, scores, softmax, weighted sums */
+    double norm_seconds;          /* RMSNorms of the residual stream */
+    double elementwise_seconds;   /* embedding rows, activations (SiLU x up), residual adds */
+    double expert_seconds;        /* routed experts (MoE layers: routing, reads, expert products) */
+    double pool_wait_seconds;     /* the caller waiting for the other threads at the end of parallel jobs */
+    uint64_t pool_jobs;           /* parallel jobs dispatched to the thread pool */
+} ferry_profile_part;
+
+typedef struct ferry_profile {
+    ferry_profile_part decode;    /* single-token steps */
+    ferry_profile_part prompt;    /* chunks of more than one token */
+} ferry_profile;
+
 /* RAM a session needs at a context length, and what it is made of. */
 typedef struct ferry_memory_plan {
     uint64_t trunk_bytes;     /* resident weights */
@@ -246,6 +274,11 @@ void ferry_session_stats(const ferry_session *session, ferry_stats *stats);
  * mode asked of a model without experts. */
 ferry_status ferry_session_set_routing(ferry_session *session, int experts_per_token, float cache_aware_margin,
                                        ferry_error *err);
+/* Turn the per-stage profile on (nonzero) or off; either way its counters
+ * restart from zero. Profiling changes timing only, never results. */
+void ferry_session_set_profiling(ferry_session *session, int on);
+/* The profile since profiling was last turned on (zeros when it is off). */
+void ferry_session_profile(const ferry_session *session, ferry_profile *profile);
 
 /* A short name for a status code, e.g. "FERRY_E_FORMAT". Never NULL. */
 const char *ferry_status_name(int code);

@@ -7,7 +7,7 @@
  * which.
  *
  * Formats are the container's codes (docs/FORMAT.md): 0 f32, 1 f16, 2 bf16,
- * 3 q8_0, 4 q4_0, 5 q4_1, 6 q4_k, 7 q6_k, 8 q3_nl.
+ * 3 q8_0, 4 q4_0, 5 q4_1, 6 q4_k, 7 q6_k, 8 q3_nl, 9 q5_k.
  */
 #ifndef FERRY_KERNELS_H_PUBLIC
 #define FERRY_KERNELS_H_PUBLIC

@@ -11,6 +11,7 @@
 
 #include "experts.h"
 #include "formats.h"
+#include "kernels.h"
 #include "model.h"
 #include "moe.h"
 
@@ -167,13 +168,23 @@ static float *v_cache(const ferry_session *s) {
 
 /* ------------------------------------------------------------- primitives */
 
-/* Rotate one head's leading rope_dim values for position pos. */
-static void rope(float *v, int pos, const fe_hparams *hp) {
+/* The rotation of position pos: cs[i] = cos, cs[half + i] = sin of the
+ * angle of frequency i (computed once per token for every head). */
+static void rope_table(float *cs, int pos, const fe_hparams *hp) {
     int half = hp->rope_dim / 2;
     for (int i = 0; i < half; i++) {
         float inv_freq = 1.0f / powf(hp->rope_theta, (float)(2 * i) / (float)hp->rope_dim);
         float angle = (float)pos * inv_freq;
-        float c = cosf(angle), s = sinf(angle);
+        cs[i] = cosf(angle);
+        cs[half + i] = sinf(angle);
+    }
+}
+
+/* Rotate one head's leading rope_dim values by a rope_table. */
+static void rope(float *v, const float *cs, const fe_hparams *hp) {
+    int half = hp->rope_dim / 2;
+    for (int i = 0; i < half; i++) {
+        float c = cs[i], s = cs[half + i];
         int a = hp->rope_interleaved ? 2 * i : i, b = hp->rope_interleaved ? 2 * i + 1 : i + half;
         float x0 = v[a], x1 = v[b];
         v[a] = x0 * c - x1 * s;
@@ -181,10 +192,22 @@ static void rope(float *v, int pos, const fe_hparams *hp) {
     }
 }
 
+static fe_ops ops_of(ferry_session *s, const chunk_bufs *b) {
+    fe_ops ops = {s->pool, b->rows, max_cols(&s->e->c.hp), s->e->kernels, s->prof_cur};
+    return ops;
+}
+
 static void matmul(ferry_session *s, const chunk_bufs *b, const fe_mat *w, const float *x, int n, float *y) {
-    fe_ops ops = {s->pool, b->rows, max_cols(&s->e->c.hp), s->e->kernels};
+    fe_ops ops = ops_of(s, b);
     fe_matmul(&ops, w, x, n, y);
 }
+
+/* Profile helpers: the clock only when the session profiles (ferry.h). */
+static double prof_t0(const ferry_session *s) { return s->prof_cur ? fe_now() : 0.0; }
+#define PROF_ADD(s, field, t0)                                                                        \
+    do {                                                                                              \
+        if ((s)->prof_cur) (s)->prof_cur->field += fe_now() - (t0);                                   \
+    } while (0)
 
 /* ------------------------------------------------------------- attention */
 
@@ -202,6 +225,7 @@ static void attn_items(void *p, int start, int end, int tid) {
     const int hd = hp->head_dim, kvd = hp->n_kv_heads * hd, qd = hp->n_heads * hd;
     const int group = hp->n_heads / hp->n_kv_heads;
     const float scale = 1.0f / sqrtf((float)hd);
+    const fe_kernels *K = s->e->kernels; /* its dot and axpy: bit-identical to the scalar ones */
     float *scores = j->b->scores + (size_t)tid * (size_t)s->n_ctx;
     const float *kc = k_cache(s) + (size_t)j->layer * s->n_ctx * kvd;
     const float *vc = v_cache(s) + (size_t)j->layer * s->n_ctx * kvd;
@@ -209,15 +233,11 @@ static void attn_items(void *p, int start, int end, int tid) {
         int t = it / hp->n_heads, h = it % hp->n_heads, kvh = h / group;
         int upto = s->pos + t; /* inclusive */
         const float *q = j->b->q + (size_t)t * qd + (size_t)h * hd;
-        for (int i = 0; i <= upto; i++) scores[i] = fe_dot_f32(q, kc + (size_t)i * kvd + (size_t)kvh * hd, hd) * scale;
+        for (int i = 0; i <= upto; i++) scores[i] = K->dot(q, kc + (size_t)i * kvd + (size_t)kvh * hd, hd) * scale;
         fe_softmax(scores, upto + 1);
         float *out = j->b->att + (size_t)t * qd + (size_t)h * hd;
         memset(out, 0, (size_t)hd * sizeof *out);
-        for (int i = 0; i <= upto; i++) {
-            const float *v = vc + (size_t)i * kvd + (size_t)kvh * hd;
-            float w = scores[i];
-            for (int d = 0; d < hd; d++) out[d] += w * v[d];
-        }
+        for (int i = 0; i <= upto; i++) K->axpy(out, scores[i], vc + (size_t)i * kvd + (size_t)kvh * hd, hd);
     }
 }
 
@@ -225,10 +245,17 @@ static void attention(ferry_session *s, const chunk_bufs *b, int l, int n) {
     const fe_hparams *hp = &s->e->c.hp;
     const fe_layer *L = &MODEL(s->e)->layers[l];
     const int hd = hp->head_dim, qd = hp->n_heads * hd, kvd = hp->n_kv_heads * hd, d = hp->dim;
+    double t0 = prof_t0(s);
     for (int t = 0; t < n; t++) fe_rmsnorm(b->xb + (size_t)t * d, b->x + (size_t)t * d, L->attn_norm, d, hp->norm_eps);
-    matmul(s, b, &L->wq, b->xb, n, b->q);
-    matmul(s, b, &L->wk, b->xb, n, b->k);
-    matmul(s, b, &L->wv, b->xb, n, b->v);
+    PROF_ADD(s, norm_seconds, t0);
+    {   /* q, k and v in one parallel job */
+        const fe_mat *w[3] = {&L->wq, &L->wk, &L->wv};
+        float *y[3] = {b->q, b->k, b->v};
+        fe_ops ops = ops_of(s, b);
+        fe_matmul_multi(&ops, w, 3, b->xb, n, y);
+    }
+    t0 = prof_t0(s);
+    float *cs = b->rows; /* the caller's row buffer is free between products (rope_dim <= its width) */
     for (int t = 0; t < n; t++) {
         float *q = b->q + (size_t)t * qd, *k = b->k + (size_t)t * kvd, *v = b->v + (size_t)t * kvd;
         if (L->bq)
@@ -241,13 +268,14 @@ static void attention(ferry_session *s, const chunk_bufs *b, int l, int n) {
             fe_rmsnorm(q, q, L->q_norm, qd, hp->norm_eps);
             fe_rmsnorm(k, k, L->k_norm, kvd, hp->norm_eps);
         }
+        rope_table(cs, s->pos + t, hp);
         for (int h = 0; h < hp->n_heads; h++) {
             if (hp->qk_norm == 1) fe_rmsnorm(q + h * hd, q + h * hd, L->q_norm, hd, hp->norm_eps);
-            rope(q + h * hd, s->pos + t, hp);
+            rope(q + h * hd, cs, hp);
         }
         for (int h = 0; h < hp->n_kv_heads; h++) {
             if (hp->qk_norm == 1) fe_rmsnorm(k + h * hd, k + h * hd, L->k_norm, hd, hp->norm_eps);
-            rope(k + h * hd, s->pos + t, hp);
+            rope(k + h * hd, cs, hp);
         }
         size_t at = ((size_t)l * s->n_ctx + (size_t)(s->pos + t)) * kvd;
         memcpy(k_cache(s) + at, k, (size_t)kvd * sizeof *k);
@@ -255,9 +283,12 @@ static void attention(ferry_session *s, const chunk_bufs *b, int l, int n) {
     }
     attn_job j = {s, b, l, n};
     fe_pool_run(s->pool, attn_items, &j, n * hp->n_heads);
+    PROF_ADD(s, attention_seconds, t0);
     matmul(s, b, &L->wo, b->att, n, b->y);
+    t0 = prof_t0(s);
     for (int t = 0; t < n; t++)
         for (int i = 0; i < d; i++) b->x[(size_t)t * d + i] += b->y[(size_t)t * d + i] + (L->bo ? L->bo[i] : 0.0f);
+    PROF_ADD(s, elementwise_seconds, t0);
 }
 
 /* ---------------------------------------------------------- feed-forward */
@@ -265,10 +296,16 @@ static void attention(ferry_session *s, const chunk_bufs *b, int l, int n) {
 /* out = down(fe_silu(gate x) * up x) for n rows of x. */
 static void swiglu(ferry_session *s, const chunk_bufs *b, const fe_mat *g, const fe_mat *u, const fe_mat *dn,
                    const float *x, int n, float *out) {
-    matmul(s, b, g, x, n, b->h1);
-    matmul(s, b, u, x, n, b->h2);
+    {   /* gate and up in one parallel job */
+        const fe_mat *w[2] = {g, u};
+        float *y[2] = {b->h1, b->h2};
+        fe_ops ops = ops_of(s, b);
+        fe_matmul_multi(&ops, w, 2, x, n, y);
+    }
+    double t0 = prof_t0(s);
     size_t m = (size_t)n * g->rows;
     for (size_t i = 0; i < m; i++) b->h1[i] = fe_silu(b->h1[i]) * b->h2[i];
+    PROF_ADD(s, elementwise_seconds, t0);
     matmul(s, b, dn, b->h1, n, out);
 }
 
@@ -289,7 +326,7 @@ static void moe_expert(void *p, int l, const uint8_t *rec, const float *in, int 
 static ferry_status moe(ferry_session *s, const chunk_bufs *b, int l, int n, ferry_error *err) {
     moe_ctx c = {s, b};
     fe_moe_arch a = {.ctx = &c, .kind = FE_ROUTE_SOFTMAX, .ed = s->e->c.hp.dim,
-                     .ops = {s->pool, b->rows, max_cols(&s->e->c.hp), s->e->kernels},
+                     .ops = {s->pool, b->rows, max_cols(&s->e->c.hp), s->e->kernels, s->prof_cur},
                      .layers = MODEL(s->e)->layers, .layer_size = sizeof(fe_layer),
                      .router_at = offsetof(fe_layer, router), .norm_at = offsetof(fe_layer, ffn_norm),
                      .expert = moe_expert};
@@ -301,10 +338,19 @@ static ferry_status ffn(ferry_session *s, const chunk_bufs *b, int l, int n, fer
     const fe_hparams *hp = &s->e->c.hp;
     const fe_layer *L = &MODEL(s->e)->layers[l];
     const int d = hp->dim;
+    double t0 = prof_t0(s);
     for (int t = 0; t < n; t++) fe_rmsnorm(b->xb + (size_t)t * d, b->x + (size_t)t * d, L->ffn_norm, d, hp->norm_eps);
-    if (hp->layer_is_moe[l]) return moe(s, b, l, n, err);
+    PROF_ADD(s, norm_seconds, t0);
+    if (hp->layer_is_moe[l]) {
+        t0 = prof_t0(s);
+        ferry_status st = moe(s, b, l, n, err);
+        PROF_ADD(s, expert_seconds, t0);
+        return st;
+    }
     swiglu(s, b, &L->w_gate, &L->w_up, &L->w_down, b->xb, n, b->y);
+    t0 = prof_t0(s);
     for (size_t i = 0; i < (size_t)n * d; i++) b->x[i] += b->y[i];
+    PROF_ADD(s, elementwise_seconds, t0);
     return FERRY_OK;
 }
 
@@ -318,9 +364,11 @@ static ferry_status llama_forward(ferry_session *s, const int32_t *tokens, int n
     const int d = hp->dim;
     chunk_bufs b;
     carve(hp, s->n_ctx, fe_pool_threads(s->pool), s->scratch, &b);
+    double t0 = prof_t0(s);
     for (int t = 0; t < n; t++)
         fe_dequant_row(m->tok_embd.fmt, m->tok_embd.data + (uint64_t)tokens[t] * m->tok_embd.row_bytes,
                        b.x + (size_t)t * d, d);
+    PROF_ADD(s, elementwise_seconds, t0);
     fe_stage(s, 0, n, b.x);
     for (int l = 0; l < hp->n_layers; l++) {
         if (atomic_exchange(&s->cancel, 0))
@@ -330,7 +378,9 @@ static ferry_status llama_forward(ferry_session *s, const int32_t *tokens, int n
         if (st) return st;
         fe_stage(s, l + 1, n, b.x);
     }
+    t0 = prof_t0(s);
     for (int t = 0; t < n; t++) fe_rmsnorm(b.xb + (size_t)t * d, b.x + (size_t)t * d, m->output_norm, d, hp->norm_eps);
+    PROF_ADD(s, norm_seconds, t0);
     fe_stage(s, hp->n_layers + 1, n, b.xb);
     if (logits) {
         if (all_logits) matmul(s, &b, &m->output, b.xb, n, logits);

@@ -307,6 +307,9 @@ ferry_status ferry_session_eval(ferry_session *s, const int32_t *tokens, int n, 
     pthread_mutex_lock(&s->e->lock); /* the expert cache serves one evaluation at a time */
     const double t0 = fe_now(), stall0 = s->stats.stall_seconds;
     s->decoding = n == 1;
+    ferry_profile_part *P = s->profiling ? (n == 1 ? &s->prof.decode : &s->prof.prompt) : NULL;
+    s->prof_cur = P;
+    fe_pool_set_profile(s->pool, P ? &P->pool_wait_seconds : NULL, P ? &P->pool_jobs : NULL);
     ferry_status st = FERRY_OK;
     for (int done = 0; done < n && st == FERRY_OK;) {
         int m = n - done < FE_CHUNK ? n - done : FE_CHUNK;
@@ -314,13 +317,21 @@ ferry_status ferry_session_eval(ferry_session *s, const int32_t *tokens, int n, 
         float *out = NULL;
         if (logits && all_logits) out = logits + (size_t)done * vocab;
         else if (logits && last) out = logits;
+        const double tf = P ? fe_now() : 0.0;
         st = s->e->arch->forward(s, tokens + done, m, out, all_logits, err);
+        if (P) {
+            P->evals++;
+            P->tokens += (uint64_t)m;
+            P->total_seconds += fe_now() - tf;
+        }
         if (st == FERRY_OK) {
             s->pos += m;
             done += m;
         }
     }
     double dt = fe_now() - t0;
+    s->prof_cur = NULL;
+    fe_pool_set_profile(s->pool, NULL, NULL);
     pthread_mutex_unlock(&s->e->lock);
     if (st != FERRY_OK) {
         s->pos = start; /* the caches beyond start are garbage now, and unused */
@@ -416,6 +427,13 @@ ferry_status ferry_session_set_routing(ferry_session *s, int experts_per_token, 
     s->route_margin = cache_aware_margin;
     return FERRY_OK;
 }
+
+void ferry_session_set_profiling(ferry_session *s, int on) {
+    memset(&s->prof, 0, sizeof s->prof);
+    s->profiling = on != 0;
+}
+
+void ferry_session_profile(const ferry_session *s, ferry_profile *out) { *out = s->prof; }
 
 const char *ferry_status_name(int code) {
     static const char *const names[] = {"FERRY_OK", "FERRY_E_ARG", "FERRY_E_IO", "FERRY_E_FORMAT",

@@ -7,7 +7,7 @@ static const fe_format_info FORMATS[FE_N_FORMATS] = {
     [FE_F32] = {"f32", 1, 4},     [FE_F16] = {"f16", 1, 2},    [FE_BF16] = {"bf16", 1, 2},
     [FE_Q8_0] = {"q8_0", 32, 34}, [FE_Q4_0] = {"q4_0", 32, 18}, [FE_Q4_1] = {"q4_1", 32, 20},
     [FE_Q4_K] = {"q4_k", 256, 144}, [FE_Q6_K] = {"q6_k", 256, 210},
-    [FE_Q3_NL] = {"q3_nl", FE_Q3_BLOCK, FE_Q3_BYTES},
+    [FE_Q3_NL] = {"q3_nl", FE_Q3_BLOCK, FE_Q3_BYTES}, [FE_Q5_K] = {"q5_k", 256, 176},
 };
 
 /* Trained once (docs/QUANTIZATION.md) and frozen: part of the format. */
@@ -109,21 +109,25 @@ static void dequant_q4_1(const uint8_t *b, float *out, int nb) {
 
 /* Q4_K: f16 d, f16 dmin, 12 bytes of packed 6-bit (scale, min) for 8
  * sub-blocks of 32, then 128 bytes of nibbles: each 64-element half-pair j
- * uses bytes 32j..32j+31, low nibbles first, high nibbles second. */
-static void dequant_q4_k(const uint8_t *b, float *out, int nb) {
-    for (int i = 0; i < nb; i++, b += 144) {
+ * uses bytes 32j..32j+31, low nibbles first, high nibbles second.
+ * Q5_K (five = 1): the same with 32 bytes qh of fifth bits before the
+ * nibbles (bit j of qh[l] belongs to value 32j + l). */
+static void dequant_k45(const uint8_t *b, float *out, int nb, const int five) {
+    for (int i = 0; i < nb; i++, b += five ? 176 : 144) {
         float d = fe_f16_to_f32(rd16(b));
         float dmin = fe_f16_to_f32(rd16(b + 2));
-        const uint8_t *scales = b + 4;
-        const uint8_t *q = b + 16;
+        const uint8_t *scales = b + 4, *qh = b + 16;
+        const uint8_t *q = b + (five ? 48 : 16);
         for (int j = 0; j < 8; j += 2, q += 32) {
             int sc, m;
             fe_q4k_scale_min(j, scales, &sc, &m);
             float d1 = d * (float)sc, m1 = dmin * (float)m;
             fe_q4k_scale_min(j + 1, scales, &sc, &m);
             float d2 = d * (float)sc, m2 = dmin * (float)m;
-            for (int l = 0; l < 32; l++) *out++ = d1 * (float)(q[l] & 0x0F) - m1;
-            for (int l = 0; l < 32; l++) *out++ = d2 * (float)(q[l] >> 4) - m2;
+            for (int l = 0; l < 32; l++)
+                *out++ = d1 * (float)((q[l] & 0x0F) | (five ? ((qh[l] >> j) & 1) << 4 : 0)) - m1;
+            for (int l = 0; l < 32; l++)
+                *out++ = d2 * (float)((q[l] >> 4) | (five ? ((qh[l] >> (j + 1)) & 1) << 4 : 0)) - m2;
         }
     }
 }
@@ -173,7 +177,8 @@ void fe_dequant_row(int fmt, const void *row, float *out, int cols) {
     case FE_Q8_0: dequant_q8_0(b, out, cols / 32); break;
     case FE_Q4_0: dequant_q4_0(b, out, cols / 32); break;
     case FE_Q4_1: dequant_q4_1(b, out, cols / 32); break;
-    case FE_Q4_K: dequant_q4_k(b, out, cols / 256); break;
+    case FE_Q4_K: dequant_k45(b, out, cols / 256, 0); break;
+    case FE_Q5_K: dequant_k45(b, out, cols / 256, 1); break;
     case FE_Q6_K: dequant_q6_k(b, out, cols / 256); break;
     case FE_Q3_NL: dequant_q3_nl(b, out, cols / FE_Q3_BLOCK); break;
     default: memset(out, 0, (size_t)cols * 4); break;

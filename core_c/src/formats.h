@@ -12,7 +12,7 @@
 
 typedef enum {
     FE_F32 = 0, FE_F16 = 1, FE_BF16 = 2, FE_Q8_0 = 3, FE_Q4_0 = 4, FE_Q4_1 = 5,
-    FE_Q4_K = 6, FE_Q6_K = 7, FE_Q3_NL = 8, FE_N_FORMATS = 9
+    FE_Q4_K = 6, FE_Q6_K = 7, FE_Q3_NL = 8, FE_Q5_K = 9, FE_N_FORMATS = 10
 } fe_format;
 
 /* q3_nl: Ferry's 3-bit expert format (docs/FORMAT.md, docs/QUANTIZATION.md).

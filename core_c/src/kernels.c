@@ -32,9 +32,16 @@ SCALAR(q8_0, FE_Q8_0)
 SCALAR(q4_0, FE_Q4_0)
 SCALAR(q4_1, FE_Q4_1)
 SCALAR(q4_k, FE_Q4_K)
+SCALAR(q5_k, FE_Q5_K)
 SCALAR(q6_k, FE_Q6_K)
 SCALAR(q3_nl, FE_Q3_NL)
 #undef SCALAR
+
+void fe_axpy_f32(float *y, float w, const float *x, int n) {
+    for (int i = 0; i < n; i++) y[i] += w * x[i];
+}
+#define dot_scalar fe_dot_f32
+#define axpy_scalar fe_axpy_f32
 
 FE_KERNEL_TABLE(SCALAR_TABLE, scalar);
 

@@ -22,10 +22,21 @@ typedef void (*fe_rowdot_fn)(const uint8_t *row, int cols, const float *x, size_
 
 enum { FE_KERNELS_SCALAR = 0, FE_KERNELS_AVX2 = 1, FE_KERNELS_NEON = 2, FE_KERNELS_N = 3 };
 
+/* Attention's vector steps, bit-identical to the scalar ones in every set:
+ * dot = fe_dot_f32 (8 lanes of multiply-then-add, the same tail and the same
+ * final pairwise sum); axpy: y[i] += w * x[i] (a multiply, then an add). */
+typedef float (*fe_dot_fn)(const float *a, const float *b, int n);
+typedef void (*fe_axpy_fn)(float *y, float w, const float *x, int n);
+
 typedef struct fe_kernels {
     const char *name;                    /* "scalar", "avx2", "neon" */
     fe_rowdot_fn rowdot[FE_N_FORMATS];   /* NULL entries fall back to the scalar one */
+    fe_dot_fn dot;                       /* never NULL */
+    fe_axpy_fn axpy;                     /* never NULL */
 } fe_kernels;
+
+/* The scalar dot and axpy (kernels.c), the reference of the SIMD ones. */
+void fe_axpy_f32(float *y, float w, const float *x, int n);
 
 /* An implementation, or NULL when it is not built in or this CPU lacks it. */
 const fe_kernels *fe_kernels_get(int impl);
@@ -47,7 +58,8 @@ fe_rowdot_fn fe_kernel_for(const fe_kernels *k, int fmt);
          [FE_BF16] = rowdot_##prefix##_bf16, [FE_Q8_0] = rowdot_##prefix##_q8_0,                           \
          [FE_Q4_0] = rowdot_##prefix##_q4_0, [FE_Q4_1] = rowdot_##prefix##_q4_1,                           \
          [FE_Q4_K] = rowdot_##prefix##_q4_k, [FE_Q6_K] = rowdot_##prefix##_q6_k,                           \
-         [FE_Q3_NL] = rowdot_##prefix##_q3_nl},                                                            \
+         [FE_Q3_NL] = rowdot_##prefix##_q3_nl, [FE_Q5_K] = rowdot_##prefix##_q5_k},                        \
+        dot_##prefix, axpy_##prefix,                                                                       \
     }
 
 /* The batch driver of a SIMD set: rowdot_<prefix>_<fmt> (an fe_rowdot_fn)
@@ -78,6 +90,7 @@ fe_rowdot_fn fe_kernel_for(const fe_kernels *k, int fmt);
     FE_ROWDOT_PAIRS(prefix, attr, q4_0)                                                                    \
     FE_ROWDOT_PAIRS(prefix, attr, q4_1)                                                                    \
     FE_ROWDOT_PAIRS(prefix, attr, q4_k)                                                                    \
+    FE_ROWDOT_PAIRS(prefix, attr, q5_k)                                                                    \
     FE_ROWDOT_PAIRS(prefix, attr, q6_k)                                                                    \
     FE_ROWDOT_PAIRS(prefix, attr, q3_nl)                                                                   \
     FE_KERNEL_TABLE(table, prefix)

@@ -198,31 +198,49 @@ PAIR(q4_1) {
     acc_done(&A, ya, yb, two);
 }
 
-PAIR(q4_k) {
+/* Q4_K, and Q5_K (five = 1): Q4_K's nibbles plus a fifth bit from qh, bit
+ * j of qh[l] for value 32j + l of the block. */
+INL void k45_pair(const uint8_t *row, int cols, const float *xa, const float *xb, float *ya, float *yb,
+                  const int two, const int five) {
     acc2 A;
     acc_zero(&A);
-    const __m256i m15 = _mm256_set1_epi32(15);
+    const __m256i m15 = _mm256_set1_epi32(15), one = _mm256_set1_epi32(1);
+    const int bb = five ? 176 : 144;
     for (int b = 0; b < cols / 256; b++) {
-        const uint8_t *p = row + 144 * b;
+        const uint8_t *p = row + bb * b;
         float d = f16_1(p), dmin = f16_1(p + 2);
-        const uint8_t *q = p + 16;
+        const uint8_t *qh = p + 16, *q = p + (five ? 48 : 16);
         const float *xa0 = xa + 256 * b, *xb0 = xb + 256 * b;
+        __m256i h[4] = {m15, m15, m15, m15};
+        if (five) h[0] = u8x8(qh), h[1] = u8x8(qh + 8), h[2] = u8x8(qh + 16), h[3] = u8x8(qh + 24);
         for (int j = 0; j < 8; j += 2, q += 32) {
             int sc, mn;
             fe_q4k_scale_min(j, p + 4, &sc, &mn);
             __m256 d1 = _mm256_set1_ps(d * (float)sc), m1 = _mm256_set1_ps(-(dmin * (float)mn));
             fe_q4k_scale_min(j + 1, p + 4, &sc, &mn);
             __m256 d2 = _mm256_set1_ps(d * (float)sc), m2 = _mm256_set1_ps(-(dmin * (float)mn));
+            const __m128i s1 = _mm_cvtsi32_si128(j), s2 = _mm_cvtsi32_si128(j + 1);
             __m256i r[4] = {u8x8(q), u8x8(q + 8), u8x8(q + 16), u8x8(q + 24)};
             __m256 v[4];
-            for (int k = 0; k < 4; k++) v[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(r[k], m15)), d1, m1);
+            for (int k = 0; k < 4; k++) {
+                __m256i lo = _mm256_and_si256(r[k], m15);
+                if (five) lo = _mm256_or_si256(lo, _mm256_slli_epi32(_mm256_and_si256(_mm256_srl_epi32(h[k], s1), one), 4));
+                v[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), d1, m1);
+            }
             acc_add(&A, v, xa0 + 32 * j, xb0 + 32 * j, two);
-            for (int k = 0; k < 4; k++) v[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(r[k], 4)), d2, m2);
+            for (int k = 0; k < 4; k++) {
+                __m256i hi = _mm256_srli_epi32(r[k], 4);
+                if (five) hi = _mm256_or_si256(hi, _mm256_slli_epi32(_mm256_and_si256(_mm256_srl_epi32(h[k], s2), one), 4));
+                v[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), d2, m2);
+            }
             acc_add(&A, v, xa0 + 32 * j + 32, xb0 + 32 * j + 32, two);
         }
     }
     acc_done(&A, ya, yb, two);
 }
+
+PAIR(q4_k) { k45_pair(row, cols, xa, xb, ya, yb, two, 0); }
+PAIR(q5_k) { k45_pair(row, cols, xa, xb, ya, yb, two, 1); }
 
 PAIR(q6_k) {
     acc2 A;
@@ -295,6 +313,28 @@ PAIR(q3_nl) {
 #undef Q3_CHUNK
     }
     acc_done(&A, ya, yb, two);
+}
+
+/* Bit-identical to fe_dot_f32: lane l of the accumulator is its acc[l]
+ * (multiply, then add: no FMA), the tail goes to lanes 0.. in order, then
+ * ((a0 + a4) + (a1 + a5)) + ((a2 + a6) + (a3 + a7)). */
+TGT static float dot_avx2(const float *a, const float *b, int n) {
+    __m256 acc = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= n; i += 8) acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i)));
+    float l[8];
+    _mm256_storeu_ps(l, acc);
+    for (int k = 0; i < n; i++, k++) l[k] += a[i] * b[i];
+    return ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7]));
+}
+
+/* Bit-identical to fe_axpy_f32. */
+TGT static void axpy_avx2(float *y, float w, const float *x, int n) {
+    const __m256 wv = _mm256_set1_ps(w);
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_add_ps(_mm256_loadu_ps(y + i), _mm256_mul_ps(wv, _mm256_loadu_ps(x + i))));
+    for (; i < n; i++) y[i] += w * x[i];
 }
 
 FE_SIMD_KERNELS(AVX2_TABLE, avx2, TGT);

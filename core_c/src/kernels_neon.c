@@ -169,13 +169,20 @@ PAIR(q4_1) {
     acc_done(&A, ya, yb, two);
 }
 
-PAIR(q4_k) {
+/* Q4_K, and Q5_K (five = 1): Q4_K's nibbles plus a fifth bit from qh, bit
+ * j of qh[l] for value 32j + l of the block. */
+INL void k45_pair(const uint8_t *row, int cols, const float *xa, const float *xb, float *ya, float *yb,
+                  const int two, const int five) {
     acc2 A;
     acc_zero(&A);
+    const int bb = five ? 176 : 144;
+    const uint8x16_t one = vdupq_n_u8(1), m15 = vdupq_n_u8(15);
     for (int b = 0; b < cols / 256; b++) {
-        const uint8_t *p = row + 144 * b;
+        const uint8_t *p = row + bb * b;
         float d = f16_1(p), dmin = f16_1(p + 2);
-        const uint8_t *q = p + 16;
+        const uint8_t *q = p + (five ? 48 : 16);
+        uint8x16_t h0 = m15, h1 = m15;
+        if (five) h0 = vld1q_u8(p + 16), h1 = vld1q_u8(p + 32);
         const float *xa0 = xa + 256 * b, *xb0 = xb + 256 * b;
         for (int j = 0; j < 8; j += 2, q += 32) {
             int sc, mn;
@@ -183,20 +190,34 @@ PAIR(q4_k) {
             float d1 = d * (float)sc, m1 = -(dmin * (float)mn);
             fe_q4k_scale_min(j + 1, p + 4, &sc, &mn);
             float d2 = d * (float)sc, m2 = -(dmin * (float)mn);
+            const int8x16_t s1 = vdupq_n_s8((int8_t)-j), s2 = vdupq_n_s8((int8_t)(-j - 1));
             uint8x16_t r0 = vld1q_u8(q), r1 = vld1q_u8(q + 16);
+            uint8x16_t l0 = vandq_u8(r0, m15), l1 = vandq_u8(r1, m15);
+            if (five) {
+                l0 = vorrq_u8(l0, vshlq_n_u8(vandq_u8(vshlq_u8(h0, s1), one), 4));
+                l1 = vorrq_u8(l1, vshlq_n_u8(vandq_u8(vshlq_u8(h1, s1), one), 4));
+            }
             float32x4_t v[8];
-            u8x16_f32(vandq_u8(r0, vdupq_n_u8(15)), v);
-            u8x16_f32(vandq_u8(r1, vdupq_n_u8(15)), v + 4);
+            u8x16_f32(l0, v);
+            u8x16_f32(l1, v + 4);
             for (int k = 0; k < 8; k++) v[k] = vfmaq_n_f32(vdupq_n_f32(m1), v[k], d1);
             acc_add(&A, v, xa0 + 32 * j, xb0 + 32 * j, two);
-            u8x16_f32(vshrq_n_u8(r0, 4), v);
-            u8x16_f32(vshrq_n_u8(r1, 4), v + 4);
+            uint8x16_t u0 = vshrq_n_u8(r0, 4), u1 = vshrq_n_u8(r1, 4);
+            if (five) {
+                u0 = vorrq_u8(u0, vshlq_n_u8(vandq_u8(vshlq_u8(h0, s2), one), 4));
+                u1 = vorrq_u8(u1, vshlq_n_u8(vandq_u8(vshlq_u8(h1, s2), one), 4));
+            }
+            u8x16_f32(u0, v);
+            u8x16_f32(u1, v + 4);
             for (int k = 0; k < 8; k++) v[k] = vfmaq_n_f32(vdupq_n_f32(m2), v[k], d2);
             acc_add(&A, v, xa0 + 32 * j + 32, xb0 + 32 * j + 32, two);
         }
     }
     acc_done(&A, ya, yb, two);
 }
+
+PAIR(q4_k) { k45_pair(row, cols, xa, xb, ya, yb, two, 0); }
+PAIR(q5_k) { k45_pair(row, cols, xa, xb, ya, yb, two, 1); }
 
 PAIR(q6_k) {
     acc2 A;
@@ -277,6 +298,30 @@ PAIR(q3_nl) {
         }
     }
     acc_done(&A, ya, yb, two);
+}
+
+/* Bit-identical to fe_dot_f32: lanes 0-3 and 4-7 of its eight accumulators
+ * in two vectors (multiply, then add: no FMA), the tail to lanes 0.. in
+ * order, then ((a0 + a4) + (a1 + a5)) + ((a2 + a6) + (a3 + a7)). */
+static float dot_neon(const float *a, const float *b, int n) {
+    float32x4_t lo = vdupq_n_f32(0.0f), hi = lo;
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        lo = vaddq_f32(lo, vmulq_f32(vld1q_f32(a + i), vld1q_f32(b + i)));
+        hi = vaddq_f32(hi, vmulq_f32(vld1q_f32(a + i + 4), vld1q_f32(b + i + 4)));
+    }
+    float l[8];
+    vst1q_f32(l, lo);
+    vst1q_f32(l + 4, hi);
+    for (int k = 0; i < n; i++, k++) l[k] += a[i] * b[i];
+    return ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7]));
+}
+
+/* Bit-identical to fe_axpy_f32. */
+static void axpy_neon(float *y, float w, const float *x, int n) {
+    int i = 0;
+    for (; i + 4 <= n; i += 4) vst1q_f32(y + i, vaddq_f32(vld1q_f32(y + i), vmulq_f32(vdupq_n_f32(w), vld1q_f32(x + i))));
+    for (; i < n; i++) y[i] += w * x[i];
 }
 
 FE_SIMD_KERNELS(NEON_TABLE, neon, );

@@ -77,6 +77,9 @@ struct ferry_session {
     int route_k;                /* experts per token; 0 = the model's top_k (ferry_session_set_routing) */
     float route_margin;         /* cache-aware routing margin; 0 = exact routing */
     ferry_stats stats;          /* counters */
+    int profiling;              /* ferry_session_set_profiling */
+    ferry_profile prof;         /* its counters */
+    ferry_profile_part *prof_cur; /* the part the running eval adds to, or NULL */
 };
 
 /* Largest record of any bank (the expert buffer a session needs). */

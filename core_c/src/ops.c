@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stddef.h>
 
+#include "common.h"
 #include "formats.h"
 #include "kernels.h"
 
@@ -14,28 +15,69 @@ fe_mat fe_mat_view(const uint8_t *data, int fmt, int rows, int cols) {
 
 typedef struct {
     const fe_ops *ops;  /* pool and row buffers */
-    const fe_mat *w;    /* the matrix */
+    int count;          /* matrices */
+    const fe_mat *w[FE_MATMUL_MULTI_MAX];
+    float *y[FE_MATMUL_MULTI_MAX]; /* [n][w[i]->rows] each */
+    fe_rowdot_fn dot[FE_MATMUL_MULTI_MAX]; /* the row kernel of each w's format (kernels.h) */
+    int first[FE_MATMUL_MULTI_MAX + 1];    /* item index of each matrix's row 0 */
     const float *x;     /* [n][cols] */
-    float *y;           /* [n][rows] */
     int n;              /* tokens */
-    fe_rowdot_fn dot;   /* the row kernel of w's format (kernels.h) */
 } matmul_job;
 
-/* Rows [start, end) of y for every token: one kernel call per weight row, so
- * each output is computed by the same code whatever n is. */
+/* Items [start, end) (rows of the matrices laid end to end) for every token:
+ * one kernel call per weight row, so each output is computed by the same
+ * code whatever n is and however the rows are split among threads. */
 static void matmul_rows(void *p, int start, int end, int tid) {
     matmul_job *j = p;
-    const fe_mat *w = j->w;
     float *buf = j->ops->rows + (size_t)tid * (size_t)j->ops->rows_stride;
-    for (int r = start; r < end; r++)
-        j->dot(w->data + (uint64_t)r * w->row_bytes, w->cols, j->x, (size_t)w->cols, j->n, j->y + r,
-               (size_t)w->rows, buf);
+    for (int i = 0; i < j->count; i++) {
+        int lo = start > j->first[i] ? start : j->first[i];
+        int hi = end < j->first[i + 1] ? end : j->first[i + 1];
+        const fe_mat *w = j->w[i];
+        for (int r = lo - j->first[i]; r < hi - j->first[i]; r++)
+            j->dot[i](w->data + (uint64_t)r * w->row_bytes, w->cols, j->x, (size_t)w->cols, j->n, j->y[i] + r,
+                      (size_t)w->rows, buf);
+    }
+}
+
+void fe_matmul_multi(const fe_ops *ops, const fe_mat *const *w, int count, const float *x, int n,
+                     float *const *y) {
+    matmul_job j;
+    j.ops = ops;
+    j.count = 0;
+    j.x = x;
+    j.n = n;
+    j.first[0] = 0;
+    for (int i = 0; i < count && i < FE_MATMUL_MULTI_MAX; i++) {
+        fe_rowdot_fn dot = fe_kernel_for(ops->kernels, w[i]->fmt);
+        if (!dot) continue;
+        j.w[j.count] = w[i];
+        j.y[j.count] = y[i];
+        j.dot[j.count] = dot;
+        j.first[j.count + 1] = j.first[j.count] + w[i]->rows;
+        j.count++;
+    }
+    if (!j.count) return;
+    ferry_profile_part *P = ops->prof;
+    double t0 = P ? fe_now() : 0.0;
+    fe_pool_run(ops->pool, matmul_rows, &j, j.first[j.count]);
+    if (!P) return;
+    /* One job may mix formats (e.g. Q4_K beside Q6_K): its time is shared
+     * among them by the bytes each read. */
+    double dt = fe_now() - t0, total = 0.0;
+    for (int i = 0; i < j.count; i++) total += (double)j.w[i]->row_bytes * j.w[i]->rows;
+    for (int i = 0; i < j.count; i++) {
+        int f = j.w[i]->fmt;
+        if (f < 0 || f >= FERRY_PROFILE_FORMATS) continue;
+        double bytes = (double)j.w[i]->row_bytes * j.w[i]->rows;
+        P->matmul_seconds[f] += total > 0 ? dt * bytes / total : dt / j.count;
+        P->matmul_calls[f]++;
+        P->matmul_bytes[f] += (uint64_t)bytes;
+    }
 }
 
 void fe_matmul(const fe_ops *ops, const fe_mat *w, const float *x, int n, float *y) {
-    matmul_job j = {ops, w, x, y, n, fe_kernel_for(ops->kernels, w->fmt)};
-    if (!j.dot) return;
-    fe_pool_run(ops->pool, matmul_rows, &j, w->rows);
+    fe_matmul_multi(ops, &w, 1, x, n, &y);
 }
 
 void fe_rmsnorm(float *out, const float *x, const float *w, int n, float eps) {

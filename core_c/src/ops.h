@@ -4,6 +4,7 @@
 
 #include <stdint.h>
 
+#include "../include/ferry.h"
 #include "pool.h"
 
 /* A weight matrix [rows, cols] in some stored format (formats.h). */
@@ -23,6 +24,7 @@ typedef struct fe_ops {
     float *rows;          /* [threads][rows_stride] */
     int rows_stride;      /* floats per thread, >= the widest matrix row */
     const struct fe_kernels *kernels; /* the engine's row kernels (kernels.h) */
+    ferry_profile_part *prof; /* the session's profile part in use, or NULL (not profiling) */
 } fe_ops;
 
 /* A matrix view over stored bytes. */
@@ -32,6 +34,12 @@ fe_mat fe_mat_view(const uint8_t *data, int fmt, int rows, int cols);
  * output is computed by one thread the same way whatever n is, so a batch
  * gives bit-identical results to n single products. */
 void fe_matmul(const fe_ops *ops, const fe_mat *w, const float *x, int n, float *y);
+
+/* fe_matmul of `count` matrices with the same cols over the same x, as one
+ * parallel job over all their rows (one dispatch instead of `count`):
+ * y[i] = w[i] x. Each output is computed exactly as fe_matmul computes it. */
+#define FE_MATMUL_MULTI_MAX 4
+void fe_matmul_multi(const fe_ops *ops, const fe_mat *const *w, int count, const float *x, int n, float *const *y);
 
 /* out = w * x / rms(x) over n values (out may alias x). */
 void fe_rmsnorm(float *out, const float *x, const float *w, int n, float eps);

@@ -1,8 +1,10 @@
 /* pool.c — see pool.h. One mutex, two condition variables, a generation count. */
+#define _POSIX_C_SOURCE 200809L
 #include "pool.h"
 
 #include <pthread.h>
 #include <stdlib.h>
+#include <time.h>
 
 struct fe_pool {
     int n_threads;          /* workers + the caller */
@@ -16,6 +18,8 @@ struct fe_pool {
     fe_pool_fn fn;          /* the current job */
     void *ctx;
     int n;
+    double *wait_seconds;   /* profile: the caller's wait at the end of jobs, or NULL */
+    uint64_t *jobs;         /* profile: jobs dispatched, or NULL */
 };
 
 typedef struct { fe_pool *pool; int tid; } worker_arg;
@@ -86,11 +90,23 @@ void fe_pool_free(fe_pool *pool) {
 
 int fe_pool_threads(const fe_pool *pool) { return pool->n_threads; }
 
+void fe_pool_set_profile(fe_pool *pool, double *wait_seconds, uint64_t *jobs) {
+    pool->wait_seconds = wait_seconds;
+    pool->jobs = jobs;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 void fe_pool_run(fe_pool *pool, fe_pool_fn fn, void *ctx, int n) {
     if (pool->n_threads == 1 || n < 2) {
         if (n > 0) fn(ctx, 0, n, 0);
         return;
     }
+    if (pool->jobs) (*pool->jobs)++;
     pthread_mutex_lock(&pool->mu);
     pool->fn = fn;
     pool->ctx = ctx;
@@ -102,7 +118,9 @@ void fe_pool_run(fe_pool *pool, fe_pool_fn fn, void *ctx, int n) {
     int start, end;
     slice(n, pool->n_threads, 0, &start, &end);
     if (start < end) fn(ctx, start, end, 0);
+    double t0 = pool->wait_seconds ? now_s() : 0.0;
     pthread_mutex_lock(&pool->mu);
     while (pool->pending > 0) pthread_cond_wait(&pool->done, &pool->mu);
     pthread_mutex_unlock(&pool->mu);
+    if (pool->wait_seconds) *pool->wait_seconds += now_s() - t0;
 }

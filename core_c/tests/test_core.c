@@ -8,7 +8,9 @@
  * then a full open/eval/verify of the good container, then every bad
  * container must be refused with a code and a message. Prints
  * "N passed, N failed" last and exits nonzero on any failure. */
+#define _POSIX_C_SOURCE 200809L
 #include <math.h>
+#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -115,6 +117,30 @@ static void test_pool(void) {
         long long n = 1000 + round;
         CHECK(total == n * (n - 1) / 2);
     }
+    /* Jobs far apart (workers asleep between them), jobs back to back (workers
+     * spinning), and the profile counters. */
+    double wait = 0.0;
+    uint64_t jobs = 0;
+    fe_pool_set_profile(pool, &wait, &jobs);
+    for (int round = 0; round < 200; round++) {
+        if (round % 20 == 0) {
+            struct timespec nap = {0, 2000000}; /* 2 ms: longer than the pool's spin */
+            nanosleep(&nap, NULL);
+        }
+        pool_ctx c = {{0}};
+        long long n = 3 + round % 7;
+        fe_pool_run(pool, add_range, &c, (int)n);
+        long long total = 0;
+        for (int t = 0; t < 8; t++) total += c.sums[t];
+        CHECK(total == n * (n - 1) / 2);
+    }
+    CHECK(jobs == 200 && wait >= 0.0);
+    fe_pool_set_profile(pool, NULL, NULL);
+    fe_pool_free(pool);
+    /* A pool whose threads went to sleep still shuts down. */
+    pool = fe_pool_new(3);
+    struct timespec nap = {0, 2000000};
+    nanosleep(&nap, NULL);
     fe_pool_free(pool);
 }
 

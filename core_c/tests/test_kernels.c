@@ -62,7 +62,7 @@ static void random_row(int fmt, uint8_t *row, int cols) {
         case FE_F16: put16(p, f16_bits(frand())); break;
         case FE_BF16: { float v = frand(); uint32_t u; memcpy(&u, &v, 4); put16(p, (uint16_t)(u >> 16)); } break;
         case FE_Q8_0: case FE_Q4_0: put16(p, f16_bits(0.01f + 0.1f * fabsf(frand()))); break;
-        case FE_Q4_1: case FE_Q4_K:
+        case FE_Q4_1: case FE_Q4_K: case FE_Q5_K:
             put16(p, f16_bits(0.01f + 0.1f * fabsf(frand())));
             put16(p + 2, f16_bits(0.05f * frand()));
             break;
@@ -279,6 +279,25 @@ static void test_block_quantizer(void) {
     }
 }
 
+/* Attention's dot and axpy: bit-identical to the scalar ones, every length. */
+static void test_vector_steps(const fe_kernels *k) {
+    float a[203] = {0}, b[203] = {0}, y1[203] = {0}, y2[203] = {0};
+    int same = 1;
+    for (int n = 0; n <= 200; n += (n < 40 ? 1 : 13)) {
+        for (int i = 0; i < n; i++) a[i] = frand() * (i % 5 == 0 ? 100.0f : 1.0f), b[i] = frand();
+        float d1 = fe_dot_f32(a, b, n), d2 = k->dot(a, b, n);
+        same &= memcmp(&d1, &d2, 4) == 0;
+        for (int i = 0; i < n; i++) y1[i] = y2[i] = frand();
+        float w = frand();
+        fe_axpy_f32(y1, w, a, n);
+        k->axpy(y2, w, a, n);
+        same &= memcmp(y1, y2, sizeof(float) * (size_t)n) == 0;
+    }
+    char what[80];
+    snprintf(what, sizeof what, "%s dot and axpy bit-identical to scalar", k->name);
+    check(same, what);
+}
+
 int main(void) {
     static const int sizes[] = {1, 7, 31, 32, 33, 100, 255};
     static const int ns[] = {1, 2, 3, 5, 32, 33};
@@ -287,6 +306,7 @@ int main(void) {
         if (!ferry_kernels_available(impl)) continue;
         impls++;
         printf("testing %s against scalar\n", ferry_kernels_name(impl));
+        test_vector_steps(fe_kernels_get(impl));
         for (int fmt = 0; fmt < FE_N_FORMATS; fmt++) {
             const fe_format_info *f = fe_format_get(fmt);
             for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++) {

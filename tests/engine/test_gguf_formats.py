@@ -19,7 +19,7 @@ DIM, FFN, HEADS, KV, LAYERS, VOCAB = 256, 512, 4, 2, 2, 64
 HEAD = DIM // HEADS
 #: the storage type of each matrix, covering every format
 TYPES = {"attn_q": "Q4_K", "attn_k": "Q6_K", "attn_v": "Q8_0", "attn_output": "Q4_0",
-         "ffn_gate": "Q4_1", "ffn_up": "F16", "ffn_down": "Q4_K"}
+         "ffn_gate": "Q4_1", "ffn_up": "F16", "ffn_down": "Q5_K"}
 
 
 def permute(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -36,7 +36,7 @@ def random_blocks(type_name: str, rows: int, cols: int, rng) -> np.ndarray:
     fmt = quant.FORMATS[type_name]
     n_blocks = rows * cols // fmt.block_elems
     raw = rng.integers(0, 256, (n_blocks, fmt.block_bytes), dtype=np.uint8)
-    scales = {"Q4_K": [0, 2], "Q6_K": [208]}[type_name]
+    scales = {"Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}[type_name]
     for at in scales:
         raw[:, at:at + 2] = np.frombuffer(np.float16(rng.uniform(0.0001, 0.0003, n_blocks)).astype("<f2").tobytes(),
                                           dtype=np.uint8).reshape(n_blocks, 2)
@@ -46,7 +46,7 @@ def random_blocks(type_name: str, rows: int, cols: int, rng) -> np.ndarray:
 def encode(values: np.ndarray, type_name: str, rng) -> tuple[np.ndarray, np.ndarray]:
     """(stored bytes, the values they decode to) for one matrix."""
     rows, cols = values.shape
-    if type_name in ("Q4_K", "Q6_K"):
+    if type_name in ("Q4_K", "Q5_K", "Q6_K"):
         raw = random_blocks(type_name, rows, cols, rng)
     elif type_name == "F16":
         raw = values.astype("<f2").view(np.uint8).reshape(-1)

