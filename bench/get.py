@@ -25,20 +25,11 @@ from pathlib import Path
 
 sys.path[0] = str(Path(__file__).resolve().parents[1])   # (not bench/: its kernels.py would shadow a package)
 
+from app.library import folder_size  # noqa: E402
 from app.memory.budget import MachineMemory  # noqa: E402
 
 MEM = MachineMemory(64 << 30, 64 << 30, "bench")
 
-
-def disk_use(root: Path) -> int:
-    total = 0
-    for d, _, files in os.walk(root):
-        for f in files:
-            try:
-                total += os.stat(os.path.join(d, f)).st_size
-            except FileNotFoundError:
-                pass
-    return total
 
 
 def measured(fn, root: Path):
@@ -46,7 +37,7 @@ def measured(fn, root: Path):
 
     def sample():
         while not stop.is_set():
-            peak[0] = max(peak[0], disk_use(root))
+            peak[0] = max(peak[0], folder_size(root))
             time.sleep(0.002)
 
     t = threading.Thread(target=sample)

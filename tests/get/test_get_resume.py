@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from app.library import folder_size
 from app.memory.budget import MachineMemory
 from app.get.pipeline import Getter
 from app.get.plan import plan_repo
@@ -22,16 +23,6 @@ from tests.get.conftest import local_convert, tree_bytes
 BIG = MachineMemory(64 << 30, 64 << 30, "test")
 REPO = Path(__file__).resolve().parents[2]
 
-
-def disk_use(root: Path) -> int:
-    total = 0
-    for dirpath, _, files in os.walk(root):
-        for f in files:
-            try:
-                total += os.stat(os.path.join(dirpath, f)).st_size
-            except FileNotFoundError:
-                pass
-    return total
 
 
 def test_delete_source_keeps_peak_disk_within_the_plan(hub, repos, tmp_path):
@@ -43,7 +34,7 @@ def test_delete_source_keeps_peak_disk_within_the_plan(hub, repos, tmp_path):
 
     def sample():
         while not stop.is_set():
-            peak[0] = max(peak[0], disk_use(into))
+            peak[0] = max(peak[0], folder_size(into))
             time.sleep(0.002)
 
     t = threading.Thread(target=sample)
