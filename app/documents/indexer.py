@@ -34,7 +34,7 @@ from typing import Callable, Iterable
 from app.documents.chunk import chunk_document
 from app.documents.extract import MAX_FILE_BYTES, ExtractError, expand, extract
 from app.documents.index import terms_for
-from app.documents.walk import read_document_bytes
+from app.documents.walk import display_name, read_document_bytes
 from app.documents.store import AddProgress, AddReport, DocumentStore
 
 #: below this much to read, files are read in the calling thread (no process start-up)
@@ -120,7 +120,7 @@ def add_paths(store: DocumentStore, name: str, paths: Iterable[str | Path], *,
     emit = progress or (lambda p: None)
     known = store.known(coll.id)
     # files gone from an added folder (or an added file that is gone) are removed
-    present = {str(f) for f in files} | {str(p.resolve()) for p, _ in skipped}
+    present = {str(f) for f in files} | {display_name(p.resolve()) for p, _ in skipped}
     roots = [str(p.resolve()) for p in paths if p.is_dir() or not p.exists()]
     gone = [path for path in known if path not in present
             and any(path == r or path.startswith(r.rstrip(os.sep) + os.sep) for r in roots)]

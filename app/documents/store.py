@@ -408,7 +408,9 @@ class DocumentStore:
         return fid
 
     def mark_skipped(self, cid: int, path: str, reason: str, size: int = 0, mtime_ns: int = 0) -> None:
-        """Record a file that could not be read, with why (inside the caller's transaction)."""
+        """Record a file that could not be read, with why (inside the caller's transaction).
+        A name that is not UTF-8 is kept as printable text (U+FFFD for its bad bytes)."""
+        path = display_name(path)
         old = self._db.execute("SELECT id FROM docs_files WHERE collection_id = ? AND path = ?",
                                (cid, path)).fetchone()
         if old is not None:

@@ -26,7 +26,7 @@ def test_library_rows_without_qt(home, corpus_dir, tmp_path):
     store.add("box", [folder])
     [row] = collection_rows(store)
     assert (row.name, row.files, row.skipped, row.watched) == ("box", 5, 2, 0)
-    assert row.size.endswith("KB") and row.last_indexed == "just now" and row.sources == [str(folder)]
+    assert row.size.endswith("KiB") and row.last_indexed == "just now" and row.sources == [str(folder)]
     files = file_rows(store, "box")
     assert [f.status for f in files[:2]] == ["skipped", "skipped"]           # what needs attention first
     assert {f.name: f.detail for f in files[:2]}["photo.jpg"].startswith("unsupported file type")

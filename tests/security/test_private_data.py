@@ -195,7 +195,7 @@ def _docs_list(env_extra: dict, tmp_path):
 def test_ferry_passphrase_works_with_the_null_keyring(tmp_path):
     res = _docs_list({"FERRY_PASSPHRASE": STRONG}, tmp_path)
     assert res.returncode == 0, res.stderr
-    assert stored_key_kind(tmp_path / "home" / "history.sqlite3") == "passphrase"
+    assert stored_key_kind(tmp_path / "home" / "ferry.db") == "passphrase"
     again = _docs_list({"FERRY_PASSPHRASE": STRONG}, tmp_path)
     assert again.returncode == 0, again.stderr
     wrong = _docs_list({"FERRY_PASSPHRASE": STRONG + "x"}, tmp_path)
@@ -205,7 +205,7 @@ def test_ferry_passphrase_works_with_the_null_keyring(tmp_path):
 def test_a_weak_ferry_passphrase_does_not_create_a_history(tmp_path):
     res = _docs_list({"FERRY_PASSPHRASE": "1234"}, tmp_path)
     assert res.returncode != 0 and "too easy to guess" in res.stderr and "Traceback" not in res.stderr
-    assert not (tmp_path / "home" / "history.sqlite3").exists()
+    assert not (tmp_path / "home" / "ferry.db").exists() and not (tmp_path / "home" / "history.sqlite3").exists()
 
 
 def test_every_setting_that_can_hold_user_text_is_sealed_or_known_to_be_plain():
