@@ -56,8 +56,8 @@ class Sampler:
     full stable sort of the vocabulary would give: the probabilities are
     normalised by the sum of every candidate's exp in descending order (which
     fixes the rounding), so the candidates' *values* are sorted (a cheap sort of
-    the float32 logits; ``exp`` is monotone in them), but their *ids* are only
-    found for the tokens kept (``top_order``). tests/chat/test_sampling_exact.py
+    the float32 logits: z is monotone in them), but only the drawn token's id is
+    found (``position_id``), never the order of the vocabulary's ids. tests/chat/test_sampling_exact.py
     checks this token for token against the full-sort algorithm."""
 
     def __init__(self, params: SamplingParams):
@@ -92,12 +92,18 @@ class Sampler:
     def _choose(self, logits: np.ndarray) -> int:
         if self.params.temperature == 0:
             return int(np.argmax(logits))
-        ids, q = self.nucleus(logits)
-        return int(ids[self.rng.choice(ids.size, p=q)])
+        z, zs, q = self._weights(logits)
+        return position_id(z, zs, self.rng.choice(q.size, p=q))
 
     def nucleus(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The tokens a draw at temperature > 0 chooses from (best first, after
         top-k, top-p and min-p) and their probabilities, from adjusted logits."""
+        z, zs, q = self._weights(logits)
+        return top_order(z, q.size, kth=zs[q.size - 1]), q
+
+    def _weights(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``z = (logit - max) / T`` per token, the candidates' z best first,
+        and the kept candidates' probabilities."""
         p = self.params
         x = np.asarray(logits).ravel()
         if x.dtype not in (np.float32, np.float64):
@@ -109,12 +115,12 @@ class Sampler:
         if not n or not np.isfinite(best[-1]):
             raise ValueError("cannot sample: the logits are empty, NaN, +inf or all -inf")
         top = np.float64(best[-1])
-        # z = (logit - max) / T in float64, per element as a full sort would
-        # see it. Shift before dividing: a tiny temperature (down to
-        # subnormals) then sends the others to -inf, never the best one to
-        # inf - inf = NaN.
+        # In float64, per element as a full sort would see it. Shift before
+        # dividing: a tiny temperature (down to subnormals) then sends the
+        # others to -inf, never the best one to inf - inf = NaN.
         with np.errstate(over="ignore"):
             zs = (best[::-1].astype(np.float64, order="C") - top) / p.temperature
+            z = (x.astype(np.float64) - top) / p.temperature
         probs = np.exp(zs)        # zs[0] == 0: the best token's weight is 1
         probs /= probs.sum()      # the sum in descending order, over all k
         keep = k
@@ -130,7 +136,13 @@ class Sampler:
             keep = min(keep, i + 1)
         if p.min_p:
             keep = min(keep, max(1, int(np.sum(probs >= p.min_p * probs[0]))))
-        q = probs[:keep] / probs[:keep].sum()
-        with np.errstate(over="ignore"):
-            z = (x.astype(np.float64) - top) / p.temperature
-        return top_order(z, keep, kth=zs[keep - 1]), q
+        return z, zs, probs[:keep] / probs[:keep].sum()
+
+
+def position_id(z: np.ndarray, zs: np.ndarray, j: int) -> int:
+    """``np.argsort(-z, kind="stable")[j]`` given ``zs``, z's values in
+    descending order (at least its first j + 1): the (j - a)-th lowest id of
+    the tokens whose z equals ``zs[j]``, a being how many rank above them."""
+    v = zs[j]
+    above = int(np.count_nonzero(zs[:j + 1] > v))
+    return int(np.flatnonzero(z == v)[j - above])
