@@ -7,8 +7,9 @@ The logits are the demo model's (49152-token vocabulary) for a few decoded
 tokens of a real answer. The baseline is app/sampling.py as it was at REV
 (default: the revision before issue 21's sampler change), loaded from git.
 Each round times every setting with both samplers, alternating which goes
-first, and checks that both draw the same tokens; the machine's 1-minute
-load is recorded per round.
+first, and checks that both draw the same tokens; likewise the top-5 token
+log-probabilities (the server's ``logprobs``) against a stable sort of the
+vocabulary. The machine's 1-minute load is recorded per round.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from anywhere
 
-from app.model import LoadedModel, Token  # noqa: E402
+from app.model import LoadedModel, Token, _logprob, log_softmax  # noqa: E402
 from app.sampling import Sampler, SamplingParams  # noqa: E402
 
 SETTINGS = {
@@ -100,6 +101,10 @@ def main(argv=None) -> int:
     logits = demo_logits(a.tokens)
     impls = {"before": (old.Sampler, old.SamplingParams), "after": (Sampler, SamplingParams)}
     rounds = []
+    # Token log-probabilities with 5 alternatives (the server's logprobs):
+    # before, a stable argsort of the vocabulary per token.
+    logprob = {"before": lambda x: np.argsort(-log_softmax(x), kind="stable")[:5],
+               "after": lambda x: [i for i, _ in _logprob(x, 0, 5).top]}
     for r in range(a.rounds):
         row = {"load_1min": round(os.getloadavg()[0], 2), "ms_per_token": {}, "same_tokens": True}
         for i, (name, setting) in enumerate(SETTINGS.items()):
@@ -109,9 +114,16 @@ def main(argv=None) -> int:
                 ms[which], toks[which] = time_one(*impls[which], setting, logits, a.reps)
             row["same_tokens"] &= toks["before"] == toks["after"]
             row["ms_per_token"][name] = {k: round(v, 4) for k, v in ms.items()}
+        ms, tops = {}, {}
+        for which in (["before", "after"] if r % 2 == 0 else ["after", "before"]):
+            t0 = time.perf_counter()
+            tops[which] = [list(map(int, logprob[which](x))) for _ in range(a.reps) for x in logits]
+            ms[which] = 1000.0 * (time.perf_counter() - t0) / (a.reps * len(logits))
+        row["same_tokens"] &= tops["before"] == tops["after"]
+        row["ms_per_token"]["top_logprobs 5"] = {k: round(v, 4) for k, v in ms.items()}
         rounds.append(row)
     summary = {}
-    for name in SETTINGS:
+    for name in [*SETTINGS, "top_logprobs 5"]:
         before = float(np.median([rd["ms_per_token"][name]["before"] for rd in rounds]))
         after = float(np.median([rd["ms_per_token"][name]["after"] for rd in rounds]))
         summary[name] = {"before_ms": round(before, 4), "after_ms": round(after, 4),
