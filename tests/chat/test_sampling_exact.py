@@ -123,7 +123,7 @@ PARAMS = st.builds(
 )
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(params=PARAMS, n=st.integers(1, 300), data=st.data())
 def test_same_tokens_as_the_full_sort(params, n, data):
     steps = data.draw(st.integers(1, 6))
