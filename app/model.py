@@ -23,7 +23,7 @@ from app.engine.binding import Cancelled, Engine, FerryError, Session, Stats
 from app.engine.container_files import (MAX_TEMPLATE_BYTES, MAX_TOKENIZER_BYTES, ContainerFileError,
                                          contained_file, read_contained_text)
 from app.events import EngineEvent, Finished, PromptProgress, Token, TokenLogprob
-from app.sampling import Sampler, SamplingParams
+from app.sampling import Sampler, SamplingParams, top_order
 from app.store.private import write_private
 
 #: Tokens evaluated per call while processing a prompt (progress granularity).
@@ -264,7 +264,7 @@ def _logprob(logits: np.ndarray, tok: int, top: int | None) -> TokenLogprob | No
     if top is None:
         return None
     logp = log_softmax(logits)
-    best = np.argsort(-logp, kind="stable")[:top] if top else []
+    best = top_order(logp, top)   # the head of a stable sort, without sorting the vocabulary
     return TokenLogprob(float(logp[tok]), tuple((int(i), float(logp[i])) for i in best))
 
 

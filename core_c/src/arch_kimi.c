@@ -25,6 +25,7 @@
 
 #include "experts.h"
 #include "formats.h"
+#include "kernels.h"
 #include "kimi_manifest.h"
 #include "model.h"
 #include "moe.h"
@@ -443,31 +444,26 @@ static void mla_items(void *p, int start, int end, int tid) {
     float *scores = j->b->scores + (size_t)tid * (size_t)s->n_ctx;
     float *qlat = j->b->tmp + (size_t)tid * (size_t)tmp_stride(&d), *ctx = qlat + d.kvl;
     const fe_mat *kvb = &j->L->kv_b;
+    const fe_kernels *K = s->e->kernels; /* its dot and axpy: bit-identical to fe_dot_f32 / fe_axpy_f32 */
     for (int it = start; it < end; it++) {
         int t = it / d.H, h = it % d.H, upto = s->pos + t;
         const float *q = j->b->q + (size_t)t * d.H * d.qk + (size_t)h * d.qk;
         memset(qlat, 0, (size_t)d.kvl * sizeof *qlat);
         for (int r = 0; r < d.nope; r++) {
-            const float *w = mat_row(kvb, h * (d.nope + d.vd) + r, rowbuf);
-            float qr = q[r];
-            for (int c = 0; c < d.kvl; c++) qlat[c] += qr * w[c];
+            K->axpy(qlat, q[r], mat_row(kvb, h * (d.nope + d.vd) + r, rowbuf), d.kvl);
         }
         for (int i = 0; i <= upto; i++) {
             const float *ce = j->cache + (size_t)i * d.kvw;
-            float sc = fe_dot_f32(qlat, ce, d.kvl);
-            if (d.rope) sc += fe_dot_f32(q + d.nope, ce + d.kvl, d.rope);
+            float sc = K->dot(qlat, ce, d.kvl);
+            if (d.rope) sc += K->dot(q + d.nope, ce + d.kvl, d.rope);
             scores[i] = sc * k->softmax_scale;
         }
         fe_softmax(scores, upto + 1);
         memset(ctx, 0, (size_t)d.kvl * sizeof *ctx);
-        for (int i = 0; i <= upto; i++) {
-            const float *ce = j->cache + (size_t)i * d.kvw;
-            float w = scores[i];
-            for (int c = 0; c < d.kvl; c++) ctx[c] += w * ce[c];
-        }
+        for (int i = 0; i <= upto; i++) K->axpy(ctx, scores[i], j->cache + (size_t)i * d.kvw, d.kvl);
         float *out = j->b->att + (size_t)t * d.H * d.vd + (size_t)h * d.vd;
         for (int v = 0; v < d.vd; v++)
-            out[v] = fe_dot_f32(mat_row(kvb, h * (d.nope + d.vd) + d.nope + v, rowbuf), ctx, d.kvl);
+            out[v] = K->dot(mat_row(kvb, h * (d.nope + d.vd) + d.nope + v, rowbuf), ctx, d.kvl);
     }
 }
 
