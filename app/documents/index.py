@@ -221,6 +221,8 @@ class FtsIndex:
         if not self.n:
             return []
         words, grams = list(dict.fromkeys(words)), list(dict.fromkeys(grams))
+        if not words or not grams:
+            limit *= 2          # one signal alone (mode bm25 or ngram) takes both signals' candidates
         df = {"words": self._df("words", words), "grams": self._df("grams", grams)}
         present = [w for w in words if df["words"][w]]
         ids = dict.fromkeys(self._candidates("words", _rarest(present, df["words"], len(present)), limit))
