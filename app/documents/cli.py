@@ -19,6 +19,7 @@ import getpass
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Sequence
 
@@ -76,17 +77,56 @@ def _progress(p) -> None:
         print(f"  [{p.done}/{p.total}] {p.stage} {p.path.name}{extra}", file=sys.stderr, flush=True)
 
 
+def _print_report(collection: str, report, as_json: bool) -> int:
+    if as_json:
+        print(json.dumps(report.as_dict(), indent=1, ensure_ascii=False), flush=True)
+    else:
+        print(f"{collection}: {len(report.added)} added ({report.chunks} passages), "
+              f"{len(report.unchanged)} unchanged, {len(report.failed)} skipped, {report.seconds:.1f} s", flush=True)
+        for p, why in report.failed:
+            print(f"  skipped {display_name(p)}: {why}", flush=True)
+    return 1 if report.failed else 0
+
+
 def cmd_add(args) -> int:
     with open_store() as store:
-        report = store.add(args.collection, args.paths, progress=None if args.json else _progress)
-    if args.json:
-        print(json.dumps(report.as_dict(), indent=1, ensure_ascii=False))
-    else:
-        print(f"{args.collection}: {len(report.added)} added ({report.chunks} passages), "
-              f"{len(report.unchanged)} unchanged, {len(report.failed)} skipped, {report.seconds:.1f} s")
-        for p, why in report.failed:
-            print(f"  skipped {display_name(p)}: {why}")
-    return 1 if report.failed else 0
+        report = store.add(args.collection, args.paths, progress=None if args.json else _progress,
+                           watch=True if args.watch else None)
+        status = _print_report(args.collection, report, args.json)
+        if args.watch:
+            _watch(store, args.interval, args.json)
+    return status
+
+
+def _watch(store, interval: float, as_json: bool) -> None:
+    """Keep the watched folders in sync (app.documents.indexer.FolderWatcher) until Ctrl-C."""
+    import threading
+
+    from app.documents.indexer import FolderWatcher
+
+    lock = threading.Lock()
+
+    def changed(reports) -> None:
+        with lock:
+            for key, report in reports.items():
+                _print_report(key.split(":", 1)[0], report, as_json)
+
+    print(f"watching (every {interval:g} s or more); Ctrl-C stops", file=sys.stderr, flush=True)
+    watcher = FolderWatcher(store, interval=interval, on_change=changed).start()
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        print("stopped watching", file=sys.stderr, flush=True)
+    finally:
+        watcher.stop()
+
+
+def cmd_reindex(args) -> int:
+    """New, changed and deleted files of the collection's sources (as the window's Re-index)."""
+    with open_store() as store:
+        report = store.rescan(args.collection, progress=None if args.json else _progress)
+    return _print_report(args.collection, report, args.json)
 
 
 def _hit_dict(rank: int, h) -> dict:
@@ -190,6 +230,16 @@ def cmd_budget(args) -> int:
     return 0
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0.1 <= value <= 86400:
+        raise argparse.ArgumentTypeError("the interval must be between 0.1 and 86400 seconds")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     from app.cli.common import add_model_options, add_routing
 
@@ -200,6 +250,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("collection")
     p.add_argument("paths", nargs="+")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--watch", action="store_true",
+                   help="watch these folders: new, changed and deleted files are picked up (here until Ctrl-C, "
+                        "and by the window while it runs)")
+    p.add_argument("--interval", type=_seconds, default=5.0, help="with --watch: seconds between checks (at least)")
     p.set_defaults(fn=cmd_add)
 
     p = sub.add_parser("search", help="the passages that best match a question")
@@ -234,6 +288,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("collection")
     p.add_argument("paths", nargs="*")
     p.set_defaults(fn=cmd_remove)
+
+    p = sub.add_parser("reindex", help="pick up new, changed and deleted files of a collection's sources")
+    p.add_argument("collection")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_reindex)
 
     p = sub.add_parser("budget", help="set a collection's token budget for passages")
     p.add_argument("collection")

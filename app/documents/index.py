@@ -22,13 +22,13 @@ K1 = 1.2
 B = 0.75
 NGRAM = 4
 #: candidates taken from each FTS5 table before the exact rerank
-CANDIDATES = 50
+CANDIDATES = 25
 #: at most this many of the question's 4-grams (the rarest) choose the n-gram candidates
 CANDIDATE_GRAMS = 24
 #: FTS5 ranks every chunk that holds a candidate term, so the terms that choose candidates
 #: are the rarest ones, adding more while their chunks (document frequencies) sum to at most
 #: this; the rarest term is always taken. A small collection takes every term.
-POSTINGS_BUDGET = 20_000
+POSTINGS_BUDGET = 5_000
 STOPWORDS = frozenset("""
 a about above after again against all am an and any are as at be because been before being below between both
 but by can could did do does doing down during each few for from further had has have having he her here hers
@@ -41,7 +41,18 @@ while who whom why will with would you your yours yourself yourselves shall may 
 _TOKEN = re.compile(r"\d+(?:[.,:/]\d+)*|[^\W\d_]+(?:['’][^\W\d_]+)?", re.UNICODE)
 
 
-_COMBINING: dict[int, None] | None = None
+_COMBINING: re.Pattern | None = None
+
+
+def _combining_marks() -> re.Pattern:
+    """One character class of every combining mark below U+10000 (unicodedata.combining), as ranges."""
+    marks = [cp for cp in range(0x300, 0x10000) if unicodedata.combining(chr(cp))]
+    ranges, start = [], marks[0]
+    for prev, cp in zip(marks, marks[1:] + [None]):
+        if cp != prev + 1:
+            ranges.append(f"{chr(start)}-{chr(prev)}" if prev > start else chr(start))
+            start = cp
+    return re.compile("[" + "".join(ranges) + "]+")
 
 
 def _fold(text: str) -> str:
@@ -51,8 +62,8 @@ def _fold(text: str) -> str:
     if text.isascii():
         return text
     if _COMBINING is None:
-        _COMBINING = {cp: None for cp in range(0x300, 0x10000) if unicodedata.combining(chr(cp))}
-    return unicodedata.normalize("NFKD", text).translate(_COMBINING)
+        _COMBINING = _combining_marks()
+    return _COMBINING.sub("", unicodedata.normalize("NFKD", text))
 
 
 @functools.lru_cache(maxsize=200_000)
@@ -81,13 +92,14 @@ def stem(word: str) -> str:
     return w
 
 
+_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3})")
+
+
 def raw_words(text: str) -> list[str]:
-    out = []
-    for m in _TOKEN.finditer(_fold(text)):
-        w = m.group()
-        if w[0].isdigit():
-            w = re.sub(r"(?<=\d),(?=\d{3})", "", w)     # 2,400 -> 2400
-        out.append(w)
+    out = _TOKEN.findall(_fold(text))
+    for i, w in enumerate(out):
+        if "," in w and w[0].isdigit():
+            out[i] = _THOUSANDS.sub("", w)      # 2,400 -> 2400
     return out
 
 
@@ -163,8 +175,8 @@ class FtsIndex:
     def __init__(self, db, collection_id: int, words_table: str, grams_table: str):
         self._db, self.collection_id = db, collection_id
         self._tables = {"words": words_table, "grams": grams_table}
-        self.n, wlen, glen = db.execute("SELECT n_chunks, wlen, glen FROM docs_collections WHERE id = ?",
-                                        (collection_id,)).fetchone()
+        self.n, wlen, glen, self._df_stored = db.execute(
+            "SELECT n_chunks, wlen, glen, df_ready FROM docs_collections WHERE id = ?", (collection_id,)).fetchone()
         self._avgdl = {"words": wlen / self.n if self.n else 0.0, "grams": glen / self.n if self.n else 0.0}
 
     def __len__(self) -> int:
@@ -181,10 +193,18 @@ class FtsIndex:
         return [IndexedChunk(*r[:10]) for r in self._db.execute(sql, args)]
 
     def _df(self, signal: str, terms: Sequence[str]) -> dict[str, int]:
+        """The number of passages holding each term: read from docs_df (kept by the store on every add
+        and remove); a collection whose docs_df is not filled yet counts each term's postings in FTS5."""
+        out = dict.fromkeys(terms, 0)
+        if not terms:
+            return out
+        if self._df_stored:
+            out.update(self._db.execute(
+                f"SELECT term, df FROM docs_df WHERE collection_id = ? AND signal = ? AND term IN "
+                f"({','.join('?' * len(terms))})", (self.collection_id, int(signal == "grams"), *terms)))
+            return out
         table = self._tables[signal]
-        out = {}
         for t in terms:
-            # the number of chunks holding t: FTS5 counts it from the term's doclist (in C, ~5 ms per 100k)
             out[t], = self._db.execute(f"SELECT count(*) FROM {table} WHERE {table} MATCH ?", (_match([t]),)).fetchone()
         return out
 
@@ -201,6 +221,8 @@ class FtsIndex:
         if not self.n:
             return []
         words, grams = list(dict.fromkeys(words)), list(dict.fromkeys(grams))
+        if not words or not grams:
+            limit *= 2          # one signal alone (mode bm25 or ngram) takes both signals' candidates
         df = {"words": self._df("words", words), "grams": self._df("grams", grams)}
         present = [w for w in words if df["words"][w]]
         ids = dict.fromkeys(self._candidates("words", _rarest(present, df["words"], len(present)), limit))
@@ -216,16 +238,29 @@ class FtsIndex:
         rows = self._db.execute(f"SELECT {_CHUNK_COLS} FROM docs_chunks c JOIN docs_files f ON f.id = c.file_id "
                                 f"WHERE c.id IN ({','.join('?' * len(ids))})", tuple(ids)).fetchall()
         out = []
+        query_words, query_grams = set(words), set(grams)
+        # what each distinct word of a passage contributes: its stem if the question has it, and the
+        # question's 4-grams among its own (the same terms as terms_for, counted only for the question)
+        memo: dict[str, tuple[str | None, tuple[str, ...]]] = {}
         for r in rows:
             chunk = IndexedChunk(*r[:10])
-            raw = raw_words(f"{chunk.heading}\n{chunk.text}")
-            signals = []
-            for signal, query, length, fn in (("words", words, r[10], word_terms), ("grams", grams, r[11], ngram_terms)):
-                if not query:
-                    signals.append(0.0)
-                    continue
-                tf = Counter(fn("", raw))
-                signals.append(sum(bm25(tf[t], df[signal][t], self.n, length, self._avgdl[signal])
-                                   for t in query if tf[t]))
+            tf_w: dict[str, int] = {}
+            tf_g: dict[str, int] = {}
+            for w, c in Counter(raw_words(f"{chunk.heading}\n{chunk.text}")).items():
+                hit = memo.get(w)
+                if hit is None:
+                    if w in STOPWORDS:
+                        hit = (None, ())
+                    else:
+                        st = stem(w)
+                        hit = (st if st in query_words else None, tuple(g for g in _grams(w) if g in query_grams))
+                    memo[w] = hit
+                if hit[0] is not None:
+                    tf_w[hit[0]] = tf_w.get(hit[0], 0) + c
+                for g in hit[1]:
+                    tf_g[g] = tf_g.get(g, 0) + c
+            signals = [sum(bm25(tf[t], df[signal][t], self.n, length, self._avgdl[signal])
+                           for t in query if t in tf)
+                       for signal, query, tf, length in (("words", words, tf_w, r[10]), ("grams", grams, tf_g, r[11]))]
             out.append((chunk, signals[0], signals[1]))
         return out
