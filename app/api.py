@@ -16,7 +16,7 @@ pipeline produce them, the front ends consume them.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from app.chat.stream_parser import ToolCall
 from app.chat.turn import ChatFormat, Prepared, TurnError, TurnRequest, collect, run_turn
@@ -28,11 +28,26 @@ from app.model import LoadedModel, ModelError
 from app.sampling import SamplingParams
 
 __all__ = [
-    "ChatFormat", "EngineService", "Finished", "LiveStats", "LoadedModel", "Logprob", "ModelError", "ModelLoaded", "Prepared",
+    "ChatFormat", "EngineService", "Finished", "LiveStats", "LoadOptions", "LoadedModel", "Logprob", "ModelError", "ModelLoaded", "Prepared",
     "PromptProgress", "Reasoning", "SamplingParams", "ServiceBusy", "ServiceClosed", "Text", "Token",
     "TokenLogprob", "ToolCall", "ToolCallMade", "TurnDone", "TurnError", "TurnEvent", "TurnRequest", "TurnStream",
     "collect", "open_model", "run_turn",
 ]
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """How the window asks its worker to open a model (from the app's settings)."""
+
+    ram_budget: int = 0          #: bytes; 0: the recommended budget (the one budget rule)
+    threads: int = 0             #: 0: the engine's default
+    context_length: int = 4096   #: tokens; 0: the model's whole context
+    verify_reads: bool = False
+    serve_port: int = 0          #: serve the loaded model on 127.0.0.1:port (0: no)
+    engine: str = "local"        #: "local" or "remote"
+    remote_url: str = ""
+    remote_model: str = ""
+    remote_api_key: str | None = field(default=None, repr=False)   #: never in a repr or a log
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ import time
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
-from app.api import (EngineService, LiveStats, LoadedModel, ModelLoaded, PromptProgress, Reasoning, Text,
+from app.api import (EngineService, LiveStats, LoadOptions, LoadedModel, ModelLoaded, PromptProgress, Reasoning, Text,
                      ToolCallMade, TurnDone, TurnError, TurnRequest, open_model)
 from app.engine.binding import MemoryPlan, ModelInfo
 
@@ -69,18 +69,18 @@ class EngineWorker(QObject):
     # ---- the worker thread
 
     @Slot(str, object)
-    def load(self, path: str, options: dict) -> None:
-        if options.get("engine") == "remote":
+    def load(self, path: str, options: LoadOptions) -> None:
+        if options.engine == "remote":
             return self._load_remote(path, options)
         try:
             self._close()
-            want = int(options.get("context_length", 4096))
+            want = int(options.context_length)
             from app.memory.plan import plan_container
 
             recommended = plan_container(path, want).recommended   # the one budget rule, shown and used
-            budget = int(options.get("ram_budget", 0)) or recommended
-            model = open_model(path, ram_budget=budget, threads=int(options.get("threads", 0)), n_ctx=want,
-                               verify_reads=bool(options.get("verify_reads", False)))
+            budget = int(options.ram_budget) or recommended
+            model = open_model(path, ram_budget=budget, threads=int(options.threads), n_ctx=want,
+                               verify_reads=bool(options.verify_reads))
             info = model.engine.info
             n_ctx = min(want or info.max_ctx, info.max_ctx)
             session = model.new_session(n_ctx)
@@ -95,15 +95,14 @@ class EngineWorker(QObject):
         except Exception as exc:
             self.load_failed.emit(f"{type(exc).__name__}: {exc}" if not str(exc) else str(exc))
             return
-        if int(options.get("serve_port") or 0):
-            self.set_serving(int(options["serve_port"]))
+        if options.serve_port:
+            self.set_serving(int(options.serve_port))
 
-    def _load_remote(self, path: str, options: dict) -> None:
+    def _load_remote(self, path: str, options: LoadOptions) -> None:
         from app.engine.remote import RemoteEngine
 
         try:
-            remote = RemoteEngine(str(options.get("remote_url", "")), str(options.get("remote_model", "")),
-                                  options.get("remote_api_key") or None)
+            remote = RemoteEngine(options.remote_url, options.remote_model, options.remote_api_key or None)
             card = remote.check()
         except Exception as exc:
             self.load_failed.emit(str(exc) or type(exc).__name__)
@@ -260,18 +259,17 @@ def _blank(cls, **values):
     return cls(**{f.name: values.get(f.name, "" if f.type in (str, "str") else 0) for f in fields(cls)})
 
 
-def load_options(settings, api_key_lookup=None) -> dict:
+def load_options(settings, api_key_lookup=None) -> LoadOptions:
     """The options ``EngineWorker.load`` takes, from the app's ``Settings``."""
     from app.store.settings import remote_api_key
 
-    options = {"ram_budget": settings.ram_budget, "threads": settings.threads,
-               "context_length": settings.context_length, "verify_reads": settings.verify_reads,
-               "serve_port": settings.serve_port if settings.serve_local else 0}
-    if settings.engine == "remote":
-        lookup = api_key_lookup or remote_api_key
-        options.update(engine="remote", remote_url=settings.remote_url, remote_model=settings.remote_model,
+    local = dict(ram_budget=settings.ram_budget, threads=settings.threads, context_length=settings.context_length,
+                 verify_reads=settings.verify_reads, serve_port=settings.serve_port if settings.serve_local else 0)
+    if settings.engine != "remote":
+        return LoadOptions(**local)
+    lookup = api_key_lookup or remote_api_key
+    return LoadOptions(**local, engine="remote", remote_url=settings.remote_url, remote_model=settings.remote_model,
                        remote_api_key=lookup(settings.remote_url))
-    return options
 
 
 class WorkerThread(QObject):
@@ -295,8 +293,8 @@ class WorkerThread(QObject):
         self.thread.start()
         self._next_id = 0
 
-    def load(self, path: str, options: dict) -> None:
-        self.request_load.emit(str(path), dict(options))
+    def load(self, path: str, options: LoadOptions) -> None:
+        self.request_load.emit(str(path), options)
 
     def generate(self, request: TurnRequest) -> int:
         self._next_id += 1

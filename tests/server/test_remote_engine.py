@@ -235,7 +235,7 @@ def test_settings_keep_the_api_key_in_the_keychain_only(qtbot, memory_keyring, t
     assert remote_api_key("http://other:8000/v1") is None        # a key goes only to its own server
     path = settings_mod.save(new, tmp_path / "settings.json")
     assert "sk-secret" not in path.read_text() and json.loads(path.read_text())["engine"] == "remote"
-    assert load_options(new)["remote_api_key"] == "sk-secret-123"
+    assert load_options(new).remote_api_key == "sk-secret-123"
     assert settings_mod.engine_changed(Settings(), new) and not settings_mod.engine_changed(new, new)
     # forgetting it removes it from the keychain
     d2 = SettingsDialog(new)
