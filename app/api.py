@@ -22,13 +22,14 @@ from app.chat.stream_parser import ToolCall
 from app.chat.turn import ChatFormat, Prepared, TurnError, TurnRequest, collect, run_turn
 from app.engine.binding import MemoryPlan, ModelInfo
 from app.engine.service import EngineService, ServiceBusy, ServiceClosed, TurnStream
-from app.events import (Finished, LiveStats, Logprob, PromptProgress, Reasoning, Text, Token, TokenLogprob, ToolCallMade,
-                        TurnDone, TurnEvent)
+from app.events import (Finished, LiveStats, Logprob, PromptProgress, Reasoning, Text, Token, TokenLogprob,
+                        ToolCallMade, TurnDone, TurnEvent)
 from app.model import LoadedModel, ModelError
 from app.sampling import SamplingParams
 
 __all__ = [
-    "ChatFormat", "EngineService", "Finished", "LiveStats", "LoadOptions", "LoadedModel", "Logprob", "ModelError", "ModelLoaded", "Prepared",
+    "ChatFormat", "EngineService", "Finished", "LiveStats", "LoadOptions", "LoadedModel", "Logprob", "ModelError",
+    "ModelLoaded", "Prepared",
     "PromptProgress", "Reasoning", "SamplingParams", "ServiceBusy", "ServiceClosed", "Text", "Token",
     "TokenLogprob", "ToolCall", "ToolCallMade", "TurnDone", "TurnError", "TurnEvent", "TurnRequest", "TurnStream",
     "collect", "open_model", "run_turn",
