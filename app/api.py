@@ -16,21 +16,61 @@ pipeline produce them, the front ends consume them.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
 
 from app.chat.stream_parser import ToolCall
 from app.chat.turn import ChatFormat, Prepared, TurnError, TurnRequest, collect, run_turn
+from app.engine.binding import MemoryPlan, ModelInfo
 from app.engine.service import EngineService, ServiceBusy, ServiceClosed, TurnStream
-from app.events import (Finished, LiveStats, PromptProgress, Reasoning, Text, Token, TokenLogprob, ToolCallMade,
-                        TurnDone, TurnEvent)
+from app.events import (Finished, LiveStats, Logprob, PromptProgress, Reasoning, Text, Token, TokenLogprob,
+                        ToolCallMade, TurnDone, TurnEvent)
 from app.model import LoadedModel, ModelError
 from app.sampling import SamplingParams
 
 __all__ = [
-    "ChatFormat", "EngineService", "Finished", "LiveStats", "LoadedModel", "ModelError", "Prepared",
+    "ChatFormat", "EngineService", "Finished", "LiveStats", "LoadOptions", "LoadedModel", "Logprob", "ModelError",
+    "ModelLoaded", "Prepared",
     "PromptProgress", "Reasoning", "SamplingParams", "ServiceBusy", "ServiceClosed", "Text", "Token",
     "TokenLogprob", "ToolCall", "ToolCallMade", "TurnDone", "TurnError", "TurnEvent", "TurnRequest", "TurnStream",
     "collect", "open_model", "run_turn",
 ]
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """How the window asks its worker to open a model (from the app's settings)."""
+
+    ram_budget: int = 0          #: bytes; 0: the recommended budget (the one budget rule)
+    threads: int = 0             #: 0: the engine's default
+    context_length: int = 4096   #: tokens; 0: the model's whole context
+    verify_reads: bool = False
+    serve_port: int = 0          #: serve the loaded model on 127.0.0.1:port (0: no)
+    engine: str = "local"        #: "local" or "remote"
+    remote_url: str = ""
+    remote_model: str = ""
+    remote_api_key: str | None = field(default=None, repr=False)   #: never in a repr or a log
+
+
+@dataclass(frozen=True)
+class ModelLoaded:
+    """A model ready for turns, as the window's worker reports it (local or remote)."""
+
+    path: str                   #: the container's path (a remote engine: the window's key for it)
+    name: str
+    n_ctx: int                  #: the session's context (a remote engine: the server's max_model_len, or 0)
+    info: ModelInfo             #: the engine's model info (a remote engine: blank but for arch and max_ctx)
+    plan: MemoryPlan            #: the engine's memory plan (a remote engine: blank)
+    has_experts: bool           #: expert gauges apply (a remote engine: it is a Ferry server)
+    chat_format: str            #: "k3", "jinja", "plain" or "remote"
+    engine: str = "local"       #: "local" or "remote"
+    recommended_budget: int | None = None   #: the one budget rule's figure (local engine)
+    url: str | None = None      #: the remote server's URL
+    provides: tuple[str, ...] = ()          #: the figures a remote server reports
+    owned_by: str | None = None             #: the remote model card's owner
+
+    @property
+    def remote(self) -> bool:
+        return self.engine == "remote"
 
 
 def open_model(path: str | os.PathLike, *, ram_budget: int = 0, threads: int = 0, n_ctx: int = 0,

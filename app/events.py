@@ -9,7 +9,9 @@ Two layers:
   prefill chunk, ``Token`` per generated token, then one ``Finished``;
 * the **turn stream** (``app.chat.turn``): ``PromptProgress``, ``Reasoning``
   (thinking-trace text), ``Text`` (answer text), ``ToolCallMade``,
-  ``LiveStats`` (engine counters so far) and exactly one ``TurnDone``.
+  ``Logprob`` (one per generated token, when the request asked for
+  logprobs; it comes before the text that token completes), ``LiveStats``
+  (engine counters so far) and exactly one ``TurnDone``.
 """
 from __future__ import annotations
 
@@ -83,6 +85,18 @@ class ToolCallMade:
 
 
 @dataclass(frozen=True)
+class Logprob:
+    """One generated token's log-probability (only when the request asked for
+    logprobs). It precedes the ``Reasoning``/``Text``/``ToolCallMade`` events
+    of the text that token completes (text a stop sequence or a marker holds
+    back comes later), so a stream can send each token's logprob with the
+    content it belongs to; ``TurnDone.logprobs`` holds them all, in order."""
+
+    token: int
+    value: TokenLogprob
+
+
+@dataclass(frozen=True)
 class LiveStats:
     """The engine's counters moved by this turn so far (``Stats`` field names),
     and the session's running totals (read on the engine's thread, so a front
@@ -117,4 +131,4 @@ class TurnDone:
     error: str | None = None
 
 
-TurnEvent = PromptProgress | Reasoning | Text | ToolCallMade | LiveStats | TurnDone
+TurnEvent = PromptProgress | Reasoning | Text | ToolCallMade | Logprob | LiveStats | TurnDone

@@ -29,7 +29,7 @@ from app.chat.k3_format import render_k3
 from app.chat.segments import Segment, content
 from app.chat.stream_parser import MarkerScanner, StreamParser, ToolCall
 from app.chat.template import TemplateRenderError
-from app.events import (Finished, LiveStats, PromptProgress, Reasoning, Text, Token, ToolCallMade, TurnDone,
+from app.events import (Finished, LiveStats, Logprob, PromptProgress, Reasoning, Text, Token, ToolCallMade, TurnDone,
                         TurnEvent)
 from app.sampling import SamplingParams
 
@@ -498,6 +498,7 @@ def run_turn(model, session, prepared: Prepared, *, reuse_limit: int | None = No
                 out_ids.append(ev.id)
                 if ev.logprob is not None:
                     logprobs.append((ev.id, ev.logprob))
+                    yield Logprob(ev.id, ev.logprob)
                 yield from builder.token(ev.id, ev.text)
                 if builder.ended:
                     break

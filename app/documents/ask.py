@@ -19,6 +19,7 @@ from app.documents.index import word_terms
 from app.documents.prompt import DocPrompt, Passage, build_prompt
 from app.documents.states import StateCache, StateError, model_fingerprint
 from app.documents.store import DocumentStore
+from app.chat.stream_parser import ToolCall
 from app.chat.turn import TurnRequest, run_turn
 from app.events import PromptProgress, Reasoning, Text, ToolCallMade, TurnDone
 from app.model import PROMPT_STEP, LoadedModel
@@ -65,6 +66,7 @@ class Answer:
     prompt_ids: list[int] = field(default_factory=list)
     passages_s: float = 0.0        #: choosing the passages (search and prompt)
     ttft_s: float | None = None    #: question to first answer token (passages, prefill, first token)
+    tool_calls: list[ToolCall] = field(default_factory=list)   #: calls the model made (name, index, arguments)
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -180,7 +182,8 @@ class DocumentChat:
                      prefix_state=state, passage_tokens=dp.passage_tokens, budget=dp.budget,
                      whole_collection=dp.whole_collection, seconds=time.monotonic() - t0, tokens=end.token_ids,
                      error=end.error, reasoning=end.reasoning, prompt_ids=end.prompt_ids, passages_s=passages_s,
-                     ttft_s=None if end.ttft_s is None else passages_s + end.ttft_s)
+                     ttft_s=None if end.ttft_s is None else passages_s + end.ttft_s,
+                     tool_calls=list(end.tool_calls))
 
     def close(self) -> None:
         self.session.close()

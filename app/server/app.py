@@ -24,7 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.chat.stream_parser import ToolCall
 from app.engine.service import EngineService
-from app.events import LiveStats, PromptProgress, Reasoning, Text, ToolCallMade, TurnDone
+from app.events import LiveStats, Logprob, PromptProgress, Reasoning, Text, ToolCallMade, TurnDone
 from app.server.chat import ChatFormatter, Limits, client_id, figures, logprobs_content
 from app.server.engine import AsyncJob
 from app.server.errors import APIError, error_body, lone_surrogate, server_error, too_large, unauthorized
@@ -283,7 +283,11 @@ async def _complete(job: AsyncJob, request: Request, rid: str, stamp: int, model
 async def _stream(job: AsyncJob, rid: str, stamp: int, model_id: str, include_usage: bool, tokenizer):
     """chat.completion.chunk events; prompt progress rides in SSE comments
     (``: ferry {"prompt_progress": [done, total]}``), which clients ignore.
-    With logprobs asked for, the last chunk carries them for the whole answer."""
+    With logprobs asked for, each chunk carries the logprobs of the tokens
+    whose text it sends (as OpenAI does); tokens that show no text (an end
+    token, chat markup, text a stop sequence swallowed) ride with the next
+    chunk, at the latest the final one. In order, they are the non-streamed
+    answer's ``logprobs.content``."""
 
     def chunk(delta: dict[str, Any] | None, finish: str | None = None, logprobs=None, **extra) -> ServerSentEvent:
         choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish,
@@ -293,7 +297,16 @@ async def _stream(job: AsyncJob, rid: str, stamp: int, model_id: str, include_us
         return ServerSentEvent(json.dumps(doc, ensure_ascii=False, separators=(",", ":")))
 
     pending_stats: dict[str, Any] | None = None
+    pending_logprobs: list = []
     calls = 0
+
+    def logprobs() -> dict[str, Any] | None:
+        if not pending_logprobs:
+            return None
+        content = logprobs_content(pending_logprobs, tokenizer)
+        pending_logprobs.clear()
+        return {"content": content, "refusal": None}
+
     try:
         yield chunk({"role": "assistant", "content": ""})
         while True:
@@ -302,14 +315,16 @@ async def _stream(job: AsyncJob, rid: str, stamp: int, model_id: str, include_us
                 yield ServerSentEvent(comment="ferry " + json.dumps({"prompt_progress": [ev.done, ev.total]}))
             elif isinstance(ev, LiveStats):
                 pending_stats = {**figures(ev.counters)}
+            elif isinstance(ev, Logprob):
+                pending_logprobs.append((ev.token, ev.value))
             elif isinstance(ev, (Text, Reasoning)):
                 key = "content" if isinstance(ev, Text) else "reasoning_content"
                 extra = {"ferry": pending_stats} if pending_stats else {}
                 pending_stats = None
-                yield chunk({key: ev.text}, **extra)
+                yield chunk({key: ev.text}, logprobs=logprobs(), **extra)
             elif isinstance(ev, ToolCallMade):
                 call = _out_call(ev.call, rid)
-                yield chunk({"tool_calls": [{"index": calls, **call}]})
+                yield chunk({"tool_calls": [{"index": calls, **call}]}, logprobs=logprobs())
                 calls += 1
             elif isinstance(ev, TurnDone):
                 s = ev
@@ -317,7 +332,7 @@ async def _stream(job: AsyncJob, rid: str, stamp: int, model_id: str, include_us
                     message = s.error if s.reason == "error" and s.error else "The request was cancelled."
                     yield ServerSentEvent(json.dumps(error_body(message, type="server_error", code="engine_error")))
                     return
-                yield chunk({}, s.reason, _logprobs(s, tokenizer), ferry=_ferry(s), usage=None)
+                yield chunk({}, s.reason, logprobs(), ferry=_ferry(s), usage=None)
                 if include_usage:
                     yield chunk(None, usage=_usage(s))
                 yield ServerSentEvent("[DONE]")

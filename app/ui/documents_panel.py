@@ -25,6 +25,7 @@ from PySide6.QtGui import QColor, QTextCharFormat, QTextCursor
 from PySide6.QtWidgets import (QDialog, QDialogButtonBox, QFileDialog, QHBoxLayout, QLabel, QListWidget,
                                QProgressBar, QPushButton, QSpinBox, QTextEdit, QVBoxLayout, QWidget)
 
+from app.api import TurnRequest
 from app.documents.library import count
 from app.documents.ask import Citation, _citation, cite
 from app.documents.prompt import passages_message, select_passages
@@ -373,9 +374,9 @@ class _TokenCounter:
 _COUNTERS: dict[str, _TokenCounter] = {}
 
 
-def attach_passages(request: dict, store: DocumentStore, collection: str, model_path: str | Path,
+def attach_passages(request: TurnRequest, store: DocumentStore, collection: str, model_path: str | Path,
                     question: str) -> list[Citation]:
-    """Put the collection's best passages for ``question`` into ``request["messages"]``
+    """Put the collection's best passages for ``question`` into ``request.messages``
     (in the system message, as content), within the collection's token budget;
     returns the numbered passages, for :func:`link_markers` and citations."""
     try:
@@ -390,13 +391,12 @@ def attach_passages(request: dict, store: DocumentStore, collection: str, model_
 
     passages = [Passage(i + 1, c, s, 0) for i, (c, s) in enumerate(chosen)]
     block = passages_message(passages)   # the same system message as `ferry docs ask`
-    messages = [dict(m) for m in request["messages"]]
+    messages = [dict(m) for m in request.messages]
     if messages and messages[0].get("role") == "system":
         messages[0]["content"] = f"{messages[0]['content']}\n\n{block}"
     else:
         messages.insert(0, {"role": "system", "content": block})
-    request["messages"] = messages
-    request["passages"] = passages
+    request.messages = messages
     return [_citation(p) for p in passages]
 
 

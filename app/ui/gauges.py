@@ -6,6 +6,7 @@ from PySide6.QtCore import QPointF, QRectF, Qt
 from PySide6.QtGui import QColor, QPainter, QPainterPath, QPalette, QPen
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QSizePolicy, QVBoxLayout, QWidget
 
+from app.api import ModelLoaded
 from app.memory.stats import GaugeValues, MemorySplit, StatsView
 from app.memory.units import size
 from app.ui import theme
@@ -191,19 +192,19 @@ class GaugePanel(QWidget):
         lay.addWidget(self.ram_note)
         lay.addStretch(1)
         self.has_experts = True
-        self.remote: dict | None = None     #: the loaded-model info of a remote engine, else None
+        self.remote: ModelLoaded | None = None   #: the loaded model of a remote engine, else None
         self.values = GaugeValues()
 
-    def set_model(self, has_experts: bool, engine: dict | None = None) -> None:
+    def set_model(self, has_experts: bool, engine: ModelLoaded | None = None) -> None:
         """``engine``: the worker's loaded-model info; without it, the window's
         ``model_info`` says whether the engine is remote."""
         if engine is None:
             engine = getattr(self.window(), "model_info", None)
-        self.remote = engine if isinstance(engine, dict) and engine.get("engine") == "remote" else None
+        self.remote = engine if isinstance(engine, ModelLoaded) and engine.remote else None
         self.has_experts = has_experts
         self.no_experts.setVisible(not has_experts and self.remote is None)
         if self.remote is not None:
-            ferry = set(self.remote.get("provides") or ()) >= {"read_mbps", "hit_decode"}
+            ferry = set(self.remote.provides) >= {"read_mbps", "hit_decode"}
             self.remote_note.setText(REMOTE_FERRY if ferry else REMOTE_OTHER)
         self.remote_note.setVisible(self.remote is not None)
         for name, figure in _TILE_FIGURE.items():
@@ -211,7 +212,7 @@ class GaugePanel(QWidget):
         self.show_values(StatsView())
 
     def _provides(self, figure: str) -> bool:
-        return self.remote is None or figure in (self.remote.get("provides") or ())
+        return self.remote is None or figure in self.remote.provides
 
     def show_values(self, view: StatsView) -> None:
         v = self.values = view.values
@@ -238,7 +239,7 @@ class GaugePanel(QWidget):
         if self.remote is not None:
             self.ram.set_split(None)
             self.legend.setText("")
-            self.ram_note.setText(f"The model runs on {self.remote.get('url', 'the server')}: its memory is "
+            self.ram_note.setText(f"The model runs on {self.remote.url or 'the server'}: its memory is "
                                   f"{NOT_REPORTED}.")
             return
         self.ram.set_split(split)

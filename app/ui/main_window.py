@@ -4,6 +4,7 @@ user asks for to them and to the engine worker."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from PySide6.QtCore import QEvent, Qt, QTimer, Signal
@@ -19,7 +20,7 @@ from app.chat import export
 from app.chat.conversation import Chat, ChatError, TurnStart, _title_from, recover_interrupted
 from app.documents.ask import Citation
 from app.documents.store import DocumentError, DocumentStore, conversation_collection
-from app.engine.binding import MemoryPlan, ModelInfo
+from app.api import ModelLoaded, SamplingParams, TurnRequest
 from app.library import Library, display_name, find_containers, is_container, is_source
 from app.memory.stats import StatsView, memory_split
 from app.store import settings as settings_mod
@@ -52,7 +53,7 @@ class MainWindow(QMainWindow):
         self.setWindowTitle("Ferry")
         self.setAccessibleName("Ferry")
         self.resize(1200, 780)
-        self.model_info: dict | None = None
+        self.model_info: ModelLoaded | None = None
         self._documents: DocumentStore | None = None
         self.citations: dict[int, list] = {}   #: answer message id -> the passages it may cite
         self.pending_citations: list = []
@@ -315,7 +316,7 @@ class MainWindow(QMainWindow):
     def switch_model(self, path: str | Path) -> None:
         """Answer with another model: a running answer is stopped first (it is kept, marked
         stopped), then the new engine loads in the background."""
-        if self.model_info is not None and Path(self.model_info["path"]).resolve() == Path(path).resolve():
+        if self.model_info is not None and Path(self.model_info.path).resolve() == Path(path).resolve():
             return
         if self.busy:
             self.worker.stop(self.gen_id)   # the worker finishes that answer before it loads the next model
@@ -324,7 +325,7 @@ class MainWindow(QMainWindow):
     def model_key(self) -> str:
         """What per-model settings are kept under: the open (or opening) container's path."""
         if self.model_info is not None:
-            return self.model_info["path"]
+            return self.model_info.path
         return self.loading or self.settings.model_path
 
     def effective(self) -> Settings:
@@ -342,7 +343,7 @@ class MainWindow(QMainWindow):
             self.model_combo.addItem(e.name, str(e.path))
         idx = next((i for i, e in enumerate(entries) if current and e.key == str(Path(current).resolve())), -1)
         if idx < 0 and self.model_info is not None:   # e.g. a remote engine or a model outside the library
-            self.model_combo.addItem(self.model_info["name"], self.model_info["path"])
+            self.model_combo.addItem(self.model_info.name, self.model_info.path)
             idx = self.model_combo.count() - 1
         self.model_combo.setCurrentIndex(idx)
         self.model_combo.blockSignals(False)
@@ -382,7 +383,7 @@ class MainWindow(QMainWindow):
         key = self.model_key()
         if not key:
             return None
-        name = self.model_info["name"] if self.model_info else display_name(Path(key).name)
+        name = self.model_info.name if self.model_info else display_name(Path(key).name)
         d = ModelSettingsDialog(self.settings, key, name, self)
         d.accepted.connect(lambda: self.apply_settings(d.result_settings()))
         d.open()
@@ -467,34 +468,32 @@ class MainWindow(QMainWindow):
             self._save_settings()
         self.load_model(path)
 
-    def _on_loaded(self, info: dict) -> None:
-        info = {**info, "name": display_name(info["name"])}
+    def _on_loaded(self, info: ModelLoaded) -> None:
+        info = replace(info, name=display_name(info.name))
         self.model_info = info
         self.loading = None
         self.load_bar.setVisible(False)
-        if info.get("engine") == "local":
+        if not info.remote:
             try:
-                self.library.mark_used(info["path"])
+                self.library.mark_used(info.path)
             except OSError:
                 pass
         self.stats_view = StatsView()
-        plan = MemoryPlan(**info["plan"])
-        minfo = ModelInfo(**info["info"])
-        self.memory = memory_split(plan, minfo, minfo.ram_budget or self.settings.ram_budget,
-                                   recommended=info.get("recommended_budget"))
-        self.gauges.set_model(info["has_experts"], engine=info)
+        self.memory = memory_split(info.plan, info.info, info.info.ram_budget or self.settings.ram_budget,
+                                   recommended=info.recommended_budget)
+        self.gauges.set_model(info.has_experts, engine=info)
         self.gauges.show_memory(self.memory)
-        where = f"{info['n_ctx']} tokens of context" if info.get("n_ctx") else info.get("url", "remote server")
-        self.model_label.setText(f"{info['name']} · {where}")
+        where = f"{info.n_ctx} tokens of context" if info.n_ctx else (info.url or "remote server")
+        self.model_label.setText(f"{info.name} · {where}")
         self.stack.setCurrentWidget(self.chat_page)
-        self.chat.model_name = info["name"]
-        self.chat_view.author = info["name"]
+        self.chat.model_name = info.name
+        self.chat_view.author = info.name
         self._show_current()
-        if self.settings.model_path != info["path"]:
-            self.settings.model_path = info["path"]
+        if self.settings.model_path != info.path:
+            self.settings.model_path = info.path
             self._save_settings()
         self.refresh_models()
-        self.statusBar().showMessage(f"{info['name']} is ready", 4000)
+        self.statusBar().showMessage(f"{info.name} is ready", 4000)
         self._set_busy(False)
         self.composer.setFocus()
         self.model_loaded.emit(info)
@@ -561,7 +560,7 @@ class MainWindow(QMainWindow):
         if self.busy:
             self.statusBar().showMessage("Stop the answer first (Esc)", 3000)
             return
-        self.chat = Chat(self.store, model_name=self.model_info["name"] if self.model_info else "")
+        self.chat = Chat(self.store, model_name=self.model_info.name if self.model_info else "")
         self._show_current()
         self.conv_list.clearSelection()
         self.composer.setFocus()
@@ -570,7 +569,7 @@ class MainWindow(QMainWindow):
         if self.busy:
             self.statusBar().showMessage("Stop the answer first (Esc)", 3000)
             return
-        self.chat = Chat(self.store, conversation_id, model_name=self.model_info["name"] if self.model_info else "")
+        self.chat = Chat(self.store, conversation_id, model_name=self.model_info.name if self.model_info else "")
         self.stack.setCurrentWidget(self.chat_page)
         self._show_current()
 
@@ -637,7 +636,7 @@ class MainWindow(QMainWindow):
     def open_settings(self) -> SettingsDialog:
         d = SettingsDialog(self.settings, self.memory, self)
         if self.model_key() in self.settings.model_settings:
-            d.note_model_settings(self.model_info["name"] if self.model_info else display_name(
+            d.note_model_settings(self.model_info.name if self.model_info else display_name(
                 Path(self.model_key()).name))
         d.accepted.connect(lambda: self.apply_settings(d.result_settings()))
         d.open()
@@ -654,7 +653,7 @@ class MainWindow(QMainWindow):
             if new.engine == "remote" and not self.model_info:
                 self.load_model(new.model_path or "remote")
             elif self.model_info and not self.busy:
-                self.load_model(self.model_info["path"])
+                self.load_model(self.model_info.path)
         elif (old.serve_local, old.serve_port) != (new.serve_local, new.serve_port):
             self.worker.set_serving(new.serve_port if new.serve_local else 0)
 
@@ -670,17 +669,19 @@ class MainWindow(QMainWindow):
 
     # ------------------------------------------------------------ generation
 
-    def _request(self, start: TurnStart) -> dict:
+    def _request(self, start: TurnStart) -> TurnRequest:
         s = self.effective()
-        req = {"messages": start.messages, "max_tokens": s.max_tokens, "thinking": s.thinking,
-               "sampling": {"temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k, "min_p": s.min_p},
-               # issue 17's opt-in routing modes (None / 0: exact, the default)
-               "experts_per_token": s.experts_per_token, "cache_aware_margin": s.cache_aware_margin}
+        req = TurnRequest(messages=list(start.messages), max_tokens=int(s.max_tokens), thinking=bool(s.thinking),
+                          sampling=SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
+                                                  min_p=s.min_p),
+                          # issue 17's opt-in routing modes (None / 0: exact, the default)
+                          experts_per_token=s.experts_per_token,
+                          cache_aware_margin=float(s.cache_aware_margin or 0.0), client="window")
         # Attached documents: their best passages go into the prompt as content.
         self.pending_citations = []
         if self.chat.id is not None and self.model_info and self._has_documents():
             self.pending_citations = attach_passages(req, self.documents(), self._collection(),
-                                                     self.model_info["path"], start.messages[-1]["content"])
+                                                     self.model_info.path, start.messages[-1]["content"])
         return req
 
     # ---- documents
@@ -826,7 +827,7 @@ class MainWindow(QMainWindow):
     def _show_current(self) -> None:
         self.title_label.set_full_text(self.chat.title)
         self._load_citations()
-        name = self.model_info["name"] if self.model_info else None
+        name = self.model_info.name if self.model_info else None
         self.chat_view.set_placeholder(
             f"<p style='font-size:15pt'>Start a conversation</p><p>{name} runs on this computer; "
             f"nothing you type leaves it.</p><p>{self._send_keys()} · Esc stops · Ctrl+N starts a new chat · "

@@ -18,21 +18,19 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import asdict
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
-from app.api import (EngineService, LiveStats, LoadedModel, PromptProgress, Reasoning, Text, ToolCallMade,
-                     TurnDone, TurnError, TurnRequest, open_model)
+from app.api import (EngineService, LiveStats, LoadOptions, LoadedModel, ModelLoaded, PromptProgress, Reasoning, Text,
+                     ToolCallMade, TurnDone, TurnError, TurnRequest, open_model)
 from app.engine.binding import MemoryPlan, ModelInfo
-from app.sampling import SamplingParams
 
 TEXT_INTERVAL = 0.05    #: seconds between text signals (20 a second at most)
 
 
 class EngineWorker(QObject):
     # results
-    loaded = Signal(object)            #: model name, info, plan, n_ctx, has_experts, path
+    loaded = Signal(object)            #: an app.api.ModelLoaded
     load_failed = Signal(str)
     response_text = Signal(str)      #: coalesced answer text
     thinking_text = Signal(str)      #: coalesced thinking text
@@ -71,18 +69,18 @@ class EngineWorker(QObject):
     # ---- the worker thread
 
     @Slot(str, object)
-    def load(self, path: str, options: dict) -> None:
-        if options.get("engine") == "remote":
+    def load(self, path: str, options: LoadOptions) -> None:
+        if options.engine == "remote":
             return self._load_remote(path, options)
         try:
             self._close()
-            want = int(options.get("context_length", 4096))
+            want = int(options.context_length)
             from app.memory.plan import plan_container
 
             recommended = plan_container(path, want).recommended   # the one budget rule, shown and used
-            budget = int(options.get("ram_budget", 0)) or recommended
-            model = open_model(path, ram_budget=budget, threads=int(options.get("threads", 0)), n_ctx=want,
-                               verify_reads=bool(options.get("verify_reads", False)))
+            budget = int(options.ram_budget) or recommended
+            model = open_model(path, ram_budget=budget, threads=int(options.threads), n_ctx=want,
+                               verify_reads=bool(options.verify_reads))
             info = model.engine.info
             n_ctx = min(want or info.max_ctx, info.max_ctx)
             session = model.new_session(n_ctx)
@@ -90,24 +88,21 @@ class EngineWorker(QObject):
             service = EngineService(model, session)
             with self._lock:
                 self.model, self.service = model, service
-            self.loaded.emit({"path": str(path), "name": model.name, "n_ctx": session.n_ctx,
-                              "info": asdict(info), "plan": asdict(plan),
-                              "has_experts": bool(info.n_moe_layers and info.n_experts),
-                              "has_template": service.format.kind != "plain", "chat_format": service.format.kind,
-                              "recommended_budget": recommended,
-                              "engine": "local"})
+            self.loaded.emit(ModelLoaded(path=str(path), name=model.name, n_ctx=session.n_ctx, info=info,
+                                         plan=plan, has_experts=bool(info.n_moe_layers and info.n_experts),
+                                         chat_format=service.format.kind, engine="local",
+                                         recommended_budget=recommended))
         except Exception as exc:
             self.load_failed.emit(f"{type(exc).__name__}: {exc}" if not str(exc) else str(exc))
             return
-        if int(options.get("serve_port") or 0):
-            self.set_serving(int(options["serve_port"]))
+        if options.serve_port:
+            self.set_serving(int(options.serve_port))
 
-    def _load_remote(self, path: str, options: dict) -> None:
+    def _load_remote(self, path: str, options: LoadOptions) -> None:
         from app.engine.remote import RemoteEngine
 
         try:
-            remote = RemoteEngine(str(options.get("remote_url", "")), str(options.get("remote_model", "")),
-                                  options.get("remote_api_key") or None)
+            remote = RemoteEngine(options.remote_url, options.remote_model, options.remote_api_key or None)
             card = remote.check()
         except Exception as exc:
             self.load_failed.emit(str(exc) or type(exc).__name__)
@@ -115,11 +110,11 @@ class EngineWorker(QObject):
         self._close()
         with self._lock:
             self.remote = remote
-        self.loaded.emit({"path": str(path), "name": remote.model, "n_ctx": remote.n_ctx,
-                          "info": _blank(ModelInfo, arch="remote", max_ctx=remote.n_ctx), "plan": _blank(MemoryPlan),
-                          "has_experts": remote.is_ferry, "has_template": True, "chat_format": "remote",
-                          "engine": "remote", "url": remote.url, "provides": sorted(remote.provided),
-                          "owned_by": card.get("owned_by")})
+        self.loaded.emit(ModelLoaded(path=str(path), name=remote.model, n_ctx=remote.n_ctx,
+                                     info=_blank(ModelInfo, arch="remote", max_ctx=remote.n_ctx),
+                                     plan=_blank(MemoryPlan), has_experts=remote.is_ferry, chat_format="remote",
+                                     engine="remote", url=remote.url, provides=tuple(sorted(remote.provided)),
+                                     owned_by=card.get("owned_by")))
 
     @Slot(int)
     def set_serving(self, port: int) -> None:
@@ -145,26 +140,13 @@ class EngineWorker(QObject):
         if server is not None:
             server.stop()
 
-    @staticmethod
-    def turn_request(request: dict) -> TurnRequest:
-        """The window's request dict (messages, sampling, max_tokens, thinking, and
-        the opt-in routing fields) as the pipeline's ``TurnRequest``."""
-        return TurnRequest(messages=list(request["messages"]),
-                           sampling=SamplingParams(**request.get("sampling", {})),
-                           max_tokens=int(request.get("max_tokens", 512)),
-                           thinking=bool(request.get("thinking", True)),
-                           experts_per_token=request.get("experts_per_token"),
-                           cache_aware_margin=float(request.get("cache_aware_margin") or 0.0),
-                           client="window")
-
     @Slot(int, object)
-    def generate(self, gen_id: int, request: dict) -> None:
-        """``request``: messages, sampling (dict of SamplingParams fields), max_tokens, thinking."""
+    def generate(self, gen_id: int, turn: TurnRequest) -> None:
+        """``turn``: the window's ``TurnRequest`` (built by the window, read-only here)."""
         if self.remote is None and self.service is None:
             self.error.emit("no model is loaded")
             self.finished.emit("error", "", "")
             return
-        turn = self.turn_request(request)
         if self.remote is not None:
             remote = self.remote
             remote.clear_cancel()
@@ -270,25 +252,24 @@ class EngineWorker(QObject):
             model.close()
 
 
-def _blank(cls, **values) -> dict:
-    """A dataclass's fields as zeros (a remote engine has no local plan), with ``values``."""
+def _blank(cls, **values):
+    """A dataclass with its fields as zeros (a remote engine has no local plan), but ``values``."""
     from dataclasses import fields
 
-    return {f.name: values.get(f.name, "" if f.type in (str, "str") else 0) for f in fields(cls)}
+    return cls(**{f.name: values.get(f.name, "" if f.type in (str, "str") else 0) for f in fields(cls)})
 
 
-def load_options(settings, api_key_lookup=None) -> dict:
+def load_options(settings, api_key_lookup=None) -> LoadOptions:
     """The options ``EngineWorker.load`` takes, from the app's ``Settings``."""
     from app.store.settings import remote_api_key
 
-    options = {"ram_budget": settings.ram_budget, "threads": settings.threads,
-               "context_length": settings.context_length, "verify_reads": settings.verify_reads,
-               "serve_port": settings.serve_port if settings.serve_local else 0}
-    if settings.engine == "remote":
-        lookup = api_key_lookup or remote_api_key
-        options.update(engine="remote", remote_url=settings.remote_url, remote_model=settings.remote_model,
+    local = dict(ram_budget=settings.ram_budget, threads=settings.threads, context_length=settings.context_length,
+                 verify_reads=settings.verify_reads, serve_port=settings.serve_port if settings.serve_local else 0)
+    if settings.engine != "remote":
+        return LoadOptions(**local)
+    lookup = api_key_lookup or remote_api_key
+    return LoadOptions(**local, engine="remote", remote_url=settings.remote_url, remote_model=settings.remote_model,
                        remote_api_key=lookup(settings.remote_url))
-    return options
 
 
 class WorkerThread(QObject):
@@ -312,10 +293,10 @@ class WorkerThread(QObject):
         self.thread.start()
         self._next_id = 0
 
-    def load(self, path: str, options: dict) -> None:
-        self.request_load.emit(str(path), dict(options))
+    def load(self, path: str, options: LoadOptions) -> None:
+        self.request_load.emit(str(path), options)
 
-    def generate(self, request: dict) -> int:
+    def generate(self, request: TurnRequest) -> int:
         self._next_id += 1
         self.request_generate.emit(self._next_id, request)
         return self._next_id

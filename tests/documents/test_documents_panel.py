@@ -17,6 +17,7 @@ from app.store.crypto import KeychainKeys
 
 
 def test_attach_index_and_show_citation(qtbot, kr, home, corpus_dir, tmp_path, demo_container):
+    from app.api import TurnRequest
     from app.ui.documents_panel import attach_passages, link_markers, open_documents_panel, show_citation
 
     (tmp_path / "bad.pdf").write_bytes(b"%PDF-1.4 broken")
@@ -34,11 +35,11 @@ def test_attach_index_and_show_citation(qtbot, kr, home, corpus_dir, tmp_path, d
     panel.budget.setValue(256)
     assert store.collection("conversation:1").budget == 256
 
-    request = {"messages": [{"role": "user", "content": "How many litres does the water tank hold?"}]}
+    request = TurnRequest([{"role": "user", "content": "How many litres does the water tank hold?"}])
     citations = attach_passages(request, store, "conversation:1", demo_container,
                                 "How many litres does the water tank hold?")
-    assert request["messages"][0]["role"] == "system" and "[1]" in request["messages"][0]["content"]
-    assert request["messages"][1] == {"role": "user", "content": "How many litres does the water tank hold?"}
+    assert request.messages[0]["role"] == "system" and "[1]" in request.messages[0]["content"]
+    assert request.messages[1] == {"role": "user", "content": "How many litres does the water tank hold?"}
     tank = next(c for c in citations if "3.5 litres" in c.passage)
     md, used = link_markers(f"The tank holds 3.5 litres [{tank.n}].", citations)
     assert f"[\\[{tank.n}\\]](cite:{tank.n})" in md and used[0].n == tank.n

@@ -66,7 +66,7 @@ def test_verify_reads_on_the_command_line(damaged):
 def test_verify_reads_is_a_setting_the_window_passes_on(qtbot):
     from app.ui.settings_dialog import SettingsDialog
 
-    assert load_options(Settings(verify_reads=True))["verify_reads"] is True
+    assert load_options(Settings(verify_reads=True)).verify_reads is True
     assert Settings(verify_reads=1).validated().verify_reads is True
     d = SettingsDialog(Settings())
     qtbot.addWidget(d)

@@ -67,7 +67,7 @@ def test_remote_engine_events_match_the_local_engine(served, demo_container):
 
 def test_send_streams_into_the_window_and_the_history(qtbot, make_window, served, demo_container):
     w = remote_window(qtbot, make_window, served.url, max_tokens=16)
-    assert w.model_info["engine"] == "remote" and w.model_info["name"] == served.model
+    assert w.model_info.engine == "remote" and w.model_info.name == served.model
     chunks: list[str] = []
     on_gui(w.worker.worker.response_text, chunks.append)
     snaps: list[dict] = []
@@ -197,7 +197,7 @@ def test_gauges_say_what_a_generic_server_does_not_report(qtbot):
     g = GaugePanel()
     qtbot.addWidget(g)
     g.show()
-    g.set_model(False, engine={"engine": "remote", "url": "http://gpu:8000/v1", "provides": sorted(MEASURED_FIGURES)})
+    g.set_model(False, engine=_engine("remote", url="http://gpu:8000/v1", provides=tuple(sorted(MEASURED_FIGURES))))
     view = StatsView(window=600)
     view.push({"prompt_tokens": 20, "prompt_seconds": 0.5, "decode_tokens": 10, "decode_seconds": 1.0}, "decode", 1.0)
     g.show_values(view)
@@ -208,10 +208,10 @@ def test_gauges_say_what_a_generic_server_does_not_report(qtbot):
         assert tile.value.text() == "—" and tile.detail.text() == NOT_REPORTED and not tile.isEnabled()
     assert not g.no_experts.isVisible() and not g.ram.isVisible() and NOT_REPORTED in g.ram_note.text()
     # a Ferry server reports everything but the memory
-    g.set_model(True, engine={"engine": "remote", "url": "u", "provides": sorted(FERRY_FIGURES)})
+    g.set_model(True, engine=_engine("remote", url="u", provides=tuple(sorted(FERRY_FIGURES))))
     assert "Ferry server" in g.remote_note.text() and g.disk.isEnabled()
     # and back on this computer, nothing is said about a server
-    g.set_model(True, engine={"engine": "local"})
+    g.set_model(True, engine=_engine("local"))
     g.show_memory(None)
     assert not g.remote_note.isVisible() and g.ram.isVisible()
 
@@ -235,7 +235,7 @@ def test_settings_keep_the_api_key_in_the_keychain_only(qtbot, memory_keyring, t
     assert remote_api_key("http://other:8000/v1") is None        # a key goes only to its own server
     path = settings_mod.save(new, tmp_path / "settings.json")
     assert "sk-secret" not in path.read_text() and json.loads(path.read_text())["engine"] == "remote"
-    assert load_options(new)["remote_api_key"] == "sk-secret-123"
+    assert load_options(new).remote_api_key == "sk-secret-123"
     assert settings_mod.engine_changed(Settings(), new) and not settings_mod.engine_changed(new, new)
     # forgetting it removes it from the keychain
     d2 = SettingsDialog(new)
@@ -298,3 +298,14 @@ def test_the_app_serves_its_loaded_model(qtbot, make_window, demo_container):
     qtbot.waitUntil(lambda: urls[-1] == ("", ""), timeout=10000)
     with pytest.raises(openai.APIConnectionError):
         client.models.list()
+
+
+def _engine(engine: str, **fields):
+    """A loaded-model report as the worker gives it, blank but for ``fields``."""
+    from app.api import ModelLoaded
+    from app.engine.binding import MemoryPlan, ModelInfo
+    from app.ui.worker import _blank
+
+    return ModelLoaded(path="m", name="m", n_ctx=0, info=_blank(ModelInfo), plan=_blank(MemoryPlan),
+                       has_experts=True, chat_format="remote" if engine == "remote" else "jinja", engine=engine,
+                       **fields)

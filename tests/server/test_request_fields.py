@@ -159,3 +159,30 @@ def test_prefix_reuse_is_kept_per_client(demo_server):
         assert same.usage.prompt_tokens_details.cached_tokens == same.usage.prompt_tokens - 1
     finally:
         keyed.stop()
+
+
+def _entries(content) -> list[tuple]:
+    return [(t.token, t.logprob, t.bytes, [(a.token, a.logprob, a.bytes) for a in t.top_logprobs]) for t in content]
+
+
+@pytest.mark.parametrize("sampling", [{"temperature": 0}, {"temperature": 0.9, "seed": 7}], ids=["greedy", "seeded"])
+def test_streamed_logprobs_ride_with_their_chunks(demo_server, sampling):
+    """Each streamed chunk carries the logprobs of the tokens whose text it
+    sends, as OpenAI does; their concatenation is the non-streamed answer's."""
+    model, server = demo_server
+    c = client(server)
+    ask = dict(model=server.model_id, messages=ASK, max_tokens=12, logprobs=True, top_logprobs=3, **sampling)
+    whole = c.chat.completions.create(**ask)
+    chunks = list(c.chat.completions.create(stream=True, **ask))
+    carried = [ch.choices[0] for ch in chunks if ch.choices and ch.choices[0].logprobs is not None]
+    streamed = [t for choice in carried for t in choice.logprobs.content]
+    assert _entries(streamed) == _entries(whole.choices[0].logprobs.content)
+    assert len(streamed) == whole.usage.completion_tokens == 12
+    with_text = [ch.choices[0] for ch in chunks if ch.choices and ch.choices[0].delta.content]
+    assert len(with_text) > 1, "the answer must come in several chunks for this test to mean anything"
+    assert all(choice.logprobs is not None for choice in with_text)   # each text chunk brings its own
+    vocab = {model.tokenizer.token_text(i): i for i in range(model.tokenizer.vocab_size)}
+    for choice in with_text:   # and exactly the tokens of that text (the demo's answer is plain ASCII)
+        ids = [vocab[t.token] for t in choice.logprobs.content]
+        assert model.tokenizer.decode(ids) == choice.delta.content
+    assert "".join(choice.delta.content for choice in with_text) == whole.choices[0].message.content

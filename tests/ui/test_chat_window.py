@@ -196,8 +196,8 @@ def test_gauges_show_engine_stats(qtbot, make_window, demo_container):
     assert "no experts to stream" in w.gauges.no_experts.text()
     assert w.gauges.disk.value.text() == "—"
     # RAM bar from engine.plan
-    plan = w.model_info["plan"]
-    assert w.memory.trunk == plan["trunk_bytes"] and w.memory.state == plan["state_bytes"]
+    plan = w.model_info.plan
+    assert w.memory.trunk == plan.trunk_bytes and w.memory.state == plan.state_bytes
     assert w.memory.usable > 0 and "usable RAM" in w.gauges.ram_note.text()
 
 

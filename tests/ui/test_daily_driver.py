@@ -39,7 +39,7 @@ def test_export_both_formats_by_clicking(qtbot, make_window, tiny_chat, tmp_path
         else:
             doc = json.loads(text)
             assert doc["format"] == "ferry-chat" and doc["title"] == w.chat.title
-            assert doc["model"] == w.model_info["name"]
+            assert doc["model"] == w.model_info.name
             assert doc["sampling"]["temperature"] == 0.0 and doc["sampling"]["max_tokens"] == 6
             roles = [m["role"] for m in doc["messages"]]
             assert roles == ["user", "assistant"]
@@ -68,7 +68,7 @@ def test_switch_model_during_a_streaming_answer(qtbot, make_window, demo_contain
         with qtbot.waitSignal(w.answer_finished, timeout=LONG) as finished:
             w.send_text("Tell me a long story about a lighthouse keeper.")
     assert finished.args[0] == "cancelled"
-    assert loaded.args[0]["path"] == str(tiny_chat)
+    assert loaded.args[0].path == str(tiny_chat)
     m = w.chat.visible()[-1]
     assert m.status == "cancelled" and m.content == "".join(chunks)   # what was streamed is kept
     assert not w.chat.busy and w.send_btn.isEnabled() and w.model_combo.currentText() == "chat"
@@ -83,7 +83,7 @@ def test_switch_model_during_a_streaming_answer(qtbot, make_window, demo_contain
     assert not action.isChecked()
     with qtbot.waitSignal(w.model_loaded, timeout=LONG) as loaded:
         action.trigger()
-    assert loaded.args[0]["path"] == str(demo_container) and w.model_combo.currentText() == "smollm2"
+    assert loaded.args[0].path == str(demo_container) and w.model_combo.currentText() == "smollm2"
     w._fill_model_menu()
     assert next(a for a in w.model_menu.actions() if a.text() == "smollm2").isChecked()
 
@@ -132,7 +132,7 @@ def test_dropping_a_gguf_starts_the_wizard_on_it(qtbot, make_window, demo_gguf, 
     # a converted model opens
     with qtbot.waitSignal(w.model_loaded, timeout=LONG) as loaded:
         _drop(w, tiny_chat)
-    assert loaded.args[0]["path"] == str(tiny_chat)
+    assert loaded.args[0].path == str(tiny_chat)
 
 
 def test_enter_sends_and_shift_enter_makes_a_new_line(qtbot, make_window, tiny_chat):
@@ -235,7 +235,7 @@ def test_model_library_rename_and_remove(qtbot, make_window, tiny_chat, tmp_path
     d.select("second")
     with qtbot.waitSignal(w.model_loaded, timeout=LONG) as loaded:
         d.open_btn.click()
-    assert loaded.args[0]["path"] == str(folder / "second") and not d.isVisible()
+    assert loaded.args[0].path == str(folder / "second") and not d.isVisible()
     d = w.open_library()
     qtbot.addWidget(d)
     d.convert_btn.click()
@@ -249,14 +249,14 @@ def test_per_model_settings_reset_and_presets(qtbot, make_window, tiny_chat):
     w = make_window(tiny_chat, max_tokens=3)
     d = w.open_model_settings()
     qtbot.addWidget(d)
-    assert d.windowTitle() == f"Settings for {w.model_info['name']}"
+    assert d.windowTitle() == f"Settings for {w.model_info.name}"
     d.temperature.setValue(1.3)
     d.system.setPlainText("Answer in w40.")
     d.experts.setValue(2)
     d.margin.setValue(0.05)
     d.save_preset("Loose")
     d.accept()
-    key = w.model_info["path"]
+    key = w.model_info.path
     assert w.settings.model_settings[key]["temperature"] == 1.3
     assert w.settings.presets["Loose"]["experts_per_token"] == 2
     assert w.effective().temperature == 1.3 and w.settings.temperature == 0.0    # the general value is kept
@@ -269,8 +269,8 @@ def test_per_model_settings_reset_and_presets(qtbot, make_window, tiny_chat):
     w.worker.generate = lambda req: (sent.append(req), generate(req))[1]
     send(qtbot, w, "w10")
     req = sent[0]
-    assert req["sampling"]["temperature"] == 1.3 and req["experts_per_token"] == 2
-    assert req["cache_aware_margin"] == 0.05 and req["messages"][0] == {"role": "system", "content": "Answer in w40."}
+    assert req.sampling.temperature == 1.3 and req.experts_per_token == 2 and req.client == "window"
+    assert req.cache_aware_margin == 0.05 and req.messages[0] == {"role": "system", "content": "Answer in w40."}
     d2 = w.open_model_settings()
     qtbot.addWidget(d2)
     d2.reset()
@@ -288,6 +288,6 @@ def test_gauges_show_the_budget_actually_chosen(qtbot, make_window, tiny_chat):
     from app.memory.units import size
 
     w = make_window(tiny_chat, context_length=2048)          # no budget set: the one budget rule chooses
-    chosen = plan_container(tiny_chat, w.model_info["n_ctx"]).recommended
+    chosen = plan_container(tiny_chat, w.model_info.n_ctx).recommended
     assert w.settings.ram_budget == 0 and w.memory.budget == chosen
     assert f"budget: {size(chosen)}" in w.gauges.ram_note.text()

@@ -103,7 +103,7 @@ def test_every_front_end_gives_the_same_turn(container, qtbot, make_window, caps
     from app.documents.cli import open_store
 
     with open_store() as store:
-        chunks = store.index("home").chunks
+        chunks = store.index("home").head(None)
     system = passages_message([Passage(i + 1, c, 0.0, 0) for i, c in enumerate(chunks)])
     messages = [{"role": "system", "content": system}, {"role": "user", "content": QUESTION}]
 
