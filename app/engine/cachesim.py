@@ -89,7 +89,7 @@ def simulate(trace: np.ndarray, experts_per_layer: int, slots: int, policy: str 
     cache under `policy`, LRU and OPT. `prior` is an optional hot list
     (see usage_counts) the policy starts from. Returns a dict of hit_rate,
     lru_hit_rate, opt_hit_rate, hits, misses, requests, policy (the
-    canonical name, e.g. 'echo' for 'engine'), slots and ratio_to_opt.
+    canonical name, e.g. 'transit' for 'engine'), slots and ratio_to_opt.
     Raises ValueError with the C side's message on bad arguments."""
     pair = _resolve(lib)
     names = policy_names(pair)
@@ -177,7 +177,7 @@ def main(argv: Sequence[str] | None = None, lib=None) -> int:
                         help="cache size in expert records, across all layers")
     parser.add_argument("--policy", default=ENGINE,
                         help="engine (default), lru, lfu, lfu_lru, lfu_aging, lru2, twoq, arc, "
-                             "layer_lru, gdsf, reuse or echo")
+                             "layer_lru, gdsf, reuse, echo or transit")
     parser.add_argument("--prior-tokens", type=int, default=0, metavar="M",
                         help="warm start: learn the hot list from the first M tokens and "
                              "replay only the rest")

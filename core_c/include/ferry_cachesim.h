@@ -35,8 +35,10 @@ enum ferry_cache_policy_kind {
     FERRY_CACHE_POLICY_GDSF = 8,      /* greedy-dual frequency, unit cost/size */
     FERRY_CACHE_POLICY_REUSE = 9,     /* learned reuse probability per slot-step */
     FERRY_CACHE_POLICY_ECHO = 10,     /* REUSE plus routing-history echo votes */
-    FERRY_CACHE_POLICY_COUNT = 11,    /* number of online policies */
-    FERRY_CACHE_POLICY_ENGINE = 10    /* the engine's choice: ECHO */
+    FERRY_CACHE_POLICY_TRANSIT = 11,  /* ECHO with a learned expert-to-expert
+                                         successor estimate for the share */
+    FERRY_CACHE_POLICY_COUNT = 12,    /* number of online policies */
+    FERRY_CACHE_POLICY_ENGINE = 11    /* the engine's choice: TRANSIT */
 };
 
 /* Status codes. */

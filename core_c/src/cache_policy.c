@@ -19,7 +19,8 @@ enum {
     AGING_TOKENS = 16,  /* LFU_AGING halves its counts every 16 tokens */
     ECHO_WINDOW = 128,  /* tokens of routing history ECHO matches against */
     GAP_BUCKETS = 8,    /* visits since last request: 1,2,3,4+,8+,16+,64+,never */
-    SHARE_BUCKETS = 8,  /* request share vs uniform: <1/8 .. >=8, doubling */
+    SHARE_BUCKETS = 8,  /* request share vs uniform: <1/8 .. >=8, doubling;
+                           TRANSIT: successor estimate, 8 buckets instead */
     VOTE_BUCKETS = 3,   /* echo vote: no match, match says no, match says yes */
     TABLE_CELLS = GAP_BUCKETS * SHARE_BUCKETS * VOTE_BUCKETS,
     ARC_T1 = 0, ARC_T2, ARC_B1, ARC_B2, ARC_LISTS,    /* ARC's four lists */
@@ -28,6 +29,9 @@ enum {
 };
 
 static const double ECHO_DECAY = 0.5; /* weight of older layers in a match */
+/* TRANSIT: lower edges of successor-estimate buckets 1..7 (bucket 0 below
+ * 0.02, and also when the layer has no visit yet). Chosen once, a priori. */
+static const double TRANSIT_EDGES[SHARE_BUCKETS - 1] = {0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.45};
 
 typedef enum family {
     FAMILY_HEAP,  /* LRU, LFU*, LRU2, GDSF, OPT: a priority per key */
@@ -86,6 +90,13 @@ typedef struct reuse_model {
                                  current token over the layers seen so far */
     int64_t tokens;           /* tokens started; the current is tokens - 1 */
     int64_t match;            /* past token most like the current, NONE */
+    /* TRANSIT only; successors is NULL otherwise. */
+    uint16_t *successors;     /* [layer][from][to]: visits of the layer that
+                                 requested `to` right after a visit that
+                                 requested `from` (row halved on saturation) */
+    uint16_t *from_visits;    /* [layer][from]: visits of the layer that
+                                 followed one requesting `from` */
+    uint64_t *last_set;       /* [layer][words]: the layer's latest request set */
 } reuse_model;
 
 struct fe_cache_policy {
@@ -132,6 +143,7 @@ static family family_of(int kind)
     case FERRY_CACHE_POLICY_LAYER_LRU: return FAMILY_LAYER;
     case FERRY_CACHE_POLICY_REUSE:
     case FERRY_CACHE_POLICY_ECHO: return FAMILY_SCORE;
+    case FERRY_CACHE_POLICY_TRANSIT: return FAMILY_SCORE;
     default: return FAMILY_HEAP;
     }
 }
@@ -164,6 +176,12 @@ static int popcount64(uint64_t x)
     x = (x & 0x3333333333333333u) + ((x >> 2) & 0x3333333333333333u);
     x = (x + (x >> 4)) & 0x0f0f0f0f0f0f0f0fu;
     return (int)((x * 0x0101010101010101u) >> 56);
+}
+
+/* Index of the lowest set bit of x (x != 0). */
+static int lowest_bit(uint64_t x)
+{
+    return popcount64((x & (~x + 1u)) - 1u);
 }
 
 /* ---- key heap --------------------------------------------------------- */
@@ -340,10 +358,63 @@ static int vote_bucket(const fe_cache_policy *p, int32_t key)
     return ((row[expert / 64] >> (expert % 64)) & 1u) ? 2 : 1;
 }
 
+/* TRANSIT: bucket of the estimated chance that the layer's next visit
+ * requests key, averaged over the experts of the layer's latest visit:
+ * mean over `from` in that set of (successors[from][to] + 0.1) /
+ * (from_visits[from] + 1). */
+static int transit_bucket(const fe_cache_policy *p, int32_t key)
+{
+    const reuse_model *m = p->reuse;
+    int layer = layer_of(p, key);
+    size_t e = (size_t)p->n_experts;
+    const uint64_t *set = m->last_set + (size_t)layer * (size_t)m->words;
+    const uint16_t *from_visits = m->from_visits + (size_t)layer * e;
+    const uint16_t *column = m->successors + (size_t)layer * e * e + (size_t)(key % p->n_experts);
+    double sum = 0.0;
+    int n = 0;
+    for (int w = 0; w < m->words; w++)
+        for (uint64_t bits = set[w]; bits; bits &= bits - 1) {
+            size_t from = (size_t)w * 64 + (size_t)lowest_bit(bits);
+            sum += ((double)column[from * e] + 0.1) / ((double)from_visits[from] + 1.0);
+            n++;
+        }
+    if (n == 0) return 0;
+    double q = sum / n;
+    int bucket = 0;
+    while (bucket < SHARE_BUCKETS - 1 && q >= TRANSIT_EDGES[bucket]) bucket++;
+    return bucket;
+}
+
+/* TRANSIT: counts the open visit as the successor of the layer's previous
+ * visit, then makes it the layer's latest set. */
+static void transit_record(fe_cache_policy *p, int layer)
+{
+    reuse_model *m = p->reuse;
+    size_t e = (size_t)p->n_experts;
+    uint64_t *set = m->last_set + (size_t)layer * (size_t)m->words;
+    uint16_t *from_visits = m->from_visits + (size_t)layer * e;
+    for (int w = 0; w < m->words; w++)
+        for (uint64_t bits = set[w]; bits; bits &= bits - 1) {
+            size_t from = (size_t)w * 64 + (size_t)lowest_bit(bits);
+            uint16_t *row = m->successors + ((size_t)layer * e + from) * e;
+            if (from_visits[from] == UINT16_MAX) {
+                from_visits[from] /= 2;
+                for (size_t to = 0; to < e; to++) row[to] /= 2;
+            }
+            from_visits[from]++;
+            for (int i = 0; i < p->cur_n; i++) row[p->cur_set[i] % p->n_experts]++;
+        }
+    memset(set, 0, (size_t)m->words * sizeof *set);
+    for (int i = 0; i < p->cur_n; i++) {
+        int expert = p->cur_set[i] % p->n_experts;
+        set[expert / 64] |= (uint64_t)1 << (expert % 64);
+    }
+}
+
 static int feature_cell(const fe_cache_policy *p, int32_t key)
 {
-    return (gap_bucket(p, key) * SHARE_BUCKETS + share_bucket(p, key)) * VOTE_BUCKETS +
-           vote_bucket(p, key);
+    int second = p->reuse->successors ? transit_bucket(p, key) : share_bucket(p, key);
+    return (gap_bucket(p, key) * SHARE_BUCKETS + second) * VOTE_BUCKETS + vote_bucket(p, key);
 }
 
 /* Teaches the table this visit's outcome for every expert of the layer,
@@ -400,6 +471,7 @@ static void reuse_observe(fe_cache_policy *p, int layer)
 {
     reuse_model *m = p->reuse;
     reuse_learn(p, layer);
+    if (m->successors) transit_record(p, layer);
     if (m->history) {
         if (m->pos_layer == NONE || layer <= m->pos_layer) echo_start_token(p);
         echo_record(p, layer);
@@ -689,6 +761,9 @@ static void reuse_destroy(reuse_model *m)
     free(m->victim_score);
     free(m->history);
     free(m->similarity);
+    free(m->successors);
+    free(m->from_visits);
+    free(m->last_set);
     free(m);
 }
 
@@ -704,11 +779,17 @@ static reuse_model *reuse_create(const fe_cache_policy *p)
     m->victim_score = alloc_array((size_t)p->n_slots, sizeof *m->victim_score, &ok);
     m->pos_layer = NONE;
     m->match = NONE;
-    if (p->kind == FERRY_CACHE_POLICY_ECHO) {
+    if (p->kind == FERRY_CACHE_POLICY_ECHO || p->kind == FERRY_CACHE_POLICY_TRANSIT) {
         m->words = (p->n_experts + 63) / 64;
         size_t cells = (size_t)ECHO_WINDOW * (size_t)p->n_layers * (size_t)m->words;
         m->history = alloc_array(cells, sizeof *m->history, &ok);
         m->similarity = alloc_array(ECHO_WINDOW, sizeof *m->similarity, &ok);
+    }
+    if (p->kind == FERRY_CACHE_POLICY_TRANSIT) {
+        size_t rows = (size_t)p->n_layers * (size_t)p->n_experts;
+        m->successors = alloc_array(rows * (size_t)p->n_experts, sizeof *m->successors, &ok);
+        m->from_visits = alloc_array(rows, sizeof *m->from_visits, &ok);
+        m->last_set = alloc_array((size_t)p->n_layers * (size_t)m->words, sizeof *m->last_set, &ok);
     }
     if (ok) return m;
     reuse_destroy(m);

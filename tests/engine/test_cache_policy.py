@@ -26,7 +26,7 @@ EXPERTS = 64
 SANITIZE = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all"]
 # Engine-policy hit rate / OPT measured on the full trace, cold (docs/CACHE_POLICY.md),
 # minus a 0.01 margin. The 0.90 target is not reached; these pin what is.
-ENGINE_RATIO_FLOOR = {61: 0.751, 128: 0.760, 256: 0.802}
+ENGINE_RATIO_FLOOR = {61: 0.761, 128: 0.775, 256: 0.815}
 
 
 def build_private_lib(tmpdir: Path):
@@ -79,9 +79,24 @@ def test_real_trace_shape(trace):
 @pytest.mark.parametrize("slots", sorted(ENGINE_RATIO_FLOOR))
 def test_engine_policy_fraction_of_opt(trace, lib, slots):
     r = cachesim.simulate(trace, EXPERTS, slots, "engine", lib=lib)
-    assert r["policy"] == "echo"
+    assert r["policy"] == "transit"
     assert r["ratio_to_opt"] >= ENGINE_RATIO_FLOOR[slots]
     assert r["hit_rate"] > r["lru_hit_rate"]
+
+
+@pytest.mark.parametrize("slots", (32, 61, 128, 256, 512))
+def test_engine_policy_beats_echo_on_the_held_out_half(trace, lib, slots):
+    """transit was chosen on tokens 0-148; on tokens 149-298, replayed cold,
+    it must gain over echo (the previous engine policy) at the small sizes
+    and not lose more than 0.1 point at 512 slots, where it measured 0.06
+    points below (docs/CACHE_POLICY.md, issue 17)."""
+    held_out = trace[trace.shape[0] // 2:]
+    new = cachesim.simulate(held_out, EXPERTS, slots, "engine", lib=lib)["hit_rate"]
+    old = cachesim.simulate(held_out, EXPERTS, slots, "echo", lib=lib)["hit_rate"]
+    if slots <= 256:
+        assert new >= old + 0.005
+    else:
+        assert new >= old - 0.001
 
 
 def test_opt_bounds_every_policy_at_every_size(trace, lib):
