@@ -13,7 +13,8 @@ Prints one JSON object:
   halves       small caches, no tuning on the test set: the trace split by
                token range into tokens 0-148 (where policy ideas are tried)
                and 149-298 (held out), each replayed cold on its own; OPT,
-               the engine's policy, reuse and the one-token oracle at
+               the engine's policy, echo (the engine's before issue 17),
+               reuse and the one-token oracle at
                SMALL slot counts (issue 17)
   horizon      NOT an online policy, an upper reference: the hit rate of a
                cache that knows the next h tokens' routing exactly (Belady
@@ -179,16 +180,15 @@ def halves_table(cachesim, trace, lib) -> dict:
         rows = {}
         for slots in SMALL:
             engine = cachesim.simulate(part, EXPERTS, slots, lib=lib)
-            reuse = cachesim.simulate(part, EXPERTS, slots, "reuse", lib=lib)
             opt = engine["opt_hit_rate"]
+            row = {"opt": round(opt, 4)}
+            for r in (engine, *(cachesim.simulate(part, EXPERTS, slots, name, lib=lib)
+                                for name in ("echo", "reuse"))):
+                row[r["policy"]] = {"hit_rate": round(r["hit_rate"], 4),
+                                    "ratio_to_opt": round(r["ratio_to_opt"], 3)}
             oracle = horizon_hit_rate(part, slots, 1)
-            rows[str(slots)] = {
-                "opt": round(opt, 4),
-                engine["policy"]: {"hit_rate": round(engine["hit_rate"], 4),
-                                   "ratio_to_opt": round(engine["ratio_to_opt"], 3)},
-                "reuse": {"hit_rate": round(reuse["hit_rate"], 4),
-                          "ratio_to_opt": round(reuse["ratio_to_opt"], 3)},
-                "next_1": {"hit_rate": round(oracle, 4), "ratio_to_opt": round(oracle / opt, 3)}}
+            row["next_1"] = {"hit_rate": round(oracle, 4), "ratio_to_opt": round(oracle / opt, 3)}
+            rows[str(slots)] = row
         first = 0 if label == "tune" else half
         out[label] = {"tokens": [first, first + part.shape[0] - 1], "slots": rows}
     return out

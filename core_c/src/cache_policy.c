@@ -97,6 +97,8 @@ typedef struct reuse_model {
     uint16_t *from_visits;    /* [layer][from]: visits of the layer that
                                  followed one requesting `from` */
     uint64_t *last_set;       /* [layer][words]: the layer's latest request set */
+    uint8_t *transit_bucket;  /* per key: its successor-estimate bucket */
+    double *transit_sum;      /* n_experts scratch sums */
 } reuse_model;
 
 struct fe_cache_policy {
@@ -358,31 +360,35 @@ static int vote_bucket(const fe_cache_policy *p, int32_t key)
     return ((row[expert / 64] >> (expert % 64)) & 1u) ? 2 : 1;
 }
 
-/* TRANSIT: bucket of the estimated chance that the layer's next visit
- * requests key, averaged over the experts of the layer's latest visit:
- * mean over `from` in that set of (successors[from][to] + 0.1) /
- * (from_visits[from] + 1). */
-static int transit_bucket(const fe_cache_policy *p, int32_t key)
+/* TRANSIT: for every expert `to` of the layer, the bucket of the estimated
+ * chance that the layer's next visit requests it: the mean, over `from` in
+ * the layer's latest set, of (successors[from][to] + 0.1) /
+ * (from_visits[from] + 1). Counts and set change only when the layer is
+ * visited, so the buckets are recomputed then and stay exact. */
+static void transit_rebucket(fe_cache_policy *p, int layer)
 {
-    const reuse_model *m = p->reuse;
-    int layer = layer_of(p, key);
+    reuse_model *m = p->reuse;
     size_t e = (size_t)p->n_experts;
     const uint64_t *set = m->last_set + (size_t)layer * (size_t)m->words;
     const uint16_t *from_visits = m->from_visits + (size_t)layer * e;
-    const uint16_t *column = m->successors + (size_t)layer * e * e + (size_t)(key % p->n_experts);
-    double sum = 0.0;
+    double *sum = m->transit_sum;
+    for (size_t to = 0; to < e; to++) sum[to] = 0.0;
     int n = 0;
     for (int w = 0; w < m->words; w++)
         for (uint64_t bits = set[w]; bits; bits &= bits - 1) {
             size_t from = (size_t)w * 64 + (size_t)lowest_bit(bits);
-            sum += ((double)column[from * e] + 0.1) / ((double)from_visits[from] + 1.0);
+            const uint16_t *row = m->successors + ((size_t)layer * e + from) * e;
+            double denominator = (double)from_visits[from] + 1.0;
+            for (size_t to = 0; to < e; to++) sum[to] += ((double)row[to] + 0.1) / denominator;
             n++;
         }
-    if (n == 0) return 0;
-    double q = sum / n;
-    int bucket = 0;
-    while (bucket < SHARE_BUCKETS - 1 && q >= TRANSIT_EDGES[bucket]) bucket++;
-    return bucket;
+    uint8_t *bucket = m->transit_bucket + (size_t)layer * e;
+    for (size_t to = 0; to < e; to++) {
+        double q = n ? sum[to] / n : 0.0;
+        uint8_t b = 0;
+        while (n && b < SHARE_BUCKETS - 1 && q >= TRANSIT_EDGES[b]) b++;
+        bucket[to] = b;
+    }
 }
 
 /* TRANSIT: counts the open visit as the successor of the layer's previous
@@ -409,11 +415,12 @@ static void transit_record(fe_cache_policy *p, int layer)
         int expert = p->cur_set[i] % p->n_experts;
         set[expert / 64] |= (uint64_t)1 << (expert % 64);
     }
+    transit_rebucket(p, layer);
 }
 
 static int feature_cell(const fe_cache_policy *p, int32_t key)
 {
-    int second = p->reuse->successors ? transit_bucket(p, key) : share_bucket(p, key);
+    int second = p->reuse->successors ? p->reuse->transit_bucket[key] : share_bucket(p, key);
     return (gap_bucket(p, key) * SHARE_BUCKETS + second) * VOTE_BUCKETS + vote_bucket(p, key);
 }
 
@@ -764,6 +771,8 @@ static void reuse_destroy(reuse_model *m)
     free(m->successors);
     free(m->from_visits);
     free(m->last_set);
+    free(m->transit_bucket);
+    free(m->transit_sum);
     free(m);
 }
 
@@ -790,6 +799,8 @@ static reuse_model *reuse_create(const fe_cache_policy *p)
         m->successors = alloc_array(rows * (size_t)p->n_experts, sizeof *m->successors, &ok);
         m->from_visits = alloc_array(rows, sizeof *m->from_visits, &ok);
         m->last_set = alloc_array((size_t)p->n_layers * (size_t)m->words, sizeof *m->last_set, &ok);
+        m->transit_bucket = alloc_array((size_t)p->n_keys, sizeof *m->transit_bucket, &ok);
+        m->transit_sum = alloc_array((size_t)p->n_experts, sizeof *m->transit_sum, &ok);
     }
     if (ok) return m;
     reuse_destroy(m);
