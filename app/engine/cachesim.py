@@ -83,6 +83,20 @@ def policy_names(lib=None) -> dict[str, int]:
     return dict(sorted(names.items(), key=lambda item: (item[1], item[0] == ENGINE)))
 
 
+def policy_bytes(n_layers: int, experts_per_layer: int, slots: int, policy: str = ENGINE, lib=None) -> int:
+    """RAM the policy's own state takes over a ``slots``-record cache of a model
+    with ``n_layers`` layer indices (the engine's policy spans every layer)
+    and ``experts_per_layer`` experts: the C core's own count, the one the
+    engine's budget subtracts (ferry_cache_policy_bytes). 0 without experts."""
+    if n_layers < 1 or experts_per_layer < 1 or slots < 1:
+        return 0
+    pair = _resolve(lib)
+    names = policy_names(pair)
+    if policy not in names:
+        raise ValueError(f"unknown policy '{policy}' (choose from {', '.join(names)})")
+    return int(pair[1].ferry_cache_policy_bytes(names[policy], n_layers, experts_per_layer, slots))
+
+
 def simulate(trace: np.ndarray, experts_per_layer: int, slots: int, policy: str = ENGINE,
              prior: np.ndarray | None = None, lib=None) -> dict:
     """Replays `trace` ([tokens, layers, top_k] ids) through a `slots`-record

@@ -78,4 +78,10 @@ int ferry_cache_simulate_opt(const int32_t *trace, int n_tokens, int n_layers,
                              ferry_cachesim_result *out, char *err,
                              size_t err_len);
 
+/* RAM the policy's own state takes (its object, key maps, and whatever it
+ * learns: TRANSIT's successor table is n_layers * experts_per_layer^2 * 2
+ * bytes) for a cache of n_slots records; 0 for arguments it refuses. The
+ * engine counts this in its RAM budget (ferry_memory_plan.policy_bytes). */
+uint64_t ferry_cache_policy_bytes(int policy, int n_layers, int experts_per_layer, int n_slots);
+
 #endif
