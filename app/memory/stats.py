@@ -176,7 +176,7 @@ def memory_split(plan: Any, info: Any, budget: int, usable: int | None = None,
     split = MemorySplit(trunk=int(plan.trunk_bytes), state=int(plan.state_bytes), scratch=int(plan.scratch_bytes),
                         expert_cache=int(plan.expert_bytes), usable=usable, floor=plan_floor(plan),
                         recommended=recommended if recommended else recommended_budget(plan, usable),
-                        budget=budget, policy=int(getattr(plan, "policy_bytes", 0)))
+                        budget=budget, policy=int(plan.policy_bytes))
     split.parts = [("trunk", split.trunk), ("attention state", split.state),
                    ("expert cache", split.expert_cache), ("cache policy", split.policy), ("scratch", split.scratch)]
     return split

@@ -225,3 +225,25 @@ def test_opt_is_optimal_on_tiny_traces_by_exhaustive_search(lib):
         for name in cachesim.policy_names(lib):
             online = cachesim.simulate(trace, n_experts, n_slots, name, lib=lib)
             assert online["hits"] <= best
+
+
+@pytest.mark.parametrize("shape", [(3, 70, 9), (5, 64, 5), (2, 1, 1)])
+def test_every_policy_counts_the_memory_it_allocates(shape):
+    """ferry_cache_policy_bytes is what each policy's constructor allocates (the
+    constructor refuses to run on a mismatch, so a replay succeeding proves it);
+    every policy has state, and TRANSIT's successor table is most of its own."""
+    layers, experts, slots = shape
+    trace = np.random.default_rng(5).permuted(
+        np.tile(np.arange(experts, dtype=np.int32), (40, layers, 1)), axis=2)[:, :, :1]
+    names = cachesim.policy_names()
+    sizes = {name: cachesim.policy_bytes(layers, experts, slots, name) for name in names}
+    for name in names:
+        assert sizes[name] > 0, name
+        assert 0 <= cachesim.simulate(trace, experts, slots, name)["hit_rate"] <= 1
+    assert sizes["engine"] == sizes["transit"]
+    table = layers * experts * experts * 2
+    assert sizes["transit"] - sizes["echo"] >= table
+    assert sizes["echo"] > sizes["reuse"] > sizes["lru"]
+    # more slots, more state; arguments the constructor refuses count nothing
+    assert cachesim.policy_bytes(layers, experts, slots + 1, "lru") > sizes["lru"]
+    assert cachesim.policy_bytes(layers, experts, 0) == 0
