@@ -10,6 +10,12 @@ Prints one JSON object:
                beside the cold replay of the same tokens
   first_pass   prior = hot list of the whole trace, replay of the whole
                trace (trained on the evaluated tokens: an upper reference)
+  halves       small caches, no tuning on the test set: the trace split by
+               token range into tokens 0-148 (where policy ideas are tried)
+               and 149-298 (held out), each replayed cold on its own; OPT,
+               the engine's policy, echo (the engine's before issue 17),
+               reuse and the one-token oracle at
+               SMALL slot counts (issue 17)
   horizon      NOT an online policy, an upper reference: the hit rate of a
                cache that knows the next h tokens' routing exactly (Belady
                inside that horizon, fewest requests so far beyond it), for
@@ -37,6 +43,7 @@ REPO = Path(__file__).resolve().parents[1]
 TRACE = Path("/work/shared/data/traces/olmoe-1b-7b_299tok.jsonl")
 EXPERTS = 64
 HEADLINE = (61, 128, 256)
+SMALL = (32, 61, 96, 128, 256)
 SWEEP = (16, 32, 61, 96, 128, 192, 256, 384, 512, 768)
 K3 = {"tokens": 200, "layers": 92, "experts": 896, "top_k": 16, "slots": 2000, "zipf_s": 0.8}
 
@@ -165,6 +172,28 @@ def horizon_table(trace: np.ndarray) -> dict:
     return out
 
 
+def halves_table(cachesim, trace, lib) -> dict:
+    """Cold replays of each token half on its own at the SMALL sizes."""
+    half = trace.shape[0] // 2
+    out = {}
+    for label, part in (("tune", trace[:half]), ("held_out", trace[half:])):
+        rows = {}
+        for slots in SMALL:
+            engine = cachesim.simulate(part, EXPERTS, slots, lib=lib)
+            opt = engine["opt_hit_rate"]
+            row = {"opt": round(opt, 4)}
+            for r in (engine, *(cachesim.simulate(part, EXPERTS, slots, name, lib=lib)
+                                for name in ("echo", "reuse"))):
+                row[r["policy"]] = {"hit_rate": round(r["hit_rate"], 4),
+                                    "ratio_to_opt": round(r["ratio_to_opt"], 3)}
+            oracle = horizon_hit_rate(part, slots, 1)
+            row["next_1"] = {"hit_rate": round(oracle, 4), "ratio_to_opt": round(oracle / opt, 3)}
+            rows[str(slots)] = row
+        first = 0 if label == "tune" else half
+        out[label] = {"tokens": [first, first + part.shape[0] - 1], "slots": rows}
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--trace", type=Path, default=TRACE)
@@ -200,6 +229,7 @@ def main(argv=None) -> int:
                  "slots": warm_table(cachesim, trace[half:], first_half_counts, lib)},
         "first_pass": {str(s): round(cachesim.simulate(trace, EXPERTS, s, prior=all_counts,
                                                        lib=lib)["hit_rate"], 4) for s in HEADLINE},
+        "halves": halves_table(cachesim, trace, lib),
         "horizon": horizon_table(trace),
         "timing": timing(cachesim, lib),
     }

@@ -82,10 +82,12 @@ class MemoryPlan:
     state_bytes: int
     scratch_bytes: int
     expert_bytes: int
+    policy_bytes: int        #: the cache policy's own state over those records
     total_bytes: int
     floor_bytes: int
     record_bytes: int
     token_set_bytes: int
+    policy_floor_bytes: int  #: of floor_bytes, the policy state for the minimum cache
 
 
 @dataclass(frozen=True)

@@ -83,13 +83,27 @@ def policy_names(lib=None) -> dict[str, int]:
     return dict(sorted(names.items(), key=lambda item: (item[1], item[0] == ENGINE)))
 
 
+def policy_bytes(n_layers: int, experts_per_layer: int, slots: int, policy: str = ENGINE, lib=None) -> int:
+    """RAM the policy's own state takes over a ``slots``-record cache of a model
+    with ``n_layers`` layer indices (the engine's policy spans every layer)
+    and ``experts_per_layer`` experts: the C core's own count, the one the
+    engine's budget subtracts (ferry_cache_policy_bytes). 0 without experts."""
+    if n_layers < 1 or experts_per_layer < 1 or slots < 1:
+        return 0
+    pair = _resolve(lib)
+    names = policy_names(pair)
+    if policy not in names:
+        raise ValueError(f"unknown policy '{policy}' (choose from {', '.join(names)})")
+    return int(pair[1].ferry_cache_policy_bytes(names[policy], n_layers, experts_per_layer, slots))
+
+
 def simulate(trace: np.ndarray, experts_per_layer: int, slots: int, policy: str = ENGINE,
              prior: np.ndarray | None = None, lib=None) -> dict:
     """Replays `trace` ([tokens, layers, top_k] ids) through a `slots`-record
     cache under `policy`, LRU and OPT. `prior` is an optional hot list
     (see usage_counts) the policy starts from. Returns a dict of hit_rate,
     lru_hit_rate, opt_hit_rate, hits, misses, requests, policy (the
-    canonical name, e.g. 'echo' for 'engine'), slots and ratio_to_opt.
+    canonical name, e.g. 'transit' for 'engine'), slots and ratio_to_opt.
     Raises ValueError with the C side's message on bad arguments."""
     pair = _resolve(lib)
     names = policy_names(pair)
@@ -177,7 +191,7 @@ def main(argv: Sequence[str] | None = None, lib=None) -> int:
                         help="cache size in expert records, across all layers")
     parser.add_argument("--policy", default=ENGINE,
                         help="engine (default), lru, lfu, lfu_lru, lfu_aging, lru2, twoq, arc, "
-                             "layer_lru, gdsf, reuse or echo")
+                             "layer_lru, gdsf, reuse, echo or transit")
     parser.add_argument("--prior-tokens", type=int, default=0, metavar="M",
                         help="warm start: learn the hot list from the first M tokens and "
                              "replay only the rest")

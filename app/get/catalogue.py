@@ -130,7 +130,8 @@ def plan_entry(e: Entry, memory, disk_bps: float | None, kernel_bps_of) -> Row:
     if e.config is None:
         return _demo_row(e, memory, disk_bps, kernel_bps_of)
     c = plan_from_config(e.config, ram=memory.usable)
-    everything = c["trunk_bytes"] + c["state_bytes"] + c["scratch_bytes"] + c["experts_total_bytes"]
+    everything = (c["trunk_bytes"] + c["state_bytes"] + c["scratch_bytes"] + c["experts_total_bytes"]
+                  + c["policy_all_bytes"])
     budget = auto_budget(c["floor_bytes"], c["cold_bytes_per_token"], everything, memory)
     params = c["trunk_params"] + c["expert_params"] * c["experts_per_layer"] * c["moe_layers"]
     plan = GetPlan(e.repo_id, "", "hf", architecture=e.family, trunk_format=c["trunk_format"],

@@ -18,6 +18,7 @@ class Plan:
     state: int
     scratch: int
     min_cache: int
+    policy: int           #: the cache policy's state at the floor (in floor)
     record: int           #: one expert record
     token_set: int        #: one token's expert working set
     everything: int       #: a budget that caches every expert
@@ -31,11 +32,17 @@ class Plan:
         return d
 
 
+def min_cache_bytes(p: MemoryPlan) -> int:
+    """The floor's expert records: what is left of it after every other part."""
+    return p.floor_bytes - p.trunk_bytes - p.state_bytes - p.scratch_bytes - p.policy_floor_bytes
+
+
 def everything_bytes(p: MemoryPlan) -> int:
-    """A budget that caches every expert (plus the top-k read buffers)."""
-    min_cache = p.floor_bytes - p.trunk_bytes - p.state_bytes - p.scratch_bytes
-    top_k_records = min_cache // p.record_bytes if p.record_bytes else 0
-    return p.trunk_bytes + p.state_bytes + p.scratch_bytes + p.expert_bytes + top_k_records * p.record_bytes
+    """A budget that caches every expert (plus the top-k read buffers), with
+    the cache policy's state over all of them."""
+    top_k_records = min_cache_bytes(p) // p.record_bytes if p.record_bytes else 0
+    return (p.trunk_bytes + p.state_bytes + p.scratch_bytes + p.expert_bytes + p.policy_bytes
+            + top_k_records * p.record_bytes)
 
 
 def recommend(p: MemoryPlan, memory: MachineMemory | None = None) -> BudgetChoice:
@@ -46,12 +53,12 @@ def recommend(p: MemoryPlan, memory: MachineMemory | None = None) -> BudgetChoic
 
 def plan_container(path: str | os.PathLike, n_ctx: int, memory: MachineMemory | None = None) -> Plan:
     p: MemoryPlan = container_plan(path, n_ctx)
-    min_cache = p.floor_bytes - p.trunk_bytes - p.state_bytes - p.scratch_bytes
+    min_cache = min_cache_bytes(p)
     everything = everything_bytes(p)
     memory = memory or machine_memory()
     choice: BudgetChoice = recommend(p, memory)
     return Plan(n_ctx=n_ctx, floor=p.floor_bytes, trunk=p.trunk_bytes, state=p.state_bytes, scratch=p.scratch_bytes,
-                min_cache=min_cache, record=p.record_bytes, token_set=p.token_set_bytes, everything=everything,
+                min_cache=min_cache, policy=p.policy_floor_bytes, record=p.record_bytes, token_set=p.token_set_bytes, everything=everything,
                 recommended=choice.budget, reason=choice.reason, machine=memory)
 
 
@@ -59,7 +66,7 @@ def describe(plan: Plan, budget: int | None = None) -> str:
     lines = [
         f"floor at a {plan.n_ctx}-token context: {size(plan.floor)}",
         f"  trunk {size(plan.trunk)}, attention state {size(plan.state)}, scratch {size(plan.scratch)}, "
-        f"minimum expert cache {size(plan.min_cache)}",
+        f"minimum expert cache {size(plan.min_cache)}, cache policy state {size(plan.policy)}",
     ]
     if plan.record:
         lines.append(f"expert record {size(plan.record)}; one token's working set {size(plan.token_set)}; "

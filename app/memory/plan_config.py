@@ -14,7 +14,11 @@ figures follow the engine's own accounting (core_c/src/arch_kimi.c):
   MLA layer), the KDA f32 state and conv inputs (context independent), or the
   llama K/V caches;
 * scratch: the engine's per-chunk buffers (32 tokens) for ``threads`` threads;
-* floor: trunk + state + scratch + one layer visit of expert records (top_k).
+* cache policy: the expert cache's replacement state (the C core's own
+  count, ferry_cache_policy_bytes: for Kimi K3 mostly the successor table of
+  layers x experts^2 x 2 bytes), inside every budget;
+* floor: trunk + state + scratch + one layer visit of expert records (top_k)
+  + the policy state over them.
 
 The formats are, unless asked, the ones `ferry check` recommends and `ferry
 convert --trunk-format recommended --expert-format recommended` writes: the
@@ -295,7 +299,12 @@ def plan_from_config(config: dict, expert_bits: float | None = None, trunk_bits:
             off = _align(off, 64) + math.ceil(rows * cols_ * e_bpw / 8)
         record = _align(off, 4096)
     expert_params = 3 * eff * ed
-    floor = trunk.bytes + state + scratch + K * record
+    policy_floor = policy_all = 0
+    if n_moe and record:
+        from app.engine.cachesim import policy_bytes
+        policy_floor = policy_bytes(L, E, K)
+        policy_all = policy_bytes(L, E, E * n_moe)
+    floor = trunk.bytes + state + scratch + K * record + policy_floor
     cold = K * n_moe * record
     recommended = floor + cold   # room to keep one whole token's experts cached
     out: dict[str, Any] = {
@@ -311,6 +320,8 @@ def plan_from_config(config: dict, expert_bits: float | None = None, trunk_bits:
         "expert_params": expert_params,
         "expert_record_bytes": record,
         "experts_total_bytes": record * E * n_moe,
+        "policy_bytes": policy_floor,
+        "policy_all_bytes": policy_all,
         "floor_bytes": floor,
         "recommended_bytes": recommended,
         "cold_bytes_per_token": cold,
@@ -368,6 +379,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{a.ctx} tokens, scratch {plan['scratch_gib']:.3f} GiB")
     print(f"expert record {plan['expert_record_bytes'] / 2**20:.2f} MiB ({plan['expert_format']}), "
           f"cold reads {plan['cold_gib_per_token']:.2f} GiB per token")
+    if plan["policy_bytes"]:
+        print(f"expert cache policy state {plan['policy_bytes'] / 2**20:.1f} MiB (in the floor)")
     print(f"floor {plan['floor_gib']:.2f} GiB, recommended {plan['recommended_gib']:.2f} GiB")
     if plan.get("tok_per_s_disk_bound"):
         print(f"at {a.disk_gbps} GB/s with every expert read cold: {plan['tok_per_s_disk_bound']:.3f} tok/s")

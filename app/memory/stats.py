@@ -140,11 +140,12 @@ class MemorySplit:
     floor: int             #: the least the model can run in at this context
     recommended: int
     budget: int            #: what the core was given (0 = no limit)
+    policy: int = 0        #: the expert cache's replacement-policy state
     parts: list[tuple[str, int]] = field(default_factory=list)
 
     @property
     def total(self) -> int:
-        return self.trunk + self.state + self.scratch + self.expert_cache
+        return self.trunk + self.state + self.scratch + self.expert_cache + self.policy
 
 
 def expert_total_bytes(info: Any) -> int:
@@ -169,15 +170,15 @@ def recommended_budget(plan: Any, usable: int) -> int:
 def memory_split(plan: Any, info: Any, budget: int, usable: int | None = None,
                  recommended: int | None = None) -> MemorySplit:
     """The plan in force: trunk, attention state, the expert cache (with its
-    prefetch buffers) and scratch. ``recommended``: the budget the model was
+    prefetch buffers), the cache policy's state and scratch. ``recommended``: the budget the model was
     recommended when it was opened (else computed by the same rule)."""
     usable = usable_ram() if usable is None else usable
     split = MemorySplit(trunk=int(plan.trunk_bytes), state=int(plan.state_bytes), scratch=int(plan.scratch_bytes),
                         expert_cache=int(plan.expert_bytes), usable=usable, floor=plan_floor(plan),
                         recommended=recommended if recommended else recommended_budget(plan, usable),
-                        budget=budget)
+                        budget=budget, policy=int(plan.policy_bytes))
     split.parts = [("trunk", split.trunk), ("attention state", split.state),
-                   ("expert cache", split.expert_cache), ("scratch", split.scratch)]
+                   ("expert cache", split.expert_cache), ("cache policy", split.policy), ("scratch", split.scratch)]
     return split
 
 

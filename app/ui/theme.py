@@ -8,8 +8,8 @@ from PySide6.QtWidgets import QApplication
 from app.ui.markdown import Colors
 
 #: segment colours of the RAM bar and the sparklines, readable on both themes
-SERIES = {"trunk": "#4f7cff", "attention state": "#22a06b", "expert cache": "#e8912d", "scratch": "#a15dd8",
-          "free": "#9aa0a6"}
+SERIES = {"trunk": "#4f7cff", "attention state": "#22a06b", "expert cache": "#e8912d", "cache policy": "#c9553f",
+          "scratch": "#a15dd8", "free": "#9aa0a6"}
 
 
 def is_dark() -> bool:

@@ -166,10 +166,13 @@ typedef struct ferry_memory_plan {
     uint64_t state_bytes;     /* attention caches at the context asked for */
     uint64_t scratch_bytes;   /* activations and buffers for one prompt chunk */
     uint64_t expert_bytes;    /* the expert cache and prefetch buffers in force */
-    uint64_t total_bytes;     /* the sum */
-    uint64_t floor_bytes;     /* the least budget that runs: trunk, state, scratch, minimum cache */
+    uint64_t policy_bytes;    /* the cache policy's own state for those slots (ferry_cache_policy_bytes) */
+    uint64_t total_bytes;     /* the sum of the five above */
+    uint64_t floor_bytes;     /* the least budget that runs: trunk, state, scratch, minimum cache
+                                 and the policy state for it */
     uint64_t record_bytes;    /* one expert record */
     uint64_t token_set_bytes; /* one token's expert working set: records of top_k x MoE layers */
+    uint64_t policy_floor_bytes; /* of floor_bytes, the policy state for the minimum cache */
 } ferry_memory_plan;
 
 typedef struct ferry_engine ferry_engine;

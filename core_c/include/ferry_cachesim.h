@@ -35,8 +35,10 @@ enum ferry_cache_policy_kind {
     FERRY_CACHE_POLICY_GDSF = 8,      /* greedy-dual frequency, unit cost/size */
     FERRY_CACHE_POLICY_REUSE = 9,     /* learned reuse probability per slot-step */
     FERRY_CACHE_POLICY_ECHO = 10,     /* REUSE plus routing-history echo votes */
-    FERRY_CACHE_POLICY_COUNT = 11,    /* number of online policies */
-    FERRY_CACHE_POLICY_ENGINE = 10    /* the engine's choice: ECHO */
+    FERRY_CACHE_POLICY_TRANSIT = 11,  /* ECHO with a learned expert-to-expert
+                                         successor estimate for the share */
+    FERRY_CACHE_POLICY_COUNT = 12,    /* number of online policies */
+    FERRY_CACHE_POLICY_ENGINE = 11    /* the engine's choice: TRANSIT */
 };
 
 /* Status codes. */
@@ -75,5 +77,11 @@ int ferry_cache_simulate_opt(const int32_t *trace, int n_tokens, int n_layers,
                              int top_k, int experts_per_layer, int n_slots,
                              ferry_cachesim_result *out, char *err,
                              size_t err_len);
+
+/* RAM the policy's own state takes (its object, key maps, and whatever it
+ * learns: TRANSIT's successor table is n_layers * experts_per_layer^2 * 2
+ * bytes) for a cache of n_slots records; 0 for arguments it refuses. The
+ * engine counts this in its RAM budget (ferry_memory_plan.policy_bytes). */
+uint64_t ferry_cache_policy_bytes(int policy, int n_layers, int experts_per_layer, int n_slots);
 
 #endif

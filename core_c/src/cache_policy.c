@@ -19,7 +19,8 @@ enum {
     AGING_TOKENS = 16,  /* LFU_AGING halves its counts every 16 tokens */
     ECHO_WINDOW = 128,  /* tokens of routing history ECHO matches against */
     GAP_BUCKETS = 8,    /* visits since last request: 1,2,3,4+,8+,16+,64+,never */
-    SHARE_BUCKETS = 8,  /* request share vs uniform: <1/8 .. >=8, doubling */
+    SHARE_BUCKETS = 8,  /* request share vs uniform: <1/8 .. >=8, doubling;
+                           TRANSIT: successor estimate, 8 buckets instead */
     VOTE_BUCKETS = 3,   /* echo vote: no match, match says no, match says yes */
     TABLE_CELLS = GAP_BUCKETS * SHARE_BUCKETS * VOTE_BUCKETS,
     ARC_T1 = 0, ARC_T2, ARC_B1, ARC_B2, ARC_LISTS,    /* ARC's four lists */
@@ -28,6 +29,9 @@ enum {
 };
 
 static const double ECHO_DECAY = 0.5; /* weight of older layers in a match */
+/* TRANSIT: lower edges of successor-estimate buckets 1..7 (bucket 0 below
+ * 0.02, and also when the layer has no visit yet). Chosen once, a priori. */
+static const double TRANSIT_EDGES[SHARE_BUCKETS - 1] = {0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.45};
 
 typedef enum family {
     FAMILY_HEAP,  /* LRU, LFU*, LRU2, GDSF, OPT: a priority per key */
@@ -86,6 +90,15 @@ typedef struct reuse_model {
                                  current token over the layers seen so far */
     int64_t tokens;           /* tokens started; the current is tokens - 1 */
     int64_t match;            /* past token most like the current, NONE */
+    /* TRANSIT only; successors is NULL otherwise. */
+    uint16_t *successors;     /* [layer][from][to]: visits of the layer that
+                                 requested `to` right after a visit that
+                                 requested `from` (row halved on saturation) */
+    uint16_t *from_visits;    /* [layer][from]: visits of the layer that
+                                 followed one requesting `from` */
+    uint64_t *last_set;       /* [layer][words]: the layer's latest request set */
+    uint8_t *transit_bucket;  /* per key: its successor-estimate bucket */
+    double *transit_sum;      /* n_experts scratch sums */
 } reuse_model;
 
 struct fe_cache_policy {
@@ -132,6 +145,7 @@ static family family_of(int kind)
     case FERRY_CACHE_POLICY_LAYER_LRU: return FAMILY_LAYER;
     case FERRY_CACHE_POLICY_REUSE:
     case FERRY_CACHE_POLICY_ECHO: return FAMILY_SCORE;
+    case FERRY_CACHE_POLICY_TRANSIT: return FAMILY_SCORE;
     default: return FAMILY_HEAP;
     }
 }
@@ -146,10 +160,24 @@ static int layer_of(const fe_cache_policy *p, int32_t key)
     return key / p->n_experts;
 }
 
-static void *alloc_array(size_t count, size_t size, bool *ok)
+/* What a constructor has allocated so far: whether every allocation
+ * succeeded, and the bytes asked for (checked against fe_cache_policy_bytes). */
+typedef struct alloc_acc {
+    bool ok;
+    uint64_t bytes;
+} alloc_acc;
+
+/* Bytes alloc_array asks for: count (at least 1) elements of size bytes. */
+static uint64_t array_bytes(size_t count, size_t size)
+{
+    return (uint64_t)(count ? count : 1) * (uint64_t)size;
+}
+
+static void *alloc_array(size_t count, size_t size, alloc_acc *acc)
 {
     void *mem = calloc(count ? count : 1, size);
-    if (!mem) *ok = false;
+    if (!mem) acc->ok = false;
+    acc->bytes += array_bytes(count, size);
     return mem;
 }
 
@@ -164,6 +192,12 @@ static int popcount64(uint64_t x)
     x = (x & 0x3333333333333333u) + ((x >> 2) & 0x3333333333333333u);
     x = (x + (x >> 4)) & 0x0f0f0f0f0f0f0f0fu;
     return (int)((x * 0x0101010101010101u) >> 56);
+}
+
+/* Index of the lowest set bit of x (x != 0). */
+static int lowest_bit(uint64_t x)
+{
+    return popcount64((x & (~x + 1u)) - 1u);
 }
 
 /* ---- key heap --------------------------------------------------------- */
@@ -340,10 +374,68 @@ static int vote_bucket(const fe_cache_policy *p, int32_t key)
     return ((row[expert / 64] >> (expert % 64)) & 1u) ? 2 : 1;
 }
 
+/* TRANSIT: for every expert `to` of the layer, the bucket of the estimated
+ * chance that the layer's next visit requests it: the mean, over `from` in
+ * the layer's latest set, of (successors[from][to] + 0.1) /
+ * (from_visits[from] + 1). Counts and set change only when the layer is
+ * visited, so the buckets are recomputed then and stay exact. */
+static void transit_rebucket(fe_cache_policy *p, int layer)
+{
+    reuse_model *m = p->reuse;
+    size_t e = (size_t)p->n_experts;
+    const uint64_t *set = m->last_set + (size_t)layer * (size_t)m->words;
+    const uint16_t *from_visits = m->from_visits + (size_t)layer * e;
+    double *sum = m->transit_sum;
+    for (size_t to = 0; to < e; to++) sum[to] = 0.0;
+    int n = 0;
+    for (int w = 0; w < m->words; w++)
+        for (uint64_t bits = set[w]; bits; bits &= bits - 1) {
+            size_t from = (size_t)w * 64 + (size_t)lowest_bit(bits);
+            const uint16_t *row = m->successors + ((size_t)layer * e + from) * e;
+            double denominator = (double)from_visits[from] + 1.0;
+            for (size_t to = 0; to < e; to++) sum[to] += ((double)row[to] + 0.1) / denominator;
+            n++;
+        }
+    uint8_t *bucket = m->transit_bucket + (size_t)layer * e;
+    for (size_t to = 0; to < e; to++) {
+        double q = n ? sum[to] / n : 0.0;
+        uint8_t b = 0;
+        while (n && b < SHARE_BUCKETS - 1 && q >= TRANSIT_EDGES[b]) b++;
+        bucket[to] = b;
+    }
+}
+
+/* TRANSIT: counts the open visit as the successor of the layer's previous
+ * visit, then makes it the layer's latest set. */
+static void transit_record(fe_cache_policy *p, int layer)
+{
+    reuse_model *m = p->reuse;
+    size_t e = (size_t)p->n_experts;
+    uint64_t *set = m->last_set + (size_t)layer * (size_t)m->words;
+    uint16_t *from_visits = m->from_visits + (size_t)layer * e;
+    for (int w = 0; w < m->words; w++)
+        for (uint64_t bits = set[w]; bits; bits &= bits - 1) {
+            size_t from = (size_t)w * 64 + (size_t)lowest_bit(bits);
+            uint16_t *row = m->successors + ((size_t)layer * e + from) * e;
+            if (from_visits[from] == UINT16_MAX) {
+                from_visits[from] /= 2;
+                for (size_t to = 0; to < e; to++) row[to] /= 2;
+            }
+            from_visits[from]++;
+            for (int i = 0; i < p->cur_n; i++) row[p->cur_set[i] % p->n_experts]++;
+        }
+    memset(set, 0, (size_t)m->words * sizeof *set);
+    for (int i = 0; i < p->cur_n; i++) {
+        int expert = p->cur_set[i] % p->n_experts;
+        set[expert / 64] |= (uint64_t)1 << (expert % 64);
+    }
+    transit_rebucket(p, layer);
+}
+
 static int feature_cell(const fe_cache_policy *p, int32_t key)
 {
-    return (gap_bucket(p, key) * SHARE_BUCKETS + share_bucket(p, key)) * VOTE_BUCKETS +
-           vote_bucket(p, key);
+    int second = p->reuse->successors ? p->reuse->transit_bucket[key] : share_bucket(p, key);
+    return (gap_bucket(p, key) * SHARE_BUCKETS + second) * VOTE_BUCKETS + vote_bucket(p, key);
 }
 
 /* Teaches the table this visit's outcome for every expert of the layer,
@@ -400,6 +492,7 @@ static void reuse_observe(fe_cache_policy *p, int layer)
 {
     reuse_model *m = p->reuse;
     reuse_learn(p, layer);
+    if (m->successors) transit_record(p, layer);
     if (m->history) {
         if (m->pos_layer == NONE || layer <= m->pos_layer) echo_start_token(p);
         echo_record(p, layer);
@@ -651,18 +744,83 @@ static void slot_unmap(fe_cache_policy *p, int32_t key)
     free_add(p, slot);
 }
 
+/* ---- memory ------------------------------------------------------------ */
+
+/* Size of one element of array member m of struct type t. */
+#define ELEM(t, m) sizeof(((t *)0)->m[0])
+
+static uint64_t lists_bytes(size_t keys, size_t n_lists)
+{
+    return array_bytes(keys, ELEM(key_lists, prev)) + array_bytes(keys, ELEM(key_lists, next)) +
+           array_bytes(keys, ELEM(key_lists, owner)) + array_bytes(n_lists, ELEM(key_lists, head)) +
+           array_bytes(n_lists, ELEM(key_lists, tail)) + array_bytes(n_lists, ELEM(key_lists, size));
+}
+
+static uint64_t reuse_bytes(int kind, size_t slots, size_t layers, size_t experts)
+{
+    size_t keys = layers * experts, words = (experts + 63) / 64;
+    uint64_t n = array_bytes(1, sizeof(reuse_model)) + array_bytes(keys, ELEM(reuse_model, last_visit)) +
+                 array_bytes(layers, ELEM(reuse_model, visits)) +
+                 array_bytes(layers, ELEM(reuse_model, layer_uses)) +
+                 array_bytes(slots, ELEM(reuse_model, victims)) +
+                 array_bytes(slots, ELEM(reuse_model, victim_score));
+    if (kind == FERRY_CACHE_POLICY_ECHO || kind == FERRY_CACHE_POLICY_TRANSIT)
+        n += array_bytes((size_t)ECHO_WINDOW * layers * words, ELEM(reuse_model, history)) +
+             array_bytes(ECHO_WINDOW, ELEM(reuse_model, similarity));
+    if (kind == FERRY_CACHE_POLICY_TRANSIT)
+        n += array_bytes(keys * experts, ELEM(reuse_model, successors)) +
+             array_bytes(keys, ELEM(reuse_model, from_visits)) +
+             array_bytes(layers * words, ELEM(reuse_model, last_set)) +
+             array_bytes(keys, ELEM(reuse_model, transit_bucket)) +
+             array_bytes(experts, ELEM(reuse_model, transit_sum));
+    return n;
+}
+
+uint64_t fe_cache_policy_bytes(int kind, int n_slots, int n_layers, int n_experts)
+{
+    if (n_slots < 1 || n_layers < 1 || n_experts < 1 || kind < 0 || kind > FE_CACHE_POLICY_OPT ||
+        n_layers > INT32_MAX / n_experts)
+        return 0;
+    size_t slots = (size_t)n_slots, layers = (size_t)n_layers, experts = (size_t)n_experts;
+    size_t keys = layers * experts;
+    uint64_t n = array_bytes(1, sizeof(fe_cache_policy)) + array_bytes(slots, ELEM(fe_cache_policy, slot_key)) +
+                 array_bytes(keys, ELEM(fe_cache_policy, key_slot)) +
+                 array_bytes(slots, ELEM(fe_cache_policy, free_slots)) +
+                 array_bytes(slots, ELEM(fe_cache_policy, free_pos)) +
+                 array_bytes(layers, ELEM(fe_cache_policy, layer_resident)) +
+                 array_bytes(keys, ELEM(fe_cache_policy, uses)) +
+                 array_bytes(keys, ELEM(fe_cache_policy, set_step)) +
+                 array_bytes(slots, ELEM(fe_cache_policy, cur_set)) +
+                 array_bytes(slots, ELEM(fe_cache_policy, scratch));
+    switch (family_of(kind)) {
+    case FAMILY_HEAP:
+        n += array_bytes(slots, ELEM(key_heap, node)) + array_bytes(keys, ELEM(key_heap, pos));
+        if (kind == FERRY_CACHE_POLICY_LRU2) n += array_bytes(keys, ELEM(fe_cache_policy, prev_step));
+        if (kind == FERRY_CACHE_POLICY_LFU_AGING) n += array_bytes(keys, ELEM(fe_cache_policy, aged));
+        if (kind == FE_CACHE_POLICY_OPT) n += array_bytes(keys, ELEM(fe_cache_policy, next_use));
+        return n;
+    case FAMILY_ARC:
+    case FAMILY_TWOQ:
+        return n + array_bytes(slots, ELEM(fe_cache_policy, cur_dest)) +
+               lists_bytes(keys, family_of(kind) == FAMILY_ARC ? ARC_LISTS : TWOQ_LISTS);
+    case FAMILY_LAYER:
+        return n + lists_bytes(keys, layers);
+    default:
+        return n + reuse_bytes(kind, slots, layers, experts);
+    }
+}
+
 /* ---- creation --------------------------------------------------------- */
 
-static bool alloc_lists(key_lists *l, int32_t n_keys, int n_lists)
+static bool alloc_lists(key_lists *l, int32_t n_keys, int n_lists, alloc_acc *acc)
 {
-    bool ok = true;
-    l->prev = alloc_array((size_t)n_keys, sizeof *l->prev, &ok);
-    l->next = alloc_array((size_t)n_keys, sizeof *l->next, &ok);
-    l->owner = alloc_array((size_t)n_keys, sizeof *l->owner, &ok);
-    l->head = alloc_array((size_t)n_lists, sizeof *l->head, &ok);
-    l->tail = alloc_array((size_t)n_lists, sizeof *l->tail, &ok);
-    l->size = alloc_array((size_t)n_lists, sizeof *l->size, &ok);
-    if (!ok) return false;
+    l->prev = alloc_array((size_t)n_keys, sizeof *l->prev, acc);
+    l->next = alloc_array((size_t)n_keys, sizeof *l->next, acc);
+    l->owner = alloc_array((size_t)n_keys, sizeof *l->owner, acc);
+    l->head = alloc_array((size_t)n_lists, sizeof *l->head, acc);
+    l->tail = alloc_array((size_t)n_lists, sizeof *l->tail, acc);
+    l->size = alloc_array((size_t)n_lists, sizeof *l->size, acc);
+    if (!acc->ok) return false;
     fill_none(l->owner, (size_t)n_keys);
     fill_none(l->head, (size_t)n_lists);
     fill_none(l->tail, (size_t)n_lists);
@@ -689,58 +847,69 @@ static void reuse_destroy(reuse_model *m)
     free(m->victim_score);
     free(m->history);
     free(m->similarity);
+    free(m->successors);
+    free(m->from_visits);
+    free(m->last_set);
+    free(m->transit_bucket);
+    free(m->transit_sum);
     free(m);
 }
 
-static reuse_model *reuse_create(const fe_cache_policy *p)
+static reuse_model *reuse_create(const fe_cache_policy *p, alloc_acc *acc)
 {
-    bool ok = true;
-    reuse_model *m = alloc_array(1, sizeof *m, &ok);
+    reuse_model *m = alloc_array(1, sizeof *m, acc);
     if (!m) return NULL;
-    m->last_visit = alloc_array((size_t)p->n_keys, sizeof *m->last_visit, &ok);
-    m->visits = alloc_array((size_t)p->n_layers, sizeof *m->visits, &ok);
-    m->layer_uses = alloc_array((size_t)p->n_layers, sizeof *m->layer_uses, &ok);
-    m->victims = alloc_array((size_t)p->n_slots, sizeof *m->victims, &ok);
-    m->victim_score = alloc_array((size_t)p->n_slots, sizeof *m->victim_score, &ok);
+    m->last_visit = alloc_array((size_t)p->n_keys, sizeof *m->last_visit, acc);
+    m->visits = alloc_array((size_t)p->n_layers, sizeof *m->visits, acc);
+    m->layer_uses = alloc_array((size_t)p->n_layers, sizeof *m->layer_uses, acc);
+    m->victims = alloc_array((size_t)p->n_slots, sizeof *m->victims, acc);
+    m->victim_score = alloc_array((size_t)p->n_slots, sizeof *m->victim_score, acc);
     m->pos_layer = NONE;
     m->match = NONE;
-    if (p->kind == FERRY_CACHE_POLICY_ECHO) {
+    if (p->kind == FERRY_CACHE_POLICY_ECHO || p->kind == FERRY_CACHE_POLICY_TRANSIT) {
         m->words = (p->n_experts + 63) / 64;
         size_t cells = (size_t)ECHO_WINDOW * (size_t)p->n_layers * (size_t)m->words;
-        m->history = alloc_array(cells, sizeof *m->history, &ok);
-        m->similarity = alloc_array(ECHO_WINDOW, sizeof *m->similarity, &ok);
+        m->history = alloc_array(cells, sizeof *m->history, acc);
+        m->similarity = alloc_array(ECHO_WINDOW, sizeof *m->similarity, acc);
     }
-    if (ok) return m;
+    if (p->kind == FERRY_CACHE_POLICY_TRANSIT) {
+        size_t rows = (size_t)p->n_layers * (size_t)p->n_experts;
+        m->successors = alloc_array(rows * (size_t)p->n_experts, sizeof *m->successors, acc);
+        m->from_visits = alloc_array(rows, sizeof *m->from_visits, acc);
+        m->last_set = alloc_array((size_t)p->n_layers * (size_t)m->words, sizeof *m->last_set, acc);
+        m->transit_bucket = alloc_array((size_t)p->n_keys, sizeof *m->transit_bucket, acc);
+        m->transit_sum = alloc_array((size_t)p->n_experts, sizeof *m->transit_sum, acc);
+    }
+    if (acc->ok) return m;
     reuse_destroy(m);
     return NULL;
 }
 
 /* Allocates what p->kind needs beyond the common arrays. */
-static bool alloc_family(fe_cache_policy *p)
+static bool alloc_family(fe_cache_policy *p, alloc_acc *acc)
 {
-    bool ok = true;
     size_t keys = (size_t)p->n_keys;
     switch (p->fam) {
     case FAMILY_HEAP:
-        p->heap.node = alloc_array((size_t)p->n_slots, sizeof *p->heap.node, &ok);
-        p->heap.pos = alloc_array(keys, sizeof *p->heap.pos, &ok);
+        p->heap.node = alloc_array((size_t)p->n_slots, sizeof *p->heap.node, acc);
+        p->heap.pos = alloc_array(keys, sizeof *p->heap.pos, acc);
         if (p->heap.pos) fill_none(p->heap.pos, keys);
         if (p->kind == FERRY_CACHE_POLICY_LRU2)
-            p->prev_step = alloc_array(keys, sizeof *p->prev_step, &ok);
+            p->prev_step = alloc_array(keys, sizeof *p->prev_step, acc);
         if (p->kind == FERRY_CACHE_POLICY_LFU_AGING)
-            p->aged = alloc_array(keys, sizeof *p->aged, &ok);
+            p->aged = alloc_array(keys, sizeof *p->aged, acc);
         if (p->kind == FE_CACHE_POLICY_OPT)
-            p->next_use = alloc_array(keys, sizeof *p->next_use, &ok);
-        return ok;
+            p->next_use = alloc_array(keys, sizeof *p->next_use, acc);
+        return acc->ok;
     case FAMILY_ARC:
     case FAMILY_TWOQ:
-        p->cur_dest = alloc_array((size_t)p->n_slots, sizeof *p->cur_dest, &ok);
-        return ok && alloc_lists(&p->lists, p->n_keys,
-                                 p->fam == FAMILY_ARC ? ARC_LISTS : TWOQ_LISTS);
+        p->cur_dest = alloc_array((size_t)p->n_slots, sizeof *p->cur_dest, acc);
+        return acc->ok && alloc_lists(&p->lists, p->n_keys,
+                                       p->fam == FAMILY_ARC ? ARC_LISTS : TWOQ_LISTS, acc);
     case FAMILY_LAYER:
-        return alloc_lists(&p->lists, p->n_keys, p->n_layers);
+        return alloc_lists(&p->lists, p->n_keys, p->n_layers, acc);
     default:
-        p->reuse = reuse_create(p);
+        p->reuse = reuse_create(p, acc);
         return p->reuse != NULL;
     }
 }
@@ -748,7 +917,7 @@ static bool alloc_family(fe_cache_policy *p)
 fe_cache_policy *fe_cache_policy_create(int n_slots, int n_layers, int n_experts,
                                         int kind, int *err)
 {
-    bool ok = true;
+    alloc_acc ok = {true, 0};
     fe_cache_policy *p = NULL;
     int status = FERRY_CACHE_EINVAL;
     if (n_slots < 1 || n_layers < 1 || n_experts < 1 || kind < 0 ||
@@ -773,7 +942,10 @@ fe_cache_policy *fe_cache_policy_create(int n_slots, int n_layers, int n_experts
     p->set_step = alloc_array(keys, sizeof *p->set_step, &ok);
     p->cur_set = alloc_array(slots, sizeof *p->cur_set, &ok);
     p->scratch = alloc_array(slots, sizeof *p->scratch, &ok);
-    if (!ok || !alloc_family(p)) goto fail;
+    if (!ok.ok || !alloc_family(p, &ok)) goto fail;
+    /* The budget counts fe_cache_policy_bytes: refuse to run on a drift. */
+    status = FERRY_CACHE_ESTATE;
+    if (ok.bytes != fe_cache_policy_bytes(kind, n_slots, n_layers, n_experts)) goto fail;
     fill_none(p->slot_key, slots);
     fill_none(p->key_slot, keys);
     for (int slot = n_slots - 1; slot >= 0; slot--) free_add(p, slot);

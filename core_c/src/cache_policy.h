@@ -52,6 +52,12 @@ typedef struct fe_cache_counters {
 fe_cache_policy *fe_cache_policy_create(int n_slots, int n_layers,
                                         int n_experts, int kind, int *err);
 
+/* Bytes fe_cache_policy_create allocates for these arguments: the object
+ * and every array it keeps, whatever the kind (the constructor checks its
+ * own allocations against this, so the RAM budget cannot drift from them).
+ * 0 for arguments create refuses. */
+uint64_t fe_cache_policy_bytes(int kind, int n_slots, int n_layers, int n_experts);
+
 /* Frees the object; NULL is allowed. */
 void fe_cache_policy_destroy(fe_cache_policy *p);
 

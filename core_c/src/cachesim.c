@@ -178,3 +178,9 @@ int ferry_cache_simulate_opt(const int32_t *trace, int n_tokens, int n_layers, i
     free(next);
     return status;
 }
+
+uint64_t ferry_cache_policy_bytes(int policy, int n_layers, int experts_per_layer, int n_slots)
+{
+    if (policy < 0 || policy >= FERRY_CACHE_POLICY_COUNT) return 0;
+    return fe_cache_policy_bytes(policy, n_slots, n_layers, experts_per_layer);
+}

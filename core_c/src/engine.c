@@ -5,6 +5,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cache_policy.h"
 #include "formats.h"
 #include "kernels.h"
 #include "model.h"
@@ -63,6 +64,13 @@ static void fixed_parts(const ferry_engine *e, int n_ctx, uint64_t *trunk, uint6
 /* Least number of cached records that runs: one layer's top_k set. */
 static int min_slots(const fe_hparams *hp) { return hp->top_k; }
 
+/* RAM of the engine's cache policy over `slots` records (its key maps and
+ * what it learns), as fe_ecache_new creates it: over every layer index. */
+static uint64_t policy_bytes(const fe_hparams *hp, int slots) {
+    if (!n_moe_layers(hp) || slots < 1) return 0;
+    return fe_cache_policy_bytes(FERRY_CACHE_POLICY_ENGINE, slots, hp->n_layers, hp->n_experts);
+}
+
 /* Decide the cache and prefetch sizes from the budget; FERRY_E_BUDGET with
  * the floor when the budget cannot hold the minimum. */
 static ferry_status size_cache(ferry_engine *e, ferry_error *err) {
@@ -81,15 +89,20 @@ static ferry_status size_cache(ferry_engine *e, ferry_error *err) {
     } else if (e->opts.ram_budget == 0) {
         e->cache_slots = all;
     } else {
-        uint64_t fixed = trunk + session;
-        uint64_t left = e->opts.ram_budget > fixed ? e->opts.ram_budget - fixed : 0;
-        uint64_t slots = left / rec;
+        /* Records and the policy's state over them share what is left. The
+         * state is affine in the slots (p1 for one, k more per slot), so the
+         * most slots that fit is (left - p1 + k) / (rec + k); the check below
+         * adds the exact state up again. */
+        uint64_t fixed = trunk + session, p1 = policy_bytes(hp, 1), k = policy_bytes(hp, 2) - p1;
+        uint64_t left = e->opts.ram_budget > fixed + p1 ? e->opts.ram_budget - fixed - p1 + k : 0;
+        uint64_t slots = left / (rec + k);
         e->cache_slots = slots > (uint64_t)all ? all : (int)slots;
     }
     if (e->cache_slots < min_slots(hp)) e->cache_slots = e->opts.ram_budget ? 0 : min_slots(hp);
     e->cache_bytes = (uint64_t)e->cache_slots * rec;
+    uint64_t policy = policy_bytes(hp, e->cache_slots);
     if (e->cache_slots < min_slots(hp) ||
-        (e->opts.ram_budget && trunk + session + e->cache_bytes > e->opts.ram_budget))
+        (e->opts.ram_budget && trunk + session + e->cache_bytes + policy > e->opts.ram_budget))
         goto too_small;
     return FERRY_OK;
 too_small:;
@@ -100,10 +113,12 @@ too_small:;
     fmt_bytes(have, sizeof have, e->opts.ram_budget);
     return fe_fail(err, FERRY_E_BUDGET,
                    "the RAM budget of %s is below the floor of %s for a %d-token context (trunk %llu, attention "
-                   "state %llu, scratch %llu, minimum expert cache %llu bytes)",
+                   "state %llu, scratch %llu, minimum expert cache %llu, cache policy %llu bytes)",
                    have, need, e->opts.n_ctx, (unsigned long long)plan.trunk_bytes,
                    (unsigned long long)plan.state_bytes, (unsigned long long)plan.scratch_bytes,
-                   (unsigned long long)(plan.floor_bytes - plan.trunk_bytes - plan.state_bytes - plan.scratch_bytes));
+                   (unsigned long long)(plan.floor_bytes - plan.trunk_bytes - plan.state_bytes -
+                                        plan.scratch_bytes - plan.policy_floor_bytes),
+                   (unsigned long long)plan.policy_floor_bytes);
 }
 
 ferry_status ferry_engine_open(const char *path, const ferry_open_options *opts, ferry_engine **out,
@@ -188,11 +203,15 @@ void ferry_engine_plan(const ferry_engine *e, int n_ctx, ferry_memory_plan *plan
     plan->state_bytes = sz.state;
     plan->scratch_bytes = sz.scratch;
     plan->expert_bytes = e->cache_bytes;
-    plan->total_bytes = plan->trunk_bytes + plan->state_bytes + plan->scratch_bytes + plan->expert_bytes;
+    plan->policy_bytes = policy_bytes(hp, e->cache_slots);
+    plan->total_bytes =
+        plan->trunk_bytes + plan->state_bytes + plan->scratch_bytes + plan->expert_bytes + plan->policy_bytes;
     plan->record_bytes = fe_max_record(&e->c);
     plan->token_set_bytes = (uint64_t)n_moe_layers(hp) * (uint64_t)hp->top_k * plan->record_bytes;
     uint64_t min_cache = n_moe_layers(hp) ? (uint64_t)min_slots(hp) * plan->record_bytes : 0;
-    plan->floor_bytes = plan->trunk_bytes + plan->state_bytes + plan->scratch_bytes + min_cache;
+    plan->policy_floor_bytes = policy_bytes(hp, min_slots(hp));
+    plan->floor_bytes =
+        plan->trunk_bytes + plan->state_bytes + plan->scratch_bytes + min_cache + plan->policy_floor_bytes;
 }
 
 ferry_status ferry_container_plan(const char *path, int n_ctx, int n_threads, ferry_memory_plan *plan,
@@ -207,7 +226,8 @@ ferry_status ferry_container_plan(const char *path, int n_ctx, int n_threads, fe
     if (!e.arch) {
         s = fe_fail(err, FERRY_E_UNSUPPORTED, "model.arch \"%s\" is not an architecture this core runs", e.c.hp.arch);
     } else {
-        e.cache_bytes = (uint64_t)n_moe_layers(&e.c.hp) * (uint64_t)e.c.hp.n_experts * fe_max_record(&e.c);
+        e.cache_slots = n_moe_layers(&e.c.hp) * e.c.hp.n_experts;
+        e.cache_bytes = (uint64_t)e.cache_slots * fe_max_record(&e.c);
         ferry_engine_plan(&e, n_ctx, plan);
     }
     fe_container_close(&e.c);

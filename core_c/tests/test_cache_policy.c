@@ -299,6 +299,25 @@ typedef struct test_case {
     void (*run)(void); /* the test */
 } test_case;
 
+/* TRANSIT's successor counts are 16-bit: a layer visited far more often than
+ * that halves its rows instead of wrapping, and keeps working. */
+static void test_transit_counts_saturate(void)
+{
+    fe_cache_policy *p = fe_cache_policy_create(4, 2, 70, FERRY_CACHE_POLICY_TRANSIT, NULL);
+    CHECK(p != NULL);
+    if (!p) return;
+    int32_t a[2] = {0, 69}, b[2] = {1, 69}, c[1] = {65};
+    for (int v = 0; v < 70000; v++) {
+        visit(p, 0, a, 2);
+        visit(p, 1, v % 3 ? b : c, v % 3 ? 2 : 1);
+    }
+    fe_cache_counters k;
+    fe_cache_policy_counters(p, &k);
+    CHECK(k.hits + k.misses == 70000u * 4u - 70000u / 3u - 1u);
+    CHECK(k.hits > k.misses);
+    fe_cache_policy_destroy(p);
+}
+
 int main(void)
 {
     const test_case tests[] = {
@@ -314,6 +333,7 @@ int main(void)
         {"simulate_rejects_bad_arguments", test_simulate_rejects_bad_arguments},
         {"simulate_matches_manual_replay", test_simulate_matches_manual_replay},
         {"large_cache_only_cold_misses", test_large_cache_only_cold_misses},
+        {"transit_counts_saturate", test_transit_counts_saturate},
     };
     int passed = 0, failed = 0;
     for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {

@@ -171,3 +171,27 @@ def test_plan_config_recommends_what_check_recommends(tmp_path):
         assert (t, e) == (want_t, want_e), usable
         seen.add((t, e))
     assert len(seen) >= 3          # the sizes above do cross the thresholds
+
+
+def test_plan_config_counts_the_cache_policy_state(tmp_path):
+    """The expert cache's policy state is in the plan from a bare config, as
+    the engine counts it: K3's successor table (93 layers x 896^2 x 2 bytes,
+    ~146 MiB) is in its floor, and a tiny K3 plans the very bytes its
+    container's engine plan reports."""
+    from app.engine.binding import container_plan
+    from app.memory.plan_config import plan_from_config
+    from tests.kimi import tiny_k3
+
+    config = json.loads(open(k3_config_path()).read())
+    plan = plan_from_config(config, expert_bits=3, trunk_bits=4, ctx=4096)
+    table = 93 * 896 * 896 * 2
+    assert table <= plan["policy_bytes"] < 1.05 * table
+    assert plan["policy_all_bytes"] >= plan["policy_bytes"]
+    assert plan["floor_bytes"] == (plan["trunk_bytes"] + plan["state_bytes"] + plan["scratch_bytes"]
+                                   + plan["top_k"] * plan["expert_record_bytes"] + plan["policy_bytes"])
+    src = tmp_path / "k3"
+    tiny_k3.build(src)
+    tiny = plan_from_config(json.loads((src / "config.json").read_text()), trunk_format="f32", expert_format="f32")
+    real = container_plan(convert(src, tmp_path / "k3.ferry", trunk_format="f32", expert_format="f32"), 4096)
+    assert tiny["policy_bytes"] == real.policy_floor_bytes > 0
+    assert tiny["policy_all_bytes"] == real.policy_bytes

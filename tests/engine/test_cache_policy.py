@@ -26,7 +26,7 @@ EXPERTS = 64
 SANITIZE = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all"]
 # Engine-policy hit rate / OPT measured on the full trace, cold (docs/CACHE_POLICY.md),
 # minus a 0.01 margin. The 0.90 target is not reached; these pin what is.
-ENGINE_RATIO_FLOOR = {61: 0.751, 128: 0.760, 256: 0.802}
+ENGINE_RATIO_FLOOR = {61: 0.761, 128: 0.775, 256: 0.815}
 
 
 def build_private_lib(tmpdir: Path):
@@ -79,9 +79,24 @@ def test_real_trace_shape(trace):
 @pytest.mark.parametrize("slots", sorted(ENGINE_RATIO_FLOOR))
 def test_engine_policy_fraction_of_opt(trace, lib, slots):
     r = cachesim.simulate(trace, EXPERTS, slots, "engine", lib=lib)
-    assert r["policy"] == "echo"
+    assert r["policy"] == "transit"
     assert r["ratio_to_opt"] >= ENGINE_RATIO_FLOOR[slots]
     assert r["hit_rate"] > r["lru_hit_rate"]
+
+
+@pytest.mark.parametrize("slots", (32, 61, 128, 256, 512))
+def test_engine_policy_beats_echo_on_the_held_out_half(trace, lib, slots):
+    """transit was chosen on tokens 0-148; on tokens 149-298, replayed cold,
+    it must gain over echo (the previous engine policy) at the small sizes
+    and not lose more than 0.1 point at 512 slots, where it measured 0.06
+    points below (docs/CACHE_POLICY.md, issue 17)."""
+    held_out = trace[trace.shape[0] // 2:]
+    new = cachesim.simulate(held_out, EXPERTS, slots, "engine", lib=lib)["hit_rate"]
+    old = cachesim.simulate(held_out, EXPERTS, slots, "echo", lib=lib)["hit_rate"]
+    if slots <= 256:
+        assert new >= old + 0.005
+    else:
+        assert new >= old - 0.001
 
 
 def test_opt_bounds_every_policy_at_every_size(trace, lib):
@@ -210,3 +225,25 @@ def test_opt_is_optimal_on_tiny_traces_by_exhaustive_search(lib):
         for name in cachesim.policy_names(lib):
             online = cachesim.simulate(trace, n_experts, n_slots, name, lib=lib)
             assert online["hits"] <= best
+
+
+@pytest.mark.parametrize("shape", [(3, 70, 9), (5, 64, 5), (2, 1, 1)])
+def test_every_policy_counts_the_memory_it_allocates(shape):
+    """ferry_cache_policy_bytes is what each policy's constructor allocates (the
+    constructor refuses to run on a mismatch, so a replay succeeding proves it);
+    every policy has state, and TRANSIT's successor table is most of its own."""
+    layers, experts, slots = shape
+    trace = np.random.default_rng(5).permuted(
+        np.tile(np.arange(experts, dtype=np.int32), (40, layers, 1)), axis=2)[:, :, :1]
+    names = cachesim.policy_names()
+    sizes = {name: cachesim.policy_bytes(layers, experts, slots, name) for name in names}
+    for name in names:
+        assert sizes[name] > 0, name
+        assert 0 <= cachesim.simulate(trace, experts, slots, name)["hit_rate"] <= 1
+    assert sizes["engine"] == sizes["transit"]
+    table = layers * experts * experts * 2
+    assert sizes["transit"] - sizes["echo"] >= table
+    assert sizes["echo"] > sizes["reuse"] > sizes["lru"]
+    # more slots, more state; arguments the constructor refuses count nothing
+    assert cachesim.policy_bytes(layers, experts, slots + 1, "lru") > sizes["lru"]
+    assert cachesim.policy_bytes(layers, experts, 0) == 0

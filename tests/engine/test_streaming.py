@@ -14,6 +14,7 @@ import pytest
 
 from app.convert.convert import convert
 from app.engine.binding import Engine, FerryError
+from app.engine.cachesim import policy_bytes
 from bench.make_synthetic import make, parse
 from tests.conftest import REPO
 
@@ -140,15 +141,31 @@ def test_usage_counts_round_trip(moe_model):
 
 def test_budget_floor_and_refusal(moe_model):
     with Engine(moe_model, n_ctx=64) as engine:
-        plan = engine.plan(64)
-    assert plan.floor_bytes == plan.trunk_bytes + plan.state_bytes + plan.scratch_bytes + 4 * plan.record_bytes
-    with pytest.raises(FerryError) as info:
+        plan, info = engine.plan(64), engine.info
+    # the cache policy's state is a part of the floor, over the minimum cache (top 4)
+    assert plan.policy_floor_bytes == policy_bytes(info.n_layers, 32, 4) > 0
+    assert plan.floor_bytes == (plan.trunk_bytes + plan.state_bytes + plan.scratch_bytes + 4 * plan.record_bytes
+                                + plan.policy_floor_bytes)
+    with pytest.raises(FerryError) as refused:
         Engine(moe_model, n_ctx=64, ram_budget=plan.floor_bytes - 1)
-    assert info.value.code == "FERRY_E_BUDGET" and f"({plan.floor_bytes} bytes)" in info.value.message
-    budget = plan.floor_bytes + 20 * plan.record_bytes
-    with Engine(moe_model, n_ctx=64, ram_budget=budget) as engine:
-        assert engine.info.cache_slots == 24  # the minimum (top 4) and the 20 records above it
-        assert engine.plan(64).total_bytes <= budget
+    assert refused.value.code == "FERRY_E_BUDGET" and f"({plan.floor_bytes} bytes)" in refused.value.message
+    assert f"cache policy {plan.policy_floor_bytes} bytes" in refused.value.message
+    with Engine(moe_model, n_ctx=64, ram_budget=plan.floor_bytes) as engine:
+        assert engine.info.cache_slots == 4 and engine.plan(64).total_bytes == plan.floor_bytes
+    # 20 records above the minimum need room for the policy's state over them too
+    grown = policy_bytes(info.n_layers, 32, 24) - plan.policy_floor_bytes
+    assert grown > 0
+    budget = plan.floor_bytes + 20 * plan.record_bytes + grown
+    for give, slots in ((budget, 24), (budget - 1, 23)):
+        with Engine(moe_model, n_ctx=64, ram_budget=give) as engine:
+            assert engine.info.cache_slots == slots
+            used = engine.plan(64)
+            # what the engine allocated for its policy (its constructor checks it against
+            # the same count) is what the plan reports, and every part fits the budget
+            assert used.policy_bytes == policy_bytes(info.n_layers, 32, slots)
+            assert used.expert_bytes == slots * used.record_bytes
+            assert used.total_bytes == (used.trunk_bytes + used.state_bytes + used.scratch_bytes
+                                        + used.expert_bytes + used.policy_bytes) <= give
 
 
 RSS_PROBE = """

@@ -247,7 +247,8 @@ def test_stats_view_uses_the_engines_decode_split():
 
 
 class _Plan:
-    trunk_bytes, state_bytes, scratch_bytes, expert_bytes, total_bytes, floor_bytes = 100, 20, 5, 210, 335, 135
+    trunk_bytes, state_bytes, scratch_bytes, expert_bytes, total_bytes, floor_bytes = 100, 20, 5, 210, 342, 135
+    policy_bytes, policy_floor_bytes = 7, 3    # the cache policy's state, in the total and the floor
     record_bytes, token_set_bytes = 5, 10
 
 
@@ -264,7 +265,8 @@ def test_memory_split():
     for usable in (APP_RESERVE + 10_000, APP_RESERVE + 400, 100):
         assert recommended_budget(_Plan, usable) == recommend(_Plan, MachineMemory(usable, usable, "t")).budget
     assert recommended_budget(_Plan, 100) == 135                                   # never below the floor
-    assert memory_split(_Plan, _Info, 335, usable=10_000, recommended=777).recommended == 777
-    m = memory_split(_Plan, _Info, budget=335, usable=10_000)
-    assert (m.trunk, m.state, m.scratch, m.expert_cache) == (100, 20, 5, 210) and m.total == 335
-    assert m.floor == 135 and [n for n, _ in m.parts] == ["trunk", "attention state", "expert cache", "scratch"]
+    assert memory_split(_Plan, _Info, 342, usable=10_000, recommended=777).recommended == 777
+    m = memory_split(_Plan, _Info, budget=342, usable=10_000)
+    assert (m.trunk, m.state, m.scratch, m.expert_cache, m.policy) == (100, 20, 5, 210, 7) and m.total == 342
+    assert m.floor == 135 and [n for n, _ in m.parts] == ["trunk", "attention state", "expert cache", "cache policy",
+                                                          "scratch"]

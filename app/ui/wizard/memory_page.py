@@ -53,7 +53,7 @@ class MemoryPage(QWizardPage):
             "<table>"
             f"<tr><td style='padding-right:14px'><b>The least it runs in</b></td><td>{size(plan.floor)} "
             f"(the always-needed weights {size(plan.trunk)}, the conversation's state at {plan.n_ctx} tokens "
-            f"{size(plan.state)}, working memory {size(plan.scratch + plan.min_cache)})</td></tr>"
+            f"{size(plan.state)}, working memory {size(plan.scratch + plan.min_cache + plan.policy)})</td></tr>"
             f"<tr><td><b>Recommended</b></td><td>{size(plan.recommended)} ({plan.reason})</td></tr>"
             + (f"<tr><td><b>Everything in RAM</b></td><td>{size(plan.everything)}</td></tr>" if plan.record else "")
             + f"<tr><td><b>This computer</b></td><td>{size(m.total)} of RAM, {size(m.usable)} usable now</td></tr>"
