@@ -37,7 +37,7 @@ def test_demo_model_from_the_model_menu_to_a_chat(qtbot, make_window, demo_gguf,
     assert tree_bytes(out) == tree_bytes(reference)
     with qtbot.waitSignal(w.model_loaded, timeout=T) as loaded:
         wiz.button(QWizard.WizardButton.FinishButton).click()      # "Open a chat"
-    assert loaded.args[0]["path"] == str(out)
+    assert loaded.args[0].path == str(out)
     assert w.stack.currentWidget() is w.chat_page
     assert w.settings.ram_budget == 0          # the recommended budget: "auto" in Settings
 
