@@ -27,7 +27,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -37,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from app.convert import quant  # noqa: E402
 from app.engine._ferry_c import ffi, lib  # noqa: E402
+from app.get.speed import run_threads  # noqa: E402
 
 FORMATS = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q4_k", "q6_k", "q3_nl"]
 COLS = 3584
@@ -60,14 +60,6 @@ def random_matrix(fmt: str, rows: int, rng) -> np.ndarray:
     return b.reshape(-1)
 
 
-def run_threads(fn, n: int) -> float:
-    ts = [threading.Thread(target=fn, args=(i,)) for i in range(n)]
-    t0 = time.perf_counter()
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    return time.perf_counter() - t0
 
 
 STREAMS = (1, 2, 4, 8)

@@ -16,6 +16,17 @@ MATRIX_BYTES = 96 << 20     # far beyond the last-level cache, like weights stre
 
 
 @functools.lru_cache(maxsize=None)
+def run_threads(fn, n: int) -> float:
+    """Seconds for ``fn(i)`` run on ``n`` threads at once (i = 0..n-1), start to last join."""
+    ts = [threading.Thread(target=fn, args=(i,)) for i in range(n)]
+    t0 = time.perf_counter()
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return time.perf_counter() - t0
+
+
 def kernel_bytes_per_s(fmt: str, threads: int | None = None) -> float | None:
     """Weight bytes per second of one decode step in ``fmt`` (None when the
     format has no kernel or the core is not built)."""
@@ -44,15 +55,6 @@ def kernel_bytes_per_s(fmt: str, threads: int | None = None) -> float | None:
         lib.ferry_kernel_matmul(impl, code, ffi.from_buffer(w[i * per * row:(i + 1) * per * row]), per, COLS,
                                 ffi.from_buffer("float[]", x), 1, ffi.from_buffer("float[]", y[i]))
 
-    def run() -> float:
-        ts = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
-        t0 = time.perf_counter()
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join()
-        return time.perf_counter() - t0
-
-    run()
-    best = min(run() for _ in range(3))
+    run_threads(work, threads)   # warm up
+    best = min(run_threads(work, threads) for _ in range(3))
     return per * threads * row / best
