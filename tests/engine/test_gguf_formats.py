@@ -13,6 +13,7 @@ import pytest
 
 from app.convert import quant
 from app.convert.convert import convert
+from tests.get.tiny_gguf import write_llama_metadata
 from tests.tiny_models import rel_l2
 
 DIM, FFN, HEADS, KV, LAYERS, VOCAB = 256, 512, 4, 2, 2, 64
@@ -65,21 +66,7 @@ def gguf_model(tmp_path_factory):
     root = tmp_path_factory.mktemp("gguf")
     path = root / "tiny-llama.gguf"
     w = gguf.GGUFWriter(str(path), "llama")
-    w.add_block_count(LAYERS)
-    w.add_context_length(128)
-    w.add_embedding_length(DIM)
-    w.add_feed_forward_length(FFN)
-    w.add_head_count(HEADS)
-    w.add_head_count_kv(KV)
-    w.add_rope_freq_base(10000.0)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_rope_dimension_count(HEAD)
-    w.add_tokenizer_model("gpt2")
-    tokens = [chr(ord("a") + i % 26) * (1 + i // 26) for i in range(VOCAB)]
-    w.add_token_list(tokens)
-    w.add_token_types([1] * VOCAB)
-    w.add_token_merges(["a a"])
-    w.add_eos_token_id(1)
+    write_llama_metadata(w, layers=LAYERS, dim=DIM, ffn=FFN, heads=HEADS, kv=KV, head_dim=HEAD, vocab=VOCAB)
     hf = {}  # transformers names -> the exact values stored
 
     def matrix(gguf_name, hf_name, rows, cols, type_name, perm_heads=0):

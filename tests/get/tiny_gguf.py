@@ -8,6 +8,25 @@ import numpy as np
 LAYERS, DIM, FFN, HEADS, KV, VOCAB = 2, 64, 96, 4, 2, 64
 
 
+def write_llama_metadata(w, *, layers: int, dim: int, ffn: int, heads: int, kv: int, head_dim: int,
+                         vocab: int) -> None:
+    """The metadata of a tiny Llama GGUF (shapes, RoPE, a toy gpt2 vocabulary) on a gguf.GGUFWriter."""
+    w.add_block_count(layers)
+    w.add_context_length(128)
+    w.add_embedding_length(dim)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_dimension_count(head_dim)
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list([chr(ord("a") + i % 26) * (1 + i // 26) for i in range(vocab)])
+    w.add_token_types([1] * vocab)
+    w.add_token_merges(["a a"])
+    w.add_eos_token_id(1)
+
+
 def write_tiny_gguf(path: Path, type_name: str = "Q8_0", seed: int = 5) -> Path:
     import gguf
 
@@ -15,20 +34,7 @@ def write_tiny_gguf(path: Path, type_name: str = "Q8_0", seed: int = 5) -> Path:
 
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), "llama")
-    w.add_block_count(LAYERS)
-    w.add_context_length(128)
-    w.add_embedding_length(DIM)
-    w.add_feed_forward_length(FFN)
-    w.add_head_count(HEADS)
-    w.add_head_count_kv(KV)
-    w.add_rope_freq_base(10000.0)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_rope_dimension_count(DIM // HEADS)
-    w.add_tokenizer_model("gpt2")
-    w.add_token_list([chr(ord("a") + i % 26) * (1 + i // 26) for i in range(VOCAB)])
-    w.add_token_types([1] * VOCAB)
-    w.add_token_merges(["a a"])
-    w.add_eos_token_id(1)
+    write_llama_metadata(w, layers=LAYERS, dim=DIM, ffn=FFN, heads=HEADS, kv=KV, head_dim=DIM // HEADS, vocab=VOCAB)
 
     def matrix(name, rows, cols):
         v = (rng.standard_normal((rows, cols)) * 0.05).astype(np.float32)
