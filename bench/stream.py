@@ -35,7 +35,6 @@ import platform
 import shutil
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -45,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 
 from app.convert.convert import convert
 from app.engine.binding import Engine, container_plan
+from app.get.speed import run_threads
 from bench.make_synthetic import make, parse
 
 PROMPT = 16
@@ -112,13 +112,7 @@ def disk_bandwidth(container: Path, record: int, readers: int, seconds: float = 
             off = 4096 + int(rng.integers(n_records)) * record
             done[i] += os.preadv(fd, [buf], off)
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(readers)]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    elapsed = time.perf_counter() - t0
+    elapsed = run_threads(work, readers)
     for fd in fds:
         os.close(fd)
     return {"bytes_per_s": sum(done) / elapsed, "readers": readers, "direct": bool(getattr(os, "O_DIRECT", 0))}
