@@ -98,10 +98,15 @@ def policy_bytes(n_layers: int, experts_per_layer: int, slots: int, policy: str 
 
 
 def simulate(trace: np.ndarray, experts_per_layer: int, slots: int, policy: str = ENGINE,
-             prior: np.ndarray | None = None, lib=None) -> dict:
+             prior: np.ndarray | None = None, lib=None, learn_tokens: int = 0) -> dict:
     """Replays `trace` ([tokens, layers, top_k] ids) through a `slots`-record
     cache under `policy`, LRU and OPT. `prior` is an optional hot list
-    (see usage_counts) the policy starts from. Returns a dict of hit_rate,
+    (see usage_counts) the policy starts from. With `learn_tokens` > 0 the
+    policy first learns from the first learn_tokens tokens (an earlier
+    session), then replays the rest with an empty cache and that learned
+    state (the policy's whole learned state, not only the hot list: see
+    ferry_cache_simulate_learned); every figure is then for the rest only.
+    Returns a dict of hit_rate,
     lru_hit_rate, opt_hit_rate, hits, misses, requests, policy (the
     canonical name, e.g. 'transit' for 'engine'), slots and ratio_to_opt.
     Raises ValueError with the C side's message on bad arguments."""
@@ -110,9 +115,14 @@ def simulate(trace: np.ndarray, experts_per_layer: int, slots: int, policy: str 
     if policy not in names:
         raise ValueError(f"unknown policy '{policy}' (choose from {', '.join(names)})")
     trace = _as_trace(trace)
-    chosen = _run(pair, trace, experts_per_layer, slots, names[policy], prior)
-    lru = _run(pair, trace, experts_per_layer, slots, names["lru"], None)
-    opt = _run(pair, trace, experts_per_layer, slots, None, None)
+    if learn_tokens and prior is not None:
+        raise ValueError("give either a prior hot list or learn_tokens, not both")
+    if learn_tokens and not 0 < learn_tokens < trace.shape[0]:
+        raise ValueError(f"learn_tokens must be in [1, {trace.shape[0]}), got {learn_tokens}")
+    chosen = _run(pair, trace, experts_per_layer, slots, names[policy], prior, learn_tokens)
+    rest = trace[learn_tokens:]
+    lru = _run(pair, rest, experts_per_layer, slots, names["lru"], None)
+    opt = _run(pair, rest, experts_per_layer, slots, None, None)
     canonical = next(n for n, v in names.items() if v == names[policy] and n != ENGINE)
     return {
         "policy": canonical,
@@ -143,7 +153,7 @@ def _as_trace(trace) -> np.ndarray:
 
 
 def _run(pair, trace: np.ndarray, experts_per_layer: int, slots: int, policy: int | None,
-         prior: np.ndarray | None) -> dict:
+         prior: np.ndarray | None, learn_tokens: int = 0) -> dict:
     """One C replay; policy None means OPT."""
     ffi, c = pair
     n_tokens, n_layers, top_k = trace.shape
@@ -153,6 +163,9 @@ def _run(pair, trace: np.ndarray, experts_per_layer: int, slots: int, policy: in
     if policy is None:
         status = c.ferry_cache_simulate_opt(ids, n_tokens, n_layers, top_k, experts_per_layer,
                                             slots, out, err, _ERR_LEN)
+    elif learn_tokens:
+        status = c.ferry_cache_simulate_learned(ids, n_tokens, n_layers, top_k, experts_per_layer,
+                                                slots, policy, learn_tokens, out, err, _ERR_LEN)
     else:
         counts = ffi.NULL
         if prior is not None:

@@ -69,6 +69,18 @@ int ferry_cache_simulate(const int32_t *trace, int n_tokens, int n_layers,
                          int policy, const uint32_t *prior_counts,
                          ferry_cachesim_result *out, char *err, size_t err_len);
 
+/* A second session that starts from what the first learned: replays tokens
+ * 0 .. learn_tokens-1 through the policy, saves its learned state (usage
+ * counts, learned reuse table, TRANSIT's successor counts; not the cache's
+ * contents), then replays tokens learn_tokens .. n_tokens-1 through a new,
+ * empty cache that loaded that state, and reports only that second replay.
+ * Same arguments and checks as ferry_cache_simulate, plus
+ * 1 <= learn_tokens < n_tokens. */
+int ferry_cache_simulate_learned(const int32_t *trace, int n_tokens, int n_layers,
+                                 int top_k, int experts_per_layer, int n_slots,
+                                 int policy, int learn_tokens,
+                                 ferry_cachesim_result *out, char *err, size_t err_len);
+
 /* Replays the same trace under Belady's offline optimum (evict the
  * unpinned resident key whose next request is farthest away), with the same
  * pinning: the upper bound for every policy above. Same arguments and

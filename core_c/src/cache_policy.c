@@ -438,6 +438,13 @@ static int feature_cell(const fe_cache_policy *p, int32_t key)
     return (gap_bucket(p, key) * SHARE_BUCKETS + second) * VOTE_BUCKETS + vote_bucket(p, key);
 }
 
+/* The table's probabilities from its counts: (used + 1) / (seen + 2). */
+static void reuse_calibrate(reuse_model *m)
+{
+    for (int cell = 0; cell < TABLE_CELLS; cell++)
+        m->probability[cell] = ((double)m->used[cell] + 1.0) / ((double)m->seen[cell] + 2.0);
+}
+
 /* Teaches the table this visit's outcome for every expert of the layer,
  * with the features the scorer saw just before it. */
 static void reuse_learn(fe_cache_policy *p, int layer)
@@ -447,8 +454,7 @@ static void reuse_learn(fe_cache_policy *p, int layer)
     for (int32_t key = first; key < first + p->n_experts; key++)
         m->seen[feature_cell(p, key)]++;
     for (int i = 0; i < p->cur_n; i++) m->used[feature_cell(p, p->cur_set[i])]++;
-    for (int cell = 0; cell < TABLE_CELLS; cell++)
-        m->probability[cell] = ((double)m->used[cell] + 1.0) / ((double)m->seen[cell] + 2.0);
+    reuse_calibrate(m);
 }
 
 static void echo_start_token(fe_cache_policy *p)
@@ -981,19 +987,23 @@ void fe_cache_policy_destroy(fe_cache_policy *p)
 
 /* ---- counts ----------------------------------------------------------- */
 
+/* The score policies' per-layer totals of uses[]. */
+static void recount_layer_uses(fe_cache_policy *p)
+{
+    for (int layer = 0; layer < p->n_layers; layer++) {
+        uint64_t sum = 0;
+        for (int e = 0; e < p->n_experts; e++) sum += p->uses[layer * p->n_experts + e];
+        p->reuse->layer_uses[layer] = sum;
+    }
+}
+
 int fe_cache_policy_load_counts(fe_cache_policy *p, const uint32_t *counts, size_t n)
 {
     if (!counts || n != (size_t)p->n_keys) return FERRY_CACHE_EINVAL;
     if (p->step != 0) return FERRY_CACHE_ESTATE;
     memcpy(p->uses, counts, n * sizeof *counts);
     if (p->aged) memcpy(p->aged, counts, n * sizeof *counts);
-    if (p->reuse) {
-        for (int layer = 0; layer < p->n_layers; layer++) {
-            uint64_t sum = 0;
-            for (int e = 0; e < p->n_experts; e++) sum += counts[layer * p->n_experts + e];
-            p->reuse->layer_uses[layer] = sum;
-        }
-    }
+    if (p->reuse) recount_layer_uses(p);
     return FERRY_CACHE_OK;
 }
 
@@ -1001,6 +1011,123 @@ int fe_cache_policy_save_counts(const fe_cache_policy *p, uint32_t *counts, size
 {
     if (!counts || n != (size_t)p->n_keys) return FERRY_CACHE_EINVAL;
     memcpy(counts, p->uses, n * sizeof *counts);
+    return FERRY_CACHE_OK;
+}
+
+/* ---- learned state ---------------------------------------------------- */
+
+/* Header of a saved state; the arrays follow in the order of state_parts. */
+typedef struct state_header {
+    char magic[8];     /* STATE_MAGIC */
+    int32_t kind;      /* FERRY_CACHE_POLICY_* of the saving object */
+    int32_t n_layers;  /* its MoE layers */
+    int32_t n_experts; /* its experts per layer */
+    int32_t reserved;  /* 0 */
+} state_header;
+
+static const char STATE_MAGIC[8] = {'F', 'E', 'R', 'R', 'Y', 'C', 'P', '1'};
+
+/* One array of the state: where it lives in the object and its size. */
+typedef struct state_part {
+    void *data;
+    size_t bytes;
+} state_part;
+
+enum { STATE_PARTS = 5 };
+
+/* The arrays a kind saves: uses; the reuse table (seen, used); the
+ * successor counts (successors, from_visits). Absent parts have 0 bytes. */
+static void state_parts(const fe_cache_policy *p, state_part part[STATE_PARTS])
+{
+    const reuse_model *m = p->reuse;
+    size_t keys = (size_t)p->n_keys;
+    memset(part, 0, STATE_PARTS * sizeof *part);
+    part[0] = (state_part){p->uses, keys * sizeof *p->uses};
+    if (!m) return;
+    part[1] = (state_part){(void *)m->seen, sizeof m->seen};
+    part[2] = (state_part){(void *)m->used, sizeof m->used};
+    if (!m->successors) return;
+    part[3] = (state_part){m->successors, keys * (size_t)p->n_experts * sizeof *m->successors};
+    part[4] = (state_part){m->from_visits, keys * sizeof *m->from_visits};
+}
+
+uint64_t fe_cache_policy_state_bytes(const fe_cache_policy *p)
+{
+    state_part part[STATE_PARTS];
+    state_parts(p, part);
+    uint64_t n = sizeof(state_header);
+    for (int i = 0; i < STATE_PARTS; i++) n += part[i].bytes;
+    return n;
+}
+
+int fe_cache_policy_save_state(const fe_cache_policy *p, void *buf, size_t n)
+{
+    if (!buf || n != fe_cache_policy_state_bytes(p)) return FERRY_CACHE_EINVAL;
+    if (p->open) return FERRY_CACHE_ESTATE;
+    state_header h = {{0}, p->kind, p->n_layers, p->n_experts, 0};
+    memcpy(h.magic, STATE_MAGIC, sizeof h.magic);
+    unsigned char *out = buf;
+    memcpy(out, &h, sizeof h);
+    out += sizeof h;
+    state_part part[STATE_PARTS];
+    state_parts(p, part);
+    for (int i = 0; i < STATE_PARTS; i++) {
+        if (part[i].bytes) memcpy(out, part[i].data, part[i].bytes);
+        out += part[i].bytes;
+    }
+    return FERRY_CACHE_OK;
+}
+
+/* Whether the saved counts could have come from a run: a table cell never
+ * used more often than seen; a successor count never above its row's
+ * visits. Reads the blob's arrays in place (memcpy: no alignment assumed). */
+static bool state_consistent(const fe_cache_policy *p, const unsigned char *in,
+                             const state_part part[STATE_PARTS])
+{
+    const unsigned char *seen = in + part[0].bytes, *used = seen + part[1].bytes;
+    for (size_t c = 0; c < part[1].bytes / sizeof(uint64_t); c++) {
+        uint64_t s, u;
+        memcpy(&s, seen + c * sizeof s, sizeof s);
+        memcpy(&u, used + c * sizeof u, sizeof u);
+        if (u > s) return false;
+    }
+    if (!part[3].bytes) return true;
+    const unsigned char *succ = used + part[2].bytes, *from = succ + part[3].bytes;
+    size_t e = (size_t)p->n_experts;
+    for (size_t row = 0; row < (size_t)p->n_keys; row++) {
+        uint16_t visits;
+        memcpy(&visits, from + row * sizeof visits, sizeof visits);
+        for (size_t to = 0; to < e; to++) {
+            uint16_t c;
+            memcpy(&c, succ + (row * e + to) * sizeof c, sizeof c);
+            if (c > visits) return false;
+        }
+    }
+    return true;
+}
+
+int fe_cache_policy_load_state(fe_cache_policy *p, const void *buf, size_t n)
+{
+    if (!buf || n != fe_cache_policy_state_bytes(p)) return FERRY_CACHE_EINVAL;
+    if (p->step != 0) return FERRY_CACHE_ESTATE;
+    state_header h;
+    memcpy(&h, buf, sizeof h);
+    if (memcmp(h.magic, STATE_MAGIC, sizeof h.magic) != 0 || h.kind != p->kind ||
+        h.n_layers != p->n_layers || h.n_experts != p->n_experts || h.reserved != 0)
+        return FERRY_CACHE_EINVAL;
+    const unsigned char *in = (const unsigned char *)buf + sizeof h;
+    state_part part[STATE_PARTS];
+    state_parts(p, part);
+    if (!state_consistent(p, in, part)) return FERRY_CACHE_EINVAL;
+    for (int i = 0; i < STATE_PARTS; i++) {
+        if (part[i].bytes) memcpy(part[i].data, in, part[i].bytes);
+        in += part[i].bytes;
+    }
+    if (p->aged) memcpy(p->aged, p->uses, (size_t)p->n_keys * sizeof *p->aged);
+    if (p->reuse) {
+        recount_layer_uses(p);
+        reuse_calibrate(p->reuse);
+    }
     return FERRY_CACHE_OK;
 }
 

@@ -74,6 +74,27 @@ int fe_cache_policy_load_counts(fe_cache_policy *p, const uint32_t *counts,
 int fe_cache_policy_save_counts(const fe_cache_policy *p, uint32_t *counts,
                                 size_t n);
 
+/* The learned state, for a later session to start from where this one
+ * stopped (a superset of the hot list): the usage counts, and for the
+ * score policies (REUSE, ECHO, TRANSIT) the learned reuse table, and for
+ * TRANSIT the successor counts. Not the cache's contents, recency or the
+ * echo history: a new session starts with an empty cache and no tokens.
+ * The blob starts with a header naming the kind and shape; it is plain
+ * native-endian data for the caller to persist beside the model.
+ * fe_cache_policy_state_bytes: its size for this object. */
+uint64_t fe_cache_policy_state_bytes(const fe_cache_policy *p);
+
+/* Writes the state into buf (n == fe_cache_policy_state_bytes(p), else
+ * FERRY_CACHE_EINVAL). Allowed at any time outside an open visit. */
+int fe_cache_policy_save_state(const fe_cache_policy *p, void *buf, size_t n);
+
+/* Replaces the learned state with one saved by an object of the same kind,
+ * n_layers and n_experts (n_slots may differ). Only before the first
+ * begin_layer (else FERRY_CACHE_ESTATE). A blob of another size, kind or
+ * shape, or whose counts are inconsistent, is FERRY_CACHE_EINVAL and
+ * changes nothing. */
+int fe_cache_policy_load_state(fe_cache_policy *p, const void *buf, size_t n);
+
 /* Opens a layer visit requesting the n distinct experts in experts[]
  * (1 <= n <= n_slots; the array is copied). Counts each as a hit or a miss
  * and pins the set until end_layer. FERRY_CACHE_ESTATE if a visit is open. */

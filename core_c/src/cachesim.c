@@ -126,7 +126,18 @@ static int replay_visit(fe_cache_policy *p, const trace_shape *s, uint64_t v,
     return status == FERRY_CACHE_OK ? fe_cache_policy_end_layer(p) : status;
 }
 
-static int replay(const trace_shape *s, int kind, const uint32_t *prior,
+/* What a replay starts from and keeps: an optional hot list or learned
+ * state to load, and whether to hand the final learned state back. */
+typedef struct replay_io {
+    const uint32_t *prior;   /* hot list, or NULL */
+    const void *state;       /* learned state (fe_cache_policy_save_state), or NULL */
+    size_t state_len;        /* its bytes */
+    void *saved;             /* out: malloc'ed final state if want_state */
+    size_t saved_len;        /* out: its bytes */
+    bool want_state;         /* save the state at the end */
+} replay_io;
+
+static int replay(const trace_shape *s, int kind, replay_io *io,
                   const uint32_t *next, ferry_cachesim_result *out, char *err,
                   size_t err_len)
 {
@@ -134,11 +145,19 @@ static int replay(const trace_shape *s, int kind, const uint32_t *prior,
     fe_cache_policy *p = fe_cache_policy_create(s->n_slots, s->n_layers, s->n_experts,
                                                 kind, &status);
     if (!p) return fail(err, err_len, status, "cannot create the cache policy");
-    if (prior)
-        status = fe_cache_policy_load_counts(p, prior,
+    if (io && io->prior)
+        status = fe_cache_policy_load_counts(p, io->prior,
                                              (size_t)s->n_layers * (size_t)s->n_experts);
+    if (io && io->state && status == FERRY_CACHE_OK)
+        status = fe_cache_policy_load_state(p, io->state, io->state_len);
     for (uint64_t v = 0; status == FERRY_CACHE_OK && v < visit_count(s); v++)
         status = replay_visit(p, s, v, next);
+    if (io && io->want_state && status == FERRY_CACHE_OK) {
+        io->saved_len = (size_t)fe_cache_policy_state_bytes(p);
+        io->saved = malloc(io->saved_len);
+        status = io->saved ? fe_cache_policy_save_state(p, io->saved, io->saved_len)
+                           : FERRY_CACHE_ENOMEM;
+    }
     fe_cache_counters c;
     fe_cache_policy_counters(p, &c);
     fe_cache_policy_destroy(p);
@@ -162,7 +181,35 @@ int ferry_cache_simulate(const int32_t *trace, int n_tokens, int n_layers, int t
     if (status != FERRY_CACHE_OK) return status;
     if (policy < 0 || policy >= FERRY_CACHE_POLICY_COUNT)
         return fail(err, err_len, FERRY_CACHE_EINVAL, "unknown policy %d", policy);
-    return replay(&s, policy, prior_counts, NULL, out, err, err_len);
+    replay_io io = {prior_counts, NULL, 0, NULL, 0, false};
+    return replay(&s, policy, &io, NULL, out, err, err_len);
+}
+
+int ferry_cache_simulate_learned(const int32_t *trace, int n_tokens, int n_layers, int top_k,
+                                 int experts_per_layer, int n_slots, int policy,
+                                 int learn_tokens, ferry_cachesim_result *out, char *err,
+                                 size_t err_len)
+{
+    trace_shape s = {trace, n_tokens, n_layers, top_k, experts_per_layer, n_slots};
+    int status = check_shape(&s, out, err, err_len);
+    if (status != FERRY_CACHE_OK) return status;
+    if (policy < 0 || policy >= FERRY_CACHE_POLICY_COUNT)
+        return fail(err, err_len, FERRY_CACHE_EINVAL, "unknown policy %d", policy);
+    if (learn_tokens < 1 || learn_tokens >= n_tokens)
+        return fail(err, err_len, FERRY_CACHE_EINVAL,
+                    "learn_tokens must be in [1, %d) (got %d)", n_tokens, learn_tokens);
+    trace_shape first = s, rest = s;
+    first.n_tokens = learn_tokens;
+    rest.trace = layer_set(&s, (uint64_t)learn_tokens * (uint64_t)n_layers);
+    rest.n_tokens = n_tokens - learn_tokens;
+    replay_io learn = {NULL, NULL, 0, NULL, 0, true};
+    ferry_cachesim_result ignored;
+    status = replay(&first, policy, &learn, NULL, &ignored, err, err_len);
+    if (status != FERRY_CACHE_OK) return status;
+    replay_io resume = {NULL, learn.saved, learn.saved_len, NULL, 0, false};
+    status = replay(&rest, policy, &resume, NULL, out, err, err_len);
+    free(learn.saved);
+    return status;
 }
 
 int ferry_cache_simulate_opt(const int32_t *trace, int n_tokens, int n_layers, int top_k,

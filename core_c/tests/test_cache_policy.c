@@ -318,6 +318,126 @@ static void test_transit_counts_saturate(void)
     fe_cache_policy_destroy(p);
 }
 
+/* A session that loads what an earlier one saved resumes with the same
+ * learned state: saving right after loading gives the same bytes, and
+ * ferry_cache_simulate_learned is exactly that manual two-session replay.
+ * Every kind; the first session's cache is larger than the second's. */
+static void test_state_round_trip_and_resume(void)
+{
+    enum { T = 40, LEARN = 25, L = 4, K = 3, E = 10, SLOTS = 9 };
+    static int32_t trace[T * L * K];
+    random_trace(trace, T, L, K, E, 777);
+    for (int kind = 0; kind < FERRY_CACHE_POLICY_COUNT; kind++) {
+        fe_cache_policy *a = fe_cache_policy_create(SLOTS + 3, L, E, kind, NULL);
+        fe_cache_policy *b = fe_cache_policy_create(SLOTS, L, E, kind, NULL);
+        CHECK(a && b);
+        if (!a || !b) {
+            fe_cache_policy_destroy(a);
+            fe_cache_policy_destroy(b);
+            return;
+        }
+        for (int v = 0; v < LEARN * L; v++) visit(a, v % L, trace + v * K, K);
+        size_t n = (size_t)fe_cache_policy_state_bytes(a);
+        CHECK(n == fe_cache_policy_state_bytes(b));
+        unsigned char *saved = malloc(n), *again = malloc(n);
+        CHECK(saved && again);
+        if (saved && again) {
+            CHECK(fe_cache_policy_save_state(a, saved, n) == FERRY_CACHE_OK);
+            CHECK(fe_cache_policy_load_state(b, saved, n) == FERRY_CACHE_OK);
+            CHECK(fe_cache_policy_save_state(b, again, n) == FERRY_CACHE_OK);
+            CHECK(memcmp(saved, again, n) == 0);
+            for (int v = LEARN * L; v < T * L; v++) visit(b, v % L, trace + v * K, K);
+            fe_cache_counters c;
+            fe_cache_policy_counters(b, &c);
+            CHECK(c.hits + c.misses == (uint64_t)(T - LEARN) * L * K);
+            /* What is learned does not depend on the cache size: the
+             * simulator's first session has SLOTS slots, a had SLOTS + 3. */
+            ferry_cachesim_result r;
+            CHECK(ferry_cache_simulate_learned(trace, T, L, K, E, SLOTS, kind, LEARN, &r,
+                                               NULL, 0) == 0);
+            CHECK(c.hits == r.hits && c.misses == r.misses && c.evictions == r.evictions);
+        }
+        free(saved);
+        free(again);
+        fe_cache_policy_destroy(a);
+        fe_cache_policy_destroy(b);
+    }
+}
+
+/* A blob of another size, kind or shape, a bad header or impossible counts
+ * is refused and changes nothing; loading after the first visit is refused. */
+static void test_state_rejects_bad_blobs(void)
+{
+    enum { L = 2, E = 6, SLOTS = 5 };
+    int kind = FERRY_CACHE_POLICY_TRANSIT;
+    fe_cache_policy *a = fe_cache_policy_create(SLOTS, L, E, kind, NULL);
+    fe_cache_policy *b = fe_cache_policy_create(SLOTS, L, E, kind, NULL);
+    fe_cache_policy *other = fe_cache_policy_create(SLOTS, L, E, FERRY_CACHE_POLICY_ECHO, NULL);
+    fe_cache_policy *wide = fe_cache_policy_create(SLOTS, L, E + 1, kind, NULL);
+    CHECK(a && b && other && wide);
+    size_t n = a ? (size_t)fe_cache_policy_state_bytes(a) : 0;
+    unsigned char *blob = malloc(n + 1), *fresh = malloc(n), *after = malloc(n);
+    CHECK(blob && fresh && after);
+    if (a && b && other && wide && blob && fresh && after) {
+        const int32_t s0[2] = {0, 1}, s1[2] = {2, 3}, s2[2] = {1, 4};
+        for (int t = 0; t < 6; t++) {
+            visit(a, 0, t % 2 ? s0 : s2, 2);
+            visit(a, 1, s1, 2);
+        }
+        CHECK(fe_cache_policy_save_state(a, blob, n - 1) == FERRY_CACHE_EINVAL);
+        CHECK(fe_cache_policy_save_state(a, blob, n) == FERRY_CACHE_OK);
+        CHECK(fe_cache_policy_save_state(b, fresh, n) == FERRY_CACHE_OK);
+        CHECK(fe_cache_policy_load_state(b, NULL, n) == FERRY_CACHE_EINVAL);
+        CHECK(fe_cache_policy_load_state(b, blob, n - 1) == FERRY_CACHE_EINVAL);
+        CHECK(fe_cache_policy_load_state(b, blob, n + 1) == FERRY_CACHE_EINVAL);
+        CHECK(fe_cache_policy_state_bytes(other) != n ||
+              fe_cache_policy_load_state(other, blob, n) == FERRY_CACHE_EINVAL);
+        CHECK(fe_cache_policy_load_state(wide, blob, n) == FERRY_CACHE_EINVAL);
+        blob[0] ^= 1; /* magic */
+        CHECK(fe_cache_policy_load_state(b, blob, n) == FERRY_CACHE_EINVAL);
+        blob[0] ^= 1;
+        unsigned char saved_byte = blob[n - 1]; /* last from_visits entry: 0 */
+        unsigned char *uses_end = blob + 24 + (size_t)L * E * sizeof(uint32_t);
+        uint64_t seen0;
+        memcpy(&seen0, uses_end, sizeof seen0);
+        uint64_t big = seen0 + 1; /* used[0] > seen[0] */
+        unsigned char *used0 = uses_end + 8 * 8 * 3 * sizeof(uint64_t);
+        uint64_t used_saved;
+        memcpy(&used_saved, used0, sizeof used_saved);
+        memcpy(used0, &big, sizeof big);
+        CHECK(fe_cache_policy_load_state(b, blob, n) == FERRY_CACHE_EINVAL);
+        memcpy(used0, &used_saved, sizeof used_saved);
+        /* a successor count above its row's visits */
+        unsigned char *succ = used0 + 8 * 8 * 3 * sizeof(uint64_t);
+        uint16_t huge = 60000;
+        uint16_t succ_saved;
+        memcpy(&succ_saved, succ, sizeof succ_saved);
+        memcpy(succ, &huge, sizeof huge);
+        CHECK(fe_cache_policy_load_state(b, blob, n) == FERRY_CACHE_EINVAL);
+        memcpy(succ, &succ_saved, sizeof succ_saved);
+        CHECK(blob[n - 1] == saved_byte);
+        CHECK(fe_cache_policy_save_state(b, after, n) == FERRY_CACHE_OK);
+        CHECK(memcmp(fresh, after, n) == 0); /* every refusal left b as it was */
+        CHECK(fe_cache_policy_load_state(b, blob, n) == FERRY_CACHE_OK);
+        CHECK(fe_cache_policy_load_state(a, blob, n) == FERRY_CACHE_ESTATE); /* a has run */
+        ferry_cachesim_result r;
+        int32_t trace[3 * L * 2] = {0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3};
+        CHECK(ferry_cache_simulate_learned(trace, 3, L, 2, E, SLOTS, kind, 0, &r, NULL, 0) ==
+              FERRY_CACHE_EINVAL);
+        CHECK(ferry_cache_simulate_learned(trace, 3, L, 2, E, SLOTS, kind, 3, &r, NULL, 0) ==
+              FERRY_CACHE_EINVAL);
+        CHECK(ferry_cache_simulate_learned(trace, 3, L, 2, E, SLOTS, kind, 2, &r, NULL, 0) == 0);
+        CHECK(r.requests == L * 2 && r.hits == 0); /* new session: empty cache */
+    }
+    free(blob);
+    free(fresh);
+    free(after);
+    fe_cache_policy_destroy(a);
+    fe_cache_policy_destroy(b);
+    fe_cache_policy_destroy(other);
+    fe_cache_policy_destroy(wide);
+}
+
 int main(void)
 {
     const test_case tests[] = {
@@ -334,6 +454,8 @@ int main(void)
         {"simulate_matches_manual_replay", test_simulate_matches_manual_replay},
         {"large_cache_only_cold_misses", test_large_cache_only_cold_misses},
         {"transit_counts_saturate", test_transit_counts_saturate},
+        {"state_round_trip_and_resume", test_state_round_trip_and_resume},
+        {"state_rejects_bad_blobs", test_state_rejects_bad_blobs},
     };
     int passed = 0, failed = 0;
     for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
