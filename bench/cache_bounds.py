@@ -39,8 +39,9 @@ Sections of the JSON:
                     half only (an offline-trained predictor, no cheating)
                   lookahead_exact: markov_online, except that the very next
                     layer's set is known exactly (a perfect next-layer
-                    lookahead router, including which resident experts of
-                    that layer it will NOT use)
+                    lookahead router): the resident experts of that layer it
+                    does NOT choose are scored for the layer's visit after,
+                    one token later
   The halves are tokens 0-148 (tune) and 149-298 (held out), each replayed
   cold on its own, and the whole trace.
 """
@@ -78,8 +79,9 @@ def replay(trace: np.ndarray, slots: int, prob: np.ndarray, experts: int,
     """Hit rate of the p/d rule. prob[v, e] is the predicted chance that
     visit v requests expert e (rows past the end: 0). It is read only for
     the next visit of each layer, i.e. one token ahead at most. lookahead:
-    the very next visit's set is known exactly instead (a perfect next-layer
-    router: 1 for its experts, 0 for the layer's others)."""
+    the very next visit's set is known exactly (a perfect next-layer router):
+    the layer's experts it does not choose are scored for the visit after,
+    n_layers visits further."""
     n_tok, n_layers, _ = trace.shape
     n_visits = n_tok * n_layers
     n_keys = n_layers * experts
@@ -87,7 +89,7 @@ def replay(trace: np.ndarray, slots: int, prob: np.ndarray, experts: int,
     counts = np.zeros(n_keys, dtype=np.int64)
     key_layer = np.arange(n_keys) // experts
     key_expert = np.arange(n_keys) % experts
-    padded = np.vstack([prob, np.zeros((n_layers, experts))])
+    padded = np.vstack([prob, np.zeros((2 * n_layers, experts))])
     exact = np.vstack([sets_of(trace), np.zeros((n_layers, experts), dtype=bool)])
     hits = 0
     n_res = 0
@@ -101,10 +103,9 @@ def replay(trace: np.ndarray, slots: int, prob: np.ndarray, experts: int,
         over = n_res + len(missing) - slots
         if over > 0:
             ahead = (key_layer - layer - 1) % n_layers + 1  # 1..n_layers
-            p = padded[v + ahead, key_expert]
-            if lookahead:
-                p = np.where(ahead == 1, exact[v + 1, key_expert], p)
-            score = p / ahead
+            if lookahead:  # the next layer's unchosen experts wait a token more
+                ahead = np.where((ahead == 1) & ~exact[v + 1, key_expert], ahead + n_layers, ahead)
+            score = padded[np.minimum(v + ahead, len(padded) - 1), key_expert] / ahead
             cand = np.flatnonzero(resident)
             cand = cand[key_layer[cand] != layer]  # the open set is pinned
             order = np.lexsort((cand, counts[cand], score[cand]))

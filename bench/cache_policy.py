@@ -15,7 +15,9 @@ Prints one JSON object:
                and 149-298 (held out), each replayed cold on its own; OPT,
                the engine's policy, echo (the engine's before issue 17),
                reuse and the one-token oracle at
-               SMALL slot counts (issue 17)
+               SMALL slot counts (issue 17); engine_learned: the engine's
+               policy starting (empty cache) from the learned state saved
+               after the OTHER half (fe_cache_policy_save_state)
   horizon      NOT an online policy, an upper reference: the hit rate of a
                cache that knows the next h tokens' routing exactly (Belady
                inside that horizon, fewest requests so far beyond it), for
@@ -186,6 +188,11 @@ def halves_table(cachesim, trace, lib) -> dict:
                                 for name in ("echo", "reuse"))):
                 row[r["policy"]] = {"hit_rate": round(r["hit_rate"], 4),
                                     "ratio_to_opt": round(r["ratio_to_opt"], 3)}
+            other = trace[half:] if label == "tune" else trace[:half]
+            learned = cachesim.simulate(np.concatenate([other, part]), EXPERTS, slots,
+                                        lib=lib, learn_tokens=len(other))
+            row["engine_learned"] = {"hit_rate": round(learned["hit_rate"], 4),
+                                     "ratio_to_opt": round(learned["ratio_to_opt"], 3)}
             oracle = horizon_hit_rate(part, slots, 1)
             row["next_1"] = {"hit_rate": round(oracle, 4), "ratio_to_opt": round(oracle / opt, 3)}
             rows[str(slots)] = row
