@@ -273,3 +273,24 @@ def test_every_policy_counts_the_memory_it_allocates(shape):
     # more slots, more state; arguments the constructor refuses count nothing
     assert cachesim.policy_bytes(layers, experts, slots + 1, "lru") > sizes["lru"]
     assert cachesim.policy_bytes(layers, experts, 0) == 0
+
+
+def test_bounds_noisy_predictor_reaches_the_one_token_oracle_at_full_accuracy(trace):
+    """bench/cache_bounds.py: the p/d rule fed the next token's true sets
+    (accuracy 1) is the one-token oracle of bench/cache_policy.py to within
+    tie-breaking, stays under OPT, and loses hits as the predictor gets
+    noisier; a first-order successor table fitted on the evaluated tokens
+    (a cheating bound) beats the same table learned online."""
+    from bench import cache_bounds
+    from bench.cache_policy import horizon_hit_rate
+
+    part = trace[:80]
+    sets = cache_bounds.sets_of(part)
+    rates = [cache_bounds.replay(part, 61, cache_bounds.noisy_prob(sets, a, np.random.default_rng(0)), EXPERTS)
+             for a in (0.3, 0.7, 1.0)]
+    assert rates == sorted(rates)
+    assert rates[-1] == pytest.approx(horizon_hit_rate(part, 61, 1), abs=0.005)
+    assert rates[-1] <= horizon_hit_rate(part, 61, None)
+    online = cache_bounds.replay(part, 61, cache_bounds.markov_prob(sets, 16, online=True), EXPERTS)
+    fitted = cache_bounds.replay(part, 61, cache_bounds.markov_prob(sets, 16, online=False), EXPERTS)
+    assert online < fitted < rates[-1]
