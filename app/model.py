@@ -30,6 +30,8 @@ from app.store.private import write_private
 PROMPT_STEP = 32
 #: The learned hot list beside a container: uint32 expert use counts [layers, experts].
 USAGE_FILE = "usage.u32"
+# The expert-cache policy's learned state (docs/CACHE_POLICY.md), beside the hot list.
+POLICY_STATE_FILE = "policy_state.bin"
 
 
 Event = EngineEvent
@@ -103,7 +105,15 @@ class LoadedModel:
         except (OSError, ValueError) as exc:
             raise ModelError(f"{manifest_path}: {exc}") from exc
         engine_options.setdefault("usage_counts", self._load_usage())
-        self.engine = Engine(self.path, ram_budget=ram_budget, threads=threads, n_ctx=n_ctx, **engine_options)
+        engine_options.setdefault("policy_state", self._load_policy_state())
+        try:
+            self.engine = Engine(self.path, ram_budget=ram_budget, threads=threads, n_ctx=n_ctx, **engine_options)
+        except FerryError as exc:
+            # A saved state from another build or a damaged file: start cold, lose nothing else.
+            if engine_options.get("policy_state") is None or "cache policy state" not in str(exc):
+                raise
+            engine_options["policy_state"] = None
+            self.engine = Engine(self.path, ram_budget=ram_budget, threads=threads, n_ctx=n_ctx, **engine_options)
         tok = self.manifest.get("tokenizer") or {}
         try:
             self._open_tokenizer(tok if isinstance(tok, dict) else {})
@@ -238,13 +248,24 @@ class LoadedModel:
             return None
         return counts if counts is not None and counts.size == expected else None
 
+    def _load_policy_state(self) -> bytes | None:
+        """The cache policy's learned state an earlier run saved (the engine
+        checks that it fits; see __init__ for one that does not)."""
+        path = self.path / POLICY_STATE_FILE
+        try:
+            return path.read_bytes() if path.is_file() else None
+        except OSError:
+            return None
+
     def save_usage(self) -> None:
-        """Record which experts were used, for the next open (best effort: a
-        read-only container simply starts cold next time)."""
+        """Record which experts were used and what the cache policy learned,
+        for the next open (best effort: a read-only container simply starts
+        cold next time)."""
         if not self.engine.info.n_moe_layers:
             return
         try:   # private: which experts ran hints at what was asked
             write_private(self.path / USAGE_FILE, self.engine.usage().astype("<u4").tobytes())
+            write_private(self.path / POLICY_STATE_FILE, self.engine.policy_state())
         except OSError:
             pass
 

@@ -171,14 +171,18 @@ class Engine:
     def __init__(self, path: str | os.PathLike, *, ram_budget: int = 0, threads: int = 0,
                  verify_reads: bool = False, n_ctx: int = 0, cache_slots: int = 0, readers: int = 0,
                  direct_io: bool = True, overlap: bool = True, lookahead: bool = True, cache: bool = True,
-                 usage_counts: np.ndarray | None = None, kernels: str | None = None, trunk_check: bool = True):
+                 usage_counts: np.ndarray | None = None, kernels: str | None = None, trunk_check: bool = True,
+                 policy_state: bytes | None = None):
         """Open a container. ``n_ctx`` is the context the RAM budget must leave
         room for; the switches exist to measure each mechanism (they change
         speed, never output; ``trunk_check=False`` skips the trunk's CRC check
         on open, for measuring its cost only). ``verify_reads`` checks each
         expert record's CRC32 as its read completes. ``kernels`` is one of :data:`KERNEL_CHOICES`
         (None: :func:`default_kernels`); a set this CPU cannot run raises
-        FerryError (``FERRY_E_UNSUPPORTED``)."""
+        FerryError (``FERRY_E_UNSUPPORTED``). ``policy_state`` is what
+        :meth:`policy_state` returned in an earlier run of this model (the
+        expert cache then starts from what that run learned); one that does
+        not fit raises FerryError (``FERRY_E_ARG``)."""
         self.path = Path(path)
         opts = ffi.new("ferry_open_options *")
         lib.ferry_open_options_init(opts)
@@ -196,6 +200,11 @@ class Engine:
             counts = np.ascontiguousarray(usage_counts, dtype=np.uint32)
             opts.usage_counts = ffi.from_buffer("uint32_t[]", counts)
             opts.n_usage_counts = counts.size
+        state = None
+        if policy_state is not None:
+            state = ffi.from_buffer("char[]", policy_state)
+            opts.policy_state = state
+            opts.n_policy_state = len(policy_state)
         kernel_name = ffi.new("char[]", (default_kernels() if kernels is None else kernels).encode())
         opts.kernels = kernel_name
         out = ffi.new("ferry_engine **")
@@ -216,6 +225,17 @@ class Engine:
         err = ffi.new("ferry_error *")
         _check(lib.ferry_engine_usage(self._live(), ffi.from_buffer("uint32_t[]", out), n, err), err)
         return out.reshape(self.info.n_layers, self.info.n_experts)
+
+    def policy_state(self) -> bytes:
+        """The expert-cache policy's learned state, to save and pass back as
+        ``policy_state`` next time (docs/CACHE_POLICY.md, "Learned state
+        across sessions")."""
+        size = ffi.new("size_t *")
+        err = ffi.new("ferry_error *")
+        _check(lib.ferry_engine_policy_state(self._live(), ffi.NULL, 0, size, err), err)
+        out = bytearray(size[0])
+        _check(lib.ferry_engine_policy_state(self._live(), ffi.from_buffer(out), len(out), size, err), err)
+        return bytes(out)
 
     def plan(self, n_ctx: int = 0) -> MemoryPlan:
         c = ffi.new("ferry_memory_plan *")

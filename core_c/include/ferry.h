@@ -83,6 +83,12 @@ typedef struct ferry_open_options {
      * run is refused with FERRY_E_UNSUPPORTED, an unknown name with
      * FERRY_E_ARG. The core reads no environment variable for this. */
     const char *kernels;
+    /* The expert-cache policy's learned state from ferry_engine_policy_state
+     * of an earlier run of this model (a superset of usage_counts, which it
+     * replaces where both are given), or NULL. One that does not fit this
+     * model or is damaged fails the open with FERRY_E_ARG. */
+    const void *policy_state;
+    size_t n_policy_state; /* its length in bytes */
 } ferry_open_options;
 
 /* What a loaded model is. Filled by ferry_engine_info. */
@@ -211,6 +217,14 @@ ferry_status ferry_container_plan(const char *path, int n_ctx, int n_threads, fe
  * caller to save and pass back as ferry_open_options.usage_counts next time.
  * n must be n_layers * n_experts. */
 ferry_status ferry_engine_usage(const ferry_engine *engine, uint32_t *counts, size_t n, ferry_error *err);
+
+/* The expert-cache policy's learned state so far (usage counts, learned
+ * reuse table, successor counts), for the caller to save and pass back as
+ * ferry_open_options.policy_state next time: a session then starts from
+ * what this one learned. *size gets the bytes it takes; with buf NULL
+ * nothing else happens, else n must be *size. */
+ferry_status ferry_engine_policy_state(const ferry_engine *engine, void *buf, size_t n, size_t *size,
+                                       ferry_error *err);
 
 /* Check the CRC32 of every trunk tensor and expert record of the container at
  * `path`. Returns FERRY_E_CHECKSUM naming the first bad item, or another

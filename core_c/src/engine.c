@@ -157,6 +157,8 @@ ferry_status ferry_engine_open(const char *path, const ferry_open_options *opts,
     if (s) { ferry_engine_close(e); return s; }
     e->opts.usage_counts = NULL; /* borrowed only for the call */
     e->opts.n_usage_counts = 0;
+    e->opts.policy_state = NULL;
+    e->opts.n_policy_state = 0;
     *out = e;
     return FERRY_OK;
 }
@@ -238,6 +240,15 @@ ferry_status ferry_engine_usage(const ferry_engine *e, uint32_t *counts, size_t 
     if (!e->cache) return fe_fail(err, FERRY_E_ARG, "this model has no experts");
     pthread_mutex_lock((pthread_mutex_t *)&e->lock);
     ferry_status s = fe_ecache_usage(e->cache, counts, n, err);
+    pthread_mutex_unlock((pthread_mutex_t *)&e->lock);
+    return s;
+}
+
+ferry_status ferry_engine_policy_state(const ferry_engine *e, void *buf, size_t n, size_t *size,
+                                       ferry_error *err) {
+    if (!e->cache) return fe_fail(err, FERRY_E_ARG, "this model has no experts");
+    pthread_mutex_lock((pthread_mutex_t *)&e->lock);
+    ferry_status s = fe_ecache_policy_state(e->cache, buf, n, size, err);
     pthread_mutex_unlock((pthread_mutex_t *)&e->lock);
     return s;
 }

@@ -126,6 +126,13 @@ ferry_status fe_ecache_new(ferry_engine *e, const fe_ecache_config *cfg, fe_ecac
         return fe_fail(err, FERRY_E_ARG, "the usage counts do not fit this model (%zu given, %d expected)",
                        e->opts.n_usage_counts, hp->n_layers * hp->n_experts);
     }
+    if (e->opts.policy_state &&
+        fe_cache_policy_load_state(c->policy, e->opts.policy_state, e->opts.n_policy_state) != 0) {
+        fe_ecache_free(c);
+        return fe_fail(err, FERRY_E_ARG,
+                       "the cache policy state (%zu bytes) does not fit this model or is damaged",
+                       e->opts.n_policy_state);
+    }
     c->lookahead = !(cfg->flags & (FERRY_NO_LOOKAHEAD | FERRY_NO_OVERLAP));
     c->precision = LOOKAHEAD_PRIOR;
     ferry_status st = open_record_fds(c, err);
@@ -180,6 +187,15 @@ int fe_experts_max_visit(const ferry_session *s) { return s->e->cache->cfg.n_slo
 ferry_status fe_ecache_usage(const fe_ecache *c, uint32_t *counts, size_t n, ferry_error *err) {
     if (fe_cache_policy_save_counts(c->policy, counts, n) != 0)
         return fe_fail(err, FERRY_E_ARG, "usage counts need %d entries", c->e->c.hp.n_layers * c->e->c.hp.n_experts);
+    return FERRY_OK;
+}
+
+ferry_status fe_ecache_policy_state(const fe_ecache *c, void *buf, size_t n, size_t *size, ferry_error *err) {
+    size_t need = (size_t)fe_cache_policy_state_bytes(c->policy);
+    if (size) *size = need;
+    if (!buf) return FERRY_OK;
+    if (fe_cache_policy_save_state(c->policy, buf, n) != 0)
+        return fe_fail(err, FERRY_E_ARG, "the cache policy state needs %zu bytes (%zu given)", need, n);
     return FERRY_OK;
 }
 

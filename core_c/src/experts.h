@@ -41,6 +41,8 @@ int fe_ecache_direct_io(const fe_ecache *c, char *note, size_t note_len);
 /* Most distinct experts one visit may ask for (the cache's slot count). */
 int fe_experts_max_visit(const struct ferry_session *s);
 ferry_status fe_ecache_usage(const fe_ecache *c, uint32_t *counts, size_t n, ferry_error *err);
+/* The policy's learned state (ferry_engine_policy_state). */
+ferry_status fe_ecache_policy_state(const fe_ecache *c, void *buf, size_t n, size_t *size, ferry_error *err);
 
 /* Open a visit of `layer` asking for n distinct experts (n <= max_visit). */
 ferry_status fe_experts_begin(struct ferry_session *s, int layer, const int *ids, int n, ferry_error *err);

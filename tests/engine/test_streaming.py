@@ -139,6 +139,24 @@ def test_usage_counts_round_trip(moe_model):
         Engine(moe_model, usage_counts=counts[:3])
 
 
+def test_policy_state_round_trip_keeps_logits_identical(moe_model):
+    """The cache policy's learned state comes back exactly on the next open
+    (with another cache size), changes placement only (identical logits),
+    and a damaged one is refused with a clear error."""
+    with Engine(moe_model, n_ctx=64, cache_slots=24) as engine:
+        engine.session(64).eval(TOKENS[:16])
+        state, counts = engine.policy_state(), engine.usage()
+    assert len(state) > 6 * 32 * 32 * 2  # TRANSIT's successor counts are in it
+    with Engine(moe_model, n_ctx=64, cache_slots=12, policy_state=state) as engine:
+        assert engine.policy_state() == state and np.array_equal(engine.usage(), counts)
+    cold, _, _ = run(moe_model, cache_slots=12)
+    warm, _, _ = run(moe_model, cache_slots=12, policy_state=state)
+    assert np.array_equal(cold, warm)
+    for damaged in (state[:-1], b"X" + state[1:]):
+        with pytest.raises(FerryError, match="cache policy state"):
+            Engine(moe_model, policy_state=damaged)
+
+
 def test_budget_floor_and_refusal(moe_model):
     with Engine(moe_model, n_ctx=64) as engine:
         plan, info = engine.plan(64), engine.info
@@ -225,6 +243,25 @@ def test_hot_list_is_saved_beside_the_container_and_loaded_next_time(moe_model, 
     again.close()
     (copy / USAGE_FILE).write_bytes(b"\0" * 12)          # a stale file of the wrong size is ignored
     LoadedModel(copy, n_ctx=64).close()
+
+
+def test_policy_state_is_saved_beside_the_container_and_a_damaged_one_starts_cold(moe_model, tmp_path):
+    from app.model import POLICY_STATE_FILE, LoadedModel
+
+    copy = tmp_path / "learned.ferry"
+    shutil.copytree(moe_model, copy, ignore=shutil.ignore_patterns("usage.u32*", POLICY_STATE_FILE))
+    model = LoadedModel(copy, n_ctx=64)
+    model.new_session(64).eval(TOKENS[:16])
+    learned = model.engine.policy_state()
+    model.close()
+    assert (copy / POLICY_STATE_FILE).read_bytes() == learned
+    again = LoadedModel(copy, n_ctx=64)
+    assert again.engine.policy_state() == learned  # the next session starts from it
+    again.close()
+    (copy / POLICY_STATE_FILE).write_bytes(b"damaged")  # refused by the core: the model opens cold
+    cold = LoadedModel(copy, n_ctx=64)
+    assert cold.engine.usage().sum() > 0  # the hot list still came back
+    cold.close()
 
 
 def test_saved_state_continues_exactly_like_an_uninterrupted_session(moe_model, demo_container):
