@@ -182,9 +182,10 @@ def _run(pair, trace: np.ndarray, experts_per_layer: int, slots: int, policy: in
             "hit_rate": out.hit_rate}
 
 
-def _describe(result: dict, prior_tokens: int) -> str:
+def _describe(result: dict, prior_tokens: int, learned: bool = False) -> str:
     ratio = result["ratio_to_opt"]
-    warm = f", warm from the first {prior_tokens} tokens" if prior_tokens else ", cold"
+    what = "learned state" if learned else "hot list"
+    warm = f", warm ({what}) from the first {prior_tokens} tokens" if prior_tokens else ", cold"
     return (f"{result['policy']} with {result['slots']} slots{warm}: "
             f"hit rate {100 * result['hit_rate']:.1f}% "
             f"(LRU {100 * result['lru_hit_rate']:.1f}%, OPT {100 * result['opt_hit_rate']:.1f}%"
@@ -208,21 +209,32 @@ def main(argv: Sequence[str] | None = None, lib=None) -> int:
     parser.add_argument("--prior-tokens", type=int, default=0, metavar="M",
                         help="warm start: learn the hot list from the first M tokens and "
                              "replay only the rest")
+    parser.add_argument("--learned", action="store_true",
+                        help="with --prior-tokens: the first M tokens teach the policy's whole "
+                             "learned state (what the engine saves between sessions), not only "
+                             "the hot list; the rest is replayed with an empty cache")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     try:
         trace = load_trace(args.trace)
         if not 0 <= args.prior_tokens < trace.shape[0]:
             raise ValueError(f"--prior-tokens must be in [0, {trace.shape[0]})")
-        prior = (usage_counts(trace[:args.prior_tokens], args.experts_per_layer)
-                 if args.prior_tokens else None)
-        result = simulate(trace[args.prior_tokens:], args.experts_per_layer, args.slots,
-                          args.policy, prior, lib)
+        if args.learned and not args.prior_tokens:
+            raise ValueError("--learned needs --prior-tokens M")
+        if args.learned:
+            result = simulate(trace, args.experts_per_layer, args.slots, args.policy, lib=lib,
+                              learn_tokens=args.prior_tokens)
+        else:
+            prior = (usage_counts(trace[:args.prior_tokens], args.experts_per_layer)
+                     if args.prior_tokens else None)
+            result = simulate(trace[args.prior_tokens:], args.experts_per_layer, args.slots,
+                              args.policy, prior, lib)
     except (OSError, ValueError) as e:
         print(f"ferry cache-sim: error: {e}", file=sys.stderr)
         return 2
     result["prior_tokens"] = args.prior_tokens
-    print(json.dumps(result) if args.json else _describe(result, args.prior_tokens))
+    result["learned"] = args.learned
+    print(json.dumps(result) if args.json else _describe(result, args.prior_tokens, args.learned))
     return 0
 
 

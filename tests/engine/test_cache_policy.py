@@ -208,7 +208,14 @@ def test_cli_prints_json_and_text(lib, capsys, tmp_path):
     assert {"hit_rate", "lru_hit_rate", "opt_hit_rate", "hits", "misses", "requests", "policy",
             "slots", "ratio_to_opt", "prior_tokens"} <= r.keys()
     assert cachesim.main([*args, "--policy", "lru", "--prior-tokens", "150"], lib=lib) == 0
-    assert "lru with 128 slots, warm from the first 150 tokens: hit rate" in capsys.readouterr().out
+    assert "lru with 128 slots, warm (hot list) from the first 150 tokens: hit rate" in capsys.readouterr().out
+    assert cachesim.main([*args, "--prior-tokens", "149", "--learned", "--json"], lib=lib) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["learned"] and r["requests"] == 150 * 16 * 8 and r["policy"] == "transit"
+    assert r["hit_rate"] == cachesim.simulate(cachesim.load_trace(TRACE), EXPERTS, 128, lib=lib,
+                                              learn_tokens=149)["hit_rate"]
+    assert cachesim.main([*args, "--learned"], lib=lib) == 2
+    assert "--learned needs --prior-tokens" in capsys.readouterr().err
     (tmp_path / "bad.jsonl").write_text("{")
     assert cachesim.main(["--trace", str(tmp_path / "bad.jsonl"), "--experts-per-layer", "64",
                           "--slots", "8"], lib=lib) == 2
