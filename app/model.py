@@ -31,7 +31,7 @@ PROMPT_STEP = 32
 #: The learned hot list beside a container: uint32 expert use counts [layers, experts].
 USAGE_FILE = "usage.u32"
 # The expert-cache policy's learned state (docs/CACHE_POLICY.md), beside the hot list.
-POLICY_STATE_FILE = "policy_state.bin"
+POLICY_STATE_FILE = "usage.state"
 
 
 Event = EngineEvent

@@ -24,7 +24,7 @@ def test_disk_error_mid_answer_keeps_the_chat(qtbot, make_window, tiny_moe, tmp_
     container = tmp_path / "moe.ferry"
     # A cold copy (no hot list an earlier test saved) and a cache that holds
     # half of the experts, so the answer must keep reading layer 2's bank.
-    shutil.copytree(tiny_moe[1], container, ignore=shutil.ignore_patterns("usage.u32*", "policy_state.bin"))
+    shutil.copytree(tiny_moe[1], container, ignore=shutil.ignore_patterns("usage.u32*", "usage.state"))
     bank = container / "experts" / "layer_002.bin"
     whole = bank.read_bytes()
     plan = container_plan(container, 2048)  # the window's context (quick_settings)
