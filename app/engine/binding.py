@@ -172,7 +172,7 @@ class Engine:
                  verify_reads: bool = False, n_ctx: int = 0, cache_slots: int = 0, readers: int = 0,
                  direct_io: bool = True, overlap: bool = True, lookahead: bool = True, cache: bool = True,
                  usage_counts: np.ndarray | None = None, kernels: str | None = None, trunk_check: bool = True,
-                 policy_state: bytes | None = None):
+                 policy_state: bytes | bytearray | None = None):
         """Open a container. ``n_ctx`` is the context the RAM budget must leave
         room for; the switches exist to measure each mechanism (they change
         speed, never output; ``trunk_check=False`` skips the trunk's CRC check
@@ -226,16 +226,16 @@ class Engine:
         _check(lib.ferry_engine_usage(self._live(), ffi.from_buffer("uint32_t[]", out), n, err), err)
         return out.reshape(self.info.n_layers, self.info.n_experts)
 
-    def policy_state(self) -> bytes:
+    def policy_state(self) -> bytearray:
         """The expert-cache policy's learned state, to save and pass back as
         ``policy_state`` next time (docs/CACHE_POLICY.md, "Learned state
-        across sessions")."""
+        across sessions"; about 150 MB for K3, so it is not copied again)."""
         size = ffi.new("size_t *")
         err = ffi.new("ferry_error *")
         _check(lib.ferry_engine_policy_state(self._live(), ffi.NULL, 0, size, err), err)
         out = bytearray(size[0])
         _check(lib.ferry_engine_policy_state(self._live(), ffi.from_buffer(out), len(out), size, err), err)
-        return bytes(out)
+        return out
 
     def plan(self, n_ctx: int = 0) -> MemoryPlan:
         c = ffi.new("ferry_memory_plan *")
