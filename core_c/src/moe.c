@@ -179,8 +179,17 @@ static const void *layer_field(const fe_moe_arch *a, int layer, size_t at) {
     return (const uint8_t *)a->layers + (size_t)layer * a->layer_size + at;
 }
 
-static void router(const fe_moe_arch *a, int layer, const float *in, int n, float *logits) {
+/* What a profiled layer pass spends outside the dispatch's own work
+ * (ferry_profile_part); NULL when the session does not profile. */
+typedef struct moe_clock {
+    double router; /* the router's products (this layer's and the lookahead's) */
+    double ffn;    /* the experts' feed-forward */
+} moe_clock;
+
+static void router(const fe_moe_arch *a, int layer, const float *in, int n, float *logits, moe_clock *clk) {
+    double t0 = clk ? fe_now() : 0.0;
     fe_matmul(&a->ops, layer_field(a, layer, a->router_at), in, n, logits);
+    if (clk) clk->router += fe_now() - t0;
 }
 
 static fe_route_params route_params(const ferry_session *s, const fe_moe_arch *a, int layer) {
@@ -217,14 +226,15 @@ static const uint8_t *in_ram(ferry_session *s, const fe_moe_bufs *b, int layer) 
 /* Run the next MoE layer's router on the current residual and let the cache
  * start reading its likely experts while this layer computes. The real
  * router still decides, so this changes speed, never output. */
-static void lookahead(ferry_session *s, const fe_moe_arch *a, const fe_moe_bufs *b, int layer, const float *x) {
+static void lookahead(ferry_session *s, const fe_moe_arch *a, const fe_moe_bufs *b, int layer, const float *x,
+                      moe_clock *clk) {
     const fe_hparams *hp = &s->e->c.hp;
     int next = layer + 1;
     while (next < hp->n_layers && !hp->layer_is_moe[next]) next++;
     if (next >= hp->n_layers || !fe_experts_lookahead_on(s)) return;
     fe_rmsnorm(b->look_in, x, *(const float *const *)layer_field(a, next, a->norm_at), hp->dim, hp->norm_eps);
     float *logits = b->logits + (size_t)hp->n_experts; /* row 1: free in a single-token step */
-    router(a, next, b->look_in, 1, logits);
+    router(a, next, b->look_in, 1, logits, clk);
     fe_route_params p = route_params(s, a, next);
     int swapped;
     int k = fe_moe_route(&p, logits, b->choice, b->group, b->mark, in_ram(s, b, next), b->look_ids, b->look_w,
@@ -234,11 +244,12 @@ static void lookahead(ferry_session *s, const fe_moe_arch *a, const fe_moe_bufs 
 
 /* ------------------------------------------------------------------ layer */
 
-ferry_status fe_moe_layer(ferry_session *s, const fe_moe_arch *a, const fe_moe_bufs *b, int layer, int n,
-                          const float *xb, const float *z, const float *x, float *acc, ferry_error *err) {
+static ferry_status moe_layer(ferry_session *s, const fe_moe_arch *a, const fe_moe_bufs *b, int layer, int n,
+                              const float *xb, const float *z, const float *x, float *acc, moe_clock *clk,
+                              ferry_error *err) {
     const fe_hparams *hp = &s->e->c.hp;
     const int E = hp->n_experts, K = hp->top_k, ed = a->ed;
-    router(a, layer, xb, n, b->logits);
+    router(a, layer, xb, n, b->logits, clk);
     fe_route_params p = route_params(s, a, layer);
     const uint8_t *ram = in_ram(s, b, layer);
     for (int t = 0; t < n; t++) {
@@ -280,7 +291,7 @@ ferry_status fe_moe_layer(ferry_session *s, const fe_moe_arch *a, const fe_moe_b
         int cnt = n_ids - g < per_visit ? n_ids - g : per_visit;
         ferry_status st = fe_experts_begin(s, layer, b->ids + g, cnt, err);
         if (st) return st;
-        if (g == 0 && n == 1) lookahead(s, a, b, layer, x); /* a prompt chunk reads each expert once anyway */
+        if (g == 0 && n == 1) lookahead(s, a, b, layer, x, clk); /* a prompt chunk reads each expert once anyway */
         int which;
         const uint8_t *rec;
         while ((st = fe_experts_next(s, &which, &rec, err)) == FERRY_OK && which >= 0) {
@@ -288,7 +299,9 @@ ferry_status fe_moe_layer(ferry_session *s, const fe_moe_arch *a, const fe_moe_b
             const int *rows = b->rows + b->first[i];
             for (int j = 0; j < m; j++)
                 memcpy(b->ex_in + (size_t)j * ed, z + (size_t)(rows[j] / K) * ed, (size_t)ed * sizeof(float));
+            double t0 = clk ? fe_now() : 0.0;
             a->expert(a->ctx, layer, rec, b->ex_in, m, b->ex_out);
+            if (clk) clk->ffn += fe_now() - t0;
             for (int j = 0; j < m; j++)
                 memcpy(b->slots + (size_t)rows[j] * ed, b->ex_out + (size_t)j * ed, (size_t)ed * sizeof(float));
         }
@@ -306,4 +319,20 @@ ferry_status fe_moe_layer(ferry_session *s, const fe_moe_arch *a, const fe_moe_b
         }
     }
     return FERRY_OK;
+}
+
+ferry_status fe_moe_layer(ferry_session *s, const fe_moe_arch *a, const fe_moe_bufs *b, int layer, int n,
+                          const float *xb, const float *z, const float *x, float *acc, ferry_error *err) {
+    ferry_profile_part *P = s->prof_cur;
+    if (!P) return moe_layer(s, a, b, layer, n, xb, z, x, acc, NULL, err);
+    moe_clock clk = {0.0, 0.0};
+    const double t0 = fe_now(), stall0 = s->stats.stall_seconds;
+    ferry_status st = moe_layer(s, a, b, layer, n, xb, z, x, acc, &clk, err);
+    const double total = fe_now() - t0, wait = s->stats.stall_seconds - stall0;
+    P->expert_seconds += total;
+    P->expert_ffn_seconds += clk.ffn;
+    P->expert_wait_seconds += wait;
+    P->dispatch_seconds += total - clk.router - clk.ffn - wait;
+    P->moe_layers++;
+    return st;
 }
