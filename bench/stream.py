@@ -1,17 +1,26 @@
 """The streaming engine on a synthetic MoE model larger than its RAM budget.
 
     python bench/stream.py --json [--size-gb 2] [--budget-frac 0.25] [--tokens 24] [--rounds 3]
-    python bench/stream.py --json --family k3 --routing [--margins 0.02,0.1]
+    python bench/stream.py --json --family k3 --routing [--margins 0,0.02,0.1] [--dispatch]
 
 Writes a deterministic Qwen3-MoE-shaped checkpoint (bench/make_synthetic.py;
---family k3 or kimi_linear: those releases' layouts, shapes in KIMI_SHAPES),
-converts it with `ferry convert` (q4_1 experts), then measures in one run:
+--family k3 or kimi_linear: those releases' layouts, expert counts, top-k and
+routing, narrow matrices: KIMI_SHAPES), converts it with `ferry convert`
+(q4_1 experts), then measures in one run:
 
 * streaming: decode with the cache, overlapped reads and the lookahead;
 * synchronous: the same budget with overlap and lookahead off;
 * the compute floor: the same tokens with every expert already in RAM;
 * with --routing, the opt-in modes: fewer experts per token (3k/4, k/2, k/4)
-  and cache-aware margins, each with bytes/token, hit rate and s/token;
+  and cache-aware margins (0 = exact, set explicitly), each with bytes/token,
+  hit rate, s/token, stall, lookahead accuracy, prefetched records and the
+  dispatch's own time per MoE layer (the session profile);
+* with --dispatch, the expert dispatch's own CPU time per MoE layer and token
+  (ferry_profile_part.dispatch_seconds), this build against the commit
+  before the one MoE loop (bench/baseline_core.py builds it outside the
+  repository with the same timer), for a prompt chunk and for single steps,
+  every expert in RAM and at the bench's budget, in interleaved rounds of
+  fresh processes (bench/dispatch_worker.py);
 * the disk floor: the bytes each token must read (the fewest any mode read
   at this budget), over the best bandwidth the disk gave in any round to the
   engine's own pattern (random whole records, direct I/O, the same number of

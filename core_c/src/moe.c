@@ -46,21 +46,21 @@ uint64_t fe_moe_carve(const fe_hparams *hp, int ed, uint8_t *base, fe_moe_bufs *
 
 /* ---------------------------------------------------------------- routing */
 
-/* The k best of key[] (skipping -inf), highest first, ties to the lower id;
- * mark[] is used and left zero. O(E k). Returns how many were found. */
-static int best_k(const float *key, int E, int k, uint8_t *mark, int *ids) {
+/* The k best of key[] (skipping -inf), highest first, ties to the lower id,
+ * in one pass that keeps the best so far in order: a key enters only when it
+ * beats the k-th, so this costs about E comparisons plus k log(E/k)
+ * insertions for keys in random order (a selection of k passes over E keys
+ * cost E k: 14,336 comparisons per token and layer on K3). Returns how many
+ * were found. */
+static int best_k(const float *key, int E, int k, int *ids) {
     int found = 0;
-    for (int r = 0; r < k; r++) {
-        int best = -1;
-        for (int e = 0; e < E; e++) {
-            if (mark[e] || key[e] == -INFINITY) continue;
-            if (best < 0 || key[e] > key[best]) best = e;
-        }
-        if (best < 0) break;
-        mark[best] = 1;
-        ids[found++] = best;
+    for (int e = 0; e < E; e++) {
+        const float v = key[e];
+        if (v == -INFINITY || (found == k && !(v > key[ids[k - 1]]))) continue;
+        int j = found < k ? found++ : k - 1;
+        for (; j > 0 && v > key[ids[j - 1]]; j--) ids[j] = ids[j - 1]; /* an equal key keeps its lower id first */
+        ids[j] = e;
     }
-    for (int r = 0; r < found; r++) mark[ids[r]] = 0;
     return found;
 }
 
@@ -150,7 +150,7 @@ int fe_moe_route(const fe_route_params *p, float *logits, float *choice, float *
         key = choice;
     }
     /* The model's k, so that a smaller k can keep their weight mass. */
-    int found = best_k(key, E, K, mark, ids);
+    int found = best_k(key, E, K, ids);
     float mass = 0.0f;
     if (k < K && !p->norm)
         for (int r = 0; r < found; r++) mass += logits[ids[r]];

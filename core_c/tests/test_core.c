@@ -233,6 +233,41 @@ static void route_once(fe_route_params *p, const float *logits, const uint8_t *r
     for (int e = 0; e < E; e++) CHECK(mark[e] == 0);
 }
 
+/* The top-k selection (one pass, an ordered list of the best so far) against
+ * the rule it must keep: the k highest keys, highest first, equal keys in
+ * ascending id, on K3's 896 experts top-16 with many ties; with the sigmoid
+ * rule's group limit, the keys of dropped groups (-inf) never chosen. */
+static void test_routing_ties(void) {
+    enum { E = 896, K = 16 };
+    static float logits[E], l[E], choice[E], group[E], bias[E];
+    static uint8_t mark[E];
+    uint64_t x = 0x9E3779B97F4A7C15ull;
+    for (int trial = 0; trial < 60; trial++) {
+        int levels = 2 + trial % 9; /* few distinct values: many ties */
+        for (int e = 0; e < E; e++) {
+            x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+            logits[e] = (float)((x >> 11) % (uint64_t)levels) - 1.0f;
+            bias[e] = 0.0f;
+        }
+        int kind = trial % 2;
+        fe_route_params p = {.kind = kind, .n_experts = E, .top_k = K, .norm = 1, .scale = 1.0f,
+                             .n_group = kind ? 8 : 0, .topk_group = kind ? 3 : 0, .norm_eps = 1e-20f, .bias = bias};
+        int ids[K], sw;
+        float w[K];
+        memcpy(l, logits, sizeof l);
+        CHECK(fe_moe_route(&p, l, choice, group, mark, NULL, ids, w, &sw) == K);
+        const float *key = kind ? choice : l; /* the keys the rule compared (group-limited for sigmoid) */
+        uint8_t taken[E] = {0};
+        for (int r = 0; r < K; r++) {
+            int best = -1;
+            for (int e = 0; e < E; e++)
+                if (!taken[e] && key[e] != -INFINITY && (best < 0 || key[e] > key[best])) best = e;
+            CHECK(ids[r] == best);
+            if (best >= 0) taken[best] = 1;
+        }
+    }
+}
+
 static void test_routing(void) {
     enum { E = 64, K = 8 };
     float bias[E];
@@ -317,6 +352,7 @@ int main(int argc, char **argv) {
     test_formats();
     test_pool();
     test_routing();
+    test_routing_ties();
     if (argc > 1) test_good_container(argv[1]);
     for (int i = 2; i < argc; i++) test_bad_container(argv[i]);
     CHECK(strcmp(ferry_status_name(FERRY_E_CHECKSUM), "FERRY_E_CHECKSUM") == 0);

@@ -3,6 +3,7 @@ by default, per session, never changing results, and its counters add up."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from app.engine.binding import Engine
 
@@ -120,3 +121,20 @@ def test_profile_splits_the_expert_dispatch_of_a_kimi_model(tmp_path):
     _check_expert_parts(prof["decode"], 3 * moe_per_pass)
     waited = prof["prompt"]["expert_wait_seconds"] + prof["decode"]["expert_wait_seconds"]
     assert stats.misses > 0 and 0 < waited <= stats.stall_seconds * 1.0001
+
+
+def test_the_dispatch_benchmark_times_the_baseline_where_it_dispatches():
+    """bench/stream.py --dispatch compares dispatch_seconds with the commit
+    before core_c/src/moe.c, timed by bench/baseline_core.py's insertions:
+    each one's anchor is in that revision exactly once."""
+    import subprocess
+
+    from bench import baseline_core
+
+    for rel, anchor, replacement in baseline_core._TIMER:
+        shown = subprocess.run(["git", "-C", str(baseline_core.ROOT), "show", f"{baseline_core.BASELINE}:{rel}"],
+                               capture_output=True, text=True)
+        if shown.returncode:
+            pytest.skip(f"the baseline revision is not in this checkout ({shown.stderr.strip()})")
+        assert shown.stdout.count(anchor) == 1, rel
+        assert anchor in replacement  # an insertion: the old code itself stays as it was
