@@ -3,7 +3,8 @@ repository, with its Kimi-family expert dispatch timed the way this tree's
 profile times it (ferry_profile_part.dispatch_seconds), for before/after
 figures (bench/stream.py --dispatch).
 
-The baseline is the commit before core_c/src/moe.c (`git log -- core_c/src/moe.c`):
+A revision whose profile already has dispatch_seconds is built as it is.
+The default baseline is the commit before core_c/src/moe.c (`git log -- core_c/src/moe.c`):
 the Kimi path's own MoE loop, which scanned all E experts against every
 token's choices and fetched each chosen expert on its own. The timer added
 to it counts what the new loop's timer counts: the MoE layer from its
@@ -87,7 +88,8 @@ def build(rev: str = BASELINE, where: Path = DEFAULT_WHERE) -> Path:
                           check=True, capture_output=True).stdout
     with tarfile.open(fileobj=io.BytesIO(blob)) as tar:
         tar.extractall(root, filter="data")
-    instrument(root)
+    if "dispatch_seconds" not in (root / "core_c" / "include" / "ferry.h").read_text():
+        instrument(root)  # (a revision with the profile's dispatch timer needs none)
     done = subprocess.run([sys.executable, "-c", "from core_c.build_ferry import ffibuilder; "
                            "ffibuilder.compile(tmpdir='.')"], cwd=root, capture_output=True, text=True)
     if done.returncode or not list((root / "app" / "engine").glob("_ferry_c*.so")):

@@ -27,8 +27,9 @@ routing, narrow matrices: KIMI_SHAPES), converts it with `ferry convert`
   reader threads).
 
 The modes run in interleaved rounds (streaming, synchronous, overlap without
-lookahead, compute floor, disk bandwidth; then again), and each figure is the
-median over the rounds, so a noisy neighbour slows every mode alike. With
+lookahead, the routing modes, compute floor, disk bandwidth; then again, each
+round starting one mode later), and each figure is the median over the
+rounds, so a noisy neighbour slows every mode alike. With
 --workdir the converted model is kept there and reused by the next run with
 the same flags.
 
@@ -208,10 +209,13 @@ def stream_modes(a, container: Path, plan, tokens: list[int], budget: int, top_k
         modes.update(routing_modes(top_k, [float(m) for m in a.margins.split(",") if m]))
     runs: dict[str, list[dict]] = {m: [] for m in modes}
     compute, disk, load = [], [], []
-    for _ in range(max(1, a.rounds)):
+    names = list(modes)
+    for r in range(max(1, a.rounds)):
         load.append(os.getloadavg()[0])
-        for m, opts in modes.items():
-            runs[m].append(decode_run(container, tokens, ram_budget=budget, readers=a.readers, **opts))
+        # each round starts one mode later, so that no mode always runs first
+        # (after the disk test, whose burst a virtual disk may throttle)
+        for m in names[r % len(names):] + names[:r % len(names)]:
+            runs[m].append(decode_run(container, tokens, ram_budget=budget, readers=a.readers, **modes[m]))
         compute.append(compute_floor(container, tokens)["s_per_token"])
         disk.append(disk_bandwidth(container, plan.record_bytes, a.readers)["bytes_per_s"])
     res = {m: median_run(r) for m, r in runs.items()}
