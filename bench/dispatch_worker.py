@@ -36,6 +36,8 @@ def main(argv: list[str]) -> int:
 
     with Engine(container, n_ctx=256, ram_budget=spec["budget"], lookahead=spec["lookahead"]) as engine:
         s = engine.session(256)
+        if spec.get("routing"):  # (experts per token, cache-aware margin): builds that have set_routing
+            s.set_routing(*spec["routing"])
         if spec["warm"]:  # every expert these tokens choose is then in RAM
             s.eval(prompt)
             for t in steps:

@@ -101,28 +101,33 @@ static int within(int kind, float key, float ref, float margin, int sign) {
 
 /* Cache-aware routing: chosen experts that are not in RAM and score within
  * the margin of the last choice give way, weakest first, to the best experts
- * in RAM that were not chosen but score within the margin below it. */
+ * in RAM that were not chosen but score within the margin below it (best
+ * first; equal scores, lower id first). The candidates are found in one pass
+ * over the E experts, as best_k finds the choice. */
 static int prefer_cached(const fe_route_params *p, const float *choice, const uint8_t *in_ram, uint8_t *mark,
                          int *ids, int k) {
+    enum { MAX_K = 256 }; /* the largest top_k a container may give (container.c) */
     const int E = p->n_experts;
     const float ref = choice[ids[k - 1]];
-    for (int r = 0; r < k; r++) mark[ids[r]] = 1;
-    int swapped = 0;
-    for (int r = k - 1; r >= 0; r--) {
-        int e = ids[r];
-        if (in_ram[e] || !within(p->kind, choice[e], ref, p->margin, +1)) continue;
-        int best = -1;
-        for (int c = 0; c < E; c++) {
-            if (mark[c] || !in_ram[c] || choice[c] == -INFINITY) continue;
-            if (!within(p->kind, choice[c], ref, p->margin, -1)) continue;
-            if (best < 0 || choice[c] > choice[best]) best = c;
-        }
-        if (best < 0) break;
-        mark[best] = 1;
-        ids[r] = best;
-        swapped++;
+    int cold = 0; /* chosen, not in RAM, within the margin above the last choice: may give way */
+    for (int r = 0; r < k; r++) {
+        mark[ids[r]] = 1;
+        cold += !in_ram[ids[r]] && within(p->kind, choice[ids[r]], ref, p->margin, +1);
     }
-    memset(mark, 0, (size_t)E); /* the chosen, and those that gave way */
+    if (cold > MAX_K) cold = MAX_K;
+    int cand[MAX_K], n = 0;
+    for (int c = 0; c < E && cold; c++) {
+        const float v = choice[c];
+        if (mark[c] || !in_ram[c] || v == -INFINITY || !within(p->kind, v, ref, p->margin, -1)) continue;
+        if (n == cold && !(v > choice[cand[n - 1]])) continue;
+        int j = n < cold ? n++ : cold - 1;
+        for (; j > 0 && v > choice[cand[j - 1]]; j--) cand[j] = cand[j - 1];
+        cand[j] = c;
+    }
+    for (int r = 0; r < k; r++) mark[ids[r]] = 0;
+    int swapped = 0;
+    for (int r = k - 1; r >= 0 && swapped < n; r--)
+        if (!in_ram[ids[r]] && within(p->kind, choice[ids[r]], ref, p->margin, +1)) ids[r] = cand[swapped++];
     if (swapped) /* back into rank order: by key, ties to the lower id */
         for (int i = 1; i < k; i++)
             for (int j = i; j > 0; j--) {
