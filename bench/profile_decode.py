@@ -35,10 +35,12 @@ def per_token_ms(part: dict) -> dict:
     for fmt, m in part["matmul"].items():
         out[f"matmul_{fmt}"] = ms(m["seconds"])
         out[f"matmul_{fmt}_GBps"] = round(m["bytes"] / m["seconds"] / 1e9, 2) if m["seconds"] else None
-    for k in ("attention_seconds", "norm_seconds", "elementwise_seconds", "expert_seconds", "pool_wait_seconds",
-              "other_seconds"):
+    for k in ("attention_seconds", "norm_seconds", "elementwise_seconds", "expert_seconds", "expert_ffn_seconds",
+              "expert_wait_seconds", "dispatch_seconds", "pool_wait_seconds", "other_seconds"):
         out[k.replace("_seconds", "")] = ms(part[k])
     out["pool_jobs"] = round(part["pool_jobs"] / n, 1)
+    if part["moe_layers"]:  # the expert dispatch per MoE layer pass
+        out["dispatch_us_per_moe_layer"] = round(1e6 * part["dispatch_seconds"] / part["moe_layers"], 2)
     matmul = sum(m["seconds"] for m in part["matmul"].values())
     out["non_matmul_share"] = round(1 - matmul / part["total_seconds"], 4) if part["total_seconds"] else None
     return out

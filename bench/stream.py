@@ -1,25 +1,35 @@
 """The streaming engine on a synthetic MoE model larger than its RAM budget.
 
     python bench/stream.py --json [--size-gb 2] [--budget-frac 0.25] [--tokens 24] [--rounds 3]
-    python bench/stream.py --json --family k3 --routing [--margins 0.02,0.1]
+    python bench/stream.py --json --family k3 --routing [--margins 0,0.02,0.1] [--dispatch]
 
 Writes a deterministic Qwen3-MoE-shaped checkpoint (bench/make_synthetic.py;
---family k3 or kimi_linear: those releases' layouts, shapes in KIMI_SHAPES),
-converts it with `ferry convert` (q4_1 experts), then measures in one run:
+--family k3 or kimi_linear: those releases' layouts, expert counts, top-k and
+routing, narrow matrices: KIMI_SHAPES), converts it with `ferry convert`
+(q4_1 experts), then measures in one run:
 
 * streaming: decode with the cache, overlapped reads and the lookahead;
 * synchronous: the same budget with overlap and lookahead off;
 * the compute floor: the same tokens with every expert already in RAM;
 * with --routing, the opt-in modes: fewer experts per token (3k/4, k/2, k/4)
-  and cache-aware margins, each with bytes/token, hit rate and s/token;
+  and cache-aware margins (0 = exact, set explicitly), each with bytes/token,
+  hit rate, s/token, stall, lookahead accuracy, prefetched records and the
+  dispatch's own time per MoE layer (the session profile);
+* with --dispatch, the expert dispatch's own CPU time per MoE layer and token
+  (ferry_profile_part.dispatch_seconds), this build against the commit
+  before the one MoE loop (bench/baseline_core.py builds it outside the
+  repository with the same timer), for a prompt chunk and for single steps,
+  every expert in RAM and at the bench's budget, in interleaved rounds of
+  fresh processes (bench/dispatch_worker.py);
 * the disk floor: the bytes each token must read (the fewest any mode read
   at this budget), over the best bandwidth the disk gave in any round to the
   engine's own pattern (random whole records, direct I/O, the same number of
   reader threads).
 
 The modes run in interleaved rounds (streaming, synchronous, overlap without
-lookahead, compute floor, disk bandwidth; then again), and each figure is the
-median over the rounds, so a noisy neighbour slows every mode alike. With
+lookahead, the routing modes, compute floor, disk bandwidth; then again, each
+round starting one mode later), and each figure is the median over the
+rounds, so a noisy neighbour slows every mode alike. With
 --workdir the converted model is kept there and reused by the next run with
 the same flags.
 
@@ -33,6 +43,7 @@ import mmap
 import os
 import platform
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -56,12 +67,14 @@ def decode_run(container: Path, tokens: list[int], routing: tuple | None = None,
         if routing:
             s.set_routing(*routing)
         s.eval(tokens[:PROMPT])
+        s.set_profiling(True)  # the decode's dispatch time per MoE layer
         before = s.stats()
         t0 = time.perf_counter()
         for t in tokens[PROMPT:]:
             s.eval([t])
         seconds = time.perf_counter() - t0
         after = s.stats()
+        prof = s.profile()["decode"]
         n = len(tokens) - PROMPT
         d = lambda k: getattr(after, k) - getattr(before, k)  # noqa: E731
         uses = d("decode_hits") + d("decode_misses")
@@ -72,7 +85,10 @@ def decode_run(container: Path, tokens: list[int], routing: tuple | None = None,
             "stall_s_per_token": d("stall_seconds") / n,
             "lookahead_accuracy": (d("lookahead_correct") / d("lookahead_predicted")
                                    if d("lookahead_predicted") else None),
-            "prefetch_used": d("prefetch_used"), "prefetch_wasted": d("prefetch_wasted"),
+            "prefetch_issued": d("prefetch_issued"), "prefetch_used": d("prefetch_used"),
+            "prefetch_wasted": d("prefetch_wasted"),
+            "dispatch_us_per_layer": (1e6 * prof["dispatch_seconds"] / prof["moe_layers"]
+                                      if prof["moe_layers"] else None),
             "swap_rate": d("routed_swaps") / d("routed_choices") if d("routed_choices") else None,
             "cache_slots": engine.info.cache_slots, "direct_io": engine.info.direct_io,
             "io_note": engine.info.io_note,
@@ -143,17 +159,22 @@ def prepare(a, where: Path) -> Path:
     return container
 
 
-#: The Kimi-family shapes (small enough for a 2-core box): K3's 896 experts
-#: top-16 scaled to 128 top-16 on its latent MoE; Kimi-Linear's 256 top-8 to
-#: 128 top-8.
+#: The Kimi-family shapes: the releases' expert counts, top-k and routing
+#: (/work/shared/spec: K3 896 experts, top 16, one group, sigmoid + bias,
+#: renormalised, 2 shared experts, the latent MoE; Kimi-Linear 256 experts,
+#: top 8, one group, routed scale 2.446, 1 shared expert), with few layers and
+#: narrow matrices so that they fit this box: K3's 7-layer tiny layout (6 MoE
+#: layers, width 64, experts 512 x 128 on a 128-wide latent), Kimi-Linear's
+#: 8 layers (3 KDA : 1 MLA, 7 MoE), width 128, experts 512 x 128. With q4_1
+#: experts every record is 126,976 bytes (the release's: ~11.8 MB at 3 bits).
 KIMI_SHAPES = {
-    "k3": ["--experts", "128", "--top-k", "16", "--expert-ffn", "512", "--latent", "128"],
-    "kimi_linear": ["--experts", "128", "--top-k", "8", "--expert-ffn", "512", "--dim", "128", "--layers", "8"],
+    "k3": ["--experts", "896", "--top-k", "16", "--expert-ffn", "512", "--latent", "128"],
+    "kimi_linear": ["--experts", "256", "--top-k", "8", "--expert-ffn", "512", "--dim", "128", "--layers", "8"],
 }
 
 
 def prepare_kimi(a, where: Path) -> Path:
-    tag = f"synth-{a.family}"
+    tag = f"synth-{a.family}-" + "-".join(KIMI_SHAPES[a.family][1::2])
     container = where / f"{tag}.ferry"
     if (container / "manifest.json").exists() and (where / f"{tag}.done").exists():
         return container
@@ -166,7 +187,8 @@ def prepare_kimi(a, where: Path) -> Path:
 
 def routing_modes(top_k: int, margins: list[float]) -> dict:
     """Opt-in routing: top-k, 3k/4, k/2, k/4 experts per token (16/12/8/4 on
-    K3), and cache-aware margins at the model's k."""
+    K3), and cache-aware margins at the model's k (margin 0 is exact routing
+    set explicitly: it must read what "streaming" reads)."""
     modes = {}
     for n in sorted({top_k, max(1, 3 * top_k // 4), max(1, top_k // 2), max(1, top_k // 4)}, reverse=True):
         if n != top_k:
@@ -174,6 +196,107 @@ def routing_modes(top_k: int, margins: list[float]) -> dict:
     for m in margins:
         modes[f"cache_aware_{m:g}"] = {"routing": (None, m)}
     return modes
+
+
+def stream_modes(a, container: Path, plan, tokens: list[int], budget: int, top_k: int) -> dict:
+    """Every decode mode in interleaved rounds, with the compute and disk floors."""
+    modes = {
+        "streaming": {},
+        "synchronous": {"overlap": False, "lookahead": False},
+        "no_lookahead": {"lookahead": False},
+    }
+    if a.routing:
+        modes.update(routing_modes(top_k, [float(m) for m in a.margins.split(",") if m]))
+    runs: dict[str, list[dict]] = {m: [] for m in modes}
+    compute, disk, load = [], [], []
+    names = list(modes)
+    for r in range(max(1, a.rounds)):
+        load.append(os.getloadavg()[0])
+        # each round starts one mode later, so that no mode always runs first
+        # (after the disk test, whose burst a virtual disk may throttle)
+        for m in names[r % len(names):] + names[:r % len(names)]:
+            runs[m].append(decode_run(container, tokens, ram_budget=budget, readers=a.readers, **modes[m]))
+        compute.append(compute_floor(container, tokens)["s_per_token"])
+        disk.append(disk_bandwidth(container, plan.record_bytes, a.readers)["bytes_per_s"])
+    res = {m: median_run(r) for m, r in runs.items()}
+    streaming, sync = res["streaming"], res["synchronous"]
+    # The best bandwidth any round saw: the disk gives at least that, so the
+    # floor stays a lower bound when a neighbour slows one measurement.
+    bandwidth = float(max(disk))
+    compute_s = float(np.median(compute))
+    # The bytes that must be read: the fewest any mode read at this budget
+    # (the lookahead's wrong guesses are extra reads, not a lower floor).
+    must_read = min(r["bytes_per_token"] for m, r in res.items() if m in ("streaming", "synchronous", "no_lookahead"))
+    disk_floor = must_read / bandwidth
+    larger = max(disk_floor, compute_s)
+    return {
+        "rounds_load_1min": load,
+        **res,
+        "compute_floor_s_per_token": compute_s, "compute_floor_rounds": compute,
+        "disk": {"bytes_per_s": bandwidth, "median_bytes_per_s": float(np.median(disk)), "rounds_bytes_per_s": disk,
+                 "readers": a.readers, "direct": bool(getattr(os, "O_DIRECT", 0))},
+        "must_read_bytes_per_token": must_read,
+        "disk_floor_s_per_token": disk_floor,
+        "larger_floor": "disk" if disk_floor >= compute_s else "compute",
+        "ratio_to_larger_floor": streaming["s_per_token"] / larger,
+        "speedup_vs_synchronous": sync["s_per_token"] / streaming["s_per_token"],
+        "speedup_vs_overlap_only": res["no_lookahead"]["s_per_token"] / streaming["s_per_token"],
+        "rounds_speedup_vs_synchronous": [y["s_per_token"] / x["s_per_token"]
+                                          for x, y in zip(runs["streaming"], runs["synchronous"])],
+        "rounds_speedup_vs_overlap_only": [y["s_per_token"] / x["s_per_token"]
+                                           for x, y in zip(runs["streaming"], runs["no_lookahead"])],
+    }
+
+
+#: Tokens of the prompt chunk the dispatch is timed on (one chunk: FE_CHUNK).
+DISPATCH_PROMPT = 32
+
+
+def dispatch_compare(a, container: Path, plan, vocab: int, budget: int) -> dict:
+    """The expert dispatch's own CPU time per MoE layer and token
+    (ferry_profile_part.dispatch_seconds: routing, collecting the distinct
+    experts, the cache visit, the lookahead's routing, moving rows, the
+    weighted sum; not the router's or the experts' products, not read waits),
+    this build against the baseline's (bench/baseline_core.py: before the
+    O(E n K) scan was removed), each run in a fresh process, in interleaved
+    rounds whose order alternates. "in RAM": every expert the tokens choose is
+    already cached (the tokens run twice); "streaming": the bench's budget."""
+    from bench import baseline_core
+
+    old = baseline_core.build(a.baseline or baseline_core.BASELINE)
+    new = Path(__file__).resolve().parents[1]
+    everything = plan.floor_bytes + plan.expert_bytes + 8 * plan.record_bytes
+    rng = np.random.default_rng(9)
+    tokens = [int(t) for t in rng.integers(3, vocab, DISPATCH_PROMPT + a.tokens)]
+    base = {"tokens": tokens, "prompt": DISPATCH_PROMPT}
+    variants = {
+        "before, in RAM": (old, {"budget": everything, "warm": True, "lookahead": True}),
+        "after, in RAM": (new, {"budget": everything, "warm": True, "lookahead": True}),
+        "after, in RAM, no lookahead": (new, {"budget": everything, "warm": True, "lookahead": False}),
+        "before, streaming": (old, {"budget": budget, "warm": False, "lookahead": True}),
+        "after, streaming": (new, {"budget": budget, "warm": False, "lookahead": True}),
+    }
+    worker = Path(__file__).resolve().parent / "dispatch_worker.py"
+    rounds = []
+    for r in range(max(1, a.rounds)):
+        row = {"load_1min": os.getloadavg()[0]}
+        for name in (list(variants) if r % 2 == 0 else list(reversed(variants))):
+            tree, spec = variants[name]
+            done = subprocess.run([sys.executable, str(worker), str(tree), str(container),
+                                   json.dumps({**base, **spec})], capture_output=True, text=True, cwd=tree)
+            if done.returncode:
+                raise SystemExit(f"dispatch run {name!r} failed:\n{done.stderr[-3000:]}")
+            row[name] = json.loads(done.stdout.splitlines()[-1])
+        rounds.append(row)
+    summary = {}
+    for name in variants:
+        summary[name] = {k: float(np.median([rd[name][k]["us_per_layer_token"] for rd in rounds]))
+                         for k in ("prompt", "decode")}
+    for where in ("in RAM", "streaming"):
+        b, f = summary[f"before, {where}"], summary[f"after, {where}"]
+        summary[f"before/after, {where}"] = {k: b[k] / f[k] for k in ("prompt", "decode")}
+    return {"baseline": a.baseline or baseline_core.BASELINE, "prompt_tokens": DISPATCH_PROMPT,
+            "decode_tokens": a.tokens, "us_per_layer_token_median": summary, "rounds": rounds}
 
 
 def main(argv=None) -> int:
@@ -190,7 +313,13 @@ def main(argv=None) -> int:
                     help="the synthetic model's shape (k3 and kimi_linear: see KIMI_SHAPES)")
     ap.add_argument("--routing", action="store_true",
                     help="also measure the opt-in routing modes (fewer experts per token, cache-aware margins)")
-    ap.add_argument("--margins", default="0.02,0.1", help="cache-aware margins to measure with --routing")
+    ap.add_argument("--margins", default="0,0.02,0.1", help="cache-aware margins to measure with --routing")
+    ap.add_argument("--dispatch", action="store_true",
+                    help="also time the expert dispatch's own CPU work per MoE layer, this build against "
+                         "--baseline (Kimi families), in interleaved rounds")
+    ap.add_argument("--baseline", default=None,
+                    help="the revision to compare the dispatch with (default: the commit before core_c/src/moe.c)")
+    ap.add_argument("--no-stream", action="store_true", help="with --dispatch: skip the streaming modes")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     if a.workdir:
@@ -203,56 +332,22 @@ def main(argv=None) -> int:
         all_experts = plan.expert_bytes
         budget = plan.floor_bytes + int(a.budget_frac * all_experts) + 8 * plan.record_bytes
         with Engine(container, n_ctx=256, threads=1) as probe:
-            vocab, top_k = probe.info.vocab, probe.info.top_k
+            info = probe.info
         rng = np.random.default_rng(5)
-        tokens = [int(t) for t in rng.integers(3, vocab, PROMPT + a.tokens)]
-        modes = {
-            "streaming": {},
-            "synchronous": {"overlap": False, "lookahead": False},
-            "no_lookahead": {"lookahead": False},
+        tokens = [int(t) for t in rng.integers(3, info.vocab, PROMPT + a.tokens)]
+        result = {
+            "machine": {"arch": platform.machine(), "cpus": os.cpu_count()}, "load_1min_at_start": os.getloadavg()[0],
+            "family": a.family, "experts": info.n_experts, "top_k": info.top_k, "moe_layers": info.n_moe_layers,
+            "routing": "correlated" if a.correlated else "random",
+            "model_bytes": sum(p.stat().st_size for p in container.rglob("*.bin")), "budget_bytes": budget,
+            "budget_frac": a.budget_frac, "record_bytes": plan.record_bytes, "rounds": max(1, a.rounds),
+            "tokens": a.tokens, "prepare_seconds": round(prep, 1),
         }
-        if a.routing:
-            modes.update(routing_modes(top_k, [float(m) for m in a.margins.split(",") if m]))
-        runs: dict[str, list[dict]] = {m: [] for m in modes}
-        compute, disk = [], []
-        for _ in range(max(1, a.rounds)):
-            for m, opts in modes.items():
-                runs[m].append(decode_run(container, tokens, ram_budget=budget, readers=a.readers, **opts))
-            compute.append(compute_floor(container, tokens)["s_per_token"])
-            disk.append(disk_bandwidth(container, plan.record_bytes, a.readers)["bytes_per_s"])
-        model_bytes = sum(p.stat().st_size for p in container.rglob("*.bin"))
-    res = {m: median_run(r) for m, r in runs.items()}
-    streaming, sync = res["streaming"], res["synchronous"]
-    # The best bandwidth any round saw: the disk gives at least that, so the
-    # floor stays a lower bound when a neighbour slows one measurement.
-    bandwidth = float(max(disk))
-    compute_s = float(np.median(compute))
-    # The bytes that must be read: the fewest any mode read at this budget
-    # (the lookahead's wrong guesses are extra reads, not a lower floor).
-    must_read = min(r["bytes_per_token"] for r in res.values())
-    disk_floor = must_read / bandwidth
-    larger = max(disk_floor, compute_s)
-    result = {
-        "machine": {"arch": platform.machine(), "cpus": os.cpu_count()},
-        "family": a.family,
-        "routing": "correlated" if a.correlated else "random", "model_bytes": model_bytes, "budget_bytes": budget,
-        "record_bytes": plan.record_bytes, "rounds": max(1, a.rounds), "tokens": a.tokens,
-        "prepare_seconds": round(prep, 1),
-        **res,
-        "compute_floor_s_per_token": compute_s, "compute_floor_rounds": compute,
-        "disk": {"bytes_per_s": bandwidth, "median_bytes_per_s": float(np.median(disk)), "rounds_bytes_per_s": disk, "readers": a.readers,
-                 "direct": bool(getattr(os, "O_DIRECT", 0))},
-        "must_read_bytes_per_token": must_read,
-        "disk_floor_s_per_token": disk_floor,
-        "larger_floor": "disk" if disk_floor >= compute_s else "compute",
-        "ratio_to_larger_floor": streaming["s_per_token"] / larger,
-        "speedup_vs_synchronous": sync["s_per_token"] / streaming["s_per_token"],
-        "speedup_vs_overlap_only": res["no_lookahead"]["s_per_token"] / streaming["s_per_token"],
-        "rounds_speedup_vs_synchronous": [y["s_per_token"] / x["s_per_token"]
-                                          for x, y in zip(runs["streaming"], runs["synchronous"])],
-        "rounds_speedup_vs_overlap_only": [y["s_per_token"] / x["s_per_token"]
-                                           for x, y in zip(runs["streaming"], runs["no_lookahead"])],
-    }
+        if not a.no_stream:
+            result.update(stream_modes(a, container, plan, tokens, budget, info.top_k))
+        if a.dispatch:
+            result["dispatch"] = dispatch_compare(a, container, plan, info.vocab, budget)
+        result["load_1min_at_end"] = os.getloadavg()[0]
     print(json.dumps(result, indent=None if a.json else 1))
     return 0
 

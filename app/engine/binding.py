@@ -146,18 +146,22 @@ def _profile_part(c) -> dict:
     """One ferry_profile_part as a dict: matrix products by format name, the
     other stages, and ``other_seconds`` (total minus every counted stage;
     expert_seconds includes the experts' own products, so it is not
-    subtracted twice)."""
+    subtracted twice). expert_seconds less the router's products splits into
+    expert_ffn_seconds, expert_wait_seconds and dispatch_seconds (the
+    dispatch's own work); ``moe_layers`` counts MoE layer passes, so
+    dispatch_seconds / moe_layers is the dispatch per layer and pass."""
     matmul = {}
     for code, name in enumerate(_FORMAT_NAMES):
         if c.matmul_calls[code]:
             matmul[name] = {"seconds": c.matmul_seconds[code], "calls": int(c.matmul_calls[code]),
                             "bytes": int(c.matmul_bytes[code])}
     stages = {k: getattr(c, k) for k in ("attention_seconds", "norm_seconds", "elementwise_seconds",
-                                         "expert_seconds", "pool_wait_seconds")}
+                                         "expert_seconds", "expert_ffn_seconds", "expert_wait_seconds",
+                                         "dispatch_seconds", "pool_wait_seconds")}
     counted = sum(m["seconds"] for m in matmul.values()) + stages["attention_seconds"] + \
         stages["norm_seconds"] + stages["elementwise_seconds"]
     return {"evals": int(c.evals), "tokens": int(c.tokens), "total_seconds": c.total_seconds,
-            "matmul": matmul, **stages, "pool_jobs": int(c.pool_jobs),
+            "matmul": matmul, **stages, "pool_jobs": int(c.pool_jobs), "moe_layers": int(c.moe_layers),
             "other_seconds": max(0.0, c.total_seconds - counted)}
 
 

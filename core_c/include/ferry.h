@@ -156,9 +156,18 @@ typedef struct ferry_profile_part {
     double attention_seconds;     /* biases, q/k norms, RoPE, KV-cache writes, scores, softmax, weighted sums */
     double norm_seconds;          /* RMSNorms of the residual stream */
     double elementwise_seconds;   /* embedding rows, activations (SiLU x up), residual adds */
-    double expert_seconds;        /* routed experts (MoE layers: routing, reads, expert products) */
+    double expert_seconds;        /* routed experts of the MoE layers (every architecture): the router's
+                                     products, the three parts below, nothing else (shared experts and
+                                     K3's latent projections are in matmul_seconds only) */
     double pool_wait_seconds;     /* the caller waiting for the other threads at the end of parallel jobs */
     uint64_t pool_jobs;           /* parallel jobs dispatched to the thread pool */
+    /* expert_seconds less the router's products (this layer's and the lookahead's), in three parts: */
+    double expert_ffn_seconds;    /* the experts' feed-forward (also in matmul_seconds, elementwise_seconds) */
+    double expert_wait_seconds;   /* waiting for expert reads (ferry_stats.stall_seconds of these passes) */
+    double dispatch_seconds;      /* the rest, the expert dispatch's own work: routing (not the router's
+                                     product), collecting the distinct experts, the cache visit, the
+                                     lookahead's routing and read requests, moving rows, the weighted sum */
+    uint64_t moe_layers;          /* MoE layer passes (one per MoE layer per forward pass) */
 } ferry_profile_part;
 
 typedef struct ferry_profile {

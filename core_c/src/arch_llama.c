@@ -341,12 +341,7 @@ static ferry_status ffn(ferry_session *s, const chunk_bufs *b, int l, int n, fer
     double t0 = prof_t0(s);
     for (int t = 0; t < n; t++) fe_rmsnorm(b->xb + (size_t)t * d, b->x + (size_t)t * d, L->ffn_norm, d, hp->norm_eps);
     PROF_ADD(s, norm_seconds, t0);
-    if (hp->layer_is_moe[l]) {
-        t0 = prof_t0(s);
-        ferry_status st = moe(s, b, l, n, err);
-        PROF_ADD(s, expert_seconds, t0);
-        return st;
-    }
+    if (hp->layer_is_moe[l]) return moe(s, b, l, n, err); /* profiled in moe.c */
     swiglu(s, b, &L->w_gate, &L->w_up, &L->w_down, b->xb, n, b->y);
     t0 = prof_t0(s);
     for (size_t i = 0; i < (size_t)n * d; i++) b->x[i] += b->y[i];

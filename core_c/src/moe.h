@@ -76,7 +76,9 @@ uint64_t fe_moe_carve(const fe_hparams *hp, int ed, uint8_t *base, fe_moe_bufs *
  *   z    [n][ed]  the experts' input,
  *   x    [n][dim] the residual stream now (the lookahead's input, read only),
  *   acc  [n][ed]  receives sum over choices of weight * expert output, added
- *                 in rank order to what it holds. */
+ *                 in rank order to what it holds.
+ * A profiling session's expert_seconds and its parts (the experts'
+ * feed-forward, read waits, the dispatch's own work) are counted here. */
 ferry_status fe_moe_layer(struct ferry_session *s, const fe_moe_arch *a, const fe_moe_bufs *b, int layer, int n,
                           const float *xb, const float *z, const float *x, float *acc, ferry_error *err);
 

@@ -233,6 +233,82 @@ static void route_once(fe_route_params *p, const float *logits, const uint8_t *r
     for (int e = 0; e < E; e++) CHECK(mark[e] == 0);
 }
 
+/* The top-k selection (one pass, an ordered list of the best so far) against
+ * the rule it must keep: the k highest keys, highest first, equal keys in
+ * ascending id, on K3's 896 experts top-16 with many ties; with the sigmoid
+ * rule's group limit, the keys of dropped groups (-inf) never chosen. */
+static void test_routing_ties(void) {
+    enum { E = 896, K = 16 };
+    static float logits[E], l[E], choice[E], group[E], bias[E];
+    static uint8_t mark[E];
+    uint64_t x = 0x9E3779B97F4A7C15ull;
+    int total_swaps = 0;
+    for (int trial = 0; trial < 60; trial++) {
+        int levels = 2 + trial % 9; /* few distinct values: many ties */
+        for (int e = 0; e < E; e++) {
+            x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+            logits[e] = (float)((x >> 11) % (uint64_t)levels) - 1.0f;
+            bias[e] = 0.0f;
+        }
+        int kind = trial % 2;
+        fe_route_params p = {.kind = kind, .n_experts = E, .top_k = K, .norm = 1, .scale = 1.0f,
+                             .n_group = kind ? 8 : 0, .topk_group = kind ? 3 : 0, .norm_eps = 1e-20f, .bias = bias};
+        int ids[K], sw;
+        float w[K];
+        memcpy(l, logits, sizeof l);
+        CHECK(fe_moe_route(&p, l, choice, group, mark, NULL, ids, w, &sw) == K);
+        const float *key = kind ? choice : l; /* the keys the rule compared (group-limited for sigmoid) */
+        uint8_t taken[E] = {0};
+        for (int r = 0; r < K; r++) {
+            int best = -1;
+            for (int e = 0; e < E; e++)
+                if (!taken[e] && key[e] != -INFINITY && (best < 0 || key[e] > key[best])) best = e;
+            CHECK(ids[r] == best);
+            if (best >= 0) taken[best] = 1;
+        }
+        /* Cache-aware routing against its rule, applied the slow way: the
+         * weakest cold choice within the margin gives way to the best expert
+         * in RAM within the margin below the last choice, and so on. */
+        static uint8_t ram[E];
+        for (int e = 0; e < E; e++) { x ^= x << 13; x ^= x >> 7; x ^= x << 17; ram[e] = (x >> 5) % 4 == 0; }
+        p.margin = kind ? 0.3f : 1.5f;
+        int got[K];
+        memcpy(l, logits, sizeof l);
+        fe_moe_route(&p, l, choice, group, mark, ram, got, w, &sw);
+        for (int e = 0; e < E; e++) CHECK(mark[e] == 0);
+        const float ref = key[ids[K - 1]];
+        int want[K], n_sw = 0;
+        memcpy(want, ids, sizeof want);
+        memset(taken, 0, sizeof taken);
+        for (int r = 0; r < K; r++) taken[ids[r]] = 1;
+        for (int r = K - 1; r >= 0; r--) {
+            float v = key[want[r]];
+            int above = kind ? v <= ref + p.margin : v <= ref * expf(p.margin);
+            if (ram[want[r]] || !above) continue;
+            int best = -1;
+            for (int e = 0; e < E; e++) {
+                int below = kind ? key[e] >= ref - p.margin : key[e] >= ref * expf(-p.margin);
+                if (taken[e] || !ram[e] || key[e] == -INFINITY || !below) continue;
+                if (best < 0 || key[e] > key[best]) best = e;
+            }
+            if (best < 0) break;
+            taken[best] = 1;
+            want[r] = best;
+            n_sw++;
+        }
+        CHECK(sw == n_sw);
+        total_swaps += sw;
+        for (int r = 0; r < K; r++) { /* the same set, in rank order */
+            int found = 0;
+            for (int j = 0; j < K; j++) found |= got[r] == want[j];
+            CHECK(found);
+            if (r) CHECK(key[got[r]] < key[got[r - 1]] || (key[got[r]] == key[got[r - 1]] && got[r] > got[r - 1]));
+        }
+        p.margin = 0.0f;
+    }
+    CHECK(total_swaps > 60); /* the rule was exercised */
+}
+
 static void test_routing(void) {
     enum { E = 64, K = 8 };
     float bias[E];
@@ -317,6 +393,7 @@ int main(int argc, char **argv) {
     test_formats();
     test_pool();
     test_routing();
+    test_routing_ties();
     if (argc > 1) test_good_container(argv[1]);
     for (int i = 2; i < argc; i++) test_bad_container(argv[i]);
     CHECK(strcmp(ferry_status_name(FERRY_E_CHECKSUM), "FERRY_E_CHECKSUM") == 0);

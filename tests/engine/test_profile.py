@@ -3,6 +3,7 @@ by default, per session, never changing results, and its counters add up."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from app.engine.binding import Engine
 
@@ -78,5 +79,62 @@ def test_profile_of_a_moe_model(tiny_moe):
         s.eval([4])
         p = s.profile()
         assert p["prompt"]["expert_seconds"] > 0 and p["decode"]["expert_seconds"] > 0
+        for part in (p["prompt"], p["decode"]):
+            _check_expert_parts(part, part["evals"] * eng.info.n_moe_layers)
         assert p["decode"]["matmul"]  # the trunk's and the experts' products
         s.close()
+
+
+def _check_expert_parts(part, moe_layers):
+    """expert_seconds = the router's products + the experts' feed-forward +
+    read waits + the dispatch's own work, each counted."""
+    assert part["moe_layers"] == moe_layers
+    assert part["dispatch_seconds"] > 0 and part["expert_ffn_seconds"] > 0 and part["expert_wait_seconds"] >= 0
+    parts = part["dispatch_seconds"] + part["expert_ffn_seconds"] + part["expert_wait_seconds"]
+    assert parts <= part["expert_seconds"] * 1.0001
+    assert part["expert_seconds"] <= part["total_seconds"]
+
+
+def test_profile_splits_the_expert_dispatch_of_a_kimi_model(tmp_path):
+    """The one MoE loop profiles every architecture (K3 here): the dispatch's
+    own time, the experts' feed-forward and the read waits of a small
+    synchronous cache; profiling never changes the logits."""
+    from app.convert.convert import convert
+    from tests.kimi import tiny_k3
+
+    tiny_k3.build(tmp_path / "k3")
+    path = convert(tmp_path / "k3", tmp_path / "k3.ferry", trunk_format="f32", expert_format="f32")
+    out = {}
+    for profile in (False, True):
+        with Engine(path, threads=2, n_ctx=64, cache_slots=2 * tiny_k3.TOPK, overlap=False,
+                    direct_io=False) as eng:
+            s = eng.session(64)
+            s.set_profiling(profile)
+            logits = [s.eval([1, 50, 310, 42, 7, 90])] + [s.eval([t]) for t in (7, 9, 11)]
+            out[profile] = (np.stack(logits), s.profile(), s.stats(), eng.info.n_moe_layers)
+            s.close()
+    assert np.array_equal(out[False][0].view(np.uint32), out[True][0].view(np.uint32))
+    prof, stats = out[True][1], out[True][2]
+    moe_per_pass = tiny_k3.LAYERS - 1  # layer 0 is dense
+    assert out[True][3] == moe_per_pass
+    _check_expert_parts(prof["prompt"], moe_per_pass)
+    _check_expert_parts(prof["decode"], 3 * moe_per_pass)
+    waited = prof["prompt"]["expert_wait_seconds"] + prof["decode"]["expert_wait_seconds"]
+    assert stats.misses > 0 and 0 < waited <= stats.stall_seconds * 1.0001
+
+
+def test_the_dispatch_benchmark_times_the_baseline_where_it_dispatches():
+    """bench/stream.py --dispatch compares dispatch_seconds with the commit
+    before core_c/src/moe.c, timed by bench/baseline_core.py's insertions:
+    each one's anchor is in that revision exactly once."""
+    import subprocess
+
+    from bench import baseline_core
+
+    for rel, anchor, replacement in baseline_core._TIMER:
+        shown = subprocess.run(["git", "-C", str(baseline_core.ROOT), "show", f"{baseline_core.BASELINE}:{rel}"],
+                               capture_output=True, text=True)
+        if shown.returncode:
+            pytest.skip(f"the baseline revision is not in this checkout ({shown.stderr.strip()})")
+        assert shown.stdout.count(anchor) == 1, rel
+        assert anchor in replacement  # an insertion: the old code itself stays as it was
