@@ -83,6 +83,15 @@ typedef struct ferry_open_options {
      * run is refused with FERRY_E_UNSUPPORTED, an unknown name with
      * FERRY_E_ARG. The core reads no environment variable for this. */
     const char *kernels;
+    /* How matrix products treat their input vectors: NULL or "f32" (the
+     * default) multiplies the stored weights by the exact f32 activations;
+     * "q8" is an opt-in mode that trades exactness for speed: each token's
+     * input is quantized to 8 bits per block of 32 values (a float scale per
+     * block) once per product, and q8_0, q4_0, q4_1, q4_k, q5_k and q6_k
+     * weights are multiplied with integer dot products (other formats stay
+     * exact). Outputs change slightly (docs/ARCHITECTURE.md, "Kernels"); every kernel set
+     * gives bit-identical results in this mode. Unknown names: FERRY_E_ARG. */
+    const char *activations;
 } ferry_open_options;
 
 /* What a loaded model is. Filled by ferry_engine_info. */
@@ -106,6 +115,7 @@ typedef struct ferry_model_info {
     int cache_slots;          /* expert records the cache holds */
     uint64_t ram_budget;      /* the budget in force (0 = unlimited) */
     char kernels[16];         /* the kernel set in use: "scalar", "avx2" or "neon" */
+    char activations[8];      /* "f32" (exact) or "q8" (ferry_open_options.activations) */
 } ferry_model_info;
 
 /* Counters of one session. Times are wall-clock seconds. */
