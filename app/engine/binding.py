@@ -96,6 +96,7 @@ class MemoryPlan:
     record_bytes: int
     token_set_bytes: int
     policy_floor_bytes: int  #: of floor_bytes, the policy state for the minimum cache
+    q8_bytes: int = 0        #: scratch that activations "q8" adds (in scratch_bytes when the engine uses it)
 
 
 @dataclass(frozen=True)

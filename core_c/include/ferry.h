@@ -183,6 +183,8 @@ typedef struct ferry_memory_plan {
     uint64_t record_bytes;    /* one expert record */
     uint64_t token_set_bytes; /* one token's expert working set: records of top_k x MoE layers */
     uint64_t policy_floor_bytes; /* of floor_bytes, the policy state for the minimum cache */
+    uint64_t q8_bytes;        /* the scratch activations "q8" adds to a session (part of scratch_bytes
+                                 when the engine uses it; ferry_container_plan counts it out) */
 } ferry_memory_plan;
 
 typedef struct ferry_engine ferry_engine;

@@ -250,6 +250,7 @@ void ferry_engine_plan(const ferry_engine *e, int n_ctx, ferry_memory_plan *plan
     plan->policy_floor_bytes = policy_bytes(hp, min_slots(hp));
     plan->floor_bytes =
         plan->trunk_bytes + plan->state_bytes + plan->scratch_bytes + min_cache + plan->policy_floor_bytes;
+    plan->q8_bytes = q8_buffer_bytes(&e->c);
 }
 
 ferry_status ferry_container_plan(const char *path, int n_ctx, int n_threads, ferry_memory_plan *plan,
