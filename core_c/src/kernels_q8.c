@@ -110,7 +110,7 @@ static void rowdot_ref(int fmt, const uint8_t *row, int cols, const uint8_t *xq,
     for (int t = 0; t < n; t++) {
         const int8_t *qx = (const int8_t *)(xq + (size_t)t * st);
         const float *dx = (const float *)(xq + (size_t)t * st + (size_t)cols), *sx = dx + nb;
-        float acc[8] = {0}, mn[8] = {0};
+        float acc[2][8] = {{0}}, mn[8] = {0}, m1[2] = {0};
         for (int b = 0; b < nb; b++) {
             int qw[32], S[2];
             float D, M;
@@ -119,13 +119,15 @@ static void rowdot_ref(int fmt, const uint8_t *row, int cols, const uint8_t *xq,
             for (int l = 0; l < 8; l++) {
                 int p = 0;
                 for (int i = 4 * l; i < 4 * l + 4; i++) p += qw[i] * qx[32 * b + i];
-                acc[l] = fmaf(a, (float)(S[l >> 2] * p), acc[l]);
+                acc[b & 1][l] = fmaf(a, (float)(S[l >> 2] * p), acc[b & 1][l]);
             }
-            if (sign) mn[b & 7] = fmaf(M, sx[b], mn[b & 7]);
+            if (sign < 0) mn[b & 7] = fmaf(M, sx[b], mn[b & 7]);
+            if (sign > 0) m1[b & 1] = fmaf(M, sx[b], m1[b & 1]);
         }
-        for (int b = nb; sign && (b & 7); b++) mn[b & 7] = fmaf(0.0f, 0.0f, mn[b & 7]); /* the SIMD sets' padding */
-        float r = fe_q8_hsum8(acc);
-        if (sign > 0) r = r + fe_q8_hsum8(mn);
+        float both[8];
+        for (int l = 0; l < 8; l++) both[l] = acc[0][l] + acc[1][l];
+        float r = fe_q8_hsum8(both);
+        if (sign > 0) r = r + (m1[0] + m1[1]);
         if (sign < 0) r = r - fe_q8_hsum8(mn);
         y[(size_t)t * ys] = r;
     }

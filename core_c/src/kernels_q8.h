@@ -16,11 +16,12 @@
  *          S(l) the weight's integer scale of values 16*(l/4)..+15
  *          (1 for the 32-blocks, a 6-bit scale for Q4_K/Q5_K, an int8 one
  *          per 16 values for Q6_K)
- *   acc[l] = fma(D_b * d_b, (float)p[l], acc[l])     (one rounding: fmaf / FMA)
- *   mn[b % 8] = fma(M_b, s_b, mn[b % 8])             (Q4_1: M = m; K: dmin*m_j)
- * with D_b the weight block's float scale; the 8-lane mn is zero-padded to
- * whole groups of 8 blocks. The result is
- *   h(acc) [+ h(mn) for Q4_1, - h(mn) for Q4_K/Q5_K],
+ *   acc[b % 2][l] = fma(D_b * d_b, (float)p[l], acc[b % 2][l])   (one rounding: fmaf / FMA;
+ *                   two sets, even and odd blocks, halve the chain of dependent adds)
+ *   Q4_K/Q5_K: mn[b % 8] = fma(M_b, s_b, mn[b % 8])              (M = dmin * m_j)
+ *   Q4_1:      m1[b % 2] = fma(M_b, s_b, m1[b % 2])              (M = m)
+ * with D_b the weight block's float scale. The result is
+ *   h(acc[0] + acc[1], lane by lane) [+ (m1[0] + m1[1]) for Q4_1, - h(mn) for Q4_K/Q5_K],
  *   h(v) = ((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7)).
  * Every integer above is below 2^24, so each conversion to float is exact.
  * A token's arithmetic never depends on the others in the call, so a batch is

@@ -50,25 +50,37 @@ INL __m256i nibbles(const uint8_t *q) {
 #define DX(t) ((const float *)(xq + (size_t)(t) * st + (size_t)cols))
 #define SX(t) (DX(t) + nb)
 
-/* Q8_0 and Q4_0: signed weights, no minimum. */
+/* Blocks alternate between two accumulator sets per token (even blocks: A,
+ * odd: B), which halves the chain of dependent adds; the result adds the
+ * two lane by lane first (kernels_q8.h). */
+INL float done2(__m256 a, __m256 b) { return hsum(_mm256_add_ps(a, b)); }
+
+/* Q8_0 and Q4_0: signed weights, no minimum. Block b into acc. */
+INL void signed_block(const uint8_t *row, int cols, const uint8_t *xq, size_t st, int b, const int nt,
+                      const int four, __m256 *acc) {
+    const uint8_t *p = row + (four ? 18 : 34) * (size_t)b;
+    const float dw = f16(p);
+    __m256i w = four ? _mm256_sub_epi8(nibbles(p + 2), _mm256_set1_epi8(8)) : ld(p + 2);
+    __m256i aw = _mm256_sign_epi8(w, w);
+    for (int t = 0; t < nt; t++) {
+        __m256i x = ld(QX(t) + 32 * (size_t)b);
+        __m256i pr = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w)), _mm256_set1_epi16(1));
+        acc[t] = fold(acc[t], dw * DX(t)[b], pr);
+    }
+}
+
 INL void signed_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, float *y, size_t ys,
                      const int nt, const int four) {
     const int nb = cols / 32;
-    const __m256i ones = _mm256_set1_epi16(1), eight = _mm256_set1_epi8(8);
-    __m256 acc[TILE];
-    for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
-    for (int b = 0; b < nb; b++) {
-        const uint8_t *p = row + (four ? 18 : 34) * (size_t)b;
-        const float dw = f16(p);
-        __m256i w = four ? _mm256_sub_epi8(nibbles(p + 2), eight) : ld(p + 2);
-        __m256i aw = _mm256_sign_epi8(w, w);
-        for (int t = 0; t < nt; t++) {
-            __m256i x = ld(QX(t) + 32 * (size_t)b);
-            __m256i pr = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w)), ones);
-            acc[t] = fold(acc[t], dw * DX(t)[b], pr);
-        }
+    __m256 A[TILE], B[TILE];
+    for (int t = 0; t < nt; t++) A[t] = B[t] = _mm256_setzero_ps();
+    int b = 0;
+    for (; b + 2 <= nb; b += 2) {
+        signed_block(row, cols, xq, st, b, nt, four, A);
+        signed_block(row, cols, xq, st, b + 1, nt, four, B);
     }
-    for (int t = 0; t < nt; t++) y[(size_t)t * ys] = hsum(acc[t]);
+    if (b < nb) signed_block(row, cols, xq, st, b, nt, four, A);
+    for (int t = 0; t < nt; t++) y[(size_t)t * ys] = done2(A[t], B[t]);
 }
 
 INL void q8_0_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, float *y, size_t ys, const int nt) {
@@ -78,73 +90,71 @@ INL void q4_0_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, f
     signed_tile(row, cols, xq, st, y, ys, nt, 1);
 }
 
-INL void q4_1_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, float *y, size_t ys, const int nt) {
+/* Q4_1: unsigned nibbles; the minimum's sums m (one float per token and set). */
+INL void q4_1_block(const uint8_t *row, int cols, const uint8_t *xq, size_t st, int b, const int nt, __m256 *acc,
+                    float *m) {
     const int nb = cols / 32;
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc[TILE], mn[TILE];
-    for (int t = 0; t < nt; t++) acc[t] = mn[t] = _mm256_setzero_ps();
-    for (int g = 0; g < nb; g += 8) {
-        const int m = nb - g < 8 ? nb - g : 8;
-        float M8[8] = {0};
-        for (int k = 0; k < m; k++) {
-            const int b = g + k;
-            const uint8_t *p = row + 20 * (size_t)b;
-            const float dw = f16(p);
-            M8[k] = f16(p + 2);
-            __m256i w = nibbles(p + 4);
-            for (int t = 0; t < nt; t++) {
-                __m256i pr = _mm256_madd_epi16(_mm256_maddubs_epi16(w, ld(QX(t) + 32 * (size_t)b)), ones);
-                acc[t] = fold(acc[t], dw * DX(t)[b], pr);
-            }
-        }
-        __m256 Mv = _mm256_loadu_ps(M8);
-        for (int t = 0; t < nt; t++) {
-            __m256 s = _mm256_setzero_ps();
-            if (m == 8) {
-                s = _mm256_loadu_ps(SX(t) + g);
-            } else { /* the last, partial group: zeros beyond the row */
-                float s8[8] = {0};
-                for (int k = 0; k < m; k++) s8[k] = SX(t)[g + k];
-                s = _mm256_loadu_ps(s8);
-            }
-            mn[t] = _mm256_fmadd_ps(Mv, s, mn[t]);
-        }
+    const uint8_t *p = row + 20 * (size_t)b;
+    const float dw = f16(p), mw = f16(p + 2);
+    __m256i w = nibbles(p + 4);
+    for (int t = 0; t < nt; t++) {
+        __m256i pr = _mm256_madd_epi16(_mm256_maddubs_epi16(w, ld(QX(t) + 32 * (size_t)b)), _mm256_set1_epi16(1));
+        acc[t] = fold(acc[t], dw * DX(t)[b], pr);
+        m[t] = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(mw), _mm_set_ss(SX(t)[b]), _mm_set_ss(m[t])));
     }
-    for (int t = 0; t < nt; t++) y[(size_t)t * ys] = hsum(acc[t]) + hsum(mn[t]);
 }
 
-/* Q4_K, and Q5_K (five = 1: the fifth bit of value 32k + l is bit k of qh[l]). */
+INL void q4_1_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, float *y, size_t ys, const int nt) {
+    const int nb = cols / 32;
+    __m256 A[TILE], B[TILE];
+    float mA[TILE], mB[TILE];
+    for (int t = 0; t < nt; t++) A[t] = B[t] = _mm256_setzero_ps(), mA[t] = mB[t] = 0.0f;
+    int b = 0;
+    for (; b + 2 <= nb; b += 2) {
+        q4_1_block(row, cols, xq, st, b, nt, A, mA);
+        q4_1_block(row, cols, xq, st, b + 1, nt, B, mB);
+    }
+    if (b < nb) q4_1_block(row, cols, xq, st, b, nt, A, mA);
+    for (int t = 0; t < nt; t++) y[(size_t)t * ys] = done2(A[t], B[t]) + (mA[t] + mB[t]);
+}
+
+/* Q4_K, and Q5_K (five = 1: the fifth bit of value 32k + l is bit k of qh[l]):
+ * sub-block k of super-block sb into acc. */
+INL void k45_block(const uint8_t *p, const int *sc, int cols, const uint8_t *xq, size_t st, int sb, int k, float d,
+                   const int nt, const int five, __m256 *acc) {
+    const __m256i m15 = _mm256_set1_epi8(15);
+    __m256i qq = ld(p + (five ? 48 : 16) + 32 * (k >> 1));
+    __m256i w = _mm256_and_si256((k & 1) ? _mm256_srli_epi16(qq, 4) : qq, m15);
+    if (five)
+        w = _mm256_or_si256(w, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(ld(p + 16), _mm_cvtsi32_si128(k)),
+                                                                  _mm256_set1_epi8(1)), 4));
+    const __m256i scv = _mm256_set1_epi16((short)sc[k]);
+    const int b = 8 * sb + k;
+    for (int t = 0; t < nt; t++) {
+        __m256i pr = _mm256_madd_epi16(_mm256_maddubs_epi16(w, ld(QX(t) + 32 * (size_t)b)), scv);
+        acc[t] = fold(acc[t], d * DX(t)[b], pr);
+    }
+}
+
 INL void k45_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, float *y, size_t ys, const int nt,
                   const int five) {
     const int nb = cols / 32;
-    const __m256i m15 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
-    __m256 acc[TILE], mn[TILE];
-    for (int t = 0; t < nt; t++) acc[t] = mn[t] = _mm256_setzero_ps();
+    __m256 A[TILE], B[TILE], mn[TILE];
+    for (int t = 0; t < nt; t++) A[t] = B[t] = mn[t] = _mm256_setzero_ps();
     for (int sb = 0; sb < nb / 8; sb++) {
         const uint8_t *p = row + (five ? 176 : 144) * (size_t)sb;
         const float d = f16(p), dmin = f16(p + 2);
-        const uint8_t *q = p + (five ? 48 : 16);
-        const __m256i hv = five ? ld(p + 16) : _mm256_setzero_si256();
         int sc[8], m[8];
         for (int k = 0; k < 8; k++) fe_q4k_scale_min(k, p + 4, &sc[k], &m[k]);
-        for (int k = 0; k < 8; k++) {
-            __m256i qq = ld(q + 32 * (k >> 1));
-            __m256i w = _mm256_and_si256((k & 1) ? _mm256_srli_epi16(qq, 4) : qq, m15);
-            if (five)
-                w = _mm256_or_si256(w, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(hv, _mm_cvtsi32_si128(k)),
-                                                                          one), 4));
-            const __m256i scv = _mm256_set1_epi16((short)sc[k]);
-            const int b = 8 * sb + k;
-            for (int t = 0; t < nt; t++) {
-                __m256i pr = _mm256_madd_epi16(_mm256_maddubs_epi16(w, ld(QX(t) + 32 * (size_t)b)), scv);
-                acc[t] = fold(acc[t], d * DX(t)[b], pr);
-            }
+        for (int k = 0; k < 8; k += 2) {
+            k45_block(p, sc, cols, xq, st, sb, k, d, nt, five, A);
+            k45_block(p, sc, cols, xq, st, sb, k + 1, d, nt, five, B);
         }
         __m256 Mv = _mm256_mul_ps(_mm256_set1_ps(dmin),
                                   _mm256_cvtepi32_ps(_mm256_setr_epi32(m[0], m[1], m[2], m[3], m[4], m[5], m[6], m[7])));
         for (int t = 0; t < nt; t++) mn[t] = _mm256_fmadd_ps(Mv, _mm256_loadu_ps(SX(t) + 8 * sb), mn[t]);
     }
-    for (int t = 0; t < nt; t++) y[(size_t)t * ys] = hsum(acc[t]) - hsum(mn[t]);
+    for (int t = 0; t < nt; t++) y[(size_t)t * ys] = done2(A[t], B[t]) - hsum(mn[t]);
 }
 
 INL void q4_k_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, float *y, size_t ys, const int nt) {
@@ -155,34 +165,38 @@ INL void q5_k_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, f
 }
 
 /* Q6_K: value = d * sc[16-group] * (q - 32), q 6 bits; the dot is
- * maddubs(q, x) - maddubs(32, x), then madd with the two 16-value scales. */
+ * maddubs(q, x) - maddubs(32, x), then madd with the two 16-value scales.
+ * Run r (0..3) of half `half` of super-block sb into acc. */
+INL void q6_block(const uint8_t *p, int cols, const uint8_t *xq, size_t st, int sb, int half, int r, float d,
+                  const int nt, __m256 *acc) {
+    const __m256i lq = ld(p + 64 * half + 32 * (r & 1)), hv = ld(p + 128 + 32 * half);
+    const int8_t *sc = (const int8_t *)(p + 192 + 8 * half);
+    __m256i lo = _mm256_and_si256((r >> 1) ? _mm256_srli_epi16(lq, 4) : lq, _mm256_set1_epi8(15));
+    __m256i hb = _mm256_and_si256(_mm256_srl_epi16(hv, _mm_cvtsi32_si128(2 * r)), _mm256_set1_epi8(3));
+    __m256i w = _mm256_or_si256(lo, _mm256_slli_epi16(hb, 4));
+    const __m256i scv = _mm256_set_m128i(_mm_set1_epi16(sc[2 * r + 1]), _mm_set1_epi16(sc[2 * r]));
+    const int b = 8 * sb + 4 * half + r;
+    for (int t = 0; t < nt; t++) {
+        __m256i x = ld(QX(t) + 32 * (size_t)b);
+        __m256i s16 = _mm256_sub_epi16(_mm256_maddubs_epi16(w, x), _mm256_maddubs_epi16(_mm256_set1_epi8(32), x));
+        acc[t] = fold(acc[t], d * DX(t)[b], _mm256_madd_epi16(s16, scv));
+    }
+}
+
 INL void q6_k_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, float *y, size_t ys, const int nt) {
     const int nb = cols / 32;
-    const __m256i m15 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3), k32 = _mm256_set1_epi8(32);
-    __m256 acc[TILE];
-    for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
+    __m256 A[TILE], B[TILE];
+    for (int t = 0; t < nt; t++) A[t] = B[t] = _mm256_setzero_ps();
     for (int sb = 0; sb < nb / 8; sb++) {
         const uint8_t *p = row + 210 * (size_t)sb;
         const float d = f16(p + 208);
-        for (int half = 0; half < 2; half++) {
-            const __m256i ql0 = ld(p + 64 * half), ql1 = ld(p + 64 * half + 32), hv = ld(p + 128 + 32 * half);
-            const int8_t *sc = (const int8_t *)(p + 192 + 8 * half);
-            for (int r = 0; r < 4; r++) {
-                __m256i lq = (r & 1) ? ql1 : ql0;
-                __m256i lo = _mm256_and_si256((r >> 1) ? _mm256_srli_epi16(lq, 4) : lq, m15);
-                __m256i hb = _mm256_and_si256(_mm256_srl_epi16(hv, _mm_cvtsi32_si128(2 * r)), m3);
-                __m256i w = _mm256_or_si256(lo, _mm256_slli_epi16(hb, 4));
-                const __m256i scv = _mm256_set_m128i(_mm_set1_epi16(sc[2 * r + 1]), _mm_set1_epi16(sc[2 * r]));
-                const int b = 8 * sb + 4 * half + r;
-                for (int t = 0; t < nt; t++) {
-                    __m256i x = ld(QX(t) + 32 * (size_t)b);
-                    __m256i s16 = _mm256_sub_epi16(_mm256_maddubs_epi16(w, x), _mm256_maddubs_epi16(k32, x));
-                    acc[t] = fold(acc[t], d * DX(t)[b], _mm256_madd_epi16(s16, scv));
-                }
+        for (int half = 0; half < 2; half++)
+            for (int r = 0; r < 4; r += 2) {
+                q6_block(p, cols, xq, st, sb, half, r, d, nt, A);
+                q6_block(p, cols, xq, st, sb, half, r + 1, d, nt, B);
             }
-        }
     }
-    for (int t = 0; t < nt; t++) y[(size_t)t * ys] = hsum(acc[t]);
+    for (int t = 0; t < nt; t++) y[(size_t)t * ys] = done2(A[t], B[t]);
 }
 
 FE_Q8_SET(AVX2_Q8, avx2, TGT)

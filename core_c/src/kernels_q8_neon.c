@@ -11,7 +11,8 @@
 
 #if defined(__aarch64__)
 #include <arm_neon.h>
-#include <string.h>
+#include <math.h>
+
 
 #define INL static inline __attribute__((always_inline))
 #define TILE 4 /* tokens sharing a decoded weight block (FE_Q8_DRIVER) */
@@ -55,30 +56,45 @@ INL float f16(const uint8_t *p) { return fe_f16_to_f32((uint16_t)(p[0] | p[1] <<
 #define DX(t) ((const float *)(xq + (size_t)(t) * st + (size_t)cols))
 #define SX(t) (DX(t) + nb)
 
-/* Q8_0 (four = 0) and Q4_0 (four = 1): signed weights, no minimum. */
+/* Blocks alternate between two accumulator sets per token (even blocks: A,
+ * odd: B); the result adds the two lane by lane first (kernels_q8.h). */
+INL float done2(v8 a, v8 b) {
+    v8 s = {vaddq_f32(a.lo, b.lo), vaddq_f32(a.hi, b.hi)};
+    return hsum(s);
+}
+
+/* Q8_0 (four = 0) and Q4_0 (four = 1): signed weights, no minimum. Block b into acc. */
+INL void signed_block(const uint8_t *row, int cols, const uint8_t *xq, size_t st, int b, const int nt,
+                      const int four, v8 *acc) {
+    const uint8_t *p = row + (four ? 18 : 34) * (size_t)b;
+    const float dw = f16(p);
+    int8x16_t w0, w1;
+    if (four) {
+        uint8x16_t q = vld1q_u8(p + 2);
+        w0 = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(q, vdupq_n_u8(15))), vdupq_n_s8(8));
+        w1 = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(q, 4)), vdupq_n_s8(8));
+    } else {
+        w0 = vld1q_s8((const int8_t *)(p + 2));
+        w1 = vld1q_s8((const int8_t *)(p + 18));
+    }
+    for (int t = 0; t < nt; t++) {
+        const int8_t *x = QX(t) + 32 * (size_t)b;
+        acc[t] = fold(acc[t], dw * DX(t)[b], dot16(w0, vld1q_s8(x)), dot16(w1, vld1q_s8(x + 16)));
+    }
+}
+
 INL void signed_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, float *y, size_t ys,
                      const int nt, const int four) {
     const int nb = cols / 32;
-    v8 acc[TILE];
-    for (int t = 0; t < nt; t++) acc[t] = v8_zero();
-    for (int b = 0; b < nb; b++) {
-        const uint8_t *p = row + (four ? 18 : 34) * (size_t)b;
-        const float dw = f16(p);
-        int8x16_t w0, w1;
-        if (four) {
-            uint8x16_t q = vld1q_u8(p + 2);
-            w0 = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(q, vdupq_n_u8(15))), vdupq_n_s8(8));
-            w1 = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(q, 4)), vdupq_n_s8(8));
-        } else {
-            w0 = vld1q_s8((const int8_t *)(p + 2));
-            w1 = vld1q_s8((const int8_t *)(p + 18));
-        }
-        for (int t = 0; t < nt; t++) {
-            const int8_t *x = QX(t) + 32 * (size_t)b;
-            acc[t] = fold(acc[t], dw * DX(t)[b], dot16(w0, vld1q_s8(x)), dot16(w1, vld1q_s8(x + 16)));
-        }
+    v8 A[TILE], B[TILE];
+    for (int t = 0; t < nt; t++) A[t] = B[t] = v8_zero();
+    int b = 0;
+    for (; b + 2 <= nb; b += 2) {
+        signed_block(row, cols, xq, st, b, nt, four, A);
+        signed_block(row, cols, xq, st, b + 1, nt, four, B);
     }
-    for (int t = 0; t < nt; t++) y[(size_t)t * ys] = hsum(acc[t]);
+    if (b < nb) signed_block(row, cols, xq, st, b, nt, four, A);
+    for (int t = 0; t < nt; t++) y[(size_t)t * ys] = done2(A[t], B[t]);
 }
 
 INL void q8_0_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, float *y, size_t ys, const int nt) {
@@ -88,76 +104,78 @@ INL void q4_0_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, f
     signed_tile(row, cols, xq, st, y, ys, nt, 1);
 }
 
-INL void q4_1_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, float *y, size_t ys, const int nt) {
+/* Q4_1: unsigned nibbles; the minimum's sums m (one float per token and set). */
+INL void q4_1_block(const uint8_t *row, int cols, const uint8_t *xq, size_t st, int b, const int nt, v8 *acc,
+                    float *m) {
     const int nb = cols / 32;
-    v8 acc[TILE], mn[TILE];
-    for (int t = 0; t < nt; t++) acc[t] = mn[t] = v8_zero();
-    for (int g = 0; g < nb; g += 8) {
-        const int m = nb - g < 8 ? nb - g : 8;
-        float M8[8] = {0};
-        for (int k = 0; k < m; k++) {
-            const int b = g + k;
-            const uint8_t *p = row + 20 * (size_t)b;
-            const float dw = f16(p);
-            M8[k] = f16(p + 2);
-            uint8x16_t q = vld1q_u8(p + 4);
-            int8x16_t w0 = vreinterpretq_s8_u8(vandq_u8(q, vdupq_n_u8(15))), w1 = vreinterpretq_s8_u8(vshrq_n_u8(q, 4));
-            for (int t = 0; t < nt; t++) {
-                const int8_t *x = QX(t) + 32 * (size_t)b;
-                acc[t] = fold(acc[t], dw * DX(t)[b], dot16(w0, vld1q_s8(x)), dot16(w1, vld1q_s8(x + 16)));
-            }
-        }
-        for (int t = 0; t < nt; t++) {
-            if (m == 8) {
-                mn[t] = fold_min(mn[t], vld1q_f32(M8), vld1q_f32(M8 + 4), SX(t) + g);
-            } else { /* the last, partial group: zeros beyond the row */
-                float s8[8] = {0};
-                for (int k = 0; k < m; k++) s8[k] = SX(t)[g + k];
-                mn[t] = fold_min(mn[t], vld1q_f32(M8), vld1q_f32(M8 + 4), s8);
-            }
-        }
+    const uint8_t *p = row + 20 * (size_t)b;
+    const float dw = f16(p), mw = f16(p + 2);
+    uint8x16_t q = vld1q_u8(p + 4);
+    int8x16_t w0 = vreinterpretq_s8_u8(vandq_u8(q, vdupq_n_u8(15))), w1 = vreinterpretq_s8_u8(vshrq_n_u8(q, 4));
+    for (int t = 0; t < nt; t++) {
+        const int8_t *x = QX(t) + 32 * (size_t)b;
+        acc[t] = fold(acc[t], dw * DX(t)[b], dot16(w0, vld1q_s8(x)), dot16(w1, vld1q_s8(x + 16)));
+        m[t] = fmaf(mw, SX(t)[b], m[t]); /* one fused instruction on aarch64 */
     }
-    for (int t = 0; t < nt; t++) y[(size_t)t * ys] = hsum(acc[t]) + hsum(mn[t]);
 }
 
-/* Q4_K, and Q5_K (five = 1: the fifth bit of value 32k + l is bit k of qh[l]). */
+INL void q4_1_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, float *y, size_t ys, const int nt) {
+    const int nb = cols / 32;
+    v8 A[TILE], B[TILE];
+    float mA[TILE], mB[TILE];
+    for (int t = 0; t < nt; t++) A[t] = B[t] = v8_zero(), mA[t] = mB[t] = 0.0f;
+    int b = 0;
+    for (; b + 2 <= nb; b += 2) {
+        q4_1_block(row, cols, xq, st, b, nt, A, mA);
+        q4_1_block(row, cols, xq, st, b + 1, nt, B, mB);
+    }
+    if (b < nb) q4_1_block(row, cols, xq, st, b, nt, A, mA);
+    for (int t = 0; t < nt; t++) y[(size_t)t * ys] = done2(A[t], B[t]) + (mA[t] + mB[t]);
+}
+
+/* Q4_K, and Q5_K (five = 1: the fifth bit of value 32k + l is bit k of qh[l]):
+ * sub-block k of super-block sb into acc. */
+INL void k45_block(const uint8_t *p, const int *sc, int cols, const uint8_t *xq, size_t st, int sb, int k, float d,
+                   const int nt, const int five, v8 *acc) {
+    const uint8_t *q = p + (five ? 48 : 16) + 32 * (k >> 1);
+    uint8x16_t q0 = vld1q_u8(q), q1 = vld1q_u8(q + 16);
+    if (k & 1) q0 = vshrq_n_u8(q0, 4), q1 = vshrq_n_u8(q1, 4);
+    else q0 = vandq_u8(q0, vdupq_n_u8(15)), q1 = vandq_u8(q1, vdupq_n_u8(15));
+    if (five) {
+        const int8x16_t sh = vdupq_n_s8((int8_t)-k);
+        const uint8x16_t one = vdupq_n_u8(1);
+        q0 = vorrq_u8(q0, vshlq_n_u8(vandq_u8(vshlq_u8(vld1q_u8(p + 16), sh), one), 4));
+        q1 = vorrq_u8(q1, vshlq_n_u8(vandq_u8(vshlq_u8(vld1q_u8(p + 32), sh), one), 4));
+    }
+    const int8x16_t w0 = vreinterpretq_s8_u8(q0), w1 = vreinterpretq_s8_u8(q1);
+    const int b = 8 * sb + k;
+    for (int t = 0; t < nt; t++) {
+        const int8_t *x = QX(t) + 32 * (size_t)b;
+        acc[t] = fold(acc[t], d * DX(t)[b], vmulq_n_s32(dot16(w0, vld1q_s8(x)), sc[k]),
+                      vmulq_n_s32(dot16(w1, vld1q_s8(x + 16)), sc[k]));
+    }
+}
+
 INL void k45_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, float *y, size_t ys, const int nt,
                   const int five) {
     const int nb = cols / 32;
-    const uint8x16_t m15 = vdupq_n_u8(15), one = vdupq_n_u8(1);
-    v8 acc[TILE], mn[TILE];
-    for (int t = 0; t < nt; t++) acc[t] = mn[t] = v8_zero();
+    v8 A[TILE], B[TILE], mn[TILE];
+    for (int t = 0; t < nt; t++) A[t] = B[t] = mn[t] = v8_zero();
     for (int sb = 0; sb < nb / 8; sb++) {
         const uint8_t *p = row + (five ? 176 : 144) * (size_t)sb;
         const float d = f16(p), dmin = f16(p + 2);
-        const uint8_t *q = p + (five ? 48 : 16);
-        uint8x16_t h0 = vdupq_n_u8(0), h1 = vdupq_n_u8(0);
-        if (five) h0 = vld1q_u8(p + 16), h1 = vld1q_u8(p + 32);
         int sc[8], m[8];
         for (int k = 0; k < 8; k++) fe_q4k_scale_min(k, p + 4, &sc[k], &m[k]);
-        for (int k = 0; k < 8; k++) {
-            uint8x16_t q0 = vld1q_u8(q + 32 * (k >> 1)), q1 = vld1q_u8(q + 32 * (k >> 1) + 16);
-            if (k & 1) q0 = vshrq_n_u8(q0, 4), q1 = vshrq_n_u8(q1, 4);
-            else q0 = vandq_u8(q0, m15), q1 = vandq_u8(q1, m15);
-            if (five) {
-                const int8x16_t sh = vdupq_n_s8((int8_t)-k);
-                q0 = vorrq_u8(q0, vshlq_n_u8(vandq_u8(vshlq_u8(h0, sh), one), 4));
-                q1 = vorrq_u8(q1, vshlq_n_u8(vandq_u8(vshlq_u8(h1, sh), one), 4));
-            }
-            const int8x16_t w0 = vreinterpretq_s8_u8(q0), w1 = vreinterpretq_s8_u8(q1);
-            const int b = 8 * sb + k;
-            for (int t = 0; t < nt; t++) {
-                const int8_t *x = QX(t) + 32 * (size_t)b;
-                acc[t] = fold(acc[t], d * DX(t)[b], vmulq_n_s32(dot16(w0, vld1q_s8(x)), sc[k]),
-                              vmulq_n_s32(dot16(w1, vld1q_s8(x + 16)), sc[k]));
-            }
+        for (int k = 0; k < 8; k += 2) {
+            k45_block(p, sc, cols, xq, st, sb, k, d, nt, five, A);
+            k45_block(p, sc, cols, xq, st, sb, k + 1, d, nt, five, B);
         }
         const int32x4_t mlo = {m[0], m[1], m[2], m[3]}, mhi = {m[4], m[5], m[6], m[7]};
         const float32x4_t dm = vdupq_n_f32(dmin);
         const float32x4_t Mlo = vmulq_f32(dm, vcvtq_f32_s32(mlo)), Mhi = vmulq_f32(dm, vcvtq_f32_s32(mhi));
         for (int t = 0; t < nt; t++) mn[t] = fold_min(mn[t], Mlo, Mhi, SX(t) + 8 * sb);
     }
-    for (int t = 0; t < nt; t++) y[(size_t)t * ys] = hsum(acc[t]) - hsum(mn[t]);
+    for (int t = 0; t < nt; t++) y[(size_t)t * ys] = done2(A[t], B[t]) - hsum(mn[t]);
 }
 
 INL void q4_k_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, float *y, size_t ys, const int nt) {
@@ -167,38 +185,43 @@ INL void q5_k_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, f
     k45_tile(row, cols, xq, st, y, ys, nt, 1);
 }
 
-/* Q6_K: (q - 32) as signed bytes, scales per 16 values. */
+/* Q6_K: (q - 32) as signed bytes, scales per 16 values. Run r of half `half`
+ * of super-block sb into acc. */
+INL void q6_block(const uint8_t *p, int cols, const uint8_t *xq, size_t st, int sb, int half, int r, float d,
+                  const int nt, v8 *acc) {
+    const uint8_t *ql = p + 64 * half + 32 * (r & 1), *qh = p + 128 + 32 * half;
+    const int8_t *sc = (const int8_t *)(p + 192 + 8 * half);
+    uint8x16_t l0 = vld1q_u8(ql), l1 = vld1q_u8(ql + 16);
+    if (r >> 1) l0 = vshrq_n_u8(l0, 4), l1 = vshrq_n_u8(l1, 4);
+    else l0 = vandq_u8(l0, vdupq_n_u8(15)), l1 = vandq_u8(l1, vdupq_n_u8(15));
+    const int8x16_t sh = vdupq_n_s8((int8_t)(-2 * r));
+    const uint8x16_t m3 = vdupq_n_u8(3);
+    l0 = vorrq_u8(l0, vshlq_n_u8(vandq_u8(vshlq_u8(vld1q_u8(qh), sh), m3), 4));
+    l1 = vorrq_u8(l1, vshlq_n_u8(vandq_u8(vshlq_u8(vld1q_u8(qh + 16), sh), m3), 4));
+    const int8x16_t k32 = vdupq_n_s8(32);
+    const int8x16_t w0 = vsubq_s8(vreinterpretq_s8_u8(l0), k32), w1 = vsubq_s8(vreinterpretq_s8_u8(l1), k32);
+    const int b = 8 * sb + 4 * half + r;
+    for (int t = 0; t < nt; t++) {
+        const int8_t *x = QX(t) + 32 * (size_t)b;
+        acc[t] = fold(acc[t], d * DX(t)[b], vmulq_n_s32(dot16(w0, vld1q_s8(x)), sc[2 * r]),
+                      vmulq_n_s32(dot16(w1, vld1q_s8(x + 16)), sc[2 * r + 1]));
+    }
+}
+
 INL void q6_k_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, float *y, size_t ys, const int nt) {
     const int nb = cols / 32;
-    const uint8x16_t m15 = vdupq_n_u8(15), m3 = vdupq_n_u8(3);
-    const int8x16_t k32 = vdupq_n_s8(32);
-    v8 acc[TILE];
-    for (int t = 0; t < nt; t++) acc[t] = v8_zero();
+    v8 A[TILE], B[TILE];
+    for (int t = 0; t < nt; t++) A[t] = B[t] = v8_zero();
     for (int sb = 0; sb < nb / 8; sb++) {
         const uint8_t *p = row + 210 * (size_t)sb;
         const float d = f16(p + 208);
-        for (int half = 0; half < 2; half++) {
-            const uint8_t *ql = p + 64 * half, *qh = p + 128 + 32 * half;
-            const int8_t *sc = (const int8_t *)(p + 192 + 8 * half);
-            const uint8x16_t h0 = vld1q_u8(qh), h1 = vld1q_u8(qh + 16);
-            for (int r = 0; r < 4; r++) {
-                uint8x16_t l0 = vld1q_u8(ql + 32 * (r & 1)), l1 = vld1q_u8(ql + 32 * (r & 1) + 16);
-                if (r >> 1) l0 = vshrq_n_u8(l0, 4), l1 = vshrq_n_u8(l1, 4);
-                else l0 = vandq_u8(l0, m15), l1 = vandq_u8(l1, m15);
-                const int8x16_t sh = vdupq_n_s8((int8_t)(-2 * r));
-                l0 = vorrq_u8(l0, vshlq_n_u8(vandq_u8(vshlq_u8(h0, sh), m3), 4));
-                l1 = vorrq_u8(l1, vshlq_n_u8(vandq_u8(vshlq_u8(h1, sh), m3), 4));
-                const int8x16_t w0 = vsubq_s8(vreinterpretq_s8_u8(l0), k32), w1 = vsubq_s8(vreinterpretq_s8_u8(l1), k32);
-                const int b = 8 * sb + 4 * half + r;
-                for (int t = 0; t < nt; t++) {
-                    const int8_t *x = QX(t) + 32 * (size_t)b;
-                    acc[t] = fold(acc[t], d * DX(t)[b], vmulq_n_s32(dot16(w0, vld1q_s8(x)), sc[2 * r]),
-                                  vmulq_n_s32(dot16(w1, vld1q_s8(x + 16)), sc[2 * r + 1]));
-                }
+        for (int half = 0; half < 2; half++)
+            for (int r = 0; r < 4; r += 2) {
+                q6_block(p, cols, xq, st, sb, half, r, d, nt, A);
+                q6_block(p, cols, xq, st, sb, half, r + 1, d, nt, B);
             }
-        }
     }
-    for (int t = 0; t < nt; t++) y[(size_t)t * ys] = hsum(acc[t]);
+    for (int t = 0; t < nt; t++) y[(size_t)t * ys] = done2(A[t], B[t]);
 }
 
 FE_Q8_SET(NEON_Q8, neon, )
