@@ -9,6 +9,9 @@ and then ``--tokens`` greedy decode steps on each engine, the engine that goes
 first alternating by round. Prints the medians per file and engine, the ratios
 q8 / f32 (above 1: q8 is faster), the share of greedy tokens on which the two
 engines agreed, and the 1-minute load average before and after each round.
+``--kernels`` instead times one matrix product per format and shape on one
+thread (ferry_kernel_matmul against ferry_kernel_matmul_q8, the latter
+including quantizing x; best of ``--rounds`` x 5 calls, interleaved).
 Files: ``demo`` is the converted demo model (SmolLM2-135M-Instruct Q4_1),
 ``1b-*`` the synthetic Llama-shaped containers bench/vs_llamacpp.py makes in
 ``--workdir`` (random weights: speed only).
@@ -91,6 +94,47 @@ def bench_file(path: Path, a) -> dict:
             "greedy_agree_median": statistics.median(r["greedy_agree"] for r in rounds)}
 
 
+KERNEL_SHAPES = (("q4_1", 1536, 576), ("q4_1", 576, 1536), ("q8_0", 49152, 576), ("q8_0", 2048, 2048),
+                 ("q4_0", 2048, 2048), ("q4_k", 8192, 2048), ("q5_k", 2048, 2048), ("q6_k", 2048, 8192))
+
+
+def bench_kernels(a) -> list[dict]:
+    import numpy as np
+    from app.engine._ferry_c import ffi, lib
+    rng = np.random.default_rng(0)
+    impl = lib.ferry_kernels_best()
+    out = []
+    for fmt, rows, cols in KERNEL_SHAPES:
+        code = lib.ferry_format_code(fmt.encode())
+        nbytes = lib.ferry_format_row_bytes(code, cols) * rows
+        w = rng.integers(0, 256, nbytes, dtype=np.uint8)
+        if fmt in ("q8_0", "q4_0", "q4_1"):  # real scales: quantize random values
+            src = rng.standard_normal(rows * cols).astype(np.float32)
+            lib.ferry_quantize_blocks(code, ffi.from_buffer("float[]", src), rows * cols, ffi.from_buffer("uint8_t[]", w))
+        else:  # random blocks with small f16 scales in every 256-value block
+            blocks = w.reshape(-1, nbytes // (rows * cols // 256))
+            at = 208 if fmt == "q6_k" else 0
+            blocks[:, at:at + 2] = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)
+            if fmt != "q6_k":
+                blocks[:, 2:4] = np.frombuffer(np.float16(0.001).tobytes(), np.uint8)
+        for n in (1, 4, 32):
+            x = rng.standard_normal(n * cols).astype(np.float32)
+            y = np.zeros(n * rows, np.float32)
+            args = (impl, code, ffi.from_buffer("uint8_t[]", w), rows, cols, ffi.from_buffer("float[]", x), n,
+                    ffi.from_buffer("float[]", y))
+            best = {"f32": float("inf"), "q8": float("inf")}
+            for _ in range(a.rounds):
+                for name, fn in (("f32", lib.ferry_kernel_matmul), ("q8", lib.ferry_kernel_matmul_q8)):
+                    for _ in range(5):
+                        t0 = time.perf_counter()
+                        fn(*args)
+                        best[name] = min(best[name], time.perf_counter() - t0)
+            out.append({"format": fmt, "rows": rows, "cols": cols, "tokens": n, "f32_ms": best["f32"] * 1e3,
+                        "q8_ms": best["q8"] * 1e3, "q8_speedup": best["f32"] / best["q8"]})
+            print(json.dumps(out[-1]), file=sys.stderr, flush=True)
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="one line of JSON (default: indented)")
@@ -100,8 +144,12 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt", type=int, default=128, help="prompt tokens per round")
     ap.add_argument("--tokens", type=int, default=16, help="decoded tokens per round")
     ap.add_argument("--workdir", type=Path, default=Path.home() / ".cache" / "ferry-bench")
+    ap.add_argument("--kernels", action="store_true", help="time single products per format instead")
     a = ap.parse_args(argv)
-    results = {name: bench_file(container(name, a.workdir), a) for name in a.files}
+    if a.kernels:
+        results = {"kernels": bench_kernels(a)}
+    else:
+        results = {"files": {name: bench_file(container(name, a.workdir), a) for name in a.files}}
     cpu = ""
     try:
         cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
@@ -109,7 +157,7 @@ def main(argv=None) -> int:
         pass
     print(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": platform.machine(),
                       "cpu": cpu, "cores": os.cpu_count(), "threads": a.threads, "prompt": a.prompt,
-                      "tokens": a.tokens, "rounds": a.rounds, "files": results}, indent=None if a.json else 1))
+                      "tokens": a.tokens, "rounds": a.rounds, **results}, indent=None if a.json else 1))
     return 0
 
 
