@@ -126,3 +126,20 @@ def test_window_load_options_carry_the_per_model_setting():
     assert load_options(settings_mod.for_model(mine, "/models/b.ferry")).activations == "f32"
     assert settings_mod.engine_changed(base, settings_mod.for_model(mine, "/models/a.ferry"))
     assert settings_mod.Settings(activations="bogus").validated().activations == "f32"
+
+
+def test_q8_reaches_the_experts_of_a_moe_model(tiny_moe, tmp_path):
+    """A Qwen3-MoE with q8_0 trunk and experts: the expert products go through
+    the q8 kernels too (close, and batch-invariant through the MoE loop)."""
+    from app.convert.convert import convert
+
+    ckpt, _, _ = tiny_moe
+    container = convert(ckpt, tmp_path / "moe-q8_0.ferry", trunk_format="q8_0", expert_format="q8_0")
+    tokens = list(range(5, 45))
+    out = {}
+    for mode in ("f32", "q8"):
+        with Engine(container, threads=2, activations=mode) as engine:
+            out[mode] = engine.session(64).eval(tokens, all_logits=True)
+            s = engine.session(64)
+            assert np.array_equal(np.stack([s.eval([t]) for t in tokens]), out[mode])
+    assert 0 < rel_l2(out["q8"], out["f32"]) < 0.05
