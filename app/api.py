@@ -44,6 +44,7 @@ class LoadOptions:
     threads: int = 0             #: 0: the engine's default
     context_length: int = 4096   #: tokens; 0: the model's whole context
     verify_reads: bool = False
+    activations: str = "f32"     #: "f32" exact (default) or "q8": 8-bit activations, faster, outputs change slightly
     serve_port: int = 0          #: serve the loaded model on 127.0.0.1:port (0: no)
     engine: str = "local"        #: "local" or "remote"
     remote_url: str = ""
@@ -81,7 +82,7 @@ def open_model(path: str | os.PathLike, *, ram_budget: int = 0, threads: int = 0
     if ram_budget <= 0:
         from app.memory.plan import plan_container
 
-        ram_budget = plan_container(path, n_ctx).recommended
+        ram_budget = plan_container(path, n_ctx, activations=engine_options.get("activations") or "f32").recommended
     try:
         return LoadedModel(path, ram_budget=ram_budget, threads=threads, n_ctx=n_ctx, **engine_options)
     except ModelError:

@@ -1,6 +1,6 @@
 """Ferry against llama.cpp (llama-cpp-python) on the same GGUF files.
 
-    python bench/vs_llamacpp.py --json [--files demo 1b-q4_k_m 1b-q8_0] [--rounds 3] [--threads 2]
+    python bench/vs_llamacpp.py --json [--files demo 1b-q4_k_m 1b-q8_0] [--rounds 3] [--threads 2] [--ferry-q8]
 
 llama-cpp-python is installed into a benchmark-only virtual environment
 (``--venv``, default ``.bench-venv/`` in the checkout; it is not a Ferry
@@ -22,6 +22,11 @@ engines are driven the same way: token ids in, logits out, argmax in numpy;
 prompts are the same random token ids. The 1-minute load average is
 recorded before and after every child. Prints one JSON object with every
 round and the medians, and the ratios Ferry / llama.cpp.
+
+``--ferry-q8`` adds a third engine, ``ferry_q8``: Ferry opened with the
+opt-in 8-bit activations (``activations="q8"``, inexact, as llama.cpp
+computes), in the same rotation, with its ratios to llama.cpp and to exact
+Ferry.
 """
 from __future__ import annotations
 
@@ -122,11 +127,11 @@ def child_ferry(a) -> dict:
     before = _rss_now()
     from app.engine.binding import Engine
     imported = _rss_now()
-    eng = Engine(a.model, threads=a.threads, n_ctx=2048)
+    eng = Engine(a.model, threads=a.threads, n_ctx=2048, activations=a.activations)
     vocab = eng.info.vocab
     loaded = _rss_now()
     out = {"rss_python_bytes": imported, "rss_before_import_bytes": before, "rss_after_open_bytes": loaded,
-           "trunk_bytes": eng.info.trunk_bytes, "kernels": eng.info.kernels}
+           "trunk_bytes": eng.info.trunk_bytes, "kernels": eng.info.kernels, "activations": eng.info.activations}
     s = eng.session(2048)
     if a.profile:
         s.set_profiling(True)
@@ -196,11 +201,13 @@ def child_llama(a) -> dict:
 
 
 METRICS = ("decode_tok_s", "prompt128_tok_s", "prompt1024_tok_s", "ttft_s", "peak_rss_bytes")
+ENGINES = ("ferry", "llama_cpp", "ferry_q8")
 
 
-def run_child(python: Path, engine: str, model: Path, a) -> dict:
+def run_child(python: Path, engine: str, model: Path, a, activations: str = "f32") -> dict:
     cmd = [str(python), str(Path(__file__).resolve()), "--child", engine, "--model", str(model),
-           "--threads", str(a.threads), "--tokens", str(a.tokens)] + (["--profile"] if a.profile else [])
+           "--threads", str(a.threads), "--tokens", str(a.tokens), "--activations", activations] + \
+        (["--profile"] if a.profile else [])
     load0 = os.getloadavg()[0]
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=str(ROOT), timeout=3600)
     load1 = os.getloadavg()[0]
@@ -211,18 +218,27 @@ def run_child(python: Path, engine: str, model: Path, a) -> dict:
     return res
 
 
+def _ratios(a: dict, b: dict) -> dict:
+    """a / b for the speeds (> 1: a is faster), b / a for the time to first token, a / b for the RSS."""
+    if not (a and b):
+        return {}
+    ratio = {m: a[m] / b[m] for m in ("decode_tok_s", "prompt128_tok_s", "prompt1024_tok_s")}
+    ratio["ttft_s"] = b["ttft_s"] / a["ttft_s"]  # > 1: a answers sooner
+    ratio["peak_rss_bytes"] = a["peak_rss_bytes"] / b["peak_rss_bytes"]
+    return ratio
+
+
 def summarize(rounds: list[dict]) -> dict:
     med = {}
-    for eng in ("ferry", "llama_cpp"):
-        ok = [r[eng] for r in rounds if "error" not in r[eng]]
-        med[eng] = {m: statistics.median(x[m] for x in ok) for m in METRICS} if ok else {}
-    ratio = {}
-    if med["ferry"] and med["llama_cpp"]:
-        for m in ("decode_tok_s", "prompt128_tok_s", "prompt1024_tok_s"):
-            ratio[m] = med["ferry"][m] / med["llama_cpp"][m]
-        ratio["ttft_s"] = med["llama_cpp"]["ttft_s"] / med["ferry"]["ttft_s"]  # > 1: Ferry answers sooner
-        ratio["peak_rss_bytes"] = med["ferry"]["peak_rss_bytes"] / med["llama_cpp"]["peak_rss_bytes"]
-    return {"median": med, "ferry_over_llama_cpp": ratio}
+    for eng in ENGINES:
+        ok = [r[eng] for r in rounds if eng in r and "error" not in r[eng]]
+        if ok or eng != "ferry_q8":
+            med[eng] = {m: statistics.median(x[m] for x in ok) for m in METRICS} if ok else {}
+    out = {"median": med, "ferry_over_llama_cpp": _ratios(med["ferry"], med["llama_cpp"])}
+    if "ferry_q8" in med:
+        out["ferry_q8_over_llama_cpp"] = _ratios(med["ferry_q8"], med["llama_cpp"])
+        out["ferry_q8_over_ferry"] = _ratios(med["ferry_q8"], med["ferry"])
+    return out
 
 
 def main(argv=None) -> int:
@@ -235,6 +251,9 @@ def main(argv=None) -> int:
     ap.add_argument("--venv", type=Path, default=ROOT / ".bench-venv")
     ap.add_argument("--workdir", type=Path, default=Path.home() / ".cache" / "ferry-bench")
     ap.add_argument("--profile", action="store_true", help="also record Ferry's per-stage profile")
+    ap.add_argument("--ferry-q8", action="store_true",
+                    help="also run Ferry with the opt-in 8-bit activations (engine ferry_q8)")
+    ap.add_argument("--activations", default="f32", help=argparse.SUPPRESS)
     ap.add_argument("--child", choices=("ferry", "llama_cpp"), help=argparse.SUPPRESS)
     ap.add_argument("--model", type=Path, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -250,14 +269,16 @@ def main(argv=None) -> int:
     results = {}
     for name in a.files:
         results[name] = {"gguf_bytes": models[name]["gguf_bytes"], "rounds": []}
+    engines = list(ENGINES if a.ferry_q8 else ENGINES[:2])
     for r in range(a.rounds):
         for name in a.files:
-            order = ("ferry", "llama_cpp") if r % 2 == 0 else ("llama_cpp", "ferry")
+            order = engines[r % len(engines):] + engines[:r % len(engines)]  # each engine leads in turn
             rnd = {"order": list(order)}
             for eng in order:
                 log(f"round {r + 1}/{a.rounds} {name} {eng}")
-                if eng == "ferry":
-                    rnd[eng] = run_child(Path(sys.executable), "ferry", models[name]["container"], a)
+                if eng.startswith("ferry"):
+                    rnd[eng] = run_child(Path(sys.executable), "ferry", models[name]["container"], a,
+                                         activations="q8" if eng == "ferry_q8" else "f32")
                 else:
                     rnd[eng] = run_child(llama_py, "llama_cpp", models[name]["gguf"], a)
                 log(json.dumps({"round": r + 1, "file": name, "engine": eng, **rnd[eng]}))  # partial results

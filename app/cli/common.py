@@ -9,7 +9,7 @@ from pathlib import Path
 
 from app.api import LoadedModel, SamplingParams, TurnRequest, open_model
 from app.convert.convert import Progress
-from app.engine.binding import KERNEL_CHOICES
+from app.engine.binding import ACTIVATION_CHOICES, KERNEL_CHOICES
 
 DEMO = "demo"
 #: No machine has more memory than this (2^62 bytes, 4 EiB): a larger size is a typo.
@@ -86,12 +86,13 @@ def open_from_args(args) -> LoadedModel:
         from app.memory.plan import plan_container
         from app.memory.units import size
 
-        plan = plan_container(path, args.ctx)
+        plan = plan_container(path, args.ctx, activations=getattr(args, "activations", "f32"))
         budget = plan.recommended
         if not quiet:
             print(f"ferry: RAM budget {size(budget)} ({plan.reason})", file=sys.stderr)
     return open_model(path, ram_budget=budget, threads=args.threads, n_ctx=args.ctx,
-                      kernels=getattr(args, "kernels", None), verify_reads=bool(getattr(args, "verify_reads", False)))
+                      kernels=getattr(args, "kernels", None), verify_reads=bool(getattr(args, "verify_reads", False)),
+                      activations=getattr(args, "activations", "f32"))
 
 
 def add_model_options(p: argparse.ArgumentParser) -> None:
@@ -103,6 +104,11 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kernels", choices=KERNEL_CHOICES, default=None,
                    help="matrix-product kernels: auto (the best this CPU supports), scalar, avx2 or neon "
                         "(default: $FERRY_KERNELS, else auto)")
+    p.add_argument("--activations", choices=ACTIVATION_CHOICES, default="f32",
+                   help="f32 (default): exact matrix products; q8: opt-in, faster and slightly inexact: each "
+                        "token's input is rounded to 8 bits per 32 values and multiplied with integer dot "
+                        "products (q8_0, q4_0, q4_1, q4_k, q5_k, q6_k weights); outputs change slightly "
+                        "(`ferry eval --compare FILE --activations q8` measures how much)")
     p.add_argument("--ctx", type=int, default=4096, help="context length of the session (default 4096)")
     p.add_argument("--verify-reads", action="store_true",
                    help="check each expert record's CRC32 when it is first read from disk; a damaged record "

@@ -122,7 +122,8 @@ def cmd_info(args) -> int:
               f"record {info.expert_bytes} bytes")
         print(f"  cache: {info.cache_slots} expert records; direct I/O "
               + ("on" if info.direct_io else f"off ({info.io_note})"))
-    print(f"  compute: {info.n_threads} threads, {info.kernels} kernels")
+    print(f"  compute: {info.n_threads} threads, {info.kernels} kernels, "
+          + ("exact f32 activations" if info.activations == "f32" else "8-bit activations (q8: opt-in, inexact)"))
     print(f"  trunk: {plan.trunk_bytes / 2**20:.1f} MiB resident; session of {doc['plan']['n_ctx']} tokens "
           f"needs {plan.total_bytes / 2**20:.1f} MiB in all")
     return 0
@@ -186,6 +187,7 @@ def cmd_run(args) -> int:
                                    if c.get("lookahead_predicted") else None),
             "prefetch_used": int(c.get("prefetch_used", 0)), "prefetch_wasted": int(c.get("prefetch_wasted", 0)),
             "ram_budget": model.engine.info.ram_budget, "direct_io": bool(model.engine.info.direct_io),
+            "activations": model.engine.info.activations,
             "error": end.error}))
     model.close()
     return 1 if end.reason == "error" else 0
@@ -251,7 +253,8 @@ def cmd_eval_compare(args) -> int:
     finally:
         model.close()  # the comparison opens the model afresh per mode
     report = compare(model.path, ids, experts_per_token=args.experts_per_token, cache_aware_margin=args.cache_aware,
-                     ram_budget=budget, threads=args.threads, kernels=getattr(args, "kernels", None))
+                     activations=args.activations, ram_budget=budget, threads=args.threads,
+                     kernels=getattr(args, "kernels", None))
     if args.json:
         print(json.dumps(report, indent=1))
     else:
@@ -260,7 +263,7 @@ def cmd_eval_compare(args) -> int:
               f"max {report['kl_max']:.4g}; top-1 agreement {report['top1_agreement']:.1%}")
         for name, m in (("exact", ex), ("mode", md)):
             print(f"  {name:5s}  {m['bytes_per_token'] or 0:14,.0f} bytes/token  hit rate {m['hit_rate'] or 0:.1%}  "
-                  f"stall {m['stall_seconds']:.3f} s")
+                  f"stall {m['stall_seconds']:.3f} s  {m['decode_tok_per_s'] or 0:.1f} tok/s")
     return 0
 
 
@@ -422,8 +425,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top", type=int, default=20)
     p.add_argument("--json", action="store_true")
     p.add_argument("--compare", metavar="FILE",
-                   help="compare a routing mode (--experts-per-token/--cache-aware) with exact routing over the "
-                        "prompts in FILE (text, one a line, or JSON Lines): KL, top-1 agreement, bytes/token")
+                   help="compare an opt-in mode (--experts-per-token/--cache-aware routing, --activations q8) with "
+                        "the exact engine over the prompts in FILE (text, one a line, or JSON Lines): KL, top-1 "
+                        "agreement, bytes/token, decode tok/s")
     p.add_argument("--max-tokens", type=int, default=256, help="with --compare: tokens of each prompt evaluated")
     add_routing(p)
     p.set_defaults(fn=cmd_eval)

@@ -62,10 +62,18 @@ class ModelInfo:
     cache_slots: int
     ram_budget: int
     kernels: str  # the kernel set matrix products use: "scalar", "avx2" or "neon"
+    activations: str = "f32"  # "f32" (exact) or "q8" (the opt-in 8-bit-activation mode)
 
 
 #: Kernel sets an engine can be opened with (``Engine(kernels=...)``).
 KERNEL_CHOICES = ("auto", "scalar", "avx2", "neon")
+
+
+#: How matrix products treat their inputs (``Engine(activations=...)``): "f32",
+#: exact, the default; "q8", the opt-in mode that quantizes each token's input
+#: to 8 bits per 32 values and multiplies with integer dot products: faster,
+#: outputs change slightly (docs/ARCHITECTURE.md, "Kernels").
+ACTIVATION_CHOICES = ("f32", "q8")
 
 
 def default_kernels() -> str:
@@ -88,6 +96,7 @@ class MemoryPlan:
     record_bytes: int
     token_set_bytes: int
     policy_floor_bytes: int  #: of floor_bytes, the policy state for the minimum cache
+    q8_bytes: int = 0        #: scratch that activations "q8" adds (in scratch_bytes when the engine uses it)
 
 
 @dataclass(frozen=True)
@@ -176,7 +185,7 @@ class Engine:
                  verify_reads: bool = False, n_ctx: int = 0, cache_slots: int = 0, readers: int = 0,
                  direct_io: bool = True, overlap: bool = True, lookahead: bool = True, cache: bool = True,
                  usage_counts: np.ndarray | None = None, kernels: str | None = None, trunk_check: bool = True,
-                 policy_state: bytes | bytearray | None = None):
+                 policy_state: bytes | bytearray | None = None, activations: str = "f32"):
         """Open a container. ``n_ctx`` is the context the RAM budget must leave
         room for; the switches exist to measure each mechanism (they change
         speed, never output; ``trunk_check=False`` skips the trunk's CRC check
@@ -186,7 +195,8 @@ class Engine:
         FerryError (``FERRY_E_UNSUPPORTED``). ``policy_state`` is what
         :meth:`policy_state` returned in an earlier run of this model (the
         expert cache then starts from what that run learned); one that does
-        not fit raises FerryError (``FERRY_E_ARG``)."""
+        not fit raises FerryError (``FERRY_E_ARG``). ``activations`` is one of
+        :data:`ACTIVATION_CHOICES` ("q8" trades exactness for speed; off by default)."""
         self.path = Path(path)
         opts = ffi.new("ferry_open_options *")
         lib.ferry_open_options_init(opts)
@@ -211,6 +221,8 @@ class Engine:
             opts.n_policy_state = len(policy_state)
         kernel_name = ffi.new("char[]", (default_kernels() if kernels is None else kernels).encode())
         opts.kernels = kernel_name
+        activation_name = ffi.new("char[]", str(activations or "f32").encode())
+        opts.activations = activation_name
         out = ffi.new("ferry_engine **")
         err = ffi.new("ferry_error *")
         _check(lib.ferry_engine_open(os.fsencode(self.path), opts, out, err), err)
@@ -219,7 +231,7 @@ class Engine:
         self.ram_budget = int(ram_budget)
         c = ffi.new("ferry_model_info *")
         lib.ferry_engine_info(self._ptr, c)
-        text = {name: ffi.string(getattr(c, name)).decode() for name in ("arch", "io_note", "kernels")}
+        text = {name: ffi.string(getattr(c, name)).decode() for name in ("arch", "io_note", "kernels", "activations")}
         self.info = ModelInfo(**text, **{f.name: getattr(c, f.name) for f in fields(ModelInfo) if f.name not in text})
 
     def usage(self) -> np.ndarray:

@@ -1,14 +1,18 @@
-"""How far an opt-in routing mode (fewer experts per token, cache-aware
-routing) moves a model's next-token distributions from exact routing, and
-what it saves in expert reads: the figures ``ferry eval MODEL --compare FILE``
-prints, for a user with real weights choosing a mode.
+"""How far an opt-in mode (fewer experts per token, cache-aware routing,
+8-bit activations) moves a model's next-token distributions from the exact
+engine, and what it saves (expert reads, decode time): the figures ``ferry
+eval MODEL --compare FILE`` prints, for a user with real weights choosing a
+mode.
 
 Each prompt is evaluated token by token (as decoding runs, so bytes per token
 are decode figures, not chunked-prefill ones) in a fresh session, once with
 exact routing and once in the mode, each on a freshly opened engine (a cold
 cache, the same budget), and the distributions compared at every position:
 the mean and max KL(exact || mode), top-1 agreement, and per mode bytes read
-per token, hit rate, lookahead accuracy and stall seconds. No Qt here."""
+per token, hit rate, lookahead accuracy, stall seconds and decode tokens per
+second (the two runs are sequential, so on a busy machine the speed is a
+rough guide; bench/vs_llamacpp.py measures it in interleaved rounds). No Qt
+here."""
 from __future__ import annotations
 
 import json
@@ -100,19 +104,21 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
 def mode_figures(st: Stats) -> dict:
     out = st.per_mode()
     out.update(expert_reads=st.expert_reads, bytes_read=st.bytes_read, routed_choices=st.routed_choices,
-               routed_swaps=st.routed_swaps)
+               routed_swaps=st.routed_swaps,
+               decode_tok_per_s=st.decode_tokens / st.decode_seconds if st.decode_seconds > 0 else None)
     return out
 
 
 def compare(path: str | Path, prompts: Sequence[Sequence[int]], *, experts_per_token: int | None = None,
-            cache_aware_margin: float = 0.0, **engine_options) -> dict:
-    """The report of ``ferry eval --compare`` for token-id prompts."""
+            cache_aware_margin: float = 0.0, activations: str = "f32", **engine_options) -> dict:
+    """The report of ``ferry eval --compare`` for token-id prompts: the exact
+    engine (exact routing, f32 activations) against the mode asked for."""
     prompts = [list(p) for p in prompts if len(p)]
     if not prompts:
         raise CompareError("no prompt has any tokens")
     exact = run_mode(path, prompts, **engine_options)
     mode = run_mode(path, prompts, experts_per_token=experts_per_token, cache_aware_margin=cache_aware_margin,
-                    **engine_options)
+                    activations=activations, **engine_options)
     kls, agree = [], []
     for a, b in zip(exact.logits, mode.logits):
         lp, lq = _log_softmax(a), _log_softmax(b)
@@ -120,7 +126,8 @@ def compare(path: str | Path, prompts: Sequence[Sequence[int]], *, experts_per_t
         agree.append(a.argmax(axis=-1) == b.argmax(axis=-1))
     kl, top1 = np.concatenate(kls), np.concatenate(agree)
     return {
-        "mode": {"experts_per_token": experts_per_token, "cache_aware_margin": cache_aware_margin},
+        "mode": {"experts_per_token": experts_per_token, "cache_aware_margin": cache_aware_margin,
+                 "activations": activations},
         "prompts": len(prompts), "positions": int(kl.size),
         "kl_mean": float(kl.mean()), "kl_max": float(kl.max()),
         "top1_agreement": float(top1.mean()),

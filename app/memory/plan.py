@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from app.memory.budget import BudgetChoice, MachineMemory, auto_budget, machine_memory
 from app.memory.units import size
@@ -51,8 +51,14 @@ def recommend(p: MemoryPlan, memory: MachineMemory | None = None) -> BudgetChoic
     return auto_budget(p.floor_bytes, p.token_set_bytes, everything_bytes(p), memory or machine_memory())
 
 
-def plan_container(path: str | os.PathLike, n_ctx: int, memory: MachineMemory | None = None) -> Plan:
+def plan_container(path: str | os.PathLike, n_ctx: int, memory: MachineMemory | None = None, *,
+                   activations: str = "f32") -> Plan:
+    """The plan of a container from its manifest, for the engine opened with
+    these ``activations`` (the opt-in "q8" adds a little scratch)."""
     p: MemoryPlan = container_plan(path, n_ctx)
+    if activations == "q8":
+        p = replace(p, scratch_bytes=p.scratch_bytes + p.q8_bytes, total_bytes=p.total_bytes + p.q8_bytes,
+                    floor_bytes=p.floor_bytes + p.q8_bytes)
     min_cache = min_cache_bytes(p)
     everything = everything_bytes(p)
     memory = memory or machine_memory()

@@ -125,6 +125,7 @@ def build_api(service: EngineService, formatter: ChatFormatter | None, *, model_
               created: int | None = None, keyed: bool = False) -> FastAPI:
     queue = service
     created = created or int(time.time())
+    activations = formatter.model.engine.info.activations if formatter is not None else "f32"  # shown in the status
     names = {model_id}
     api = FastAPI(title="Ferry", version="1", docs_url=None, redoc_url=None,
                   description="An OpenAI-compatible chat API over Ferry's local engine.")
@@ -163,7 +164,7 @@ def build_api(service: EngineService, formatter: ChatFormatter | None, *, model_
 
     @api.get("/ferry/status", response_model=FerryStatus, responses=_error_responses(401))
     async def status() -> FerryStatus:
-        return FerryStatus(model=model_id, **queue.status())
+        return FerryStatus(model=model_id, activations=activations, **queue.status())
 
     @api.post("/v1/chat/completions", response_model=ChatCompletion,
               responses={200: {"content": {"text/event-stream": {"schema": SSE_EVENT}},

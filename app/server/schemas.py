@@ -209,6 +209,7 @@ class ChatCompletion(Open):
 
 class FerryStatus(Open):
     model: str
+    activations: str = "f32"   #: the engine's matrix-product mode: "f32" exact, "q8" the opt-in 8-bit activations
     busy: bool
     waiting: int
     served: int

@@ -18,6 +18,7 @@ from app.store.private import private_dir, write_private
 
 FILE_NAME = "settings.json"
 ENGINES = ("local", "remote")
+ACTIVATIONS = ("f32", "q8")   #: = app.engine.binding.ACTIVATION_CHOICES (kept here so settings load without the core)
 KEYCHAIN_SERVICE = "Ferry"
 DEFAULT_SERVE_PORT = 8000
 #: Settings that hold the user's own text (a system prompt, presets...): stored
@@ -52,6 +53,7 @@ class Settings:
     model_settings: dict = field(default_factory=dict)  #: model key -> its own values of PER_MODEL keys
     presets: dict = field(default_factory=dict)         #: preset name -> values of PER_MODEL keys
     verify_reads: bool = False    #: check each expert record's CRC32 when first read (costs CPU per GB read)
+    activations: str = "f32"      #: "f32" exact; "q8" 8-bit activations: faster, answers change slightly (opt-in)
 
     def validated(self) -> "Settings":
         """A copy with every value clamped into its legal range."""
@@ -70,6 +72,7 @@ class Settings:
         s.remote_model = str(s.remote_model).strip()
         s.serve_local = bool(s.serve_local)
         s.verify_reads = bool(s.verify_reads)
+        s.activations = s.activations if s.activations in ACTIVATIONS else "f32"
         s.serve_port = min(max(1, int(s.serve_port)), 65535)
         s.enter_sends = bool(s.enter_sends)
         # anything but a positive count means the model's own (never a silent, drastic 1)
@@ -84,7 +87,8 @@ class Settings:
 
 
 #: What each model may have its own value of (and what a preset holds).
-PER_MODEL = ("system_prompt", "temperature", "context_length", "thinking", "experts_per_token", "cache_aware_margin")
+PER_MODEL = ("system_prompt", "temperature", "context_length", "thinking", "experts_per_token", "cache_aware_margin",
+             "activations")
 
 
 def _per_model(values: dict) -> dict:
@@ -129,7 +133,8 @@ def save_preset(settings: Settings, name: str, values: dict) -> Settings:
 
 def engine_changed(old: Settings, new: Settings) -> bool:
     """Whether the engine must be reopened: what the local model opens with, or which engine."""
-    keys = ("ram_budget", "threads", "context_length", "engine", "remote_url", "remote_model", "verify_reads")
+    keys = ("ram_budget", "threads", "context_length", "engine", "remote_url", "remote_model", "verify_reads",
+            "activations")
     return any(getattr(old, k) != getattr(new, k) for k in keys)
 
 

@@ -71,9 +71,15 @@ class ModelSettingsDialog(QDialog):
         self.margin.setSingleStep(0.01)
         self.margin.setSpecialValueText("Exact routing")
         form.addRow("Cache-aware margin", self.margin)
-        note = QLabel("Fewer experts per token and a cache-aware margin above 0 answer faster but not exactly "
-                      "as the model would: both are off by default. A new context applies when the model is "
-                      "opened again.")
+        self.fast_activations = QCheckBox("Faster 8-bit activations")
+        self.fast_activations.setAccessibleName("Faster 8-bit activations")
+        self.fast_activations.setToolTip("Rounds each layer's input to 8 bits and multiplies with integer "
+                                         "arithmetic: faster on quantized models, and the answers change slightly. "
+                                         "Off by default.")
+        form.addRow("Activations", self.fast_activations)
+        note = QLabel("Fewer experts per token, a cache-aware margin above 0 and 8-bit activations answer faster "
+                      "but not exactly as the model would: all are off by default. A new context or activation "
+                      "mode reopens the model.")
         note.setObjectName("mutedLabel")
         note.setWordWrap(True)
         form.addRow("", note)
@@ -106,11 +112,13 @@ class ModelSettingsDialog(QDialog):
         self.thinking.setChecked(v["thinking"])
         self.experts.setValue(v["experts_per_token"] or 0)
         self.margin.setValue(v["cache_aware_margin"])
+        self.fast_activations.setChecked(v["activations"] == "q8")
 
     def values(self) -> dict:
         v = {"system_prompt": self.system.toPlainText(), "temperature": self.temperature.value(),
              "context_length": self.context.value(), "thinking": self.thinking.isChecked(),
-             "experts_per_token": self.experts.value() or None, "cache_aware_margin": self.margin.value()}
+             "experts_per_token": self.experts.value() or None, "cache_aware_margin": self.margin.value(),
+             "activations": "q8" if self.fast_activations.isChecked() else "f32"}
         assert set(v) == set(PER_MODEL)
         return v
 

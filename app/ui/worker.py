@@ -77,10 +77,10 @@ class EngineWorker(QObject):
             want = int(options.context_length)
             from app.memory.plan import plan_container
 
-            recommended = plan_container(path, want).recommended   # the one budget rule, shown and used
+            recommended = plan_container(path, want, activations=options.activations).recommended   # the one budget rule
             budget = int(options.ram_budget) or recommended
             model = open_model(path, ram_budget=budget, threads=int(options.threads), n_ctx=want,
-                               verify_reads=bool(options.verify_reads))
+                               verify_reads=bool(options.verify_reads), activations=options.activations)
             info = model.engine.info
             n_ctx = min(want or info.max_ctx, info.max_ctx)
             session = model.new_session(n_ctx)
@@ -264,7 +264,8 @@ def load_options(settings, api_key_lookup=None) -> LoadOptions:
     from app.store.settings import remote_api_key
 
     local = dict(ram_budget=settings.ram_budget, threads=settings.threads, context_length=settings.context_length,
-                 verify_reads=settings.verify_reads, serve_port=settings.serve_port if settings.serve_local else 0)
+                 verify_reads=settings.verify_reads, serve_port=settings.serve_port if settings.serve_local else 0,
+                 activations=settings.activations)
     if settings.engine != "remote":
         return LoadOptions(**local)
     lookup = api_key_lookup or remote_api_key

@@ -89,6 +89,15 @@ typedef struct ferry_open_options {
      * model or is damaged fails the open with FERRY_E_ARG. */
     const void *policy_state;
     size_t n_policy_state; /* its length in bytes */
+    /* How matrix products treat their input vectors: NULL or "f32" (the
+     * default) multiplies the stored weights by the exact f32 activations;
+     * "q8" is an opt-in mode that trades exactness for speed: each token's
+     * input is quantized to 8 bits per block of 32 values (a float scale per
+     * block) once per product, and q8_0, q4_0, q4_1, q4_k, q5_k and q6_k
+     * weights are multiplied with integer dot products (other formats stay
+     * exact). Outputs change slightly (docs/ARCHITECTURE.md, "Kernels"); every kernel set
+     * gives bit-identical results in this mode. Unknown names: FERRY_E_ARG. */
+    const char *activations;
 } ferry_open_options;
 
 /* What a loaded model is. Filled by ferry_engine_info. */
@@ -112,6 +121,7 @@ typedef struct ferry_model_info {
     int cache_slots;          /* expert records the cache holds */
     uint64_t ram_budget;      /* the budget in force (0 = unlimited) */
     char kernels[16];         /* the kernel set in use: "scalar", "avx2" or "neon" */
+    char activations[8];      /* "f32" (exact) or "q8" (ferry_open_options.activations) */
 } ferry_model_info;
 
 /* Counters of one session. Times are wall-clock seconds. */
@@ -188,6 +198,8 @@ typedef struct ferry_memory_plan {
     uint64_t record_bytes;    /* one expert record */
     uint64_t token_set_bytes; /* one token's expert working set: records of top_k x MoE layers */
     uint64_t policy_floor_bytes; /* of floor_bytes, the policy state for the minimum cache */
+    uint64_t q8_bytes;        /* the scratch activations "q8" adds to a session (part of scratch_bytes
+                                 when the engine uses it; ferry_container_plan counts it out) */
 } ferry_memory_plan;
 
 typedef struct ferry_engine ferry_engine;

@@ -45,6 +45,17 @@ uint64_t ferry_format_row_bytes(int fmt, uint64_t cols);
  * Returns 0, or -1 for a bad argument or an unavailable implementation. */
 int ferry_kernel_matmul(int impl, int fmt, const void *w, int rows, int cols, const float *x, int n, float *y);
 
+/* The same product in the opt-in 8-bit-activation mode (ferry_open_options.
+ * activations = "q8"): each token's x quantized per 32 values to int8 with a
+ * float scale, integer dot products with the stored weights. Every
+ * implementation gives bit-identical results. Returns -1 also for a format
+ * without an integer kernel (ferry_q8_activations_supported) or cols not a
+ * multiple of 32. */
+int ferry_kernel_matmul_q8(int impl, int fmt, const void *w, int rows, int cols, const float *x, int n, float *y);
+/* Nonzero for the formats the 8-bit-activation mode computes with integer
+ * kernels: q8_0, q4_0, q4_1, q4_k, q5_k, q6_k (the others stay exact). */
+int ferry_q8_activations_supported(int fmt);
+
 /* Widen rows x cols stored values to floats (the scalar reference decoder). */
 int ferry_dequantize(int fmt, const void *src, int rows, int cols, float *out);
 

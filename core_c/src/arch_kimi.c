@@ -355,7 +355,7 @@ static void kimi_sizes(const ferry_engine *e, int n_ctx, int n_threads, fe_sessi
 
 static void matmul(ferry_session *s, const kbufs *b, const fe_mat *w, const float *x, int n, float *y) {
     kdims d = dims_of(&s->e->c.hp);
-    fe_ops ops = {s->pool, b->rows, max_cols(&d), s->e->kernels, s->prof_cur};
+    fe_ops ops = {s->pool, b->rows, max_cols(&d), s->e->kernels, s->prof_cur, fe_session_q8(s)};
     fe_matmul(&ops, w, x, n, y);
 }
 
@@ -638,7 +638,7 @@ static ferry_status moe(ferry_session *s, const kbufs *b, int l, int n, ferry_er
     memset(b->u, 0, (size_t)n * ed * sizeof(float));
     moe_ctx c = {s, b};
     fe_moe_arch a = {.ctx = &c, .kind = FE_ROUTE_SIGMOID_GROUPED, .ed = ed,
-                     .ops = {s->pool, b->rows, max_cols(&d), s->e->kernels, s->prof_cur},
+                     .ops = {s->pool, b->rows, max_cols(&d), s->e->kernels, s->prof_cur, fe_session_q8(s)},
                      .layers = MODEL(s->e)->layers, .layer_size = sizeof(kimi_layer),
                      .router_at = offsetof(kimi_layer, router), .norm_at = offsetof(kimi_layer, ffn_norm),
                      .bias_at = offsetof(kimi_layer, router_bias), .expert = moe_expert};

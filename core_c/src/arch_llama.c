@@ -193,7 +193,7 @@ static void rope(float *v, const float *cs, const fe_hparams *hp) {
 }
 
 static fe_ops ops_of(ferry_session *s, const chunk_bufs *b) {
-    fe_ops ops = {s->pool, b->rows, max_cols(&s->e->c.hp), s->e->kernels, s->prof_cur};
+    fe_ops ops = {s->pool, b->rows, max_cols(&s->e->c.hp), s->e->kernels, s->prof_cur, fe_session_q8(s)};
     return ops;
 }
 
@@ -326,7 +326,7 @@ static void moe_expert(void *p, int l, const uint8_t *rec, const float *in, int 
 static ferry_status moe(ferry_session *s, const chunk_bufs *b, int l, int n, ferry_error *err) {
     moe_ctx c = {s, b};
     fe_moe_arch a = {.ctx = &c, .kind = FE_ROUTE_SOFTMAX, .ed = s->e->c.hp.dim,
-                     .ops = {s->pool, b->rows, max_cols(&s->e->c.hp), s->e->kernels, s->prof_cur},
+                     .ops = {s->pool, b->rows, max_cols(&s->e->c.hp), s->e->kernels, s->prof_cur, fe_session_q8(s)},
                      .layers = MODEL(s->e)->layers, .layer_size = sizeof(fe_layer),
                      .router_at = offsetof(fe_layer, router), .norm_at = offsetof(fe_layer, ffn_norm),
                      .expert = moe_expert};

@@ -44,6 +44,38 @@ static ferry_status choose_kernels(const char *want, const fe_kernels **out, fer
                    "auto or scalar", want, id == FE_KERNELS_AVX2 ? "x86-64" : "aarch64");
 }
 
+/* The 8-bit-activation kernels ferry_open_options.activations asks for with
+ * the engine's kernel set (NULL: the exact f32 path), or a refusal. */
+static ferry_status choose_activations(const char *want, const fe_kernels *k, const fe_q8_kernels **out,
+                                       ferry_error *err) {
+    *out = NULL;
+    if (!want || !*want || strcmp(want, "f32") == 0) return FERRY_OK;
+    if (strcmp(want, "q8") != 0)
+        return fe_fail(err, FERRY_E_ARG, "unknown activations \"%s\" (choose f32, the exact default, or q8)", want);
+    *out = fe_q8_kernels_get(fe_kernels_by_name(k->name));
+    if (*out) return FERRY_OK;
+    return fe_fail(err, FERRY_E_UNSUPPORTED, "the %s kernel set has no 8-bit-activation kernels", k->name);
+}
+
+/* A session's buffer for the q8 kernels: one chunk of tokens at the widest
+ * input of any matrix in the container (0 in the exact mode). */
+static uint64_t q8_buffer_bytes(const fe_container *c) {
+    uint64_t cols = 0;
+    for (int i = 0; i < c->n_tensors; i++)
+        if (c->tensors[i].n_dims == 2 && c->tensors[i].shape[1] > cols) cols = c->tensors[i].shape[1];
+    for (int l = 0; c->banks && l < c->hp.n_layers; l++)
+        for (int p = 0; c->banks[l].fd >= 0 && p < 3; p++)
+            if (c->banks[l].part[p].cols > cols) cols = c->banks[l].part[p].cols;
+    if (cols > (1u << 24)) cols = 1u << 24; /* the manifest bounds shapes well below this */
+    return (uint64_t)FE_CHUNK * fe_q8_stride((int)(cols / FE_Q8_BLOCK * FE_Q8_BLOCK));
+}
+
+/* The architecture's session sizes plus the q8 buffer at the end of scratch. */
+static void session_sizes(const ferry_engine *e, int n_ctx, int n_threads, fe_session_sizes *sz) {
+    e->arch->sizes(e, n_ctx, n_threads, sz);
+    sz->scratch += e->q8 ? e->q8_bytes : 0;
+}
+
 #define DEFAULT_CTX 4096
 #define DEFAULT_READERS 4
 
@@ -56,7 +88,7 @@ static int n_moe_layers(const fe_hparams *hp) {
 /* Fixed parts of the budget: trunk and one session at opts.n_ctx. */
 static void fixed_parts(const ferry_engine *e, int n_ctx, uint64_t *trunk, uint64_t *session) {
     fe_session_sizes sz;
-    e->arch->sizes(e, n_ctx, e->opts.n_threads, &sz);
+    session_sizes(e, n_ctx, e->opts.n_threads, &sz);
     *trunk = e->c.trunk_size;
     *session = sz.state + sz.scratch;
 }
@@ -127,7 +159,9 @@ ferry_status ferry_engine_open(const char *path, const ferry_open_options *opts,
     if (!path || !out) return fe_fail(err, FERRY_E_ARG, "ferry_engine_open needs a path and an output handle");
     *out = NULL;
     const fe_kernels *kernels = NULL;
+    const fe_q8_kernels *q8 = NULL;
     ferry_status s = choose_kernels(opts ? opts->kernels : NULL, &kernels, err);
+    if (!s) s = choose_activations(opts ? opts->activations : NULL, kernels, &q8, err);
     if (s) return s;
     ferry_engine *e = calloc(1, sizeof *e);
     if (!e) return fe_fail(err, FERRY_E_NOMEM, "out of memory");
@@ -135,10 +169,13 @@ ferry_status ferry_engine_open(const char *path, const ferry_open_options *opts,
     if (opts) e->opts = *opts;
     e->opts.kernels = NULL; /* borrowed only for the call */
     e->kernels = kernels;
+    e->opts.activations = NULL; /* borrowed only for the call */
+    e->q8 = q8;
     e->opts.n_threads = resolve_threads(e->opts.n_threads);
     if (e->opts.n_readers <= 0) e->opts.n_readers = DEFAULT_READERS;
     s = fe_container_open(&e->c, path, err);
     if (s) { pthread_mutex_destroy(&e->lock); free(e); return s; }
+    if (e->q8) e->q8_bytes = q8_buffer_bytes(&e->c);
     const int max_ctx = e->c.hp.max_ctx;
     if (e->opts.n_ctx <= 0) e->opts.n_ctx = max_ctx < DEFAULT_CTX ? max_ctx : DEFAULT_CTX;
     if (e->opts.n_ctx > max_ctx) e->opts.n_ctx = max_ctx;
@@ -192,6 +229,7 @@ void ferry_engine_info(const ferry_engine *e, ferry_model_info *info) {
     info->cache_slots = e->cache_slots;
     info->ram_budget = e->opts.ram_budget;
     snprintf(info->kernels, sizeof info->kernels, "%s", e->kernels->name);
+    snprintf(info->activations, sizeof info->activations, "%s", e->q8 ? "q8" : "f32");
     if (e->cache) info->direct_io = fe_ecache_direct_io(e->cache, info->io_note, sizeof info->io_note);
 }
 
@@ -199,7 +237,7 @@ void ferry_engine_plan(const ferry_engine *e, int n_ctx, ferry_memory_plan *plan
     const fe_hparams *hp = &e->c.hp;
     fe_session_sizes sz;
     if (n_ctx <= 0 || n_ctx > hp->max_ctx) n_ctx = hp->max_ctx;
-    e->arch->sizes(e, n_ctx, e->opts.n_threads, &sz);
+    session_sizes(e, n_ctx, e->opts.n_threads, &sz);
     memset(plan, 0, sizeof *plan);
     plan->trunk_bytes = e->c.trunk_size;
     plan->state_bytes = sz.state;
@@ -214,6 +252,7 @@ void ferry_engine_plan(const ferry_engine *e, int n_ctx, ferry_memory_plan *plan
     plan->policy_floor_bytes = policy_bytes(hp, min_slots(hp));
     plan->floor_bytes =
         plan->trunk_bytes + plan->state_bytes + plan->scratch_bytes + min_cache + plan->policy_floor_bytes;
+    plan->q8_bytes = q8_buffer_bytes(&e->c);
 }
 
 ferry_status ferry_container_plan(const char *path, int n_ctx, int n_threads, ferry_memory_plan *plan,
@@ -268,7 +307,7 @@ ferry_status ferry_session_new(ferry_engine *e, int n_ctx, ferry_session **out, 
     atomic_init(&s->cancel, 0);
     s->pool = fe_pool_new(e->opts.n_threads);
     if (!s->pool) { free(s); return fe_fail(err, FERRY_E_NOMEM, "cannot start compute threads"); }
-    e->arch->sizes(e, n_ctx, fe_pool_threads(s->pool), &s->sizes);
+    session_sizes(e, n_ctx, fe_pool_threads(s->pool), &s->sizes);
     uint64_t need = s->sizes.state + s->sizes.scratch;
     pthread_mutex_lock(&e->lock);
     int fits = !e->opts.ram_budget || e->sessions_in_use + need <= e->session_bytes;
@@ -291,6 +330,11 @@ ferry_status ferry_session_new(ferry_engine *e, int n_ctx, ferry_session **out, 
         ferry_session_free(s);
         return fe_fail(err, FERRY_E_NOMEM, "cannot allocate %llu bytes for a %d-token session",
                        (unsigned long long)need, n_ctx);
+    }
+    if (e->q8) { /* the last q8_bytes of scratch, after the architecture's buffers */
+        s->q8.k = e->q8;
+        s->q8.bytes = e->q8_bytes;
+        s->q8.buf = s->scratch + s->sizes.scratch - e->q8_bytes;
     }
     *out = s;
     return FERRY_OK;

@@ -8,6 +8,7 @@
 
 #include "container.h"
 #include "experts.h"
+#include "kernels_q8.h"
 #include "ops.h"
 #include "pool.h"
 
@@ -54,6 +55,8 @@ struct ferry_engine {
     void *arch_data;              /* the architecture's bound tensors */
     ferry_open_options opts;      /* as opened, threads and context resolved */
     const struct fe_kernels *kernels; /* the matrix-product kernels chosen at open (kernels.h) */
+    const fe_q8_kernels *q8;      /* the 8-bit-activation kernels (activations "q8"), or NULL: exact f32 */
+    uint64_t q8_bytes;            /* a session's buffer for them: one chunk at the widest matrix input */
     fe_ecache *cache;             /* expert records in RAM, or NULL for dense models */
     int cache_slots;              /* its records */
     uint64_t cache_bytes;         /* their RAM */
@@ -80,7 +83,11 @@ struct ferry_session {
     int profiling;              /* ferry_session_set_profiling */
     ferry_profile prof;         /* its counters */
     ferry_profile_part *prof_cur; /* the part the running eval adds to, or NULL */
+    fe_q8_ctx q8;               /* the q8 kernels and their buffer (the end of scratch) when the engine uses them */
 };
+
+/* What fe_ops.q8 of a session's products is: NULL in the exact mode. */
+static inline const fe_q8_ctx *fe_session_q8(const struct ferry_session *s) { return s->q8.k ? &s->q8 : NULL; }
 
 /* Largest record of any bank (the expert buffer a session needs). */
 uint64_t fe_max_record(const fe_container *c);

@@ -7,6 +7,7 @@
 #include "common.h"
 #include "formats.h"
 #include "kernels.h"
+#include "kernels_q8.h"
 
 fe_mat fe_mat_view(const uint8_t *data, int fmt, int rows, int cols) {
     fe_mat m = {data, fmt, rows, cols, fe_row_bytes(fmt, (uint64_t)cols)};
@@ -19,6 +20,8 @@ typedef struct {
     const fe_mat *w[FE_MATMUL_MULTI_MAX];
     float *y[FE_MATMUL_MULTI_MAX]; /* [n][w[i]->rows] each */
     fe_rowdot_fn dot[FE_MATMUL_MULTI_MAX]; /* the row kernel of each w's format (kernels.h) */
+    fe_q8dot_fn q8dot[FE_MATMUL_MULTI_MAX]; /* or its 8-bit-activation kernel (kernels_q8.h), used instead */
+    const uint8_t *xq;  /* x quantized once for the q8 kernels */
     int first[FE_MATMUL_MULTI_MAX + 1];    /* item index of each matrix's row 0 */
     const float *x;     /* [n][cols] */
     int n;              /* tokens */
@@ -34,6 +37,11 @@ static void matmul_rows(void *p, int start, int end, int tid) {
         int lo = start > j->first[i] ? start : j->first[i];
         int hi = end < j->first[i + 1] ? end : j->first[i + 1];
         const fe_mat *w = j->w[i];
+        if (j->q8dot[i]) {
+            for (int r = lo - j->first[i]; r < hi - j->first[i]; r++)
+                j->q8dot[i](w->data + (uint64_t)r * w->row_bytes, w->cols, j->xq, j->n, j->y[i] + r, (size_t)w->rows);
+            continue;
+        }
         for (int r = lo - j->first[i]; r < hi - j->first[i]; r++)
             j->dot[i](w->data + (uint64_t)r * w->row_bytes, w->cols, j->x, (size_t)w->cols, j->n, j->y[i] + r,
                       (size_t)w->rows, buf);
@@ -48,18 +56,24 @@ void fe_matmul_multi(const fe_ops *ops, const fe_mat *const *w, int count, const
     j.x = x;
     j.n = n;
     j.first[0] = 0;
+    j.xq = NULL;
+    ferry_profile_part *P = ops->prof;
+    double t0 = P ? fe_now() : 0.0; /* a q8 product's time includes quantizing x */
     for (int i = 0; i < count && i < FE_MATMUL_MULTI_MAX; i++) {
         fe_rowdot_fn dot = fe_kernel_for(ops->kernels, w[i]->fmt);
         if (!dot) continue;
         j.w[j.count] = w[i];
         j.y[j.count] = y[i];
         j.dot[j.count] = dot;
+        j.q8dot[j.count] = fe_q8_kernel_for(ops->q8, w[i]->fmt, w[i]->cols, n);
+        if (j.q8dot[j.count] && !j.xq) { /* the matrices share cols: x is quantized once */
+            fe_q8_quantize(x, (size_t)w[i]->cols, w[i]->cols, n, ops->q8->buf);
+            j.xq = ops->q8->buf;
+        }
         j.first[j.count + 1] = j.first[j.count] + w[i]->rows;
         j.count++;
     }
     if (!j.count) return;
-    ferry_profile_part *P = ops->prof;
-    double t0 = P ? fe_now() : 0.0;
     fe_pool_run(ops->pool, matmul_rows, &j, j.first[j.count]);
     if (!P) return;
     /* One job may mix formats (e.g. Q4_K beside Q6_K): its time is shared

@@ -16,6 +16,7 @@ typedef struct fe_mat {
 } fe_mat;
 
 struct fe_kernels;
+struct fe_q8_ctx;
 
 /* Where and how matrix products run: the session's pool, one row buffer of
  * `rows_stride` floats per pool thread, and the engine's kernel set. */
@@ -25,6 +26,7 @@ typedef struct fe_ops {
     int rows_stride;      /* floats per thread, >= the widest matrix row */
     const struct fe_kernels *kernels; /* the engine's row kernels (kernels.h) */
     ferry_profile_part *prof; /* the session's profile part in use, or NULL (not profiling) */
+    const struct fe_q8_ctx *q8; /* the 8-bit-activation mode's kernels and buffer (kernels_q8.h), or NULL: exact */
 } fe_ops;
 
 /* A matrix view over stored bytes. */

@@ -1,0 +1,165 @@
+"""Exact (f32) against the opt-in 8-bit activations (q8): decode and prompt
+tokens per second on the same containers, in one process, interleaved.
+
+    python bench/q8_speed.py --json [--files demo 1b-q4_k_m 1b-q8_0] [--rounds 5] [--threads 2]
+
+Both engines stay open side by side (one session each); every round runs a
+fresh ``--prompt``-token prompt (chunks of 32, as the app evaluates prompts)
+and then ``--tokens`` greedy decode steps on each engine, the engine that goes
+first alternating by round. Prints the medians per file and engine, the ratios
+q8 / f32 (above 1: q8 is faster), the share of greedy tokens on which the two
+engines agreed, and the 1-minute load average before and after each round.
+``--kernels`` instead times one matrix product per format and shape on one
+thread (ferry_kernel_matmul against ferry_kernel_matmul_q8, the latter
+including quantizing x; best of ``--rounds`` x 5 calls, interleaved).
+Files: ``demo`` is the converted demo model (SmolLM2-135M-Instruct Q4_1),
+``1b-*`` the synthetic Llama-shaped containers bench/vs_llamacpp.py makes in
+``--workdir`` (random weights: speed only).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script from anywhere
+
+FILES = ("demo", "1b-q4_k_m", "1b-q8_0", "3b-q4_k_m", "3b-q8_0")
+MODES = ("f32", "q8")
+
+
+def container(name: str, workdir: Path) -> Path:
+    if name == "demo":
+        from app import demo
+        return _converted(demo.gguf_path(install=True), workdir)
+    path = workdir / f"synthetic-{name}.ferry"
+    if not (path / "manifest.json").exists():
+        raise SystemExit(f"{path} is missing: run bench/vs_llamacpp.py --files {name} once to make it")
+    return path
+
+
+def _converted(gguf: Path, workdir: Path) -> Path:
+    out = workdir / (gguf.stem + ".ferry")
+    if not (out / "manifest.json").exists():
+        from app.convert.convert import convert
+        convert(gguf, out)
+    return out
+
+
+def one_round(session, vocab: int, prompt_len: int, tokens: int, seed: int) -> dict:
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    prompt = [int(t) for t in rng.integers(100, vocab - 100, prompt_len)]
+    session.reset()
+    t0 = time.perf_counter()
+    logits = session.eval(prompt)
+    prompt_s = time.perf_counter() - t0
+    tok, out = int(np.argmax(logits)), []
+    t0 = time.perf_counter()
+    for _ in range(tokens):
+        out.append(tok)
+        tok = int(np.argmax(session.eval([tok])))
+    decode_s = time.perf_counter() - t0
+    return {"prompt_tok_s": prompt_len / prompt_s, "decode_tok_s": tokens / decode_s, "greedy": out}
+
+
+def bench_file(path: Path, a) -> dict:
+    from app.engine.binding import Engine
+    engines = {m: Engine(path, threads=a.threads, n_ctx=a.prompt + a.tokens + 8, activations=m) for m in MODES}
+    sessions = {m: e.session(a.prompt + a.tokens + 8) for m, e in engines.items()}
+    vocab, kernels = engines["f32"].info.vocab, engines["f32"].info.kernels
+    rounds = []
+    for r in range(a.rounds):
+        order = MODES if r % 2 == 0 else MODES[::-1]
+        rnd = {"order": list(order), "load1_before": os.getloadavg()[0]}
+        for m in order:
+            rnd[m] = one_round(sessions[m], vocab, a.prompt, a.tokens, seed=r)
+        rnd["load1_after"] = os.getloadavg()[0]
+        rnd["greedy_agree"] = sum(x == y for x, y in zip(rnd["f32"].pop("greedy"), rnd["q8"].pop("greedy"))) / a.tokens
+        rounds.append(rnd)
+        print(json.dumps({"file": path.name, "round": r + 1, **rnd}), file=sys.stderr, flush=True)
+    med = {m: {k: statistics.median(r[m][k] for r in rounds) for k in ("prompt_tok_s", "decode_tok_s")} for m in MODES}
+    for s in sessions.values():
+        s.close()
+    for e in engines.values():
+        e.close()
+    return {"kernels": kernels, "rounds": rounds, "median": med,
+            "q8_over_f32": {k: med["q8"][k] / med["f32"][k] for k in ("prompt_tok_s", "decode_tok_s")},
+            "greedy_agree_median": statistics.median(r["greedy_agree"] for r in rounds)}
+
+
+KERNEL_SHAPES = (("q4_1", 1536, 576), ("q4_1", 576, 1536), ("q8_0", 49152, 576), ("q8_0", 2048, 2048),
+                 ("q4_0", 2048, 2048), ("q4_k", 8192, 2048), ("q5_k", 2048, 2048), ("q6_k", 2048, 8192))
+
+
+def bench_kernels(a) -> list[dict]:
+    import numpy as np
+    from app.engine._ferry_c import ffi, lib
+    rng = np.random.default_rng(0)
+    impl = lib.ferry_kernels_best()
+    out = []
+    for fmt, rows, cols in KERNEL_SHAPES:
+        code = lib.ferry_format_code(fmt.encode())
+        nbytes = lib.ferry_format_row_bytes(code, cols) * rows
+        w = rng.integers(0, 256, nbytes, dtype=np.uint8)
+        if fmt in ("q8_0", "q4_0", "q4_1"):  # real scales: quantize random values
+            src = rng.standard_normal(rows * cols).astype(np.float32)
+            lib.ferry_quantize_blocks(code, ffi.from_buffer("float[]", src), rows * cols, ffi.from_buffer("uint8_t[]", w))
+        else:  # random blocks with small f16 scales in every 256-value block
+            blocks = w.reshape(-1, nbytes // (rows * cols // 256))
+            at = 208 if fmt == "q6_k" else 0
+            blocks[:, at:at + 2] = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)
+            if fmt != "q6_k":
+                blocks[:, 2:4] = np.frombuffer(np.float16(0.001).tobytes(), np.uint8)
+        for n in (1, 4, 32):
+            x = rng.standard_normal(n * cols).astype(np.float32)
+            y = np.zeros(n * rows, np.float32)
+            args = (impl, code, ffi.from_buffer("uint8_t[]", w), rows, cols, ffi.from_buffer("float[]", x), n,
+                    ffi.from_buffer("float[]", y))
+            best = {"f32": float("inf"), "q8": float("inf")}
+            for _ in range(a.rounds):
+                for name, fn in (("f32", lib.ferry_kernel_matmul), ("q8", lib.ferry_kernel_matmul_q8)):
+                    for _ in range(5):
+                        t0 = time.perf_counter()
+                        fn(*args)
+                        best[name] = min(best[name], time.perf_counter() - t0)
+            out.append({"format": fmt, "rows": rows, "cols": cols, "tokens": n, "f32_ms": best["f32"] * 1e3,
+                        "q8_ms": best["q8"] * 1e3, "q8_speedup": best["f32"] / best["q8"]})
+            print(json.dumps(out[-1]), file=sys.stderr, flush=True)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true", help="one line of JSON (default: indented)")
+    ap.add_argument("--files", nargs="+", choices=FILES, default=["demo", "1b-q4_k_m", "1b-q8_0"])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--prompt", type=int, default=128, help="prompt tokens per round")
+    ap.add_argument("--tokens", type=int, default=16, help="decoded tokens per round")
+    ap.add_argument("--workdir", type=Path, default=Path.home() / ".cache" / "ferry-bench")
+    ap.add_argument("--kernels", action="store_true", help="time single products per format instead")
+    a = ap.parse_args(argv)
+    if a.kernels:
+        results = {"kernels": bench_kernels(a)}
+    else:
+        results = {"files": {name: bench_file(container(name, a.workdir), a) for name in a.files}}
+    cpu = ""
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    print(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": platform.machine(),
+                      "cpu": cpu, "cores": os.cpu_count(), "threads": a.threads, "prompt": a.prompt,
+                      "tokens": a.tokens, "rounds": a.rounds, **results}, indent=None if a.json else 1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,188 @@
+/* kernels_q8.c — the 8-bit-activation mode's quantizer, its scalar reference
+ * kernels (the definition every SIMD set repeats bit for bit: kernels_q8.h),
+ * the table of sets, and the public ferry_kernel_matmul_q8. No state. */
+#define _POSIX_C_SOURCE 200809L
+#include "kernels_q8.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../include/ferry_kernels.h"
+#include "common.h"
+#include "kernels.h"
+
+size_t fe_q8_stride(int cols) { return FE_ALIGN_UP((size_t)cols + 8 * (size_t)(cols / FE_Q8_BLOCK), 64); }
+
+/* Round to nearest, ties to even, for |v| < 2^22 (the default rounding mode
+ * of the add; the core is built without fast-math, so it is not folded). */
+static inline float round_even(float v) {
+    const float magic = 12582912.0f; /* 1.5 * 2^23 */
+    return v >= 0.0f ? (v + magic) - magic : (v - magic) + magic;
+}
+
+void fe_q8_quantize(const float *x, size_t xs, int cols, int n, uint8_t *out) {
+    const int nb = cols / FE_Q8_BLOCK;
+    const size_t st = fe_q8_stride(cols);
+    for (int t = 0; t < n; t++) {
+        const float *v = x + (size_t)t * xs;
+        int8_t *q = (int8_t *)(out + (size_t)t * st);
+        float *d = (float *)(out + (size_t)t * st + (size_t)cols), *s = d + nb;
+        for (int b = 0; b < nb; b++, v += FE_Q8_BLOCK, q += FE_Q8_BLOCK) {
+            float amax = 0.0f;
+            for (int i = 0; i < FE_Q8_BLOCK; i++) {
+                float a = fabsf(v[i]);
+                amax = a > amax ? a : amax; /* a NaN is skipped */
+            }
+            float db = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
+            int sum = 0;
+            for (int i = 0; i < FE_Q8_BLOCK; i++) {
+                float r = v[i] * id;
+                r = r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r == r ? round_even(r) : 0.0f;
+                q[i] = (int8_t)r;
+                sum += q[i];
+            }
+            d[b] = db;
+            s[b] = db * (float)sum;
+        }
+    }
+}
+
+/* ---------------------------------------------------- the scalar reference */
+
+static float rd_f16(const uint8_t *p) { return fe_f16_to_f32((uint16_t)(p[0] | p[1] << 8)); }
+
+/* Block b (32 values) of a stored row as integers: qw[32], the integer
+ * scales S[0] (values 0-15) and S[1] (16-31), the float scale D and the
+ * float minimum M (0 for formats without one). */
+static void decode_block(int fmt, const uint8_t *row, int b, int qw[32], int S[2], float *D, float *M) {
+    S[0] = S[1] = 1;
+    *M = 0.0f;
+    switch (fmt) {
+    case FE_Q8_0: {
+        const uint8_t *p = row + 34 * (size_t)b;
+        *D = rd_f16(p);
+        for (int i = 0; i < 32; i++) qw[i] = (int8_t)p[2 + i];
+    } break;
+    case FE_Q4_0: case FE_Q4_1: {
+        const int one = fmt == FE_Q4_1;
+        const uint8_t *p = row + (one ? 20 : 18) * (size_t)b, *q = p + (one ? 4 : 2);
+        *D = rd_f16(p);
+        if (one) *M = rd_f16(p + 2);
+        for (int i = 0; i < 16; i++) {
+            qw[i] = (q[i] & 15) - (one ? 0 : 8);
+            qw[i + 16] = (q[i] >> 4) - (one ? 0 : 8);
+        }
+    } break;
+    case FE_Q4_K: case FE_Q5_K: {
+        const int five = fmt == FE_Q5_K, k = b & 7;
+        const uint8_t *p = row + (five ? 176 : 144) * (size_t)(b >> 3);
+        const uint8_t *qh = p + 16, *q = p + (five ? 48 : 16) + 32 * (k >> 1);
+        int sc, m;
+        fe_q4k_scale_min(k, p + 4, &sc, &m);
+        *D = rd_f16(p);
+        *M = rd_f16(p + 2) * (float)m;
+        S[0] = S[1] = sc;
+        for (int l = 0; l < 32; l++)
+            qw[l] = ((k & 1) ? q[l] >> 4 : q[l] & 15) | (five ? ((qh[l] >> k) & 1) << 4 : 0);
+    } break;
+    case FE_Q6_K: {
+        const int k = b & 7, half = k >> 2, r = k & 3;
+        const uint8_t *p = row + 210 * (size_t)(b >> 3);
+        const uint8_t *ql = p + 64 * half + 32 * (r & 1), *qh = p + 128 + 32 * half;
+        const int8_t *sc = (const int8_t *)(p + 192 + 8 * half);
+        *D = rd_f16(p + 208);
+        S[0] = sc[2 * r];
+        S[1] = sc[2 * r + 1];
+        for (int l = 0; l < 32; l++)
+            qw[l] = (int)(((r >> 1) ? ql[l] >> 4 : ql[l] & 15) | ((qh[l] >> (2 * r)) & 3) << 4) - 32;
+    } break;
+    default: memset(qw, 0, 32 * sizeof *qw); *D = 0.0f; break;
+    }
+}
+
+/* +1 when the minimum is added (Q4_1), -1 when subtracted (Q4_K, Q5_K), 0 without one. */
+static int min_sign(int fmt) { return fmt == FE_Q4_1 ? 1 : (fmt == FE_Q4_K || fmt == FE_Q5_K) ? -1 : 0; }
+
+static void rowdot_ref(int fmt, const uint8_t *row, int cols, const uint8_t *xq, int n, float *y, size_t ys) {
+    const int nb = cols / FE_Q8_BLOCK, sign = min_sign(fmt);
+    const size_t st = fe_q8_stride(cols);
+    for (int t = 0; t < n; t++) {
+        const int8_t *qx = (const int8_t *)(xq + (size_t)t * st);
+        const float *dx = (const float *)(xq + (size_t)t * st + (size_t)cols), *sx = dx + nb;
+        float acc[2][8] = {{0}}, mn[8] = {0}, m1[2] = {0};
+        for (int b = 0; b < nb; b++) {
+            int qw[32], S[2];
+            float D, M;
+            decode_block(fmt, row, b, qw, S, &D, &M);
+            const float a = D * dx[b];
+            for (int l = 0; l < 8; l++) {
+                int p = 0;
+                for (int i = 4 * l; i < 4 * l + 4; i++) p += qw[i] * qx[32 * b + i];
+                acc[b & 1][l] = fmaf(a, (float)(S[l >> 2] * p), acc[b & 1][l]);
+            }
+            if (sign < 0) mn[b & 7] = fmaf(M, sx[b], mn[b & 7]);
+            if (sign > 0) m1[b & 1] = fmaf(M, sx[b], m1[b & 1]);
+        }
+        float both[8];
+        for (int l = 0; l < 8; l++) both[l] = acc[0][l] + acc[1][l];
+        float r = fe_q8_hsum8(both);
+        if (sign > 0) r = r + (m1[0] + m1[1]);
+        if (sign < 0) r = r - fe_q8_hsum8(mn);
+        y[(size_t)t * ys] = r;
+    }
+}
+
+#define REF(F, CODE)                                                                                      \
+    static void rowdot_q8ref_##F(const uint8_t *row, int cols, const uint8_t *xq, int n, float *y, size_t ys) { \
+        rowdot_ref(CODE, row, cols, xq, n, y, ys);                                                        \
+    }
+REF(q8_0, FE_Q8_0)
+REF(q4_0, FE_Q4_0)
+REF(q4_1, FE_Q4_1)
+REF(q4_k, FE_Q4_K)
+REF(q5_k, FE_Q5_K)
+REF(q6_k, FE_Q6_K)
+#undef REF
+
+static const fe_q8_kernels SCALAR_Q8 = {
+    "scalar",
+    {[FE_Q8_0] = rowdot_q8ref_q8_0, [FE_Q4_0] = rowdot_q8ref_q4_0, [FE_Q4_1] = rowdot_q8ref_q4_1,
+     [FE_Q4_K] = rowdot_q8ref_q4_k, [FE_Q5_K] = rowdot_q8ref_q5_k, [FE_Q6_K] = rowdot_q8ref_q6_k},
+};
+
+const fe_q8_kernels *fe_q8_kernels_get(int impl) {
+    switch (impl) {
+    case FE_KERNELS_SCALAR: return &SCALAR_Q8;
+    case FE_KERNELS_AVX2: return fe_cpu_has_avx2() ? fe_q8_kernels_avx2() : NULL;
+    case FE_KERNELS_NEON: return fe_q8_kernels_neon();
+    default: return NULL;
+    }
+}
+
+fe_q8dot_fn fe_q8_kernel_for(const fe_q8_ctx *q, int fmt, int cols, int n) {
+    if (!q || !q->k || fmt < 0 || fmt >= FE_N_FORMATS || cols <= 0 || cols % FE_Q8_BLOCK) return NULL;
+    if ((size_t)n * fe_q8_stride(cols) > q->bytes) return NULL;
+    return q->k->rowdot[fmt];
+}
+
+/* ----------------------------------------------------------- public API */
+
+int ferry_kernel_matmul_q8(int impl, int fmt, const void *w, int rows, int cols, const float *x, int n, float *y) {
+    const fe_q8_kernels *k = fe_q8_kernels_get(impl);
+    uint64_t rb = fe_row_bytes(fmt, (uint64_t)(cols > 0 ? cols : 0));
+    if (!k || fmt < 0 || fmt >= FE_N_FORMATS || !k->rowdot[fmt] || !w || !x || !y || rows < 0 || n < 0 || rb == 0 ||
+        cols % FE_Q8_BLOCK)
+        return -1;
+    uint8_t *xq = malloc(fe_q8_stride(cols) * (size_t)(n > 0 ? n : 1));
+    if (!xq) return -1;
+    fe_q8_quantize(x, (size_t)cols, cols, n, xq);
+    for (int r = 0; r < rows; r++)
+        k->rowdot[fmt]((const uint8_t *)w + (uint64_t)r * rb, cols, xq, n, y + r, (size_t)rows);
+    free(xq);
+    return 0;
+}
+
+int ferry_q8_activations_supported(int fmt) {
+    return fmt >= 0 && fmt < FE_N_FORMATS && SCALAR_Q8.rowdot[fmt] != NULL;
+}

@@ -1,0 +1,172 @@
+/* test_kernels_q8.c — the 8-bit-activation kernels (kernels_q8*.c).
+ *
+ *   cc -std=c11 -O2 -ffp-contract=off -Iinclude src/formats.c src/kernels*.c src/quant3.c \
+ *      src/quant_blocks.c tests/test_kernels_q8.c -lm
+ *
+ * For each integer format, every built-in implementation, awkward sizes and
+ * token counts 1..11: (1) bit-identical to the scalar reference, (2) a
+ * token's result in a batch bit-identical to the token alone, (3) within the
+ * activations' own rounding error of the exact f32 product (the bound
+ * sum_i |w_i| * |x_i - dequantized q8 x_i|, plus float rounding), and the
+ * mean relative error over rows small; (4) the quantizer's invariants.
+ * Prints "N passed, M failed" last and exits nonzero on any failure. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../include/ferry_kernels.h"
+#include "../src/formats.h"
+#include "../src/kernels.h"
+#include "../src/kernels_q8.h"
+
+static int passed, failed;
+static uint64_t rng = 0x243F6A8885A308D3ull;
+
+static uint32_t rnd(void) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (uint32_t)(rng >> 16);
+}
+static float frand(void) { return (float)rnd() / 4294967296.0f * 2.0f - 1.0f; }
+
+static void check(int ok, const char *fmt_name, int impl, int cols, int n, const char *what) {
+    if (ok) {
+        passed++;
+        return;
+    }
+    failed++;
+    printf("FAIL %s %s cols=%d n=%d: %s\n", fmt_name, ferry_kernels_name(impl), cols, n, what);
+}
+
+static void set_f16(uint8_t *p, float f) { /* positive normal values, truncated */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    int e = (int)((u >> 23) & 0xFF) - 127 + 15;
+    uint16_t h = e <= 0 ? 0 : (uint16_t)((u >> 31) << 15 | (uint32_t)e << 10 | ((u >> 13) & 0x3FF));
+    p[0] = (uint8_t)h, p[1] = (uint8_t)(h >> 8);
+}
+
+/* Random blocks with sane scales (the extreme bytes included: q = -128, 15, 63). */
+static void random_row(int fmt, uint8_t *row, int cols) {
+    uint64_t nb = fe_row_bytes(fmt, (uint64_t)cols);
+    for (uint64_t i = 0; i < nb; i++) row[i] = (uint8_t)rnd();
+    const fe_format_info *f = fe_format_get(fmt);
+    for (int b = 0; b < cols / f->block_elems; b++) {
+        uint8_t *p = row + (size_t)b * (size_t)f->block_bytes;
+        if (fmt == FE_Q6_K) set_f16(p + 208, 0.001f + 0.01f * fabsf(frand()));
+        else set_f16(p, 0.01f + 0.1f * fabsf(frand()));
+        if (fmt == FE_Q4_1) set_f16(p + 2, 0.05f * frand());
+        if (fmt == FE_Q4_K || fmt == FE_Q5_K) set_f16(p + 2, 0.005f + 0.02f * fabsf(frand()));
+        if (fmt == FE_Q8_0 && b % 3 == 0) p[2 + b % 32] = 0x80; /* -128 */
+    }
+}
+
+static void random_x(float *x, int count, int kind) {
+    for (int i = 0; i < count; i++) {
+        float v = frand();
+        if (kind == 1) v *= (i % 97 == 5) ? 40.0f : 1.0f;     /* outliers */
+        if (kind == 2 && (i / 32) % 3 == 1) v = 0.0f;          /* all-zero blocks */
+        x[i] = v;
+    }
+}
+
+static const int FORMATS[] = {FE_Q8_0, FE_Q4_0, FE_Q4_1, FE_Q4_K, FE_Q5_K, FE_Q6_K};
+
+static void test_format(int fmt, int cols, int n, int kind) {
+    const char *name = fe_format_get(fmt)->name;
+    const int rows = 7;
+    uint64_t rb = fe_row_bytes(fmt, (uint64_t)cols);
+    uint8_t *w = malloc(rb * rows);
+    float *x = malloc(sizeof(float) * (size_t)cols * (size_t)n);
+    float *wf = malloc(sizeof(float) * (size_t)cols * rows);
+    float *ref = malloc(sizeof(float) * (size_t)rows * (size_t)n), *exact = malloc(sizeof(float) * (size_t)rows * (size_t)n);
+    float *got = malloc(sizeof(float) * (size_t)rows * (size_t)n), *one = malloc(sizeof(float) * (size_t)rows);
+    uint8_t *xq = malloc(fe_q8_stride(cols) * (size_t)n);
+    for (int r = 0; r < rows; r++) random_row(fmt, w + (size_t)r * rb, cols);
+    random_x(x, cols * n, kind);
+    ferry_dequantize(fmt, w, rows, cols, wf);
+    check(ferry_kernel_matmul_q8(FERRY_KERNELS_SCALAR, fmt, w, rows, cols, x, n, ref) == 0, name, 0, cols, n, "call");
+    check(ferry_kernel_matmul(FERRY_KERNELS_SCALAR, fmt, w, rows, cols, x, n, exact) == 0, name, 0, cols, n, "f32");
+    fe_q8_quantize(x, (size_t)cols, cols, n, xq);
+    /* (3) the activation rounding bound, and the mean relative error */
+    double rel_sum = 0.0;
+    int bound_ok = 1;
+    for (int t = 0; t < n; t++) {
+        const int8_t *q = (const int8_t *)(xq + (size_t)t * fe_q8_stride(cols));
+        const float *d = (const float *)(xq + (size_t)t * fe_q8_stride(cols) + (size_t)cols);
+        for (int r = 0; r < rows; r++) {
+            double bound = 0.0, mag = 0.0;
+            for (int i = 0; i < cols; i++) {
+                double xi = x[(size_t)t * cols + i], wi = wf[(size_t)r * cols + i];
+                bound += fabs(wi) * fabs(xi - (double)d[i / 32] * q[i]);
+                mag += fabs(wi * xi);
+            }
+            double err = fabs((double)ref[(size_t)t * rows + r] - (double)exact[(size_t)t * rows + r]);
+            if (err > 1.001 * bound + 2e-6 * mag + 1e-30) bound_ok = 0;
+            rel_sum += mag > 0 ? err / mag : 0.0;
+        }
+    }
+    check(bound_ok, name, 0, cols, n, "error above the activation rounding bound");
+    /* an outlier 40x the rest coarsens its block's other values (kind 1) */
+    check(rel_sum / (rows * n) < (kind == 1 ? 0.03 : 0.01), name, 0, cols, n, "mean error / sum|w x| too large");
+    /* (1) every implementation bit-identical to the reference; (2) batch invariance */
+    for (int impl = 0; impl <= FERRY_KERNELS_NEON; impl++) {
+        if (!ferry_kernels_available(impl)) continue;
+        check(ferry_kernel_matmul_q8(impl, fmt, w, rows, cols, x, n, got) == 0, name, impl, cols, n, "call");
+        check(memcmp(got, ref, sizeof(float) * (size_t)rows * (size_t)n) == 0, name, impl, cols, n,
+              "not bit-identical to the scalar reference");
+        for (int t = 0; t < n; t += 3) {
+            ferry_kernel_matmul_q8(impl, fmt, w, rows, cols, x + (size_t)t * cols, 1, one);
+            check(memcmp(one, got + (size_t)t * rows, sizeof(float) * rows) == 0, name, impl, cols, n,
+                  "a token alone differs from the same token in a batch");
+        }
+    }
+    free(w), free(x), free(wf), free(ref), free(exact), free(got), free(one), free(xq);
+}
+
+static void test_quantizer(void) {
+    const int cols = 96;
+    float x[96];
+    random_x(x, cols, 1);
+    for (int i = 32; i < 64; i++) x[i] = 0.0f;
+    x[70] = NAN;
+    uint8_t buf[256];
+    fe_q8_quantize(x, cols, cols, 1, buf);
+    const int8_t *q = (const int8_t *)buf;
+    const float *d = (const float *)(buf + cols), *s = d + 3;
+    int ok = 1;
+    for (int b = 0; b < 3; b++) {
+        int sum = 0, top = 0;
+        for (int i = 32 * b; i < 32 * b + 32; i++) {
+            ok &= q[i] != -128;
+            sum += q[i];
+            top = abs(q[i]) > top ? abs(q[i]) : top;
+            if (i != 70) ok &= fabsf(x[i] - d[b] * (float)q[i]) <= 0.5001f * d[b];
+        }
+        ok &= s[b] == d[b] * (float)sum;
+        ok &= b == 1 ? (d[b] == 0.0f && top == 0) : top == 127;
+    }
+    ok &= q[70] == 0;
+    check(ok, "quantizer", 0, cols, 1, "invariants");
+    check(ferry_kernel_matmul_q8(FERRY_KERNELS_SCALAR, FE_F16, buf, 1, 32, x, 1, x) == -1, "f16", 0, 32, 1,
+          "a format without an integer kernel is refused");
+    check(ferry_q8_activations_supported(FE_Q4_K) && !ferry_q8_activations_supported(FE_Q3_NL), "supported", 0, 0, 0,
+          "the supported formats");
+}
+
+int main(void) {
+    for (int impl = 1; impl <= FERRY_KERNELS_NEON; impl++)
+        if (ferry_kernels_available(impl)) printf("testing %s q8 against scalar\n", ferry_kernels_name(impl));
+    test_quantizer();
+    for (size_t f = 0; f < sizeof FORMATS / sizeof FORMATS[0]; f++) {
+        const int fmt = FORMATS[f], k = fe_format_get(fmt)->block_elems;
+        const int sizes[] = {k, 2 * k, 5 * k, (k == 32 ? 29 : 3) * k, k == 32 ? 576 : 1536};
+        for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++)
+            for (int n = 1; n <= 11; n += (n < 6 ? 1 : 5))
+                test_format(fmt, sizes[s], n, (int)((s + (size_t)n) % 3));
+    }
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed != 0;
+}
