@@ -54,6 +54,10 @@ INL void acc_zero(acc2 *A) {
 }
 
 INL void acc_add(acc2 *A, const __m256 w[4], const float *xa, const float *xb, const int two) {
+    if (two == FE_STORE) { /* xa is the widened row (kernels.h) */
+        for (int k = 0; k < 4; k++) _mm256_storeu_ps((float *)xa + 8 * k, w[k]);
+        return;
+    }
     A->a0 = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(xa), A->a0);
     A->a1 = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xa + 8), A->a1);
     A->a2 = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xa + 16), A->a2);
@@ -67,12 +71,17 @@ INL void acc_add(acc2 *A, const __m256 w[4], const float *xa, const float *xb, c
 }
 
 INL void acc_done(const acc2 *A, float *ya, float *yb, const int two) {
+    if (two == FE_STORE) return;
     *ya = hsum8(_mm256_add_ps(_mm256_add_ps(A->a0, A->a1), _mm256_add_ps(A->a2, A->a3)));
     if (two) *yb = hsum8(_mm256_add_ps(_mm256_add_ps(A->b0, A->b1), _mm256_add_ps(A->b2, A->b3)));
 }
 
 /* A partial chunk of a plain-float row: values and x padded with zeros. */
 INL void acc_tail(acc2 *A, const float *wt, const float *xa, const float *xb, int m, const int two) {
+    if (two == FE_STORE) {
+        memcpy((float *)xa, wt, (size_t)m * 4);
+        return;
+    }
     float xpa[32] = {0}, xpb[32] = {0};
     memcpy(xpa, xa, (size_t)m * 4);
     if (two) memcpy(xpb, xb, (size_t)m * 4);
@@ -313,6 +322,41 @@ PAIR(q3_nl) {
 #undef Q3_CHUNK
     }
     acc_done(&A, ya, yb, two);
+}
+
+/* T tokens (x, x + xs, ...) against a row widened to f32: per token the
+ * operations of acc_add / acc_tail / acc_done on the same values, with the
+ * weight vector loaded once for the tile (12 accumulators for T = 3). */
+INL void tile_avx2(const float *w, int cols, const float *x, size_t xs, float *y, size_t ys, const int T) {
+    __m256 a[3][4];
+    for (int t = 0; t < T; t++)
+        for (int k = 0; k < 4; k++) a[t][k] = _mm256_setzero_ps();
+    int c = 0;
+    for (; c + 32 <= cols; c += 32)
+        for (int k = 0; k < 4; k++) {
+            __m256 wv = _mm256_loadu_ps(w + c + 8 * k);
+            for (int t = 0; t < T; t++)
+                a[t][k] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + (size_t)t * xs + c + 8 * k), a[t][k]);
+        }
+    if (c < cols) {
+        float wt[32] = {0};
+        memcpy(wt, w + c, (size_t)(cols - c) * 4);
+        for (int t = 0; t < T; t++) {
+            float xp[32] = {0};
+            memcpy(xp, x + (size_t)t * xs + c, (size_t)(cols - c) * 4);
+            for (int k = 0; k < 4; k++)
+                a[t][k] = _mm256_fmadd_ps(_mm256_loadu_ps(wt + 8 * k), _mm256_loadu_ps(xp + 8 * k), a[t][k]);
+        }
+    }
+    for (int t = 0; t < T; t++)
+        y[(size_t)t * ys] = hsum8(_mm256_add_ps(_mm256_add_ps(a[t][0], a[t][1]), _mm256_add_ps(a[t][2], a[t][3])));
+}
+
+TGT static void avx2_tiles(const float *w, int cols, const float *x, size_t xs, int n, float *y, size_t ys) {
+    int t = 0;
+    for (; t + 3 <= n; t += 3) tile_avx2(w, cols, x + (size_t)t * xs, xs, y + (size_t)t * ys, ys, 3);
+    if (n - t == 2) tile_avx2(w, cols, x + (size_t)t * xs, xs, y + (size_t)t * ys, ys, 2);
+    if (n - t == 1) tile_avx2(w, cols, x + (size_t)t * xs, xs, y + (size_t)t * ys, ys, 1);
 }
 
 /* Bit-identical to fe_dot_f32: lane l of the accumulator is its acc[l]
