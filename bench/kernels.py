@@ -22,7 +22,10 @@ and ns per 8 of FMA, vpermps, vpsrld, vpshufb alone and mixed).
 sources of <commit> and of the working tree are each built (cc -O3, the core's
 flags) into a shared library in a temporary folder, and every (format, n,
 threads) runs on both in interleaved rounds (old, new, old, new, ...; the best
-time of each), reporting weight GB/s and GFLOP/s of both and new/old.
+time of each), reporting weight GB/s and GFLOP/s of both and new/old, by the
+wall clock and by each thread's CPU time (the slowest thread's; on a shared
+machine the CPU time shows the kernel's own speed when other processes take
+turns on the cores, the wall clock what a user would see).
 """
 from __future__ import annotations
 
@@ -206,23 +209,31 @@ def compare(a, rng) -> list[dict]:
                     per = rows_all // t
                     y = np.zeros((t, n, per), dtype=np.float32)
                     outs = {}
+                    cpu = [0.0] * t
 
                     def work(i: int, L=None) -> None:
+                        c0 = time.thread_time()
                         L.ferry_kernel_matmul(impl, code, w[i * per * row_bytes:].ctypes.data, per, COLS,
                                               x.ctypes.data, n, y[i].ctypes.data)
+                        cpu[i] = time.thread_time() - c0
                     best = {"old": float("inf"), "new": float("inf")}
+                    best_cpu = dict(best)
                     for k in best:
                         run_threads(lambda i, L=libs[k]: work(i, L), t)  # warm up
                         outs[k] = y.copy()
                     for _ in range(a.rounds):
                         for k in best:
                             best[k] = min(best[k], run_threads(lambda i, L=libs[k]: work(i, L), t))
+                            best_cpu[k] = min(best_cpu[k], max(cpu))
                     wbytes = per * t * row_bytes
                     r = {"format": fmt, "n": n, "threads": t, "rows": per * t, "cols": COLS,
                          "weight_mb": round(wbytes / 2**20, 1)}
                     for k in best:
                         r[f"{k}_weight_gb_s"] = round(wbytes / best[k] / 1e9, 2)
                         r[f"{k}_gflop_s"] = round(2 * per * t * COLS * n / best[k] / 1e9, 2)
+                        r[f"{k}_weight_gb_s_cpu"] = round(wbytes / best_cpu[k] / 1e9, 2)
+                        r[f"{k}_gflop_s_cpu"] = round(2 * per * t * COLS * n / best_cpu[k] / 1e9, 2)
+                    r["new_over_old_cpu"] = round(best_cpu["old"] / best_cpu["new"], 3)
                     r["new_over_old"] = round(best["old"] / best["new"], 3)
                     d = np.abs(outs["new"] - outs["old"]).max()
                     r["max_abs_diff_new_old"] = float(d)

@@ -225,13 +225,16 @@ PAIR(q4_k) {
     for (int b = 0; b < cols / 256; b++) {
         const uint8_t *p = row + 144 * b, *q = p + 16;
         float d = f16_1(p), dmin = f16_1(p + 2);
-        const float *xa0 = xa + 256 * b, *xb0 = xb + 256 * b;
-        for (int j = 0; j < 8; j += 2, q += 32) {
+        float ds[8], ms[8]; /* broadcast from memory: loads, not shuffles */
+        for (int j = 0; j < 8; j++) {
             int sc, mn;
             fe_q4k_scale_min(j, p + 4, &sc, &mn);
-            __m256 d1 = _mm256_set1_ps(d * (float)sc), m1 = _mm256_set1_ps(-(dmin * (float)mn));
-            fe_q4k_scale_min(j + 1, p + 4, &sc, &mn);
-            __m256 d2 = _mm256_set1_ps(d * (float)sc), m2 = _mm256_set1_ps(-(dmin * (float)mn));
+            ds[j] = d * (float)sc, ms[j] = -(dmin * (float)mn);
+        }
+        const float *xa0 = xa + 256 * b, *xb0 = xb + 256 * b;
+        for (int j = 0; j < 8; j += 2, q += 32) {
+            __m256 d1 = _mm256_broadcast_ss(ds + j), m1 = _mm256_broadcast_ss(ms + j);
+            __m256 d2 = _mm256_broadcast_ss(ds + j + 1), m2 = _mm256_broadcast_ss(ms + j + 1);
             __m256i r[4] = {u8x8(q), u8x8(q + 8), u8x8(q + 16), u8x8(q + 24)};
             __m256 v[4];
             for (int k = 0; k < 4; k++) v[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(r[k], m15)), d1, m1);
