@@ -66,13 +66,14 @@ fe_rowdot_fn fe_kernel_for(const fe_kernels *k, int fmt);
  * Each format's <fmt>_pair(row, cols, xa, xb, ya, yb, mode) of the including
  * file decodes the row 32 values at a time and either fuses them into the dot
  * of one token (mode FE_ONE) or of two (FE_TWO), or stores them as floats at
- * xa (FE_STORE: the row widened to f32, `cols` values).
+ * xa (FE_STORE: the row widened to f32, `cols` values; only formats whose
+ * blocks are multiples of 32 values).
  * - FE_ROWDOT_PAIRS: tokens two at a time, fused, and the odd last one alone:
  *   best where decoding is cheap (plain floats, Q8_0, Q4_0, Q4_1, Q3_NL).
  * - FE_ROWDOT_TILED: one token (decode) fused; a batch widens the row once
  *   into `scratch` and runs the file's <prefix>_tiles(w, cols, x, xs, n, y, ys),
  *   a register-blocked loop over tiles of tokens: best where decoding costs
- *   more than the dot (the K-quants).
+ *   more than the dot (the K-quants; cols a multiple of 32).
  * Either way every token gets exactly the operations of the one-token fused
  * kernel (the same products in the same accumulators in the same order), so
  * a token's result is the same bits whatever n is. `attr` is the functions'

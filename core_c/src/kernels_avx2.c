@@ -78,10 +78,6 @@ INL void acc_done(const acc2 *A, float *ya, float *yb, const int two) {
 
 /* A partial chunk of a plain-float row: values and x padded with zeros. */
 INL void acc_tail(acc2 *A, const float *wt, const float *xa, const float *xb, int m, const int two) {
-    if (two == FE_STORE) {
-        memcpy((float *)xa, wt, (size_t)m * 4);
-        return;
-    }
     float xpa[32] = {0}, xpb[32] = {0};
     memcpy(xpa, xa, (size_t)m * 4);
     if (two) memcpy(xpb, xb, (size_t)m * 4);
@@ -366,30 +362,20 @@ PAIR(q3_nl) {
     acc_done(&A, ya, yb, two);
 }
 
-/* T tokens (x, x + xs, ...) against a row widened to f32: per token the
- * operations of acc_add / acc_tail / acc_done on the same values, with the
+/* T tokens (x, x + xs, ...) against a row widened to f32 (cols a multiple
+ * of 32: the tiled formats' blocks are 256): per token the operations of
+ * acc_add / acc_done on the same values, with the
  * weight vector loaded once for the tile (12 accumulators for T = 3). */
 INL void tile_avx2(const float *w, int cols, const float *x, size_t xs, float *y, size_t ys, const int T) {
     __m256 a[3][4];
     for (int t = 0; t < T; t++)
         for (int k = 0; k < 4; k++) a[t][k] = _mm256_setzero_ps();
-    int c = 0;
-    for (; c + 32 <= cols; c += 32)
+    for (int c = 0; c + 32 <= cols; c += 32)
         for (int k = 0; k < 4; k++) {
             __m256 wv = _mm256_loadu_ps(w + c + 8 * k);
             for (int t = 0; t < T; t++)
                 a[t][k] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + (size_t)t * xs + c + 8 * k), a[t][k]);
         }
-    if (c < cols) {
-        float wt[32] = {0};
-        memcpy(wt, w + c, (size_t)(cols - c) * 4);
-        for (int t = 0; t < T; t++) {
-            float xp[32] = {0};
-            memcpy(xp, x + (size_t)t * xs + c, (size_t)(cols - c) * 4);
-            for (int k = 0; k < 4; k++)
-                a[t][k] = _mm256_fmadd_ps(_mm256_loadu_ps(wt + 8 * k), _mm256_loadu_ps(xp + 8 * k), a[t][k]);
-        }
-    }
     for (int t = 0; t < T; t++)
         y[(size_t)t * ys] = hsum8(_mm256_add_ps(_mm256_add_ps(a[t][0], a[t][1]), _mm256_add_ps(a[t][2], a[t][3])));
 }

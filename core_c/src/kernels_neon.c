@@ -41,10 +41,6 @@ INL void acc_done(const acc2 *A, float *ya, float *yb, const int two) {
 }
 
 INL void acc_tail(acc2 *A, const float *wt, const float *xa, const float *xb, int m, const int two) {
-    if (two == FE_STORE) {
-        memcpy((float *)xa, wt, (size_t)m * 4);
-        return;
-    }
     float xpa[32] = {0}, xpb[32] = {0};
     memcpy(xpa, xa, (size_t)m * 4);
     if (two) memcpy(xpb, xb, (size_t)m * 4);
@@ -309,30 +305,20 @@ PAIR(q3_nl) {
     acc_done(&A, ya, yb, two);
 }
 
-/* T tokens (x, x + xs, ...) against a row widened to f32: per token the
- * operations of acc_add / acc_tail / acc_done on the same values, with each
+/* T tokens (x, x + xs, ...) against a row widened to f32 (cols a multiple
+ * of 32: the tiled formats' blocks are 256): per token the operations of
+ * acc_add / acc_done on the same values, with each
  * weight vector loaded once for the tile (16 accumulators for T = 4). */
 INL void tile_neon(const float *w, int cols, const float *x, size_t xs, float *y, size_t ys, const int T) {
     float32x4_t a[4][4];
     for (int t = 0; t < T; t++)
         for (int k = 0; k < 4; k++) a[t][k] = vdupq_n_f32(0.0f);
-    int c = 0;
-    for (; c + 32 <= cols; c += 32)
+    for (int c = 0; c + 32 <= cols; c += 32)
         for (int j = 0; j < 8; j++) {
             float32x4_t wv = vld1q_f32(w + c + 4 * j);
             for (int t = 0; t < T; t++)
                 a[t][j & 3] = vfmaq_f32(a[t][j & 3], wv, vld1q_f32(x + (size_t)t * xs + c + 4 * j));
         }
-    if (c < cols) {
-        float wt[32] = {0};
-        memcpy(wt, w + c, (size_t)(cols - c) * 4);
-        for (int t = 0; t < T; t++) {
-            float xp[32] = {0};
-            memcpy(xp, x + (size_t)t * xs + c, (size_t)(cols - c) * 4);
-            for (int j = 0; j < 8; j++)
-                a[t][j & 3] = vfmaq_f32(a[t][j & 3], vld1q_f32(wt + 4 * j), vld1q_f32(xp + 4 * j));
-        }
-    }
     for (int t = 0; t < T; t++)
         y[(size_t)t * ys] = hsum4(vaddq_f32(vaddq_f32(a[t][0], a[t][1]), vaddq_f32(a[t][2], a[t][3])));
 }
