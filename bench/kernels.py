@@ -1,6 +1,7 @@
 """Matrix-vector and small-batch kernel speed against memory bandwidth.
 
     python bench/kernels.py [--mb 96] [--batch 1 8 32] [--threads 1 2] [--impl scalar avx2] [--int8-experiment] --json
+    python bench/kernels.py --baseline <commit> [--formats q4_k q8_0] [--batch 1 4 64] [--rounds 3] --json
 
 Measures, in one run: single-core and all-core memory read bandwidth
 (ferry_memory_read over a 256 MB buffer per thread, far larger than the L3, as
@@ -16,6 +17,15 @@ against half of one core's single-stream and best read. --int8-experiment adds
 bench/q3_int8.c's figures (an int8-activation q3_nl kernel that is not product
 code: speed against the f32 AVX2 kernel in the same process, and accuracy;
 and ns per 8 of FMA, vpermps, vpsrld, vpshufb alone and mixed).
+
+--baseline <commit> compares kernels old against new instead: the kernel
+sources of <commit> and of the working tree are each built (cc -O3, the core's
+flags) into a shared library in a temporary folder, and every (format, n,
+threads) runs on both in interleaved rounds (old, new, old, new, ...; the best
+time of each), reporting weight GB/s and GFLOP/s of both and new/old, by the
+wall clock and by each thread's CPU time (the slowest thread's; on a shared
+machine the CPU time shows the kernel's own speed when other processes take
+turns on the cores, the wall clock what a user would see).
 """
 from __future__ import annotations
 
@@ -38,11 +48,11 @@ from app.convert import quant  # noqa: E402
 from app.engine._ferry_c import ffi, lib  # noqa: E402
 from app.get.speed import run_threads  # noqa: E402
 
-FORMATS = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q4_k", "q6_k", "q3_nl"]
+FORMATS = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q4_k", "q5_k", "q6_k", "q3_nl"]
 COLS = 3584
 #: (block elems, block bytes, byte offsets of f16 scale fields) per format
 BLOCKS = {"f32": (1, 4, []), "f16": (1, 2, []), "bf16": (1, 2, []), "q8_0": (32, 34, [0]), "q4_0": (32, 18, [0]),
-          "q4_1": (32, 20, [0, 2]), "q4_k": (256, 144, [0, 2]), "q6_k": (256, 210, [208]), "q3_nl": (256, 99, [])}
+          "q4_1": (32, 20, [0, 2]), "q4_k": (256, 144, [0, 2]), "q5_k": (256, 176, [0, 2]), "q6_k": (256, 210, [208]), "q3_nl": (256, 99, [])}
 
 
 def random_matrix(fmt: str, rows: int, rng) -> np.ndarray:
@@ -146,6 +156,93 @@ def bench_kernel(impl: int, fmt: str, n: int, threads: int, mb: float, rng, cach
             "bits_per_weight": round(8 * row_bytes / COLS, 4)}
 
 
+KERNEL_FILES = ("include/ferry_kernels.h", "src/formats.h", "src/formats.c", "src/kernels.h", "src/kernels.c",
+                "src/kernels_avx2.c", "src/kernels_neon.c", "src/quant3.c", "src/quant_blocks.c", "src/common.h")
+
+
+def build_kernels(rev: str | None, folder: Path):
+    """ferry_kernel_matmul of revision `rev` (None: the working tree), built alone into a shared library."""
+    import ctypes
+    root = Path(__file__).resolve().parents[1]
+    (folder / "include").mkdir(parents=True, exist_ok=True)
+    (folder / "src").mkdir(exist_ok=True)
+    srcs = []
+    for f in KERNEL_FILES:
+        if rev is None:
+            if not (root / "core_c" / f).exists():
+                continue
+            text = (root / "core_c" / f).read_text()
+        else:
+            r = subprocess.run(["git", "-C", str(root), "show", f"{rev}:core_c/{f}"], capture_output=True, text=True)
+            if r.returncode != 0:
+                continue
+            text = r.stdout
+        (folder / f).write_text(text)
+        if f.endswith(".c"):
+            srcs.append(str(folder / f))
+    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang") or "cc"
+    so = folder / "kernels.so"
+    subprocess.run([cc, "-std=c11", "-O3", "-pthread", "-ffp-contract=off", "-shared", "-fPIC", "-I",
+                    str(folder / "include"), *srcs, "-o", str(so), "-lm"], check=True, capture_output=True, text=True)
+    lib_ = ctypes.CDLL(str(so))
+    vp, ci = ctypes.c_void_p, ctypes.c_int
+    lib_.ferry_kernel_matmul.argtypes = [ci, ci, vp, ci, ci, vp, ci, vp]
+    lib_.ferry_kernel_matmul.restype = ci
+    return lib_
+
+
+def compare(a, rng) -> list[dict]:
+    """Old (a.baseline) against new (the working tree) kernels, interleaved rounds, best time of each."""
+    res = []
+    impl = lib.FERRY_KERNELS_AVX2 if lib.ferry_kernels_available(lib.FERRY_KERNELS_AVX2) else lib.ferry_kernels_best()
+    with tempfile.TemporaryDirectory() as tmp:
+        libs = {"old": build_kernels(a.baseline, Path(tmp) / "old"), "new": build_kernels(None, Path(tmp) / "new")}
+        for fmt in a.formats:
+            code = lib.ferry_format_code(fmt.encode())
+            row_bytes = lib.ferry_format_row_bytes(code, COLS)
+            for n in a.batch:
+                mb = a.mb if n == 1 else a.mb / 8
+                rows_all = int(mb * 2**20 // row_bytes) // 16 * 16
+                w = random_matrix(fmt, rows_all, rng)
+                x = rng.standard_normal((n, COLS)).astype(np.float32)
+                for t in a.threads:
+                    per = rows_all // t
+                    y = np.zeros((t, n, per), dtype=np.float32)
+                    outs = {}
+                    cpu = [0.0] * t
+
+                    def work(i: int, L=None) -> None:
+                        c0 = time.thread_time()
+                        L.ferry_kernel_matmul(impl, code, w[i * per * row_bytes:].ctypes.data, per, COLS,
+                                              x.ctypes.data, n, y[i].ctypes.data)
+                        cpu[i] = time.thread_time() - c0
+                    best = {"old": float("inf"), "new": float("inf")}
+                    best_cpu = dict(best)
+                    for k in best:
+                        run_threads(lambda i, L=libs[k]: work(i, L), t)  # warm up
+                        outs[k] = y.copy()
+                    for _ in range(a.rounds):
+                        for k in best:
+                            best[k] = min(best[k], run_threads(lambda i, L=libs[k]: work(i, L), t))
+                            best_cpu[k] = min(best_cpu[k], max(cpu))
+                    wbytes = per * t * row_bytes
+                    r = {"format": fmt, "n": n, "threads": t, "rows": per * t, "cols": COLS,
+                         "weight_mb": round(wbytes / 2**20, 1)}
+                    for k in best:
+                        r[f"{k}_weight_gb_s"] = round(wbytes / best[k] / 1e9, 2)
+                        r[f"{k}_gflop_s"] = round(2 * per * t * COLS * n / best[k] / 1e9, 2)
+                        r[f"{k}_weight_gb_s_cpu"] = round(wbytes / best_cpu[k] / 1e9, 2)
+                        r[f"{k}_gflop_s_cpu"] = round(2 * per * t * COLS * n / best_cpu[k] / 1e9, 2)
+                    r["new_over_old_cpu"] = round(best_cpu["old"] / best_cpu["new"], 3)
+                    r["new_over_old"] = round(best["old"] / best["new"], 3)
+                    d = np.abs(outs["new"] - outs["old"]).max()
+                    r["max_abs_diff_new_old"] = float(d)
+                    res.append(r)
+                    if not a.json:
+                        print(r, flush=True)
+    return res
+
+
 def int8_experiment(mb: float) -> list[dict]:
     """bench/q3_int8.c (an experiment, not product code): an int8-activation q3_nl kernel against the f32
     AVX2 kernel, for activation scales per 32 and per 64 values, and the instruction-mix timings that bound
@@ -178,6 +275,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--int8-experiment", action="store_true",
                     help="also build and run bench/q3_int8.c (int8-activation q3_nl kernel, x86-64 AVX2 only)")
+    ap.add_argument("--baseline", default=None, help="compare the kernels of this commit (old) with the working tree")
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds per case with --baseline")
     a = ap.parse_args(argv)
     names = {ffi.string(lib.ferry_kernels_name(i)).decode(): i for i in range(3)}
     impls = [names[i] for i in a.impl] if a.impl else [i for i in range(3) if lib.ferry_kernels_available(i)]
@@ -191,6 +290,12 @@ def main(argv=None) -> int:
            "best_kernels": ffi.string(lib.ferry_kernels_name(lib.ferry_kernels_best())).decode(),
            "memory_read_gb_s": {}, "kernels": []}
     memory_read(a.threads, out, "")
+    if a.baseline:
+        out["load_before"] = os.getloadavg()
+        out["baseline"] = a.baseline
+        out["compare"] = compare(a, rng)
+        out["load_after"] = os.getloadavg()
+        a.formats = []
     cache: dict = {}
     for fmt in a.formats:
         for impl in impls:

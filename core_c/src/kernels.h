@@ -62,11 +62,23 @@ fe_rowdot_fn fe_kernel_for(const fe_kernels *k, int fmt);
         dot_##prefix, axpy_##prefix,                                                                       \
     }
 
-/* The batch driver of a SIMD set: rowdot_<prefix>_<fmt> (an fe_rowdot_fn)
- * runs the including file's <fmt>_pair(row, cols, xa, xb, ya, yb, two) on
- * tokens two at a time and the odd last one alone (two = 0), so a token's
- * arithmetic is the same whatever n is. `attr` is the functions' attribute
- * (a target, or nothing). */
+/* The batch drivers of a SIMD set, rowdot_<prefix>_<fmt> (fe_rowdot_fn).
+ * Each format's <fmt>_pair(row, cols, xa, xb, ya, yb, mode) of the including
+ * file decodes the row 32 values at a time and either fuses them into the dot
+ * of one token (mode FE_ONE) or of two (FE_TWO), or stores them as floats at
+ * xa (FE_STORE: the row widened to f32, `cols` values; only formats whose
+ * blocks are multiples of 32 values).
+ * - FE_ROWDOT_PAIRS: tokens two at a time, fused, and the odd last one alone:
+ *   best where decoding is cheap (plain floats, Q8_0, Q4_0, Q4_1, Q3_NL).
+ * - FE_ROWDOT_TILED: one token (decode) fused; a batch widens the row once
+ *   into `scratch` and runs the file's <prefix>_tiles(w, cols, x, xs, n, y, ys),
+ *   a register-blocked loop over tiles of tokens: best where decoding costs
+ *   more than the dot (the K-quants; cols a multiple of 32).
+ * Either way every token gets exactly the operations of the one-token fused
+ * kernel (the same products in the same accumulators in the same order), so
+ * a token's result is the same bits whatever n is. `attr` is the functions'
+ * attribute (a target, or nothing). */
+enum { FE_ONE = 0, FE_TWO = 1, FE_STORE = 2 };
 #define FE_ROWDOT_PAIRS(prefix, attr, fmt)                                                                 \
     attr static void rowdot_##prefix##_##fmt(const uint8_t *row, int cols, const float *x, size_t xs, int n, \
                                              float *y, size_t ys, float *scratch) {                        \
@@ -74,14 +86,24 @@ fe_rowdot_fn fe_kernel_for(const fe_kernels *k, int fmt);
         int t = 0;                                                                                         \
         for (; t + 2 <= n; t += 2)                                                                         \
             fmt##_pair(row, cols, x + (size_t)t * xs, x + (size_t)(t + 1) * xs, y + (size_t)t * ys,        \
-                       y + (size_t)(t + 1) * ys, 1);                                                       \
+                       y + (size_t)(t + 1) * ys, FE_TWO);                                                  \
         if (t < n)                                                                                         \
             fmt##_pair(row, cols, x + (size_t)t * xs, x + (size_t)t * xs, y + (size_t)t * ys,              \
-                       y + (size_t)t * ys, 0);                                                             \
+                       y + (size_t)t * ys, FE_ONE);                                                        \
+    }
+#define FE_ROWDOT_TILED(prefix, attr, fmt)                                                                 \
+    attr static void rowdot_##prefix##_##fmt(const uint8_t *row, int cols, const float *x, size_t xs, int n, \
+                                             float *y, size_t ys, float *scratch) {                        \
+        if (n == 1) {                                                                                      \
+            fmt##_pair(row, cols, x, x, y, y, FE_ONE);                                                     \
+        } else if (n > 1) {                                                                                \
+            fmt##_pair(row, cols, scratch, scratch, NULL, NULL, FE_STORE);                                 \
+            prefix##_tiles(scratch, cols, x, xs, n, y, ys);                                                \
+        }                                                                                                  \
     }
 
 /* A whole SIMD set: a driver per format over the file's <fmt>_pair
- * functions, and its table. */
+ * functions and its <prefix>_tiles, and its table. */
 #define FE_SIMD_KERNELS(table, prefix, attr)                                                               \
     FE_ROWDOT_PAIRS(prefix, attr, f32)                                                                     \
     FE_ROWDOT_PAIRS(prefix, attr, f16)                                                                     \
@@ -89,9 +111,9 @@ fe_rowdot_fn fe_kernel_for(const fe_kernels *k, int fmt);
     FE_ROWDOT_PAIRS(prefix, attr, q8_0)                                                                    \
     FE_ROWDOT_PAIRS(prefix, attr, q4_0)                                                                    \
     FE_ROWDOT_PAIRS(prefix, attr, q4_1)                                                                    \
-    FE_ROWDOT_PAIRS(prefix, attr, q4_k)                                                                    \
-    FE_ROWDOT_PAIRS(prefix, attr, q5_k)                                                                    \
-    FE_ROWDOT_PAIRS(prefix, attr, q6_k)                                                                    \
+    FE_ROWDOT_TILED(prefix, attr, q4_k)                                                                    \
+    FE_ROWDOT_TILED(prefix, attr, q5_k)                                                                    \
+    FE_ROWDOT_TILED(prefix, attr, q6_k)                                                                    \
     FE_ROWDOT_PAIRS(prefix, attr, q3_nl)                                                                   \
     FE_KERNEL_TABLE(table, prefix)
 

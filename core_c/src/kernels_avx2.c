@@ -54,6 +54,10 @@ INL void acc_zero(acc2 *A) {
 }
 
 INL void acc_add(acc2 *A, const __m256 w[4], const float *xa, const float *xb, const int two) {
+    if (two == FE_STORE) { /* xa is the widened row (kernels.h) */
+        for (int k = 0; k < 4; k++) _mm256_storeu_ps((float *)xa + 8 * k, w[k]);
+        return;
+    }
     A->a0 = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(xa), A->a0);
     A->a1 = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xa + 8), A->a1);
     A->a2 = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xa + 16), A->a2);
@@ -67,6 +71,7 @@ INL void acc_add(acc2 *A, const __m256 w[4], const float *xa, const float *xb, c
 }
 
 INL void acc_done(const acc2 *A, float *ya, float *yb, const int two) {
+    if (two == FE_STORE) return;
     *ya = hsum8(_mm256_add_ps(_mm256_add_ps(A->a0, A->a1), _mm256_add_ps(A->a2, A->a3)));
     if (two) *yb = hsum8(_mm256_add_ps(_mm256_add_ps(A->b0, A->b1), _mm256_add_ps(A->b2, A->b3)));
 }
@@ -198,71 +203,113 @@ PAIR(q4_1) {
     acc_done(&A, ya, yb, two);
 }
 
-/* Q4_K, and Q5_K (five = 1): Q4_K's nibbles plus a fifth bit from qh, bit
- * j of qh[l] for value 32j + l of the block. */
-INL void k45_pair(const uint8_t *row, int cols, const float *xa, const float *xb, float *ya, float *yb,
-                  const int two, const int five) {
+/* 32 bytes (signed, or unsigned when `uns`) widened to four vectors of 8
+ * floats: bytes 0-7, 8-15, 16-23, 24-31. */
+INL void bytes_f32(__m256i q, __m256 out[4], const int uns) {
+    __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+    __m128i part[4] = {lo, _mm_unpackhi_epi64(lo, lo), hi, _mm_unpackhi_epi64(hi, hi)};
+    for (int k = 0; k < 4; k++)
+        out[k] = _mm256_cvtepi32_ps(uns ? _mm256_cvtepu8_epi32(part[k]) : _mm256_cvtepi8_epi32(part[k]));
+}
+
+/* Q4_K: sub-blocks j, j+1 of a block are the low and high nibbles of the
+ * same 32 bytes; w = q * d * sc_j - dmin * m_j. */
+PAIR(q4_k) {
     acc2 A;
     acc_zero(&A);
-    const __m256i m15 = _mm256_set1_epi32(15), one = _mm256_set1_epi32(1);
-    const int bb = five ? 176 : 144;
+    const __m256i m15 = _mm256_set1_epi32(15);
     for (int b = 0; b < cols / 256; b++) {
-        const uint8_t *p = row + bb * b;
+        const uint8_t *p = row + 144 * b, *q = p + 16;
         float d = f16_1(p), dmin = f16_1(p + 2);
-        const uint8_t *qh = p + 16, *q = p + (five ? 48 : 16);
-        const float *xa0 = xa + 256 * b, *xb0 = xb + 256 * b;
-        __m256i h[4] = {m15, m15, m15, m15};
-        if (five) h[0] = u8x8(qh), h[1] = u8x8(qh + 8), h[2] = u8x8(qh + 16), h[3] = u8x8(qh + 24);
-        for (int j = 0; j < 8; j += 2, q += 32) {
+        float ds[8], ms[8]; /* broadcast from memory: loads, not shuffles */
+        for (int j = 0; j < 8; j++) {
             int sc, mn;
             fe_q4k_scale_min(j, p + 4, &sc, &mn);
-            __m256 d1 = _mm256_set1_ps(d * (float)sc), m1 = _mm256_set1_ps(-(dmin * (float)mn));
-            fe_q4k_scale_min(j + 1, p + 4, &sc, &mn);
-            __m256 d2 = _mm256_set1_ps(d * (float)sc), m2 = _mm256_set1_ps(-(dmin * (float)mn));
-            const __m128i s1 = _mm_cvtsi32_si128(j), s2 = _mm_cvtsi32_si128(j + 1);
+            ds[j] = d * (float)sc, ms[j] = -(dmin * (float)mn);
+        }
+        const float *xa0 = xa + 256 * b, *xb0 = xb + 256 * b;
+        for (int j = 0; j < 8; j += 2, q += 32) {
+            __m256 d1 = _mm256_broadcast_ss(ds + j), m1 = _mm256_broadcast_ss(ms + j);
+            __m256 d2 = _mm256_broadcast_ss(ds + j + 1), m2 = _mm256_broadcast_ss(ms + j + 1);
             __m256i r[4] = {u8x8(q), u8x8(q + 8), u8x8(q + 16), u8x8(q + 24)};
             __m256 v[4];
-            for (int k = 0; k < 4; k++) {
-                __m256i lo = _mm256_and_si256(r[k], m15);
-                if (five) lo = _mm256_or_si256(lo, _mm256_slli_epi32(_mm256_and_si256(_mm256_srl_epi32(h[k], s1), one), 4));
-                v[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), d1, m1);
-            }
+            for (int k = 0; k < 4; k++) v[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(r[k], m15)), d1, m1);
             acc_add(&A, v, xa0 + 32 * j, xb0 + 32 * j, two);
-            for (int k = 0; k < 4; k++) {
-                __m256i hi = _mm256_srli_epi32(r[k], 4);
-                if (five) hi = _mm256_or_si256(hi, _mm256_slli_epi32(_mm256_and_si256(_mm256_srl_epi32(h[k], s2), one), 4));
-                v[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), d2, m2);
-            }
+            for (int k = 0; k < 4; k++) v[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(r[k], 4)), d2, m2);
             acc_add(&A, v, xa0 + 32 * j + 32, xb0 + 32 * j + 32, two);
         }
     }
     acc_done(&A, ya, yb, two);
 }
 
-PAIR(q4_k) { k45_pair(row, cols, xa, xb, ya, yb, two, 0); }
-PAIR(q5_k) { k45_pair(row, cols, xa, xb, ya, yb, two, 1); }
+/* Q5_K: Q4_K's nibbles plus a fifth bit, bit j of qh[l] for value 32j + l of
+ * the block, put in place bytewise (a compare against the bit) for all 32
+ * values of a sub-block at once. */
+PAIR(q5_k) {
+    acc2 A;
+    acc_zero(&A);
+    const __m256i m15 = _mm256_set1_epi8(15), m16 = _mm256_set1_epi8(16);
+    for (int b = 0; b < cols / 256; b++) {
+        const uint8_t *p = row + 176 * b, *q = p + 48;
+        float d = f16_1(p), dmin = f16_1(p + 2);
+        const __m256i h = _mm256_loadu_si256((const __m256i *)(p + 16));
+        const float *xa0 = xa + 256 * b, *xb0 = xb + 256 * b;
+        for (int j = 0; j < 8; j += 2, q += 32) {
+            int sc, mn;
+            fe_q4k_scale_min(j, p + 4, &sc, &mn);
+            __m256 d1 = _mm256_set1_ps(d * (float)sc), m1 = _mm256_set1_ps(-(dmin * (float)mn));
+            fe_q4k_scale_min(j + 1, p + 4, &sc, &mn);
+            __m256 d2 = _mm256_set1_ps(d * (float)sc), m2 = _mm256_set1_ps(-(dmin * (float)mn));
+            const __m256i b1 = _mm256_set1_epi8((char)(1 << j)), b2 = _mm256_set1_epi8((char)(2 << j));
+            const __m256i r = _mm256_loadu_si256((const __m256i *)q);
+            __m256i lo = _mm256_or_si256(_mm256_and_si256(r, m15),
+                                         _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(h, b1), b1), m16));
+            __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(r, 4), m15),
+                                         _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(h, b2), b2), m16));
+            __m256 v[4];
+            bytes_f32(lo, v, 1);
+            for (int k = 0; k < 4; k++) v[k] = _mm256_fmadd_ps(v[k], d1, m1);
+            acc_add(&A, v, xa0 + 32 * j, xb0 + 32 * j, two);
+            bytes_f32(hi, v, 1);
+            for (int k = 0; k < 4; k++) v[k] = _mm256_fmadd_ps(v[k], d2, m2);
+            acc_add(&A, v, xa0 + 32 * j + 32, xb0 + 32 * j + 32, two);
+        }
+    }
+    acc_done(&A, ya, yb, two);
+}
 
+
+
+/* Per half block (128 values): 64 bytes of low nibbles ql and 32 of high
+ * bit pairs qh; value 32c + l (c < 4, l < 32) is nibble (c >> 1) of
+ * ql[32 (c & 1) + l] with bits 2c, 2c+1 of qh[l] above it, minus 32, times
+ * d * sc[2c + l / 16]. The 6-bit values of 32 values are built bytewise in
+ * one register, then widened. */
 PAIR(q6_k) {
     acc2 A;
     acc_zero(&A);
-    const __m256i m15 = _mm256_set1_epi32(15), m3 = _mm256_set1_epi32(3), k32 = _mm256_set1_epi32(32);
+    const __m256i m15 = _mm256_set1_epi8(15), m48 = _mm256_set1_epi8(48), k32 = _mm256_set1_epi8(32);
     for (int b = 0; b < cols / 256; b++) {
         const uint8_t *p = row + 210 * b;
         float d = f16_1(p + 208);
         for (int half = 0; half < 2; half++) {
             const uint8_t *ql = p + 64 * half, *qh = p + 128 + 32 * half;
             const int8_t *sc = (const int8_t *)(p + 192 + 8 * half);
-            int base = 256 * b + 128 * half;
-            for (int c = 0; c < 4; c++) { /* values base + 32c + l, l < 32 */
-                const uint8_t *lq = ql + (c & 1) * 32;
-                int lshift = (c >> 1) * 4, hshift = 2 * c;
+            const int base = 256 * b + 128 * half;
+            const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql), l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+            const __m256i h = _mm256_loadu_si256((const __m256i *)qh);
+            __m256i q[4];
+            q[0] = _mm256_or_si256(_mm256_and_si256(l0, m15), _mm256_and_si256(_mm256_slli_epi16(h, 4), m48));
+            q[1] = _mm256_or_si256(_mm256_and_si256(l1, m15), _mm256_and_si256(_mm256_slli_epi16(h, 2), m48));
+            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m15), _mm256_and_si256(h, m48));
+            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m15),
+                                   _mm256_and_si256(_mm256_srli_epi16(h, 2), m48));
+            for (int c = 0; c < 4; c++) {
                 __m256 v[4];
-                for (int k = 0; k < 4; k++) {
-                    __m256i lo = _mm256_and_si256(_mm256_srli_epi32(u8x8(lq + 8 * k), lshift), m15);
-                    __m256i hi = _mm256_and_si256(_mm256_srli_epi32(u8x8(qh + 8 * k), hshift), m3);
-                    __m256i q = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), k32);
-                    v[k] = _mm256_mul_ps(_mm256_set1_ps(d * (float)sc[2 * c + (k >> 1)]), _mm256_cvtepi32_ps(q));
-                }
+                bytes_f32(_mm256_sub_epi8(q[c], k32), v, 0);
+                const __m256 s0 = _mm256_set1_ps(d * (float)sc[2 * c]), s1 = _mm256_set1_ps(d * (float)sc[2 * c + 1]);
+                v[0] = _mm256_mul_ps(s0, v[0]), v[1] = _mm256_mul_ps(s0, v[1]);
+                v[2] = _mm256_mul_ps(s1, v[2]), v[3] = _mm256_mul_ps(s1, v[3]);
                 acc_add(&A, v, xa + base + 32 * c, xb + base + 32 * c, two);
             }
         }
@@ -313,6 +360,31 @@ PAIR(q3_nl) {
 #undef Q3_CHUNK
     }
     acc_done(&A, ya, yb, two);
+}
+
+/* T tokens (x, x + xs, ...) against a row widened to f32 (cols a multiple
+ * of 32: the tiled formats' blocks are 256): per token the operations of
+ * acc_add / acc_done on the same values, with the
+ * weight vector loaded once for the tile (12 accumulators for T = 3). */
+INL void tile_avx2(const float *w, int cols, const float *x, size_t xs, float *y, size_t ys, const int T) {
+    __m256 a[3][4];
+    for (int t = 0; t < T; t++)
+        for (int k = 0; k < 4; k++) a[t][k] = _mm256_setzero_ps();
+    for (int c = 0; c + 32 <= cols; c += 32)
+        for (int k = 0; k < 4; k++) {
+            __m256 wv = _mm256_loadu_ps(w + c + 8 * k);
+            for (int t = 0; t < T; t++)
+                a[t][k] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + (size_t)t * xs + c + 8 * k), a[t][k]);
+        }
+    for (int t = 0; t < T; t++)
+        y[(size_t)t * ys] = hsum8(_mm256_add_ps(_mm256_add_ps(a[t][0], a[t][1]), _mm256_add_ps(a[t][2], a[t][3])));
+}
+
+TGT static void avx2_tiles(const float *w, int cols, const float *x, size_t xs, int n, float *y, size_t ys) {
+    int t = 0;
+    for (; t + 3 <= n; t += 3) tile_avx2(w, cols, x + (size_t)t * xs, xs, y + (size_t)t * ys, ys, 3);
+    if (n - t == 2) tile_avx2(w, cols, x + (size_t)t * xs, xs, y + (size_t)t * ys, ys, 2);
+    if (n - t == 1) tile_avx2(w, cols, x + (size_t)t * xs, xs, y + (size_t)t * ys, ys, 1);
 }
 
 /* Bit-identical to fe_dot_f32: lane l of the accumulator is its acc[l]

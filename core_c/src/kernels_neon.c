@@ -20,6 +20,10 @@ INL void acc_zero(acc2 *A) {
 }
 
 INL void acc_add(acc2 *A, const float32x4_t w[8], const float *xa, const float *xb, const int two) {
+    if (two == FE_STORE) { /* xa is the widened row (kernels.h) */
+        for (int j = 0; j < 8; j++) vst1q_f32((float *)xa + 4 * j, w[j]);
+        return;
+    }
     for (int j = 0; j < 8; j++) A->a[j & 3] = vfmaq_f32(A->a[j & 3], w[j], vld1q_f32(xa + 4 * j));
     if (two)
         for (int j = 0; j < 8; j++) A->b[j & 3] = vfmaq_f32(A->b[j & 3], w[j], vld1q_f32(xb + 4 * j));
@@ -31,6 +35,7 @@ INL float hsum4(float32x4_t v) {
 }
 
 INL void acc_done(const acc2 *A, float *ya, float *yb, const int two) {
+    if (two == FE_STORE) return;
     *ya = hsum4(vaddq_f32(vaddq_f32(A->a[0], A->a[1]), vaddq_f32(A->a[2], A->a[3])));
     if (two) *yb = hsum4(vaddq_f32(vaddq_f32(A->b[0], A->b[1]), vaddq_f32(A->b[2], A->b[3])));
 }
@@ -298,6 +303,32 @@ PAIR(q3_nl) {
         }
     }
     acc_done(&A, ya, yb, two);
+}
+
+/* T tokens (x, x + xs, ...) against a row widened to f32 (cols a multiple
+ * of 32: the tiled formats' blocks are 256): per token the operations of
+ * acc_add / acc_done on the same values, with each
+ * weight vector loaded once for the tile (16 accumulators for T = 4). */
+INL void tile_neon(const float *w, int cols, const float *x, size_t xs, float *y, size_t ys, const int T) {
+    float32x4_t a[4][4];
+    for (int t = 0; t < T; t++)
+        for (int k = 0; k < 4; k++) a[t][k] = vdupq_n_f32(0.0f);
+    for (int c = 0; c + 32 <= cols; c += 32)
+        for (int j = 0; j < 8; j++) {
+            float32x4_t wv = vld1q_f32(w + c + 4 * j);
+            for (int t = 0; t < T; t++)
+                a[t][j & 3] = vfmaq_f32(a[t][j & 3], wv, vld1q_f32(x + (size_t)t * xs + c + 4 * j));
+        }
+    for (int t = 0; t < T; t++)
+        y[(size_t)t * ys] = hsum4(vaddq_f32(vaddq_f32(a[t][0], a[t][1]), vaddq_f32(a[t][2], a[t][3])));
+}
+
+static void neon_tiles(const float *w, int cols, const float *x, size_t xs, int n, float *y, size_t ys) {
+    int t = 0;
+    for (; t + 4 <= n; t += 4) tile_neon(w, cols, x + (size_t)t * xs, xs, y + (size_t)t * ys, ys, 4);
+    if (n - t == 3) tile_neon(w, cols, x + (size_t)t * xs, xs, y + (size_t)t * ys, ys, 3);
+    if (n - t == 2) tile_neon(w, cols, x + (size_t)t * xs, xs, y + (size_t)t * ys, ys, 2);
+    if (n - t == 1) tile_neon(w, cols, x + (size_t)t * xs, xs, y + (size_t)t * ys, ys, 1);
 }
 
 /* Bit-identical to fe_dot_f32: lanes 0-3 and 4-7 of its eight accumulators

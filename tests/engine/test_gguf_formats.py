@@ -141,3 +141,22 @@ def test_every_gguf_block_format_is_read_exactly(gguf_model, tmp_path):
     errors["logits"] = rel_l2(logits, res.logits[0].numpy())
     print("GGUF block formats vs transformers:", {k: f"{v:.1e}" for k, v in errors.items()})
     assert max(errors.values()) < 1e-5, errors
+
+
+def test_every_block_format_batch_equals_single_steps(gguf_model, tmp_path):
+    """Prefill runs the batched kernels (token pairs, or tiles of tokens over a row widened once for the
+    K-quants): a prompt read at once, in chunks of 7, token by token and on one thread gives the same bits."""
+    from app.engine.binding import Engine
+
+    path, _ = gguf_model
+    out = convert(path, tmp_path / "g.ferry")
+    tokens = [int(t) for t in np.random.default_rng(5).integers(0, VOCAB, 20)]
+    with Engine(out, threads=2) as engine:
+        batch = engine.session(32).eval(tokens, all_logits=True)
+        s = engine.session(32)
+        chunks = np.concatenate([s.eval(tokens[i:i + 7], all_logits=True) for i in range(0, len(tokens), 7)])
+        s = engine.session(32)
+        steps = np.stack([s.eval([t]) for t in tokens])
+    with Engine(out, threads=1) as engine:
+        one_thread = engine.session(32).eval(tokens, all_logits=True)
+    assert np.array_equal(batch, steps) and np.array_equal(batch, chunks) and np.array_equal(batch, one_thread)
