@@ -239,8 +239,8 @@ class Engine:
         """The lookahead gate [n_layers, top_k]: per layer and rank of the
         lookahead's prediction, the running share of its predictions not in
         RAM that the real router then chose. A prediction is read only while
-        this is at least 0.5 (it starts at 0.5, open until a miss; layers the
-        lookahead never predicts keep that)."""
+        this is at least 0.5 (it starts at 0.4, closed until right twice
+        running; layers the lookahead never predicts keep that)."""
         n = self.info.n_layers * self.info.top_k
         out = np.zeros(n, dtype=np.float32)
         err = ffi.new("ferry_error *")

@@ -238,7 +238,7 @@ ferry_status ferry_engine_usage(const ferry_engine *engine, uint32_t *counts, si
 /* The lookahead gate: for each layer and rank of the lookahead's prediction,
  * the running share of its predictions not in RAM that the real router then
  * chose; a prediction is read only while this is at least 0.5 (it starts
- * at 0.5: open until a miss). n must be n_layers * top_k; precision is filled
+ * at 0.4: closed until right twice running). n must be n_layers * top_k; precision is filled
  * layer by layer. Shared by the engine's sessions (like the cache). */
 ferry_status ferry_engine_lookahead_gate(const ferry_engine *engine, float *precision, size_t n, ferry_error *err);
 ferry_status ferry_engine_policy_state(const ferry_engine *engine, void *buf, size_t n, size_t *size,

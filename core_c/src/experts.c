@@ -59,7 +59,7 @@ struct fe_ecache {
  * that predicts poorly reads none. The lookahead keeps predicting and
  * scoring every step either way (the router's product, no read), so a layer
  * whose routing becomes predictable opens again: probing costs no I/O. */
-#define LOOKAHEAD_PRIOR 0.5f    /* assumed precision before any is measured: open until a miss */
+#define LOOKAHEAD_PRIOR 0.4f    /* before any is measured: closed until right twice running */
 #define LOOKAHEAD_MIN 0.5f      /* read a prediction only at or above this running precision */
 #define LOOKAHEAD_DECAY 0.9f    /* weight of the past in the running precision */
 

@@ -102,7 +102,7 @@ def test_lookahead_gate_changes_reads_never_logits(moe_model):
     assert ust.prefetch_issued > st.prefetch_issued
     assert st.prefetch_used / st.prefetch_issued > ust.prefetch_used / ust.prefetch_issued  # what it reads pays more often
     assert gate.shape == (6, 4)
-    assert np.all(gate[0] == 0.5)  # the first MoE layer is never predicted: its prior
+    assert np.all(gate[0] == np.float32(0.4))  # the first MoE layer is never predicted: its prior
     assert gate[1:].min() < 0.5  # some layer and rank closed
 
 
@@ -124,8 +124,8 @@ def _route_every_token_alike(container_dir):
 
 
 def test_a_perfectly_predicting_lookahead_keeps_reading(tmp_path):
-    """When the lookahead is always right, the gate stays open: its reads are
-    issued and used, none is held back, and the logits are unchanged."""
+    """When the lookahead is always right, the gate opens after two steps and
+    stays open: its reads are issued and used, and the logits are unchanged."""
     ckpt = make(parse(["--out", str(tmp_path / "ckpt"), "--layers", "4", "--experts", "8", "--top-k", "2",
                        "--dim", "64", "--expert-ffn", "64", "--vocab", "64", "--shards", "1"]))
     _route_every_token_alike(ckpt)
@@ -139,7 +139,7 @@ def test_a_perfectly_predicting_lookahead_keeps_reading(tmp_path):
         st, gate = s.stats(), engine.lookahead_gate()
     assert np.array_equal(logits, reference)
     assert st.lookahead_correct == st.lookahead_predicted == 16 * 3 * 2
-    assert st.prefetch_gated == 0
+    assert st.prefetch_gated <= 2 * 3 * 2  # held back only until right twice (the first two steps)
     assert st.prefetch_issued > 0 and st.prefetch_used > 0
     assert np.all(gate[1:] > 0.5)  # from the prior towards 1
 
