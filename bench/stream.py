@@ -89,9 +89,9 @@ def decode_run(container: Path, tokens: list[int], routing: tuple | None = None,
                                    if d("lookahead_predicted") else None),
             "prefetch_issued": d("prefetch_issued"), "prefetch_used": d("prefetch_used"),
             "prefetch_wasted": d("prefetch_wasted"), "prefetch_gated": d("prefetch_gated"),
-            # the lookahead gate at the end: per layer it scored (rows left at the
-            # 0.5 prior are layers it never predicts), the ranks it reads
-            "gate_open_ranks": [int((row >= 0.5).sum()) for row in engine.lookahead_gate() if np.any(row != 0.5)],
+            # the lookahead gate at the end: per layer, the ranks of its prediction it reads
+            # (0 for dense layers and the first MoE layer, which it never predicts)
+            "gate_open_ranks": [int((row >= 0.5).sum()) for row in engine.lookahead_gate()],
             "dispatch_us_per_layer": (1e6 * prof["dispatch_seconds"] / prof["moe_layers"]
                                       if prof["moe_layers"] else None),
             "swap_rate": d("routed_swaps") / d("routed_choices") if d("routed_choices") else None,
