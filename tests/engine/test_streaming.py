@@ -49,6 +49,7 @@ def test_every_mechanism_on_or_off_gives_identical_logits(moe_model):
         "no cache": {"cache": False},
         "no overlap": {"overlap": False},
         "no lookahead": {"lookahead": False},
+        "lookahead gate off, small cache": {"lookahead_gate": False, "cache_slots": 24},
         "no direct I/O": {"direct_io": False},
         "one reader": {"readers": 1},
     }
