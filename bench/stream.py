@@ -10,6 +10,8 @@ routing, narrow matrices: KIMI_SHAPES), converts it with `ferry convert`
 
 * streaming: decode with the cache, overlapped reads and the lookahead;
 * synchronous: the same budget with overlap and lookahead off;
+* overlap without the lookahead, and the lookahead with its gate off (every
+  prediction read, however often its layer and rank miss);
 * the compute floor: the same tokens with every expert already in RAM;
 * with --routing, the opt-in modes: fewer experts per token (3k/4, k/2, k/4)
   and cache-aware margins (0 = exact, set explicitly), each with bytes/token,
@@ -86,7 +88,10 @@ def decode_run(container: Path, tokens: list[int], routing: tuple | None = None,
             "lookahead_accuracy": (d("lookahead_correct") / d("lookahead_predicted")
                                    if d("lookahead_predicted") else None),
             "prefetch_issued": d("prefetch_issued"), "prefetch_used": d("prefetch_used"),
-            "prefetch_wasted": d("prefetch_wasted"),
+            "prefetch_wasted": d("prefetch_wasted"), "prefetch_gated": d("prefetch_gated"),
+            # the lookahead gate at the end: per layer, the ranks of its prediction it reads
+            # (0 for dense layers and the first MoE layer, which it never predicts)
+            "gate_open_ranks": [int((row >= 0.5).sum()) for row in engine.lookahead_gate()],
             "dispatch_us_per_layer": (1e6 * prof["dispatch_seconds"] / prof["moe_layers"]
                                       if prof["moe_layers"] else None),
             "swap_rate": d("routed_swaps") / d("routed_choices") if d("routed_choices") else None,
@@ -204,6 +209,7 @@ def stream_modes(a, container: Path, plan, tokens: list[int], budget: int, top_k
         "streaming": {},
         "synchronous": {"overlap": False, "lookahead": False},
         "no_lookahead": {"lookahead": False},
+        "always_prefetch": {"lookahead_gate": False},
     }
     if a.routing:
         modes.update(routing_modes(top_k, [float(m) for m in a.margins.split(",") if m]))
@@ -241,6 +247,9 @@ def stream_modes(a, container: Path, plan, tokens: list[int], budget: int, top_k
         "ratio_to_larger_floor": streaming["s_per_token"] / larger,
         "speedup_vs_synchronous": sync["s_per_token"] / streaming["s_per_token"],
         "speedup_vs_overlap_only": res["no_lookahead"]["s_per_token"] / streaming["s_per_token"],
+        "speedup_vs_always_prefetch": res["always_prefetch"]["s_per_token"] / streaming["s_per_token"],
+        "rounds_speedup_vs_always_prefetch": [y["s_per_token"] / x["s_per_token"]
+                                              for x, y in zip(runs["streaming"], runs["always_prefetch"])],
         "rounds_speedup_vs_synchronous": [y["s_per_token"] / x["s_per_token"]
                                           for x, y in zip(runs["streaming"], runs["synchronous"])],
         "rounds_speedup_vs_overlap_only": [y["s_per_token"] / x["s_per_token"]

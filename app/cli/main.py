@@ -186,6 +186,7 @@ def cmd_run(args) -> int:
             "lookahead_accuracy": (c["lookahead_correct"] / c["lookahead_predicted"]
                                    if c.get("lookahead_predicted") else None),
             "prefetch_used": int(c.get("prefetch_used", 0)), "prefetch_wasted": int(c.get("prefetch_wasted", 0)),
+            "prefetch_gated": int(c.get("prefetch_gated", 0)),
             "ram_budget": model.engine.info.ram_budget, "direct_io": bool(model.engine.info.direct_io),
             "activations": model.engine.info.activations,
             "error": end.error}))

@@ -121,6 +121,7 @@ class Stats:
     stall_seconds: float = 0.0
     routed_choices: int = 0
     routed_swaps: int = 0
+    prefetch_gated: int = 0  #: predictions not in RAM left unread: their layer and rank predicted poorly
 
     def as_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -184,12 +185,15 @@ class Engine:
     def __init__(self, path: str | os.PathLike, *, ram_budget: int = 0, threads: int = 0,
                  verify_reads: bool = False, n_ctx: int = 0, cache_slots: int = 0, readers: int = 0,
                  direct_io: bool = True, overlap: bool = True, lookahead: bool = True, cache: bool = True,
+                 lookahead_gate: bool = True,
                  usage_counts: np.ndarray | None = None, kernels: str | None = None, trunk_check: bool = True,
                  policy_state: bytes | bytearray | None = None, activations: str = "f32"):
         """Open a container. ``n_ctx`` is the context the RAM budget must leave
         room for; the switches exist to measure each mechanism (they change
         speed, never output; ``trunk_check=False`` skips the trunk's CRC check
-        on open, for measuring its cost only). ``verify_reads`` checks each
+        on open, for measuring its cost only; ``lookahead_gate=False`` reads
+        every lookahead prediction however often its layer's predictions
+        miss, for measuring the gate only). ``verify_reads`` checks each
         expert record's CRC32 as its read completes. ``kernels`` is one of :data:`KERNEL_CHOICES`
         (None: :func:`default_kernels`); a set this CPU cannot run raises
         FerryError (``FERRY_E_UNSUPPORTED``). ``policy_state`` is what
@@ -208,7 +212,8 @@ class Engine:
         opts.n_readers = int(readers)
         opts.flags = ((0 if direct_io else lib.FERRY_NO_DIRECT_IO) | (0 if overlap else lib.FERRY_NO_OVERLAP)
                       | (0 if lookahead else lib.FERRY_NO_LOOKAHEAD) | (0 if cache else lib.FERRY_NO_CACHE)
-                      | (0 if trunk_check else lib.FERRY_NO_TRUNK_CHECK))
+                      | (0 if trunk_check else lib.FERRY_NO_TRUNK_CHECK)
+                      | (0 if lookahead_gate else lib.FERRY_NO_LOOKAHEAD_GATE))
         counts = None
         if usage_counts is not None:
             counts = np.ascontiguousarray(usage_counts, dtype=np.uint32)
@@ -241,6 +246,18 @@ class Engine:
         err = ffi.new("ferry_error *")
         _check(lib.ferry_engine_usage(self._live(), ffi.from_buffer("uint32_t[]", out), n, err), err)
         return out.reshape(self.info.n_layers, self.info.n_experts)
+
+    def lookahead_gate(self) -> np.ndarray:
+        """The lookahead gate [n_layers, top_k]: per layer and rank of the
+        lookahead's prediction, the running share of its predictions not in
+        RAM that the real router then chose. A prediction is read only while
+        this is at least 0.5 (it starts at 0.4, closed until right twice
+        running; layers the lookahead never predicts keep that)."""
+        n = self.info.n_layers * self.info.top_k
+        out = np.zeros(n, dtype=np.float32)
+        err = ffi.new("ferry_error *")
+        _check(lib.ferry_engine_lookahead_gate(self._live(), ffi.from_buffer("float[]", out), n, err), err)
+        return out.reshape(self.info.n_layers, self.info.top_k)
 
     def policy_state(self) -> bytearray:
         """The expert-cache policy's learned state, to save and pass back as

@@ -61,6 +61,7 @@ typedef struct ferry_error {
 #define FERRY_NO_LOOKAHEAD 4  /* do not prefetch the next layer's predicted experts */
 #define FERRY_NO_CACHE 8      /* forget every expert after its layer: read each use */
 #define FERRY_NO_TRUNK_CHECK 16 /* skip the trunk's CRC32 check on open (to measure its cost only) */
+#define FERRY_NO_LOOKAHEAD_GATE 32 /* read every lookahead prediction, however often they miss (to measure the gate) */
 
 /* Options for ferry_engine_open. Initialise with ferry_open_options_init. */
 typedef struct ferry_open_options {
@@ -146,6 +147,8 @@ typedef struct ferry_stats {
     double stall_seconds;     /* time compute waited for reads */
     uint64_t routed_choices;  /* expert choices the routers made (tokens x experts per token x MoE layers) */
     uint64_t routed_swaps;    /* of those, choices cache-aware routing moved to an expert in RAM */
+    uint64_t prefetch_gated;  /* lookahead predictions not in RAM that were not read: their layer and
+                                 rank's recent precision was too low (ferry_engine_lookahead_gate) */
 } ferry_stats;
 
 /* Where an evaluation's time went, per stage (opt-in per session with
@@ -244,6 +247,12 @@ ferry_status ferry_engine_usage(const ferry_engine *engine, uint32_t *counts, si
  * ferry_open_options.policy_state next time: a session then starts from
  * what this one learned. *size gets the bytes it takes; with buf NULL
  * nothing else happens, else n must be *size. */
+/* The lookahead gate: for each layer and rank of the lookahead's prediction,
+ * the running share of its predictions not in RAM that the real router then
+ * chose; a prediction is read only while this is at least 0.5 (it starts
+ * at 0.4: closed until right twice running). n must be n_layers * top_k; precision is filled
+ * layer by layer. Shared by the engine's sessions (like the cache). */
+ferry_status ferry_engine_lookahead_gate(const ferry_engine *engine, float *precision, size_t n, ferry_error *err);
 ferry_status ferry_engine_policy_state(const ferry_engine *engine, void *buf, size_t n, size_t *size,
                                        ferry_error *err);
 

@@ -283,6 +283,17 @@ ferry_status ferry_engine_usage(const ferry_engine *e, uint32_t *counts, size_t 
     return s;
 }
 
+ferry_status ferry_engine_lookahead_gate(const ferry_engine *e, float *precision, size_t n, ferry_error *err) {
+    const fe_hparams *hp = &e->c.hp;
+    if (!e->cache) return fe_fail(err, FERRY_E_ARG, "this model has no experts");
+    if (!precision || n != (size_t)hp->n_layers * (size_t)hp->top_k)
+        return fe_fail(err, FERRY_E_ARG, "the lookahead gate needs %d entries", hp->n_layers * hp->top_k);
+    pthread_mutex_lock((pthread_mutex_t *)&e->lock);
+    fe_ecache_lookahead_gate(e->cache, precision);
+    pthread_mutex_unlock((pthread_mutex_t *)&e->lock);
+    return FERRY_OK;
+}
+
 ferry_status ferry_engine_policy_state(const ferry_engine *e, void *buf, size_t n, size_t *size,
                                        ferry_error *err) {
     if (!e->cache) return fe_fail(err, FERRY_E_ARG, "this model has no experts");

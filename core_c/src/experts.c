@@ -38,21 +38,30 @@ struct fe_ecache {
     int *predicted;           /* [n_layers][top_k]: last lookahead per layer */
     int *n_predicted;         /* [n_layers] */
     uint8_t *predicted_cold;  /* [n_layers][top_k]: that prediction was not cached when made */
-    double precision;         /* running share of cold predictions the real router then chose */
+    float *gate;              /* [n_layers][top_k]: per layer and lookahead rank, the running share of
+                                 cold predictions the real router then chose (the lookahead gate) */
+    int gated;                /* reads are gated (not FERRY_NO_LOOKAHEAD_GATE) */
     int layer;                /* the open visit's layer, -1 when none is open */
     int n;                    /* experts it asked for */
     visit visit;              /* its bookkeeping */
     void *visit_mem;          /* the one allocation behind visit's arrays */
 };
 
-/* The lookahead reads its predictions only while the ones that would need a
- * read (not cached when predicted) are right often enough to pay for the
- * disk time: a wrong one costs a read and an evicted record. It keeps
- * predicting and scoring either way, so it resumes reading when the routing
- * becomes predictable. */
-#define LOOKAHEAD_PRIOR 0.5     /* assumed precision before any is measured */
-#define LOOKAHEAD_MIN 0.5       /* read predictions only at or above this running precision */
-#define LOOKAHEAD_DECAY 0.9     /* weight of the past in the running precision */
+/* The lookahead gate. A prediction that is not cached costs a read and an
+ * evicted record; it pays only when the real router then chooses it. How
+ * often that happens differs between layers (some layers' routing follows
+ * the residual closely, others' does not) and between the ranks of one
+ * prediction (the lookahead's first choice is right far more often than its
+ * k-th). So each (layer, rank) keeps its own running precision: the share of
+ * its cold predictions the real router then chose. A cold prediction is read
+ * only while its (layer, rank) precision is at least LOOKAHEAD_MIN; a layer
+ * with a reliable head and a noisy tail reads its first few choices, a layer
+ * that predicts poorly reads none. The lookahead keeps predicting and
+ * scoring every step either way (the router's product, no read), so a layer
+ * whose routing becomes predictable opens again: probing costs no I/O. */
+#define LOOKAHEAD_PRIOR 0.4f    /* before any is measured: closed until right twice running */
+#define LOOKAHEAD_MIN 0.5f      /* read a prediction only at or above this running precision */
+#define LOOKAHEAD_DECAY 0.9f    /* weight of the past in the running precision */
 
 /* ---------------------------------------------------------------- setup */
 
@@ -97,7 +106,8 @@ ferry_status fe_ecache_new(ferry_engine *e, const fe_ecache_config *cfg, fe_ecac
     c->predicted = calloc((size_t)hp->n_layers * (size_t)(hp->top_k > 0 ? hp->top_k : 1), sizeof(int));
     c->n_predicted = calloc((size_t)hp->n_layers, sizeof(int));
     c->predicted_cold = calloc((size_t)hp->n_layers * (size_t)(hp->top_k > 0 ? hp->top_k : 1), 1);
-    if (!c->predicted_cold || !c->slot_buf || !c->slot_valid || !c->slot_prefetched || !c->slot_job || !c->visit_mem || !c->record_fd ||
+    c->gate = malloc((size_t)hp->n_layers * (size_t)(hp->top_k > 0 ? hp->top_k : 1) * sizeof(float));
+    if (!c->predicted_cold || !c->gate || !c->slot_buf || !c->slot_valid || !c->slot_prefetched || !c->slot_job || !c->visit_mem || !c->record_fd ||
         !c->predicted || !c->n_predicted) {
         fe_ecache_free(c);
         return fe_fail(err, FERRY_E_NOMEM, "out of memory for the expert cache");
@@ -134,7 +144,8 @@ ferry_status fe_ecache_new(ferry_engine *e, const fe_ecache_config *cfg, fe_ecac
                        e->opts.n_policy_state);
     }
     c->lookahead = !(cfg->flags & (FERRY_NO_LOOKAHEAD | FERRY_NO_OVERLAP));
-    c->precision = LOOKAHEAD_PRIOR;
+    c->gated = !(cfg->flags & FERRY_NO_LOOKAHEAD_GATE);
+    for (int i = 0; i < hp->n_layers * (hp->top_k > 0 ? hp->top_k : 1); i++) c->gate[i] = LOOKAHEAD_PRIOR;
     ferry_status st = open_record_fds(c, err);
     if (!st && !(c->io = fe_io_new(cfg->n_readers > 0 ? cfg->n_readers : 1)))
         st = fe_fail(err, FERRY_E_NOMEM, "cannot start reader threads");
@@ -174,6 +185,7 @@ void fe_ecache_free(fe_ecache *c) {
     free(c->predicted);
     free(c->n_predicted);
     free(c->predicted_cold);
+    free(c->gate);
     free(c);
 }
 
@@ -258,17 +270,18 @@ static void score_lookahead(ferry_session *s, int layer, const int *ids, int n) 
     fe_ecache *c = s->e->cache;
     int k = s->e->c.hp.top_k, np = c->n_predicted[layer];
     if (!np) return;
-    int correct = 0, cold = 0, cold_correct = 0;
+    int correct = 0;
     for (int i = 0; i < np; i++) {
         int chosen = 0;
         for (int j = 0; j < n && !chosen; j++) chosen = c->predicted[layer * k + i] == ids[j];
         correct += chosen;
-        cold += c->predicted_cold[layer * k + i];
-        cold_correct += chosen && c->predicted_cold[layer * k + i];
+        if (c->predicted_cold[layer * k + i]) { /* what a read of it would have bought */
+            float *g = &c->gate[layer * k + i];
+            *g = LOOKAHEAD_DECAY * *g + (1.0f - LOOKAHEAD_DECAY) * (float)chosen;
+        }
     }
     s->stats.lookahead_predicted += (uint64_t)np;
     s->stats.lookahead_correct += (uint64_t)correct;
-    if (cold) c->precision = LOOKAHEAD_DECAY * c->precision + (1.0 - LOOKAHEAD_DECAY) * cold_correct / cold;
     c->n_predicted[layer] = 0;
 }
 
@@ -384,8 +397,12 @@ void fe_experts_prefetch(ferry_session *s, int layer, const int *ids, int n) {
         int slot = fe_cache_policy_lookup(c->policy, layer, ids[i]);
         c->predicted_cold[layer * k + i] = slot < 0;
     }
-    if (c->precision < LOOKAHEAD_MIN) return; /* predictions are scored, not read */
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < keep; i++) {
+        if (!c->predicted_cold[layer * k + i]) continue; /* in RAM or landing: nothing to read */
+        if (c->gated && c->gate[layer * k + i] < LOOKAHEAD_MIN) { /* scored, not read */
+            s->stats.prefetch_gated++;
+            continue;
+        }
         int already = 0;
         int slot = fe_cache_policy_prefetch(c->policy, layer, ids[i], &already);
         if (slot < 0) {
@@ -407,6 +424,11 @@ int fe_experts_cached(const ferry_session *s, int layer, int expert) {
 }
 
 int fe_experts_lookahead_on(const ferry_session *s) { return s->e->cache->lookahead; }
+
+void fe_ecache_lookahead_gate(const fe_ecache *c, float *precision) {
+    const fe_hparams *hp = &c->e->c.hp;
+    memcpy(precision, c->gate, (size_t)hp->n_layers * (size_t)hp->top_k * sizeof(float));
+}
 
 ferry_status fe_expert_get(ferry_session *s, int layer, int expert, const uint8_t **record, ferry_error *err) {
     int which;

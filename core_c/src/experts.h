@@ -59,6 +59,8 @@ void fe_experts_prefetch(struct ferry_session *s, int layer, const int *ids, int
 int fe_experts_cached(const struct ferry_session *s, int layer, int expert);
 /* Does the cache read the lookahead's predictions (not switched off)? */
 int fe_experts_lookahead_on(const struct ferry_session *s);
+/* The lookahead gate's running precision per [layer][rank] (n_layers * top_k floats). */
+void fe_ecache_lookahead_gate(const fe_ecache *c, float *precision);
 
 /* One expert as a visit of its own: *record stays valid until the next call
  * into the cache on this session. Simple, but nothing overlaps. */

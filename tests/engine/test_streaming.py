@@ -49,6 +49,7 @@ def test_every_mechanism_on_or_off_gives_identical_logits(moe_model):
         "no cache": {"cache": False},
         "no overlap": {"overlap": False},
         "no lookahead": {"lookahead": False},
+        "lookahead gate off, small cache": {"lookahead_gate": False, "cache_slots": 24},
         "no direct I/O": {"direct_io": False},
         "one reader": {"readers": 1},
     }
@@ -85,6 +86,63 @@ def test_lookahead_reads_only_while_its_guesses_pay(moe_model, correlated_model)
     assert np.array_equal(logits, reference)
     assert st.lookahead_correct / st.lookahead_predicted > 0.5
     assert st.prefetch_used > 0 and st.prefetch_used >= st.prefetch_wasted
+
+
+def test_lookahead_gate_changes_reads_never_logits(moe_model):
+    """Random routers: the per-(layer, rank) gate leaves most wrong guesses
+    unread; reading every guess (the gate off) gives the same logits."""
+    reference, _, _ = run(moe_model, cache=False, lookahead=False)
+    with Engine(moe_model, threads=2, n_ctx=64, cache_slots=48) as engine:
+        s = engine.session(64)
+        gated = np.concatenate([s.eval(TOKENS[:24], all_logits=True)] + [s.eval([t])[None] for t in TOKENS[24:]])
+        st, gate = s.stats(), engine.lookahead_gate()
+    ungated, ust, _ = run(moe_model, cache_slots=48, lookahead_gate=False)
+    assert np.array_equal(gated, reference) and np.array_equal(ungated, reference)
+    assert st.lookahead_predicted == ust.lookahead_predicted == 16 * 5 * 4
+    assert st.prefetch_gated > 0 and ust.prefetch_gated == 0
+    assert ust.prefetch_issued > st.prefetch_issued
+    assert st.prefetch_used / st.prefetch_issued > ust.prefetch_used / ust.prefetch_issued  # what it reads pays more often
+    assert gate.shape == (6, 4)
+    assert np.all(gate[0] == np.float32(0.4))  # the first MoE layer is never predicted: its prior
+    assert gate[1:].min() < 0.5  # some layer and rank closed
+
+
+def _route_every_token_alike(container_dir):
+    """Zero every router of a synthetic checkpoint in place: equal logits, so
+    every token of every layer chooses experts 0..k-1 and the next layer's
+    lookahead is always right."""
+    import glob
+    import struct
+    for path in glob.glob(str(container_dir / "*.safetensors")):
+        with open(path, "r+b") as f:
+            size = struct.unpack("<Q", f.read(8))[0]
+            header = json.loads(f.read(size))
+            for name, meta in header.items():
+                if name.endswith("mlp.gate.weight"):
+                    begin, end = meta["data_offsets"]
+                    f.seek(8 + size + begin)
+                    f.write(bytes(end - begin))
+
+
+def test_a_perfectly_predicting_lookahead_keeps_reading(tmp_path):
+    """When the lookahead is always right, the gate opens after two steps and
+    stays open: its reads are issued and used, and the logits are unchanged."""
+    ckpt = make(parse(["--out", str(tmp_path / "ckpt"), "--layers", "4", "--experts", "8", "--top-k", "2",
+                       "--dim", "64", "--expert-ffn", "64", "--vocab", "64", "--shards", "1"]))
+    _route_every_token_alike(ckpt)
+    model = convert(ckpt, tmp_path / "fixed.ferry")
+    tokens = [int(t) for t in np.random.default_rng(5).integers(3, 64, 24)]
+    reference, _, _ = run(model, tokens[:8], tokens[8:], cache=False, lookahead=False)
+    # 4 cache slots against a working set of 4 layers x 2 experts: every prediction is cold
+    with Engine(model, threads=2, n_ctx=64, cache_slots=4) as engine:
+        s = engine.session(64)
+        logits = np.concatenate([s.eval(tokens[:8], all_logits=True)] + [s.eval([t])[None] for t in tokens[8:]])
+        st, gate = s.stats(), engine.lookahead_gate()
+    assert np.array_equal(logits, reference)
+    assert st.lookahead_correct == st.lookahead_predicted == 16 * 3 * 2
+    assert st.prefetch_gated <= 2 * 3 * 2  # held back only until right twice (the first two steps)
+    assert st.prefetch_issued > 0 and st.prefetch_used > 0
+    assert np.all(gate[1:] > 0.5)  # from the prior towards 1
 
 
 def test_cache_hits_and_lookahead_are_reported(moe_model):

@@ -62,6 +62,7 @@ def test_every_mechanism_and_prefill_mode_gives_identical_logits(models, kind):
         "no cache": {"cache": False},
         "no overlap": {"overlap": False},
         "no lookahead": {"lookahead": False},
+        "lookahead gate off (every prediction read), small cache": {"lookahead_gate": False, "cache_slots": 2 * k},
         "token-at-a-time prompt": {"stepwise_prompt": True},
         "token-at-a-time prompt, small cache": {"stepwise_prompt": True, "cache_slots": 2 * k},
         "experts per token = k, margin 0": {"routing": (k, 0.0), "cache_slots": 2 * k},
