@@ -274,8 +274,10 @@ ferry_status ferry_session_new(ferry_engine *e, int n_ctx, ferry_session **out, 
                        "was planned for a %d-token context; open the model with a larger context or budget)",
                        n_ctx, want, room, e->opts.n_ctx);
     }
-    s->state = fe_alloc(s->sizes.state);
-    s->scratch = fe_alloc(s->sizes.scratch);
+    /* Lazily backed: the KV cache takes RAM as the context grows (the budget
+     * still reserves the whole context), the chunk scratch as it is used. */
+    s->state = fe_alloc_lazy(s->sizes.state);
+    s->scratch = fe_alloc_lazy(s->sizes.scratch);
     if (!s->state || !s->scratch) {
         ferry_session_free(s);
         return fe_fail(err, FERRY_E_NOMEM, "cannot allocate %llu bytes for a %d-token session",
@@ -293,8 +295,8 @@ void ferry_session_free(ferry_session *s) {
         pthread_mutex_unlock(&s->e->lock);
     }
     fe_pool_free(s->pool);
-    fe_free(s->state);
-    fe_free(s->scratch);
+    fe_free_lazy(s->state, s->sizes.state);
+    fe_free_lazy(s->scratch, s->sizes.scratch);
     free(s);
 }
 
