@@ -16,7 +16,9 @@
  *    oversubscribed: a spinning thread saw a gap of more than PREEMPT_NS
  *    between two reads of the clock (it was descheduled), or the caller
  *    waited at the end of a job longer than PREEMPT_NS and a quarter of the
- *    job (the other thread was not running). The period doubles while the
+ *    job (the other thread was not running), or a worker got less than
+ *    CPU_SHARE_MIN of the wall time over a few milliseconds awake (its
+ *    thread CPU clock against the wall clock). The period doubles while the
  *    signals keep coming (BACKOFF_MIN_NS .. BACKOFF_MAX_NS); while it lasts
  *    the pool behaves like a plain sleeping pool, and afterwards it probes
  *    by spinning again. A spinning thread on a busy machine takes the core
@@ -39,6 +41,8 @@
 #define BACKOFF_MIN_NS 20000000LL
 #define BACKOFF_MAX_NS 1000000000LL
 #define LONG_GAPS_TO_SHRINK 4
+#define CPU_WINDOW_NS 4000000LL
+#define CPU_SHARE_MIN 0.75
 
 struct fe_pool {
     int n_threads;              /* workers + the caller */
@@ -173,15 +177,31 @@ static void adapt_after_sleep(fe_pool *p, int64_t budget, int64_t idle) {
     }
 }
 
+static int64_t thread_cpu_ns(void) {
+    struct timespec ts;
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return -1;
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
 static void *worker_main(void *arg_) {
     worker_arg *arg = arg_;
     fe_pool *p = arg->pool;
     int tid = arg->tid;
     free(arg);
+    /* A window of this thread's awake time: if it got less than
+     * CPU_SHARE_MIN of the wall time while it was awake (working or
+     * spinning), other threads took its core: oversubscribed. */
+    int64_t w0 = now_ns(), c0 = thread_cpu_ns();
     for (;;) {
         help(p, tid);
         if (atomic_load(&p->shutdown)) break;
         int64_t t0 = now_ns(), budget = 0;
+        if (t0 - w0 > CPU_WINDOW_NS) {
+            int64_t c = thread_cpu_ns();
+            if (c >= 0 && c0 >= 0 && (double)(c - c0) < CPU_SHARE_MIN * (double)(t0 - w0) && spinning_allowed(p, t0))
+                oversubscribed(p, t0);
+            w0 = t0, c0 = c;
+        }
         if (spinning_allowed(p, t0)) {
             budget = atomic_load_explicit(&p->spin_ns, memory_order_relaxed);
             if (spin_until(p, worker_ready, 0, t0, budget)) {
@@ -196,7 +216,8 @@ static void *worker_main(void *arg_) {
         while (!worker_ready(p, 0)) pthread_cond_wait(&p->wake, &p->mu);
         atomic_fetch_sub(&p->sleepers, 1);
         pthread_mutex_unlock(&p->mu);
-        if (budget > 0) adapt_after_sleep(p, budget, now_ns() - t0);
+        w0 = now_ns(), c0 = thread_cpu_ns(); /* a new awake window */
+        if (budget > 0) adapt_after_sleep(p, budget, w0 - t0);
     }
     return NULL;
 }
