@@ -89,6 +89,9 @@ def run_child(tree: Path, model: Path, a) -> dict:
         out[f"{part}_ms_per_token"] = {k.replace("_seconds", ""): round(1000 * p[k] / n, 3)
                                        for k in PROFILE if k.endswith("_seconds")}
         out[f"{part}_ms_per_token"]["jobs"] = round(p["pool_jobs"] / n, 1)
+        if "pool_spin_jobs" in p:  # a build whose pool reports its adaptation
+            out[f"{part}_ms_per_token"]["spin_job_share"] = round(p["pool_spin_jobs"] / max(1, p["pool_jobs"]), 3)
+            out[f"{part}_ms_per_token"]["backoffs"] = p["pool_backoffs"]
     out["load1"] = [load0, load1]
     return out
 

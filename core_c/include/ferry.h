@@ -153,6 +153,9 @@ typedef struct ferry_profile_part {
     double expert_seconds;        /* routed experts (MoE layers: routing, reads, expert products) */
     double pool_wait_seconds;     /* the caller waiting for the other threads at the end of parallel jobs */
     uint64_t pool_jobs;           /* parallel jobs dispatched to the thread pool */
+    uint64_t pool_spin_jobs;      /* of those, jobs run while idle threads spin before sleeping (a quiet
+                                     machine); the others ran with spinning backed off (oversubscribed) */
+    uint64_t pool_backoffs;       /* times the pool saw an oversubscribed machine and backed off */
 } ferry_profile_part;
 
 typedef struct ferry_profile {

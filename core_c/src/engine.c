@@ -331,7 +331,10 @@ ferry_status ferry_session_eval(ferry_session *s, const int32_t *tokens, int n, 
     s->decoding = n == 1;
     ferry_profile_part *P = s->profiling ? (n == 1 ? &s->prof.decode : &s->prof.prompt) : NULL;
     s->prof_cur = P;
-    fe_pool_set_profile(s->pool, P ? &P->pool_wait_seconds : NULL, P ? &P->pool_jobs : NULL);
+    if (P) {
+        fe_pool_profile pp = {&P->pool_wait_seconds, &P->pool_jobs, &P->pool_spin_jobs, &P->pool_backoffs};
+        fe_pool_set_profile(s->pool, &pp);
+    }
     ferry_status st = FERRY_OK;
     for (int done = 0; done < n && st == FERRY_OK;) {
         int m = n - done < FE_CHUNK ? n - done : FE_CHUNK;
@@ -353,7 +356,7 @@ ferry_status ferry_session_eval(ferry_session *s, const int32_t *tokens, int n, 
     }
     double dt = fe_now() - t0;
     s->prof_cur = NULL;
-    fe_pool_set_profile(s->pool, NULL, NULL);
+    fe_pool_set_profile(s->pool, NULL);
     pthread_mutex_unlock(&s->e->lock);
     if (st != FERRY_OK) {
         s->pos = start; /* the caches beyond start are garbage now, and unused */

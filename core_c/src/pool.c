@@ -16,9 +16,12 @@
  *    oversubscribed: a spinning thread saw a gap of more than PREEMPT_NS
  *    between two reads of the clock (it was descheduled), or the caller
  *    waited at the end of a job longer than PREEMPT_NS and a quarter of the
- *    job (the other thread was not running), or a worker got less than
- *    CPU_SHARE_MIN of the wall time over a few milliseconds awake (its
- *    thread CPU clock against the wall clock). The period doubles while the
+ *    job (the other thread was not running), or the caller ran every
+ *    chunk of a job longer than ABSENT_NS while no worker was asleep (the
+ *    spinning workers were not running), or a worker or the caller got
+ *    less than CPU_SHARE_MIN of the wall time over a few milliseconds awake
+ *    (its thread CPU clock against the wall clock; for the caller, over
+ *    jobs less than CALLER_IDLE_NS apart). The period doubles while the
  *    signals keep coming (BACKOFF_MIN_NS .. BACKOFF_MAX_NS); while it lasts
  *    the pool behaves like a plain sleeping pool, and afterwards it probes
  *    by spinning again. A spinning thread on a busy machine takes the core
@@ -33,7 +36,7 @@
 #include <time.h>
 
 #define CHUNKS_PER_THREAD 8
-#define MAX_CHUNKS 0xffff
+#define MAX_CHUNKS 0x7fff
 #define SPIN_MIN_NS 20000LL
 #define SPIN_START_NS 100000LL
 #define SPIN_MAX_NS 1000000LL
@@ -42,6 +45,8 @@
 #define BACKOFF_MAX_NS 1000000000LL
 #define LONG_GAPS_TO_SHRINK 4
 #define CPU_WINDOW_NS 4000000LL
+#define ABSENT_NS 50000LL
+#define CALLER_IDLE_NS 2000000LL
 #define CPU_SHARE_MIN 0.75
 
 struct fe_pool {
@@ -55,7 +60,8 @@ struct fe_pool {
     fe_pool_fn fn;
     void *ctx;
     int n;
-    _Atomic uint64_t state;     /* generation | chunks | next chunk */
+    _Atomic uint64_t state;     /* generation | static | chunks | next chunk */
+    _Atomic uint32_t *seen;     /* [n_threads]: the last static job each worker ran */
     _Atomic int finished;       /* chunks of the current job finished */
     _Atomic int sleepers;       /* workers asleep (or about to be) on `wake` */
     _Atomic int caller_asleep;  /* the caller is asleep (or about to be) on `done` */
@@ -67,13 +73,17 @@ struct fe_pool {
     _Atomic int64_t last_signal;/* when oversubscription was last seen */
     _Atomic int long_gaps;      /* idle periods far longer than the budget, in a row */
     _Atomic uint64_t backoffs, spins_won, spins_lost;
-    double *wait_seconds;       /* profile: the caller's wait at the end of jobs, or NULL */
-    uint64_t *jobs;             /* profile: jobs dispatched, or NULL */
+    fe_pool_profile prof;       /* profile counters (all NULL: not profiling) */
+    uint64_t backoffs_seen;     /* `backoffs` when the caller last looked */
+    /* the caller's CPU share over a window of back-to-back jobs (caller only) */
+    int64_t cw_wall, cw_cpu, cw_slept, c_last_end;
 };
 
 typedef struct { fe_pool *pool; int tid; } worker_arg;
 
-static uint32_t st_chunks(uint64_t s) { return (uint32_t)(s >> 16) & 0xffffu; }
+static uint32_t st_chunks(uint64_t s) { return (uint32_t)(s >> 16) & 0x7fffu; }
+static int st_static(uint64_t s) { return (int)(s >> 31) & 1; }
+#define STATIC_BIT (1ull << 31)
 static uint32_t st_next(uint64_t s) { return (uint32_t)s & 0xffffu; }
 
 static int64_t now_ns(void) {
@@ -95,8 +105,9 @@ static void slice(int n, int parts, int i, int *start, int *end) {
     *end = (int)((long long)n * (i + 1) / parts);
 }
 
-static int has_work(fe_pool *p) {
+static int has_work(fe_pool *p, int tid) {
     uint64_t s = atomic_load_explicit(&p->state, memory_order_acquire);
+    if (st_static(s)) return (uint32_t)(s >> 32) != atomic_load_explicit(&p->seen[tid], memory_order_relaxed);
     return st_next(s) < st_chunks(s);
 }
 
@@ -124,28 +135,46 @@ static void oversubscribed(fe_pool *p, int64_t now) {
 static int spin_until(fe_pool *p, int (*ready)(fe_pool *, int), int arg, int64_t t0, int64_t budget) {
     int64_t last = t0;
     for (;;) {
-        for (int i = 0; i < 16; i++) {
-            if (ready(p, arg)) return 1;
-            cpu_relax();
-        }
+        int r = 0;
+        for (int i = 0; i < 16 && !(r = ready(p, arg)); i++) cpu_relax();
         int64_t t = now_ns();
-        if (t - last > PREEMPT_NS) {
+        if (t - last > PREEMPT_NS) { /* also when the wait ended meanwhile */
             oversubscribed(p, t);
-            return ready(p, arg);
+            return r || ready(p, arg);
         }
+        if (r) return 1;
         last = t;
         if (t - t0 > budget) return ready(p, arg);
     }
 }
 
-static int worker_ready(fe_pool *p, int unused) {
-    (void)unused;
-    return has_work(p) || atomic_load_explicit(&p->shutdown, memory_order_relaxed);
+static int worker_ready(fe_pool *p, int tid) {
+    return has_work(p, tid) || atomic_load_explicit(&p->shutdown, memory_order_relaxed);
 }
 
-/* Claim and run chunks of the current job until none is left. */
-static void help(fe_pool *p, int tid) {
+static void finish_chunk(fe_pool *p, int chunks, int tid) {
+    if (atomic_fetch_add(&p->finished, 1) + 1 == chunks && tid != 0 && atomic_load(&p->caller_asleep)) {
+        pthread_mutex_lock(&p->mu);
+        pthread_cond_signal(&p->done);
+        pthread_mutex_unlock(&p->mu);
+    }
+}
+
+/* Claim and run chunks of the current job until none is left; returns how
+ * many this thread ran. */
+static int help(fe_pool *p, int tid) {
+    int ran = 0;
     uint64_t s = atomic_load_explicit(&p->state, memory_order_acquire);
+    if (st_static(s)) { /* one slice per thread, as numbered (a busy machine) */
+        uint32_t gen = (uint32_t)(s >> 32);
+        if (gen == atomic_load_explicit(&p->seen[tid], memory_order_relaxed)) return 0;
+        atomic_store_explicit(&p->seen[tid], gen, memory_order_relaxed);
+        int start, end;
+        slice(p->n, (int)st_chunks(s), tid, &start, &end);
+        if (start < end) p->fn(p->ctx, start, end, tid);
+        finish_chunk(p, (int)st_chunks(s), tid);
+        return 1;
+    }
     while (st_next(s) < st_chunks(s)) {
         if (!atomic_compare_exchange_weak_explicit(&p->state, &s, s + 1, memory_order_acq_rel,
                                                    memory_order_acquire))
@@ -153,13 +182,11 @@ static void help(fe_pool *p, int tid) {
         int chunks = (int)st_chunks(s), start, end;
         slice(p->n, chunks, (int)st_next(s), &start, &end);
         if (start < end) p->fn(p->ctx, start, end, tid);
-        if (atomic_fetch_add(&p->finished, 1) + 1 == chunks && tid != 0 && atomic_load(&p->caller_asleep)) {
-            pthread_mutex_lock(&p->mu);
-            pthread_cond_signal(&p->done);
-            pthread_mutex_unlock(&p->mu);
-        }
+        ran++;
+        finish_chunk(p, chunks, tid);
         s = atomic_load_explicit(&p->state, memory_order_acquire);
     }
+    return ran;
 }
 
 /* After an idle period that spun out and slept: would a longer spin have
@@ -204,7 +231,7 @@ static void *worker_main(void *arg_) {
         }
         if (spinning_allowed(p, t0)) {
             budget = atomic_load_explicit(&p->spin_ns, memory_order_relaxed);
-            if (spin_until(p, worker_ready, 0, t0, budget)) {
+            if (spin_until(p, worker_ready, tid, t0, budget)) {
                 atomic_fetch_add_explicit(&p->spins_won, 1, memory_order_relaxed);
                 atomic_store_explicit(&p->long_gaps, 0, memory_order_relaxed);
                 continue;
@@ -213,7 +240,7 @@ static void *worker_main(void *arg_) {
         }
         pthread_mutex_lock(&p->mu);
         atomic_fetch_add(&p->sleepers, 1);
-        while (!worker_ready(p, 0)) pthread_cond_wait(&p->wake, &p->mu);
+        while (!worker_ready(p, tid)) pthread_cond_wait(&p->wake, &p->mu);
         atomic_fetch_sub(&p->sleepers, 1);
         pthread_mutex_unlock(&p->mu);
         w0 = now_ns(), c0 = thread_cpu_ns(); /* a new awake window */
@@ -244,7 +271,9 @@ fe_pool *fe_pool_new(int n_threads) {
     atomic_init(&pool->spins_won, 0);
     atomic_init(&pool->spins_lost, 0);
     pool->workers = calloc((size_t)n_threads, sizeof *pool->workers);
-    if (!pool->workers) { fe_pool_free(pool); return NULL; }
+    pool->seen = calloc((size_t)n_threads, sizeof *pool->seen);
+    if (!pool->workers || !pool->seen) { fe_pool_free(pool); return NULL; }
+    for (int t = 0; t < n_threads; t++) atomic_init(&pool->seen[t], 0);
     for (int t = 1; t < n_threads; t++) {
         worker_arg *arg = malloc(sizeof *arg);
         if (!arg) break;
@@ -267,14 +296,16 @@ void fe_pool_free(fe_pool *pool) {
     pthread_cond_destroy(&pool->wake);
     pthread_cond_destroy(&pool->done);
     free(pool->workers);
+    free((void *)pool->seen);
     free(pool);
 }
 
 int fe_pool_threads(const fe_pool *pool) { return pool->n_threads; }
 
-void fe_pool_set_profile(fe_pool *pool, double *wait_seconds, uint64_t *jobs) {
-    pool->wait_seconds = wait_seconds;
-    pool->jobs = jobs;
+void fe_pool_set_profile(fe_pool *pool, const fe_pool_profile *prof) {
+    fe_pool_profile none = {NULL, NULL, NULL, NULL};
+    pool->prof = prof && prof->wait_seconds && prof->jobs && prof->spin_jobs && prof->backoffs ? *prof : none;
+    pool->backoffs_seen = atomic_load(&pool->backoffs);
 }
 
 void fe_pool_get_stats(const fe_pool *pool, fe_pool_stats *out) {
@@ -290,37 +321,66 @@ void fe_pool_run(fe_pool *p, fe_pool_fn fn, void *ctx, int n) {
         if (n > 0) fn(ctx, 0, n, 0);
         return;
     }
-    if (p->jobs) (*p->jobs)++;
-    int chunks = p->n_threads * CHUNKS_PER_THREAD;
-    if (chunks > n) chunks = n;
+    /* A quiet machine: chunks claimed by whoever is free (threads spin
+     * between jobs). Spinning backed off (a busy machine): one slice per
+     * thread, the caller sleeping until the others are done, as a plain
+     * sleeping pool; a caller that kept computing the late workers' share
+     * would run as a CPU hog and be scheduled behind threads that sleep. */
+    const int statik = !spinning_allowed(p, now_ns());
+    int chunks = statik ? p->n_threads : p->n_threads * CHUNKS_PER_THREAD;
+    if (chunks > n && !statik) chunks = n;
     if (chunks > MAX_CHUNKS) chunks = MAX_CHUNKS;
     p->fn = fn;
     p->ctx = ctx;
     p->n = n;
     atomic_store_explicit(&p->finished, 0, memory_order_relaxed);
-    uint64_t gen = (atomic_load_explicit(&p->state, memory_order_relaxed) >> 32) + 1;
-    atomic_store(&p->state, (gen << 32) | ((uint64_t)chunks << 16)); /* publishes the job (seq_cst) */
+    uint64_t gen = ((atomic_load_explicit(&p->state, memory_order_relaxed) >> 32) + 1) & 0xffffffffu;
+    if (gen == 0) gen = 1; /* 0 is every worker's `seen` before its first static job */
+    atomic_store(&p->state, (gen << 32) | (statik ? STATIC_BIT : 0) | ((uint64_t)chunks << 16)); /* publishes the job */
     if (atomic_load(&p->sleepers) > 0) {
         pthread_mutex_lock(&p->mu);
         pthread_cond_broadcast(&p->wake);
         pthread_mutex_unlock(&p->mu);
     }
     const int64_t t_pub = now_ns();
-    help(p, 0);
+    if (t_pub - p->c_last_end > CALLER_IDLE_NS) /* idle since the last job: a new window */
+        p->cw_wall = t_pub, p->cw_cpu = thread_cpu_ns(), p->cw_slept = 0;
+    const int spin_job = !statik, all_awake = atomic_load(&p->sleepers) == 0;
+    const int mine = help(p, 0);
     const int64_t t_mine = now_ns();
+    /* Every chunk of a job long enough for a spinning worker to notice it
+     * (it looks every few hundred nanoseconds) was the caller's: the workers
+     * that should have been spinning were not running. */
+    if (spin_job && all_awake && mine == chunks && t_mine - t_pub > ABSENT_NS) oversubscribed(p, t_mine);
     if (!job_done(p, chunks)) {
         int done = 0;
-        if (spinning_allowed(p, t_mine))
+        if (!statik && spinning_allowed(p, t_mine))
             done = spin_until(p, job_done, chunks, t_mine, atomic_load_explicit(&p->spin_ns, memory_order_relaxed));
         if (!done) {
+            int64_t slept0 = now_ns();
             pthread_mutex_lock(&p->mu);
             atomic_store(&p->caller_asleep, 1);
             while (!job_done(p, chunks)) pthread_cond_wait(&p->done, &p->mu);
             atomic_store(&p->caller_asleep, 0);
             pthread_mutex_unlock(&p->mu);
+            p->cw_slept += now_ns() - slept0;
         }
     }
     const int64_t t_end = now_ns(), wait = t_end - t_mine;
     if (wait > PREEMPT_NS && 4 * wait > t_end - t_pub) oversubscribed(p, t_end);
-    if (p->wait_seconds) *p->wait_seconds += 1e-9 * (double)wait;
+    p->c_last_end = t_end;
+    if (t_end - p->cw_wall > CPU_WINDOW_NS) { /* the caller's own share of the wall time it was awake */
+        int64_t c = thread_cpu_ns(), awake = t_end - p->cw_wall - p->cw_slept;
+        if (c >= 0 && p->cw_cpu >= 0 && spinning_allowed(p, t_end) && (double)(c - p->cw_cpu) < CPU_SHARE_MIN * (double)awake)
+            oversubscribed(p, t_end);
+        p->cw_wall = t_end, p->cw_cpu = c, p->cw_slept = 0;
+    }
+    if (p->prof.jobs) {
+        uint64_t b = atomic_load(&p->backoffs);
+        *p->prof.wait_seconds += 1e-9 * (double)wait;
+        (*p->prof.jobs)++;
+        *p->prof.spin_jobs += (uint64_t)spin_job;
+        *p->prof.backoffs += b - p->backoffs_seen;
+        p->backoffs_seen = b;
+    }
 }

@@ -23,10 +23,15 @@ int fe_pool_threads(const fe_pool *pool);
  * compute each item the same way on any thread (tid only picks scratch). */
 void fe_pool_run(fe_pool *pool, fe_pool_fn fn, void *ctx, int n);
 
-/* Profile counters the pool adds to (either may be NULL: not counted): the
- * caller's seconds waiting for the other threads at the end of each job, and
- * the number of jobs handed to the threads. */
-void fe_pool_set_profile(fe_pool *pool, double *wait_seconds, uint64_t *jobs);
+/* Profile counters the pool adds to (NULL: not profiling): the caller's
+ * seconds waiting for the other threads at the end of each job, the number
+ * of jobs handed to the threads, of those the jobs run with spinning on, and
+ * the back-offs seen meanwhile. */
+typedef struct fe_pool_profile {
+    double *wait_seconds;
+    uint64_t *jobs, *spin_jobs, *backoffs;
+} fe_pool_profile;
+void fe_pool_set_profile(fe_pool *pool, const fe_pool_profile *prof);
 
 /* What the pool's adaptation is doing (tests, benchmarks): the current spin
  * budget in nanoseconds (0 while spinning is backed off) and how many times

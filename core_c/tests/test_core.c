@@ -127,7 +127,9 @@ static void test_pool(void) {
      * spinning), and the profile counters. */
     double wait = 0.0;
     uint64_t jobs = 0;
-    fe_pool_set_profile(pool, &wait, &jobs);
+    uint64_t spin_jobs = 0, backoffs = 0;
+    fe_pool_profile prof = {&wait, &jobs, &spin_jobs, &backoffs};
+    fe_pool_set_profile(pool, &prof);
     for (int round = 0; round < 200; round++) {
         if (round % 20 == 0) {
             struct timespec nap = {0, 2000000}; /* 2 ms: longer than the pool's spin */
@@ -141,7 +143,8 @@ static void test_pool(void) {
         CHECK(total == n * (n - 1) / 2);
     }
     CHECK(jobs == 200 && wait >= 0.0);
-    fe_pool_set_profile(pool, NULL, NULL);
+    CHECK(spin_jobs <= jobs);
+    fe_pool_set_profile(pool, NULL);
     fe_pool_free(pool);
     /* Every item of a job is computed exactly once, whatever the split
      * among threads (chunks are claimed dynamically). */
