@@ -367,7 +367,8 @@ void fe_pool_run(fe_pool *p, fe_pool_fn fn, void *ctx, int n) {
         }
     }
     const int64_t t_end = now_ns(), wait = t_end - t_mine;
-    if (wait > PREEMPT_NS && 4 * wait > t_end - t_pub) oversubscribed(p, t_end);
+    /* (only while workers should be awake: a sleeping pool's waits are its wake-ups) */
+    if (spin_job && wait > PREEMPT_NS && 4 * wait > t_end - t_pub) oversubscribed(p, t_end);
     p->c_last_end = t_end;
     if (t_end - p->cw_wall > CPU_WINDOW_NS) { /* the caller's own share of the wall time it was awake */
         int64_t c = thread_cpu_ns(), awake = t_end - p->cw_wall - p->cw_slept;
