@@ -223,10 +223,9 @@ static void *worker_main(void *arg_) {
         help(p, tid);
         if (atomic_load(&p->shutdown)) break;
         int64_t t0 = now_ns(), budget = 0;
-        if (t0 - w0 > CPU_WINDOW_NS) {
-            int64_t c = thread_cpu_ns();
-            if (c >= 0 && c0 >= 0 && (double)(c - c0) < CPU_SHARE_MIN * (double)(t0 - w0) && spinning_allowed(p, t0))
-                oversubscribed(p, t0);
+        if (t0 - w0 > CPU_WINDOW_NS) { /* (the CPU clock is a system call: read only while spinning is on) */
+            int64_t c = spinning_allowed(p, t0) ? thread_cpu_ns() : -1;
+            if (c >= 0 && c0 >= 0 && (double)(c - c0) < CPU_SHARE_MIN * (double)(t0 - w0)) oversubscribed(p, t0);
             w0 = t0, c0 = c;
         }
         if (spinning_allowed(p, t0)) {
@@ -243,7 +242,8 @@ static void *worker_main(void *arg_) {
         while (!worker_ready(p, tid)) pthread_cond_wait(&p->wake, &p->mu);
         atomic_fetch_sub(&p->sleepers, 1);
         pthread_mutex_unlock(&p->mu);
-        w0 = now_ns(), c0 = thread_cpu_ns(); /* a new awake window */
+        w0 = now_ns(); /* a new awake window */
+        c0 = spinning_allowed(p, w0) ? thread_cpu_ns() : -1;
         if (budget > 0) adapt_after_sleep(p, budget, w0 - t0);
     }
     return NULL;
@@ -344,7 +344,7 @@ void fe_pool_run(fe_pool *p, fe_pool_fn fn, void *ctx, int n) {
     }
     const int64_t t_pub = now_ns();
     if (t_pub - p->c_last_end > CALLER_IDLE_NS) /* idle since the last job: a new window */
-        p->cw_wall = t_pub, p->cw_cpu = thread_cpu_ns(), p->cw_slept = 0;
+        p->cw_wall = t_pub, p->cw_cpu = statik ? -1 : thread_cpu_ns(), p->cw_slept = 0;
     const int spin_job = !statik, all_awake = atomic_load(&p->sleepers) == 0;
     const int mine = help(p, 0);
     const int64_t t_mine = now_ns();
@@ -371,7 +371,7 @@ void fe_pool_run(fe_pool *p, fe_pool_fn fn, void *ctx, int n) {
     if (spin_job && wait > PREEMPT_NS && 4 * wait > t_end - t_pub) oversubscribed(p, t_end);
     p->c_last_end = t_end;
     if (t_end - p->cw_wall > CPU_WINDOW_NS) { /* the caller's own share of the wall time it was awake */
-        int64_t c = thread_cpu_ns(), awake = t_end - p->cw_wall - p->cw_slept;
+        int64_t c = spinning_allowed(p, t_end) ? thread_cpu_ns() : -1, awake = t_end - p->cw_wall - p->cw_slept;
         if (c >= 0 && p->cw_cpu >= 0 && spinning_allowed(p, t_end) && (double)(c - p->cw_cpu) < CPU_SHARE_MIN * (double)awake)
             oversubscribed(p, t_end);
         p->cw_wall = t_end, p->cw_cpu = c, p->cw_slept = 0;
