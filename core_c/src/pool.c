@@ -165,17 +165,20 @@ static void finish_chunk(fe_pool *p, int chunks, int tid) {
 static int help(fe_pool *p, int tid) {
     int ran = 0;
     uint64_t s = atomic_load_explicit(&p->state, memory_order_acquire);
-    if (st_static(s)) { /* one slice per thread, as numbered (a busy machine) */
-        uint32_t gen = (uint32_t)(s >> 32);
-        if (gen == atomic_load_explicit(&p->seen[tid], memory_order_relaxed)) return 0;
-        atomic_store_explicit(&p->seen[tid], gen, memory_order_relaxed);
-        int start, end;
-        slice(p->n, (int)st_chunks(s), tid, &start, &end);
-        if (start < end) p->fn(p->ctx, start, end, tid);
-        finish_chunk(p, (int)st_chunks(s), tid);
-        return 1;
-    }
-    while (st_next(s) < st_chunks(s)) {
+    for (;;) {
+        /* (checked on every reload: a failed claim may return a newer job,
+         * and a static job's word must never be claimed from) */
+        if (st_static(s)) { /* one slice per thread, as numbered (a busy machine) */
+            uint32_t gen = (uint32_t)(s >> 32);
+            if (gen == atomic_load_explicit(&p->seen[tid], memory_order_relaxed)) return ran;
+            atomic_store_explicit(&p->seen[tid], gen, memory_order_relaxed);
+            int start, end;
+            slice(p->n, (int)st_chunks(s), tid, &start, &end);
+            if (start < end) p->fn(p->ctx, start, end, tid);
+            finish_chunk(p, (int)st_chunks(s), tid);
+            return ran + 1;
+        }
+        if (st_next(s) >= st_chunks(s)) return ran;
         if (!atomic_compare_exchange_weak_explicit(&p->state, &s, s + 1, memory_order_acq_rel,
                                                    memory_order_acquire))
             continue;
@@ -186,7 +189,6 @@ static int help(fe_pool *p, int tid) {
         finish_chunk(p, chunks, tid);
         s = atomic_load_explicit(&p->state, memory_order_acquire);
     }
-    return ran;
 }
 
 /* After an idle period that spun out and slept: would a longer spin have
