@@ -49,13 +49,18 @@ int main(void) {
     fe_pool *p = fe_pool_new(3);
     if (!p) { printf("FAIL: no pool\n"); return 1; }
     int bad = rounds(p, 1500);
-    /* oversubscribed: four busy threads beside the pool's three */
-    pthread_t t[4];
-    atomic_store(&stop_busy, 0);
-    for (int i = 0; i < 4; i++) pthread_create(&t[i], NULL, busy, NULL);
-    bad |= rounds(p, 1500);
-    atomic_store(&stop_busy, 1);
-    for (int i = 0; i < 4; i++) pthread_join(t[i], NULL);
+    /* oversubscribed: four busy threads beside the pool's three, started and
+     * stopped several times, so that jobs switch between the spinning pool's
+     * claimed chunks and the backed-off pool's static slices */
+    for (int phase = 0; phase < 4 && !bad; phase++) {
+        pthread_t t[4];
+        atomic_store(&stop_busy, 0);
+        for (int i = 0; i < 4; i++) pthread_create(&t[i], NULL, busy, NULL);
+        bad |= rounds(p, 400);
+        atomic_store(&stop_busy, 1);
+        for (int i = 0; i < 4; i++) pthread_join(t[i], NULL);
+        bad |= rounds(p, 300);
+    }
     fe_pool_stats st;
     fe_pool_get_stats(p, &st);
     printf("spin_ns %lld backoffs %llu won %llu lost %llu\n", (long long)st.spin_ns,
