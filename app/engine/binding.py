@@ -172,6 +172,7 @@ def _profile_part(c) -> dict:
         stages["norm_seconds"] + stages["elementwise_seconds"]
     return {"evals": int(c.evals), "tokens": int(c.tokens), "total_seconds": c.total_seconds,
             "matmul": matmul, **stages, "pool_jobs": int(c.pool_jobs), "moe_layers": int(c.moe_layers),
+            "pool_spin_jobs": int(c.pool_spin_jobs), "pool_backoffs": int(c.pool_backoffs),
             "other_seconds": max(0.0, c.total_seconds - counted)}
 
 

@@ -181,6 +181,9 @@ typedef struct ferry_profile_part {
                                      product), collecting the distinct experts, the cache visit, the
                                      lookahead's routing and read requests, moving rows, the weighted sum */
     uint64_t moe_layers;          /* MoE layer passes (one per MoE layer per forward pass) */
+    uint64_t pool_spin_jobs;      /* of those, jobs run while idle threads spin before sleeping (a quiet
+                                     machine); the others ran with spinning backed off (oversubscribed) */
+    uint64_t pool_backoffs;       /* times the pool saw an oversubscribed machine and backed off */
 } ferry_profile_part;
 
 typedef struct ferry_profile {

@@ -262,11 +262,14 @@ typedef struct kbufs {
     float *u;        /* [C][ed] weighted expert sum */
     fe_moe_bufs moe; /* the MoE loop's scratch (moe.h) */
     float *rows;     /* [threads][max cols] */
-    float *scores;   /* [threads][n_ctx] */
+    float *scores;   /* [threads][MLA_HEADS][n_ctx] */
     float *tmp;      /* [threads][tmp_stride] per-thread vectors of MLA / KDA items */
 } kbufs;
 
-static int tmp_stride(const kdims *d) { return imax(2 * d->kvl, 5 * d->hd) + 16; }
+/* MLA query heads whose attention one work item computes together (below). */
+#define MLA_HEADS 8
+
+static int tmp_stride(const kdims *d) { return imax(2 * d->kvl * MLA_HEADS, 5 * d->hd) + 16; }
 
 static uint64_t carve(const fe_hparams *hp, int n_ctx, int n_threads, uint8_t *base, kbufs *b) {
     kdims d = dims_of(hp);
@@ -304,7 +307,7 @@ static uint64_t carve(const fe_hparams *hp, int n_ctx, int n_threads, uint8_t *b
         off += FE_ALIGN_UP(m, 64);
     }
     TAKE(rows, float, (uint64_t)n_threads * (uint64_t)max_cols(&d));
-    TAKE(scores, float, (uint64_t)n_threads * (uint64_t)n_ctx);
+    TAKE(scores, float, (uint64_t)n_threads * MLA_HEADS * (uint64_t)n_ctx);
     TAKE(tmp, float, (uint64_t)n_threads * (uint64_t)tmp_stride(&d));
 #undef TAKE
     return off;
@@ -430,40 +433,61 @@ typedef struct {
     const kimi_layer *L;
     const float *cache;
     int n;
+    int hb;             /* query heads per item (<= MLA_HEADS) */
 } mla_job;
 
-/* One (token, head) per item, absorbed: q_lat = W_k^T q_nope, scores over the
- * cached latents, context in latent space, then W_v. */
+/* One token and a block of hb heads per item, absorbed: q_lat = W_k^T q_nope
+ * per head, scores over the cached latents (each latent row read once for
+ * the block: every head shares the one latent cache), context in latent
+ * space, then W_v. Each head is computed exactly as alone (the same dots,
+ * fe_softmax, the context accumulated in position order), so the block size
+ * changes the memory traffic, never a bit. */
 static void mla_items(void *p, int start, int end, int tid) {
     mla_job *j = p;
     ferry_session *s = j->s;
     const fe_hparams *hp = &s->e->c.hp;
     const fe_kimi_hparams *k = KH(hp);
     kdims d = dims_of(hp);
+    const int blocks = (d.H + j->hb - 1) / j->hb;
     float *rowbuf = j->b->rows + (size_t)tid * (size_t)max_cols(&d);
-    float *scores = j->b->scores + (size_t)tid * (size_t)s->n_ctx;
-    float *qlat = j->b->tmp + (size_t)tid * (size_t)tmp_stride(&d), *ctx = qlat + d.kvl;
+    float *scores = j->b->scores + (size_t)tid * MLA_HEADS * (size_t)s->n_ctx;
+    float *tmp = j->b->tmp + (size_t)tid * (size_t)tmp_stride(&d);
     const fe_mat *kvb = &j->L->kv_b;
     const fe_kernels *K = s->e->kernels; /* its dot and axpy: bit-identical to fe_dot_f32 / fe_axpy_f32 */
     for (int it = start; it < end; it++) {
-        int t = it / d.H, h = it % d.H, upto = s->pos + t;
-        const float *q = j->b->q + (size_t)t * d.H * d.qk + (size_t)h * d.qk;
-        memset(qlat, 0, (size_t)d.kvl * sizeof *qlat);
-        for (int r = 0; r < d.nope; r++) {
-            K->axpy(qlat, q[r], mat_row(kvb, h * (d.nope + d.vd) + r, rowbuf), d.kvl);
+        const int t = it / blocks, h0 = it % blocks * j->hb, upto = s->pos + t;
+        const int nh = h0 + j->hb <= d.H ? j->hb : d.H - h0; /* heads [h0, h0 + nh) */
+#define QLAT(hh) (tmp + (size_t)(hh) * 2 * d.kvl)
+#define CTX(hh) (QLAT(hh) + d.kvl)
+#define QH(hh) (j->b->q + (size_t)t * d.H * d.qk + (size_t)(h0 + (hh)) * d.qk)
+        for (int hh = 0; hh < nh; hh++) {
+            memset(QLAT(hh), 0, (size_t)d.kvl * sizeof(float));
+            for (int r = 0; r < d.nope; r++)
+                K->axpy(QLAT(hh), QH(hh)[r], mat_row(kvb, (h0 + hh) * (d.nope + d.vd) + r, rowbuf), d.kvl);
         }
         for (int i = 0; i <= upto; i++) {
             const float *ce = j->cache + (size_t)i * d.kvw;
-            float sc = K->dot(qlat, ce, d.kvl);
-            if (d.rope) sc += K->dot(q + d.nope, ce + d.kvl, d.rope);
-            scores[i] = sc * k->softmax_scale;
+            for (int hh = 0; hh < nh; hh++) {
+                float sc = K->dot(QLAT(hh), ce, d.kvl);
+                if (d.rope) sc += K->dot(QH(hh) + d.nope, ce + d.kvl, d.rope);
+                scores[(size_t)hh * s->n_ctx + i] = sc * k->softmax_scale;
+            }
         }
-        fe_softmax(scores, upto + 1);
-        memset(ctx, 0, (size_t)d.kvl * sizeof *ctx);
-        for (int i = 0; i <= upto; i++) K->axpy(ctx, scores[i], j->cache + (size_t)i * d.kvw, d.kvl);
-        float *out = j->b->att + (size_t)t * d.H * d.vd + (size_t)h * d.vd;
-        for (int v = 0; v < d.vd; v++)
-            out[v] = K->dot(mat_row(kvb, h * (d.nope + d.vd) + d.nope + v, rowbuf), ctx, d.kvl);
+        for (int hh = 0; hh < nh; hh++) {
+            fe_softmax(scores + (size_t)hh * s->n_ctx, upto + 1);
+            memset(CTX(hh), 0, (size_t)d.kvl * sizeof(float));
+        }
+        for (int i = 0; i <= upto; i++)
+            for (int hh = 0; hh < nh; hh++)
+                K->axpy(CTX(hh), scores[(size_t)hh * s->n_ctx + i], j->cache + (size_t)i * d.kvw, d.kvl);
+        for (int hh = 0; hh < nh; hh++) {
+            float *out = j->b->att + (size_t)t * d.H * d.vd + (size_t)(h0 + hh) * d.vd;
+            for (int v = 0; v < d.vd; v++)
+                out[v] = K->dot(mat_row(kvb, (h0 + hh) * (d.nope + d.vd) + d.nope + v, rowbuf), CTX(hh), d.kvl);
+        }
+#undef QLAT
+#undef CTX
+#undef QH
     }
 }
 
@@ -491,8 +515,11 @@ static void mla_attention(ferry_session *s, const kbufs *b, int l, int n) {
             for (int h = 0; h < d.H; h++) rope_rotate(b->q + (size_t)t * d.H * d.qk + (size_t)h * d.qk + d.nope, s->pos + t, k);
         }
     }
-    mla_job j = {s, b, L, cache, n};
-    fe_pool_run(s->pool, mla_items, &j, n * d.H);
+    /* Blocks of up to MLA_HEADS heads, smaller while that leaves fewer than
+     * four items per thread. */
+    mla_job j = {s, b, L, cache, n, MLA_HEADS};
+    while (j.hb > 1 && n * ((d.H + j.hb - 1) / j.hb) < 4 * fe_pool_threads(s->pool)) j.hb /= 2;
+    fe_pool_run(s->pool, mla_items, &j, n * ((d.H + j.hb - 1) / j.hb));
     if (k->mla_out_gate) {
         matmul(s, b, &L->g, b->xb, n, b->gate);
         for (size_t i = 0; i < (size_t)n * d.H * d.vd; i++) b->att[i] *= fe_sigmoid(b->gate[i]);

@@ -107,7 +107,7 @@ typedef struct chunk_bufs {
     float *y;        /* [C][dim] sub-block output */
     fe_moe_bufs moe; /* the MoE loop's scratch (moe.h) */
     float *rows;     /* [threads][max cols] dequantized weight rows */
-    float *scores;   /* [threads][n_ctx] attention scores */
+    float *scores;   /* [threads][ATT_TOKENS * group][n_ctx] attention scores */
 } chunk_bufs;
 
 static int max_cols(const fe_hparams *hp) {
@@ -117,6 +117,9 @@ static int max_cols(const fe_hparams *hp) {
     if (hp->expert_ffn_dim > m) m = hp->expert_ffn_dim;
     return m;
 }
+
+/* Prompt tokens whose attention one work item computes together (below). */
+#define ATT_TOKENS 4
 
 /* Lay out (or just measure, when base is NULL) the chunk buffers. */
 static uint64_t carve(const fe_hparams *hp, int n_ctx, int n_threads, uint8_t *base, chunk_bufs *b) {
@@ -145,7 +148,7 @@ static uint64_t carve(const fe_hparams *hp, int n_ctx, int n_threads, uint8_t *b
         off += FE_ALIGN_UP(m, 64);
     }
     TAKE(rows, float, (uint64_t)n_threads * (uint64_t)max_cols(hp));
-    TAKE(scores, float, (uint64_t)n_threads * (uint64_t)n_ctx);
+    TAKE(scores, float, (uint64_t)n_threads * ATT_TOKENS * (uint64_t)(hp->n_heads / hp->n_kv_heads) * (uint64_t)n_ctx);
 #undef TAKE
     return off;
 }
@@ -215,29 +218,54 @@ typedef struct {
     ferry_session *s;
     const chunk_bufs *b;
     int layer, n;       /* layer and tokens in the chunk */
+    int tb, hb;         /* tokens and query heads per item */
+    int hblocks;        /* items per KV head and token block: group / hb */
 } attn_job;
 
-/* One (token, head) pair per item: causal softmax attention over the cache. */
+/* Causal softmax attention over the cache. One item is a block of up to tb
+ * tokens and hb query heads that share one KV head (grouped-query
+ * attention): each cached K and V row is read once for all of them. Every
+ * (token, head) row is still computed exactly as alone: its scores by the
+ * same dot, fe_softmax, then its weighted sum accumulated in position
+ * order, so the split changes the memory traffic, never a bit. */
 static void attn_items(void *p, int start, int end, int tid) {
     attn_job *j = p;
     ferry_session *s = j->s;
     const fe_hparams *hp = &s->e->c.hp;
     const int hd = hp->head_dim, kvd = hp->n_kv_heads * hd, qd = hp->n_heads * hd;
-    const int group = hp->n_heads / hp->n_kv_heads;
+    const int group = hp->n_heads / hp->n_kv_heads, hb = j->hb, n_ctx = s->n_ctx;
     const float scale = 1.0f / sqrtf((float)hd);
     const fe_kernels *K = s->e->kernels; /* its dot and axpy: bit-identical to the scalar ones */
-    float *scores = j->b->scores + (size_t)tid * (size_t)s->n_ctx;
-    const float *kc = k_cache(s) + (size_t)j->layer * s->n_ctx * kvd;
-    const float *vc = v_cache(s) + (size_t)j->layer * s->n_ctx * kvd;
+    float *scores = j->b->scores + (size_t)tid * (size_t)(ATT_TOKENS * group) * (size_t)n_ctx;
+    const float *kc = k_cache(s) + (size_t)j->layer * n_ctx * kvd;
+    const float *vc = v_cache(s) + (size_t)j->layer * n_ctx * kvd;
     for (int it = start; it < end; it++) {
-        int t = it / hp->n_heads, h = it % hp->n_heads, kvh = h / group;
-        int upto = s->pos + t; /* inclusive */
-        const float *q = j->b->q + (size_t)t * qd + (size_t)h * hd;
-        for (int i = 0; i <= upto; i++) scores[i] = K->dot(q, kc + (size_t)i * kvd + (size_t)kvh * hd, hd) * scale;
-        fe_softmax(scores, upto + 1);
-        float *out = j->b->att + (size_t)t * qd + (size_t)h * hd;
-        memset(out, 0, (size_t)hd * sizeof *out);
-        for (int i = 0; i <= upto; i++) K->axpy(out, scores[i], vc + (size_t)i * kvd + (size_t)kvh * hd, hd);
+        const int hblk = it % j->hblocks, kvh = (it / j->hblocks) % hp->n_kv_heads;
+        const int t0 = it / j->hblocks / hp->n_kv_heads * j->tb;
+        const int t1 = t0 + j->tb < j->n ? t0 + j->tb : j->n; /* tokens [t0, t1) */
+        const int h0 = kvh * group + hblk * hb;                 /* heads [h0, h0 + hb) */
+        const int last = s->pos + t1 - 1;                       /* the longest row's last position */
+#define ROW(t, hh) (scores + (size_t)(((t) - t0) * hb + (hh)) * (size_t)n_ctx)
+#define QH(t, hh) (j->b->q + (size_t)(t) * qd + (size_t)(h0 + (hh)) * hd)
+#define OUT(t, hh) (j->b->att + (size_t)(t) * qd + (size_t)(h0 + (hh)) * hd)
+        for (int i = 0; i <= last; i++) {
+            const float *krow = kc + (size_t)i * kvd + (size_t)kvh * hd;
+            for (int t = i - s->pos > t0 ? i - s->pos : t0; t < t1; t++) /* tokens that see position i */
+                for (int hh = 0; hh < hb; hh++) ROW(t, hh)[i] = K->dot(QH(t, hh), krow, hd) * scale;
+        }
+        for (int t = t0; t < t1; t++)
+            for (int hh = 0; hh < hb; hh++) {
+                fe_softmax(ROW(t, hh), s->pos + t + 1);
+                memset(OUT(t, hh), 0, (size_t)hd * sizeof(float));
+            }
+        for (int i = 0; i <= last; i++) {
+            const float *vrow = vc + (size_t)i * kvd + (size_t)kvh * hd;
+            for (int t = i - s->pos > t0 ? i - s->pos : t0; t < t1; t++)
+                for (int hh = 0; hh < hb; hh++) K->axpy(OUT(t, hh), ROW(t, hh)[i], vrow, hd);
+        }
+#undef ROW
+#undef QH
+#undef OUT
     }
 }
 
@@ -281,8 +309,16 @@ static void attention(ferry_session *s, const chunk_bufs *b, int l, int n) {
         memcpy(k_cache(s) + at, k, (size_t)kvd * sizeof *k);
         memcpy(v_cache(s) + at, v, (size_t)kvd * sizeof *v);
     }
-    attn_job j = {s, b, l, n};
-    fe_pool_run(s->pool, attn_items, &j, n * hp->n_heads);
+    /* Items: blocks of ATT_TOKENS tokens x the query heads of one KV head;
+     * when that leaves too few items to keep every thread busy (decode), one
+     * token and one head each. */
+    const int group = hp->n_heads / hp->n_kv_heads, threads = fe_pool_threads(s->pool);
+    attn_job j = {s, b, l, n, ATT_TOKENS, group, 1};
+    if ((n + ATT_TOKENS - 1) / ATT_TOKENS * hp->n_kv_heads < 4 * threads) {
+        j.tb = 1;
+        if (n * hp->n_kv_heads < 4 * threads) j.hb = 1, j.hblocks = group;
+    }
+    fe_pool_run(s->pool, attn_items, &j, (n + j.tb - 1) / j.tb * hp->n_kv_heads * j.hblocks);
     PROF_ADD(s, attention_seconds, t0);
     matmul(s, b, &L->wo, b->att, n, b->y);
     t0 = prof_t0(s);

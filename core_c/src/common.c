@@ -1,6 +1,10 @@
 /* common.c — error reports, clocks, aligned memory, CRC-32, full reads. */
 #define _POSIX_C_SOURCE 200809L
+#define _DEFAULT_SOURCE  /* MAP_ANONYMOUS (glibc) */
+#define _DARWIN_C_SOURCE /* MAP_ANON (macOS) */
 #include "common.h"
+
+#include <sys/mman.h>
 
 #include <errno.h>
 #include <stdarg.h>
@@ -50,6 +54,22 @@ void *fe_alloc_pages(size_t nbytes) {
 }
 
 void fe_free(void *p) { free(p); }
+
+#ifndef MAP_ANONYMOUS
+#define MAP_ANONYMOUS MAP_ANON
+#endif
+
+void *fe_alloc_lazy(size_t nbytes) {
+    if (nbytes == 0) nbytes = 4096;
+    if (nbytes > SIZE_MAX - 4096) return NULL;
+    void *p = mmap(NULL, FE_ALIGN_UP(nbytes, 4096), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+void fe_free_lazy(void *p, size_t nbytes) {
+    if (!p) return;
+    munmap(p, FE_ALIGN_UP(nbytes ? nbytes : 4096, 4096));
+}
 
 int fe_mul_size(uint64_t a, uint64_t b, uint64_t *out) {
     if (a != 0 && b > UINT64_MAX / a) return 0;

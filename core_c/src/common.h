@@ -19,6 +19,11 @@ void *fe_alloc(size_t nbytes);
 /* 4096-byte aligned and sized allocation (direct I/O buffers), zero-filled. */
 void *fe_alloc_pages(size_t nbytes);
 void fe_free(void *p);
+/* Page-aligned zero memory whose pages the OS provides on first touch (so a
+ * KV cache costs RAM only for the positions written), or NULL; freed with
+ * fe_free_lazy and the same size. */
+void *fe_alloc_lazy(size_t nbytes);
+void fe_free_lazy(void *p, size_t nbytes);
 
 /* size arithmetic that reports overflow: returns 0 and leaves *out alone on overflow. */
 int fe_mul_size(uint64_t a, uint64_t b, uint64_t *out);

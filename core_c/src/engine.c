@@ -335,8 +335,10 @@ ferry_status ferry_session_new(ferry_engine *e, int n_ctx, ferry_session **out, 
                        "was planned for a %d-token context; open the model with a larger context or budget)",
                        n_ctx, want, room, e->opts.n_ctx);
     }
-    s->state = fe_alloc(s->sizes.state);
-    s->scratch = fe_alloc(s->sizes.scratch);
+    /* Lazily backed: the KV cache takes RAM as the context grows (the budget
+     * still reserves the whole context), the chunk scratch as it is used. */
+    s->state = fe_alloc_lazy(s->sizes.state);
+    s->scratch = fe_alloc_lazy(s->sizes.scratch);
     if (!s->state || !s->scratch) {
         ferry_session_free(s);
         return fe_fail(err, FERRY_E_NOMEM, "cannot allocate %llu bytes for a %d-token session",
@@ -359,8 +361,8 @@ void ferry_session_free(ferry_session *s) {
         pthread_mutex_unlock(&s->e->lock);
     }
     fe_pool_free(s->pool);
-    fe_free(s->state);
-    fe_free(s->scratch);
+    fe_free_lazy(s->state, s->sizes.state);
+    fe_free_lazy(s->scratch, s->sizes.scratch);
     free(s);
 }
 
@@ -395,7 +397,10 @@ ferry_status ferry_session_eval(ferry_session *s, const int32_t *tokens, int n, 
     s->decoding = n == 1;
     ferry_profile_part *P = s->profiling ? (n == 1 ? &s->prof.decode : &s->prof.prompt) : NULL;
     s->prof_cur = P;
-    fe_pool_set_profile(s->pool, P ? &P->pool_wait_seconds : NULL, P ? &P->pool_jobs : NULL);
+    if (P) {
+        fe_pool_profile pp = {&P->pool_wait_seconds, &P->pool_jobs, &P->pool_spin_jobs, &P->pool_backoffs};
+        fe_pool_set_profile(s->pool, &pp);
+    }
     ferry_status st = FERRY_OK;
     for (int done = 0; done < n && st == FERRY_OK;) {
         int m = n - done < FE_CHUNK ? n - done : FE_CHUNK;
@@ -417,7 +422,7 @@ ferry_status ferry_session_eval(ferry_session *s, const int32_t *tokens, int n, 
     }
     double dt = fe_now() - t0;
     s->prof_cur = NULL;
-    fe_pool_set_profile(s->pool, NULL, NULL);
+    fe_pool_set_profile(s->pool, NULL);
     pthread_mutex_unlock(&s->e->lock);
     if (st != FERRY_OK) {
         s->pos = start; /* the caches beyond start are garbage now, and unused */

@@ -4,7 +4,8 @@
 
 #include <stdint.h>
 
-/* Work over items [start, end) on thread `tid` (0 = the caller). */
+/* Work over items [start, end) on thread `tid` (0 = the caller). A job's
+ * function may be called several times per thread, on disjoint ranges. */
 typedef void (*fe_pool_fn)(void *ctx, int start, int end, int tid);
 
 typedef struct fe_pool fe_pool;
@@ -14,14 +15,33 @@ fe_pool *fe_pool_new(int n_threads);
 void fe_pool_free(fe_pool *pool);
 int fe_pool_threads(const fe_pool *pool);
 
-/* Run fn over [0, n) split into one contiguous slice per thread, in parallel,
- * and return when all slices are done. Which thread computes which item
- * depends only on n and the thread count, so results are reproducible. */
+/* Run fn over [0, n) and return when every item is done. The range is cut
+ * into contiguous chunks that depend only on n and the thread count; the
+ * caller and the workers claim chunks until none is left, so a thread that
+ * is late (asleep, or descheduled by a busy machine) leaves its share to the
+ * others. Which thread computes a chunk varies from run to run: fn must
+ * compute each item the same way on any thread (tid only picks scratch). */
 void fe_pool_run(fe_pool *pool, fe_pool_fn fn, void *ctx, int n);
 
-/* Profile counters the pool adds to (either may be NULL: not counted): the
- * caller's seconds waiting for the other threads at the end of each job, and
- * the number of jobs handed to the threads. */
-void fe_pool_set_profile(fe_pool *pool, double *wait_seconds, uint64_t *jobs);
+/* Profile counters the pool adds to (NULL: not profiling): the caller's
+ * seconds waiting for the other threads at the end of each job, the number
+ * of jobs handed to the threads, of those the jobs run with spinning on, and
+ * the back-offs seen meanwhile. */
+typedef struct fe_pool_profile {
+    double *wait_seconds;
+    uint64_t *jobs, *spin_jobs, *backoffs;
+} fe_pool_profile;
+void fe_pool_set_profile(fe_pool *pool, const fe_pool_profile *prof);
+
+/* What the pool's adaptation is doing (tests, benchmarks): the current spin
+ * budget in nanoseconds (0 while spinning is backed off) and how many times
+ * it detected an oversubscribed machine. */
+typedef struct fe_pool_stats {
+    int64_t spin_ns;
+    uint64_t backoffs;
+    uint64_t spins_won;   /* idle waits that ended in a job while spinning */
+    uint64_t spins_lost;  /* idle waits that spun out and slept */
+} fe_pool_stats;
+void fe_pool_get_stats(const fe_pool *pool, fe_pool_stats *out);
 
 #endif

@@ -106,6 +106,12 @@ static void add_range(void *p, int start, int end, int tid) {
     for (int i = start; i < end; i++) c->sums[tid] += i;
 }
 
+static void mark_items(void *p, int start, int end, int tid) {
+    unsigned char *hits = p;
+    (void)tid;
+    for (int i = start; i < end; i++) hits[i]++;
+}
+
 static void test_pool(void) {
     fe_pool *pool = fe_pool_new(4);
     CHECK(pool && fe_pool_threads(pool) == 4);
@@ -121,7 +127,9 @@ static void test_pool(void) {
      * spinning), and the profile counters. */
     double wait = 0.0;
     uint64_t jobs = 0;
-    fe_pool_set_profile(pool, &wait, &jobs);
+    uint64_t spin_jobs = 0, backoffs = 0;
+    fe_pool_profile prof = {&wait, &jobs, &spin_jobs, &backoffs};
+    fe_pool_set_profile(pool, &prof);
     for (int round = 0; round < 200; round++) {
         if (round % 20 == 0) {
             struct timespec nap = {0, 2000000}; /* 2 ms: longer than the pool's spin */
@@ -135,8 +143,27 @@ static void test_pool(void) {
         CHECK(total == n * (n - 1) / 2);
     }
     CHECK(jobs == 200 && wait >= 0.0);
-    fe_pool_set_profile(pool, NULL, NULL);
+    CHECK(spin_jobs <= jobs);
+    fe_pool_set_profile(pool, NULL);
     fe_pool_free(pool);
+    /* Every item of a job is computed exactly once, whatever the split
+     * among threads (chunks are claimed dynamically). */
+    {
+        static unsigned char hits[70000];
+        fe_pool *p3 = fe_pool_new(3);
+        for (int round = 0; round < 300; round++) {
+            int n = round < 200 ? 2 + round : 70000 - round;
+            memset(hits, 0, sizeof hits);
+            fe_pool_run(p3, mark_items, hits, n);
+            int ok = 1;
+            for (int i = 0; i < n; i++) ok &= hits[i] == 1;
+            CHECK(ok);
+        }
+        fe_pool_stats st;
+        fe_pool_get_stats(p3, &st);
+        CHECK(st.spin_ns >= 0);
+        fe_pool_free(p3);
+    }
     /* A pool whose threads went to sleep still shuts down. */
     pool = fe_pool_new(3);
     struct timespec nap = {0, 2000000};
