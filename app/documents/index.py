@@ -18,6 +18,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
+from app.documents import champions
+
 K1 = 1.2
 B = 0.75
 NGRAM = 4
@@ -130,8 +132,12 @@ def terms_for(heading: str, text: str) -> tuple[str, int, str, int]:
     return " ".join(w), len(w), " ".join(g), len(g)
 
 
+def _idf(df: int, n: int) -> float:
+    return math.log(1.0 + (n - df + 0.5) / (df + 0.5))
+
+
 def bm25(tf: int, df: int, n: int, length: int, avgdl: float) -> float:
-    idf = math.log(1.0 + (n - df + 0.5) / (df + 0.5))
+    idf = _idf(df, n)
     return idf * tf * (K1 + 1) / (tf + K1 * (1 - B + B * length / (avgdl or 1.0)))
 
 
@@ -172,8 +178,10 @@ def _rarest(terms: Sequence[str], df: dict[str, int], most: int) -> list[str]:
 class FtsIndex:
     """One collection's persistent index, read through the store's connection."""
 
-    def __init__(self, db, collection_id: int, words_table: str, grams_table: str):
+    def __init__(self, db, collection_id: int, words_table: str, grams_table: str, *, use_champions: bool = True):
         self._db, self.collection_id = db, collection_id
+        #: False: FTS5 ranks every posting of the chosen words (the reference the lists are measured against)
+        self.use_champions = use_champions
         self._tables = {"words": words_table, "grams": grams_table}
         self.n, wlen, glen, self._df_stored = db.execute(
             "SELECT n_chunks, wlen, glen, df_ready FROM docs_collections WHERE id = ?", (collection_id,)).fetchone()
@@ -225,14 +233,28 @@ class FtsIndex:
             limit *= 2          # one signal alone (mode bm25 or ngram) takes both signals' candidates
         df = {"words": self._df("words", words), "grams": self._df("grams", grams)}
         present = [w for w in words if df["words"][w]]
-        ids = dict.fromkeys(self._candidates("words", _rarest(present, df["words"], len(present)), limit))
-        if len(present) > 1 and sum(df["words"].values()) > POSTINGS_BUDGET:
-            # chunks holding every word (however common): the intersection is small and well ranked
+        # common words are read from their champion lists (app/documents/champions.py), rare ones
+        # (and a common one without a list) are ranked by FTS5 over their postings
+        lists = champions.read(self._db, self.collection_id,
+                               [w for w in present if df["words"][w] >= champions.CHAMPION_DF]
+                               ) if self.use_champions else {}
+        rare = [w for w in present if w not in lists]
+        ids = dict.fromkeys(self._candidates("words", _rarest(rare, df["words"], len(rare)), limit))
+        if lists:
+            idf = {t: _idf(df["words"][t], self.n) for t in lists}
+            ids.update(dict.fromkeys(champions.candidates(lists, idf, self._avgdl["words"], limit)))
+        if len(present) > 1 and sum(df["words"].values()) > POSTINGS_BUDGET and (rare or not lists):
+            # chunks holding every word: the intersection is small and well ranked (with every word
+            # common, the champion lists' summed scores stand for it)
             table = self._tables["words"]
             ids.update(dict.fromkeys(r[0] for r in self._db.execute(
                 f"SELECT rowid FROM {table} WHERE {table} MATCH ? ORDER BY rank LIMIT ?",
                 (" AND ".join('"' + w.replace('"', '""') + '"' for w in present), limit))))
-        ids.update(dict.fromkeys(self._candidates("grams", _rarest(grams, df["grams"], CANDIDATE_GRAMS), limit)))
+        chosen = _rarest(grams, df["grams"], CANDIDATE_GRAMS)
+        if not (ids and lists and chosen and df["grams"][chosen[0]] > POSTINGS_BUDGET):
+            # with champion candidates in hand, 4-grams that are all common add none (FTS5 would
+            # rank every passage that holds the rarest of them)
+            ids.update(dict.fromkeys(self._candidates("grams", chosen, limit)))
         if not ids:
             return []
         rows = self._db.execute(f"SELECT {_CHUNK_COLS} FROM docs_chunks c JOIN docs_files f ON f.id = c.file_id "
