@@ -49,7 +49,8 @@ def _pct(xs: list[float], p: float) -> float:
     return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
 
 
-def run_size(megabytes: float, workers: int | None, keep: Path | None, seed: int) -> dict:
+def run_size(megabytes: float, workers: int | None, keep: Path | None, seed: int,
+             corpus_cache: Path | None = None) -> dict:
     """One size, in this process (the parent runs it in a child)."""
     import docs_corpus
     from corpus_tools import build_corpus, questions
@@ -62,7 +63,16 @@ def run_size(megabytes: float, workers: int | None, keep: Path | None, seed: int
     work = Path(tempfile.mkdtemp(prefix="ferry-docs-scale-", dir=keep))
     corpus = work / "archive"
     t0 = time.perf_counter()
-    files = docs_corpus.generate(corpus, megabytes, seed)
+    if corpus_cache is not None:        # generated once, kept outside the repository for later runs
+        corpus = corpus_cache / f"archive-{megabytes:g}-{seed}"
+        if not corpus.is_dir():
+            tmp = corpus.with_name(corpus.name + ".tmp")
+            shutil.rmtree(tmp, ignore_errors=True)
+            docs_corpus.generate(tmp, megabytes, seed)
+            tmp.rename(corpus)
+        files = sorted(p for p in corpus.rglob("*") if p.is_file())
+    else:
+        files = docs_corpus.generate(corpus, megabytes, seed)
     gen_s = time.perf_counter() - t0
     text_bytes = sum(f.stat().st_size for f in files)
     db = work / "home" / "ferry.db"
@@ -101,9 +111,22 @@ def run_size(megabytes: float, workers: int | None, keep: Path | None, seed: int
                 times.append((time.perf_counter() - t0) * 1000)
         lat[kind] = {"p50_ms": round(_pct(times, 50), 1), "p95_ms": round(_pct(times, 95), 1), "n": len(times)}
 
-    index.chunks = []          # evaluate's sanity check reads index.chunks: use the store's files instead
+    # the champion lists against the reference search (FTS5 ranks every posting of the chosen words)
+    reference = store.index("archive", use_champions=False)
+    overlap, ref_times = {}, []
+    for kind, qs in (("single_word", SINGLE), ("multi_word", MULTI), ("phrase", PHRASES)):
+        shares = []
+        for q in qs:
+            fast = {h.chunk.id for h in search(index, q, k=5)}
+            t0 = time.perf_counter()
+            ref = {h.chunk.id for h in search(reference, q, k=5)}
+            ref_times.append((time.perf_counter() - t0) * 1000)
+            shares.append(len(fast & ref) / max(1, len(ref)))
+        overlap[kind] = {"mean": round(sum(shares) / len(shares), 3), "min": round(min(shares), 3)}
     qs = questions()
     hybrid = _evaluate(store, index, qs, evaluate)
+    hybrid_reference = _evaluate(store, reference, qs, evaluate)
+    lists = store.db.execute("SELECT count(*), COALESCE(SUM(length(entries)), 0) FROM docs_champ").fetchone()
     store.close()
     out = {"megabytes": megabytes, "files": len(files), "text_mb": round(text_bytes / 1e6, 1),
            "generate_s": round(gen_s, 1), "add_s": round(add_s, 1),
@@ -112,7 +135,11 @@ def run_size(megabytes: float, workers: int | None, keep: Path | None, seed: int
            "peak_rss_mb": {"adding_process": round(rss_self), "largest_worker": round(rss_children)},
            "db_mb": round(db_bytes / 1e6, 1), "db_over_text": round(db_bytes / text_bytes, 2),
            "open_s": round(open_s, 3), "open_without_scrypt_s": round(reopen_s, 3),
-           "search": lat, "test_questions_mixed_in": hybrid}
+           "search": lat, "test_questions_mixed_in": hybrid,
+           "champion_lists": {"words": lists[0], "mb": round(lists[1] / 1e6, 1)},
+           "top5_overlap_with_reference": overlap,
+           "reference_search_ms": {"p50": round(_pct(ref_times, 50), 1), "p95": round(_pct(ref_times, 95), 1)},
+           "test_questions_mixed_in_reference": hybrid_reference}
     if keep is None:
         shutil.rmtree(work, ignore_errors=True)
     return out
@@ -168,10 +195,12 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--keep", type=Path, default=None, help="work in this folder (default: a temporary one)")
     ap.add_argument("--model", default=None, help="a model folder for the docs ask TTFT")
+    ap.add_argument("--corpus-cache", type=Path, default=None,
+                    help="generate each size's corpus once into this folder and reuse it (e.g. ~/.cache/ferry-bench)")
     ap.add_argument("--one", type=float, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one is not None:
-        print(json.dumps(run_size(args.one, args.workers, args.keep, args.seed)))
+        print(json.dumps(run_size(args.one, args.workers, args.keep, args.seed, args.corpus_cache)))
         return
     results = []
     for mb in [float(s) for s in args.sizes.split(",") if s.strip()]:
@@ -180,6 +209,8 @@ def main() -> None:
             cmd += ["--workers", str(args.workers)]
         if args.keep is not None:
             cmd += ["--keep", str(args.keep)]
+        if args.corpus_cache is not None:
+            cmd += ["--corpus-cache", str(args.corpus_cache)]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:
             results.append({"megabytes": mb, "error": r.stderr[-2000:]})

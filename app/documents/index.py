@@ -98,11 +98,11 @@ _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3})")
 
 
 def raw_words(text: str) -> list[str]:
-    out = _TOKEN.findall(_fold(text))
-    for i, w in enumerate(out):
-        if "," in w and w[0].isdigit():
-            out[i] = _THOUSANDS.sub("", w)      # 2,400 -> 2400
-    return out
+    text = _fold(text)
+    if "," in text:
+        # 2,400 -> 2400 (a digit, a comma and three digits are always inside one number token)
+        text = _THOUSANDS.sub("", text)
+    return _TOKEN.findall(text)
 
 
 def word_terms(text: str, raw: list[str] | None = None) -> list[str]:
@@ -125,11 +125,19 @@ def ngram_terms(text: str, raw: list[str] | None = None) -> list[str]:
     return grams
 
 
+@functools.lru_cache(maxsize=200_000)
+def _gram_text(word: str) -> str:
+    return " ".join(_grams(word))
+
+
 def terms_for(heading: str, text: str) -> tuple[str, int, str, int]:
-    """A chunk's index terms as stored: (words, how many, 4-grams, how many)."""
-    raw = raw_words(f"{heading}\n{text}")
-    w, g = word_terms("", raw), ngram_terms("", raw)
-    return " ".join(w), len(w), " ".join(g), len(g)
+    """A chunk's index terms as stored: (words, how many, 4-grams, how many); the same terms as
+    word_terms and ngram_terms, joined through per-word caches (this runs for every passage added)."""
+    raw = [w for w in raw_words(f"{heading}\n{text}") if w not in STOPWORDS]
+    if not raw:
+        return "", 0, "", 0
+    g = " ".join(map(_gram_text, raw))
+    return " ".join(map(stem, raw)), len(raw), g, g.count(" ") + 1
 
 
 def _idf(df: int, n: int) -> float:

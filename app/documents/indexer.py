@@ -169,6 +169,9 @@ def add_paths(store: DocumentStore, name: str, paths: Iterable[str | Path], *,
         emit(AddProgress(**vars(state)))
 
     batch = IndexBatch(coll.id)
+    # a larger page cache for the writer (bounded: 64 MiB): FTS5 merges and the champion lists
+    # re-read their pages, and every page read from the file is decrypted and authenticated
+    db.execute("PRAGMA cache_size = -65536")
     stored: list[tuple[Path, int, str, str]] = []    # in the open transaction: (file, size, stage, message)
     batch_bytes, batch_t0 = 0, time.monotonic()
 
