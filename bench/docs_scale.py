@@ -131,6 +131,7 @@ def run_size(megabytes: float, workers: int | None, keep: Path | None, seed: int
     out = {"megabytes": megabytes, "files": len(files), "text_mb": round(text_bytes / 1e6, 1),
            "generate_s": round(gen_s, 1), "add_s": round(add_s, 1),
            "add_mb_per_s": round(report.bytes / 1e6 / add_s, 3), "passages": coll.chunks,
+           "add_writer_s": {"storing": round(report.store_seconds, 1), "waiting_for_workers": round(report.wait_seconds, 1)},
            "failed": len(report.failed), "workers": workers or os.cpu_count(),
            "peak_rss_mb": {"adding_process": round(rss_self), "largest_worker": round(rss_children)},
            "db_mb": round(db_bytes / 1e6, 1), "db_over_text": round(db_bytes / text_bytes, 2),

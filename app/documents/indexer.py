@@ -178,9 +178,11 @@ def add_paths(store: DocumentStore, name: str, paths: Iterable[str | Path], *,
     def commit() -> None:
         # progress says "indexed" only for what is committed: a crash after it loses none of it
         nonlocal batch_bytes, batch_t0
+        t = time.monotonic()
         if db.in_transaction:
             batch.flush(db)
             db.commit()
+        report.store_seconds += time.monotonic() - t
         for f, size, what, message in stored:
             state.done += 1
             state.bytes_done += size
@@ -206,6 +208,7 @@ def add_paths(store: DocumentStore, name: str, paths: Iterable[str | Path], *,
                 report.cancelled = True
                 break
             f, size, fut = pending.popleft()
+            t = time.monotonic()
             try:
                 result = fut.result()
             except BrokenProcessPool:
@@ -215,11 +218,14 @@ def add_paths(store: DocumentStore, name: str, paths: Iterable[str | Path], *,
                 pool, window = _Inline(), 1
                 pending = deque((g, gs, pool.submit(prepare, str(g), known.get(str(g)))) for g, gs, _ in pending)
                 result = prepare(str(f), known.get(str(f)))
+            report.wait_seconds += time.monotonic() - t
+            t = time.monotonic()
             try:
                 _store(store, coll.id, f, result, report, batch)
             except BaseException:
                 db.rollback()
                 raise
+            report.store_seconds += time.monotonic() - t
             what = {"indexed": "indexed", "failed": "failed"}.get(result["state"], "unchanged")
             n = len(result.get("chunks", ()))
             stored.append((f, size, what, result.get("reason", f"{n} passages" if what == "indexed" else "")))

@@ -206,13 +206,16 @@ class AddReport:
     bytes: int = 0
     seconds: float = 0.0
     cancelled: bool = False
+    store_seconds: float = 0.0    #: of ``seconds``, storing (inserts, index upkeep, commits)
+    wait_seconds: float = 0.0     #: of ``seconds``, waiting for the workers' next file
 
     def as_dict(self) -> dict:
         return {"added": [str(p) for p in self.added], "unchanged": [str(p) for p in self.unchanged],
                 "failed": [{"path": display_name(p), "name": display_name(p.name), "error": why}
                            for p, why in self.failed],
                 "removed": [str(p) for p in self.removed], "chunks": self.chunks, "bytes": self.bytes,
-                "seconds": round(self.seconds, 3), "cancelled": self.cancelled}
+                "seconds": round(self.seconds, 3), "cancelled": self.cancelled,
+                "store_seconds": round(self.store_seconds, 3), "wait_seconds": round(self.wait_seconds, 3)}
 
 
 class DocumentStore:
