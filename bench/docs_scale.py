@@ -22,7 +22,6 @@ import platform
 import random
 import resource
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -81,6 +80,10 @@ def run_size(megabytes: float, workers: int | None, keep: Path | None, seed: int
     t0 = time.perf_counter()
     report = store.add("archive", [corpus], workers=workers)
     add_s = time.perf_counter() - t0
+    print(json.dumps({"added": report.as_dict() | {"added": len(report.added), "unchanged": len(report.unchanged)},
+                      "add_s": round(add_s, 1),
+                      "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}),
+          file=sys.stderr, flush=True)     # an early look at a long run
     test_corpus = build_corpus(work / "test-corpus")
     store.add("archive", [test_corpus], workers=1)
     coll = store.collection("archive")

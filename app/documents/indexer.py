@@ -41,10 +41,12 @@ from app.documents.store import AddProgress, AddReport, DocumentStore, IndexBatc
 INLINE_BYTES = 4 * 2**20
 INLINE_FILES = 8
 #: finished files are stored together in one transaction until they hold this much text or this
-#: long has passed since the transaction began (each commit costs FTS5 segment writes and a sync;
-#: one transaction per file made storing the bottleneck: docs/BENCHMARKS.md)
-BATCH_BYTES = 8 * 2**20
+#: long has passed since the transaction began, and at least 10x as long as the last commit took
+#: (each commit writes new FTS5 segments that are merged later, and syncs; one transaction per
+#: file made storing the bottleneck, and so did 1 s batches on a large index: docs/BENCHMARKS.md)
+BATCH_BYTES = 16 * 2**20
 BATCH_SECONDS = 1.0
+BATCH_COMMIT_SHARE = 10
 
 
 def walk(paths: Iterable[str | Path]) -> tuple[list[Path], list[tuple[Path, str]]]:
@@ -173,16 +175,18 @@ def add_paths(store: DocumentStore, name: str, paths: Iterable[str | Path], *,
     # re-read their pages, and every page read from the file is decrypted and authenticated
     db.execute("PRAGMA cache_size = -65536")
     stored: list[tuple[Path, int, str, str]] = []    # in the open transaction: (file, size, stage, message)
-    batch_bytes, batch_t0 = 0, time.monotonic()
+    batch_bytes, batch_t0, batch_s = 0, time.monotonic(), BATCH_SECONDS
 
     def commit() -> None:
         # progress says "indexed" only for what is committed: a crash after it loses none of it
-        nonlocal batch_bytes, batch_t0
+        nonlocal batch_bytes, batch_t0, batch_s
         t = time.monotonic()
         if db.in_transaction:
             batch.flush(db)
             db.commit()
-        report.store_seconds += time.monotonic() - t
+        took = time.monotonic() - t
+        report.store_seconds += took
+        batch_s = max(BATCH_SECONDS, BATCH_COMMIT_SHARE * took)
         for f, size, what, message in stored:
             state.done += 1
             state.bytes_done += size
@@ -230,7 +234,7 @@ def add_paths(store: DocumentStore, name: str, paths: Iterable[str | Path], *,
             n = len(result.get("chunks", ()))
             stored.append((f, size, what, result.get("reason", f"{n} passages" if what == "indexed" else "")))
             batch_bytes += size if what == "indexed" else 0
-            if batch_bytes >= BATCH_BYTES or time.monotonic() - batch_t0 >= BATCH_SECONDS:
+            if batch_bytes >= BATCH_BYTES or time.monotonic() - batch_t0 >= batch_s:
                 commit()
         commit()
         if cancelled is not None and cancelled() and (pending or next(todo, None) is not None):
