@@ -580,7 +580,7 @@ def forget_states() -> int:
     """Delete every saved prefix state: they hold (as attention caches) the passages they were
     read from, so a removed or changed file must not live on in one. They are a cache: the next
     question reads its passages again. Returns how many were deleted."""
-    from app.documents.states import states_dir
+    from app.documents.states import INDEX_NAME, states_dir
 
     n = 0
     root = states_dir()
@@ -588,6 +588,7 @@ def forget_states() -> int:
         for f in root.glob("*.fxds"):
             f.unlink(missing_ok=True)
             n += 1
+        (root / INDEX_NAME).unlink(missing_ok=True)     # their token lists go with them
     return n
 
 
