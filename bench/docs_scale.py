@@ -215,9 +215,9 @@ def main() -> None:
             cmd += ["--keep", str(args.keep)]
         if args.corpus_cache is not None:
             cmd += ["--corpus-cache", str(args.corpus_cache)]
-        r = subprocess.run(cmd, capture_output=True, text=True)
+        r = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)     # its stderr (early figures) passes through
         if r.returncode != 0:
-            results.append({"megabytes": mb, "error": r.stderr[-2000:]})
+            results.append({"megabytes": mb, "error": f"exit status {r.returncode} (its stderr is above)"})
         else:
             results.append(json.loads(r.stdout.strip().splitlines()[-1]))
         if not args.json:
