@@ -52,10 +52,8 @@ def run_size(megabytes: float, workers: int | None, keep: Path | None, seed: int
              corpus_cache: Path | None = None) -> dict:
     """One size, in this process (the parent runs it in a child)."""
     import docs_corpus
-    from corpus_tools import build_corpus, questions
-    from retrieval_eval import evaluate
+    from corpus_tools import build_corpus
 
-    from app.documents.retrieve import search
     from app.documents.store import DocumentStore
     from app.store.crypto import PassphraseKeys
 
@@ -92,6 +90,28 @@ def run_size(megabytes: float, workers: int | None, keep: Path | None, seed: int
     rss_self = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     rss_children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
 
+    measured = measure(db, keys, seed)
+    out = {"megabytes": megabytes, "files": len(files), "text_mb": round(text_bytes / 1e6, 1),
+           "generate_s": round(gen_s, 1), "add_s": round(add_s, 1),
+           "add_mb_per_s": round(report.bytes / 1e6 / add_s, 3), "passages": coll.chunks,
+           "add_writer_s": {"storing": round(report.store_seconds, 1), "waiting_for_workers": round(report.wait_seconds, 1)},
+           "failed": len(report.failed), "workers": workers or os.cpu_count(),
+           "peak_rss_mb": {"adding_process": round(rss_self), "largest_worker": round(rss_children)},
+           "db_mb": round(db_bytes / 1e6, 1), "db_over_text": round(db_bytes / text_bytes, 2),
+           **measured}
+    if keep is None:
+        shutil.rmtree(work, ignore_errors=True)
+    return out
+
+
+def measure(db: Path, keys, seed: int) -> dict:
+    """Open time, search latency, the champion lists against the reference search, and recall of
+    the test corpus's questions, on a database whose "archive" collection holds the test corpus."""
+    from corpus_tools import questions
+
+    from app.documents.retrieve import search
+    from app.documents.store import DocumentStore
+
     t0 = time.perf_counter()
     store = DocumentStore(db, keys)
     index = store.index("archive")
@@ -124,32 +144,54 @@ def run_size(megabytes: float, workers: int | None, keep: Path | None, seed: int
             t0 = time.perf_counter()
             ref = {h.chunk.id for h in search(reference, q, k=5)}
             ref_times.append((time.perf_counter() - t0) * 1000)
-            shares.append(len(fast & ref) / max(1, len(ref)))
+            shares.append(len(fast & ref) / len(ref) if ref else float(not fast))
         overlap[kind] = {"mean": round(sum(shares) / len(shares), 3), "min": round(min(shares), 3)}
+    # the word signal (mode bm25) against the exhaustive ranking: every passage holding a question word
+    exhaustive = {}
+    for kind, qs in (("single_word", SINGLE), ("multi_word", MULTI), ("phrase", PHRASES)):
+        shares = []
+        for q in qs:
+            fast = [h.chunk.id for h in search(index, q, k=5, mode="bm25")]
+            best = _exhaustive_bm25(store, index, q, 5)
+            shares.append(len(set(fast) & set(best)) / len(best) if best else float(not fast))
+        exhaustive[kind] = {"mean": round(sum(shares) / len(shares), 3), "min": round(min(shares), 3)}
     qs = questions()
-    hybrid = _evaluate(store, index, qs, evaluate)
-    hybrid_reference = _evaluate(store, reference, qs, evaluate)
+    hybrid = _evaluate(index, qs)
+    hybrid_reference = _evaluate(reference, qs)
     lists = store.db.execute("SELECT count(*), COALESCE(SUM(length(entries)), 0) FROM docs_champ").fetchone()
     store.close()
-    out = {"megabytes": megabytes, "files": len(files), "text_mb": round(text_bytes / 1e6, 1),
-           "generate_s": round(gen_s, 1), "add_s": round(add_s, 1),
-           "add_mb_per_s": round(report.bytes / 1e6 / add_s, 3), "passages": coll.chunks,
-           "add_writer_s": {"storing": round(report.store_seconds, 1), "waiting_for_workers": round(report.wait_seconds, 1)},
-           "failed": len(report.failed), "workers": workers or os.cpu_count(),
-           "peak_rss_mb": {"adding_process": round(rss_self), "largest_worker": round(rss_children)},
-           "db_mb": round(db_bytes / 1e6, 1), "db_over_text": round(db_bytes / text_bytes, 2),
-           "open_s": round(open_s, 3), "open_without_scrypt_s": round(reopen_s, 3),
-           "search": lat, "test_questions_mixed_in": hybrid,
-           "champion_lists": {"words": lists[0], "mb": round(lists[1] / 1e6, 1)},
-           "top5_overlap_with_reference": overlap,
-           "reference_search_ms": {"p50": round(_pct(ref_times, 50), 1), "p95": round(_pct(ref_times, 95), 1)},
-           "test_questions_mixed_in_reference": hybrid_reference}
-    if keep is None:
-        shutil.rmtree(work, ignore_errors=True)
-    return out
+    return {"passages": len(index), "open_s": round(open_s, 3), "open_without_scrypt_s": round(reopen_s, 3),
+            "search": lat, "test_questions_mixed_in": hybrid,
+            "champion_lists": {"words": lists[0], "mb": round(lists[1] / 1e6, 1)},
+            "top5_overlap_with_reference": overlap,
+            "bm25_top5_overlap_with_exhaustive": exhaustive,
+            "reference_search_ms": {"p50": round(_pct(ref_times, 50), 1), "p95": round(_pct(ref_times, 95), 1)},
+            "test_questions_mixed_in_reference": hybrid_reference}
 
 
-def _evaluate(store, index, qs, evaluate) -> dict:
+def _exhaustive_bm25(store, index, question: str, k: int) -> list[int]:
+    """The top k of the word BM25 over every passage that holds a question word (term frequencies of
+    all postings from FTS5 through fts5vocab), scored with the index's own formula and statistics."""
+    from app.documents.index import bm25, word_terms
+    from app.documents.store import fts_tables
+
+    words = list(dict.fromkeys(word_terms(question)))
+    df = index._df("words", words)
+    vocab = f"docs_vocab_{index.collection_id}"
+    store.db.execute(f"CREATE VIRTUAL TABLE IF NOT EXISTS temp.{vocab} USING fts5vocab(main, "
+                     f"{fts_tables(index.collection_id)[0]}, instance)")
+    score: dict[int, float] = {}
+    for w in words:
+        if not df[w]:
+            continue
+        for pid, tf, length in store.db.execute(
+                f"SELECT v.doc, count(*), c.wlen FROM temp.{vocab} v JOIN docs_chunks c ON c.id = v.doc "
+                "WHERE v.term = ? GROUP BY v.doc", (w,)):
+            score[pid] = score.get(pid, 0.0) + bm25(tf, df[w], index.n, length, index._avgdl["words"])
+    return sorted(score, key=lambda p: (-score[p], p))[:k]
+
+
+def _evaluate(index, qs) -> dict:
     from app.documents.retrieve import search
 
     hits3, rr = 0, 0.0
@@ -161,6 +203,28 @@ def _evaluate(store, index, qs, evaluate) -> dict:
         hits3 += rank is not None and rank <= 3
         rr += 1.0 / rank if rank else 0.0
     return {"recall@3": round(hits3 / len(qs), 4), "mrr": round(rr / len(qs), 4), "questions": len(qs)}
+
+
+def measure_kept(db: Path, seed: int) -> dict:
+    """measure() on a kept database (e.g. one whose add was stopped part way)."""
+    from corpus_tools import build_corpus
+
+    from app.documents.store import DocumentStore
+    from app.store.crypto import PassphraseKeys
+
+    keys = PassphraseKeys("bench passphrase")
+    store = DocumentStore(db, keys)
+    names = {f.name for f in store.files("archive")}
+    with tempfile.TemporaryDirectory() as tmp:
+        test_corpus = build_corpus(Path(tmp) / "test-corpus")
+        if not {f.name for f in test_corpus.iterdir()} <= names:
+            store.add("archive", [test_corpus], workers=1)
+    coll = store.collection("archive")
+    store.close()
+    text = coll.size
+    db_bytes = sum(p.stat().st_size for p in db.parent.iterdir() if p.name.startswith("ferry.db"))
+    return {"files": coll.files, "text_mb": round(text / 1e6, 1), "db_mb": round(db_bytes / 1e6, 1),
+            "db_over_text": round(db_bytes / max(1, text), 2), **measure(db, keys, seed)}
 
 
 CLI = "import sys; from app.cli import main; sys.exit(main(sys.argv[1:]))"     # `ferry` from this checkout
@@ -201,8 +265,13 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="a model folder for the docs ask TTFT")
     ap.add_argument("--corpus-cache", type=Path, default=None,
                     help="generate each size's corpus once into this folder and reuse it (e.g. ~/.cache/ferry-bench)")
+    ap.add_argument("--measure", type=Path, default=None,
+                    help="only measure a kept database (its ferry.db; the test corpus is added if missing)")
     ap.add_argument("--one", type=float, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.measure is not None:
+        print(json.dumps(measure_kept(args.measure, args.seed), indent=None if args.json else 1))
+        return
     if args.one is not None:
         print(json.dumps(run_size(args.one, args.workers, args.keep, args.seed, args.corpus_cache)))
         return

@@ -25,6 +25,8 @@ B = 0.75
 NGRAM = 4
 #: candidates taken from each FTS5 table before the exact rerank
 CANDIDATES = 25
+#: candidates from each "all the question's words but one" intersection (when few hold them all)
+SUBSET_CANDIDATES = 5
 #: at most this many of the question's 4-grams (the rarest) choose the n-gram candidates
 CANDIDATE_GRAMS = 24
 #: FTS5 ranks every chunk that holds a candidate term, so the terms that choose candidates
@@ -231,6 +233,12 @@ class FtsIndex:
         return [r[0] for r in self._db.execute(f"SELECT rowid FROM {table} WHERE {table} MATCH ? ORDER BY rank "
                                                "LIMIT ?", (_match(terms), limit))]
 
+    def _all_of(self, words: Sequence[str], limit: int) -> list[int]:
+        table = self._tables["words"]
+        return [r[0] for r in self._db.execute(
+            f"SELECT rowid FROM {table} WHERE {table} MATCH ? ORDER BY rank LIMIT ?",
+            (" AND ".join('"' + w.replace('"', '""') + '"' for w in words), limit))]
+
     def score(self, words: Sequence[str], grams: Sequence[str], *, limit: int = CANDIDATES
               ) -> list[tuple[IndexedChunk, float, float]]:
         """(chunk, word BM25, n-gram BM25) of the candidates for these question terms."""
@@ -251,13 +259,17 @@ class FtsIndex:
         if lists:
             idf = {t: _idf(df["words"][t], self.n) for t in lists}
             ids.update(dict.fromkeys(champions.candidates(lists, idf, self._avgdl["words"], limit)))
-        if len(present) > 1 and sum(df["words"].values()) > POSTINGS_BUDGET and (rare or not lists):
-            # chunks holding every word: the intersection is small and well ranked (with every word
-            # common, the champion lists' summed scores stand for it)
-            table = self._tables["words"]
-            ids.update(dict.fromkeys(r[0] for r in self._db.execute(
-                f"SELECT rowid FROM {table} WHERE {table} MATCH ? ORDER BY rank LIMIT ?",
-                (" AND ".join('"' + w.replace('"', '""') + '"' for w in present), limit))))
+        if len(present) > 1 and sum(df["words"].values()) > POSTINGS_BUDGET:
+            # chunks holding every word: the intersection is small and well ranked, and FTS5 finds it
+            # by skipping through the postings (a passage holding all the common words of a question
+            # is often in none of their champion lists)
+            both = self._all_of(present, limit)
+            ids.update(dict.fromkeys(both))
+            if len(both) < limit and len(present) > 2:
+                # few hold them all: those holding all but one (of the six rarest), each left out in turn
+                some = sorted(present, key=lambda w: df["words"][w])[:6]
+                for out in some:
+                    ids.update(dict.fromkeys(self._all_of([w for w in some if w != out], SUBSET_CANDIDATES)))
         chosen = _rarest(grams, df["grams"], CANDIDATE_GRAMS)
         if not (ids and lists and chosen and df["grams"][chosen[0]] > POSTINGS_BUDGET):
             # with champion candidates in hand, 4-grams that are all common add none (FTS5 would
