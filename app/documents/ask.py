@@ -176,6 +176,7 @@ class DocumentChat:
                         state = "partial" if state == "partial" and kept else "saved"
         end: TurnDone | None = None
         offset = evaluated
+        turn_at = time.monotonic() - t0     # passages, and the prefix read or restored
         for ev in run_turn(self.model, session, dp.prepared):
             if isinstance(ev, PromptProgress):
                 yield PromptProgress(offset + ev.done, offset + ev.total)
@@ -192,7 +193,7 @@ class DocumentChat:
                      prefix_state=state, passage_tokens=dp.passage_tokens, budget=dp.budget,
                      whole_collection=dp.whole_collection, seconds=time.monotonic() - t0, tokens=end.token_ids,
                      error=end.error, reasoning=end.reasoning, prompt_ids=end.prompt_ids, passages_s=passages_s,
-                     ttft_s=None if end.ttft_s is None else passages_s + end.ttft_s,
+                     ttft_s=None if end.ttft_s is None else turn_at + end.ttft_s,
                      tool_calls=list(end.tool_calls))
 
     def close(self) -> None:
