@@ -4,9 +4,6 @@ questions keep most of its top 5, and the stored lists stay what they would be i
 index again after files are added, changed and removed."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
 from app.documents import champions, index
@@ -14,8 +11,9 @@ from app.documents.retrieve import search
 from app.documents.store import DocumentStore
 from app.store.crypto import EphemeralKeys
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-import docs_corpus  # noqa: E402
+from corpus_tools import load_corpus_generator
+
+docs_corpus = load_corpus_generator()
 
 COMMON_QUESTIONS = ["payment", "the monthly rent and the deposit", "insurance policy premium", '"interest rate"',
                     "when is the council tax payment due", "doctor", "annual leave salary"]
