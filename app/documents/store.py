@@ -330,6 +330,7 @@ class DocumentStore:
         coll = self.collection(name)
         forget_states()
         with self._db:
+            self._db.execute(f"DROP TABLE IF EXISTS temp.docs_vocab_{int(coll.id)}")     # champions' view of it
             for t in fts_tables(coll.id):
                 self._db.execute(f"DROP TABLE IF EXISTS {t}")
             self._db.execute("DELETE FROM docs_chunks WHERE collection_id = ?", (coll.id,))
