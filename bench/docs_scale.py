@@ -2,7 +2,8 @@
 100 MB and (opt-in) 1 GB of generated text (bench/docs_corpus.py).
 
     .venv/bin/python bench/docs_scale.py --json [--sizes 10,100] [--workers N] [--keep DIR]
-                                        [--model DEMO_MODEL_DIR]
+                                        [--corpus-cache ~/.cache/ferry-bench] [--model DEMO_MODEL_DIR]
+    .venv/bin/python bench/docs_scale.py --json --measure KEPT_DIR/home/ferry.db
 
 For each size, in a fresh data folder with an encrypted database: the add
 (MB/s, files, passages, peak RSS of the adding process and of its worker
@@ -11,6 +12,10 @@ store and the collection, search latency p50/p95 over single-word,
 multi-word and phrase questions, and recall@3 / MRR of the test corpus's 58
 questions with the generated corpus in the same collection. With --model,
 the time to first token of ``ferry docs ask`` for a first and a later question.
+Search is also run without champion lists (the reference), and the word
+signal against the exhaustive ranking (every passage holding a question
+word): top-5 overlaps. ``--measure`` does the measuring part alone on a kept
+database (e.g. one whose add was stopped part way).
 Each size runs in a child process so its peak RSS is its own.
 """
 from __future__ import annotations
