@@ -70,8 +70,11 @@ def test_a_larger_corpus_through_the_pool_leaves_no_plaintext(home, tmp_path, mo
 _ADDER = textwrap.dedent("""
     import sys
     sys.path.insert(0, {root!r})
+    from app.documents import indexer
     from app.documents.store import DocumentStore
     from app.store.crypto import PassphraseKeys
+    # batches of a few files, by size alone: the kill lands between batches however fast the machine
+    indexer.BATCH_BYTES, indexer.BATCH_SECONDS = 60_000, 3600.0
     store = DocumentStore(keys=PassphraseKeys("pw"))
     def progress(p):
         if p.stage == "indexed":
