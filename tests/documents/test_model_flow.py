@@ -89,6 +89,7 @@ def test_prefix_state_is_saved_once_and_restored_bit_identically(demo, kr, home,
     store.close()
 
 
+@pytest.mark.slow
 def test_a_later_question_with_other_passages_starts_from_the_longest_saved_prefix(demo, kr, home, corpus_dir):
     """A new session (as a new process would have) for a question whose passages differ: it restores
     the saved state that shares the most tokens with its prefix, reads only the rest, and answers
