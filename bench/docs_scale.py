@@ -2,7 +2,8 @@
 100 MB and (opt-in) 1 GB of generated text (bench/docs_corpus.py).
 
     .venv/bin/python bench/docs_scale.py --json [--sizes 10,100] [--workers N] [--keep DIR]
-                                        [--model DEMO_MODEL_DIR]
+                                        [--corpus-cache ~/.cache/ferry-bench] [--model DEMO_MODEL_DIR]
+    .venv/bin/python bench/docs_scale.py --json --measure KEPT_DIR/home/ferry.db
 
 For each size, in a fresh data folder with an encrypted database: the add
 (MB/s, files, passages, peak RSS of the adding process and of its worker
@@ -11,6 +12,10 @@ store and the collection, search latency p50/p95 over single-word,
 multi-word and phrase questions, and recall@3 / MRR of the test corpus's 58
 questions with the generated corpus in the same collection. With --model,
 the time to first token of ``ferry docs ask`` for a first and a later question.
+Search is also run without champion lists (the reference), and the word
+signal against the exhaustive ranking (every passage holding a question
+word): top-5 overlaps. ``--measure`` does the measuring part alone on a kept
+database (e.g. one whose add was stopped part way).
 Each size runs in a child process so its peak RSS is its own.
 """
 from __future__ import annotations
@@ -22,7 +27,6 @@ import platform
 import random
 import resource
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -49,20 +53,28 @@ def _pct(xs: list[float], p: float) -> float:
     return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
 
 
-def run_size(megabytes: float, workers: int | None, keep: Path | None, seed: int) -> dict:
+def run_size(megabytes: float, workers: int | None, keep: Path | None, seed: int,
+             corpus_cache: Path | None = None) -> dict:
     """One size, in this process (the parent runs it in a child)."""
     import docs_corpus
-    from corpus_tools import build_corpus, questions
-    from retrieval_eval import evaluate
+    from corpus_tools import build_corpus
 
-    from app.documents.retrieve import search
     from app.documents.store import DocumentStore
     from app.store.crypto import PassphraseKeys
 
     work = Path(tempfile.mkdtemp(prefix="ferry-docs-scale-", dir=keep))
     corpus = work / "archive"
     t0 = time.perf_counter()
-    files = docs_corpus.generate(corpus, megabytes, seed)
+    if corpus_cache is not None:        # generated once, kept outside the repository for later runs
+        corpus = corpus_cache / f"archive-{megabytes:g}-{seed}"
+        if not corpus.is_dir():
+            tmp = corpus.with_name(corpus.name + ".tmp")
+            shutil.rmtree(tmp, ignore_errors=True)
+            docs_corpus.generate(tmp, megabytes, seed)
+            tmp.rename(corpus)
+        files = sorted(p for p in corpus.rglob("*") if p.is_file())
+    else:
+        files = docs_corpus.generate(corpus, megabytes, seed)
     gen_s = time.perf_counter() - t0
     text_bytes = sum(f.stat().st_size for f in files)
     db = work / "home" / "ferry.db"
@@ -71,6 +83,10 @@ def run_size(megabytes: float, workers: int | None, keep: Path | None, seed: int
     t0 = time.perf_counter()
     report = store.add("archive", [corpus], workers=workers)
     add_s = time.perf_counter() - t0
+    print(json.dumps({"added": report.as_dict() | {"added": len(report.added), "unchanged": len(report.unchanged)},
+                      "add_s": round(add_s, 1),
+                      "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}),
+          file=sys.stderr, flush=True)     # an early look at a long run
     test_corpus = build_corpus(work / "test-corpus")
     store.add("archive", [test_corpus], workers=1)
     coll = store.collection("archive")
@@ -78,6 +94,28 @@ def run_size(megabytes: float, workers: int | None, keep: Path | None, seed: int
     db_bytes = sum(p.stat().st_size for p in db.parent.iterdir() if p.name.startswith("ferry.db"))
     rss_self = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     rss_children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+
+    measured = measure(db, keys, seed)
+    out = {"megabytes": megabytes, "files": len(files), "text_mb": round(text_bytes / 1e6, 1),
+           "generate_s": round(gen_s, 1), "add_s": round(add_s, 1),
+           "add_mb_per_s": round(report.bytes / 1e6 / add_s, 3), "passages": coll.chunks,
+           "add_writer_s": {"storing": round(report.store_seconds, 1), "waiting_for_workers": round(report.wait_seconds, 1)},
+           "failed": len(report.failed), "workers": workers or os.cpu_count(),
+           "peak_rss_mb": {"adding_process": round(rss_self), "largest_worker": round(rss_children)},
+           "db_mb": round(db_bytes / 1e6, 1), "db_over_text": round(db_bytes / text_bytes, 2),
+           **measured}
+    if keep is None:
+        shutil.rmtree(work, ignore_errors=True)
+    return out
+
+
+def measure(db: Path, keys, seed: int) -> dict:
+    """Open time, search latency, the champion lists against the reference search, and recall of
+    the test corpus's questions, on a database whose "archive" collection holds the test corpus."""
+    from corpus_tools import questions
+
+    from app.documents.retrieve import search
+    from app.documents.store import DocumentStore
 
     t0 = time.perf_counter()
     store = DocumentStore(db, keys)
@@ -101,24 +139,64 @@ def run_size(megabytes: float, workers: int | None, keep: Path | None, seed: int
                 times.append((time.perf_counter() - t0) * 1000)
         lat[kind] = {"p50_ms": round(_pct(times, 50), 1), "p95_ms": round(_pct(times, 95), 1), "n": len(times)}
 
-    index.chunks = []          # evaluate's sanity check reads index.chunks: use the store's files instead
+    # the champion lists against the reference search (FTS5 ranks every posting of the chosen words)
+    reference = store.index("archive", use_champions=False)
+    overlap, ref_times = {}, []
+    for kind, qs in (("single_word", SINGLE), ("multi_word", MULTI), ("phrase", PHRASES)):
+        shares = []
+        for q in qs:
+            fast = {h.chunk.id for h in search(index, q, k=5)}
+            t0 = time.perf_counter()
+            ref = {h.chunk.id for h in search(reference, q, k=5)}
+            ref_times.append((time.perf_counter() - t0) * 1000)
+            shares.append(len(fast & ref) / len(ref) if ref else float(not fast))
+        overlap[kind] = {"mean": round(sum(shares) / len(shares), 3), "min": round(min(shares), 3)}
+    # the word signal (mode bm25) against the exhaustive ranking: every passage holding a question word
+    exhaustive = {}
+    for kind, qs in (("single_word", SINGLE), ("multi_word", MULTI), ("phrase", PHRASES)):
+        shares = []
+        for q in qs:
+            fast = [h.chunk.id for h in search(index, q, k=5, mode="bm25")]
+            best = _exhaustive_bm25(store, index, q, 5)
+            shares.append(len(set(fast) & set(best)) / len(best) if best else float(not fast))
+        exhaustive[kind] = {"mean": round(sum(shares) / len(shares), 3), "min": round(min(shares), 3)}
     qs = questions()
-    hybrid = _evaluate(store, index, qs, evaluate)
+    hybrid = _evaluate(index, qs)
+    hybrid_reference = _evaluate(reference, qs)
+    lists = store.db.execute("SELECT count(*), COALESCE(SUM(length(entries)), 0) FROM docs_champ").fetchone()
     store.close()
-    out = {"megabytes": megabytes, "files": len(files), "text_mb": round(text_bytes / 1e6, 1),
-           "generate_s": round(gen_s, 1), "add_s": round(add_s, 1),
-           "add_mb_per_s": round(report.bytes / 1e6 / add_s, 3), "passages": coll.chunks,
-           "failed": len(report.failed), "workers": workers or os.cpu_count(),
-           "peak_rss_mb": {"adding_process": round(rss_self), "largest_worker": round(rss_children)},
-           "db_mb": round(db_bytes / 1e6, 1), "db_over_text": round(db_bytes / text_bytes, 2),
-           "open_s": round(open_s, 3), "open_without_scrypt_s": round(reopen_s, 3),
-           "search": lat, "test_questions_mixed_in": hybrid}
-    if keep is None:
-        shutil.rmtree(work, ignore_errors=True)
-    return out
+    return {"passages": len(index), "open_s": round(open_s, 3), "open_without_scrypt_s": round(reopen_s, 3),
+            "search": lat, "test_questions_mixed_in": hybrid,
+            "champion_lists": {"words": lists[0], "mb": round(lists[1] / 1e6, 1)},
+            "top5_overlap_with_reference": overlap,
+            "bm25_top5_overlap_with_exhaustive": exhaustive,
+            "reference_search_ms": {"p50": round(_pct(ref_times, 50), 1), "p95": round(_pct(ref_times, 95), 1)},
+            "test_questions_mixed_in_reference": hybrid_reference}
 
 
-def _evaluate(store, index, qs, evaluate) -> dict:
+def _exhaustive_bm25(store, index, question: str, k: int) -> list[int]:
+    """The top k of the word BM25 over every passage that holds a question word (term frequencies of
+    all postings from FTS5 through fts5vocab), scored with the index's own formula and statistics."""
+    from app.documents.index import bm25, word_terms
+    from app.documents.store import fts_tables
+
+    words = list(dict.fromkeys(word_terms(question)))
+    df = index._df("words", words)
+    vocab = f"docs_vocab_{index.collection_id}"
+    store.db.execute(f"CREATE VIRTUAL TABLE IF NOT EXISTS temp.{vocab} USING fts5vocab(main, "
+                     f"{fts_tables(index.collection_id)[0]}, instance)")
+    score: dict[int, float] = {}
+    for w in words:
+        if not df[w]:
+            continue
+        for pid, tf, length in store.db.execute(
+                f"SELECT v.doc, count(*), c.wlen FROM temp.{vocab} v JOIN docs_chunks c ON c.id = v.doc "
+                "WHERE v.term = ? GROUP BY v.doc", (w,)):
+            score[pid] = score.get(pid, 0.0) + bm25(tf, df[w], index.n, length, index._avgdl["words"])
+    return sorted(score, key=lambda p: (-score[p], p))[:k]
+
+
+def _evaluate(index, qs) -> dict:
     from app.documents.retrieve import search
 
     hits3, rr = 0, 0.0
@@ -130,6 +208,28 @@ def _evaluate(store, index, qs, evaluate) -> dict:
         hits3 += rank is not None and rank <= 3
         rr += 1.0 / rank if rank else 0.0
     return {"recall@3": round(hits3 / len(qs), 4), "mrr": round(rr / len(qs), 4), "questions": len(qs)}
+
+
+def measure_kept(db: Path, seed: int) -> dict:
+    """measure() on a kept database (e.g. one whose add was stopped part way)."""
+    from corpus_tools import build_corpus
+
+    from app.documents.store import DocumentStore
+    from app.store.crypto import PassphraseKeys
+
+    keys = PassphraseKeys("bench passphrase")
+    store = DocumentStore(db, keys)
+    names = {f.name for f in store.files("archive")}
+    with tempfile.TemporaryDirectory() as tmp:
+        test_corpus = build_corpus(Path(tmp) / "test-corpus")
+        if not {f.name for f in test_corpus.iterdir()} <= names:
+            store.add("archive", [test_corpus], workers=1)
+    coll = store.collection("archive")
+    store.close()
+    text = coll.size
+    db_bytes = sum(p.stat().st_size for p in db.parent.iterdir() if p.name.startswith("ferry.db"))
+    return {"files": coll.files, "text_mb": round(text / 1e6, 1), "db_mb": round(db_bytes / 1e6, 1),
+            "db_over_text": round(db_bytes / max(1, text), 2), **measure(db, keys, seed)}
 
 
 CLI = "import sys; from app.cli import main; sys.exit(main(sys.argv[1:]))"     # `ferry` from this checkout
@@ -168,10 +268,17 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--keep", type=Path, default=None, help="work in this folder (default: a temporary one)")
     ap.add_argument("--model", default=None, help="a model folder for the docs ask TTFT")
+    ap.add_argument("--corpus-cache", type=Path, default=None,
+                    help="generate each size's corpus once into this folder and reuse it (e.g. ~/.cache/ferry-bench)")
+    ap.add_argument("--measure", type=Path, default=None,
+                    help="only measure a kept database (its ferry.db; the test corpus is added if missing)")
     ap.add_argument("--one", type=float, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.measure is not None:
+        print(json.dumps(measure_kept(args.measure, args.seed), indent=None if args.json else 1))
+        return
     if args.one is not None:
-        print(json.dumps(run_size(args.one, args.workers, args.keep, args.seed)))
+        print(json.dumps(run_size(args.one, args.workers, args.keep, args.seed, args.corpus_cache)))
         return
     results = []
     for mb in [float(s) for s in args.sizes.split(",") if s.strip()]:
@@ -180,9 +287,11 @@ def main() -> None:
             cmd += ["--workers", str(args.workers)]
         if args.keep is not None:
             cmd += ["--keep", str(args.keep)]
-        r = subprocess.run(cmd, capture_output=True, text=True)
+        if args.corpus_cache is not None:
+            cmd += ["--corpus-cache", str(args.corpus_cache)]
+        r = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)     # its stderr (early figures) passes through
         if r.returncode != 0:
-            results.append({"megabytes": mb, "error": r.stderr[-2000:]})
+            results.append({"megabytes": mb, "error": f"exit status {r.returncode} (its stderr is above)"})
         else:
             results.append(json.loads(r.stdout.strip().splitlines()[-1]))
         if not args.json:

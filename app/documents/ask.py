@@ -17,8 +17,9 @@ from typing import Iterator
 
 from app.documents.index import word_terms
 from app.documents.prompt import DocPrompt, Passage, build_prompt
-from app.documents.states import StateCache, StateError, model_fingerprint
+from app.documents.states import StateCache, StateError, model_fingerprint, shared_prefix
 from app.documents.store import DocumentStore
+from app.engine.binding import FerryError
 from app.chat.stream_parser import ToolCall
 from app.chat.turn import TurnRequest, run_turn
 from app.events import PromptProgress, Reasoning, Text, ToolCallMade, TurnDone
@@ -55,7 +56,8 @@ class Answer:
     reason: str
     prompt_tokens: int             #: tokens evaluated for this answer (prefix and question)
     reused_tokens: int
-    prefix_state: str              #: "restored", "saved", "held", "refused: ...", "off"
+    prefix_state: str              #: "restored", "partial" (a saved state's common beginning), "saved",
+    #: "held", "refused: ...", "off"
     passage_tokens: int
     budget: int
     whole_collection: bool
@@ -154,6 +156,14 @@ class DocumentChat:
                 if restored:
                     state = "restored"
                 else:
+                    # other passages: start from the saved prefix that shares the most with this one
+                    partial = None if state.startswith("refused") else self.states.longest(self.fingerprint, prefix)
+                    if partial is not None and partial[1] > shared_prefix(session.tokens, prefix):
+                        try:
+                            session.import_state(self.states.read(partial[0], self.fingerprint))
+                            state = "partial"
+                        except (StateError, FerryError):
+                            pass                # left as it was: the prefix is read, and saved below
                     kept = session.sync(prefix)
                     todo = prefix[kept:]
                     total = len(dp.ids) - kept
@@ -163,9 +173,10 @@ class DocumentChat:
                     evaluated = len(todo)
                     self.states.save(self.fingerprint, session.export_state())
                     if not state.startswith("refused"):
-                        state = "saved"
+                        state = "partial" if state == "partial" and kept else "saved"
         end: TurnDone | None = None
         offset = evaluated
+        turn_at = time.monotonic() - t0     # passages, and the prefix read or restored
         for ev in run_turn(self.model, session, dp.prepared):
             if isinstance(ev, PromptProgress):
                 yield PromptProgress(offset + ev.done, offset + ev.total)
@@ -182,7 +193,7 @@ class DocumentChat:
                      prefix_state=state, passage_tokens=dp.passage_tokens, budget=dp.budget,
                      whole_collection=dp.whole_collection, seconds=time.monotonic() - t0, tokens=end.token_ids,
                      error=end.error, reasoning=end.reasoning, prompt_ids=end.prompt_ids, passages_s=passages_s,
-                     ttft_s=None if end.ttft_s is None else passages_s + end.ttft_s,
+                     ttft_s=None if end.ttft_s is None else turn_at + end.ttft_s,
                      tool_calls=list(end.tool_calls))
 
     def close(self) -> None:

@@ -43,12 +43,17 @@ def sentence_spans(text: str, base: int = 0) -> list[tuple[int, int]]:
     start = 0
     for m in _END.finditer(text):
         end = m.end()
-        word = re.search(r"([\w.]+)[.]$", text[start:m.start() + 1])
+        dot = m.start()
         following = text[end:end + 3].lstrip()
-        if m.group().startswith(".") and word and word.group(1).lower().rstrip(".") in _ABBREV:
-            continue
-        if m.group().startswith(".") and re.search(r"\d\.$", text[:m.start() + 1]) and following[:1].isdigit():
-            continue
+        if text[dot] == ".":
+            # the run of word characters and dots before the full stop ("e.g", "Dr"), within the sentence
+            k = dot
+            while k > start and (text[k - 1].isalnum() or text[k - 1] in "._"):
+                k -= 1
+            if k < dot and text[k:dot].lower().rstrip(".") in _ABBREV:
+                continue
+            if dot > 0 and text[dot - 1].isdecimal() and following[:1].isdigit():
+                continue
         if following and following[0].islower():
             continue
         spans.append((start, end))

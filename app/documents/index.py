@@ -18,11 +18,15 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
+from app.documents import champions
+
 K1 = 1.2
 B = 0.75
 NGRAM = 4
 #: candidates taken from each FTS5 table before the exact rerank
 CANDIDATES = 25
+#: candidates from each "all the question's words but one" intersection (when few hold them all)
+SUBSET_CANDIDATES = 5
 #: at most this many of the question's 4-grams (the rarest) choose the n-gram candidates
 CANDIDATE_GRAMS = 24
 #: FTS5 ranks every chunk that holds a candidate term, so the terms that choose candidates
@@ -96,11 +100,11 @@ _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3})")
 
 
 def raw_words(text: str) -> list[str]:
-    out = _TOKEN.findall(_fold(text))
-    for i, w in enumerate(out):
-        if "," in w and w[0].isdigit():
-            out[i] = _THOUSANDS.sub("", w)      # 2,400 -> 2400
-    return out
+    text = _fold(text)
+    if "," in text:
+        # 2,400 -> 2400 (a digit, a comma and three digits are always inside one number token)
+        text = _THOUSANDS.sub("", text)
+    return _TOKEN.findall(text)
 
 
 def word_terms(text: str, raw: list[str] | None = None) -> list[str]:
@@ -123,15 +127,27 @@ def ngram_terms(text: str, raw: list[str] | None = None) -> list[str]:
     return grams
 
 
+@functools.lru_cache(maxsize=200_000)
+def _gram_text(word: str) -> str:
+    return " ".join(_grams(word))
+
+
 def terms_for(heading: str, text: str) -> tuple[str, int, str, int]:
-    """A chunk's index terms as stored: (words, how many, 4-grams, how many)."""
-    raw = raw_words(f"{heading}\n{text}")
-    w, g = word_terms("", raw), ngram_terms("", raw)
-    return " ".join(w), len(w), " ".join(g), len(g)
+    """A chunk's index terms as stored: (words, how many, 4-grams, how many); the same terms as
+    word_terms and ngram_terms, joined through per-word caches (this runs for every passage added)."""
+    raw = [w for w in raw_words(f"{heading}\n{text}") if w not in STOPWORDS]
+    if not raw:
+        return "", 0, "", 0
+    g = " ".join(map(_gram_text, raw))
+    return " ".join(map(stem, raw)), len(raw), g, g.count(" ") + 1
+
+
+def _idf(df: int, n: int) -> float:
+    return math.log(1.0 + (n - df + 0.5) / (df + 0.5))
 
 
 def bm25(tf: int, df: int, n: int, length: int, avgdl: float) -> float:
-    idf = math.log(1.0 + (n - df + 0.5) / (df + 0.5))
+    idf = _idf(df, n)
     return idf * tf * (K1 + 1) / (tf + K1 * (1 - B + B * length / (avgdl or 1.0)))
 
 
@@ -172,8 +188,10 @@ def _rarest(terms: Sequence[str], df: dict[str, int], most: int) -> list[str]:
 class FtsIndex:
     """One collection's persistent index, read through the store's connection."""
 
-    def __init__(self, db, collection_id: int, words_table: str, grams_table: str):
+    def __init__(self, db, collection_id: int, words_table: str, grams_table: str, *, use_champions: bool = True):
         self._db, self.collection_id = db, collection_id
+        #: False: FTS5 ranks every posting of the chosen words (the reference the lists are measured against)
+        self.use_champions = use_champions
         self._tables = {"words": words_table, "grams": grams_table}
         self.n, wlen, glen, self._df_stored = db.execute(
             "SELECT n_chunks, wlen, glen, df_ready FROM docs_collections WHERE id = ?", (collection_id,)).fetchone()
@@ -215,6 +233,12 @@ class FtsIndex:
         return [r[0] for r in self._db.execute(f"SELECT rowid FROM {table} WHERE {table} MATCH ? ORDER BY rank "
                                                "LIMIT ?", (_match(terms), limit))]
 
+    def _all_of(self, words: Sequence[str], limit: int) -> list[int]:
+        table = self._tables["words"]
+        return [r[0] for r in self._db.execute(
+            f"SELECT rowid FROM {table} WHERE {table} MATCH ? ORDER BY rank LIMIT ?",
+            (" AND ".join('"' + w.replace('"', '""') + '"' for w in words), limit))]
+
     def score(self, words: Sequence[str], grams: Sequence[str], *, limit: int = CANDIDATES
               ) -> list[tuple[IndexedChunk, float, float]]:
         """(chunk, word BM25, n-gram BM25) of the candidates for these question terms."""
@@ -225,14 +249,32 @@ class FtsIndex:
             limit *= 2          # one signal alone (mode bm25 or ngram) takes both signals' candidates
         df = {"words": self._df("words", words), "grams": self._df("grams", grams)}
         present = [w for w in words if df["words"][w]]
-        ids = dict.fromkeys(self._candidates("words", _rarest(present, df["words"], len(present)), limit))
+        # common words are read from their champion lists (app/documents/champions.py), rare ones
+        # (and a common one without a list) are ranked by FTS5 over their postings
+        lists = champions.read(self._db, self.collection_id,
+                               [w for w in present if df["words"][w] >= champions.CHAMPION_DF]
+                               ) if self.use_champions else {}
+        rare = [w for w in present if w not in lists]
+        ids = dict.fromkeys(self._candidates("words", _rarest(rare, df["words"], len(rare)), limit))
+        if lists:
+            idf = {t: _idf(df["words"][t], self.n) for t in lists}
+            ids.update(dict.fromkeys(champions.candidates(lists, idf, self._avgdl["words"], limit)))
         if len(present) > 1 and sum(df["words"].values()) > POSTINGS_BUDGET:
-            # chunks holding every word (however common): the intersection is small and well ranked
-            table = self._tables["words"]
-            ids.update(dict.fromkeys(r[0] for r in self._db.execute(
-                f"SELECT rowid FROM {table} WHERE {table} MATCH ? ORDER BY rank LIMIT ?",
-                (" AND ".join('"' + w.replace('"', '""') + '"' for w in present), limit))))
-        ids.update(dict.fromkeys(self._candidates("grams", _rarest(grams, df["grams"], CANDIDATE_GRAMS), limit)))
+            # chunks holding every word: the intersection is small and well ranked, and FTS5 finds it
+            # by skipping through the postings (a passage holding all the common words of a question
+            # is often in none of their champion lists)
+            both = self._all_of(present, limit)
+            ids.update(dict.fromkeys(both))
+            if len(both) < limit and len(present) > 2:
+                # few hold them all: those holding all but one (of the six rarest), each left out in turn
+                some = sorted(present, key=lambda w: df["words"][w])[:6]
+                for out in some:
+                    ids.update(dict.fromkeys(self._all_of([w for w in some if w != out], SUBSET_CANDIDATES)))
+        chosen = _rarest(grams, df["grams"], CANDIDATE_GRAMS)
+        if not (ids and lists and chosen and df["grams"][chosen[0]] > POSTINGS_BUDGET):
+            # with champion candidates in hand, 4-grams that are all common add none (FTS5 would
+            # rank every passage that holds the rarest of them)
+            ids.update(dict.fromkeys(self._candidates("grams", chosen, limit)))
         if not ids:
             return []
         rows = self._db.execute(f"SELECT {_CHUNK_COLS} FROM docs_chunks c JOIN docs_files f ON f.id = c.file_id "

@@ -35,11 +35,18 @@ from app.documents.chunk import chunk_document
 from app.documents.extract import MAX_FILE_BYTES, ExtractError, expand, extract
 from app.documents.index import terms_for
 from app.documents.walk import display_name, read_document_bytes
-from app.documents.store import AddProgress, AddReport, DocumentStore
+from app.documents.store import AddProgress, AddReport, DocumentStore, IndexBatch, df_terms
 
 #: below this much to read, files are read in the calling thread (no process start-up)
 INLINE_BYTES = 4 * 2**20
 INLINE_FILES = 8
+#: finished files are stored together in one transaction until they hold this much text or this
+#: long has passed since the transaction began, and at least 10x as long as the last commit took
+#: (each commit writes new FTS5 segments that are merged later, and syncs; one transaction per
+#: file made storing the bottleneck, and so did 1 s batches on a large index: docs/BENCHMARKS.md)
+BATCH_BYTES = 16 * 2**20
+BATCH_SECONDS = 1.0
+BATCH_COMMIT_SHARE = 10
 
 
 def walk(paths: Iterable[str | Path]) -> tuple[list[Path], list[tuple[Path, str]]]:
@@ -81,12 +88,13 @@ def prepare(path: str, known: tuple | None) -> dict:
                 "reason": f"cannot be read ({type(exc).__name__}: {exc})"}
     del data
     p = Path(path)
+    terms = [terms_for(c.heading, c.text) for c in chunks]
     return {"state": "indexed", "size": size,
             "info": {"path": path, "name": p.name, "kind": doc.kind, "chars": doc.chars, "size": size,
                      "mtime_ns": mtime_ns, "sha256": digest},
             "pages": [(pg.number, pg.text) for pg in doc.pages],
             "chunks": [(c.seq, c.page, c.heading, c.start, c.end, c.text) for c in chunks],
-            "terms": [terms_for(c.heading, c.text) for c in chunks]}
+            "terms": terms, "df": df_terms(terms)}
 
 
 class _Inline:
@@ -162,6 +170,31 @@ def add_paths(store: DocumentStore, name: str, paths: Iterable[str | Path], *,
         state.eta_s = state.seconds * left / state.bytes_done if state.bytes_done and left > 0 else None
         emit(AddProgress(**vars(state)))
 
+    batch = IndexBatch(coll.id)
+    # a larger page cache for the writer (bounded: 64 MiB): FTS5 merges and the champion lists
+    # re-read their pages, and every page read from the file is decrypted and authenticated
+    db.execute("PRAGMA cache_size = -65536")
+    stored: list[tuple[Path, int, str, str]] = []    # in the open transaction: (file, size, stage, message)
+    batch_bytes, batch_t0, batch_s = 0, time.monotonic(), BATCH_SECONDS
+
+    def commit() -> None:
+        # progress says "indexed" only for what is committed: a crash after it loses none of it
+        nonlocal batch_bytes, batch_t0, batch_s
+        t = time.monotonic()
+        if db.in_transaction:
+            batch.flush(db)
+            db.commit()
+        took = time.monotonic() - t
+        report.store_seconds += took
+        batch_s = max(BATCH_SECONDS, BATCH_COMMIT_SHARE * took)
+        for f, size, what, message in stored:
+            state.done += 1
+            state.bytes_done += size
+            state.chunks = report.chunks
+            stage(f, what, message)
+        stored.clear()
+        batch_bytes, batch_t0 = 0, time.monotonic()
+
     try:
         while True:
             while len(pending) < window:
@@ -179,6 +212,7 @@ def add_paths(store: DocumentStore, name: str, paths: Iterable[str | Path], *,
                 report.cancelled = True
                 break
             f, size, fut = pending.popleft()
+            t = time.monotonic()
             try:
                 result = fut.result()
             except BrokenProcessPool:
@@ -188,16 +222,26 @@ def add_paths(store: DocumentStore, name: str, paths: Iterable[str | Path], *,
                 pool, window = _Inline(), 1
                 pending = deque((g, gs, pool.submit(prepare, str(g), known.get(str(g)))) for g, gs, _ in pending)
                 result = prepare(str(f), known.get(str(f)))
-            _store(store, coll.id, f, result, report)
-            state.done += 1
-            state.bytes_done += size
-            state.chunks = report.chunks
+            report.wait_seconds += time.monotonic() - t
+            t = time.monotonic()
+            try:
+                _store(store, coll.id, f, result, report, batch)
+            except BaseException:
+                db.rollback()
+                raise
+            report.store_seconds += time.monotonic() - t
             what = {"indexed": "indexed", "failed": "failed"}.get(result["state"], "unchanged")
             n = len(result.get("chunks", ()))
-            stage(f, what, result.get("reason", f"{n} passages" if what == "indexed" else ""))
+            stored.append((f, size, what, result.get("reason", f"{n} passages" if what == "indexed" else "")))
+            batch_bytes += size if what == "indexed" else 0
+            if batch_bytes >= BATCH_BYTES or time.monotonic() - batch_t0 >= batch_s:
+                commit()
+        commit()
         if cancelled is not None and cancelled() and (pending or next(todo, None) is not None):
             report.cancelled = True
     finally:
+        if db.in_transaction:       # an error above: the files of the open batch are read again next time
+            db.rollback()
         pool.shutdown(wait=True, cancel_futures=True)
     report.seconds = time.monotonic() - t0
     state.done = state.done if report.cancelled else len(files)
@@ -205,25 +249,25 @@ def add_paths(store: DocumentStore, name: str, paths: Iterable[str | Path], *,
     return report
 
 
-def _store(store: DocumentStore, cid: int, f: Path, result: dict, report: AddReport) -> None:
+def _store(store: DocumentStore, cid: int, f: Path, result: dict, report: AddReport, batch: IndexBatch) -> None:
+    """Store one prepared file in the open transaction (the caller commits the batch)."""
     db = store.db
     what = result["state"]
     if what == "unchanged":
         report.unchanged.append(f)
-        return
-    with db:
-        if what == "touched":
-            db.execute("UPDATE docs_files SET mtime_ns = ? WHERE collection_id = ? AND path = ?",
-                       (result["mtime_ns"], cid, str(f)))
-            report.unchanged.append(f)
-        elif what == "failed":
-            store.mark_skipped(cid, str(f), result["reason"], result["size"], result["mtime_ns"])
-            report.failed.append((f, result["reason"]))
-        else:
-            store.insert_file(cid, result["info"], result["pages"], result["chunks"], result["terms"])
-            report.added.append(f)
-            report.chunks += len(result["chunks"])
-            report.bytes += result["size"]
+    elif what == "touched":
+        db.execute("UPDATE docs_files SET mtime_ns = ? WHERE collection_id = ? AND path = ?",
+                   (result["mtime_ns"], cid, str(f)))
+        report.unchanged.append(f)
+    elif what == "failed":
+        store.mark_skipped(cid, str(f), result["reason"], result["size"], result["mtime_ns"], batch)
+        report.failed.append((f, result["reason"]))
+    else:
+        store.insert_file(cid, result["info"], result["pages"], result["chunks"], result["terms"], batch,
+                           result["df"])
+        report.added.append(f)
+        report.chunks += len(result["chunks"])
+        report.bytes += result["size"]
 
 
 def _changed(store: DocumentStore, name: str, root: Path) -> bool:

@@ -13,11 +13,19 @@ caches are derived from the documents, so they are secret like the text:
 A file from another model, for another prefix, damaged, or made with
 another key is refused with a message that says which; the C core checks
 its own fingerprint and CRC again on import.
+
+A question whose passages differ from every saved prefix can still start
+from the saved state that shares the longest beginning with it (the
+template, the instructions and the passages they have in common, in
+document order): ``prefixes.fxdi`` lists each saved state's model and token
+ids, encrypted (AES-256-GCM with the states key), so :meth:`StateCache.longest`
+finds it without opening every state.
 """
 from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +45,10 @@ HEADER = 4 + 1 + 32 + 32
 NONCE = 12
 #: total size of saved states kept; the least recently used go first
 DEFAULT_CAP = 2 * 2**30
+#: the list of saved prefixes (see the module's docstring)
+INDEX_NAME = "prefixes.fxdi"
+#: a saved state shorter than this in common with the prompt is not worth restoring
+MIN_SHARED = 16
 
 
 class StateError(ValueError):
@@ -49,6 +61,14 @@ def model_fingerprint(model_path: str | os.PathLike) -> bytes:
 
 def prefix_hash(tokens: Sequence[int]) -> bytes:
     return hashlib.sha256(np.asarray(list(tokens), dtype="<i4").tobytes()).digest()
+
+
+def shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many tokens ``a`` and ``b`` have in common at their start."""
+    n, limit = 0, min(len(a), len(b))
+    while n < limit and a[n] == b[n]:
+        n += 1
+    return n
 
 
 def states_dir() -> Path:
@@ -79,7 +99,39 @@ class StateCache:
         private_dir(self.root)
         write_private(path, data)
         self._evict(keep=path)
+        index = self._index()
+        index[path.name] = (fingerprint.hex(), list(state.tokens))
+        self._write_index(index)
         return path
+
+    def _index(self) -> dict[str, tuple[str, list[int]]]:
+        """name -> (model fingerprint, tokens) of the saved states that still exist; empty when
+        the list is missing or cannot be read (it is a cache: the states themselves are checked)."""
+        try:
+            data = (self.root / INDEX_NAME).read_bytes()
+            plain = self._aead.decrypt(data[:NONCE], data[NONCE:], b"FXDI")
+            raw = json.loads(plain)
+        except (OSError, InvalidTag, ValueError):
+            return {}
+        return {name: (fp, toks) for name, (fp, toks) in raw.items() if (self.root / name).exists()}
+
+    def _write_index(self, index: dict[str, tuple[str, list[int]]]) -> None:
+        nonce = os.urandom(NONCE)
+        plain = json.dumps(index, separators=(",", ":")).encode()
+        write_private(self.root / INDEX_NAME, nonce + self._aead.encrypt(nonce, plain, b"FXDI"))
+
+    def longest(self, fingerprint: bytes, tokens: Sequence[int]) -> tuple[Path, int] | None:
+        """The saved state of this model sharing the longest beginning with ``tokens`` (at least
+        MIN_SHARED tokens), and how many tokens it shares; None when there is none."""
+        best: tuple[Path, int] | None = None
+        want = fingerprint.hex()
+        for name, (fp, saved) in self._index().items():
+            if fp != want:
+                continue
+            n = shared_prefix(saved, tokens)
+            if n >= MIN_SHARED and (best is None or n > best[1]):
+                best = (self.root / name, n)
+        return best
 
     def _evict(self, keep: Path) -> None:
         files = sorted(self.root.glob("*.fxds"), key=lambda p: p.stat().st_mtime)

@@ -24,6 +24,7 @@ from typing import Callable, Iterable, Sequence
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from app.documents import champions
 from app.documents.index import FtsIndex, IndexedChunk, terms_for
 from app.documents.walk import display_name
 from app.store import database
@@ -205,13 +206,16 @@ class AddReport:
     bytes: int = 0
     seconds: float = 0.0
     cancelled: bool = False
+    store_seconds: float = 0.0    #: of ``seconds``, storing (inserts, index upkeep, commits)
+    wait_seconds: float = 0.0     #: of ``seconds``, waiting for the workers' next file
 
     def as_dict(self) -> dict:
         return {"added": [str(p) for p in self.added], "unchanged": [str(p) for p in self.unchanged],
                 "failed": [{"path": display_name(p), "name": display_name(p.name), "error": why}
                            for p, why in self.failed],
                 "removed": [str(p) for p in self.removed], "chunks": self.chunks, "bytes": self.bytes,
-                "seconds": round(self.seconds, 3), "cancelled": self.cancelled}
+                "seconds": round(self.seconds, 3), "cancelled": self.cancelled,
+                "store_seconds": round(self.store_seconds, 3), "wait_seconds": round(self.wait_seconds, 3)}
 
 
 class DocumentStore:
@@ -253,6 +257,14 @@ class DocumentStore:
                 db.execute("ALTER TABLE docs_collections ADD COLUMN df_ready INTEGER NOT NULL DEFAULT 0")
         for cid, in db.execute("SELECT id FROM docs_collections WHERE df_ready = 0").fetchall():
             _count_df(db, cid)
+        champions.ensure_schema(db)
+        if not any(r[1] == "champ_ready" for r in db.execute("PRAGMA table_info(docs_collections)")):
+            with db:
+                db.execute("ALTER TABLE docs_collections ADD COLUMN champ_ready INTEGER NOT NULL DEFAULT 0")
+        for cid, in db.execute("SELECT id FROM docs_collections WHERE champ_ready = 0").fetchall():
+            with db:        # once, for a collection indexed before champion lists existed
+                champions.build_missing(db, cid)
+                db.execute("UPDATE docs_collections SET champ_ready = 1 WHERE id = ?", (cid,))
 
     def clone(self) -> "DocumentStore":
         return DocumentStore(self.path, _opened=(self._key, self._raw))
@@ -285,8 +297,8 @@ class DocumentStore:
                 raise DocumentError(f"there is no collection '{name}' (add documents with: ferry docs add)")
             now = time.time()
             with self._db:
-                cur = self._db.execute("INSERT INTO docs_collections(name, created, updated, df_ready) "
-                                       "VALUES (?, ?, ?, 1)",
+                cur = self._db.execute("INSERT INTO docs_collections(name, created, updated, df_ready, "
+                                       "champ_ready) VALUES (?, ?, ?, 1, 1)",
                                        (name, now, now))
                 tw, tg = fts_tables(cur.lastrowid)
                 self._db.execute(_FTS.format(t=tw, detail=""))
@@ -318,10 +330,12 @@ class DocumentStore:
         coll = self.collection(name)
         forget_states()
         with self._db:
+            self._db.execute(f"DROP TABLE IF EXISTS temp.docs_vocab_{int(coll.id)}")     # champions' view of it
             for t in fts_tables(coll.id):
                 self._db.execute(f"DROP TABLE IF EXISTS {t}")
             self._db.execute("DELETE FROM docs_chunks WHERE collection_id = ?", (coll.id,))
             self._db.execute("DELETE FROM docs_df WHERE collection_id = ?", (coll.id,))
+            self._db.execute("DELETE FROM docs_champ WHERE collection_id = ?", (coll.id,))
             self._db.execute("DELETE FROM docs_files WHERE collection_id = ?", (coll.id,))
             self._db.execute("DELETE FROM docs_collections WHERE id = ?", (coll.id,))
 
@@ -381,14 +395,19 @@ class DocumentStore:
             self._db.execute("DELETE FROM docs_sources WHERE collection_id = ? AND path = ?", (coll.id, p))
         return True
 
-    def delete_file_rows(self, cid: int, file_id: int) -> None:
-        """Delete a file, its pages, passages and index entries (inside the caller's transaction)."""
+    def delete_file_rows(self, cid: int, file_id: int, batch: IndexBatch | None = None) -> None:
+        """Delete a file, its pages, passages and index entries (inside the caller's transaction;
+        a pending ``batch`` is written first)."""
         db = self._db
+        if batch is not None:
+            batch.flush(db)
         n, wl, gl = db.execute("SELECT COUNT(*), COALESCE(SUM(wlen), 0), COALESCE(SUM(glen), 0) FROM docs_chunks "
                                "WHERE file_id = ?", (file_id,)).fetchone()
         if n:
-            _update_df(db, cid, [terms_for(h, t) for h, t in db.execute(
-                "SELECT heading, text FROM docs_chunks WHERE file_id = ?", (file_id,))], -1)
+            rows = db.execute("SELECT id, heading, text FROM docs_chunks WHERE file_id = ?", (file_id,)).fetchall()
+            terms = [terms_for(h, t) for _, h, t in rows]
+            counts = df_counts(terms)
+            _write_df(db, cid, counts, -1)
             for t in fts_tables(cid):
                 db.execute(f"DELETE FROM {t} WHERE rowid IN (SELECT id FROM docs_chunks WHERE file_id = ?)",
                            (file_id,))
@@ -396,18 +415,21 @@ class DocumentStore:
         db.execute("UPDATE docs_collections SET n_chunks = n_chunks - ?, wlen = wlen - ?, glen = glen - ?, "
                    "generation = generation + 1, updated = ? WHERE id = ?", (n, wl, gl, time.time(), cid))
         if n:
+            champions.removed(db, cid, {r[0] for r in rows}, counts[0])
             forget_states()
 
     def insert_file(self, cid: int, info: dict, pages: Sequence[tuple[int | None, str]],
-                    chunks: Sequence[tuple], terms: Sequence[tuple[str, int, str, int]]) -> int:
+                    chunks: Sequence[tuple], terms: Sequence[tuple[str, int, str, int]],
+                    batch: IndexBatch | None = None, df: tuple[str, str] | None = None) -> int:
         """Store one read file (inside the caller's transaction): ``info`` (path, name, kind, chars,
         size, mtime_ns, sha256), its pages (number, text), its chunks (seq, page, heading, start, end,
-        text) and per chunk its index terms (words, count, grams, count)."""
+        text) and per chunk its index terms (words, count, grams, count), with their df_terms if the
+        caller has them (a worker process makes them). With a ``batch``, document frequencies and champion lists are left to its ``flush`` (before the transaction commits)."""
         db = self._db
         old = db.execute("SELECT id FROM docs_files WHERE collection_id = ? AND path = ?",
                          (cid, info["path"])).fetchone()
         if old is not None:
-            self.delete_file_rows(cid, old[0])
+            self.delete_file_rows(cid, old[0], batch)
         cur = db.execute("INSERT INTO docs_files(collection_id, path, name, kind, pages, chunks, chars, size, "
                          "mtime_ns, sha256, added, status) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'indexed')",
                          (cid, info["path"], info["name"], info["kind"], len(pages), len(chunks), info["chars"],
@@ -423,21 +445,26 @@ class DocumentStore:
         tw, tg = fts_tables(cid)
         db.executemany(f"INSERT INTO {tw}(rowid, terms) VALUES (?, ?)", [(i, t[0]) for i, t in zip(ids, terms)])
         db.executemany(f"INSERT INTO {tg}(rowid, terms) VALUES (?, ?)", [(i, t[2]) for i, t in zip(ids, terms)])
-        _update_df(db, cid, terms, +1)
         now = time.time()
         db.execute("UPDATE docs_collections SET n_chunks = n_chunks + ?, wlen = wlen + ?, glen = glen + ?, "
                    "generation = generation + 1, updated = ?, last_indexed = ? WHERE id = ?",
                    (len(chunks), sum(t[1] for t in terms), sum(t[3] for t in terms), now, now, cid))
+        own = batch is None
+        batch = IndexBatch(cid) if own else batch
+        batch.add(ids, terms, df)
+        if own:
+            batch.flush(db)
         return fid
 
-    def mark_skipped(self, cid: int, path: str, reason: str, size: int = 0, mtime_ns: int = 0) -> None:
+    def mark_skipped(self, cid: int, path: str, reason: str, size: int = 0, mtime_ns: int = 0,
+                     batch: IndexBatch | None = None) -> None:
         """Record a file that could not be read, with why (inside the caller's transaction).
         A name that is not UTF-8 is kept as printable text (U+FFFD for its bad bytes)."""
         path = display_name(path)
         old = self._db.execute("SELECT id FROM docs_files WHERE collection_id = ? AND path = ?",
                                (cid, path)).fetchone()
         if old is not None:
-            self.delete_file_rows(cid, old[0])
+            self.delete_file_rows(cid, old[0], batch)
         self._db.execute("INSERT INTO docs_files(collection_id, path, name, size, mtime_ns, added, status, reason) "
                          "VALUES (?, ?, ?, ?, ?, ?, 'skipped', ?)",
                          (cid, path, Path(path).name, size, mtime_ns, time.time(), reason))
@@ -472,18 +499,33 @@ class DocumentStore:
         """Every passage of a collection (for small collections and tests; search uses :meth:`index`)."""
         return self.index(name).head(None)
 
-    def index(self, name: str) -> FtsIndex:
-        """The collection's persistent index (nothing is built here)."""
+    def index(self, name: str, *, use_champions: bool = True) -> FtsIndex:
+        """The collection's persistent index (nothing is built here); ``use_champions=False`` gives
+        the reference search that lets FTS5 rank every posting (for measuring the lists)."""
         coll = self.collection(name)
-        return FtsIndex(self._db, coll.id, *fts_tables(coll.id))
+        return FtsIndex(self._db, coll.id, *fts_tables(coll.id), use_champions=use_champions)
 
 
-def _update_df(db, cid: int, terms: Sequence[tuple[str, int, str, int]], sign: int) -> None:
-    """Add (sign +1) or take away (-1) these passages' terms (terms_for) from the collection's docs_df."""
-    for signal, col in zip(SIGNALS, (0, 2)):
-        df = Counter()
-        for t in terms:
-            df.update(set(t[col].split()))       # the FTS5 tokenizer splits the stored terms on spaces alone
+def df_terms(terms: Iterable[tuple[str, int, str, int]]) -> tuple[str, str]:
+    """Each word and each 4-gram of these passages (their terms_for) once per passage that holds it,
+    space-separated: what a worker process hands the writer, which counts it at C speed."""
+    w, g = [], []
+    for t in terms:
+        w.extend(set(t[0].split()))        # the FTS5 tokenizer splits the stored terms on spaces alone
+        g.extend(set(t[2].split()))
+    return " ".join(w), " ".join(g)
+
+
+def df_counts(terms: Iterable[tuple[str, int, str, int]], flat: tuple[str, str] | None = None
+              ) -> tuple[Counter, Counter]:
+    """How many of these passages hold each word and each 4-gram (from df_terms, if given)."""
+    flat = df_terms(terms) if flat is None else flat
+    return Counter(flat[0].split()), Counter(flat[1].split())
+
+
+def _write_df(db, cid: int, counts: tuple[Counter, Counter], sign: int) -> None:
+    """Add (sign +1) or take away (-1) document frequencies to / from the collection's docs_df."""
+    for signal, df in zip(SIGNALS, counts):
         if sign > 0:
             db.executemany("INSERT INTO docs_df(collection_id, signal, term, df) VALUES (?, ?, ?, ?) "
                            "ON CONFLICT DO UPDATE SET df = df + excluded.df",
@@ -493,6 +535,36 @@ def _update_df(db, cid: int, terms: Sequence[tuple[str, int, str, int]], sign: i
                            [(n, cid, signal, term) for term, n in df.items()])
             db.executemany("DELETE FROM docs_df WHERE collection_id = ? AND signal = ? AND term = ? AND df <= 0",
                            [(cid, signal, term) for term in df])
+
+
+def _update_df(db, cid: int, terms: Sequence[tuple[str, int, str, int]], sign: int) -> None:
+    _write_df(db, cid, df_counts(terms), sign)
+
+
+class IndexBatch:
+    """The index upkeep of several files stored in one transaction, written once by :meth:`flush`
+    (document frequencies and champion lists: one upsert per term per batch instead of per file)."""
+
+    def __init__(self, cid: int):
+        self.cid = cid
+        self.df: tuple[Counter, Counter] = (Counter(), Counter())
+        self.passages: list[tuple[int, str]] = []     #: (passage id, its word terms)
+
+    def add(self, ids: Iterable[int], terms: Sequence[tuple[str, int, str, int]],
+            flat: tuple[str, str] | None = None) -> None:
+        """Passages stored in this batch; ``flat``: their df_terms, if the caller has them."""
+        flat = df_terms(terms) if flat is None else flat
+        self.df[0].update(flat[0].split())
+        self.df[1].update(flat[1].split())
+        self.passages.extend((i, t[0]) for i, t in zip(ids, terms))
+
+    def flush(self, db) -> None:
+        """Write what is pending (inside the caller's transaction, before its commit)."""
+        if self.passages:
+            _write_df(db, self.cid, self.df, +1)
+            champions.added(db, self.cid, self.passages)
+        self.df = (Counter(), Counter())
+        self.passages = []
 
 
 def _count_df(db, cid: int) -> None:
@@ -509,7 +581,7 @@ def forget_states() -> int:
     """Delete every saved prefix state: they hold (as attention caches) the passages they were
     read from, so a removed or changed file must not live on in one. They are a cache: the next
     question reads its passages again. Returns how many were deleted."""
-    from app.documents.states import states_dir
+    from app.documents.states import INDEX_NAME, states_dir
 
     n = 0
     root = states_dir()
@@ -517,6 +589,7 @@ def forget_states() -> int:
         for f in root.glob("*.fxds"):
             f.unlink(missing_ok=True)
             n += 1
+        (root / INDEX_NAME).unlink(missing_ok=True)     # their token lists go with them
     return n
 
 

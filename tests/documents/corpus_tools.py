@@ -62,3 +62,15 @@ def build_corpus(dest: Path) -> Path:
 
 def questions() -> list[dict]:
     return json.loads((CORPUS / "questions.json").read_text(encoding="utf-8"))
+
+
+def load_corpus_generator():
+    """bench/docs_corpus.py, loaded by path: putting bench/ on sys.path would shadow packages
+    (bench/kernels.py vs `kernels`, which transformers imports)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "docs_corpus.py"
+    spec = importlib.util.spec_from_file_location("docs_corpus", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

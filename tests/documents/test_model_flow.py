@@ -89,6 +89,42 @@ def test_prefix_state_is_saved_once_and_restored_bit_identically(demo, kr, home,
     store.close()
 
 
+@pytest.mark.slow
+def test_a_later_question_with_other_passages_starts_from_the_longest_saved_prefix(demo, kr, home, corpus_dir):
+    """A new session (as a new process would have) for a question whose passages differ: it restores
+    the saved state that shares the most tokens with its prefix, reads only the rest, and answers
+    exactly as a session that read the whole prompt."""
+    store = DocumentStore(keys=KeychainKeys())
+    store.add("home", [corpus_dir])
+    states = StateCache(store.keys.states)
+    first = DocumentChat(demo, store, states=states)
+    a1 = _answer(first.ask("home", QUESTION, budget=BUDGET, max_tokens=4))
+    assert a1.prefix_state == "saved"
+    later = "When was the boiler last serviced?"
+    dp1, dp2 = first.prompt("home", QUESTION, BUDGET), first.prompt("home", later, BUDGET)
+    shared = 0
+    while dp1.prefix_ids[shared] == dp2.prefix_ids[shared]:
+        shared += 1
+    assert 16 <= shared < len(dp2.prefix_ids)      # the template and instructions at least, not all
+    second = DocumentChat(demo, store, states=states)
+    a2 = _answer(second.ask("home", later, budget=BUDGET, max_tokens=4))
+    assert a2.prefix_state == "partial" and a2.reused_tokens == shared
+    assert a2.prompt_tokens == len(dp2.ids) - shared
+    plain = demo.new_session()
+    from app.model import run_to_end
+    assert run_to_end(demo.generate(plain, dp2.ids, max_tokens=4)).tokens == a2.tokens
+    # both prefixes are saved now: the later question again restores its own in full
+    third = DocumentChat(demo, store, states=states)
+    assert _answer(third.ask("home", later, budget=BUDGET, max_tokens=4)).prefix_state == "restored"
+    # removing a file forgets the states and their token list
+    assert store.remove_file("home", next(corpus_dir.glob("*.md")))
+    assert not list(states.root.iterdir())
+    for c in (first, second, third):
+        c.close()
+    plain.close()
+    store.close()
+
+
 def test_state_from_another_model_or_damaged_is_refused(demo, tmp_path):
     from tests.tiny_models import build
 

@@ -2,7 +2,6 @@
 larger corpus, kill -9 in the middle of an add, resume, watched folders."""
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
 import subprocess
@@ -12,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from corpus_tools import load_corpus_generator
 from test_store import scan_for
 
 from app.documents import indexer
@@ -22,15 +22,7 @@ from app.store.crypto import PassphraseKeys
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _load_corpus_generator():
-    # by path: putting bench/ on sys.path would shadow packages (bench/kernels.py vs `kernels`)
-    spec = importlib.util.spec_from_file_location("docs_corpus", ROOT / "bench" / "docs_corpus.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-docs_corpus = _load_corpus_generator()
+docs_corpus = load_corpus_generator()
 
 NEEDLE = "Quetzal-marmalade-4417 safe combination"
 
@@ -78,8 +70,11 @@ def test_a_larger_corpus_through_the_pool_leaves_no_plaintext(home, tmp_path, mo
 _ADDER = textwrap.dedent("""
     import sys
     sys.path.insert(0, {root!r})
+    from app.documents import indexer
     from app.documents.store import DocumentStore
     from app.store.crypto import PassphraseKeys
+    # batches of a few files, by size alone: the kill lands between batches however fast the machine
+    indexer.BATCH_BYTES, indexer.BATCH_SECONDS = 60_000, 3600.0
     store = DocumentStore(keys=PassphraseKeys("pw"))
     def progress(p):
         if p.stage == "indexed":

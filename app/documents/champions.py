@@ -1,0 +1,194 @@
+"""Champion lists: for every common word of a collection, the passages where
+that word weighs most, kept in the encrypted database at add time, so a
+search for a common word reads a short list instead of letting FTS5 score
+every passage that holds it.
+
+A word is *common* when at least :data:`CHAMPION_DF` passages hold it (a rarer
+word is searched through FTS5 as before, exactly: FTS5 ranks its few
+postings). Its list holds the :data:`KEEP` passages with the largest BM25
+contribution of that word, ``tf * (k1 + 1) / (tf + k1 * (1 - b + b * len / avgdl))``
+(the word's IDF is the same for every passage, so it does not change the
+order), stored as ``(passage id, tf, length)`` so the order is recomputed
+with the collection's current average length whenever a list is merged.
+
+Upkeep, inside the add's or the removal's own transaction:
+
+* an add (a batch of files) merges the batch's postings of every common word
+  into its list and keeps the best :data:`KEEP`;
+* a word that becomes common gets its list from the FTS5 index itself (its
+  postings with their term frequencies, read through an ``fts5vocab`` table),
+  as does every common word whose list is missing (a database written before
+  lists existed);
+* a removal drops the removed passages from the lists; a list that falls
+  below :data:`KEEP` // 2 while more passages hold the word is rebuilt from
+  FTS5; a word that is no longer common loses its list.
+
+A search (:meth:`app.documents.index.FtsIndex.score`) takes as candidates the
+passages of the question's common words' lists with the best partial BM25
+(summed over those lists), beside FTS5's candidates for its rare words, and
+ranks every candidate with the full scorer.
+"""
+from __future__ import annotations
+
+from array import array
+from collections import Counter, defaultdict
+from typing import Iterable, Sequence
+
+from app.documents import index as _index     # its BM25 constants (a module cycle: read at call time)
+
+#: a word held by at least this many passages gets a champion list
+CHAMPION_DF = 2000
+#: passages kept per list
+KEEP = 200
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS docs_champ (
+    collection_id INTEGER NOT NULL,
+    term TEXT NOT NULL,
+    entries BLOB NOT NULL,
+    PRIMARY KEY (collection_id, term)
+) WITHOUT ROWID;
+"""
+
+
+def ensure_schema(db) -> None:
+    db.executescript(_SCHEMA)
+
+
+def impact(tf: int, length: int, avgdl: float) -> float:
+    """A word's BM25 contribution in one passage without its IDF."""
+    k1, b = _index.K1, _index.B
+    return tf * (k1 + 1) / (tf + k1 * (1 - b + b * length / (avgdl or 1.0)))
+
+
+def _pack(entries: Sequence[tuple[int, int, int]]) -> bytes:
+    flat = array("q")
+    for e in entries:
+        flat.extend(e)
+    return flat.tobytes()
+
+
+def unpack(blob: bytes) -> list[tuple[int, int, int]]:
+    flat = array("q")
+    flat.frombytes(blob)
+    return list(zip(flat[0::3], flat[1::3], flat[2::3]))
+
+
+def _best(entries: Iterable[tuple[int, int, int]], avgdl: float) -> list[tuple[int, int, int]]:
+    """The KEEP entries of largest impact (ties: the older passage first), one per passage."""
+    uniq = {e[0]: e for e in entries}
+    return sorted(uniq.values(), key=lambda e: (-impact(e[1], e[2], avgdl), e[0]))[:KEEP]
+
+
+def _avgdl(db, cid: int) -> float:
+    n, wlen = db.execute("SELECT n_chunks, wlen FROM docs_collections WHERE id = ?", (cid,)).fetchone()
+    return wlen / n if n else 0.0
+
+
+def _common(db, cid: int, terms: Iterable[str] | None = None) -> dict[str, int]:
+    """df of the collection's common words (of ``terms`` only, when given)."""
+    if terms is None:
+        return dict(db.execute("SELECT term, df FROM docs_df WHERE collection_id = ? AND signal = 0 AND df >= ?",
+                               (cid, CHAMPION_DF)))
+    out: dict[str, int] = {}
+    terms = list(terms)
+    for i in range(0, len(terms), 500):
+        part = terms[i:i + 500]
+        out.update(db.execute(f"SELECT term, df FROM docs_df WHERE collection_id = ? AND signal = 0 AND df >= ? "
+                              f"AND term IN ({','.join('?' * len(part))})", (cid, CHAMPION_DF, *part)))
+    return out
+
+
+def read(db, cid: int, terms: Sequence[str]) -> dict[str, list[tuple[int, int, int]]]:
+    """The stored lists of these words (the words that have one)."""
+    out: dict[str, list[tuple[int, int, int]]] = {}
+    terms = list(terms)
+    for i in range(0, len(terms), 500):
+        part = terms[i:i + 500]
+        for term, blob in db.execute(f"SELECT term, entries FROM docs_champ WHERE collection_id = ? AND term IN "
+                                     f"({','.join('?' * len(part))})", (cid, *part)):
+            out[term] = unpack(blob)
+    return out
+
+
+def _from_fts(db, cid: int, term: str, avgdl: float) -> list[tuple[int, int, int]]:
+    """A word's list computed from the FTS5 index (every posting, with its term frequency)."""
+    from app.documents.store import fts_tables
+
+    words = fts_tables(cid)[0]
+    vocab = f"docs_vocab_{int(cid)}"
+    db.execute(f"CREATE VIRTUAL TABLE IF NOT EXISTS temp.{vocab} USING fts5vocab(main, {words}, instance)")
+    rows = db.execute(f"SELECT v.doc, count(*), c.wlen FROM temp.{vocab} v JOIN docs_chunks c ON c.id = v.doc "
+                      f"WHERE v.term = ? GROUP BY v.doc", (term,))
+    return _best(rows, avgdl)
+
+
+def _write(db, cid: int, lists: dict[str, list[tuple[int, int, int]]]) -> None:
+    db.executemany("INSERT OR REPLACE INTO docs_champ(collection_id, term, entries) VALUES (?, ?, ?)",
+                   [(cid, t, _pack(e)) for t, e in lists.items()])
+
+
+def added(db, cid: int, passages: Sequence[tuple[int, str]]) -> None:
+    """Merge newly stored passages ((id, their stored word terms)) into the lists, after their
+    FTS5 rows, docs_df and the collection's counts are written (same transaction)."""
+    common = _common(db, cid)
+    if not common:
+        return
+    new: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
+    keys = common.keys()
+    for pid, words in passages:
+        split = words.split()
+        tf = Counter(split)
+        for t in keys & tf.keys():
+            new[t].append((pid, tf[t], len(split)))
+    if not new:
+        return
+    avgdl = _avgdl(db, cid)
+    old = read(db, cid, list(new))
+    lists = {t: _best(old[t] + entries, avgdl) if t in old else _from_fts(db, cid, t, avgdl)
+             for t, entries in new.items()}
+    _write(db, cid, lists)
+
+
+def removed(db, cid: int, ids: set[int], terms: Iterable[str]) -> None:
+    """Drop removed passages (their ids and word terms) from the lists, after their FTS5 rows and
+    docs_df are updated (same transaction)."""
+    terms = set(terms)
+    old = read(db, cid, list(terms))
+    if not old:
+        return
+    common = _common(db, cid, old)
+    avgdl = _avgdl(db, cid)
+    gone = [t for t in old if t not in common]
+    lists = {}
+    for t, entries in old.items():
+        if t not in common:
+            continue
+        kept = [e for e in entries if e[0] not in ids]
+        if len(kept) == len(entries):
+            continue
+        lists[t] = kept if len(kept) >= KEEP // 2 or len(kept) >= common[t] else _from_fts(db, cid, t, avgdl)
+    db.executemany("DELETE FROM docs_champ WHERE collection_id = ? AND term = ?", [(cid, t) for t in gone])
+    _write(db, cid, lists)
+
+
+def build_missing(db, cid: int) -> int:
+    """Give every common word without a list its list (a database written before lists existed);
+    returns how many were built. Inside the caller's transaction."""
+    common = _common(db, cid)
+    have = {r[0] for r in db.execute("SELECT term FROM docs_champ WHERE collection_id = ?", (cid,))}
+    avgdl = _avgdl(db, cid)
+    lists = {t: _from_fts(db, cid, t, avgdl) for t in common if t not in have}
+    _write(db, cid, lists)
+    return len(lists)
+
+
+def candidates(lists: dict[str, list[tuple[int, int, int]]], idf: dict[str, float], avgdl: float,
+               limit: int) -> list[int]:
+    """The ``limit`` passages of these lists with the largest BM25 summed over the lists that hold them."""
+    score: dict[int, float] = defaultdict(float)
+    for t, entries in lists.items():
+        w = idf[t]
+        for pid, tf, length in entries:
+            score[pid] += w * impact(tf, length, avgdl)
+    return sorted(score, key=lambda p: (-score[p], p))[:limit]
