@@ -215,7 +215,7 @@ def test_every_setting_that_can_hold_user_text_is_sealed_or_known_to_be_plain():
     import dataclasses
     import typing
 
-    plain = {"model_folders": "folder paths", "model_path": "a path", "engine": "a fixed choice",
+    plain = {"model_folders": "folder paths", "model_path": "a path", "engine": "a fixed choice", "activations": "a fixed choice",
              "remote_url": "a server address", "remote_model": "a model name"}
     hints = typing.get_type_hints(settings_mod.Settings)
     for f in dataclasses.fields(settings_mod.Settings):
