@@ -21,7 +21,9 @@
  *    spinning workers were not running), or a worker or the caller got
  *    less than CPU_SHARE_MIN of the wall time over a few milliseconds awake
  *    (its thread CPU clock against the wall clock; for the caller, over
- *    jobs less than CALLER_IDLE_NS apart). The period doubles while the
+ *    jobs less than CALLER_IDLE_NS apart). A lone signal is only noted (a
+ *    virtual machine's host deschedules a vCPU now and then on a quiet
+ *    machine); a second within STRIKE_NS backs off. The period doubles while the
  *    signals keep coming (BACKOFF_MIN_NS .. BACKOFF_MAX_NS); while it lasts
  *    the pool behaves like a plain sleeping pool, and afterwards it probes
  *    by spinning again. A spinning thread on a busy machine takes the core
@@ -48,6 +50,7 @@
 #define ABSENT_NS 50000LL
 #define CALLER_IDLE_NS 2000000LL
 #define CPU_SHARE_MIN 0.75
+#define STRIKE_NS 10000000LL
 
 struct fe_pool {
     int n_threads;              /* workers + the caller */
@@ -70,7 +73,8 @@ struct fe_pool {
     _Atomic int64_t spin_ns;    /* the spin budget */
     _Atomic int64_t off_until;  /* no spinning before this time (ns) */
     _Atomic int64_t backoff_ns; /* the current back-off period */
-    _Atomic int64_t last_signal;/* when oversubscription was last seen */
+    _Atomic int64_t last_signal;/* when the pool last backed off */
+    _Atomic int64_t last_strike;/* when a sign of oversubscription was last seen */
     _Atomic int long_gaps;      /* idle periods far longer than the budget, in a row */
     _Atomic uint64_t backoffs, spins_won, spins_lost;
     fe_pool_profile prof;       /* profile counters (all NULL: not profiling) */
@@ -119,8 +123,14 @@ static int spinning_allowed(fe_pool *p, int64_t now) {
     return now >= atomic_load_explicit(&p->off_until, memory_order_relaxed);
 }
 
-/* The machine looks oversubscribed: stop spinning for a while. */
+/* The machine looks oversubscribed: stop spinning for a while. A lone
+ * signal is only noted: a virtual machine's vCPU is descheduled by its host
+ * now and then on an otherwise quiet machine, and each back-off costs the
+ * sleeping pool's wake-ups for BACKOFF_MIN_NS or more; a second signal
+ * within STRIKE_NS (on a busy machine they come every few jobs) backs off. */
 static void oversubscribed(fe_pool *p, int64_t now) {
+    int64_t prev = atomic_exchange_explicit(&p->last_strike, now, memory_order_relaxed);
+    if (now - prev > STRIKE_NS) return;
     int64_t b = atomic_load_explicit(&p->backoff_ns, memory_order_relaxed);
     int64_t last = atomic_load_explicit(&p->last_signal, memory_order_relaxed);
     b = now - last > 4 * b ? BACKOFF_MIN_NS : (2 * b > BACKOFF_MAX_NS ? BACKOFF_MAX_NS : 2 * b);
@@ -268,6 +278,7 @@ fe_pool *fe_pool_new(int n_threads) {
     atomic_init(&pool->off_until, 0);
     atomic_init(&pool->backoff_ns, BACKOFF_MIN_NS);
     atomic_init(&pool->last_signal, INT64_MIN / 2);
+    atomic_init(&pool->last_strike, INT64_MIN / 2);
     atomic_init(&pool->long_gaps, 0);
     atomic_init(&pool->backoffs, 0);
     atomic_init(&pool->spins_won, 0);
