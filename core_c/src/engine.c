@@ -24,8 +24,12 @@ static int resolve_threads(int asked) {
     return n > MAX_THREADS ? MAX_THREADS : (int)n;
 }
 
+/* GiB from 1 GiB up, MiB below (a small model's budget and floor would both
+ * read "0.01 GiB"), with the exact bytes. */
 static void fmt_bytes(char *buf, size_t cap, uint64_t n) {
-    snprintf(buf, cap, "%.2f GiB (%llu bytes)", (double)n / (1024.0 * 1024.0 * 1024.0), (unsigned long long)n);
+    const double gib = 1024.0 * 1024.0 * 1024.0;
+    if ((double)n >= gib) snprintf(buf, cap, "%.2f GiB (%llu bytes)", (double)n / gib, (unsigned long long)n);
+    else snprintf(buf, cap, "%.1f MiB (%llu bytes)", (double)n / (1024.0 * 1024.0), (unsigned long long)n);
 }
 
 /* The kernel set ferry_open_options.kernels names (NULL or "auto": the best

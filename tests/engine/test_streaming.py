@@ -225,6 +225,8 @@ def test_budget_floor_and_refusal(moe_model):
     with pytest.raises(FerryError) as refused:
         Engine(moe_model, n_ctx=64, ram_budget=plan.floor_bytes - 1)
     assert refused.value.code == "FERRY_E_BUDGET" and f"({plan.floor_bytes} bytes)" in refused.value.message
+    floor_mib = f"{plan.floor_bytes / 2**20:.1f} MiB"   # a small model's floor reads in MiB, not "0.01 GiB"
+    assert f"below the floor of {floor_mib}" in refused.value.message
     assert f"cache policy {plan.policy_floor_bytes} bytes" in refused.value.message
     with Engine(moe_model, n_ctx=64, ram_budget=plan.floor_bytes) as engine:
         assert engine.info.cache_slots == 4 and engine.plan(64).total_bytes == plan.floor_bytes
