@@ -198,7 +198,7 @@ def cmd_chat(args) -> int:
     model = open_from_args(args)
     service = EngineService(model, model.new_session(args.ctx))
     messages: list[dict] = [{"role": "system", "content": args.system}] if args.system else []
-    print(f"Chatting with {model.name}. Empty line or Ctrl-D to quit; /new starts over.", file=sys.stderr)
+    print(f"Chatting with {model.name}. Empty line, /quit or Ctrl-D to quit; /new starts over.", file=sys.stderr)
     tolerant_stdin()
     try:
         while True:
@@ -211,7 +211,7 @@ def cmd_chat(args) -> int:
                 print(f"ferry: that line is not valid UTF-8 text ({bad}); nothing was sent, type it again",
                       file=sys.stderr)
                 continue
-            if not line.strip():
+            if not line.strip() or line.strip() in ("/quit", "/exit"):
                 return 0
             if line.strip() == "/new":
                 messages = messages[:1] if args.system else []

@@ -19,3 +19,10 @@ def test_chat_keeps_the_conversation_and_reuses_its_prefix(demo_container, monke
     assert n1 >= 1 and reused1 == 0
     assert reused2 >= evaluated1                   # the whole first prompt was kept
     assert evaluated2 < evaluated1 + 20
+
+
+def test_slash_quit_ends_the_chat_without_sending_it(demo_container, monkeypatch, capsys):
+    monkeypatch.setattr("sys.stdin", io.StringIO("/quit\nWhat is the capital of France?\n"))
+    assert ferry(["chat", str(demo_container), "-n", "4", "--ctx", "256", "--threads", "2"]) == 0
+    out, err = capsys.readouterr()
+    assert "prompt tokens evaluated" not in err and out.count("> ") == 1
