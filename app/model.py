@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -19,7 +18,7 @@ import numpy as np
 from app.chat.hf_tokenizer import HFTokenizer
 from app.chat.segments import Segment
 from app.chat.template import ChatTemplate
-from app.engine.binding import Cancelled, Engine, FerryError, Session, Stats
+from app.engine.binding import Cancelled, Engine, FerryError, Session
 from app.engine.container_files import (MAX_TEMPLATE_BYTES, MAX_TOKENIZER_BYTES, ContainerFileError,
                                          contained_file, read_contained_text)
 from app.events import EngineEvent, Finished, PromptProgress, Token, TokenLogprob
