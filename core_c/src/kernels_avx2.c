@@ -13,6 +13,8 @@
 #if defined(__x86_64__) || defined(_M_X64)
 #include <cpuid.h>
 #include <immintrin.h>
+
+#include "kernels_avx2_util.h"
 #include <string.h>
 
 #define TGT __attribute__((target("avx2,fma,f16c")))
@@ -31,19 +33,6 @@ int fe_cpu_has_avx2(void) {
     if (__get_cpuid_max(0, NULL) < 7) return 0;
     __cpuid_count(7, 0, a, b, c, d);
     return (b >> 5) & 1; /* AVX2 */
-}
-
-INL float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-INL float f16_1(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return _cvtsh_ss(h);
 }
 
 /* Accumulators of a token pair. */

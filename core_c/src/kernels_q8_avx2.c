@@ -15,24 +15,13 @@
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
+
+#include "kernels_avx2_util.h"
 #include <string.h>
 
 #define INL static inline __attribute__((always_inline, target("avx2,fma,f16c")))
 #define TGT __attribute__((target("avx2,fma,f16c")))
 #define TILE 4 /* tokens sharing a decoded weight block (FE_Q8_DRIVER) */
-
-INL float hsum(__m256 v) { /* ((v0+v4)+(v2+v6)) + ((v1+v5)+(v3+v7)) */
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-INL float f16(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return _cvtsh_ss(h);
-}
 
 INL __m256i ld(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
 
@@ -53,13 +42,13 @@ INL __m256i nibbles(const uint8_t *q) {
 /* Blocks alternate between two accumulator sets per token (even blocks: A,
  * odd: B), which halves the chain of dependent adds; the result adds the
  * two lane by lane first (kernels_q8.h). */
-INL float done2(__m256 a, __m256 b) { return hsum(_mm256_add_ps(a, b)); }
+INL float done2(__m256 a, __m256 b) { return hsum8(_mm256_add_ps(a, b)); }
 
 /* Q8_0 and Q4_0: signed weights, no minimum. Block b into acc. */
 INL void signed_block(const uint8_t *row, int cols, const uint8_t *xq, size_t st, int b, const int nt,
                       const int four, __m256 *acc) {
     const uint8_t *p = row + (four ? 18 : 34) * (size_t)b;
-    const float dw = f16(p);
+    const float dw = f16_1(p);
     __m256i w = four ? _mm256_sub_epi8(nibbles(p + 2), _mm256_set1_epi8(8)) : ld(p + 2);
     __m256i aw = _mm256_sign_epi8(w, w);
     for (int t = 0; t < nt; t++) {
@@ -95,7 +84,7 @@ INL void q4_1_block(const uint8_t *row, int cols, const uint8_t *xq, size_t st, 
                     float *m) {
     const int nb = cols / 32;
     const uint8_t *p = row + 20 * (size_t)b;
-    const float dw = f16(p), mw = f16(p + 2);
+    const float dw = f16_1(p), mw = f16_1(p + 2);
     __m256i w = nibbles(p + 4);
     for (int t = 0; t < nt; t++) {
         __m256i pr = _mm256_madd_epi16(_mm256_maddubs_epi16(w, ld(QX(t) + 32 * (size_t)b)), _mm256_set1_epi16(1));
@@ -143,7 +132,7 @@ INL void k45_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, fl
     for (int t = 0; t < nt; t++) A[t] = B[t] = mn[t] = _mm256_setzero_ps();
     for (int sb = 0; sb < nb / 8; sb++) {
         const uint8_t *p = row + (five ? 176 : 144) * (size_t)sb;
-        const float d = f16(p), dmin = f16(p + 2);
+        const float d = f16_1(p), dmin = f16_1(p + 2);
         int sc[8], m[8];
         for (int k = 0; k < 8; k++) fe_q4k_scale_min(k, p + 4, &sc[k], &m[k]);
         for (int k = 0; k < 8; k += 2) {
@@ -154,7 +143,7 @@ INL void k45_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, fl
                                   _mm256_cvtepi32_ps(_mm256_setr_epi32(m[0], m[1], m[2], m[3], m[4], m[5], m[6], m[7])));
         for (int t = 0; t < nt; t++) mn[t] = _mm256_fmadd_ps(Mv, _mm256_loadu_ps(SX(t) + 8 * sb), mn[t]);
     }
-    for (int t = 0; t < nt; t++) y[(size_t)t * ys] = done2(A[t], B[t]) - hsum(mn[t]);
+    for (int t = 0; t < nt; t++) y[(size_t)t * ys] = done2(A[t], B[t]) - hsum8(mn[t]);
 }
 
 INL void q4_k_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, float *y, size_t ys, const int nt) {
@@ -189,7 +178,7 @@ INL void q6_k_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, f
     for (int t = 0; t < nt; t++) A[t] = B[t] = _mm256_setzero_ps();
     for (int sb = 0; sb < nb / 8; sb++) {
         const uint8_t *p = row + 210 * (size_t)sb;
-        const float d = f16(p + 208);
+        const float d = f16_1(p + 208);
         for (int half = 0; half < 2; half++)
             for (int r = 0; r < 4; r += 2) {
                 q6_block(p, cols, xq, st, sb, half, r, d, nt, A);
