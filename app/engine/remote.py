@@ -6,8 +6,16 @@ Events: ``PromptProgress`` (from a Ferry server's progress comments; else one
 when the first text arrives), ``Reasoning`` (the ``reasoning_content`` or
 ``reasoning`` delta field, or ``<think>`` tags in the content of a server that
 does not split them), ``Text`` (answer text), ``ToolCallMade`` (a tool call,
-once its streamed pieces are complete), ``LiveStats`` (engine counters, as
-``Session.stats()`` names them), and a final ``TurnDone``.
+once its streamed pieces are complete), ``Logprob`` (when the request asked
+for logprobs: one per generated token, from each chunk's OpenAI
+``logprobs.content``, before that chunk's text, as the local pipeline orders
+them), ``LiveStats`` (engine counters, as ``Session.stats()`` names them),
+and a final ``TurnDone`` (with every logprob in ``logprobs``).
+
+Token ids: OpenAI's format names a token by its text only. A Ferry server
+(and llama.cpp's) adds each token's ``id``, and vLLM writes ``token_id:N`` as
+the token when asked to; with neither the id is -1 (as ``TurnDone.token_ids``
+is for a remote engine), the log-probabilities themselves are still given.
 
 What a remote engine reports: a Ferry server sends its engine's own counters
 (speeds, disk reads, cache hits) in its ``ferry`` extension field; any other
@@ -33,7 +41,8 @@ import httpx
 
 from app.chat.stream_parser import StreamParser, ToolCall
 from app.chat.turn import TurnRequest
-from app.events import LiveStats, PromptProgress, Reasoning, Text, ToolCallMade, TurnDone, TurnEvent
+from app.events import (LiveStats, Logprob, PromptProgress, Reasoning, Text, TokenLogprob, ToolCallMade, TurnDone,
+                        TurnEvent)
 
 #: Figures a Ferry server sends / that can be measured from any server's stream.
 FERRY_FIGURES = frozenset({"decode_tps", "prompt_tps", "read_mbps", "hit_decode", "hit_prefill"})
@@ -281,6 +290,7 @@ class _Answer:
         self.usage: dict[str, Any] = {}
         self.ferry: dict[str, Any] = {}
         self.server_counters: dict[str, float] | None = None
+        self.logprobs: list[tuple[int, TokenLogprob]] = []
         self.progress_seen = False
         self.parser = StreamParser("think_tags", "response")   # for <think> written into content
 
@@ -303,6 +313,9 @@ class _Answer:
                 self.first = time.monotonic()
                 if not self.progress_seen:
                     yield PromptProgress(1, 1)
+            for token, value in _logprobs(choice.get("logprobs")):
+                self.logprobs.append((token, value))
+                yield Logprob(token, value)
             if isinstance(reasoning, str) and reasoning:
                 self.pieces += 1
                 self.reasoning.append(reasoning)
@@ -361,7 +374,36 @@ class _Answer:
                         tool_calls=list(self.tool_calls), token_ids=[-1] * done, prompt_tokens=prompt,
                         reused_tokens=cached, completion_tokens=done, reasoning_tokens=reasoning,
                         counters=self.counters(), seconds=now - self.t0, ttft_s=ttft, started=self.t0, ended=now,
-                        error=error)
+                        logprobs=list(self.logprobs), error=error)
+
+
+def _logprobs(doc: Any) -> Iterator[tuple[int, TokenLogprob]]:
+    """(token id, logprob) of each token in a chunk's OpenAI ``logprobs`` object;
+    entries that are not well formed are skipped."""
+    content = doc.get("content") if isinstance(doc, dict) else None
+    for item in content if isinstance(content, list) else ():
+        if not isinstance(item, dict) or not _is_number(item.get("logprob")):
+            continue
+        top = item.get("top_logprobs")
+        alternatives = tuple((_token_id(a), float(a["logprob"])) for a in (top if isinstance(top, list) else ())
+                             if isinstance(a, dict) and _is_number(a.get("logprob")))
+        yield _token_id(item), TokenLogprob(float(item["logprob"]), alternatives)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _token_id(item: dict[str, Any]) -> int:
+    """A logprob entry's token id: its ``id`` (Ferry, llama.cpp), a ``token_id:N``
+    token (vLLM's ``return_tokens_as_token_ids``), else -1 (unknown)."""
+    value = item.get("id")
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    token = item.get("token")
+    if isinstance(token, str) and token.startswith("token_id:") and token[9:].isdigit():
+        return int(token[9:])
+    return -1
 
 
 def _error_message(r: httpx.Response) -> str:

@@ -99,11 +99,13 @@ class ChatFormatter:
 
 
 def logprobs_content(entries: list[tuple[int, TokenLogprob]], tokenizer) -> list[dict[str, Any]]:
-    """OpenAI's ``choices[].logprobs.content`` for generated tokens."""
+    """OpenAI's ``choices[].logprobs.content`` for generated tokens, each with
+    its token ``id`` too (as llama.cpp's server gives it), so a client such as
+    Ferry's remote engine knows the token and not only its text."""
 
     def item(tok: int, logprob: float) -> dict[str, Any]:
         raw = _token_bytes(tokenizer, tok)
-        return {"token": raw.decode("utf-8", "replace"), "logprob": logprob, "bytes": list(raw)}
+        return {"id": int(tok), "token": raw.decode("utf-8", "replace"), "logprob": logprob, "bytes": list(raw)}
 
     return [{**item(tok, lp.logprob), "top_logprobs": [item(i, v) for i, v in lp.top]} for tok, lp in entries]
 

@@ -13,7 +13,9 @@ import pytest
 
 from app.chat.turn import TurnRequest
 from app.engine.remote import FERRY_FIGURES, MEASURED_FIGURES, RemoteEngine, RemoteError, normalise_url
-from app.events import Reasoning, Text, TurnDone
+from app.engine.remote import _logprobs as remote_logprobs
+from app.engine.service import EngineService
+from app.events import Logprob, Reasoning, Text, TokenLogprob, TurnDone
 from app.model import LoadedModel
 from app.sampling import SamplingParams
 from app.server import Limits, Server
@@ -63,6 +65,50 @@ def test_remote_engine_events_match_the_local_engine(served, demo_container):
         RemoteEngine(served.url, "gpt-4o").check()
     with pytest.raises(RemoteError, match="cannot reach"):
         RemoteEngine("http://127.0.0.1:9", timeout=2).check()
+
+
+def test_remote_logprobs_equal_the_local_engine(served, demo_container):
+    """Logprobs asked over a remote engine (a real `ferry serve` on loopback)
+    come back as the local pipeline's own ``Logprob`` events: the same token
+    ids, the same values to the bit, the same alternatives, each before the
+    text of its token, and all of them in ``TurnDone.logprobs``."""
+    messages = [{"role": "user", "content": "Name three colours."}]
+    request = TurnRequest(messages, SamplingParams(), max_tokens=8, top_logprobs=3)
+    model = LoadedModel(demo_container)
+    try:
+        service = EngineService(model, model.new_session(2048))
+        local = list(service.stream(service.prepare(request)))
+        service.close()
+    finally:
+        model.close()
+    remote = RemoteEngine(served.url)
+    remote.check()
+    events = list(remote.generate(request))
+    mine = [e for e in local if isinstance(e, Logprob)]
+    theirs = [e for e in events if isinstance(e, Logprob)]
+    assert len(mine) == local[-1].completion_tokens == 8 and all(len(e.value.top) == 3 for e in mine)
+    assert theirs == mine
+    assert events[-1].logprobs == local[-1].logprobs == [(e.token, e.value) for e in mine]
+    assert [e.token for e in theirs] == local[-1].token_ids
+    first_text = next(i for i, e in enumerate(events) if isinstance(e, Text))
+    assert isinstance(events[first_text - 1], Logprob)   # a token's logprob comes before its text
+    # Not asked for: none.
+    plain = list(remote.generate(TurnRequest(messages, SamplingParams(), max_tokens=4)))
+    assert not any(isinstance(e, Logprob) for e in plain) and plain[-1].logprobs == []
+    remote.close()
+
+
+def test_logprobs_of_servers_that_do_not_give_token_ids():
+    """Other servers' OpenAI logprobs: vLLM's `token_id:N` tokens give the id,
+    a plain OpenAI entry gives -1 with its value; malformed entries are skipped."""
+    chunk = {"content": [
+        {"token": "token_id:42", "logprob": -0.5, "top_logprobs": [{"token": "token_id:42", "logprob": -0.5},
+                                                                   {"token": "Hi", "logprob": -1.25}]},
+        {"token": "there", "logprob": -2.0, "bytes": [116], "top_logprobs": []},
+        {"token": "x", "logprob": "bad"}, "junk", {"id": True, "token": "y", "logprob": -3}]}
+    assert list(remote_logprobs(chunk)) == [(42, TokenLogprob(-0.5, ((42, -0.5), (-1, -1.25)))),
+                                            (-1, TokenLogprob(-2.0, ())), (-1, TokenLogprob(-3.0, ()))]
+    assert list(remote_logprobs(None)) == list(remote_logprobs({"content": None})) == []
 
 
 def test_send_streams_into_the_window_and_the_history(qtbot, make_window, served, demo_container):
