@@ -9,15 +9,15 @@
 
 The store is the history's (encrypted with the key in the OS keychain).
 Where there is no keychain, or the history was made with a passphrase, the
-passphrase is read from the terminal, or from ``FERRY_PASSPHRASE`` when
-there is no terminal (for scripts).
+passphrase is read from the terminal. ``FERRY_PASSPHRASE`` (for scripts)
+gives it instead, by the rule the window follows too
+(``app.store.passphrase.environment_keys``).
 """
 from __future__ import annotations
 
 import argparse
 import getpass
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -26,27 +26,24 @@ from typing import Sequence
 from app.documents.walk import display_name
 from app.store.crypto import KeychainKeys, KeyUnavailable, PassphraseKeys, WrongKey, keychain_problem
 from app.store.history import default_path, stored_key_kind
-from app.store.passphrase import LOST_PASSPHRASE_WARNING, passphrase_problem
+from app.store.passphrase import LOST_PASSPHRASE_WARNING, environment_keys, passphrase_problem
 from app.text_input import text_argument_problem
 
 
 def key_provider(db_path: Path):
+    # FERRY_PASSPHRASE first, by the rule the window follows too (whatever the
+    # keyring backend, unless the history was made with a keychain key).
+    keys = environment_keys(db_path)
+    if keys is not None:
+        return keys
     kind = stored_key_kind(db_path)
-    if kind == "ephemeral":
-        raise KeyUnavailable("this history was made with a throw-away key and cannot be opened")
-    passphrase = os.environ.get("FERRY_PASSPHRASE")
-    # FERRY_PASSPHRASE is honoured whatever the keyring backend (null, fail or
-    # a real one) unless the history was made with a keychain key.
-    if kind == "passphrase" or (kind is None and (passphrase or keychain_problem() is not None)):
-        if not passphrase:
-            if not sys.stdin.isatty():
-                why = "the history is protected by a passphrase" if kind == "passphrase" else keychain_problem()
-                raise KeyUnavailable(f"{why}; set FERRY_PASSPHRASE or run from a terminal")
-            passphrase = getpass.getpass("Ferry passphrase: ")
-            if kind is None:
-                passphrase = _confirm_new(passphrase)
-        elif kind is None and (problem := passphrase_problem(passphrase)):
-            raise KeyUnavailable(f"FERRY_PASSPHRASE cannot protect a new history: {problem}")
+    if kind == "passphrase" or (kind is None and keychain_problem() is not None):
+        if not sys.stdin.isatty():
+            why = "the history is protected by a passphrase" if kind == "passphrase" else keychain_problem()
+            raise KeyUnavailable(f"{why}; set FERRY_PASSPHRASE or run from a terminal")
+        passphrase = getpass.getpass("Ferry passphrase: ")
+        if kind is None:
+            passphrase = _confirm_new(passphrase)
         return PassphraseKeys(passphrase)
     return KeychainKeys()
 

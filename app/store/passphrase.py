@@ -44,3 +44,37 @@ def passphrase_problem(passphrase: str, context: tuple[str, ...] = ("ferry",)) -
     crack = (result.get("crack_times_display") or {}).get("offline_slow_hashing_1e4_per_second", "")
     where = f" someone who copies your history file could find it in {crack}" if crack else ""
     return f"This passphrase is too easy to guess:{where}. {hints} {RULE}".replace("  ", " ").strip()
+
+
+#: The environment variable that gives the history's passphrase (for scripts;
+#: the window honours it too, the same way).
+ENVIRONMENT = "FERRY_PASSPHRASE"
+
+
+def environment_keys(db_path, environ=None):
+    """The history's key when no one needs to be asked, by the one rule every
+    front end (the CLI, ``ferry docs``, the window) follows:
+
+    * a history made with a throw-away key is refused (nothing can open it);
+    * ``FERRY_PASSPHRASE`` set (whatever the keyring backend) gives a
+      ``PassphraseKeys`` for a passphrase history, or for a new one -- which
+      is refused (``KeyUnavailable``) when the rule above finds it weak, so
+      nothing is created;
+    * otherwise None: the keychain, or ask the user (terminal or dialog).
+
+    A history made with a keychain key ignores the variable (it is no key for
+    it). A wrong passphrase shows as ``WrongKey`` when the history is opened."""
+    import os
+
+    from app.store.crypto import KeyUnavailable, PassphraseKeys
+    from app.store.database import stored_key_kind
+
+    kind = stored_key_kind(db_path)
+    if kind == "ephemeral":
+        raise KeyUnavailable("this history was made with a throw-away key and cannot be opened")
+    passphrase = (os.environ if environ is None else environ).get(ENVIRONMENT)
+    if not passphrase or kind not in (None, "passphrase"):
+        return None
+    if kind is None and (problem := passphrase_problem(passphrase)):
+        raise KeyUnavailable(f"{ENVIRONMENT} cannot protect a new history: {problem}")
+    return PassphraseKeys(passphrase)

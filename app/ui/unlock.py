@@ -1,6 +1,12 @@
 """Opening the encrypted history: the OS keychain when there is one, a
 passphrase when there is not (or when the history was made with one). The
-history is never opened or written without a key."""
+history is never opened or written without a key.
+
+``FERRY_PASSPHRASE`` is honoured as the CLI honours it, by the same function
+(``app.store.passphrase.environment_keys``): when set, it is the passphrase
+of a passphrase history or of a new one (whatever the keychain), nothing is
+asked, and what the CLI refuses is refused here with the same words (a weak
+passphrase for a new history, a wrong one, a throw-away-key history)."""
 from __future__ import annotations
 
 import time
@@ -11,7 +17,7 @@ from PySide6.QtWidgets import QDialog, QDialogButtonBox, QLabel, QLineEdit, QVBo
 
 from app.store.crypto import KeychainKeys, KeyUnavailable, PassphraseKeys, WrongKey, keychain_problem
 from app.store.history import HistoryStore, default_path, stored_key_kind
-from app.store.passphrase import LOST_PASSPHRASE_WARNING, passphrase_problem
+from app.store.passphrase import ENVIRONMENT, LOST_PASSPHRASE_WARNING, environment_keys, passphrase_problem
 
 #: (mode, message) -> passphrase, or None when the user gives up.
 #: mode is "new" (choose a passphrase) or "unlock" (type the existing one).
@@ -84,10 +90,18 @@ class HistoryLocked(RuntimeError):
 
 
 def open_history(path: Path | None = None, prompt: PassphrasePrompt | None = None,
-                 keychain: KeychainKeys | None = None, max_tries: int = 5) -> HistoryStore:
-    """Open the history at ``path`` (default: under the data dir), asking
-    ``prompt`` for a passphrase when the keychain cannot be used."""
+                 keychain: KeychainKeys | None = None, max_tries: int = 5, environ=None) -> HistoryStore:
+    """Open the history at ``path`` (default: under the data dir): with
+    ``FERRY_PASSPHRASE`` when it is set (``environ``, default the process's),
+    else asking ``prompt`` for a passphrase when the keychain cannot be used."""
     path = Path(path) if path else default_path()
+    keys = environment_keys(path, environ)    # raises KeyUnavailable for what it refuses
+    if keys is not None:
+        try:
+            return HistoryStore(path, keys)
+        except WrongKey as exc:
+            raise KeyUnavailable(f"{str(exc).rstrip('.')} ({ENVIRONMENT} is set: set it to the passphrase of "
+                                 f"{path}, or unset it to type the passphrase when Ferry starts).") from None
     prompt = prompt or dialog_prompt()
     kind = stored_key_kind(path)
     if kind in (None, "keychain"):

@@ -83,3 +83,84 @@ def test_passphrase_dialog(qtbot):
     d.confirm.setText("tractor violet harbour sonnet")
     d._ok()
     assert d.result() == d.DialogCode.Accepted and d.passphrase() == "tractor violet harbour sonnet"
+
+
+STRONG = "tractor violet harbour sonnet"
+
+
+def _no_prompt(mode, message):
+    pytest.fail(f"asked for a passphrase ({mode}) although FERRY_PASSPHRASE is set")
+
+
+@pytest.mark.parametrize("keychain", ["memory", "none"])
+def test_the_window_honours_ferry_passphrase_as_the_cli_does(keychain, tmp_path, monkeypatch, memory_keyring):
+    """FERRY_PASSPHRASE makes a new history a passphrase one whatever the
+    keychain, with nothing asked, in the window as in the CLI (one function):
+    a history either one made, the other opens."""
+    if keychain == "none":
+        keyring.set_keyring(fail.Keyring())
+    from app.documents.cli import key_provider
+
+    db = tmp_path / "h.sqlite3"
+    env = {"FERRY_PASSPHRASE": STRONG}
+    store = open_history(db, _no_prompt, environ=env)
+    cid = store.create_conversation("made in the window")
+    store.close()
+    assert stored_key_kind(db) == "passphrase"
+    monkeypatch.setenv("FERRY_PASSPHRASE", STRONG)
+    store = HistoryStore(db, key_provider(db))            # the CLI's key opens the window's history
+    assert store.conversation(cid).title == "made in the window"
+    store.close()
+
+    db2 = tmp_path / "cli.sqlite3"
+    store = HistoryStore(db2, key_provider(db2))          # and the window opens the CLI's
+    cid = store.create_conversation("made by the CLI")
+    store.close()
+    store = open_history(db2, _no_prompt, environ=env)
+    assert store.conversation(cid).title == "made by the CLI"
+    store.close()
+
+
+def test_the_window_refuses_what_the_cli_refuses(tmp_path, monkeypatch, memory_keyring):
+    from app.documents.cli import key_provider
+
+    db = tmp_path / "h.sqlite3"
+    # a weak passphrase cannot protect a new history: the same words, and nothing is created
+    with pytest.raises(KeyUnavailable, match="FERRY_PASSPHRASE cannot protect a new history.*too easy") as window:
+        open_history(db, _no_prompt, environ={"FERRY_PASSPHRASE": "1234"})
+    monkeypatch.setenv("FERRY_PASSPHRASE", "1234")
+    with pytest.raises(KeyUnavailable) as cli:
+        key_provider(db)
+    assert str(window.value) == str(cli.value) and not db.exists()
+
+    # a wrong one does not open a passphrase history, and is not taken for a reason to ask
+    open_history(db, _no_prompt, environ={"FERRY_PASSPHRASE": STRONG}).close()
+    with pytest.raises(KeyUnavailable, match="does not open the history.*FERRY_PASSPHRASE is set"):
+        open_history(db, _no_prompt, environ={"FERRY_PASSPHRASE": STRONG + " x"})
+    # unset: the dialog asks, as before
+    asked = []
+    open_history(db, lambda m, t: asked.append(m) or STRONG, environ={}).close()
+    assert asked == ["unlock"]
+
+    # a throw-away-key history: refused by both, nothing asked
+    from app.store.crypto import EphemeralKeys
+
+    eph = tmp_path / "eph.sqlite3"
+    HistoryStore(eph, EphemeralKeys()).close()
+    with pytest.raises(KeyUnavailable, match="throw-away"):
+        open_history(eph, _no_prompt, environ={})
+    with pytest.raises(KeyUnavailable, match="throw-away"):
+        key_provider(eph)
+
+
+def test_a_keychain_history_ignores_ferry_passphrase(tmp_path, monkeypatch, memory_keyring):
+    """The variable is no key for a history made with the keychain: both front
+    ends open it with the keychain."""
+    from app.documents.cli import key_provider
+
+    db = tmp_path / "h.sqlite3"
+    open_history(db, _no_prompt, environ={}).close()
+    assert stored_key_kind(db) == "keychain"
+    open_history(db, _no_prompt, environ={"FERRY_PASSPHRASE": STRONG}).close()
+    monkeypatch.setenv("FERRY_PASSPHRASE", STRONG)
+    assert key_provider(db).kind == "keychain"
