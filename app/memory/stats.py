@@ -1,8 +1,10 @@
 """What the gauges show, computed from the engine's counters. No Qt here.
 
-The worker samples ``Session.stats()`` (cumulative counters) a few times a
-second and tags each sample with the phase it was taken in ("prefill" while
-the prompt is processed, "decode" while the answer is written). ``StatsView``
+The worker samples ``Session.stats()`` (cumulative counters, from the turn's
+``LiveStats`` and ``TurnDone`` events) a few times a second and sends each as
+a ``StatsSample``, tagged with the phase it was taken in ("prefill" while
+the prompt is processed, "decode" while the answer is written); the last one
+of a turn carries the turn's own ``TurnFigures``. ``StatsView``
 turns the samples into rates over a short window, hit rates split by phase
 (recent and since the view started), and a bounded history per gauge for the
 sparklines. A counter that goes down means a new session: the view re-bases.
@@ -14,13 +16,57 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Mapping
 
 
 COUNTERS = ("prompt_tokens", "decode_tokens", "prompt_seconds", "decode_seconds", "expert_reads",
             "bytes_read", "read_seconds", "compute_seconds", "hits", "misses", "decode_hits", "decode_misses")
 GAUGES = ("decode_tps", "prompt_tps", "read_mbps", "hit_decode", "hit_prefill")
 PHASES = ("prefill", "decode")
+
+
+@dataclass(frozen=True)
+class TurnFigures:
+    """One answer's own figures, from its ``TurnDone`` (the same numbers
+    ``ferry run --json`` prints and the server's ``ferry`` field carries)."""
+
+    prompt_tokens: int          #: prompt tokens this turn had to read
+    reused_tokens: int          #: prompt tokens the session (or the server) already held
+    tokens: int                 #: generated tokens
+    seconds: float              #: the whole turn
+    ttft_s: float | None = None  #: time to the first generated token
+
+    @classmethod
+    def of(cls, done: Any) -> "TurnFigures":
+        """From an ``app.events.TurnDone``."""
+        return cls(prompt_tokens=done.prompt_tokens - done.reused_tokens, reused_tokens=done.reused_tokens,
+                   tokens=len(done.token_ids), seconds=done.seconds, ttft_s=done.ttft_s)
+
+    def record(self) -> dict[str, float]:
+        """As kept with the answer in the history (``Message.stats``: ``turn_*`` keys
+        and ``ttft_s``; ``chat_view.turn_figures`` and the export read them)."""
+        d = {"turn_prompt_tokens": self.prompt_tokens, "turn_reused_tokens": self.reused_tokens,
+             "turn_tokens": self.tokens, "turn_seconds": self.seconds}
+        return d if self.ttft_s is None else {**d, "ttft_s": self.ttft_s}
+
+
+@dataclass(frozen=True)
+class StatsSample:
+    """One sample of the engine's counters, as the window's worker sends it to
+    the gauges: immutable, so the window cannot change what the worker holds.
+
+    ``counters`` are cumulative, with ``Session.stats()``'s names: a local
+    session's running totals, or a remote answer's counters."""
+
+    counters: Mapping[str, float]
+    phase: str = "decode"                #: "prefill" or "decode"
+    t: float = 0.0                       #: time.monotonic() when taken
+    final: bool = False                  #: the turn's last sample
+    turn: TurnFigures | None = None      #: the turn's own figures (a final sample of a finished turn)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "counters", MappingProxyType(dict(self.counters)))
 
 
 @dataclass
@@ -58,7 +104,7 @@ class StatsView:
         self._shown = GaugeValues()
         self.samples_seen = 0
 
-    def push(self, stats: dict[str, Any], phase: str = "decode", t: float | None = None) -> GaugeValues:
+    def push(self, stats: Mapping[str, Any], phase: str = "decode", t: float | None = None) -> GaugeValues:
         """Take one sample of the cumulative counters; returns what to show now."""
         t = time.monotonic() if t is None else t
         cur = {k: float(stats.get(k, 0) or 0) for k in COUNTERS}
@@ -85,6 +131,10 @@ class StatsView:
             v = getattr(self._shown, g)
             self.history[g].append(0.0 if v is None else float(v))
         return self._shown
+
+    def push_sample(self, sample: StatsSample) -> GaugeValues:
+        """Take the worker's ``StatsSample``."""
+        return self.push(sample.counters, sample.phase, sample.t)
 
     @property
     def values(self) -> GaugeValues:

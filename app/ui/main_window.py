@@ -22,7 +22,7 @@ from app.documents.ask import Citation
 from app.documents.store import DocumentError, DocumentStore, conversation_collection
 from app.api import ModelLoaded, SamplingParams, TurnRequest
 from app.library import Library, display_name, find_containers, is_container, is_source
-from app.memory.stats import StatsView, memory_split
+from app.memory.stats import StatsSample, StatsView, memory_split
 from app.store import settings as settings_mod
 from app.store.history import HistoryStore
 from app.store.settings import Settings
@@ -60,7 +60,7 @@ class MainWindow(QMainWindow):
         self._last_error = ""
         self.memory = None
         self.stats_view = StatsView()
-        self.last_stats: dict = {}
+        self.last_stats: StatsSample | None = None   #: the last turn's final sample
         self.gen_id = 0
         self.library = Library(self.settings.model_folders)
         self.loading: str | None = None    #: the model being opened, while it loads
@@ -730,7 +730,7 @@ class MainWindow(QMainWindow):
         return show_citation(self, self.documents(), citation)
 
     def _begin(self, start: TurnStart) -> None:
-        self.last_stats = {}
+        self.last_stats = None
         self._last_error = ""
         self.statusBar().clearMessage()
         self._show_current()
@@ -773,18 +773,17 @@ class MainWindow(QMainWindow):
         self.prompt_label.setText(reading_label(len(self.pending_citations or []), done, total,
                                                 time.monotonic() - self._turn_t0))
 
-    def _on_stats(self, d: dict) -> None:
-        self.stats_view.push(d, d.get("phase", "decode"), d.get("t"))
-        if d.get("final"):
-            self.last_stats = d
+    def _on_stats(self, sample: StatsSample) -> None:
+        self.stats_view.push_sample(sample)
+        if sample.final:
+            self.last_stats = sample
         self.gauges.show_values(self.stats_view)
 
     def _on_finished(self, reason: str, text: str, thinking: str) -> None:
         if not self.chat.busy:
             return
         s = self.last_stats
-        turn = {k: s[k] for k in ("turn_prompt_tokens", "turn_reused_tokens", "turn_tokens", "turn_seconds",
-                                  "ttft_s") if s.get(k) is not None}
+        turn = s.turn.record() if s is not None and s.turn is not None else {}
         if self.pending_citations:   # kept with the answer, so the links survive a restart
             turn["citations"] = [c.as_dict() for c in self.pending_citations]
         self.chat.finish(reason, text, thinking, stats=turn)

@@ -24,6 +24,7 @@ from PySide6.QtCore import QObject, QThread, Signal, Slot
 from app.api import (EngineService, LiveStats, LoadOptions, LoadedModel, ModelLoaded, PromptProgress, Reasoning, Text,
                      ToolCallMade, TurnDone, TurnError, TurnRequest, open_model)
 from app.engine.binding import MemoryPlan, ModelInfo
+from app.memory.stats import StatsSample, TurnFigures
 
 TEXT_INTERVAL = 0.05    #: seconds between text signals (20 a second at most)
 
@@ -35,7 +36,7 @@ class EngineWorker(QObject):
     response_text = Signal(str)      #: coalesced answer text
     thinking_text = Signal(str)      #: coalesced thinking text
     prompt_progress = Signal(int, int)  #: prompt tokens read, total (one per prefill chunk)
-    stats = Signal(object)             #: a snapshot of Session.stats() plus "phase" and "t" (final: ttft_s...)
+    stats = Signal(object)             #: an app.memory.stats.StatsSample (the last of a turn: final, its TurnFigures)
     tool_call = Signal(object)         #: an app.chat.stream_parser.ToolCall the model made
     finished = Signal(str, str, str)  #: reason, answer text, thinking text
     turn_done = Signal(object)         #: the pipeline's TurnDone (prompt ids, figures, tool calls)
@@ -177,7 +178,6 @@ class EngineWorker(QObject):
         pending = {"thinking": [], "response": []}
         last_text = 0.0
         phase = "prefill"
-        extra = {"remote": True, "provides": sorted(self.remote.provided)} if remote else {}
         latest: dict = {}   #: the last figures: a local session's running totals, a remote answer's counters
 
         def flush() -> None:
@@ -186,9 +186,9 @@ class EngineWorker(QObject):
                     signal.emit("".join(pending[channel]))
                     pending[channel].clear()
 
-        def sample(figures: dict, more: dict | None = None) -> None:
-            if figures or more:
-                self.stats.emit({**figures, "phase": phase, "t": time.monotonic(), **extra, **(more or {})})
+        def sample(figures: dict, final: bool = False, turn: TurnFigures | None = None) -> None:
+            if figures or final:
+                self.stats.emit(StatsSample(figures, phase, time.monotonic(), final, turn))
 
         end: TurnDone | None = None
         try:
@@ -220,15 +220,12 @@ class EngineWorker(QObject):
                 self._running_id = 0
         flush()
         if end is None:
-            sample(latest, {"final": True})
+            sample(latest, final=True)
             self.finished.emit("error", "".join(texts["response"]), "".join(texts["thinking"]))
             return
         if end.reason == "error" and end.error:
             self.error.emit(end.error)
-        sample(end.totals or end.counters,
-               {"final": True, "turn_prompt_tokens": end.prompt_tokens - end.reused_tokens,
-                "turn_reused_tokens": end.reused_tokens, "turn_tokens": len(end.token_ids),
-                "turn_seconds": end.seconds, "ttft_s": end.ttft_s})
+        sample(end.totals or end.counters, final=True, turn=TurnFigures.of(end))
         self.turn_done.emit(end)
         reason = "stop" if end.reason == "tool_calls" else end.reason
         self.finished.emit(reason, "".join(texts["response"]), "".join(texts["thinking"]))

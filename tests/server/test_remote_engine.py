@@ -116,7 +116,7 @@ def test_send_streams_into_the_window_and_the_history(qtbot, make_window, served
     assert w.model_info.engine == "remote" and w.model_info.name == served.model
     chunks: list[str] = []
     on_gui(w.worker.worker.response_text, chunks.append)
-    snaps: list[dict] = []
+    snaps: list = []
     on_gui(w.worker.worker.stats, snaps.append)
     reason = send(qtbot, w, "Name three colours.")
     expected = engine_answer(demo_container, [{"role": "user", "content": "Name three colours."}], 16)
@@ -126,14 +126,14 @@ def test_send_streams_into_the_window_and_the_history(qtbot, make_window, served
     assert [m.role for m in shown] == ["user", "assistant"] and shown[1].content == expected
     assert w.store.messages(w.chat.id)[-1].content == expected
     # the gauges: the Ferry server's own figures; memory is on the server
-    assert snaps[-1]["final"] and snaps[-1]["remote"] and snaps[-1]["decode_tokens"] >= 1
+    assert snaps[-1].final and w.model_info.remote and snaps[-1].counters["decode_tokens"] >= 1
     assert w.stats_view.values.decode_tps and w.stats_view.values.decode_tps > 0
     assert w.gauges.remote_note.isVisible() and "Ferry server" in w.gauges.remote_note.text()
     assert not w.gauges.ram.isVisible() and "not reported" in w.gauges.ram_note.text()
     # a follow-up turn: the whole history goes to the server, which reuses the prefix it holds
     send(qtbot, w, "And three fruits?")
     assert [m.role for m in w.chat.visible()] == ["user", "assistant"] * 2
-    assert w.last_stats["turn_reused_tokens"] > 10
+    assert w.last_stats.turn.reused_tokens > 10
 
 
 def test_stop_mid_answer_cancels_on_the_server(qtbot, make_window, served):

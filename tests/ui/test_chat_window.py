@@ -3,9 +3,12 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from PySide6.QtCore import Qt
 
 from app.chat.conversation import Chat
+from app.memory.stats import StatsSample, TurnFigures
 from app.store.crypto import KeychainKeys
 from app.store.history import HistoryStore
 from tests.ui.conftest import on_gui, close_window, reference_answer
@@ -177,13 +180,23 @@ def test_answer_saved_while_streaming(qtbot, make_window, demo_container, tmp_pa
 def test_gauges_show_engine_stats(qtbot, make_window, demo_container):
     w = make_window(demo_container, max_tokens=10)
     w.stats_view.window = 600  # one window over the whole answer, to compare with the final counters
-    snaps = []
+    snaps, dones = [], []
     on_gui(w.worker.worker.stats, snaps.append)
+    on_gui(w.worker.worker.turn_done, dones.append)
     send(qtbot, w, "Say hello.")
-    final = snaps[-1]
-    assert final["final"] and final["decode_tokens"] >= 1 and final["prompt_tokens"] >= 1
+    assert all(isinstance(s, StatsSample) for s in snaps) and [s.final for s in snaps].count(True) == 1
+    last = snaps[-1]
+    final = last.counters
+    assert last.final and final["decode_tokens"] >= 1 and final["prompt_tokens"] >= 1
+    with pytest.raises(TypeError):
+        final["decode_tokens"] = 0          # the sample is immutable: the window cannot change it
+    with pytest.raises(AttributeError):
+        last.final = False
+    assert last.turn == TurnFigures(len(dones[0].prompt_ids), 0, len(dones[0].token_ids), dones[0].seconds,
+                                    dones[0].ttft_s) and last.turn.ttft_s > 0
+    assert w.chat.visible()[-1].stats["turn_tokens"] == last.turn.tokens   # kept with the answer
     v = w.stats_view.values
-    decode_snaps = [s for s in snaps if s["decode_seconds"] > 0]
+    decode_snaps = [s for s in snaps if s.counters["decode_seconds"] > 0]
     assert v.decode_tps and v.decode_tps > 0
     # the gauge is the engine's own ratio (window covers this whole short answer)
     assert abs(v.decode_tps - final["decode_tokens"] / final["decode_seconds"]) < 1e-6 * v.decode_tps + 1e-9
@@ -208,7 +221,7 @@ def test_gauges_on_a_moe_model(qtbot, make_window, tiny_moe):
     on_gui(w.worker.worker.stats, snaps.append)
     w.settings.max_tokens = 8
     send(qtbot, w, "hello there")   # no chat template: a plain prompt
-    final = snaps[-1]
+    final = snaps[-1].counters
     assert final["hits"] + final["misses"] > 0
     assert not w.gauges.no_experts.isVisible()
     v = w.stats_view.values

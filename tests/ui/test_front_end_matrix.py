@@ -162,10 +162,10 @@ def test_the_window_on_a_remote_engine_gives_the_same_turn(container, qtbot, mak
     local = make_window(path, max_tokens=N, context_length=1024)
     progress: list[tuple[int, int]] = []
     on_gui(local.worker.worker.prompt_progress, lambda d, t: progress.append((d, t)))
-    stats: list[dict] = []
+    stats: list = []
     on_gui(local.worker.worker.stats, stats.append)
     mine, _ = _window_turn(qtbot, local, QUESTION)
-    assert stats[-1]["final"] and stats[-1]["ttft_s"] == mine.ttft_s
+    assert stats[-1].final and stats[-1].turn.ttft_s == mine.ttft_s
     assert progress and progress[-1][0] == progress[-1][1] == len(mine.prompt_ids)
     assert len(progress) == -(-len(mine.prompt_ids) // 32)        # one event per prefill chunk
     assert mine.ttft_s is not None and 0 < mine.ttft_s <= mine.seconds
