@@ -29,8 +29,8 @@ from app.chat.k3_format import render_k3
 from app.chat.segments import Segment, content
 from app.chat.stream_parser import MarkerScanner, StreamParser, ToolCall
 from app.chat.template import TemplateRenderError
-from app.events import (Finished, LiveStats, Logprob, PromptProgress, Reasoning, Text, Token, ToolCallMade, TurnDone,
-                        TurnEvent)
+from app.events import (Finished, LiveStats, Logprob, PromptProgress, Reasoning, Text, Token, TokenLogprob,
+                        ToolCallMade, TurnDone, TurnEvent)
 from app.sampling import SamplingParams
 
 #: K3's thinking efforts, from the values OpenAI clients send.
@@ -297,12 +297,31 @@ class _TokenSource:
 
     def __init__(self, tokenizer):
         self.special_ids = tokenizer.special_ids
-        inner = getattr(tokenizer, "_tok", None)
-        self._bytes = (inner.decode_token_bytes if inner is not None
-                       else lambda i: tokenizer.token_text(i).encode("utf-8"))
+        self._tokenizer = tokenizer
 
     def decode_token_bytes(self, token_id: int) -> bytes:
-        return self._bytes(int(token_id))
+        return token_bytes(self._tokenizer, token_id)
+
+
+def token_bytes(tokenizer, token_id: int) -> bytes:
+    """A token's own bytes (a byte-level piece of UTF-8 may be no text alone)."""
+    inner = getattr(tokenizer, "_tok", None)
+    if inner is not None and hasattr(inner, "decode_token_bytes"):
+        return inner.decode_token_bytes(int(token_id))
+    return tokenizer.token_text(int(token_id)).encode("utf-8")
+
+
+def logprobs_content(entries: list[tuple[int, TokenLogprob]], tokenizer) -> list[dict[str, Any]]:
+    """Generated tokens' logprobs in OpenAI's ``choices[].logprobs.content``
+    shape (the server's answer, ``ferry run --json --logprobs``), each with its
+    token ``id`` too (as llama.cpp's server gives it), so a client such as
+    Ferry's remote engine knows the token and not only its text."""
+
+    def item(tok: int, logprob: float) -> dict[str, Any]:
+        raw = token_bytes(tokenizer, tok)
+        return {"id": int(tok), "token": raw.decode("utf-8", "replace"), "logprob": logprob, "bytes": list(raw)}
+
+    return [{**item(tok, lp.logprob), "top_logprobs": [item(i, v) for i, v in lp.top]} for tok, lp in entries]
 
 
 class AnswerBuilder:

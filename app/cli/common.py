@@ -144,4 +144,5 @@ def turn_request(args, messages: list[dict], *, raw: bool = False, client: str =
     return TurnRequest(messages=messages, sampling=sampling(args), max_tokens=args.n,
                        thinking=not getattr(args, "no_think", False), raw=raw,
                        experts_per_token=getattr(args, "experts_per_token", None),
-                       cache_aware_margin=getattr(args, "cache_aware", 0.0) or 0.0, client=client)
+                       cache_aware_margin=getattr(args, "cache_aware", 0.0) or 0.0, client=client,
+                       top_logprobs=getattr(args, "logprobs", None))

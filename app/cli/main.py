@@ -19,6 +19,7 @@ from app.convert.errors import SourceError
 from app.convert.format_choices import RECOMMENDED
 from app.convert.layout import FORMAT_CHOICES
 from app.engine.binding import FerryError, verify
+from app.chat.turn import MAX_TOP_LOGPROBS, logprobs_content
 from app.model import log_softmax
 from app.memory.plan import describe, plan_container
 from app.text_input import not_text, text_argument_problem, tolerant_stdin
@@ -159,6 +160,9 @@ def _answer(service: EngineService, request: TurnRequest, *, show: bool) -> Turn
 
 
 def cmd_run(args) -> int:
+    if args.logprobs is not None and not args.json:
+        print("ferry: --logprobs needs --json (they are printed in the JSON answer)", file=sys.stderr)
+        return 2
     model = open_from_args(args)
     service = EngineService(model, model.new_session(args.ctx))
     try:
@@ -189,6 +193,7 @@ def cmd_run(args) -> int:
             "prefetch_gated": int(c.get("prefetch_gated", 0)),
             "ram_budget": model.engine.info.ram_budget, "direct_io": bool(model.engine.info.direct_io),
             "activations": model.engine.info.activations,
+            **({"logprobs": logprobs_content(end.logprobs, model.tokenizer)} if args.logprobs is not None else {}),
             "error": end.error}))
     model.close()
     return 1 if end.reason == "error" else 0
@@ -412,6 +417,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_sampling(p)
     p.add_argument("--raw", action="store_true", help="do not apply the chat template")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--logprobs", type=int, default=None, metavar="N", choices=range(0, MAX_TOP_LOGPROBS + 1),
+                   help="with --json: each generated token's log-probability and the N (0-20) most likely "
+                        "alternatives, as the server's logprobs")
     p.set_defaults(fn=cmd_run)
 
     p = sub.add_parser("chat", help="an interactive conversation")

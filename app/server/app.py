@@ -25,7 +25,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from app.chat.stream_parser import ToolCall
 from app.engine.service import EngineService
 from app.events import LiveStats, Logprob, PromptProgress, Reasoning, Text, ToolCallMade, TurnDone
-from app.server.chat import ChatFormatter, Limits, client_id, figures, logprobs_content
+from app.chat.turn import logprobs_content
+from app.server.chat import ChatFormatter, Limits, client_id, figures
 from app.server.engine import AsyncJob
 from app.server.errors import APIError, error_body, lone_surrogate, server_error, too_large, unauthorized
 from app.server.schemas import (ChatCompletion, ChatCompletionRequest, ErrorResponse, FerryStatus, ModelCard,

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.chat.turn import ChatFormat, Prepared, TurnError, TurnRequest, check_routing
-from app.events import TokenLogprob
 from app.sampling import SamplingParams
 from app.server.errors import APIError, invalid
 from app.server.schemas import ChatCompletionRequest
@@ -96,25 +95,6 @@ class ChatFormatter:
             return prepared
         except TurnError as exc:
             raise APIError(400, exc.message, param=exc.param, code=exc.code) from None
-
-
-def logprobs_content(entries: list[tuple[int, TokenLogprob]], tokenizer) -> list[dict[str, Any]]:
-    """OpenAI's ``choices[].logprobs.content`` for generated tokens, each with
-    its token ``id`` too (as llama.cpp's server gives it), so a client such as
-    Ferry's remote engine knows the token and not only its text."""
-
-    def item(tok: int, logprob: float) -> dict[str, Any]:
-        raw = _token_bytes(tokenizer, tok)
-        return {"id": int(tok), "token": raw.decode("utf-8", "replace"), "logprob": logprob, "bytes": list(raw)}
-
-    return [{**item(tok, lp.logprob), "top_logprobs": [item(i, v) for i, v in lp.top]} for tok, lp in entries]
-
-
-def _token_bytes(tokenizer, tok: int) -> bytes:
-    inner = getattr(tokenizer, "_tok", None)
-    if inner is not None and hasattr(inner, "decode_token_bytes"):
-        return inner.decode_token_bytes(int(tok))
-    return tokenizer.token_text(int(tok)).encode("utf-8")
 
 
 def figures(counters: dict[str, float]) -> dict[str, Any]:

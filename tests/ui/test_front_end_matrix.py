@@ -186,3 +186,48 @@ def test_the_window_on_a_remote_engine_gives_the_same_turn(container, qtbot, mak
     assert theirs.prompt_tokens == len(mine.prompt_ids) and theirs.completion_tokens == len(mine.token_ids)
     assert theirs.ttft_s is not None and theirs.ttft_s > 0
     assert shown.thinking == mine.reasoning and shown.content == mine.content
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("container", FAMILIES, indirect=True)
+def test_logprobs_are_the_same_in_every_front_end(container, capsys):
+    """Per-token logprobs (greedy, 3 alternatives) from `ferry run --json
+    --logprobs`, the server (openai client, loopback) and the remote engine
+    pointed at that server: the same tokens, values and alternatives."""
+    from app.chat.turn import TurnRequest
+    from app.engine.remote import RemoteEngine
+    from app.events import Logprob, TokenLogprob
+    from app.sampling import SamplingParams
+
+    family, path = container
+    ctx = CTX[family]
+    cli = _cli_json(capsys, "run", str(path), QUESTION, "-n", str(N), "--ctx", str(ctx), "--threads", "2",
+                    "--json", "--logprobs", "3")
+    messages = [{"role": "user", "content": QUESTION}]
+    model = LoadedModel(path, threads=2, n_ctx=ctx)
+    server = Server(model, model.new_session(ctx), host="127.0.0.1", port=0).start()
+    try:
+        client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0)
+        r = client.chat.completions.create(model=server.model_id, messages=messages, max_tokens=N, temperature=0,
+                                           logprobs=True, top_logprobs=3)
+        remote = RemoteEngine(server.url)
+        remote.check()
+        events = list(remote.generate(TurnRequest(messages, SamplingParams(), max_tokens=N, top_logprobs=3)))
+        remote.close()
+    finally:
+        server.stop()
+        model.close()
+    assert len(cli["logprobs"]) == len(cli["token_ids"]) == r.usage.completion_tokens > 0
+    assert [e["id"] for e in cli["logprobs"]] == cli["token_ids"]
+    assert [c.model_dump() for c in r.choices[0].logprobs.content] == cli["logprobs"]
+    expected = [(e["id"], TokenLogprob(e["logprob"], tuple((a["id"], a["logprob"]) for a in e["top_logprobs"])))
+                for e in cli["logprobs"]]
+    assert [(e.token, e.value) for e in events if isinstance(e, Logprob)] == expected == events[-1].logprobs
+    assert all(len(e["top_logprobs"]) == 3 for e in cli["logprobs"])
+
+
+def test_cli_logprobs_need_json(capsys, tmp_path):
+    assert ferry(["run", str(tmp_path / "no-model"), QUESTION, "--logprobs", "2"]) == 2
+    assert "--logprobs needs --json" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        ferry(["run", str(tmp_path / "no-model"), QUESTION, "--json", "--logprobs", "21"])
