@@ -115,7 +115,7 @@ class TurnDone:
     reasoning: str = ""
     tool_calls: list[ToolCall] = field(default_factory=list)
     prompt_ids: list[int] = field(default_factory=list)   #: the whole prompt (empty for a remote engine)
-    token_ids: list[int] = field(default_factory=list)    #: generated ids (-1 each for a remote engine)
+    token_ids: list[int] = field(default_factory=list)    #: generated ids (remote: the logprobs' ids, else -1 each)
     prompt_tokens: int = 0            #: the whole prompt's length
     reused_tokens: int = 0            #: of which the session already held
     completion_tokens: int = 0

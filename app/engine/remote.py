@@ -370,8 +370,11 @@ class _Answer:
         ttft = self.ferry.get("ttft_s")
         if not isinstance(ttft, (int, float)):
             ttft = (self.first - self.t0) if self.first is not None else None
+        ids = [token for token, _ in self.logprobs]
+        if len(ids) != done or min(ids, default=0) < 0:
+            ids = [-1] * done       # known only from logprobs that name every token
         return TurnDone(reason=reason, content="".join(self.text), reasoning="".join(self.reasoning),
-                        tool_calls=list(self.tool_calls), token_ids=[-1] * done, prompt_tokens=prompt,
+                        tool_calls=list(self.tool_calls), token_ids=ids, prompt_tokens=prompt,
                         reused_tokens=cached, completion_tokens=done, reasoning_tokens=reasoning,
                         counters=self.counters(), seconds=now - self.t0, ttft_s=ttft, started=self.t0, ended=now,
                         logprobs=list(self.logprobs), error=error)

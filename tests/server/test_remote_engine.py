@@ -89,12 +89,13 @@ def test_remote_logprobs_equal_the_local_engine(served, demo_container):
     assert len(mine) == local[-1].completion_tokens == 8 and all(len(e.value.top) == 3 for e in mine)
     assert theirs == mine
     assert events[-1].logprobs == local[-1].logprobs == [(e.token, e.value) for e in mine]
-    assert [e.token for e in theirs] == local[-1].token_ids
+    assert [e.token for e in theirs] == local[-1].token_ids == events[-1].token_ids
     first_text = next(i for i, e in enumerate(events) if isinstance(e, Text))
     assert isinstance(events[first_text - 1], Logprob)   # a token's logprob comes before its text
     # Not asked for: none.
     plain = list(remote.generate(TurnRequest(messages, SamplingParams(), max_tokens=4)))
     assert not any(isinstance(e, Logprob) for e in plain) and plain[-1].logprobs == []
+    assert plain[-1].token_ids == [-1] * plain[-1].completion_tokens   # ids unknown without logprobs
     remote.close()
 
 

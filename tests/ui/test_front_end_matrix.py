@@ -5,7 +5,9 @@ ids, the same generated ids, and the same split of those ids into thinking,
 answer and tool calls, because all of them go through the one turn
 pipeline. Kimi K3 with thinking on shows its trace in the window's thinking
 panel; the window on a remote engine (pointed at a Ferry server) gives the
-same turn as on the local engine."""
+same turn as on the local engine; the CLI, the server and the remote engine
+give the same per-token logprobs (the window and `docs ask` do not show
+logprobs)."""
 from __future__ import annotations
 
 import json
@@ -154,12 +156,13 @@ def test_every_front_end_gives_the_same_turn(container, qtbot, make_window, caps
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("container", ["k3"], indirect=True)
+@pytest.mark.parametrize("container", FAMILIES, indirect=True)
 def test_the_window_on_a_remote_engine_gives_the_same_turn(container, qtbot, make_window):
-    """K3 on `ferry serve`'s engine (in this process, on loopback): the window's
-    remote engine yields the same thinking, answer and figures as local."""
-    _family, path = container
-    local = make_window(path, max_tokens=N, context_length=1024)
+    """Each family on `ferry serve`'s engine (in this process, on loopback): the
+    window's remote engine yields the same thinking, answer and figures as local."""
+    family, path = container
+    ctx = CTX[family]
+    local = make_window(path, max_tokens=N, context_length=ctx)
     progress: list[tuple[int, int]] = []
     on_gui(local.worker.worker.prompt_progress, lambda d, t: progress.append((d, t)))
     stats: list = []
@@ -170,8 +173,8 @@ def test_the_window_on_a_remote_engine_gives_the_same_turn(container, qtbot, mak
     assert len(progress) == -(-len(mine.prompt_ids) // 32)        # one event per prefill chunk
     assert mine.ttft_s is not None and 0 < mine.ttft_s <= mine.seconds
 
-    model = LoadedModel(path, threads=2, n_ctx=1024)
-    server = Server(model, model.new_session(1024), host="127.0.0.1", port=0).start()
+    model = LoadedModel(path, threads=2, n_ctx=ctx)
+    server = Server(model, model.new_session(ctx), host="127.0.0.1", port=0).start()
     try:
         w = make_window(None, max_tokens=N)
         s = quick_settings(engine="remote", remote_url=server.url, max_tokens=N)
