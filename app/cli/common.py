@@ -123,14 +123,17 @@ def add_routing(p: argparse.ArgumentParser) -> None:
                         "(opt-in, inexact; default 0: off)")
 
 
-def add_sampling(p: argparse.ArgumentParser) -> None:
+def add_sampling(p: argparse.ArgumentParser, *, system: bool = True) -> None:
+    """The options of one answer (`run`, `chat`, `docs ask`; ``system``: a
+    --system prompt, which `docs ask` does not take: its system message is the passages)."""
     p.add_argument("-n", type=int, default=256, help="most tokens to generate")
     p.add_argument("--temp", type=float, default=0.0, help="temperature; 0 is greedy (default)")
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--min-p", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--system", help="a system prompt")
+    if system:
+        p.add_argument("--system", help="a system prompt")
     p.add_argument("--no-think", action="store_true", help="turn the model's thinking off (where it has it)")
     add_routing(p)
 

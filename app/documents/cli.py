@@ -238,7 +238,7 @@ def _seconds(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from app.cli.common import add_model_options, add_routing
+    from app.cli.common import add_model_options, add_sampling
 
     ap = argparse.ArgumentParser(prog="ferry docs", description="Ask about your own documents, offline.")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -263,15 +263,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("ask", help="answer a question from a collection, with citations")
     add_model_options(p)
-    add_routing(p)
+    add_sampling(p, system=False)     # the same sampling, thinking and routing options as `ferry run`
     p.add_argument("collection")
     p.add_argument("question")
     p.add_argument("--context-tokens", type=int, default=None,
                    help="token budget for passages (default: the collection's, 1024 unless set)")
-    p.add_argument("-n", type=int, default=256, help="most tokens to generate")
-    p.add_argument("--temp", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--no-think", action="store_true", help="turn the model's thinking off (where it has it)")
     p.add_argument("--mode", choices=("hybrid", "bm25", "ngram"), default="hybrid")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_ask)

@@ -102,6 +102,11 @@ def test_every_front_end_gives_the_same_turn(container, qtbot, make_window, caps
     docs = _cli_json(capsys, "docs", "ask", str(path), "home", QUESTION, "-n", str(N), "--ctx", str(ctx),
                      "--threads", "2", "--context-tokens", "900", "--json")
     assert docs["whole_collection"] and len(docs["passages"]) == 1
+    # `docs ask` takes `run`'s sampling options: top-k 1 is greedy at any temperature
+    top1 = _cli_json(capsys, "docs", "ask", str(path), "home", QUESTION, "-n", str(N), "--ctx", str(ctx),
+                     "--threads", "2", "--context-tokens", "900", "--temp", "1.5", "--top-k", "1", "--seed", "7",
+                     "--top-p", "0.9", "--min-p", "0.01", "--json")
+    assert top1["tokens"] == docs["tokens"]
     from app.documents.cli import open_store
 
     with open_store() as store:
