@@ -12,6 +12,7 @@ from app.convert.convert import Progress
 from app.engine.binding import ACTIVATION_CHOICES, KERNEL_CHOICES
 
 DEMO = "demo"
+CTX_DEFAULT = 4096
 #: No machine has more memory than this (2^62 bytes, 4 EiB): a larger size is a typo.
 MAX_SIZE = 1 << 62
 
@@ -76,6 +77,9 @@ def progress_printer():
 def open_from_args(args) -> LoadedModel:
     """The model named on the command line, with its --budget (or the recommended one)."""
     quiet = getattr(args, "json", False)
+    if is_server_url(args.model):
+        raise UsageError(f"{args.model} is a server's URL: `ferry run` and `ferry chat` can use a server; "
+                         f"this command needs a model on this computer")
     if args.budget:   # checked before anything is loaded
         budget = parse_size(args.budget)
         warning = check_budget(budget)
@@ -95,9 +99,61 @@ def open_from_args(args) -> LoadedModel:
                       activations=getattr(args, "activations", "f32"))
 
 
+def is_server_url(model: str) -> bool:
+    """MODEL names an OpenAI-compatible server (another Ferry, vLLM, llama.cpp...)."""
+    return model.startswith(("http://", "https://"))
+
+
+class Turns:
+    """Where `ferry run` and `ferry chat` send their turns: a model on this
+    computer (the engine service on one session), or, when MODEL is a
+    server's URL, that server through the window's remote engine
+    (``app.engine.remote``: the same events, the API key the window keeps for
+    that URL in the keychain)."""
+
+    def __init__(self, args):
+        self.model = self.service = self.remote = None
+        if is_server_url(args.model):
+            local = [flag for flag, used in (("--budget", args.budget), ("--kernels", getattr(args, "kernels", None)),
+                                             ("--threads", args.threads), ("--ctx", args.ctx != CTX_DEFAULT),
+                                             ("--activations", getattr(args, "activations", "f32") != "f32"),
+                                             ("--verify-reads", getattr(args, "verify_reads", False))) if used]
+            if local:
+                raise UsageError(f"{', '.join(local)} set{'s' if len(local) == 1 else ''} up a model on this "
+                                 f"computer; {args.model} is a server, which chooses its own")
+            from app.engine.remote import RemoteEngine
+            from app.store.settings import remote_api_key
+
+            self.remote = RemoteEngine(args.model, getattr(args, "server_model", None) or "",
+                                       remote_api_key(args.model))
+            self.remote.check()                     # RemoteError: unreachable, wrong key, unknown model
+            self.name = self.remote.model
+        else:
+            from app.api import EngineService
+
+            self.model = open_from_args(args)
+            self.service = EngineService(self.model, self.model.new_session(args.ctx))
+            self.name = self.model.name
+
+    def stream(self, request: TurnRequest):
+        """(the turn's events, a function that cancels it)."""
+        if self.remote is not None:
+            self.remote.clear_cancel()
+            return self.remote.generate(request), self.remote.cancel
+        stream = self.service.stream(self.service.prepare(request))
+        return stream, stream.cancel
+
+    def close(self) -> None:
+        if self.remote is not None:
+            self.remote.close()
+        if self.service is not None:
+            self.service.close()
+            self.model.close()
+
+
 def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="a converted model: its folder, its name in the models folder, or 'demo' for the "
-                                 "built-in demo model")
+                                 "built-in demo model (`run` and `chat`: or an OpenAI-compatible server's URL)")
     p.add_argument("--budget", help="RAM budget for the core, e.g. 4G (default: chosen for this machine and model, "
                                     "as `ferry plan` prints it)")
     p.add_argument("--threads", type=int, default=0, help="compute threads (default: one per CPU)")
@@ -109,7 +165,7 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
                         "token's input is rounded to 8 bits per 32 values and multiplied with integer dot "
                         "products (q8_0, q4_0, q4_1, q4_k, q5_k, q6_k weights); outputs change slightly "
                         "(`ferry eval --compare FILE --activations q8` measures how much)")
-    p.add_argument("--ctx", type=int, default=4096, help="context length of the session (default 4096)")
+    p.add_argument("--ctx", type=int, default=CTX_DEFAULT, help="context length of the session (default 4096)")
     p.add_argument("--verify-reads", action="store_true",
                    help="check each expert record's CRC32 when it is first read from disk; a damaged record "
                         "ends that answer with an error naming it (costs CPU per GB read: docs/BENCHMARKS.md)")

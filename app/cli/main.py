@@ -11,14 +11,15 @@ from typing import Sequence
 
 import numpy as np
 
-from app.api import EngineService, ModelError, Reasoning, Text, ToolCallMade, TurnDone, TurnError, TurnRequest
-from app.cli.common import (UsageError, add_model_options, add_routing, add_sampling, open_from_args, parse_size,
+from app.api import ModelError, Reasoning, Text, ToolCallMade, TurnDone, TurnError, TurnRequest
+from app.cli.common import (Turns, UsageError, add_model_options, add_routing, add_sampling, open_from_args, parse_size,
                             progress_printer, resolve_model, turn_request)
 from app.convert.convert import ConvertError, convert
 from app.convert.errors import SourceError
 from app.convert.format_choices import RECOMMENDED
 from app.convert.layout import FORMAT_CHOICES
 from app.engine.binding import FerryError, verify
+from app.engine.remote import RemoteError
 from app.chat.turn import MAX_TOP_LOGPROBS, logprobs_content
 from app.model import log_softmax
 from app.memory.plan import describe, plan_container
@@ -130,11 +131,11 @@ def cmd_info(args) -> int:
     return 0
 
 
-def _answer(service: EngineService, request: TurnRequest, *, show: bool) -> TurnDone:
+def _answer(turns: Turns, request: TurnRequest, *, show: bool) -> TurnDone:
     """One turn: the answer to stdout as it comes (the thinking trace to stderr)."""
     end = None
     thinking = False
-    stream = service.stream(service.prepare(request))
+    stream, cancel = turns.stream(request)
     try:
         for ev in stream:
             if isinstance(ev, Reasoning) and show:
@@ -152,23 +153,28 @@ def _answer(service: EngineService, request: TurnRequest, *, show: bool) -> Turn
             elif isinstance(ev, TurnDone):
                 end = ev
     except KeyboardInterrupt:
-        stream.cancel()
+        cancel()
         end = TurnDone("cancelled")
     if show:
         print()
     return end
 
 
+def add_server_model(p) -> None:
+    p.add_argument("--server-model", metavar="NAME", help="when MODEL is a server's URL: the model it serves to use "
+                                                           "(default: the first it lists)")
+
+
 def cmd_run(args) -> int:
     if args.logprobs is not None and not args.json:
         print("ferry: --logprobs needs --json (they are printed in the JSON answer)", file=sys.stderr)
         return 2
-    model = open_from_args(args)
-    service = EngineService(model, model.new_session(args.ctx))
+    turns = Turns(args)
     try:
-        end = _answer(service, turn_request(args, _messages(args, args.prompt), raw=args.raw), show=not args.json)
+        end = _answer(turns, turn_request(args, _messages(args, args.prompt), raw=args.raw), show=not args.json)
     finally:
-        service.close()
+        turns.close()
+    info = turns.model.engine.info if turns.model is not None else None
     if end.reason == "error":
         print(f"ferry: error: {end.error}", file=sys.stderr)
     if args.json:
@@ -191,19 +197,28 @@ def cmd_run(args) -> int:
                                    if c.get("lookahead_predicted") else None),
             "prefetch_used": int(c.get("prefetch_used", 0)), "prefetch_wasted": int(c.get("prefetch_wasted", 0)),
             "prefetch_gated": int(c.get("prefetch_gated", 0)),
-            "ram_budget": model.engine.info.ram_budget, "direct_io": bool(model.engine.info.direct_io),
-            "activations": model.engine.info.activations,
-            **({"logprobs": logprobs_content(end.logprobs, model.tokenizer)} if args.logprobs is not None else {}),
+            "ram_budget": info.ram_budget if info else None, "direct_io": bool(info.direct_io) if info else None,
+            "activations": info.activations if info else None, "model": turns.name,
+            **({"server": turns.remote.url} if turns.remote is not None else {}),
+            **({"logprobs": _logprobs(end, turns)} if args.logprobs is not None else {}),
             "error": end.error}))
-    model.close()
     return 1 if end.reason == "error" else 0
 
 
+def _logprobs(end: TurnDone, turns: Turns) -> list[dict]:
+    """The turn's logprobs as the server gives them; a remote engine's have no
+    tokenizer here, so their entries hold the ids and values only."""
+    if turns.model is not None:
+        return logprobs_content(end.logprobs, turns.model.tokenizer)
+    return [{"id": tok, "logprob": lp.logprob, "top_logprobs": [{"id": i, "logprob": v} for i, v in lp.top]}
+            for tok, lp in end.logprobs]
+
+
 def cmd_chat(args) -> int:
-    model = open_from_args(args)
-    service = EngineService(model, model.new_session(args.ctx))
+    turns = Turns(args)
     messages: list[dict] = [{"role": "system", "content": args.system}] if args.system else []
-    print(f"Chatting with {model.name}. Empty line, /quit or Ctrl-D to quit; /new starts over.", file=sys.stderr)
+    where = f" on {turns.remote.url}" if turns.remote is not None else ""
+    print(f"Chatting with {turns.name}{where}. Empty line, /quit or Ctrl-D to quit; /new starts over.", file=sys.stderr)
     tolerant_stdin()
     try:
         while True:
@@ -223,7 +238,7 @@ def cmd_chat(args) -> int:
                 continue
             messages.append({"role": "user", "content": line})
             try:
-                end = _answer(service, turn_request(args, list(messages)), show=True)
+                end = _answer(turns, turn_request(args, list(messages)), show=True)
             except TurnError as exc:
                 end = TurnDone("error", error=exc.message)
             if end.reason in ("error", "cancelled"):
@@ -237,8 +252,7 @@ def cmd_chat(args) -> int:
             print(f"  [{n} tokens, {end.prompt_tokens - end.reused_tokens} prompt tokens evaluated, "
                   f"{end.reused_tokens} reused, {n / max(end.seconds, 1e-9):.1f} tok/s]", file=sys.stderr)
     finally:
-        service.close()
-        model.close()
+        turns.close()
 
 
 def _eval_request(args, prompt: str) -> TurnRequest:
@@ -413,6 +427,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="answer one prompt")
     add_model_options(p)
+    add_server_model(p)
     p.add_argument("prompt")
     add_sampling(p)
     p.add_argument("--raw", action="store_true", help="do not apply the chat template")
@@ -424,6 +439,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("chat", help="an interactive conversation")
     add_model_options(p)
+    add_server_model(p)
     add_sampling(p)
     p.set_defaults(fn=cmd_chat)
 
@@ -498,7 +514,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if (bad := text_argument_problem(args, TEXT_ARGUMENTS)):
             raise UsageError(bad)
         return args.fn(args)
-    except (FerryError, SourceError, ConvertError, ModelError, UsageError, ValueError, OSError) as exc:
+    except (FerryError, SourceError, ConvertError, ModelError, UsageError, ValueError, OSError, RemoteError) as exc:
         print(f"ferry: error: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, UsageError) else 1
 

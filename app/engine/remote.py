@@ -34,15 +34,16 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 from urllib.parse import urlsplit, urlunsplit
-
-import httpx
 
 from app.chat.stream_parser import StreamParser, ToolCall
 from app.chat.turn import TurnRequest
 from app.events import (LiveStats, Logprob, PromptProgress, Reasoning, Text, TokenLogprob, ToolCallMade, TurnDone,
                         TurnEvent)
+
+if TYPE_CHECKING:   # httpx is imported where it is used: `ferry run` on a local model never loads it
+    import httpx
 
 #: Figures a Ferry server sends / that can be measured from any server's stream.
 FERRY_FIGURES = frozenset({"decode_tps", "prompt_tps", "read_mbps", "hit_decode", "hit_prefill"})
@@ -111,6 +112,8 @@ class RemoteEngine:
 
     def check(self) -> dict[str, Any]:
         """Reach the server, check the key and pick the model (the first one if none is set)."""
+        import httpx
+
         try:
             r = httpx.get(self.url + "/models", headers=self._headers(), timeout=self.timeout)
         except httpx.HTTPError as exc:
@@ -152,6 +155,8 @@ class RemoteEngine:
     def _http(self) -> httpx.Client:
         """One client, so turns travel on one kept-alive connection: a server
         without API keys keeps prefix reuse per connection."""
+        import httpx
+
         with self._lock:
             if self._client is None:
                 self._client = httpx.Client(timeout=httpx.Timeout(self.timeout, read=None))
@@ -226,6 +231,8 @@ class RemoteEngine:
 
     def _read(self, body: dict[str, Any], items: queue.Queue) -> None:
         """The HTTP stream, on its own thread: lines in, (kind, value) items out."""
+        import httpx
+
         try:
             client = self._http()
             with client.stream("POST", self.url + "/chat/completions", json=body,

@@ -5,6 +5,7 @@ app's switch that serves the loaded model."""
 from __future__ import annotations
 
 import json
+import re
 import socket
 import time
 
@@ -110,6 +111,42 @@ def test_logprobs_of_servers_that_do_not_give_token_ids():
     assert list(remote_logprobs(chunk)) == [(42, TokenLogprob(-0.5, ((42, -0.5), (-1, -1.25)))),
                                             (-1, TokenLogprob(-2.0, ())), (-1, TokenLogprob(-3.0, ()))]
     assert list(remote_logprobs(None)) == list(remote_logprobs({"content": None})) == []
+
+
+def test_the_cli_runs_and_chats_on_a_server(served, demo_container, monkeypatch, capsys, memory_keyring):
+    """`ferry run URL` and `ferry chat URL`: the window's remote engine in the
+    CLI, with the same answer, ids and logprobs as the engine itself; what
+    sets up a local model is refused, and so is an unreachable server."""
+    import io
+
+    from app.cli import main as ferry
+
+    messages = [{"role": "user", "content": "Name three colours."}]
+    capsys.readouterr()
+    assert ferry(["run", served.url, messages[0]["content"], "-n", "10", "--json", "--logprobs", "2"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["text"] == engine_answer(demo_container, messages, 10)
+    assert doc["model"] == served.model and doc["server"] == served.url and doc["ram_budget"] is None
+    assert [e["id"] for e in doc["logprobs"]] == doc["token_ids"] and -1 not in doc["token_ids"]
+    assert all(len(e["top_logprobs"]) == 2 for e in doc["logprobs"]) and doc["tokens"] == 10
+
+    monkeypatch.setattr("sys.stdin", io.StringIO("Name three colours.\nAnd three fruits?\n/quit\n"))
+    assert ferry(["chat", served.url, "-n", "8", "--server-model", served.model]) == 0
+    out, err = capsys.readouterr()
+    assert f"Chatting with {served.model} on {served.url}" in err and out.count("> ") == 3
+    assert engine_answer(demo_container, messages, 8) in out
+    reused = [int(m) for m in re.findall(r"prompt tokens evaluated, (\d+) reused", err)]
+    assert len(reused) == 2 and reused[1] > 10          # the server kept the first turn's prefix
+
+    assert ferry(["run", served.url, "hi", "--budget", "1G", "--activations", "q8"]) == 2
+    assert "--budget, --activations set up a model on this computer" in capsys.readouterr().err
+    assert ferry(["run", "http://127.0.0.1:9", "hi"]) == 1
+    err = capsys.readouterr().err
+    assert "cannot reach" in err and "Traceback" not in err
+    assert ferry(["run", served.url, "hi", "--server-model", "gpt-4o"]) == 1
+    assert "does not serve 'gpt-4o'" in capsys.readouterr().err
+    assert ferry(["info", served.url]) == 2
+    assert "this command needs a model on this computer" in capsys.readouterr().err
 
 
 def test_send_streams_into_the_window_and_the_history(qtbot, make_window, served, demo_container):
