@@ -38,6 +38,11 @@ class TokenLogprob:
 
     logprob: float
     top: tuple[tuple[int, float], ...] = ()
+    #: The tokens' bytes where no tokenizer is at hand (a remote engine: as the
+    #: server sent them): the chosen token's, then each alternative's. Not
+    #: compared: the ids and values are the logprob.
+    token_bytes: bytes | None = field(default=None, compare=False)
+    top_bytes: tuple[bytes, ...] = field(default=(), compare=False)
 
 
 @dataclass(frozen=True)

@@ -311,17 +311,24 @@ def token_bytes(tokenizer, token_id: int) -> bytes:
     return tokenizer.token_text(int(token_id)).encode("utf-8")
 
 
-def logprobs_content(entries: list[tuple[int, TokenLogprob]], tokenizer) -> list[dict[str, Any]]:
+def logprobs_content(entries: list[tuple[int, TokenLogprob]], tokenizer=None) -> list[dict[str, Any]]:
     """Generated tokens' logprobs in OpenAI's ``choices[].logprobs.content``
     shape (the server's answer, ``ferry run --json --logprobs``), each with its
     token ``id`` too (as llama.cpp's server gives it), so a client such as
-    Ferry's remote engine knows the token and not only its text."""
+    Ferry's remote engine knows the token and not only its text. Without a
+    ``tokenizer`` (a remote engine) the bytes the entries carry are used."""
 
-    def item(tok: int, logprob: float) -> dict[str, Any]:
-        raw = token_bytes(tokenizer, tok)
+    def item(tok: int, logprob: float, raw: bytes | None) -> dict[str, Any]:
+        if tokenizer is not None:
+            raw = token_bytes(tokenizer, tok)
+        raw = raw or b""
         return {"id": int(tok), "token": raw.decode("utf-8", "replace"), "logprob": logprob, "bytes": list(raw)}
 
-    return [{**item(tok, lp.logprob), "top_logprobs": [item(i, v) for i, v in lp.top]} for tok, lp in entries]
+    def alternatives(lp: TokenLogprob) -> list[dict[str, Any]]:
+        raws = lp.top_bytes if len(lp.top_bytes) == len(lp.top) else (None,) * len(lp.top)
+        return [item(i, v, raw) for (i, v), raw in zip(lp.top, raws)]
+
+    return [{**item(tok, lp.logprob, lp.token_bytes), "top_logprobs": alternatives(lp)} for tok, lp in entries]
 
 
 class AnswerBuilder:

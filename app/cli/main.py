@@ -200,18 +200,10 @@ def cmd_run(args) -> int:
             "ram_budget": info.ram_budget if info else None, "direct_io": bool(info.direct_io) if info else None,
             "activations": info.activations if info else None, "model": turns.name,
             **({"server": turns.remote.url} if turns.remote is not None else {}),
-            **({"logprobs": _logprobs(end, turns)} if args.logprobs is not None else {}),
+            **({"logprobs": logprobs_content(end.logprobs, turns.model.tokenizer if turns.model else None)}
+               if args.logprobs is not None else {}),
             "error": end.error}))
     return 1 if end.reason == "error" else 0
-
-
-def _logprobs(end: TurnDone, turns: Turns) -> list[dict]:
-    """The turn's logprobs as the server gives them; a remote engine's have no
-    tokenizer here, so their entries hold the ids and values only."""
-    if turns.model is not None:
-        return logprobs_content(end.logprobs, turns.model.tokenizer)
-    return [{"id": tok, "logprob": lp.logprob, "top_logprobs": [{"id": i, "logprob": v} for i, v in lp.top]}
-            for tok, lp in end.logprobs]
 
 
 def cmd_chat(args) -> int:

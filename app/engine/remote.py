@@ -395,13 +395,24 @@ def _logprobs(doc: Any) -> Iterator[tuple[int, TokenLogprob]]:
         if not isinstance(item, dict) or not _is_number(item.get("logprob")):
             continue
         top = item.get("top_logprobs")
-        alternatives = tuple((_token_id(a), float(a["logprob"])) for a in (top if isinstance(top, list) else ())
-                             if isinstance(a, dict) and _is_number(a.get("logprob")))
-        yield _token_id(item), TokenLogprob(float(item["logprob"]), alternatives)
+        top = [a for a in (top if isinstance(top, list) else ())
+               if isinstance(a, dict) and _is_number(a.get("logprob"))]
+        value = TokenLogprob(float(item["logprob"]), tuple((_token_id(a), float(a["logprob"])) for a in top),
+                             token_bytes=_token_bytes(item), top_bytes=tuple(map(_token_bytes, top)))
+        yield _token_id(item), value
 
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _token_bytes(item: dict[str, Any]) -> bytes:
+    """A logprob entry's token bytes: its ``bytes`` (OpenAI), else its text."""
+    raw = item.get("bytes")
+    if isinstance(raw, list) and all(isinstance(b, int) and 0 <= b < 256 for b in raw):
+        return bytes(raw)
+    token = item.get("token")
+    return token.encode("utf-8", "replace") if isinstance(token, str) else b""
 
 
 def _token_id(item: dict[str, Any]) -> int:

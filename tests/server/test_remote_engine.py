@@ -108,8 +108,11 @@ def test_logprobs_of_servers_that_do_not_give_token_ids():
                                                                    {"token": "Hi", "logprob": -1.25}]},
         {"token": "there", "logprob": -2.0, "bytes": [116], "top_logprobs": []},
         {"token": "x", "logprob": "bad"}, "junk", {"id": True, "token": "y", "logprob": -3}]}
-    assert list(remote_logprobs(chunk)) == [(42, TokenLogprob(-0.5, ((42, -0.5), (-1, -1.25)))),
-                                            (-1, TokenLogprob(-2.0, ())), (-1, TokenLogprob(-3.0, ()))]
+    got = list(remote_logprobs(chunk))
+    assert got == [(42, TokenLogprob(-0.5, ((42, -0.5), (-1, -1.25)))),
+                   (-1, TokenLogprob(-2.0, ())), (-1, TokenLogprob(-3.0, ()))]
+    assert [(lp.token_bytes, lp.top_bytes) for _, lp in got] == [(b"token_id:42", (b"token_id:42", b"Hi")),
+                                                                 (b"t", ()), (b"y", ())]
     assert list(remote_logprobs(None)) == list(remote_logprobs({"content": None})) == []
 
 
@@ -129,6 +132,10 @@ def test_the_cli_runs_and_chats_on_a_server(served, demo_container, monkeypatch,
     assert doc["model"] == served.model and doc["server"] == served.url and doc["ram_budget"] is None
     assert [e["id"] for e in doc["logprobs"]] == doc["token_ids"] and -1 not in doc["token_ids"]
     assert all(len(e["top_logprobs"]) == 2 for e in doc["logprobs"]) and doc["tokens"] == 10
+    capsys.readouterr()
+    assert ferry(["run", str(demo_container), messages[0]["content"], "-n", "10", "--json", "--logprobs", "2"]) == 0
+    local = json.loads(capsys.readouterr().out)
+    assert doc["logprobs"] == local["logprobs"]      # token text and bytes too: the server's, as given
 
     monkeypatch.setattr("sys.stdin", io.StringIO("Name three colours.\nAnd three fruits?\n/quit\n"))
     assert ferry(["chat", served.url, "-n", "8", "--server-model", served.model]) == 0
