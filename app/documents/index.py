@@ -234,10 +234,19 @@ class FtsIndex:
                                                "LIMIT ?", (_match(terms), limit))]
 
     def _all_of(self, words: Sequence[str], limit: int) -> list[int]:
+        """The ``limit`` chunks holding every one of ``words`` that FTS5 ranks best. An intersection of
+        at most ``limit`` chunks is that answer whatever the order, and is found without ranking: FTS5's
+        bm25() first reads every posting of each word to count the chunks holding it (for common words
+        most of the query's time, growing with the collection), while the unranked query skips through
+        the postings. Only a larger intersection is ranked."""
         table = self._tables["words"]
+        match = " AND ".join('"' + w.replace('"', '""') + '"' for w in words)
+        ids = [r[0] for r in self._db.execute(f"SELECT rowid FROM {table} WHERE {table} MATCH ? LIMIT ?",
+                                              (match, limit + 1))]
+        if len(ids) <= limit:
+            return ids
         return [r[0] for r in self._db.execute(
-            f"SELECT rowid FROM {table} WHERE {table} MATCH ? ORDER BY rank LIMIT ?",
-            (" AND ".join('"' + w.replace('"', '""') + '"' for w in words), limit))]
+            f"SELECT rowid FROM {table} WHERE {table} MATCH ? ORDER BY rank LIMIT ?", (match, limit))]
 
     def score(self, words: Sequence[str], grams: Sequence[str], *, limit: int = CANDIDATES
               ) -> list[tuple[IndexedChunk, float, float]]:
@@ -279,30 +288,45 @@ class FtsIndex:
             return []
         rows = self._db.execute(f"SELECT {_CHUNK_COLS} FROM docs_chunks c JOIN docs_files f ON f.id = c.file_id "
                                 f"WHERE c.id IN ({','.join('?' * len(ids))})", tuple(ids)).fetchall()
-        out = []
+        return self._rerank(rows, words, grams, df)
+
+    def _rerank(self, rows, words: Sequence[str], grams: Sequence[str], df: dict[str, dict[str, int]]
+                ) -> list[tuple[IndexedChunk, float, float]]:
+        """Every candidate row scored with the exact BM25 of both signals (the same arithmetic as
+        :func:`bm25`, so the same bits): each passage tokenised once, and only its distinct words
+        that bear on the question looked at in Python (a word is classified once per search: its
+        stem if the question has it, and the question's 4-grams among its own)."""
         query_words, query_grams = set(words), set(grams)
-        # what each distinct word of a passage contributes: its stem if the question has it, and the
-        # question's 4-grams among its own (the same terms as terms_for, counted only for the question)
-        memo: dict[str, tuple[str | None, tuple[str, ...]]] = {}
+        idf = {signal: {t: _idf(df[signal][t], self.n) for t in query}
+               for signal, query in (("words", words), ("grams", grams))}
+        seen: set[str] = set()
+        relevant: dict[str, tuple[str | None, tuple[str, ...]]] = {}
+        out = []
         for r in rows:
-            chunk = IndexedChunk(*r[:10])
+            counts = Counter(raw_words(f"{r[5]}\n{r[8]}"))
+            new = counts.keys() - seen
+            if new:
+                seen |= new
+                for w in new:
+                    if w in STOPWORDS:
+                        continue
+                    st = stem(w)
+                    hit = (st if st in query_words else None, tuple(g for g in _grams(w) if g in query_grams))
+                    if hit[0] is not None or hit[1]:
+                        relevant[w] = hit
             tf_w: dict[str, int] = {}
             tf_g: dict[str, int] = {}
-            for w, c in Counter(raw_words(f"{chunk.heading}\n{chunk.text}")).items():
-                hit = memo.get(w)
-                if hit is None:
-                    if w in STOPWORDS:
-                        hit = (None, ())
-                    else:
-                        st = stem(w)
-                        hit = (st if st in query_words else None, tuple(g for g in _grams(w) if g in query_grams))
-                    memo[w] = hit
-                if hit[0] is not None:
-                    tf_w[hit[0]] = tf_w.get(hit[0], 0) + c
-                for g in hit[1]:
+            for w in counts.keys() & relevant.keys():
+                st, gs = relevant[w]
+                c = counts[w]
+                if st is not None:
+                    tf_w[st] = tf_w.get(st, 0) + c
+                for g in gs:
                     tf_g[g] = tf_g.get(g, 0) + c
-            signals = [sum(bm25(tf[t], df[signal][t], self.n, length, self._avgdl[signal])
-                           for t in query if t in tf)
-                       for signal, query, tf, length in (("words", words, tf_w, r[10]), ("grams", grams, tf_g, r[11]))]
-            out.append((chunk, signals[0], signals[1]))
+            signals = []
+            for signal, query, tf, length in (("words", words, tf_w, r[10]), ("grams", grams, tf_g, r[11])):
+                norm = K1 * (1 - B + B * length / (self._avgdl[signal] or 1.0))
+                weight = idf[signal]
+                signals.append(sum(weight[t] * tf[t] * (K1 + 1) / (tf[t] + norm) for t in query if t in tf))
+            out.append((IndexedChunk(*r[:10]), signals[0], signals[1]))
         return out
