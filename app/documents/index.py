@@ -33,6 +33,10 @@ CANDIDATE_GRAMS = 24
 #: are the rarest ones, adding more while their chunks (document frequencies) sum to at most
 #: this; the rarest term is always taken. A small collection takes every term.
 POSTINGS_BUDGET = 5_000
+#: the page cache of the connection a search reads through, KiB (SQLite's default is 2 MB): every
+#: page read from the file is decrypted and authenticated, and the postings of a collection's
+#: common words, read by most questions, are larger than the default
+SEARCH_CACHE_KIB = 65_536
 STOPWORDS = frozenset("""
 a about above after again against all am an and any are as at be because been before being below between both
 but by can could did do does doing down during each few for from further had has have having he her here hers
@@ -190,6 +194,8 @@ class FtsIndex:
 
     def __init__(self, db, collection_id: int, words_table: str, grams_table: str, *, use_champions: bool = True):
         self._db, self.collection_id = db, collection_id
+        if db.execute("PRAGMA cache_size").fetchone()[0] > -SEARCH_CACHE_KIB:
+            db.execute(f"PRAGMA cache_size = -{SEARCH_CACHE_KIB}")
         #: False: FTS5 ranks every posting of the chosen words (the reference the lists are measured against)
         self.use_champions = use_champions
         self._tables = {"words": words_table, "grams": grams_table}
@@ -304,16 +310,13 @@ class FtsIndex:
         out = []
         for r in rows:
             counts = Counter(raw_words(f"{r[5]}\n{r[8]}"))
-            new = counts.keys() - seen
+            new = set(counts).difference(seen)
             if new:
                 seen |= new
-                for w in new:
-                    if w in STOPWORDS:
-                        continue
-                    st = stem(w)
-                    hit = (st if st in query_words else None, tuple(g for g in _grams(w) if g in query_grams))
-                    if hit[0] is not None or hit[1]:
-                        relevant[w] = hit
+                for w in new.difference(STOPWORDS):
+                    st, gs = stem(w), _grams(w)
+                    if st in query_words or not query_grams.isdisjoint(gs):
+                        relevant[w] = (st if st in query_words else None, tuple(g for g in gs if g in query_grams))
             tf_w: dict[str, int] = {}
             tf_g: dict[str, int] = {}
             for w in counts.keys() & relevant.keys():
