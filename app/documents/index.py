@@ -233,11 +233,16 @@ class FtsIndex:
         return out
 
     def _candidates(self, signal: str, terms: Sequence[str], limit: int) -> list[int]:
+        """The ``limit`` chunks holding any of ``terms`` that FTS5 ranks best. The 4-gram table keeps
+        no positions (detail=none), so FTS5 counts no occurrences there and its bm25() is 0 for every
+        chunk: its order is the rowid order, and the first ``limit`` chunks holding a term are that
+        answer without ranking every chunk that holds one (which took most of a search's time)."""
         if not terms:
             return []
         table = self._tables[signal]
-        return [r[0] for r in self._db.execute(f"SELECT rowid FROM {table} WHERE {table} MATCH ? ORDER BY rank "
-                                               "LIMIT ?", (_match(terms), limit))]
+        order = "ORDER BY rank " if signal == "words" else ""
+        return [r[0] for r in self._db.execute(f"SELECT rowid FROM {table} WHERE {table} MATCH ? {order}LIMIT ?",
+                                               (_match(terms), limit))]
 
     def _all_of(self, words: Sequence[str], limit: int) -> list[int]:
         """The ``limit`` chunks holding every one of ``words`` that FTS5 ranks best. An intersection of

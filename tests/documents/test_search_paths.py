@@ -58,3 +58,21 @@ def test_search_reads_through_a_larger_page_cache(store):
     db.execute(f"PRAGMA cache_size = -{2 * index_mod.SEARCH_CACHE_KIB}")     # a larger one is kept
     store.index("x")
     assert db.execute("PRAGMA cache_size").fetchone()[0] == -2 * index_mod.SEARCH_CACHE_KIB
+
+
+def test_the_4gram_candidates_are_the_ranked_query_s_answer(store):
+    """The 4-gram table keeps no positions: FTS5's bm25() is 0 for every chunk there, so its ranked
+    answer is the rowid order, which the unranked query search uses gives as well."""
+    idx = store.index("x")
+    table = idx._tables["grams"]
+    assert "detail=none" in store.db.execute("SELECT sql FROM sqlite_master WHERE name = ?", (table,)).fetchone()[0]
+    for question in ("monthly rent", "penicillin allergy", "notice period landlord", "boiler service"):
+        grams = list(dict.fromkeys(index_mod.ngram_terms(question)))
+        chosen = index_mod._rarest(grams, idx._df("grams", grams), index_mod.CANDIDATE_GRAMS)
+        match = index_mod._match(chosen)
+        ranks = {r[0] for r in store.db.execute(f"SELECT rank FROM {table} WHERE {table} MATCH ?", (match,))}
+        assert ranks == {0.0}
+        for limit in (3, 10, 25):
+            ranked = [r[0] for r in store.db.execute(
+                f"SELECT rowid FROM {table} WHERE {table} MATCH ? ORDER BY rank LIMIT ?", (match, limit))]
+            assert idx._candidates("grams", chosen, limit) == ranked and ranked
