@@ -33,6 +33,10 @@ CANDIDATE_GRAMS = 24
 #: are the rarest ones, adding more while their chunks (document frequencies) sum to at most
 #: this; the rarest term is always taken. A small collection takes every term.
 POSTINGS_BUDGET = 5_000
+#: the page cache of the connection a search reads through, KiB (SQLite's default is 2 MB): every
+#: page read from the file is decrypted and authenticated, and the postings of a collection's
+#: common words, read by most questions, are larger than the default
+SEARCH_CACHE_KIB = 65_536
 STOPWORDS = frozenset("""
 a about above after again against all am an and any are as at be because been before being below between both
 but by can could did do does doing down during each few for from further had has have having he her here hers
@@ -190,6 +194,8 @@ class FtsIndex:
 
     def __init__(self, db, collection_id: int, words_table: str, grams_table: str, *, use_champions: bool = True):
         self._db, self.collection_id = db, collection_id
+        if db.execute("PRAGMA cache_size").fetchone()[0] > -SEARCH_CACHE_KIB:
+            db.execute(f"PRAGMA cache_size = -{SEARCH_CACHE_KIB}")
         #: False: FTS5 ranks every posting of the chosen words (the reference the lists are measured against)
         self.use_champions = use_champions
         self._tables = {"words": words_table, "grams": grams_table}
@@ -227,17 +233,31 @@ class FtsIndex:
         return out
 
     def _candidates(self, signal: str, terms: Sequence[str], limit: int) -> list[int]:
+        """The ``limit`` chunks holding any of ``terms`` that FTS5 ranks best. The 4-gram table keeps
+        no positions (detail=none), so FTS5 counts no occurrences there and its bm25() is 0 for every
+        chunk: its order is the rowid order, and the first ``limit`` chunks holding a term are that
+        answer without ranking every chunk that holds one (which took most of a search's time)."""
         if not terms:
             return []
         table = self._tables[signal]
-        return [r[0] for r in self._db.execute(f"SELECT rowid FROM {table} WHERE {table} MATCH ? ORDER BY rank "
-                                               "LIMIT ?", (_match(terms), limit))]
+        order = "ORDER BY rank " if signal == "words" else ""
+        return [r[0] for r in self._db.execute(f"SELECT rowid FROM {table} WHERE {table} MATCH ? {order}LIMIT ?",
+                                               (_match(terms), limit))]
 
     def _all_of(self, words: Sequence[str], limit: int) -> list[int]:
+        """The ``limit`` chunks holding every one of ``words`` that FTS5 ranks best. An intersection of
+        at most ``limit`` chunks is that answer whatever the order, and is found without ranking: FTS5's
+        bm25() first reads every posting of each word to count the chunks holding it (for common words
+        most of the query's time, growing with the collection), while the unranked query skips through
+        the postings. Only a larger intersection is ranked."""
         table = self._tables["words"]
+        match = " AND ".join('"' + w.replace('"', '""') + '"' for w in words)
+        ids = [r[0] for r in self._db.execute(f"SELECT rowid FROM {table} WHERE {table} MATCH ? LIMIT ?",
+                                              (match, limit + 1))]
+        if len(ids) <= limit:
+            return ids
         return [r[0] for r in self._db.execute(
-            f"SELECT rowid FROM {table} WHERE {table} MATCH ? ORDER BY rank LIMIT ?",
-            (" AND ".join('"' + w.replace('"', '""') + '"' for w in words), limit))]
+            f"SELECT rowid FROM {table} WHERE {table} MATCH ? ORDER BY rank LIMIT ?", (match, limit))]
 
     def score(self, words: Sequence[str], grams: Sequence[str], *, limit: int = CANDIDATES
               ) -> list[tuple[IndexedChunk, float, float]]:
@@ -279,30 +299,42 @@ class FtsIndex:
             return []
         rows = self._db.execute(f"SELECT {_CHUNK_COLS} FROM docs_chunks c JOIN docs_files f ON f.id = c.file_id "
                                 f"WHERE c.id IN ({','.join('?' * len(ids))})", tuple(ids)).fetchall()
-        out = []
+        return self._rerank(rows, words, grams, df)
+
+    def _rerank(self, rows, words: Sequence[str], grams: Sequence[str], df: dict[str, dict[str, int]]
+                ) -> list[tuple[IndexedChunk, float, float]]:
+        """Every candidate row scored with the exact BM25 of both signals (the same arithmetic as
+        :func:`bm25`, so the same bits): each passage tokenised once, and only its distinct words
+        that bear on the question looked at in Python (a word is classified once per search: its
+        stem if the question has it, and the question's 4-grams among its own)."""
         query_words, query_grams = set(words), set(grams)
-        # what each distinct word of a passage contributes: its stem if the question has it, and the
-        # question's 4-grams among its own (the same terms as terms_for, counted only for the question)
-        memo: dict[str, tuple[str | None, tuple[str, ...]]] = {}
+        idf = {signal: {t: _idf(df[signal][t], self.n) for t in query}
+               for signal, query in (("words", words), ("grams", grams))}
+        seen: set[str] = set()
+        relevant: dict[str, tuple[str | None, tuple[str, ...]]] = {}
+        out = []
         for r in rows:
-            chunk = IndexedChunk(*r[:10])
+            counts = Counter(raw_words(f"{r[5]}\n{r[8]}"))
+            new = set(counts).difference(seen)
+            if new:
+                seen |= new
+                for w in new.difference(STOPWORDS):
+                    st, gs = stem(w), _grams(w)
+                    if st in query_words or not query_grams.isdisjoint(gs):
+                        relevant[w] = (st if st in query_words else None, tuple(g for g in gs if g in query_grams))
             tf_w: dict[str, int] = {}
             tf_g: dict[str, int] = {}
-            for w, c in Counter(raw_words(f"{chunk.heading}\n{chunk.text}")).items():
-                hit = memo.get(w)
-                if hit is None:
-                    if w in STOPWORDS:
-                        hit = (None, ())
-                    else:
-                        st = stem(w)
-                        hit = (st if st in query_words else None, tuple(g for g in _grams(w) if g in query_grams))
-                    memo[w] = hit
-                if hit[0] is not None:
-                    tf_w[hit[0]] = tf_w.get(hit[0], 0) + c
-                for g in hit[1]:
+            for w in counts.keys() & relevant.keys():
+                st, gs = relevant[w]
+                c = counts[w]
+                if st is not None:
+                    tf_w[st] = tf_w.get(st, 0) + c
+                for g in gs:
                     tf_g[g] = tf_g.get(g, 0) + c
-            signals = [sum(bm25(tf[t], df[signal][t], self.n, length, self._avgdl[signal])
-                           for t in query if t in tf)
-                       for signal, query, tf, length in (("words", words, tf_w, r[10]), ("grams", grams, tf_g, r[11]))]
-            out.append((chunk, signals[0], signals[1]))
+            signals = []
+            for signal, query, tf, length in (("words", words, tf_w, r[10]), ("grams", grams, tf_g, r[11])):
+                norm = K1 * (1 - B + B * length / (self._avgdl[signal] or 1.0))
+                weight = idf[signal]
+                signals.append(sum(weight[t] * tf[t] * (K1 + 1) / (tf[t] + norm) for t in query if t in tf))
+            out.append((IndexedChunk(*r[:10]), signals[0], signals[1]))
         return out

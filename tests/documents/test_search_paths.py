@@ -1,0 +1,78 @@
+"""The shortcuts a search takes (app/documents/index.py) give what the long way gives: an intersection
+no larger than its limit, taken without FTS5 ranking it, is the ranked query's answer; a larger one is
+ranked; and searching reads through a page cache of SEARCH_CACHE_KIB without shrinking a larger one."""
+from __future__ import annotations
+
+from itertools import combinations
+
+import pytest
+
+from app.documents import index as index_mod
+from app.documents.index import word_terms
+from app.documents.retrieve import search
+from app.documents.store import DocumentStore
+from app.store.crypto import EphemeralKeys
+
+
+@pytest.fixture
+def store(corpus_dir, tmp_path):
+    s = DocumentStore(tmp_path / "ferry.db", EphemeralKeys())
+    s.add("x", [corpus_dir], workers=1)
+    yield s
+    s.close()
+
+
+def _ranked(idx, words, limit: int) -> list[int]:
+    table = idx._tables["words"]
+    match = " AND ".join(f'"{w}"' for w in words)
+    return [r[0] for r in idx._db.execute(f"SELECT rowid FROM {table} WHERE {table} MATCH ? ORDER BY rank LIMIT ?",
+                                          (match, limit))]
+
+
+def test_an_intersection_within_its_limit_is_the_ranked_answer(store):
+    idx = store.index("x")
+    words = list(dict.fromkeys(word_terms("the monthly rent deposit payment landlord tenant repairs notice")))
+    df = idx._df("words", words)
+    words = [w for w in words if df[w]]
+    assert len(words) >= 6
+    small = large = 0
+    for n in (1, 2, 3):
+        for group in combinations(words, n):
+            for limit in (1, 2, 5, 25):
+                got, want = idx._all_of(group, limit), _ranked(idx, group, limit)
+                held = len(_ranked(idx, group, 10**6))
+                if held <= limit:
+                    small += 1
+                    assert sorted(got) == sorted(want) and len(got) == held, group
+                else:
+                    large += 1
+                    assert got == want, group
+    assert small > 20 and large > 20        # both ways were taken
+
+
+def test_search_reads_through_a_larger_page_cache(store):
+    db = store.db
+    db.execute("PRAGMA cache_size = -2000")
+    search(store.index("x"), "monthly rent")
+    assert db.execute("PRAGMA cache_size").fetchone()[0] == -index_mod.SEARCH_CACHE_KIB
+    db.execute(f"PRAGMA cache_size = -{2 * index_mod.SEARCH_CACHE_KIB}")     # a larger one is kept
+    store.index("x")
+    assert db.execute("PRAGMA cache_size").fetchone()[0] == -2 * index_mod.SEARCH_CACHE_KIB
+
+
+def test_the_4gram_candidates_are_the_ranked_query_s_answer(store):
+    """The 4-gram table keeps no positions: FTS5's bm25() is 0 for every chunk there, so its ranked
+    answer is the rowid order, which the unranked query search uses gives as well."""
+    idx = store.index("x")
+    table = idx._tables["grams"]
+    assert "detail=none" in store.db.execute("SELECT sql FROM sqlite_master WHERE name = ?", (table,)).fetchone()[0]
+    for question in ("monthly rent", "penicillin allergy", "notice period landlord", "boiler service"):
+        grams = list(dict.fromkeys(index_mod.ngram_terms(question)))
+        chosen = index_mod._rarest(grams, idx._df("grams", grams), index_mod.CANDIDATE_GRAMS)
+        match = index_mod._match(chosen)
+        ranks = {r[0] for r in store.db.execute(f"SELECT rank FROM {table} WHERE {table} MATCH ?", (match,))}
+        assert ranks == {0.0}
+        for limit in (3, 10, 25):
+            ranked = [r[0] for r in store.db.execute(
+                f"SELECT rowid FROM {table} WHERE {table} MATCH ? ORDER BY rank LIMIT ?", (match, limit))]
+            assert idx._candidates("grams", chosen, limit) == ranked and ranked
