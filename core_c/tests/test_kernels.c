@@ -298,6 +298,27 @@ static void test_vector_steps(const fe_kernels *k) {
     char what[80];
     snprintf(what, sizeof what, "%s dot and axpy bit-identical to scalar", k->name);
     check(same, what);
+    /* dots and wsum over nk rows of n values, rows `stride` apart */
+    static float q[136], kv[37 * 200], o1[200], o2[200];
+    static const int lens[] = {1, 3, 7, 8, 16, 24, 56, 64, 72, 128, 136};
+    same = 1;
+    for (size_t li = 0; li < sizeof lens / sizeof *lens; li++)
+        for (int nk = 0; nk <= 37; nk += (nk < 18 ? 1 : 19)) {
+            const int n = lens[li];
+            const size_t stride = (size_t)n + (size_t)(nk % 3) * 8;
+            for (int i = 0; i < n; i++) q[i] = frand() * (i % 5 == 0 ? 30.0f : 1.0f);
+            for (size_t i = 0; i < (size_t)nk * stride; i++) kv[i] = frand();
+            fe_dots_f32(q, kv, stride, nk, n, 0.125f, o1);
+            k->dots(q, kv, stride, nk, n, 0.125f, o2);
+            same &= memcmp(o1, o2, sizeof(float) * (size_t)nk) == 0;
+            for (int i = 0; i < nk; i++) q[i] = frand() * frand(); /* weights */
+            fe_wsum_f32(o1, q, kv, stride, nk, n);
+            for (int i = 0; i < n; i++) o2[i] = frand(); /* wsum overwrites */
+            k->wsum(o2, q, kv, stride, nk, n);
+            same &= memcmp(o1, o2, sizeof(float) * (size_t)n) == 0;
+        }
+    snprintf(what, sizeof what, "%s dots and wsum bit-identical to scalar", k->name);
+    check(same, what);
 }
 
 int main(void) {
