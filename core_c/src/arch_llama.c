@@ -235,7 +235,10 @@ static void attn_items(void *p, int start, int end, int tid) {
     const int hd = hp->head_dim, kvd = hp->n_kv_heads * hd, qd = hp->n_heads * hd;
     const int group = hp->n_heads / hp->n_kv_heads, hb = j->hb, n_ctx = s->n_ctx;
     const float scale = 1.0f / sqrtf((float)hd);
-    const fe_kernels *K = s->e->kernels; /* its dots and wsum: bit-identical to the scalar ones */
+    const fe_kernels *K = s->e->kernels; /* dots and wsum bit-identical to scalar; softmax within 1e-6 (kernels.h) */
+    /* The q8 mode promises the same bits from every kernel set (kernels_q8.h):
+     * there, every set's attention takes the scalar softmax. */
+    const fe_softmax_fn softmax = s->e->q8 ? fe_softmax : K->softmax;
     float *scores = j->b->scores + (size_t)tid * (size_t)(ATT_TOKENS * group) * (size_t)n_ctx;
     const float *kc = k_cache(s) + (size_t)j->layer * n_ctx * kvd;
     const float *vc = v_cache(s) + (size_t)j->layer * n_ctx * kvd;
@@ -254,7 +257,7 @@ static void attn_items(void *p, int start, int end, int tid) {
             for (int hh = 0; hh < hb; hh++) {
                 const int seen = s->pos + t + 1;
                 K->dots(QH(t, hh), kc + (size_t)kvh * hd, (size_t)kvd, seen, hd, scale, ROW(t, hh));
-                fe_softmax(ROW(t, hh), seen);
+                softmax(ROW(t, hh), seen);
                 K->wsum(OUT(t, hh), ROW(t, hh), vc + (size_t)kvh * hd, (size_t)kvd, seen, hd);
             }
 #undef ROW

@@ -35,6 +35,13 @@ typedef void (*fe_axpy_fn)(float *y, float w, const float *x, int n);
  * wsum: out[c] = 0, then out[c] += p[i] * v[i * vs + c] for i = 0 .. np-1 in order. */
 typedef void (*fe_dots_fn)(const float *q, const float *k, size_t ks, int nk, int n, float scale, float *out);
 typedef void (*fe_wsum_fn)(float *out, const float *p, const float *v, size_t vs, int np, int n);
+/* In-place softmax of x[0..n) (attention's scores). The scalar one is
+ * fe_softmax (ops.c: expf, a sequential double sum); the SIMD ones evaluate
+ * exp by one polynomial (within ~2 float32 ulps of expf; an argument below
+ * -87.3, i.e. e^-87.3 ~ 1e-38 of the largest term, counts as e^-87.3
+ * instead of less) and sum in double in lanes: each value within 1e-6 of
+ * the scalar one relative (core_c/tests/test_kernels.c). */
+typedef void (*fe_softmax_fn)(float *x, int n);
 
 typedef struct fe_kernels {
     const char *name;                    /* "scalar", "avx2", "neon" */
@@ -43,12 +50,16 @@ typedef struct fe_kernels {
     fe_axpy_fn axpy;                     /* never NULL */
     fe_dots_fn dots;                     /* never NULL */
     fe_wsum_fn wsum;                     /* never NULL */
+    fe_softmax_fn softmax;               /* never NULL */
 } fe_kernels;
 
 /* The scalar axpy, dots and wsum (kernels.c), the references of the SIMD ones. */
 void fe_axpy_f32(float *y, float w, const float *x, int n);
 void fe_dots_f32(const float *q, const float *k, size_t ks, int nk, int n, float scale, float *out);
 void fe_wsum_f32(float *out, const float *p, const float *v, size_t vs, int np, int n);
+/* In-place softmax over n values: expf, a sequential double sum. The MoE
+ * router and Kimi's attention use it; Llama attention uses the set's own. */
+void fe_softmax(float *x, int n);
 
 /* An implementation, or NULL when it is not built in or this CPU lacks it. */
 const fe_kernels *fe_kernels_get(int impl);
@@ -71,7 +82,7 @@ fe_rowdot_fn fe_kernel_for(const fe_kernels *k, int fmt);
          [FE_Q4_0] = rowdot_##prefix##_q4_0, [FE_Q4_1] = rowdot_##prefix##_q4_1,                           \
          [FE_Q4_K] = rowdot_##prefix##_q4_k, [FE_Q6_K] = rowdot_##prefix##_q6_k,                           \
          [FE_Q3_NL] = rowdot_##prefix##_q3_nl, [FE_Q5_K] = rowdot_##prefix##_q5_k},                        \
-        dot_##prefix, axpy_##prefix, dots_##prefix, wsum_##prefix,                                         \
+        dot_##prefix, axpy_##prefix, dots_##prefix, wsum_##prefix, softmax_##prefix,                      \
     }
 
 /* The batch drivers of a SIMD set, rowdot_<prefix>_<fmt> (fe_rowdot_fn).

@@ -494,6 +494,59 @@ TGT static void wsum_avx2(float *out, const float *p, const float *v, size_t vs,
     }
 }
 
+/* e^x for x <= 0 (arguments below -87.3 as -87.3): x = n ln2 + r with
+ * |r| <= ln2/2 (ln2 in two parts), e^r by a degree-6 polynomial (the
+ * classic single-precision minimax coefficients), times 2^n built in the
+ * exponent bits. The NEON version is the same operations. */
+static inline __attribute__((always_inline, target("avx2,fma,f16c"))) __m256 exp_avx2(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.33654f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+/* Softmax with exp_avx2; the sum in double, 8 lanes (see kernels.h). */
+TGT static void softmax_avx2(float *x, int n) {
+    if (n <= 0) return;
+    int i = 0;
+    __m256 mv = _mm256_set1_ps(x[0]);
+    for (; i + 8 <= n; i += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(x + i));
+    float ml[8], m = x[0];
+    _mm256_storeu_ps(ml, mv);
+    for (int l = 0; l < 8; l++) m = ml[l] > m ? ml[l] : m;
+    for (; i < n; i++) m = x[i] > m ? x[i] : m;
+    const __m256 m8 = _mm256_set1_ps(m);
+    __m256d s0 = _mm256_setzero_pd(), s1 = s0;
+    for (i = 0; i + 8 <= n; i += 8) {
+        const __m256 e = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(x + i), m8));
+        _mm256_storeu_ps(x + i, e);
+        s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+        s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+    }
+    double sl[4], sum;
+    _mm256_storeu_pd(sl, _mm256_add_pd(s0, s1));
+    sum = (sl[0] + sl[2]) + (sl[1] + sl[3]);
+    if (i < n) { /* the tail through the same exp, padded with the maximum */
+        float t[8];
+        for (int l = 0; l < 8; l++) t[l] = i + l < n ? x[i + l] : m;
+        _mm256_storeu_ps(t, exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(t), m8)));
+        for (int l = 0; i + l < n; l++) x[i + l] = t[l], sum += t[l];
+    }
+    const __m256 inv = _mm256_set1_ps((float)(1.0 / sum));
+    for (i = 0; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), inv));
+    for (; i < n; i++) x[i] *= _mm256_cvtss_f32(inv);
+}
+
 FE_SIMD_KERNELS(AVX2_TABLE, avx2, TGT);
 
 const fe_kernels *fe_kernels_avx2_table(void) { return &AVX2_TABLE; }

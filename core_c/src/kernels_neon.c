@@ -417,6 +417,53 @@ static void wsum_neon(float *out, const float *p, const float *v, size_t vs, int
     }
 }
 
+/* exp_avx2's operations (kernels_avx2.c), 4 lanes. */
+static inline float32x4_t exp_neon(float32x4_t x) {
+    x = vmaxq_f32(x, vdupq_n_f32(-87.33654f));
+    const float32x4_t n = vrndnq_f32(vmulq_f32(x, vdupq_n_f32(1.44269504088896341f)));
+    float32x4_t r = vfmsq_f32(x, n, vdupq_n_f32(0.693359375f));
+    r = vfmsq_f32(r, n, vdupq_n_f32(-2.12194440e-4f));
+    float32x4_t p = vdupq_n_f32(1.9875691500e-4f);
+    p = vfmaq_f32(vdupq_n_f32(1.3981999507e-3f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(8.3334519073e-3f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(4.1665795894e-2f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(1.6666665459e-1f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(5.0000001201e-1f), p, r);
+    p = vfmaq_f32(vaddq_f32(r, vdupq_n_f32(1.0f)), p, vmulq_f32(r, r));
+    const int32x4_t e = vshlq_n_s32(vaddq_s32(vcvtnq_s32_f32(n), vdupq_n_s32(127)), 23);
+    return vmulq_f32(p, vreinterpretq_f32_s32(e));
+}
+
+/* Softmax with exp_neon; the sum in double, 4 lanes (see kernels.h). */
+static void softmax_neon(float *x, int n) {
+    if (n <= 0) return;
+    int i = 0;
+    float32x4_t mv = vdupq_n_f32(x[0]);
+    for (; i + 4 <= n; i += 4) mv = vmaxq_f32(mv, vld1q_f32(x + i));
+    float m = vmaxvq_f32(mv);
+    for (; i < n; i++) m = x[i] > m ? x[i] : m;
+    const float32x4_t m4 = vdupq_n_f32(m);
+    float64x2_t s0 = vdupq_n_f64(0.0), s1 = s0;
+    for (i = 0; i + 4 <= n; i += 4) {
+        const float32x4_t e = exp_neon(vsubq_f32(vld1q_f32(x + i), m4));
+        vst1q_f32(x + i, e);
+        s0 = vaddq_f64(s0, vcvt_f64_f32(vget_low_f32(e)));
+        s1 = vaddq_f64(s1, vcvt_high_f64_f32(e));
+    }
+    const float64x2_t s = vaddq_f64(s0, s1);
+    double sum = vgetq_lane_f64(s, 0) + vgetq_lane_f64(s, 1);
+    if (i < n) { /* the tail through the same exp, padded with the maximum */
+        float t[4];
+        for (int l = 0; l < 4; l++) t[l] = i + l < n ? x[i + l] : m;
+        vst1q_f32(t, exp_neon(vsubq_f32(vld1q_f32(t), m4)));
+        for (int l = 0; i + l < n; l++) x[i + l] = t[l], sum += t[l];
+    }
+    const float inv = (float)(1.0 / sum);
+    const float32x4_t inv4 = vdupq_n_f32(inv);
+    for (i = 0; i + 4 <= n; i += 4) vst1q_f32(x + i, vmulq_f32(vld1q_f32(x + i), inv4));
+    for (; i < n; i++) x[i] *= inv;
+}
+
 FE_SIMD_KERNELS(NEON_TABLE, neon, );
 
 const fe_kernels *fe_kernels_neon_table(void) { return &NEON_TABLE; }

@@ -319,6 +319,26 @@ static void test_vector_steps(const fe_kernels *k) {
         }
     snprintf(what, sizeof what, "%s dots and wsum bit-identical to scalar", k->name);
     check(same, what);
+    /* softmax: every value within 1e-6 of the scalar one (relative), for
+     * every length's tail, spreads of scores up to far below exp's range */
+    static float s1[1100], s2[1100];
+    int ok = 1;
+    double worst = 0.0;
+    for (int n = 1; n <= 1100; n += (n < 40 ? 1 : 97))
+        for (int spread = 0; spread < 4; spread++) {
+            static const float spreads[4] = {0.01f, 3.0f, 30.0f, 300.0f};
+            for (int i = 0; i < n; i++) s1[i] = s2[i] = frand() * spreads[spread] + 5.0f;
+            fe_softmax(s1, n);
+            k->softmax(s2, n);
+            for (int i = 0; i < n; i++) {
+                double d = fabs((double)s1[i] - s2[i]), rel = d / ((double)s1[i] + 1e-30);
+                if (!(d <= 1e-6 * s1[i] + 1e-37)) ok = 0;
+                if (s1[i] > 1e-30 && rel > worst) worst = rel;
+            }
+        }
+    snprintf(what, sizeof what, "%s softmax within 1e-6 of scalar (worst %.2g)", k->name, worst);
+    check(ok, what);
+    printf("%s\n", what);
 }
 
 int main(void) {
