@@ -157,7 +157,8 @@ def bench_kernel(impl: int, fmt: str, n: int, threads: int, mb: float, rng, cach
 
 
 KERNEL_FILES = ("include/ferry_kernels.h", "src/formats.h", "src/formats.c", "src/kernels.h", "src/kernels.c",
-                "src/kernels_avx2.c", "src/kernels_neon.c", "src/quant3.c", "src/quant_blocks.c", "src/common.h")
+                "src/kernels_avx2.c", "src/kernels_avx2_util.h", "src/kernels_neon.c", "src/quant3.c", "src/quant_blocks.c",
+                "src/common.h")
 
 
 def build_kernels(rev: str | None, folder: Path):

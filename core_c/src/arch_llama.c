@@ -235,7 +235,10 @@ static void attn_items(void *p, int start, int end, int tid) {
     const int hd = hp->head_dim, kvd = hp->n_kv_heads * hd, qd = hp->n_heads * hd;
     const int group = hp->n_heads / hp->n_kv_heads, hb = j->hb, n_ctx = s->n_ctx;
     const float scale = 1.0f / sqrtf((float)hd);
-    const fe_kernels *K = s->e->kernels; /* its dot and axpy: bit-identical to the scalar ones */
+    const fe_kernels *K = s->e->kernels; /* dots and wsum bit-identical to scalar; softmax within 1e-6 (kernels.h) */
+    /* The q8 mode promises the same bits from every kernel set (kernels_q8.h):
+     * there, every set's attention takes the scalar softmax. */
+    const fe_softmax_fn softmax = s->e->q8 ? fe_softmax : K->softmax;
     float *scores = j->b->scores + (size_t)tid * (size_t)(ATT_TOKENS * group) * (size_t)n_ctx;
     const float *kc = k_cache(s) + (size_t)j->layer * n_ctx * kvd;
     const float *vc = v_cache(s) + (size_t)j->layer * n_ctx * kvd;
@@ -244,25 +247,19 @@ static void attn_items(void *p, int start, int end, int tid) {
         const int t0 = it / j->hblocks / hp->n_kv_heads * j->tb;
         const int t1 = t0 + j->tb < j->n ? t0 + j->tb : j->n; /* tokens [t0, t1) */
         const int h0 = kvh * group + hblk * hb;                 /* heads [h0, h0 + hb) */
-        const int last = s->pos + t1 - 1;                       /* the longest row's last position */
 #define ROW(t, hh) (scores + (size_t)(((t) - t0) * hb + (hh)) * (size_t)n_ctx)
 #define QH(t, hh) (j->b->q + (size_t)(t) * qd + (size_t)(h0 + (hh)) * hd)
 #define OUT(t, hh) (j->b->att + (size_t)(t) * qd + (size_t)(h0 + (hh)) * hd)
-        for (int i = 0; i <= last; i++) {
-            const float *krow = kc + (size_t)i * kvd + (size_t)kvh * hd;
-            for (int t = i - s->pos > t0 ? i - s->pos : t0; t < t1; t++) /* tokens that see position i */
-                for (int hh = 0; hh < hb; hh++) ROW(t, hh)[i] = K->dot(QH(t, hh), krow, hd) * scale;
-        }
+        /* Token t sees positions 0 .. pos + t; the block's rows of this KV
+         * head (at most 2048 x hd floats each of K and V) stay in L2 while
+         * its tb x hb (token, head) rows go over them. */
         for (int t = t0; t < t1; t++)
             for (int hh = 0; hh < hb; hh++) {
-                fe_softmax(ROW(t, hh), s->pos + t + 1);
-                memset(OUT(t, hh), 0, (size_t)hd * sizeof(float));
+                const int seen = s->pos + t + 1;
+                K->dots(QH(t, hh), kc + (size_t)kvh * hd, (size_t)kvd, seen, hd, scale, ROW(t, hh));
+                softmax(ROW(t, hh), seen);
+                K->wsum(OUT(t, hh), ROW(t, hh), vc + (size_t)kvh * hd, (size_t)kvd, seen, hd);
             }
-        for (int i = 0; i <= last; i++) {
-            const float *vrow = vc + (size_t)i * kvd + (size_t)kvh * hd;
-            for (int t = i - s->pos > t0 ? i - s->pos : t0; t < t1; t++)
-                for (int hh = 0; hh < hb; hh++) K->axpy(OUT(t, hh), ROW(t, hh)[i], vrow, hd);
-        }
 #undef ROW
 #undef QH
 #undef OUT

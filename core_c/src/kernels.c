@@ -4,6 +4,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "kernels.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -40,8 +41,27 @@ SCALAR(q3_nl, FE_Q3_NL)
 void fe_axpy_f32(float *y, float w, const float *x, int n) {
     for (int i = 0; i < n; i++) y[i] += w * x[i];
 }
+void fe_dots_f32(const float *q, const float *k, size_t ks, int nk, int n, float scale, float *out) {
+    for (int i = 0; i < nk; i++) out[i] = fe_dot_f32(q, k + (size_t)i * ks, n) * scale;
+}
+
+void fe_wsum_f32(float *out, const float *p, const float *v, size_t vs, int np, int n) {
+    memset(out, 0, (size_t)(n > 0 ? n : 0) * sizeof(float));
+    for (int i = 0; i < np; i++) fe_axpy_f32(out, p[i], v + (size_t)i * vs, n);
+}
+void fe_softmax(float *x, int n) {
+    float m = x[0];
+    for (int i = 1; i < n; i++) m = x[i] > m ? x[i] : m;
+    double sum = 0.0;
+    for (int i = 0; i < n; i++) { x[i] = expf(x[i] - m); sum += x[i]; }
+    float inv = (float)(1.0 / sum);
+    for (int i = 0; i < n; i++) x[i] *= inv;
+}
 #define dot_scalar fe_dot_f32
 #define axpy_scalar fe_axpy_f32
+#define dots_scalar fe_dots_f32
+#define wsum_scalar fe_wsum_f32
+#define softmax_scalar fe_softmax
 
 FE_KERNEL_TABLE(SCALAR_TABLE, scalar);
 

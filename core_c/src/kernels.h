@@ -27,16 +27,39 @@ enum { FE_KERNELS_SCALAR = 0, FE_KERNELS_AVX2 = 1, FE_KERNELS_NEON = 2, FE_KERNE
  * final pairwise sum); axpy: y[i] += w * x[i] (a multiply, then an add). */
 typedef float (*fe_dot_fn)(const float *a, const float *b, int n);
 typedef void (*fe_axpy_fn)(float *y, float w, const float *x, int n);
+/* Attention over many cached rows at once, bit-identical to the loops of
+ * dot and axpy they replace (several rows' independent chains interleaved
+ * instead of one row's latency-bound chain; a weighted sum kept in registers
+ * instead of loaded and stored per row):
+ * dots: out[i] = dot(q, k + i * ks, n) * scale for i < nk;
+ * wsum: out[c] = 0, then out[c] += p[i] * v[i * vs + c] for i = 0 .. np-1 in order. */
+typedef void (*fe_dots_fn)(const float *q, const float *k, size_t ks, int nk, int n, float scale, float *out);
+typedef void (*fe_wsum_fn)(float *out, const float *p, const float *v, size_t vs, int np, int n);
+/* In-place softmax of x[0..n) (attention's scores). The scalar one is
+ * fe_softmax (ops.c: expf, a sequential double sum); the SIMD ones evaluate
+ * exp by one polynomial (within ~2 float32 ulps of expf; an argument below
+ * -87.3, i.e. e^-87.3 ~ 1e-38 of the largest term, counts as e^-87.3
+ * instead of less) and sum in double in lanes: each value within 1e-6 of
+ * the scalar one relative (core_c/tests/test_kernels.c). */
+typedef void (*fe_softmax_fn)(float *x, int n);
 
 typedef struct fe_kernels {
     const char *name;                    /* "scalar", "avx2", "neon" */
     fe_rowdot_fn rowdot[FE_N_FORMATS];   /* NULL entries fall back to the scalar one */
     fe_dot_fn dot;                       /* never NULL */
     fe_axpy_fn axpy;                     /* never NULL */
+    fe_dots_fn dots;                     /* never NULL */
+    fe_wsum_fn wsum;                     /* never NULL */
+    fe_softmax_fn softmax;               /* never NULL */
 } fe_kernels;
 
-/* The scalar dot and axpy (kernels.c), the reference of the SIMD ones. */
+/* The scalar axpy, dots and wsum (kernels.c), the references of the SIMD ones. */
 void fe_axpy_f32(float *y, float w, const float *x, int n);
+void fe_dots_f32(const float *q, const float *k, size_t ks, int nk, int n, float scale, float *out);
+void fe_wsum_f32(float *out, const float *p, const float *v, size_t vs, int np, int n);
+/* In-place softmax over n values: expf, a sequential double sum. The MoE
+ * router and Kimi's attention use it; Llama attention uses the set's own. */
+void fe_softmax(float *x, int n);
 
 /* An implementation, or NULL when it is not built in or this CPU lacks it. */
 const fe_kernels *fe_kernels_get(int impl);
@@ -59,7 +82,7 @@ fe_rowdot_fn fe_kernel_for(const fe_kernels *k, int fmt);
          [FE_Q4_0] = rowdot_##prefix##_q4_0, [FE_Q4_1] = rowdot_##prefix##_q4_1,                           \
          [FE_Q4_K] = rowdot_##prefix##_q4_k, [FE_Q6_K] = rowdot_##prefix##_q6_k,                           \
          [FE_Q3_NL] = rowdot_##prefix##_q3_nl, [FE_Q5_K] = rowdot_##prefix##_q5_k},                        \
-        dot_##prefix, axpy_##prefix,                                                                       \
+        dot_##prefix, axpy_##prefix, dots_##prefix, wsum_##prefix, softmax_##prefix,                      \
     }
 
 /* The batch drivers of a SIMD set, rowdot_<prefix>_<fmt> (fe_rowdot_fn).

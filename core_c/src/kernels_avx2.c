@@ -398,6 +398,155 @@ TGT static void axpy_avx2(float *y, float w, const float *x, int n) {
     for (; i < n; i++) y[i] += w * x[i];
 }
 
+/* fe_dot_f32's final sum of its 8 lanes: ((l0+l4)+(l1+l5)) + ((l2+l6)+(l3+l7)). */
+static inline __attribute__((always_inline, target("avx2,fma,f16c"))) float dot_sum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)); /* s_j = l_j + l_j+4 */
+    s = _mm_add_ps(s, _mm_shuffle_ps(s, s, _MM_SHUFFLE(2, 3, 0, 1)));             /* s0+s1, _, s2+s3, _ */
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehl_ps(s, s)));
+}
+
+/* Bit-identical to fe_dots_f32: dot_avx2 of 8 (then 4) rows at once, each
+ * row its own chain of multiply-then-add. */
+TGT static void dots_avx2(const float *q, const float *k, size_t ks, int nk, int n, float scale, float *out) {
+    int i = 0;
+    if (n % 8 == 0) {
+        for (; i + 8 <= nk; i += 8) {
+            const float *r = k + (size_t)i * ks;
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+            for (int c = 0; c < n; c += 8) {
+                const __m256 qv = _mm256_loadu_ps(q + c);
+#define ROWK(j) _mm256_loadu_ps(r + (size_t)(j) * ks + c)
+                a0 = _mm256_add_ps(a0, _mm256_mul_ps(qv, ROWK(0)));
+                a1 = _mm256_add_ps(a1, _mm256_mul_ps(qv, ROWK(1)));
+                a2 = _mm256_add_ps(a2, _mm256_mul_ps(qv, ROWK(2)));
+                a3 = _mm256_add_ps(a3, _mm256_mul_ps(qv, ROWK(3)));
+                a4 = _mm256_add_ps(a4, _mm256_mul_ps(qv, ROWK(4)));
+                a5 = _mm256_add_ps(a5, _mm256_mul_ps(qv, ROWK(5)));
+                a6 = _mm256_add_ps(a6, _mm256_mul_ps(qv, ROWK(6)));
+                a7 = _mm256_add_ps(a7, _mm256_mul_ps(qv, ROWK(7)));
+            }
+            out[i] = dot_sum8(a0) * scale;
+            out[i + 1] = dot_sum8(a1) * scale;
+            out[i + 2] = dot_sum8(a2) * scale;
+            out[i + 3] = dot_sum8(a3) * scale;
+            out[i + 4] = dot_sum8(a4) * scale;
+            out[i + 5] = dot_sum8(a5) * scale;
+            out[i + 6] = dot_sum8(a6) * scale;
+            out[i + 7] = dot_sum8(a7) * scale;
+        }
+        for (; i + 4 <= nk; i += 4) {
+            const float *r = k + (size_t)i * ks;
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (int c = 0; c < n; c += 8) {
+                const __m256 qv = _mm256_loadu_ps(q + c);
+                a0 = _mm256_add_ps(a0, _mm256_mul_ps(qv, ROWK(0)));
+                a1 = _mm256_add_ps(a1, _mm256_mul_ps(qv, ROWK(1)));
+                a2 = _mm256_add_ps(a2, _mm256_mul_ps(qv, ROWK(2)));
+                a3 = _mm256_add_ps(a3, _mm256_mul_ps(qv, ROWK(3)));
+#undef ROWK
+            }
+            out[i] = dot_sum8(a0) * scale;
+            out[i + 1] = dot_sum8(a1) * scale;
+            out[i + 2] = dot_sum8(a2) * scale;
+            out[i + 3] = dot_sum8(a3) * scale;
+        }
+    }
+    for (; i < nk; i++) out[i] = dot_avx2(q, k + (size_t)i * ks, n) * scale;
+}
+
+/* Bit-identical to fe_wsum_f32: 64 (then 8) columns of the sum kept in
+ * registers over all rows, each column's additions in row order. */
+TGT static void wsum_avx2(float *out, const float *p, const float *v, size_t vs, int np, int n) {
+    int c = 0;
+    for (; c + 64 <= n; c += 64) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+        const float *r = v + c;
+        for (int i = 0; i < np; i++, r += vs) {
+            const __m256 w = _mm256_broadcast_ss(p + i);
+            a0 = _mm256_add_ps(a0, _mm256_mul_ps(w, _mm256_loadu_ps(r)));
+            a1 = _mm256_add_ps(a1, _mm256_mul_ps(w, _mm256_loadu_ps(r + 8)));
+            a2 = _mm256_add_ps(a2, _mm256_mul_ps(w, _mm256_loadu_ps(r + 16)));
+            a3 = _mm256_add_ps(a3, _mm256_mul_ps(w, _mm256_loadu_ps(r + 24)));
+            a4 = _mm256_add_ps(a4, _mm256_mul_ps(w, _mm256_loadu_ps(r + 32)));
+            a5 = _mm256_add_ps(a5, _mm256_mul_ps(w, _mm256_loadu_ps(r + 40)));
+            a6 = _mm256_add_ps(a6, _mm256_mul_ps(w, _mm256_loadu_ps(r + 48)));
+            a7 = _mm256_add_ps(a7, _mm256_mul_ps(w, _mm256_loadu_ps(r + 56)));
+        }
+        _mm256_storeu_ps(out + c, a0);
+        _mm256_storeu_ps(out + c + 8, a1);
+        _mm256_storeu_ps(out + c + 16, a2);
+        _mm256_storeu_ps(out + c + 24, a3);
+        _mm256_storeu_ps(out + c + 32, a4);
+        _mm256_storeu_ps(out + c + 40, a5);
+        _mm256_storeu_ps(out + c + 48, a6);
+        _mm256_storeu_ps(out + c + 56, a7);
+    }
+    for (; c + 8 <= n; c += 8) {
+        __m256 a = _mm256_setzero_ps();
+        for (int i = 0; i < np; i++)
+            a = _mm256_add_ps(a, _mm256_mul_ps(_mm256_broadcast_ss(p + i), _mm256_loadu_ps(v + (size_t)i * vs + c)));
+        _mm256_storeu_ps(out + c, a);
+    }
+    for (; c < n; c++) {
+        float a = 0.0f;
+        for (int i = 0; i < np; i++) a += p[i] * v[(size_t)i * vs + c];
+        out[c] = a;
+    }
+}
+
+/* e^x for x <= 0 (arguments below -87.3 as -87.3): x = n ln2 + r with
+ * |r| <= ln2/2 (ln2 in two parts), e^r by a degree-6 polynomial (the
+ * classic single-precision minimax coefficients), times 2^n built in the
+ * exponent bits. The NEON version is the same operations. */
+static inline __attribute__((always_inline, target("avx2,fma,f16c"))) __m256 exp_avx2(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.33654f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+/* Softmax with exp_avx2; the sum in double, 8 lanes (see kernels.h). */
+TGT static void softmax_avx2(float *x, int n) {
+    if (n <= 0) return;
+    int i = 0;
+    __m256 mv = _mm256_set1_ps(x[0]);
+    for (; i + 8 <= n; i += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(x + i));
+    float ml[8], m = x[0];
+    _mm256_storeu_ps(ml, mv);
+    for (int l = 0; l < 8; l++) m = ml[l] > m ? ml[l] : m;
+    for (; i < n; i++) m = x[i] > m ? x[i] : m;
+    const __m256 m8 = _mm256_set1_ps(m);
+    __m256d s0 = _mm256_setzero_pd(), s1 = s0;
+    for (i = 0; i + 8 <= n; i += 8) {
+        const __m256 e = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(x + i), m8));
+        _mm256_storeu_ps(x + i, e);
+        s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+        s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+    }
+    double sl[4], sum;
+    _mm256_storeu_pd(sl, _mm256_add_pd(s0, s1));
+    sum = (sl[0] + sl[2]) + (sl[1] + sl[3]);
+    if (i < n) { /* the tail through the same exp, padded with the maximum */
+        float t[8];
+        for (int l = 0; l < 8; l++) t[l] = i + l < n ? x[i + l] : m;
+        _mm256_storeu_ps(t, exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(t), m8)));
+        for (int l = 0; i + l < n; l++) x[i + l] = t[l], sum += t[l];
+    }
+    const __m256 inv = _mm256_set1_ps((float)(1.0 / sum));
+    for (i = 0; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), inv));
+    for (; i < n; i++) x[i] *= _mm256_cvtss_f32(inv);
+}
+
 FE_SIMD_KERNELS(AVX2_TABLE, avx2, TGT);
 
 const fe_kernels *fe_kernels_avx2_table(void) { return &AVX2_TABLE; }

@@ -355,6 +355,115 @@ static void axpy_neon(float *y, float w, const float *x, int n) {
     for (; i < n; i++) y[i] += w * x[i];
 }
 
+/* fe_dot_f32's final sum of the 8 lanes lo (0-3), hi (4-7). */
+static inline float dot_sum_neon(float32x4_t lo, float32x4_t hi) {
+    float l[8];
+    vst1q_f32(l, lo);
+    vst1q_f32(l + 4, hi);
+    return ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7]));
+}
+
+/* Bit-identical to fe_dots_f32: dot_neon of 4 rows at once (8 chains). */
+static void dots_neon(const float *q, const float *k, size_t ks, int nk, int n, float scale, float *out) {
+    int i = 0;
+    if (n % 8 == 0)
+        for (; i + 4 <= nk; i += 4) {
+            const float *r = k + (size_t)i * ks;
+            float32x4_t l0 = vdupq_n_f32(0.0f), h0 = l0, l1 = l0, h1 = l0, l2 = l0, h2 = l0, l3 = l0, h3 = l0;
+            for (int c = 0; c < n; c += 8) {
+                const float32x4_t qa = vld1q_f32(q + c), qb = vld1q_f32(q + c + 4);
+#define ROWK(j, o) vld1q_f32(r + (size_t)(j) * ks + c + (o))
+                l0 = vaddq_f32(l0, vmulq_f32(qa, ROWK(0, 0)));
+                h0 = vaddq_f32(h0, vmulq_f32(qb, ROWK(0, 4)));
+                l1 = vaddq_f32(l1, vmulq_f32(qa, ROWK(1, 0)));
+                h1 = vaddq_f32(h1, vmulq_f32(qb, ROWK(1, 4)));
+                l2 = vaddq_f32(l2, vmulq_f32(qa, ROWK(2, 0)));
+                h2 = vaddq_f32(h2, vmulq_f32(qb, ROWK(2, 4)));
+                l3 = vaddq_f32(l3, vmulq_f32(qa, ROWK(3, 0)));
+                h3 = vaddq_f32(h3, vmulq_f32(qb, ROWK(3, 4)));
+#undef ROWK
+            }
+            out[i] = dot_sum_neon(l0, h0) * scale;
+            out[i + 1] = dot_sum_neon(l1, h1) * scale;
+            out[i + 2] = dot_sum_neon(l2, h2) * scale;
+            out[i + 3] = dot_sum_neon(l3, h3) * scale;
+        }
+    for (; i < nk; i++) out[i] = dot_neon(q, k + (size_t)i * ks, n) * scale;
+}
+
+/* Bit-identical to fe_wsum_f32: 64 (then 4) columns of the sum kept in
+ * registers over all rows, each column's additions in row order. */
+static void wsum_neon(float *out, const float *p, const float *v, size_t vs, int np, int n) {
+    int c = 0;
+    for (; c + 64 <= n; c += 64) {
+        float32x4_t a[16];
+        for (int j = 0; j < 16; j++) a[j] = vdupq_n_f32(0.0f);
+        const float *r = v + c;
+        for (int i = 0; i < np; i++, r += vs) {
+            const float32x4_t w = vdupq_n_f32(p[i]);
+            for (int j = 0; j < 16; j++) a[j] = vaddq_f32(a[j], vmulq_f32(w, vld1q_f32(r + 4 * j)));
+        }
+        for (int j = 0; j < 16; j++) vst1q_f32(out + c + 4 * j, a[j]);
+    }
+    for (; c + 4 <= n; c += 4) {
+        float32x4_t a = vdupq_n_f32(0.0f);
+        for (int i = 0; i < np; i++) a = vaddq_f32(a, vmulq_f32(vdupq_n_f32(p[i]), vld1q_f32(v + (size_t)i * vs + c)));
+        vst1q_f32(out + c, a);
+    }
+    for (; c < n; c++) {
+        float a = 0.0f;
+        for (int i = 0; i < np; i++) a += p[i] * v[(size_t)i * vs + c];
+        out[c] = a;
+    }
+}
+
+/* exp_avx2's operations (kernels_avx2.c), 4 lanes. */
+static inline float32x4_t exp_neon(float32x4_t x) {
+    x = vmaxq_f32(x, vdupq_n_f32(-87.33654f));
+    const float32x4_t n = vrndnq_f32(vmulq_f32(x, vdupq_n_f32(1.44269504088896341f)));
+    float32x4_t r = vfmsq_f32(x, n, vdupq_n_f32(0.693359375f));
+    r = vfmsq_f32(r, n, vdupq_n_f32(-2.12194440e-4f));
+    float32x4_t p = vdupq_n_f32(1.9875691500e-4f);
+    p = vfmaq_f32(vdupq_n_f32(1.3981999507e-3f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(8.3334519073e-3f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(4.1665795894e-2f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(1.6666665459e-1f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(5.0000001201e-1f), p, r);
+    p = vfmaq_f32(vaddq_f32(r, vdupq_n_f32(1.0f)), p, vmulq_f32(r, r));
+    const int32x4_t e = vshlq_n_s32(vaddq_s32(vcvtnq_s32_f32(n), vdupq_n_s32(127)), 23);
+    return vmulq_f32(p, vreinterpretq_f32_s32(e));
+}
+
+/* Softmax with exp_neon; the sum in double, 4 lanes (see kernels.h). */
+static void softmax_neon(float *x, int n) {
+    if (n <= 0) return;
+    int i = 0;
+    float32x4_t mv = vdupq_n_f32(x[0]);
+    for (; i + 4 <= n; i += 4) mv = vmaxq_f32(mv, vld1q_f32(x + i));
+    float m = vmaxvq_f32(mv);
+    for (; i < n; i++) m = x[i] > m ? x[i] : m;
+    const float32x4_t m4 = vdupq_n_f32(m);
+    float64x2_t s0 = vdupq_n_f64(0.0), s1 = s0;
+    for (i = 0; i + 4 <= n; i += 4) {
+        const float32x4_t e = exp_neon(vsubq_f32(vld1q_f32(x + i), m4));
+        vst1q_f32(x + i, e);
+        s0 = vaddq_f64(s0, vcvt_f64_f32(vget_low_f32(e)));
+        s1 = vaddq_f64(s1, vcvt_high_f64_f32(e));
+    }
+    const float64x2_t s = vaddq_f64(s0, s1);
+    double sum = vgetq_lane_f64(s, 0) + vgetq_lane_f64(s, 1);
+    if (i < n) { /* the tail through the same exp, padded with the maximum */
+        float t[4];
+        for (int l = 0; l < 4; l++) t[l] = i + l < n ? x[i + l] : m;
+        vst1q_f32(t, exp_neon(vsubq_f32(vld1q_f32(t), m4)));
+        for (int l = 0; i + l < n; l++) x[i + l] = t[l], sum += t[l];
+    }
+    const float inv = (float)(1.0 / sum);
+    const float32x4_t inv4 = vdupq_n_f32(inv);
+    for (i = 0; i + 4 <= n; i += 4) vst1q_f32(x + i, vmulq_f32(vld1q_f32(x + i), inv4));
+    for (; i < n; i++) x[i] *= inv;
+}
+
 FE_SIMD_KERNELS(NEON_TABLE, neon, );
 
 const fe_kernels *fe_kernels_neon_table(void) { return &NEON_TABLE; }

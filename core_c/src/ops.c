@@ -104,12 +104,3 @@ void fe_rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
 float fe_silu(float x) { return x / (1.0f + expf(-x)); }
 
 float fe_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
-
-void fe_softmax(float *x, int n) {
-    float m = x[0];
-    for (int i = 1; i < n; i++) m = x[i] > m ? x[i] : m;
-    double sum = 0.0;
-    for (int i = 0; i < n; i++) { x[i] = expf(x[i] - m); sum += x[i]; }
-    float inv = (float)(1.0 / sum);
-    for (int i = 0; i < n; i++) x[i] *= inv;
-}

@@ -47,7 +47,8 @@ void fe_matmul_multi(const fe_ops *ops, const fe_mat *const *w, int count, const
 void fe_rmsnorm(float *out, const float *x, const float *w, int n, float eps);
 float fe_silu(float x);
 float fe_sigmoid(float x);
-/* In-place softmax over n values. */
-void fe_softmax(float *x, int n);
+/* fe_softmax, the in-place softmax over n values, is in kernels.h (the
+ * scalar reference of the kernel sets' softmax). */
+#include "kernels.h"
 
 #endif

@@ -298,6 +298,47 @@ static void test_vector_steps(const fe_kernels *k) {
     char what[80];
     snprintf(what, sizeof what, "%s dot and axpy bit-identical to scalar", k->name);
     check(same, what);
+    /* dots and wsum over nk rows of n values, rows `stride` apart */
+    static float q[136], kv[37 * 200], o1[200], o2[200];
+    static const int lens[] = {1, 3, 7, 8, 16, 24, 56, 64, 72, 128, 136};
+    same = 1;
+    for (size_t li = 0; li < sizeof lens / sizeof *lens; li++)
+        for (int nk = 0; nk <= 37; nk += (nk < 18 ? 1 : 19)) {
+            const int n = lens[li];
+            const size_t stride = (size_t)n + (size_t)(nk % 3) * 8;
+            for (int i = 0; i < n; i++) q[i] = frand() * (i % 5 == 0 ? 30.0f : 1.0f);
+            for (size_t i = 0; i < (size_t)nk * stride; i++) kv[i] = frand();
+            fe_dots_f32(q, kv, stride, nk, n, 0.125f, o1);
+            k->dots(q, kv, stride, nk, n, 0.125f, o2);
+            same &= memcmp(o1, o2, sizeof(float) * (size_t)nk) == 0;
+            for (int i = 0; i < nk; i++) q[i] = frand() * frand(); /* weights */
+            fe_wsum_f32(o1, q, kv, stride, nk, n);
+            for (int i = 0; i < n; i++) o2[i] = frand(); /* wsum overwrites */
+            k->wsum(o2, q, kv, stride, nk, n);
+            same &= memcmp(o1, o2, sizeof(float) * (size_t)n) == 0;
+        }
+    snprintf(what, sizeof what, "%s dots and wsum bit-identical to scalar", k->name);
+    check(same, what);
+    /* softmax: every value within 1e-6 of the scalar one (relative), for
+     * every length's tail, spreads of scores up to far below exp's range */
+    static float s1[1100], s2[1100];
+    int ok = 1;
+    double worst = 0.0;
+    for (int n = 1; n <= 1100; n += (n < 40 ? 1 : 97))
+        for (int spread = 0; spread < 4; spread++) {
+            static const float spreads[4] = {0.01f, 3.0f, 30.0f, 300.0f};
+            for (int i = 0; i < n; i++) s1[i] = s2[i] = frand() * spreads[spread] + 5.0f;
+            fe_softmax(s1, n);
+            k->softmax(s2, n);
+            for (int i = 0; i < n; i++) {
+                double d = fabs((double)s1[i] - s2[i]), rel = d / ((double)s1[i] + 1e-30);
+                if (!(d <= 1e-6 * s1[i] + 1e-37)) ok = 0;
+                if (s1[i] > 1e-30 && rel > worst) worst = rel;
+            }
+        }
+    snprintf(what, sizeof what, "%s softmax within 1e-6 of scalar (worst %.2g)", k->name, worst);
+    check(ok, what);
+    printf("%s\n", what);
 }
 
 int main(void) {
