@@ -1,7 +1,7 @@
 """Two builds of the C core on the same containers, in interleaved rounds.
 
     python bench/core_ab.py --base DIR [--new DIR] [--files demo 1b-q4_k_m] [--rounds 3]
-                            [--tokens 32] [--long 1024] [--threads 2] [--load N] [--json]
+                            [--tokens 32] [--long 1024] [--threads 2] [--load N] [--activations q8] [--json]
 
 ``DIR`` is a checkout with its core built in place (``app/engine/_ferry_c*.so``),
 e.g. ``git archive OLD | tar -x -C /tmp/old`` plus a copy of that commit's
@@ -41,7 +41,7 @@ def child(a) -> dict:
 
     import numpy as np
     from app.engine.binding import Engine
-    eng = Engine(a.model, threads=a.threads, n_ctx=2048)
+    eng = Engine(a.model, threads=a.threads, n_ctx=2048, activations=a.activations)
     vocab = eng.info.vocab
     s = eng.session(2048)
     s.set_profiling(True)
@@ -75,7 +75,8 @@ def child(a) -> dict:
 
 def run_child(tree: Path, model: Path, a) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(tree), "--model", str(model),
-           "--threads", str(a.threads), "--tokens", str(a.tokens), "--long", str(a.long)]
+           "--threads", str(a.threads), "--tokens", str(a.tokens), "--long", str(a.long),
+           "--activations", a.activations]
     load0 = os.getloadavg()[0]
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=str(tree), timeout=3600)
     load1 = os.getloadavg()[0]
@@ -110,6 +111,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--load", type=int, default=0, help="busy-looping processes to run beside")
     ap.add_argument("--long", type=int, default=1024, help="a long prompt's tokens after the decode (0: none)")
+    ap.add_argument("--activations", default="f32", choices=("f32", "q8"), help="both builds' matrix-product mode")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--model", type=Path, help=argparse.SUPPRESS)
@@ -146,7 +148,7 @@ def main(argv=None) -> int:
                 ratio[k] = round(med["base"][k] / med["new"][k] if better_low else med["new"][k] / med["base"][k], 3)
         summary[f] = {"median": med, "new_over_base": ratio}
     out = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "load_processes": a.load,
-           "threads": a.threads, "tokens": a.tokens, "rounds": results, "summary": summary}
+           "threads": a.threads, "tokens": a.tokens, "activations": a.activations, "rounds": results, "summary": summary}
     print(json.dumps(out, indent=None if a.json else 1))
     return 0
 
