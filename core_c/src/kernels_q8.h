@@ -57,6 +57,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "formats.h"
 
@@ -143,6 +144,19 @@ fe_q8dot_fn fe_q8_kernel_for(const fe_q8_ctx *q, int fmt, int cols, int n);
          [FE_Q4_1] = rowdot_##prefix##_q4_1, [FE_Q4_K] = rowdot_##prefix##_q4_k,                            \
          [FE_Q5_K] = rowdot_##prefix##_q5_k, [FE_Q6_K] = rowdot_##prefix##_q6_k},                           \
     };
+
+/* The 8 6-bit scales and 8 6-bit minimums of a Q4_K/Q5_K super-block (its
+ * 12 bytes at s) as bytes out[0..7] and out[8..15], four at a time (the same
+ * values as fe_q4k_scale_min). */
+static inline void fe_q8_k4_scales(const uint8_t *s, uint8_t out[16]) {
+    uint32_t u[3], a[4];
+    memcpy(u, s, 12);
+    a[0] = u[0] & 0x3f3f3f3fu;                                              /* sc 0-3: low 6 bits of s[0..3] */
+    a[1] = (u[2] & 0x0f0f0f0fu) | ((u[0] >> 6) & 0x03030303u) << 4;         /* sc 4-7 */
+    a[2] = u[1] & 0x3f3f3f3fu;                                              /* m 0-3: low 6 bits of s[4..7] */
+    a[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | ((u[1] >> 6) & 0x03030303u) << 4;  /* m 4-7 */
+    memcpy(out, a, 16);
+}
 
 /* Shared by the SIMD sets: 8 lanes summed in the order h() above. */
 static inline float fe_q8_hsum8(const float v[8]) {

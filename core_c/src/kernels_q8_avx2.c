@@ -134,8 +134,12 @@ INL void k45_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, fl
     for (int sb = 0; sb < nsb; sb++) {
         const uint8_t *p = row + (five ? 176 : 144) * (size_t)sb;
         const float d = f16_1(p), dmin = f16_1(p + 2);
-        int sc[8], m[8];
-        for (int k = 0; k < 8; k++) fe_q4k_scale_min(k, p + 4, &sc[k], &m[k]);
+        uint8_t sm[16];
+        fe_q8_k4_scales(p + 4, sm);
+        const __m128i smv = _mm_loadu_si128((const __m128i *)sm);
+        const __m256i scv = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(smv)); /* sc 0-7 as int16, twice */
+        /* m_k twice, as int16: madd with the 16 bsums gives m_k * (bs[2k] + bs[2k+1]) in lane k */
+        const __m256i md = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(smv, smv));
         __m256i P[TILE];
         for (int t = 0; t < nt; t++) P[t] = _mm256_setzero_si256();
         const __m256i hb = five ? ld(p + 16) : _mm256_setzero_si256();
@@ -148,14 +152,11 @@ INL void k45_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, fl
                 w0 = _mm256_or_si256(w0, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hb, b0), b0), sixteen));
                 w1 = _mm256_or_si256(w1, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hb, b1), b1), sixteen));
             }
-            k_pair(w0, w1, _mm256_set1_epi16((short)sc[k]), _mm256_set1_epi16((short)sc[k + 1]), xq, st,
-                   256 * (size_t)sb + 32 * (size_t)k, nt, P);
+            /* scale k in every int16 lane: bytes 2k, 2k+1 of scv */
+            const __m256i s0 = _mm256_shuffle_epi8(scv, _mm256_set1_epi16((short)(0x0100 + 0x0202 * k)));
+            const __m256i s1 = _mm256_shuffle_epi8(scv, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (k + 1))));
+            k_pair(w0, w1, s0, s1, xq, st, 256 * (size_t)sb + 32 * (size_t)k, nt, P);
         }
-        /* m_k twice, as int16: madd with the 16 bsums gives m_k * (bs[2k] + bs[2k+1]) in lane k */
-        const __m256i md = _mm256_setr_epi16((short)m[0], (short)m[0], (short)m[1], (short)m[1], (short)m[2],
-                                             (short)m[2], (short)m[3], (short)m[3], (short)m[4], (short)m[4],
-                                             (short)m[5], (short)m[5], (short)m[6], (short)m[6], (short)m[7],
-                                             (short)m[7]);
         for (int t = 0; t < nt; t++) {
             const float dx = DX(t)[sb];
             __m256i M = _mm256_madd_epi16(md, ld(BS(t) + 16 * (size_t)sb));
@@ -178,8 +179,11 @@ INL void q5_k_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, f
  * the bsums. Half h of a super-block: ql[64], qh[32], sub-blocks r = 0..3
  * (ql[0..31] low nibbles, ql[32..63] low, ql[0..31] high, ql[32..63] high;
  * bits 2r, 2r+1 of qh). */
-INL __m256i scale_pair(const int8_t *sc) { /* sc[0] in the low 16 bytes' lanes, sc[1] in the high */
-    return _mm256_set_m128i(_mm_set1_epi16(sc[1]), _mm_set1_epi16(sc[0]));
+/* From s8 = 8 int16 scales in both 128-bit halves: scale 2r in every int16
+ * lane of the low half (values 0-15 of sub-block r), 2r + 1 in the high. */
+INL __m256i scale_pair(__m256i s8, const int r) {
+    const short lo = (short)(0x0100 + 0x0202 * (2 * r)), hi = (short)(0x0100 + 0x0202 * (2 * r + 1));
+    return _mm256_shuffle_epi8(s8, _mm256_setr_epi16(lo, lo, lo, lo, lo, lo, lo, lo, hi, hi, hi, hi, hi, hi, hi, hi));
 }
 
 INL void q6_k_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, float *y, size_t ys, const int nt) {
@@ -196,13 +200,14 @@ INL void q6_k_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, f
         for (int h = 0; h < 2; h++) {
             const __m256i l0 = ld(p + 64 * h), l1 = ld(p + 64 * h + 32), qh = ld(p + 128 + 32 * h);
             const size_t off = 256 * (size_t)sb + 128 * (size_t)h;
+            const __m256i s8 = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(sc + 8 * h))));
             __m256i w0 = _mm256_or_si256(_mm256_and_si256(l0, m15), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m48));
             __m256i w1 = _mm256_or_si256(_mm256_and_si256(l1, m15), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m48));
-            k_pair(w0, w1, scale_pair(sc + 8 * h), scale_pair(sc + 8 * h + 2), xq, st, off, nt, P);
+            k_pair(w0, w1, scale_pair(s8, 0), scale_pair(s8, 1), xq, st, off, nt, P);
             __m256i w2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m15), _mm256_and_si256(qh, m48));
             __m256i w3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m15),
                                          _mm256_and_si256(_mm256_srli_epi16(qh, 2), m48));
-            k_pair(w2, w3, scale_pair(sc + 8 * h + 4), scale_pair(sc + 8 * h + 6), xq, st, off + 64, nt, P);
+            k_pair(w2, w3, scale_pair(s8, 2), scale_pair(s8, 3), xq, st, off + 64, nt, P);
         }
         /* the offset: 32 * (sc[2l] * bs[2l] + sc[2l+1] * bs[2l+1]) in lane l */
         const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));

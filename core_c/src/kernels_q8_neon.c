@@ -168,8 +168,8 @@ INL void k45_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, fl
     for (int sb = 0; sb < nsb; sb++) {
         const uint8_t *p = row + (five ? 176 : 144) * (size_t)sb;
         const float d = f16(p), dmin = f16(p + 2);
-        int sc[8], m[8];
-        for (int k = 0; k < 8; k++) fe_q4k_scale_min(k, p + 4, &sc[k], &m[k]);
+        uint8_t sm[16]; /* scales 0-7, minimums 0-7 */
+        fe_q8_k4_scales(p + 4, sm);
         i8v P[TILE];
         for (int t = 0; t < nt; t++) P[t].lo = P[t].hi = vdupq_n_s32(0);
         const uint8x16_t h0 = five ? vld1q_u8(p + 16) : vdupq_n_u8(0), h1 = five ? vld1q_u8(p + 32) : vdupq_n_u8(0);
@@ -183,11 +183,10 @@ INL void k45_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, fl
                 q0 = vorrq_u8(q0, vandq_u8(vtstq_u8(h0, bit), sixteen));
                 q1 = vorrq_u8(q1, vandq_u8(vtstq_u8(h1, bit), sixteen));
             }
-            k_sub(vreinterpretq_s8_u8(q0), vreinterpretq_s8_u8(q1), sc[k], sc[k], xq, st,
+            k_sub(vreinterpretq_s8_u8(q0), vreinterpretq_s8_u8(q1), sm[k], sm[k], xq, st,
                   256 * (size_t)sb + 32 * (size_t)k, nt, P);
         }
-        const int16x8_t m16 = {(int16_t)m[0], (int16_t)m[1], (int16_t)m[2], (int16_t)m[3],
-                               (int16_t)m[4], (int16_t)m[5], (int16_t)m[6], (int16_t)m[7]};
+        const int16x8_t m16 = vreinterpretq_s16_u16(vmovl_u8(vld1_u8(sm + 8)));
         for (int t = 0; t < nt; t++) {
             const int16_t *bs = BS(t) + 16 * (size_t)sb;
             const int16x8_t b32 = vpaddq_s16(vld1q_s16(bs), vld1q_s16(bs + 8)); /* bs[2l] + bs[2l+1] */
