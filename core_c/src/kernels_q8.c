@@ -35,8 +35,9 @@ static inline float round_even(float v) {
     return v >= 0.0f ? (v + magic) - magic : (v - magic) + magic;
 }
 
-/* `len` values v into q[len] with one scale: returns d = max|v| / 127. */
-static float quantize_run(const float *v, int len, int8_t *q) {
+/* `len` values v into q[len] with one scale and the sums of q per 16 values:
+ * returns d = max|v| / 127 (the reference of every set's quantizer). */
+static float quantize_run(const float *v, int len, int8_t *q, int *sums) {
     float amax = 0.0f;
     for (int i = 0; i < len; i++) {
         float a = fabsf(v[i]);
@@ -48,32 +49,17 @@ static float quantize_run(const float *v, int len, int8_t *q) {
         r = r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r == r ? round_even(r) : 0.0f;
         q[i] = (int8_t)r;
     }
+    for (int g = 0; g < len / 16; g++) {
+        sums[g] = 0;
+        for (int i = 16 * g; i < 16 * g + 16; i++) sums[g] += q[i];
+    }
     return amax / 127.0f;
 }
 
+FE_Q8_QUANTIZER(quantize_scalar, , quantize_run)
+
 void fe_q8_quantize(int kind, const float *x, size_t xs, int cols, int n, uint8_t *out) {
-    const int big = kind == FE_Q8_KIND_256, len = big ? FE_Q8K_BLOCK : FE_Q8_BLOCK, nb = cols / len;
-    const size_t st = fe_q8_stride_kind(kind, cols);
-    for (int t = 0; t < n; t++) {
-        const float *v = x + (size_t)t * xs;
-        int8_t *q = (int8_t *)(out + (size_t)t * st);
-        float *d = (float *)(out + (size_t)t * st + (size_t)cols), *s = d + nb;
-        int16_t *bs = (int16_t *)(d + nb);
-        for (int b = 0; b < nb; b++, v += len, q += len) {
-            d[b] = quantize_run(v, len, q);
-            if (big) { /* the exact sums per 16 values (|sum| <= 16 * 127) */
-                for (int g = 0; g < len / 16; g++) {
-                    int sum = 0;
-                    for (int i = 16 * g; i < 16 * g + 16; i++) sum += q[i];
-                    bs[b * (len / 16) + g] = (int16_t)sum;
-                }
-            } else {
-                int sum = 0;
-                for (int i = 0; i < len; i++) sum += q[i];
-                s[b] = d[b] * (float)sum;
-            }
-        }
-    }
+    quantize_scalar(kind, x, xs, cols, n, out);
 }
 
 /* ---------------------------------------------------- the scalar reference */
@@ -224,6 +210,7 @@ static const fe_q8_kernels SCALAR_Q8 = {
     "scalar",
     {[FE_Q8_0] = rowdot_q8ref_q8_0, [FE_Q4_0] = rowdot_q8ref_q4_0, [FE_Q4_1] = rowdot_q8ref_q4_1,
      [FE_Q4_K] = rowdot_q8ref_q4_k, [FE_Q5_K] = rowdot_q8ref_q5_k, [FE_Q6_K] = rowdot_q8ref_q6_k},
+    quantize_scalar,
 };
 
 const fe_q8_kernels *fe_q8_kernels_get(int impl) {
@@ -253,7 +240,7 @@ int ferry_kernel_matmul_q8(int impl, int fmt, const void *w, int rows, int cols,
     const int kind = fe_q8_kind(fmt);
     uint8_t *xq = malloc(fe_q8_stride_kind(kind, cols) * (size_t)(n > 0 ? n : 1));
     if (!xq) return -1;
-    fe_q8_quantize(kind, x, (size_t)cols, cols, n, xq);
+    k->quantize(kind, x, (size_t)cols, cols, n, xq);
     for (int r = 0; r < rows; r++)
         k->rowdot[fmt]((const uint8_t *)w + (uint64_t)r * rb, cols, xq, n, y + r, (size_t)rows);
     free(xq);

@@ -74,9 +74,11 @@ size_t fe_q8_stride(int cols);
 /* Per 256 (cols a multiple of 256): int8 q[cols], float d[cols/256], int16 bs[cols/16]. */
 size_t fe_q8k_stride(int cols);
 size_t fe_q8_stride_kind(int kind, int cols);
-/* Quantize n tokens x[t * x_stride .. + cols) into out + t * fe_q8_stride_kind(kind, cols).
- * One portable implementation serves every kernel set. */
+/* Quantize n tokens x[t * x_stride .. + cols) into out + t * fe_q8_stride_kind(kind, cols):
+ * the scalar reference; each SIMD set has its own, bit-identical (the table's
+ * `quantize`). */
 void fe_q8_quantize(int kind, const float *x, size_t x_stride, int cols, int n, uint8_t *out);
+typedef void (*fe_q8quant_fn)(int kind, const float *x, size_t x_stride, int cols, int n, uint8_t *out);
 /* Room for n tokens of `cols` values in both layouts (a fe_q8_ctx buffer). */
 size_t fe_q8_buffer_bytes(int cols, int n);
 
@@ -87,6 +89,7 @@ typedef void (*fe_q8dot_fn)(const uint8_t *row, int cols, const uint8_t *xq, int
 typedef struct fe_q8_kernels {
     const char *name;                   /* "scalar", "avx2", "neon" */
     fe_q8dot_fn rowdot[FE_N_FORMATS];   /* NULL: no integer kernel (f32, f16, bf16, q3_nl use the exact path) */
+    fe_q8quant_fn quantize;             /* the quantizer (fe_q8_quantize's results) */
 } fe_q8_kernels;
 
 /* The q8 set of a kernel implementation (FE_KERNELS_*), or NULL when it is
@@ -130,7 +133,31 @@ fe_q8dot_fn fe_q8_kernel_for(const fe_q8_ctx *q, int fmt, int cols, int n);
         }                                                                                                   \
     }
 
-/* A whole SIMD set: the drivers of the six formats and its table `name`. */
+/* The quantizer `name` over the including file's
+ * float run(const float *v, int len, int8_t *q, int sums[len / 16]):
+ * len (32 or 256) values v into q, the sums of q per 16 values, returns d. */
+#define FE_Q8_QUANTIZER(name, attr, run)                                                                    \
+    attr static void name(int kind, const float *x, size_t xs, int cols, int n, uint8_t *out) {             \
+        const int big = kind == FE_Q8_KIND_256, len = big ? FE_Q8K_BLOCK : FE_Q8_BLOCK, nb = cols / len;    \
+        const size_t st = fe_q8_stride_kind(kind, cols);                                                    \
+        for (int t = 0; t < n; t++) {                                                                       \
+            const float *v = x + (size_t)t * xs;                                                            \
+            int8_t *q = (int8_t *)(out + (size_t)t * st);                                                   \
+            float *d = (float *)(out + (size_t)t * st + (size_t)cols), *s = d + nb;                         \
+            int16_t *bs = (int16_t *)(d + nb);                                                              \
+            for (int b = 0; b < nb; b++, v += len, q += len) {                                              \
+                int sums[FE_Q8K_BLOCK / 16];                                                                \
+                d[b] = run(v, len, q, sums);                                                                \
+                if (big) /* |sum| <= 16 * 127: int16 */                                                     \
+                    for (int g = 0; g < FE_Q8K_BLOCK / 16; g++) bs[b * (FE_Q8K_BLOCK / 16) + g] = (int16_t)sums[g]; \
+                else                                                                                        \
+                    s[b] = d[b] * (float)(sums[0] + sums[1]);                                               \
+            }                                                                                               \
+        }                                                                                                   \
+    }
+
+/* A whole SIMD set: the drivers of the six formats, its quantizer
+ * quantize_<prefix> (FE_Q8_QUANTIZER) and its table `name`. */
 #define FE_Q8_SET(name, prefix, attr)                                                                       \
     FE_Q8_DRIVER(prefix, attr, q8_0, fe_q8_stride)                                                          \
     FE_Q8_DRIVER(prefix, attr, q4_0, fe_q8_stride)                                                          \
@@ -143,6 +170,7 @@ fe_q8dot_fn fe_q8_kernel_for(const fe_q8_ctx *q, int fmt, int cols, int n);
         {[FE_Q8_0] = rowdot_##prefix##_q8_0, [FE_Q4_0] = rowdot_##prefix##_q4_0,                            \
          [FE_Q4_1] = rowdot_##prefix##_q4_1, [FE_Q4_K] = rowdot_##prefix##_q4_k,                            \
          [FE_Q5_K] = rowdot_##prefix##_q5_k, [FE_Q6_K] = rowdot_##prefix##_q6_k},                           \
+        quantize_##prefix,                                                                                  \
     };
 
 /* The 8 6-bit scales and 8 6-bit minimums of a Q4_K/Q5_K super-block (its

@@ -220,6 +220,45 @@ INL void q6_k_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, f
     for (int t = 0; t < nt; t++) y[(size_t)t * ys] = hsum8(acc[t]);
 }
 
+/* The quantizer (kernels_q8.c's quantize_run, lane for lane): max_ps(a, m)
+ * is a > m ? a : m, as the reference's comparison (a NaN skipped); the
+ * product, the NaN test, rounding to nearest even and the clamp give the
+ * reference's integers (a rounded value beyond +-127 clamps the same either
+ * way round); the sums are exact. */
+INL float qrun(const float *v, int len, int8_t *q, int *sums) {
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 m = _mm256_setzero_ps();
+    for (int i = 0; i < len; i += 8) m = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(v + i), absmask), m);
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    const float amax = _mm_cvtss_f32(h);
+    const __m256 idv = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+    const __m256 lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+    for (int i = 0; i < len; i += 32) {
+        __m256i r[4];
+        for (int j = 0; j < 4; j++) {
+            __m256 f = _mm256_mul_ps(_mm256_loadu_ps(v + i + 8 * j), idv);
+            f = _mm256_and_ps(f, _mm256_cmp_ps(f, f, _CMP_ORD_Q)); /* NaN -> 0 */
+            f = _mm256_round_ps(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            r[j] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(f, lo), hi));
+        }
+        /* sums of values i..i+15 and i+16..i+31 */
+        __m256i hh = _mm256_hadd_epi32(_mm256_add_epi32(r[0], r[1]), _mm256_add_epi32(r[2], r[3]));
+        hh = _mm256_hadd_epi32(hh, hh);
+        const __m128i s2 = _mm_add_epi32(_mm256_castsi256_si128(hh), _mm256_extracti128_si256(hh, 1));
+        sums[i / 16] = _mm_cvtsi128_si32(s2);
+        sums[i / 16 + 1] = _mm_extract_epi32(s2, 1);
+        /* the packs work per 128-bit half: put the 4-byte groups back in order */
+        __m256i p8 = _mm256_packs_epi16(_mm256_packs_epi32(r[0], r[1]), _mm256_packs_epi32(r[2], r[3]));
+        p8 = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *)(q + i), p8);
+    }
+    return amax / 127.0f;
+}
+
+FE_Q8_QUANTIZER(quantize_avx2, TGT, qrun)
+
 FE_Q8_SET(AVX2_Q8, avx2, TGT)
 
 const fe_q8_kernels *fe_q8_kernels_avx2(void) { return &AVX2_Q8; }

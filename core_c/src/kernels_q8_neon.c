@@ -246,6 +246,35 @@ INL void q6_k_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, f
     for (int t = 0; t < nt; t++) y[(size_t)t * ys] = hsum(acc[t]);
 }
 
+/* The quantizer (kernels_q8.c's quantize_run, lane for lane): the maximum
+ * by the reference's comparison (a NaN skipped), the product, NaN to 0,
+ * rounding to nearest even and the clamp; the sums exact. */
+INL float qrun(const float *v, int len, int8_t *q, int *sums) {
+    float32x4_t m = vdupq_n_f32(0.0f);
+    for (int i = 0; i < len; i += 4) {
+        const float32x4_t a = vabsq_f32(vld1q_f32(v + i));
+        m = vbslq_f32(vcgtq_f32(a, m), a, m);
+    }
+    const float amax = vmaxvq_f32(m); /* no NaN in m: exact, any order */
+    const float32x4_t idv = vdupq_n_f32(amax > 0.0f ? 127.0f / amax : 0.0f);
+    const float32x4_t lo = vdupq_n_f32(-127.0f), hi = vdupq_n_f32(127.0f);
+    for (int i = 0; i < len; i += 16) {
+        int32x4_t r[4];
+        for (int j = 0; j < 4; j++) {
+            float32x4_t f = vmulq_f32(vld1q_f32(v + i + 4 * j), idv);
+            f = vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(f), vceqq_f32(f, f))); /* NaN -> 0 */
+            r[j] = vcvtq_s32_f32(vminq_f32(vmaxq_f32(vrndnq_f32(f), lo), hi));
+        }
+        sums[i / 16] = vaddvq_s32(vaddq_s32(vaddq_s32(r[0], r[1]), vaddq_s32(r[2], r[3])));
+        const int16x8_t a16 = vcombine_s16(vmovn_s32(r[0]), vmovn_s32(r[1]));
+        const int16x8_t b16 = vcombine_s16(vmovn_s32(r[2]), vmovn_s32(r[3]));
+        vst1q_s8(q + i, vcombine_s8(vmovn_s16(a16), vmovn_s16(b16)));
+    }
+    return amax / 127.0f;
+}
+
+FE_Q8_QUANTIZER(quantize_neon, , qrun)
+
 FE_Q8_SET(NEON_Q8, neon, )
 
 const fe_q8_kernels *fe_q8_kernels_neon(void) { return &NEON_Q8; }

@@ -70,7 +70,7 @@ void fe_matmul_multi(const fe_ops *ops, const fe_mat *const *w, int count, const
             const int kind = fe_q8_kind(w[i]->fmt);
             if (!xq[kind]) {
                 uint8_t *buf = fe_q8_region(ops->q8, kind, w[i]->cols, n);
-                fe_q8_quantize(kind, x, (size_t)w[i]->cols, w[i]->cols, n, buf);
+                ops->q8->k->quantize(kind, x, (size_t)w[i]->cols, w[i]->cols, n, buf);
                 xq[kind] = buf;
             }
             j.xq[j.count] = xq[kind];

@@ -158,10 +158,38 @@ static void test_quantizer(void) {
           "the supported formats");
 }
 
+/* Every set's quantizer gives the scalar reference's bytes, both layouts,
+ * with outliers, zero blocks, NaN, infinities, ties and values at +-127.5 steps. */
+static void test_quantizers(void) {
+    const int cols = 768, n = 3;
+    float *x = malloc(sizeof(float) * cols * n);
+    for (int kind = 0; kind < FE_Q8_KINDS; kind++) {
+        random_x(x, cols * n, kind + 1);
+        for (int i = 256; i < 512; i++) x[i] = 0.0f;       /* a whole zero super-block */
+        x[600] = NAN, x[1000] = INFINITY, x[1100] = -0.0f;
+        for (int i = 1536; i < 1568; i++) x[i] = (float)(i - 1552) * 0.5f; /* ties */
+        x[1567] = 127.0f; /* scale 1: the halves are ties */
+        const size_t bytes = fe_q8_stride_kind(kind, cols) * n;
+        uint8_t *ref = calloc(1, bytes), *got = calloc(1, bytes);
+        fe_q8_quantize(kind, x, cols, cols, n, ref);
+        for (int impl = 1; impl <= FERRY_KERNELS_NEON; impl++) {
+            const fe_q8_kernels *k = ferry_kernels_available(impl) ? fe_q8_kernels_get(impl) : NULL;
+            if (!k) continue;
+            memset(got, 0, bytes);
+            k->quantize(kind, x, cols, cols, n, got);
+            check(memcmp(got, ref, bytes) == 0, kind ? "quantizer 256" : "quantizer 32", impl, cols, n,
+                  "not bit-identical to the scalar quantizer");
+        }
+        free(ref), free(got);
+    }
+    free(x);
+}
+
 int main(void) {
     for (int impl = 1; impl <= FERRY_KERNELS_NEON; impl++)
         if (ferry_kernels_available(impl)) printf("testing %s q8 against scalar\n", ferry_kernels_name(impl));
     test_quantizer();
+    test_quantizers();
     for (size_t f = 0; f < sizeof FORMATS / sizeof FORMATS[0]; f++) {
         const int fmt = FORMATS[f], k = fe_format_get(fmt)->block_elems;
         const int sizes[] = {k, 2 * k, 5 * k, (k == 32 ? 29 : 3) * k, k == 32 ? 576 : 1536};
