@@ -12,6 +12,9 @@ engines agreed, and the 1-minute load average before and after each round.
 ``--kernels`` instead times one matrix product per format and shape on one
 thread (ferry_kernel_matmul against ferry_kernel_matmul_q8, the latter
 including quantizing x; best of ``--rounds`` x 5 calls, interleaved).
+``--kernels --base DIR`` compares the q8 kernels of two builds instead: DIR
+a checkout with its core built in place, each round one child process per
+build (alternating which goes first), best time per case, ratios base / new.
 Files: ``demo`` is the converted demo model (SmolLM2-135M-Instruct Q4_1),
 ``1b-*`` the synthetic Llama-shaped containers bench/vs_llamacpp.py makes in
 ``--workdir`` (random weights: speed only).
@@ -95,7 +98,8 @@ def bench_file(path: Path, a) -> dict:
 
 
 KERNEL_SHAPES = (("q4_1", 1536, 576), ("q4_1", 576, 1536), ("q8_0", 49152, 576), ("q8_0", 2048, 2048),
-                 ("q4_0", 2048, 2048), ("q4_k", 8192, 2048), ("q5_k", 2048, 2048), ("q6_k", 2048, 8192))
+                 ("q4_0", 2048, 2048), ("q4_k", 8192, 2048), ("q4_k", 2048, 8192), ("q5_k", 2048, 2048),
+                 ("q6_k", 2048, 8192))
 
 
 def bench_kernels(a) -> list[dict]:
@@ -135,6 +139,27 @@ def bench_kernels(a) -> list[dict]:
     return out
 
 
+def compare_builds(a) -> dict:
+    """The q8 products of the build at a.base against this checkout's, interleaved child processes."""
+    import subprocess
+    trees = {"base": a.base.resolve(), "new": ROOT}
+    best: dict = {}
+    for r in range(a.rounds):
+        for build in (("base", "new") if r % 2 == 0 else ("new", "base")):
+            cmd = [sys.executable, str(Path(__file__).resolve()), "--kernels", "--rounds", "1", "--json",
+                   "--child", str(trees[build])]
+            res = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
+            for k in res["kernels"]:
+                key = (k["format"], k["rows"], k["cols"], k["tokens"])
+                best.setdefault(key, {}).setdefault(build, float("inf"))
+                best[key][build] = min(best[key][build], k["q8_ms"])
+    out = [{"format": f, "rows": rows, "cols": cols, "tokens": n, "base_q8_ms": v["base"], "new_q8_ms": v["new"],
+            "base_over_new": v["base"] / v["new"]} for (f, rows, cols, n), v in best.items()]
+    for o in out:
+        print(json.dumps(o), file=sys.stderr)
+    return {"compare": out, "base": str(trees["base"]), "load1_after": os.getloadavg()[0]}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="one line of JSON (default: indented)")
@@ -145,8 +170,14 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=16, help="decoded tokens per round")
     ap.add_argument("--workdir", type=Path, default=Path.home() / ".cache" / "ferry-bench")
     ap.add_argument("--kernels", action="store_true", help="time single products per format instead")
+    ap.add_argument("--base", type=Path, help="with --kernels: compare the q8 kernels of the build in this checkout")
+    ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
-    if a.kernels:
+    if a.child:  # import app (and its built core) from that checkout
+        sys.path.insert(0, str(a.child))
+    if a.kernels and a.base:
+        results = compare_builds(a)
+    elif a.kernels:
         results = {"kernels": bench_kernels(a)}
     else:
         results = {"files": {name: bench_file(container(name, a.workdir), a) for name in a.files}}

@@ -162,7 +162,7 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
                         "(default: $FERRY_KERNELS, else auto)")
     p.add_argument("--activations", choices=ACTIVATION_CHOICES, default="f32",
                    help="f32 (default): exact matrix products; q8: opt-in, faster and slightly inexact: each "
-                        "token's input is rounded to 8 bits per 32 values and multiplied with integer dot "
+                        "token's input is rounded to 8 bits (per 32 values; per 256 for K-quant weights) and multiplied with integer dot "
                         "products (q8_0, q4_0, q4_1, q4_k, q5_k, q6_k weights); outputs change slightly "
                         "(`ferry eval --compare FILE --activations q8` measures how much)")
     p.add_argument("--ctx", type=int, default=CTX_DEFAULT, help="context length of the session (default 4096)")

@@ -71,7 +71,7 @@ KERNEL_CHOICES = ("auto", "scalar", "avx2", "neon")
 
 #: How matrix products treat their inputs (``Engine(activations=...)``): "f32",
 #: exact, the default; "q8", the opt-in mode that quantizes each token's input
-#: to 8 bits per 32 values and multiplies with integer dot products: faster,
+#: to 8 bits (per 32 values, per 256 for K-quant weights) and multiplies with integer dot products: faster,
 #: outputs change slightly (docs/ARCHITECTURE.md, "Kernels").
 ACTIVATION_CHOICES = ("f32", "q8")
 

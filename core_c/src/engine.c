@@ -71,7 +71,7 @@ static uint64_t q8_buffer_bytes(const fe_container *c) {
         for (int p = 0; c->banks[l].fd >= 0 && p < 3; p++)
             if (c->banks[l].part[p].cols > cols) cols = c->banks[l].part[p].cols;
     if (cols > (1u << 24)) cols = 1u << 24; /* the manifest bounds shapes well below this */
-    return (uint64_t)FE_CHUNK * fe_q8_stride((int)(cols / FE_Q8_BLOCK * FE_Q8_BLOCK));
+    return fe_q8_buffer_bytes((int)(cols / FE_Q8_BLOCK * FE_Q8_BLOCK), FE_CHUNK);
 }
 
 /* The architecture's session sizes plus the q8 buffer at the end of scratch. */

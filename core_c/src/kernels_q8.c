@@ -14,6 +14,20 @@
 
 size_t fe_q8_stride(int cols) { return FE_ALIGN_UP((size_t)cols + 8 * (size_t)(cols / FE_Q8_BLOCK), 64); }
 
+size_t fe_q8k_stride(int cols) {
+    return FE_ALIGN_UP((size_t)cols + 4 * (size_t)(cols / FE_Q8K_BLOCK) + 2 * (size_t)(cols / 16), 64);
+}
+
+size_t fe_q8_stride_kind(int kind, int cols) { return kind == FE_Q8_KIND_256 ? fe_q8k_stride(cols) : fe_q8_stride(cols); }
+
+int fe_q8_kind(int fmt) { return fmt == FE_Q4_K || fmt == FE_Q5_K || fmt == FE_Q6_K ? FE_Q8_KIND_256 : FE_Q8_KIND_32; }
+
+size_t fe_q8_buffer_bytes(int cols, int n) { return (size_t)n * (fe_q8_stride(cols) + fe_q8k_stride(cols)); }
+
+uint8_t *fe_q8_region(const fe_q8_ctx *q, int kind, int cols, int n) {
+    return q->buf + (kind == FE_Q8_KIND_256 ? (size_t)n * fe_q8_stride(cols) : 0);
+}
+
 /* Round to nearest, ties to even, for |v| < 2^22 (the default rounding mode
  * of the add; the core is built without fast-math, so it is not folded). */
 static inline float round_even(float v) {
@@ -21,31 +35,31 @@ static inline float round_even(float v) {
     return v >= 0.0f ? (v + magic) - magic : (v - magic) + magic;
 }
 
-void fe_q8_quantize(const float *x, size_t xs, int cols, int n, uint8_t *out) {
-    const int nb = cols / FE_Q8_BLOCK;
-    const size_t st = fe_q8_stride(cols);
-    for (int t = 0; t < n; t++) {
-        const float *v = x + (size_t)t * xs;
-        int8_t *q = (int8_t *)(out + (size_t)t * st);
-        float *d = (float *)(out + (size_t)t * st + (size_t)cols), *s = d + nb;
-        for (int b = 0; b < nb; b++, v += FE_Q8_BLOCK, q += FE_Q8_BLOCK) {
-            float amax = 0.0f;
-            for (int i = 0; i < FE_Q8_BLOCK; i++) {
-                float a = fabsf(v[i]);
-                amax = a > amax ? a : amax; /* a NaN is skipped */
-            }
-            float db = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
-            int sum = 0;
-            for (int i = 0; i < FE_Q8_BLOCK; i++) {
-                float r = v[i] * id;
-                r = r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r == r ? round_even(r) : 0.0f;
-                q[i] = (int8_t)r;
-                sum += q[i];
-            }
-            d[b] = db;
-            s[b] = db * (float)sum;
-        }
+/* `len` values v into q[len] with one scale and the sums of q per 16 values:
+ * returns d = max|v| / 127 (the reference of every set's quantizer). */
+static float quantize_run(const float *v, int len, int8_t *q, int *sums) {
+    float amax = 0.0f;
+    for (int i = 0; i < len; i++) {
+        float a = fabsf(v[i]);
+        amax = a > amax ? a : amax; /* a NaN is skipped */
     }
+    const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    for (int i = 0; i < len; i++) {
+        float r = v[i] * id;
+        r = r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r == r ? round_even(r) : 0.0f;
+        q[i] = (int8_t)r;
+    }
+    for (int g = 0; g < len / 16; g++) {
+        sums[g] = 0;
+        for (int i = 16 * g; i < 16 * g + 16; i++) sums[g] += q[i];
+    }
+    return amax / 127.0f;
+}
+
+FE_Q8_QUANTIZER(quantize_scalar, , quantize_run)
+
+void fe_q8_quantize(int kind, const float *x, size_t xs, int cols, int n, uint8_t *out) {
+    quantize_scalar(kind, x, xs, cols, n, out);
 }
 
 /* ---------------------------------------------------- the scalar reference */
@@ -101,16 +115,65 @@ static void decode_block(int fmt, const uint8_t *row, int b, int qw[32], int S[2
     }
 }
 
-/* +1 when the minimum is added (Q4_1), -1 when subtracted (Q4_K, Q5_K), 0 without one. */
-static int min_sign(int fmt) { return fmt == FE_Q4_1 ? 1 : (fmt == FE_Q4_K || fmt == FE_Q5_K) ? -1 : 0; }
+/* The K-quants (kernels_q8.h): super-block j of a row as unsigned integers
+ * qw[256], the integer scale of each 16 values S[16], the minimum of each
+ * 32 m[8] (Q4_K/Q5_K; 0 for Q6_K), and the float scales D and Dmin. */
+static void decode_super(int fmt, const uint8_t *row, int j, int qw[256], int S[16], int m[8], float *D, float *Dmin) {
+    *Dmin = 0.0f;
+    for (int k = 0; k < 8; k++) {
+        int q[32], S2[2];
+        float Dk, Mk;
+        decode_block(fmt, row, 8 * j + k, q, S2, &Dk, &Mk);
+        for (int i = 0; i < 32; i++) qw[32 * k + i] = q[i] + (fmt == FE_Q6_K ? 32 : 0);
+        S[2 * k] = S2[0], S[2 * k + 1] = S2[1];
+        m[k] = 0;
+        if (fmt != FE_Q6_K) fe_q4k_scale_min(k, row + (fmt == FE_Q5_K ? 176 : 144) * (size_t)j + 4, &S2[0], &m[k]);
+        *D = Dk;
+    }
+    if (fmt != FE_Q6_K) *Dmin = rd_f16(row + (fmt == FE_Q5_K ? 176 : 144) * (size_t)j + 2);
+}
+
+static void rowdot_ref_k(int fmt, const uint8_t *row, int cols, const uint8_t *xq, int n, float *y, size_t ys) {
+    const int nsb = cols / FE_Q8K_BLOCK;
+    const size_t st = fe_q8k_stride(cols);
+    for (int t = 0; t < n; t++) {
+        const int8_t *qx = (const int8_t *)(xq + (size_t)t * st);
+        const float *dx = (const float *)(xq + (size_t)t * st + (size_t)cols);
+        const int16_t *bs = (const int16_t *)(dx + nsb);
+        float acc[8] = {0};
+        for (int j = 0; j < nsb; j++) {
+            int qw[256], S[16], m[8];
+            float D, Dmin;
+            decode_super(fmt, row, j, qw, S, m, &D, &Dmin);
+            const int8_t *x = qx + 256 * (size_t)j;
+            const int16_t *b = bs + 16 * (size_t)j;
+            for (int l = 0; l < 8; l++) {
+                int32_t P = 0;
+                for (int k = 0; k < 8; k++) {
+                    int p = 0;
+                    for (int i = 32 * k + 4 * l; i < 32 * k + 4 * l + 4; i++) p += qw[i] * x[i];
+                    P += S[2 * k + l / 4] * p;
+                }
+                if (fmt == FE_Q6_K) P -= 32 * (S[2 * l] * b[2 * l] + S[2 * l + 1] * b[2 * l + 1]);
+                acc[l] = fmaf(D * dx[j], (float)P, acc[l]);
+                if (fmt != FE_Q6_K) acc[l] = fmaf(-(Dmin * dx[j]), (float)(m[l] * (b[2 * l] + b[2 * l + 1])), acc[l]);
+            }
+        }
+        y[(size_t)t * ys] = fe_q8_hsum8(acc);
+    }
+}
 
 static void rowdot_ref(int fmt, const uint8_t *row, int cols, const uint8_t *xq, int n, float *y, size_t ys) {
-    const int nb = cols / FE_Q8_BLOCK, sign = min_sign(fmt);
+    if (fe_q8_kind(fmt) == FE_Q8_KIND_256) {
+        rowdot_ref_k(fmt, row, cols, xq, n, y, ys);
+        return;
+    }
+    const int nb = cols / FE_Q8_BLOCK, sign = fmt == FE_Q4_1;
     const size_t st = fe_q8_stride(cols);
     for (int t = 0; t < n; t++) {
         const int8_t *qx = (const int8_t *)(xq + (size_t)t * st);
         const float *dx = (const float *)(xq + (size_t)t * st + (size_t)cols), *sx = dx + nb;
-        float acc[2][8] = {{0}}, mn[8] = {0}, m1[2] = {0};
+        float acc[2][8] = {{0}}, m1[2] = {0};
         for (int b = 0; b < nb; b++) {
             int qw[32], S[2];
             float D, M;
@@ -121,14 +184,12 @@ static void rowdot_ref(int fmt, const uint8_t *row, int cols, const uint8_t *xq,
                 for (int i = 4 * l; i < 4 * l + 4; i++) p += qw[i] * qx[32 * b + i];
                 acc[b & 1][l] = fmaf(a, (float)(S[l >> 2] * p), acc[b & 1][l]);
             }
-            if (sign < 0) mn[b & 7] = fmaf(M, sx[b], mn[b & 7]);
-            if (sign > 0) m1[b & 1] = fmaf(M, sx[b], m1[b & 1]);
+            if (sign) m1[b & 1] = fmaf(M, sx[b], m1[b & 1]);
         }
         float both[8];
         for (int l = 0; l < 8; l++) both[l] = acc[0][l] + acc[1][l];
         float r = fe_q8_hsum8(both);
-        if (sign > 0) r = r + (m1[0] + m1[1]);
-        if (sign < 0) r = r - fe_q8_hsum8(mn);
+        if (sign) r = r + (m1[0] + m1[1]);
         y[(size_t)t * ys] = r;
     }
 }
@@ -149,6 +210,7 @@ static const fe_q8_kernels SCALAR_Q8 = {
     "scalar",
     {[FE_Q8_0] = rowdot_q8ref_q8_0, [FE_Q4_0] = rowdot_q8ref_q4_0, [FE_Q4_1] = rowdot_q8ref_q4_1,
      [FE_Q4_K] = rowdot_q8ref_q4_k, [FE_Q5_K] = rowdot_q8ref_q5_k, [FE_Q6_K] = rowdot_q8ref_q6_k},
+    quantize_scalar,
 };
 
 const fe_q8_kernels *fe_q8_kernels_get(int impl) {
@@ -162,7 +224,8 @@ const fe_q8_kernels *fe_q8_kernels_get(int impl) {
 
 fe_q8dot_fn fe_q8_kernel_for(const fe_q8_ctx *q, int fmt, int cols, int n) {
     if (!q || !q->k || fmt < 0 || fmt >= FE_N_FORMATS || cols <= 0 || cols % FE_Q8_BLOCK) return NULL;
-    if ((size_t)n * fe_q8_stride(cols) > q->bytes) return NULL;
+    if (fe_q8_kind(fmt) == FE_Q8_KIND_256 && cols % FE_Q8K_BLOCK) return NULL;
+    if (fe_q8_buffer_bytes(cols, n) > q->bytes) return NULL;
     return q->k->rowdot[fmt];
 }
 
@@ -174,9 +237,10 @@ int ferry_kernel_matmul_q8(int impl, int fmt, const void *w, int rows, int cols,
     if (!k || fmt < 0 || fmt >= FE_N_FORMATS || !k->rowdot[fmt] || !w || !x || !y || rows < 0 || n < 0 || rb == 0 ||
         cols % FE_Q8_BLOCK)
         return -1;
-    uint8_t *xq = malloc(fe_q8_stride(cols) * (size_t)(n > 0 ? n : 1));
+    const int kind = fe_q8_kind(fmt);
+    uint8_t *xq = malloc(fe_q8_stride_kind(kind, cols) * (size_t)(n > 0 ? n : 1));
     if (!xq) return -1;
-    fe_q8_quantize(x, (size_t)cols, cols, n, xq);
+    k->quantize(kind, x, (size_t)cols, cols, n, xq);
     for (int r = 0; r < rows; r++)
         k->rowdot[fmt]((const uint8_t *)w + (uint64_t)r * rb, cols, xq, n, y + r, (size_t)rows);
     free(xq);

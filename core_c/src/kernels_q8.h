@@ -1,29 +1,55 @@
 /* kernels_q8.h — the opt-in 8-bit-activation matrix products
  * (ferry_open_options.activations = "q8"; off by default).
  *
- * Each token's input vector is quantized once per product, per block of 32
- * values: d = max|x| / 127, q = round-to-nearest-even(x / d) in -127..127,
- * and s = d * sum(q) (for the formats with a per-block minimum). The row
- * kernels then take integer dot products of the stored weight integers with
- * q and scale them in float. This changes results slightly (the activation's
- * rounding error, ~0.2-0.4 % of each block's largest value), so it is a mode
- * the user asks for, never the default.
+ * Each token's input vector is quantized once per product, in one of two
+ * layouts chosen by the weight's format (fe_q8_kind):
+ *  - per 32 values (Q8_0, Q4_0, Q4_1): d = max|x| / 127, q = round-to-
+ *    nearest-even(x / d) in -127..127, and s = d * sum(q) (for Q4_1's minimum);
+ *  - per 256 values (Q4_K, Q5_K, Q6_K: their super-blocks, as llama.cpp's
+ *    Q8_K): the same rounding with one d per 256 values, and the exact int16
+ *    sums of q per 16 values ("bsums", for the minimums and Q6_K's offset).
+ * The row kernels take integer dot products of the stored weight integers
+ * with q and scale them in float. This changes results slightly (the
+ * activation's rounding error, ~0.2-0.4 % of each block's largest value), so
+ * it is a mode the user asks for, never the default.
  *
  * The float arithmetic is defined once, by the scalar reference, and every
  * SIMD set repeats it operation for operation, so the sets are bit-identical
- * (core_c/tests/test_kernels_q8.c). Per token and 32-value block b of a row:
- *   p[l] = S(l) * sum_{i=4l}^{4l+3} qw[i] * qx[i]     l = 0..7, exact int32;
- *          S(l) the weight's integer scale of values 16*(l/4)..+15
- *          (1 for the 32-blocks, a 6-bit scale for Q4_K/Q5_K, an int8 one
- *          per 16 values for Q6_K)
+ * (core_c/tests/test_kernels_q8.c). Lane l (0..7) of a 32-value block holds
+ * its values 4l..4l+3.
+ *
+ * 32-value formats, per token and block b of a row:
+ *   p[l] = sum_{i=4l}^{4l+3} qw[i] * qx[i]                          exact int32
  *   acc[b % 2][l] = fma(D_b * d_b, (float)p[l], acc[b % 2][l])   (one rounding: fmaf / FMA;
  *                   two sets, even and odd blocks, halve the chain of dependent adds)
- *   Q4_K/Q5_K: mn[b % 8] = fma(M_b, s_b, mn[b % 8])              (M = dmin * m_j)
  *   Q4_1:      m1[b % 2] = fma(M_b, s_b, m1[b % 2])              (M = m)
- * with D_b the weight block's float scale. The result is
- *   h(acc[0] + acc[1], lane by lane) [+ (m1[0] + m1[1]) for Q4_1, - h(mn) for Q4_K/Q5_K],
+ * with D_b the weight block's float scale; the result is
+ *   h(acc[0] + acc[1], lane by lane) [+ (m1[0] + m1[1]) for Q4_1],
  *   h(v) = ((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7)).
- * Every integer above is below 2^24, so each conversion to float is exact.
+ * Every integer is below 2^24 in magnitude, so each conversion is exact.
+ *
+ * K-quants, per token and super-block j (256 values, sub-blocks k = 0..7 of
+ * 32, activation scale dx_j, bsums bs[0..15] of its 16-value groups):
+ *   P[l] = sum_k S_k(l) * sum_{i=4l}^{4l+3} qw_k[i] * qx[32k + i]   int32, any order
+ *          qw unsigned (Q4_K 0..15, Q5_K 0..31, Q6_K 0..63: its stored q,
+ *          the -32 comes below); S_k(l) the weight's integer scale of the
+ *          16 values holding lane l (Q4_K/Q5_K: the 6-bit sc_k; Q6_K: the int8
+ *          scale sc[2k + l/4])
+ *   Q6_K:      P[l] -= 32 * (sc[2l] * bs[2l] + sc[2l+1] * bs[2l+1])
+ *   acc[l] = fma(D * dx_j, (float)P[l], acc[l])
+ *   Q4_K/Q5_K: acc[l] = fma(-(Dmin * dx_j), (float)(m_l * (bs[2l] + bs[2l+1])), acc[l])
+ * (D, Dmin the super-block's f16 scales, m_l the 6-bit minimum of sub-block
+ * l); the result is h(acc). So the float work is one or two multiply-adds per
+ * 256 values and token; the rest is integer. Bounds (|qx| <= 127): a
+ * maddubs pair sum is at most 2 * 63 * 127 = 16002 (no int16 saturation); a
+ * bsum at most 16 * 127 = 2032 (int16); Q4_K/Q5_K lanes at most
+ * 8 * 4 * 31 * 127 * 63 < 2^23 and their minimum terms 63 * 4064 < 2^18,
+ * exact in float; Q6_K's P before the offset at most 8 * 4 * 63 * 127 * 128
+ * < 2^25 and the offset 32 * 2 * 128 * 2032 < 2^24, so P stays far inside
+ * int32 (< 2^26), but may exceed 2^24: its conversion then rounds to
+ * nearest even (cvtdq2ps, scvtf and C's conversion in the default rounding
+ * mode alike), a relative 2^-24, far below the activations' own rounding.
+ *
  * A token's arithmetic never depends on the others in the call, so a batch is
  * bit-identical to single tokens. */
 #ifndef FERRY_KERNELS_Q8_H
@@ -31,25 +57,39 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "formats.h"
 
 #define FE_Q8_BLOCK 32
+#define FE_Q8K_BLOCK 256
 
-/* One token's quantized activations of `cols` values (a multiple of 32):
- * int8 q[cols], then float d[cols/32], then float s[cols/32]. */
+/* The activation layout a weight format's q8 kernel reads. */
+enum { FE_Q8_KIND_32 = 0, FE_Q8_KIND_256 = 1, FE_Q8_KINDS = 2 };
+int fe_q8_kind(int fmt);
+
+/* One token's quantized activations of `cols` values, per 32 (cols a
+ * multiple of 32): int8 q[cols], then float d[cols/32], then float s[cols/32]. */
 size_t fe_q8_stride(int cols);
-/* Quantize n tokens x[t * x_stride .. + cols) into out + t * fe_q8_stride(cols).
- * One portable implementation serves every kernel set. */
-void fe_q8_quantize(const float *x, size_t x_stride, int cols, int n, uint8_t *out);
+/* Per 256 (cols a multiple of 256): int8 q[cols], float d[cols/256], int16 bs[cols/16]. */
+size_t fe_q8k_stride(int cols);
+size_t fe_q8_stride_kind(int kind, int cols);
+/* Quantize n tokens x[t * x_stride .. + cols) into out + t * fe_q8_stride_kind(kind, cols):
+ * the scalar reference; each SIMD set has its own, bit-identical (the table's
+ * `quantize`). */
+void fe_q8_quantize(int kind, const float *x, size_t x_stride, int cols, int n, uint8_t *out);
+typedef void (*fe_q8quant_fn)(int kind, const float *x, size_t x_stride, int cols, int n, uint8_t *out);
+/* Room for n tokens of `cols` values in both layouts (a fe_q8_ctx buffer). */
+size_t fe_q8_buffer_bytes(int cols, int n);
 
 /* For t < n: y[t * ys] = the q8 dot of a stored weight row with token t's
- * quantized activations at xq + t * fe_q8_stride(cols). */
+ * quantized activations at xq + t * fe_q8_stride_kind(fe_q8_kind(fmt), cols). */
 typedef void (*fe_q8dot_fn)(const uint8_t *row, int cols, const uint8_t *xq, int n, float *y, size_t ys);
 
 typedef struct fe_q8_kernels {
     const char *name;                   /* "scalar", "avx2", "neon" */
     fe_q8dot_fn rowdot[FE_N_FORMATS];   /* NULL: no integer kernel (f32, f16, bf16, q3_nl use the exact path) */
+    fe_q8quant_fn quantize;             /* the quantizer (fe_q8_quantize's results) */
 } fe_q8_kernels;
 
 /* The q8 set of a kernel implementation (FE_KERNELS_*), or NULL when it is
@@ -61,9 +101,14 @@ const fe_q8_kernels *fe_q8_kernels_neon(void);  /* kernels_q8_neon.c (NULL elsew
 /* A session's q8 state, carried to fe_matmul by fe_ops.q8 (NULL: exact f32 path). */
 typedef struct fe_q8_ctx {
     const fe_q8_kernels *k; /* the engine's set */
-    uint8_t *buf;           /* quantized activations of one product */
+    uint8_t *buf;           /* quantized activations of one product: fe_q8_buffer_bytes */
     size_t bytes;           /* its size */
 } fe_q8_ctx;
+
+/* Where a product of n tokens over `cols` keeps the activations of layout
+ * `kind` in q->buf (the two layouts side by side, so a job mixing formats
+ * quantizes x once per layout). */
+uint8_t *fe_q8_region(const fe_q8_ctx *q, int kind, int cols, int n);
 
 /* The q8 kernel for a matrix of format fmt and `cols` columns over n tokens
  * with this context, or NULL when the product must take the exact path (no
@@ -73,11 +118,11 @@ fe_q8dot_fn fe_q8_kernel_for(const fe_q8_ctx *q, int fmt, int cols, int n);
 /* The row kernel rowdot_<prefix>_<fmt> of a SIMD set over the including
  * file's <fmt>_tile(row, cols, xq, stride, y, ys, nt): tiles of 4 tokens,
  * then the rest as one tile (nt a constant in every call). `attr` is the
- * functions' attribute (a target, or nothing). */
-#define FE_Q8_DRIVER(prefix, attr, fmt)                                                                     \
+ * functions' attribute (a target, or nothing); `stride` the layout's. */
+#define FE_Q8_DRIVER(prefix, attr, fmt, stride)                                                             \
     attr static void rowdot_##prefix##_##fmt(const uint8_t *row, int cols, const uint8_t *xq, int n, float *y, \
                                              size_t ys) {                                                   \
-        const size_t st = fe_q8_stride(cols);                                                               \
+        const size_t st = stride(cols);                                                                     \
         int t = 0;                                                                                          \
         for (; t + 4 <= n; t += 4) fmt##_tile(row, cols, xq + (size_t)t * st, st, y + (size_t)t * ys, ys, 4); \
         switch (n - t) {                                                                                    \
@@ -88,20 +133,58 @@ fe_q8dot_fn fe_q8_kernel_for(const fe_q8_ctx *q, int fmt, int cols, int n);
         }                                                                                                   \
     }
 
-/* A whole SIMD set: the drivers of the six formats and its table `name`. */
+/* The quantizer `name` over the including file's
+ * float run(const float *v, int len, int8_t *q, int sums[len / 16]):
+ * len (32 or 256) values v into q, the sums of q per 16 values, returns d. */
+#define FE_Q8_QUANTIZER(name, attr, run)                                                                    \
+    attr static void name(int kind, const float *x, size_t xs, int cols, int n, uint8_t *out) {             \
+        const int big = kind == FE_Q8_KIND_256, len = big ? FE_Q8K_BLOCK : FE_Q8_BLOCK, nb = cols / len;    \
+        const size_t st = fe_q8_stride_kind(kind, cols);                                                    \
+        for (int t = 0; t < n; t++) {                                                                       \
+            const float *v = x + (size_t)t * xs;                                                            \
+            int8_t *q = (int8_t *)(out + (size_t)t * st);                                                   \
+            float *d = (float *)(out + (size_t)t * st + (size_t)cols), *s = d + nb;                         \
+            int16_t *bs = (int16_t *)(d + nb);                                                              \
+            for (int b = 0; b < nb; b++, v += len, q += len) {                                              \
+                int sums[FE_Q8K_BLOCK / 16];                                                                \
+                d[b] = run(v, len, q, sums);                                                                \
+                if (big) /* |sum| <= 16 * 127: int16 */                                                     \
+                    for (int g = 0; g < FE_Q8K_BLOCK / 16; g++) bs[b * (FE_Q8K_BLOCK / 16) + g] = (int16_t)sums[g]; \
+                else                                                                                        \
+                    s[b] = d[b] * (float)(sums[0] + sums[1]);                                               \
+            }                                                                                               \
+        }                                                                                                   \
+    }
+
+/* A whole SIMD set: the drivers of the six formats, its quantizer
+ * quantize_<prefix> (FE_Q8_QUANTIZER) and its table `name`. */
 #define FE_Q8_SET(name, prefix, attr)                                                                       \
-    FE_Q8_DRIVER(prefix, attr, q8_0)                                                                        \
-    FE_Q8_DRIVER(prefix, attr, q4_0)                                                                        \
-    FE_Q8_DRIVER(prefix, attr, q4_1)                                                                        \
-    FE_Q8_DRIVER(prefix, attr, q4_k)                                                                        \
-    FE_Q8_DRIVER(prefix, attr, q5_k)                                                                        \
-    FE_Q8_DRIVER(prefix, attr, q6_k)                                                                        \
+    FE_Q8_DRIVER(prefix, attr, q8_0, fe_q8_stride)                                                          \
+    FE_Q8_DRIVER(prefix, attr, q4_0, fe_q8_stride)                                                          \
+    FE_Q8_DRIVER(prefix, attr, q4_1, fe_q8_stride)                                                          \
+    FE_Q8_DRIVER(prefix, attr, q4_k, fe_q8k_stride)                                                         \
+    FE_Q8_DRIVER(prefix, attr, q5_k, fe_q8k_stride)                                                         \
+    FE_Q8_DRIVER(prefix, attr, q6_k, fe_q8k_stride)                                                         \
     static const fe_q8_kernels name = {                                                                     \
         #prefix,                                                                                            \
         {[FE_Q8_0] = rowdot_##prefix##_q8_0, [FE_Q4_0] = rowdot_##prefix##_q4_0,                            \
          [FE_Q4_1] = rowdot_##prefix##_q4_1, [FE_Q4_K] = rowdot_##prefix##_q4_k,                            \
          [FE_Q5_K] = rowdot_##prefix##_q5_k, [FE_Q6_K] = rowdot_##prefix##_q6_k},                           \
+        quantize_##prefix,                                                                                  \
     };
+
+/* The 8 6-bit scales and 8 6-bit minimums of a Q4_K/Q5_K super-block (its
+ * 12 bytes at s) as bytes out[0..7] and out[8..15], four at a time (the same
+ * values as fe_q4k_scale_min). */
+static inline void fe_q8_k4_scales(const uint8_t *s, uint8_t out[16]) {
+    uint32_t u[3], a[4];
+    memcpy(u, s, 12);
+    a[0] = u[0] & 0x3f3f3f3fu;                                              /* sc 0-3: low 6 bits of s[0..3] */
+    a[1] = (u[2] & 0x0f0f0f0fu) | ((u[0] >> 6) & 0x03030303u) << 4;         /* sc 4-7 */
+    a[2] = u[1] & 0x3f3f3f3fu;                                              /* m 0-3: low 6 bits of s[4..7] */
+    a[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | ((u[1] >> 6) & 0x03030303u) << 4;  /* m 4-7 */
+    memcpy(out, a, 16);
+}
 
 /* Shared by the SIMD sets: 8 lanes summed in the order h() above. */
 static inline float fe_q8_hsum8(const float v[8]) {

@@ -107,43 +107,64 @@ INL void q4_1_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, f
     for (int t = 0; t < nt; t++) y[(size_t)t * ys] = done2(A[t], B[t]) + (mA[t] + mB[t]);
 }
 
-/* Q4_K, and Q5_K (five = 1: the fifth bit of value 32k + l is bit k of qh[l]):
- * sub-block k of super-block sb into acc. */
-INL void k45_block(const uint8_t *p, const int *sc, int cols, const uint8_t *xq, size_t st, int sb, int k, float d,
-                   const int nt, const int five, __m256 *acc) {
-    const __m256i m15 = _mm256_set1_epi8(15);
-    __m256i qq = ld(p + (five ? 48 : 16) + 32 * (k >> 1));
-    __m256i w = _mm256_and_si256((k & 1) ? _mm256_srli_epi16(qq, 4) : qq, m15);
-    if (five)
-        w = _mm256_or_si256(w, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(ld(p + 16), _mm_cvtsi32_si128(k)),
-                                                                  _mm256_set1_epi8(1)), 4));
-    const __m256i scv = _mm256_set1_epi16((short)sc[k]);
-    const int b = 8 * sb + k;
+/* The K-quants (kernels_q8.h): per super-block, integer lanes P (and the
+ * minimums' or offset's lanes) summed over its 8 sub-blocks, then one or two
+ * float multiply-adds per token. */
+#define BS(t) ((const int16_t *)(DX(t) + nsb))
+
+/* P[t] += the lanes of sub-blocks k and k + 1 (weights w0, w1 and their
+ * int16 scales s0, s1) with every token of the tile. */
+INL void k_pair(__m256i w0, __m256i w1, __m256i s0, __m256i s1, const uint8_t *xq, size_t st, size_t off,
+                const int nt, __m256i *P) {
     for (int t = 0; t < nt; t++) {
-        __m256i pr = _mm256_madd_epi16(_mm256_maddubs_epi16(w, ld(QX(t) + 32 * (size_t)b)), scv);
-        acc[t] = fold(acc[t], d * DX(t)[b], pr);
+        const uint8_t *x = QX(t) + off;
+        __m256i a = _mm256_madd_epi16(_mm256_maddubs_epi16(w0, ld(x)), s0);
+        __m256i b = _mm256_madd_epi16(_mm256_maddubs_epi16(w1, ld(x + 32)), s1);
+        P[t] = _mm256_add_epi32(P[t], _mm256_add_epi32(a, b));
     }
 }
 
+/* Q4_K, and Q5_K (five = 1: the fifth bit of value 32k + l is bit k of qh[l]). */
 INL void k45_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, float *y, size_t ys, const int nt,
                   const int five) {
-    const int nb = cols / 32;
-    __m256 A[TILE], B[TILE], mn[TILE];
-    for (int t = 0; t < nt; t++) A[t] = B[t] = mn[t] = _mm256_setzero_ps();
-    for (int sb = 0; sb < nb / 8; sb++) {
+    const int nsb = cols / 256;
+    const __m256i m15 = _mm256_set1_epi8(15);
+    __m256 acc[TILE];
+    for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
+    for (int sb = 0; sb < nsb; sb++) {
         const uint8_t *p = row + (five ? 176 : 144) * (size_t)sb;
         const float d = f16_1(p), dmin = f16_1(p + 2);
-        int sc[8], m[8];
-        for (int k = 0; k < 8; k++) fe_q4k_scale_min(k, p + 4, &sc[k], &m[k]);
+        uint8_t sm[16];
+        fe_q8_k4_scales(p + 4, sm);
+        const __m128i smv = _mm_loadu_si128((const __m128i *)sm);
+        const __m256i scv = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(smv)); /* sc 0-7 as int16, twice */
+        /* m_k twice, as int16: madd with the 16 bsums gives m_k * (bs[2k] + bs[2k+1]) in lane k */
+        const __m256i md = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(smv, smv));
+        __m256i P[TILE];
+        for (int t = 0; t < nt; t++) P[t] = _mm256_setzero_si256();
+        const __m256i hb = five ? ld(p + 16) : _mm256_setzero_si256();
         for (int k = 0; k < 8; k += 2) {
-            k45_block(p, sc, cols, xq, st, sb, k, d, nt, five, A);
-            k45_block(p, sc, cols, xq, st, sb, k + 1, d, nt, five, B);
+            __m256i qq = ld(p + (five ? 48 : 16) + 16 * k);
+            __m256i w0 = _mm256_and_si256(qq, m15), w1 = _mm256_and_si256(_mm256_srli_epi16(qq, 4), m15);
+            if (five) {
+                const __m256i b0 = _mm256_set1_epi8((char)(1 << k)), b1 = _mm256_set1_epi8((char)(2 << k));
+                const __m256i sixteen = _mm256_set1_epi8(16);
+                w0 = _mm256_or_si256(w0, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hb, b0), b0), sixteen));
+                w1 = _mm256_or_si256(w1, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hb, b1), b1), sixteen));
+            }
+            /* scale k in every int16 lane: bytes 2k, 2k+1 of scv */
+            const __m256i s0 = _mm256_shuffle_epi8(scv, _mm256_set1_epi16((short)(0x0100 + 0x0202 * k)));
+            const __m256i s1 = _mm256_shuffle_epi8(scv, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (k + 1))));
+            k_pair(w0, w1, s0, s1, xq, st, 256 * (size_t)sb + 32 * (size_t)k, nt, P);
         }
-        __m256 Mv = _mm256_mul_ps(_mm256_set1_ps(dmin),
-                                  _mm256_cvtepi32_ps(_mm256_setr_epi32(m[0], m[1], m[2], m[3], m[4], m[5], m[6], m[7])));
-        for (int t = 0; t < nt; t++) mn[t] = _mm256_fmadd_ps(Mv, _mm256_loadu_ps(SX(t) + 8 * sb), mn[t]);
+        for (int t = 0; t < nt; t++) {
+            const float dx = DX(t)[sb];
+            __m256i M = _mm256_madd_epi16(md, ld(BS(t) + 16 * (size_t)sb));
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * dx), _mm256_cvtepi32_ps(P[t]), acc[t]);
+            acc[t] = _mm256_fnmadd_ps(_mm256_set1_ps(dmin * dx), _mm256_cvtepi32_ps(M), acc[t]);
+        }
     }
-    for (int t = 0; t < nt; t++) y[(size_t)t * ys] = done2(A[t], B[t]) - hsum8(mn[t]);
+    for (int t = 0; t < nt; t++) y[(size_t)t * ys] = hsum8(acc[t]);
 }
 
 INL void q4_k_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, float *y, size_t ys, const int nt) {
@@ -153,40 +174,90 @@ INL void q5_k_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, f
     k45_tile(row, cols, xq, st, y, ys, nt, 1);
 }
 
-/* Q6_K: value = d * sc[16-group] * (q - 32), q 6 bits; the dot is
- * maddubs(q, x) - maddubs(32, x), then madd with the two 16-value scales.
- * Run r (0..3) of half `half` of super-block sb into acc. */
-INL void q6_block(const uint8_t *p, int cols, const uint8_t *xq, size_t st, int sb, int half, int r, float d,
-                  const int nt, __m256 *acc) {
-    const __m256i lq = ld(p + 64 * half + 32 * (r & 1)), hv = ld(p + 128 + 32 * half);
-    const int8_t *sc = (const int8_t *)(p + 192 + 8 * half);
-    __m256i lo = _mm256_and_si256((r >> 1) ? _mm256_srli_epi16(lq, 4) : lq, _mm256_set1_epi8(15));
-    __m256i hb = _mm256_and_si256(_mm256_srl_epi16(hv, _mm_cvtsi32_si128(2 * r)), _mm256_set1_epi8(3));
-    __m256i w = _mm256_or_si256(lo, _mm256_slli_epi16(hb, 4));
-    const __m256i scv = _mm256_set_m128i(_mm_set1_epi16(sc[2 * r + 1]), _mm_set1_epi16(sc[2 * r]));
-    const int b = 8 * sb + 4 * half + r;
-    for (int t = 0; t < nt; t++) {
-        __m256i x = ld(QX(t) + 32 * (size_t)b);
-        __m256i s16 = _mm256_sub_epi16(_mm256_maddubs_epi16(w, x), _mm256_maddubs_epi16(_mm256_set1_epi8(32), x));
-        acc[t] = fold(acc[t], d * DX(t)[b], _mm256_madd_epi16(s16, scv));
-    }
+/* Q6_K: q = 4 low bits | 2 high bits << 4 (0..63), value d * sc[16-group] *
+ * (q - 32); the integer lanes take q as it is, the 32 comes off through
+ * the bsums. Half h of a super-block: ql[64], qh[32], sub-blocks r = 0..3
+ * (ql[0..31] low nibbles, ql[32..63] low, ql[0..31] high, ql[32..63] high;
+ * bits 2r, 2r+1 of qh). */
+/* From s8 = 8 int16 scales in both 128-bit halves: scale 2r in every int16
+ * lane of the low half (values 0-15 of sub-block r), 2r + 1 in the high. */
+INL __m256i scale_pair(__m256i s8, const int r) {
+    const short lo = (short)(0x0100 + 0x0202 * (2 * r)), hi = (short)(0x0100 + 0x0202 * (2 * r + 1));
+    return _mm256_shuffle_epi8(s8, _mm256_setr_epi16(lo, lo, lo, lo, lo, lo, lo, lo, hi, hi, hi, hi, hi, hi, hi, hi));
 }
 
 INL void q6_k_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, float *y, size_t ys, const int nt) {
-    const int nb = cols / 32;
-    __m256 A[TILE], B[TILE];
-    for (int t = 0; t < nt; t++) A[t] = B[t] = _mm256_setzero_ps();
-    for (int sb = 0; sb < nb / 8; sb++) {
+    const int nsb = cols / 256;
+    const __m256i m15 = _mm256_set1_epi8(15), m48 = _mm256_set1_epi8(48);
+    __m256 acc[TILE];
+    for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
+    for (int sb = 0; sb < nsb; sb++) {
         const uint8_t *p = row + 210 * (size_t)sb;
+        const int8_t *sc = (const int8_t *)(p + 192);
         const float d = f16_1(p + 208);
-        for (int half = 0; half < 2; half++)
-            for (int r = 0; r < 4; r += 2) {
-                q6_block(p, cols, xq, st, sb, half, r, d, nt, A);
-                q6_block(p, cols, xq, st, sb, half, r + 1, d, nt, B);
-            }
+        __m256i P[TILE];
+        for (int t = 0; t < nt; t++) P[t] = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            const __m256i l0 = ld(p + 64 * h), l1 = ld(p + 64 * h + 32), qh = ld(p + 128 + 32 * h);
+            const size_t off = 256 * (size_t)sb + 128 * (size_t)h;
+            const __m256i s8 = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(sc + 8 * h))));
+            __m256i w0 = _mm256_or_si256(_mm256_and_si256(l0, m15), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m48));
+            __m256i w1 = _mm256_or_si256(_mm256_and_si256(l1, m15), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m48));
+            k_pair(w0, w1, scale_pair(s8, 0), scale_pair(s8, 1), xq, st, off, nt, P);
+            __m256i w2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m15), _mm256_and_si256(qh, m48));
+            __m256i w3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m15),
+                                         _mm256_and_si256(_mm256_srli_epi16(qh, 2), m48));
+            k_pair(w2, w3, scale_pair(s8, 2), scale_pair(s8, 3), xq, st, off + 64, nt, P);
+        }
+        /* the offset: 32 * (sc[2l] * bs[2l] + sc[2l+1] * bs[2l+1]) in lane l */
+        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
+        for (int t = 0; t < nt; t++) {
+            __m256i O = _mm256_madd_epi16(sc16, ld(BS(t) + 16 * (size_t)sb));
+            __m256i Pt = _mm256_sub_epi32(P[t], _mm256_slli_epi32(O, 5));
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * DX(t)[sb]), _mm256_cvtepi32_ps(Pt), acc[t]);
+        }
     }
-    for (int t = 0; t < nt; t++) y[(size_t)t * ys] = done2(A[t], B[t]);
+    for (int t = 0; t < nt; t++) y[(size_t)t * ys] = hsum8(acc[t]);
 }
+
+/* The quantizer (kernels_q8.c's quantize_run, lane for lane): max_ps(a, m)
+ * is a > m ? a : m, as the reference's comparison (a NaN skipped); the
+ * product, the NaN test, rounding to nearest even and the clamp give the
+ * reference's integers (a rounded value beyond +-127 clamps the same either
+ * way round); the sums are exact. */
+INL float qrun(const float *v, int len, int8_t *q, int *sums) {
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 m = _mm256_setzero_ps();
+    for (int i = 0; i < len; i += 8) m = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(v + i), absmask), m);
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    const float amax = _mm_cvtss_f32(h);
+    const __m256 idv = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+    const __m256 lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+    for (int i = 0; i < len; i += 32) {
+        __m256i r[4];
+        for (int j = 0; j < 4; j++) {
+            __m256 f = _mm256_mul_ps(_mm256_loadu_ps(v + i + 8 * j), idv);
+            f = _mm256_and_ps(f, _mm256_cmp_ps(f, f, _CMP_ORD_Q)); /* NaN -> 0 */
+            f = _mm256_round_ps(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            r[j] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(f, lo), hi));
+        }
+        /* sums of values i..i+15 and i+16..i+31 */
+        __m256i hh = _mm256_hadd_epi32(_mm256_add_epi32(r[0], r[1]), _mm256_add_epi32(r[2], r[3]));
+        hh = _mm256_hadd_epi32(hh, hh);
+        const __m128i s2 = _mm_add_epi32(_mm256_castsi256_si128(hh), _mm256_extracti128_si256(hh, 1));
+        sums[i / 16] = _mm_cvtsi128_si32(s2);
+        sums[i / 16 + 1] = _mm_extract_epi32(s2, 1);
+        /* the packs work per 128-bit half: put the 4-byte groups back in order */
+        __m256i p8 = _mm256_packs_epi16(_mm256_packs_epi32(r[0], r[1]), _mm256_packs_epi32(r[2], r[3]));
+        p8 = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *)(q + i), p8);
+    }
+    return amax / 127.0f;
+}
+
+FE_Q8_QUANTIZER(quantize_avx2, TGT, qrun)
 
 FE_Q8_SET(AVX2_Q8, avx2, TGT)
 

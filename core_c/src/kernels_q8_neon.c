@@ -44,12 +44,6 @@ INL v8 fold(v8 acc, float a, int32x4_t plo, int32x4_t phi) {
     return acc;
 }
 
-INL v8 fold_min(v8 mn, float32x4_t Mlo, float32x4_t Mhi, const float *s) {
-    mn.lo = vfmaq_f32(mn.lo, Mlo, vld1q_f32(s));
-    mn.hi = vfmaq_f32(mn.hi, Mhi, vld1q_f32(s + 4));
-    return mn;
-}
-
 INL float f16(const uint8_t *p) { return fe_f16_to_f32((uint16_t)(p[0] | p[1] << 8)); }
 
 #define QX(t) ((const int8_t *)(xq + (size_t)(t) * st))
@@ -133,49 +127,76 @@ INL void q4_1_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, f
     for (int t = 0; t < nt; t++) y[(size_t)t * ys] = done2(A[t], B[t]) + (mA[t] + mB[t]);
 }
 
-/* Q4_K, and Q5_K (five = 1: the fifth bit of value 32k + l is bit k of qh[l]):
- * sub-block k of super-block sb into acc. */
-INL void k45_block(const uint8_t *p, const int *sc, int cols, const uint8_t *xq, size_t st, int sb, int k, float d,
-                   const int nt, const int five, v8 *acc) {
-    const uint8_t *q = p + (five ? 48 : 16) + 32 * (k >> 1);
-    uint8x16_t q0 = vld1q_u8(q), q1 = vld1q_u8(q + 16);
-    if (k & 1) q0 = vshrq_n_u8(q0, 4), q1 = vshrq_n_u8(q1, 4);
-    else q0 = vandq_u8(q0, vdupq_n_u8(15)), q1 = vandq_u8(q1, vdupq_n_u8(15));
-    if (five) {
-        const int8x16_t sh = vdupq_n_s8((int8_t)-k);
-        const uint8x16_t one = vdupq_n_u8(1);
-        q0 = vorrq_u8(q0, vshlq_n_u8(vandq_u8(vshlq_u8(vld1q_u8(p + 16), sh), one), 4));
-        q1 = vorrq_u8(q1, vshlq_n_u8(vandq_u8(vshlq_u8(vld1q_u8(p + 32), sh), one), 4));
-    }
-    const int8x16_t w0 = vreinterpretq_s8_u8(q0), w1 = vreinterpretq_s8_u8(q1);
-    const int b = 8 * sb + k;
+/* The K-quants (kernels_q8.h): per super-block, integer lanes P (lo: lanes
+ * 0-3, hi: 4-7) summed over its 8 sub-blocks, then one or two float
+ * multiply-adds per token. */
+typedef struct { int32x4_t lo, hi; } i8v;
+
+#define BS(t) ((const int16_t *)(DX(t) + nsb))
+
+/* P[t] += sub-block k's lanes (weights w0: values 0-15, w1: 16-31; scales
+ * s0, s1 of those halves) with every token of the tile. */
+INL void k_sub(int8x16_t w0, int8x16_t w1, int s0, int s1, const uint8_t *xq, size_t st, size_t off, const int nt,
+               i8v *P) {
     for (int t = 0; t < nt; t++) {
-        const int8_t *x = QX(t) + 32 * (size_t)b;
-        acc[t] = fold(acc[t], d * DX(t)[b], vmulq_n_s32(dot16(w0, vld1q_s8(x)), sc[k]),
-                      vmulq_n_s32(dot16(w1, vld1q_s8(x + 16)), sc[k]));
+        const int8_t *x = QX(t) + off;
+        P[t].lo = vmlaq_n_s32(P[t].lo, dot16(w0, vld1q_s8(x)), s0);
+        P[t].hi = vmlaq_n_s32(P[t].hi, dot16(w1, vld1q_s8(x + 16)), s1);
     }
 }
 
+INL v8 fold_k(v8 acc, float a, i8v p) {
+    float32x4_t av = vdupq_n_f32(a);
+    acc.lo = vfmaq_f32(acc.lo, av, vcvtq_f32_s32(p.lo));
+    acc.hi = vfmaq_f32(acc.hi, av, vcvtq_f32_s32(p.hi));
+    return acc;
+}
+
+INL v8 fold_k_neg(v8 acc, float a, i8v p) { /* fma(-a, p, acc), one rounding */
+    float32x4_t av = vdupq_n_f32(a);
+    acc.lo = vfmsq_f32(acc.lo, av, vcvtq_f32_s32(p.lo));
+    acc.hi = vfmsq_f32(acc.hi, av, vcvtq_f32_s32(p.hi));
+    return acc;
+}
+
+/* Q4_K, and Q5_K (five = 1: the fifth bit of value 32k + l is bit k of qh[l]). */
 INL void k45_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, float *y, size_t ys, const int nt,
                   const int five) {
-    const int nb = cols / 32;
-    v8 A[TILE], B[TILE], mn[TILE];
-    for (int t = 0; t < nt; t++) A[t] = B[t] = mn[t] = v8_zero();
-    for (int sb = 0; sb < nb / 8; sb++) {
+    const int nsb = cols / 256;
+    v8 acc[TILE];
+    for (int t = 0; t < nt; t++) acc[t] = v8_zero();
+    for (int sb = 0; sb < nsb; sb++) {
         const uint8_t *p = row + (five ? 176 : 144) * (size_t)sb;
         const float d = f16(p), dmin = f16(p + 2);
-        int sc[8], m[8];
-        for (int k = 0; k < 8; k++) fe_q4k_scale_min(k, p + 4, &sc[k], &m[k]);
-        for (int k = 0; k < 8; k += 2) {
-            k45_block(p, sc, cols, xq, st, sb, k, d, nt, five, A);
-            k45_block(p, sc, cols, xq, st, sb, k + 1, d, nt, five, B);
+        uint8_t sm[16]; /* scales 0-7, minimums 0-7 */
+        fe_q8_k4_scales(p + 4, sm);
+        i8v P[TILE];
+        for (int t = 0; t < nt; t++) P[t].lo = P[t].hi = vdupq_n_s32(0);
+        const uint8x16_t h0 = five ? vld1q_u8(p + 16) : vdupq_n_u8(0), h1 = five ? vld1q_u8(p + 32) : vdupq_n_u8(0);
+        for (int k = 0; k < 8; k++) {
+            const uint8_t *q = p + (five ? 48 : 16) + 32 * (k >> 1);
+            uint8x16_t q0 = vld1q_u8(q), q1 = vld1q_u8(q + 16);
+            if (k & 1) q0 = vshrq_n_u8(q0, 4), q1 = vshrq_n_u8(q1, 4);
+            else q0 = vandq_u8(q0, vdupq_n_u8(15)), q1 = vandq_u8(q1, vdupq_n_u8(15));
+            if (five) {
+                const uint8x16_t bit = vdupq_n_u8((uint8_t)(1 << k)), sixteen = vdupq_n_u8(16);
+                q0 = vorrq_u8(q0, vandq_u8(vtstq_u8(h0, bit), sixteen));
+                q1 = vorrq_u8(q1, vandq_u8(vtstq_u8(h1, bit), sixteen));
+            }
+            k_sub(vreinterpretq_s8_u8(q0), vreinterpretq_s8_u8(q1), sm[k], sm[k], xq, st,
+                  256 * (size_t)sb + 32 * (size_t)k, nt, P);
         }
-        const int32x4_t mlo = {m[0], m[1], m[2], m[3]}, mhi = {m[4], m[5], m[6], m[7]};
-        const float32x4_t dm = vdupq_n_f32(dmin);
-        const float32x4_t Mlo = vmulq_f32(dm, vcvtq_f32_s32(mlo)), Mhi = vmulq_f32(dm, vcvtq_f32_s32(mhi));
-        for (int t = 0; t < nt; t++) mn[t] = fold_min(mn[t], Mlo, Mhi, SX(t) + 8 * sb);
+        const int16x8_t m16 = vreinterpretq_s16_u16(vmovl_u8(vld1_u8(sm + 8)));
+        for (int t = 0; t < nt; t++) {
+            const int16_t *bs = BS(t) + 16 * (size_t)sb;
+            const int16x8_t b32 = vpaddq_s16(vld1q_s16(bs), vld1q_s16(bs + 8)); /* bs[2l] + bs[2l+1] */
+            i8v M = {vmull_s16(vget_low_s16(m16), vget_low_s16(b32)), vmull_high_s16(m16, b32)};
+            const float dx = DX(t)[sb];
+            acc[t] = fold_k(acc[t], d * dx, P[t]);
+            acc[t] = fold_k_neg(acc[t], dmin * dx, M);
+        }
     }
-    for (int t = 0; t < nt; t++) y[(size_t)t * ys] = done2(A[t], B[t]) - hsum(mn[t]);
+    for (int t = 0; t < nt; t++) y[(size_t)t * ys] = hsum(acc[t]);
 }
 
 INL void q4_k_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, float *y, size_t ys, const int nt) {
@@ -185,44 +206,74 @@ INL void q5_k_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, f
     k45_tile(row, cols, xq, st, y, ys, nt, 1);
 }
 
-/* Q6_K: (q - 32) as signed bytes, scales per 16 values. Run r of half `half`
- * of super-block sb into acc. */
-INL void q6_block(const uint8_t *p, int cols, const uint8_t *xq, size_t st, int sb, int half, int r, float d,
-                  const int nt, v8 *acc) {
-    const uint8_t *ql = p + 64 * half + 32 * (r & 1), *qh = p + 128 + 32 * half;
-    const int8_t *sc = (const int8_t *)(p + 192 + 8 * half);
-    uint8x16_t l0 = vld1q_u8(ql), l1 = vld1q_u8(ql + 16);
-    if (r >> 1) l0 = vshrq_n_u8(l0, 4), l1 = vshrq_n_u8(l1, 4);
-    else l0 = vandq_u8(l0, vdupq_n_u8(15)), l1 = vandq_u8(l1, vdupq_n_u8(15));
-    const int8x16_t sh = vdupq_n_s8((int8_t)(-2 * r));
-    const uint8x16_t m3 = vdupq_n_u8(3);
-    l0 = vorrq_u8(l0, vshlq_n_u8(vandq_u8(vshlq_u8(vld1q_u8(qh), sh), m3), 4));
-    l1 = vorrq_u8(l1, vshlq_n_u8(vandq_u8(vshlq_u8(vld1q_u8(qh + 16), sh), m3), 4));
-    const int8x16_t k32 = vdupq_n_s8(32);
-    const int8x16_t w0 = vsubq_s8(vreinterpretq_s8_u8(l0), k32), w1 = vsubq_s8(vreinterpretq_s8_u8(l1), k32);
-    const int b = 8 * sb + 4 * half + r;
-    for (int t = 0; t < nt; t++) {
-        const int8_t *x = QX(t) + 32 * (size_t)b;
-        acc[t] = fold(acc[t], d * DX(t)[b], vmulq_n_s32(dot16(w0, vld1q_s8(x)), sc[2 * r]),
-                      vmulq_n_s32(dot16(w1, vld1q_s8(x + 16)), sc[2 * r + 1]));
+/* Q6_K: q = 4 low bits | 2 high bits << 4 (0..63, as it is: the -32 comes
+ * off through the bsums), scales per 16 values. */
+INL void q6_k_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, float *y, size_t ys, const int nt) {
+    const int nsb = cols / 256;
+    v8 acc[TILE];
+    for (int t = 0; t < nt; t++) acc[t] = v8_zero();
+    for (int sb = 0; sb < nsb; sb++) {
+        const uint8_t *p = row + 210 * (size_t)sb;
+        const int8_t *sc = (const int8_t *)(p + 192);
+        const float d = f16(p + 208);
+        i8v P[TILE];
+        for (int t = 0; t < nt; t++) P[t].lo = P[t].hi = vdupq_n_s32(0);
+        for (int k = 0; k < 8; k++) {
+            const int half = k >> 2, r = k & 3;
+            const uint8_t *ql = p + 64 * half + 32 * (r & 1), *qh = p + 128 + 32 * half;
+            uint8x16_t l0 = vld1q_u8(ql), l1 = vld1q_u8(ql + 16);
+            if (r >> 1) l0 = vshrq_n_u8(l0, 4), l1 = vshrq_n_u8(l1, 4);
+            else l0 = vandq_u8(l0, vdupq_n_u8(15)), l1 = vandq_u8(l1, vdupq_n_u8(15));
+            const int8x16_t sh = vdupq_n_s8((int8_t)(-2 * r));
+            const uint8x16_t m3 = vdupq_n_u8(3);
+            l0 = vorrq_u8(l0, vshlq_n_u8(vandq_u8(vshlq_u8(vld1q_u8(qh), sh), m3), 4));
+            l1 = vorrq_u8(l1, vshlq_n_u8(vandq_u8(vshlq_u8(vld1q_u8(qh + 16), sh), m3), 4));
+            k_sub(vreinterpretq_s8_u8(l0), vreinterpretq_s8_u8(l1), sc[2 * k], sc[2 * k + 1], xq, st,
+                  256 * (size_t)sb + 32 * (size_t)k, nt, P);
+        }
+        const int8x16_t s8 = vld1q_s8(sc);
+        const int16x8_t sa = vmovl_s8(vget_low_s8(s8)), sb16 = vmovl_high_s8(s8);
+        for (int t = 0; t < nt; t++) {
+            const int16_t *bs = BS(t) + 16 * (size_t)sb;
+            const int16x8_t ba = vld1q_s16(bs), bb = vld1q_s16(bs + 8);
+            /* lane l: sc[2l] * bs[2l] + sc[2l+1] * bs[2l+1] */
+            const int32x4_t Olo = vpaddq_s32(vmull_s16(vget_low_s16(sa), vget_low_s16(ba)), vmull_high_s16(sa, ba));
+            const int32x4_t Ohi = vpaddq_s32(vmull_s16(vget_low_s16(sb16), vget_low_s16(bb)), vmull_high_s16(sb16, bb));
+            i8v Pt = {vsubq_s32(P[t].lo, vshlq_n_s32(Olo, 5)), vsubq_s32(P[t].hi, vshlq_n_s32(Ohi, 5))};
+            acc[t] = fold_k(acc[t], d * DX(t)[sb], Pt);
+        }
     }
+    for (int t = 0; t < nt; t++) y[(size_t)t * ys] = hsum(acc[t]);
 }
 
-INL void q6_k_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, float *y, size_t ys, const int nt) {
-    const int nb = cols / 32;
-    v8 A[TILE], B[TILE];
-    for (int t = 0; t < nt; t++) A[t] = B[t] = v8_zero();
-    for (int sb = 0; sb < nb / 8; sb++) {
-        const uint8_t *p = row + 210 * (size_t)sb;
-        const float d = f16(p + 208);
-        for (int half = 0; half < 2; half++)
-            for (int r = 0; r < 4; r += 2) {
-                q6_block(p, cols, xq, st, sb, half, r, d, nt, A);
-                q6_block(p, cols, xq, st, sb, half, r + 1, d, nt, B);
-            }
+/* The quantizer (kernels_q8.c's quantize_run, lane for lane): the maximum
+ * by the reference's comparison (a NaN skipped), the product, NaN to 0,
+ * rounding to nearest even and the clamp; the sums exact. */
+INL float qrun(const float *v, int len, int8_t *q, int *sums) {
+    float32x4_t m = vdupq_n_f32(0.0f);
+    for (int i = 0; i < len; i += 4) {
+        const float32x4_t a = vabsq_f32(vld1q_f32(v + i));
+        m = vbslq_f32(vcgtq_f32(a, m), a, m);
     }
-    for (int t = 0; t < nt; t++) y[(size_t)t * ys] = done2(A[t], B[t]);
+    const float amax = vmaxvq_f32(m); /* no NaN in m: exact, any order */
+    const float32x4_t idv = vdupq_n_f32(amax > 0.0f ? 127.0f / amax : 0.0f);
+    const float32x4_t lo = vdupq_n_f32(-127.0f), hi = vdupq_n_f32(127.0f);
+    for (int i = 0; i < len; i += 16) {
+        int32x4_t r[4];
+        for (int j = 0; j < 4; j++) {
+            float32x4_t f = vmulq_f32(vld1q_f32(v + i + 4 * j), idv);
+            f = vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(f), vceqq_f32(f, f))); /* NaN -> 0 */
+            r[j] = vcvtq_s32_f32(vminq_f32(vmaxq_f32(vrndnq_f32(f), lo), hi));
+        }
+        sums[i / 16] = vaddvq_s32(vaddq_s32(vaddq_s32(r[0], r[1]), vaddq_s32(r[2], r[3])));
+        const int16x8_t a16 = vcombine_s16(vmovn_s32(r[0]), vmovn_s32(r[1]));
+        const int16x8_t b16 = vcombine_s16(vmovn_s32(r[2]), vmovn_s32(r[3]));
+        vst1q_s8(q + i, vcombine_s8(vmovn_s16(a16), vmovn_s16(b16)));
+    }
+    return amax / 127.0f;
 }
+
+FE_Q8_QUANTIZER(quantize_neon, , qrun)
 
 FE_Q8_SET(NEON_Q8, neon, )
 

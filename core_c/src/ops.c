@@ -21,7 +21,7 @@ typedef struct {
     float *y[FE_MATMUL_MULTI_MAX]; /* [n][w[i]->rows] each */
     fe_rowdot_fn dot[FE_MATMUL_MULTI_MAX]; /* the row kernel of each w's format (kernels.h) */
     fe_q8dot_fn q8dot[FE_MATMUL_MULTI_MAX]; /* or its 8-bit-activation kernel (kernels_q8.h), used instead */
-    const uint8_t *xq;  /* x quantized once for the q8 kernels */
+    const uint8_t *xq[FE_MATMUL_MULTI_MAX]; /* x quantized for each q8 kernel (once per layout) */
     int first[FE_MATMUL_MULTI_MAX + 1];    /* item index of each matrix's row 0 */
     const float *x;     /* [n][cols] */
     int n;              /* tokens */
@@ -39,7 +39,7 @@ static void matmul_rows(void *p, int start, int end, int tid) {
         const fe_mat *w = j->w[i];
         if (j->q8dot[i]) {
             for (int r = lo - j->first[i]; r < hi - j->first[i]; r++)
-                j->q8dot[i](w->data + (uint64_t)r * w->row_bytes, w->cols, j->xq, j->n, j->y[i] + r, (size_t)w->rows);
+                j->q8dot[i](w->data + (uint64_t)r * w->row_bytes, w->cols, j->xq[i], j->n, j->y[i] + r, (size_t)w->rows);
             continue;
         }
         for (int r = lo - j->first[i]; r < hi - j->first[i]; r++)
@@ -56,7 +56,7 @@ void fe_matmul_multi(const fe_ops *ops, const fe_mat *const *w, int count, const
     j.x = x;
     j.n = n;
     j.first[0] = 0;
-    j.xq = NULL;
+    const uint8_t *xq[FE_Q8_KINDS] = {NULL, NULL};
     ferry_profile_part *P = ops->prof;
     double t0 = P ? fe_now() : 0.0; /* a q8 product's time includes quantizing x */
     for (int i = 0; i < count && i < FE_MATMUL_MULTI_MAX; i++) {
@@ -66,9 +66,14 @@ void fe_matmul_multi(const fe_ops *ops, const fe_mat *const *w, int count, const
         j.y[j.count] = y[i];
         j.dot[j.count] = dot;
         j.q8dot[j.count] = fe_q8_kernel_for(ops->q8, w[i]->fmt, w[i]->cols, n);
-        if (j.q8dot[j.count] && !j.xq) { /* the matrices share cols: x is quantized once */
-            fe_q8_quantize(x, (size_t)w[i]->cols, w[i]->cols, n, ops->q8->buf);
-            j.xq = ops->q8->buf;
+        if (j.q8dot[j.count]) { /* the matrices share cols: x is quantized once per layout */
+            const int kind = fe_q8_kind(w[i]->fmt);
+            if (!xq[kind]) {
+                uint8_t *buf = fe_q8_region(ops->q8, kind, w[i]->cols, n);
+                ops->q8->k->quantize(kind, x, (size_t)w[i]->cols, w[i]->cols, n, buf);
+                xq[kind] = buf;
+            }
+            j.xq[j.count] = xq[kind];
         }
         j.first[j.count + 1] = j.first[j.count] + w[i]->rows;
         j.count++;

@@ -74,7 +74,7 @@ static void random_x(float *x, int count, int kind) {
 
 static const int FORMATS[] = {FE_Q8_0, FE_Q4_0, FE_Q4_1, FE_Q4_K, FE_Q5_K, FE_Q6_K};
 
-static void test_format(int fmt, int cols, int n, int kind) {
+static void test_format(int fmt, int cols, int n, int xkind) {
     const char *name = fe_format_get(fmt)->name;
     const int rows = 7;
     uint64_t rb = fe_row_bytes(fmt, (uint64_t)cols);
@@ -83,24 +83,26 @@ static void test_format(int fmt, int cols, int n, int kind) {
     float *wf = malloc(sizeof(float) * (size_t)cols * rows);
     float *ref = malloc(sizeof(float) * (size_t)rows * (size_t)n), *exact = malloc(sizeof(float) * (size_t)rows * (size_t)n);
     float *got = malloc(sizeof(float) * (size_t)rows * (size_t)n), *one = malloc(sizeof(float) * (size_t)rows);
-    uint8_t *xq = malloc(fe_q8_stride(cols) * (size_t)n);
+    const int kind = fe_q8_kind(fmt), len = kind == FE_Q8_KIND_256 ? FE_Q8K_BLOCK : FE_Q8_BLOCK;
+    const size_t st = fe_q8_stride_kind(kind, cols);
+    uint8_t *xq = malloc(st * (size_t)n);
     for (int r = 0; r < rows; r++) random_row(fmt, w + (size_t)r * rb, cols);
-    random_x(x, cols * n, kind);
+    random_x(x, cols * n, xkind);
     ferry_dequantize(fmt, w, rows, cols, wf);
     check(ferry_kernel_matmul_q8(FERRY_KERNELS_SCALAR, fmt, w, rows, cols, x, n, ref) == 0, name, 0, cols, n, "call");
     check(ferry_kernel_matmul(FERRY_KERNELS_SCALAR, fmt, w, rows, cols, x, n, exact) == 0, name, 0, cols, n, "f32");
-    fe_q8_quantize(x, (size_t)cols, cols, n, xq);
+    fe_q8_quantize(kind, x, (size_t)cols, cols, n, xq);
     /* (3) the activation rounding bound, and the mean relative error */
     double rel_sum = 0.0;
     int bound_ok = 1;
     for (int t = 0; t < n; t++) {
-        const int8_t *q = (const int8_t *)(xq + (size_t)t * fe_q8_stride(cols));
-        const float *d = (const float *)(xq + (size_t)t * fe_q8_stride(cols) + (size_t)cols);
+        const int8_t *q = (const int8_t *)(xq + (size_t)t * st);
+        const float *d = (const float *)(xq + (size_t)t * st + (size_t)cols);
         for (int r = 0; r < rows; r++) {
             double bound = 0.0, mag = 0.0;
             for (int i = 0; i < cols; i++) {
                 double xi = x[(size_t)t * cols + i], wi = wf[(size_t)r * cols + i];
-                bound += fabs(wi) * fabs(xi - (double)d[i / 32] * q[i]);
+                bound += fabs(wi) * fabs(xi - (double)d[i / len] * q[i]);
                 mag += fabs(wi * xi);
             }
             double err = fabs((double)ref[(size_t)t * rows + r] - (double)exact[(size_t)t * rows + r]);
@@ -110,7 +112,7 @@ static void test_format(int fmt, int cols, int n, int kind) {
     }
     check(bound_ok, name, 0, cols, n, "error above the activation rounding bound");
     /* an outlier 40x the rest coarsens its block's other values (kind 1) */
-    check(rel_sum / (rows * n) < (kind == 1 ? 0.03 : 0.01), name, 0, cols, n, "mean error / sum|w x| too large");
+    check(rel_sum / (rows * n) < (xkind == 1 ? 0.03 : 0.01), name, 0, cols, n, "mean error / sum|w x| too large");
     /* (1) every implementation bit-identical to the reference; (2) batch invariance */
     for (int impl = 0; impl <= FERRY_KERNELS_NEON; impl++) {
         if (!ferry_kernels_available(impl)) continue;
@@ -133,7 +135,7 @@ static void test_quantizer(void) {
     for (int i = 32; i < 64; i++) x[i] = 0.0f;
     x[70] = NAN;
     uint8_t buf[256];
-    fe_q8_quantize(x, cols, cols, 1, buf);
+    fe_q8_quantize(FE_Q8_KIND_32, x, cols, cols, 1, buf);
     const int8_t *q = (const int8_t *)buf;
     const float *d = (const float *)(buf + cols), *s = d + 3;
     int ok = 1;
@@ -156,10 +158,38 @@ static void test_quantizer(void) {
           "the supported formats");
 }
 
+/* Every set's quantizer gives the scalar reference's bytes, both layouts,
+ * with outliers, zero blocks, NaN, infinities, ties and values at +-127.5 steps. */
+static void test_quantizers(void) {
+    const int cols = 768, n = 3;
+    float *x = malloc(sizeof(float) * cols * n);
+    for (int kind = 0; kind < FE_Q8_KINDS; kind++) {
+        random_x(x, cols * n, kind + 1);
+        for (int i = 256; i < 512; i++) x[i] = 0.0f;       /* a whole zero super-block */
+        x[600] = NAN, x[1000] = INFINITY, x[1100] = -0.0f;
+        for (int i = 1536; i < 1568; i++) x[i] = (float)(i - 1552) * 0.5f; /* ties */
+        x[1567] = 127.0f; /* scale 1: the halves are ties */
+        const size_t bytes = fe_q8_stride_kind(kind, cols) * n;
+        uint8_t *ref = calloc(1, bytes), *got = calloc(1, bytes);
+        fe_q8_quantize(kind, x, cols, cols, n, ref);
+        for (int impl = 1; impl <= FERRY_KERNELS_NEON; impl++) {
+            const fe_q8_kernels *k = ferry_kernels_available(impl) ? fe_q8_kernels_get(impl) : NULL;
+            if (!k) continue;
+            memset(got, 0, bytes);
+            k->quantize(kind, x, cols, cols, n, got);
+            check(memcmp(got, ref, bytes) == 0, kind ? "quantizer 256" : "quantizer 32", impl, cols, n,
+                  "not bit-identical to the scalar quantizer");
+        }
+        free(ref), free(got);
+    }
+    free(x);
+}
+
 int main(void) {
     for (int impl = 1; impl <= FERRY_KERNELS_NEON; impl++)
         if (ferry_kernels_available(impl)) printf("testing %s q8 against scalar\n", ferry_kernels_name(impl));
     test_quantizer();
+    test_quantizers();
     for (size_t f = 0; f < sizeof FORMATS / sizeof FORMATS[0]; f++) {
         const int fmt = FORMATS[f], k = fe_format_get(fmt)->block_elems;
         const int sizes[] = {k, 2 * k, 5 * k, (k == 32 ? 29 : 3) * k, k == 32 ? 576 : 1536};
