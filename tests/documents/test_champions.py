@@ -63,7 +63,8 @@ def _check_lists(store: DocumentStore) -> int:
     for term, entries in lists.items():
         # a removal may leave a list shorter, down to KEEP // 2 before it is refilled
         assert min(champions.KEEP // 2, common[term]) <= len(entries) <= min(champions.KEEP, common[term])
-        fresh = champions._from_fts(db, cid, term, avgdl)
+        fresh = champions._from_postings(db, cid, term, avgdl)
+        assert champions._from_fts(db, cid, term, avgdl) == fresh, term
         truth = {pid: (tf, length) for pid, tf, length in fresh}
         for pid, tf, length in entries:
             row = db.execute("SELECT wlen FROM docs_chunks WHERE id = ?", (pid,)).fetchone()
