@@ -35,7 +35,7 @@ from app.documents.chunk import chunk_document
 from app.documents.extract import MAX_FILE_BYTES, ExtractError, expand, extract
 from app.documents.index import terms_for
 from app.documents.walk import display_name, read_document_bytes
-from app.documents.store import AddProgress, AddReport, DocumentStore, IndexBatch, df_counts, tune_fts
+from app.documents.store import AddProgress, AddReport, DocumentStore, IndexBatch, df_counts
 
 NO_COUNTS: tuple[dict, dict] = ({}, {})
 
@@ -193,8 +193,6 @@ def add_paths(store: DocumentStore, name: str, paths: Iterable[str | Path], *,
     # a larger page cache for the writer (bounded: 64 MiB): FTS5 merges and the champion lists
     # re-read their pages, and every page read from the file is decrypted and authenticated
     db.execute("PRAGMA cache_size = -65536")
-    with db:
-        tune_fts(db, coll.id)      # a collection made before the setting existed
     stored: list[tuple[Path, int, str, str]] = []    # in the open transaction: (file, size, stage, message)
     batch_bytes, batch_t0, batch_s = 0, time.monotonic(), BATCH_SECONDS
 

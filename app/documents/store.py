@@ -119,23 +119,6 @@ def fts_tables(cid: int) -> tuple[str, str]:
     return f"docs_fts_w_{int(cid)}", f"docs_fts_g_{int(cid)}"
 
 
-#: FTS5 buffers new postings in memory and writes them as a new segment when this much is pending
-#: (default 1 MiB) or the transaction commits; a segment per MiB made a batch of 16 MiB of text
-#: write dozens of small segments that automerge then merged again and again (docs/BENCHMARKS.md,
-#: "Issue 20 ... ing20"). A per-table setting, stored in the table's own config; the memory it
-#: takes is bounded by it, whatever the size of the collection.
-FTS_HASHSIZE = 32 * 2**20
-
-
-def tune_fts(db, cid: int) -> None:
-    """Give a collection's FTS5 tables the writer's settings (inside the caller's transaction;
-    a no-op when they have them)."""
-    for t in fts_tables(cid):
-        row = db.execute(f"SELECT v FROM {t}_config WHERE k = 'hashsize'").fetchone()
-        if row is None or row[0] != FTS_HASHSIZE:
-            db.execute(f"INSERT INTO {t}({t}, rank) VALUES ('hashsize', ?)", (FTS_HASHSIZE,))
-
-
 class DocumentError(ValueError):
     """A request the document store cannot satisfy (no such collection...)."""
 
@@ -320,7 +303,6 @@ class DocumentStore:
                 tw, tg = fts_tables(cur.lastrowid)
                 self._db.execute(_FTS.format(t=tw, detail=""))
                 self._db.execute(_FTS.format(t=tg, detail="detail=none, "))
-                tune_fts(self._db, cur.lastrowid)
             return self.collection(name)
         return self._collection(row)
 
