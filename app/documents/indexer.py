@@ -175,6 +175,7 @@ def add_paths(store: DocumentStore, name: str, paths: Iterable[str | Path], *,
     pool = _Inline() if inline else ProcessPoolExecutor(
         n_workers, mp_context=multiprocessing.get_context("spawn"))
     window = 1 if inline else 2 * n_workers
+    read_done = 0       # bytes of the files read (not skipped as unchanged) and stored
     pending: deque[tuple[list[tuple[Path, int]], Future]] = deque()    # groups of (file, size)
     todo = iter(zip(files, sizes))
     group_bytes, group_files = (GROUP_BYTES, GROUP_FILES) if not inline else (0, 1)
@@ -185,8 +186,10 @@ def add_paths(store: DocumentStore, name: str, paths: Iterable[str | Path], *,
     def stage(f: Path, what: str, message: str = "") -> None:
         state.path, state.stage, state.message = f, what, message
         state.seconds = time.monotonic() - t0
-        left = state.bytes_total - state.bytes_done
-        state.eta_s = state.seconds * left / state.bytes_done if state.bytes_done and left > 0 else None
+        # the time left from the bytes actually read, against those still to read: a resumed add
+        # skips its stored files in seconds, and counting their bytes promised minutes for an hour
+        left = to_read - read_done
+        state.eta_s = state.seconds * left / read_done if read_done and left > 0 else None
         emit(AddProgress(**vars(state)))
 
     batch = IndexBatch(coll.id)
@@ -198,7 +201,7 @@ def add_paths(store: DocumentStore, name: str, paths: Iterable[str | Path], *,
 
     def commit() -> None:
         # progress says "indexed" only for what is committed: a crash after it loses none of it
-        nonlocal batch_bytes, batch_t0, batch_s
+        nonlocal batch_bytes, batch_t0, batch_s, read_done
         t = time.monotonic()
         if db.in_transaction:
             batch.flush(db)
@@ -209,6 +212,7 @@ def add_paths(store: DocumentStore, name: str, paths: Iterable[str | Path], *,
         for f, size, what, message in stored:
             state.done += 1
             state.bytes_done += size
+            read_done += size if what != "unchanged" else 0
             state.chunks = report.chunks
             stage(f, what, message)
         stored.clear()
