@@ -107,8 +107,21 @@ def test_kill_9_during_an_add_leaves_a_consistent_resumable_collection(home, tmp
     store = DocumentStore(keys=PassphraseKeys("pw"))
     partial = consistent(store, "c")
     assert 4 <= partial["files"] < len(files)
-    report = store.rescan("c")                 # resume: the stored files are not read again
+    stored = {f.path for f in store.files("c")}
+    events = []
+    report = store.rescan("c", progress=events.append)      # resume: the stored files are not read again
     assert len(report.unchanged) == partial["files"] and len(report.added) == len(files) - partial["files"]
+    # the time left comes from the bytes read in this add against those still to read (the stored
+    # files, skipped in no time, do not count)
+    to_read = sum(f.stat().st_size for f in files if str(f.resolve()) not in stored)
+    read, checked = 0, 0
+    for e in events:
+        if e.stage == "indexed":
+            read += e.path.stat().st_size
+            if read < to_read:
+                assert e.eta_s == pytest.approx(e.seconds * (to_read - read) / read)
+                checked += 1
+    assert checked >= 2
     full = consistent(store, "c")
     assert full["files"] == len(files)
     # the same as one uninterrupted add
