@@ -4,6 +4,7 @@
     .venv/bin/python bench/docs_scale.py --json [--sizes 10,100] [--workers N] [--keep DIR]
                                         [--corpus-cache ~/.cache/ferry-bench] [--model DEMO_MODEL_DIR]
     .venv/bin/python bench/docs_scale.py --json --measure KEPT_DIR/home/ferry.db
+    .venv/bin/python bench/docs_scale.py --json --resume KEPT_DIR/home/ferry.db --sizes 1000 --corpus-cache ~/.cache/ferry-bench
 
 For each size, in a fresh data folder with an encrypted database: the add
 (MB/s, files, passages, peak RSS of the adding process and of its worker
@@ -15,7 +16,9 @@ the time to first token of ``ferry docs ask`` for a first and a later question.
 Search is also run without champion lists (the reference), and the word
 signal against the exhaustive ranking (every passage holding a question
 word): top-5 overlaps. ``--measure`` does the measuring part alone on a kept
-database (e.g. one whose add was stopped part way).
+database (e.g. one whose add was stopped part way); ``--resume`` first goes on
+with the add of that size's cached corpus into a kept database whose add was
+stopped (``kill -9``), as adding the same folder again does in the app.
 Each size runs in a child process so its peak RSS is its own.
 """
 from __future__ import annotations
@@ -236,6 +239,41 @@ def measure_kept(db: Path, seed: int) -> dict:
             "db_over_text": round(db_bytes / max(1, text), 2), **measure(db, keys, seed)}
 
 
+def resume(db: Path, corpus: Path, workers: int | None, stop_after: float | None = None) -> dict:
+    """Go on with an add that was stopped (the kept database of a killed run): open it (the time a
+    user waits), add the same folder again (stored files are skipped), with progress on stderr;
+    ``stop_after`` seconds: cancel the add then (what was stored stays), as the window's Cancel does."""
+    from app.documents.store import DocumentStore
+    from app.store.crypto import PassphraseKeys
+
+    t0 = time.perf_counter()
+    store = DocumentStore(db, PassphraseKeys("bench passphrase"))
+    before = store.collection("archive")
+    open_s = time.perf_counter() - t0
+    last = [0.0]
+
+    def progress(p) -> None:
+        if time.monotonic() - last[0] >= 30 or p.stage == "done":
+            last[0] = time.monotonic()
+            print(json.dumps({"t": time.strftime("%H:%M:%S"), "load": round(os.getloadavg()[0], 1),
+                              "progress": p.summary()}), file=sys.stderr, flush=True)
+
+    t0 = time.perf_counter()
+    stop = (lambda: time.perf_counter() - t0 > stop_after) if stop_after is not None else None
+    report = store.add("archive", [corpus], workers=workers, progress=progress, cancelled=stop)
+    add_s = time.perf_counter() - t0
+    store.close()
+    return {"reopened": {"open_s": round(open_s, 3), "files": before.files, "text_mb": round(before.size / 1e6, 1),
+                         "passages": before.chunks},
+            "resumed_add": {"added": len(report.added), "unchanged": len(report.unchanged),
+                            "failed": len(report.failed), "mb": round(report.bytes / 1e6, 1), "add_s": round(add_s, 1),
+                            "add_mb_per_s": round(report.bytes / 1e6 / add_s, 3), "cancelled": report.cancelled,
+                            "storing_s": round(report.store_seconds, 1),
+                            "waiting_for_workers_s": round(report.wait_seconds, 1),
+                            "peak_rss_mb": {"adding_process": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+                                            "largest_worker": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)}}}
+
+
 CLI = "import sys; from app.cli import main; sys.exit(main(sys.argv[1:]))"     # `ferry` from this checkout
 
 
@@ -276,10 +314,23 @@ def main() -> None:
                     help="generate each size's corpus once into this folder and reuse it (e.g. ~/.cache/ferry-bench)")
     ap.add_argument("--measure", type=Path, default=None,
                     help="only measure a kept database (its ferry.db; the test corpus is added if missing)")
+    ap.add_argument("--resume", type=Path, default=None,
+                    help="go on with a stopped add into this kept ferry.db (the corpus of --sizes in --corpus-cache), "
+                         "then measure it")
+    ap.add_argument("--stop-after", type=float, default=None,
+                    help="with --resume: cancel the add after this many seconds, then measure")
     ap.add_argument("--one", type=float, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.measure is not None:
         print(json.dumps(measure_kept(args.measure, args.seed), indent=None if args.json else 1))
+        return
+    if args.resume is not None:
+        if args.corpus_cache is None:
+            ap.error("--resume needs --corpus-cache (the corpus the stopped add was reading)")
+        mb = float(args.sizes.split(",")[0])
+        out = resume(args.resume, args.corpus_cache / f"archive-{mb:g}-{args.seed}", args.workers, args.stop_after)
+        out.update(measure_kept(args.resume, args.seed))
+        print(json.dumps(out, indent=None if args.json else 1))
         return
     if args.one is not None:
         print(json.dumps(run_size(args.one, args.workers, args.keep, args.seed, args.corpus_cache)))

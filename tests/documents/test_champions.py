@@ -63,7 +63,8 @@ def _check_lists(store: DocumentStore) -> int:
     for term, entries in lists.items():
         # a removal may leave a list shorter, down to KEEP // 2 before it is refilled
         assert min(champions.KEEP // 2, common[term]) <= len(entries) <= min(champions.KEEP, common[term])
-        fresh = champions._from_fts(db, cid, term, avgdl)
+        fresh = champions._from_postings(db, cid, term, avgdl)
+        assert champions._from_fts(db, cid, term, avgdl) == fresh, term
         truth = {pid: (tf, length) for pid, tf, length in fresh}
         for pid, tf, length in entries:
             row = db.execute("SELECT wlen FROM docs_chunks WHERE id = ?", (pid,)).fetchone()
@@ -138,3 +139,27 @@ def test_a_collection_indexed_before_the_lists_gets_them_on_open(archive, tmp_pa
         _check_lists(again)
     finally:
         again.close()
+
+
+def test_a_list_from_fts5s_ranking_is_the_list_from_every_posting(archive, monkeypatch):
+    """The term frequencies recovered from FTS5's scores, and the fallback that counts them from the
+    text when a score does not match (here: a wrong df, so every recovered tf fails its check)."""
+    store, _ = archive
+    db = store.db
+    cid = store.collection("a").id
+    avgdl = champions._avgdl(db, cid)
+    common = champions._common(db, cid)
+    assert len(common) > 20
+    for term in common:
+        assert champions._from_fts(db, cid, term, avgdl) == champions._from_postings(db, cid, term, avgdl), term
+    term = min(common, key=common.get)      # held by fewer than half the passages: its IDF is not FTS5's floor
+    want = champions._from_postings(db, cid, term, avgdl)
+    counted = []
+    word_terms = index.word_terms
+    monkeypatch.setattr(index, "word_terms", lambda text: counted.append(1) or word_terms(text))
+    db.execute("UPDATE docs_df SET df = df + 7 WHERE collection_id = ? AND signal = 0 AND term = ?", (cid, term))
+    try:
+        assert champions._from_fts(db, cid, term, avgdl) == want
+        assert len(counted) == len(want)
+    finally:
+        db.rollback()

@@ -16,7 +16,8 @@ from test_store import scan_for
 
 from app.documents import indexer
 from app.documents.retrieve import search
-from app.documents.store import DocumentStore, fts_tables
+from app.documents.index import terms_for
+from app.documents.store import DocumentStore, df_counts, fts_tables
 from app.store.crypto import PassphraseKeys
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,7 +29,8 @@ NEEDLE = "Quetzal-marmalade-4417 safe combination"
 
 
 def consistent(store: DocumentStore, name: str) -> dict:
-    """Every stored file has exactly its passages, in the table and in both indexes."""
+    """Every stored file has exactly its passages, in the table and in both indexes, and the stored
+    document frequencies are those of the stored passages (the workers count them per group of files)."""
     db = store.db
     assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     coll = store.collection(name)
@@ -40,6 +42,11 @@ def consistent(store: DocumentStore, name: str) -> dict:
     assert coll.chunks == total
     for t in fts_tables(coll.id):
         assert db.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] == total
+    want = df_counts(terms_for(h, t) for h, t in db.execute(
+        "SELECT heading, text FROM docs_chunks WHERE collection_id = ?", (coll.id,)).fetchall())
+    for sig in (0, 1):
+        assert dict(db.execute("SELECT term, df FROM docs_df WHERE collection_id = ? AND signal = ?",
+                               (coll.id, sig))) == want[sig]
     return {"files": coll.files, "chunks": total}
 
 
@@ -100,8 +107,21 @@ def test_kill_9_during_an_add_leaves_a_consistent_resumable_collection(home, tmp
     store = DocumentStore(keys=PassphraseKeys("pw"))
     partial = consistent(store, "c")
     assert 4 <= partial["files"] < len(files)
-    report = store.rescan("c")                 # resume: the stored files are not read again
+    stored = {f.path for f in store.files("c")}
+    events = []
+    report = store.rescan("c", progress=events.append)      # resume: the stored files are not read again
     assert len(report.unchanged) == partial["files"] and len(report.added) == len(files) - partial["files"]
+    # the time left comes from the bytes read in this add against those still to read (the stored
+    # files, skipped in no time, do not count)
+    to_read = sum(f.stat().st_size for f in files if str(f.resolve()) not in stored)
+    read, checked = 0, 0
+    for e in events:
+        if e.stage == "indexed":
+            read += e.path.stat().st_size
+            if read < to_read:
+                assert e.eta_s == pytest.approx(e.seconds * (to_read - read) / read)
+                checked += 1
+    assert checked >= 2
     full = consistent(store, "c")
     assert full["files"] == len(files)
     # the same as one uninterrupted add
