@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import REPO
 
 CLI = "import sys; from app.cli import main; sys.exit(main(sys.argv[1:]))"
@@ -17,7 +19,7 @@ CLI = "import sys; from app.cli import main; sys.exit(main(sys.argv[1:]))"
 
 def _env(home: Path) -> dict:
     return {**os.environ, "FERRY_HOME": str(home), "FERRY_PASSPHRASE": "a long test passphrase",
-            "PYTHON_KEYRING_BACKEND": "keyring.backends.fail.Keyring"}
+            "PYTHON_KEYRING_BACKEND": "keyring.backends.fail.Keyring", "PYTHONFAULTHANDLER": "1"}
 
 
 def ferry(home: Path, *args: str) -> subprocess.CompletedProcess:
@@ -80,7 +82,14 @@ def test_add_watch_picks_up_a_changed_file_until_interrupted(tmp_path):
             seen |= {Path(p).name for p in report.get("added", [])}
     finally:
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=30)
+        try:
+            out, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            # Seen once in a full suite run (2026-12-04), never alone: make the next one say where
+            # it hangs (PYTHONFAULTHANDLER: SIGABRT prints every thread's stack to stderr).
+            proc.send_signal(signal.SIGABRT)
+            out, err = proc.communicate(timeout=30)
+            pytest.fail(f"docs add --watch did not stop within 30 s of Ctrl-C; its threads:\n{err}")
     assert proc.returncode == 0, err
     assert "stopped watching" in err and "Traceback" not in err
     assert _names(home).keys() == {"a.txt", "new.txt"}
