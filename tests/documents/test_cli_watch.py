@@ -59,7 +59,10 @@ def test_add_watch_picks_up_a_changed_file_until_interrupted(tmp_path):
     (docs / "a.txt").write_text("The boiler was serviced in March by Northgate Heating.\n")
     proc = subprocess.Popen([sys.executable, "-c", CLI, "docs", "add", "notes", str(docs), "--watch", "--json",
                              "--interval", "0.2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=REPO, env=_env(home))
+                            cwd=REPO, env=_env(home),
+                            # a suite started as a background job (`cmd &`) has SIGINT ignored, the
+                            # child would inherit that and Python would install no Ctrl-C handler
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 60
         line = ""
@@ -85,8 +88,7 @@ def test_add_watch_picks_up_a_changed_file_until_interrupted(tmp_path):
         try:
             out, err = proc.communicate(timeout=30)
         except subprocess.TimeoutExpired:
-            # Seen once in a full suite run (2026-12-04), never alone: make the next one say where
-            # it hangs (PYTHONFAULTHANDLER: SIGABRT prints every thread's stack to stderr).
+            # say where it hangs (PYTHONFAULTHANDLER: SIGABRT prints every thread's stack to stderr)
             proc.send_signal(signal.SIGABRT)
             out, err = proc.communicate(timeout=30)
             pytest.fail(f"docs add --watch did not stop within 30 s of Ctrl-C; its threads:\n{err}")
