@@ -52,6 +52,21 @@ static inline void fe_q4k_scale_min(int j, const uint8_t *s, int *sc, int *m) {
         *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
     }
 }
+/* All eight 6-bit scales and mins of a Q4_K/Q5_K block at once, as the
+ * bytes of four words (byte k of v[i] is value 4i + k): values 0..7 the scales
+ * of sub-blocks 0..7, 8..15 their mins (the same values as fe_q4k_scale_min,
+ * by word-wide masks and shifts instead of eight calls; the SIMD kernels
+ * widen them to floats in one go). Words, not bytes: a vector built from
+ * bytes just stored would wait for the stores. */
+static inline void fe_q4k_scales_mins(const uint8_t *s, uint32_t v[4]) {
+    uint32_t u[3];
+    for (int i = 0; i < 3; i++) /* little-endian words, whatever the host's order */
+        u[i] = (uint32_t)s[4 * i] | (uint32_t)s[4 * i + 1] << 8 | (uint32_t)s[4 * i + 2] << 16 | (uint32_t)s[4 * i + 3] << 24;
+    v[0] = u[0] & 0x3f3f3f3fu;                                                   /* scales 0-3 */
+    v[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);            /* scales 4-7 */
+    v[2] = u[1] & 0x3f3f3f3fu;                                                   /* mins 0-3 */
+    v[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);     /* mins 4-7 */
+}
 /* The 3-bit index of value i (0..255) of a block. */
 int fe_q3_index(const uint8_t *block, int i);
 

@@ -174,6 +174,22 @@ PAIR(q4_1) {
     acc_done(&A, ya, yb, two);
 }
 
+/* d * sc_j and -(dmin * m_j) for the eight sub-blocks j of a Q4_K/Q5_K
+ * block at `p`, in vectors (the scalar products, one rounding each), stored
+ * for the loop: unpacked at once instead of one sub-block at a time. */
+INL void k45_scales(const uint8_t *p, float ds[8], float ms[8]) {
+    uint32_t sm[4];
+    fe_q4k_scales_mins(p + 4, sm);
+    const uint8x8_t sc = vcreate_u8((uint64_t)sm[0] | (uint64_t)sm[1] << 32);
+    const uint8x8_t mn = vcreate_u8((uint64_t)sm[2] | (uint64_t)sm[3] << 32);
+    const uint16x8_t sc16 = vmovl_u8(sc), mn16 = vmovl_u8(mn);
+    const float d = f16_1(p), dmin = f16_1(p + 2);
+    vst1q_f32(ds, vmulq_n_f32(vcvtq_f32_u32(vmovl_u16(vget_low_u16(sc16))), d));
+    vst1q_f32(ds + 4, vmulq_n_f32(vcvtq_f32_u32(vmovl_u16(vget_high_u16(sc16))), d));
+    vst1q_f32(ms, vnegq_f32(vmulq_n_f32(vcvtq_f32_u32(vmovl_u16(vget_low_u16(mn16))), dmin)));
+    vst1q_f32(ms + 4, vnegq_f32(vmulq_n_f32(vcvtq_f32_u32(vmovl_u16(vget_high_u16(mn16))), dmin)));
+}
+
 /* Q4_K, and Q5_K (five = 1): Q4_K's nibbles plus a fifth bit from qh, bit
  * j of qh[l] for value 32j + l of the block. */
 INL void k45_pair(const uint8_t *row, int cols, const float *xa, const float *xb, float *ya, float *yb,
@@ -184,17 +200,14 @@ INL void k45_pair(const uint8_t *row, int cols, const float *xa, const float *xb
     const uint8x16_t one = vdupq_n_u8(1), m15 = vdupq_n_u8(15);
     for (int b = 0; b < cols / 256; b++) {
         const uint8_t *p = row + bb * b;
-        float d = f16_1(p), dmin = f16_1(p + 2);
+        float ds[8], ms[8];
+        k45_scales(p, ds, ms);
         const uint8_t *q = p + (five ? 48 : 16);
         uint8x16_t h0 = m15, h1 = m15;
         if (five) h0 = vld1q_u8(p + 16), h1 = vld1q_u8(p + 32);
         const float *xa0 = xa + 256 * b, *xb0 = xb + 256 * b;
         for (int j = 0; j < 8; j += 2, q += 32) {
-            int sc, mn;
-            fe_q4k_scale_min(j, p + 4, &sc, &mn);
-            float d1 = d * (float)sc, m1 = -(dmin * (float)mn);
-            fe_q4k_scale_min(j + 1, p + 4, &sc, &mn);
-            float d2 = d * (float)sc, m2 = -(dmin * (float)mn);
+            const float d1 = ds[j], m1 = ms[j], d2 = ds[j + 1], m2 = ms[j + 1];
             const int8x16_t s1 = vdupq_n_s8((int8_t)-j), s2 = vdupq_n_s8((int8_t)(-j - 1));
             uint8x16_t r0 = vld1q_u8(q), r1 = vld1q_u8(q + 16);
             uint8x16_t l0 = vandq_u8(r0, m15), l1 = vandq_u8(r1, m15);
@@ -229,10 +242,17 @@ PAIR(q6_k) {
     acc_zero(&A);
     for (int b = 0; b < cols / 256; b++) {
         const uint8_t *p = row + 210 * b;
-        float d = f16_1(p + 208);
+        float ds[16]; /* d * sc[i], all sixteen at once */
+        const float d = f16_1(p + 208);
+        const int8x16_t sc8 = vld1q_s8((const int8_t *)(p + 192));
+        const int16x8_t sl = vmovl_s8(vget_low_s8(sc8)), sh = vmovl_s8(vget_high_s8(sc8));
+        vst1q_f32(ds, vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_low_s16(sl))), d));
+        vst1q_f32(ds + 4, vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_high_s16(sl))), d));
+        vst1q_f32(ds + 8, vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_low_s16(sh))), d));
+        vst1q_f32(ds + 12, vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_high_s16(sh))), d));
         for (int half = 0; half < 2; half++) {
             const uint8_t *ql = p + 64 * half, *qh = p + 128 + 32 * half;
-            const int8_t *sc = (const int8_t *)(p + 192 + 8 * half);
+            const float *sc = ds + 8 * half;
             int base = 256 * b + 128 * half;
             for (int c = 0; c < 4; c++) {
                 const uint8_t *lq = ql + (c & 1) * 32;
@@ -243,7 +263,7 @@ PAIR(q6_k) {
                     uint8x16_t hh = vandq_u8(vshlq_u8(hb, vdupq_n_s8((int8_t)(-2 * c))), vdupq_n_u8(3));
                     int8x16_t q = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(l, vshlq_n_u8(hh, 4))), vdupq_n_s8(32));
                     int16x8_t lo16 = vmovl_s8(vget_low_s8(q)), hi16 = vmovl_s8(vget_high_s8(q));
-                    float s = d * (float)sc[2 * c + h];
+                    const float s = sc[2 * c + h];
                     v[4 * h + 0] = vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_low_s16(lo16))), s);
                     v[4 * h + 1] = vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_high_s16(lo16))), s);
                     v[4 * h + 2] = vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_low_s16(hi16))), s);

@@ -341,10 +341,32 @@ static void test_vector_steps(const fe_kernels *k) {
     printf("%s\n", what);
 }
 
+/* fe_q4k_scales_mins (all eight scales and mins of a block at once, used by
+ * the SIMD K-quant kernels) gives fe_q4k_scale_min's values: every byte value
+ * in every one of the 12 positions, and random blocks. */
+static void test_q4k_scales_mins(void) {
+    int ok = 1;
+    uint8_t s[12];
+    for (int t = 0; t < 12 * 256 + 4000; t++) {
+        for (int i = 0; i < 12; i++) s[i] = (uint8_t)rnd();
+        if (t < 12 * 256) s[t / 256] = (uint8_t)(t % 256);
+        uint32_t v[4];
+        fe_q4k_scales_mins(s, v);
+        for (int j = 0; j < 8; j++) {
+            int sc, mn;
+            fe_q4k_scale_min(j, s, &sc, &mn);
+            ok &= (int)((v[j >> 2] >> (8 * (j & 3))) & 0xFF) == sc;
+            ok &= (int)((v[2 + (j >> 2)] >> (8 * (j & 3))) & 0xFF) == mn;
+        }
+    }
+    check(ok, "q4_k scales and mins unpacked at once equal the per-sub-block ones");
+}
+
 int main(void) {
     static const int sizes[] = {1, 7, 31, 32, 33, 100, 255};
     static const int ns[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 33}; /* every tile remainder of 2, 3 and 4 */
     int impls = 0;
+    test_q4k_scales_mins();
     for (int impl = 1; impl < FE_KERNELS_N; impl++) {
         if (!ferry_kernels_available(impl)) continue;
         impls++;
