@@ -35,6 +35,8 @@ from array import array
 from collections import Counter, defaultdict
 from typing import Iterable, Sequence
 
+import numpy as np
+
 from app.documents import index as _index     # its BM25 constants (a module cycle: read at call time)
 
 #: a word held by at least this many passages gets a champion list
@@ -178,13 +180,23 @@ SLICE = 256
 
 def _floors(db, cid: int, terms: Sequence[str], avgdl: float) -> dict[str, float]:
     """For each of ``terms`` that has a list: the impact a new passage must exceed to enter it (its
-    worst entry's, at today's average length), or -inf for a list with room. Read SLICE lists at a
-    time and kept as one float per word."""
+    worst entry's, at today's average length), or -inf for a list with room. Read 500 lists at a
+    time and kept as one float per word; the impacts of a list's entries are computed at once
+    (numpy, from the stored bytes), its worst one again by :func:`impact` so the floor is that
+    function's own value."""
+    k1, b = _index.K1, _index.B
     floors: dict[str, float] = {}
-    for i in range(0, len(terms), SLICE):
-        for term, entries in read(db, cid, terms[i:i + SLICE]).items():
-            floors[term] = (min(impact(tf, length, avgdl) for _, tf, length in entries)
-                            if len(entries) >= KEEP else -math.inf)
+    for i in range(0, len(terms), 500):
+        part = terms[i:i + 500]
+        for term, blob in db.execute(f"SELECT term, entries FROM docs_champ WHERE collection_id = ? AND term IN "
+                                     f"({','.join('?' * len(part))})", (cid, *part)):
+            e = np.frombuffer(blob, dtype=np.int64).reshape(-1, 3)     # _pack's native-order 'q' triples
+            if len(e) < KEEP:
+                floors[term] = -math.inf
+                continue
+            tf, length = e[:, 1], e[:, 2]
+            j = int(np.argmin(tf * (k1 + 1) / (tf + k1 * (1 - b + b * length / (avgdl or 1.0)))))
+            floors[term] = impact(int(tf[j]), int(length[j]), avgdl)
     return floors
 
 
@@ -202,10 +214,13 @@ def added(db, cid: int, passages: Sequence[tuple[int, str]]) -> None:
     if not common:
         return
     avgdl = _avgdl(db, cid)
-    floors = _floors(db, cid, sorted(common), avgdl)
+    keys = common.keys()
+    touched: set[str] = set()
+    for _, words in passages:
+        touched |= keys & set(words.split())
+    floors = _floors(db, cid, sorted(touched), avgdl)
     new: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
     crossing: set[str] = set()          # words that just became common: their lists come from FTS5
-    keys = common.keys()
     for pid, words in passages:
         split = words.split()
         tf = Counter(split)
