@@ -51,6 +51,71 @@ PHRASES = ['"annual leave"', '"credit card number"', '"blood pressure"', '"notic
            '"signed witness"']
 
 
+class RssTrace:
+    """An add's progress callback that samples memory as text is stored: the adding process's RSS
+    and its peak (VmRSS, VmHWM), SQLite's own allocations (sqlite3_memory_used of the sqlcipher3
+    library, by ctypes), and its worker processes' RSS, at 10, 20, 50, 100 MB of text in the
+    collection and every 100 MB after (``start_mb``: text already in it)."""
+
+    def __init__(self, start_mb: float = 0.0, then: "callable | None" = None):
+        import ctypes
+        import glob
+
+        import sqlcipher3
+
+        lib = ctypes.CDLL(glob.glob(os.path.join(os.path.dirname(sqlcipher3.__file__), "_sqlite3*.so"))[0])
+        lib.sqlite3_memory_used.restype = ctypes.c_int64
+        self._sqlite = lib.sqlite3_memory_used
+        self.start_mb, self.then = start_mb, then
+        self.samples: list[dict] = []
+        self._added, self._last = 0, 0
+        self._marks = [m for m in (10, 20, 50, 100) if m > start_mb] + [100 * k for k in range(2, 10**4)
+                                                                       if 100 * k > start_mb]
+
+    @staticmethod
+    def _status(pid: str | int = "self") -> dict[str, float]:
+        out = {}
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                for line in f:
+                    if line.startswith(("VmRSS:", "VmHWM:")):
+                        out[line[:5]] = int(line.split()[1]) / 1024
+        except OSError:
+            pass
+        return out
+
+    @staticmethod
+    def _children() -> list[str]:
+        kids = []
+        for task in Path("/proc/self/task").iterdir():
+            try:
+                kids += (task / "children").read_text().split()
+            except OSError:
+                pass
+        return kids
+
+    def sample(self) -> dict:
+        me = self._status()
+        row = {"text_mb": round(self.start_mb + self._added / 1e6, 1), "rss_mb": round(me.get("VmRSS", 0)),
+               "peak_rss_mb": round(me.get("VmHWM", 0)), "sqlite_mb": round(self._sqlite() / 2**20, 1),
+               "workers_rss_mb": sorted(round(self._status(k).get("VmRSS", 0)) for k in self._children()),
+               "t": time.strftime("%H:%M:%S"), "load": round(os.getloadavg()[0], 1)}
+        self.samples.append(row)
+        print(json.dumps({"rss": row}), file=sys.stderr, flush=True)
+        return row
+
+    def __call__(self, p) -> None:
+        if p.stage == "indexed":
+            self._added += p.bytes_done - self._last
+        self._last = p.bytes_done
+        if self._marks and self.start_mb + self._added / 1e6 >= self._marks[0]:
+            while self._marks and self.start_mb + self._added / 1e6 >= self._marks[0]:
+                self._marks.pop(0)
+            self.sample()
+        if self.then is not None:
+            self.then(p)
+
+
 def _pct(xs: list[float], p: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
@@ -83,9 +148,11 @@ def run_size(megabytes: float, workers: int | None, keep: Path | None, seed: int
     db = work / "home" / "ferry.db"
     keys = PassphraseKeys("bench passphrase")
     store = DocumentStore(db, keys)
+    trace = RssTrace()
     t0 = time.perf_counter()
-    report = store.add("archive", [corpus], workers=workers)
+    report = store.add("archive", [corpus], workers=workers, progress=trace)
     add_s = time.perf_counter() - t0
+    trace.sample()
     print(json.dumps({"added": report.as_dict() | {"added": len(report.added), "unchanged": len(report.unchanged)},
                       "add_s": round(add_s, 1),
                       "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}),
@@ -105,7 +172,7 @@ def run_size(megabytes: float, workers: int | None, keep: Path | None, seed: int
            "add_writer_s": {"storing": round(report.store_seconds, 1), "waiting_for_workers": round(report.wait_seconds, 1)},
            "failed": len(report.failed), "workers": workers or os.cpu_count(),
            "peak_rss_mb": {"adding_process": round(rss_self), "largest_worker": round(rss_children)},
-           "db_mb": round(db_bytes / 1e6, 1), "db_over_text": round(db_bytes / text_bytes, 2),
+           "rss_by_text": trace.samples, "db_mb": round(db_bytes / 1e6, 1), "db_over_text": round(db_bytes / text_bytes, 2),
            **measured}
     if keep is None:
         shutil.rmtree(work, ignore_errors=True)
@@ -258,10 +325,12 @@ def resume(db: Path, corpus: Path, workers: int | None, stop_after: float | None
             print(json.dumps({"t": time.strftime("%H:%M:%S"), "load": round(os.getloadavg()[0], 1),
                               "progress": p.summary()}), file=sys.stderr, flush=True)
 
+    trace = RssTrace(before.size / 1e6, then=progress)     # files skipped as stored count once
     t0 = time.perf_counter()
     stop = (lambda: time.perf_counter() - t0 > stop_after) if stop_after is not None else None
-    report = store.add("archive", [corpus], workers=workers, progress=progress, cancelled=stop)
+    report = store.add("archive", [corpus], workers=workers, progress=trace, cancelled=stop)
     add_s = time.perf_counter() - t0
+    trace.sample()
     store.close()
     return {"reopened": {"open_s": round(open_s, 3), "files": before.files, "text_mb": round(before.size / 1e6, 1),
                          "passages": before.chunks},
@@ -271,7 +340,8 @@ def resume(db: Path, corpus: Path, workers: int | None, stop_after: float | None
                             "storing_s": round(report.store_seconds, 1),
                             "waiting_for_workers_s": round(report.wait_seconds, 1),
                             "peak_rss_mb": {"adding_process": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
-                                            "largest_worker": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)}}}
+                                            "largest_worker": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)},
+                            "rss_by_text": trace.samples}}
 
 
 CLI = "import sys; from app.cli import main; sys.exit(main(sys.argv[1:]))"     # `ferry` from this checkout

@@ -35,6 +35,8 @@ from array import array
 from collections import Counter, defaultdict
 from typing import Iterable, Sequence
 
+import numpy as np
+
 from app.documents import index as _index     # its BM25 constants (a module cycle: read at call time)
 
 #: a word held by at least this many passages gets a champion list
@@ -171,26 +173,72 @@ def _write(db, cid: int, lists: dict[str, list[tuple[int, int, int]]]) -> None:
                    [(cid, t, _pack(e)) for t, e in lists.items()])
 
 
+#: lists are read, merged and written this many words at a time, so the upkeep of a batch holds a
+#: bounded number of lists in memory however many words are common (5,986 at 1 GB of text)
+SLICE = 256
+
+
+def _floors(db, cid: int, terms: Sequence[str], avgdl: float) -> dict[str, float]:
+    """For each of ``terms`` that has a list: the impact a new passage must exceed to enter it (its
+    worst entry's, at today's average length), or -inf for a list with room. Read 500 lists at a
+    time and kept as one float per word; the impacts of a list's entries are computed at once
+    (numpy, from the stored bytes), its worst one again by :func:`impact` so the floor is that
+    function's own value."""
+    k1, b = _index.K1, _index.B
+    floors: dict[str, float] = {}
+    for i in range(0, len(terms), 500):
+        part = terms[i:i + 500]
+        for term, blob in db.execute(f"SELECT term, entries FROM docs_champ WHERE collection_id = ? AND term IN "
+                                     f"({','.join('?' * len(part))})", (cid, *part)):
+            e = np.frombuffer(blob, dtype=np.int64).reshape(-1, 3)     # _pack's native-order 'q' triples
+            if len(e) < KEEP:
+                floors[term] = -math.inf
+                continue
+            tf, length = e[:, 1], e[:, 2]
+            j = int(np.argmin(tf * (k1 + 1) / (tf + k1 * (1 - b + b * length / (avgdl or 1.0)))))
+            floors[term] = impact(int(tf[j]), int(length[j]), avgdl)
+    return floors
+
+
 def added(db, cid: int, passages: Sequence[tuple[int, str]]) -> None:
     """Merge newly stored passages ((id, their stored word terms)) into the lists, after their
-    FTS5 rows, docs_df and the collection's counts are written (same transaction)."""
+    FTS5 rows, docs_df and the collection's counts are written (same transaction).
+
+    A new passage has a larger id than every stored one, so it enters a full list only with an
+    impact above the list's worst entry (a tie goes to the older passage): only those entries are
+    kept while the batch is read, and only the lists they enter are read again and rewritten,
+    SLICE at a time. Memory is bounded by the batch and SLICE, not by the number of common words
+    times KEEP (merging every touched list at once held 241 MB at 1 GB of text:
+    docs/BENCHMARKS.md)."""
     common = _common(db, cid)
     if not common:
         return
-    new: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
+    avgdl = _avgdl(db, cid)
     keys = common.keys()
+    touched: set[str] = set()
+    for _, words in passages:
+        touched |= keys & set(words.split())
+    floors = _floors(db, cid, sorted(touched), avgdl)
+    new: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
+    crossing: set[str] = set()          # words that just became common: their lists come from FTS5
     for pid, words in passages:
         split = words.split()
         tf = Counter(split)
+        length = len(split)
         for t in keys & tf.keys():
-            new[t].append((pid, tf[t], len(split)))
-    if not new:
-        return
-    avgdl = _avgdl(db, cid)
-    old = read(db, cid, list(new))
-    lists = {t: _best(old[t] + entries, avgdl) if t in old else _from_fts(db, cid, t, avgdl)
-             for t, entries in new.items()}
-    _write(db, cid, lists)
+            floor = floors.get(t)
+            if floor is None:
+                crossing.add(t)
+            elif impact(tf[t], length, avgdl) > floor:
+                new[t].append((pid, tf[t], length))
+    terms = sorted(new)
+    for i in range(0, len(terms), SLICE):
+        part = terms[i:i + SLICE]
+        old = read(db, cid, part)
+        _write(db, cid, {t: _best(old[t] + new.pop(t), avgdl) for t in part})
+    crossing_terms = sorted(crossing)
+    for i in range(0, len(crossing_terms), SLICE):
+        _write(db, cid, {t: _from_fts(db, cid, t, avgdl) for t in crossing_terms[i:i + SLICE]})
 
 
 def removed(db, cid: int, ids: set[int], terms: Iterable[str]) -> None:
@@ -221,9 +269,10 @@ def build_missing(db, cid: int) -> int:
     common = _common(db, cid)
     have = {r[0] for r in db.execute("SELECT term FROM docs_champ WHERE collection_id = ?", (cid,))}
     avgdl = _avgdl(db, cid)
-    lists = {t: _from_fts(db, cid, t, avgdl) for t in common if t not in have}
-    _write(db, cid, lists)
-    return len(lists)
+    missing = sorted(t for t in common if t not in have)
+    for i in range(0, len(missing), SLICE):
+        _write(db, cid, {t: _from_fts(db, cid, t, avgdl) for t in missing[i:i + SLICE]})
+    return len(missing)
 
 
 def candidates(lists: dict[str, list[tuple[int, int, int]]], idf: dict[str, float], avgdl: float,

@@ -163,3 +163,47 @@ def test_a_list_from_fts5s_ranking_is_the_list_from_every_posting(archive, monke
         assert len(counted) == len(want)
     finally:
         db.rollback()
+
+
+def test_list_upkeep_memory_does_not_grow_with_the_common_words(tmp_path, monkeypatch):
+    """The same small batch is added to a collection, then again after the collection has grown
+    4x: the memory the lists' upkeep holds (traced peak of champions.added) must not grow with the
+    number of common words times KEEP (merging every touched list at once did: 241 MB at 1 GB of
+    text, docs/BENCHMARKS.md). Growth of a float per common word is allowed."""
+    import shutil
+    import tracemalloc
+
+    monkeypatch.setattr(champions, "CHAMPION_DF", 20)
+    monkeypatch.setattr(champions, "KEEP", 20)
+    monkeypatch.setattr(champions, "SLICE", 8)
+    peaks: list[tuple[int, int]] = []
+    added = champions.added
+
+    def traced(db, cid, passages):
+        tracemalloc.start()
+        try:
+            added(db, cid, passages)
+            peaks.append((tracemalloc.get_traced_memory()[1], len(champions._common(db, cid))))
+        finally:
+            tracemalloc.stop()
+
+    docs_corpus.generate(tmp_path / "base", 0.15, seed=4)
+    docs_corpus.generate(tmp_path / "more", 0.45, seed=5, start=1000)
+    docs_corpus.generate(tmp_path / "probe1", 0.06, seed=6, start=5000)
+    shutil.copytree(tmp_path / "probe1", tmp_path / "probe2")
+    store = DocumentStore(tmp_path / "ferry.db", EphemeralKeys())
+    try:
+        store.add("a", [tmp_path / "base"], workers=1)
+        monkeypatch.setattr(champions, "added", traced)
+        store.add("a", [tmp_path / "probe1"], workers=1)
+        monkeypatch.setattr(champions, "added", added)
+        store.add("a", [tmp_path / "more"], workers=1)
+        monkeypatch.setattr(champions, "added", traced)
+        store.add("a", [tmp_path / "probe2"], workers=1)
+        _check_lists(store)
+    finally:
+        store.close()
+    (peak1, common1), (peak2, common2) = peaks[0], peaks[-1]
+    assert len(peaks) == 2 and common2 >= 2 * common1 > 100, peaks
+    # a list held as tuples costs ~KEEP * 100 bytes; a float per word ~100 bytes
+    assert peak2 - peak1 < (common2 - common1) * champions.KEEP * 25, peaks
