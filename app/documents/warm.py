@@ -171,22 +171,25 @@ class Warmer:
                         return not self._cancel.is_set()
         return True
 
-    def _scan(self, db, part: str, sql: str, first: tuple) -> Iterator[bool]:
-        """A table read in key order, about STEP_BYTES a step: ``sql`` takes the last key's values and
-        the limit and returns (key..., value...) rows, the key being the first len(first) columns."""
-        key, n, limit = first, len(first), 1
+    def _scan(self, db, part: str, table: str, key: str, size: str, where: str = "", first=-1) -> Iterator[bool]:
+        """``table`` read in ``key`` order (a unique key), about STEP_BYTES a step, each step one
+        aggregate query (SQLite does the reading with the GIL released, so a search thread is not held
+        up by Python work here); ``size`` is an SQL expression of a row's stored bytes."""
+        last, limit = first, 1
+        cond = f"{where} AND " if where else ""
+        sql = (f"SELECT count(*), total({ROW_BYTES} + {size}), max(k) FROM (SELECT {key} AS k, * FROM {table} "
+               f"WHERE {cond}{key} > ? ORDER BY {key} LIMIT ?)")
         while True:
             if not self._room():
                 yield False
                 return
-            rows = db.execute(sql, (*key, limit)).fetchall()
-            nbytes = sum(ROW_BYTES + sum(len(v) if isinstance(v, (bytes, str)) else 0 for v in r) for r in rows)
-            self._count(part, nbytes)
+            rows, nbytes, top = db.execute(sql, (last, limit)).fetchone()
+            self._count(part, int(nbytes))
             yield True
-            if len(rows) < limit:
+            if rows < limit:
                 return
-            key = tuple(rows[-1][:n])
-            limit = max(1, min(100_000, STEP_BYTES * len(rows) // max(1, nbytes)))
+            last = top
+            limit = max(1, min(100_000, STEP_BYTES * rows // max(1, int(nbytes))))
 
     def _collection_index(self, db, cid: int) -> Iterator[bool]:
         from app.documents.store import fts_tables
@@ -202,14 +205,23 @@ class Warmer:
             config = db.execute(f"SELECT k, v FROM {table}_config").fetchall()
             self._count("structure", sum(len(b[0] or b"") for b in blocks) + ROW_BYTES * (len(blocks) + len(config)))
             yield True
-            # the segment index: for each term a query looks up, one probe per segment
-            yield from self._scan(db, "idx", f"SELECT segid, term, pgno FROM {table}_idx WHERE (segid, term) > (?, ?) "
-                                  "ORDER BY segid, term LIMIT ?", (-1, b""))
+            # the segment index (for each term a query looks up, one probe per segment), a segment a step
+            segid = -1
+            while True:
+                if not self._room():
+                    yield False
+                    return
+                segid, = db.execute(f"SELECT min(segid) FROM {table}_idx WHERE segid > ?", (segid,)).fetchone()
+                if segid is None:
+                    break
+                nbytes, = db.execute(f"SELECT total({ROW_BYTES} + 8 + length(term)) FROM {table}_idx WHERE segid = ?",
+                                     (segid,)).fetchone()
+                self._count("idx", int(nbytes))
+                yield True
         words = fts_tables(cid)[0]
         if _exists(db, f"{words}_docsize"):
             # the passages' lengths: bm25() reads one row for every passage it ranks
-            yield from self._scan(db, "docsize", f"SELECT id, sz FROM {words}_docsize WHERE id > ? ORDER BY id LIMIT ?",
-                                  (-1,))
+            yield from self._scan(db, "docsize", f"{words}_docsize", "id", "length(sz)")
 
     def _common_words(self, db, cid: int) -> Iterator[bool]:
         from app.documents.store import fts_tables
@@ -240,8 +252,9 @@ class Warmer:
             yield True
 
     def _champions(self, db, cid: int) -> Iterator[bool]:
-        yield from self._scan(db, "champions", "SELECT term, entries FROM docs_champ WHERE collection_id = "
-                              f"{int(cid)} AND term > ? ORDER BY term LIMIT ?", ("",))
+        # (length() of a blob alone reads no overflow page: the concatenation reads the whole list)
+        yield from self._scan(db, "champions", "docs_champ", "term",
+                              "length(term) + length(CAST(entries || x'' AS BLOB))", f"collection_id = {int(cid)}", "")
 
 
 def _exists(db, table: str) -> bool:
