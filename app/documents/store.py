@@ -271,6 +271,12 @@ class DocumentStore:
                 champions.build_missing(db, cid)
                 db.execute("UPDATE docs_collections SET champ_ready = 1 WHERE id = ?", (cid,))
 
+    @classmethod
+    def beside(cls, history) -> "DocumentStore":
+        """The documents of an open :class:`~app.store.history.HistoryStore` (the same database): its
+        key is used as it is, without asking the key provider again (a passphrase's scrypt)."""
+        return cls(history.path, _opened=(history.key, database.sqlcipher_key(history.key)))
+
     def clone(self) -> "DocumentStore":
         return DocumentStore(self.path, _opened=(self._key, self._raw), _gate=self._gate)
 

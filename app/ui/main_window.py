@@ -692,7 +692,7 @@ class MainWindow(QMainWindow):
         if self._documents is None:
             from app.documents.indexer import FolderWatcher
 
-            self._documents = DocumentStore(self.store.path, self.store.key_provider)
+            self._documents = DocumentStore.beside(self.store)     # the history's key: no second scrypt
             # watched folders: changes since the last run, then every few seconds (its own thread and connection)
             self._watcher = FolderWatcher(self._documents).start()
             # what searches read, into the OS page cache before the first question (background, bounded)
