@@ -4,6 +4,7 @@
     .venv/bin/python bench/docs_scale.py --json [--sizes 10,100] [--workers N] [--keep DIR]
                                         [--corpus-cache ~/.cache/ferry-bench] [--model DEMO_MODEL_DIR]
     .venv/bin/python bench/docs_scale.py --json --measure KEPT_DIR/home/ferry.db
+    .venv/bin/python bench/docs_scale.py --json --measure KEPT_DIR/home/ferry.db --cold [--warm-budget MB]
     .venv/bin/python bench/docs_scale.py --json --resume KEPT_DIR/home/ferry.db --sizes 1000 --corpus-cache ~/.cache/ferry-bench
 
 For each size, in a fresh data folder with an encrypted database: the add
@@ -20,6 +21,15 @@ database (e.g. one whose add was stopped part way); ``--resume`` first goes on
 with the add of that size's cached corpus into a kept database whose add was
 stopped (``kill -9``), as adding the same folder again does in the app.
 Each size runs in a child process so its peak RSS is its own.
+
+``--cold`` measures the first search on a database that is not in the OS page
+cache (as after a reboot): before each question the database's pages are
+evicted (``posix_fadvise(DONTNEED)`` on ``ferry.db`` and its ``-wal``; no root
+needed; Linux), the store is opened and the question asked once, with no
+warm-up, with the background warm-up started at open and the question asked at
+once ("warming"), and after the warm-up finished; per question kind p50 / p95 /
+max of those first searches and the bytes they read from the disk
+(``/proc/self/io``), and the warm-up's time and bytes.
 """
 from __future__ import annotations
 
@@ -248,6 +258,69 @@ def measure(db: Path, keys, seed: int) -> dict:
             "test_questions_mixed_in_reference": hybrid_reference}
 
 
+def evict(db: Path) -> None:
+    """Drop the database's pages from the OS page cache (clean pages; the file is not being written)."""
+    for p in db.parent.iterdir():
+        if p.name.startswith(db.name) and not p.name.endswith("-shm") and p.is_file():
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def _disk_read_bytes() -> int | None:
+    try:
+        with open("/proc/self/io") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("read_bytes:"))
+    except (OSError, StopIteration):
+        return None
+
+
+def measure_cold(db: Path, keys, warm_budget: int | None = None) -> dict:
+    """Every question's first search on a cold OS page cache, in three variants (see the module's doc)."""
+    from app.documents.retrieve import search
+    from app.documents.store import DocumentStore
+    from app.documents.warm import WARM_BUDGET
+
+    budget = WARM_BUDGET if warm_budget is None else warm_budget
+    out: dict = {"warm_budget_mb": round(budget / 1e6, 1)}
+    for variant in ("no_warmup", "warming", "after_warmup"):
+        res: dict = {}
+        opens, warmups = [], []
+        for kind, qs in (("single_word", SINGLE), ("multi_word", MULTI), ("phrase", PHRASES)):
+            times, reads = [], []
+            for q in qs:
+                evict(db)
+                t0 = time.perf_counter()
+                store = DocumentStore(db, keys)
+                warmer = store.warm(budget) if variant != "no_warmup" else None
+                index = store.index("archive")
+                opens.append((time.perf_counter() - t0) * 1000)
+                if variant == "after_warmup":
+                    warmer.wait()
+                    warmups.append(warmer.stats.as_dict())
+                r0 = _disk_read_bytes()
+                t0 = time.perf_counter()
+                search(index, q, k=5)
+                times.append((time.perf_counter() - t0) * 1000)
+                r1 = _disk_read_bytes()
+                if r0 is not None and r1 is not None:
+                    reads.append((r1 - r0) / 1e6)
+                store.close()
+            res[kind] = {"p50_ms": round(_pct(times, 50), 1), "p95_ms": round(_pct(times, 95), 1),
+                         "max_ms": round(max(times), 1), "n": len(times),
+                         "read_mb_p50": round(_pct(reads, 50), 2) if reads else None,
+                         "read_mb_max": round(max(reads), 2) if reads else None}
+        res["open_ms_p50"] = round(_pct(opens, 50), 1)
+        if warmups:
+            res["warmup"] = {"seconds_p50": round(_pct([w["seconds"] for w in warmups], 50), 2),
+                             "mb": warmups[-1]["mb"], "parts_mb": warmups[-1]["parts_mb"],
+                             "doclists": warmups[-1]["doclists"], "finished": warmups[-1]["finished"]}
+        out[variant] = res
+    return out
+
+
 def _exhaustive_bm25(store, index, question: str, k: int) -> list[int]:
     """The top k of the word BM25 over every passage that holds a question word (term frequencies of
     all postings from FTS5 through fts5vocab), scored with the index's own formula and statistics."""
@@ -284,8 +357,9 @@ def _evaluate(index, qs) -> dict:
     return {"recall@3": round(hits3 / len(qs), 4), "mrr": round(rr / len(qs), 4), "questions": len(qs)}
 
 
-def measure_kept(db: Path, seed: int) -> dict:
-    """measure() on a kept database (e.g. one whose add was stopped part way)."""
+def measure_kept(db: Path, seed: int, cold: bool = False, warm_budget: int | None = None) -> dict:
+    """measure() on a kept database (e.g. one whose add was stopped part way); with ``cold``,
+    measure_cold() instead."""
     from corpus_tools import build_corpus
 
     from app.documents.store import DocumentStore
@@ -302,8 +376,9 @@ def measure_kept(db: Path, seed: int) -> dict:
     store.close()
     text = coll.size
     db_bytes = sum(p.stat().st_size for p in db.parent.iterdir() if p.name.startswith("ferry.db"))
-    return {"files": coll.files, "text_mb": round(text / 1e6, 1), "db_mb": round(db_bytes / 1e6, 1),
-            "db_over_text": round(db_bytes / max(1, text), 2), **measure(db, keys, seed)}
+    out = {"files": coll.files, "text_mb": round(text / 1e6, 1), "db_mb": round(db_bytes / 1e6, 1),
+           "db_over_text": round(db_bytes / max(1, text), 2)}
+    return out | ({"cold": measure_cold(db, keys, warm_budget)} if cold else measure(db, keys, seed))
 
 
 def resume(db: Path, corpus: Path, workers: int | None, stop_after: float | None = None) -> dict:
@@ -389,10 +464,14 @@ def main() -> None:
                          "then measure it")
     ap.add_argument("--stop-after", type=float, default=None,
                     help="with --resume: cancel the add after this many seconds, then measure")
+    ap.add_argument("--cold", action="store_true",
+                    help="with --measure: first searches on a cold OS page cache, without and with the warm-up")
+    ap.add_argument("--warm-budget", type=float, default=None, help="with --cold: the warm-up's budget, MB")
     ap.add_argument("--one", type=float, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.measure is not None:
-        print(json.dumps(measure_kept(args.measure, args.seed), indent=None if args.json else 1))
+        budget = None if args.warm_budget is None else int(args.warm_budget * 1e6)
+        print(json.dumps(measure_kept(args.measure, args.seed, args.cold, budget), indent=None if args.json else 1))
         return
     if args.resume is not None:
         if args.corpus_cache is None:

@@ -10,6 +10,7 @@ average length), so the ranking of a small collection is what it was, and a
 large one is searched without reading every passage."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import re
@@ -192,8 +193,11 @@ def _rarest(terms: Sequence[str], df: dict[str, int], most: int) -> list[str]:
 class FtsIndex:
     """One collection's persistent index, read through the store's connection."""
 
-    def __init__(self, db, collection_id: int, words_table: str, grams_table: str, *, use_champions: bool = True):
+    def __init__(self, db, collection_id: int, words_table: str, grams_table: str, *, use_champions: bool = True,
+                 gate=None):
         self._db, self.collection_id = db, collection_id
+        #: app.documents.warm.Gate: the background warm-up begins no step while a search runs
+        self._gate = gate
         if db.execute("PRAGMA cache_size").fetchone()[0] > -SEARCH_CACHE_KIB:
             db.execute(f"PRAGMA cache_size = -{SEARCH_CACHE_KIB}")
         #: False: FTS5 ranks every posting of the chosen words (the reference the lists are measured against)
@@ -264,6 +268,10 @@ class FtsIndex:
         """(chunk, word BM25, n-gram BM25) of the candidates for these question terms."""
         if not self.n:
             return []
+        with self._gate.busy() if self._gate is not None else contextlib.nullcontext():
+            return self._score(words, grams, limit)
+
+    def _score(self, words: Sequence[str], grams: Sequence[str], limit: int) -> list[tuple[IndexedChunk, float, float]]:
         words, grams = list(dict.fromkeys(words)), list(dict.fromkeys(grams))
         if not words or not grams:
             limit *= 2          # one signal alone (mode bm25 or ngram) takes both signals' candidates

@@ -26,6 +26,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from app.documents import champions
 from app.documents.index import FtsIndex, IndexedChunk, terms_for
+from app.documents.warm import WARM_BUDGET, Gate, Warmer
 from app.documents.walk import display_name
 from app.store import database
 from app.store.crypto import KeyProvider
@@ -222,7 +223,7 @@ class DocumentStore:
     """Use from one thread; :meth:`clone` opens another connection for a worker thread."""
 
     def __init__(self, path: str | Path | None = None, keys: KeyProvider | None = None, *,
-                 _opened: tuple[bytes, bytes] | None = None):
+                 _opened: tuple[bytes, bytes] | None = None, _gate: Gate | None = None):
         self.path = Path(path) if path is not None else database.default_path()
         if _opened is None:
             if keys is None:
@@ -235,6 +236,9 @@ class DocumentStore:
             _opened = (key, database.sqlcipher_key(key))
         self._key, self._raw = _opened
         self.keys = Keys.derive(self._key)
+        #: searches through this store and its clones; the background warm-up waits while one runs
+        self._gate = _gate or Gate()
+        self._warmer: Warmer | None = None
         self._db = database.connect(self.path, self._raw)
         try:
             self.ensure_schema(self._db)
@@ -247,6 +251,7 @@ class DocumentStore:
         """A store over an open connection it does not own (the migration's)."""
         self = cls.__new__(cls)
         self.path, self._key, self._raw, self.keys, self._db = None, None, None, None, db
+        self._gate, self._warmer = Gate(), None
         return self
 
     @staticmethod
@@ -266,14 +271,33 @@ class DocumentStore:
                 champions.build_missing(db, cid)
                 db.execute("UPDATE docs_collections SET champ_ready = 1 WHERE id = ?", (cid,))
 
+    @classmethod
+    def beside(cls, history) -> "DocumentStore":
+        """The documents of an open :class:`~app.store.history.HistoryStore` (the same database): its
+        key is used as it is, without asking the key provider again (a passphrase's scrypt)."""
+        return cls(history.path, _opened=(history.key, database.sqlcipher_key(history.key)))
+
     def clone(self) -> "DocumentStore":
-        return DocumentStore(self.path, _opened=(self._key, self._raw))
+        return DocumentStore(self.path, _opened=(self._key, self._raw), _gate=self._gate)
 
     @property
     def db(self):
         return self._db
 
+    def warm(self, budget: int = WARM_BUDGET) -> Warmer | None:
+        """Start reading ahead, in the background, what searches of this database read
+        (:mod:`app.documents.warm`; at most ``budget`` bytes); the running warm-up if there is one.
+        None for a store over a borrowed connection. Stopped by :meth:`close`."""
+        if self.path is None or self._db is None:
+            return None
+        if self._warmer is None or not self._warmer.running:
+            path, raw = self.path, self._raw
+            self._warmer = Warmer(lambda: database.connect(path, raw), self._gate, budget=budget).start()
+        return self._warmer
+
     def close(self) -> None:
+        if self._warmer is not None:
+            self._warmer.cancel()
         if self._db is not None:
             self._db.close()
             self._db = None
@@ -502,8 +526,11 @@ class DocumentStore:
     def index(self, name: str, *, use_champions: bool = True) -> FtsIndex:
         """The collection's persistent index (nothing is built here); ``use_champions=False`` gives
         the reference search that lets FTS5 rank every posting (for measuring the lists)."""
-        coll = self.collection(name)
-        return FtsIndex(self._db, coll.id, *fts_tables(coll.id), use_champions=use_champions)
+        # the collection's id only: its file counts (Collection.files...) would read a row of every
+        # file, scattered over the file (1,741 random reads at 1 GB of text on a cold OS cache)
+        row = self._db.execute("SELECT id FROM docs_collections WHERE name = ?", (name.strip(),)).fetchone()
+        cid = row[0] if row is not None else self.collection(name).id      # (the error for a missing one)
+        return FtsIndex(self._db, cid, *fts_tables(cid), use_champions=use_champions, gate=self._gate)
 
 
 def df_counts(terms: Iterable[tuple[str, int, str, int]]) -> tuple[dict[str, int], dict[str, int]]:

@@ -53,6 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"ferry: {exc}", file=sys.stderr)
             return 2
 
+    from PySide6.QtCore import QTimer
     from PySide6.QtWidgets import QApplication, QMessageBox
 
     app = QApplication.instance() or QApplication([sys.argv[0]])
@@ -101,6 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     window = MainWindow(store)
     window.show()
+    QTimer.singleShot(0, window.start_documents)     # watched folders and the index read-ahead, in the background
     if args.model:
         window.load_model(args.model)
     else:

@@ -692,10 +692,22 @@ class MainWindow(QMainWindow):
         if self._documents is None:
             from app.documents.indexer import FolderWatcher
 
-            self._documents = DocumentStore(self.store.path, self.store.key_provider)
+            self._documents = DocumentStore.beside(self.store)     # the history's key: no second scrypt
             # watched folders: changes since the last run, then every few seconds (its own thread and connection)
             self._watcher = FolderWatcher(self._documents).start()
+            # what searches read, into the OS page cache before the first question (background, bounded)
+            self._documents.warm()
         return self._documents
+
+    def start_documents(self) -> None:
+        """Open the documents at start-up (called once the window shows): watched folders are brought
+        up to date and the search index is read ahead, both in background threads, so the first
+        question after a reboot does not wait for the disk. A failure here is shown when the
+        documents are used."""
+        try:
+            self.documents()
+        except Exception:       # noqa: BLE001 - reported by the first real use, not at start-up
+            pass
 
     def open_documents_page(self):
         """The documents page: every collection, its files, add folder / watch / remove / re-index."""
@@ -906,6 +918,9 @@ class MainWindow(QMainWindow):
         if getattr(self, "_watcher", None) is not None:
             self._watcher.stop()
             self._watcher = None
+        if self._documents is not None:     # stops its warm-up too
+            self._documents.close()
+            self._documents = None
         self.worker.close()
 
     def closeEvent(self, event) -> None:

@@ -2,6 +2,8 @@
 answer's citation markers open the exact passage."""
 from __future__ import annotations
 
+import pytest
+
 from tests.ui.test_chat_window import send
 
 
@@ -33,3 +35,25 @@ def test_attach_ask_and_open_a_citation(qtbot, make_window, demo_container, tmp_
     assert dialog.highlighted_text() == tank.passage
     dialog.close()
     panel.close()
+
+
+def test_the_window_reads_the_documents_index_ahead_at_start_up(make_window, corpus_dir_ui):
+    """app.ui.app calls start_documents once the window shows: the documents open, their index is read
+    ahead in the background (app/documents/warm.py), and shutting the window down stops it."""
+    w = make_window(None)
+    w.start_documents()
+    store = w._documents
+    assert store is not None and store._warmer is not None
+    store.add("kept", [corpus_dir_ui], workers=1)
+    warmer = store.warm()                     # the first finished on the empty database: a new one starts
+    w.shutdown()                              # cancels and joins it, then closes the store
+    assert not warmer.running and (warmer.stats.finished or warmer.stats.cancelled)
+    assert w._documents is None
+
+
+@pytest.fixture
+def corpus_dir_ui(tmp_path):
+    d = tmp_path / "docs"
+    d.mkdir()
+    (d / "note.md").write_text("# Boiler\n\nThe boiler was serviced by Aldous Heating in March.\n")
+    return d
