@@ -78,8 +78,8 @@ def open_from_args(args) -> LoadedModel:
     """The model named on the command line, with its --budget (or the recommended one)."""
     quiet = getattr(args, "json", False)
     if is_server_url(args.model):
-        raise UsageError(f"{args.model} is a server's URL: `ferry run` and `ferry chat` can use a server; "
-                         f"this command needs a model on this computer")
+        raise UsageError(f"{args.model} is a server's URL: `ferry run`, `ferry chat` and `ferry docs ask` can use "
+                         f"a server; this command needs a model on this computer")
     if args.budget:   # checked before anything is loaded
         budget = parse_size(args.budget)
         warning = check_budget(budget)
@@ -153,7 +153,8 @@ class Turns:
 
 def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="a converted model: its folder, its name in the models folder, or 'demo' for the "
-                                 "built-in demo model (`run` and `chat`: or an OpenAI-compatible server's URL)")
+                                 "built-in demo model (`run`, `chat` and `docs ask`: or an OpenAI-compatible "
+                                 "server's URL)")
     p.add_argument("--budget", help="RAM budget for the core, e.g. 4G (default: chosen for this machine and model, "
                                     "as `ferry plan` prints it)")
     p.add_argument("--threads", type=int, default=0, help="compute threads (default: one per CPU)")
@@ -169,6 +170,11 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--verify-reads", action="store_true",
                    help="check each expert record's CRC32 when it is first read from disk; a damaged record "
                         "ends that answer with an error naming it (costs CPU per GB read: docs/BENCHMARKS.md)")
+
+
+def add_server_model(p) -> None:
+    p.add_argument("--server-model", metavar="NAME", help="when MODEL is a server's URL: the model it serves to use "
+                                                           "(default: the first it lists)")
 
 
 def add_routing(p: argparse.ArgumentParser) -> None:

@@ -12,8 +12,8 @@ from typing import Sequence
 import numpy as np
 
 from app.api import ModelError, Reasoning, Text, ToolCallMade, TurnDone, TurnError, TurnRequest
-from app.cli.common import (Turns, UsageError, add_model_options, add_routing, add_sampling, open_from_args, parse_size,
-                            progress_printer, resolve_model, turn_request)
+from app.cli.common import (Turns, UsageError, add_model_options, add_routing, add_sampling, add_server_model,
+                            open_from_args, parse_size, progress_printer, resolve_model, turn_request)
 from app.convert.convert import ConvertError, convert
 from app.convert.errors import SourceError
 from app.convert.format_choices import RECOMMENDED
@@ -158,11 +158,6 @@ def _answer(turns: Turns, request: TurnRequest, *, show: bool) -> TurnDone:
     if show:
         print()
     return end
-
-
-def add_server_model(p) -> None:
-    p.add_argument("--server-model", metavar="NAME", help="when MODEL is a server's URL: the model it serves to use "
-                                                           "(default: the first it lists)")
 
 
 def cmd_run(args) -> int:

@@ -26,6 +26,8 @@ DEFAULT_SERVE_PORT = 8000
 #: A new setting of user text is added here.
 PRIVATE_FIELDS = frozenset({"system_prompt", "model_settings", "presets"})   # presets and per-model values hold system prompts
 ENCRYPTED_KEY = "encrypted"
+MAX_SEED = (1 << 63) - 1
+MAX_ALTERNATIVES = 20         #: = app.chat.turn.MAX_TOP_LOGPROBS
 
 
 @dataclass
@@ -54,6 +56,9 @@ class Settings:
     presets: dict = field(default_factory=dict)         #: preset name -> values of PER_MODEL keys
     verify_reads: bool = False    #: check each expert record's CRC32 when first read (costs CPU per GB read)
     activations: str = "f32"      #: "f32" exact; "q8" 8-bit activations: faster, answers change slightly (opt-in)
+    seed: int | None = None       #: the sampler's seed (None: a fresh one each answer); a seed makes answers repeat
+    token_probabilities: bool = False  #: keep each answer's token probabilities and show them under it
+    token_alternatives: int = 5   #: the likeliest other tokens kept per token (0-20, as the API's top_logprobs)
 
     def validated(self) -> "Settings":
         """A copy with every value clamped into its legal range."""
@@ -79,6 +84,9 @@ class Settings:
         s.experts_per_token = None if s.experts_per_token in (None, "") or int(s.experts_per_token) < 1 \
             else int(s.experts_per_token)
         s.cache_aware_margin = min(max(0.0, float(s.cache_aware_margin)), 10.0)
+        s.seed = None if s.seed in (None, "") or int(s.seed) < 0 else min(int(s.seed), MAX_SEED)
+        s.token_probabilities = bool(s.token_probabilities)
+        s.token_alternatives = min(max(0, int(s.token_alternatives)), MAX_ALTERNATIVES)
         s.model_settings = {str(k): _per_model(v) for k, v in dict(s.model_settings or {}).items()
                             if isinstance(v, dict)}
         s.presets = {str(k).strip(): _per_model(v) for k, v in dict(s.presets or {}).items()
