@@ -61,7 +61,8 @@ def percent(logprob: float) -> str:
 
 
 def visible(text: str) -> str:
-    """A token's text with its invisible parts shown: a space as '·' at the ends, a newline as '↵', a tab as '→'."""
+    """A token's text with its invisible parts shown: a space at either end as '·', a newline as '↵', a tab
+    as '→'."""
     if text == "":
         return "∅"
     shown = text.replace("\n", "↵").replace("\t", "→")
@@ -74,7 +75,8 @@ def visible(text: str) -> str:
 
 
 def describe(token: TokenProb) -> str:
-    """One line: the token, its probability and its alternatives ('“ Paris” 92.1 % — also: “ London” 3.2 %, …')."""
+    """One line: the token, its probability and its alternatives
+    ('“·Paris” 92.1 % — also: “·London” 3.2 %, …')."""
     head = f"“{visible(token.text)}” {percent(token.logprob)}"
     others = [(t, v) for t, v in token.alternatives if t != token.text]
     if not others:

@@ -193,7 +193,10 @@ def add_sampling(p: argparse.ArgumentParser, *, system: bool = True) -> None:
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--min-p", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None, help="the sampler's seed: the same seed and options give the "
+                                                           "same answer (default: a fresh one)")
+    p.add_argument("--stop", action="append", default=None, metavar="S",
+                   help="end the answer before the text S (repeatable, at most 4; the thinking trace is not cut)")
     if system:
         p.add_argument("--system", help="a system prompt")
     p.add_argument("--no-think", action="store_true", help="turn the model's thinking off (where it has it)")
@@ -210,4 +213,4 @@ def turn_request(args, messages: list[dict], *, raw: bool = False, client: str =
                        thinking=not getattr(args, "no_think", False), raw=raw,
                        experts_per_token=getattr(args, "experts_per_token", None),
                        cache_aware_margin=getattr(args, "cache_aware", 0.0) or 0.0, client=client,
-                       top_logprobs=getattr(args, "logprobs", None))
+                       top_logprobs=getattr(args, "logprobs", None), stop=list(getattr(args, "stop", None) or []))

@@ -185,7 +185,8 @@ class DocumentChat:
             elif isinstance(ev, TurnDone):
                 end = ev
         assert end is not None
-        yield _answer(end, dp.passages, t0=t0, turn_at=turn_at, prompt_tokens=evaluated + len(dp.ids) - end.reused_tokens,
+        yield _answer(end, dp.passages, t0=t0, turn_at=turn_at,
+                      prompt_tokens=evaluated + len(dp.ids) - end.reused_tokens,
                       reused_tokens=end.reused_tokens - evaluated, prefix_state=state,
                       passage_tokens=dp.passage_tokens, budget=dp.budget, whole_collection=dp.whole_collection,
                       passages_s=passages_s)

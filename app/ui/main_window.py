@@ -619,7 +619,7 @@ class MainWindow(QMainWindow):
                 path = f"{path}.{fmt}"
         eff = self.effective()
         sampling = {"temperature": eff.temperature, "top_p": eff.top_p, "top_k": eff.top_k, "min_p": eff.min_p,
-                    "seed": eff.seed,
+                    "seed": eff.seed, "stop": list(eff.stop),
                     "max_tokens": eff.max_tokens, "thinking": eff.thinking, "system_prompt": eff.system_prompt}
         try:
             out = export.write(self.chat, path, fmt, model=self.chat.model_name, sampling=sampling,
@@ -679,6 +679,7 @@ class MainWindow(QMainWindow):
                           sampling=SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
                                                   min_p=s.min_p, seed=s.seed),
                           top_logprobs=int(s.token_alternatives) if s.token_probabilities else None,
+                          stop=list(s.stop),
                           # issue 17's opt-in routing modes (None / 0: exact, the default)
                           experts_per_token=s.experts_per_token,
                           cache_aware_margin=float(s.cache_aware_margin or 0.0), client="window")

@@ -9,7 +9,7 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, 
 
 from app.memory.stats import MemorySplit
 from app.memory.units import size
-from app.store.settings import MAX_ALTERNATIVES, Settings, remote_api_key, set_remote_api_key
+from app.store.settings import MAX_ALTERNATIVES, Settings, format_stops, parse_stops, remote_api_key, set_remote_api_key
 
 MIB = 1 << 20
 
@@ -127,6 +127,14 @@ class SettingsDialog(QDialog):
         self.max_tokens.setSuffix(" tokens")
         self.max_tokens.setValue(settings.max_tokens)
         form.addRow("Longest answer", self.max_tokens)
+        self.stop = QPlainTextEdit(format_stops(settings.stop))
+        self.stop.setAccessibleName("Stop sequences")
+        self.stop.setPlaceholderText("Optional: the answer ends before any of these (one a line, at most 4; "
+                                     "\\n is a newline)")
+        self.stop.setToolTip("As the server's stop and `ferry run --stop`: the answer ends just before the first "
+                             "of these it would write (the thinking trace is not cut).")
+        self.stop.setFixedHeight(48)
+        form.addRow("Stop at", self.stop)
 
         self.thinking = QCheckBox("Let thinking models think before they answer")
         self.thinking.setAccessibleName("Thinking")
@@ -275,7 +283,8 @@ class SettingsDialog(QDialog):
             temperature=self.temp.value(), top_p=self.top_p.value(), top_k=self.top_k.value(),
             min_p=self.min_p.value(), seed=None if self.seed.value() < 0 else self.seed.value(),
             token_probabilities=self.token_probs.isChecked(), token_alternatives=self.token_alternatives.value(),
-            max_tokens=self.max_tokens.value(), thinking=self.thinking.isChecked(),
+            max_tokens=self.max_tokens.value(), stop=parse_stops(self.stop.toPlainText()),
+            thinking=self.thinking.isChecked(),
             enter_sends=self.enter_sends.isChecked(),
             system_prompt=self.system.toPlainText(), engine=self.engine.currentData(),
             remote_url=self.remote_url.text().strip(), remote_model=self.remote_model.text().strip(),

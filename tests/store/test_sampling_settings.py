@@ -21,3 +21,25 @@ def test_seed_and_token_probabilities_persist(tmp_path):
     assert (back.seed, back.token_probabilities, back.token_alternatives) == (1234, True, 3)
     settings_mod.save(Settings(), path)
     assert settings_mod.load(path).seed is None
+
+
+def test_stop_sequences_are_typed_one_a_line_with_escapes():
+    typed = "###\n\\n\\nUser:\nC:\\\\path\n\nend\\t"
+    stops = settings_mod.parse_stops(typed)
+    assert stops == ["###", "\n\nUser:", "C:\\path", "end\t"]
+    assert settings_mod.parse_stops(settings_mod.format_stops(stops)) == stops
+    assert settings_mod.parse_stops("a\\qb") == ["a\\qb"]          # an unknown escape is kept as typed
+    s = Settings(stop=["a", "", "b" * 300, "c", "d", "e"]).validated()
+    assert s.stop == ["a", "b" * 256, "c", "d"]
+    assert Settings(stop="not a list").validated().stop == []
+
+
+def test_stop_sequences_are_never_written_in_the_clear(tmp_path):
+    from app.store.crypto import Cipher
+
+    path = tmp_path / "settings.json"
+    cipher = Cipher(bytes(range(32)))
+    settings_mod.save(Settings(stop=["SECRET-STOP"]), path, cipher=cipher)
+    assert "SECRET-STOP" not in path.read_text()
+    assert settings_mod.load(path, cipher=cipher).stop == ["SECRET-STOP"]
+    assert settings_mod.load(path).stop == []

@@ -335,6 +335,55 @@ def test_docs_ask_on_a_server_gives_the_local_answer(container, capsys, tmp_path
     assert len(there["tokens"]) == len(here["tokens"])
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("container", FAMILIES, indirect=True)
+def test_a_stop_sequence_ends_the_answer_in_every_front_end(container, capsys, qtbot, make_window, tmp_path, kr,
+                                                            monkeypatch):
+    """A stop sequence taken from the middle of the greedy answer ends it just
+    before that text in `ferry run --stop`, the server (openai client, stop=),
+    the window's Stop-at setting on the local engine and on that server, and
+    `ferry docs ask --stop` (the same on a server's URL). A family whose answer
+    here is all thinking gets a stop from its trace, which must not cut it."""
+    family, path = container
+    ctx = CTX[family]
+    n = 16
+    run = ("-n", str(n), "--ctx", str(ctx), "--threads", "2", "--no-think", "--json")
+    base = _cli_json(capsys, "run", str(path), QUESTION, *run)
+    cut = len(base["text"].strip()) >= 4
+    source = base["text"] if cut else base["reasoning"]
+    assert len(source) >= 4, f"{family} wrote nothing to stop at"
+    stop = source[len(source) // 2:len(source) // 2 + 3]
+    want = (source[:source.find(stop)], base["reasoning"]) if cut else (base["text"], base["reasoning"])
+    cli = _cli_json(capsys, "run", str(path), QUESTION, *run, "--stop", stop, "--stop", "never written")
+    assert (cli["text"], cli["reasoning"]) == want
+    window = dict(max_tokens=n, thinking=False, stop=[stop, "never written"])
+    local, _ = _window_turn(qtbot, make_window(path, context_length=ctx, **window), QUESTION)
+    with _served(path, ctx) as (server, client):
+        r = client.chat.completions.create(model=server.model_id, messages=[{"role": "user", "content": QUESTION}],
+                                           max_tokens=n, temperature=0, stop=[stop, "never written"],
+                                           extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+        there, _ = _window_turn(qtbot, _remote_window(qtbot, make_window, server.url, **window), QUESTION)
+    msg = r.choices[0].message
+    assert (msg.content or "", msg.model_extra.get("reasoning_content") or "") == want
+    assert (local.content, local.reasoning) == (there.content, there.reasoning) == want
+    assert local.token_ids == cli["token_ids"] and len(cli["token_ids"]) <= len(base["token_ids"])
+    if cut:
+        assert r.choices[0].finish_reason == "stop" and len(cli["token_ids"]) < n
+    # `docs ask` takes the same option
+    monkeypatch.setenv("FERRY_HOME", str(tmp_path / "home"))
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "boathouse.txt").write_text(NOTE + "\n")
+    assert ferry(["docs", "add", "home", str(notes), "--json"]) == 0
+    ask = ("docs", "ask", str(path), "home", QUESTION, "-n", str(n), "--ctx", str(ctx), "--threads", "2",
+           "--no-think", "--json")
+    docs = _cli_json(capsys, *ask)
+    if docs["model_text"].strip():
+        stop = docs["model_text"][len(docs["model_text"]) // 2:][:3]
+        stopped = _cli_json(capsys, *ask, "--stop", stop)
+        assert stopped["model_text"] == docs["model_text"][:docs["model_text"].find(stop)]
+
+
 def test_cli_logprobs_need_json(capsys, tmp_path):
     assert ferry(["run", str(tmp_path / "no-model"), QUESTION, "--logprobs", "2"]) == 2
     assert "--logprobs needs --json" in capsys.readouterr().err

@@ -1,5 +1,5 @@
-"""The window's seed and token probabilities, on a real engine (a tiny model):
-the settings dialog edits them, a seed makes Regenerate repeat a sampled
+"""The window's seed, stop sequences and token probabilities, on a real engine
+(a tiny model): the settings dialog edits them, a seed makes Regenerate repeat a sampled
 answer, and each answer's token probabilities are shown under it (the
 alternatives of the token under the mouse), kept across a restart. The same
 figures in the other front ends: tests/ui/test_front_end_matrix.py."""
@@ -13,7 +13,7 @@ from tests.ui.conftest import close_window, on_gui
 LONG = 60000
 
 
-def test_settings_dialog_edits_the_seed_and_token_probabilities(qtbot):
+def test_settings_dialog_edits_the_seed_stops_and_token_probabilities(qtbot):
     d = SettingsDialog(Settings(seed=42, token_probabilities=True, token_alternatives=4))
     qtbot.addWidget(d)
     assert d.seed.value() == 42 and d.token_probs.isChecked() and d.token_alternatives.value() == 4
@@ -26,7 +26,13 @@ def test_settings_dialog_edits_the_seed_and_token_probabilities(qtbot):
     assert out.seed is None and not out.token_probabilities
     d.seed.setValue(0)
     assert d.result_settings().seed == 0
+    d.stop.setPlainText("###\n\\n\\nUser:")
+    assert d.result_settings().stop == ["###", "\n\nUser:"]
     d.close()
+    again = SettingsDialog(Settings(stop=["\n\nUser:"]))
+    qtbot.addWidget(again)
+    assert again.stop.toPlainText() == "\\n\\nUser:" and again.result_settings().stop == ["\n\nUser:"]
+    again.close()
 
 
 def _answer(qtbot, w, send):
