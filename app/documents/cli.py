@@ -181,6 +181,9 @@ def cmd_ask(args) -> int:
                     print(ev.text, end="", flush=True)
                 elif isinstance(ev, Answer):
                     answer = ev
+        except KeyboardInterrupt:   # Ctrl-C: the answer stops, nothing is kept
+            print("\nferry: stopped", file=sys.stderr)
+            return 130
         finally:
             close()
     assert answer is not None

@@ -5,6 +5,8 @@ alternatives of the token under the mouse), kept across a restart. The same
 figures in the other front ends: tests/ui/test_front_end_matrix.py."""
 from __future__ import annotations
 
+import json
+
 from app.chat import token_probs as tp
 from app.store.settings import Settings
 from app.ui.settings_dialog import SettingsDialog
@@ -77,6 +79,9 @@ def test_the_window_shows_each_tokens_probability_and_alternatives(qtbot, make_w
     panel.tokens_label.linkHovered.emit("")
     assert panel.detail.text() == tp.describe(kept[5]) and panel.selected == 5
     assert not w.chat_view.widgets[0].probs.isVisible()        # the question has none
+    exported = json.loads(w.export_chat(tmp_path / "chat.json", "json").read_text())
+    assert [e["logprob"] for e in exported["messages"][-1]["logprobs"]] == [t.logprob for t in kept]
+    assert exported["sampling"]["seed"] is None
     cid = w.chat.id
     close_window(w)
     # kept with the answer: shown again after a restart
