@@ -106,15 +106,16 @@ def shade(probability: float, colors: dict[str, str]) -> str:
 
 
 def tokens_html(tokens: Sequence[TokenProb], colors: dict[str, str], selected: int | None = None) -> str:
-    """The answer's tokens, each a ``tok:INDEX`` link shaded by its probability (newlines kept)."""
+    """The answer's tokens, each a ``tok:INDEX`` link shaded by its probability: spaces
+    kept, a newline shown as '↵' and kept, and a line may break between any two tokens."""
     parts = []
     for i, t in enumerate(tokens):
-        text = html.escape(t.text).replace(" ", "&nbsp;") or "∅"
-        text = text.replace("\n", "↵<br>").replace("\t", "&nbsp;&nbsp;&nbsp;&nbsp;")
-        border = f"border-bottom:2px solid {colors['text']};" if i == selected else ""
-        parts.append(f"<a href='{LINK_SCHEME}:{i}' style='color:{colors['text']};text-decoration:none;"
-                     f"background-color:{shade(t.probability, colors)};{border}'>{text}</a>")
-    return "<span style='font-family:monospace'>" + "".join(parts) + "</span>"
+        text = html.escape(t.text).replace("\t", "    ") or "∅"
+        text = text.replace("\r", "").replace("\n", "↵<br>")
+        mark = "underline;font-weight:bold" if i == selected else "none"   # the token described below
+        parts.append(f"<a href='{LINK_SCHEME}:{i}' style='color:{colors['text']};text-decoration:{mark};"
+                     f"background-color:{shade(t.probability, colors)}'>{text}</a>")
+    return "<span style='font-family:monospace;white-space:pre-wrap'>" + "\u200b".join(parts) + "</span>"
 
 
 def link_index(href: str, count: int) -> int | None:

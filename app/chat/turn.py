@@ -305,9 +305,9 @@ class _TokenSource:
 
 def token_bytes(tokenizer, token_id: int) -> bytes:
     """A token's own bytes (a byte-level piece of UTF-8 may be no text alone)."""
-    inner = getattr(tokenizer, "_tok", None)
-    if inner is not None and hasattr(inner, "decode_token_bytes"):
-        return inner.decode_token_bytes(int(token_id))
+    for source in (getattr(tokenizer, "_tok", None), tokenizer):   # the K3 tokenizer, an HFTokenizer
+        if source is not None and hasattr(source, "decode_token_bytes"):
+            return source.decode_token_bytes(int(token_id))
     return tokenizer.token_text(int(token_id)).encode("utf-8")
 
 

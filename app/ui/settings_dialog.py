@@ -117,7 +117,7 @@ class SettingsDialog(QDialog):
         self.seed.setToolTip("Random: each answer draws differently. A number: the same conversation and settings "
                              "give the same answer again (Regenerate repeats it), as `ferry run --seed` and the "
                              "server's seed do. Greedy answers (temperature 0) never vary.")
-        seed_random = QPushButton("Random")
+        seed_random = QPushButton("Back to random")
         seed_random.setAccessibleName("Sample with a fresh seed each answer")
         seed_random.clicked.connect(lambda: self.seed.setValue(-1))
         form.addRow("Seed", _row(self.seed, seed_random, grow_first=True))

@@ -48,6 +48,6 @@ def test_html_escapes_text_shades_by_probability_and_links_each_token():
     assert "<script>" not in html and "&lt;script&gt;" in html
     assert html.count("<a href='tok:") == 3
     assert "background-color:#fff" in html and "background-color:#f80" in html and "background-color:#f00" in html
-    assert html.count("border-bottom") == 1 and "↵<br>" in html
+    assert html.count("underline;font-weight:bold") == 1 and "↵<br>" in html
     assert [tp.link_index(h, 3) for h in ("tok:0", "tok:2", "tok:3", "tok:x", "cite:1", "")] == [0, 2, None, None,
                                                                                                None, None]
