@@ -195,6 +195,10 @@ def add_sampling(p: argparse.ArgumentParser, *, system: bool = True) -> None:
     p.add_argument("--min-p", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=None, help="the sampler's seed: the same seed and options give the "
                                                            "same answer (default: a fresh one)")
+    p.add_argument("--frequency-penalty", type=float, default=0.0, metavar="F",
+                   help="-2 to 2: lower a token's chances by F for each time it was already written (default 0)")
+    p.add_argument("--presence-penalty", type=float, default=0.0, metavar="F",
+                   help="-2 to 2: lower the chances of any token already written by F (default 0)")
     p.add_argument("--stop", action="append", default=None, metavar="S",
                    help="end the answer before the text S (repeatable, at most 4; the thinking trace is not cut)")
     if system:
@@ -205,7 +209,9 @@ def add_sampling(p: argparse.ArgumentParser, *, system: bool = True) -> None:
 
 def sampling(args) -> SamplingParams:
     return SamplingParams(temperature=args.temp, top_k=getattr(args, "top_k", 0), top_p=getattr(args, "top_p", 1.0),
-                          min_p=getattr(args, "min_p", 0.0), seed=args.seed)
+                          min_p=getattr(args, "min_p", 0.0), seed=args.seed,
+                          frequency_penalty=getattr(args, "frequency_penalty", 0.0),
+                          presence_penalty=getattr(args, "presence_penalty", 0.0))
 
 
 def turn_request(args, messages: list[dict], *, raw: bool = False, client: str = "cli") -> TurnRequest:

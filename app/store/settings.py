@@ -85,6 +85,8 @@ class Settings:
     token_probabilities: bool = False  #: keep each answer's token probabilities and show them under it
     token_alternatives: int = 5   #: the likeliest other tokens kept per token (0-20, as the API's top_logprobs)
     stop: list[str] = field(default_factory=list)  #: the answer ends before the first of these (at most 4)
+    frequency_penalty: float = 0.0   #: -2..2 (OpenAI's): times how often a token was already written
+    presence_penalty: float = 0.0    #: -2..2 (OpenAI's): once a token was already written
 
     def validated(self) -> "Settings":
         """A copy with every value clamped into its legal range."""
@@ -112,6 +114,8 @@ class Settings:
         s.cache_aware_margin = min(max(0.0, float(s.cache_aware_margin)), 10.0)
         s.seed = None if s.seed in (None, "") or int(s.seed) < 0 else min(int(s.seed), MAX_SEED)
         s.token_probabilities = bool(s.token_probabilities)
+        s.frequency_penalty = min(max(-2.0, float(s.frequency_penalty)), 2.0)
+        s.presence_penalty = min(max(-2.0, float(s.presence_penalty)), 2.0)
         s.token_alternatives = min(max(0, int(s.token_alternatives)), MAX_ALTERNATIVES)
         s.stop = [str(x)[:MAX_STOP_CHARS] for x in (s.stop if isinstance(s.stop, list) else []) if str(x)][:MAX_STOPS]
         s.model_settings = {str(k): _per_model(v) for k, v in dict(s.model_settings or {}).items()

@@ -619,7 +619,8 @@ class MainWindow(QMainWindow):
                 path = f"{path}.{fmt}"
         eff = self.effective()
         sampling = {"temperature": eff.temperature, "top_p": eff.top_p, "top_k": eff.top_k, "min_p": eff.min_p,
-                    "seed": eff.seed, "stop": list(eff.stop),
+                    "seed": eff.seed, "stop": list(eff.stop), "frequency_penalty": eff.frequency_penalty,
+                    "presence_penalty": eff.presence_penalty,
                     "max_tokens": eff.max_tokens, "thinking": eff.thinking, "system_prompt": eff.system_prompt}
         try:
             out = export.write(self.chat, path, fmt, model=self.chat.model_name, sampling=sampling,
@@ -677,7 +678,8 @@ class MainWindow(QMainWindow):
         s = self.effective()
         req = TurnRequest(messages=list(start.messages), max_tokens=int(s.max_tokens), thinking=bool(s.thinking),
                           sampling=SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
-                                                  min_p=s.min_p, seed=s.seed),
+                                                  min_p=s.min_p, seed=s.seed, frequency_penalty=s.frequency_penalty,
+                                                  presence_penalty=s.presence_penalty),
                           top_logprobs=int(s.token_alternatives) if s.token_probabilities else None,
                           stop=list(s.stop),
                           # issue 17's opt-in routing modes (None / 0: exact, the default)

@@ -127,6 +127,16 @@ class SettingsDialog(QDialog):
         self.max_tokens.setSuffix(" tokens")
         self.max_tokens.setValue(settings.max_tokens)
         form.addRow("Longest answer", self.max_tokens)
+        self.frequency_penalty = self._dspin(-2.0, 2.0, 0.1, settings.frequency_penalty, "Frequency penalty")
+        self.presence_penalty = self._dspin(-2.0, 2.0, 0.1, settings.presence_penalty, "Presence penalty")
+        for w, tip in ((self.frequency_penalty, "Lowers a token's chances by this much for each time it was "
+                                                "already written in the answer (0: off; as the server's "
+                                                "frequency_penalty)."),
+                       (self.presence_penalty, "Lowers the chances of any token already written in the answer "
+                                               "by this much (0: off; as the server's presence_penalty).")):
+            w.setToolTip(tip)
+        form.addRow("Repetition", _row(QLabel("frequency"), self.frequency_penalty, QLabel("presence"),
+                                       self.presence_penalty))
         self.stop = QPlainTextEdit(format_stops(settings.stop))
         self.stop.setAccessibleName("Stop sequences")
         self.stop.setPlaceholderText("Optional: the answer ends before any of these (one a line, at most 4; "
@@ -284,6 +294,7 @@ class SettingsDialog(QDialog):
             min_p=self.min_p.value(), seed=None if self.seed.value() < 0 else self.seed.value(),
             token_probabilities=self.token_probs.isChecked(), token_alternatives=self.token_alternatives.value(),
             max_tokens=self.max_tokens.value(), stop=parse_stops(self.stop.toPlainText()),
+            frequency_penalty=self.frequency_penalty.value(), presence_penalty=self.presence_penalty.value(),
             thinking=self.thinking.isChecked(),
             enter_sends=self.enter_sends.isChecked(),
             system_prompt=self.system.toPlainText(), engine=self.engine.currentData(),

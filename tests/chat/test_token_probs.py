@@ -51,3 +51,31 @@ def test_html_escapes_text_shades_by_probability_and_links_each_token():
     assert html.count("underline;font-weight:bold") == 1 and "↵<br>" in html
     assert [tp.link_index(h, 3) for h in ("tok:0", "tok:2", "tok:3", "tok:x", "cite:1", "")] == [0, 2, None, None,
                                                                                                None, None]
+
+
+def test_a_tokens_bytes_are_what_the_text_is_made_of(demo_container, tmp_path):
+    """Byte-level BPE ("Ġthe"), SentencePiece ("▁the", "<0x0A>") and added tokens
+    spelled as the bytes they stand for: what logprobs give as each token's text."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models
+
+    from app.chat.hf_tokenizer import HFTokenizer
+    from app.chat.turn import token_bytes
+    from app.model import LoadedModel
+
+    model = LoadedModel(demo_container)
+    try:
+        tok = model.tokenizer
+        text = 'Hello  world\n\ndef f():\n    return "é中 ☃"'
+        ids = tok.encode_content(text)
+        pieces = [token_bytes(tok, i) for i in ids]
+        assert b"".join(pieces).decode("utf-8") == text
+        assert b" world" in pieces and not any("Ġ".encode() in p or "Ċ".encode() in p for p in pieces)
+    finally:
+        model.close()
+    sp = Tokenizer(models.BPE(vocab={"▁the": 0, "<0x0A>": 1, "a": 2, "▁": 3}, merges=[], byte_fallback=True))
+    sp.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                    decoders.Strip(" ", 1, 0)])
+    sp.add_tokens([AddedToken("<|end|>", special=True)])
+    sp.save(str(tmp_path / "sp.json"))
+    hf = HFTokenizer(tmp_path / "sp.json")
+    assert [hf.decode_token_bytes(i) for i in range(5)] == [b" the", b"\n", b"a", b" ", b"<|end|>"]

@@ -384,6 +384,32 @@ def test_a_stop_sequence_ends_the_answer_in_every_front_end(container, capsys, q
         assert stopped["model_text"] == docs["model_text"][:docs["model_text"].find(stop)]
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("container", FAMILIES, indirect=True)
+def test_repetition_penalties_are_the_same_in_every_front_end(container, capsys, qtbot, make_window):
+    """Frequency and presence penalties (greedy): `ferry run`, the server
+    (openai client), and the window's Repetition settings on the local engine
+    and on that server write the same tokens; on a family whose plain answer
+    repeats a token, the penalties change it."""
+    family, path = container
+    ctx = CTX[family]
+    run = ("-n", str(N), "--ctx", str(ctx), "--threads", "2", "--json")
+    plain = _cli_json(capsys, "run", str(path), QUESTION, *run)["token_ids"]
+    cli = _cli_json(capsys, "run", str(path), QUESTION, *run, "--frequency-penalty", "1.5",
+                    "--presence-penalty", "1.0")
+    window = dict(max_tokens=N, frequency_penalty=1.5, presence_penalty=1.0)
+    mine, _ = _window_turn(qtbot, make_window(path, context_length=ctx, **window), QUESTION)
+    with _served(path, ctx) as (server, client):
+        r = client.chat.completions.create(model=server.model_id, messages=[{"role": "user", "content": QUESTION}],
+                                           max_tokens=N, temperature=0, frequency_penalty=1.5, presence_penalty=1.0,
+                                           logprobs=True, top_logprobs=0)
+        theirs, _ = _window_turn(qtbot, _remote_window(qtbot, make_window, server.url, **window), QUESTION)
+    assert mine.token_ids == cli["token_ids"] == [c.model_extra["id"] for c in r.choices[0].logprobs.content]
+    assert (theirs.content, theirs.reasoning) == (mine.content, mine.reasoning) == (cli["text"], cli["reasoning"])
+    if len(set(plain)) < len(plain):
+        assert cli["token_ids"] != plain, "the penalties changed nothing"
+
+
 def test_cli_logprobs_need_json(capsys, tmp_path):
     assert ferry(["run", str(tmp_path / "no-model"), QUESTION, "--logprobs", "2"]) == 2
     assert "--logprobs needs --json" in capsys.readouterr().err
