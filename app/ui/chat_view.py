@@ -233,6 +233,13 @@ def turn_figures(stats: dict | None) -> str:
     return text + (f" · first token after {ttft:.1f} s" if ttft is not None else "")
 
 
+def tool_call_text(stats: dict | None) -> str:
+    """The tool calls an answer made, one a line: 'Asked to call lookup({"q": "key"}) — the app runs no tools'."""
+    calls = [c for c in (stats or {}).get("tool_calls") or [] if isinstance(c, dict)]
+    return "\n".join(f"Asked to call {c.get('name', '?')}({c.get('arguments', '')}) — Ferry's window runs no tools"
+                     for c in calls)
+
+
 class MessageWidget(QFrame):
     regenerate = Signal(int)
     edit = Signal(int, str)
@@ -283,6 +290,14 @@ class MessageWidget(QFrame):
         self.body.setAccessibleName("Your message" if record.role == "user" else "Answer")
         self.body.copied.connect(self.copied)
         outer.addWidget(self.body)
+        self.calls = QLabel(self)
+        self.calls.setObjectName("mutedLabel")
+        self.calls.setAccessibleName("Tool calls")
+        self.calls.setWordWrap(True)
+        self.calls.setTextFormat(Qt.TextFormat.PlainText)
+        self.calls.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.calls.setVisible(False)
+        outer.addWidget(self.calls)
         self.probs = TokenProbsPanel(self)
         self.probs.setVisible(False)
         outer.addWidget(self.probs)
@@ -349,6 +364,9 @@ class MessageWidget(QFrame):
             text = self.decorate(record, text)
         self.body.set_text(text)
         self.body.setVisible(bool(text))
+        calls = "" if streaming else tool_call_text(record.stats)
+        self.calls.setText(calls)
+        self.calls.setVisible(bool(calls))
         probs = [] if streaming else token_probs.from_stats(record.stats)
         self.probs.setVisible(bool(probs))
         if probs:

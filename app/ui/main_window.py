@@ -58,6 +58,7 @@ class MainWindow(QMainWindow):
         self.citations: dict[int, list] = {}   #: answer message id -> the passages it may cite
         self.pending_citations: list = []
         self.pending_token_probs: list = []   #: the answer being written's token probabilities, when asked
+        self.pending_tool_calls: list = []    #: the tool calls it made ({"name", "arguments"})
         self._last_error = ""
         self.memory = None
         self.stats_view = StatsView()
@@ -75,6 +76,7 @@ class MainWindow(QMainWindow):
         w.prompt_progress.connect(self._on_prompt_progress)
         w.stats.connect(self._on_stats)
         w.token_probs.connect(self._on_token_probs)
+        w.tool_call.connect(self._on_tool_call)
         w.finished.connect(self._on_finished)
         w.error.connect(self._on_error)
         w.serving.connect(self._on_serving)
@@ -739,6 +741,7 @@ class MainWindow(QMainWindow):
     def _begin(self, start: TurnStart) -> None:
         self.last_stats = None
         self.pending_token_probs = []
+        self.pending_tool_calls = []
         self._last_error = ""
         self.statusBar().clearMessage()
         self._show_current()
@@ -787,6 +790,10 @@ class MainWindow(QMainWindow):
             self.last_stats = sample
         self.gauges.show_values(self.stats_view)
 
+    def _on_tool_call(self, call) -> None:
+        if self.chat.busy:
+            self.pending_tool_calls.append({"name": call.name, "arguments": call.arguments})
+
     def _on_token_probs(self, entries: list) -> None:
         if self.chat.busy:
             self.pending_token_probs = entries
@@ -799,6 +806,9 @@ class MainWindow(QMainWindow):
         if self.pending_token_probs:   # kept with the answer (the encrypted history), shown under it
             turn[token_probs.STATS_KEY] = self.pending_token_probs
             self.pending_token_probs = []
+        if self.pending_tool_calls:    # shown under the answer (the window runs no tools)
+            turn["tool_calls"] = self.pending_tool_calls
+            self.pending_tool_calls = []
         if self.pending_citations:   # kept with the answer, so the links survive a restart
             turn["citations"] = [c.as_dict() for c in self.pending_citations]
         self.chat.finish(reason, text, thinking, stats=turn)

@@ -306,6 +306,7 @@ def test_a_seed_gives_the_same_sampled_answer_in_every_front_end(container, caps
         (mine.content, mine.reasoning, len(mine.token_ids))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("container", FAMILIES, indirect=True)
 def test_docs_ask_on_a_server_gives_the_local_answer(container, capsys, tmp_path, kr, monkeypatch):
     """`ferry docs ask URL COLLECTION QUESTION`: retrieval on this machine, the
