@@ -177,6 +177,21 @@ def add_server_model(p) -> None:
                                                            "(default: the first it lists)")
 
 
+def add_logprobs(p: argparse.ArgumentParser) -> None:
+    from app.chat.turn import MAX_TOP_LOGPROBS
+
+    p.add_argument("--logprobs", type=int, default=None, metavar="N", choices=range(0, MAX_TOP_LOGPROBS + 1),
+                   help="with --json: each generated token's log-probability and the N (0-20) most likely "
+                        "alternatives, as the server's logprobs")
+
+
+def logprobs_problem(args) -> str | None:
+    """Why the command line's --logprobs cannot be honoured (None: it can)."""
+    if getattr(args, "logprobs", None) is not None and not args.json:
+        return "ferry: --logprobs needs --json (they are printed in the JSON answer)"
+    return None
+
+
 def add_routing(p: argparse.ArgumentParser) -> None:
     p.add_argument("--experts-per-token", type=int, default=None, metavar="N",
                    help="experts each token visits (opt-in, inexact; default: the model's own)")

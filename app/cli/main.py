@@ -12,15 +12,15 @@ from typing import Sequence
 import numpy as np
 
 from app.api import ModelError, Reasoning, Text, ToolCallMade, TurnDone, TurnError, TurnRequest
-from app.cli.common import (Turns, UsageError, add_model_options, add_routing, add_sampling, add_server_model,
-                            open_from_args, parse_size, progress_printer, resolve_model, turn_request)
+from app.cli.common import (Turns, UsageError, add_logprobs, add_model_options, add_routing, add_sampling,
+                            add_server_model, logprobs_problem, open_from_args, parse_size, progress_printer, resolve_model, turn_request)
 from app.convert.convert import ConvertError, convert
 from app.convert.errors import SourceError
 from app.convert.format_choices import RECOMMENDED
 from app.convert.layout import FORMAT_CHOICES
 from app.engine.binding import FerryError, verify
 from app.engine.remote import RemoteError
-from app.chat.turn import MAX_TOP_LOGPROBS, logprobs_content
+from app.chat.turn import logprobs_content
 from app.model import log_softmax
 from app.memory.plan import describe, plan_container
 from app.text_input import not_text, text_argument_problem, tolerant_stdin
@@ -161,8 +161,8 @@ def _answer(turns: Turns, request: TurnRequest, *, show: bool) -> TurnDone:
 
 
 def cmd_run(args) -> int:
-    if args.logprobs is not None and not args.json:
-        print("ferry: --logprobs needs --json (they are printed in the JSON answer)", file=sys.stderr)
+    if (bad := logprobs_problem(args)):
+        print(bad, file=sys.stderr)
         return 2
     turns = Turns(args)
     try:
@@ -419,9 +419,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_sampling(p)
     p.add_argument("--raw", action="store_true", help="do not apply the chat template")
     p.add_argument("--json", action="store_true")
-    p.add_argument("--logprobs", type=int, default=None, metavar="N", choices=range(0, MAX_TOP_LOGPROBS + 1),
-                   help="with --json: each generated token's log-probability and the N (0-20) most likely "
-                        "alternatives, as the server's logprobs")
+    add_logprobs(p)
     p.set_defaults(fn=cmd_run)
 
     p = sub.add_parser("chat", help="an interactive conversation")

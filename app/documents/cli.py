@@ -151,11 +151,14 @@ def cmd_search(args) -> int:
 
 
 def cmd_ask(args) -> int:
-    from app.cli.common import Turns, is_server_url, open_from_args, turn_request
+    from app.cli.common import Turns, is_server_url, logprobs_problem, open_from_args, turn_request
     from app.documents.ask import Answer, DocumentChat, ask_remote
     from app.documents.states import StateCache
     from app.events import Text
 
+    if (bad := logprobs_problem(args)):
+        print(bad, file=sys.stderr)
+        return 2
     with open_store() as store:
         store.collection(args.collection)      # fail before loading the model
         answer = None
@@ -254,7 +257,7 @@ def _seconds(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from app.cli.common import add_model_options, add_sampling, add_server_model
+    from app.cli.common import add_logprobs, add_model_options, add_sampling, add_server_model
 
     ap = argparse.ArgumentParser(prog="ferry docs", description="Ask about your own documents, offline.")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -284,6 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "to that server, which writes the answer.")
     add_model_options(p)
     add_server_model(p)
+    add_logprobs(p)
     add_sampling(p, system=False)     # the same sampling, thinking and routing options as `ferry run`
     p.add_argument("collection")
     p.add_argument("question")

@@ -8,8 +8,8 @@ panel; the window on a remote engine (pointed at a Ferry server) gives the
 same turn as on the local engine; the CLI, the server, the remote engine and
 the window (local and remote) give the same per-token logprobs; a seed gives
 the same sampled answer in the CLI, the server, the remote engine and the
-window; `ferry docs ask` on a server's URL gives the local answer. (`docs ask`
-prints no logprobs.) The table of features by front end: docs/FRONTENDS.md."""
+window; `ferry docs ask` on a server's URL gives the local answer, logprobs
+included. The table of features by front end: docs/FRONTENDS.md."""
 from __future__ import annotations
 
 import json
@@ -320,7 +320,7 @@ def test_docs_ask_on_a_server_gives_the_local_answer(container, capsys, tmp_path
     notes.mkdir()
     (notes / "boathouse.txt").write_text(NOTE + "\n")
     assert ferry(["docs", "add", "home", str(notes), "--json"]) == 0
-    ask = ("home", QUESTION, "-n", str(N), "--context-tokens", "900", "--json")
+    ask = ("home", QUESTION, "-n", str(N), "--context-tokens", "900", "--json", "--logprobs", "2")
     here = _cli_json(capsys, "docs", "ask", str(path), *ask, "--ctx", str(ctx), "--threads", "2")
     with _served(path, ctx) as (server, _client):
         there = _cli_json(capsys, "docs", "ask", server.url, *ask)
@@ -331,9 +331,10 @@ def test_docs_ask_on_a_server_gives_the_local_answer(container, capsys, tmp_path
     assert there["prefix_state"] == "remote" and there["whole_collection"]
     assert held[:len(here["prompt_ids"])] == here["prompt_ids"]     # the server read the local prompt
     assert held[len(here["prompt_ids"]):] == here["tokens"][:len(held) - len(here["prompt_ids"])]
-    for key in ("text", "model_text", "reasoning", "citations", "passages", "reason", "tool_calls"):
+    for key in ("text", "model_text", "reasoning", "citations", "passages", "reason", "tool_calls", "logprobs"):
         assert there[key] == here[key], key
-    assert len(there["tokens"]) == len(here["tokens"])
+    assert [e["id"] for e in here["logprobs"]] == here["tokens"] == there["tokens"]
+    assert all(len(e["top_logprobs"]) == 2 for e in here["logprobs"])
 
 
 @pytest.mark.slow
@@ -413,6 +414,8 @@ def test_repetition_penalties_are_the_same_in_every_front_end(container, capsys,
 
 def test_cli_logprobs_need_json(capsys, tmp_path):
     assert ferry(["run", str(tmp_path / "no-model"), QUESTION, "--logprobs", "2"]) == 2
+    assert "--logprobs needs --json" in capsys.readouterr().err
+    assert ferry(["docs", "ask", str(tmp_path / "no-model"), "home", QUESTION, "--logprobs", "2"]) == 2
     assert "--logprobs needs --json" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         ferry(["run", str(tmp_path / "no-model"), QUESTION, "--json", "--logprobs", "21"])
