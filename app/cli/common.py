@@ -230,8 +230,19 @@ def sampling(args) -> SamplingParams:
 
 
 def turn_request(args, messages: list[dict], *, raw: bool = False, client: str = "cli") -> TurnRequest:
-    return TurnRequest(messages=messages, sampling=sampling(args), max_tokens=args.n,
+    """The turn the options ask for; options out of range are a UsageError (before any model loads)."""
+    from app.chat.turn import MAX_STOPS, MAX_STOP_CHARS
+
+    stops = list(getattr(args, "stop", None) or [])
+    if len(stops) > MAX_STOPS or any(not s or len(s) > MAX_STOP_CHARS for s in stops):
+        raise UsageError(f"--stop takes up to {MAX_STOPS} non-empty sequences of at most {MAX_STOP_CHARS} "
+                         f"characters")
+    try:
+        params = sampling(args)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return TurnRequest(messages=messages, sampling=params, max_tokens=args.n,
                        thinking=not getattr(args, "no_think", False), raw=raw,
                        experts_per_token=getattr(args, "experts_per_token", None),
                        cache_aware_margin=getattr(args, "cache_aware", 0.0) or 0.0, client=client,
-                       top_logprobs=getattr(args, "logprobs", None), stop=list(getattr(args, "stop", None) or []))
+                       top_logprobs=getattr(args, "logprobs", None), stop=stops)

@@ -13,7 +13,8 @@ import numpy as np
 
 from app.api import ModelError, Reasoning, Text, ToolCallMade, TurnDone, TurnError, TurnRequest
 from app.cli.common import (Turns, UsageError, add_logprobs, add_model_options, add_routing, add_sampling,
-                            add_server_model, logprobs_problem, open_from_args, parse_size, progress_printer, resolve_model, turn_request)
+                            add_server_model, logprobs_problem, open_from_args, parse_size, progress_printer,
+                            resolve_model, turn_request)
 from app.convert.convert import ConvertError, convert
 from app.convert.errors import SourceError
 from app.convert.format_choices import RECOMMENDED
@@ -164,9 +165,10 @@ def cmd_run(args) -> int:
     if (bad := logprobs_problem(args)):
         print(bad, file=sys.stderr)
         return 2
+    request = turn_request(args, _messages(args, args.prompt), raw=args.raw)   # bad options: before loading
     turns = Turns(args)
     try:
-        end = _answer(turns, turn_request(args, _messages(args, args.prompt), raw=args.raw), show=not args.json)
+        end = _answer(turns, request, show=not args.json)
     finally:
         turns.close()
     info = turns.model.engine.info if turns.model is not None else None
@@ -202,6 +204,7 @@ def cmd_run(args) -> int:
 
 
 def cmd_chat(args) -> int:
+    turn_request(args, [])   # bad options are refused before the model loads
     turns = Turns(args)
     messages: list[dict] = [{"role": "system", "content": args.system}] if args.system else []
     where = f" on {turns.remote.url}" if turns.remote is not None else ""

@@ -29,7 +29,7 @@ PRIVATE_FIELDS = frozenset({"system_prompt", "model_settings", "presets", "stop"
 ENCRYPTED_KEY = "encrypted"
 MAX_SEED = (1 << 63) - 1
 MAX_ALTERNATIVES = 20         #: = app.chat.turn.MAX_TOP_LOGPROBS
-MAX_STOPS, MAX_STOP_CHARS = 4, 256   #: stop sequences, as the turn pipeline (and OpenAI's API) takes them
+MAX_STOPS, MAX_STOP_CHARS = 4, 256   #: = app.chat.turn's (kept here so settings load without the pipeline)
 _ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
 
 

@@ -419,3 +419,16 @@ def test_cli_logprobs_need_json(capsys, tmp_path):
     assert "--logprobs needs --json" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         ferry(["run", str(tmp_path / "no-model"), QUESTION, "--json", "--logprobs", "21"])
+
+
+def test_cli_refuses_bad_sampling_options_before_loading(capsys, tmp_path):
+    """Out-of-range --stop and penalties are refused (exit 2) before any model is opened: the model here does not
+    exist, so reaching it would be another error."""
+    missing = str(tmp_path / "no-model")
+    stops = [a for s in "abcde" for a in ("--stop", s)]
+    for argv in (["run", missing, QUESTION, *stops], ["run", missing, QUESTION, "--stop", ""],
+                 ["run", missing, QUESTION, "--presence-penalty", "3"], ["chat", missing, "--frequency-penalty", "-9"]):
+        capsys.readouterr()
+        assert ferry(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert "--stop takes up to 4" in err or "must be between -2 and 2" in err, err
