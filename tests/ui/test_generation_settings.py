@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 from app.chat import token_probs as tp
+from app.chat.turn import token_bytes
 from app.store.settings import Settings
 from app.ui.settings_dialog import SettingsDialog
 from tests.ui.conftest import close_window, on_gui
@@ -68,7 +69,8 @@ def test_the_window_shows_each_tokens_probability_and_alternatives(qtbot, make_w
     kept = tp.from_stats(shown.stats)
     assert [round(t.logprob, 9) for t in kept] == [round(lp.logprob, 9) for _, lp in done.logprobs]
     assert all(len(t.alternatives) == 3 for t in kept)
-    assert [t.text for t in kept] == [w.worker.worker.model.tokenizer.token_text(i) for i in done.token_ids]
+    tokenizer = w.worker.worker.model.tokenizer
+    assert [t.text for t in kept] == [token_bytes(tokenizer, i).decode("utf-8", "replace") for i in done.token_ids]
     panel = w.chat_view.widgets[-1].probs
     assert panel.isVisible() and not panel.expanded and "8 tokens" in panel.toggle.text()
     panel.toggle.click()
