@@ -9,7 +9,8 @@ same turn as on the local engine; the CLI, the server, the remote engine and
 the window (local and remote) give the same per-token logprobs; a seed gives
 the same sampled answer in the CLI, the server, the remote engine and the
 window; `ferry docs ask` on a server's URL gives the local answer, logprobs
-included. The table of features by front end: docs/FRONTENDS.md."""
+included; a note attached in the window (local or remote engine) gives `docs
+ask`'s turn. The table of features by front end: docs/FRONTENDS.md."""
 from __future__ import annotations
 
 import json
@@ -410,6 +411,46 @@ def test_repetition_penalties_are_the_same_in_every_front_end(container, capsys,
     assert (theirs.content, theirs.reasoning) == (mine.content, mine.reasoning) == (cli["text"], cli["reasoning"])
     if len(set(plain)) < len(plain):
         assert cli["token_ids"] != plain, "the penalties changed nothing"
+
+
+def _attach(qtbot, w, path: Path) -> None:
+    """Attach ``path`` to the window's conversation (the documents panel, indexing in the background)."""
+    panel = w.open_documents()
+    qtbot.addWidget(panel)
+    with qtbot.waitSignal(panel.indexing_finished, timeout=LONG):
+        panel.add_paths([str(path)])
+    panel.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("container", FAMILIES, indirect=True)
+def test_attached_documents_give_docs_asks_turn(container, capsys, qtbot, make_window, tmp_path, kr, monkeypatch):
+    """A note attached in the window (Attach…) and the same note asked about
+    with `ferry docs ask`: the same prompt ids and answer; and the window on a
+    remote engine (a Ferry server) with the note attached gives that answer
+    too (its passages chosen here, sent to the server)."""
+    family, path = container
+    ctx = CTX[family]
+    monkeypatch.setenv("FERRY_HOME", str(tmp_path / "home"))
+    note = tmp_path / "notes" / "boathouse.txt"
+    note.parent.mkdir()
+    note.write_text(NOTE + "\n")
+    assert ferry(["docs", "add", "home", str(note.parent), "--json"]) == 0
+    docs = _cli_json(capsys, "docs", "ask", str(path), "home", QUESTION, "-n", str(N), "--ctx", str(ctx),
+                     "--threads", "2", "--json")
+    w = make_window(path, tmp_path / "local.sqlite3", max_tokens=N, context_length=ctx)
+    _attach(qtbot, w, note)
+    mine, _ = _window_turn(qtbot, w, QUESTION)
+    assert [c.passage for c in w.citations[w.chat.visible()[-1].id]] == [p["passage"] for p in docs["passages"]]
+    assert mine.prompt_ids == docs["prompt_ids"] and mine.token_ids == docs["tokens"]
+    assert (mine.content, mine.reasoning) == (docs["model_text"], docs["reasoning"])
+    with _served(path, ctx) as (server, _client):
+        there = _remote_window(qtbot, make_window, server.url, max_tokens=N)
+        _attach(qtbot, there, note)
+        theirs, _ = _window_turn(qtbot, there, QUESTION)
+        held = list(server.queue.session.tokens)
+    assert held[:len(docs["prompt_ids"])] == docs["prompt_ids"]      # the server read the same prompt
+    assert (theirs.content, theirs.reasoning) == (docs["model_text"], docs["reasoning"])
 
 
 def test_cli_logprobs_need_json(capsys, tmp_path):
