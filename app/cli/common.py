@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+import time
 from pathlib import Path
 
 from app.api import LoadedModel, SamplingParams, TurnRequest, open_model
@@ -102,6 +103,37 @@ def open_from_args(args) -> LoadedModel:
 def is_server_url(model: str) -> bool:
     """MODEL names an OpenAI-compatible server (another Ferry, vLLM, llama.cpp...)."""
     return model.startswith(("http://", "https://"))
+
+
+class PromptMeter:
+    """A long prompt's progress on a terminal's stderr, one line rewritten in
+    place ("Reading the prompt: 96 of 480 tokens, about 12 s left", the
+    window's words) and erased when the answer starts. Silent when stderr is
+    not a terminal (a pipe, a log) or the prompt is read in one chunk."""
+
+    def __init__(self, passages: int = 0, stream=None):
+        self.stream = stream or sys.stderr
+        self.on = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.passages = passages
+        self.t0 = time.monotonic()
+        self.shown = False
+
+    def update(self, done: int, total: int) -> None:
+        from app.documents.library import reading_label
+
+        if not self.on or (not self.shown and done >= total):
+            return
+        self.stream.write("\r\033[K[" + reading_label(self.passages, done, total, time.monotonic() - self.t0) + "]")
+        self.stream.flush()
+        self.shown = True
+        if done >= total:
+            self.clear()
+
+    def clear(self) -> None:
+        if self.shown:
+            self.stream.write("\r\033[K")
+            self.stream.flush()
+            self.shown = False
 
 
 class Turns:

@@ -11,8 +11,8 @@ from typing import Sequence
 
 import numpy as np
 
-from app.api import ModelError, Reasoning, Text, ToolCallMade, TurnDone, TurnError, TurnRequest
-from app.cli.common import (Turns, UsageError, add_logprobs, add_model_options, add_routing, add_sampling,
+from app.api import ModelError, PromptProgress, Reasoning, Text, ToolCallMade, TurnDone, TurnError, TurnRequest
+from app.cli.common import (PromptMeter, Turns, UsageError, add_logprobs, add_model_options, add_routing, add_sampling,
                             add_server_model, logprobs_problem, open_from_args, parse_size, progress_printer,
                             resolve_model, turn_request)
 from app.convert.convert import ConvertError, convert
@@ -136,9 +136,14 @@ def _answer(turns: Turns, request: TurnRequest, *, show: bool) -> TurnDone:
     """One turn: the answer to stdout as it comes (the thinking trace to stderr)."""
     end = None
     thinking = False
+    meter = PromptMeter() if show else None
     stream, cancel = turns.stream(request)
     try:
         for ev in stream:
+            if isinstance(ev, PromptProgress) and meter is not None:
+                meter.update(ev.done, ev.total)
+            elif isinstance(ev, (Reasoning, Text, ToolCallMade, TurnDone)) and meter is not None:
+                meter.clear()   # the answer begins where the progress line was
             if isinstance(ev, Reasoning) and show:
                 if not thinking:
                     print("[thinking] ", end="", file=sys.stderr)
@@ -156,6 +161,8 @@ def _answer(turns: Turns, request: TurnRequest, *, show: bool) -> TurnDone:
     except KeyboardInterrupt:
         cancel()
         end = TurnDone("cancelled")
+    if meter is not None:
+        meter.clear()
     if show:
         print()
     return end

@@ -151,10 +151,10 @@ def cmd_search(args) -> int:
 
 
 def cmd_ask(args) -> int:
-    from app.cli.common import Turns, is_server_url, logprobs_problem, open_from_args, turn_request
+    from app.cli.common import PromptMeter, Turns, is_server_url, logprobs_problem, open_from_args, turn_request
     from app.documents.ask import Answer, DocumentChat, ask_remote
     from app.documents.states import StateCache
-    from app.events import Text
+    from app.events import PromptProgress, Text
 
     if (bad := logprobs_problem(args)):
         print(bad, file=sys.stderr)
@@ -178,8 +178,14 @@ def cmd_ask(args) -> int:
             def close() -> None:
                 chat.close()
                 model.close()
+        meter = PromptMeter() if not args.json else None
         try:
             for ev in events:
+                if isinstance(ev, PromptProgress) and meter is not None:
+                    meter.update(ev.done, ev.total)
+                    continue
+                if meter is not None:
+                    meter.clear()
                 if isinstance(ev, Text) and not args.json:
                     print(ev.text, end="", flush=True)
                 elif isinstance(ev, Answer):

@@ -473,3 +473,26 @@ def test_cli_refuses_bad_sampling_options_before_loading(capsys, tmp_path):
         assert ferry(argv) == 2, argv
         err = capsys.readouterr().err
         assert "--stop takes up to 4" in err or "must be between -2 and 2" in err, err
+
+
+def test_the_cli_shows_a_long_prompts_progress_on_a_terminal_only():
+    """`ferry run`, `chat` and `docs ask` rewrite one stderr line while a long prompt is read (a terminal only)."""
+    import io
+
+    from app.cli.common import PromptMeter
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    tty, pipe = Terminal(), io.StringIO()
+    for stream in (tty, pipe):
+        meter = PromptMeter(stream=stream)
+        for done in (32, 64, 96):
+            meter.update(done, 96)
+    assert pipe.getvalue() == ""
+    out = tty.getvalue()
+    assert "[Reading the prompt: 32 of 96 tokens" in out and "64 of 96" in out and out.endswith("\r\x1b[K")
+    short = Terminal()
+    PromptMeter(stream=short).update(20, 20)        # read in one chunk: nothing shown
+    assert short.getvalue() == ""
