@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from app.chat import token_probs
 from app.store.private import write_private
 
 FORMAT_VERSION = 1
@@ -37,6 +38,10 @@ def as_dict(chat, *, model: str = "", sampling: dict | None = None,
             d["seconds"] = stats.get("turn_seconds")
             if stats.get("ttft_s") is not None:
                 d["time_to_first_token_s"] = stats["ttft_s"]
+        kept = token_probs.from_stats(m.stats)
+        if kept:   # as the API's logprobs.content (token texts and values)
+            d["logprobs"] = [{"token": t.text, "logprob": t.logprob,
+                              "top_logprobs": [{"token": a, "logprob": v} for a, v in t.alternatives]} for t in kept]
         if citations.get(m.id):
             d["citations"] = [_citation(c) for c in citations[m.id]]
         messages.append(d)

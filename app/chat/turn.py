@@ -40,6 +40,7 @@ RESERVED_TEMPLATE_VARS = frozenset({"messages", "add_generation_prompt", "bos_to
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
 STATS_INTERVAL = 0.25   #: seconds between LiveStats events
 MAX_TOP_LOGPROBS = 20
+MAX_STOPS, MAX_STOP_CHARS = 4, 256   #: stop sequences a turn takes (as OpenAI's API)
 
 
 class TurnError(ValueError):
@@ -111,8 +112,9 @@ class ChatFormat:
 
     def prepare(self, req: TurnRequest, *, n_ctx: int, max_tokens_limit: int | None = None) -> Prepared:
         stops = list(req.stop or [])
-        if len(stops) > 4 or any(not s or len(s) > 256 for s in stops):
-            raise TurnError("stop takes up to 4 non-empty sequences of at most 256 characters.", "stop")
+        if len(stops) > MAX_STOPS or any(not s or len(s) > MAX_STOP_CHARS for s in stops):
+            raise TurnError(f"stop takes up to {MAX_STOPS} non-empty sequences of at most {MAX_STOP_CHARS} "
+                            "characters.", "stop")
         if req.top_logprobs is not None and not 0 <= req.top_logprobs <= MAX_TOP_LOGPROBS:
             raise TurnError(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}.", "top_logprobs")
         if req.raw:
@@ -305,9 +307,9 @@ class _TokenSource:
 
 def token_bytes(tokenizer, token_id: int) -> bytes:
     """A token's own bytes (a byte-level piece of UTF-8 may be no text alone)."""
-    inner = getattr(tokenizer, "_tok", None)
-    if inner is not None and hasattr(inner, "decode_token_bytes"):
-        return inner.decode_token_bytes(int(token_id))
+    for source in (getattr(tokenizer, "_tok", None), tokenizer):   # the K3 tokenizer, an HFTokenizer
+        if source is not None and hasattr(source, "decode_token_bytes"):
+            return source.decode_token_bytes(int(token_id))
     return tokenizer.token_text(int(token_id)).encode("utf-8")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+import time
 from pathlib import Path
 
 from app.api import LoadedModel, SamplingParams, TurnRequest, open_model
@@ -78,8 +79,8 @@ def open_from_args(args) -> LoadedModel:
     """The model named on the command line, with its --budget (or the recommended one)."""
     quiet = getattr(args, "json", False)
     if is_server_url(args.model):
-        raise UsageError(f"{args.model} is a server's URL: `ferry run` and `ferry chat` can use a server; "
-                         f"this command needs a model on this computer")
+        raise UsageError(f"{args.model} is a server's URL: `ferry run`, `ferry chat` and `ferry docs ask` can use "
+                         f"a server; this command needs a model on this computer")
     if args.budget:   # checked before anything is loaded
         budget = parse_size(args.budget)
         warning = check_budget(budget)
@@ -102,6 +103,37 @@ def open_from_args(args) -> LoadedModel:
 def is_server_url(model: str) -> bool:
     """MODEL names an OpenAI-compatible server (another Ferry, vLLM, llama.cpp...)."""
     return model.startswith(("http://", "https://"))
+
+
+class PromptMeter:
+    """A long prompt's progress on a terminal's stderr, one line rewritten in
+    place ("Reading the prompt: 96 of 480 tokens, about 12 s left", the
+    window's words) and erased when the answer starts. Silent when stderr is
+    not a terminal (a pipe, a log) or the prompt is read in one chunk."""
+
+    def __init__(self, passages: int = 0, stream=None):
+        self.stream = stream or sys.stderr
+        self.on = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.passages = passages
+        self.t0 = time.monotonic()
+        self.shown = False
+
+    def update(self, done: int, total: int) -> None:
+        from app.documents.library import reading_label
+
+        if not self.on or (not self.shown and done >= total):
+            return
+        self.stream.write("\r\033[K[" + reading_label(self.passages, done, total, time.monotonic() - self.t0) + "]")
+        self.stream.flush()
+        self.shown = True
+        if done >= total:
+            self.clear()
+
+    def clear(self) -> None:
+        if self.shown:
+            self.stream.write("\r\033[K")
+            self.stream.flush()
+            self.shown = False
 
 
 class Turns:
@@ -153,7 +185,8 @@ class Turns:
 
 def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="a converted model: its folder, its name in the models folder, or 'demo' for the "
-                                 "built-in demo model (`run` and `chat`: or an OpenAI-compatible server's URL)")
+                                 "built-in demo model (`run`, `chat` and `docs ask`: or an OpenAI-compatible "
+                                 "server's URL)")
     p.add_argument("--budget", help="RAM budget for the core, e.g. 4G (default: chosen for this machine and model, "
                                     "as `ferry plan` prints it)")
     p.add_argument("--threads", type=int, default=0, help="compute threads (default: one per CPU)")
@@ -169,6 +202,26 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--verify-reads", action="store_true",
                    help="check each expert record's CRC32 when it is first read from disk; a damaged record "
                         "ends that answer with an error naming it (costs CPU per GB read: docs/BENCHMARKS.md)")
+
+
+def add_server_model(p) -> None:
+    p.add_argument("--server-model", metavar="NAME", help="when MODEL is a server's URL: the model it serves to use "
+                                                           "(default: the first it lists)")
+
+
+def add_logprobs(p: argparse.ArgumentParser) -> None:
+    from app.chat.turn import MAX_TOP_LOGPROBS
+
+    p.add_argument("--logprobs", type=int, default=None, metavar="N", choices=range(0, MAX_TOP_LOGPROBS + 1),
+                   help="with --json: each generated token's log-probability and the N (0-20) most likely "
+                        "alternatives, as the server's logprobs")
+
+
+def logprobs_problem(args) -> str | None:
+    """Why the command line's --logprobs cannot be honoured (None: it can)."""
+    if getattr(args, "logprobs", None) is not None and not args.json:
+        return "ferry: --logprobs needs --json (they are printed in the JSON answer)"
+    return None
 
 
 def add_routing(p: argparse.ArgumentParser) -> None:
@@ -187,7 +240,14 @@ def add_sampling(p: argparse.ArgumentParser, *, system: bool = True) -> None:
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--min-p", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None, help="the sampler's seed: the same seed and options give the "
+                                                           "same answer (default: a fresh one)")
+    p.add_argument("--frequency-penalty", type=float, default=0.0, metavar="F",
+                   help="-2 to 2: lower a token's chances by F for each time it was already written (default 0)")
+    p.add_argument("--presence-penalty", type=float, default=0.0, metavar="F",
+                   help="-2 to 2: lower the chances of any token already written by F (default 0)")
+    p.add_argument("--stop", action="append", default=None, metavar="S",
+                   help="end the answer before the text S (repeatable, at most 4; the thinking trace is not cut)")
     if system:
         p.add_argument("--system", help="a system prompt")
     p.add_argument("--no-think", action="store_true", help="turn the model's thinking off (where it has it)")
@@ -196,12 +256,25 @@ def add_sampling(p: argparse.ArgumentParser, *, system: bool = True) -> None:
 
 def sampling(args) -> SamplingParams:
     return SamplingParams(temperature=args.temp, top_k=getattr(args, "top_k", 0), top_p=getattr(args, "top_p", 1.0),
-                          min_p=getattr(args, "min_p", 0.0), seed=args.seed)
+                          min_p=getattr(args, "min_p", 0.0), seed=args.seed,
+                          frequency_penalty=getattr(args, "frequency_penalty", 0.0),
+                          presence_penalty=getattr(args, "presence_penalty", 0.0))
 
 
 def turn_request(args, messages: list[dict], *, raw: bool = False, client: str = "cli") -> TurnRequest:
-    return TurnRequest(messages=messages, sampling=sampling(args), max_tokens=args.n,
+    """The turn the options ask for; options out of range are a UsageError (before any model loads)."""
+    from app.chat.turn import MAX_STOPS, MAX_STOP_CHARS
+
+    stops = list(getattr(args, "stop", None) or [])
+    if len(stops) > MAX_STOPS or any(not s or len(s) > MAX_STOP_CHARS for s in stops):
+        raise UsageError(f"--stop takes up to {MAX_STOPS} non-empty sequences of at most {MAX_STOP_CHARS} "
+                         f"characters")
+    try:
+        params = sampling(args)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return TurnRequest(messages=messages, sampling=params, max_tokens=args.n,
                        thinking=not getattr(args, "no_think", False), raw=raw,
                        experts_per_token=getattr(args, "experts_per_token", None),
                        cache_aware_margin=getattr(args, "cache_aware", 0.0) or 0.0, client=client,
-                       top_logprobs=getattr(args, "logprobs", None))
+                       top_logprobs=getattr(args, "logprobs", None), stop=stops)

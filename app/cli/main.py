@@ -11,16 +11,17 @@ from typing import Sequence
 
 import numpy as np
 
-from app.api import ModelError, Reasoning, Text, ToolCallMade, TurnDone, TurnError, TurnRequest
-from app.cli.common import (Turns, UsageError, add_model_options, add_routing, add_sampling, open_from_args, parse_size,
-                            progress_printer, resolve_model, turn_request)
+from app.api import ModelError, PromptProgress, Reasoning, Text, ToolCallMade, TurnDone, TurnError, TurnRequest
+from app.cli.common import (PromptMeter, Turns, UsageError, add_logprobs, add_model_options, add_routing, add_sampling,
+                            add_server_model, logprobs_problem, open_from_args, parse_size, progress_printer,
+                            resolve_model, turn_request)
 from app.convert.convert import ConvertError, convert
 from app.convert.errors import SourceError
 from app.convert.format_choices import RECOMMENDED
 from app.convert.layout import FORMAT_CHOICES
 from app.engine.binding import FerryError, verify
 from app.engine.remote import RemoteError
-from app.chat.turn import MAX_TOP_LOGPROBS, logprobs_content
+from app.chat.turn import logprobs_content
 from app.model import log_softmax
 from app.memory.plan import describe, plan_container
 from app.text_input import not_text, text_argument_problem, tolerant_stdin
@@ -135,9 +136,14 @@ def _answer(turns: Turns, request: TurnRequest, *, show: bool) -> TurnDone:
     """One turn: the answer to stdout as it comes (the thinking trace to stderr)."""
     end = None
     thinking = False
+    meter = PromptMeter() if show else None
     stream, cancel = turns.stream(request)
     try:
         for ev in stream:
+            if isinstance(ev, PromptProgress) and meter is not None:
+                meter.update(ev.done, ev.total)
+            elif isinstance(ev, (Reasoning, Text, ToolCallMade, TurnDone)) and meter is not None:
+                meter.clear()   # the answer begins where the progress line was
             if isinstance(ev, Reasoning) and show:
                 if not thinking:
                     print("[thinking] ", end="", file=sys.stderr)
@@ -155,23 +161,21 @@ def _answer(turns: Turns, request: TurnRequest, *, show: bool) -> TurnDone:
     except KeyboardInterrupt:
         cancel()
         end = TurnDone("cancelled")
+    if meter is not None:
+        meter.clear()
     if show:
         print()
     return end
 
 
-def add_server_model(p) -> None:
-    p.add_argument("--server-model", metavar="NAME", help="when MODEL is a server's URL: the model it serves to use "
-                                                           "(default: the first it lists)")
-
-
 def cmd_run(args) -> int:
-    if args.logprobs is not None and not args.json:
-        print("ferry: --logprobs needs --json (they are printed in the JSON answer)", file=sys.stderr)
+    if (bad := logprobs_problem(args)):
+        print(bad, file=sys.stderr)
         return 2
+    request = turn_request(args, _messages(args, args.prompt), raw=args.raw)   # bad options: before loading
     turns = Turns(args)
     try:
-        end = _answer(turns, turn_request(args, _messages(args, args.prompt), raw=args.raw), show=not args.json)
+        end = _answer(turns, request, show=not args.json)
     finally:
         turns.close()
     info = turns.model.engine.info if turns.model is not None else None
@@ -207,6 +211,7 @@ def cmd_run(args) -> int:
 
 
 def cmd_chat(args) -> int:
+    turn_request(args, [])   # bad options are refused before the model loads
     turns = Turns(args)
     messages: list[dict] = [{"role": "system", "content": args.system}] if args.system else []
     where = f" on {turns.remote.url}" if turns.remote is not None else ""
@@ -424,9 +429,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_sampling(p)
     p.add_argument("--raw", action="store_true", help="do not apply the chat template")
     p.add_argument("--json", action="store_true")
-    p.add_argument("--logprobs", type=int, default=None, metavar="N", choices=range(0, MAX_TOP_LOGPROBS + 1),
-                   help="with --json: each generated token's log-probability and the N (0-20) most likely "
-                        "alternatives, as the server's logprobs")
+    add_logprobs(p)
     p.set_defaults(fn=cmd_run)
 
     p = sub.add_parser("chat", help="an interactive conversation")

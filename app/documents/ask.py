@@ -16,12 +16,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Iterator
 
 from app.documents.index import word_terms
-from app.documents.prompt import DocPrompt, Passage, build_prompt
+from app.documents.prompt import DocPrompt, Estimate, Passage, build_prompt, passages_message, select_passages
 from app.documents.states import StateCache, StateError, model_fingerprint, shared_prefix
 from app.documents.store import DocumentStore
 from app.engine.binding import FerryError
 from app.chat.stream_parser import ToolCall
-from app.chat.turn import TurnRequest, run_turn
+from app.chat.turn import TurnRequest, logprobs_content, run_turn
 from app.events import PromptProgress, Reasoning, Text, ToolCallMade, TurnDone
 from app.model import PROMPT_STEP, LoadedModel
 from app.sampling import SamplingParams
@@ -69,6 +69,7 @@ class Answer:
     passages_s: float = 0.0        #: choosing the passages (search and prompt)
     ttft_s: float | None = None    #: question to first answer token (passages, prefill, first token)
     tool_calls: list[ToolCall] = field(default_factory=list)   #: calls the model made (name, index, arguments)
+    logprobs: list[dict] | None = None   #: when asked: each token's, as the server's ``logprobs.content``
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -185,16 +186,57 @@ class DocumentChat:
             elif isinstance(ev, TurnDone):
                 end = ev
         assert end is not None
-        text, citations = cite(end.content, dp.passages)
-        yield Answer(text=text, model_text=end.content, citations=citations,
-                     passages=[_citation(p) for p in dp.passages], reason=end.reason,
-                     prompt_tokens=evaluated + len(dp.ids) - end.reused_tokens,
-                     reused_tokens=end.reused_tokens - evaluated,
-                     prefix_state=state, passage_tokens=dp.passage_tokens, budget=dp.budget,
-                     whole_collection=dp.whole_collection, seconds=time.monotonic() - t0, tokens=end.token_ids,
-                     error=end.error, reasoning=end.reasoning, prompt_ids=end.prompt_ids, passages_s=passages_s,
-                     ttft_s=None if end.ttft_s is None else turn_at + end.ttft_s,
-                     tool_calls=list(end.tool_calls))
+        yield _answer(end, dp.passages, t0=t0, turn_at=turn_at, tokenizer=self.model.tokenizer,
+                      logprobs=request.top_logprobs is not None,
+                      prompt_tokens=evaluated + len(dp.ids) - end.reused_tokens,
+                      reused_tokens=end.reused_tokens - evaluated, prefix_state=state,
+                      passage_tokens=dp.passage_tokens, budget=dp.budget, whole_collection=dp.whole_collection,
+                      passages_s=passages_s)
 
     def close(self) -> None:
         self.session.close()
+
+
+def _answer(end: TurnDone, passages: list[Passage], *, t0: float, turn_at: float, tokenizer=None,
+            logprobs: bool = False, **figures) -> Answer:
+    """The ``Answer`` of a finished turn over ``passages``: its text with citation markers, and its figures
+    (``logprobs``: with each token's, spelled by ``tokenizer``, or by the bytes a remote engine sent)."""
+    text, citations = cite(end.content, passages)
+    return Answer(text=text, model_text=end.content, citations=citations, passages=[_citation(p) for p in passages],
+                  reason=end.reason, seconds=time.monotonic() - t0, tokens=end.token_ids, error=end.error,
+                  reasoning=end.reasoning, prompt_ids=end.prompt_ids,
+                  ttft_s=None if end.ttft_s is None else turn_at + end.ttft_s, tool_calls=list(end.tool_calls),
+                  logprobs=logprobs_content(end.logprobs, tokenizer) if logprobs else None, **figures)
+
+
+def ask_remote(remote, store: DocumentStore, collection: str, question: str, *, budget: int | None = None,
+               mode: str = "hybrid", request: TurnRequest | None = None
+               ) -> Iterator[PromptProgress | Reasoning | Text | ToolCallMade | Answer]:
+    """The question answered by a remote engine (``app.engine.remote.RemoteEngine``:
+    an OpenAI-compatible server the user named). Retrieval stays here: the
+    collection is searched on this machine and only the passages chosen and the
+    question are sent to the server, as the system and user messages a local
+    answer reads. The server's tokenizer is not here, so the passages' tokens
+    are estimated (four characters a token) against the budget. There is no
+    document prefix state to reuse (``prefix_state`` "remote")."""
+    t0 = time.monotonic()
+    request = request or TurnRequest(messages=[])
+    request.client = "documents"
+    budget = int(budget or store.collection(collection).budget)
+    chosen, whole, used = select_passages(Estimate, store.index(collection), question, budget, mode)
+    passages = [Passage(i + 1, c, s, 0) for i, (c, s) in enumerate(chosen)]
+    request.messages = [{"role": "system", "content": passages_message(passages)},
+                        {"role": "user", "content": question}]
+    passages_s = time.monotonic() - t0
+    end: TurnDone | None = None
+    remote.clear_cancel()
+    for ev in remote.generate(request):
+        if isinstance(ev, (PromptProgress, Reasoning, Text, ToolCallMade)):
+            yield ev
+        elif isinstance(ev, TurnDone):
+            end = ev
+    assert end is not None
+    yield _answer(end, passages, t0=t0, turn_at=passages_s, logprobs=request.top_logprobs is not None,
+                  prompt_tokens=end.prompt_tokens - end.reused_tokens,
+                  reused_tokens=end.reused_tokens, prefix_state="remote", passage_tokens=used, budget=budget,
+                  whole_collection=whole, passages_s=passages_s)

@@ -3,6 +3,7 @@
     ferry docs add COLLECTION PATH...                  read and index files and folders
     ferry docs search COLLECTION QUESTION [-k N] [--json] [--mode hybrid|bm25|ngram]
     ferry docs ask MODEL COLLECTION QUESTION [--json] [--context-tokens N] [-n N]
+        (MODEL a server's URL: the passages chosen and the question are sent there)
     ferry docs list [COLLECTION] [--json]
     ferry docs remove COLLECTION [PATH...]
     ferry docs budget COLLECTION TOKENS
@@ -150,26 +151,50 @@ def cmd_search(args) -> int:
 
 
 def cmd_ask(args) -> int:
-    from app.cli.common import open_from_args
-    from app.documents.ask import Answer, DocumentChat
+    from app.cli.common import PromptMeter, Turns, is_server_url, logprobs_problem, open_from_args, turn_request
+    from app.documents.ask import Answer, DocumentChat, ask_remote
     from app.documents.states import StateCache
-    from app.cli.common import turn_request
-    from app.events import Text
+    from app.events import PromptProgress, Text
 
+    if (bad := logprobs_problem(args)):
+        print(bad, file=sys.stderr)
+        return 2
     with open_store() as store:
         store.collection(args.collection)      # fail before loading the model
-        model = open_from_args(args)
-        chat = DocumentChat(model, store, states=StateCache(store.keys.states), n_ctx=args.ctx)
         answer = None
         request = turn_request(args, [])
-        for ev in chat.ask(args.collection, args.question, budget=args.context_tokens, max_tokens=args.n,
-                           mode=args.mode, request=request):
-            if isinstance(ev, Text) and not args.json:
-                print(ev.text, end="", flush=True)
-            elif isinstance(ev, Answer):
-                answer = ev
-        chat.close()
-        model.close()
+        if is_server_url(args.model):
+            # retrieval here; the passages chosen and the question go to the server the user named
+            turns = Turns(args)
+            events = ask_remote(turns.remote, store, args.collection, args.question, budget=args.context_tokens,
+                                mode=args.mode, request=request)
+            close = turns.close
+        else:
+            model = open_from_args(args)
+            chat = DocumentChat(model, store, states=StateCache(store.keys.states), n_ctx=args.ctx)
+            events = chat.ask(args.collection, args.question, budget=args.context_tokens, max_tokens=args.n,
+                              mode=args.mode, request=request)
+
+            def close() -> None:
+                chat.close()
+                model.close()
+        meter = PromptMeter() if not args.json else None
+        try:
+            for ev in events:
+                if isinstance(ev, PromptProgress) and meter is not None:
+                    meter.update(ev.done, ev.total)
+                    continue
+                if meter is not None:
+                    meter.clear()
+                if isinstance(ev, Text) and not args.json:
+                    print(ev.text, end="", flush=True)
+                elif isinstance(ev, Answer):
+                    answer = ev
+        except KeyboardInterrupt:   # Ctrl-C: the answer stops, nothing is kept
+            print("\nferry: stopped", file=sys.stderr)
+            return 130
+        finally:
+            close()
     assert answer is not None
     if args.json:
         print(json.dumps(answer.as_dict(), indent=1, ensure_ascii=False))
@@ -238,7 +263,7 @@ def _seconds(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from app.cli.common import add_model_options, add_sampling
+    from app.cli.common import add_logprobs, add_model_options, add_sampling, add_server_model
 
     ap = argparse.ArgumentParser(prog="ferry docs", description="Ask about your own documents, offline.")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -261,8 +286,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_search)
 
-    p = sub.add_parser("ask", help="answer a question from a collection, with citations")
+    p = sub.add_parser("ask", help="answer a question from a collection, with citations",
+                       description="Answer a question from a collection, with citations. Everything stays on this "
+                                   "computer, unless MODEL is a server's URL: then the collection is still searched "
+                                   "here, and the passages chosen (the documents' text) and the question are sent "
+                                   "to that server, which writes the answer.")
     add_model_options(p)
+    add_server_model(p)
+    add_logprobs(p)
     add_sampling(p, system=False)     # the same sampling, thinking and routing options as `ferry run`
     p.add_argument("collection")
     p.add_argument("question")
@@ -298,6 +329,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from app.documents.states import StateError
     from app.documents.store import DocumentError
     from app.engine.binding import FerryError
+    from app.engine.remote import RemoteError
     from app.model import ModelError
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -308,7 +340,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.fn(args)
     except (KeyUnavailable, WrongKey, DocumentError, StateError, FerryError, ModelError, ValueError,
-            OSError) as exc:
+            OSError, RemoteError) as exc:
         print(f"ferry: error: {exc}", file=sys.stderr)
         return 1
 

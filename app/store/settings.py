@@ -24,8 +24,35 @@ DEFAULT_SERVE_PORT = 8000
 #: Settings that hold the user's own text (a system prompt, presets...): stored
 #: encrypted with the history's key under ENCRYPTED_KEY, never in the clear.
 #: A new setting of user text is added here.
-PRIVATE_FIELDS = frozenset({"system_prompt", "model_settings", "presets"})   # presets and per-model values hold system prompts
+#: (presets and per-model values hold system prompts; stop sequences are the user's text too)
+PRIVATE_FIELDS = frozenset({"system_prompt", "model_settings", "presets", "stop"})
 ENCRYPTED_KEY = "encrypted"
+MAX_SEED = (1 << 63) - 1
+MAX_ALTERNATIVES = 20         #: = app.chat.turn.MAX_TOP_LOGPROBS
+MAX_STOPS, MAX_STOP_CHARS = 4, 256   #: = app.chat.turn's (kept here so settings load without the pipeline)
+_ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
+
+
+def parse_stops(text: str) -> list[str]:
+    """Stop sequences as typed, one a line; ``\\n``, ``\\t`` and ``\\\\`` stand for a newline, a tab and a backslash."""
+    out = []
+    for line in text.splitlines():
+        chars, i = [], 0
+        while i < len(line):
+            if line[i] == "\\" and i + 1 < len(line) and line[i + 1] in _ESCAPES:
+                chars.append(_ESCAPES[line[i + 1]])
+                i += 2
+            else:
+                chars.append(line[i])
+                i += 1
+        if chars:
+            out.append("".join(chars))
+    return out
+
+
+def format_stops(stops: list[str]) -> str:
+    """The text :func:`parse_stops` reads back as ``stops``."""
+    return "\n".join(s.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t") for s in stops)
 
 
 @dataclass
@@ -54,6 +81,12 @@ class Settings:
     presets: dict = field(default_factory=dict)         #: preset name -> values of PER_MODEL keys
     verify_reads: bool = False    #: check each expert record's CRC32 when first read (costs CPU per GB read)
     activations: str = "f32"      #: "f32" exact; "q8" 8-bit activations: faster, answers change slightly (opt-in)
+    seed: int | None = None       #: the sampler's seed (None: a fresh one each answer); a seed makes answers repeat
+    token_probabilities: bool = False  #: keep each answer's token probabilities and show them under it
+    token_alternatives: int = 5   #: the likeliest other tokens kept per token (0-20, as the API's top_logprobs)
+    stop: list[str] = field(default_factory=list)  #: the answer ends before the first of these (at most 4)
+    frequency_penalty: float = 0.0   #: -2..2 (OpenAI's): times how often a token was already written
+    presence_penalty: float = 0.0    #: -2..2 (OpenAI's): once a token was already written
 
     def validated(self) -> "Settings":
         """A copy with every value clamped into its legal range."""
@@ -79,6 +112,12 @@ class Settings:
         s.experts_per_token = None if s.experts_per_token in (None, "") or int(s.experts_per_token) < 1 \
             else int(s.experts_per_token)
         s.cache_aware_margin = min(max(0.0, float(s.cache_aware_margin)), 10.0)
+        s.seed = None if s.seed in (None, "") or int(s.seed) < 0 else min(int(s.seed), MAX_SEED)
+        s.token_probabilities = bool(s.token_probabilities)
+        s.frequency_penalty = min(max(-2.0, float(s.frequency_penalty)), 2.0)
+        s.presence_penalty = min(max(-2.0, float(s.presence_penalty)), 2.0)
+        s.token_alternatives = min(max(0, int(s.token_alternatives)), MAX_ALTERNATIVES)
+        s.stop = [str(x)[:MAX_STOP_CHARS] for x in (s.stop if isinstance(s.stop, list) else []) if str(x)][:MAX_STOPS]
         s.model_settings = {str(k): _per_model(v) for k, v in dict(s.model_settings or {}).items()
                             if isinstance(v, dict)}
         s.presets = {str(k).strip(): _per_model(v) for k, v in dict(s.presets or {}).items()

@@ -80,7 +80,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         tmp = tempfile.TemporaryDirectory(prefix="ferry-shot-")
         store = HistoryStore(Path(tmp.name) / "history.sqlite3", EphemeralKeys())
         folders = [str(Path(args.model).resolve().parent)] if args.model else []   # the library lists it
-        window = MainWindow(store, settings_mod.Settings(temperature=0.0, model_folders=folders),
+        window = MainWindow(store, settings_mod.Settings(temperature=0.0, model_folders=folders,
+                                                         token_probabilities=True),   # for 04a
                             persist_settings=False)
         window.resize(w, h)
         run = ScreenshotRun(window, out, args.model, args.prompt)

@@ -4,11 +4,12 @@ per-message actions (copy, edit and resend, regenerate, switch between
 alternatives). It renders a ``Chat``; every action is a signal."""
 from __future__ import annotations
 
-from PySide6.QtCore import QEvent, QSize, Qt, QTimer, QUrl, Signal
-from PySide6.QtGui import QDesktopServices, QGuiApplication, QPalette, QTextOption
+from PySide6.QtCore import QSize, Qt, QTimer, QUrl, Signal
+from PySide6.QtGui import QDesktopServices, QGuiApplication, QTextOption
 from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QScrollArea,
                                QSizePolicy, QTextBrowser, QToolButton, QVBoxLayout, QWidget)
 
+from app.chat import token_probs
 from app.chat.conversation import STREAMING, Chat
 from app.store.history import MessageRecord
 from app.ui import theme
@@ -92,6 +93,17 @@ class AutoBrowser(QTextBrowser):
         event.ignore()
 
 
+def _fold_button(parent: QWidget, name: str, toggled) -> QToolButton:
+    """The one-line title that folds a panel open and shut (an arrow beside the text)."""
+    b = QToolButton(parent)
+    b.setCheckable(True)
+    b.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
+    b.setAutoRaise(True)
+    b.setAccessibleName(name)
+    b.toggled.connect(toggled)
+    return b
+
+
 class ThinkingPanel(QFrame):
     """The thinking trace, collapsed to one line titled with its duration."""
 
@@ -101,12 +113,7 @@ class ThinkingPanel(QFrame):
         lay = QVBoxLayout(self)
         lay.setContentsMargins(8, 4, 8, 4)
         lay.setSpacing(2)
-        self.toggle = QToolButton(self)
-        self.toggle.setCheckable(True)
-        self.toggle.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
-        self.toggle.setAutoRaise(True)
-        self.toggle.setAccessibleName("Show or hide the thinking trace")
-        self.toggle.toggled.connect(self._toggled)
+        self.toggle = _fold_button(self, "Show or hide the thinking trace", self._toggled)
         self.body = AutoBrowser(self, markdown=False)
         self.body.setAccessibleName("Thinking trace")
         lay.addWidget(self.toggle, 0, Qt.AlignmentFlag.AlignLeft)
@@ -136,6 +143,78 @@ class ThinkingPanel(QFrame):
         self.body.setVisible(on)
 
 
+class TokenProbsPanel(QFrame):
+    """An answer's token probabilities, collapsed to one line: each token shaded by
+    how likely the model found it; the token under the mouse (or the one clicked)
+    is described below with its alternatives (``app.chat.token_probs``)."""
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.setObjectName("thinkingPanel")
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(8, 4, 8, 4)
+        lay.setSpacing(4)
+        self.toggle = _fold_button(self, "Show or hide the token probabilities", self._apply)
+        self.tokens_label = QLabel(self)
+        self.tokens_label.setAccessibleName("Token probabilities")
+        self.tokens_label.setWordWrap(True)
+        self.tokens_label.setTextFormat(Qt.TextFormat.RichText)
+        self.tokens_label.setTextInteractionFlags(Qt.TextInteractionFlag.LinksAccessibleByMouse
+                                                  | Qt.TextInteractionFlag.LinksAccessibleByKeyboard)
+        self.tokens_label.linkHovered.connect(self._hovered)
+        self.tokens_label.linkActivated.connect(self._clicked)
+        self.detail = QLabel(self)
+        self.detail.setObjectName("mutedLabel")
+        self.detail.setAccessibleName("The token and its alternatives")
+        self.detail.setWordWrap(True)
+        self.detail.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        lay.addWidget(self.toggle, 0, Qt.AlignmentFlag.AlignLeft)
+        lay.addWidget(self.tokens_label)
+        lay.addWidget(self.detail)
+        self.tokens: list[token_probs.TokenProb] = []
+        self.selected: int | None = None
+        self._apply(False)
+
+    def set_tokens(self, tokens: list[token_probs.TokenProb]) -> None:
+        if tokens == self.tokens:
+            return
+        self.tokens, self.selected = tokens, None
+        self.toggle.setText(f"Token probabilities · {token_probs.summary(tokens)}")
+        self.render()
+
+    def render(self) -> None:
+        self.tokens_label.setText(token_probs.tokens_html(self.tokens, theme.probability_colors(), self.selected))
+        self._show(self.selected)
+
+    def _show(self, index: int | None) -> None:
+        self.detail.setText(token_probs.describe(self.tokens[index]) if index is not None else
+                            "Point at a token (or click it) to see how likely it was and what else the model "
+                            "considered.")
+
+    def select(self, index: int | None) -> None:
+        """Pin the description to token ``index`` (None: none)."""
+        self.selected = index
+        self.render()
+
+    def _hovered(self, href: str) -> None:
+        i = token_probs.link_index(href, len(self.tokens))
+        self._show(i if i is not None else self.selected)
+
+    def _clicked(self, href: str) -> None:
+        i = token_probs.link_index(href, len(self.tokens))
+        if i is not None:
+            self.select(None if i == self.selected else i)
+
+    @property
+    def expanded(self) -> bool:
+        return self.toggle.isChecked()
+
+    def _apply(self, on: bool) -> None:
+        self.toggle.setArrowType(Qt.ArrowType.DownArrow if on else Qt.ArrowType.RightArrow)
+        self.tokens_label.setVisible(on)
+        self.detail.setVisible(on)
+
+
 def thinking_title(seconds: float | None, still_thinking: bool) -> str:
     if still_thinking:
         return f"Thinking… {seconds:.0f} s" if seconds else "Thinking…"
@@ -152,6 +231,13 @@ def turn_figures(stats: dict | None) -> str:
         return ""
     text = f"{n} token{'' if n == 1 else 's'} · {n / secs:.1f} tok/s"
     return text + (f" · first token after {ttft:.1f} s" if ttft is not None else "")
+
+
+def tool_call_text(stats: dict | None) -> str:
+    """The tool calls an answer made, one a line: 'Asked to call lookup({"q": "key"}) — the app runs no tools'."""
+    calls = [c for c in (stats or {}).get("tool_calls") or [] if isinstance(c, dict)]
+    return "\n".join(f"Asked to call {c.get('name', '?')}({c.get('arguments', '')}) — Ferry's window runs no tools"
+                     for c in calls)
 
 
 class MessageWidget(QFrame):
@@ -204,6 +290,17 @@ class MessageWidget(QFrame):
         self.body.setAccessibleName("Your message" if record.role == "user" else "Answer")
         self.body.copied.connect(self.copied)
         outer.addWidget(self.body)
+        self.calls = QLabel(self)
+        self.calls.setObjectName("mutedLabel")
+        self.calls.setAccessibleName("Tool calls")
+        self.calls.setWordWrap(True)
+        self.calls.setTextFormat(Qt.TextFormat.PlainText)
+        self.calls.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.calls.setVisible(False)
+        outer.addWidget(self.calls)
+        self.probs = TokenProbsPanel(self)
+        self.probs.setVisible(False)
+        outer.addWidget(self.probs)
 
         self.editor = QPlainTextEdit(self)
         self.editor.setAccessibleName("Edit the message")
@@ -267,6 +364,13 @@ class MessageWidget(QFrame):
             text = self.decorate(record, text)
         self.body.set_text(text)
         self.body.setVisible(bool(text))
+        calls = "" if streaming else tool_call_text(record.stats)
+        self.calls.setText(calls)
+        self.calls.setVisible(bool(calls))
+        probs = [] if streaming else token_probs.from_stats(record.stats)
+        self.probs.setVisible(bool(probs))
+        if probs:
+            self.probs.set_tokens(probs)
         note = "writing…" if streaming else " · ".join(
             x for x in (STATUS_NOTES.get(record.status, ""), turn_figures(record.stats)) if x)
         self.note.set_full_text(note)
@@ -285,6 +389,8 @@ class MessageWidget(QFrame):
     def restyle(self) -> None:
         self.body.restyle()
         self.thinking.body.restyle()
+        if self.probs.tokens:
+            self.probs.render()
 
     def _copy(self) -> None:
         QGuiApplication.clipboard().setText(self.record.content)

@@ -28,7 +28,7 @@ from PySide6.QtWidgets import (QDialog, QDialogButtonBox, QFileDialog, QHBoxLayo
 from app.api import TurnRequest
 from app.documents.library import count
 from app.documents.ask import Citation, _citation, cite
-from app.documents.prompt import passages_message, select_passages
+from app.documents.prompt import EstimatedTokens, passages_message, select_passages
 from app.documents.store import DocumentError, DocumentStore
 from app.documents.extract import SUFFIXES
 from app.documents.walk import display_name
@@ -338,14 +338,6 @@ def show_citation(parent: QWidget | None, store: DocumentStore, citation: Citati
     return dialog
 
 
-class _EstimatedTokens:
-    """A remote model's tokenizer is not here: estimate four characters a token."""
-
-    @staticmethod
-    def encode_content(text: str) -> list[int]:
-        return [0] * (len(text) // 4 + 1)
-
-
 class _TokenCounter:
     """The model's tokenizer, for counting passage tokens on the GUI thread
     (an estimate for a remote engine, which has no local container)."""
@@ -358,7 +350,7 @@ class _TokenCounter:
         from app.model import TiktokenContainerTokenizer
 
         if not (Path(model_path) / "manifest.json").exists():
-            self.tokenizer = _EstimatedTokens()
+            self.tokenizer = EstimatedTokens()
             return
         manifest = json.loads((Path(model_path) / "manifest.json").read_text(encoding="utf-8"))
         tok = manifest.get("tokenizer") or {}
@@ -366,7 +358,7 @@ class _TokenCounter:
         try:
             path = contained_file(model_path, tok.get("file"), "tokenizer.file", MAX_TOKENIZER_BYTES)
         except ContainerFileError:   # the model itself refuses to open; counting is only an estimate then
-            self.tokenizer = _EstimatedTokens()
+            self.tokenizer = EstimatedTokens()
             return
         self.tokenizer = cls(path)
 

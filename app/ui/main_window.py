@@ -16,7 +16,7 @@ from PySide6.QtWidgets import (QApplication, QComboBox, QFileDialog, QFrame, QHB
                                QToolButton,
                                QVBoxLayout, QWidget)
 
-from app.chat import export
+from app.chat import export, token_probs
 from app.chat.conversation import Chat, ChatError, TurnStart, _title_from, recover_interrupted
 from app.documents.ask import Citation
 from app.documents.store import DocumentError, DocumentStore, conversation_collection
@@ -57,6 +57,8 @@ class MainWindow(QMainWindow):
         self._documents: DocumentStore | None = None
         self.citations: dict[int, list] = {}   #: answer message id -> the passages it may cite
         self.pending_citations: list = []
+        self.pending_token_probs: list = []   #: the answer being written's token probabilities, when asked
+        self.pending_tool_calls: list = []    #: the tool calls it made ({"name", "arguments"})
         self._last_error = ""
         self.memory = None
         self.stats_view = StatsView()
@@ -73,6 +75,8 @@ class MainWindow(QMainWindow):
         w.thinking_text.connect(self._on_thinking)
         w.prompt_progress.connect(self._on_prompt_progress)
         w.stats.connect(self._on_stats)
+        w.token_probs.connect(self._on_token_probs)
+        w.tool_call.connect(self._on_tool_call)
         w.finished.connect(self._on_finished)
         w.error.connect(self._on_error)
         w.serving.connect(self._on_serving)
@@ -617,6 +621,8 @@ class MainWindow(QMainWindow):
                 path = f"{path}.{fmt}"
         eff = self.effective()
         sampling = {"temperature": eff.temperature, "top_p": eff.top_p, "top_k": eff.top_k, "min_p": eff.min_p,
+                    "seed": eff.seed, "stop": list(eff.stop), "frequency_penalty": eff.frequency_penalty,
+                    "presence_penalty": eff.presence_penalty,
                     "max_tokens": eff.max_tokens, "thinking": eff.thinking, "system_prompt": eff.system_prompt}
         try:
             out = export.write(self.chat, path, fmt, model=self.chat.model_name, sampling=sampling,
@@ -674,7 +680,10 @@ class MainWindow(QMainWindow):
         s = self.effective()
         req = TurnRequest(messages=list(start.messages), max_tokens=int(s.max_tokens), thinking=bool(s.thinking),
                           sampling=SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
-                                                  min_p=s.min_p),
+                                                  min_p=s.min_p, seed=s.seed, frequency_penalty=s.frequency_penalty,
+                                                  presence_penalty=s.presence_penalty),
+                          top_logprobs=int(s.token_alternatives) if s.token_probabilities else None,
+                          stop=list(s.stop),
                           # issue 17's opt-in routing modes (None / 0: exact, the default)
                           experts_per_token=s.experts_per_token,
                           cache_aware_margin=float(s.cache_aware_margin or 0.0), client="window")
@@ -743,6 +752,8 @@ class MainWindow(QMainWindow):
 
     def _begin(self, start: TurnStart) -> None:
         self.last_stats = None
+        self.pending_token_probs = []
+        self.pending_tool_calls = []
         self._last_error = ""
         self.statusBar().clearMessage()
         self._show_current()
@@ -791,11 +802,25 @@ class MainWindow(QMainWindow):
             self.last_stats = sample
         self.gauges.show_values(self.stats_view)
 
+    def _on_tool_call(self, call) -> None:
+        if self.chat.busy:
+            self.pending_tool_calls.append({"name": call.name, "arguments": call.arguments})
+
+    def _on_token_probs(self, entries: list) -> None:
+        if self.chat.busy:
+            self.pending_token_probs = entries
+
     def _on_finished(self, reason: str, text: str, thinking: str) -> None:
         if not self.chat.busy:
             return
         s = self.last_stats
         turn = s.turn.record() if s is not None and s.turn is not None else {}
+        if self.pending_token_probs:   # kept with the answer (the encrypted history), shown under it
+            turn[token_probs.STATS_KEY] = self.pending_token_probs
+            self.pending_token_probs = []
+        if self.pending_tool_calls:    # shown under the answer (the window runs no tools)
+            turn["tool_calls"] = self.pending_tool_calls
+            self.pending_tool_calls = []
         if self.pending_citations:   # kept with the answer, so the links survive a restart
             turn["citations"] = [c.as_dict() for c in self.pending_citations]
         self.chat.finish(reason, text, thinking, stats=turn)

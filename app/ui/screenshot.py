@@ -88,6 +88,17 @@ class ScreenshotRun(QObject):
     def _after_finish(self) -> None:
         self._grab("04-finished")
         self._grab("05-gauges", self.w.gauge_scroll)
+        panel = self.w.chat_view.widgets[-1].probs if self.w.chat_view.widgets else None
+        if panel is not None and panel.tokens:   # the token probabilities open, the least likely token chosen
+            panel.toggle.setChecked(True)
+            panel.select(min(range(len(panel.tokens)), key=lambda i: panel.tokens[i].logprob))
+            QTimer.singleShot(300, self._token_probs)
+        else:
+            self._token_probs()
+
+    def _token_probs(self) -> None:
+        self.w.chat_view.scroll_to_end()
+        self._grab("04a-token-probabilities")
         d = self.w.open_settings()
         QTimer.singleShot(300, lambda: self._settings(d))
 

@@ -9,9 +9,21 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, 
 
 from app.memory.stats import MemorySplit
 from app.memory.units import size
-from app.store.settings import Settings, remote_api_key, set_remote_api_key
+from app.store.settings import MAX_ALTERNATIVES, Settings, format_stops, parse_stops, remote_api_key, set_remote_api_key
 
 MIB = 1 << 20
+
+
+def _row(*widgets: QWidget, grow_first: bool = False) -> QWidget:
+    """Widgets side by side in one form row: the first takes the room (``grow_first``), or they keep left."""
+    row = QWidget()
+    lay = QHBoxLayout(row)
+    lay.setContentsMargins(0, 0, 0, 0)
+    for i, w in enumerate(widgets):
+        lay.addWidget(w, 1 if grow_first and i == 0 else 0)
+    if not grow_first:
+        lay.addStretch(1)
+    return row
 
 
 class SettingsDialog(QDialog):
@@ -55,12 +67,7 @@ class SettingsDialog(QDialog):
         rec = QPushButton("Use recommended")
         rec.setAccessibleName("Use the recommended RAM budget")
         rec.clicked.connect(lambda: self.budget.setValue(0))
-        bw = QWidget()
-        bl = QHBoxLayout(bw)
-        bl.setContentsMargins(0, 0, 0, 0)
-        bl.addWidget(self.budget, 1)
-        bl.addWidget(rec)
-        form.addRow("RAM budget", bw)
+        form.addRow("RAM budget", _row(self.budget, rec, grow_first=True))
         self.budget_note = QLabel(self._budget_note())
         self.budget_note.setObjectName("mutedLabel")
         self.budget_note.setWordWrap(True)
@@ -102,17 +109,60 @@ class SettingsDialog(QDialog):
         form.addRow("Top-k", self.top_k)
         self.min_p = self._dspin(0.0, 0.99, 0.01, settings.min_p, "Min-p")
         form.addRow("Min-p", self.min_p)
+        self.seed = QSpinBox()
+        self.seed.setAccessibleName("Seed")
+        self.seed.setRange(-1, 2**31 - 1)
+        self.seed.setSpecialValueText("Random")
+        self.seed.setValue(-1 if settings.seed is None else min(settings.seed, 2**31 - 1))
+        self.seed.setToolTip("Random: each answer draws differently. A number: the same conversation and settings "
+                             "give the same answer again (Regenerate repeats it), as `ferry run --seed` and the "
+                             "server's seed do. Greedy answers (temperature 0) never vary.")
+        seed_random = QPushButton("Back to random")
+        seed_random.setAccessibleName("Sample with a fresh seed each answer")
+        seed_random.clicked.connect(lambda: self.seed.setValue(-1))
+        form.addRow("Seed", _row(self.seed, seed_random, grow_first=True))
         self.max_tokens = QSpinBox()
         self.max_tokens.setAccessibleName("Longest answer in tokens")
         self.max_tokens.setRange(1, 1 << 20)
         self.max_tokens.setSuffix(" tokens")
         self.max_tokens.setValue(settings.max_tokens)
         form.addRow("Longest answer", self.max_tokens)
+        self.frequency_penalty = self._dspin(-2.0, 2.0, 0.1, settings.frequency_penalty, "Frequency penalty")
+        self.presence_penalty = self._dspin(-2.0, 2.0, 0.1, settings.presence_penalty, "Presence penalty")
+        for w, tip in ((self.frequency_penalty, "Lowers a token's chances by this much for each time it was "
+                                                "already written in the answer (0: off; as the server's "
+                                                "frequency_penalty)."),
+                       (self.presence_penalty, "Lowers the chances of any token already written in the answer "
+                                               "by this much (0: off; as the server's presence_penalty).")):
+            w.setToolTip(tip)
+        form.addRow("Repetition", _row(QLabel("frequency"), self.frequency_penalty, QLabel("presence"),
+                                       self.presence_penalty))
+        self.stop = QPlainTextEdit(format_stops(settings.stop))
+        self.stop.setAccessibleName("Stop sequences")
+        self.stop.setPlaceholderText("Optional: the answer ends before any of these (one a line, at most 4; "
+                                     "\\n is a newline)")
+        self.stop.setToolTip("As the server's stop and `ferry run --stop`: the answer ends just before the first "
+                             "of these it would write (the thinking trace is not cut).")
+        self.stop.setFixedHeight(48)
+        form.addRow("Stop at", self.stop)
 
         self.thinking = QCheckBox("Let thinking models think before they answer")
         self.thinking.setAccessibleName("Thinking")
         self.thinking.setChecked(settings.thinking)
         form.addRow("Thinking", self.thinking)
+        self.token_probs = QCheckBox("Show each token's probability, with")
+        self.token_probs.setAccessibleName("Show token probabilities")
+        self.token_probs.setToolTip("Under each new answer: every token shaded by how likely the model found it; "
+                                    "point at one to see the alternatives it considered (the API's logprobs).")
+        self.token_probs.setChecked(settings.token_probabilities)
+        self.token_alternatives = QSpinBox()
+        self.token_alternatives.setAccessibleName("Alternatives per token")
+        self.token_alternatives.setRange(0, MAX_ALTERNATIVES)
+        self.token_alternatives.setSuffix(" alternatives")
+        self.token_alternatives.setValue(settings.token_alternatives)
+        self.token_probs.toggled.connect(self.token_alternatives.setEnabled)
+        self.token_alternatives.setEnabled(settings.token_probabilities)
+        form.addRow("Probabilities", _row(self.token_probs, self.token_alternatives))
         self.enter_sends = QCheckBox("Enter sends, Shift+Enter starts a new line (off: the other way round)")
         self.enter_sends.setAccessibleName("Enter sends")
         self.enter_sends.setChecked(settings.enter_sends)
@@ -166,12 +216,7 @@ class SettingsDialog(QDialog):
         self.forget_key = QPushButton("Forget")
         self.forget_key.setAccessibleName("Forget the stored API key")
         self.forget_key.clicked.connect(self._forget_key)
-        kw = QWidget()
-        kl = QHBoxLayout(kw)
-        kl.setContentsMargins(0, 0, 0, 0)
-        kl.addWidget(self.api_key, 1)
-        kl.addWidget(self.forget_key)
-        form.addRow("API key", kw)
+        form.addRow("API key", _row(self.api_key, self.forget_key, grow_first=True))
         self._key_forgotten = False
         self._show_key_state()
         self.remote_note = QLabel("Answers come from the server; the history stays on this computer. "
@@ -186,13 +231,7 @@ class SettingsDialog(QDialog):
         self.serve_port.setAccessibleName("Server port")
         self.serve_port.setRange(1024, 65535)
         self.serve_port.setValue(max(1024, settings.serve_port))
-        sw = QWidget()
-        sl = QHBoxLayout(sw)
-        sl.setContentsMargins(0, 0, 0, 0)
-        sl.addWidget(self.serve)
-        sl.addWidget(self.serve_port)
-        sl.addStretch(1)
-        form.addRow("OpenAI API", sw)
+        form.addRow("OpenAI API", _row(self.serve, self.serve_port))
         self.engine.currentIndexChanged.connect(self._engine_changed)
         self.remote_url.textChanged.connect(lambda _t: self._show_key_state())
         self._engine_changed()
@@ -252,7 +291,11 @@ class SettingsDialog(QDialog):
             model_folders=[self.folders.item(i).text() for i in range(self.folders.count())],
             ram_budget=self.budget.value() * MIB, threads=self.threads.value(), context_length=self.ctx.value(),
             temperature=self.temp.value(), top_p=self.top_p.value(), top_k=self.top_k.value(),
-            min_p=self.min_p.value(), max_tokens=self.max_tokens.value(), thinking=self.thinking.isChecked(),
+            min_p=self.min_p.value(), seed=None if self.seed.value() < 0 else self.seed.value(),
+            token_probabilities=self.token_probs.isChecked(), token_alternatives=self.token_alternatives.value(),
+            max_tokens=self.max_tokens.value(), stop=parse_stops(self.stop.toPlainText()),
+            frequency_penalty=self.frequency_penalty.value(), presence_penalty=self.presence_penalty.value(),
+            thinking=self.thinking.isChecked(),
             enter_sends=self.enter_sends.isChecked(),
             system_prompt=self.system.toPlainText(), engine=self.engine.currentData(),
             remote_url=self.remote_url.text().strip(), remote_model=self.remote_model.text().strip(),

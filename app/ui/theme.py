@@ -71,3 +71,10 @@ def bubble_colors() -> dict[str, str]:
                 "thinking": "#222327"}
     return {"user": "#e8efff", "assistant": "#ffffff", "border": "#dde0e6", "muted": "#6b7280",
             "thinking": "#f6f7f9"}
+
+
+def probability_colors() -> dict[str, str]:
+    """Token shades by probability (``app.chat.token_probs.shade``): sure, likely, unsure, rare; and the text."""
+    if is_dark():
+        return {"sure": "#25272b", "likely": "#3b3a22", "unsure": "#4d3520", "rare": "#5a2626", "text": "#e6e6e6"}
+    return {"sure": "#ffffff", "likely": "#fff6cc", "unsure": "#ffe0b8", "rare": "#ffc9c9", "text": "#1f2328"}

@@ -23,6 +23,8 @@ from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from app.api import (EngineService, LiveStats, LoadOptions, LoadedModel, ModelLoaded, PromptProgress, Reasoning, Text,
                      ToolCallMade, TurnDone, TurnError, TurnRequest, open_model)
+from app.chat.token_probs import compact
+from app.chat.turn import logprobs_content
 from app.engine.binding import MemoryPlan, ModelInfo
 from app.memory.stats import StatsSample, TurnFigures
 
@@ -40,6 +42,7 @@ class EngineWorker(QObject):
     tool_call = Signal(object)         #: an app.chat.stream_parser.ToolCall the model made
     finished = Signal(str, str, str)  #: reason, answer text, thinking text
     turn_done = Signal(object)         #: the pipeline's TurnDone (prompt ids, figures, tool calls)
+    token_probs = Signal(object)       #: the answer's token probabilities (app.chat.token_probs.compact), when asked
     error = Signal(str)
     started = Signal(int)            #: the generation id that began
     serving = Signal(str, str)       #: the server's URL ("" when off), and why it failed ("" if it did not)
@@ -226,6 +229,9 @@ class EngineWorker(QObject):
         if end.reason == "error" and end.error:
             self.error.emit(end.error)
         sample(end.totals or end.counters, final=True, turn=TurnFigures.of(end))
+        if end.logprobs:   # the tokens spelled here, where the tokenizer is (a remote engine: the server's bytes)
+            tokenizer = self.model.tokenizer if self.model is not None and not remote else None
+            self.token_probs.emit(compact(logprobs_content(end.logprobs, tokenizer)))
         self.turn_done.emit(end)
         reason = "stop" if end.reason == "tool_calls" else end.reason
         self.finished.emit(reason, "".join(texts["response"]), "".join(texts["thinking"]))

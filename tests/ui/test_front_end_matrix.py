@@ -5,12 +5,16 @@ ids, the same generated ids, and the same split of those ids into thinking,
 answer and tool calls, because all of them go through the one turn
 pipeline. Kimi K3 with thinking on shows its trace in the window's thinking
 panel; the window on a remote engine (pointed at a Ferry server) gives the
-same turn as on the local engine; the CLI, the server and the remote engine
-give the same per-token logprobs (the window and `docs ask` do not show
-logprobs)."""
+same turn as on the local engine; the CLI, the server, the remote engine and
+the window (local and remote) give the same per-token logprobs; a seed gives
+the same sampled answer in the CLI, the server, the remote engine and the
+window; `ferry docs ask` on a server's URL gives the local answer, logprobs
+included; a note attached in the window (local or remote engine) gives `docs
+ask`'s turn. The table of features by front end: docs/FRONTENDS.md."""
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from pathlib import Path
 
 import openai
@@ -81,6 +85,27 @@ def _window_turn(qtbot, w, text: str) -> tuple[TurnDone, object]:
         w.send_text(text)
     qtbot.waitUntil(lambda: bool(done), timeout=10000)
     return done[-1], w.chat.visible()[-1]
+
+
+@contextmanager
+def _served(path: Path, ctx: int):
+    """`ferry serve`'s server on ``path`` (in this process, on loopback), and an openai client of it."""
+    model = LoadedModel(path, threads=2, n_ctx=ctx)
+    server = Server(model, model.new_session(ctx), host="127.0.0.1", port=0).start()
+    try:
+        yield server, openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0)
+    finally:
+        server.stop()
+        model.close()
+
+
+def _remote_window(qtbot, make_window, url: str, **settings):
+    """A window whose engine is the server at ``url`` (no API key), with ``settings``."""
+    w = make_window(None, **settings)
+    with qtbot.waitSignal(w.model_loaded, timeout=60000):
+        w.worker.load("remote", load_options(quick_settings(engine="remote", remote_url=url, **settings),
+                                             api_key_lookup=lambda _url: None))
+    return w
 
 
 def _split(content: str, reasoning: str, calls) -> tuple[str, str, list]:
@@ -181,11 +206,7 @@ def test_the_window_on_a_remote_engine_gives_the_same_turn(container, qtbot, mak
     model = LoadedModel(path, threads=2, n_ctx=ctx)
     server = Server(model, model.new_session(ctx), host="127.0.0.1", port=0).start()
     try:
-        w = make_window(None, max_tokens=N)
-        s = quick_settings(engine="remote", remote_url=server.url, max_tokens=N)
-        with qtbot.waitSignal(w.model_loaded, timeout=60000):
-            w.worker.load("remote", load_options(s, api_key_lookup=lambda _url: None))
-        theirs, shown = _window_turn(qtbot, w, QUESTION)
+        theirs, shown = _window_turn(qtbot, _remote_window(qtbot, make_window, server.url, max_tokens=N), QUESTION)
     finally:
         server.stop()
         model.close()
@@ -198,10 +219,13 @@ def test_the_window_on_a_remote_engine_gives_the_same_turn(container, qtbot, mak
 
 @pytest.mark.slow
 @pytest.mark.parametrize("container", FAMILIES, indirect=True)
-def test_logprobs_are_the_same_in_every_front_end(container, capsys):
+def test_logprobs_are_the_same_in_every_front_end(container, capsys, qtbot, make_window):
     """Per-token logprobs (greedy, 3 alternatives) from `ferry run --json
-    --logprobs`, the server (openai client, loopback) and the remote engine
-    pointed at that server: the same tokens, values and alternatives."""
+    --logprobs`, the server (openai client, loopback), the remote engine
+    pointed at that server, and the window (its token-probabilities setting) on
+    the local engine and on that server: the same tokens, values and
+    alternatives."""
+    from app.chat.token_probs import STATS_KEY, compact
     from app.chat.turn import TurnRequest
     from app.engine.remote import RemoteEngine
     from app.events import Logprob, TokenLogprob
@@ -211,20 +235,18 @@ def test_logprobs_are_the_same_in_every_front_end(container, capsys):
     ctx = CTX[family]
     cli = _cli_json(capsys, "run", str(path), QUESTION, "-n", str(N), "--ctx", str(ctx), "--threads", "2",
                     "--json", "--logprobs", "3")
+    window = dict(max_tokens=N, token_probabilities=True, token_alternatives=3)
+    local = make_window(path, context_length=ctx, **window)
+    mine, shown_here = _window_turn(qtbot, local, QUESTION)
     messages = [{"role": "user", "content": QUESTION}]
-    model = LoadedModel(path, threads=2, n_ctx=ctx)
-    server = Server(model, model.new_session(ctx), host="127.0.0.1", port=0).start()
-    try:
-        client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0)
+    with _served(path, ctx) as (server, client):
         r = client.chat.completions.create(model=server.model_id, messages=messages, max_tokens=N, temperature=0,
                                            logprobs=True, top_logprobs=3)
         remote = RemoteEngine(server.url)
         remote.check()
         events = list(remote.generate(TurnRequest(messages, SamplingParams(), max_tokens=N, top_logprobs=3)))
         remote.close()
-    finally:
-        server.stop()
-        model.close()
+        theirs, shown_there = _window_turn(qtbot, _remote_window(qtbot, make_window, server.url, **window), QUESTION)
     assert len(cli["logprobs"]) == len(cli["token_ids"]) == r.usage.completion_tokens > 0
     assert [e["id"] for e in cli["logprobs"]] == cli["token_ids"]
     assert [c.model_dump() for c in r.choices[0].logprobs.content] == cli["logprobs"]
@@ -232,10 +254,245 @@ def test_logprobs_are_the_same_in_every_front_end(container, capsys):
                 for e in cli["logprobs"]]
     assert [(e.token, e.value) for e in events if isinstance(e, Logprob)] == expected == events[-1].logprobs
     assert all(len(e["top_logprobs"]) == 3 for e in cli["logprobs"])
+    # the window keeps and shows the same tokens, values and alternatives, on either engine
+    assert mine.logprobs == theirs.logprobs == expected
+    assert shown_here.stats[STATS_KEY] == shown_there.stats[STATS_KEY] == compact(cli["logprobs"])
+    panel = local.chat_view.widgets[-1].probs
+    assert panel.isVisible() and panel.tokens_label.text().count("href='tok:") == len(cli["token_ids"])
+
+
+#: Sampling at temperature 1 with nothing cut off: only the seed decides the draws.
+SAMPLED = dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("container", FAMILIES, indirect=True)
+def test_a_seed_gives_the_same_sampled_answer_in_every_front_end(container, capsys, qtbot, make_window):
+    """`ferry run --temp 1 --seed 7`, the server (openai client, seed=7), the
+    remote engine, and the window (its Seed setting) on the local engine and on
+    that server draw the same tokens; Regenerate repeats them; other seeds draw
+    otherwise."""
+    from app.chat.turn import TurnRequest
+    from app.engine.remote import RemoteEngine
+    from app.sampling import SamplingParams
+
+    family, path = container
+    ctx = CTX[family]
+    common = ("-n", str(N), "--ctx", str(ctx), "--threads", "2", "--temp", "1.0", "--json")
+    cli = {seed: _cli_json(capsys, "run", str(path), QUESTION, *common, "--seed", str(seed))["token_ids"]
+           for seed in (7, 8, 9)}
+    assert cli[7] and (cli[8] != cli[7] or cli[9] != cli[7]), "the seed changes nothing"
+    local = make_window(path, context_length=ctx, max_tokens=N, seed=7, **SAMPLED)
+    mine, _ = _window_turn(qtbot, local, QUESTION)
+    done: list = []
+    on_gui(local.worker.worker.turn_done, done.append)
+    with qtbot.waitSignal(local.answer_finished, timeout=LONG):
+        local.regenerate(local.chat.visible()[-1].id)
+    qtbot.waitUntil(lambda: bool(done), timeout=10000)
+    messages = [{"role": "user", "content": QUESTION}]
+    with _served(path, ctx) as (server, client):
+        r = client.chat.completions.create(model=server.model_id, messages=messages, max_tokens=N, temperature=1.0,
+                                           top_p=1.0, seed=7, logprobs=True, top_logprobs=0)
+        remote = RemoteEngine(server.url)
+        remote.check()
+        end = list(remote.generate(TurnRequest(messages, SamplingParams(temperature=1.0, seed=7), max_tokens=N,
+                                               top_logprobs=0)))[-1]
+        remote.close()
+        theirs, _ = _window_turn(qtbot, _remote_window(qtbot, make_window, server.url, max_tokens=N, seed=7,
+                                                       **SAMPLED), QUESTION)
+    assert mine.token_ids == done[-1].token_ids == cli[7]
+    assert [c.model_extra["id"] for c in r.choices[0].logprobs.content] == cli[7]
+    assert end.token_ids == cli[7]
+    assert (theirs.content, theirs.reasoning, theirs.completion_tokens) == \
+        (mine.content, mine.reasoning, len(mine.token_ids))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("container", FAMILIES, indirect=True)
+def test_docs_ask_on_a_server_gives_the_local_answer(container, capsys, tmp_path, kr, monkeypatch):
+    """`ferry docs ask URL COLLECTION QUESTION`: retrieval on this machine, the
+    answer from the server (loopback): the same passages, prompt, answer and
+    citations as `ferry docs ask MODEL ...`; the flags that set up a local
+    model are refused with a server."""
+    family, path = container
+    ctx = CTX[family]
+    monkeypatch.setenv("FERRY_HOME", str(tmp_path / "home"))
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "boathouse.txt").write_text(NOTE + "\n")
+    assert ferry(["docs", "add", "home", str(notes), "--json"]) == 0
+    ask = ("home", QUESTION, "-n", str(N), "--context-tokens", "900", "--json", "--logprobs", "2")
+    here = _cli_json(capsys, "docs", "ask", str(path), *ask, "--ctx", str(ctx), "--threads", "2")
+    with _served(path, ctx) as (server, _client):
+        there = _cli_json(capsys, "docs", "ask", server.url, *ask)
+        held = list(server.queue.session.tokens)
+        capsys.readouterr()
+        assert ferry(["docs", "ask", server.url, *ask, "--threads", "2"]) == 1
+        assert "is a server" in capsys.readouterr().err
+    assert there["prefix_state"] == "remote" and there["whole_collection"]
+    assert held[:len(here["prompt_ids"])] == here["prompt_ids"]     # the server read the local prompt
+    assert held[len(here["prompt_ids"]):] == here["tokens"][:len(held) - len(here["prompt_ids"])]
+    for key in ("text", "model_text", "reasoning", "citations", "passages", "reason", "tool_calls", "logprobs"):
+        assert there[key] == here[key], key
+    assert [e["id"] for e in here["logprobs"]] == here["tokens"] == there["tokens"]
+    assert all(len(e["top_logprobs"]) == 2 for e in here["logprobs"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("container", FAMILIES, indirect=True)
+def test_a_stop_sequence_ends_the_answer_in_every_front_end(container, capsys, qtbot, make_window, tmp_path, kr,
+                                                            monkeypatch):
+    """A stop sequence taken from the middle of the greedy answer ends it just
+    before that text in `ferry run --stop`, the server (openai client, stop=),
+    the window's Stop-at setting on the local engine and on that server, and
+    `ferry docs ask --stop` (the same on a server's URL). A family whose answer
+    here is all thinking gets a stop from its trace, which must not cut it."""
+    family, path = container
+    ctx = CTX[family]
+    n = 16
+    run = ("-n", str(n), "--ctx", str(ctx), "--threads", "2", "--no-think", "--json")
+    base = _cli_json(capsys, "run", str(path), QUESTION, *run)
+    cut = len(base["text"].strip()) >= 4
+    source = base["text"] if cut else base["reasoning"]
+    assert len(source) >= 4, f"{family} wrote nothing to stop at"
+    stop = source[len(source) // 2:len(source) // 2 + 3]
+    want = (source[:source.find(stop)], base["reasoning"]) if cut else (base["text"], base["reasoning"])
+    cli = _cli_json(capsys, "run", str(path), QUESTION, *run, "--stop", stop, "--stop", "never written")
+    assert (cli["text"], cli["reasoning"]) == want
+    window = dict(max_tokens=n, thinking=False, stop=[stop, "never written"])
+    local, _ = _window_turn(qtbot, make_window(path, context_length=ctx, **window), QUESTION)
+    with _served(path, ctx) as (server, client):
+        r = client.chat.completions.create(model=server.model_id, messages=[{"role": "user", "content": QUESTION}],
+                                           max_tokens=n, temperature=0, stop=[stop, "never written"],
+                                           extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+        there, _ = _window_turn(qtbot, _remote_window(qtbot, make_window, server.url, **window), QUESTION)
+    msg = r.choices[0].message
+    assert (msg.content or "", msg.model_extra.get("reasoning_content") or "") == want
+    assert (local.content, local.reasoning) == (there.content, there.reasoning) == want
+    assert local.token_ids == cli["token_ids"] and len(cli["token_ids"]) <= len(base["token_ids"])
+    if cut:
+        assert r.choices[0].finish_reason == "stop" and len(cli["token_ids"]) < n
+    # `docs ask` takes the same option
+    monkeypatch.setenv("FERRY_HOME", str(tmp_path / "home"))
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "boathouse.txt").write_text(NOTE + "\n")
+    assert ferry(["docs", "add", "home", str(notes), "--json"]) == 0
+    ask = ("docs", "ask", str(path), "home", QUESTION, "-n", str(n), "--ctx", str(ctx), "--threads", "2",
+           "--no-think", "--json")
+    docs = _cli_json(capsys, *ask)
+    if docs["model_text"].strip():
+        stop = docs["model_text"][len(docs["model_text"]) // 2:][:3]
+        stopped = _cli_json(capsys, *ask, "--stop", stop)
+        assert stopped["model_text"] == docs["model_text"][:docs["model_text"].find(stop)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("container", FAMILIES, indirect=True)
+def test_repetition_penalties_are_the_same_in_every_front_end(container, capsys, qtbot, make_window):
+    """Frequency and presence penalties (greedy): `ferry run`, the server
+    (openai client), and the window's Repetition settings on the local engine
+    and on that server write the same tokens; on a family whose plain answer
+    repeats a token, the penalties change it."""
+    family, path = container
+    ctx = CTX[family]
+    run = ("-n", str(N), "--ctx", str(ctx), "--threads", "2", "--json")
+    plain = _cli_json(capsys, "run", str(path), QUESTION, *run)["token_ids"]
+    cli = _cli_json(capsys, "run", str(path), QUESTION, *run, "--frequency-penalty", "1.5",
+                    "--presence-penalty", "1.0")
+    window = dict(max_tokens=N, frequency_penalty=1.5, presence_penalty=1.0)
+    mine, _ = _window_turn(qtbot, make_window(path, context_length=ctx, **window), QUESTION)
+    with _served(path, ctx) as (server, client):
+        r = client.chat.completions.create(model=server.model_id, messages=[{"role": "user", "content": QUESTION}],
+                                           max_tokens=N, temperature=0, frequency_penalty=1.5, presence_penalty=1.0,
+                                           logprobs=True, top_logprobs=0)
+        theirs, _ = _window_turn(qtbot, _remote_window(qtbot, make_window, server.url, **window), QUESTION)
+    assert mine.token_ids == cli["token_ids"] == [c.model_extra["id"] for c in r.choices[0].logprobs.content]
+    assert (theirs.content, theirs.reasoning) == (mine.content, mine.reasoning) == (cli["text"], cli["reasoning"])
+    if len(set(plain)) < len(plain):
+        assert cli["token_ids"] != plain, "the penalties changed nothing"
+
+
+def _attach(qtbot, w, path: Path) -> None:
+    """Attach ``path`` to the window's conversation (the documents panel, indexing in the background)."""
+    panel = w.open_documents()
+    qtbot.addWidget(panel)
+    with qtbot.waitSignal(panel.indexing_finished, timeout=LONG):
+        panel.add_paths([str(path)])
+    panel.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("container", FAMILIES, indirect=True)
+def test_attached_documents_give_docs_asks_turn(container, capsys, qtbot, make_window, tmp_path, kr, monkeypatch):
+    """A note attached in the window (Attach…) and the same note asked about
+    with `ferry docs ask`: the same prompt ids and answer; and the window on a
+    remote engine (a Ferry server) with the note attached gives that answer
+    too (its passages chosen here, sent to the server)."""
+    family, path = container
+    ctx = CTX[family]
+    monkeypatch.setenv("FERRY_HOME", str(tmp_path / "home"))
+    note = tmp_path / "notes" / "boathouse.txt"
+    note.parent.mkdir()
+    note.write_text(NOTE + "\n")
+    assert ferry(["docs", "add", "home", str(note.parent), "--json"]) == 0
+    docs = _cli_json(capsys, "docs", "ask", str(path), "home", QUESTION, "-n", str(N), "--ctx", str(ctx),
+                     "--threads", "2", "--json")
+    w = make_window(path, tmp_path / "local.sqlite3", max_tokens=N, context_length=ctx)
+    _attach(qtbot, w, note)
+    mine, _ = _window_turn(qtbot, w, QUESTION)
+    assert [c.passage for c in w.citations[w.chat.visible()[-1].id]] == [p["passage"] for p in docs["passages"]]
+    assert mine.prompt_ids == docs["prompt_ids"] and mine.token_ids == docs["tokens"]
+    assert (mine.content, mine.reasoning) == (docs["model_text"], docs["reasoning"])
+    with _served(path, ctx) as (server, _client):
+        there = _remote_window(qtbot, make_window, server.url, max_tokens=N)
+        _attach(qtbot, there, note)
+        theirs, _ = _window_turn(qtbot, there, QUESTION)
+        held = list(server.queue.session.tokens)
+    assert held[:len(docs["prompt_ids"])] == docs["prompt_ids"]      # the server read the same prompt
+    assert (theirs.content, theirs.reasoning) == (docs["model_text"], docs["reasoning"])
 
 
 def test_cli_logprobs_need_json(capsys, tmp_path):
     assert ferry(["run", str(tmp_path / "no-model"), QUESTION, "--logprobs", "2"]) == 2
     assert "--logprobs needs --json" in capsys.readouterr().err
+    assert ferry(["docs", "ask", str(tmp_path / "no-model"), "home", QUESTION, "--logprobs", "2"]) == 2
+    assert "--logprobs needs --json" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         ferry(["run", str(tmp_path / "no-model"), QUESTION, "--json", "--logprobs", "21"])
+
+
+def test_cli_refuses_bad_sampling_options_before_loading(capsys, tmp_path):
+    """Out-of-range --stop and penalties are refused (exit 2) before any model is opened: the model here does not
+    exist, so reaching it would be another error."""
+    missing = str(tmp_path / "no-model")
+    stops = [a for s in "abcde" for a in ("--stop", s)]
+    for argv in (["run", missing, QUESTION, *stops], ["run", missing, QUESTION, "--stop", ""],
+                 ["run", missing, QUESTION, "--presence-penalty", "3"], ["chat", missing, "--frequency-penalty", "-9"]):
+        capsys.readouterr()
+        assert ferry(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert "--stop takes up to 4" in err or "must be between -2 and 2" in err, err
+
+
+def test_the_cli_shows_a_long_prompts_progress_on_a_terminal_only():
+    """`ferry run`, `chat` and `docs ask` rewrite one stderr line while a long prompt is read (a terminal only)."""
+    import io
+
+    from app.cli.common import PromptMeter
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    tty, pipe = Terminal(), io.StringIO()
+    for stream in (tty, pipe):
+        meter = PromptMeter(stream=stream)
+        for done in (32, 64, 96):
+            meter.update(done, 96)
+    assert pipe.getvalue() == ""
+    out = tty.getvalue()
+    assert "[Reading the prompt: 32 of 96 tokens" in out and "64 of 96" in out and out.endswith("\r\x1b[K")
+    short = Terminal()
+    PromptMeter(stream=short).update(20, 20)        # read in one chunk: nothing shown
+    assert short.getvalue() == ""

@@ -13,8 +13,8 @@ import pytest
 from PySide6.QtGui import QImage
 
 REPO = Path(__file__).resolve().parents[2]
-STATES = ["01-welcome", "02-empty-chat", "03-streaming", "04-finished", "05-gauges", "06-settings", "06a-library",
-          "06b-switcher", "06c-prompt-progress"]
+STATES = ["01-welcome", "02-empty-chat", "03-streaming", "04-finished", "04a-token-probabilities", "05-gauges",
+          "06-settings", "06a-library", "06b-switcher", "06c-prompt-progress"]
 
 
 def _free_display() -> int:
