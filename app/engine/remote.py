@@ -262,7 +262,6 @@ class RemoteEngine:
                     data = line[5:].strip()
                     if data == "[DONE]":
                         ended = True
-                        items.put(("end", None))
                         continue
                     try:
                         doc = json.loads(data)
@@ -272,8 +271,10 @@ class RemoteEngine:
                         return items.put(("error", str(doc["error"].get("message") or "the server failed")))
                     if isinstance(doc, dict):
                         items.put(("chunk", doc))
-                if not ended:
-                    items.put(("end", None))  # a server that closes without [DONE]
+            # the end only once the response is closed and its connection is back in the pool: a
+            # next turn sent at once goes on the same connection, which a server without API keys
+            # takes for the same client (its prefix reuse); a server that closes without [DONE] ends too
+            items.put(("end", None))
         except (httpx.HTTPError, OSError) as exc:
             items.put(("error", f"the connection to {self.url} failed: {exc}"))
         finally:
