@@ -12,7 +12,9 @@ engines agreed, and the 1-minute load average before and after each round.
 ``--kernels`` instead times one matrix product per format and shape on one
 thread (ferry_kernel_matmul against ferry_kernel_matmul_q8, the latter
 including quantizing x; best of ``--rounds`` x 5 calls, interleaved).
-``--kernels --sets avx2 avx512vnni`` compares two q8 kernel sets of this
+``--sets avx2 avx512vnni`` compares two q8 engines with those kernel sets
+instead of f32 against q8 (with per-phase process CPU time: use --threads 1
+on a shared machine). ``--kernels --sets avx2 avx512vnni`` compares two q8 kernel sets of this
 build in one process instead: the same product with each set, alternating
 call by call, per-thread CPU time (robust to other processes' load), best of
 ``--rounds`` x 5 calls per case, ratios first / second (above 1: the second
@@ -65,40 +67,52 @@ def one_round(session, vocab: int, prompt_len: int, tokens: int, seed: int) -> d
     rng = np.random.default_rng(seed)
     prompt = [int(t) for t in rng.integers(100, vocab - 100, prompt_len)]
     session.reset()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     logits = session.eval(prompt)
-    prompt_s = time.perf_counter() - t0
+    prompt_s, prompt_cpu = time.perf_counter() - t0, time.process_time() - c0
     tok, out = int(np.argmax(logits)), []
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for _ in range(tokens):
         out.append(tok)
         tok = int(np.argmax(session.eval([tok])))
-    decode_s = time.perf_counter() - t0
-    return {"prompt_tok_s": prompt_len / prompt_s, "decode_tok_s": tokens / decode_s, "greedy": out}
+    decode_s, decode_cpu = time.perf_counter() - t0, time.process_time() - c0
+    return {"prompt_tok_s": prompt_len / prompt_s, "decode_tok_s": tokens / decode_s,
+            "prompt_cpu_ms_per_tok": prompt_cpu * 1e3 / prompt_len, "decode_cpu_ms_per_tok": decode_cpu * 1e3 / tokens,
+            "greedy": out}
 
 
 def bench_file(path: Path, a) -> dict:
+    """Two engines on one file, interleaved: f32 against q8, or (--sets) two q8 kernel sets."""
     from app.engine.binding import Engine
-    engines = {m: Engine(path, threads=a.threads, n_ctx=a.prompt + a.tokens + 8, activations=m) for m in MODES}
+    if a.sets:
+        modes = tuple(a.sets)
+        opts = {m: {"kernels": m, "activations": "q8"} for m in modes}
+    else:
+        modes = MODES
+        opts = {m: {"activations": m} for m in modes}
+    engines = {m: Engine(path, threads=a.threads, n_ctx=a.prompt + a.tokens + 8, **opts[m]) for m in modes}
     sessions = {m: e.session(a.prompt + a.tokens + 8) for m, e in engines.items()}
-    vocab, kernels = engines["f32"].info.vocab, engines["f32"].info.kernels
+    vocab, kernels = engines[modes[0]].info.vocab, {m: e.info.kernels for m, e in engines.items()}
+    keys = ("prompt_tok_s", "decode_tok_s", "prompt_cpu_ms_per_tok", "decode_cpu_ms_per_tok")
     rounds = []
     for r in range(a.rounds):
-        order = MODES if r % 2 == 0 else MODES[::-1]
+        order = modes if r % 2 == 0 else modes[::-1]
         rnd = {"order": list(order), "load1_before": os.getloadavg()[0]}
         for m in order:
             rnd[m] = one_round(sessions[m], vocab, a.prompt, a.tokens, seed=r)
         rnd["load1_after"] = os.getloadavg()[0]
-        rnd["greedy_agree"] = sum(x == y for x, y in zip(rnd["f32"].pop("greedy"), rnd["q8"].pop("greedy"))) / a.tokens
+        rnd["greedy_agree"] = sum(x == y for x, y in zip(rnd[modes[0]].pop("greedy"),
+                                                         rnd[modes[1]].pop("greedy"))) / a.tokens
         rounds.append(rnd)
         print(json.dumps({"file": path.name, "round": r + 1, **rnd}), file=sys.stderr, flush=True)
-    med = {m: {k: statistics.median(r[m][k] for r in rounds) for k in ("prompt_tok_s", "decode_tok_s")} for m in MODES}
+    med = {m: {k: statistics.median(r[m][k] for r in rounds) for k in keys} for m in modes}
     for s in sessions.values():
         s.close()
     for e in engines.values():
         e.close()
-    return {"kernels": kernels, "rounds": rounds, "median": med,
-            "q8_over_f32": {k: med["q8"][k] / med["f32"][k] for k in ("prompt_tok_s", "decode_tok_s")},
+    ratio = {k: med[modes[1]][k] / med[modes[0]][k] for k in ("prompt_tok_s", "decode_tok_s")}
+    ratio.update({k: med[modes[0]][k] / med[modes[1]][k] for k in ("prompt_cpu_ms_per_tok", "decode_cpu_ms_per_tok")})
+    return {"kernels": kernels, "rounds": rounds, "median": med, f"{modes[1]}_over_{modes[0]}": ratio,
             "greedy_agree_median": statistics.median(r["greedy_agree"] for r in rounds)}
 
 
@@ -213,7 +227,8 @@ def main(argv=None) -> int:
     ap.add_argument("--kernels", action="store_true", help="time single products per format instead")
     ap.add_argument("--base", type=Path, help="with --kernels: compare the q8 kernels of the build in this checkout")
     ap.add_argument("--sets", nargs=2, metavar=("OLD", "NEW"),
-                    help="with --kernels: compare two q8 kernel sets of this build (e.g. avx2 avx512vnni)")
+                    help="compare two q8 kernel sets of this build (e.g. avx2 avx512vnni): with --kernels single "
+                         "products, else engines on --files (ratios NEW over OLD: above 1 NEW is faster)")
     ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     load_before = os.getloadavg()[0]
