@@ -78,6 +78,20 @@ def test_q8_avx512vnni_set_is_exact_chosen_by_auto_and_by_name(demo_container, m
         assert q8.info.kernels == "avx2"
 
 
+def test_without_avx512vnni_auto_keeps_avx2_and_the_name_is_refused(demo_container):
+    """On a CPU (or OS) without AVX-512 VNNI: "auto" in the q8 mode stays on the best exact set's q8 kernels and
+    asking for "avx512vnni" by name is refused at open, saying why."""
+    if lib.ferry_q8_kernels_available(lib.FERRY_KERNELS_AVX512VNNI):
+        pytest.skip("this CPU has AVX-512 VNNI: the set is available (tested above)")
+    best = ffi.string(lib.ferry_kernels_name(lib.ferry_kernels_best())).decode()
+    with Engine(demo_container, threads=1, activations="q8") as q8:
+        assert q8.info.kernels == best
+    with pytest.raises(FerryError) as exc:
+        Engine(demo_container, threads=1, kernels="avx512vnni", activations="q8")
+    assert exc.value.code == "FERRY_E_UNSUPPORTED" and "avx512vnni" in exc.value.message
+    assert "auto" in exc.value.message
+
+
 def test_unknown_activations_are_refused(demo_container):
     with pytest.raises(FerryError) as e:
         Engine(demo_container, activations="int4")
