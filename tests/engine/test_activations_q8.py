@@ -76,6 +76,9 @@ def test_q8_avx512vnni_set_is_exact_chosen_by_auto_and_by_name(demo_container, m
     monkeypatch.setenv("FERRY_KERNELS", "avx2")
     with Engine(demo_container, threads=1, activations="q8") as q8:
         assert q8.info.kernels == "avx2"
+    from app.convert import quant3
+    monkeypatch.setenv("FERRY_KERNELS", "avx512vnni")  # the converter's exact quantizer then runs AVX2's
+    assert quant3._impl() == lib.FERRY_KERNELS_AVX2
 
 
 def test_without_avx512vnni_auto_keeps_avx2_and_the_name_is_refused(demo_container):
