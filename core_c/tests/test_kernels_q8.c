@@ -3,8 +3,10 @@
  *   cc -std=c11 -O2 -ffp-contract=off -Iinclude src/formats.c src/kernels*.c src/quant3.c \
  *      src/quant_blocks.c tests/test_kernels_q8.c -lm
  *
- * For each integer format, every built-in implementation, awkward sizes and
- * token counts 1..11: (1) bit-identical to the scalar reference, (2) a
+ * For each integer format, every built-in implementation this CPU runs
+ * (scalar, AVX2, AVX-512 VNNI, NEON; an x86 CPU without AVX-512 VNNI prints
+ * why that set is skipped), awkward sizes, 1-7 rows and token counts 1-9,
+ * 11, 16, 33 (around the SIMD tiles of 4 and 8): (1) bit-identical to the scalar reference, (2) a
  * token's result in a batch bit-identical to the token alone, (3) within the
  * activations' own rounding error of the exact f32 product (the bound
  * sum_i |w_i| * |x_i - dequantized q8 x_i|, plus float rounding), and the
