@@ -127,6 +127,26 @@ INL __m512i pair_idx(int e0, int e1) {
     return _mm512_inserti64x4(_mm512_set1_epi32(e0), _mm256_set1_epi32(e1), 1);
 }
 
+/* A token's super-block into acc: the reference's two multiply-adds, with
+ * the minimums' lanes m_l * (bs[2l] + bs[2l+1]) from md (m_k twice, int16). */
+INL __m256 k45_fold(__m256 acc, __m256i P8, __m256i md, const int16_t *bs, float d, float dmin, float dx) {
+    const __m256i M = _mm256_madd_epi16(md, ld(bs));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(d * dx), _mm256_cvtepi32_ps(P8), acc);
+    return _mm256_fnmadd_ps(_mm256_set1_ps(dmin * dx), _mm256_cvtepi32_ps(M), acc);
+}
+
+/* Super-block sb of a Q4_K/Q5_K row: its address; d, dmin; the scales
+ * and minimums as bytes sm[0..7], sm[8..15]; md = m_k twice, as int16. */
+INL const uint8_t *k45_head(const uint8_t *row, int sb, const int five, float *d, float *dmin, uint8_t sm[16],
+                            __m256i *md) {
+    const uint8_t *p = row + (five ? 176 : 144) * (size_t)sb;
+    *d = f16_1(p), *dmin = f16_1(p + 2);
+    fe_q8_k4_scales(p + 4, sm);
+    const __m128i smv = _mm_loadu_si128((const __m128i *)sm);
+    *md = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(smv, smv));
+    return p;
+}
+
 /* Q4_K, and Q5_K (five = 1: the fifth bit of value 32k + l is bit k of qh[l]). */
 INL void k45_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, float *y, size_t ys, const int nt,
                   const int five) {
@@ -135,13 +155,11 @@ INL void k45_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, fl
     __m256 acc[TILE];
     for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
     for (int sb = 0; sb < nsb; sb++) {
-        const uint8_t *p = row + (five ? 176 : 144) * (size_t)sb;
-        const float d = f16_1(p), dmin = f16_1(p + 2);
+        float d, dmin;
         uint8_t sm[16];
-        fe_q8_k4_scales(p + 4, sm);
-        const __m128i smv = _mm_loadu_si128((const __m128i *)sm);
-        const __m512i s32 = _mm512_cvtepu8_epi32(smv); /* sc 0-7, m 0-7 as int32 (upper int16 0) */
-        const __m256i md = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(smv, smv));
+        __m256i md;
+        const uint8_t *p = k45_head(row, sb, five, &d, &dmin, sm, &md);
+        const __m512i s32 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)sm)); /* sc, m as int32 */
         __m512i P[TILE];
         for (int t = 0; t < nt; t++) P[t] = _mm512_setzero_si512();
         const __m512i hb = five ? ld2x(p + 16) : _mm512_setzero_si512();
@@ -158,19 +176,57 @@ INL void k45_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, fl
             const size_t off = 256 * (size_t)sb + 32 * (size_t)k;
             for (int t = 0; t < nt; t++) P[t] = dp(P[t], w, ld512(QX(t) + off), s);
         }
-        for (int t = 0; t < nt; t++) {
-            const float dx = DX(t)[sb];
-            const __m256i P8 = _mm256_add_epi32(_mm512_castsi512_si256(P[t]), _mm512_extracti64x4_epi64(P[t], 1));
-            const __m256i M = _mm256_madd_epi16(md, ld(BS(t) + 16 * (size_t)sb));
-            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * dx), _mm256_cvtepi32_ps(P8), acc[t]);
-            acc[t] = _mm256_fnmadd_ps(_mm256_set1_ps(dmin * dx), _mm256_cvtepi32_ps(M), acc[t]);
-        }
+        for (int t = 0; t < nt; t++)
+            acc[t] = k45_fold(acc[t], _mm256_add_epi32(_mm512_castsi512_si256(P[t]), _mm512_extracti64x4_epi64(P[t], 1)),
+                              md, BS(t) + 16 * (size_t)sb, d, dmin, DX(t)[sb]);
     }
     for (int t = 0; t < nt; t++) y[(size_t)t * ys] = hsum8(acc[t]);
 }
 
-#define q4_k_tile(...) k45_tile(__VA_ARGS__, 0)
-#define q5_k_tile(...) k45_tile(__VA_ARGS__, 1)
+/* The same with one 32-value sub-block per ymm: the scale in every lane
+ * (vpdpwssd with (S, 0) pairs), no permutes and no half-sums. Faster than
+ * the zmm version above from 2 tokens up on Zen 4 (which runs a zmm
+ * instruction as two halves), slower for one token (docs/BENCHMARKS.md,
+ * section "vnni"). */
+INL void k45_tile_y(const uint8_t *row, int cols, const uint8_t *xq, size_t st, float *y, size_t ys, const int nt,
+                    const int five) {
+    const int nsb = cols / 256;
+    const __m256i m15 = _mm256_set1_epi8(15), sixteen = _mm256_set1_epi8(16);
+    __m256 acc[TILE];
+    for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
+    for (int sb = 0; sb < nsb; sb++) {
+        float d, dmin;
+        uint8_t sm[16];
+        __m256i md;
+        const uint8_t *p = k45_head(row, sb, five, &d, &dmin, sm, &md);
+        __m256i P[TILE];
+        for (int t = 0; t < nt; t++) P[t] = _mm256_setzero_si256();
+        const __m256i hb = five ? ld(p + 16) : _mm256_setzero_si256();
+        for (int k = 0; k < 8; k += 2) {
+            const __m256i qq = ld(p + (five ? 48 : 16) + 16 * k);
+            __m256i w0 = _mm256_and_si256(qq, m15), w1 = _mm256_and_si256(_mm256_srli_epi16(qq, 4), m15);
+            if (five) {
+                w0 = _mm256_mask_add_epi8(w0, _mm256_test_epi8_mask(hb, _mm256_set1_epi8((char)(1 << k))), w0, sixteen);
+                w1 = _mm256_mask_add_epi8(w1, _mm256_test_epi8_mask(hb, _mm256_set1_epi8((char)(2 << k))), w1, sixteen);
+            }
+            const __m256i s0 = _mm256_set1_epi32(sm[k]), s1 = _mm256_set1_epi32(sm[k + 1]);
+            const size_t off = 256 * (size_t)sb + 32 * (size_t)k;
+            for (int t = 0; t < nt; t++) {
+                const __m256i a = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w0, ld(QX(t) + off));
+                const __m256i b = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w1, ld(QX(t) + off + 32));
+                P[t] = _mm256_dpwssd_epi32(_mm256_dpwssd_epi32(P[t], a, s0), b, s1);
+            }
+        }
+        for (int t = 0; t < nt; t++) acc[t] = k45_fold(acc[t], P[t], md, BS(t) + 16 * (size_t)sb, d, dmin, DX(t)[sb]);
+    }
+    for (int t = 0; t < nt; t++) y[(size_t)t * ys] = hsum8(acc[t]);
+}
+
+/* nt is a constant in every call: the choice folds away */
+#define q4_k_tile(r, c, x, s, y, ys, nt) \
+    ((nt) == 1 ? k45_tile(r, c, x, s, y, ys, nt, 0) : k45_tile_y(r, c, x, s, y, ys, nt, 0))
+#define q5_k_tile(r, c, x, s, y, ys, nt) \
+    ((nt) == 1 ? k45_tile(r, c, x, s, y, ys, nt, 1) : k45_tile_y(r, c, x, s, y, ys, nt, 1))
 
 /* Q6_K: half h of a super-block holds ql[64] (p + 64h), qh[32] (p + 128 +
  * 32h) and sub-blocks r = 0..3: low nibbles of ql[0..31] | bits 0-1 of qh,
