@@ -12,6 +12,13 @@ engines agreed, and the 1-minute load average before and after each round.
 ``--kernels`` instead times one matrix product per format and shape on one
 thread (ferry_kernel_matmul against ferry_kernel_matmul_q8, the latter
 including quantizing x; best of ``--rounds`` x 5 calls, interleaved).
+``--sets avx2 avx512vnni`` compares two q8 engines with those kernel sets
+instead of f32 against q8 (with per-phase process CPU time: use --threads 1
+on a shared machine). ``--kernels --sets avx2 avx512vnni`` compares two q8 kernel sets of this
+build in one process instead: the same product with each set, alternating
+call by call, per-thread CPU time (robust to other processes' load), best of
+``--rounds`` x 5 calls per case, ratios first / second (above 1: the second
+set is faster); it also checks the two sets' outputs are bit-identical.
 ``--kernels --base DIR`` compares the q8 kernels of two builds instead: DIR
 a checkout with its core built in place, each round one child process per
 build (alternating which goes first), best time per case, ratios base / new.
@@ -60,40 +67,52 @@ def one_round(session, vocab: int, prompt_len: int, tokens: int, seed: int) -> d
     rng = np.random.default_rng(seed)
     prompt = [int(t) for t in rng.integers(100, vocab - 100, prompt_len)]
     session.reset()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     logits = session.eval(prompt)
-    prompt_s = time.perf_counter() - t0
+    prompt_s, prompt_cpu = time.perf_counter() - t0, time.process_time() - c0
     tok, out = int(np.argmax(logits)), []
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for _ in range(tokens):
         out.append(tok)
         tok = int(np.argmax(session.eval([tok])))
-    decode_s = time.perf_counter() - t0
-    return {"prompt_tok_s": prompt_len / prompt_s, "decode_tok_s": tokens / decode_s, "greedy": out}
+    decode_s, decode_cpu = time.perf_counter() - t0, time.process_time() - c0
+    return {"prompt_tok_s": prompt_len / prompt_s, "decode_tok_s": tokens / decode_s,
+            "prompt_cpu_ms_per_tok": prompt_cpu * 1e3 / prompt_len, "decode_cpu_ms_per_tok": decode_cpu * 1e3 / tokens,
+            "greedy": out}
 
 
 def bench_file(path: Path, a) -> dict:
+    """Two engines on one file, interleaved: f32 against q8, or (--sets) two q8 kernel sets."""
     from app.engine.binding import Engine
-    engines = {m: Engine(path, threads=a.threads, n_ctx=a.prompt + a.tokens + 8, activations=m) for m in MODES}
+    if a.sets:
+        modes = tuple(a.sets)
+        opts = {m: {"kernels": m, "activations": "q8"} for m in modes}
+    else:
+        modes = MODES
+        opts = {m: {"activations": m} for m in modes}
+    engines = {m: Engine(path, threads=a.threads, n_ctx=a.prompt + a.tokens + 8, **opts[m]) for m in modes}
     sessions = {m: e.session(a.prompt + a.tokens + 8) for m, e in engines.items()}
-    vocab, kernels = engines["f32"].info.vocab, engines["f32"].info.kernels
+    vocab, kernels = engines[modes[0]].info.vocab, {m: e.info.kernels for m, e in engines.items()}
+    keys = ("prompt_tok_s", "decode_tok_s", "prompt_cpu_ms_per_tok", "decode_cpu_ms_per_tok")
     rounds = []
     for r in range(a.rounds):
-        order = MODES if r % 2 == 0 else MODES[::-1]
+        order = modes if r % 2 == 0 else modes[::-1]
         rnd = {"order": list(order), "load1_before": os.getloadavg()[0]}
         for m in order:
             rnd[m] = one_round(sessions[m], vocab, a.prompt, a.tokens, seed=r)
         rnd["load1_after"] = os.getloadavg()[0]
-        rnd["greedy_agree"] = sum(x == y for x, y in zip(rnd["f32"].pop("greedy"), rnd["q8"].pop("greedy"))) / a.tokens
+        rnd["greedy_agree"] = sum(x == y for x, y in zip(rnd[modes[0]].pop("greedy"),
+                                                         rnd[modes[1]].pop("greedy"))) / a.tokens
         rounds.append(rnd)
         print(json.dumps({"file": path.name, "round": r + 1, **rnd}), file=sys.stderr, flush=True)
-    med = {m: {k: statistics.median(r[m][k] for r in rounds) for k in ("prompt_tok_s", "decode_tok_s")} for m in MODES}
+    med = {m: {k: statistics.median(r[m][k] for r in rounds) for k in keys} for m in modes}
     for s in sessions.values():
         s.close()
     for e in engines.values():
         e.close()
-    return {"kernels": kernels, "rounds": rounds, "median": med,
-            "q8_over_f32": {k: med["q8"][k] / med["f32"][k] for k in ("prompt_tok_s", "decode_tok_s")},
+    ratio = {k: med[modes[1]][k] / med[modes[0]][k] for k in ("prompt_tok_s", "decode_tok_s")}
+    ratio.update({k: med[modes[0]][k] / med[modes[1]][k] for k in ("prompt_cpu_ms_per_tok", "decode_cpu_ms_per_tok")})
+    return {"kernels": kernels, "rounds": rounds, "median": med, f"{modes[1]}_over_{modes[0]}": ratio,
             "greedy_agree_median": statistics.median(r["greedy_agree"] for r in rounds)}
 
 
@@ -102,12 +121,10 @@ KERNEL_SHAPES = (("q4_1", 1536, 576), ("q4_1", 576, 1536), ("q8_0", 49152, 576),
                  ("q6_k", 2048, 8192))
 
 
-def bench_kernels(a) -> list[dict]:
+def kernel_cases(lib, ffi):
+    """(format, rows, cols, tokens, code, weights, x) for every timed product, the same data each run."""
     import numpy as np
-    from app.engine._ferry_c import ffi, lib
     rng = np.random.default_rng(0)
-    impl = lib.ferry_kernels_best()
-    out = []
     for fmt, rows, cols in KERNEL_SHAPES:
         code = lib.ferry_format_code(fmt.encode())
         nbytes = lib.ferry_format_row_bytes(code, cols) * rows
@@ -122,21 +139,59 @@ def bench_kernels(a) -> list[dict]:
             if fmt != "q6_k":
                 blocks[:, 2:4] = np.frombuffer(np.float16(0.001).tobytes(), np.uint8)
         for n in (1, 4, 32):
-            x = rng.standard_normal(n * cols).astype(np.float32)
-            y = np.zeros(n * rows, np.float32)
-            args = (impl, code, ffi.from_buffer("uint8_t[]", w), rows, cols, ffi.from_buffer("float[]", x), n,
-                    ffi.from_buffer("float[]", y))
-            best = {"f32": float("inf"), "q8": float("inf")}
-            for _ in range(a.rounds):
-                for name, fn in (("f32", lib.ferry_kernel_matmul), ("q8", lib.ferry_kernel_matmul_q8)):
-                    for _ in range(5):
-                        t0 = time.perf_counter()
-                        fn(*args)
-                        best[name] = min(best[name], time.perf_counter() - t0)
-            out.append({"format": fmt, "rows": rows, "cols": cols, "tokens": n, "f32_ms": best["f32"] * 1e3,
-                        "q8_ms": best["q8"] * 1e3, "q8_speedup": best["f32"] / best["q8"]})
-            print(json.dumps(out[-1]), file=sys.stderr, flush=True)
+            yield fmt, rows, cols, n, code, w, rng.standard_normal(n * cols).astype(np.float32)
+
+
+def bench_kernels(a) -> list[dict]:
+    import numpy as np
+    from app.engine._ferry_c import ffi, lib
+    impl = lib.ferry_kernels_best()
+    out = []
+    for fmt, rows, cols, n, code, w, x in kernel_cases(lib, ffi):
+        y = np.zeros(n * rows, np.float32)
+        args = (impl, code, ffi.from_buffer("uint8_t[]", w), rows, cols, ffi.from_buffer("float[]", x), n,
+                ffi.from_buffer("float[]", y))
+        best = {"f32": float("inf"), "q8": float("inf")}
+        for _ in range(a.rounds):
+            for name, fn in (("f32", lib.ferry_kernel_matmul), ("q8", lib.ferry_kernel_matmul_q8)):
+                for _ in range(5):
+                    t0 = time.perf_counter()
+                    fn(*args)
+                    best[name] = min(best[name], time.perf_counter() - t0)
+        out.append({"format": fmt, "rows": rows, "cols": cols, "tokens": n, "f32_ms": best["f32"] * 1e3,
+                    "q8_ms": best["q8"] * 1e3, "q8_speedup": best["f32"] / best["q8"]})
+        print(json.dumps(out[-1]), file=sys.stderr, flush=True)
     return out
+
+
+def compare_sets(a) -> dict:
+    """The same q8 products with two kernel sets of this build, alternating call by call (thread CPU time)."""
+    import numpy as np
+    from app.engine._ferry_c import ffi, lib
+    names = {ffi.string(lib.ferry_q8_kernels_name(i)).decode(): i for i in range(8)}
+    impls = []
+    for s in a.sets:
+        if s not in names or not lib.ferry_q8_kernels_available(names[s]):
+            raise SystemExit(f"q8 kernel set {s!r} is not available on this CPU/build")
+        impls.append(names[s])
+    out = []
+    for fmt, rows, cols, n, code, w, x in kernel_cases(lib, ffi):
+        ys = [np.zeros(n * rows, np.float32) for _ in impls]
+        best = [float("inf")] * len(impls)
+        wb, xb = ffi.from_buffer("uint8_t[]", w), ffi.from_buffer("float[]", x)
+        for r in range(a.rounds * 5):
+            order = range(len(impls)) if r % 2 == 0 else reversed(range(len(impls)))
+            for i in order:
+                t0 = time.thread_time_ns()
+                lib.ferry_kernel_matmul_q8(impls[i], code, wb, rows, cols, xb, n, ffi.from_buffer("float[]", ys[i]))
+                best[i] = min(best[i], (time.thread_time_ns() - t0) / 1e6)
+        rec = {"format": fmt, "rows": rows, "cols": cols, "tokens": n,
+               **{f"{s}_cpu_ms": b for s, b in zip(a.sets, best)},
+               "ratio": best[0] / best[1], "bit_identical": all(np.array_equal(ys[0], y) for y in ys[1:]),
+               "gop_s": [2.0 * rows * cols * n / (b * 1e-3) / 1e9 for b in best]}
+        out.append(rec)
+        print(json.dumps(rec), file=sys.stderr, flush=True)
+    return {"sets": a.sets, "compare_sets": out, "load1_after": os.getloadavg()[0]}
 
 
 def compare_builds(a) -> dict:
@@ -171,11 +226,17 @@ def main(argv=None) -> int:
     ap.add_argument("--workdir", type=Path, default=Path.home() / ".cache" / "ferry-bench")
     ap.add_argument("--kernels", action="store_true", help="time single products per format instead")
     ap.add_argument("--base", type=Path, help="with --kernels: compare the q8 kernels of the build in this checkout")
+    ap.add_argument("--sets", nargs=2, metavar=("OLD", "NEW"),
+                    help="compare two q8 kernel sets of this build (e.g. avx2 avx512vnni): with --kernels single "
+                         "products, else engines on --files (ratios NEW over OLD: above 1 NEW is faster)")
     ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    load_before = os.getloadavg()[0]
     if a.child:  # import app (and its built core) from that checkout
         sys.path.insert(0, str(a.child))
-    if a.kernels and a.base:
+    if a.kernels and a.sets:
+        results = compare_sets(a)
+    elif a.kernels and a.base:
         results = compare_builds(a)
     elif a.kernels:
         results = {"kernels": bench_kernels(a)}
@@ -188,7 +249,7 @@ def main(argv=None) -> int:
         pass
     print(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": platform.machine(),
                       "cpu": cpu, "cores": os.cpu_count(), "threads": a.threads, "prompt": a.prompt,
-                      "tokens": a.tokens, "rounds": a.rounds, **results}, indent=None if a.json else 1))
+                      "tokens": a.tokens, "rounds": a.rounds, "load1_before": load_before, **results}, indent=None if a.json else 1))
     return 0
 
 

@@ -191,7 +191,7 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
                                     "as `ferry plan` prints it)")
     p.add_argument("--threads", type=int, default=0, help="compute threads (default: one per CPU)")
     p.add_argument("--kernels", choices=KERNEL_CHOICES, default=None,
-                   help="matrix-product kernels: auto (the best this CPU supports), scalar, avx2 or neon "
+                   help="matrix-product kernels: auto (the best this CPU supports), scalar, avx2, avx512vnni (q8 mode) or neon "
                         "(default: $FERRY_KERNELS, else auto)")
     p.add_argument("--activations", choices=ACTIVATION_CHOICES, default="f32",
                    help="f32 (default): exact matrix products; q8: opt-in, faster and slightly inexact: each "

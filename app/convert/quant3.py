@@ -98,12 +98,16 @@ def _impl() -> int:
     name = default_kernels()
     if name == "auto":
         return lib.ferry_kernels_best()
+    if name == "avx512vnni":  # the q8-only set: everything exact, this quantizer included, is AVX2's
+        if not lib.ferry_q8_kernels_available(lib.FERRY_KERNELS_AVX512VNNI):
+            raise ValueError(f"FERRY_KERNELS={name}: this CPU cannot run the {name} kernels")
+        return lib.FERRY_KERNELS_AVX2
     for impl in (lib.FERRY_KERNELS_SCALAR, lib.FERRY_KERNELS_AVX2, lib.FERRY_KERNELS_NEON):
         if ffi.string(lib.ferry_kernels_name(impl)).decode() == name:
             if not lib.ferry_kernels_available(impl):
                 raise ValueError(f"FERRY_KERNELS={name}: this CPU cannot run the {name} kernels")
             return impl
-    raise ValueError(f"FERRY_KERNELS={name!r} is not one of auto, scalar, avx2, neon")
+    raise ValueError(f"FERRY_KERNELS={name!r} is not one of auto, scalar, avx2, avx512vnni, neon")
 
 
 def _out(out, nbytes: int) -> np.ndarray:

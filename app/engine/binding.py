@@ -61,12 +61,14 @@ class ModelInfo:
     io_note: str
     cache_slots: int
     ram_budget: int
-    kernels: str  # the kernel set matrix products use: "scalar", "avx2" or "neon"
+    kernels: str  # the kernel set matrix products use: "scalar", "avx2" or "neon"; in the q8 mode its integer set's (e.g. "avx512vnni")
     activations: str = "f32"  # "f32" (exact) or "q8" (the opt-in 8-bit-activation mode)
 
 
 #: Kernel sets an engine can be opened with (``Engine(kernels=...)``).
-KERNEL_CHOICES = ("auto", "scalar", "avx2", "neon")
+#: "avx512vnni": AVX2's exact kernels with AVX-512 VNNI integer products in the
+#: q8 mode (what "auto" takes there on a CPU that has them).
+KERNEL_CHOICES = ("auto", "scalar", "avx2", "avx512vnni", "neon")
 
 
 #: How matrix products treat their inputs (``Engine(activations=...)``): "f32",
@@ -78,7 +80,7 @@ ACTIVATION_CHOICES = ("f32", "q8")
 
 def default_kernels() -> str:
     """The kernel set engines open with when none is given: the environment
-    variable ``FERRY_KERNELS`` (``scalar``, ``avx2``, ``neon``), else ``auto``
+    variable ``FERRY_KERNELS`` (``scalar``, ``avx2``, ``avx512vnni``, ``neon``), else ``auto``
     (the best this CPU supports). Read here, at each open; the C core reads
     no environment."""
     return os.environ.get("FERRY_KERNELS", "").strip() or "auto"

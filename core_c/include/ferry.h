@@ -121,7 +121,7 @@ typedef struct ferry_model_info {
     char io_note[160];        /* why direct I/O is off, when it is */
     int cache_slots;          /* expert records the cache holds */
     uint64_t ram_budget;      /* the budget in force (0 = unlimited) */
-    char kernels[16];         /* the kernel set in use: "scalar", "avx2" or "neon" */
+    char kernels[16];         /* the kernel set in use: "scalar", "avx2" or "neon"; in the q8 mode its integer products' ("avx512vnni" on an AVX-512 VNNI CPU) */
     char activations[8];      /* "f32" (exact) or "q8" (ferry_open_options.activations) */
 } ferry_model_info;
 

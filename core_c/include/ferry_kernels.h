@@ -23,6 +23,10 @@ extern "C" {
 #define FERRY_KERNELS_SCALAR 0
 #define FERRY_KERNELS_AVX2 1
 #define FERRY_KERNELS_NEON 2
+/* For the 8-bit-activation products only (ferry_kernel_matmul_q8 and an
+ * engine's kernels "avx512vnni" or "auto"): AVX-512 VNNI integer products on
+ * x86-64, with the AVX2 kernels for everything exact. */
+#define FERRY_KERNELS_AVX512VNNI 3
 
 /* The q3_nl format: 256 values in 99 bytes (3.09375 bits per value). */
 #define FERRY_Q3_BLOCK 256
@@ -55,6 +59,11 @@ int ferry_kernel_matmul_q8(int impl, int fmt, const void *w, int rows, int cols,
 /* Nonzero for the formats the 8-bit-activation mode computes with integer
  * kernels: q8_0, q4_0, q4_1, q4_k, q5_k, q6_k (the others stay exact). */
 int ferry_q8_activations_supported(int fmt);
+/* Nonzero when the 8-bit-activation set `impl` (FERRY_KERNELS_*, including
+ * FERRY_KERNELS_AVX512VNNI) is built in and this CPU can run it; its name
+ * ("scalar", "avx2", "neon", "avx512vnni", or "unknown"). */
+int ferry_q8_kernels_available(int impl);
+const char *ferry_q8_kernels_name(int impl);
 
 /* Widen rows x cols stored values to floats (the scalar reference decoder). */
 int ferry_dequantize(int fmt, const void *src, int rows, int cols, float *out);

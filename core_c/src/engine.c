@@ -5,6 +5,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../include/ferry_kernels.h"
 #include "cache_policy.h"
 #include "formats.h"
 #include "kernels.h"
@@ -33,32 +34,54 @@ static void fmt_bytes(char *buf, size_t cap, uint64_t n) {
 }
 
 /* The kernel set ferry_open_options.kernels names (NULL or "auto": the best
- * this CPU supports), or a refusal saying why it cannot run here. */
-static ferry_status choose_kernels(const char *want, const fe_kernels **out, ferry_error *err) {
-    int id = (!want || !*want || strcmp(want, "auto") == 0) ? fe_kernels_best() : fe_kernels_by_name(want);
+ * this CPU supports), or a refusal saying why it cannot run here. *q8_impl is
+ * the set the 8-bit-activation mode would use with it: the same, except
+ * "avx512vnni" (AVX2's exact kernels, VNNI integer products) and "auto" on a
+ * CPU with AVX-512 VNNI. */
+static ferry_status choose_kernels(const char *want, const fe_kernels **out, int *q8_impl, ferry_error *err) {
+    int id;
+    if (!want || !*want || strcmp(want, "auto") == 0) {
+        id = fe_kernels_best();
+        *q8_impl = fe_q8_best(id);
+    } else if (strcmp(want, "avx512vnni") == 0) {
+        id = FE_KERNELS_AVX2;
+        *q8_impl = FE_Q8_AVX512VNNI;
+        if (!fe_q8_kernels_avx512vnni())
+            return fe_fail(err, FERRY_E_UNSUPPORTED, "the avx512vnni kernels are not built into this core: they are "
+                           "for x86-64 CPUs; use auto or scalar");
+        if (!fe_q8_kernels_get(FE_Q8_AVX512VNNI))
+            return fe_fail(err, FERRY_E_UNSUPPORTED, "the avx512vnni kernels need AVX-512 F, BW, VL and VNNI with "
+                           "AVX2, FMA and F16C (and the OS saving the zmm state), and this CPU lacks them; use auto, "
+                           "avx2 or scalar");
+    } else {
+        id = fe_kernels_by_name(want);
+        *q8_impl = id;
+    }
     if (id < 0)
-        return fe_fail(err, FERRY_E_ARG, "unknown kernel set \"%s\" (choose auto, scalar, avx2 or neon)", want);
+        return fe_fail(err, FERRY_E_ARG, "unknown kernel set \"%s\" (choose auto, scalar, avx2, avx512vnni or neon)",
+                       want);
     *out = fe_kernels_get(id);
     if (*out) return FERRY_OK;
     if (id == FE_KERNELS_AVX2 && fe_kernels_avx2_table())
         return fe_fail(err, FERRY_E_UNSUPPORTED,
-                       "the avx2 kernels need AVX2, FMA and F16C (with the OS saving AVX registers), and this CPU "
-                       "lacks them; use auto or scalar");
+                       "the %s kernels need AVX2, FMA and F16C (with the OS saving AVX registers), and this CPU "
+                       "lacks them; use auto or scalar", want);
     return fe_fail(err, FERRY_E_UNSUPPORTED, "the %s kernels are not built into this core: they are for %s CPUs; use "
                    "auto or scalar", want, id == FE_KERNELS_AVX2 ? "x86-64" : "aarch64");
 }
 
 /* The 8-bit-activation kernels ferry_open_options.activations asks for with
- * the engine's kernel set (NULL: the exact f32 path), or a refusal. */
-static ferry_status choose_activations(const char *want, const fe_kernels *k, const fe_q8_kernels **out,
-                                       ferry_error *err) {
+ * the q8 set chosen beside the engine's kernels (NULL: the exact f32 path),
+ * or a refusal. */
+static ferry_status choose_activations(const char *want, int q8_impl, const fe_q8_kernels **out, ferry_error *err) {
     *out = NULL;
     if (!want || !*want || strcmp(want, "f32") == 0) return FERRY_OK;
     if (strcmp(want, "q8") != 0)
         return fe_fail(err, FERRY_E_ARG, "unknown activations \"%s\" (choose f32, the exact default, or q8)", want);
-    *out = fe_q8_kernels_get(fe_kernels_by_name(k->name));
+    *out = fe_q8_kernels_get(q8_impl);
     if (*out) return FERRY_OK;
-    return fe_fail(err, FERRY_E_UNSUPPORTED, "the %s kernel set has no 8-bit-activation kernels", k->name);
+    return fe_fail(err, FERRY_E_UNSUPPORTED, "the %s kernel set has no 8-bit-activation kernels",
+                   ferry_q8_kernels_name(q8_impl));
 }
 
 /* A session's buffer for the q8 kernels: one chunk of tokens at the widest
@@ -164,8 +187,9 @@ ferry_status ferry_engine_open(const char *path, const ferry_open_options *opts,
     *out = NULL;
     const fe_kernels *kernels = NULL;
     const fe_q8_kernels *q8 = NULL;
-    ferry_status s = choose_kernels(opts ? opts->kernels : NULL, &kernels, err);
-    if (!s) s = choose_activations(opts ? opts->activations : NULL, kernels, &q8, err);
+    int q8_impl = FE_KERNELS_SCALAR;
+    ferry_status s = choose_kernels(opts ? opts->kernels : NULL, &kernels, &q8_impl, err);
+    if (!s) s = choose_activations(opts ? opts->activations : NULL, q8_impl, &q8, err);
     if (s) return s;
     ferry_engine *e = calloc(1, sizeof *e);
     if (!e) return fe_fail(err, FERRY_E_NOMEM, "out of memory");
@@ -232,7 +256,8 @@ void ferry_engine_info(const ferry_engine *e, ferry_model_info *info) {
     info->expert_bytes = fe_max_record(&e->c);
     info->cache_slots = e->cache_slots;
     info->ram_budget = e->opts.ram_budget;
-    snprintf(info->kernels, sizeof info->kernels, "%s", e->kernels->name);
+    /* in the q8 mode, the set of its integer products (e.g. "avx512vnni"; the exact ones are AVX2's) */
+    snprintf(info->kernels, sizeof info->kernels, "%s", e->q8 ? e->q8->name : e->kernels->name);
     snprintf(info->activations, sizeof info->activations, "%s", e->q8 ? "q8" : "f32");
     if (e->cache) info->direct_io = fe_ecache_direct_io(e->cache, info->io_note, sizeof info->io_note);
 }

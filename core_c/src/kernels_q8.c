@@ -218,8 +218,16 @@ const fe_q8_kernels *fe_q8_kernels_get(int impl) {
     case FE_KERNELS_SCALAR: return &SCALAR_Q8;
     case FE_KERNELS_AVX2: return fe_cpu_has_avx2() ? fe_q8_kernels_avx2() : NULL;
     case FE_KERNELS_NEON: return fe_q8_kernels_neon();
+    case FE_Q8_AVX512VNNI: return fe_cpu_has_avx512vnni() ? fe_q8_kernels_avx512vnni() : NULL;
     default: return NULL;
     }
+}
+
+_Static_assert(FE_Q8_AVX512VNNI == FE_KERNELS_N && FE_Q8_AVX512VNNI == FERRY_KERNELS_AVX512VNNI,
+               "the q8-only set follows the exact sets' ids");
+
+int fe_q8_best(int impl) {
+    return impl == FE_KERNELS_AVX2 && fe_q8_kernels_get(FE_Q8_AVX512VNNI) ? FE_Q8_AVX512VNNI : impl;
 }
 
 fe_q8dot_fn fe_q8_kernel_for(const fe_q8_ctx *q, int fmt, int cols, int n) {
@@ -245,6 +253,13 @@ int ferry_kernel_matmul_q8(int impl, int fmt, const void *w, int rows, int cols,
         k->rowdot[fmt]((const uint8_t *)w + (uint64_t)r * rb, cols, xq, n, y + r, (size_t)rows);
     free(xq);
     return 0;
+}
+
+int ferry_q8_kernels_available(int impl) { return fe_q8_kernels_get(impl) != NULL; }
+
+const char *ferry_q8_kernels_name(int impl) {
+    const fe_q8_kernels *k = impl == FE_Q8_AVX512VNNI ? fe_q8_kernels_avx512vnni() : fe_q8_kernels_get(impl);
+    return k ? k->name : impl >= 0 && impl < FE_KERNELS_N ? ferry_kernels_name(impl) : "unknown";
 }
 
 int ferry_q8_activations_supported(int fmt) {

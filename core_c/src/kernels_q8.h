@@ -87,16 +87,28 @@ size_t fe_q8_buffer_bytes(int cols, int n);
 typedef void (*fe_q8dot_fn)(const uint8_t *row, int cols, const uint8_t *xq, int n, float *y, size_t ys);
 
 typedef struct fe_q8_kernels {
-    const char *name;                   /* "scalar", "avx2", "neon" */
+    const char *name;                   /* "scalar", "avx2", "neon", "avx512vnni" */
     fe_q8dot_fn rowdot[FE_N_FORMATS];   /* NULL: no integer kernel (f32, f16, bf16, q3_nl use the exact path) */
     fe_q8quant_fn quantize;             /* the quantizer (fe_q8_quantize's results) */
 } fe_q8_kernels;
 
-/* The q8 set of a kernel implementation (FE_KERNELS_*), or NULL when it is
- * not built in or this CPU cannot run it. */
+/* The q8-only set after the FE_KERNELS_* ids: AVX-512 VNNI integer products
+ * (kernels_q8_avx512.c); its exact (f32) kernels are AVX2's. */
+#define FE_Q8_AVX512VNNI 3
+#define FE_Q8_IMPLS 4
+
+/* The q8 set of a kernel implementation (FE_KERNELS_* or FE_Q8_AVX512VNNI),
+ * or NULL when it is not built in or this CPU cannot run it. */
 const fe_q8_kernels *fe_q8_kernels_get(int impl);
-const fe_q8_kernels *fe_q8_kernels_avx2(void);  /* kernels_q8_avx2.c (NULL elsewhere) */
-const fe_q8_kernels *fe_q8_kernels_neon(void);  /* kernels_q8_neon.c (NULL elsewhere) */
+/* The q8 set "auto" picks beside the exact set `impl`: AVX-512 VNNI with AVX2
+ * when this CPU has it, else impl itself. */
+int fe_q8_best(int impl);
+const fe_q8_kernels *fe_q8_kernels_avx2(void);       /* kernels_q8_avx2.c (NULL elsewhere) */
+const fe_q8_kernels *fe_q8_kernels_neon(void);       /* kernels_q8_neon.c (NULL elsewhere) */
+const fe_q8_kernels *fe_q8_kernels_avx512vnni(void); /* kernels_q8_avx512.c (NULL off x86-64) */
+/* AVX2, FMA, F16C and AVX-512 F, BW, VL, VNNI, with the OS saving the opmask
+ * and zmm state (cpuid and xgetbv; 0 off x86-64). */
+int fe_cpu_has_avx512vnni(void);
 
 /* A session's q8 state, carried to fe_matmul by fe_ops.q8 (NULL: exact f32 path). */
 typedef struct fe_q8_ctx {

@@ -3,8 +3,10 @@
  *   cc -std=c11 -O2 -ffp-contract=off -Iinclude src/formats.c src/kernels*.c src/quant3.c \
  *      src/quant_blocks.c tests/test_kernels_q8.c -lm
  *
- * For each integer format, every built-in implementation, awkward sizes and
- * token counts 1..11: (1) bit-identical to the scalar reference, (2) a
+ * For each integer format, every built-in implementation this CPU runs
+ * (scalar, AVX2, AVX-512 VNNI, NEON; an x86 CPU without AVX-512 VNNI prints
+ * why that set is skipped), awkward sizes, 1-7 rows and token counts 1-9,
+ * 11, 16, 33 (around the SIMD tiles of 4 and 8): (1) bit-identical to the scalar reference, (2) a
  * token's result in a batch bit-identical to the token alone, (3) within the
  * activations' own rounding error of the exact f32 product (the bound
  * sum_i |w_i| * |x_i - dequantized q8 x_i|, plus float rounding), and the
@@ -37,7 +39,7 @@ static void check(int ok, const char *fmt_name, int impl, int cols, int n, const
         return;
     }
     failed++;
-    printf("FAIL %s %s cols=%d n=%d: %s\n", fmt_name, ferry_kernels_name(impl), cols, n, what);
+    printf("FAIL %s %s cols=%d n=%d: %s\n", fmt_name, ferry_q8_kernels_name(impl), cols, n, what);
 }
 
 static void set_f16(uint8_t *p, float f) { /* positive normal values, truncated */
@@ -74,9 +76,8 @@ static void random_x(float *x, int count, int kind) {
 
 static const int FORMATS[] = {FE_Q8_0, FE_Q4_0, FE_Q4_1, FE_Q4_K, FE_Q5_K, FE_Q6_K};
 
-static void test_format(int fmt, int cols, int n, int xkind) {
+static void test_format(int fmt, int cols, int n, int xkind, int rows) {
     const char *name = fe_format_get(fmt)->name;
-    const int rows = 7;
     uint64_t rb = fe_row_bytes(fmt, (uint64_t)cols);
     uint8_t *w = malloc(rb * rows);
     float *x = malloc(sizeof(float) * (size_t)cols * (size_t)n);
@@ -114,8 +115,8 @@ static void test_format(int fmt, int cols, int n, int xkind) {
     /* an outlier 40x the rest coarsens its block's other values (kind 1) */
     check(rel_sum / (rows * n) < (xkind == 1 ? 0.03 : 0.01), name, 0, cols, n, "mean error / sum|w x| too large");
     /* (1) every implementation bit-identical to the reference; (2) batch invariance */
-    for (int impl = 0; impl <= FERRY_KERNELS_NEON; impl++) {
-        if (!ferry_kernels_available(impl)) continue;
+    for (int impl = 0; impl <= FERRY_KERNELS_AVX512VNNI; impl++) {
+        if (!ferry_q8_kernels_available(impl)) continue;
         check(ferry_kernel_matmul_q8(impl, fmt, w, rows, cols, x, n, got) == 0, name, impl, cols, n, "call");
         check(memcmp(got, ref, sizeof(float) * (size_t)rows * (size_t)n) == 0, name, impl, cols, n,
               "not bit-identical to the scalar reference");
@@ -172,8 +173,8 @@ static void test_quantizers(void) {
         const size_t bytes = fe_q8_stride_kind(kind, cols) * n;
         uint8_t *ref = calloc(1, bytes), *got = calloc(1, bytes);
         fe_q8_quantize(kind, x, cols, cols, n, ref);
-        for (int impl = 1; impl <= FERRY_KERNELS_NEON; impl++) {
-            const fe_q8_kernels *k = ferry_kernels_available(impl) ? fe_q8_kernels_get(impl) : NULL;
+        for (int impl = 1; impl <= FERRY_KERNELS_AVX512VNNI; impl++) {
+            const fe_q8_kernels *k = fe_q8_kernels_get(impl);
             if (!k) continue;
             memset(got, 0, bytes);
             k->quantize(kind, x, cols, cols, n, got);
@@ -186,16 +187,26 @@ static void test_quantizers(void) {
 }
 
 int main(void) {
-    for (int impl = 1; impl <= FERRY_KERNELS_NEON; impl++)
-        if (ferry_kernels_available(impl)) printf("testing %s q8 against scalar\n", ferry_kernels_name(impl));
+    for (int impl = 1; impl <= FERRY_KERNELS_AVX512VNNI; impl++)
+        if (ferry_q8_kernels_available(impl)) printf("testing %s q8 against scalar\n", ferry_q8_kernels_name(impl));
+#if defined(__x86_64__) || defined(_M_X64)
+    if (!ferry_q8_kernels_available(FERRY_KERNELS_AVX512VNNI))
+        printf("skipping avx512vnni q8: this CPU (or its OS) lacks AVX-512 F/BW/VL/VNNI\n");
+#endif
     test_quantizer();
     test_quantizers();
+    /* token counts around the SIMD tiles (4 and 8 tokens) and their remainders */
+    static const int NS[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 16, 33};
     for (size_t f = 0; f < sizeof FORMATS / sizeof FORMATS[0]; f++) {
         const int fmt = FORMATS[f], k = fe_format_get(fmt)->block_elems;
-        const int sizes[] = {k, 2 * k, 5 * k, (k == 32 ? 29 : 3) * k, k == 32 ? 576 : 1536};
+        /* 29 and 17 blocks of 32: groups of 16 blocks with odd tails; 3 super-blocks */
+        const int sizes[] = {k, 2 * k, 5 * k, (k == 32 ? 29 : 3) * k, k == 32 ? 576 : 1536, k == 32 ? 544 : 256};
         for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++)
-            for (int n = 1; n <= 11; n += (n < 6 ? 1 : 5))
-                test_format(fmt, sizes[s], n, (int)((s + (size_t)n) % 3));
+            for (size_t j = 0; j < sizeof NS / sizeof NS[0]; j++) {
+                const int n = NS[j], rows = 1 + 2 * (int)((s + j) % 4); /* 1, 3, 5, 7 */
+                if (n > 11 && sizes[s] > 1024) continue; /* the wide rows at n <= 11 only */
+                test_format(fmt, sizes[s], n, (int)((s + (size_t)n) % 3), rows);
+            }
     }
     printf("%d passed, %d failed\n", passed, failed);
     return failed != 0;

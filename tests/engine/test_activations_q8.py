@@ -59,6 +59,42 @@ def test_q8_scalar_reference_and_simd_engines_agree_exactly(demo_container):
     assert np.array_equal(a, b)
 
 
+def test_q8_avx512vnni_set_is_exact_chosen_by_auto_and_by_name(demo_container, monkeypatch):
+    """The AVX-512 VNNI q8 set gives the AVX2 set's bits; "auto" takes it in the q8 mode on a CPU that has it,
+    FERRY_KERNELS=avx2 deselects it and FERRY_KERNELS=avx512vnni selects it (its exact kernels are AVX2's)."""
+    if not lib.ferry_q8_kernels_available(lib.FERRY_KERNELS_AVX512VNNI):
+        pytest.skip("this CPU (or its OS) has no AVX-512 F/BW/VL/VNNI: the avx512vnni q8 set cannot run here")
+    tokens = TOKENS[:6]
+    with Engine(demo_container, threads=2, kernels="avx2", activations="q8") as old, \
+            Engine(demo_container, threads=2, kernels="auto", activations="q8") as new:
+        assert (old.info.kernels, new.info.kernels) == ("avx2", "avx512vnni")
+        assert np.array_equal(old.session(16).eval(tokens, all_logits=True),
+                              new.session(16).eval(tokens, all_logits=True))
+    monkeypatch.setenv("FERRY_KERNELS", "avx512vnni")
+    with Engine(demo_container, threads=1, activations="q8") as q8, Engine(demo_container, threads=1) as exact:
+        assert (q8.info.kernels, exact.info.kernels) == ("avx512vnni", "avx2")
+    monkeypatch.setenv("FERRY_KERNELS", "avx2")
+    with Engine(demo_container, threads=1, activations="q8") as q8:
+        assert q8.info.kernels == "avx2"
+    from app.convert import quant3
+    monkeypatch.setenv("FERRY_KERNELS", "avx512vnni")  # the converter's exact quantizer then runs AVX2's
+    assert quant3._impl() == lib.FERRY_KERNELS_AVX2
+
+
+def test_without_avx512vnni_auto_keeps_avx2_and_the_name_is_refused(demo_container):
+    """On a CPU (or OS) without AVX-512 VNNI: "auto" in the q8 mode stays on the best exact set's q8 kernels and
+    asking for "avx512vnni" by name is refused at open, saying why."""
+    if lib.ferry_q8_kernels_available(lib.FERRY_KERNELS_AVX512VNNI):
+        pytest.skip("this CPU has AVX-512 VNNI: the set is available (tested above)")
+    best = ffi.string(lib.ferry_kernels_name(lib.ferry_kernels_best())).decode()
+    with Engine(demo_container, threads=1, activations="q8") as q8:
+        assert q8.info.kernels == best
+    with pytest.raises(FerryError) as exc:
+        Engine(demo_container, threads=1, kernels="avx512vnni", activations="q8")
+    assert exc.value.code == "FERRY_E_UNSUPPORTED" and "avx512vnni" in exc.value.message
+    assert "auto" in exc.value.message
+
+
 def test_unknown_activations_are_refused(demo_container):
     with pytest.raises(FerryError) as e:
         Engine(demo_container, activations="int4")

@@ -1,5 +1,6 @@
 """The 8-bit-activation kernels' test program (core_c/tests/test_kernels_q8.c):
-every SIMD set bit-identical to the scalar reference, batch invariance, the
+every SIMD set (AVX2, AVX-512 VNNI where the CPU has it, NEON) bit-identical
+to the scalar reference, batch invariance, the
 error bound against the exact f32 product; natively, under the sanitizers,
 and for NEON under qemu-aarch64, both without and with the dot-product
 extension (SDOT, as on Apple Silicon)."""
@@ -14,7 +15,8 @@ import pytest
 
 from tests.kernels.test_kernels_c import CORE, FLAGS, SOURCES, aarch64_toolchain, run_program
 
-Q8_SOURCES = [*SOURCES, *(CORE / "src" / f for f in ("kernels_q8.c", "kernels_q8_avx2.c", "kernels_q8_neon.c"))]
+Q8_SOURCES = [*SOURCES, *(CORE / "src" / f for f in ("kernels_q8.c", "kernels_q8_avx2.c", "kernels_q8_neon.c",
+                                                                   "kernels_q8_avx512.c"))]
 PROGRAM = CORE / "tests" / "test_kernels_q8.c"
 
 
@@ -23,10 +25,16 @@ def build(cc: str, exe: Path, *extra: str) -> None:
                    check=True, capture_output=True, text=True)
 
 
-def test_native_q8_kernels_bit_identical(tmp_path: Path):
-    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    build(cc, tmp_path / "t")
-    out = run_program([str(tmp_path / "t")])
+@pytest.fixture(scope="module")
+def native_output(tmp_path_factory) -> str:
+    """The test program built for this machine and run (it fails on any mismatch)."""
+    exe = tmp_path_factory.mktemp("q8") / "t"
+    build(shutil.which("cc") or shutil.which("gcc") or shutil.which("clang"), exe)
+    return run_program([str(exe)])
+
+
+def test_native_q8_kernels_bit_identical(native_output: str):
+    out = native_output
     machine = platform.machine().lower()
     if machine in ("x86_64", "amd64"):
         from app.engine._ferry_c import lib
@@ -34,6 +42,15 @@ def test_native_q8_kernels_bit_identical(tmp_path: Path):
             assert "testing avx2 q8 against scalar" in out
     if machine in ("arm64", "aarch64"):
         assert "testing neon q8 against scalar" in out
+
+
+def test_avx512vnni_q8_set_bit_identical(native_output: str):
+    """The AVX-512 VNNI q8 set (kernels_q8_avx512.c) ran against the scalar reference in the program above."""
+    from app.engine._ferry_c import lib
+    if not lib.ferry_q8_kernels_available(lib.FERRY_KERNELS_AVX512VNNI):
+        assert "testing avx512vnni" not in native_output
+        pytest.skip("this CPU (or its OS) has no AVX-512 F/BW/VL/VNNI: the avx512vnni q8 set cannot run here")
+    assert "testing avx512vnni q8 against scalar" in native_output
 
 
 @pytest.mark.slow

@@ -1,0 +1,348 @@
+/* kernels_q8_avx512.c — the 8-bit-activation row kernels for x86-64 CPUs
+ * with AVX-512 VNNI (F, BW, VL and VNNI, the OS saving the opmask and zmm
+ * state: fe_cpu_has_avx512vnni). Per-function target attributes: the rest of
+ * the core stays AVX2-baseline, and nothing here is built off x86-64.
+ *
+ * The integer sums are the reference's (kernels_q8.h) exactly, obtained with
+ * vpdpbusd (unsigned x signed bytes, four products summed into an int32
+ * lane) instead of maddubs + madd; the float steps are the reference's, lane
+ * for lane, in the same order, so the set is bit-identical to the scalar one
+ * and to AVX2.
+ *
+ * K-quants: a zmm holds two 32-value sub-blocks (k in the low 256 bits, k + 1
+ * in the high), matching 64 contiguous activations. vpdpbusd gives each
+ * lane's 4-value sum p (|p| <= 4 * 63 * 127 = 32004: an int16, its upper
+ * half the sign extension), and vpdpwssd with the integer scale in the low
+ * int16 of each lane (upper int16 0) adds S * p to the super-block's lanes.
+ * The two halves are added at the end of the super-block (int32: any order).
+ *
+ * Q8_0 and Q4_0 (signed weights): vpdpbusd needs one unsigned operand, so
+ * the activations are flipped to x + 128 (x ^ 0x80) and the accumulator
+ * starts at -128 * (sum of the lane's 4 weights), computed once per block
+ * and shared by the tile's tokens. The per-block float scales D_b * d_b are
+ * multiplied 16 blocks at a time (the same single IEEE products) and
+ * broadcast from memory. Q4_1, and fewer than 4 tokens of Q8_0 and Q4_0,
+ * use the AVX2 set's kernels (faster there: see the drivers).
+ *
+ * Tokens run in tiles of up to 8 sharing each decoded weight block (32
+ * vector registers); a token's arithmetic does not depend on its tile. */
+#include "kernels.h"
+#include "kernels_q8.h"
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <cpuid.h>
+#include <immintrin.h>
+
+#include "kernels_avx2_util.h"
+#include <string.h>
+
+#define ISA "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"
+#define INL static inline __attribute__((always_inline, target(ISA)))
+#define TGT __attribute__((target(ISA)))
+#define TILE 8
+
+int fe_cpu_has_avx512vnni(void) {
+    unsigned a, b, c, d;
+    if (!fe_cpu_has_avx2() || __get_cpuid_max(0, NULL) < 7) return 0;
+    __cpuid_count(7, 0, a, b, c, d);
+    const int f = (b >> 16) & 1, bw = (b >> 30) & 1, vl = (b >> 31) & 1, vnni = (c >> 11) & 1;
+    if (!(f && bw && vl && vnni)) return 0;
+    unsigned lo, hi;
+    __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    (void)hi;
+    return (lo & 0xe6) == 0xe6; /* XMM, YMM, opmask, ZMM 0-15 upper halves, ZMM 16-31 saved by the OS */
+}
+
+INL __m256i ld(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
+INL __m512i ld512(const void *p) { return _mm512_loadu_si512(p); }
+/* 32 bytes at p in both halves */
+INL __m512i ld2x(const void *p) { return _mm512_broadcast_i64x4(ld(p)); }
+
+#define QX(t) ((const uint8_t *)(xq + (size_t)(t) * st))
+#define DX(t) ((const float *)(xq + (size_t)(t) * st + (size_t)cols))
+#define BS(t) ((const int16_t *)(DX(t) + nsb))
+
+/* P += S * (the 4-value sums of w . x), lane by lane. */
+INL __m512i dp(__m512i P, __m512i w, __m512i x, __m512i s) {
+    return _mm512_dpwssd_epi32(P, _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, x), s);
+}
+
+/* ------------------------------------------------ the 32-value formats */
+
+/* The 32 nibbles of 16 bytes as bytes: low nibbles (values 0-15), then high ones (16-31). */
+INL __m256i nibbles(const uint8_t *q) {
+    __m128i v = _mm_loadu_si128((const __m128i *)q);
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(15));
+}
+
+/* Block b (index i of the current group of 16) of Q8_0 (four = 0) or Q4_0
+ * into acc: sc[t][i] = D_b * d_b. */
+INL void block32(const uint8_t *row, const uint8_t *xq, size_t st, int b, int i, const int nt, const int four,
+                 float sc[][16], __m256 *acc) {
+    const __m256i c80 = _mm256_set1_epi8((char)0x80);
+    const __m256i w = four ? _mm256_sub_epi8(nibbles(row + 18 * (size_t)b + 2), _mm256_set1_epi8(8))
+                           : ld(row + 34 * (size_t)b + 2);
+    /* -128 * (the lane's 4 weights summed): (x + 128) . w - 128 * sum w = x . w */
+    const __m256i init = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_dpbusd_epi32(_mm256_setzero_si256(), c80, w));
+    for (int t = 0; t < nt; t++) {
+        const __m256i p = _mm256_dpbusd_epi32(init, _mm256_xor_si256(ld(QX(t) + 32 * (size_t)b), c80), w);
+        acc[t] = _mm256_fmadd_ps(_mm256_broadcast_ss(&sc[t][i]), _mm256_cvtepi32_ps(p), acc[t]);
+    }
+}
+
+/* Blocks alternate between two accumulator sets per token (even blocks: A,
+ * odd: B), as in the reference; the result adds the two lane by lane first. */
+INL void tile32(const uint8_t *row, int cols, const uint8_t *xq, size_t st, float *y, size_t ys, const int nt,
+                const int four) {
+    const int nb = cols / 32, bb = four ? 18 : 34;
+    __m256 A[TILE], B[TILE];
+    for (int t = 0; t < nt; t++) A[t] = B[t] = _mm256_setzero_ps();
+    for (int b0 = 0; b0 < nb; b0 += 16) {
+        const int m = nb - b0 < 16 ? nb - b0 : 16;
+        const __mmask16 k = (__mmask16)((1u << m) - 1);
+        float D[16], sc[TILE][16];
+        for (int i = 0; i < m; i++) D[i] = f16_1(row + bb * (size_t)(b0 + i));
+        const __m512 Dv = _mm512_maskz_loadu_ps(k, D);
+        for (int t = 0; t < nt; t++) /* the reference's D_b * d_b, 16 at a time */
+            _mm512_storeu_ps(sc[t], _mm512_mul_ps(Dv, _mm512_maskz_loadu_ps(k, DX(t) + b0)));
+        int i = 0;
+        for (; i + 2 <= m; i += 2) { /* b0 is even: block parity is i's */
+            block32(row, xq, st, b0 + i, i, nt, four, sc, A);
+            block32(row, xq, st, b0 + i + 1, i + 1, nt, four, sc, B);
+        }
+        if (i < m) block32(row, xq, st, b0 + i, i, nt, four, sc, A);
+    }
+    for (int t = 0; t < nt; t++) y[(size_t)t * ys] = hsum8(_mm256_add_ps(A[t], B[t]));
+}
+
+/* the tiles the drivers below call by format name */
+#define q8_0_tile(...) tile32(__VA_ARGS__, 0)
+#define q4_0_tile(...) tile32(__VA_ARGS__, 1)
+
+/* ------------------------------------------------------------ K-quants */
+
+/* Lane i of a pair's scale vector takes int32 element lo + i / 8 * (hi - lo)
+ * ... as an index vector: elements e0 (lanes 0-7) and e1 (lanes 8-15). */
+INL __m512i pair_idx(int e0, int e1) {
+    return _mm512_inserti64x4(_mm512_set1_epi32(e0), _mm256_set1_epi32(e1), 1);
+}
+
+/* A token's super-block into acc: the reference's two multiply-adds, with
+ * the minimums' lanes m_l * (bs[2l] + bs[2l+1]) from md (m_k twice, int16). */
+INL __m256 k45_fold(__m256 acc, __m256i P8, __m256i md, const int16_t *bs, float d, float dmin, float dx) {
+    const __m256i M = _mm256_madd_epi16(md, ld(bs));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(d * dx), _mm256_cvtepi32_ps(P8), acc);
+    return _mm256_fnmadd_ps(_mm256_set1_ps(dmin * dx), _mm256_cvtepi32_ps(M), acc);
+}
+
+/* Super-block sb of a Q4_K/Q5_K row: its address; d, dmin; the scales
+ * and minimums as bytes sm[0..7], sm[8..15]; md = m_k twice, as int16. */
+INL const uint8_t *k45_head(const uint8_t *row, int sb, const int five, float *d, float *dmin, uint8_t sm[16],
+                            __m256i *md) {
+    const uint8_t *p = row + (five ? 176 : 144) * (size_t)sb;
+    *d = f16_1(p), *dmin = f16_1(p + 2);
+    fe_q8_k4_scales(p + 4, sm);
+    const __m128i smv = _mm_loadu_si128((const __m128i *)sm);
+    *md = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(smv, smv));
+    return p;
+}
+
+/* Q4_K, and Q5_K (five = 1: the fifth bit of value 32k + l is bit k of qh[l]). */
+INL void k45_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, float *y, size_t ys, const int nt,
+                  const int five) {
+    const int nsb = cols / 256;
+    const __m512i m15 = _mm512_set1_epi8(15), sixteen = _mm512_set1_epi8(16);
+    __m256 acc[TILE];
+    for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
+    for (int sb = 0; sb < nsb; sb++) {
+        float d, dmin;
+        uint8_t sm[16];
+        __m256i md;
+        const uint8_t *p = k45_head(row, sb, five, &d, &dmin, sm, &md);
+        const __m512i s32 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)sm)); /* sc, m as int32 */
+        __m512i P[TILE];
+        for (int t = 0; t < nt; t++) P[t] = _mm512_setzero_si512();
+        const __m512i hb = five ? ld2x(p + 16) : _mm512_setzero_si512();
+        for (int k = 0; k < 8; k += 2) {
+            /* sub-block k: low nibbles of the 32 bytes; k + 1: their high nibbles */
+            const __m512i qb = ld2x(p + (five ? 48 : 16) + 16 * k);
+            __m512i w = _mm512_and_si512(_mm512_mask_srli_epi16(qb, (__mmask32)0xffff0000u, qb, 4), m15);
+            if (five) {
+                const __m512i bit = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << k)),
+                                                       _mm256_set1_epi8((char)(2 << k)), 1);
+                w = _mm512_mask_add_epi8(w, _mm512_test_epi8_mask(hb, bit), w, sixteen);
+            }
+            const __m512i s = _mm512_permutexvar_epi32(pair_idx(k, k + 1), s32);
+            const size_t off = 256 * (size_t)sb + 32 * (size_t)k;
+            for (int t = 0; t < nt; t++) P[t] = dp(P[t], w, ld512(QX(t) + off), s);
+        }
+        for (int t = 0; t < nt; t++)
+            acc[t] = k45_fold(acc[t], _mm256_add_epi32(_mm512_castsi512_si256(P[t]), _mm512_extracti64x4_epi64(P[t], 1)),
+                              md, BS(t) + 16 * (size_t)sb, d, dmin, DX(t)[sb]);
+    }
+    for (int t = 0; t < nt; t++) y[(size_t)t * ys] = hsum8(acc[t]);
+}
+
+/* The same with one 32-value sub-block per ymm: the scale in every lane
+ * (vpdpwssd with (S, 0) pairs), no permutes and no half-sums. Faster than
+ * the zmm version above from 2 tokens up on Zen 4 (which runs a zmm
+ * instruction as two halves), slower for one token (docs/BENCHMARKS.md,
+ * section "vnni"). */
+INL void k45_tile_y(const uint8_t *row, int cols, const uint8_t *xq, size_t st, float *y, size_t ys, const int nt,
+                    const int five) {
+    const int nsb = cols / 256;
+    const __m256i m15 = _mm256_set1_epi8(15), sixteen = _mm256_set1_epi8(16);
+    __m256 acc[TILE];
+    for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
+    for (int sb = 0; sb < nsb; sb++) {
+        float d, dmin;
+        uint8_t sm[16];
+        __m256i md;
+        const uint8_t *p = k45_head(row, sb, five, &d, &dmin, sm, &md);
+        __m256i P[TILE];
+        for (int t = 0; t < nt; t++) P[t] = _mm256_setzero_si256();
+        const __m256i hb = five ? ld(p + 16) : _mm256_setzero_si256();
+        for (int k = 0; k < 8; k += 2) {
+            const __m256i qq = ld(p + (five ? 48 : 16) + 16 * k);
+            __m256i w0 = _mm256_and_si256(qq, m15), w1 = _mm256_and_si256(_mm256_srli_epi16(qq, 4), m15);
+            if (five) {
+                w0 = _mm256_mask_add_epi8(w0, _mm256_test_epi8_mask(hb, _mm256_set1_epi8((char)(1 << k))), w0, sixteen);
+                w1 = _mm256_mask_add_epi8(w1, _mm256_test_epi8_mask(hb, _mm256_set1_epi8((char)(2 << k))), w1, sixteen);
+            }
+            const __m256i s0 = _mm256_set1_epi32(sm[k]), s1 = _mm256_set1_epi32(sm[k + 1]);
+            const size_t off = 256 * (size_t)sb + 32 * (size_t)k;
+            for (int t = 0; t < nt; t++) {
+                const __m256i a = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w0, ld(QX(t) + off));
+                const __m256i b = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w1, ld(QX(t) + off + 32));
+                P[t] = _mm256_dpwssd_epi32(_mm256_dpwssd_epi32(P[t], a, s0), b, s1);
+            }
+        }
+        for (int t = 0; t < nt; t++) acc[t] = k45_fold(acc[t], P[t], md, BS(t) + 16 * (size_t)sb, d, dmin, DX(t)[sb]);
+    }
+    for (int t = 0; t < nt; t++) y[(size_t)t * ys] = hsum8(acc[t]);
+}
+
+/* nt is a constant in every call: the choice folds away */
+#define q4_k_tile(r, c, x, s, y, ys, nt) \
+    ((nt) == 1 ? k45_tile(r, c, x, s, y, ys, nt, 0) : k45_tile_y(r, c, x, s, y, ys, nt, 0))
+#define q5_k_tile(r, c, x, s, y, ys, nt) \
+    ((nt) == 1 ? k45_tile(r, c, x, s, y, ys, nt, 1) : k45_tile_y(r, c, x, s, y, ys, nt, 1))
+
+/* Q6_K: half h of a super-block holds ql[64] (p + 64h), qh[32] (p + 128 +
+ * 32h) and sub-blocks r = 0..3: low nibbles of ql[0..31] | bits 0-1 of qh,
+ * low of ql[32..63] | bits 2-3, high of ql[0..31] | bits 4-5, high of
+ * ql[32..63] | bits 6-7 (the high pair shifted to bits 4-5). Pair (0, 1) is
+ * one 64-byte load of ql, pair (2, 3) the same shifted. The int8 scale of
+ * values 16g..16g+15 of the half is sc[8h + g]: lane i of pair (0, 1) takes
+ * sc[8h + i/4], of pair (2, 3) sc[8h + 4 + i/4]. */
+INL void q6_k_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, float *y, size_t ys, const int nt) {
+    const int nsb = cols / 256;
+    const __m512i m15 = _mm512_set1_epi8(15), m48 = _mm512_set1_epi8(48), lo16 = _mm512_set1_epi32(0xffff);
+    const __m512i sh01 = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+    const __m512i sh23 = _mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1);
+    const __m512i quarter = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    __m256 acc[TILE];
+    for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
+    for (int sb = 0; sb < nsb; sb++) {
+        const uint8_t *p = row + 210 * (size_t)sb;
+        const int8_t *sc = (const int8_t *)(p + 192);
+        const float d = f16_1(p + 208);
+        /* the 16 scales as int32 with the upper int16 cleared: (S, 0) pairs for vpdpwssd */
+        const __m512i s32 = _mm512_and_si512(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)sc)), lo16);
+        __m512i P[TILE];
+        for (int t = 0; t < nt; t++) P[t] = _mm512_setzero_si512();
+        for (int h = 0; h < 2; h++) {
+            const __m512i L = ld512(p + 64 * h), QH = ld2x(p + 128 + 32 * h);
+            const __m512i w01 = _mm512_or_si512(_mm512_and_si512(L, m15),
+                                                _mm512_and_si512(_mm512_sllv_epi16(QH, sh01), m48));
+            const __m512i w23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(L, 4), m15),
+                                                _mm512_and_si512(_mm512_srlv_epi16(QH, sh23), m48));
+            const __m512i base = _mm512_add_epi32(quarter, _mm512_set1_epi32(8 * h));
+            const __m512i s01 = _mm512_permutexvar_epi32(base, s32);
+            const __m512i s23 = _mm512_permutexvar_epi32(_mm512_add_epi32(base, _mm512_set1_epi32(4)), s32);
+            const size_t off = 256 * (size_t)sb + 128 * (size_t)h;
+            for (int t = 0; t < nt; t++) {
+                P[t] = dp(P[t], w01, ld512(QX(t) + off), s01);
+                P[t] = dp(P[t], w23, ld512(QX(t) + off + 64), s23);
+            }
+        }
+        /* the offset: 32 * (sc[2l] * bs[2l] + sc[2l+1] * bs[2l+1]) in lane l */
+        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
+        for (int t = 0; t < nt; t++) {
+            const __m256i O = _mm256_madd_epi16(sc16, ld(BS(t) + 16 * (size_t)sb));
+            __m256i P8 = _mm256_add_epi32(_mm512_castsi512_si256(P[t]), _mm512_extracti64x4_epi64(P[t], 1));
+            P8 = _mm256_sub_epi32(P8, _mm256_slli_epi32(O, 5));
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * DX(t)[sb]), _mm256_cvtepi32_ps(P8), acc[t]);
+        }
+    }
+    for (int t = 0; t < nt; t++) y[(size_t)t * ys] = hsum8(acc[t]);
+}
+
+/* ------------------------------------------------------ drivers, table */
+
+/* rowdot_vnni_<fmt>: tiles of 8 tokens, then the rest as one tile (each nt a
+ * constant, so every tile size is its own unrolled code). `few`: a rest of
+ * fewer tokens goes to the AVX2 set's kernel instead (bit-identical; for the
+ * 32-value formats, whose per-block set-up here only pays off over several
+ * tokens: bench/q8_speed.py --kernels --sets). */
+#define DRIVER(fmt, stride, few)                                                                              \
+    TGT static void rowdot_vnni_##fmt(const uint8_t *row, int cols, const uint8_t *xq, int n, float *y, size_t ys) { \
+        const size_t st = stride(cols);                                                                      \
+        int t = 0;                                                                                           \
+        for (; t + TILE <= n; t += TILE) fmt##_tile(row, cols, xq + (size_t)t * st, st, y + (size_t)t * ys, ys, TILE); \
+        const uint8_t *x = xq + (size_t)t * st;                                                              \
+        float *o = y + (size_t)t * ys;                                                                       \
+        if (n - t > 0 && n - t < few) {                                                                      \
+            fe_q8_kernels_avx2()->rowdot[FE_##fmt](row, cols, x, n - t, o, ys);                              \
+            return;                                                                                          \
+        }                                                                                                    \
+        switch (n - t) {                                                                                     \
+        case 1: fmt##_tile(row, cols, x, st, o, ys, 1); break;                                               \
+        case 2: fmt##_tile(row, cols, x, st, o, ys, 2); break;                                               \
+        case 3: fmt##_tile(row, cols, x, st, o, ys, 3); break;                                               \
+        case 4: fmt##_tile(row, cols, x, st, o, ys, 4); break;                                               \
+        case 5: fmt##_tile(row, cols, x, st, o, ys, 5); break;                                               \
+        case 6: fmt##_tile(row, cols, x, st, o, ys, 6); break;                                               \
+        case 7: fmt##_tile(row, cols, x, st, o, ys, 7); break;                                               \
+        default: break;                                                                                      \
+        }                                                                                                    \
+    }
+
+#define FE_q8_0 FE_Q8_0
+#define FE_q4_0 FE_Q4_0
+#define FE_q4_k FE_Q4_K
+#define FE_q5_k FE_Q5_K
+#define FE_q6_k FE_Q6_K
+DRIVER(q8_0, fe_q8_stride, 4)
+DRIVER(q4_0, fe_q8_stride, 4)
+DRIVER(q4_k, fe_q8k_stride, 0)
+DRIVER(q5_k, fe_q8k_stride, 0)
+DRIVER(q6_k, fe_q8k_stride, 0)
+
+/* Q4_1 (the demo model's format) keeps AVX2's kernel: this file's version was
+ * 0.63-0.79x as fast (its minimum's scalar chain; bench/q8_speed.py). */
+static void rowdot_vnni_q4_1(const uint8_t *row, int cols, const uint8_t *xq, int n, float *y, size_t ys) {
+    fe_q8_kernels_avx2()->rowdot[FE_Q4_1](row, cols, xq, n, y, ys);
+}
+
+/* The quantizer is AVX2's (bit-identical to the reference; its cost is one
+ * pass over x per product, small beside the rows' products). */
+static void quantize_vnni(int kind, const float *x, size_t xs, int cols, int n, uint8_t *out) {
+    fe_q8_kernels_avx2()->quantize(kind, x, xs, cols, n, out);
+}
+
+static const fe_q8_kernels VNNI_Q8 = {
+    "avx512vnni",
+    {[FE_Q8_0] = rowdot_vnni_q8_0, [FE_Q4_0] = rowdot_vnni_q4_0, [FE_Q4_1] = rowdot_vnni_q4_1,
+     [FE_Q4_K] = rowdot_vnni_q4_k, [FE_Q5_K] = rowdot_vnni_q5_k, [FE_Q6_K] = rowdot_vnni_q6_k},
+    quantize_vnni,
+};
+
+const fe_q8_kernels *fe_q8_kernels_avx512vnni(void) { return &VNNI_Q8; }
+
+#else
+
+int fe_cpu_has_avx512vnni(void) { return 0; }
+const fe_q8_kernels *fe_q8_kernels_avx512vnni(void) { return 0; }
+
+#endif
