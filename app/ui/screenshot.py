@@ -104,6 +104,11 @@ class ScreenshotRun(QObject):
 
     def _settings(self, dialog) -> None:
         self._grab("06-settings", dialog)
+        dialog.pages.setCurrentIndex(1)
+        QTimer.singleShot(200, lambda: self._settings_answers(dialog))
+
+    def _settings_answers(self, dialog) -> None:
+        self._grab("06d-settings-answers", dialog)
         dialog.reject()
         QTimer.singleShot(100, self._library)
 

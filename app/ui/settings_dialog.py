@@ -5,7 +5,7 @@ from dataclasses import replace
 
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFileDialog,
                                QFormLayout, QHBoxLayout, QLabel, QLineEdit, QListWidget, QMessageBox,
-                               QPlainTextEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget)
+                               QPlainTextEdit, QPushButton, QSpinBox, QTabWidget, QVBoxLayout, QWidget)
 
 from app.memory.stats import MemorySplit
 from app.memory.units import size
@@ -24,6 +24,15 @@ def _row(*widgets: QWidget, grow_first: bool = False) -> QWidget:
     if not grow_first:
         lay.addStretch(1)
     return row
+
+
+def _page(form: QFormLayout) -> QWidget:
+    """One page of the dialog: its rows at the top."""
+    page = QWidget()
+    lay = QVBoxLayout(page)
+    lay.addLayout(form)
+    lay.addStretch(1)
+    return page
 
 
 class SettingsDialog(QDialog):
@@ -97,6 +106,12 @@ class SettingsDialog(QDialog):
         self.verify_reads.setChecked(settings.verify_reads)
         form.addRow("Integrity", self.verify_reads)
 
+        # two pages, so the dialog fits a 13-inch laptop's screen: the engine, and how it answers
+        self.pages = QTabWidget()
+        self.pages.setAccessibleName("Settings pages")
+        self.pages.addTab(_page(form), "Engine")
+        form = QFormLayout()
+        form.setVerticalSpacing(8)
         self.temp = self._dspin(0.0, 5.0, 0.05, settings.temperature, "Temperature")
         form.addRow("Temperature", self.temp)
         self.top_p = self._dspin(0.01, 1.0, 0.01, settings.top_p, "Top-p")
@@ -182,10 +197,11 @@ class SettingsDialog(QDialog):
         self.model_note.setObjectName("mutedLabel")
         self.model_note.setWordWrap(True)
         self.model_note.setVisible(False)
+        self.pages.addTab(_page(form), "Answers")
         lay.addWidget(self.model_note)
-        lay.addLayout(form)
+        lay.addWidget(self.pages)
         lay.addWidget(buttons)
-        self.resize(560, 760)
+        self.resize(560, self.sizeHint().height())
 
     def note_model_settings(self, model_name: str) -> None:
         """Say that the open model has its own values, which win over these general ones."""
