@@ -5,9 +5,12 @@ budget, and open a citation with its passage highlighted in its page.
 The main window needs only these calls (see docs/DOCUMENTS.md):
 
 * ``open_documents_panel(parent, store, collection)`` — the "Attach…" dialog;
-* ``attach_passages(request, store, collection, model_path, question)`` —
-  before sending a turn: puts the best passages in the request's messages
-  (as content) and returns the citations for that answer;
+* ``PassageSearch(store, collection, model_path, question)`` — sent with a
+  turn to the engine thread, which searches there (through a connection of
+  its own) and calls ``attach_passages(request, store, collection,
+  model_path, question)``: the best passages go into the request's messages
+  (as content) and the citations for that answer come back; the GUI thread
+  never waits for a search;
 * ``link_markers(text, citations)`` — the answer's ``[n]`` markers as
   ``cite:n`` links, and ``show_citation(parent, store, citation)`` when one
   is clicked.
@@ -18,6 +21,7 @@ GUI thread never waits for it.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from PySide6.QtCore import QObject, Qt, QThread, Signal, Slot
@@ -364,6 +368,21 @@ class _TokenCounter:
 
 
 _COUNTERS: dict[str, _TokenCounter] = {}
+
+
+@dataclass(frozen=True)
+class PassageSearch:
+    """A turn's documents, searched on the engine's thread (``EngineWorker.generate``) rather than the
+    window's: ``store`` is the window's store (its file and key); the search runs through a clone of it
+    that the engine thread keeps (its page cache stays warm from one question to the next)."""
+
+    store: DocumentStore
+    collection: str
+    model_path: str
+    question: str
+
+    def attach(self, request: TurnRequest, store: DocumentStore) -> list[Citation]:
+        return attach_passages(request, store, self.collection, self.model_path, self.question)
 
 
 def attach_passages(request: TurnRequest, store: DocumentStore, collection: str, model_path: str | Path,

@@ -29,7 +29,7 @@ from app.store.settings import Settings
 from app.ui import theme
 from app.ui.chat_view import ChatView
 from app.ui.elided import ElidedLabel
-from app.ui.documents_panel import attach_passages, link_markers, open_documents_panel, show_citation
+from app.ui.documents_panel import PassageSearch, link_markers, open_documents_panel, show_citation
 from app.ui.gauges import GaugePanel
 from app.ui.library_dialog import LibraryDialog
 from app.ui.model_settings_dialog import ModelSettingsDialog
@@ -80,6 +80,7 @@ class MainWindow(QMainWindow):
         w.finished.connect(self._on_finished)
         w.error.connect(self._on_error)
         w.serving.connect(self._on_serving)
+        w.citations.connect(self._on_citations)
         self.chat = Chat(store)
         self._repaint_timer = QTimer(self)
         self._repaint_timer.setSingleShot(True)
@@ -687,12 +688,15 @@ class MainWindow(QMainWindow):
                           # issue 17's opt-in routing modes (None / 0: exact, the default)
                           experts_per_token=s.experts_per_token,
                           cache_aware_margin=float(s.cache_aware_margin or 0.0), client="window")
-        # Attached documents: their best passages go into the prompt as content.
-        self.pending_citations = []
-        if self.chat.id is not None and self.model_info and self._has_documents():
-            self.pending_citations = attach_passages(req, self.documents(), self._collection(),
-                                                     self.model_info.path, start.messages[-1]["content"])
         return req
+
+    def _passage_search(self, start: TurnStart) -> PassageSearch | None:
+        """Attached documents: the engine's thread searches them and puts their best passages
+        into the prompt as content (the citations come back by ``_on_citations``)."""
+        if self.chat.id is None or not self.model_info or not self._has_documents():
+            return None
+        return PassageSearch(self.documents(), self._collection(), str(self.model_info.path),
+                             start.messages[-1]["content"])
 
     # ---- documents
 
@@ -760,10 +764,16 @@ class MainWindow(QMainWindow):
         self._set_busy(True)
         self.prompt_row.setVisible(True)
         self.prompt_bar.setRange(0, 0)
-        self.prompt_label.setText("Reading the conversation…")
+        search = self._passage_search(start)
+        self.pending_citations = []
+        self.prompt_label.setText("Searching the documents…" if search else "Reading the conversation…")
         self._turn_t0 = time.monotonic()
-        self.gen_id = self.worker.generate(self._request(start))
+        self.gen_id = self.worker.generate(self._request(start), search=search)
         self.refresh_list()
+
+    def _on_citations(self, gen_id: int, citations: list) -> None:
+        if self.chat.busy and gen_id == self.gen_id:
+            self.pending_citations = list(citations)
 
     def _on_response(self, text: str) -> None:
         if self.chat.busy:

@@ -7,6 +7,11 @@ into signals. It builds no prompt and parses no stream.
 The window talks to it with queued signals (``load``, ``generate``) and calls
 :meth:`EngineWorker.stop` directly (thread-safe: the service's cancel).
 
+A turn with attached documents comes with a ``PassageSearch``: the collection
+is searched here, before the turn, through a connection this thread keeps
+(``citations`` reports the passages chosen), so the window never waits on the
+database.
+
 Text is coalesced here: the window gets at most ~20 text signals a second,
 however fast the engine runs. Stats are sampled a few times a second.
 
@@ -16,6 +21,7 @@ service as the chat.
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 
@@ -46,6 +52,7 @@ class EngineWorker(QObject):
     error = Signal(str)
     started = Signal(int)            #: the generation id that began
     serving = Signal(str, str)       #: the server's URL ("" when off), and why it failed ("" if it did not)
+    citations = Signal(int, object)  #: a turn's id and the passages its documents put in its prompt (Citation list)
 
     def __init__(self):
         super().__init__()
@@ -57,6 +64,8 @@ class EngineWorker(QObject):
         self._running_id = 0
         self._stop_id = 0
         self._job = None
+        self._documents = None          #: this thread's own connection to the window's document store
+        self._documents_of = None       #: ... and the store it is a clone of
 
     # ---- any thread
 
@@ -144,19 +153,43 @@ class EngineWorker(QObject):
         if server is not None:
             server.stop()
 
-    @Slot(int, object)
-    def generate(self, gen_id: int, turn: TurnRequest) -> None:
-        """``turn``: the window's ``TurnRequest`` (built by the window, read-only here)."""
+    @Slot(int, object, object)
+    def generate(self, gen_id: int, turn: TurnRequest, search=None) -> None:
+        """``turn``: the window's ``TurnRequest`` (built by the window, read-only here); ``search``: a
+        ``PassageSearch`` when documents are attached (searched here; the passages go into a copy of
+        ``turn``'s messages and ``citations`` says which)."""
         if self.remote is None and self.service is None:
             self.error.emit("no model is loaded")
             self.finished.emit("error", "", "")
             return
+        if search is not None:
+            turn = dataclasses.replace(turn, messages=list(turn.messages))
+            try:
+                found = search.attach(turn, self._documents_for(search.store))
+            except Exception as exc:   # a damaged or locked database: said, and no answer without its documents
+                self.error.emit(f"the attached documents could not be searched: {exc}")
+                self.finished.emit("error", "", "")
+                return
+            self.citations.emit(gen_id, found)
         if self.remote is not None:
             remote = self.remote
             remote.clear_cancel()
             self._run(gen_id, lambda: remote.generate(turn), remote=True)
         else:
             self._run(gen_id, lambda: self._local_events(gen_id, turn))
+
+    def _documents_for(self, store):
+        """This thread's clone of the window's ``store`` (SQLite connections stay on their thread), kept
+        from one question to the next so its page cache stays warm; a new one if the store changed."""
+        if self._documents_of is not store:
+            self._close_documents()
+            self._documents, self._documents_of = store.clone(), store
+        return self._documents
+
+    def _close_documents(self) -> None:
+        documents, self._documents, self._documents_of = self._documents, None, None
+        if documents is not None:
+            documents.close()
 
     def _local_events(self, gen_id: int, turn: TurnRequest):
         """The service's events for one turn, read on this thread."""
@@ -239,6 +272,7 @@ class EngineWorker(QObject):
     @Slot()
     def shutdown(self) -> None:
         self._close()
+        self._close_documents()
 
     def _close(self) -> None:
         self._stop_server()
@@ -280,7 +314,7 @@ class WorkerThread(QObject):
     """A worker and the thread it lives in; ``close()`` ends both."""
 
     request_load = Signal(str, object)
-    request_generate = Signal(int, object)
+    request_generate = Signal(int, object, object)
     request_shutdown = Signal()
     request_serving = Signal(int)
 
@@ -300,9 +334,10 @@ class WorkerThread(QObject):
     def load(self, path: str, options: LoadOptions) -> None:
         self.request_load.emit(str(path), options)
 
-    def generate(self, request: TurnRequest) -> int:
+    def generate(self, request: TurnRequest, search=None) -> int:
+        """Queue a turn (``search``: its ``PassageSearch``, or None); returns its id."""
         self._next_id += 1
-        self.request_generate.emit(self._next_id, request)
+        self.request_generate.emit(self._next_id, request, search)
         return self._next_id
 
     def stop(self, gen_id: int | None = None) -> None:

@@ -266,7 +266,7 @@ def test_per_model_settings_reset_and_presets(qtbot, make_window, tiny_chat):
     general.reject()
     sent = []
     generate = w.worker.generate
-    w.worker.generate = lambda req: (sent.append(req), generate(req))[1]
+    w.worker.generate = lambda req, **kw: (sent.append(req), generate(req, **kw))[1]
     send(qtbot, w, "w10")
     req = sent[0]
     assert req.sampling.temperature == 1.3 and req.experts_per_token == 2 and req.client == "window"

@@ -37,6 +37,57 @@ def test_attach_ask_and_open_a_citation(qtbot, make_window, demo_container, tmp_
     panel.close()
 
 
+def test_the_window_never_waits_for_a_search(qtbot, make_window, demo_container, corpus_dir_ui, monkeypatch):
+    """The attached documents are searched on the engine's thread, through a connection it keeps: while a
+    search is held up the window goes on handling events and says what it is doing; a second question
+    reuses that connection; Stop during the search ends the turn before the prompt is read."""
+    import threading
+
+    from app.ui import documents_panel
+
+    w = make_window(demo_container, max_tokens=8)
+    panel = w.open_documents()
+    qtbot.addWidget(panel)
+    with qtbot.waitSignal(panel.indexing_finished, timeout=60000):
+        panel.add_paths([str(corpus_dir_ui / "note.md")])
+    panel.close()
+    release, entered, seen = threading.Event(), threading.Event(), []
+    real = documents_panel.attach_passages
+
+    def held(request, store, *args):
+        seen.append((threading.current_thread(), store))
+        entered.set()
+        assert release.wait(30)
+        return real(request, store, *args)
+
+    monkeypatch.setattr(documents_panel, "attach_passages", held)
+    w.composer.setPlainText("Who serviced the boiler?")
+    w.send()
+    assert entered.wait(30)
+    ticks = []
+    from PySide6.QtCore import QTimer
+    QTimer.singleShot(0, lambda: ticks.append(1))
+    qtbot.waitUntil(lambda: bool(ticks), timeout=5000)       # the GUI thread runs while the search waits
+    assert w.busy and w.prompt_label.text() == "Searching the documents…"
+    with qtbot.waitSignal(w.answer_finished, timeout=60000):
+        release.set()
+    answer = w.chat.visible()[-1]
+    assert any("Aldous Heating" in c.passage for c in w.citations.get(answer.id, []))
+    # the search ran on the engine's thread, through its own connection (not the window's)
+    thread, store = seen[0]
+    assert thread is not threading.main_thread() and store is not w._documents
+    release.clear()
+    entered.clear()
+    w.composer.setPlainText("When was the boiler serviced?")
+    w.send()
+    assert entered.wait(30)
+    assert seen[1][1] is store                               # kept from one question to the next
+    w.stop()
+    with qtbot.waitSignal(w.answer_finished, timeout=60000) as done:
+        release.set()
+    assert done.args[0] == "cancelled"
+
+
 def test_the_window_reads_the_documents_index_ahead_at_start_up(make_window, corpus_dir_ui):
     """app.ui.app calls start_documents once the window shows: the documents open, their index is read
     ahead in the background (app/documents/warm.py), and shutting the window down stops it."""
