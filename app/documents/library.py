@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from app.documents.store import DocumentStore
+from app.documents.store import DocumentError, DocumentStore, conversation_collection
 from app.memory.units import size   # the one byte formatter
 
 
@@ -33,10 +33,39 @@ class CollectionRow:
     last_indexed: str
     watched: int           #: watched folders
     sources: list[str]
+    label: str = ""        #: what the page shows: the name, or for a chat's files "Chat “its title”"
 
-    @property
-    def label(self) -> str:
-        return self.name if not self.name.startswith("conversation:") else f"Chat {self.name.split(':', 1)[1]}"
+
+def conversation_of(name: str) -> int | None:
+    """The conversation whose attached files a collection holds (``conversation:12`` -> 12), or None."""
+    prefix, _, rest = name.partition(":")
+    return int(rest) if prefix == "conversation" and rest.isdigit() else None
+
+
+def collection_label(name: str, titles: dict[int, str] | None = None) -> str:
+    cid = conversation_of(name)
+    if cid is None:
+        return name
+    title = (titles or {}).get(cid)
+    return f"Chat “{title}”" if title else f"Chat {cid}"
+
+
+def forget_conversation(store: DocumentStore, conversation_id: int) -> None:
+    """A deleted chat's attached files go with it (SQLite may give a new chat the same id)."""
+    try:
+        store.delete_collection(conversation_collection(conversation_id))
+    except DocumentError:       # nothing was attached
+        pass
+
+
+def drop_orphans(store: DocumentStore, conversation_ids: set[int]) -> list[str]:
+    """Remove the attached files of chats that no longer exist (deleted by a version that kept them);
+    returns the collections removed."""
+    gone = [c.name for c in store.collections()
+            if conversation_of(c.name) is not None and conversation_of(c.name) not in conversation_ids]
+    for name in gone:
+        store.delete_collection(name)
+    return gone
 
 
 @dataclass
@@ -47,12 +76,14 @@ class FileRow:
     detail: str            #: "12 passages, 48 KB" or why it was skipped
 
 
-def collection_rows(store: DocumentStore) -> list[CollectionRow]:
+def collection_rows(store: DocumentStore, titles: dict[int, str] | None = None) -> list[CollectionRow]:
+    """``titles``: the chats' titles by id, for the collections of their attached files."""
     rows = []
     for c in store.collections():
         sources = store.sources(c.name)
         rows.append(CollectionRow(c.name, c.files, c.skipped, c.chunks, size(c.size), when(c.last_indexed),
-                                  sum(s.watch for s in sources), [s.path for s in sources]))
+                                  sum(s.watch for s in sources), [s.path for s in sources],
+                                  collection_label(c.name, titles)))
     return rows
 
 

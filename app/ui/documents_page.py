@@ -36,9 +36,10 @@ def _table(headers: list[str], name: str) -> QTableWidget:
 class DocumentsPage(QDialog):
     indexing_finished = Signal(object)    #: the AddReport as a dict
 
-    def __init__(self, store: DocumentStore, parent: QWidget | None = None):
+    def __init__(self, store: DocumentStore, parent: QWidget | None = None, titles: dict[int, str] | None = None):
         super().__init__(parent)
         self.store = store
+        self.titles = titles or {}     #: the chats' titles by id (a chat's attached files show under its title)
         self.setWindowTitle("Documents")
         self.setAccessibleName("Documents")
         self.resize(820, 560)
@@ -94,7 +95,7 @@ class DocumentsPage(QDialog):
 
     def refresh(self, select: str | None = None) -> None:
         select = select or self.selected()
-        self._rows = collection_rows(self.store)
+        self._rows = collection_rows(self.store, self.titles)
         self.collections.setRowCount(len(self._rows))
         for i, c in enumerate(self._rows):
             for j, v in enumerate([c.label, str(c.files), str(c.skipped), f"{c.passages:,}", c.size, c.last_indexed,
@@ -225,8 +226,9 @@ class DocumentsPage(QDialog):
         super().closeEvent(event)
 
 
-def open_documents_page(parent: QWidget | None, store: DocumentStore) -> DocumentsPage:
-    page = DocumentsPage(store, parent)
+def open_documents_page(parent: QWidget | None, store: DocumentStore,
+                        titles: dict[int, str] | None = None) -> DocumentsPage:
+    page = DocumentsPage(store, parent, titles)
     page.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
     page.show()
     return page

@@ -19,6 +19,7 @@ from PySide6.QtWidgets import (QApplication, QComboBox, QFileDialog, QFrame, QHB
 from app.chat import export, token_probs
 from app.chat.conversation import Chat, ChatError, TurnStart, _title_from, recover_interrupted
 from app.documents.ask import Citation
+from app.documents.library import drop_orphans, forget_conversation
 from app.documents.store import DocumentError, DocumentStore, conversation_collection
 from app.api import ModelLoaded, SamplingParams, TurnRequest
 from app.library import Library, display_name, find_containers, is_container, is_source
@@ -598,6 +599,10 @@ class MainWindow(QMainWindow):
     def delete_conversation(self, conversation_id: int) -> None:
         if self.busy and conversation_id == self.chat.id:
             return
+        try:        # its attached files go with it
+            forget_conversation(self.documents(), conversation_id)
+        except Exception as exc:  # noqa: BLE001 - said; they are removed at the next open (drop_orphans)
+            self.statusBar().showMessage(f"The chat's documents could not be removed now: {exc}", 6000)
         self.store.delete_conversation(conversation_id)
         if conversation_id == self.chat.id:
             self.chat = Chat(self.store, model_name=self.chat.model_name)
@@ -706,6 +711,8 @@ class MainWindow(QMainWindow):
             from app.documents.indexer import FolderWatcher
 
             self._documents = DocumentStore.beside(self.store)     # the history's key: no second scrypt
+            # files attached to chats deleted by a version that kept them (a new chat could get that id)
+            drop_orphans(self._documents, set(self.conversation_titles()))
             # watched folders: changes since the last run, then every few seconds (its own thread and connection)
             self._watcher = FolderWatcher(self._documents).start()
             # what searches read, into the OS page cache before the first question (background, bounded)
@@ -726,7 +733,10 @@ class MainWindow(QMainWindow):
         """The documents page: every collection, its files, add folder / watch / remove / re-index."""
         from app.ui.documents_page import open_documents_page
 
-        return open_documents_page(self, self.documents())
+        return open_documents_page(self, self.documents(), self.conversation_titles())
+
+    def conversation_titles(self) -> dict[int, str]:
+        return {c.id: c.title for c in self.store.conversations()}
 
     def _collection(self) -> str:
         return conversation_collection(self.chat.id)

@@ -14,6 +14,16 @@ from PySide6.QtWidgets import QApplication
 
 TIMEOUT_S = 300
 STREAM_CHARS = 160   #: grab the streaming state once this much text is on screen
+#: the files attached in the documents shots (written to a throw-away folder)
+SAMPLE_DOCUMENTS = {
+    "Kettle manual.md": "# Kettle manual\n\nThe water tank of the kettle holds 1.7 litres; never fill it above the "
+                        "MAX mark. Descale it every month with white vinegar: half a tank, boil, leave for an hour, "
+                        "rinse twice.\n\n# Warranty\n\nThe warranty lasts two years from the date of purchase "
+                        "and covers the heating element and the switch.\n",
+    "Boiler service.txt": "Boiler service report, 14 March 2026.\n\nThe boiler was serviced by Aldous Heating. "
+                          "Pressure 1.4 bar, flue gas within limits, the condensate trap cleaned. Next service due "
+                          "in March 2027. Invoice 2,400 (paid by card).\n",
+}
 
 
 class ScreenshotRun(QObject):
@@ -150,6 +160,40 @@ class ScreenshotRun(QObject):
     def _long_prompt_done(self, _reason: str) -> None:
         if not self._progress_grabbed:   # read too fast to catch midway: show the state it ended in
             self._progress_shot()
+        self.w.answer_finished.disconnect(self._long_prompt_done)
+        QTimer.singleShot(200, self._documents_start)
+
+    # ---- documents: two files attached to a new chat, a question answered from them, the documents page
+
+    def _documents_start(self) -> None:
+        self._docs = tempfile.TemporaryDirectory(prefix="ferry-shot-docs-")
+        for name, text in SAMPLE_DOCUMENTS.items():
+            (Path(self._docs.name) / name).write_text(text, encoding="utf-8")
+        self.w.new_chat()
+        self.w.settings.max_tokens = 60
+        self.panel = self.w.open_documents()
+        self.panel.indexing_finished.connect(lambda _report: QTimer.singleShot(300, self._attached))
+        self.panel.add_paths([str(p) for p in sorted(Path(self._docs.name).iterdir())])
+
+    def _attached(self) -> None:
+        self._grab("06e-attach", self.panel)
+        self.panel.close()
+        self.w.answer_finished.connect(self._documents_answered)
+        self.w.send_text("How much water does the kettle's tank hold?")
+
+    def _documents_answered(self, _reason: str) -> None:
+        self.w.answer_finished.disconnect(self._documents_answered)
+        QTimer.singleShot(300, self._documents_answer)
+
+    def _documents_answer(self) -> None:
+        self._grab("06f-documents-answer")
+        page = self.w.open_documents_page()
+        QTimer.singleShot(300, lambda: self._documents_page(page))
+
+    def _documents_page(self, page) -> None:
+        self._grab("06g-documents-page", page)
+        page.close()
+        self._docs.cleanup()
         QTimer.singleShot(200, self._wizard_start)
 
     # ---- the conversion wizard, on the demo model, into a throw-away folder

@@ -108,3 +108,48 @@ def corpus_dir_ui(tmp_path):
     d.mkdir()
     (d / "note.md").write_text("# Boiler\n\nThe boiler was serviced by Aldous Heating in March.\n")
     return d
+
+
+def test_deleting_a_chat_deletes_its_documents(qtbot, make_window, demo_container, corpus_dir_ui):
+    """A chat's attached files go with it: deleted with the chat, and a new chat (SQLite may give it the
+    deleted one's id) starts with none of them."""
+    from app.documents.store import conversation_collection
+
+    w = make_window(demo_container)
+    panel = w.open_documents()
+    qtbot.addWidget(panel)
+    with qtbot.waitSignal(panel.indexing_finished, timeout=60000):
+        panel.add_paths([str(corpus_dir_ui / "note.md")])
+    panel.close()
+    old = w.chat.id
+    assert w._has_documents()
+    w.delete_conversation(old)
+    assert conversation_collection(old) not in [c.name for c in w.documents().collections()]
+    w.new_chat()
+    panel = w.open_documents()
+    qtbot.addWidget(panel)
+    panel.close()
+    assert w.chat.id == old                      # the id is used again ...
+    assert not w._has_documents()                # ... but not the documents
+
+
+def test_documents_left_by_a_deleted_chat_are_removed_at_open(make_window, corpus_dir_ui):
+    """An earlier version deleted a chat and kept its documents: when the window opens the documents,
+    collections of chats that no longer exist are removed (a new chat could get that id and them)."""
+    from app.documents.library import collection_rows
+    from app.documents.store import conversation_collection
+
+    w = make_window(None)
+    kept = w.store.create_conversation("Kept", model="")
+    gone = w.store.create_conversation("Gone", model="")
+    docs = w.documents()
+    docs.add(conversation_collection(kept), [corpus_dir_ui], workers=1)
+    docs.add(conversation_collection(gone), [corpus_dir_ui], workers=1)
+    docs.add("archive", [corpus_dir_ui], workers=1)
+    w.store.delete_conversation(gone)            # as before: the conversation only
+    w.shutdown()
+    w2 = make_window(None)
+    names = [c.name for c in w2.documents().collections()]
+    assert sorted(names) == sorted([conversation_collection(kept), "archive"])
+    labels = {r.name: r.label for r in collection_rows(w2.documents(), w2.conversation_titles())}
+    assert labels == {conversation_collection(kept): "Chat “Kept”", "archive": "archive"}

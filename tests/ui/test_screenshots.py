@@ -14,7 +14,8 @@ from PySide6.QtGui import QImage
 
 REPO = Path(__file__).resolve().parents[2]
 STATES = ["01-welcome", "02-empty-chat", "03-streaming", "04-finished", "04a-token-probabilities", "05-gauges",
-          "06-settings", "06d-settings-answers", "06a-library", "06b-switcher", "06c-prompt-progress"]
+          "06-settings", "06d-settings-answers", "06a-library", "06b-switcher", "06c-prompt-progress",
+          "06e-attach", "06f-documents-answer", "06g-documents-page"]
 
 
 def _free_display() -> int:
@@ -63,7 +64,8 @@ def test_screenshots_under_xvfb(xvfb, demo_container, tmp_path):
         assert p.exists(), f"{name}.png missing; stderr:\n{res.stderr[-2000:]}"
         img = QImage(str(p))
         assert not img.isNull()
-        if name in ("05-gauges", "06-settings", "06d-settings-answers", "06a-library"):
+        if name in ("05-gauges", "06-settings", "06d-settings-answers", "06a-library", "06e-attach",
+                    "06g-documents-page"):
             assert img.width() > 250 and img.height() > 300
         elif name == "06b-switcher":          # the Model menu: library, the models, convert
             assert img.width() > 100 and img.height() > 60
