@@ -60,6 +60,31 @@ def venv_python(venv: Path) -> Path:
     return venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
 
 
+#: x86 flags for a build without -march=native (CMake options of the ggml vendored in llama-cpp-python)
+X86_FLAGS = {"avx": "AVX", "avx2": "AVX2", "fma": "FMA", "f16c": "F16C", "avx512f": "AVX512",
+             "avx512_vnni": "AVX512_VNNI", "avx512vbmi": "AVX512_VBMI", "avx512_bf16": "AVX512_BF16",
+             "avx_vnni": "AVX_VNNI"}
+
+
+def build_env() -> dict:
+    """The environment of llama-cpp-python's source build. On an x86 CPU that reports AMX, the native
+    build (-march=native compiles ggml's AMX kernels in) segfaulted in its first llama_decode on the
+    2026-12-05 development VM (Intel Xeon with AMX under KVM; docs/BENCHMARKS.md): there it is built
+    with the CPU's other vector extensions named one by one and AMX off. CMAKE_ARGS set by the caller
+    wins."""
+    env = dict(os.environ)
+    try:
+        flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split(":", 1)[1].split()
+    except (OSError, StopIteration):
+        return env
+    if "amx_tile" in flags and "CMAKE_ARGS" not in env:
+        on = [f"-DGGML_{name}=ON" for flag, name in X86_FLAGS.items() if flag in flags]
+        env["CMAKE_ARGS"] = " ".join(["-DGGML_NATIVE=OFF", *on, "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF",
+                                      "-DGGML_AMX_BF16=OFF"])
+        log(f"this CPU reports AMX: building llama.cpp without it ({env['CMAKE_ARGS']})")
+    return env
+
+
 def ensure_llama_cpp(venv: Path) -> Path:
     """The benchmark venv's interpreter, with llama-cpp-python installed."""
     py = venv_python(venv)
@@ -70,8 +95,8 @@ def ensure_llama_cpp(venv: Path) -> Path:
         log(f"creating {venv}")
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     log(f"installing llama-cpp-python=={LLAMA_CPP_VERSION} into {venv} (a source build takes minutes)")
-    subprocess.run([str(py), "-m", "pip", "install", "-q", "numpy", f"llama-cpp-python=={LLAMA_CPP_VERSION}"],
-                   check=True)
+    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-cache-dir", "numpy",
+                    f"llama-cpp-python=={LLAMA_CPP_VERSION}"], check=True, env=build_env())
     return py
 
 
@@ -212,7 +237,8 @@ def run_child(python: Path, engine: str, model: Path, a, activations: str = "f32
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=str(ROOT), timeout=3600)
     load1 = os.getloadavg()[0]
     if done.returncode != 0:
-        return {"error": done.stderr[-2000:], "load1_before": load0, "load1_after": load1}
+        how = f"killed by signal {-done.returncode}" if done.returncode < 0 else f"exit status {done.returncode}"
+        return {"error": f"{engine} child {how}: {done.stderr[-2000:]}", "load1_before": load0, "load1_after": load1}
     res = json.loads(done.stdout.strip().splitlines()[-1])
     res.update(load1_before=load0, load1_after=load1)
     return res
