@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from app.convert.convert import convert
-from tests.tiny_models import (ARCHS, assert_prefill_equals_single_steps, build, compare,
+from tests.tiny_models import (ARCHS, assert_prefill_equals_single_steps, build, compare, rel_l2,
                                 dequantized_reference_model, reference, run_engine)
 
 PROMPT, DECODE = 16, 8
@@ -60,3 +60,34 @@ def test_prefill_equals_single_steps(arch, tmp_path, tokens):
     build(arch, tmp_path / arch)
     out = convert(tmp_path / arch, tmp_path / f"{arch}.ferry", trunk_format="q8_0", expert_format="q8_0")
     assert_prefill_equals_single_steps(out, tokens)
+
+
+def test_saved_state_holds_the_kv_cache_position_major(tmp_path, tokens):
+    """A saved session state (prefix reuse, documents' saved passages) is K then V, each layer's
+    positions in order, each position all KV heads: checked against transformers' own KV cache.
+    The engine keeps its caches head-major in memory (arch_llama.c), so this holds the file format
+    still: states saved before that change load the same."""
+    import torch
+
+    from app.engine.binding import Engine
+
+    model = build("llama", tmp_path / "llama")
+    out = convert(tmp_path / "llama", tmp_path / "llama.ferry", trunk_format="f32", expert_format="f32")
+    n = 11
+    with torch.no_grad():
+        cache = model(torch.tensor([tokens[:n]]), use_cache=True).past_key_values
+    layers = [(cache[i][0], cache[i][1]) if isinstance(cache, (tuple, list)) else
+              (cache.layers[i].keys, cache.layers[i].values) if hasattr(cache, "layers") else
+              (cache.key_cache[i], cache.value_cache[i]) for i in range(model.config.num_hidden_layers)]
+    # transformers: [batch, kv heads, positions, head_dim] -> the file's [positions, kv heads, head_dim]
+    want = np.concatenate([np.stack([kv[c][0].permute(1, 0, 2).float().numpy() for kv in layers]).ravel()
+                           for c in (0, 1)])
+    with Engine(out, threads=2) as engine:
+        session = engine.session(64)
+        session.eval(tokens[:n])
+        blob = np.frombuffer(session.export_state().blob[40:], dtype="<f4")   # after the core's 40-byte header
+        session.close()
+    assert blob.shape == want.shape
+    assert rel_l2(blob, want) < 1e-5, rel_l2(blob, want)
+    head_major = np.concatenate([np.stack([kv[c][0].float().numpy() for kv in layers]).ravel() for c in (0, 1)])
+    assert rel_l2(head_major, want) > 0.1       # the check tells the two orders apart
