@@ -306,7 +306,7 @@ static uint64_t carve(const fe_hparams *hp, int n_ctx, int n_threads, uint8_t *b
         if (base) fe_moe_carve(hp, d.ed, base + off, &b->moe);
         off += FE_ALIGN_UP(m, 64);
     }
-    TAKE(rows, float, (uint64_t)n_threads * (uint64_t)max_cols(&d));
+    TAKE(rows, float, (uint64_t)n_threads * (uint64_t)fe_rows_stride(max_cols(&d)));
     TAKE(scores, float, (uint64_t)n_threads * MLA_HEADS * (uint64_t)n_ctx);
     TAKE(tmp, float, (uint64_t)n_threads * (uint64_t)tmp_stride(&d));
 #undef TAKE
@@ -358,7 +358,7 @@ static void kimi_sizes(const ferry_engine *e, int n_ctx, int n_threads, fe_sessi
 
 static void matmul(ferry_session *s, const kbufs *b, const fe_mat *w, const float *x, int n, float *y) {
     kdims d = dims_of(&s->e->c.hp);
-    fe_ops ops = {s->pool, b->rows, max_cols(&d), s->e->kernels, s->prof_cur, fe_session_q8(s)};
+    fe_ops ops = {s->pool, b->rows, fe_rows_stride(max_cols(&d)), s->e->kernels, s->prof_cur, fe_session_q8(s)};
     fe_matmul(&ops, w, x, n, y);
 }
 
@@ -449,7 +449,7 @@ static void mla_items(void *p, int start, int end, int tid) {
     const fe_kimi_hparams *k = KH(hp);
     kdims d = dims_of(hp);
     const int blocks = (d.H + j->hb - 1) / j->hb;
-    float *rowbuf = j->b->rows + (size_t)tid * (size_t)max_cols(&d);
+    float *rowbuf = j->b->rows + (size_t)tid * (size_t)fe_rows_stride(max_cols(&d));
     float *scores = j->b->scores + (size_t)tid * MLA_HEADS * (size_t)s->n_ctx;
     float *tmp = j->b->tmp + (size_t)tid * (size_t)tmp_stride(&d);
     const fe_mat *kvb = &j->L->kv_b;
@@ -665,7 +665,7 @@ static ferry_status moe(ferry_session *s, const kbufs *b, int l, int n, ferry_er
     memset(b->u, 0, (size_t)n * ed * sizeof(float));
     moe_ctx c = {s, b};
     fe_moe_arch a = {.ctx = &c, .kind = FE_ROUTE_SIGMOID_GROUPED, .ed = ed,
-                     .ops = {s->pool, b->rows, max_cols(&d), s->e->kernels, s->prof_cur, fe_session_q8(s)},
+                     .ops = {s->pool, b->rows, fe_rows_stride(max_cols(&d)), s->e->kernels, s->prof_cur, fe_session_q8(s)},
                      .layers = MODEL(s->e)->layers, .layer_size = sizeof(kimi_layer),
                      .router_at = offsetof(kimi_layer, router), .norm_at = offsetof(kimi_layer, ffn_norm),
                      .bias_at = offsetof(kimi_layer, router_bias), .expert = moe_expert};

@@ -147,7 +147,7 @@ static uint64_t carve(const fe_hparams *hp, int n_ctx, int n_threads, uint8_t *b
         if (base) fe_moe_carve(hp, hp->dim, base + off, &b->moe);
         off += FE_ALIGN_UP(m, 64);
     }
-    TAKE(rows, float, (uint64_t)n_threads * (uint64_t)max_cols(hp));
+    TAKE(rows, float, (uint64_t)n_threads * (uint64_t)fe_rows_stride(max_cols(hp)));
     TAKE(scores, float, (uint64_t)n_threads * ATT_TOKENS * (uint64_t)(hp->n_heads / hp->n_kv_heads) * (uint64_t)n_ctx);
 #undef TAKE
     return off;
@@ -207,7 +207,7 @@ static void rope(float *v, const float *cs, const fe_hparams *hp) {
 }
 
 static fe_ops ops_of(ferry_session *s, const chunk_bufs *b) {
-    fe_ops ops = {s->pool, b->rows, max_cols(&s->e->c.hp), s->e->kernels, s->prof_cur, fe_session_q8(s)};
+    fe_ops ops = {s->pool, b->rows, fe_rows_stride(max_cols(&s->e->c.hp)), s->e->kernels, s->prof_cur, fe_session_q8(s)};
     return ops;
 }
 
@@ -370,7 +370,7 @@ static void moe_expert(void *p, int l, const uint8_t *rec, const float *in, int 
 static ferry_status moe(ferry_session *s, const chunk_bufs *b, int l, int n, ferry_error *err) {
     moe_ctx c = {s, b};
     fe_moe_arch a = {.ctx = &c, .kind = FE_ROUTE_SOFTMAX, .ed = s->e->c.hp.dim,
-                     .ops = {s->pool, b->rows, max_cols(&s->e->c.hp), s->e->kernels, s->prof_cur, fe_session_q8(s)},
+                     .ops = {s->pool, b->rows, fe_rows_stride(max_cols(&s->e->c.hp)), s->e->kernels, s->prof_cur, fe_session_q8(s)},
                      .layers = MODEL(s->e)->layers, .layer_size = sizeof(fe_layer),
                      .router_at = offsetof(fe_layer, router), .norm_at = offsetof(fe_layer, ffn_norm),
                      .expert = moe_expert};

@@ -120,10 +120,18 @@ int ferry_kernel_matmul(int impl, int fmt, const void *w, int rows, int cols, co
     uint64_t rb = fe_row_bytes(fmt, (uint64_t)(cols > 0 ? cols : 0));
     if (!k || !w || !x || !y || rows < 0 || n < 0 || rb == 0) return -1;
     fe_rowdot_fn f = fe_kernel_for(k, fmt);
-    float *scratch = malloc((size_t)cols * sizeof(float));
+    /* a batch goes through the set's several-rows kernel when it has one, as in the engine (ops.c) */
+    fe_rowsdot_fn many = n > 1 && fmt >= 0 && fmt < FE_N_FORMATS ? k->rowsdot[fmt] : NULL;
+    float *scratch = malloc((size_t)FE_ROWS_PER_CALL * (size_t)(cols > 0 ? cols : 1) * sizeof(float));
     if (!scratch) return -1;
-    for (int r = 0; r < rows; r++)
-        f((const uint8_t *)w + (uint64_t)r * rb, cols, x, (size_t)cols, n, y + r, (size_t)rows, scratch);
+    for (int r = 0; r < rows; r += many ? FE_ROWS_PER_CALL : 1) {
+        const uint8_t *row = (const uint8_t *)w + (uint64_t)r * rb;
+        if (many)
+            many(row, rb, rows - r < FE_ROWS_PER_CALL ? rows - r : FE_ROWS_PER_CALL, cols, x, (size_t)cols, n, y + r,
+                 (size_t)rows, scratch);
+        else
+            f(row, cols, x, (size_t)cols, n, y + r, (size_t)rows, scratch);
+    }
     free(scratch);
     return 0;
 }

@@ -43,6 +43,13 @@ typedef void (*fe_wsum_fn)(float *out, const float *p, const float *v, size_t vs
  * the scalar one relative (core_c/tests/test_kernels.c). */
 typedef void (*fe_softmax_fn)(float *x, int n);
 
+/* Rows r < nrows (at row0 + r * row_bytes, nrows <= FE_ROWS_PER_CALL) of a
+ * matrix times n > 1 tokens: y[t * y_stride + r] = the row kernel's result,
+ * the same bits. scratch holds nrows * cols floats (the rows widened). */
+typedef void (*fe_rowsdot_fn)(const uint8_t *row0, size_t row_bytes, int nrows, int cols, const float *x,
+                              size_t x_stride, int n, float *y, size_t y_stride, float *scratch);
+#define FE_ROWS_PER_CALL 3
+
 typedef struct fe_kernels {
     const char *name;                    /* "scalar", "avx2", "neon" */
     fe_rowdot_fn rowdot[FE_N_FORMATS];   /* NULL entries fall back to the scalar one */
@@ -51,6 +58,9 @@ typedef struct fe_kernels {
     fe_dots_fn dots;                     /* never NULL */
     fe_wsum_fn wsum;                     /* never NULL */
     fe_softmax_fn softmax;               /* never NULL */
+    /* Optional, for batches: several rows widened and multiplied together,
+     * sharing each x load among them (NULL: the row kernel, row by row). */
+    fe_rowsdot_fn rowsdot[FE_N_FORMATS];
 } fe_kernels;
 
 /* The scalar axpy, dots and wsum (kernels.c), the references of the SIMD ones. */
@@ -74,16 +84,19 @@ fe_rowdot_fn fe_kernel_for(const fe_kernels *k, int fmt);
 
 /* `static const fe_kernels table` named "prefix", of the row kernels
  * rowdot_<prefix>_<format> that the including file defines. */
-#define FE_KERNEL_TABLE(table, prefix)                                                                     \
-    static const fe_kernels table = {                                                                      \
-        #prefix,                                                                                           \
-        {[FE_F32] = rowdot_##prefix##_f32, [FE_F16] = rowdot_##prefix##_f16,                               \
-         [FE_BF16] = rowdot_##prefix##_bf16, [FE_Q8_0] = rowdot_##prefix##_q8_0,                           \
-         [FE_Q4_0] = rowdot_##prefix##_q4_0, [FE_Q4_1] = rowdot_##prefix##_q4_1,                           \
-         [FE_Q4_K] = rowdot_##prefix##_q4_k, [FE_Q6_K] = rowdot_##prefix##_q6_k,                           \
-         [FE_Q3_NL] = rowdot_##prefix##_q3_nl, [FE_Q5_K] = rowdot_##prefix##_q5_k},                        \
-        dot_##prefix, axpy_##prefix, dots_##prefix, wsum_##prefix, softmax_##prefix,                      \
-    }
+/* {[FE_F32] = <kind>_<prefix>_f32, ...}: a table's per-format entries. */
+#define FE_PER_FORMAT(kind, prefix)                                                                        \
+    {[FE_F32] = kind##_##prefix##_f32, [FE_F16] = kind##_##prefix##_f16,                                   \
+     [FE_BF16] = kind##_##prefix##_bf16, [FE_Q8_0] = kind##_##prefix##_q8_0,                               \
+     [FE_Q4_0] = kind##_##prefix##_q4_0, [FE_Q4_1] = kind##_##prefix##_q4_1,                               \
+     [FE_Q4_K] = kind##_##prefix##_q4_k, [FE_Q6_K] = kind##_##prefix##_q6_k,                               \
+     [FE_Q3_NL] = kind##_##prefix##_q3_nl, [FE_Q5_K] = kind##_##prefix##_q5_k}
+#define FE_KERNEL_TABLE_WITH(table, prefix, rows)                                                          \
+    static const fe_kernels table = {#prefix, FE_PER_FORMAT(rowdot, prefix), dot_##prefix, axpy_##prefix,  \
+                                     dots_##prefix, wsum_##prefix, softmax_##prefix, rows}
+/* `static const fe_kernels table` named "prefix", of the row kernels
+ * rowdot_<prefix>_<format> that the including file defines (no rowsdot). */
+#define FE_KERNEL_TABLE(table, prefix) FE_KERNEL_TABLE_WITH(table, prefix, {0})
 
 /* The batch drivers of a SIMD set, rowdot_<prefix>_<fmt> (fe_rowdot_fn).
  * Each format's <fmt>_pair(row, cols, xa, xb, ya, yb, mode) of the including
@@ -125,9 +138,9 @@ enum { FE_ONE = 0, FE_TWO = 1, FE_STORE = 2 };
         }                                                                                                  \
     }
 
-/* A whole SIMD set: a driver per format over the file's <fmt>_pair
- * functions and its <prefix>_tiles, and its table. */
-#define FE_SIMD_KERNELS(table, prefix, attr)                                                               \
+/* The drivers of a SIMD set: one per format over the file's <fmt>_pair
+ * functions and its <prefix>_tiles. */
+#define FE_SIMD_DRIVERS(prefix, attr)                                                                      \
     FE_ROWDOT_PAIRS(prefix, attr, f32)                                                                     \
     FE_ROWDOT_PAIRS(prefix, attr, f16)                                                                     \
     FE_ROWDOT_PAIRS(prefix, attr, bf16)                                                                    \
@@ -137,8 +150,84 @@ enum { FE_ONE = 0, FE_TWO = 1, FE_STORE = 2 };
     FE_ROWDOT_TILED(prefix, attr, q4_k)                                                                    \
     FE_ROWDOT_TILED(prefix, attr, q5_k)                                                                    \
     FE_ROWDOT_TILED(prefix, attr, q6_k)                                                                    \
-    FE_ROWDOT_PAIRS(prefix, attr, q3_nl)                                                                   \
+    FE_ROWDOT_PAIRS(prefix, attr, q3_nl)
+
+/* A whole SIMD set: its drivers and its table. */
+#define FE_SIMD_KERNELS(table, prefix, attr)                                                               \
+    FE_SIMD_DRIVERS(prefix, attr)                                                                          \
     FE_KERNEL_TABLE(table, prefix)
+
+/* rowsdot_<prefix>_<fmt> (fe_rowsdot_fn): the rows widened by <fmt>_pair
+ * (FE_STORE: the very values the fused kernels multiply), then the file's
+ * <prefix>_rows_tiles(w, nrows, cols, x, xs, n, y, ys); columns not a
+ * multiple of 32 go row by row through the row kernel. */
+#define FE_ROWSDOT(prefix, attr, fmt)                                                                      \
+    attr static void rowsdot_##prefix##_##fmt(const uint8_t *row0, size_t rb, int nrows, int cols,         \
+                                              const float *x, size_t xs, int n, float *y, size_t ys,       \
+                                              float *scratch) {                                            \
+        if (cols % 32) {                                                                                   \
+            for (int r = 0; r < nrows; r++)                                                                \
+                rowdot_##prefix##_##fmt(row0 + r * rb, cols, x, xs, n, y + r, ys, scratch);                \
+            return;                                                                                        \
+        }                                                                                                  \
+        for (int r = 0; r < nrows; r++)                                                                    \
+            fmt##_pair(row0 + r * rb, cols, scratch + (size_t)r * cols, scratch + (size_t)r * cols, NULL,  \
+                       NULL, FE_STORE);                                                                    \
+        prefix##_rows_tiles(scratch, nrows, cols, x, xs, n, y, ys);                                       \
+    }
+
+/* <prefix>_rows_tiles(w, R, cols, x, xs, n, y, ys): R (<= 3) rows widened at
+ * w (row r at w + r * cols; cols a multiple of 32) times n tokens, in tiles
+ * of 4 tokens over blocks of 512 columns (3 rows and 4 tokens of a block
+ * stay in L1), one accumulator chain k at a time, by the including file's
+ * rows_chain(w, cols, x, xs, R, T, k, c0, c1, A) (A: [r][t][k] of type
+ * `vec`, kept between blocks) and rows_sum(a): its four chains' fixed sum. */
+#define FE_ROWS_CB 512
+#define FE_ROWS_TILES(prefix, attr, vec, zero)                                                             \
+    attr static void prefix##_rows_tiles(const float *w, int R, int cols, const float *x, size_t xs, int n, \
+                                         float *y, size_t ys) {                                            \
+        for (int t0 = 0; t0 < n; t0 += 4) {                                                                \
+            const int T = n - t0 < 4 ? n - t0 : 4;                                                         \
+            const float *xt = x + (size_t)t0 * xs;                                                         \
+            vec A[3 * 4 * 4];                                                                              \
+            for (int i = 0; i < 3 * 4 * 4; i++) A[i] = zero;                                               \
+            for (int c0 = 0; c0 < cols; c0 += FE_ROWS_CB) {                                                \
+                const int c1 = c0 + FE_ROWS_CB < cols ? c0 + FE_ROWS_CB : cols;                            \
+                for (int k = 0; k < 4; k++) /* each shape its own unrolled code */                         \
+                    switch (R * 4 + T) {                                                                   \
+                    case 4 + 1: rows_chain(w, cols, xt, xs, 1, 1, k, c0, c1, A); break;                    \
+                    case 4 + 2: rows_chain(w, cols, xt, xs, 1, 2, k, c0, c1, A); break;                    \
+                    case 4 + 3: rows_chain(w, cols, xt, xs, 1, 3, k, c0, c1, A); break;                    \
+                    case 4 + 4: rows_chain(w, cols, xt, xs, 1, 4, k, c0, c1, A); break;                    \
+                    case 8 + 1: rows_chain(w, cols, xt, xs, 2, 1, k, c0, c1, A); break;                    \
+                    case 8 + 2: rows_chain(w, cols, xt, xs, 2, 2, k, c0, c1, A); break;                    \
+                    case 8 + 3: rows_chain(w, cols, xt, xs, 2, 3, k, c0, c1, A); break;                    \
+                    case 8 + 4: rows_chain(w, cols, xt, xs, 2, 4, k, c0, c1, A); break;                    \
+                    case 12 + 1: rows_chain(w, cols, xt, xs, 3, 1, k, c0, c1, A); break;                   \
+                    case 12 + 2: rows_chain(w, cols, xt, xs, 3, 2, k, c0, c1, A); break;                   \
+                    case 12 + 3: rows_chain(w, cols, xt, xs, 3, 3, k, c0, c1, A); break;                   \
+                    default: rows_chain(w, cols, xt, xs, 3, 4, k, c0, c1, A); break;                       \
+                    }                                                                                      \
+            }                                                                                              \
+            for (int r = 0; r < R; r++)                                                                    \
+                for (int t = 0; t < T; t++) y[(size_t)(t0 + t) * ys + r] = rows_sum(A + (r * 4 + t) * 4);  \
+        }                                                                                                  \
+    }
+
+/* A SIMD set with multi-row batch kernels for every format. */
+#define FE_SIMD_KERNELS_ROWS(table, prefix, attr)                                                          \
+    FE_SIMD_DRIVERS(prefix, attr)                                                                          \
+    FE_ROWSDOT(prefix, attr, f32)                                                                          \
+    FE_ROWSDOT(prefix, attr, f16)                                                                          \
+    FE_ROWSDOT(prefix, attr, bf16)                                                                         \
+    FE_ROWSDOT(prefix, attr, q8_0)                                                                         \
+    FE_ROWSDOT(prefix, attr, q4_0)                                                                         \
+    FE_ROWSDOT(prefix, attr, q4_1)                                                                         \
+    FE_ROWSDOT(prefix, attr, q4_k)                                                                         \
+    FE_ROWSDOT(prefix, attr, q5_k)                                                                         \
+    FE_ROWSDOT(prefix, attr, q6_k)                                                                         \
+    FE_ROWSDOT(prefix, attr, q3_nl)                                                                        \
+    FE_KERNEL_TABLE_WITH(table, prefix, FE_PER_FORMAT(rowsdot, prefix))
 
 /* Tables built in by kernels_avx2.c / kernels_neon.c (NULL elsewhere). */
 const fe_kernels *fe_kernels_avx2_table(void);

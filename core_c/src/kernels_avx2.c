@@ -388,6 +388,34 @@ TGT static void avx2_tiles(const float *w, int cols, const float *x, size_t xs, 
     if (n - t == 1) tile_avx2(w, cols, x + (size_t)t * xs, xs, y + (size_t)t * ys, ys, 1);
 }
 
+/* Several rows widened to f32 (rows_tiles below, for rowsdot): R rows x T
+ * tokens, one chain k of the four at a time, over columns [c0, c1). Each
+ * chain gets exactly tile_avx2's FMAs in the same order (chains are
+ * independent, so running them one after another changes no bit); the R
+ * rows share each x load (tile_avx2 loads x once per FMA). A is the tile's
+ * accumulators, [r][t][k], kept between column blocks. */
+INL void rows_chain(const float *w, int cols, const float *x, size_t xs, const int R, const int T, int k, int c0,
+                    int c1, __m256 *A) {
+    __m256 a[3][4];
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) a[r][t] = A[(r * 4 + t) * 4 + k];
+    for (int c = c0 + 8 * k; c < c1; c += 32) {
+        __m256 wv[3];
+        for (int r = 0; r < R; r++) wv[r] = _mm256_loadu_ps(w + (size_t)r * cols + c);
+        for (int t = 0; t < T; t++) {
+            const __m256 xv = _mm256_loadu_ps(x + (size_t)t * xs + c);
+            for (int r = 0; r < R; r++) a[r][t] = _mm256_fmadd_ps(wv[r], xv, a[r][t]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) A[(r * 4 + t) * 4 + k] = a[r][t];
+}
+
+/* The four chains' sum, as acc_done's. */
+INL float rows_sum(const __m256 *a) { return hsum8(_mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3]))); }
+
+FE_ROWS_TILES(avx2, TGT, __m256, _mm256_setzero_ps())
+
 /* Bit-identical to fe_dot_f32: lane l of the accumulator is its acc[l]
  * (multiply, then add: no FMA), the tail goes to lanes 0.. in order, then
  * ((a0 + a4) + (a1 + a5)) + ((a2 + a6) + (a3 + a7)). */
@@ -559,7 +587,7 @@ TGT static void softmax_avx2(float *x, int n) {
     for (; i < n; i++) x[i] *= _mm256_cvtss_f32(inv);
 }
 
-FE_SIMD_KERNELS(AVX2_TABLE, avx2, TGT);
+FE_SIMD_KERNELS_ROWS(AVX2_TABLE, avx2, TGT);
 
 const fe_kernels *fe_kernels_avx2_table(void) { return &AVX2_TABLE; }
 

@@ -351,6 +351,34 @@ static void neon_tiles(const float *w, int cols, const float *x, size_t xs, int 
     if (n - t == 1) tile_neon(w, cols, x + (size_t)t * xs, xs, y + (size_t)t * ys, ys, 1);
 }
 
+/* Several rows widened to f32 (rows_tiles below, for rowsdot): R rows x T
+ * tokens, one chain k of the four at a time, over columns [c0, c1). Chain k
+ * takes vectors k and k + 4 of each 32 columns, in that order: exactly
+ * tile_neon's FMAs for it, in the same order; the R rows share each x load.
+ * A is the tile's accumulators, [r][t][k], kept between column blocks. */
+INL void rows_chain(const float *w, int cols, const float *x, size_t xs, const int R, const int T, int k, int c0,
+                    int c1, float32x4_t *A) {
+    float32x4_t a[3][4];
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) a[r][t] = A[(r * 4 + t) * 4 + k];
+    for (int c = c0 + 4 * k; c < c1; c += 32)
+        for (int h = 0; h < 32; h += 16) {
+            float32x4_t wv[3];
+            for (int r = 0; r < R; r++) wv[r] = vld1q_f32(w + (size_t)r * cols + c + h);
+            for (int t = 0; t < T; t++) {
+                const float32x4_t xv = vld1q_f32(x + (size_t)t * xs + c + h);
+                for (int r = 0; r < R; r++) a[r][t] = vfmaq_f32(a[r][t], wv[r], xv);
+            }
+        }
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) A[(r * 4 + t) * 4 + k] = a[r][t];
+}
+
+/* The four chains' sum, as acc_done's. */
+INL float rows_sum(const float32x4_t *a) { return hsum4(vaddq_f32(vaddq_f32(a[0], a[1]), vaddq_f32(a[2], a[3]))); }
+
+FE_ROWS_TILES(neon, , float32x4_t, vdupq_n_f32(0.0f))
+
 /* Bit-identical to fe_dot_f32: lanes 0-3 and 4-7 of its eight accumulators
  * in two vectors (multiply, then add: no FMA), the tail to lanes 0.. in
  * order, then ((a0 + a4) + (a1 + a5)) + ((a2 + a6) + (a3 + a7)). */
@@ -484,7 +512,7 @@ static void softmax_neon(float *x, int n) {
     for (; i < n; i++) x[i] *= inv;
 }
 
-FE_SIMD_KERNELS(NEON_TABLE, neon, );
+FE_SIMD_KERNELS_ROWS(NEON_TABLE, neon, );
 
 const fe_kernels *fe_kernels_neon_table(void) { return &NEON_TABLE; }
 

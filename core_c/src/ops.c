@@ -9,6 +9,8 @@
 #include "kernels.h"
 #include "kernels_q8.h"
 
+_Static_assert(FE_ROWS_PER_CALL == 3, "fe_rows_stride (ops.h) makes room for 3 rows");
+
 fe_mat fe_mat_view(const uint8_t *data, int fmt, int rows, int cols) {
     fe_mat m = {data, fmt, rows, cols, fe_row_bytes(fmt, (uint64_t)cols)};
     return m;
@@ -20,6 +22,7 @@ typedef struct {
     const fe_mat *w[FE_MATMUL_MULTI_MAX];
     float *y[FE_MATMUL_MULTI_MAX]; /* [n][w[i]->rows] each */
     fe_rowdot_fn dot[FE_MATMUL_MULTI_MAX]; /* the row kernel of each w's format (kernels.h) */
+    fe_rowsdot_fn rows[FE_MATMUL_MULTI_MAX]; /* or its kernel of several rows at once, for a batch */
     fe_q8dot_fn q8dot[FE_MATMUL_MULTI_MAX]; /* or its 8-bit-activation kernel (kernels_q8.h), used instead */
     const uint8_t *xq[FE_MATMUL_MULTI_MAX]; /* x quantized for each q8 kernel (once per layout) */
     int first[FE_MATMUL_MULTI_MAX + 1];    /* item index of each matrix's row 0 */
@@ -40,6 +43,14 @@ static void matmul_rows(void *p, int start, int end, int tid) {
         if (j->q8dot[i]) {
             for (int r = lo - j->first[i]; r < hi - j->first[i]; r++)
                 j->q8dot[i](w->data + (uint64_t)r * w->row_bytes, w->cols, j->xq[i], j->n, j->y[i] + r, (size_t)w->rows);
+            continue;
+        }
+        if (j->rows[i]) { /* the same bits as row by row (kernels.h), each x load shared by a few rows */
+            for (int r = lo - j->first[i]; r < hi - j->first[i]; r += FE_ROWS_PER_CALL) {
+                const int nr = hi - j->first[i] - r < FE_ROWS_PER_CALL ? hi - j->first[i] - r : FE_ROWS_PER_CALL;
+                j->rows[i](w->data + (uint64_t)r * w->row_bytes, w->row_bytes, nr, w->cols, j->x, (size_t)w->cols,
+                           j->n, j->y[i] + r, (size_t)w->rows, buf);
+            }
             continue;
         }
         for (int r = lo - j->first[i]; r < hi - j->first[i]; r++)
@@ -65,6 +76,7 @@ void fe_matmul_multi(const fe_ops *ops, const fe_mat *const *w, int count, const
         j.w[j.count] = w[i];
         j.y[j.count] = y[i];
         j.dot[j.count] = dot;
+        j.rows[j.count] = n > 1 && ops->kernels ? ops->kernels->rowsdot[w[i]->fmt] : NULL;
         j.q8dot[j.count] = fe_q8_kernel_for(ops->q8, w[i]->fmt, w[i]->cols, n);
         if (j.q8dot[j.count]) { /* the matrices share cols: x is quantized once per layout */
             const int kind = fe_q8_kind(w[i]->fmt);

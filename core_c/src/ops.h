@@ -20,10 +20,14 @@ struct fe_q8_ctx;
 
 /* Where and how matrix products run: the session's pool, one row buffer of
  * `rows_stride` floats per pool thread, and the engine's kernel set. */
+/* Floats of row buffer per pool thread for matrices at most `max_cols` wide:
+ * room for FE_ROWS_PER_CALL rows widened at once (kernels.h: rowsdot). */
+static inline int fe_rows_stride(int max_cols) { return 3 * max_cols; }
+
 typedef struct fe_ops {
     fe_pool *pool;        /* compute threads */
     float *rows;          /* [threads][rows_stride] */
-    int rows_stride;      /* floats per thread, >= the widest matrix row */
+    int rows_stride;      /* floats per thread: fe_rows_stride(the widest matrix row) */
     const struct fe_kernels *kernels; /* the engine's row kernels (kernels.h) */
     ferry_profile_part *prof; /* the session's profile part in use, or NULL (not profiling) */
     const struct fe_q8_ctx *q8; /* the 8-bit-activation mode's kernels and buffer (kernels_q8.h), or NULL: exact */
