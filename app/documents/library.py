@@ -61,8 +61,7 @@ def forget_conversation(store: DocumentStore, conversation_id: int) -> None:
 def drop_orphans(store: DocumentStore, conversation_ids: set[int]) -> list[str]:
     """Remove the attached files of chats that no longer exist (deleted by a version that kept them);
     returns the collections removed."""
-    gone = [c.name for c in store.collections()
-            if conversation_of(c.name) is not None and conversation_of(c.name) not in conversation_ids]
+    gone = [c.name for c in store.collections() if conversation_of(c.name) not in (None, *conversation_ids)]
     for name in gone:
         store.delete_collection(name)
     return gone

@@ -141,6 +141,10 @@ class HistoryStore:
                                 "ORDER BY updated DESC, id DESC").fetchall()
         return [self._info(r) for r in rows]
 
+    def conversation_ids(self) -> set[int]:
+        """The ids of every conversation (nothing decrypted)."""
+        return {r[0] for r in self._db.execute("SELECT id FROM conversations")}
+
     def set_leaf(self, conversation_id: int, leaf_id: int | None) -> None:
         with self._db:
             self._db.execute("UPDATE conversations SET leaf_id = ? WHERE id = ?", (leaf_id, conversation_id))

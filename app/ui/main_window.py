@@ -712,7 +712,7 @@ class MainWindow(QMainWindow):
 
             self._documents = DocumentStore.beside(self.store)     # the history's key: no second scrypt
             # files attached to chats deleted by a version that kept them (a new chat could get that id)
-            drop_orphans(self._documents, set(self.conversation_titles()))
+            drop_orphans(self._documents, self.store.conversation_ids())
             # watched folders: changes since the last run, then every few seconds (its own thread and connection)
             self._watcher = FolderWatcher(self._documents).start()
             # what searches read, into the OS page cache before the first question (background, bounded)

@@ -18,12 +18,12 @@ typedef struct fe_mat {
 struct fe_kernels;
 struct fe_q8_ctx;
 
-/* Where and how matrix products run: the session's pool, one row buffer of
- * `rows_stride` floats per pool thread, and the engine's kernel set. */
 /* Floats of row buffer per pool thread for matrices at most `max_cols` wide:
  * room for FE_ROWS_PER_CALL rows widened at once (kernels.h: rowsdot). */
 static inline int fe_rows_stride(int max_cols) { return 3 * max_cols; }
 
+/* Where and how matrix products run: the session's pool, one row buffer of
+ * `rows_stride` floats per pool thread, and the engine's kernel set. */
 typedef struct fe_ops {
     fe_pool *pool;        /* compute threads */
     float *rows;          /* [threads][rows_stride] */
