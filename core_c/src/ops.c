@@ -30,6 +30,24 @@ typedef struct {
     int n;              /* tokens */
 } matmul_job;
 
+/* How far the weight prefetch runs ahead of the kernels, and the batches it
+ * runs for: decode and small batches read each weight byte once or a few
+ * times and wait for memory; larger batches are compute-bound (the rows sit
+ * in L1/L2 for many tokens) and the prefetch only competes for L1 there.
+ * Measured: docs/BENCHMARKS.md, "Weight prefetch". */
+#ifndef FE_PREFETCH_BYTES
+#define FE_PREFETCH_BYTES 2048
+#endif
+#define FE_PREFETCH_MAX_TOKENS 4
+
+/* Before the kernel reads `len` bytes at `row`: ask for the bytes up to
+ * FE_PREFETCH_BYTES past them (not past `end`) that *pf has not asked for
+ * yet, a cache line at a time. Speed only: a prefetch changes no result. */
+static inline void prefetch_past(const uint8_t **pf, const uint8_t *row, uint64_t len, const uint8_t *end) {
+    const uint8_t *upto = (uint64_t)(end - row) > len + FE_PREFETCH_BYTES ? row + len + FE_PREFETCH_BYTES : end;
+    for (; *pf < upto; *pf += 64) __builtin_prefetch(*pf, 0, 3);
+}
+
 /* Items [start, end) (rows of the matrices laid end to end) for every token:
  * one kernel call per weight row, so each output is computed by the same
  * code whatever n is and however the rows are split among threads. */
@@ -39,23 +57,37 @@ static void matmul_rows(void *p, int start, int end, int tid) {
     for (int i = 0; i < j->count; i++) {
         int lo = start > j->first[i] ? start : j->first[i];
         int hi = end < j->first[i + 1] ? end : j->first[i + 1];
+        if (lo >= hi) continue;
         const fe_mat *w = j->w[i];
+        const int r0 = lo - j->first[i], r1 = hi - j->first[i];
+        /* this thread's rows are contiguous: stream them ahead of the kernel
+         * (pf at the end: nothing to prefetch) */
+        const uint8_t *end_bytes = w->data + (uint64_t)r1 * w->row_bytes;
+        const uint8_t *pf = j->n > FE_PREFETCH_MAX_TOKENS ? end_bytes
+            : (const uint8_t *)((uintptr_t)(w->data + (uint64_t)r0 * w->row_bytes) & ~(uintptr_t)63);
         if (j->q8dot[i]) {
-            for (int r = lo - j->first[i]; r < hi - j->first[i]; r++)
-                j->q8dot[i](w->data + (uint64_t)r * w->row_bytes, w->cols, j->xq[i], j->n, j->y[i] + r, (size_t)w->rows);
-            continue;
-        }
-        if (j->rows[i]) { /* the same bits as row by row (kernels.h), each x load shared by a few rows */
-            for (int r = lo - j->first[i]; r < hi - j->first[i]; r += FE_ROWS_PER_CALL) {
-                const int nr = hi - j->first[i] - r < FE_ROWS_PER_CALL ? hi - j->first[i] - r : FE_ROWS_PER_CALL;
-                j->rows[i](w->data + (uint64_t)r * w->row_bytes, w->row_bytes, nr, w->cols, j->x, (size_t)w->cols,
-                           j->n, j->y[i] + r, (size_t)w->rows, buf);
+            for (int r = r0; r < r1; r++) {
+                const uint8_t *row = w->data + (uint64_t)r * w->row_bytes;
+                prefetch_past(&pf, row, w->row_bytes, end_bytes);
+                j->q8dot[i](row, w->cols, j->xq[i], j->n, j->y[i] + r, (size_t)w->rows);
             }
             continue;
         }
-        for (int r = lo - j->first[i]; r < hi - j->first[i]; r++)
-            j->dot[i](w->data + (uint64_t)r * w->row_bytes, w->cols, j->x, (size_t)w->cols, j->n, j->y[i] + r,
-                      (size_t)w->rows, buf);
+        if (j->rows[i]) { /* the same bits as row by row (kernels.h), each x load shared by a few rows */
+            for (int r = r0; r < r1; r += FE_ROWS_PER_CALL) {
+                const int nr = r1 - r < FE_ROWS_PER_CALL ? r1 - r : FE_ROWS_PER_CALL;
+                const uint8_t *row = w->data + (uint64_t)r * w->row_bytes;
+                prefetch_past(&pf, row, nr * w->row_bytes, end_bytes);
+                j->rows[i](row, w->row_bytes, nr, w->cols, j->x, (size_t)w->cols, j->n, j->y[i] + r,
+                           (size_t)w->rows, buf);
+            }
+            continue;
+        }
+        for (int r = r0; r < r1; r++) {
+            const uint8_t *row = w->data + (uint64_t)r * w->row_bytes;
+            prefetch_past(&pf, row, w->row_bytes, end_bytes);
+            j->dot[i](row, w->cols, j->x, (size_t)w->cols, j->n, j->y[i] + r, (size_t)w->rows, buf);
+        }
     }
 }
 
