@@ -38,7 +38,9 @@ typedef struct {
 #ifndef FE_PREFETCH_BYTES
 #define FE_PREFETCH_BYTES 2048
 #endif
+#ifndef FE_PREFETCH_MAX_TOKENS
 #define FE_PREFETCH_MAX_TOKENS 4
+#endif
 
 /* Before the kernel reads `len` bytes at `row`: ask for the bytes up to
  * FE_PREFETCH_BYTES past them (not past `end`) that *pf has not asked for
