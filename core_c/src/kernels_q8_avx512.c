@@ -185,9 +185,11 @@ INL void k45_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, fl
 
 /* The same with one 32-value sub-block per ymm: the scale in every lane
  * (vpdpwssd with (S, 0) pairs), no permutes and no half-sums. Faster than
- * the zmm version above from 2 tokens up on Zen 4 (which runs a zmm
- * instruction as two halves), slower for one token (docs/BENCHMARKS.md,
- * section "vnni"). */
+ * the zmm version above from 2 tokens up on Zen 4, which runs a zmm
+ * instruction as two halves (docs/BENCHMARKS.md, section "vnni"); slower on
+ * CPUs with full-width zmm (Intel Xeon, 2026-12-05: the zmm tile 1.05-1.15x
+ * at 8 and 64 tokens), which is what the drivers below use now. Kept for
+ * Zen 4 measurements (FE_Q8_K_YMM_TILES=1 at build time). */
 INL void k45_tile_y(const uint8_t *row, int cols, const uint8_t *xq, size_t st, float *y, size_t ys, const int nt,
                     const int five) {
     const int nsb = cols / 256;
@@ -223,10 +225,15 @@ INL void k45_tile_y(const uint8_t *row, int cols, const uint8_t *xq, size_t st, 
 }
 
 /* nt is a constant in every call: the choice folds away */
+#if FE_Q8_K_YMM_TILES
 #define q4_k_tile(r, c, x, s, y, ys, nt) \
     ((nt) == 1 ? k45_tile(r, c, x, s, y, ys, nt, 0) : k45_tile_y(r, c, x, s, y, ys, nt, 0))
 #define q5_k_tile(r, c, x, s, y, ys, nt) \
     ((nt) == 1 ? k45_tile(r, c, x, s, y, ys, nt, 1) : k45_tile_y(r, c, x, s, y, ys, nt, 1))
+#else
+#define q4_k_tile(r, c, x, s, y, ys, nt) k45_tile(r, c, x, s, y, ys, nt, 0)
+#define q5_k_tile(r, c, x, s, y, ys, nt) k45_tile(r, c, x, s, y, ys, nt, 1)
+#endif
 
 /* Q6_K: half h of a super-block holds ql[64] (p + 64h), qh[32] (p + 128 +
  * 32h) and sub-blocks r = 0..3: low nibbles of ql[0..31] | bits 0-1 of qh,
