@@ -122,7 +122,7 @@ int ferry_kernel_matmul(int impl, int fmt, const void *w, int rows, int cols, co
     fe_rowdot_fn f = fe_kernel_for(k, fmt);
     /* a batch goes through the set's several-rows kernel when it has one, as in the engine (ops.c) */
     fe_rowsdot_fn many = n > 1 && fmt >= 0 && fmt < FE_N_FORMATS ? k->rowsdot[fmt] : NULL;
-    float *scratch = malloc((size_t)FE_ROWS_PER_CALL * (size_t)(cols > 0 ? cols : 1) * sizeof(float));
+    float *scratch = malloc((size_t)FE_ROWS_PER_CALL * (size_t)FE_ROWS_WS(cols > 0 ? cols : 1) * sizeof(float));
     if (!scratch) return -1;
     for (int r = 0; r < rows; r += many ? FE_ROWS_PER_CALL : 1) {
         const uint8_t *row = (const uint8_t *)w + (uint64_t)r * rb;

@@ -45,10 +45,11 @@ typedef void (*fe_softmax_fn)(float *x, int n);
 
 /* Rows r < nrows (at row0 + r * row_bytes, nrows <= FE_ROWS_PER_CALL) of a
  * matrix times n > 1 tokens: y[t * y_stride + r] = the row kernel's result,
- * the same bits. scratch holds nrows * cols floats (the rows widened). */
+ * the same bits. scratch holds nrows * FE_ROWS_WS(cols) floats (the rows
+ * widened). */
 typedef void (*fe_rowsdot_fn)(const uint8_t *row0, size_t row_bytes, int nrows, int cols, const float *x,
                               size_t x_stride, int n, float *y, size_t y_stride, float *scratch);
-#define FE_ROWS_PER_CALL 3
+#define FE_ROWS_PER_CALL 12
 
 typedef struct fe_kernels {
     const char *name;                    /* "scalar", "avx2", "neon" */
@@ -171,43 +172,58 @@ enum { FE_ONE = 0, FE_TWO = 1, FE_STORE = 2 };
             return;                                                                                        \
         }                                                                                                  \
         for (int r = 0; r < nrows; r++)                                                                    \
-            fmt##_pair(row0 + r * rb, cols, scratch + (size_t)r * cols, scratch + (size_t)r * cols, NULL,  \
-                       NULL, FE_STORE);                                                                    \
+            fmt##_pair(row0 + r * rb, cols, scratch + (size_t)r * FE_ROWS_WS(cols),                        \
+                       scratch + (size_t)r * FE_ROWS_WS(cols), NULL, NULL, FE_STORE);                      \
         prefix##_rows_tiles(scratch, nrows, cols, x, xs, n, y, ys);                                       \
     }
 
-/* <prefix>_rows_tiles(w, R, cols, x, xs, n, y, ys): R (<= 3) rows widened at
- * w (row r at w + r * cols; cols a multiple of 32) times n tokens, in tiles
- * of 4 tokens over blocks of 512 columns (3 rows and 4 tokens of a block
- * stay in L1), one accumulator chain k at a time, by the including file's
- * rows_chain(w, cols, x, xs, R, T, k, c0, c1, A) (A: [r][t][k] of type
- * `vec`, kept between blocks) and rows_sum(a): its four chains' fixed sum. */
+/* <prefix>_rows_tiles(w, R, cols, x, xs, n, y, ys): R (<= FE_ROWS_PER_CALL)
+ * rows widened at w (row r at w + r * FE_ROWS_WS(cols); cols a multiple of
+ * 32) times n tokens, in tiles of 4 tokens over blocks of 512 columns; in a
+ * block, groups of up to 3 rows take the tile's x in turn (12 rows and 4
+ * tokens of a block stay in L1, so x is read from L2 once per 12 rows), one
+ * accumulator chain k at a time, by the including file's
+ * rows_chain(w, ws, x, xs, R, T, k, c0, c1, A) (ws: the row stride; A:
+ * [r][t][k] of type `vec`, kept between blocks) and rows_sum(a): its four
+ * chains' fixed sum. The widened rows are FE_ROWS_PAD floats longer than
+ * cols, so that rows 2^k floats wide do not all fall in the same L1 sets
+ * (measured: docs/BENCHMARKS.md, "Exact prompts: twelve rows per x block").
+ * The order of a (row, token) chain's FMAs never depends on R, T or the
+ * groups: the same bits. */
+#define FE_ROWS_PAD 16
+#define FE_ROWS_WS(cols) ((cols) + FE_ROWS_PAD)
 #define FE_ROWS_CB 512
 #define FE_ROWS_TILES(prefix, attr, vec, zero)                                                             \
     attr static void prefix##_rows_tiles(const float *w, int R, int cols, const float *x, size_t xs, int n, \
                                          float *y, size_t ys) {                                            \
+        const int ws = FE_ROWS_WS(cols);                                                                   \
         for (int t0 = 0; t0 < n; t0 += 4) {                                                                \
             const int T = n - t0 < 4 ? n - t0 : 4;                                                         \
             const float *xt = x + (size_t)t0 * xs;                                                         \
-            vec A[3 * 4 * 4];                                                                              \
-            for (int i = 0; i < 3 * 4 * 4; i++) A[i] = zero;                                               \
+            vec A[FE_ROWS_PER_CALL * 4 * 4];                                                               \
+            for (int i = 0; i < R * 4 * 4; i++) A[i] = zero;                                               \
             for (int c0 = 0; c0 < cols; c0 += FE_ROWS_CB) {                                                \
                 const int c1 = c0 + FE_ROWS_CB < cols ? c0 + FE_ROWS_CB : cols;                            \
-                for (int k = 0; k < 4; k++) /* each shape its own unrolled code */                         \
-                    switch (R * 4 + T) {                                                                   \
-                    case 4 + 1: rows_chain(w, cols, xt, xs, 1, 1, k, c0, c1, A); break;                    \
-                    case 4 + 2: rows_chain(w, cols, xt, xs, 1, 2, k, c0, c1, A); break;                    \
-                    case 4 + 3: rows_chain(w, cols, xt, xs, 1, 3, k, c0, c1, A); break;                    \
-                    case 4 + 4: rows_chain(w, cols, xt, xs, 1, 4, k, c0, c1, A); break;                    \
-                    case 8 + 1: rows_chain(w, cols, xt, xs, 2, 1, k, c0, c1, A); break;                    \
-                    case 8 + 2: rows_chain(w, cols, xt, xs, 2, 2, k, c0, c1, A); break;                    \
-                    case 8 + 3: rows_chain(w, cols, xt, xs, 2, 3, k, c0, c1, A); break;                    \
-                    case 8 + 4: rows_chain(w, cols, xt, xs, 2, 4, k, c0, c1, A); break;                    \
-                    case 12 + 1: rows_chain(w, cols, xt, xs, 3, 1, k, c0, c1, A); break;                   \
-                    case 12 + 2: rows_chain(w, cols, xt, xs, 3, 2, k, c0, c1, A); break;                   \
-                    case 12 + 3: rows_chain(w, cols, xt, xs, 3, 3, k, c0, c1, A); break;                   \
-                    default: rows_chain(w, cols, xt, xs, 3, 4, k, c0, c1, A); break;                       \
-                    }                                                                                      \
+                for (int g = 0; g < R; g += 3) { /* the x block stays in L1 across the groups */           \
+                    const int G = R - g < 3 ? R - g : 3;                                                   \
+                    const float *wg = w + (size_t)g * (size_t)ws;                                          \
+                    vec *Ag = A + g * 4 * 4;                                                               \
+                    for (int k = 0; k < 4; k++) /* each shape its own unrolled code */                     \
+                        switch (G * 4 + T) {                                                               \
+                        case 4 + 1: rows_chain(wg, ws, xt, xs, 1, 1, k, c0, c1, Ag); break;                \
+                        case 4 + 2: rows_chain(wg, ws, xt, xs, 1, 2, k, c0, c1, Ag); break;                \
+                        case 4 + 3: rows_chain(wg, ws, xt, xs, 1, 3, k, c0, c1, Ag); break;                \
+                        case 4 + 4: rows_chain(wg, ws, xt, xs, 1, 4, k, c0, c1, Ag); break;                \
+                        case 8 + 1: rows_chain(wg, ws, xt, xs, 2, 1, k, c0, c1, Ag); break;                \
+                        case 8 + 2: rows_chain(wg, ws, xt, xs, 2, 2, k, c0, c1, Ag); break;                \
+                        case 8 + 3: rows_chain(wg, ws, xt, xs, 2, 3, k, c0, c1, Ag); break;                \
+                        case 8 + 4: rows_chain(wg, ws, xt, xs, 2, 4, k, c0, c1, Ag); break;                \
+                        case 12 + 1: rows_chain(wg, ws, xt, xs, 3, 1, k, c0, c1, Ag); break;               \
+                        case 12 + 2: rows_chain(wg, ws, xt, xs, 3, 2, k, c0, c1, Ag); break;               \
+                        case 12 + 3: rows_chain(wg, ws, xt, xs, 3, 3, k, c0, c1, Ag); break;               \
+                        default: rows_chain(wg, ws, xt, xs, 3, 4, k, c0, c1, Ag); break;                   \
+                        }                                                                                  \
+                }                                                                                          \
             }                                                                                              \
             for (int r = 0; r < R; r++)                                                                    \
                 for (int t = 0; t < T; t++) y[(size_t)(t0 + t) * ys + r] = rows_sum(A + (r * 4 + t) * 4);  \

@@ -9,7 +9,8 @@
 #include "kernels.h"
 #include "kernels_q8.h"
 
-_Static_assert(FE_ROWS_PER_CALL == 3, "fe_rows_stride (ops.h) makes room for 3 rows");
+_Static_assert(FE_ROWS_PER_CALL <= FE_ROWS_ROOM && FE_ROWS_PAD <= FE_ROWS_ROOM_PAD,
+               "fe_rows_stride (ops.h) makes room for the rows of a rowsdot call");
 
 fe_mat fe_mat_view(const uint8_t *data, int fmt, int rows, int cols) {
     fe_mat m = {data, fmt, rows, cols, fe_row_bytes(fmt, (uint64_t)cols)};

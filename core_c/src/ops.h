@@ -19,8 +19,11 @@ struct fe_kernels;
 struct fe_q8_ctx;
 
 /* Floats of row buffer per pool thread for matrices at most `max_cols` wide:
- * room for FE_ROWS_PER_CALL rows widened at once (kernels.h: rowsdot). */
-static inline int fe_rows_stride(int max_cols) { return 3 * max_cols; }
+ * room for FE_ROWS_PER_CALL rows widened at once, each FE_ROWS_PAD floats
+ * longer than its columns (kernels.h: rowsdot; ops.c checks the two). */
+#define FE_ROWS_ROOM 12
+#define FE_ROWS_ROOM_PAD 16
+static inline int fe_rows_stride(int max_cols) { return FE_ROWS_ROOM * (max_cols + FE_ROWS_ROOM_PAD); }
 
 /* Where and how matrix products run: the session's pool, one row buffer of
  * `rows_stride` floats per pool thread, and the engine's kernel set. */
