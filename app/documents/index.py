@@ -1,9 +1,12 @@
 """Retrieval terms and the persistent index: BM25 over words, and BM25 over
-character 4-grams as the second signal, both stored in the encrypted
-database as SQLite FTS5 tables (app/documents/store.py) and searched in place.
+character 4-grams as the second signal, stored in the encrypted database
+(app/documents/store.py: an FTS5 table of the words, the 4-grams of the
+collection's vocabulary, and both signals' document frequencies) and
+searched in place.
 
 A search has two stages. FTS5 finds the candidates: the best-ranked chunks
-for the question's words, and for its rarest 4-grams. Those candidates are
+for the question's words, and for the indexed words that share the
+question's rarest 4-grams (a misspelt or other form of a word). Those candidates are
 then scored with the exact Okapi BM25 the in-memory index used (same k1, b,
 IDF ``log(1 + (N - df + 0.5) / (df + 0.5))``, the collection's own N, df and
 average length), so the ranking of a small collection is what it was, and a
@@ -30,6 +33,8 @@ CANDIDATES = 25
 SUBSET_CANDIDATES = 5
 #: at most this many of the question's 4-grams (the rarest) choose the n-gram candidates
 CANDIDATE_GRAMS = 24
+#: at most this many of the collection's words sharing those 4-grams (the most shared first) choose them
+GRAM_WORDS = 16
 #: FTS5 ranks every chunk that holds a candidate term, so the terms that choose candidates
 #: are the rarest ones, adding more while their chunks (document frequencies) sum to at most
 #: this; the rarest term is always taken. A small collection takes every term.
@@ -117,7 +122,8 @@ def word_terms(text: str, raw: list[str] | None = None) -> list[str]:
 
 
 @functools.lru_cache(maxsize=200_000)
-def _grams(word: str) -> tuple[str, ...]:
+def word_grams(word: str) -> tuple[str, ...]:
+    """A word's character 4-grams, with boundary marks (#)."""
     padded = f"#{word}#"
     if len(padded) <= NGRAM:
         return (padded,)
@@ -128,13 +134,13 @@ def ngram_terms(text: str, raw: list[str] | None = None) -> list[str]:
     grams: list[str] = []
     for w in (raw_words(text) if raw is None else raw):
         if w not in STOPWORDS:
-            grams.extend(_grams(w))
+            grams.extend(word_grams(w))
     return grams
 
 
 @functools.lru_cache(maxsize=200_000)
 def _gram_text(word: str) -> str:
-    return " ".join(_grams(word))
+    return " ".join(word_grams(word))
 
 
 def terms_for(heading: str, text: str) -> tuple[str, int, str, int]:
@@ -193,8 +199,7 @@ def _rarest(terms: Sequence[str], df: dict[str, int], most: int) -> list[str]:
 class FtsIndex:
     """One collection's persistent index, read through the store's connection."""
 
-    def __init__(self, db, collection_id: int, words_table: str, grams_table: str, *, use_champions: bool = True,
-                 gate=None):
+    def __init__(self, db, collection_id: int, words_table: str, *, use_champions: bool = True, gate=None):
         self._db, self.collection_id = db, collection_id
         #: app.documents.warm.Gate: the background warm-up begins no step while a search runs
         self._gate = gate
@@ -202,7 +207,7 @@ class FtsIndex:
             db.execute(f"PRAGMA cache_size = -{SEARCH_CACHE_KIB}")
         #: False: FTS5 ranks every posting of the chosen words (the reference the lists are measured against)
         self.use_champions = use_champions
-        self._tables = {"words": words_table, "grams": grams_table}
+        self._words = words_table
         self.n, wlen, glen, self._df_stored = db.execute(
             "SELECT n_chunks, wlen, glen, df_ready FROM docs_collections WHERE id = ?", (collection_id,)).fetchone()
         self._avgdl = {"words": wlen / self.n if self.n else 0.0, "grams": glen / self.n if self.n else 0.0}
@@ -222,7 +227,8 @@ class FtsIndex:
 
     def _df(self, signal: str, terms: Sequence[str]) -> dict[str, int]:
         """The number of passages holding each term: read from docs_df (kept by the store on every add
-        and remove); a collection whose docs_df is not filled yet counts each term's postings in FTS5."""
+        and remove; filled when the store opens). Without it (only a test asks) words are counted in
+        FTS5 and 4-grams are 0."""
         out = dict.fromkeys(terms, 0)
         if not terms:
             return out
@@ -231,22 +237,39 @@ class FtsIndex:
                 f"SELECT term, df FROM docs_df WHERE collection_id = ? AND signal = ? AND term IN "
                 f"({','.join('?' * len(terms))})", (self.collection_id, int(signal == "grams"), *terms)))
             return out
-        table = self._tables[signal]
-        for t in terms:
-            out[t], = self._db.execute(f"SELECT count(*) FROM {table} WHERE {table} MATCH ?", (_match([t]),)).fetchone()
+        if signal == "words":
+            table = self._words
+            for t in terms:
+                out[t], = self._db.execute(f"SELECT count(*) FROM {table} WHERE {table} MATCH ?",
+                                           (_match([t]),)).fetchone()
         return out
 
-    def _candidates(self, signal: str, terms: Sequence[str], limit: int) -> list[int]:
-        """The ``limit`` chunks holding any of ``terms`` that FTS5 ranks best. The 4-gram table keeps
-        no positions (detail=none), so FTS5 counts no occurrences there and its bm25() is 0 for every
-        chunk: its order is the rowid order, and the first ``limit`` chunks holding a term are that
-        answer without ranking every chunk that holds one (which took most of a search's time)."""
+    def _candidates(self, terms: Sequence[str], limit: int) -> list[int]:
+        """The ``limit`` chunks holding any of the words ``terms`` that FTS5 ranks best."""
         if not terms:
             return []
-        table = self._tables[signal]
-        order = "ORDER BY rank " if signal == "words" else ""
-        return [r[0] for r in self._db.execute(f"SELECT rowid FROM {table} WHERE {table} MATCH ? {order}LIMIT ?",
+        table = self._words
+        return [r[0] for r in self._db.execute(f"SELECT rowid FROM {table} WHERE {table} MATCH ? ORDER BY rank LIMIT ?",
                                                (_match(terms), limit))]
+
+    def _gram_words(self, grams: Sequence[str]) -> list[str]:
+        """The collection's words holding the most of these 4-grams (ties: the rarer word first), as
+        many as fit POSTINGS_BUDGET (at least one): those FTS5 ranks for the n-gram candidates."""
+        if not grams:
+            return []
+        rows = self._db.execute(
+            "SELECT v.term, count(*) AS hits, d.df FROM docs_gramvocab v JOIN docs_df d "
+            "ON d.collection_id = v.collection_id AND d.signal = 0 AND d.term = v.term "
+            f"WHERE v.collection_id = ? AND v.gram IN ({','.join('?' * len(grams))}) "
+            "GROUP BY v.term ORDER BY hits DESC, d.df, v.term LIMIT ?", (self.collection_id, *grams, GRAM_WORDS))
+        chosen: list[str] = []
+        total = 0
+        for term, _, df in rows:
+            if chosen and total + df > POSTINGS_BUDGET:
+                break
+            chosen.append(term)
+            total += df
+        return chosen
 
     def _all_of(self, words: Sequence[str], limit: int) -> list[int]:
         """The ``limit`` chunks holding every one of ``words`` that FTS5 ranks best. An intersection of
@@ -254,7 +277,7 @@ class FtsIndex:
         bm25() first reads every posting of each word to count the chunks holding it (for common words
         most of the query's time, growing with the collection), while the unranked query skips through
         the postings. Only a larger intersection is ranked."""
-        table = self._tables["words"]
+        table = self._words
         match = " AND ".join('"' + w.replace('"', '""') + '"' for w in words)
         ids = [r[0] for r in self._db.execute(f"SELECT rowid FROM {table} WHERE {table} MATCH ? LIMIT ?",
                                               (match, limit + 1))]
@@ -283,7 +306,7 @@ class FtsIndex:
                                [w for w in present if df["words"][w] >= champions.CHAMPION_DF]
                                ) if self.use_champions else {}
         rare = [w for w in present if w not in lists]
-        ids = dict.fromkeys(self._candidates("words", _rarest(rare, df["words"], len(rare)), limit))
+        ids = dict.fromkeys(self._candidates(_rarest(rare, df["words"], len(rare)), limit))
         if lists:
             idf = {t: _idf(df["words"][t], self.n) for t in lists}
             ids.update(dict.fromkeys(champions.candidates(lists, idf, self._avgdl["words"], limit)))
@@ -302,7 +325,7 @@ class FtsIndex:
         if not (ids and lists and chosen and df["grams"][chosen[0]] > POSTINGS_BUDGET):
             # with champion candidates in hand, 4-grams that are all common add none (FTS5 would
             # rank every passage that holds the rarest of them)
-            ids.update(dict.fromkeys(self._candidates("grams", chosen, limit)))
+            ids.update(dict.fromkeys(self._candidates(self._gram_words(chosen), limit)))
         if not ids:
             return []
         rows = self._db.execute(f"SELECT {_CHUNK_COLS} FROM docs_chunks c JOIN docs_files f ON f.id = c.file_id "
@@ -327,7 +350,7 @@ class FtsIndex:
             if new:
                 seen |= new
                 for w in new.difference(STOPWORDS):
-                    st, gs = stem(w), _grams(w)
+                    st, gs = stem(w), word_grams(w)
                     if st in query_words or not query_grams.isdisjoint(gs):
                         relevant[w] = (st if st in query_words else None, tuple(g for g in gs if g in query_grams))
             tf_w: dict[str, int] = {}

@@ -6,15 +6,20 @@ documents' text, their passages and the **persistent full-text index** over
 them (SQLite FTS5) are stored as ordinary rows and searched in place —
 nothing is rebuilt when a collection is searched.
 
-Each collection has two contentless FTS5 tables (``docs_fts_w_<id>``: the
-words after stop-word removal and light stemming; ``docs_fts_g_<id>``: their
-character 4-grams; see :mod:`app.documents.index`), so the BM25 statistics
-are the collection's own, as they were when the index lived in memory.
+Each collection has a contentless FTS5 table (``docs_fts_w_<id>``: the words
+after stop-word removal and light stemming; see :mod:`app.documents.index`),
+so the BM25 statistics are the collection's own, as they were when the index
+lived in memory. The character 4-grams, the second signal, are indexed over
+the collection's vocabulary, not its passages (``docs_gramvocab``: each
+4-gram of each indexed word), and their document frequencies are kept in
+``docs_df``; a collection indexed before that had a per-passage 4-gram FTS5
+table (``docs_fts_g_<id>``), replaced once on open.
 Adding is done by :mod:`app.documents.indexer` (in parallel, with progress,
 cancel and resume); this module holds the rows.
 """
 from __future__ import annotations
 
+import re
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -25,7 +30,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from app.documents import champions
-from app.documents.index import FtsIndex, IndexedChunk, terms_for
+from app.documents.index import FtsIndex, IndexedChunk, terms_for, word_grams
 from app.documents.warm import WARM_BUDGET, Gate, Warmer
 from app.documents.walk import display_name
 from app.store import database
@@ -101,7 +106,18 @@ CREATE TABLE IF NOT EXISTS docs_df (
     df INTEGER NOT NULL,
     PRIMARY KEY (collection_id, signal, term)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS docs_gramvocab (
+    collection_id INTEGER NOT NULL,
+    gram TEXT NOT NULL,
+    term TEXT NOT NULL,
+    PRIMARY KEY (collection_id, gram, term)
+) WITHOUT ROWID;
 """
+
+#: docs_gramvocab: per collection, each 4-gram of each spelt word (stem, no digit) in its docs_df, written when the
+#: word first enters the collection (a few per file once the vocabulary has grown, where a
+#: per-passage 4-gram index took every passage's 4-grams: about 40 % of the writer's CPU). A word
+#: whose passages were all removed keeps its rows; searches join docs_df, which no longer has it.
 
 #: docs_df: per collection and signal (0 words, 1 4-grams) the number of passages holding each
 #: term, kept with the rows on every add and remove, so a search reads its BM25 statistics
@@ -110,13 +126,15 @@ SIGNALS = (0, 1)
 
 #: contentless (the text is in docs_chunks). The word table keeps term frequencies (FTS5's
 #: ranking chooses the candidates, and without them it ranks by length alone: recall@3 of the
-#: test questions in a 10 MB archive fell from 0.90 to 0.31); the 4-gram table keeps none
-#: (detail=none: a third of its size). The rerank in app/documents/index.py is the exact BM25.
-_FTS = ("CREATE VIRTUAL TABLE IF NOT EXISTS {t} USING fts5(terms, content='', contentless_delete=1, {detail}"
+#: test questions in a 10 MB archive fell from 0.90 to 0.31). The rerank in app/documents/index.py
+#: is the exact BM25.
+_FTS = ("CREATE VIRTUAL TABLE IF NOT EXISTS {t} USING fts5(terms, content='', contentless_delete=1, "
         "tokenize=\"ascii tokenchars '#.,:/''_'\")")
 
 
 def fts_tables(cid: int) -> tuple[str, str]:
+    """A collection's FTS5 word table, and the per-passage 4-gram table of the layout before
+    docs_gramvocab (dropped when the store opens; no collection has one after that)."""
     return f"docs_fts_w_{int(cid)}", f"docs_fts_g_{int(cid)}"
 
 
@@ -270,6 +288,11 @@ class DocumentStore:
             with db:        # once, for a collection indexed before champion lists existed
                 champions.build_missing(db, cid)
                 db.execute("UPDATE docs_collections SET champ_ready = 1 WHERE id = ?", (cid,))
+        if not any(r[1] == "gram_vocab_ready" for r in db.execute("PRAGMA table_info(docs_collections)")):
+            with db:
+                db.execute("ALTER TABLE docs_collections ADD COLUMN gram_vocab_ready INTEGER NOT NULL DEFAULT 0")
+        for cid, in db.execute("SELECT id FROM docs_collections WHERE gram_vocab_ready = 0").fetchall():
+            _build_gram_vocab(db, cid)
 
     @classmethod
     def beside(cls, history) -> "DocumentStore":
@@ -322,11 +345,9 @@ class DocumentStore:
             now = time.time()
             with self._db:
                 cur = self._db.execute("INSERT INTO docs_collections(name, created, updated, df_ready, "
-                                       "champ_ready) VALUES (?, ?, ?, 1, 1)",
+                                       "champ_ready, gram_vocab_ready) VALUES (?, ?, ?, 1, 1, 1)",
                                        (name, now, now))
-                tw, tg = fts_tables(cur.lastrowid)
-                self._db.execute(_FTS.format(t=tw, detail=""))
-                self._db.execute(_FTS.format(t=tg, detail="detail=none, "))
+                self._db.execute(_FTS.format(t=fts_tables(cur.lastrowid)[0]))
             return self.collection(name)
         return self._collection(row)
 
@@ -359,6 +380,7 @@ class DocumentStore:
                 self._db.execute(f"DROP TABLE IF EXISTS {t}")
             self._db.execute("DELETE FROM docs_chunks WHERE collection_id = ?", (coll.id,))
             self._db.execute("DELETE FROM docs_df WHERE collection_id = ?", (coll.id,))
+            self._db.execute("DELETE FROM docs_gramvocab WHERE collection_id = ?", (coll.id,))
             self._db.execute("DELETE FROM docs_champ WHERE collection_id = ?", (coll.id,))
             self._db.execute("DELETE FROM docs_files WHERE collection_id = ?", (coll.id,))
             self._db.execute("DELETE FROM docs_collections WHERE id = ?", (coll.id,))
@@ -432,9 +454,9 @@ class DocumentStore:
             terms = [terms_for(h, t) for _, h, t in rows]
             counts = df_counts(terms)
             _write_df(db, cid, counts, -1)
-            for t in fts_tables(cid):
-                db.execute(f"DELETE FROM {t} WHERE rowid IN (SELECT id FROM docs_chunks WHERE file_id = ?)",
-                           (file_id,))
+            words = fts_tables(cid)[0]
+            db.execute(f"DELETE FROM {words} WHERE rowid IN (SELECT id FROM docs_chunks WHERE file_id = ?)",
+                       (file_id,))
         db.execute("DELETE FROM docs_files WHERE id = ?", (file_id,))
         db.execute("UPDATE docs_collections SET n_chunks = n_chunks - ?, wlen = wlen - ?, glen = glen - ?, "
                    "generation = generation + 1, updated = ? WHERE id = ?", (n, wl, gl, time.time(), cid))
@@ -466,9 +488,8 @@ class DocumentStore:
         db.executemany('INSERT INTO docs_chunks(id, file_id, collection_id, seq, page, heading, start, "end", text, '
                        'wlen, glen) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)',
                        [(i, fid, cid, *c, t[1], t[3]) for i, c, t in zip(ids, chunks, terms)])
-        tw, tg = fts_tables(cid)
-        db.executemany(f"INSERT INTO {tw}(rowid, terms) VALUES (?, ?)", [(i, t[0]) for i, t in zip(ids, terms)])
-        db.executemany(f"INSERT INTO {tg}(rowid, terms) VALUES (?, ?)", [(i, t[2]) for i, t in zip(ids, terms)])
+        db.executemany(f"INSERT INTO {fts_tables(cid)[0]}(rowid, terms) VALUES (?, ?)",
+                       [(i, t[0]) for i, t in zip(ids, terms)])
         now = time.time()
         db.execute("UPDATE docs_collections SET n_chunks = n_chunks + ?, wlen = wlen + ?, glen = glen + ?, "
                    "generation = generation + 1, updated = ?, last_indexed = ? WHERE id = ?",
@@ -530,7 +551,7 @@ class DocumentStore:
         # file, scattered over the file (1,741 random reads at 1 GB of text on a cold OS cache)
         row = self._db.execute("SELECT id FROM docs_collections WHERE name = ?", (name.strip(),)).fetchone()
         cid = row[0] if row is not None else self.collection(name).id      # (the error for a missing one)
-        return FtsIndex(self._db, cid, *fts_tables(cid), use_champions=use_champions, gate=self._gate)
+        return FtsIndex(self._db, cid, fts_tables(cid)[0], use_champions=use_champions, gate=self._gate)
 
 
 def df_counts(terms: Iterable[tuple[str, int, str, int]]) -> tuple[dict[str, int], dict[str, int]]:
@@ -548,9 +569,12 @@ def df_counts(terms: Iterable[tuple[str, int, str, int]]) -> tuple[dict[str, int
 
 def _write_df(db, cid: int, counts: tuple[dict, dict], sign: int) -> None:
     """Add (sign +1) or take away (-1) document frequencies to / from the collection's docs_df
-    (in key order: the b-tree's pages are then visited once each, in order)."""
+    (in key order: the b-tree's pages are then visited once each, in order); words new to the
+    collection get their 4-grams in docs_gramvocab."""
     for signal, df in zip(SIGNALS, counts):
         items = sorted(df.items())
+        if sign > 0 and signal == 0:
+            _add_gram_vocab(db, cid, _new_words(db, cid, [term for term, _ in items]))
         if sign > 0:
             db.executemany("INSERT INTO docs_df(collection_id, signal, term, df) VALUES (?, ?, ?, ?) "
                            "ON CONFLICT DO UPDATE SET df = df + excluded.df",
@@ -560,6 +584,41 @@ def _write_df(db, cid: int, counts: tuple[dict, dict], sign: int) -> None:
                            [(n, cid, signal, term) for term, n in items])
             db.executemany("DELETE FROM docs_df WHERE collection_id = ? AND signal = ? AND term = ? AND df <= 0",
                            [(cid, signal, term) for term, _ in items])
+
+
+def _new_words(db, cid: int, words: Sequence[str]) -> list[str]:
+    """Those of ``words`` (sorted) that the collection's docs_df does not hold yet, and that are
+    spelt (no digit: amounts, dates and numbers are most of a growing archive's new words, and
+    nobody misspells 10.92 into a neighbour worth finding by its 4-grams)."""
+    words = [w for w in words if not _HAS_DIGIT.search(w)]
+    held: set[str] = set()
+    for i in range(0, len(words), 500):
+        part = words[i:i + 500]
+        held.update(r[0] for r in db.execute(
+            f"SELECT term FROM docs_df WHERE collection_id = ? AND signal = 0 AND term IN ({','.join('?' * len(part))})",
+            (cid, *part)))
+    return [w for w in words if w not in held]
+
+
+_HAS_DIGIT = re.compile(r"\d")
+
+
+def _add_gram_vocab(db, cid: int, words: Sequence[str]) -> None:
+    for i in range(0, len(words), 5_000):       # bounded memory: a first large add brings every word
+        db.executemany("INSERT OR IGNORE INTO docs_gramvocab(collection_id, gram, term) VALUES (?, ?, ?)",
+                       sorted({(cid, g, w) for w in words[i:i + 5_000] for g in word_grams(w)}))
+
+
+def _build_gram_vocab(db, cid: int) -> None:
+    """Once, for a collection indexed with a per-passage 4-gram FTS5 table: the vocabulary's 4-grams
+    from its docs_df, and the old table dropped (in one transaction: an interrupted run is redone)."""
+    with db:
+        db.execute("DELETE FROM docs_gramvocab WHERE collection_id = ?", (cid,))
+        rows = db.execute("SELECT term FROM docs_df WHERE collection_id = ? AND signal = 0", (cid,))
+        while part := rows.fetchmany(20_000):
+            _add_gram_vocab(db, cid, [r[0] for r in part if not _HAS_DIGIT.search(r[0])])
+        db.execute(f"DROP TABLE IF EXISTS {fts_tables(cid)[1]}")
+        db.execute("UPDATE docs_collections SET gram_vocab_ready = 1 WHERE id = ?", (cid,))
 
 
 def _update_df(db, cid: int, terms: Sequence[tuple[str, int, str, int]], sign: int) -> None:

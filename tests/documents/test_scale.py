@@ -15,8 +15,8 @@ from corpus_tools import load_corpus_generator
 from test_store import scan_for
 
 from app.documents import indexer
+from app.documents.index import terms_for, word_grams
 from app.documents.retrieve import search
-from app.documents.index import terms_for
 from app.documents.store import DocumentStore, df_counts, fts_tables
 from app.store.crypto import PassphraseKeys
 
@@ -40,13 +40,17 @@ def consistent(store: DocumentStore, name: str) -> dict:
         assert per_file.get(f.id, 0) == (f.chunks if f.status == "indexed" else 0), f
     total = sum(per_file.values())
     assert coll.chunks == total
-    for t in fts_tables(coll.id):
-        assert db.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] == total
+    words, old_grams = fts_tables(coll.id)
+    assert db.execute(f"SELECT COUNT(*) FROM {words}").fetchone()[0] == total
+    assert not db.execute("SELECT 1 FROM sqlite_master WHERE name = ?", (old_grams,)).fetchone()
     want = df_counts(terms_for(h, t) for h, t in db.execute(
         "SELECT heading, text FROM docs_chunks WHERE collection_id = ?", (coll.id,)).fetchall())
     for sig in (0, 1):
         assert dict(db.execute("SELECT term, df FROM docs_df WHERE collection_id = ? AND signal = ?",
                                (coll.id, sig))) == want[sig]
+    # every spelt word's 4-grams are in the vocabulary index (a word whose passages went may stay there)
+    vocab = set(db.execute("SELECT gram, term FROM docs_gramvocab WHERE collection_id = ?", (coll.id,)))
+    assert {(g, w) for w in want[0] if not any(c.isdigit() for c in w) for g in word_grams(w)} <= vocab
     return {"files": coll.files, "chunks": total}
 
 

@@ -5,25 +5,26 @@ from __future__ import annotations
 
 from collections import Counter
 
-from app.documents.index import bm25, ngram_terms, raw_words, word_terms
+from app.documents.index import bm25, ngram_terms, raw_words, terms_for, word_terms
 from app.documents.retrieve import search
-from app.documents.store import DocumentStore
+from app.documents.store import DocumentStore, df_counts
 from app.store.crypto import EphemeralKeys
 
 
 def _stored_equals_counted(store: DocumentStore, name: str) -> int:
+    """docs_df against FTS5's postings (words) and against the passages themselves (4-grams)."""
     stored = store.index(name)
     assert stored._df_stored
     counted = store.index(name)
-    counted._df_stored = 0          # the FTS5 path: count each term's postings
-    total = 0
-    for signal, code in (("words", 0), ("grams", 1)):
-        terms = [r[0] for r in store.db.execute("SELECT term FROM docs_df WHERE collection_id = ? AND signal = ?",
-                                                (stored.collection_id, code))]
-        a, b = stored._df(signal, terms), counted._df(signal, terms)
-        assert a == b and all(a.values())
-        total += len(terms)
-    return total
+    counted._df_stored = 0          # the FTS5 path: count each word's postings
+    terms = [r[0] for r in store.db.execute("SELECT term FROM docs_df WHERE collection_id = ? AND signal = 0",
+                                            (stored.collection_id,))]
+    a, b = stored._df("words", terms), counted._df("words", terms)
+    assert a == b and all(a.values())
+    grams = df_counts(terms_for(h, t) for h, t in store.db.execute(
+        "SELECT heading, text FROM docs_chunks WHERE collection_id = ?", (stored.collection_id,)).fetchall())[1]
+    assert stored._df("grams", list(grams)) == grams
+    return len(terms) + len(grams)
 
 
 def _df(store: DocumentStore, term: str) -> list:
