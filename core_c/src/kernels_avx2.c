@@ -452,6 +452,9 @@ TGT static void dots_avx2(const float *q, const float *k, size_t ks, int nk, int
     if (n % 8 == 0) {
         for (; i + 8 <= nk; i += 8) {
             const float *r = k + (size_t)i * ks;
+            if (i + 16 <= nk) /* the next block of rows, ahead of the loads (speed only) */
+                for (int j = 8; j < 16; j++)
+                    for (int c = 0; c < n; c += 16) __builtin_prefetch(r + (size_t)j * ks + c);
             __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
             for (int c = 0; c < n; c += 8) {
                 const __m256 qv = _mm256_loadu_ps(q + c);
@@ -502,6 +505,8 @@ TGT static void wsum_avx2(float *out, const float *p, const float *v, size_t vs,
         __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
         const float *r = v + c;
         for (int i = 0; i < np; i++, r += vs) {
+            if (i + 8 < np) /* the row 8 ahead (speed only) */
+                for (int d = 0; d < 64; d += 16) __builtin_prefetch(r + 8 * vs + d);
             const __m256 w = _mm256_broadcast_ss(p + i);
             a0 = _mm256_add_ps(a0, _mm256_mul_ps(w, _mm256_loadu_ps(r)));
             a1 = _mm256_add_ps(a1, _mm256_mul_ps(w, _mm256_loadu_ps(r + 8)));
