@@ -107,7 +107,7 @@ typedef struct chunk_bufs {
     float *y;        /* [C][dim] sub-block output */
     fe_moe_bufs moe; /* the MoE loop's scratch (moe.h) */
     float *rows;     /* [threads][max cols] dequantized weight rows */
-    float *scores;   /* [threads][ATT_TOKENS * group][n_ctx] attention scores */
+    float *scores;   /* [threads][ATT_TOKENS * group][n_ctx rounded up to FE_KT] attention scores */
 } chunk_bufs;
 
 static int max_cols(const fe_hparams *hp) {
@@ -148,14 +148,15 @@ static uint64_t carve(const fe_hparams *hp, int n_ctx, int n_threads, uint8_t *b
         off += FE_ALIGN_UP(m, 64);
     }
     TAKE(rows, float, (uint64_t)n_threads * (uint64_t)fe_rows_stride(max_cols(hp)));
-    TAKE(scores, float, (uint64_t)n_threads * ATT_TOKENS * (uint64_t)(hp->n_heads / hp->n_kv_heads) * (uint64_t)n_ctx);
+    TAKE(scores, float,
+         (uint64_t)n_threads * ATT_TOKENS * (uint64_t)(hp->n_heads / hp->n_kv_heads) * (uint64_t)FE_KT_PAD(n_ctx));
 #undef TAKE
     return off;
 }
 
-/* Floats in each of the K and V caches. */
+/* Floats in each of the K and V caches (positions rounded up to whole K tiles). */
 static uint64_t kv_floats(const fe_hparams *hp, int n_ctx) {
-    return (uint64_t)hp->n_layers * (uint64_t)n_ctx * (uint64_t)hp->n_kv_heads * (uint64_t)hp->head_dim;
+    return (uint64_t)hp->n_layers * (uint64_t)FE_KT_PAD(n_ctx) * (uint64_t)hp->n_kv_heads * (uint64_t)hp->head_dim;
 }
 
 static void llama_sizes(const ferry_engine *e, int n_ctx, int n_threads, fe_session_sizes *out) {
@@ -164,20 +165,36 @@ static void llama_sizes(const ferry_engine *e, int n_ctx, int n_threads, fe_sess
     out->scratch = carve(hp, n_ctx, n_threads, NULL, NULL);
 }
 
-/* The K and V caches are laid out [layer][kv head][position][head_dim]: the
- * rows attention reads for one head are contiguous (256 B apart for a
- * 64-wide head) instead of a whole position's heads apart (2 KB for 8
- * heads), which the hardware prefetcher and the TLB follow far better. The
- * saved-state blob keeps its own order ([layer][position][heads], below). */
+/* The caches are laid out by [layer][kv head] first, so what attention reads
+ * for one head is contiguous (which the hardware prefetcher and the TLB
+ * follow far better than rows a whole position's heads apart). Within a
+ * head, V is [position][head_dim] and K is in tiles of FE_KT positions,
+ * column by column (kernels.h: fe_kt_index), n_ctx rounded up to whole
+ * tiles. The saved-state blob keeps its own order ([layer][position][heads],
+ * below). */
 static float *k_cache(const ferry_session *s) { return (float *)s->state; }
 static float *v_cache(const ferry_session *s) {
     return (float *)(s->state + FE_ALIGN_UP(kv_floats(&s->e->c.hp, s->n_ctx) * sizeof(float), 64));
 }
-/* Row `pos` of head `h` of layer `l` in a cache. */
-static float *kv_row(float *cache, const ferry_session *s, int l, int h, int pos) {
+/* Head `h` of layer `l` in a cache: FE_KT_PAD(n_ctx) x head_dim floats. */
+static float *kv_head(float *cache, const ferry_session *s, int l, int h) {
     const fe_hparams *hp = &s->e->c.hp;
-    return cache + (((size_t)l * (size_t)hp->n_kv_heads + (size_t)h) * (size_t)s->n_ctx + (size_t)pos) *
-                       (size_t)hp->head_dim;
+    return cache + ((size_t)l * (size_t)hp->n_kv_heads + (size_t)h) * (size_t)FE_KT_PAD(s->n_ctx) * (size_t)hp->head_dim;
+}
+/* Row `pos` of head `h` of layer `l` in the V cache. */
+static float *v_row(const ferry_session *s, int l, int h, int pos) {
+    return kv_head(v_cache(s), s, l, h) + (size_t)pos * (size_t)s->e->c.hp.head_dim;
+}
+/* Position `pos` of head `h` of layer `l` into the K cache's tiles (to_k)
+ * or out of them: head_dim floats at `row` (any alignment). */
+static void k_pos(const ferry_session *s, int l, int h, int pos, void *row, int to_k) {
+    const int hd = s->e->c.hp.head_dim;
+    float *kt = kv_head(k_cache(s), s, l, h);
+    uint8_t *r = row;
+    for (int c = 0; c < hd; c++) {
+        if (to_k) memcpy(&kt[fe_kt_index(pos, c, hd)], r + (size_t)c * sizeof(float), sizeof(float));
+        else memcpy(r + (size_t)c * sizeof(float), &kt[fe_kt_index(pos, c, hd)], sizeof(float));
+    }
 }
 
 /* ------------------------------------------------------------- primitives */
@@ -235,44 +252,41 @@ typedef struct {
 
 /* Causal softmax attention over the cache. One item is a block of up to tb
  * tokens and hb query heads that share one KV head (grouped-query
- * attention): each cached K and V row is read once for all of them. Every
- * (token, head) row is still computed exactly as alone: its scores by the
- * same dot, fe_softmax, then its weighted sum accumulated in position
- * order, so the split changes the memory traffic, never a bit. */
+ * attention); each token's heads go through the kernels FE_ATT_Q at a time,
+ * so one load of a K tile or a V row serves all of them, and the item's K
+ * and V (at most n_ctx x hd floats each) stay in L2 while its tokens go over
+ * them. Every (token, head) row is still computed exactly as alone
+ * (kernels.h: each score, weight and output is its own chain in a fixed
+ * order), so the split changes the memory traffic, never a bit. */
 static void attn_items(void *p, int start, int end, int tid) {
     attn_job *j = p;
     ferry_session *s = j->s;
     const fe_hparams *hp = &s->e->c.hp;
     const int hd = hp->head_dim, qd = hp->n_heads * hd;
-    const int group = hp->n_heads / hp->n_kv_heads, hb = j->hb, n_ctx = s->n_ctx;
+    const int group = hp->n_heads / hp->n_kv_heads, hb = j->hb;
+    const size_t os = (size_t)FE_KT_PAD(s->n_ctx);
     const float scale = 1.0f / sqrtf((float)hd);
-    const fe_kernels *K = s->e->kernels; /* dots and wsum bit-identical to scalar; softmax within 1e-6 (kernels.h) */
-    /* The q8 mode promises the same bits from every kernel set (kernels_q8.h):
-     * there, every set's attention takes the scalar softmax. */
-    const fe_softmax_fn softmax = s->e->q8 ? fe_softmax : K->softmax;
-    float *scores = j->b->scores + (size_t)tid * (size_t)(ATT_TOKENS * group) * (size_t)n_ctx;
+    const fe_kernels *K = s->e->kernels; /* the same bits in every set (kernels.h) */
+    float *scores = j->b->scores + (size_t)tid * (size_t)(ATT_TOKENS * group) * os;
     for (int it = start; it < end; it++) {
-        const int hblk = it % j->hblocks, kvh = (it / j->hblocks) % hp->n_kv_heads;
-        const int t0 = it / j->hblocks / hp->n_kv_heads * j->tb;
+        /* items in order of token block fastest: a thread's run of items
+         * reads one head's K and V */
+        const int tblocks = (j->n + j->tb - 1) / j->tb, t0 = it % tblocks * j->tb;
+        const int hblk = it / tblocks % j->hblocks, kvh = it / tblocks / j->hblocks;
         const int t1 = t0 + j->tb < j->n ? t0 + j->tb : j->n; /* tokens [t0, t1) */
         const int h0 = kvh * group + hblk * hb;                 /* heads [h0, h0 + hb) */
-        const float *kc = kv_row(k_cache(s), s, j->layer, kvh, 0), *vc = kv_row(v_cache(s), s, j->layer, kvh, 0);
-#define ROW(t, hh) (scores + (size_t)(((t) - t0) * hb + (hh)) * (size_t)n_ctx)
-#define QH(t, hh) (j->b->q + (size_t)(t) * qd + (size_t)(h0 + (hh)) * hd)
-#define OUT(t, hh) (j->b->att + (size_t)(t) * qd + (size_t)(h0 + (hh)) * hd)
-        /* Token t sees positions 0 .. pos + t; the block's rows of this KV
-         * head (at most 2048 x hd floats each of K and V) stay in L2 while
-         * its tb x hb (token, head) rows go over them. */
-        for (int t = t0; t < t1; t++)
-            for (int hh = 0; hh < hb; hh++) {
-                const int seen = s->pos + t + 1;
-                K->dots(QH(t, hh), kc, (size_t)hd, seen, hd, scale, ROW(t, hh));
-                softmax(ROW(t, hh), seen);
-                K->wsum(OUT(t, hh), ROW(t, hh), vc, (size_t)hd, seen, hd);
+        const float *kt = kv_head(k_cache(s), s, j->layer, kvh), *vc = kv_head(v_cache(s), s, j->layer, kvh);
+        for (int t = t0; t < t1; t++) {
+            const int seen = s->pos + t + 1; /* token t sees positions 0 .. pos + t */
+            for (int hh = 0; hh < hb; hh += FE_ATT_Q) {
+                const int nq = hb - hh < FE_ATT_Q ? hb - hh : FE_ATT_Q;
+                const size_t off = (size_t)t * (size_t)qd + (size_t)(h0 + hh) * (size_t)hd;
+                float *row = scores + (size_t)hh * os;
+                K->att_scores(j->b->q + off, nq, kt, hd, seen, scale, row, os);
+                for (int x = 0; x < nq; x++) K->att_softmax(row + (size_t)x * os, seen);
+                K->att_wsum(j->b->att + off, nq, row, os, vc, (size_t)hd, seen, hd);
             }
-#undef ROW
-#undef QH
-#undef OUT
+        }
     }
 }
 
@@ -313,8 +327,8 @@ static void attention(ferry_session *s, const chunk_bufs *b, int l, int n) {
             rope(k + h * hd, cs, hp);
         }
         for (int h = 0; h < hp->n_kv_heads; h++) {
-            memcpy(kv_row(k_cache(s), s, l, h, s->pos + t), k + (size_t)h * hd, (size_t)hd * sizeof *k);
-            memcpy(kv_row(v_cache(s), s, l, h, s->pos + t), v + (size_t)h * hd, (size_t)hd * sizeof *v);
+            k_pos(s, l, h, s->pos + t, k + (size_t)h * hd, 1);
+            memcpy(v_row(s, l, h, s->pos + t), v + (size_t)h * hd, (size_t)hd * sizeof *v);
         }
     }
     /* Items: blocks of ATT_TOKENS tokens x the query heads of one KV head;
@@ -440,12 +454,15 @@ static uint64_t llama_blob_size(const ferry_session *s, int pos) {
 static void llama_blob_copy(ferry_session *s, int pos, uint8_t *blob, int to_blob) {
     const fe_hparams *hp = &s->e->c.hp;
     const size_t row = (size_t)hp->head_dim * sizeof(float);
-    float *caches[2] = {k_cache(s), v_cache(s)};
     for (int c = 0; c < 2; c++)
         for (int l = 0; l < hp->n_layers; l++)
             for (int p = 0; p < pos; p++)
                 for (int h = 0; h < hp->n_kv_heads; h++, blob += row) {
-                    float *at = kv_row(caches[c], s, l, h, p);
+                    if (c == 0) {
+                        k_pos(s, l, h, p, blob, !to_blob);
+                        continue;
+                    }
+                    float *at = v_row(s, l, h, p);
                     if (to_blob) memcpy(blob, at, row);
                     else memcpy(at, blob, row);
                 }

@@ -41,14 +41,58 @@ SCALAR(q3_nl, FE_Q3_NL)
 void fe_axpy_f32(float *y, float w, const float *x, int n) {
     for (int i = 0; i < n; i++) y[i] += w * x[i];
 }
-void fe_dots_f32(const float *q, const float *k, size_t ks, int nk, int n, float scale, float *out) {
-    for (int i = 0; i < nk; i++) out[i] = fe_dot_f32(q, k + (size_t)i * ks, n) * scale;
+void fe_att_scores_f32(const float *q, int nq, const float *kt, int hd, int nk, float scale, float *out, size_t os) {
+    for (int r = 0; r < nq; r++)
+        for (int i = 0; i < nk; i++) {
+            float s = 0.0f;
+            for (int c = 0; c < hd; c++) s = fmaf(q[(size_t)r * (size_t)hd + (size_t)c], kt[fe_kt_index(i, c, hd)], s);
+            out[(size_t)r * os + (size_t)i] = s * scale;
+        }
 }
 
-void fe_wsum_f32(float *out, const float *p, const float *v, size_t vs, int np, int n) {
-    memset(out, 0, (size_t)(n > 0 ? n : 0) * sizeof(float));
-    for (int i = 0; i < np; i++) fe_axpy_f32(out, p[i], v + (size_t)i * vs, n);
+void fe_att_wsum_f32(float *out, int nq, const float *p, size_t ps, const float *v, size_t vs, int np, int hd) {
+    for (int r = 0; r < nq; r++)
+        for (int c = 0; c < hd; c++) {
+            float a = 0.0f;
+            for (int i = 0; i < np; i++) a = fmaf(p[(size_t)r * ps + (size_t)i], v[(size_t)i * vs + (size_t)c], a);
+            out[(size_t)r * (size_t)hd + (size_t)c] = a;
+        }
 }
+
+float fe_exp_neg(float x) {
+    x = x > -87.33654f ? x : -87.33654f;
+    const float n = nearbyintf(x * 1.44269504088896341f);
+    float r = fmaf(-n, 0.693359375f, x);
+    r = fmaf(-n, -2.12194440e-4f, r);
+    float p = 1.9875691500e-4f;
+    p = fmaf(p, r, 1.3981999507e-3f);
+    p = fmaf(p, r, 8.3334519073e-3f);
+    p = fmaf(p, r, 4.1665795894e-2f);
+    p = fmaf(p, r, 1.6666665459e-1f);
+    p = fmaf(p, r, 5.0000001201e-1f);
+    p = fmaf(p, r * r, r + 1.0f);
+    const uint32_t bits = (uint32_t)((int32_t)n + 127) << 23;
+    float two_n;
+    memcpy(&two_n, &bits, sizeof two_n);
+    return p * two_n;
+}
+
+void fe_att_softmax(float *x, int n) {
+    if (n <= 0) return;
+    float m = x[0];
+    for (int i = 1; i < n; i++) m = x[i] > m ? x[i] : m;
+    float s[16] = {0};
+    for (int i = 0; i < n; i++) {
+        const float d = x[i] - m;
+        x[i] = d >= FE_ATT_CUT ? fe_exp_neg(d) : 0.0f;
+        s[i % 16] += x[i];
+    }
+    float a[4];
+    for (int l = 0; l < 4; l++) a[l] = (s[l] + s[l + 8]) + (s[l + 4] + s[l + 12]);
+    const float inv = 1.0f / ((a[0] + a[2]) + (a[1] + a[3]));
+    for (int i = 0; i < n; i++) x[i] *= inv;
+}
+
 void fe_softmax(float *x, int n) {
     float m = x[0];
     for (int i = 1; i < n; i++) m = x[i] > m ? x[i] : m;
@@ -59,9 +103,9 @@ void fe_softmax(float *x, int n) {
 }
 #define dot_scalar fe_dot_f32
 #define axpy_scalar fe_axpy_f32
-#define dots_scalar fe_dots_f32
-#define wsum_scalar fe_wsum_f32
-#define softmax_scalar fe_softmax
+#define att_scores_scalar fe_att_scores_f32
+#define att_wsum_scalar fe_att_wsum_f32
+#define att_softmax_scalar fe_att_softmax
 
 FE_KERNEL_TABLE(SCALAR_TABLE, scalar);
 

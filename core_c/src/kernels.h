@@ -27,20 +27,32 @@ enum { FE_KERNELS_SCALAR = 0, FE_KERNELS_AVX2 = 1, FE_KERNELS_NEON = 2, FE_KERNE
  * final pairwise sum); axpy: y[i] += w * x[i] (a multiply, then an add). */
 typedef float (*fe_dot_fn)(const float *a, const float *b, int n);
 typedef void (*fe_axpy_fn)(float *y, float w, const float *x, int n);
-/* Attention over many cached rows at once, bit-identical to the loops of
- * dot and axpy they replace (several rows' independent chains interleaved
- * instead of one row's latency-bound chain; a weighted sum kept in registers
- * instead of loaded and stored per row):
- * dots: out[i] = dot(q, k + i * ks, n) * scale for i < nk;
- * wsum: out[c] = 0, then out[c] += p[i] * v[i * vs + c] for i = 0 .. np-1 in order. */
-typedef void (*fe_dots_fn)(const float *q, const float *k, size_t ks, int nk, int n, float scale, float *out);
-typedef void (*fe_wsum_fn)(float *out, const float *p, const float *v, size_t vs, int np, int n);
-/* In-place softmax of x[0..n) (attention's scores). The scalar one is
- * fe_softmax (ops.c: expf, a sequential double sum); the SIMD ones evaluate
- * exp by one polynomial (within ~2 float32 ulps of expf; an argument below
- * -87.3, i.e. e^-87.3 ~ 1e-38 of the largest term, counts as e^-87.3
- * instead of less) and sum in double in lanes: each value within 1e-6 of
- * the scalar one relative (core_c/tests/test_kernels.c). */
+/* Llama-family attention, the same bits in every set (the scalar functions
+ * fe_att_* below are the definition; core_c/tests/test_kernels.c):
+ * - The K cache of one head is kept in tiles of FE_KT positions, each tile
+ *   column by column: value c of position i is at
+ *   kt[((i / FE_KT) * hd + c) * FE_KT + i % FE_KT] (fe_kt_index). A vector
+ *   then holds one column of several positions, so scores need no
+ *   horizontal sums and one K load serves every query of the call.
+ * - att_scores, for r < nq, i < nk: out[r * os + i] = s * scale, where s
+ *   starts at 0 and s = fma(q[r * hd + c], k_i[c], s) for c = 0 .. hd-1 in
+ *   order. It may also write out[r * os + i] for nk <= i < nk rounded up to
+ *   FE_KT (unspecified values) and reads kt's whole tiles.
+ * - att_wsum, for r < nq, c < hd: out[r * hd + c] = a, where a starts at 0
+ *   and a = fma(p[r * ps + i], v[i * vs + c], a) for i = 0 .. np-1 in order.
+ * - att_softmax: fe_att_softmax's steps (below), vectorised.
+ * nq is at most FE_ATT_Q: the heads of one token that share a KV head. */
+#define FE_KT 16
+#define FE_ATT_Q 4
+#define FE_KT_PAD(n) (((n) + FE_KT - 1) / FE_KT * FE_KT)
+static inline size_t fe_kt_index(int i, int c, int hd) {
+    return ((size_t)(i / FE_KT) * (size_t)hd + (size_t)c) * FE_KT + (size_t)(i % FE_KT);
+}
+typedef void (*fe_att_scores_fn)(const float *q, int nq, const float *kt, int hd, int nk, float scale, float *out,
+                                 size_t os);
+typedef void (*fe_att_wsum_fn)(float *out, int nq, const float *p, size_t ps, const float *v, size_t vs, int np,
+                               int hd);
+/* In-place softmax of x[0..n): the shared definition of fe_att_softmax. */
 typedef void (*fe_softmax_fn)(float *x, int n);
 
 /* Rows r < nrows (at row0 + r * row_bytes, nrows <= FE_ROWS_PER_CALL) of a
@@ -56,20 +68,34 @@ typedef struct fe_kernels {
     fe_rowdot_fn rowdot[FE_N_FORMATS];   /* NULL entries fall back to the scalar one */
     fe_dot_fn dot;                       /* never NULL */
     fe_axpy_fn axpy;                     /* never NULL */
-    fe_dots_fn dots;                     /* never NULL */
-    fe_wsum_fn wsum;                     /* never NULL */
-    fe_softmax_fn softmax;               /* never NULL */
+    fe_att_scores_fn att_scores;         /* never NULL */
+    fe_att_wsum_fn att_wsum;             /* never NULL */
+    fe_softmax_fn att_softmax;           /* never NULL */
     /* Optional, for batches: several rows widened and multiplied together,
      * sharing each x load among them (NULL: the row kernel, row by row). */
     fe_rowsdot_fn rowsdot[FE_N_FORMATS];
 } fe_kernels;
 
-/* The scalar axpy, dots and wsum (kernels.c), the references of the SIMD ones. */
+/* The scalar axpy and attention kernels (kernels.c), the references of the SIMD ones. */
 void fe_axpy_f32(float *y, float w, const float *x, int n);
-void fe_dots_f32(const float *q, const float *k, size_t ks, int nk, int n, float scale, float *out);
-void fe_wsum_f32(float *out, const float *p, const float *v, size_t vs, int np, int n);
+void fe_att_scores_f32(const float *q, int nq, const float *kt, int hd, int nk, float scale, float *out, size_t os);
+void fe_att_wsum_f32(float *out, int nq, const float *p, size_t ps, const float *v, size_t vs, int np, int hd);
+/* Attention's softmax, for n >= 1: m = the largest x; e_i = fe_exp_neg(x_i -
+ * m), or 0 where x_i - m < FE_ATT_CUT (terms below e^-64 ~ 1.6e-28 of the
+ * largest, which would only add denormal weights: slow on x86 and no
+ * change to a float sum); sixteen float sums s_l += e_i for l = i mod 16, in order of i; their
+ * total ((a_0 + a_2) + (a_1 + a_3)) with a_l = (s_l + s_l+8) + (s_l+4 +
+ * s_l+12); x_i = e_i * (1 / total). */
+void fe_att_softmax(float *x, int n);
+#define FE_ATT_CUT (-64.0f)
+/* e^x for x <= 0 by one polynomial, within ~2 float32 ulps of expf (an
+ * argument below -87.3, i.e. e^-87.3 ~ 1e-38 of the largest term, counts as
+ * -87.3): x = n ln2 + r, |r| <= ln2 / 2 (ln2 in two parts), e^r by the
+ * classic degree-6 single-precision minimax polynomial (fused
+ * multiply-adds), times 2^n built in the exponent bits. */
+float fe_exp_neg(float x);
 /* In-place softmax over n values: expf, a sequential double sum. The MoE
- * router and Kimi's attention use it; Llama attention uses the set's own. */
+ * router and Kimi's attention use it. */
 void fe_softmax(float *x, int n);
 
 /* An implementation, or NULL when it is not built in or this CPU lacks it. */
@@ -94,7 +120,7 @@ fe_rowdot_fn fe_kernel_for(const fe_kernels *k, int fmt);
      [FE_Q3_NL] = kind##_##prefix##_q3_nl, [FE_Q5_K] = kind##_##prefix##_q5_k}
 #define FE_KERNEL_TABLE_WITH(table, prefix, rows)                                                          \
     static const fe_kernels table = {#prefix, FE_PER_FORMAT(rowdot, prefix), dot_##prefix, axpy_##prefix,  \
-                                     dots_##prefix, wsum_##prefix, softmax_##prefix, rows}
+                                     att_scores_##prefix, att_wsum_##prefix, att_softmax_##prefix, rows}
 /* `static const fe_kernels table` named "prefix", of the row kernels
  * rowdot_<prefix>_<format> that the including file defines (no rowsdot). */
 #define FE_KERNEL_TABLE(table, prefix) FE_KERNEL_TABLE_WITH(table, prefix, {0})
@@ -259,5 +285,63 @@ int fe_q3_quantize_impl(int impl, int kind, const void *src, const uint8_t *scal
 int fe_q3_cells_ok(void);
 /* SIMD memory read loop (kernels_avx2.c; 0 when AVX2 is missing or on other CPUs). */
 uint64_t fe_memory_read_simd(const void *p, size_t nbytes, int reps, int streams);
+
+/* The attention drivers of a SIMD set whose vectors hold W floats and that
+ * runs up to ACC accumulator chains side by side: att_scores_<prefix> and
+ * att_wsum_<prefix> (kernels.h's contract) over the including file's
+ * scores_tiles_<prefix>(q, hd, tile, scale, out, os, NQ, NT) (NQ queries x
+ * NT tiles) and wsum_cols_<prefix>(out, p, ps, v, vs, np, hd, c0, NQ, CB)
+ * (NQ queries x CB vectors of columns from c0). Queries go FE_ATT_Q at a
+ * time; with fewer, more tiles or columns per pass keep the chains many. */
+#define FE_ATT_DRIVERS(prefix, attr, W, ACC)                                                               \
+    attr static void att_scores_##prefix(const float *q, int nq, const float *kt, int hd, int nk, float scale,   \
+                                         float *out, size_t os) {                                        \
+        const int tiles = (nk + FE_KT - 1) / FE_KT;                                                        \
+        const size_t ts = (size_t)hd * FE_KT;                                                              \
+        for (int r0 = 0; r0 < nq; r0 += FE_ATT_Q) {                                                        \
+            const int m = nq - r0 < FE_ATT_Q ? nq - r0 : FE_ATT_Q;                                         \
+            const float *qr = q + (size_t)r0 * (size_t)hd;                                                 \
+            float *o = out + (size_t)r0 * os;                                                              \
+            int j = 0;                                                                                     \
+            if (m == 4)                                                                                    \
+                for (; j < tiles; j++) scores_tiles_##prefix(qr, hd, kt + j * ts, scale, o + (size_t)j * FE_KT, os, 4, 1); \
+            else if (m == 3)                                                                               \
+                for (; j < tiles; j++) scores_tiles_##prefix(qr, hd, kt + j * ts, scale, o + (size_t)j * FE_KT, os, 3, 1); \
+            else if (m == 2) {                                                                             \
+                for (; j + 2 <= tiles; j += 2)                                                             \
+                    scores_tiles_##prefix(qr, hd, kt + j * ts, scale, o + (size_t)j * FE_KT, os, 2, 2);    \
+                for (; j < tiles; j++) scores_tiles_##prefix(qr, hd, kt + j * ts, scale, o + (size_t)j * FE_KT, os, 2, 1); \
+            } else {                                                                                       \
+                for (; j + 4 <= tiles; j += 4)                                                             \
+                    scores_tiles_##prefix(qr, hd, kt + j * ts, scale, o + (size_t)j * FE_KT, os, 1, 4);    \
+                for (; j < tiles; j++) scores_tiles_##prefix(qr, hd, kt + j * ts, scale, o + (size_t)j * FE_KT, os, 1, 1); \
+            }                                                                                              \
+        }                                                                                                  \
+    }                                                                                                      \
+    static inline __attribute__((always_inline)) attr void wsum_q_##prefix(                                \
+        float *out, const float *p, size_t ps, const float *v, size_t vs, int np, int hd, const int NQ) {  \
+        const int CB = (ACC) / NQ;                                                                         \
+        int c = 0;                                                                                         \
+        for (; c + (W) * CB <= hd; c += (W) * CB) wsum_cols_##prefix(out, p, ps, v, vs, np, hd, c, NQ, CB); \
+        for (; c + (W) <= hd; c += (W)) wsum_cols_##prefix(out, p, ps, v, vs, np, hd, c, NQ, 1);          \
+        for (; c < hd; c++)                                                                                \
+            for (int r = 0; r < NQ; r++) {                                                                 \
+                float a = 0.0f;                                                                            \
+                for (int i = 0; i < np; i++) a = fmaf(p[(size_t)r * ps + (size_t)i], v[(size_t)i * vs + (size_t)c], a); \
+                out[(size_t)r * (size_t)hd + (size_t)c] = a;                                               \
+            }                                                                                              \
+    }                                                                                                      \
+    attr static void att_wsum_##prefix(float *out, int nq, const float *p, size_t ps, const float *v, size_t vs, \
+                                       int np, int hd) {                                                   \
+        for (int r0 = 0; r0 < nq; r0 += FE_ATT_Q) {                                                        \
+            const int m = nq - r0 < FE_ATT_Q ? nq - r0 : FE_ATT_Q;                                         \
+            float *o = out + (size_t)r0 * (size_t)hd;                                                      \
+            const float *pr = p + (size_t)r0 * ps;                                                         \
+            if (m == 4) wsum_q_##prefix(o, pr, ps, v, vs, np, hd, 4);                                      \
+            else if (m == 3) wsum_q_##prefix(o, pr, ps, v, vs, np, hd, 3);                                 \
+            else if (m == 2) wsum_q_##prefix(o, pr, ps, v, vs, np, hd, 2);                                 \
+            else wsum_q_##prefix(o, pr, ps, v, vs, np, hd, 1);                                             \
+        }                                                                                                  \
+    }
 
 #endif

@@ -13,6 +13,7 @@
 #if defined(__x86_64__) || defined(_M_X64)
 #include <cpuid.h>
 #include <immintrin.h>
+#include <math.h>
 
 #include "kernels_avx2_util.h"
 #include <string.h>
@@ -438,106 +439,78 @@ TGT static void axpy_avx2(float *y, float w, const float *x, int n) {
     for (; i < n; i++) y[i] += w * x[i];
 }
 
-/* fe_dot_f32's final sum of its 8 lanes: ((l0+l4)+(l1+l5)) + ((l2+l6)+(l3+l7)). */
-static inline __attribute__((always_inline, target("avx2,fma,f16c"))) float dot_sum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)); /* s_j = l_j + l_j+4 */
-    s = _mm_add_ps(s, _mm_shuffle_ps(s, s, _MM_SHUFFLE(2, 3, 0, 1)));             /* s0+s1, _, s2+s3, _ */
-    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehl_ps(s, s)));
+/* ------------------------------------------------------------- attention
+ * The kernels of kernels.h's attention contract, bit-identical to
+ * fe_att_scores_f32 / fe_att_wsum_f32 / fe_att_softmax: every output is its
+ * own chain of fused multiply-adds in the reference's order, and a call
+ * only chooses how many chains run side by side (enough to cover the FMA
+ * latency: 8 ymm accumulators) and which loads they share. */
+#define AINL static inline __attribute__((always_inline, target("avx2,fma,f16c")))
+
+/* NQ queries x NT tiles of 16 positions (2 NQ NT <= 8 chains of 8 lanes):
+ * per column, each tile's 16 values are loaded once for all the queries. */
+AINL void scores_tiles_avx2(const float *q, int hd, const float *t, float scale, float *out, size_t os,
+                            const int NQ, const int NT) {
+    __m256 a[8];
+    const size_t ts = (size_t)hd * FE_KT;
+#pragma GCC unroll 8
+    for (int x = 0; x < 2 * NQ * NT; x++) a[x] = _mm256_setzero_ps();
+    for (int c = 0; c < hd; c++) {
+        const float *col = t + (size_t)c * FE_KT;
+#pragma GCC unroll 4
+        for (int j = 0; j < NT; j++) {
+            __builtin_prefetch(col + (size_t)j * ts + 8 * FE_KT); /* 8 columns ahead (speed only) */
+            const __m256 k0 = _mm256_loadu_ps(col + (size_t)j * ts), k1 = _mm256_loadu_ps(col + (size_t)j * ts + 8);
+#pragma GCC unroll 4
+            for (int r = 0; r < NQ; r++) {
+                const __m256 qb = _mm256_broadcast_ss(q + (size_t)r * (size_t)hd + (size_t)c);
+                a[(r * NT + j) * 2] = _mm256_fmadd_ps(qb, k0, a[(r * NT + j) * 2]);
+                a[(r * NT + j) * 2 + 1] = _mm256_fmadd_ps(qb, k1, a[(r * NT + j) * 2 + 1]);
+            }
+        }
+    }
+    const __m256 sc = _mm256_set1_ps(scale);
+#pragma GCC unroll 4
+    for (int r = 0; r < NQ; r++)
+#pragma GCC unroll 4
+        for (int j = 0; j < NT; j++) {
+            float *o = out + (size_t)r * os + (size_t)j * FE_KT;
+            _mm256_storeu_ps(o, _mm256_mul_ps(a[(r * NT + j) * 2], sc));
+            _mm256_storeu_ps(o + 8, _mm256_mul_ps(a[(r * NT + j) * 2 + 1], sc));
+        }
 }
 
-/* Bit-identical to fe_dots_f32: dot_avx2 of 8 (then 4) rows at once, each
- * row its own chain of multiply-then-add. */
-TGT static void dots_avx2(const float *q, const float *k, size_t ks, int nk, int n, float scale, float *out) {
-    int i = 0;
-    if (n % 8 == 0) {
-        for (; i + 8 <= nk; i += 8) {
-            const float *r = k + (size_t)i * ks;
-            if (i + 16 <= nk) /* the next block of rows, ahead of the loads (speed only) */
-                for (int j = 8; j < 16; j++)
-                    for (int c = 0; c < n; c += 16) __builtin_prefetch(r + (size_t)j * ks + c);
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-            for (int c = 0; c < n; c += 8) {
-                const __m256 qv = _mm256_loadu_ps(q + c);
-#define ROWK(j) _mm256_loadu_ps(r + (size_t)(j) * ks + c)
-                a0 = _mm256_add_ps(a0, _mm256_mul_ps(qv, ROWK(0)));
-                a1 = _mm256_add_ps(a1, _mm256_mul_ps(qv, ROWK(1)));
-                a2 = _mm256_add_ps(a2, _mm256_mul_ps(qv, ROWK(2)));
-                a3 = _mm256_add_ps(a3, _mm256_mul_ps(qv, ROWK(3)));
-                a4 = _mm256_add_ps(a4, _mm256_mul_ps(qv, ROWK(4)));
-                a5 = _mm256_add_ps(a5, _mm256_mul_ps(qv, ROWK(5)));
-                a6 = _mm256_add_ps(a6, _mm256_mul_ps(qv, ROWK(6)));
-                a7 = _mm256_add_ps(a7, _mm256_mul_ps(qv, ROWK(7)));
-            }
-            out[i] = dot_sum8(a0) * scale;
-            out[i + 1] = dot_sum8(a1) * scale;
-            out[i + 2] = dot_sum8(a2) * scale;
-            out[i + 3] = dot_sum8(a3) * scale;
-            out[i + 4] = dot_sum8(a4) * scale;
-            out[i + 5] = dot_sum8(a5) * scale;
-            out[i + 6] = dot_sum8(a6) * scale;
-            out[i + 7] = dot_sum8(a7) * scale;
-        }
-        for (; i + 4 <= nk; i += 4) {
-            const float *r = k + (size_t)i * ks;
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-            for (int c = 0; c < n; c += 8) {
-                const __m256 qv = _mm256_loadu_ps(q + c);
-                a0 = _mm256_add_ps(a0, _mm256_mul_ps(qv, ROWK(0)));
-                a1 = _mm256_add_ps(a1, _mm256_mul_ps(qv, ROWK(1)));
-                a2 = _mm256_add_ps(a2, _mm256_mul_ps(qv, ROWK(2)));
-                a3 = _mm256_add_ps(a3, _mm256_mul_ps(qv, ROWK(3)));
-#undef ROWK
-            }
-            out[i] = dot_sum8(a0) * scale;
-            out[i + 1] = dot_sum8(a1) * scale;
-            out[i + 2] = dot_sum8(a2) * scale;
-            out[i + 3] = dot_sum8(a3) * scale;
+/* How far ahead att_wsum's first column pass asks for the V rows. */
+#define WSUM_AHEAD 32
+
+/* Columns [c0, c0 + 8 CB) of NQ queries' weighted sums (NQ CB <= 8 chains):
+ * each V row's columns loaded once for all the queries. */
+AINL void wsum_cols_avx2(float *out, const float *p, size_t ps, const float *v, size_t vs, int np, int hd, int c0,
+                         const int NQ, const int CB) {
+    __m256 a[8];
+#pragma GCC unroll 8
+    for (int x = 0; x < NQ * CB; x++) a[x] = _mm256_setzero_ps();
+    const float *row = v + c0;
+    for (int i = 0; i < np; i++, row += vs) {
+        if (c0 == 0 && i + WSUM_AHEAD < np) /* the first pass: the whole row WSUM_AHEAD ahead (speed only) */
+            for (int b = 0; b < hd; b += 16) __builtin_prefetch(row + WSUM_AHEAD * vs + b);
+        __m256 w[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < NQ; r++) w[r] = _mm256_broadcast_ss(p + (size_t)r * ps + (size_t)i);
+#pragma GCC unroll 8
+        for (int b = 0; b < CB; b++) {
+            const __m256 x = _mm256_loadu_ps(row + 8 * b);
+#pragma GCC unroll 4
+            for (int r = 0; r < NQ; r++) a[r * CB + b] = _mm256_fmadd_ps(w[r], x, a[r * CB + b]);
         }
     }
-    for (; i < nk; i++) out[i] = dot_avx2(q, k + (size_t)i * ks, n) * scale;
+#pragma GCC unroll 4
+    for (int r = 0; r < NQ; r++)
+#pragma GCC unroll 8
+        for (int b = 0; b < CB; b++) _mm256_storeu_ps(out + (size_t)r * (size_t)hd + (size_t)c0 + 8 * (size_t)b, a[r * CB + b]);
 }
 
-/* Bit-identical to fe_wsum_f32: 64 (then 8) columns of the sum kept in
- * registers over all rows, each column's additions in row order. */
-TGT static void wsum_avx2(float *out, const float *p, const float *v, size_t vs, int np, int n) {
-    int c = 0;
-    for (; c + 64 <= n; c += 64) {
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-        const float *r = v + c;
-        for (int i = 0; i < np; i++, r += vs) {
-            if (i + 8 < np) /* the row 8 ahead (speed only) */
-                for (int d = 0; d < 64; d += 16) __builtin_prefetch(r + 8 * vs + d);
-            const __m256 w = _mm256_broadcast_ss(p + i);
-            a0 = _mm256_add_ps(a0, _mm256_mul_ps(w, _mm256_loadu_ps(r)));
-            a1 = _mm256_add_ps(a1, _mm256_mul_ps(w, _mm256_loadu_ps(r + 8)));
-            a2 = _mm256_add_ps(a2, _mm256_mul_ps(w, _mm256_loadu_ps(r + 16)));
-            a3 = _mm256_add_ps(a3, _mm256_mul_ps(w, _mm256_loadu_ps(r + 24)));
-            a4 = _mm256_add_ps(a4, _mm256_mul_ps(w, _mm256_loadu_ps(r + 32)));
-            a5 = _mm256_add_ps(a5, _mm256_mul_ps(w, _mm256_loadu_ps(r + 40)));
-            a6 = _mm256_add_ps(a6, _mm256_mul_ps(w, _mm256_loadu_ps(r + 48)));
-            a7 = _mm256_add_ps(a7, _mm256_mul_ps(w, _mm256_loadu_ps(r + 56)));
-        }
-        _mm256_storeu_ps(out + c, a0);
-        _mm256_storeu_ps(out + c + 8, a1);
-        _mm256_storeu_ps(out + c + 16, a2);
-        _mm256_storeu_ps(out + c + 24, a3);
-        _mm256_storeu_ps(out + c + 32, a4);
-        _mm256_storeu_ps(out + c + 40, a5);
-        _mm256_storeu_ps(out + c + 48, a6);
-        _mm256_storeu_ps(out + c + 56, a7);
-    }
-    for (; c + 8 <= n; c += 8) {
-        __m256 a = _mm256_setzero_ps();
-        for (int i = 0; i < np; i++)
-            a = _mm256_add_ps(a, _mm256_mul_ps(_mm256_broadcast_ss(p + i), _mm256_loadu_ps(v + (size_t)i * vs + c)));
-        _mm256_storeu_ps(out + c, a);
-    }
-    for (; c < n; c++) {
-        float a = 0.0f;
-        for (int i = 0; i < np; i++) a += p[i] * v[(size_t)i * vs + c];
-        out[c] = a;
-    }
-}
+FE_ATT_DRIVERS(avx2, TGT, 8, 8)
 
 /* e^x for x <= 0 (arguments below -87.3 as -87.3): x = n ln2 + r with
  * |r| <= ln2/2 (ln2 in two parts), e^r by a degree-6 polynomial (the
@@ -560,8 +533,13 @@ static inline __attribute__((always_inline, target("avx2,fma,f16c"))) __m256 exp
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 
-/* Softmax with exp_avx2; the sum in double, 8 lanes (see kernels.h). */
-TGT static void softmax_avx2(float *x, int n) {
+/* e^d, or 0 where d < FE_ATT_CUT (fe_att_softmax). */
+static inline __attribute__((always_inline, target("avx2,fma,f16c"))) __m256 exp_cut_avx2(__m256 d) {
+    return _mm256_and_ps(exp_avx2(d), _mm256_cmp_ps(d, _mm256_set1_ps(FE_ATT_CUT), _CMP_GE_OQ));
+}
+
+/* fe_att_softmax: sums s_0..7 in one register and s_8..15 in another. */
+TGT static void att_softmax_avx2(float *x, int n) {
     if (n <= 0) return;
     int i = 0;
     __m256 mv = _mm256_set1_ps(x[0]);
@@ -571,25 +549,36 @@ TGT static void softmax_avx2(float *x, int n) {
     for (int l = 0; l < 8; l++) m = ml[l] > m ? ml[l] : m;
     for (; i < n; i++) m = x[i] > m ? x[i] : m;
     const __m256 m8 = _mm256_set1_ps(m);
-    __m256d s0 = _mm256_setzero_pd(), s1 = s0;
-    for (i = 0; i + 8 <= n; i += 8) {
-        const __m256 e = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(x + i), m8));
-        _mm256_storeu_ps(x + i, e);
-        s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
-        s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0;
+    for (i = 0; i + 16 <= n; i += 16) {
+        const __m256 e0 = exp_cut_avx2(_mm256_sub_ps(_mm256_loadu_ps(x + i), m8));
+        const __m256 e1 = exp_cut_avx2(_mm256_sub_ps(_mm256_loadu_ps(x + i + 8), m8));
+        _mm256_storeu_ps(x + i, e0);
+        _mm256_storeu_ps(x + i + 8, e1);
+        s0 = _mm256_add_ps(s0, e0);
+        s1 = _mm256_add_ps(s1, e1);
     }
-    double sl[4], sum;
-    _mm256_storeu_pd(sl, _mm256_add_pd(s0, s1));
-    sum = (sl[0] + sl[2]) + (sl[1] + sl[3]);
-    if (i < n) { /* the tail through the same exp, padded with the maximum */
-        float t[8];
-        for (int l = 0; l < 8; l++) t[l] = i + l < n ? x[i + l] : m;
-        _mm256_storeu_ps(t, exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(t), m8)));
-        for (int l = 0; i + l < n; l++) x[i + l] = t[l], sum += t[l];
+    if (i < n) { /* the tail through the same exp; the lanes past n add +0, which changes no sum */
+        float t[16];
+        for (int l = 0; l < 16; l++) t[l] = i + l < n ? x[i + l] : m;
+        __m256 e0 = exp_cut_avx2(_mm256_sub_ps(_mm256_loadu_ps(t), m8));
+        __m256 e1 = exp_cut_avx2(_mm256_sub_ps(_mm256_loadu_ps(t + 8), m8));
+        const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), left = _mm256_set1_epi32(n - i);
+        e0 = _mm256_and_ps(e0, _mm256_castsi256_ps(_mm256_cmpgt_epi32(left, lane)));
+        e1 = _mm256_and_ps(e1, _mm256_castsi256_ps(_mm256_cmpgt_epi32(left, _mm256_add_epi32(lane, _mm256_set1_epi32(8)))));
+        s0 = _mm256_add_ps(s0, e0);
+        s1 = _mm256_add_ps(s1, e1);
+        _mm256_storeu_ps(t, e0);
+        _mm256_storeu_ps(t + 8, e1);
+        for (int l = 0; i + l < n; l++) x[i + l] = t[l];
     }
-    const __m256 inv = _mm256_set1_ps((float)(1.0 / sum));
-    for (i = 0; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), inv));
-    for (; i < n; i++) x[i] *= _mm256_cvtss_f32(inv);
+    const __m256 h = _mm256_add_ps(s0, s1);                                                 /* s_l + s_l+8 */
+    const __m128 a = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)); /* a_l, l < 4 */
+    const __m128 c = _mm_add_ps(a, _mm_movehl_ps(a, a));                                  /* a0 + a2, a1 + a3 */
+    const float inv = 1.0f / _mm_cvtss_f32(_mm_add_ss(c, _mm_shuffle_ps(c, c, _MM_SHUFFLE(1, 1, 1, 1))));
+    const __m256 iv = _mm256_set1_ps(inv);
+    for (i = 0; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), iv));
+    for (; i < n; i++) x[i] *= inv;
 }
 
 FE_SIMD_KERNELS_ROWS(AVX2_TABLE, avx2, TGT);

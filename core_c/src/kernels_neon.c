@@ -9,6 +9,7 @@
 
 #if defined(__aarch64__)
 #include <arm_neon.h>
+#include <math.h>
 #include <string.h>
 
 #define INL static inline __attribute__((always_inline))
@@ -403,67 +404,68 @@ static void axpy_neon(float *y, float w, const float *x, int n) {
     for (; i < n; i++) y[i] += w * x[i];
 }
 
-/* fe_dot_f32's final sum of the 8 lanes lo (0-3), hi (4-7). */
-static inline float dot_sum_neon(float32x4_t lo, float32x4_t hi) {
-    float l[8];
-    vst1q_f32(l, lo);
-    vst1q_f32(l + 4, hi);
-    return ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7]));
-}
+/* ------------------------------------------------------------- attention
+ * kernels.h's attention contract, bit-identical to the fe_att_* references
+ * (vfmaq_f32 is the fused multiply-add): 16 chains of 4 lanes side by side,
+ * enough for four FMA pipes of 4-cycle latency. */
 
-/* Bit-identical to fe_dots_f32: dot_neon of 4 rows at once (8 chains). */
-static void dots_neon(const float *q, const float *k, size_t ks, int nk, int n, float scale, float *out) {
-    int i = 0;
-    if (n % 8 == 0)
-        for (; i + 4 <= nk; i += 4) {
-            const float *r = k + (size_t)i * ks;
-            float32x4_t l0 = vdupq_n_f32(0.0f), h0 = l0, l1 = l0, h1 = l0, l2 = l0, h2 = l0, l3 = l0, h3 = l0;
-            for (int c = 0; c < n; c += 8) {
-                const float32x4_t qa = vld1q_f32(q + c), qb = vld1q_f32(q + c + 4);
-#define ROWK(j, o) vld1q_f32(r + (size_t)(j) * ks + c + (o))
-                l0 = vaddq_f32(l0, vmulq_f32(qa, ROWK(0, 0)));
-                h0 = vaddq_f32(h0, vmulq_f32(qb, ROWK(0, 4)));
-                l1 = vaddq_f32(l1, vmulq_f32(qa, ROWK(1, 0)));
-                h1 = vaddq_f32(h1, vmulq_f32(qb, ROWK(1, 4)));
-                l2 = vaddq_f32(l2, vmulq_f32(qa, ROWK(2, 0)));
-                h2 = vaddq_f32(h2, vmulq_f32(qb, ROWK(2, 4)));
-                l3 = vaddq_f32(l3, vmulq_f32(qa, ROWK(3, 0)));
-                h3 = vaddq_f32(h3, vmulq_f32(qb, ROWK(3, 4)));
-#undef ROWK
+/* NQ queries x NT tiles of 16 positions (4 NQ NT <= 16 chains). */
+INL void scores_tiles_neon(const float *q, int hd, const float *t, float scale, float *out, size_t os, const int NQ,
+                           const int NT) {
+    float32x4_t a[16];
+    const size_t ts = (size_t)hd * FE_KT;
+#pragma GCC unroll 16
+    for (int x = 0; x < 4 * NQ * NT; x++) a[x] = vdupq_n_f32(0.0f);
+    for (int c = 0; c < hd; c++) {
+        const float *col = t + (size_t)c * FE_KT;
+#pragma GCC unroll 4
+        for (int j = 0; j < NT; j++) {
+            float32x4_t k[4];
+#pragma GCC unroll 4
+            for (int b = 0; b < 4; b++) k[b] = vld1q_f32(col + (size_t)j * ts + 4 * b);
+#pragma GCC unroll 4
+            for (int r = 0; r < NQ; r++) {
+                const float32x4_t qb = vdupq_n_f32(q[(size_t)r * (size_t)hd + (size_t)c]);
+#pragma GCC unroll 4
+                for (int b = 0; b < 4; b++) a[(r * NT + j) * 4 + b] = vfmaq_f32(a[(r * NT + j) * 4 + b], qb, k[b]);
             }
-            out[i] = dot_sum_neon(l0, h0) * scale;
-            out[i + 1] = dot_sum_neon(l1, h1) * scale;
-            out[i + 2] = dot_sum_neon(l2, h2) * scale;
-            out[i + 3] = dot_sum_neon(l3, h3) * scale;
         }
-    for (; i < nk; i++) out[i] = dot_neon(q, k + (size_t)i * ks, n) * scale;
+    }
+    const float32x4_t sc = vdupq_n_f32(scale);
+#pragma GCC unroll 4
+    for (int r = 0; r < NQ; r++)
+#pragma GCC unroll 4
+        for (int j = 0; j < NT; j++)
+#pragma GCC unroll 4
+            for (int b = 0; b < 4; b++)
+                vst1q_f32(out + (size_t)r * os + (size_t)j * FE_KT + 4 * b, vmulq_f32(a[(r * NT + j) * 4 + b], sc));
 }
 
-/* Bit-identical to fe_wsum_f32: 64 (then 4) columns of the sum kept in
- * registers over all rows, each column's additions in row order. */
-static void wsum_neon(float *out, const float *p, const float *v, size_t vs, int np, int n) {
-    int c = 0;
-    for (; c + 64 <= n; c += 64) {
-        float32x4_t a[16];
-        for (int j = 0; j < 16; j++) a[j] = vdupq_n_f32(0.0f);
-        const float *r = v + c;
-        for (int i = 0; i < np; i++, r += vs) {
-            const float32x4_t w = vdupq_n_f32(p[i]);
-            for (int j = 0; j < 16; j++) a[j] = vaddq_f32(a[j], vmulq_f32(w, vld1q_f32(r + 4 * j)));
+/* Columns [c0, c0 + 4 CB) of NQ queries' weighted sums (NQ CB <= 16 chains). */
+INL void wsum_cols_neon(float *out, const float *p, size_t ps, const float *v, size_t vs, int np, int hd, int c0,
+                        const int NQ, const int CB) {
+    float32x4_t a[16];
+#pragma GCC unroll 16
+    for (int x = 0; x < NQ * CB; x++) a[x] = vdupq_n_f32(0.0f);
+    const float *row = v + c0;
+    for (int i = 0; i < np; i++, row += vs) {
+        float32x4_t w[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < NQ; r++) w[r] = vdupq_n_f32(p[(size_t)r * ps + (size_t)i]);
+#pragma GCC unroll 16
+        for (int b = 0; b < CB; b++) {
+            const float32x4_t x = vld1q_f32(row + 4 * b);
+#pragma GCC unroll 4
+            for (int r = 0; r < NQ; r++) a[r * CB + b] = vfmaq_f32(a[r * CB + b], w[r], x);
         }
-        for (int j = 0; j < 16; j++) vst1q_f32(out + c + 4 * j, a[j]);
     }
-    for (; c + 4 <= n; c += 4) {
-        float32x4_t a = vdupq_n_f32(0.0f);
-        for (int i = 0; i < np; i++) a = vaddq_f32(a, vmulq_f32(vdupq_n_f32(p[i]), vld1q_f32(v + (size_t)i * vs + c)));
-        vst1q_f32(out + c, a);
-    }
-    for (; c < n; c++) {
-        float a = 0.0f;
-        for (int i = 0; i < np; i++) a += p[i] * v[(size_t)i * vs + c];
-        out[c] = a;
-    }
+#pragma GCC unroll 4
+    for (int r = 0; r < NQ; r++)
+#pragma GCC unroll 16
+        for (int b = 0; b < CB; b++) vst1q_f32(out + (size_t)r * (size_t)hd + (size_t)c0 + 4 * (size_t)b, a[r * CB + b]);
 }
+
+FE_ATT_DRIVERS(neon, , 4, 16)
 
 /* exp_avx2's operations (kernels_avx2.c), 4 lanes. */
 static inline float32x4_t exp_neon(float32x4_t x) {
@@ -482,8 +484,14 @@ static inline float32x4_t exp_neon(float32x4_t x) {
     return vmulq_f32(p, vreinterpretq_f32_s32(e));
 }
 
-/* Softmax with exp_neon; the sum in double, 4 lanes (see kernels.h). */
-static void softmax_neon(float *x, int n) {
+/* e^d, or 0 where d < FE_ATT_CUT (fe_att_softmax). */
+static inline float32x4_t exp_cut_neon(float32x4_t d) {
+    return vreinterpretq_f32_u32(
+        vandq_u32(vreinterpretq_u32_f32(exp_neon(d)), vcgeq_f32(d, vdupq_n_f32(FE_ATT_CUT))));
+}
+
+/* fe_att_softmax: the sixteen sums in four registers (s_0..3, s_4..7, s_8..11, s_12..15). */
+static void att_softmax_neon(float *x, int n) {
     if (n <= 0) return;
     int i = 0;
     float32x4_t mv = vdupq_n_f32(x[0]);
@@ -491,24 +499,28 @@ static void softmax_neon(float *x, int n) {
     float m = vmaxvq_f32(mv);
     for (; i < n; i++) m = x[i] > m ? x[i] : m;
     const float32x4_t m4 = vdupq_n_f32(m);
-    float64x2_t s0 = vdupq_n_f64(0.0), s1 = s0;
-    for (i = 0; i + 4 <= n; i += 4) {
-        const float32x4_t e = exp_neon(vsubq_f32(vld1q_f32(x + i), m4));
-        vst1q_f32(x + i, e);
-        s0 = vaddq_f64(s0, vcvt_f64_f32(vget_low_f32(e)));
-        s1 = vaddq_f64(s1, vcvt_high_f64_f32(e));
+    float32x4_t s[4];
+    for (int b = 0; b < 4; b++) s[b] = vdupq_n_f32(0.0f);
+    for (i = 0; i + 16 <= n; i += 16)
+        for (int b = 0; b < 4; b++) {
+            const float32x4_t e = exp_cut_neon(vsubq_f32(vld1q_f32(x + i + 4 * b), m4));
+            vst1q_f32(x + i + 4 * b, e);
+            s[b] = vaddq_f32(s[b], e);
+        }
+    if (i < n) { /* the tail through the same exp; the lanes past n add +0, which changes no sum */
+        float t[16];
+        for (int l = 0; l < 16; l++) t[l] = i + l < n ? x[i + l] : m;
+        for (int b = 0; b < 4; b++) vst1q_f32(t + 4 * b, exp_cut_neon(vsubq_f32(vld1q_f32(t + 4 * b), m4)));
+        for (int l = 0; l < 16; l++)
+            if (i + l < n) x[i + l] = t[l];
+            else t[l] = 0.0f;
+        for (int b = 0; b < 4; b++) s[b] = vaddq_f32(s[b], vld1q_f32(t + 4 * b));
     }
-    const float64x2_t s = vaddq_f64(s0, s1);
-    double sum = vgetq_lane_f64(s, 0) + vgetq_lane_f64(s, 1);
-    if (i < n) { /* the tail through the same exp, padded with the maximum */
-        float t[4];
-        for (int l = 0; l < 4; l++) t[l] = i + l < n ? x[i + l] : m;
-        vst1q_f32(t, exp_neon(vsubq_f32(vld1q_f32(t), m4)));
-        for (int l = 0; i + l < n; l++) x[i + l] = t[l], sum += t[l];
-    }
-    const float inv = (float)(1.0 / sum);
-    const float32x4_t inv4 = vdupq_n_f32(inv);
-    for (i = 0; i + 4 <= n; i += 4) vst1q_f32(x + i, vmulq_f32(vld1q_f32(x + i), inv4));
+    const float32x4_t a = vaddq_f32(vaddq_f32(s[0], s[2]), vaddq_f32(s[1], s[3])); /* a_l, l < 4 */
+    const float32x2_t c = vadd_f32(vget_low_f32(a), vget_high_f32(a));              /* a0 + a2, a1 + a3 */
+    const float inv = 1.0f / (vget_lane_f32(c, 0) + vget_lane_f32(c, 1));
+    const float32x4_t iv = vdupq_n_f32(inv);
+    for (i = 0; i + 4 <= n; i += 4) vst1q_f32(x + i, vmulq_f32(vld1q_f32(x + i), iv));
     for (; i < n; i++) x[i] *= inv;
 }
 

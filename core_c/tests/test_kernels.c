@@ -298,47 +298,124 @@ static void test_vector_steps(const fe_kernels *k) {
     char what[80];
     snprintf(what, sizeof what, "%s dot and axpy bit-identical to scalar", k->name);
     check(same, what);
-    /* dots and wsum over nk rows of n values, rows `stride` apart */
-    static float q[136], kv[37 * 200], o1[200], o2[200];
-    static const int lens[] = {1, 3, 7, 8, 16, 24, 56, 64, 72, 128, 136};
-    same = 1;
-    for (size_t li = 0; li < sizeof lens / sizeof *lens; li++)
-        for (int nk = 0; nk <= 37; nk += (nk < 18 ? 1 : 19)) {
-            const int n = lens[li];
-            const size_t stride = (size_t)n + (size_t)(nk % 3) * 8;
-            for (int i = 0; i < n; i++) q[i] = frand() * (i % 5 == 0 ? 30.0f : 1.0f);
-            for (size_t i = 0; i < (size_t)nk * stride; i++) kv[i] = frand();
-            fe_dots_f32(q, kv, stride, nk, n, 0.125f, o1);
-            k->dots(q, kv, stride, nk, n, 0.125f, o2);
-            same &= memcmp(o1, o2, sizeof(float) * (size_t)nk) == 0;
-            for (int i = 0; i < nk; i++) q[i] = frand() * frand(); /* weights */
-            fe_wsum_f32(o1, q, kv, stride, nk, n);
-            for (int i = 0; i < n; i++) o2[i] = frand(); /* wsum overwrites */
-            k->wsum(o2, q, kv, stride, nk, n);
-            same &= memcmp(o1, o2, sizeof(float) * (size_t)n) == 0;
-        }
-    snprintf(what, sizeof what, "%s dots and wsum bit-identical to scalar", k->name);
-    check(same, what);
-    /* softmax: every value within 1e-6 of the scalar one (relative), for
-     * every length's tail, spreads of scores up to far below exp's range */
+    /* attention: scores of nq queries over nk positions in K tiles, weighted
+     * sums over V rows `vs` apart, softmax: bit-identical to the scalar ones */
+    enum { MAXHD = 136, MAXNK = 263, MAXQ = 5, OS = FE_KT_PAD(MAXNK) + 5 };
+    static float q[MAXQ * MAXHD], kt[FE_KT_PAD(MAXNK) * MAXHD], v[MAXNK * (MAXHD + 16)];
+    static float o1[MAXQ * OS], o2[MAXQ * OS], w1[MAXQ * MAXHD], w2[MAXQ * MAXHD];
+    static const int hds[] = {1, 3, 7, 8, 12, 16, 24, 40, 56, 64, 72, 80, 96, 128, 136};
+    static const int nks[] = {0, 1, 2, 5, 15, 16, 17, 31, 33, 40, 64, 100, 263};
+    int same_s = 1, same_w = 1;
+    for (size_t hi = 0; hi < sizeof hds / sizeof *hds; hi++)
+        for (size_t ni = 0; ni < sizeof nks / sizeof *nks; ni++)
+            for (int nq = 1; nq <= MAXQ; nq++) {
+                const int hd = hds[hi], nk = nks[ni];
+                const size_t vs = (size_t)hd + (size_t)(ni % 3) * 8;
+                for (int i = 0; i < nq * hd; i++) q[i] = frand() * (i % 5 == 0 ? 30.0f : 1.0f);
+                for (int i = 0; i < FE_KT_PAD(nk) * hd; i++) kt[i] = frand();
+                for (size_t i = 0; i < (size_t)nk * vs; i++) v[i] = frand();
+                for (int i = 0; i < MAXQ * OS; i++) o1[i] = o2[i] = frand();
+                fe_att_scores_f32(q, nq, kt, hd, nk, 0.125f, o1, OS);
+                k->att_scores(q, nq, kt, hd, nk, 0.125f, o2, OS);
+                for (int r = 0; r < nq; r++) same_s &= memcmp(o1 + r * OS, o2 + r * OS, sizeof(float) * (size_t)nk) == 0;
+                for (int i = 0; i < MAXQ * OS; i++) o1[i] = frand() * frand(); /* weights */
+                for (int i = 0; i < MAXQ * MAXHD; i++) w1[i] = frand(), w2[i] = frand(); /* overwritten */
+                fe_att_wsum_f32(w1, nq, o1, OS, v, vs, nk, hd);
+                k->att_wsum(w2, nq, o1, OS, v, vs, nk, hd);
+                same_w &= memcmp(w1, w2, sizeof(float) * (size_t)(nq * hd)) == 0;
+                same_w &= memcmp(w1, w2, sizeof(float) * (size_t)(nq * hd)) == 0;
+            }
+    snprintf(what, sizeof what, "%s attention scores bit-identical to scalar", k->name);
+    check(same_s, what);
+    snprintf(what, sizeof what, "%s attention weighted sums bit-identical to scalar", k->name);
+    check(same_w, what);
+    /* softmax: bit-identical to the scalar one for every length's tail and
+     * spreads of scores up to far below exp's range */
     static float s1[1100], s2[1100];
     int ok = 1;
-    double worst = 0.0;
     for (int n = 1; n <= 1100; n += (n < 40 ? 1 : 97))
         for (int spread = 0; spread < 4; spread++) {
             static const float spreads[4] = {0.01f, 3.0f, 30.0f, 300.0f};
             for (int i = 0; i < n; i++) s1[i] = s2[i] = frand() * spreads[spread] + 5.0f;
-            fe_softmax(s1, n);
-            k->softmax(s2, n);
+            fe_att_softmax(s1, n);
+            k->att_softmax(s2, n);
+            ok &= memcmp(s1, s2, sizeof(float) * (size_t)n) == 0;
+        }
+    snprintf(what, sizeof what, "%s attention softmax bit-identical to scalar", k->name);
+    check(ok, what);
+}
+
+/* The scalar attention references against double-precision arithmetic
+ * written from their definitions' meaning (not their order of operations):
+ * scores and weighted sums within float rounding of the exact sums, the
+ * softmax within 1e-5 relative of exp() / sum (0 below e^-64 of the largest), fe_exp_neg within 4 ulps of
+ * exp() where the result is normal. */
+static void test_attention_reference(void) {
+    enum { HD = 72, NK = 300, OS = FE_KT_PAD(NK) };
+    static float q[4 * HD], kt[OS * HD], out[4 * OS], v[NK * HD], w[4 * HD];
+    for (int i = 0; i < 4 * HD; i++) q[i] = frand() * 3.0f;
+    for (int i = 0; i < OS * HD; i++) kt[i] = frand();
+    fe_att_scores_f32(q, 4, kt, HD, NK, 0.125f, out, OS);
+    int ok = 1;
+    for (int r = 0; r < 4; r++)
+        for (int i = 0; i < NK; i++) {
+            double exact = 0.0, mag = 0.0;
+            for (int c = 0; c < HD; c++) {
+                const double t = (double)q[r * HD + c] * kt[fe_kt_index(i, c, HD)];
+                exact += t, mag += fabs(t);
+            }
+            ok &= fabs(out[r * OS + i] - 0.125 * exact) <= 0.125 * mag * 1e-6 + 1e-30;
+        }
+    check(ok, "attention scores: the exact dot product x scale, within float rounding");
+    for (int i = 0; i < NK * HD; i++) v[i] = frand();
+    for (int i = 0; i < 4 * OS; i++) out[i] = frand() * frand();
+    fe_att_wsum_f32(w, 4, out, OS, v, HD, NK, HD);
+    ok = 1;
+    for (int r = 0; r < 4; r++)
+        for (int c = 0; c < HD; c++) {
+            double exact = 0.0, mag = 0.0;
+            for (int i = 0; i < NK; i++) {
+                const double t = (double)out[r * OS + i] * v[i * HD + c];
+                exact += t, mag += fabs(t);
+            }
+            ok &= fabs(w[r * HD + c] - exact) <= mag * 1e-5 + 1e-30;
+        }
+    check(ok, "attention weighted sums: the exact sums, within float rounding");
+    static float x[1100];
+    double worst = 0.0;
+    ok = 1;
+    for (int n = 1; n <= 1100; n += (n < 40 ? 1 : 97))
+        for (int spread = 0; spread < 4; spread++) {
+            static const float spreads[4] = {0.01f, 3.0f, 30.0f, 300.0f};
+            for (int i = 0; i < n; i++) x[i] = frand() * spreads[spread] + 5.0f;
+            double m = x[0], sum = 0.0;
+            for (int i = 1; i < n; i++) m = x[i] > m ? x[i] : m;
+            for (int i = 0; i < n; i++) sum += exp((double)x[i] - m);
+            static double want[1100];
+            static int cut[1100];
+            for (int i = 0; i < n; i++) want[i] = exp((double)x[i] - m) / sum, cut[i] = (float)(x[i] - m) < FE_ATT_CUT;
+            fe_att_softmax(x, n);
             for (int i = 0; i < n; i++) {
-                double d = fabs((double)s1[i] - s2[i]), rel = d / ((double)s1[i] + 1e-30);
-                if (!(d <= 1e-6 * s1[i] + 1e-37)) ok = 0;
-                if (s1[i] > 1e-30 && rel > worst) worst = rel;
+                if (cut[i]) { /* below e^-64 of the largest term: exactly 0 */
+                    ok &= x[i] == 0.0f;
+                    continue;
+                }
+                const double rel = fabs(x[i] - want[i]) / want[i];
+                if (rel > worst) worst = rel;
+                if (rel > 1e-5) ok = 0;
             }
         }
-    snprintf(what, sizeof what, "%s softmax within 1e-6 of scalar (worst %.2g)", k->name, worst);
+    char what[96];
+    snprintf(what, sizeof what, "attention softmax within 1e-5 of exp() / sum (worst %.2g)", worst);
     check(ok, what);
     printf("%s\n", what);
+    ok = 1;
+    for (double t = -87.0; t <= 0.0; t += 0.0137) {
+        const float got = fe_exp_neg((float)t);
+        const double want = exp((double)(float)t);
+        ok &= fabs(got - want) <= 4.0 * want * 1.1920929e-7;
+    }
+    check(ok, "fe_exp_neg within 4 ulps of exp() on [-87, 0]");
 }
 
 /* fe_q4k_scales_mins (all eight scales and mins of a block at once, used by
@@ -367,6 +444,7 @@ int main(void) {
     static const int ns[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 33}; /* every tile remainder of 2, 3 and 4 */
     int impls = 0;
     test_q4k_scales_mins();
+    test_attention_reference();
     for (int impl = 1; impl < FE_KERNELS_N; impl++) {
         if (!ferry_kernels_available(impl)) continue;
         impls++;
