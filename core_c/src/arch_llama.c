@@ -361,8 +361,7 @@ static void swiglu(ferry_session *s, const chunk_bufs *b, const fe_mat *g, const
         fe_matmul_multi(&ops, w, 2, x, n, y);
     }
     double t0 = prof_t0(s);
-    size_t m = (size_t)n * g->rows;
-    for (size_t i = 0; i < m; i++) b->h1[i] = fe_silu(b->h1[i]) * b->h2[i];
+    fe_silu_mul(s->pool, b->h1, b->h2, (size_t)n * g->rows);
     PROF_ADD(s, elementwise_seconds, t0);
     matmul(s, b, dn, b->h1, n, out);
 }

@@ -155,4 +155,28 @@ void fe_rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
 
 float fe_silu(float x) { return x / (1.0f + expf(-x)); }
 
+/* fe_silu_mul in blocks of SILU_BLOCK values, one per pool item. */
+#define SILU_BLOCK 4096
+typedef struct {
+    float *a;
+    const float *b;
+    size_t m;
+} silu_job;
+
+static void silu_items(void *p, int start, int end, int tid) {
+    (void)tid;
+    const silu_job *j = p;
+    const size_t hi = (size_t)end * SILU_BLOCK < j->m ? (size_t)end * SILU_BLOCK : j->m;
+    for (size_t i = (size_t)start * SILU_BLOCK; i < hi; i++) j->a[i] = fe_silu(j->a[i]) * j->b[i];
+}
+
+void fe_silu_mul(fe_pool *pool, float *a, const float *b, size_t m) {
+    silu_job j = {a, b, m};
+    const size_t items = (m + SILU_BLOCK - 1) / SILU_BLOCK;
+    if (items < 4 || items > (size_t)INT32_MAX) /* decode: not worth a job */
+        for (size_t i = 0; i < m; i++) a[i] = fe_silu(a[i]) * b[i];
+    else
+        fe_pool_run(pool, silu_items, &j, (int)items);
+}
+
 float fe_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }

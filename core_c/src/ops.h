@@ -53,6 +53,9 @@ void fe_matmul_multi(const fe_ops *ops, const fe_mat *const *w, int count, const
 /* out = w * x / rms(x) over n values (out may alias x). */
 void fe_rmsnorm(float *out, const float *x, const float *w, int n, float eps);
 float fe_silu(float x);
+/* a[i] = fe_silu(a[i]) * b[i] for i < m, on the pool's threads when m is
+ * large (a prompt chunk's feed-forward); the same bits either way. */
+void fe_silu_mul(fe_pool *pool, float *a, const float *b, size_t m);
 float fe_sigmoid(float x);
 /* fe_softmax, the in-place softmax over n values, is in kernels.h (the
  * scalar reference of the kernel sets' softmax). */
