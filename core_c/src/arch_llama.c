@@ -107,7 +107,7 @@ typedef struct chunk_bufs {
     float *y;        /* [C][dim] sub-block output */
     fe_moe_bufs moe; /* the MoE loop's scratch (moe.h) */
     float *rows;     /* [threads][max cols] dequantized weight rows */
-    float *scores;   /* [threads][ATT_TOKENS * group][n_ctx rounded up to FE_KT] attention scores */
+    float *scores;   /* [threads][group][n_ctx rounded up to FE_KT] attention scores (one token's heads) */
 } chunk_bufs;
 
 static int max_cols(const fe_hparams *hp) {
@@ -149,7 +149,7 @@ static uint64_t carve(const fe_hparams *hp, int n_ctx, int n_threads, uint8_t *b
     }
     TAKE(rows, float, (uint64_t)n_threads * (uint64_t)fe_rows_stride(max_cols(hp)));
     TAKE(scores, float,
-         (uint64_t)n_threads * ATT_TOKENS * (uint64_t)(hp->n_heads / hp->n_kv_heads) * (uint64_t)FE_KT_PAD(n_ctx));
+         (uint64_t)n_threads * (uint64_t)(hp->n_heads / hp->n_kv_heads) * (uint64_t)FE_KT_PAD(n_ctx));
 #undef TAKE
     return off;
 }
@@ -267,7 +267,7 @@ static void attn_items(void *p, int start, int end, int tid) {
     const size_t os = (size_t)FE_KT_PAD(s->n_ctx);
     const float scale = 1.0f / sqrtf((float)hd);
     const fe_kernels *K = s->e->kernels; /* the same bits in every set (kernels.h) */
-    float *scores = j->b->scores + (size_t)tid * (size_t)(ATT_TOKENS * group) * os;
+    float *scores = j->b->scores + (size_t)tid * (size_t)group * os;
     for (int it = start; it < end; it++) {
         /* items in order of token block fastest: a thread's run of items
          * reads one head's K and V */
