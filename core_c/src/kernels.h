@@ -83,9 +83,9 @@ void fe_att_wsum_f32(float *out, int nq, const float *p, size_t ps, const float 
 /* Attention's softmax, for n >= 1: m = the largest x; e_i = fe_exp_neg(x_i -
  * m), or 0 where x_i - m < FE_ATT_CUT (terms below e^-64 ~ 1.6e-28 of the
  * largest, which would only add denormal weights: slow on x86 and no
- * change to a float sum); sixteen float sums s_l += e_i for l = i mod 16, in order of i; their
- * total ((a_0 + a_2) + (a_1 + a_3)) with a_l = (s_l + s_l+8) + (s_l+4 +
- * s_l+12); x_i = e_i * (1 / total). */
+ * change to a float sum); sixteen float sums s_l += e_i for l = i mod 16,
+ * in order of i; their total ((a_0 + a_2) + (a_1 + a_3)) with a_l = (s_l +
+ * s_l+8) + (s_l+4 + s_l+12); x_i = e_i * (1 / total). */
 void fe_att_softmax(float *x, int n);
 #define FE_ATT_CUT (-64.0f)
 /* e^x for x <= 0 by one polynomial, within ~2 float32 ulps of expf (an

@@ -445,11 +445,9 @@ TGT static void axpy_avx2(float *y, float w, const float *x, int n) {
  * own chain of fused multiply-adds in the reference's order, and a call
  * only chooses how many chains run side by side (enough to cover the FMA
  * latency: 8 ymm accumulators) and which loads they share. */
-#define AINL static inline __attribute__((always_inline, target("avx2,fma,f16c")))
-
 /* NQ queries x NT tiles of 16 positions (2 NQ NT <= 8 chains of 8 lanes):
  * per column, each tile's 16 values are loaded once for all the queries. */
-AINL void scores_tiles_avx2(const float *q, int hd, const float *t, float scale, float *out, size_t os,
+INL void scores_tiles_avx2(const float *q, int hd, const float *t, float scale, float *out, size_t os,
                             const int NQ, const int NT) {
     __m256 a[8];
     const size_t ts = (size_t)hd * FE_KT;
@@ -485,7 +483,7 @@ AINL void scores_tiles_avx2(const float *q, int hd, const float *t, float scale,
 
 /* Columns [c0, c0 + 8 CB) of NQ queries' weighted sums (NQ CB <= 8 chains):
  * each V row's columns loaded once for all the queries. */
-AINL void wsum_cols_avx2(float *out, const float *p, size_t ps, const float *v, size_t vs, int np, int hd, int c0,
+INL void wsum_cols_avx2(float *out, const float *p, size_t ps, const float *v, size_t vs, int np, int hd, int c0,
                          const int NQ, const int CB) {
     __m256 a[8];
 #pragma GCC unroll 8
@@ -534,7 +532,7 @@ static inline __attribute__((always_inline, target("avx2,fma,f16c"))) __m256 exp
 }
 
 /* e^d, or 0 where d < FE_ATT_CUT (fe_att_softmax). */
-static inline __attribute__((always_inline, target("avx2,fma,f16c"))) __m256 exp_cut_avx2(__m256 d) {
+INL __m256 exp_cut_avx2(__m256 d) {
     return _mm256_and_ps(exp_avx2(d), _mm256_cmp_ps(d, _mm256_set1_ps(FE_ATT_CUT), _CMP_GE_OQ));
 }
 

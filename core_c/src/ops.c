@@ -172,11 +172,9 @@ static void silu_items(void *p, int start, int end, int tid) {
 
 void fe_silu_mul(fe_pool *pool, float *a, const float *b, size_t m) {
     silu_job j = {a, b, m};
-    const size_t items = (m + SILU_BLOCK - 1) / SILU_BLOCK;
-    if (items < 4 || items > (size_t)INT32_MAX) /* decode: not worth a job */
-        for (size_t i = 0; i < m; i++) a[i] = fe_silu(a[i]) * b[i];
-    else
-        fe_pool_run(pool, silu_items, &j, (int)items);
+    const int items = (int)((m + SILU_BLOCK - 1) / SILU_BLOCK); /* m <= FE_CHUNK x a row count */
+    if (items < 4) silu_items(&j, 0, items, 0);                 /* decode: not worth a job */
+    else fe_pool_run(pool, silu_items, &j, items);
 }
 
 float fe_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
