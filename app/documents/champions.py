@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 from array import array
 from collections import Counter, defaultdict
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -58,29 +58,52 @@ def ensure_schema(db) -> None:
     db.executescript(_SCHEMA)
 
 
-def impact(tf: int, length: int, avgdl: float) -> float:
-    """A word's BM25 contribution in one passage without its IDF."""
+def length_norm(length, avgdl: float):
+    """BM25's length normalisation of a passage (or an array of them): ``k1 * (1 - b + b * len / avgdl)``."""
     k1, b = _index.K1, _index.B
-    return tf * (k1 + 1) / (tf + k1 * (1 - b + b * length / (avgdl or 1.0)))
+    return k1 * (1 - b + b * length / (avgdl or 1.0))
 
 
-def _pack(entries: Sequence[tuple[int, int, int]]) -> bytes:
-    flat = array("q")
-    for e in entries:
-        flat.extend(e)
-    return flat.tobytes()
+def impact_at(tf, norm):
+    """A word's BM25 contribution without its IDF, given the passage's :func:`length_norm`."""
+    return tf * (_index.K1 + 1) / (tf + norm)
+
+
+def impact(tf, length, avgdl: float):
+    """A word's BM25 contribution in one passage without its IDF; with numpy arrays for ``tf`` and
+    ``length``, of many entries at once, each value bit-identical to the scalar one (the same
+    operations in the same order; numpy does not fuse them)."""
+    return impact_at(tf, length_norm(length, avgdl))
+
+
+def _pack(entries) -> bytes:
+    """A list as stored: native-order int64 (id, tf, length) triples."""
+    return np.asarray(entries, dtype=np.int64).reshape(-1, 3).tobytes()
+
+
+def _array(blob: bytes) -> np.ndarray:
+    return np.frombuffer(blob, dtype=np.int64).reshape(-1, 3)
 
 
 def unpack(blob: bytes) -> list[tuple[int, int, int]]:
-    flat = array("q")
-    flat.frombytes(blob)
-    return list(zip(flat[0::3], flat[1::3], flat[2::3]))
+    return [tuple(e) for e in _array(blob).tolist()]
+
+
+def _best_array(e: np.ndarray, avgdl: float) -> np.ndarray:
+    """The KEEP entries of largest impact (ties: the older passage first), one per passage (its
+    last entry), as an (n, 3) array."""
+    if len(e) == 0:
+        return e.reshape(0, 3)
+    _, last = np.unique(e[::-1, 0], return_index=True)
+    e = e[len(e) - 1 - last]
+    order = np.lexsort((e[:, 0], -impact(e[:, 1], e[:, 2], avgdl)))
+    return e[order[:KEEP]]
 
 
 def _best(entries: Iterable[tuple[int, int, int]], avgdl: float) -> list[tuple[int, int, int]]:
-    """The KEEP entries of largest impact (ties: the older passage first), one per passage."""
-    uniq = {e[0]: e for e in entries}
-    return sorted(uniq.values(), key=lambda e: (-impact(e[1], e[2], avgdl), e[0]))[:KEEP]
+    """:func:`_best_array` of a sequence of (id, tf, length) tuples, as tuples."""
+    e = np.asarray(list(entries), dtype=np.int64).reshape(-1, 3)
+    return [tuple(r) for r in _best_array(e, avgdl).tolist()]
 
 
 def _avgdl(db, cid: int) -> float:
@@ -104,14 +127,22 @@ def _common(db, cid: int, terms: Iterable[str] | None = None) -> dict[str, int]:
 
 def read(db, cid: int, terms: Sequence[str]) -> dict[str, list[tuple[int, int, int]]]:
     """The stored lists of these words (the words that have one)."""
-    out: dict[str, list[tuple[int, int, int]]] = {}
+    return {t: [tuple(e) for e in a.tolist()] for t, a in _read_arrays(db, cid, terms).items()}
+
+
+def _read_arrays(db, cid: int, terms: Sequence[str]) -> dict[str, np.ndarray]:
+    return dict(_each_list(db, cid, terms))
+
+
+def _each_list(db, cid: int, terms: Sequence[str]) -> Iterator[tuple[str, np.ndarray]]:
+    """(word, its list as an (n, 3) array) of these words that have one, read 500 at a time
+    (nothing of a read list is held by this generator after it is yielded)."""
     terms = list(terms)
     for i in range(0, len(terms), 500):
         part = terms[i:i + 500]
         for term, blob in db.execute(f"SELECT term, entries FROM docs_champ WHERE collection_id = ? AND term IN "
                                      f"({','.join('?' * len(part))})", (cid, *part)):
-            out[term] = unpack(blob)
-    return out
+            yield term, _array(blob)
 
 
 def _from_fts(db, cid: int, term: str, avgdl: float) -> list[tuple[int, int, int]]:
@@ -137,10 +168,10 @@ def _from_fts(db, cid: int, term: str, avgdl: float) -> list[tuple[int, int, int
                      (cid, term)).fetchone() or (0,)
     idf = math.log((n - df + 0.5) / (df + 0.5)) if df else 0.0
     idf = idf if idf > 0 else 1e-6             # FTS5's floor for a word in over half the passages
-    k1, b = _index.K1, _index.B
+    k1 = _index.K1
     entries, unsure = [], []
     for pid, rank in ranked:
-        k = k1 * (1 - b + b * length[pid] / (avgdl or 1.0))
+        k = length_norm(length[pid], avgdl)
         y = -rank / idf
         tf = round(y * k / (k1 + 1 - y)) if y < k1 + 1 else 0
         if tf >= 1 and abs(idf * tf * (k1 + 1) / (tf + k) + rank) <= 1e-9 * abs(rank):
@@ -180,23 +211,11 @@ SLICE = 256
 
 def _floors(db, cid: int, terms: Sequence[str], avgdl: float) -> dict[str, float]:
     """For each of ``terms`` that has a list: the impact a new passage must exceed to enter it (its
-    worst entry's, at today's average length), or -inf for a list with room. Read 500 lists at a
-    time and kept as one float per word; the impacts of a list's entries are computed at once
-    (numpy, from the stored bytes), its worst one again by :func:`impact` so the floor is that
-    function's own value."""
-    k1, b = _index.K1, _index.B
+    worst entry's, at today's average length), or -inf for a list with room. Kept as one float per
+    word (the lists are not held); the impacts of a list's entries are computed at once."""
     floors: dict[str, float] = {}
-    for i in range(0, len(terms), 500):
-        part = terms[i:i + 500]
-        for term, blob in db.execute(f"SELECT term, entries FROM docs_champ WHERE collection_id = ? AND term IN "
-                                     f"({','.join('?' * len(part))})", (cid, *part)):
-            e = np.frombuffer(blob, dtype=np.int64).reshape(-1, 3)     # _pack's native-order 'q' triples
-            if len(e) < KEEP:
-                floors[term] = -math.inf
-                continue
-            tf, length = e[:, 1], e[:, 2]
-            j = int(np.argmin(tf * (k1 + 1) / (tf + k1 * (1 - b + b * length / (avgdl or 1.0)))))
-            floors[term] = impact(int(tf[j]), int(length[j]), avgdl)
+    for term, e in _each_list(db, cid, terms):
+        floors[term] = float(impact(e[:, 1], e[:, 2], avgdl).min()) if len(e) >= KEEP else -math.inf
     return floors
 
 
@@ -207,7 +226,8 @@ def added(db, cid: int, passages: Sequence[tuple[int, str]]) -> None:
     A new passage has a larger id than every stored one, so it enters a full list only with an
     impact above the list's worst entry (a tie goes to the older passage): only those entries are
     kept while the batch is read, and only the lists they enter are read again and rewritten,
-    SLICE at a time. Memory is bounded by the batch and SLICE, not by the number of common words
+    SLICE at a time (as arrays: merging lists as Python tuples was a third of the writer's time
+    at 1 GB of text). Memory is bounded by the batch and SLICE, not by the number of common words
     times KEEP (merging every touched list at once held 241 MB at 1 GB of text:
     docs/BENCHMARKS.md)."""
     common = _common(db, cid)
@@ -224,18 +244,23 @@ def added(db, cid: int, passages: Sequence[tuple[int, str]]) -> None:
     for pid, words in passages:
         split = words.split()
         tf = Counter(split)
+        hit = keys & tf.keys()
+        if not hit:
+            continue
         length = len(split)
-        for t in keys & tf.keys():
+        norm = length_norm(length, avgdl)
+        for t in hit:
             floor = floors.get(t)
             if floor is None:
                 crossing.add(t)
-            elif impact(tf[t], length, avgdl) > floor:
+            elif impact_at(tf[t], norm) > floor:
                 new[t].append((pid, tf[t], length))
     terms = sorted(new)
     for i in range(0, len(terms), SLICE):
         part = terms[i:i + SLICE]
-        old = read(db, cid, part)
-        _write(db, cid, {t: _best(old[t] + new.pop(t), avgdl) for t in part})
+        old = _read_arrays(db, cid, part)
+        _write(db, cid, {t: _best_array(np.concatenate((old[t], np.array(new.pop(t), dtype=np.int64))), avgdl)
+                         for t in part})
     crossing_terms = sorted(crossing)
     for i in range(0, len(crossing_terms), SLICE):
         _write(db, cid, {t: _from_fts(db, cid, t, avgdl) for t in crossing_terms[i:i + SLICE]})

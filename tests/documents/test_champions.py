@@ -207,3 +207,25 @@ def test_list_upkeep_memory_does_not_grow_with_the_common_words(tmp_path, monkey
     assert len(peaks) == 2 and common2 >= 2 * common1 > 100, peaks
     # a list held as tuples costs ~KEEP * 100 bytes; a float per word ~100 bytes
     assert peak2 - peak1 < (common2 - common1) * champions.KEEP * 25, peaks
+
+
+def test_array_impacts_and_best_are_the_scalar_ones():
+    """The upkeep ranks lists as numpy arrays: every impact must be bit-identical to the scalar
+    function's, and the chosen entries those of sorting tuples by (-impact, id) with the last
+    entry of a passage kept (the reference below)."""
+    import random
+
+    import numpy as np
+
+    rng = random.Random(7)
+    for avgdl in (0.0, 1.0, 57.3, 212.9187):
+        tf = [rng.randint(1, 60) for _ in range(3000)]
+        length = [rng.randint(1, 900) for _ in range(3000)]
+        arr = champions.impact(np.array(tf), np.array(length), avgdl)
+        assert arr.tolist() == [champions.impact(t, n, avgdl) for t, n in zip(tf, length)]
+        entries = [(rng.randint(1, 400), t, n) for t, n in zip(tf, length)]     # repeated ids too
+        uniq = {e[0]: e for e in entries}
+        want = sorted(uniq.values(), key=lambda e: (-champions.impact(e[1], e[2], avgdl), e[0]))[:champions.KEEP]
+        assert champions._best(entries, avgdl) == want
+    assert champions._best([], 3.0) == []
+    assert champions.unpack(champions._pack([(5, 2, 30), (9, 1, 12)])) == [(5, 2, 30), (9, 1, 12)]
