@@ -22,10 +22,30 @@ size_t fe_q8_stride_kind(int kind, int cols) { return kind == FE_Q8_KIND_256 ? f
 
 int fe_q8_kind(int fmt) { return fmt == FE_Q4_K || fmt == FE_Q5_K || fmt == FE_Q6_K ? FE_Q8_KIND_256 : FE_Q8_KIND_32; }
 
-size_t fe_q8_buffer_bytes(int cols, int n) { return (size_t)n * (fe_q8_stride(cols) + fe_q8k_stride(cols)); }
+int fe_q8_layout(const fe_q8_kernels *k, int fmt, int n) { return k->layout ? k->layout(fmt, n) : fe_q8_kind(fmt); }
+
+size_t fe_q8_buffer_bytes(int cols, int n) { return (size_t)n * (2 * fe_q8_stride(cols) + fe_q8k_stride(cols)); }
 
 uint8_t *fe_q8_region(const fe_q8_ctx *q, int kind, int cols, int n) {
-    return q->buf + (kind == FE_Q8_KIND_256 ? (size_t)n * fe_q8_stride(cols) : 0);
+    const size_t a = (size_t)n * fe_q8_stride(cols);
+    return q->buf + (kind == FE_Q8_KIND_256 ? a : kind == FE_Q8_KIND_32Z ? a + (size_t)n * fe_q8k_stride(cols) : 0);
+}
+
+void fe_q8_to_32z(uint8_t *xq, int cols, int n) {
+    const size_t st = fe_q8_stride(cols);
+    const int nb = cols / FE_Q8_BLOCK;
+    for (int t = 0; t < n; t++) {
+        uint8_t *q = xq + (size_t)t * st;
+        for (int i = 0; i < cols; i++) q[i] ^= 0x80;
+        for (int b = 0; b + 1 < nb; b += 2) {
+            uint8_t tmp[2 * FE_Q8_BLOCK], *p = q + (size_t)b * FE_Q8_BLOCK;
+            for (int l = 0; l < 8; l++) {
+                memcpy(tmp + 8 * l, p + 4 * l, 4);
+                memcpy(tmp + 8 * l + 4, p + FE_Q8_BLOCK + 4 * l, 4);
+            }
+            memcpy(p, tmp, sizeof tmp);
+        }
+    }
 }
 
 /* Round to nearest, ties to even, for |v| < 2^22 (the default rounding mode
@@ -211,6 +231,7 @@ static const fe_q8_kernels SCALAR_Q8 = {
     {[FE_Q8_0] = rowdot_q8ref_q8_0, [FE_Q4_0] = rowdot_q8ref_q4_0, [FE_Q4_1] = rowdot_q8ref_q4_1,
      [FE_Q4_K] = rowdot_q8ref_q4_k, [FE_Q5_K] = rowdot_q8ref_q5_k, [FE_Q6_K] = rowdot_q8ref_q6_k},
     quantize_scalar,
+    NULL,
 };
 
 const fe_q8_kernels *fe_q8_kernels_get(int impl) {
@@ -245,7 +266,7 @@ int ferry_kernel_matmul_q8(int impl, int fmt, const void *w, int rows, int cols,
     if (!k || fmt < 0 || fmt >= FE_N_FORMATS || !k->rowdot[fmt] || !w || !x || !y || rows < 0 || n < 0 || rb == 0 ||
         cols % FE_Q8_BLOCK)
         return -1;
-    const int kind = fe_q8_kind(fmt);
+    const int kind = fe_q8_layout(k, fmt, n);
     uint8_t *xq = malloc(fe_q8_stride_kind(kind, cols) * (size_t)(n > 0 ? n : 1));
     if (!xq) return -1;
     k->quantize(kind, x, (size_t)cols, cols, n, xq);

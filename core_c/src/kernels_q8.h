@@ -8,6 +8,8 @@
  *  - per 256 values (Q4_K, Q5_K, Q6_K: their super-blocks, as llama.cpp's
  *    Q8_K): the same rounding with one d per 256 values, and the exact int16
  *    sums of q per 16 values ("bsums", for the minimums and Q6_K's offset).
+ * A set may read the first layout rearranged (its table's `layout`: the
+ * AVX-512 VNNI set's FE_Q8_KIND_32Z, fe_q8_to_32z); the numbers are the same.
  * The row kernels take integer dot products of the stored weight integers
  * with q and scale them in float. This changes results slightly (the
  * activation's rounding error, ~0.2-0.4 % of each block's largest value), so
@@ -64,8 +66,10 @@
 #define FE_Q8_BLOCK 32
 #define FE_Q8K_BLOCK 256
 
-/* The activation layout a weight format's q8 kernel reads. */
-enum { FE_Q8_KIND_32 = 0, FE_Q8_KIND_256 = 1, FE_Q8_KINDS = 2 };
+/* The activation layout a weight format's q8 kernel reads. FE_Q8_KIND_32Z
+ * is FE_Q8_KIND_32 rearranged for AVX-512 (fe_q8_to_32z), read only by that
+ * set's Q8_0 and Q4_0 kernels over 4 tokens or more (its table's `layout`). */
+enum { FE_Q8_KIND_32 = 0, FE_Q8_KIND_256 = 1, FE_Q8_KIND_32Z = 2, FE_Q8_KINDS = 3 };
 int fe_q8_kind(int fmt);
 
 /* One token's quantized activations of `cols` values, per 32 (cols a
@@ -79,7 +83,13 @@ size_t fe_q8_stride_kind(int kind, int cols);
  * `quantize`). */
 void fe_q8_quantize(int kind, const float *x, size_t x_stride, int cols, int n, uint8_t *out);
 typedef void (*fe_q8quant_fn)(int kind, const float *x, size_t x_stride, int cols, int n, uint8_t *out);
-/* Room for n tokens of `cols` values in both layouts (a fe_q8_ctx buffer). */
+/* FE_Q8_KIND_32 quantized activations of n tokens turned into FE_Q8_KIND_32Z
+ * in place: each q byte flipped to q + 128 (as uint8: q ^ 0x80), and the
+ * bytes of blocks 2p and 2p + 1 interleaved four at a time (bytes 4l..4l+3
+ * of block 2p, then bytes 4l..4l+3 of block 2p + 1, for l = 0..7); a last
+ * odd block is only flipped. d and s are unchanged. */
+void fe_q8_to_32z(uint8_t *xq, int cols, int n);
+/* Room for n tokens of `cols` values in every layout (a fe_q8_ctx buffer). */
 size_t fe_q8_buffer_bytes(int cols, int n);
 
 /* For t < n: y[t * ys] = the q8 dot of a stored weight row with token t's
@@ -90,7 +100,10 @@ typedef struct fe_q8_kernels {
     const char *name;                   /* "scalar", "avx2", "neon", "avx512vnni" */
     fe_q8dot_fn rowdot[FE_N_FORMATS];   /* NULL: no integer kernel (f32, f16, bf16, q3_nl use the exact path) */
     fe_q8quant_fn quantize;             /* the quantizer (fe_q8_quantize's results) */
+    int (*layout)(int fmt, int n);      /* the layout rowdot[fmt] reads over n tokens (NULL: fe_q8_kind(fmt)) */
 } fe_q8_kernels;
+/* The layout set k's kernel for format fmt reads over n tokens. */
+int fe_q8_layout(const fe_q8_kernels *k, int fmt, int n);
 
 /* The q8-only set after the FE_KERNELS_* ids: AVX-512 VNNI integer products
  * (kernels_q8_avx512.c); its exact (f32) kernels are AVX2's. */
@@ -118,7 +131,7 @@ typedef struct fe_q8_ctx {
 } fe_q8_ctx;
 
 /* Where a product of n tokens over `cols` keeps the activations of layout
- * `kind` in q->buf (the two layouts side by side, so a job mixing formats
+ * `kind` in q->buf (the layouts side by side, so a job mixing formats
  * quantizes x once per layout). */
 uint8_t *fe_q8_region(const fe_q8_ctx *q, int kind, int cols, int n);
 
@@ -166,6 +179,7 @@ fe_q8dot_fn fe_q8_kernel_for(const fe_q8_ctx *q, int fmt, int cols, int n);
                     s[b] = d[b] * (float)(sums[0] + sums[1]);                                               \
             }                                                                                               \
         }                                                                                                   \
+        if (kind == FE_Q8_KIND_32Z) fe_q8_to_32z(out, cols, n);                                             \
     }
 
 /* A whole SIMD set: the drivers of the six formats, its quantizer
@@ -183,6 +197,7 @@ fe_q8dot_fn fe_q8_kernel_for(const fe_q8_ctx *q, int fmt, int cols, int n);
          [FE_Q4_1] = rowdot_##prefix##_q4_1, [FE_Q4_K] = rowdot_##prefix##_q4_k,                            \
          [FE_Q5_K] = rowdot_##prefix##_q5_k, [FE_Q6_K] = rowdot_##prefix##_q6_k},                           \
         quantize_##prefix,                                                                                  \
+        NULL,                                                                                               \
     };
 
 /* The 8 6-bit scales and 8 6-bit minimums of a Q4_K/Q5_K super-block (its

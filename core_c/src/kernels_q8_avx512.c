@@ -17,12 +17,13 @@
  * The two halves are added at the end of the super-block (int32: any order).
  *
  * Q8_0 and Q4_0 (signed weights): vpdpbusd needs one unsigned operand, so
- * the activations are flipped to x + 128 (x ^ 0x80) and the accumulator
- * starts at -128 * (sum of the lane's 4 weights), computed once per block
- * and shared by the tile's tokens. The per-block float scales D_b * d_b are
- * multiplied 16 blocks at a time (the same single IEEE products) and
- * broadcast from memory. Q4_1, and fewer than 4 tokens of Q8_0 and Q4_0,
- * use the AVX2 set's kernels (faster there: see the drivers).
+ * the activations come flipped to x + 128 (x ^ 0x80, by the quantizer:
+ * FE_Q8_KIND_32Z, which also interleaves blocks 2p and 2p + 1 so that one
+ * zmm holds both) and the accumulator starts at -128 * (sum of the lane's 4
+ * weights), computed once per block pair and shared by the tile's tokens.
+ * The per-block float scales D_b * d_b are multiplied 16 blocks at a time
+ * (the same single IEEE products). Q4_1, and fewer than 4 tokens of Q8_0
+ * and Q4_0, use the AVX2 set's kernels (faster there: see the drivers).
  *
  * Tokens run in tiles of up to 16 (Q8_0, Q4_0) or 8 (K-quants) sharing each
  * decoded weight block (32 vector registers); a token's arithmetic does not
@@ -76,28 +77,25 @@ INL __m256i nibbles(const uint8_t *q) {
     return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(15));
 }
 
-/* Block b (index i of the current group of 16) of Q8_0 (four = 0) or Q4_0
- * into acc: sc[t][i] = D_b * d_b. */
-INL void block32(const uint8_t *row, const uint8_t *xq, size_t st, int b, int i, const int nt, const int four,
-                 float sc[][16], __m256 *acc) {
-    const __m256i c80 = _mm256_set1_epi8((char)0x80);
-    const __m256i w = four ? _mm256_sub_epi8(nibbles(row + 18 * (size_t)b + 2), _mm256_set1_epi8(8))
-                           : ld(row + 34 * (size_t)b + 2);
-    /* -128 * (the lane's 4 weights summed): (x + 128) . w - 128 * sum w = x . w */
-    const __m256i init = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_dpbusd_epi32(_mm256_setzero_si256(), c80, w));
-    for (int t = 0; t < nt; t++) {
-        const __m256i p = _mm256_dpbusd_epi32(init, _mm256_xor_si256(ld(QX(t) + 32 * (size_t)b), c80), w);
-        acc[t] = _mm256_fmadd_ps(_mm256_broadcast_ss(&sc[t][i]), _mm256_cvtepi32_ps(p), acc[t]);
-    }
+/* Four tokens or more (FE_Q8_KIND_32Z: x flipped to x + 128, blocks 2p and
+ * 2p + 1 interleaved four bytes at a time): two blocks per zmm, the even
+ * block's 8 lanes in the even lanes and the odd block's in the odd ones,
+ * which are the reference's two accumulator sets (acc[b % 2]), so each lane
+ * takes exactly the reference's multiply-adds. The weights of a block pair
+ * are interleaved the same way once per row (vpermt2d) and their scales
+ * D_b * d_b, adjacent in sc, are one 64-bit broadcast. A last odd block
+ * runs in ymm and adds to the even lanes only. */
+INL __m256i w32(const uint8_t *row, int b, const int four) {
+    return four ? _mm256_sub_epi8(nibbles(row + 18 * (size_t)b + 2), _mm256_set1_epi8(8)) : ld(row + 34 * (size_t)b + 2);
 }
 
-/* Blocks alternate between two accumulator sets per token (even blocks: A,
- * odd: B), as in the reference; the result adds the two lane by lane first. */
-INL void tile32(const uint8_t *row, int cols, const uint8_t *xq, size_t st, float *y, size_t ys, const int nt,
-                const int four) {
+INL void tile32z(const uint8_t *row, int cols, const uint8_t *xq, size_t st, float *y, size_t ys, const int nt,
+                 const int four) {
     const int nb = cols / 32, bb = four ? 18 : 34;
-    __m256 A[TILE], B[TILE];
-    for (int t = 0; t < nt; t++) A[t] = B[t] = _mm256_setzero_ps();
+    const __m512i pairs = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    const __m512i c80 = _mm512_set1_epi8((char)0x80);
+    __m512 Z[TILE];
+    for (int t = 0; t < nt; t++) Z[t] = _mm512_setzero_ps();
     for (int b0 = 0; b0 < nb; b0 += 16) {
         const int m = nb - b0 < 16 ? nb - b0 : 16;
         const __mmask16 k = (__mmask16)((1u << m) - 1);
@@ -107,18 +105,41 @@ INL void tile32(const uint8_t *row, int cols, const uint8_t *xq, size_t st, floa
         for (int t = 0; t < nt; t++) /* the reference's D_b * d_b, 16 at a time */
             _mm512_storeu_ps(sc[t], _mm512_mul_ps(Dv, _mm512_maskz_loadu_ps(k, DX(t) + b0)));
         int i = 0;
-        for (; i + 2 <= m; i += 2) { /* b0 is even: block parity is i's */
-            block32(row, xq, st, b0 + i, i, nt, four, sc, A);
-            block32(row, xq, st, b0 + i + 1, i + 1, nt, four, sc, B);
+        for (; i + 2 <= m; i += 2) {
+            const int b = b0 + i;
+            const __m512i w = _mm512_permutex2var_epi32(_mm512_castsi256_si512(w32(row, b, four)), pairs,
+                                                        _mm512_castsi256_si512(w32(row, b + 1, four)));
+            /* -128 * (the lane's 4 weights summed): (x + 128) . w - 128 * sum w = x . w */
+            const __m512i init = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), c80, w));
+            for (int t = 0; t < nt; t++) {
+                const __m512i p = _mm512_dpbusd_epi32(init, ld512(QX(t) + 32 * (size_t)b), w);
+                double s2;
+                memcpy(&s2, &sc[t][i], sizeof s2); /* D_b d_b and D_b+1 d_b+1, alternating */
+                Z[t] = _mm512_fmadd_ps(_mm512_castpd_ps(_mm512_set1_pd(s2)), _mm512_cvtepi32_ps(p), Z[t]);
+            }
         }
-        if (i < m) block32(row, xq, st, b0 + i, i, nt, four, sc, A);
+        if (i < m) { /* the row's last block, even, alone */
+            const int b = b0 + i;
+            const __m256i w = w32(row, b, four);
+            const __m256i init = _mm256_sub_epi32(_mm256_setzero_si256(),
+                                                  _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8((char)0x80), w));
+            for (int t = 0; t < nt; t++) {
+                const __m256i p = _mm256_dpbusd_epi32(init, ld(QX(t) + 32 * (size_t)b), w);
+                Z[t] = _mm512_mask3_fmadd_ps(_mm512_set1_ps(sc[t][i]), _mm512_cvtepi32_ps(_mm512_cvtepu32_epi64(p)), Z[t],
+                                             (__mmask16)0x5555);
+            }
+        }
     }
-    for (int t = 0; t < nt; t++) y[(size_t)t * ys] = hsum8(_mm256_add_ps(A[t], B[t]));
+    const __m512i evens = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 2, 4, 6, 8, 10, 12, 14);
+    for (int t = 0; t < nt; t++) { /* acc[0] + acc[1] lane by lane, then the reference's sum of 8 */
+        const __m512 ab = _mm512_add_ps(Z[t], _mm512_permute_ps(Z[t], 0xb1));
+        y[(size_t)t * ys] = hsum8(_mm512_castps512_ps256(_mm512_permutexvar_ps(evens, ab)));
+    }
 }
 
 /* the tiles the drivers below call by format name */
-#define q8_0_tile(...) tile32(__VA_ARGS__, 0)
-#define q4_0_tile(...) tile32(__VA_ARGS__, 1)
+#define q8_0_ztile(...) tile32z(__VA_ARGS__, 0)
+#define q4_0_ztile(...) tile32z(__VA_ARGS__, 1)
 
 /* ------------------------------------------------------------ K-quants */
 
@@ -288,36 +309,25 @@ INL void q6_k_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, f
 
 /* ------------------------------------------------------ drivers, table */
 
-/* rowdot_vnni_<fmt>: tiles of `big` tokens (16 or 8), then of 8, then the
- * rest as one tile (each nt a constant, so every tile size is its own
- * unrolled code). `few`: a rest of fewer tokens goes to the AVX2 set's
- * kernel instead (bit-identical; for the 32-value formats, whose per-block
- * set-up here only pays off over several tokens: bench/q8_speed.py --kernels
- * --sets). Q8_0 and Q4_0 take 16 tokens a tile, 1.12-1.26x faster than 8 on
- * the Intel VM of 2026-12-05; the K-quants' 8 (their 16-token tile ran out
- * of registers: 0.69-0.91x). */
-#define DRIVER(fmt, stride, few, big)                                                                         \
-    TGT static void rowdot_vnni_##fmt(const uint8_t *row, int cols, const uint8_t *xq, int n, float *y, size_t ys) { \
-        const size_t st = stride(cols);                                                                      \
-        int t = 0;                                                                                           \
-        for (; t + (big) <= n; t += (big)) fmt##_tile(row, cols, xq + (size_t)t * st, st, y + (size_t)t * ys, ys, (big)); \
-        for (; t + 8 <= n; t += 8) fmt##_tile(row, cols, xq + (size_t)t * st, st, y + (size_t)t * ys, ys, 8); \
-        const uint8_t *x = xq + (size_t)t * st;                                                              \
-        float *o = y + (size_t)t * ys;                                                                       \
-        if (n - t > 0 && n - t < few) {                                                                      \
-            fe_q8_kernels_avx2()->rowdot[FE_##fmt](row, cols, x, n - t, o, ys);                              \
-            return;                                                                                          \
-        }                                                                                                    \
-        switch (n - t) {                                                                                     \
-        case 1: fmt##_tile(row, cols, x, st, o, ys, 1); break;                                               \
-        case 2: fmt##_tile(row, cols, x, st, o, ys, 2); break;                                               \
-        case 3: fmt##_tile(row, cols, x, st, o, ys, 3); break;                                               \
-        case 4: fmt##_tile(row, cols, x, st, o, ys, 4); break;                                               \
-        case 5: fmt##_tile(row, cols, x, st, o, ys, 5); break;                                               \
-        case 6: fmt##_tile(row, cols, x, st, o, ys, 6); break;                                               \
-        case 7: fmt##_tile(row, cols, x, st, o, ys, 7); break;                                               \
-        default: break;                                                                                      \
-        }                                                                                                    \
+/* The tiles of a row kernel: `big` tokens at a time (16 or 8), then 8, then
+ * the rest as one tile (each nt a constant, so every tile size is its own
+ * unrolled code). */
+#define TILES(tile, big, stride)                                                                              \
+    const size_t st = stride(cols);                                                                          \
+    int t = 0;                                                                                               \
+    for (; t + (big) <= n; t += (big)) tile(row, cols, xq + (size_t)t * st, st, y + (size_t)t * ys, ys, (big)); \
+    for (; t + 8 <= n; t += 8) tile(row, cols, xq + (size_t)t * st, st, y + (size_t)t * ys, ys, 8);          \
+    const uint8_t *x = xq + (size_t)t * st;                                                                  \
+    float *o = y + (size_t)t * ys;                                                                           \
+    switch (n - t) {                                                                                         \
+    case 1: tile(row, cols, x, st, o, ys, 1); break;                                                         \
+    case 2: tile(row, cols, x, st, o, ys, 2); break;                                                         \
+    case 3: tile(row, cols, x, st, o, ys, 3); break;                                                         \
+    case 4: tile(row, cols, x, st, o, ys, 4); break;                                                         \
+    case 5: tile(row, cols, x, st, o, ys, 5); break;                                                         \
+    case 6: tile(row, cols, x, st, o, ys, 6); break;                                                         \
+    case 7: tile(row, cols, x, st, o, ys, 7); break;                                                         \
+    default: break;                                                                                          \
     }
 
 #define FE_q8_0 FE_Q8_0
@@ -325,11 +335,34 @@ INL void q6_k_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, f
 #define FE_q4_k FE_Q4_K
 #define FE_q5_k FE_Q5_K
 #define FE_q6_k FE_Q6_K
-DRIVER(q8_0, fe_q8_stride, 4, 16)
-DRIVER(q4_0, fe_q8_stride, 4, 16)
-DRIVER(q4_k, fe_q8k_stride, 0, 8)
-DRIVER(q5_k, fe_q8k_stride, 0, 8)
-DRIVER(q6_k, fe_q8k_stride, 0, 8)
+
+/* The K-quants: tiles of 8 tokens (a 16-token tile ran out of registers: 0.69-0.91x). */
+#define DRIVER(fmt, stride)                                                                                  \
+    TGT static void rowdot_vnni_##fmt(const uint8_t *row, int cols, const uint8_t *xq, int n, float *y, size_t ys) { \
+        TILES(fmt##_tile, 8, stride)                                                                          \
+    }
+
+/* Q8_0 and Q4_0: under 4 tokens the AVX2 set's kernel on FE_Q8_KIND_32 (the
+ * per-block set-up here pays off only over several tokens: bench/q8_speed.py
+ * --kernels --sets); from 4 tokens, tiles of 16 (1.12-1.26x faster than 8 on
+ * the Intel VM of 2026-12-05), 8 and the rest on FE_Q8_KIND_32Z (vnni_layout). */
+#define DRIVER32Z(fmt)                                                                                       \
+    TGT static void rowdot_vnni_##fmt(const uint8_t *row, int cols, const uint8_t *xq, int n, float *y, size_t ys) { \
+        if (n < 4) {                                                                                         \
+            fe_q8_kernels_avx2()->rowdot[FE_##fmt](row, cols, xq, n, y, ys);                                 \
+            return;                                                                                          \
+        }                                                                                                    \
+        TILES(fmt##_ztile, 16, fe_q8_stride)                                                                  \
+    }
+DRIVER32Z(q8_0)
+DRIVER32Z(q4_0)
+
+static int vnni_layout(int fmt, int n) {
+    return (fmt == FE_Q8_0 || fmt == FE_Q4_0) && n >= 4 ? FE_Q8_KIND_32Z : fe_q8_kind(fmt);
+}
+DRIVER(q4_k, fe_q8k_stride)
+DRIVER(q5_k, fe_q8k_stride)
+DRIVER(q6_k, fe_q8k_stride)
 
 /* Q4_1 (the demo model's format) keeps AVX2's kernel: this file's version was
  * 0.63-0.79x as fast (its minimum's scalar chain; bench/q8_speed.py). */
@@ -348,6 +381,7 @@ static const fe_q8_kernels VNNI_Q8 = {
     {[FE_Q8_0] = rowdot_vnni_q8_0, [FE_Q4_0] = rowdot_vnni_q4_0, [FE_Q4_1] = rowdot_vnni_q4_1,
      [FE_Q4_K] = rowdot_vnni_q4_k, [FE_Q5_K] = rowdot_vnni_q5_k, [FE_Q6_K] = rowdot_vnni_q6_k},
     quantize_vnni,
+    vnni_layout,
 };
 
 const fe_q8_kernels *fe_q8_kernels_avx512vnni(void) { return &VNNI_Q8; }

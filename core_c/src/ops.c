@@ -102,7 +102,7 @@ void fe_matmul_multi(const fe_ops *ops, const fe_mat *const *w, int count, const
     j.x = x;
     j.n = n;
     j.first[0] = 0;
-    const uint8_t *xq[FE_Q8_KINDS] = {NULL, NULL};
+    const uint8_t *xq[FE_Q8_KINDS] = {NULL};
     ferry_profile_part *P = ops->prof;
     double t0 = P ? fe_now() : 0.0; /* a q8 product's time includes quantizing x */
     for (int i = 0; i < count && i < FE_MATMUL_MULTI_MAX; i++) {
@@ -114,7 +114,7 @@ void fe_matmul_multi(const fe_ops *ops, const fe_mat *const *w, int count, const
         j.rows[j.count] = n > 1 && ops->kernels ? ops->kernels->rowsdot[w[i]->fmt] : NULL;
         j.q8dot[j.count] = fe_q8_kernel_for(ops->q8, w[i]->fmt, w[i]->cols, n);
         if (j.q8dot[j.count]) { /* the matrices share cols: x is quantized once per layout */
-            const int kind = fe_q8_kind(w[i]->fmt);
+            const int kind = fe_q8_layout(ops->q8->k, w[i]->fmt, n);
             if (!xq[kind]) {
                 uint8_t *buf = fe_q8_region(ops->q8, kind, w[i]->cols, n);
                 ops->q8->k->quantize(kind, x, (size_t)w[i]->cols, w[i]->cols, n, buf);
