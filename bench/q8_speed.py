@@ -142,24 +142,36 @@ def kernel_cases(lib, ffi):
             yield fmt, rows, cols, n, code, w, rng.standard_normal(n * cols).astype(np.float32)
 
 
+def q8_auto(lib, ffi, impl: int) -> int:
+    """The q8 kernel set beside the exact set `impl` that kernels "auto" uses: AVX-512 VNNI when this
+    CPU runs it (and impl is AVX2), else impl's own. (Before 2026-12-05 15:45 UTC this bench timed
+    impl's own q8 set, AVX2, even where the engine used VNNI.)"""
+    names = {ffi.string(lib.ferry_q8_kernels_name(i)).decode(): i for i in range(8)}
+    vnni = names.get("avx512vnni")
+    avx2 = names.get("avx2")
+    return vnni if impl == avx2 and vnni is not None and lib.ferry_q8_kernels_available(vnni) else impl
+
+
 def bench_kernels(a) -> list[dict]:
     import numpy as np
     from app.engine._ferry_c import ffi, lib
     impl = lib.ferry_kernels_best()
+    q8_impl = q8_auto(lib, ffi, impl)   # the q8 set the engine's "auto" takes (AVX-512 VNNI where it runs)
     out = []
     for fmt, rows, cols, n, code, w, x in kernel_cases(lib, ffi):
         y = np.zeros(n * rows, np.float32)
-        args = (impl, code, ffi.from_buffer("uint8_t[]", w), rows, cols, ffi.from_buffer("float[]", x), n,
+        args = (code, ffi.from_buffer("uint8_t[]", w), rows, cols, ffi.from_buffer("float[]", x), n,
                 ffi.from_buffer("float[]", y))
         best = {"f32": float("inf"), "q8": float("inf")}
         for _ in range(a.rounds):
-            for name, fn in (("f32", lib.ferry_kernel_matmul), ("q8", lib.ferry_kernel_matmul_q8)):
+            for name, fn, i in (("f32", lib.ferry_kernel_matmul, impl), ("q8", lib.ferry_kernel_matmul_q8, q8_impl)):
                 for _ in range(5):
                     t0 = time.perf_counter()
-                    fn(*args)
+                    fn(i, *args)
                     best[name] = min(best[name], time.perf_counter() - t0)
         out.append({"format": fmt, "rows": rows, "cols": cols, "tokens": n, "f32_ms": best["f32"] * 1e3,
-                    "q8_ms": best["q8"] * 1e3, "q8_speedup": best["f32"] / best["q8"]})
+                    "q8_ms": best["q8"] * 1e3, "q8_speedup": best["f32"] / best["q8"],
+                    "q8_set": ffi.string(lib.ferry_q8_kernels_name(q8_impl)).decode()})
         print(json.dumps(out[-1]), file=sys.stderr, flush=True)
     return out
 
