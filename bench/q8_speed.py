@@ -142,11 +142,16 @@ def kernel_cases(lib, ffi):
             yield fmt, rows, cols, n, code, w, rng.standard_normal(n * cols).astype(np.float32)
 
 
+def q8_set_ids(lib, ffi) -> dict[str, int]:
+    """The q8 kernel sets of this build by name ("scalar", "avx2", "neon", "avx512vnni")."""
+    return {ffi.string(lib.ferry_q8_kernels_name(i)).decode(): i for i in range(8)}
+
+
 def q8_auto(lib, ffi, impl: int) -> int:
     """The q8 kernel set beside the exact set `impl` that kernels "auto" uses: AVX-512 VNNI when this
     CPU runs it (and impl is AVX2), else impl's own. (Before 2026-12-05 15:45 UTC this bench timed
     impl's own q8 set, AVX2, even where the engine used VNNI.)"""
-    names = {ffi.string(lib.ferry_q8_kernels_name(i)).decode(): i for i in range(8)}
+    names = q8_set_ids(lib, ffi)
     vnni = names.get("avx512vnni")
     avx2 = names.get("avx2")
     return vnni if impl == avx2 and vnni is not None and lib.ferry_q8_kernels_available(vnni) else impl
@@ -180,7 +185,7 @@ def compare_sets(a) -> dict:
     """The same q8 products with two kernel sets of this build, alternating call by call (thread CPU time)."""
     import numpy as np
     from app.engine._ferry_c import ffi, lib
-    names = {ffi.string(lib.ferry_q8_kernels_name(i)).decode(): i for i in range(8)}
+    names = q8_set_ids(lib, ffi)
     impls = []
     for s in a.sets:
         if s not in names or not lib.ferry_q8_kernels_available(names[s]):

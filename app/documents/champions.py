@@ -31,7 +31,6 @@ ranks every candidate with the full scorer.
 from __future__ import annotations
 
 import math
-from array import array
 from collections import Counter, defaultdict
 from typing import Iterable, Iterator, Sequence
 
@@ -85,8 +84,12 @@ def _array(blob: bytes) -> np.ndarray:
     return np.frombuffer(blob, dtype=np.int64).reshape(-1, 3)
 
 
+def _tuples(e: np.ndarray) -> list[tuple[int, int, int]]:
+    return [tuple(r) for r in e.tolist()]
+
+
 def unpack(blob: bytes) -> list[tuple[int, int, int]]:
-    return [tuple(e) for e in _array(blob).tolist()]
+    return _tuples(_array(blob))
 
 
 def _best_array(e: np.ndarray, avgdl: float) -> np.ndarray:
@@ -103,7 +106,7 @@ def _best_array(e: np.ndarray, avgdl: float) -> np.ndarray:
 def _best(entries: Iterable[tuple[int, int, int]], avgdl: float) -> list[tuple[int, int, int]]:
     """:func:`_best_array` of a sequence of (id, tf, length) tuples, as tuples."""
     e = np.asarray(list(entries), dtype=np.int64).reshape(-1, 3)
-    return [tuple(r) for r in _best_array(e, avgdl).tolist()]
+    return _tuples(_best_array(e, avgdl))
 
 
 def _avgdl(db, cid: int) -> float:
@@ -127,7 +130,7 @@ def _common(db, cid: int, terms: Iterable[str] | None = None) -> dict[str, int]:
 
 def read(db, cid: int, terms: Sequence[str]) -> dict[str, list[tuple[int, int, int]]]:
     """The stored lists of these words (the words that have one)."""
-    return {t: [tuple(e) for e in a.tolist()] for t, a in _read_arrays(db, cid, terms).items()}
+    return {t: _tuples(a) for t, a in _read_arrays(db, cid, terms).items()}
 
 
 def _read_arrays(db, cid: int, terms: Sequence[str]) -> dict[str, np.ndarray]:

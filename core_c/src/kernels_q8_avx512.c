@@ -342,13 +342,14 @@ INL void q6_k_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, f
         TILES(fmt##_tile, 8, stride)                                                                          \
     }
 
-/* Q8_0 and Q4_0: under 4 tokens the AVX2 set's kernel on FE_Q8_KIND_32 (the
+/* Q8_0 and Q4_0: under Z_TOKENS the AVX2 set's kernel on FE_Q8_KIND_32 (the
  * per-block set-up here pays off only over several tokens: bench/q8_speed.py
- * --kernels --sets); from 4 tokens, tiles of 16 (1.12-1.26x faster than 8 on
+ * --kernels --sets); from Z_TOKENS, tiles of 16 (1.12-1.26x faster than 8 on
  * the Intel VM of 2026-12-05), 8 and the rest on FE_Q8_KIND_32Z (vnni_layout). */
+#define Z_TOKENS 4
 #define DRIVER32Z(fmt)                                                                                       \
     TGT static void rowdot_vnni_##fmt(const uint8_t *row, int cols, const uint8_t *xq, int n, float *y, size_t ys) { \
-        if (n < 4) {                                                                                         \
+        if (n < Z_TOKENS) {                                                                                  \
             fe_q8_kernels_avx2()->rowdot[FE_##fmt](row, cols, xq, n, y, ys);                                 \
             return;                                                                                          \
         }                                                                                                    \
@@ -356,13 +357,14 @@ INL void q6_k_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, f
     }
 DRIVER32Z(q8_0)
 DRIVER32Z(q4_0)
-
-static int vnni_layout(int fmt, int n) {
-    return (fmt == FE_Q8_0 || fmt == FE_Q4_0) && n >= 4 ? FE_Q8_KIND_32Z : fe_q8_kind(fmt);
-}
 DRIVER(q4_k, fe_q8k_stride)
 DRIVER(q5_k, fe_q8k_stride)
 DRIVER(q6_k, fe_q8k_stride)
+
+/* The table's `layout`: what the drivers above read over n tokens. */
+static int vnni_layout(int fmt, int n) {
+    return (fmt == FE_Q8_0 || fmt == FE_Q4_0) && n >= Z_TOKENS ? FE_Q8_KIND_32Z : fe_q8_kind(fmt);
+}
 
 /* Q4_1 (the demo model's format) keeps AVX2's kernel: this file's version was
  * 0.63-0.79x as fast (its minimum's scalar chain; bench/q8_speed.py). */
