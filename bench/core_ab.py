@@ -32,7 +32,9 @@ ROOT = Path(__file__).resolve().parents[1]
 BENCH = Path.home() / ".cache" / "ferry-bench"
 FILES = {"demo": BENCH / "SmolLM2-135M-Instruct.Q4_1.ferry",
          "1b-q4_k_m": BENCH / "synthetic-1b-q4_k_m.ferry",
-         "1b-q8_0": BENCH / "synthetic-1b-q8_0.ferry"}
+         "1b-q8_0": BENCH / "synthetic-1b-q8_0.ferry",
+         "3b-q4_k_m": BENCH / "synthetic-3b-q4_k_m.ferry",
+         "3b-q8_0": BENCH / "synthetic-3b-q8_0.ferry"}
 METRICS = ("decode_tok_s", "prompt128_tok_s", "prompt_long_tok_s", "ttft_s", "peak_rss_bytes",
            "decode_cpu_ms_per_token", "prompt_long_cpu_ms_per_token")
 LOWER_IS_BETTER = ("ttft_s", "peak_rss_bytes", "decode_cpu_ms_per_token", "prompt_long_cpu_ms_per_token")

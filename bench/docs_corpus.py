@@ -6,6 +6,9 @@ English words and a long tail of rarer made-up ones (names, places, terms).
 Deterministic for a seed; nothing is downloaded.
 
     generate(folder, megabytes, seed=0) -> list of files written
+    generate(folder, megabytes, seed=0, pdf=True): the same documents as PDF
+        files (fpdf2, pages of about 2,500 characters), as most of a real
+        archive is: for measuring extraction against the index
 """
 from __future__ import annotations
 
@@ -93,9 +96,41 @@ class _Writer:
         return "\n".join(out)
 
 
-def generate(folder: Path, megabytes: float, seed: int = 0, *, start: int = 0) -> list[Path]:
+#: a Unicode TrueType font for the PDFs where the system has one (else the core Helvetica, with the
+#: text folded to Latin-1: the few dashes and accents become "?")
+PDF_FONTS = ("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf", "/Library/Fonts/Arial Unicode.ttf",
+             "/System/Library/Fonts/Supplemental/Arial Unicode.ttf")
+
+
+def write_pdf(text: str, out: Path, page_chars: int = 2500) -> None:
+    """``text`` (paragraphs separated by blank lines) as a PDF of pages of about ``page_chars``."""
+    from fpdf import FPDF
+
+    pdf = FPDF(format="A4")
+    font = next((f for f in PDF_FONTS if Path(f).is_file()), None)
+    if font:
+        pdf.add_font("Body", "", font)
+    pages, cur, n = [], [], 0
+    for para in (p for p in text.split("\n\n") if p.strip()):
+        cur.append(" ".join(para.split()))
+        n += len(para)
+        if n >= page_chars:
+            pages.append(cur)
+            cur, n = [], 0
+    pages.append(cur)
+    for paras in pages:
+        pdf.add_page()
+        pdf.set_font("Body" if font else "Helvetica", size=10)
+        for para in paras:
+            pdf.multi_cell(0, 5, para if font else para.encode("latin-1", "replace").decode("latin-1"))
+            pdf.ln(2)
+    pdf.output(str(out))
+
+
+def generate(folder: Path, megabytes: float, seed: int = 0, *, start: int = 0, pdf: bool = False) -> list[Path]:
     """Write about ``megabytes`` MB of documents into ``folder`` (in sub-folders of
-    200 files); returns the files written."""
+    200 files; ``pdf``: as PDF files, the megabytes counting their text); returns the
+    files written."""
     folder = Path(folder)
     w = _Writer(seed)
     written, total, i = [], 0, start
@@ -108,7 +143,11 @@ def generate(folder: Path, megabytes: float, seed: int = 0, *, start: int = 0) -
         sub.mkdir(parents=True, exist_ok=True)
         path = sub / f"doc{i:06d}.{'md' if md else 'txt'}"
         text = w.document(size, md)
-        path.write_text(text, encoding="utf-8")
+        if pdf:
+            path = path.with_suffix(".pdf")
+            write_pdf(text, path)
+        else:
+            path.write_text(text, encoding="utf-8")
         written.append(path)
         total += len(text.encode("utf-8"))
         i += 1

@@ -1,15 +1,16 @@
 """Documents at the scale of an archive: add, open, search, recall, at 10 MB,
 100 MB and (opt-in) 1 GB of generated text (bench/docs_corpus.py).
 
-    .venv/bin/python bench/docs_scale.py --json [--sizes 10,100] [--workers N] [--keep DIR]
+    .venv/bin/python bench/docs_scale.py --json [--sizes 10,100] [--workers N] [--keep DIR] [--pdf]
                                         [--corpus-cache ~/.cache/ferry-bench] [--model DEMO_MODEL_DIR]
     .venv/bin/python bench/docs_scale.py --json --measure KEPT_DIR/home/ferry.db
     .venv/bin/python bench/docs_scale.py --json --measure KEPT_DIR/home/ferry.db --cold [--warm-budget MB]
     .venv/bin/python bench/docs_scale.py --json --resume KEPT_DIR/home/ferry.db --sizes 1000 --corpus-cache ~/.cache/ferry-bench
 
 For each size, in a fresh data folder with an encrypted database: the add
-(MB/s, files, passages, peak RSS of the adding process and of its worker
-processes), database size against the text's size, the time to open the
+(MB of text per second, files, passages, peak RSS of the adding process and
+of its worker processes, and the CPU seconds per MB of text of the adding
+process, the writer, against its workers: which side bounds the add), database size against the text's size, the time to open the
 store and the collection, search latency p50/p95 over single-word,
 multi-word and phrase questions, and recall@3 / MRR of the test corpus's 58
 questions with the generated corpus in the same collection. With --model,
@@ -20,7 +21,10 @@ word): top-5 overlaps. ``--measure`` does the measuring part alone on a kept
 database (e.g. one whose add was stopped part way); ``--resume`` first goes on
 with the add of that size's cached corpus into a kept database whose add was
 stopped (``kill -9``), as adding the same folder again does in the app.
-Each size runs in a child process so its peak RSS is its own.
+Each size runs in a child process so its peak RSS is its own. ``--pdf``
+renders the generated documents as PDF files (as most of a real archive is),
+where extraction, not the index, is most of the work; the RSS trace's
+``text_mb`` then counts the files' bytes.
 
 ``--cold`` measures the first search on a database that is not in the OS page
 cache (as after a reboot): before each question the database's pages are
@@ -132,7 +136,7 @@ def _pct(xs: list[float], p: float) -> float:
 
 
 def run_size(megabytes: float, workers: int | None, keep: Path | None, seed: int,
-             corpus_cache: Path | None = None) -> dict:
+             corpus_cache: Path | None = None, pdf: bool = False) -> dict:
     """One size, in this process (the parent runs it in a child)."""
     import docs_corpus
     from corpus_tools import build_corpus
@@ -144,24 +148,26 @@ def run_size(megabytes: float, workers: int | None, keep: Path | None, seed: int
     corpus = work / "archive"
     t0 = time.perf_counter()
     if corpus_cache is not None:        # generated once, kept outside the repository for later runs
-        corpus = corpus_cache / f"archive-{megabytes:g}-{seed}"
+        corpus = corpus_cache / f"archive-{'pdf-' if pdf else ''}{megabytes:g}-{seed}"
         if not corpus.is_dir():
             tmp = corpus.with_name(corpus.name + ".tmp")
             shutil.rmtree(tmp, ignore_errors=True)
-            docs_corpus.generate(tmp, megabytes, seed)
+            docs_corpus.generate(tmp, megabytes, seed, pdf=pdf)
             tmp.rename(corpus)
         files = sorted(p for p in corpus.rglob("*") if p.is_file())
     else:
-        files = docs_corpus.generate(corpus, megabytes, seed)
+        files = docs_corpus.generate(corpus, megabytes, seed, pdf=pdf)
     gen_s = time.perf_counter() - t0
     text_bytes = sum(f.stat().st_size for f in files)
     db = work / "home" / "ferry.db"
     keys = PassphraseKeys("bench passphrase")
     store = DocumentStore(db, keys)
     trace = RssTrace()
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), os.times()
     report = store.add("archive", [corpus], workers=workers, progress=trace)
-    add_s = time.perf_counter() - t0
+    add_s, cpu1 = time.perf_counter() - t0, os.times()
+    # the text itself (a PDF's file is larger than its text): what the throughput is counted in
+    text_chars = sum(f.chars for f in store.files("archive"))
     trace.sample()
     print(json.dumps({"added": report.as_dict() | {"added": len(report.added), "unchanged": len(report.unchanged)},
                       "add_s": round(add_s, 1),
@@ -176,13 +182,19 @@ def run_size(megabytes: float, workers: int | None, keep: Path | None, seed: int
     rss_children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
 
     measured = measure(db, keys, seed)
-    out = {"megabytes": megabytes, "files": len(files), "text_mb": round(text_bytes / 1e6, 1),
+    out = {"megabytes": megabytes, "kind": "pdf" if pdf else "text", "files": len(files),
+           "file_mb": round(text_bytes / 1e6, 1), "text_mb": round(text_chars / 1e6, 1),
            "generate_s": round(gen_s, 1), "add_s": round(add_s, 1),
-           "add_mb_per_s": round(report.bytes / 1e6 / add_s, 3), "passages": coll.chunks,
+           "add_mb_per_s": round(text_chars / 1e6 / add_s, 3), "passages": coll.chunks,
            "add_writer_s": {"storing": round(report.store_seconds, 1), "waiting_for_workers": round(report.wait_seconds, 1)},
+           # CPU seconds per MB of text: the adding process (the writer: SQLite, FTS5, champion lists)
+           # against its worker processes (reading, extracting, chunking, index terms)
+           "add_cpu_s_per_mb": {"writer": round((cpu1.user + cpu1.system - cpu0.user - cpu0.system) / (text_chars / 1e6), 3),
+                                "workers": round((cpu1.children_user + cpu1.children_system - cpu0.children_user
+                                                  - cpu0.children_system) / (text_chars / 1e6), 3)},
            "failed": len(report.failed), "workers": workers or os.cpu_count(),
            "peak_rss_mb": {"adding_process": round(rss_self), "largest_worker": round(rss_children)},
-           "rss_by_text": trace.samples, "db_mb": round(db_bytes / 1e6, 1), "db_over_text": round(db_bytes / text_bytes, 2),
+           "rss_by_text": trace.samples, "db_mb": round(db_bytes / 1e6, 1), "db_over_text": round(db_bytes / (text_chars if pdf else text_bytes), 2),
            **measured}
     if keep is None:
         shutil.rmtree(work, ignore_errors=True)
@@ -467,6 +479,8 @@ def main() -> None:
     ap.add_argument("--cold", action="store_true",
                     help="with --measure: first searches on a cold OS page cache, without and with the warm-up")
     ap.add_argument("--warm-budget", type=float, default=None, help="with --cold: the warm-up's budget, MB")
+    ap.add_argument("--pdf", action="store_true",
+                    help="the corpus as PDF files (slow to generate: about 9 s per MB of text; cache it)")
     ap.add_argument("--one", type=float, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.measure is not None:
@@ -482,7 +496,7 @@ def main() -> None:
         print(json.dumps(out, indent=None if args.json else 1))
         return
     if args.one is not None:
-        print(json.dumps(run_size(args.one, args.workers, args.keep, args.seed, args.corpus_cache)))
+        print(json.dumps(run_size(args.one, args.workers, args.keep, args.seed, args.corpus_cache, args.pdf)))
         return
     results = []
     for mb in [float(s) for s in args.sizes.split(",") if s.strip()]:
@@ -493,6 +507,8 @@ def main() -> None:
             cmd += ["--keep", str(args.keep)]
         if args.corpus_cache is not None:
             cmd += ["--corpus-cache", str(args.corpus_cache)]
+        if args.pdf:
+            cmd += ["--pdf"]
         r = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)     # its stderr (early figures) passes through
         if r.returncode != 0:
             results.append({"megabytes": mb, "error": f"exit status {r.returncode} (its stderr is above)"})

@@ -171,3 +171,28 @@ def test_a_watched_folder_picks_up_new_changed_and_deleted_files(home, tmp_path)
     reports = indexer.sync_watched(store)
     assert [p.name for r in reports.values() for p in r.added] == ["d.txt"]
     store.close()
+
+
+def test_the_benchmarks_pdf_archive_reads_back_as_its_text(home, tmp_path):
+    """bench/docs_scale.py --pdf measures adding PDFs (extraction against the index): its generator
+    makes the same documents as PDF files, and adding them stores their text, word for word."""
+    texts = docs_corpus.generate(tmp_path / "text", 0.03, seed=7)
+    pdfs = docs_corpus.generate(tmp_path / "pdf", 0.03, seed=7, pdf=True)
+    assert [p.suffix for p in pdfs] == [".pdf"] * len(texts) and len(texts) >= 2
+    unicode_font = any(Path(f).is_file() for f in docs_corpus.PDF_FONTS)
+    with DocumentStore(home / "ferry.db", PassphraseKeys("pw")) as store:
+        report = store.add("pdfs", [tmp_path / "pdf"], workers=1)
+        assert not report.failed and len(report.added) == len(pdfs)
+        assert {f.kind for f in store.files("pdfs")} == {"pdf"}
+        for text_file, pdf_file in zip(texts, pdfs):
+            want = text_file.read_text(encoding="utf-8")
+            if not unicode_font:
+                want = want.encode("latin-1", "replace").decode("latin-1")
+            got = " ".join(t for t, in store.db.execute(
+                "SELECT c.text FROM docs_chunks c JOIN docs_files f ON f.id = c.file_id WHERE f.path = ? "
+                "ORDER BY c.seq", (str(pdf_file),))).split()
+            # every word of the source in the stored passages, in order (passages may overlap)
+            pos = 0
+            for w in want.split():
+                assert w in got[pos:], (pdf_file.name, w, pos)
+                pos = got.index(w, pos) + 1
