@@ -102,29 +102,43 @@ PDF_FONTS = ("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf", "/Library/Fonts/
              "/System/Library/Fonts/Supplemental/Arial Unicode.ttf")
 
 
-def write_pdf(text: str, out: Path, page_chars: int = 2500) -> None:
-    """``text`` (paragraphs separated by blank lines) as a PDF of pages of about ``page_chars``."""
+def paragraphs(text: str) -> list[str]:
+    """The paragraphs of ``text`` (separated by blank lines), each on one line."""
+    return [" ".join(p.split()) for p in text.split("\n\n") if p.strip()]
+
+
+def pdf_from_pages(pages: list[list[str]], out: Path, *, size: float = 10, line: float = 5, gap: float = 2,
+                   page_break: bool = True, unicode: bool = True) -> Path:
+    """A PDF with one page per item of ``pages`` (its paragraphs; with ``page_break`` a long one
+    goes on over more pages): the one PDF writer of the benchmarks and the tests' corpus.
+    ``unicode``: a TrueType font of PDF_FONTS where there is one, else the core Helvetica."""
     from fpdf import FPDF
 
     pdf = FPDF(format="A4")
-    font = next((f for f in PDF_FONTS if Path(f).is_file()), None)
+    pdf.set_auto_page_break(page_break)
+    font = next((f for f in PDF_FONTS if Path(f).is_file()), None) if unicode else None
     if font:
         pdf.add_font("Body", "", font)
+    for paras in pages:
+        pdf.add_page()
+        pdf.set_font("Body" if font else "Helvetica", size=size)
+        for para in paras:
+            pdf.multi_cell(0, line, para if font else para.encode("latin-1", "replace").decode("latin-1"))
+            pdf.ln(gap)
+    pdf.output(str(out))
+    return out
+
+
+def write_pdf(text: str, out: Path, page_chars: int = 2500) -> None:
+    """``text`` (paragraphs separated by blank lines) as a PDF of pages of about ``page_chars``."""
     pages, cur, n = [], [], 0
-    for para in (p for p in text.split("\n\n") if p.strip()):
-        cur.append(" ".join(para.split()))
+    for para in paragraphs(text):
+        cur.append(para)
         n += len(para)
         if n >= page_chars:
             pages.append(cur)
             cur, n = [], 0
-    pages.append(cur)
-    for paras in pages:
-        pdf.add_page()
-        pdf.set_font("Body" if font else "Helvetica", size=10)
-        for para in paras:
-            pdf.multi_cell(0, 5, para if font else para.encode("latin-1", "replace").decode("latin-1"))
-            pdf.ln(2)
-    pdf.output(str(out))
+    pdf_from_pages(pages + [cur], out)
 
 
 def generate(folder: Path, megabytes: float, seed: int = 0, *, start: int = 0, pdf: bool = False) -> list[Path]:

@@ -10,18 +10,9 @@ CORPUS = Path(__file__).parent / "corpus"
 
 
 def make_pdf(pages: list[str], out: Path) -> Path:
-    from fpdf import FPDF
-
-    pdf = FPDF(format="A4")
-    pdf.set_auto_page_break(False)
-    for text in pages:
-        pdf.add_page()
-        pdf.set_font("Helvetica", size=11)
-        for para in [p for p in text.strip().split("\n\n") if p.strip()]:
-            pdf.multi_cell(0, 5.5, " ".join(para.split()))
-            pdf.ln(3)
-    pdf.output(str(out))
-    return out
+    gen = load_corpus_generator()
+    return gen.pdf_from_pages([gen.paragraphs(text) for text in pages], out, size=11, line=5.5, gap=3,
+                              page_break=False, unicode=False)
 
 
 def make_docx(source: str, out: Path) -> Path:
