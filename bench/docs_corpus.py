@@ -102,6 +102,11 @@ PDF_FONTS = ("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf", "/Library/Fonts/
              "/System/Library/Fonts/Supplemental/Arial Unicode.ttf")
 
 
+def pdf_font() -> str | None:
+    """The first of PDF_FONTS this system has, or None (the PDFs then use Helvetica)."""
+    return next((f for f in PDF_FONTS if Path(f).is_file()), None)
+
+
 def paragraphs(text: str) -> list[str]:
     """The paragraphs of ``text`` (separated by blank lines), each on one line."""
     return [" ".join(p.split()) for p in text.split("\n\n") if p.strip()]
@@ -116,7 +121,7 @@ def pdf_from_pages(pages: list[list[str]], out: Path, *, size: float = 10, line:
 
     pdf = FPDF(format="A4")
     pdf.set_auto_page_break(page_break)
-    font = next((f for f in PDF_FONTS if Path(f).is_file()), None) if unicode else None
+    font = pdf_font() if unicode else None
     if font:
         pdf.add_font("Body", "", font)
     for paras in pages:

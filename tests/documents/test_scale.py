@@ -179,7 +179,7 @@ def test_the_benchmarks_pdf_archive_reads_back_as_its_text(home, tmp_path):
     texts = docs_corpus.generate(tmp_path / "text", 0.03, seed=7)
     pdfs = docs_corpus.generate(tmp_path / "pdf", 0.03, seed=7, pdf=True)
     assert [p.suffix for p in pdfs] == [".pdf"] * len(texts) and len(texts) >= 2
-    unicode_font = any(Path(f).is_file() for f in docs_corpus.PDF_FONTS)
+    unicode_font = docs_corpus.pdf_font() is not None
     with DocumentStore(home / "ferry.db", PassphraseKeys("pw")) as store:
         report = store.add("pdfs", [tmp_path / "pdf"], workers=1)
         assert not report.failed and len(report.added) == len(pdfs)
