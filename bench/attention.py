@@ -8,7 +8,7 @@ this CPU runs, G MACs/s of ``att_scores`` and ``att_wsum`` and ns per value of
 ``att_softmax``. There are two states, measured by the thread's CPU clock:
 "cached" (K and V again, in L2 while they fit) and "cold" (a 64 MB buffer
 walked before each call). The "ATTENTION IN TILES" section of
-docs/BENCHMARKS.md has the figures. The ymm FMA peak of a core is what
+docs/bench-log/2026-12-05.md has the figures. The ymm FMA peak of a core is what
 bench/ceiling.py calls ``f32_fma``.
 """
 from __future__ import annotations

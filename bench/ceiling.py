@@ -27,7 +27,7 @@ and weight bytes per token, then for every file:
 - ``kernels_today``: tok/s if every product ran at its exact kernel's
   measured in-cache rate (decode also bounded by the memory read);
 - llama.cpp's measured figures (``--vs``: a bench/vs_llamacpp.py --json
-  output; by default the quiet-machine medians recorded in docs/BENCHMARKS.md,
+  output; by default the quiet-machine medians recorded in docs/bench-log/2026-12-03.md,
   section "Issue 21 (lead)", 22:06-22:13 UTC) and the ratio
   llama.cpp / exact ceiling: above 1.0 means exact-mode parity is impossible
   on this CPU whatever the kernel.
@@ -54,7 +54,7 @@ from bench import kernels as kbench  # noqa: E402
 from bench.vs_llamacpp import gguf_file  # noqa: E402
 
 #: llama.cpp (llama-cpp-python 0.3.36, 2 threads) on this VM, quiet, medians of 2 rounds:
-#: docs/BENCHMARKS.md, "Issue 21 (2026-12-03, lead)", 22:06-22:13 UTC. Used when --vs is not given.
+#: docs/bench-log/2026-12-03.md, "Issue 21 (2026-12-03, lead)", 22:06-22:13 UTC. Used when --vs is not given.
 LLAMA_CPP_REFERENCE = {
     "demo": {"decode_tok_s": 98.1, "prompt128_tok_s": 247.0, "prompt1024_tok_s": 210.0},
     "1b-q4_k_m": {"decode_tok_s": 34.7, "prompt128_tok_s": 98.5, "prompt1024_tok_s": 90.1},
@@ -184,7 +184,7 @@ def rounded(x):
 
 def llama_figures(vs: Path | None) -> dict:
     if vs is None:
-        return {"source": "docs/BENCHMARKS.md, Issue 21 (lead), quiet, 22:06-22:13 UTC", **LLAMA_CPP_REFERENCE}
+        return {"source": "docs/bench-log/2026-12-03.md, Issue 21 (lead), quiet, 22:06-22:13 UTC", **LLAMA_CPP_REFERENCE}
     d = json.loads(vs.read_text())
     out = {"source": str(vs)}
     for name, res in d.get("files", {}).items():

@@ -69,7 +69,7 @@ X86_FLAGS = {"avx": "AVX", "avx2": "AVX2", "fma": "FMA", "f16c": "F16C", "avx512
 def build_env() -> dict:
     """The environment of llama-cpp-python's source build. On an x86 CPU that reports AMX, the native
     build (-march=native compiles ggml's AMX kernels in) segfaulted in its first llama_decode on the
-    2026-12-05 development VM (Intel Xeon with AMX under KVM; docs/BENCHMARKS.md): there it is built
+    2026-12-05 development VM (Intel Xeon with AMX under KVM; docs/bench-log/2026-12-05.md): there it is built
     with the CPU's other vector extensions named one by one and AMX off. CMAKE_ARGS set by the caller
     wins."""
     env = dict(os.environ)

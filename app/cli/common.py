@@ -201,7 +201,7 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ctx", type=int, default=CTX_DEFAULT, help="context length of the session (default 4096)")
     p.add_argument("--verify-reads", action="store_true",
                    help="check each expert record's CRC32 when it is first read from disk; a damaged record "
-                        "ends that answer with an error naming it (costs CPU per GB read: docs/BENCHMARKS.md)")
+                        "ends that answer with an error naming it (costs CPU per GB read: docs/bench-log/2026-12-03.md)")
 
 
 def add_server_model(p) -> None:

@@ -18,7 +18,7 @@ machine.
 
 No Qt here: the wizard's Source page and `ferry check` show the same lists.
 The error figures are the measured mean relative weight errors of
-docs/BENCHMARKS.md ("Three-bit experts: quality": real SmolLM2 weights and
+docs/bench-log/2026-12-03.md ("Three-bit experts: quality": real SmolLM2 weights and
 MXFP4-sourced K3-shaped ones).
 """
 from __future__ import annotations

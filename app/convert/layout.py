@@ -36,7 +36,7 @@ ENCODABLE = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", quant3.NAME)
 FORMAT_CHOICES = ("auto",) + ENCODABLE
 #: What trunk format 'auto' stores a trunk converted from floats in (every
 #: matrix of the source f32, f16 or bf16): q8_0, whose error is small and whose
-#: extra bits cost little RAM next to the experts (docs/BENCHMARKS.md, "Default
+#: extra bits cost little RAM next to the experts (docs/bench-log/2026-12-03.md, "Default
 #: trunk format"). A trunk with any quantized matrix (e.g. a Q4_1 GGUF) keeps
 #: its formats: converting it up gains nothing.
 AUTO_FLOAT_TRUNK = "q8_0"

@@ -232,7 +232,7 @@ def added(db, cid: int, passages: Sequence[tuple[int, str]]) -> None:
     SLICE at a time (as arrays: merging lists as Python tuples was a third of the writer's time
     at 1 GB of text). Memory is bounded by the batch and SLICE, not by the number of common words
     times KEEP (merging every touched list at once held 241 MB at 1 GB of text:
-    docs/BENCHMARKS.md)."""
+    docs/bench-log/2026-12-04.md)."""
     common = _common(db, cid)
     if not common:
         return

@@ -15,7 +15,7 @@
 * A folder that was added is a *source*: adding it again also removes the
   files that are no longer in it. Watched sources are checked when Ferry
   opens and then every few seconds by :class:`FolderWatcher` (polling: one
-  ``stat`` per file; measured in docs/BENCHMARKS.md), which picks up new,
+  ``stat`` per file; measured in docs/bench-log/2026-12-03.md), which picks up new,
   changed and deleted files.
 """
 from __future__ import annotations
@@ -45,7 +45,7 @@ INLINE_FILES = 8
 #: finished files are stored together in one transaction until they hold this much text or this
 #: long has passed since the transaction began, and at least 10x as long as the last commit took
 #: (each commit writes new FTS5 segments that are merged later, and syncs; one transaction per
-#: file made storing the bottleneck, and so did 1 s batches on a large index: docs/BENCHMARKS.md)
+#: file made storing the bottleneck, and so did 1 s batches on a large index: docs/bench-log/2026-12-03.md)
 BATCH_BYTES = 16 * 2**20
 BATCH_SECONDS = 1.0
 BATCH_COMMIT_SHARE = 10

@@ -1,5 +1,5 @@
 """Ranking: BM25 over words, optionally fused with BM25 over character
-4-grams (the second signal; measured in docs/BENCHMARKS.md, "Documents")."""
+4-grams (the second signal; measured in docs/bench-log/2026-12-03.md, "Documents")."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from app.documents.index import FtsIndex, IndexedChunk, ngram_terms, word_terms
 
 #: weight of the n-gram signal (each signal is divided by its best score first); equal
-#: weights, not tuned: see docs/BENCHMARKS.md for the sweep
+#: weights, not tuned: see docs/bench-log/2026-12-03.md for the sweep
 NGRAM_WEIGHT = 1.0
 MODES = ("hybrid", "bm25", "ngram")
 

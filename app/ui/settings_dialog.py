@@ -102,7 +102,7 @@ class SettingsDialog(QDialog):
         self.verify_reads = QCheckBox("Check each expert read from disk against its checksum")
         self.verify_reads.setAccessibleName("Verify expert reads")
         self.verify_reads.setToolTip("Catches a damaged model file at the answer that reads it, at a small CPU "
-                                     "cost per gigabyte read (see docs/BENCHMARKS.md).")
+                                     "cost per gigabyte read (see docs/bench-log/2026-12-03.md).")
         self.verify_reads.setChecked(settings.verify_reads)
         form.addRow("Integrity", self.verify_reads)
 

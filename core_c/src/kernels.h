@@ -213,7 +213,7 @@ enum { FE_ONE = 0, FE_TWO = 1, FE_STORE = 2 };
  * [r][t][k] of type `vec`, kept between blocks) and rows_sum(a): its four
  * chains' fixed sum. The widened rows are FE_ROWS_PAD floats longer than
  * cols, so that rows 2^k floats wide do not all fall in the same L1 sets
- * (measured: docs/BENCHMARKS.md, "Exact prompts: twelve rows per x block").
+ * (measured: docs/bench-log/2026-12-05.md, "Exact prompts: twelve rows per x block").
  * The order of a (row, token) chain's FMAs never depends on R, T or the
  * groups: the same bits. */
 #define FE_ROWS_PAD 16

@@ -208,7 +208,7 @@ INL void k45_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, fl
 /* The same with one 32-value sub-block per ymm: the scale in every lane
  * (vpdpwssd with (S, 0) pairs), no permutes and no half-sums. Faster than
  * the zmm version above from 2 tokens up on Zen 4, which runs a zmm
- * instruction as two halves (docs/BENCHMARKS.md, section "vnni"); slower on
+ * instruction as two halves (docs/bench-log/2026-12-04.md, section "vnni"); slower on
  * CPUs with full-width zmm (Intel Xeon, 2026-12-05: the zmm tile 1.05-1.15x
  * at 8 and 64 tokens), which is what the drivers below use now. Kept for
  * Zen 4 measurements (FE_Q8_K_YMM_TILES=1 at build time). */

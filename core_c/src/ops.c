@@ -35,7 +35,7 @@ typedef struct {
  * runs for: decode and small batches read each weight byte once or a few
  * times and wait for memory; larger batches are compute-bound (the rows sit
  * in L1/L2 for many tokens) and the prefetch only competes for L1 there.
- * Measured: docs/BENCHMARKS.md, "Weight prefetch". */
+ * Measured: docs/bench-log/2026-12-05.md, "Weight prefetch". */
 #ifndef FE_PREFETCH_BYTES
 #define FE_PREFETCH_BYTES 2048
 #endif

@@ -1,5 +1,5 @@
 """Trunk format `auto`: a trunk converted from floats (f32/f16/bf16) is stored
-as q8_0 (docs/BENCHMARKS.md, "Default trunk format"), vectors stay f32 and
+as q8_0 (docs/bench-log/2026-12-03.md, "Default trunk format"), vectors stay f32 and
 experts keep their format; a quantized GGUF trunk (the demo's Q4_1) keeps its
 own formats."""
 from __future__ import annotations

@@ -169,7 +169,7 @@ def test_list_upkeep_memory_does_not_grow_with_the_common_words(tmp_path, monkey
     """The same small batch is added to a collection, then again after the collection has grown
     4x: the memory the lists' upkeep holds (traced peak of champions.added) must not grow with the
     number of common words times KEEP (merging every touched list at once did: 241 MB at 1 GB of
-    text, docs/BENCHMARKS.md). Growth of a float per common word is allowed."""
+    text, docs/bench-log/2026-12-04.md). Growth of a float per common word is allowed."""
     import shutil
     import tracemalloc
 

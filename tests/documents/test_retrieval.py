@@ -1,5 +1,5 @@
 """Retrieval quality on the test corpus (58 questions, each with the passage
-that answers it): the figures in docs/BENCHMARKS.md, "Documents"."""
+that answers it): the figures in docs/bench-log/2026-12-03.md, "Documents"."""
 from __future__ import annotations
 
 from corpus_tools import questions

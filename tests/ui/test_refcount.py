@@ -27,7 +27,7 @@ PAINTS = 300
 #: leaking binding drops at least one per paint, i.e. hundreds here.
 SLACK = 40
 
-LEAKING_ON_311 = ["6.12.0"]   #: measured on this machine (docs/BENCHMARKS.md, issue 16)
+LEAKING_ON_311 = ["6.12.0"]   #: measured on this machine (docs/bench-log/2026-12-03.md, issue 16)
 
 
 def _none_drift(paint) -> int:

@@ -1,7 +1,7 @@
 """Per-token sampler time on real logits of the demo model, this tree's
 sampler against an earlier revision's, in interleaved rounds.
 
-    python bench/sampler_speed.py [--baseline REV] [--rounds 5] [--reps 20] [--json]
+    python bench/experiments/sampler_speed.py [--baseline REV] [--rounds 5] [--reps 20] [--json]
 
 The logits are the demo model's (49152-token vocabulary) for a few decoded
 tokens of a real answer. The baseline is app/sampling.py as it was at REV
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # run as a script from anywhere
 
 from app.model import LoadedModel, Token, _logprob, log_softmax  # noqa: E402

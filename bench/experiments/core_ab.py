@@ -1,6 +1,6 @@
 """Two builds of the C core on the same containers, in interleaved rounds.
 
-    python bench/core_ab.py --base DIR [--new DIR] [--files demo 1b-q4_k_m] [--rounds 3]
+    python bench/experiments/core_ab.py --base DIR [--new DIR] [--files demo 1b-q4_k_m] [--rounds 3]
                             [--tokens 32] [--long 1024] [--threads 2] [--load N] [--activations q8] [--json]
 
 ``DIR`` is a checkout with its core built in place (``app/engine/_ferry_c*.so``),
@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BENCH = Path.home() / ".cache" / "ferry-bench"
 FILES = {"demo": BENCH / "SmolLM2-135M-Instruct.Q4_1.ferry",
          "1b-q4_k_m": BENCH / "synthetic-1b-q4_k_m.ferry",

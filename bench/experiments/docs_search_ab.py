@@ -1,6 +1,6 @@
 """Search latency of this checkout against an earlier revision's, in one process on one database:
 
-    .venv/bin/python bench/docs_search_ab.py --json KEPT_DIR/home/ferry.db --against REV [--rounds 4]
+    .venv/bin/python bench/experiments/docs_search_ab.py --json KEPT_DIR/home/ferry.db --against REV [--rounds 4]
 
 The earlier revision's ``app/documents/index.py`` (``git show REV:...``) is loaded beside this
 checkout's, each on its own connection to the same database (the earlier one with SQLite's default
@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "tests" / "documents"))

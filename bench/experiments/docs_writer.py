@@ -1,6 +1,6 @@
 """The writer's CPU during an add, and per statement inside insert_file (thread CPU of the adding thread).
 
-    .venv/bin/python bench/docs_writer.py MEGABYTES [nograms]
+    .venv/bin/python bench/experiments/docs_writer.py MEGABYTES [nograms]
 
 Adds the cached generated corpus archive-<MB>-0 (~/.cache/ferry-bench, made by bench/docs_corpus.py
 when missing) to a fresh encrypted store with 2 workers and prints JSON: wall time, the writer's and
@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 from app.documents.store import DocumentStore  # noqa: E402
