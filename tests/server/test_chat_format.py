@@ -63,10 +63,19 @@ def test_k3_requests_use_the_k3_format():
     assert p.dialect == "k3" and p.channel == "thinking"
     fmt.prepare(request(reasoning_effort="none"), limits=Limits(), n_ctx=4096)
     assert stub.segments == render_k3({"messages": [{"role": "user", "content": "Hi"}], "thinking": False})
-    with pytest.raises(APIError) as info:
-        fmt.prepare(request(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "get_weather"}}),
+    # a named tool: K3 is told "required", thinks not, and the call to that tool is opened after the prompt
+    stub.tokenizer.encode_segments = lambda segs: [1000 + i for i, _ in enumerate(segs)]
+    p = fmt.prepare(request(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "get_weather"}}),
                     limits=Limits(), n_ctx=4096)
-    assert info.value.param == "tool_choice" and info.value.status == 400
+    assert stub.segments == render_k3({"messages": [{"role": "user", "content": "Hi"}], "tools": [WEATHER],
+                                       "tool_choice": "required", "thinking": False})
+    assert p.channel == "response" and p.prefill_ids and p.prompt[-len(p.prefill_ids):] == p.prefill_ids
+    assert p.prefill_text.startswith("<|close|>response<|sep|><|open|>tools<|sep|><|open|>call tool=\"get_weather\"")
+    for bad in ({"type": "function", "function": {"name": "nope"}}, "required"):
+        with pytest.raises(APIError) as info:
+            fmt.prepare(request(tools=[WEATHER] if bad != "required" else None, tool_choice=bad),
+                        limits=Limits(), n_ctx=4096)
+        assert info.value.param == "tool_choice" and info.value.status == 400
     with pytest.raises(APIError) as info:
         fmt.prepare(request(messages=[{"role": "tool", "content": "20 C"}]), limits=Limits(), n_ctx=4096)
     assert "tool" in info.value.message
