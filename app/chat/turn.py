@@ -433,6 +433,7 @@ class AnswerBuilder:
         self.single_call = not prepared.parallel_tool_calls
         self._in_call = False
         self._call_text: list[str] = []
+        self._space = ""                  # whitespace held: it shows only if text follows (not a call)
         self.content: list[str] = []
         self.reasoning: list[str] = []
         self.tool_calls: list[ToolCall] = []
@@ -469,7 +470,7 @@ class AnswerBuilder:
             if self._in_call:  # an unclosed call is shown as the text it was
                 rest = HERMES_OPEN + "".join(self._call_text) + rest
                 self._in_call = False
-            out += self._content(rest)
+            out += self._content(("" if self.tool_calls else self._space) + rest)
         if self.llama3 and self._l3:
             held, self._l3 = "".join(self._l3), []
             calls = [] if self._l3_mode != "call" else _llama3_calls(held)
@@ -530,15 +531,18 @@ class AnswerBuilder:
         out: list[TurnEvent] = []
         for piece, is_marker in self.hermes.feed(text):
             if is_marker and piece == HERMES_OPEN:
-                self._in_call, self._call_text = True, []
+                self._in_call, self._call_text, self._space = True, [], ""   # space around calls is not text
             elif is_marker:
                 if self._in_call:
                     out += self._hermes_call("".join(self._call_text))
                 self._in_call = False
             elif self._in_call:
                 self._call_text.append(piece)
+            elif not piece.strip():
+                self._space += piece
             else:
-                out += self._content(piece)
+                out += self._content(self._space + piece)
+                self._space = ""
         return out
 
     def _hermes_call(self, body: str) -> list[TurnEvent]:
