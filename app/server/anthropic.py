@@ -19,7 +19,7 @@ import json
 from typing import Annotated, Any, Literal, Union
 
 from fastapi.responses import JSONResponse
-from pydantic import Field
+from pydantic import Field, field_validator
 from sse_starlette import ServerSentEvent
 
 from app.chat.stream_parser import ToolCall
@@ -77,9 +77,22 @@ Block = Annotated[Union[TextBlock, ToolUseBlock, ToolResultBlock, ThinkingBlock,
                   Field(discriminator="type")]
 
 
+BLOCK_TYPES = ("text", "tool_use", "tool_result", "thinking", "redacted_thinking")
+
+
 class MessageParam(Strict):
     role: Literal["user", "assistant"]
     content: Union[str, list[Block]]
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _known_blocks(cls, value):
+        for j, block in enumerate(value if isinstance(value, list) else ()):
+            kind = block.get("type") if isinstance(block, dict) else None
+            if kind not in BLOCK_TYPES:
+                raise ValueError(f"content[{j}] is a {kind!r} block; this server takes "
+                                 f"{', '.join(BLOCK_TYPES)} blocks (it serves a text model)")
+        return value
 
 
 class ToolParam(Strict):
