@@ -467,10 +467,12 @@ class AnswerBuilder:
         out = self._take_pending() + self._route(self.parser.finish())
         if self.hermes is not None:
             rest = self.hermes.flush()
+            lead = "" if self.tool_calls else self._space   # space after the last call is not text
             if self._in_call:  # an unclosed call is shown as the text it was
                 rest = HERMES_OPEN + "".join(self._call_text) + rest
-                self._in_call = False
-            out += self._content(("" if self.tool_calls else self._space) + rest)
+                self._in_call, lead = False, self._space
+            self._space = ""
+            out += self._content(lead + rest)
         if self.llama3 and self._l3:
             held, self._l3 = "".join(self._l3), []
             calls = [] if self._l3_mode != "call" else _llama3_calls(held)
@@ -531,7 +533,7 @@ class AnswerBuilder:
         out: list[TurnEvent] = []
         for piece, is_marker in self.hermes.feed(text):
             if is_marker and piece == HERMES_OPEN:
-                self._in_call, self._call_text, self._space = True, [], ""   # space around calls is not text
+                self._in_call, self._call_text = True, []
             elif is_marker:
                 if self._in_call:
                     out += self._hermes_call("".join(self._call_text))
@@ -554,7 +556,9 @@ class AnswerBuilder:
             if not isinstance(name, str):
                 raise TypeError
         except (ValueError, KeyError, TypeError):
-            return self._content(HERMES_OPEN + body + HERMES_CLOSE)
+            text, self._space = self._space + HERMES_OPEN + body + HERMES_CLOSE, ""
+            return self._content(text)
+        self._space = ""   # space between text and a call, or between calls, is not text
         args = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
         return [self.call(ToolCall(name, len(self.tool_calls) + 1, args))]
 
