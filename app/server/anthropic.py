@@ -203,8 +203,11 @@ class TokenCount(Open):
 
 # ---------------------------------------------------------------- request → the OpenAI request
 
-def openai_request(req: CountTokensRequest) -> ChatCompletionRequest:
-    """The OpenAI chat request saying what ``req`` says (the one prompt path)."""
+def openai_request(req: CountTokensRequest, max_tokens_limit: int | None = None) -> ChatCompletionRequest:
+    """The OpenAI chat request saying what ``req`` says (the one prompt path).
+    ``max_tokens`` is required in Anthropic's API and agents send large
+    values, so it is capped at ``max_tokens_limit`` (the server's limit)
+    rather than refused."""
     messages: list[dict[str, Any]] = []
     if req.system:
         system = req.system if isinstance(req.system, str) else [_part(b.text) for b in req.system]
@@ -229,7 +232,7 @@ def openai_request(req: CountTokensRequest) -> ChatCompletionRequest:
             raise invalid("max_tokens must be greater than thinking.budget_tokens.", "max_tokens")
         if thinking and choice is not None and choice.type in ("any", "tool"):
             raise invalid("Thinking may not be enabled when tool_choice forces tool use.", "tool_choice")
-        body.update(max_tokens=req.max_tokens, stop=req.stop_sequences, temperature=req.temperature,
+        body.update(max_tokens=min(req.max_tokens, max_tokens_limit or req.max_tokens), stop=req.stop_sequences, temperature=req.temperature,
                     top_p=req.top_p, top_k=req.top_k)
     if req.tools:
         body["tools"] = [{"type": "function", "function": {"name": t.name, "description": t.description,

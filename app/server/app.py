@@ -236,7 +236,7 @@ def build_api(service: EngineService, formatter: ChatFormatter | None, *, model_
         if (bad_text := lone_surrogate(body.model_dump(exclude_none=True))) is not None:
             raise bad_text
         try:
-            req = anthropic.openai_request(body)
+            req = anthropic.openai_request(body, limits.max_tokens)
         except ValidationError as exc:
             raise _validation_error(exc.errors()) from None
         client = client_id(keyed, (request.client.host, request.client.port) if request.client else None)
