@@ -171,7 +171,7 @@ def test_the_key_is_checked_for_anthropic_clients(demo_container, tmp_path):
         m = _client(keyed, "s3cret").messages.create(model=keyed.model, max_tokens=2, messages=QUESTION)
         assert m.content[0].text and m.usage.output_tokens <= 2              # x-api-key, with anthropic-version
         # an agent's large max_tokens is capped at the server's --max-tokens (8 here), not refused
-        big = _client(keyed, "s3cret").messages.create(model=keyed.model, max_tokens=32000, messages=QUESTION,
+        big = _client(keyed, "s3cret").messages.create(model=keyed.model, max_tokens=4096, messages=QUESTION,
                                                        extra_body=GREEDY)
         assert big.usage.output_tokens <= 8 and big.stop_reason in ("max_tokens", "end_turn")
         bearer = anthropic.Anthropic(base_url=keyed.url.removesuffix("/v1"), auth_token="s3cret", max_retries=0)
