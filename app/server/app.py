@@ -157,7 +157,10 @@ def build_api(service: EngineService, formatter: ChatFormatter | None, *, model_
     @api.exception_handler(StarletteHTTPException)
     async def _http(request, exc: StarletteHTTPException):
         kind = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-        return shaped(request, APIError(exc.status_code, str(exc.detail), code=kind),
+        detail = str(exc.detail)
+        if exc.status_code == 404 and request.url.path.startswith("/v1/v1/"):
+            detail += ": the path has /v1 twice (Anthropic's clients add /v1 themselves; give them http://HOST:PORT)"
+        return shaped(request, APIError(exc.status_code, detail, code=kind),
                       getattr(exc, "headers", None))
 
     @api.exception_handler(Exception)

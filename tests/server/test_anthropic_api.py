@@ -160,6 +160,10 @@ def test_messages_errors_are_anthropic_errors(served):
                      "invalid_request_error", "stop_sequences")
     with pytest.raises(anthropic.NotFoundError):
         _client(served).messages.create(model="claude-sonnet-4-5", max_tokens=4, messages=QUESTION)
+    with pytest.raises(anthropic.NotFoundError) as info:   # the OpenAI habit of a base URL ending in /v1
+        anthropic.Anthropic(base_url=served.url, api_key="x", max_retries=0).messages.create(
+            model=served.model, max_tokens=4, messages=QUESTION)
+    assert "/v1 twice" in info.value.message
     # the OpenAI endpoints keep OpenAI's error shape
     r = httpx.post(served.url + "/chat/completions", json={"model": served.model}, timeout=10)
     assert r.status_code == 400 and set(r.json()) == {"error"} and r.json()["error"]["param"] == "messages"
