@@ -134,6 +134,7 @@ class TurnDone:
     ended: float = 0.0
     logprobs: list[tuple[int, TokenLogprob]] = field(default_factory=list)  #: (token id, logprob) when asked
     error: str | None = None
+    stop_sequence: str | None = None  #: the stop sequence that ended the answer, if one did
 
 
 TurnEvent = PromptProgress | Reasoning | Text | ToolCallMade | Logprob | LiveStats | TurnDone

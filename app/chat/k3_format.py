@@ -107,6 +107,15 @@ def generation_prompt(thinking: bool = True) -> list[Segment]:
     return [*_open_tag("message", [("role", "assistant")]), *_open_tag(channel)]
 
 
+def forced_call_prefix(tool: str) -> list[Segment]:
+    """What follows a no-thinking generation prompt to make the answer call
+    ``tool``: the (empty) response closed, the ``tools`` element and the call
+    opened, as the model would write them; the model continues with the
+    call's arguments."""
+    return [markup(CLOSE), content("response"), markup(SEP), *_open_tag("tools"),
+            *_open_tag("call", [("tool", tool), ("index", "1")])]
+
+
 # --------------------------------------------------------------------------
 # Elements
 

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
-from app.chat.k3_format import render_k3
+from app.chat.k3_format import forced_call_prefix, render_k3
 from app.chat.segments import Segment, content
 from app.chat.stream_parser import MarkerScanner, StreamParser, ToolCall
 from app.chat.template import TemplateRenderError
@@ -38,6 +38,10 @@ K3_EFFORT = {"minimal": "low", "low": "low", "medium": "medium", "high": "high",
 #: Template variables a request may not override.
 RESERVED_TEMPLATE_VARS = frozenset({"messages", "add_generation_prompt", "bos_token", "eos_token", "tools"})
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
+#: Llama 3.1's tool calls: the answer is ``{"name": ..., "parameters": {...}}`` (after ``<|python_tag|>``).
+LLAMA3_TAG = "<|python_tag|>"
+#: tool_choice values that make the model call a tool (besides a named function).
+FORCED_CHOICES = ("required",)
 STATS_INTERVAL = 0.25   #: seconds between LiveStats events
 MAX_TOP_LOGPROBS = 20
 MAX_STOPS, MAX_STOP_CHARS = 4, 256   #: stop sequences a turn takes (as OpenAI's API)
@@ -64,6 +68,7 @@ class TurnRequest:
     reasoning_effort: str | None = None    #: OpenAI's values; K3 maps them to its efforts
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
+    parallel_tool_calls: bool = True       #: False: the answer ends after its first tool call
     response_format: dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     stop: list[str] = field(default_factory=list)
@@ -85,6 +90,12 @@ class Prepared:
     dialect: str                 #: "k3" or "think_tags"
     channel: str                 #: the channel the generation prompt left open
     hermes_tools: bool = False   #: parse <tool_call>{json}</tool_call> in the answer
+    llama3_tools: bool = False   #: parse an answer that is Llama 3.1 JSON tool calls
+    #: Markup appended after the generation prompt, as if the model had written it (a forced tool call):
+    #: its text (think_tags) or ids (K3) are fed to the answer parser before the first generated token.
+    prefill_text: str = ""
+    prefill_ids: list[int] = field(default_factory=list)
+    parallel_tool_calls: bool = True
     segments: list[Segment] = field(default_factory=list)
     top_logprobs: int | None = None
     experts_per_token: int | None = None
@@ -105,6 +116,7 @@ class ChatFormat:
         source = model.template.source if self.kind == "jinja" else ""
         self.template_takes_tools = "tools" in source
         self.hermes = HERMES_OPEN in source
+        self.llama3 = not self.hermes and (LLAMA3_TAG in source or "ipython" in source)
         self._specials = sorted({model.tokenizer.token_text(i) for i in getattr(model.tokenizer, "special_ids", ())
                                  if model.tokenizer.token_text(i).strip()}, key=len, reverse=True)
 
@@ -117,24 +129,38 @@ class ChatFormat:
                             "characters.", "stop")
         if req.top_logprobs is not None and not 0 <= req.top_logprobs <= MAX_TOP_LOGPROBS:
             raise TurnError(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}.", "top_logprobs")
+        named = _named_tool(req.tool_choice)
+        if req.tool_choice not in (None, "none", "auto") and not req.tools:
+            raise TurnError("tool_choice asks for a tool call, but the request has no tools", "tool_choice")
+        if named is not None and named not in {(t.get("function") or {}).get("name") for t in req.tools or ()}:
+            raise TurnError(f"tool_choice names the function {named!r}, which is not among the tools",
+                            "tool_choice")
+        prefill: list[Segment] = []
+        llama3 = False
         if req.raw:
             segments, dialect, channel, hermes = self.plain(req), "think_tags", "response", False
         elif self.kind == "k3":
-            segments, channel = self._k3(req)
+            segments, channel, prefill = self._k3(req)
             dialect, hermes = "k3", False
         elif self.kind == "jinja":
-            segments, channel = self._jinja(req)
-            dialect, hermes = "think_tags", bool(req.tools) and self.hermes and req.tool_choice != "none"
+            segments, channel, prefill = self._jinja(req)
+            tooled = bool(req.tools) and req.tool_choice != "none"
+            dialect, hermes, llama3 = "think_tags", tooled and self.hermes, tooled and self.llama3
         else:
             segments, dialect, channel, hermes = self.plain(req), "think_tags", "response", False
         prompt = self.model.encode(segments)
+        prefill_ids = self.model.tokenizer.encode_segments(prefill) if prefill else []
+        prompt += prefill_ids
         if len(prompt) >= n_ctx:
             raise TurnError(f"The prompt has {len(prompt)} tokens but the context holds {n_ctx}.", "messages",
                             "context_length_exceeded")
         room = n_ctx - len(prompt)
         want = req.max_tokens or max_tokens_limit or room
         return Prepared(prompt=prompt, params=req.sampling, max_tokens=min(want, room), stops=stops,
-                        dialect=dialect, channel=channel, hermes_tools=hermes, segments=segments,
+                        dialect=dialect, channel=channel, hermes_tools=hermes, llama3_tools=llama3,
+                        prefill_text="".join(text for text, _ in prefill),
+                        prefill_ids=prefill_ids if dialect == "k3" else [],
+                        parallel_tool_calls=req.parallel_tool_calls, segments=segments + prefill,
                         top_logprobs=req.top_logprobs, experts_per_token=req.experts_per_token,
                         cache_aware_margin=req.cache_aware_margin, client=req.client)
 
@@ -149,17 +175,29 @@ class ChatFormat:
             return self._jinja(req)[0]
         return self.plain(req)
 
-    def _k3(self, req: TurnRequest) -> tuple[list[Segment], str]:
+    def _k3(self, req: TurnRequest) -> tuple[list[Segment], str, list[Segment]]:
+        """The prompt, the channel it leaves open, and the forced-call prefill (a named tool_choice)."""
         effort = req.reasoning_effort
         thinking = req.thinking and effort != "none"
+        asked = None   # thinking switched on or off by chat_template_kwargs
         if req.chat_template_kwargs:
             if set(req.chat_template_kwargs) - {"thinking", "enable_thinking"}:
                 raise TurnError("the K3 chat format takes only 'thinking' in chat_template_kwargs",
                                 "chat_template_kwargs")
-            value = req.chat_template_kwargs.get("thinking", req.chat_template_kwargs.get("enable_thinking"))
-            if not isinstance(value, bool):
+            asked = req.chat_template_kwargs.get("thinking", req.chat_template_kwargs.get("enable_thinking"))
+            if not isinstance(asked, bool):
                 raise TurnError("chat_template_kwargs.thinking must be true or false", "chat_template_kwargs")
-            thinking = value
+            thinking = asked
+        named = _named_tool(req.tool_choice)
+        prefill: list[Segment] = []
+        if named is not None:
+            # K3 has wording for "required" but none for one tool: it is told "required" and that tool's call
+            # is opened right after the generation prompt, so the answer cannot think first.
+            if asked is True:
+                raise TurnError("a tool_choice naming a function cannot be combined with thinking in the K3 "
+                                "format (the call is opened right after the prompt)", "tool_choice")
+            thinking = False
+            prefill = forced_call_prefix(named)
         body: dict[str, Any] = {
             "messages": [self._k3_message(m) for m in req.messages],
             "thinking": thinking,
@@ -168,17 +206,14 @@ class ChatFormat:
         if req.tools:
             body["tools"] = list(req.tools)
         if req.tool_choice is not None:
-            if not isinstance(req.tool_choice, str):
-                raise TurnError("the K3 chat format cannot force a named tool; use 'auto', 'none' or 'required'",
-                                "tool_choice")
-            body["tool_choice"] = req.tool_choice
+            body["tool_choice"] = "required" if named is not None else req.tool_choice
         if req.response_format is not None:
             body["response_format"] = req.response_format
         try:
             segments = render_k3(body)
         except ValueError as exc:
             raise TurnError(str(exc), "messages") from None
-        return segments, "thinking" if thinking else "response"
+        return segments, "thinking" if thinking else "response", prefill
 
     @staticmethod
     def _k3_message(m: dict[str, Any]) -> dict[str, Any]:
@@ -187,30 +222,34 @@ class ChatFormat:
             d["role"] = "system"
         return d
 
-    def _jinja(self, req: TurnRequest) -> tuple[list[Segment], str]:
+    def _jinja(self, req: TurnRequest) -> tuple[list[Segment], str, list[Segment]]:
         if req.response_format is not None and req.response_format.get("type") != "text":
             raise TurnError("response_format needs a chat format that supports it (Kimi K3); this model's "
                             "template does not", "response_format")
         tools = None
+        prefill: list[Segment] = []
+        forced = req.tools and req.tool_choice not in (None, "none", "auto")
         if req.tools and req.tool_choice != "none":
             if not self.template_takes_tools:
                 raise TurnError("this model's chat template does not take tools", "tools")
-            if req.tool_choice not in (None, "auto"):
-                raise TurnError("this model's chat template cannot force a tool call; use 'auto' or 'none'",
-                                "tool_choice")
             tools = list(req.tools)
+            if forced:
+                prefill = [(self._forced_call_text(_named_tool(req.tool_choice)), True)]
         extra = dict(req.chat_template_kwargs or {})
         clash = RESERVED_TEMPLATE_VARS & set(extra)
         if clash:
             raise TurnError(f"chat_template_kwargs may not set {', '.join(sorted(clash))}", "chat_template_kwargs")
-        extra.setdefault("enable_thinking", bool(req.thinking) and req.reasoning_effort != "none")
+        # A forced call is opened right after the generation prompt, so the answer starts without thinking.
+        extra.setdefault("enable_thinking", bool(req.thinking) and req.reasoning_effort != "none" and not forced)
         messages = []
         for m in req.messages:
             d: dict[str, Any] = {"role": "system" if m["role"] == "developer" else m["role"],
                                  "content": text_of(m.get("content"))}
-            for key in ("name", "tool_call_id", "reasoning_content", "tool_calls"):
+            for key in ("name", "tool_call_id", "reasoning_content"):
                 if m.get(key) is not None:
                     d[key] = m[key]
+            if m.get("tool_calls"):
+                d["tool_calls"] = [_template_call(c) for c in m["tool_calls"]]
             messages.append(d)
         # Everything but message bodies becomes markup: it must not smuggle in control tokens.
         self._refuse_control_tokens({"tools": tools, "kwargs": extra,
@@ -221,7 +260,23 @@ class ChatFormat:
             segments = self.model.template.render(messages, add_generation_prompt=True, **extra)
         except TemplateRenderError as exc:
             raise TurnError(f"the model's chat template refused the conversation: {exc}", "messages") from None
-        return segments, opening_channel(segments)
+        channel = opening_channel(segments)
+        if prefill and channel == "thinking":
+            raise TurnError("tool_choice cannot force a call here: this model's template opens its thinking "
+                            "after the prompt (set enable_thinking to false, or use 'auto')", "tool_choice")
+        return segments, channel, prefill
+
+    def _forced_call_text(self, name: str | None) -> str:
+        """The start of a tool call in the template's own format, written after the generation prompt so the
+        model continues it: ``required`` opens a call, a named tool_choice also writes the function's name."""
+        head = '{"name": ' + (json.dumps(name, ensure_ascii=False) + ", " if name is not None else '"')
+        if self.hermes:
+            return HERMES_OPEN + "\n" + head + ('"arguments": ' if name is not None else "")
+        if self.llama3:
+            return head + ('"parameters": ' if name is not None else "")
+        raise TurnError("this model's chat template has no tool-call format Ferry can read (Hermes <tool_call> "
+                        "or Llama 3.1 JSON), so tool_choice cannot force a call; use 'auto' or 'none'",
+                        "tool_choice")
 
     def plain(self, req: TurnRequest) -> list[Segment]:
         if req.tools:
@@ -236,6 +291,34 @@ class ChatFormat:
             if special in text:
                 raise TurnError(f"the request holds the model's control token {special!r} outside a message body",
                                 "messages")
+
+
+def _template_call(call: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAI tool call as chat templates read it: the arguments as an
+    object when they are JSON text of one (templates write them with
+    ``tojson``), else the text as it is."""
+    function = dict(call.get("function") or {})
+    args = function.get("arguments")
+    if isinstance(args, str):
+        try:
+            parsed = json.loads(args) if args.strip() else {}
+        except ValueError:
+            parsed = None
+        if isinstance(parsed, dict):
+            function["arguments"] = parsed
+    return {**call, "function": function}
+
+
+def _named_tool(choice: Any) -> str | None:
+    """The function a tool_choice names (OpenAI's ``{"type": "function", "function": {"name": ...}}``)."""
+    if isinstance(choice, dict):
+        name = (choice.get("function") or {}).get("name")
+        if not isinstance(name, str) or not name:
+            raise TurnError("tool_choice must be 'none', 'auto', 'required' or name a function", "tool_choice")
+        return name
+    if choice is not None and choice not in ("none", "auto", *FORCED_CHOICES):
+        raise TurnError("tool_choice must be 'none', 'auto', 'required' or name a function", "tool_choice")
+    return None
 
 
 def text_of(value) -> str:
@@ -270,6 +353,7 @@ class StopFilter:
         self.stops = [s for s in stops if s]
         self.held = ""
         self.stopped = False
+        self.matched: str | None = None   #: the stop sequence that ended the answer
 
     def feed(self, text: str) -> str:
         if self.stopped:
@@ -277,10 +361,11 @@ class StopFilter:
         if not self.stops:
             return text
         buf = self.held + text
-        hits = [pos for pos in (buf.find(s) for s in self.stops) if pos >= 0]
+        hits = [(pos, -len(s), s) for pos, s in ((buf.find(s), s) for s in self.stops) if pos >= 0]
         if hits:
+            pos, _, self.matched = min(hits)
             self.held, self.stopped = "", True
-            return buf[:min(hits)]
+            return buf[:pos]
         keep = 0
         for n in range(min(len(buf), max(len(s) for s in self.stops) - 1), 0, -1):
             if any(s.startswith(buf[-n:]) for s in self.stops):
@@ -342,36 +427,60 @@ class AnswerBuilder:
                                    tokenizer=_TokenSource(tokenizer) if self.k3 else None)
         self.stop = StopFilter(prepared.stops)
         self.hermes = MarkerScanner((HERMES_OPEN, HERMES_CLOSE)) if prepared.hermes_tools else None
+        self.llama3 = prepared.llama3_tools
+        self._l3: list[str] = []          # a Llama 3.1 answer held while it may be tool calls
+        self._l3_mode = "undecided"       # "undecided", "call" (held to the end) or "text"
+        self.single_call = not prepared.parallel_tool_calls
         self._in_call = False
         self._call_text: list[str] = []
+        self._space = ""                  # whitespace held: it shows only if text follows (not a call)
         self.content: list[str] = []
         self.reasoning: list[str] = []
         self.tool_calls: list[ToolCall] = []
         self.reasoning_tokens = 0
+        # A forced tool call's opening, written after the prompt: parsed as if the model had written it.
+        if prepared.prefill_ids and self.k3:
+            self._pending = self._route([ev for i in prepared.prefill_ids for ev in self.parser.feed_token(i)])
+        else:
+            self._pending = self._route(self.parser.feed(prepared.prefill_text)) if prepared.prefill_text else []
 
     @property
     def ended(self) -> bool:
-        return self.stop.stopped or self.parser.ended
+        return self.stop.stopped or self.parser.ended or (self.single_call and bool(self.tool_calls))
 
     def token(self, token_id: int, text: str) -> list[TurnEvent]:
         events = self.parser.feed_token(token_id) if self.k3 else self.parser.feed(text)
-        out = self._route(events)
+        out = self._take_pending() + self._route(events)
         if out and all(isinstance(ev, Reasoning) for ev in out):
             self.reasoning_tokens += 1
         return out
 
     def text(self, text: str) -> list[TurnEvent]:
         """Generated text without token ids (a remote engine's stream)."""
-        return self._route(self.parser.feed(text))
+        return self._take_pending() + self._route(self.parser.feed(text))
+
+    def _take_pending(self) -> list[TurnEvent]:
+        out, self._pending = self._pending, []
+        return out
 
     def finish(self) -> list[TurnEvent]:
-        out = self._route(self.parser.finish())
+        out = self._take_pending() + self._route(self.parser.finish())
         if self.hermes is not None:
             rest = self.hermes.flush()
+            lead = "" if self.tool_calls else self._space   # space after the last call is not text
             if self._in_call:  # an unclosed call is shown as the text it was
                 rest = HERMES_OPEN + "".join(self._call_text) + rest
-                self._in_call = False
-            out += self._content(rest)
+                self._in_call, lead = False, self._space
+            self._space = ""
+            out += self._content(lead + rest)
+        if self.llama3 and self._l3:
+            held, self._l3 = "".join(self._l3), []
+            calls = [] if self._l3_mode != "call" else _llama3_calls(held)
+            if calls:
+                for name, args in calls[:1] if self.single_call else calls:
+                    out.append(self.call(ToolCall(name, len(self.tool_calls) + 1, args)))
+            else:
+                out += self._content(held)
         tail = self.stop.flush()
         if tail:
             self.content.append(tail)
@@ -392,10 +501,33 @@ class AnswerBuilder:
             if kind == "thinking" and value:
                 out += self.reasoning_text(value)
             elif kind == "response" and value:
-                out += self._hermes(value) if self.hermes is not None else self._content(value)
-            elif kind == "tool_call":
+                if self.hermes is not None:
+                    out += self._hermes(value)
+                elif self.llama3:
+                    out += self._llama3(value)
+                else:
+                    out += self._content(value)
+            elif kind == "tool_call" and not (self.single_call and self.tool_calls):
                 out.append(self.call(value))
         return out
+
+    def _llama3(self, text: str) -> list[TurnEvent]:
+        """A Llama 3.1 answer that begins with ``{`` or ``<|python_tag|>`` is held to the end (then read as
+        tool calls, or shown as the text it was); any other answer streams as text."""
+        if self._l3_mode == "text":
+            return self._content(text)
+        self._l3.append(text)
+        if self._l3_mode == "call":
+            return []
+        start = "".join(self._l3).lstrip()
+        if not start or LLAMA3_TAG.startswith(start):
+            return []
+        if start.startswith(("{", LLAMA3_TAG)):
+            self._l3_mode = "call"
+            return []
+        self._l3_mode = "text"
+        held, self._l3 = "".join(self._l3), []
+        return self._content(held)
 
     def _hermes(self, text: str) -> list[TurnEvent]:
         out: list[TurnEvent] = []
@@ -408,18 +540,25 @@ class AnswerBuilder:
                 self._in_call = False
             elif self._in_call:
                 self._call_text.append(piece)
+            elif not piece.strip():
+                self._space += piece
             else:
-                out += self._content(piece)
+                out += self._content(self._space + piece)
+                self._space = ""
         return out
 
     def _hermes_call(self, body: str) -> list[TurnEvent]:
+        if self.single_call and self.tool_calls:
+            return []
         try:
             doc = json.loads(body)
             name, arguments = doc["name"], doc.get("arguments", {})
             if not isinstance(name, str):
                 raise TypeError
         except (ValueError, KeyError, TypeError):
-            return self._content(HERMES_OPEN + body + HERMES_CLOSE)
+            text, self._space = self._space + HERMES_OPEN + body + HERMES_CLOSE, ""
+            return self._content(text)
+        self._space = ""   # space between text and a call, or between calls, is not text
         args = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
         return [self.call(ToolCall(name, len(self.tool_calls) + 1, args))]
 
@@ -433,6 +572,30 @@ class AnswerBuilder:
             return []
         self.content.append(text)
         return [Text(text)]
+
+
+def _llama3_calls(text: str) -> list[tuple[str, str]]:
+    """(name, JSON arguments) of an answer made of Llama 3.1 tool calls: JSON
+    objects ``{"name": ..., "parameters": {...}}`` (or ``"arguments"``),
+    optionally after ``<|python_tag|>``, separated by ``;`` or whitespace.
+    Empty if the answer is anything else."""
+    text = text.strip()
+    if text.startswith(LLAMA3_TAG):
+        text = text[len(LLAMA3_TAG):]
+    decoder, pos, calls = json.JSONDecoder(), 0, []
+    while True:
+        while pos < len(text) and (text[pos].isspace() or text[pos] == ";"):
+            pos += 1
+        if pos == len(text):
+            return calls
+        try:
+            doc, pos = decoder.raw_decode(text, pos)
+        except ValueError:
+            return []
+        args = doc.get("parameters", doc.get("arguments", {})) if isinstance(doc, dict) else None
+        if not isinstance(doc.get("name") if isinstance(doc, dict) else None, str) or not isinstance(args, dict):
+            return []
+        calls.append((doc["name"], json.dumps(args, ensure_ascii=False)))
 
 
 # -------------------------------------------------------------------- running
@@ -500,7 +663,8 @@ def run_turn(model, session, prepared: Prepared, *, reuse_limit: int | None = No
                         completion_tokens=len(out_ids), reasoning_tokens=builder.reasoning_tokens,
                         counters=counters(), totals=session.stats().as_dict(), seconds=ended - start,
                         queue_seconds=start - submitted,
-                        started=start, ended=ended, logprobs=list(logprobs), error=error, **extra)
+                        started=start, ended=ended, logprobs=list(logprobs), error=error,
+                        stop_sequence=builder.stop.matched, **extra)
 
     builder = AnswerBuilder(prepared, model.tokenizer)
     out_ids: list[int] = []

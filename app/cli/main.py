@@ -472,13 +472,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("request")
     p.set_defaults(fn=cmd_render_chat)
 
-    p = sub.add_parser("serve", help="an OpenAI-compatible API on the model (docs/SERVER.md)")
+    p = sub.add_parser("serve", help="OpenAI's chat API and Anthropic's Messages API on the model "
+                                     "(docs/SERVER.md)")
     add_model_options(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; any other "
                    "needs an API key)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
-    p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (or set FERRY_API_KEY)")
-    p.add_argument("--max-tokens", type=int, default=2048, help="the most tokens one answer may ask for")
+    p.add_argument("--api-key", help="require the key, as 'Authorization: Bearer KEY' or 'x-api-key: KEY' "
+                   "(or set FERRY_API_KEY)")
+    p.add_argument("--max-tokens", type=int, default=2048, help="the most tokens one answer may ask for (an "
+                   "Anthropic request's required max_tokens is capped at it)")
     p.add_argument("--queue", type=int, default=32, help="requests that may wait for the engine")
     add_routing(p)
     p.set_defaults(fn=cmd_serve)

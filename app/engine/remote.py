@@ -183,6 +183,8 @@ class RemoteEngine:
                     "experts_per_token": request.experts_per_token,
                     "cache_aware_margin": float(request.cache_aware_margin or 0.0)}
         body.update({k: v for k, v in optional.items() if v})   # defaults are left out: other servers may not know them
+        if not request.parallel_tool_calls and request.tools:
+            body["parallel_tool_calls"] = False
         if request.top_logprobs is not None:
             body.update(logprobs=True, top_logprobs=int(request.top_logprobs))
         kwargs = dict(request.chat_template_kwargs or {})

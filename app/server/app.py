@@ -1,5 +1,7 @@
-"""The OpenAI-compatible HTTP API (FastAPI): /v1/models and
-/v1/chat/completions, JSON or server-sent events, with OpenAI-style errors.
+"""The HTTP API (FastAPI): OpenAI's /v1/models and /v1/chat/completions,
+and Anthropic's /v1/messages and /v1/messages/count_tokens
+(``app.server.anthropic``), JSON or server-sent events, each with its own
+error shape.
 
 ``create_app`` wires a ``ChatFormatter`` and the ``EngineService`` into an
 ASGI app. A guard in front of it checks the Host header (a loopback server answers
@@ -19,6 +21,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -26,6 +29,7 @@ from app.chat.stream_parser import ToolCall
 from app.engine.service import EngineService
 from app.events import LiveStats, Logprob, PromptProgress, Reasoning, Text, ToolCallMade, TurnDone
 from app.chat.turn import logprobs_content
+from app.server import anthropic
 from app.server.chat import ChatFormatter, Limits, client_id, figures
 from app.server.engine import AsyncJob
 from app.server.errors import APIError, error_body, lone_surrogate, server_error, too_large, unauthorized
@@ -51,10 +55,10 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def _error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+def _error_responses(*codes: int, model=ErrorResponse) -> dict[int | str, dict[str, Any]]:
     names = {400: "Invalid request", 401: "Missing or wrong API key", 404: "Unknown model", 413: "Body too large",
              429: "Too many requests waiting", 500: "The engine failed", 503: "Shutting down"}
-    return {c: {"model": ErrorResponse, "description": names[c]} for c in codes}
+    return {c: {"model": model, "description": names[c]} for c in codes}
 
 
 class Guard:
@@ -70,12 +74,13 @@ class Guard:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        shape = anthropic.error_response if anthropic.is_anthropic(scope.get("path", "")) else APIError.response
         problem = self._check(scope, headers)
         if problem is not None:
-            return await problem.response()(scope, receive, send)
+            return await shape(problem)(scope, receive, send)
         declared = headers.get("content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > self.max_body):
-            return await too_large(self.max_body).response()(scope, receive, send)
+            return await shape(too_large(self.max_body))(scope, receive, send)
         body, more, extra = bytearray(), True, []
         while more:
             message = await receive()
@@ -85,7 +90,7 @@ class Guard:
             body += message.get("body", b"")
             more = message.get("more_body", False)
             if len(body) > self.max_body:
-                return await too_large(self.max_body).response()(scope, receive, send)
+                return await shape(too_large(self.max_body))(scope, receive, send)
         replay = [{"type": "http.request", "body": bytes(body), "more_body": False}, *extra]
 
         async def replayed():
@@ -100,9 +105,13 @@ class Guard:
             if host and not is_loopback(name):
                 return APIError(400, "This server answers only to loopback host names.", code="invalid_host")
         if self.api_key and scope.get("path") not in PUBLIC_PATHS:
-            auth = headers.get("authorization", "")
-            scheme, _, token = auth.partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.api_key.encode()):
+            # OpenAI's clients send "Authorization: Bearer KEY", Anthropic's "x-api-key: KEY"; either will do.
+            scheme, _, token = headers.get("authorization", "").partition(" ")
+            offered = [token.strip()] if scheme.lower() == "bearer" else []
+            if "x-api-key" in headers:
+                offered.append(headers["x-api-key"].strip())
+            key = self.api_key.encode()
+            if not any([hmac.compare_digest(t.encode(), key) for t in offered]):
                 return unauthorized()
         return None
 
@@ -129,26 +138,34 @@ def build_api(service: EngineService, formatter: ChatFormatter | None, *, model_
     activations = formatter.model.engine.info.activations if formatter is not None else "f32"  # shown in the status
     names = {model_id}
     api = FastAPI(title="Ferry", version="1", docs_url=None, redoc_url=None,
-                  description="An OpenAI-compatible chat API over Ferry's local engine.")
+                  description="OpenAI- and Anthropic-compatible chat APIs over Ferry's local engine.")
     api.state.queue = queue
 
+    def shaped(request: Request, exc: APIError, headers=None):
+        if anthropic.is_anthropic(request.url.path):
+            return anthropic.error_response(exc, headers)
+        return exc.response(headers)
+
     @api.exception_handler(APIError)
-    async def _api_error(_request, exc: APIError):
-        return exc.response()
+    async def _api_error(request, exc: APIError):
+        return shaped(request, exc)
 
     @api.exception_handler(RequestValidationError)
-    async def _invalid(_request, exc: RequestValidationError):
-        return _validation_error(exc.errors()).response()
+    async def _invalid(request, exc: RequestValidationError):
+        return shaped(request, _validation_error(exc.errors()))
 
     @api.exception_handler(StarletteHTTPException)
-    async def _http(_request, exc: StarletteHTTPException):
+    async def _http(request, exc: StarletteHTTPException):
         kind = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-        return JSONResponse(error_body(str(exc.detail), code=kind), status_code=exc.status_code,
-                            headers=getattr(exc, "headers", None))
+        detail = str(exc.detail)
+        if exc.status_code == 404 and request.url.path.startswith("/v1/v1/"):
+            detail += ": the path has /v1 twice (Anthropic's clients add /v1 themselves; give them http://HOST:PORT)"
+        return shaped(request, APIError(exc.status_code, detail, code=kind),
+                      getattr(exc, "headers", None))
 
     @api.exception_handler(Exception)
-    async def _crash(_request, _exc: Exception):
-        return server_error("The server failed while handling this request.").response()
+    async def _crash(request, _exc: Exception):
+        return shaped(request, server_error("The server failed while handling this request."))
 
     def card() -> ModelCard:
         return ModelCard(id=model_id, created=created, owned_by="ferry", max_model_len=queue.n_ctx)
@@ -189,6 +206,47 @@ def build_api(service: EngineService, formatter: ChatFormatter | None, *, model_
             return EventSourceResponse(_stream(job, rid, stamp, model_id, include_usage, tokenizer),
                                        ping=SSE_PING_SECONDS, headers={"Cache-Control": "no-store"})
         return await _complete(job, request, rid, stamp, model_id, tokenizer)
+
+    @api.post("/v1/messages", response_model=anthropic.Message,
+              responses={200: {"content": {"text/event-stream": {"schema": SSE_EVENT}},
+                               "description": "An Anthropic message; with stream=true, Anthropic's event sequence "
+                                              "(message_start ... message_stop)"},
+                         **_error_responses(400, 401, 404, 413, 429, 500, 503, model=anthropic.ErrorResponse)})
+    async def messages(body: anthropic.MessagesRequest, request: Request):
+        prepared, client = await prepare_anthropic(body, request)
+        job = AsyncJob(queue, prepared, asyncio.get_running_loop())
+        mid = "msg_" + secrets.token_hex(12)
+        if body.stream:
+            return EventSourceResponse(anthropic.stream_events(job, mid, model_id, len(prepared.prompt), _ferry),
+                                       ping=SSE_PING_SECONDS, headers={"Cache-Control": "no-store"})
+        done = await _wait(job, request)
+        if done is None:
+            return anthropic.error_response(APIError(400, "the client went away"))
+        if done.reason in ("cancelled", "error"):
+            raise _failed(done)
+        return JSONResponse(anthropic.message_body(done, mid, model_id, _ferry(done)))
+
+    @api.post("/v1/messages/count_tokens", response_model=anthropic.TokenCount,
+              responses=_error_responses(400, 401, 404, 413, 500, model=anthropic.ErrorResponse))
+    async def count_tokens(body: anthropic.CountTokensRequest, request: Request):
+        prepared, _ = await prepare_anthropic(body, request, count=True)
+        return {"input_tokens": len(prepared.prompt)}
+
+    async def prepare_anthropic(body, request: Request, count: bool = False):
+        """The Messages request as the OpenAI request it means, prepared by the one turn pipeline."""
+        if body.model not in names:
+            raise _unknown_model(body.model)
+        if (bad_text := lone_surrogate(body.model_dump(exclude_none=True))) is not None:
+            raise bad_text
+        try:
+            req = anthropic.openai_request(body, limits.max_tokens)
+        except ValidationError as exc:
+            raise _validation_error(exc.errors()) from None
+        client = client_id(keyed, (request.client.host, request.client.port) if request.client else None)
+        prepared = await asyncio.to_thread(formatter.prepare, req, limits=limits,
+                                           n_ctx=(1 << 62) if count else queue.n_ctx, client=client,
+                                           session=None if count else queue.session)
+        return prepared, client
 
     return api
 
@@ -249,8 +307,8 @@ def _failed(s: TurnDone) -> APIError:
     return server_error(s.error or "The engine failed while answering.")
 
 
-async def _complete(job: AsyncJob, request: Request, rid: str, stamp: int, model_id: str, tokenizer):
-    """Wait for the whole answer; a client that leaves meanwhile cancels it."""
+async def _wait(job: AsyncJob, request: Request) -> TurnDone | None:
+    """Wait for the whole answer; a client that leaves meanwhile cancels it (None)."""
     checked = time.monotonic()
     try:
         while True:
@@ -262,11 +320,17 @@ async def _complete(job: AsyncJob, request: Request, rid: str, stamp: int, model
                 checked = time.monotonic()
                 if await request.is_disconnected():
                     job.cancel()
-                    return JSONResponse(error_body("the client went away"), status_code=400)
+                    return None
             if isinstance(ev, TurnDone):
-                break
+                return ev
     finally:
         job.cancel()  # no-op once it is done
+
+
+async def _complete(job: AsyncJob, request: Request, rid: str, stamp: int, model_id: str, tokenizer):
+    ev = await _wait(job, request)
+    if ev is None:
+        return JSONResponse(error_body("the client went away"), status_code=400)
     s: TurnDone = ev
     if s.reason in ("cancelled", "error"):
         raise _failed(s)

@@ -63,6 +63,7 @@ def turn_request(req: ChatCompletionRequest, *, limits: Limits, client: str = "l
         tools=[t.model_dump(exclude_none=True, by_alias=True) for t in req.tools] if req.tools else None,
         tool_choice=(req.tool_choice if isinstance(req.tool_choice, str) or req.tool_choice is None
                      else req.tool_choice.model_dump()),
+        parallel_tool_calls=req.parallel_tool_calls is not False,
         response_format=(req.response_format.model_dump(exclude_none=True, by_alias=True)
                          if req.response_format is not None else None),
         chat_template_kwargs=req.chat_template_kwargs, stop=stops,

@@ -37,7 +37,7 @@ def invalid(message: str, param: str | None = None, code: str | None = "invalid_
 
 
 def unauthorized() -> APIError:
-    return APIError(401, "Incorrect or missing API key: send it as 'Authorization: Bearer KEY'.",
+    return APIError(401, "Incorrect or missing API key: send it as 'Authorization: Bearer KEY' or 'x-api-key: KEY'.",
                     code="invalid_api_key")
 
 

@@ -97,3 +97,68 @@ def copy_with_template(container: Path, dest: Path, template: str) -> Path:
     manifest = json.loads((dest / "manifest.json").read_text())
     (dest / manifest["tokenizer"]["chat_template"]).write_text(template)
     return dest
+
+
+@pytest.fixture(scope="session")
+def tool_templates(demo_container, tmp_path_factory) -> dict[str, Path]:
+    """The demo model with each tool template of ``tests/server/tool_templates.py``."""
+    from tests.server import tool_templates as t
+
+    root = tmp_path_factory.mktemp("tool_templates")
+    return {name: copy_with_template(demo_container, root / f"{name}.ferry", source)
+            for name, source in (("hermes", t.HERMES), ("llama31", t.LLAMA31), ("lists_tools", t.LISTS_TOOLS))}
+
+
+@pytest.fixture(scope="session")
+def tiny_k3(tmp_path_factory) -> Path:
+    """The tiny random Kimi K3 (its own chat format: thinking, tools)."""
+    from app.convert.convert import convert
+    from tests.kimi import tiny_k3 as build_k3
+
+    root = tmp_path_factory.mktemp("k3_server")
+    build_k3.build(root / "ckpt")
+    return convert(root / "ckpt", root / "k3.ferry", trunk_format="f32", expert_format="f32")
+
+
+class Live:
+    """A model served in this process (``app.server.Server`` on a free loopback
+    port) with both official clients, so tests can script its sampler."""
+
+    def __init__(self, container: Path, *, api_key: str | None = None, ctx: int = 2048):
+        from app.server import Server
+
+        self.model = LoadedModel(container, threads=2, n_ctx=ctx)
+        self.server = Server(self.model, self.model.new_session(ctx), host="127.0.0.1", port=0,
+                             api_key=api_key).start()
+        self.key = api_key or "unused"
+        self.id = self.server.model_id
+        self.url = self.server.url
+
+    def openai(self, **kw):
+        import openai
+
+        return openai.OpenAI(base_url=self.url, api_key=kw.pop("api_key", self.key), max_retries=0, **kw)
+
+    def anthropic(self, **kw):
+        import anthropic
+
+        return anthropic.Anthropic(base_url=self.url.removesuffix("/v1"), api_key=kw.pop("api_key", self.key),
+                                   max_retries=0, **kw)
+
+    def close(self) -> None:
+        self.server.stop()
+        self.model.close()
+
+
+@pytest.fixture
+def live():
+    """``live(container, api_key=None)``: a Live server, stopped after the test."""
+    made: list[Live] = []
+
+    def start(container: Path, **kw) -> Live:
+        made.append(Live(container, **kw))
+        return made[-1]
+
+    yield start
+    for s in made:
+        s.close()

@@ -63,10 +63,19 @@ def test_k3_requests_use_the_k3_format():
     assert p.dialect == "k3" and p.channel == "thinking"
     fmt.prepare(request(reasoning_effort="none"), limits=Limits(), n_ctx=4096)
     assert stub.segments == render_k3({"messages": [{"role": "user", "content": "Hi"}], "thinking": False})
-    with pytest.raises(APIError) as info:
-        fmt.prepare(request(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "get_weather"}}),
+    # a named tool: K3 is told "required", thinks not, and the call to that tool is opened after the prompt
+    stub.tokenizer.encode_segments = lambda segs: [1000 + i for i, _ in enumerate(segs)]
+    p = fmt.prepare(request(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "get_weather"}}),
                     limits=Limits(), n_ctx=4096)
-    assert info.value.param == "tool_choice" and info.value.status == 400
+    assert stub.segments == render_k3({"messages": [{"role": "user", "content": "Hi"}], "tools": [WEATHER],
+                                       "tool_choice": "required", "thinking": False})
+    assert p.channel == "response" and p.prefill_ids and p.prompt[-len(p.prefill_ids):] == p.prefill_ids
+    assert p.prefill_text.startswith("<|close|>response<|sep|><|open|>tools<|sep|><|open|>call tool=\"get_weather\"")
+    for bad in ({"type": "function", "function": {"name": "nope"}}, "required"):
+        with pytest.raises(APIError) as info:
+            fmt.prepare(request(tools=[WEATHER] if bad != "required" else None, tool_choice=bad),
+                        limits=Limits(), n_ctx=4096)
+        assert info.value.param == "tool_choice" and info.value.status == 400
     with pytest.raises(APIError) as info:
         fmt.prepare(request(messages=[{"role": "tool", "content": "20 C"}]), limits=Limits(), n_ctx=4096)
     assert "tool" in info.value.message
@@ -171,3 +180,36 @@ def test_k3_conformance_text_parts_and_a_bare_json_schema():
     fmt.prepare(request(response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": schema}}),
                 limits=Limits(), n_ctx=4096)
     assert bare == stub.segments
+
+
+def _built(pieces, **prepared) -> tuple[list, AnswerBuilder]:
+    b = AnswerBuilder(Prepared(prompt=[], params=SamplingParams(), max_tokens=50, stops=[], dialect="think_tags",
+                               channel="response", **prepared), None)
+    out = []
+    for piece in pieces:
+        out += pairs(b.token(0, piece))
+    return out + pairs(b.finish()), b
+
+
+@pytest.mark.parametrize("pieces,calls,text", [
+    (['{"name": "get_weather", "para', 'meters": {"city": "Oslo"}}'], [("get_weather", {"city": "Oslo"})], ""),
+    (['<|python_tag|>{"name": "a", "parameters": {}}; ', '{"name": "b", "arguments": {"x": 1}}'],
+     [("a", {}), ("b", {"x": 1})], ""),
+    (["  ", '{"not": "a call"}'], [], '  {"not": "a call"}'),       # JSON that is no call is the answer
+    (['{"name": "a", "parameters": {}} and more'], [], '{"name": "a", "parameters": {}} and more'),
+    (["Hello", ' {"name": "a"}'], [], 'Hello {"name": "a"}'),        # only an answer that starts with one
+])
+def test_llama3_tool_calls_in_a_jinja_models_answer(pieces, calls, text):
+    out, _ = _built(pieces, llama3_tools=True)
+    assert [(c.name, json.loads(c.arguments)) for k, c in out if k == "tool_call"] == calls
+    assert "".join(v for k, v in out if k == "content") == text
+
+
+def test_forced_call_prefill_and_a_single_call():
+    """A forced call's opening is read as if written; parallel_tool_calls=false ends the answer at the first."""
+    out, b = _built(['get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>\n<tool_call>{"name": "x", ',
+                     '"arguments": {}}</tool_call>'], hermes_tools=True, prefill_text='<tool_call>\n{"name": "',
+                    parallel_tool_calls=False)
+    assert [(c.name, json.loads(c.arguments)) for k, c in out if k == "tool_call"] == [("get_weather",
+                                                                                       {"city": "Oslo"})]
+    assert b.ended and not [v for k, v in out if k == "content"]

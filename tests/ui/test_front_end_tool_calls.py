@@ -9,21 +9,19 @@ the answer text and one `lookup` call with its JSON arguments."""
 from __future__ import annotations
 
 import json
-import re
 
 import openai
 import pytest
 
-import app.model
 from app.cli import main as ferry
 from app.convert.convert import convert
 from app.model import LoadedModel
 from app.server import Server
+from tests.scripted import script_ids, scripted_sampler
 from tests.ui.test_front_end_matrix import _cli_json, _split, _window_turn
 
 QUESTION = "Where is the boathouse key?"
 CTX = 1024
-MARKERS = ("<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>")
 #: What the model "writes" after the generation prompt opened its thinking.
 SCRIPT = ('Look it up.<|close|>think<|sep|><|open|>response<|sep|>Checking the notes.<|close|>response<|sep|>'
           '<|open|>tools<|sep|><|open|>call tool="lookup" index="1"<|sep|>'
@@ -47,22 +45,11 @@ def scripted(k3, monkeypatch):
     answers with SCRIPT's token ids (then the end token), whatever the logits."""
     model = LoadedModel(k3, threads=1, n_ctx=CTX)
     try:
-        pieces = [p for p in re.split("(" + "|".join(map(re.escape, MARKERS)) + ")", SCRIPT) if p]
-        ids = model.encode([(p, p in MARKERS) for p in pieces])
+        ids = script_ids(model, SCRIPT)
         eos = min(model.tokenizer.eos_ids)
     finally:
         model.close()
-    assert ids and all(0 <= i for i in ids)
-
-    class ScriptedSampler:
-        def __init__(self, _params):
-            self.left = list(ids)
-
-        def __call__(self, logits) -> int:
-            assert logits is not None and len(logits) > max(ids)   # the engine really decoded this step
-            return self.left.pop(0) if self.left else eos
-
-    monkeypatch.setattr(app.model, "Sampler", ScriptedSampler)
+    scripted_sampler(monkeypatch, eos).ids = ids
     return ids
 
 
