@@ -1,5 +1,5 @@
-"""How far an opt-in mode (fewer experts per token, cache-aware routing,
-8-bit activations) moves a model's next-token distributions from the exact
+"""How far a mode (fewer experts per token, cache-aware routing, the
+default's 8-bit activations) moves a model's next-token distributions from the exact
 engine, and what it saves (expert reads, decode time): the figures ``ferry
 eval MODEL --compare FILE`` prints, for a user with real weights choosing a
 mode.
@@ -22,6 +22,7 @@ from typing import Sequence
 
 import numpy as np
 
+from app.engine.activations import DEFAULT_ACTIVATIONS, EXACT
 from app.engine.binding import Engine, Stats
 
 
@@ -110,13 +111,14 @@ def mode_figures(st: Stats) -> dict:
 
 
 def compare(path: str | Path, prompts: Sequence[Sequence[int]], *, experts_per_token: int | None = None,
-            cache_aware_margin: float = 0.0, activations: str = "f32", **engine_options) -> dict:
+            cache_aware_margin: float = 0.0, activations: str = DEFAULT_ACTIVATIONS, **engine_options) -> dict:
     """The report of ``ferry eval --compare`` for token-id prompts: the exact
-    engine (exact routing, f32 activations) against the mode asked for."""
+    engine (exact routing, exact f32 activations) against the mode asked for
+    (by default the default's own 8-bit activations)."""
     prompts = [list(p) for p in prompts if len(p)]
     if not prompts:
         raise CompareError("no prompt has any tokens")
-    exact = run_mode(path, prompts, **engine_options)
+    exact = run_mode(path, prompts, activations=EXACT, **engine_options)
     mode = run_mode(path, prompts, experts_per_token=experts_per_token, cache_aware_margin=cache_aware_margin,
                     activations=activations, **engine_options)
     kls, agree = [], []
