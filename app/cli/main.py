@@ -97,6 +97,7 @@ def cmd_check(args) -> int:
         chosen = report.trunk_format if role == "trunk" else report.expert_format
         for c in choices:
             per_token = f", {size(c.cold_bytes_per_token)} per token cold" if role == "experts" else ""
+            per_token += f", ~{c.tok_per_s:.1f} tok/s in RAM" if c.tok_per_s else ""
             print(f" {'*' if c.format == chosen else ' '} {c.format:6s} {c.label:30s} "
                   f"{c.bits_per_weight:5.2f} bits/weight, error {c.weight_error:14s} {size(c.nbytes):>8s}{per_token}"
                   + ("  (recommended)" if c.recommended else ""))

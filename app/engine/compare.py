@@ -121,17 +121,23 @@ def compare(path: str | Path, prompts: Sequence[Sequence[int]], *, experts_per_t
     exact = run_mode(path, prompts, activations=EXACT, **engine_options)
     mode = run_mode(path, prompts, experts_per_token=experts_per_token, cache_aware_margin=cache_aware_margin,
                     activations=activations, **engine_options)
+    return {
+        "mode": {"experts_per_token": experts_per_token, "cache_aware_margin": cache_aware_margin,
+                 "activations": activations},
+        "prompts": len(prompts), **distance(exact, mode),
+        "exact": mode_figures(exact.stats), "compared": mode_figures(mode.stats),
+    }
+
+
+def distance(ref: ModeRun, other: ModeRun) -> dict:
+    """How far ``other``'s next-token distributions are from ``ref``'s at
+    every position of the same prompts: positions, the mean and max
+    KL(ref || other) in nats, and top-1 agreement."""
     kls, agree = [], []
-    for a, b in zip(exact.logits, mode.logits):
+    for a, b in zip(ref.logits, other.logits):
         lp, lq = _log_softmax(a), _log_softmax(b)
         kls.append(np.maximum((np.exp(lp) * (lp - lq)).sum(axis=-1), 0.0))
         agree.append(a.argmax(axis=-1) == b.argmax(axis=-1))
     kl, top1 = np.concatenate(kls), np.concatenate(agree)
-    return {
-        "mode": {"experts_per_token": experts_per_token, "cache_aware_margin": cache_aware_margin,
-                 "activations": activations},
-        "prompts": len(prompts), "positions": int(kl.size),
-        "kl_mean": float(kl.mean()), "kl_max": float(kl.max()),
-        "top1_agreement": float(top1.mean()),
-        "exact": mode_figures(exact.stats), "compared": mode_figures(mode.stats),
-    }
+    return {"positions": int(kl.size), "kl_mean": float(kl.mean()), "kl_max": float(kl.max()),
+            "top1_agreement": float(top1.mean())}

@@ -19,7 +19,6 @@ COLS = 4096
 MATRIX_BYTES = 96 << 20     # far beyond the last-level cache, like weights streamed per token
 
 
-@functools.lru_cache(maxsize=None)
 def run_threads(fn, n: int) -> float:
     """Seconds for ``fn(i)`` run on ``n`` threads at once (i = 0..n-1), start to last join."""
     ts = [threading.Thread(target=fn, args=(i,)) for i in range(n)]
@@ -31,10 +30,12 @@ def run_threads(fn, n: int) -> float:
     return time.perf_counter() - t0
 
 
+@functools.lru_cache(maxsize=None)
 def kernel_bytes_per_s(fmt: str, threads: int | None = None, activations: str | None = None) -> float | None:
     """Weight bytes per second of one decode step in ``fmt`` with these
     ``activations`` (None: the default) (None when the format has no kernel
-    or the core is not built)."""
+    or the core is not built). Measured once per process and format: every
+    plan and recommendation of a process then sees the same figure."""
     try:
         from app.engine._ferry_c import ffi, lib
     except ImportError:
