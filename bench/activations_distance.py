@@ -33,6 +33,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+# bench/ itself off the path (its kernels.py would shadow the `kernels` package transformers imports)
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != REPO / "bench"]
 sys.path.insert(0, str(REPO))
 
 from app.engine.activations import DEFAULT_ACTIVATIONS, EXACT  # noqa: E402
@@ -97,6 +99,7 @@ def main(argv=None) -> int:
                 ref, again = (run_mode(p, ids, activations=EXACT, threads=a.threads) for p in (q41, q40))
                 rows[-1]["weights_vs_source"] = {**distance(ref, again),
                                                  "what": "the Q4_1 values rounded once more to q4_0, exact"}
+                print(json.dumps(rows[-1]), file=sys.stderr)
                 continue
             from tests.kimi import tiny_k3, tiny_kimi
             ckpt = root / name
