@@ -8,7 +8,7 @@ Python, so settings load without the core.
   q4_1, q4_k, q5_k, q6_k) are multiplied with integer dot products, as
   llama.cpp does; other weights stay exact, and a model without such weights
   runs the exact path. On the real demo weights this moves the next-token
-  distribution by a mean KL of about 0.004, far below what the 4-bit weights
+  distribution by a mean KL of about 0.006, far below what the 4-bit weights
   themselves do (docs/QUANTIZATION.md, "8-bit activations").
 - ``exact`` (alias ``f32``): the stored weights times the exact f32
   activations, for verification and the reference checks.
