@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 
 from app.chat.stream_parser import ToolCall
 from app.chat.turn import ChatFormat, Prepared, TurnError, TurnRequest, collect, run_turn
+from app.engine.activations import ACTIVATION_CHOICES, DEFAULT_ACTIVATIONS
+from app.engine.activations import describe as describe_activations
 from app.engine.binding import MemoryPlan, ModelInfo
 from app.engine.service import EngineService, ServiceBusy, ServiceClosed, TurnStream
 from app.events import (Finished, LiveStats, Logprob, PromptProgress, Reasoning, Text, Token, TokenLogprob,
@@ -28,6 +30,7 @@ from app.model import LoadedModel, ModelError
 from app.sampling import SamplingParams
 
 __all__ = [
+    "ACTIVATION_CHOICES", "DEFAULT_ACTIVATIONS", "describe_activations",
     "ChatFormat", "EngineService", "Finished", "LiveStats", "LoadOptions", "LoadedModel", "Logprob", "ModelError",
     "ModelLoaded", "Prepared",
     "PromptProgress", "Reasoning", "SamplingParams", "ServiceBusy", "ServiceClosed", "Text", "Token",
@@ -44,7 +47,7 @@ class LoadOptions:
     threads: int = 0             #: 0: the engine's default
     context_length: int = 4096   #: tokens; 0: the model's whole context
     verify_reads: bool = False
-    activations: str = "f32"     #: "f32" exact (default) or "q8": 8-bit activations, faster, outputs change slightly
+    activations: str = DEFAULT_ACTIVATIONS   #: "auto": 8-bit activations on quantized weights; "exact"
     serve_port: int = 0          #: serve the loaded model on 127.0.0.1:port (0: no)
     engine: str = "local"        #: "local" or "remote"
     remote_url: str = ""
@@ -82,7 +85,7 @@ def open_model(path: str | os.PathLike, *, ram_budget: int = 0, threads: int = 0
     if ram_budget <= 0:
         from app.memory.plan import plan_container
 
-        ram_budget = plan_container(path, n_ctx, activations=engine_options.get("activations") or "f32").recommended
+        ram_budget = plan_container(path, n_ctx, activations=engine_options.get("activations")).recommended
     try:
         return LoadedModel(path, ram_budget=ram_budget, threads=threads, n_ctx=n_ctx, **engine_options)
     except ModelError:

@@ -1,4 +1,4 @@
-"""Exact (f32) against the opt-in 8-bit activations (q8): decode and prompt
+"""Exact (f32) against the 8-bit activations (q8, the default's arithmetic on quantized weights): decode and prompt
 tokens per second on the same containers, in one process, interleaved.
 
     python bench/q8_speed.py --json [--files demo 1b-q4_k_m 1b-q8_0] [--rounds 5] [--threads 2]

@@ -1,6 +1,6 @@
 """Ferry against llama.cpp (llama-cpp-python) on the same GGUF files.
 
-    python bench/vs_llamacpp.py --json [--files demo 1b-q4_k_m 1b-q8_0] [--rounds 3] [--threads 2] [--ferry-q8]
+    python bench/vs_llamacpp.py --json [--files demo 1b-q4_k_m 1b-q8_0] [--rounds 3] [--threads 2] [--ferry-exact]
 
 llama-cpp-python is installed into a benchmark-only virtual environment
 (``--venv``, default ``.bench-venv/`` in the checkout; it is not a Ferry
@@ -23,10 +23,11 @@ prompts are the same random token ids. The 1-minute load average is
 recorded before and after every child. Prints one JSON object with every
 round and the medians, and the ratios Ferry / llama.cpp.
 
-``--ferry-q8`` adds a third engine, ``ferry_q8``: Ferry opened with the
-opt-in 8-bit activations (``activations="q8"``, inexact, as llama.cpp
-computes), in the same rotation, with its ratios to llama.cpp and to exact
-Ferry.
+``ferry`` is Ferry at its defaults (since 2026-12-06 the 8-bit activations
+of ``activations="auto"`` on quantized weights, as llama.cpp computes).
+``--ferry-exact`` adds a third engine, ``ferry_exact``: Ferry opened with
+exact activations (``activations="exact"``, the default before), in the same
+rotation, with its ratios to llama.cpp and to default Ferry.
 """
 from __future__ import annotations
 
@@ -226,10 +227,10 @@ def child_llama(a) -> dict:
 
 
 METRICS = ("decode_tok_s", "prompt128_tok_s", "prompt1024_tok_s", "ttft_s", "peak_rss_bytes")
-ENGINES = ("ferry", "llama_cpp", "ferry_q8")
+ENGINES = ("ferry", "llama_cpp", "ferry_exact")
 
 
-def run_child(python: Path, engine: str, model: Path, a, activations: str = "f32") -> dict:
+def run_child(python: Path, engine: str, model: Path, a, activations: str = "auto") -> dict:
     cmd = [str(python), str(Path(__file__).resolve()), "--child", engine, "--model", str(model),
            "--threads", str(a.threads), "--tokens", str(a.tokens), "--activations", activations] + \
         (["--profile"] if a.profile else [])
@@ -258,12 +259,12 @@ def summarize(rounds: list[dict]) -> dict:
     med = {}
     for eng in ENGINES:
         ok = [r[eng] for r in rounds if eng in r and "error" not in r[eng]]
-        if ok or eng != "ferry_q8":
+        if ok or eng != "ferry_exact":
             med[eng] = {m: statistics.median(x[m] for x in ok) for m in METRICS} if ok else {}
     out = {"median": med, "ferry_over_llama_cpp": _ratios(med["ferry"], med["llama_cpp"])}
-    if "ferry_q8" in med:
-        out["ferry_q8_over_llama_cpp"] = _ratios(med["ferry_q8"], med["llama_cpp"])
-        out["ferry_q8_over_ferry"] = _ratios(med["ferry_q8"], med["ferry"])
+    if "ferry_exact" in med:
+        out["ferry_exact_over_llama_cpp"] = _ratios(med["ferry_exact"], med["llama_cpp"])
+        out["ferry_exact_over_ferry"] = _ratios(med["ferry_exact"], med["ferry"])
     return out
 
 
@@ -277,9 +278,9 @@ def main(argv=None) -> int:
     ap.add_argument("--venv", type=Path, default=ROOT / ".bench-venv")
     ap.add_argument("--workdir", type=Path, default=Path.home() / ".cache" / "ferry-bench")
     ap.add_argument("--profile", action="store_true", help="also record Ferry's per-stage profile")
-    ap.add_argument("--ferry-q8", action="store_true",
-                    help="also run Ferry with the opt-in 8-bit activations (engine ferry_q8)")
-    ap.add_argument("--activations", default="f32", help=argparse.SUPPRESS)
+    ap.add_argument("--ferry-exact", action="store_true",
+                    help="also run Ferry with exact activations (engine ferry_exact; the default is 8-bit)")
+    ap.add_argument("--activations", default="auto", help=argparse.SUPPRESS)
     ap.add_argument("--child", choices=("ferry", "llama_cpp"), help=argparse.SUPPRESS)
     ap.add_argument("--model", type=Path, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -295,7 +296,7 @@ def main(argv=None) -> int:
     results = {}
     for name in a.files:
         results[name] = {"gguf_bytes": models[name]["gguf_bytes"], "rounds": []}
-    engines = list(ENGINES if a.ferry_q8 else ENGINES[:2])
+    engines = list(ENGINES if a.ferry_exact else ENGINES[:2])
     for r in range(a.rounds):
         for name in a.files:
             order = engines[r % len(engines):] + engines[:r % len(engines)]  # each engine leads in turn
@@ -304,7 +305,7 @@ def main(argv=None) -> int:
                 log(f"round {r + 1}/{a.rounds} {name} {eng}")
                 if eng.startswith("ferry"):
                     rnd[eng] = run_child(Path(sys.executable), "ferry", models[name]["container"], a,
-                                         activations="q8" if eng == "ferry_q8" else "f32")
+                                         activations="exact" if eng == "ferry_exact" else "auto")
                 else:
                     rnd[eng] = run_child(llama_py, "llama_cpp", models[name]["gguf"], a)
                 log(json.dumps({"round": r + 1, "file": name, "engine": eng, **rnd[eng]}))  # partial results

@@ -81,10 +81,11 @@ def rel_l2(a, b) -> float:
 
 def run_engine(container, tokens, prompt: int, threads: int = 2, n_ctx: int = 64):
     """Stages {stage: [T, dim]}, logits [T, vocab] and the layer count from the
-    engine: a prompt of `prompt` tokens, then single decode steps."""
+    engine: a prompt of `prompt` tokens, then single decode steps. Exact
+    activations, named (not the default): this is what the reference checks run."""
     from app.engine.binding import Engine
 
-    with Engine(container, threads=threads) as engine:
+    with Engine(container, threads=threads, activations="exact") as engine:
         session = engine.session(n_ctx)
         stages: dict[int, list[np.ndarray]] = {}
         session.observe(lambda stage, pos, h: stages.setdefault(stage, []).append(h))
@@ -107,17 +108,19 @@ def compare(stages, logits, n_layers, hidden, ref_logits) -> dict[str, float]:
 
 def assert_prefill_equals_single_steps(container, tokens, threads: int = 2) -> None:
     """A prompt evaluated at once, token by token, and in chunks that do not
-    line up with the core's 32-token chunks gives bit-identical logits."""
+    line up with the core's 32-token chunks gives bit-identical logits, in
+    both activation modes (exact and the default)."""
     from app.engine.binding import Engine
 
-    with Engine(container, threads=threads) as engine:
-        batch = engine.session(64).eval(tokens, all_logits=True)
-        s = engine.session(64)
-        steps = np.stack([s.eval([t]) for t in tokens])
-        s2 = engine.session(64)
-        mixed = np.concatenate([s2.eval(tokens[:5], all_logits=True), s2.eval(tokens[5:], all_logits=True)])
-    assert np.array_equal(batch, steps)
-    assert np.array_equal(batch, mixed)
+    for activations in ("exact", "auto"):
+        with Engine(container, threads=threads, activations=activations) as engine:
+            batch = engine.session(64).eval(tokens, all_logits=True)
+            s = engine.session(64)
+            steps = np.stack([s.eval([t]) for t in tokens])
+            s2 = engine.session(64)
+            mixed = np.concatenate([s2.eval(tokens[:5], all_logits=True), s2.eval(tokens[5:], all_logits=True)])
+        assert np.array_equal(batch, steps), activations
+        assert np.array_equal(batch, mixed), activations
 
 
 def dequantized_reference_model(container: Path, work: Path):

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from app.api import LoadedModel, SamplingParams, TurnRequest, open_model
 from app.convert.convert import Progress
-from app.engine.binding import ACTIVATION_CHOICES, KERNEL_CHOICES
+from app.engine.activations import ACTIVATION_CHOICES, DEFAULT_ACTIVATIONS
+from app.engine.binding import KERNEL_CHOICES
 
 DEMO = "demo"
 CTX_DEFAULT = 4096
@@ -91,13 +92,13 @@ def open_from_args(args) -> LoadedModel:
         from app.memory.plan import plan_container
         from app.memory.units import size
 
-        plan = plan_container(path, args.ctx, activations=getattr(args, "activations", "f32"))
+        plan = plan_container(path, args.ctx, activations=getattr(args, "activations", None))
         budget = plan.recommended
         if not quiet:
             print(f"ferry: RAM budget {size(budget)} ({plan.reason})", file=sys.stderr)
     return open_model(path, ram_budget=budget, threads=args.threads, n_ctx=args.ctx,
                       kernels=getattr(args, "kernels", None), verify_reads=bool(getattr(args, "verify_reads", False)),
-                      activations=getattr(args, "activations", "f32"))
+                      activations=getattr(args, "activations", None) or DEFAULT_ACTIVATIONS)
 
 
 def is_server_url(model: str) -> bool:
@@ -148,7 +149,7 @@ class Turns:
         if is_server_url(args.model):
             local = [flag for flag, used in (("--budget", args.budget), ("--kernels", getattr(args, "kernels", None)),
                                              ("--threads", args.threads), ("--ctx", args.ctx != CTX_DEFAULT),
-                                             ("--activations", getattr(args, "activations", "f32") != "f32"),
+                                             ("--activations", getattr(args, "activations", None) not in (None, DEFAULT_ACTIVATIONS)),
                                              ("--verify-reads", getattr(args, "verify_reads", False))) if used]
             if local:
                 raise UsageError(f"{', '.join(local)} set{'s' if len(local) == 1 else ''} up a model on this "
@@ -193,11 +194,14 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kernels", choices=KERNEL_CHOICES, default=None,
                    help="matrix-product kernels: auto (the best this CPU supports), scalar, avx2, avx512vnni (q8 mode) or neon "
                         "(default: $FERRY_KERNELS, else auto)")
-    p.add_argument("--activations", choices=ACTIVATION_CHOICES, default="f32",
-                   help="f32 (default): exact matrix products; q8: opt-in, faster and slightly inexact: each "
-                        "token's input is rounded to 8 bits (per 32 values; per 256 for K-quant weights) and multiplied with integer dot "
-                        "products (q8_0, q4_0, q4_1, q4_k, q5_k, q6_k weights); outputs change slightly "
-                        "(`ferry eval --compare FILE --activations q8` measures how much)")
+    p.add_argument("--activations", choices=ACTIVATION_CHOICES, default=DEFAULT_ACTIVATIONS,
+                   help="auto (default): each token's input is rounded to 8 bits (per 32 values; per 256 for K-quant "
+                        "weights) and multiplied with integer dot products where the weights are q8_0, q4_0, q4_1, "
+                        "q4_k, q5_k or q6_k, as llama.cpp does (other weights stay exact): faster, and the next-token "
+                        "distribution moves far less than the weights' own quantization moves it "
+                        "(docs/QUANTIZATION.md; `ferry eval --compare FILE` measures it); exact (alias f32): exact "
+                        "f32 matrix products, for verification; q8: as auto, refused by a kernel set without "
+                        "integer products")
     p.add_argument("--ctx", type=int, default=CTX_DEFAULT, help="context length of the session (default 4096)")
     p.add_argument("--verify-reads", action="store_true",
                    help="check each expert record's CRC32 when it is first read from disk; a damaged record "

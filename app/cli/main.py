@@ -11,7 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
-from app.api import ModelError, PromptProgress, Reasoning, Text, ToolCallMade, TurnDone, TurnError, TurnRequest
+from app.api import describe_activations, ModelError, PromptProgress, Reasoning, Text, ToolCallMade, TurnDone, TurnError, TurnRequest
 from app.cli.common import (PromptMeter, Turns, UsageError, add_logprobs, add_model_options, add_routing, add_sampling,
                             add_server_model, logprobs_problem, open_from_args, parse_size, progress_printer,
                             resolve_model, turn_request)
@@ -97,6 +97,7 @@ def cmd_check(args) -> int:
         chosen = report.trunk_format if role == "trunk" else report.expert_format
         for c in choices:
             per_token = f", {size(c.cold_bytes_per_token)} per token cold" if role == "experts" else ""
+            per_token += f", ~{c.tok_per_s:.1f} tok/s in RAM" if c.tok_per_s else ""
             print(f" {'*' if c.format == chosen else ' '} {c.format:6s} {c.label:30s} "
                   f"{c.bits_per_weight:5.2f} bits/weight, error {c.weight_error:14s} {size(c.nbytes):>8s}{per_token}"
                   + ("  (recommended)" if c.recommended else ""))
@@ -111,7 +112,8 @@ def cmd_info(args) -> int:
     info = model.engine.info
     plan = model.engine.plan(args.ctx)
     doc = {"path": str(model.path), "name": model.name, "model": model.manifest["model"],
-           "info": info.__dict__, "plan": {"n_ctx": args.ctx or info.max_ctx, **plan.__dict__},
+           "info": info.__dict__, "activations_note": describe_activations(info.activations, model.engine.activations),
+           "plan": {"n_ctx": args.ctx or info.max_ctx, **plan.__dict__},
            "files": model.manifest.get("files", []), "tokenizer": model.manifest.get("tokenizer")}
     if args.json:
         print(json.dumps(doc, indent=1))
@@ -126,7 +128,7 @@ def cmd_info(args) -> int:
         print(f"  cache: {info.cache_slots} expert records; direct I/O "
               + ("on" if info.direct_io else f"off ({info.io_note})"))
     print(f"  compute: {info.n_threads} threads, {info.kernels} kernels, "
-          + ("exact f32 activations" if info.activations == "f32" else "8-bit activations (q8: opt-in, inexact)"))
+          + describe_activations(info.activations, model.engine.activations))
     print(f"  trunk: {plan.trunk_bytes / 2**20:.1f} MiB resident; session of {doc['plan']['n_ctx']} tokens "
           f"needs {plan.total_bytes / 2**20:.1f} MiB in all")
     return 0
@@ -202,7 +204,9 @@ def cmd_run(args) -> int:
             "prefetch_used": int(c.get("prefetch_used", 0)), "prefetch_wasted": int(c.get("prefetch_wasted", 0)),
             "prefetch_gated": int(c.get("prefetch_gated", 0)),
             "ram_budget": info.ram_budget if info else None, "direct_io": bool(info.direct_io) if info else None,
-            "activations": info.activations if info else None, "model": turns.name,
+            "activations": info.activations if info else None,
+            "activations_note": describe_activations(info.activations, turns.model.engine.activations)
+            if info else None, "model": turns.name,
             **({"server": turns.remote.url} if turns.remote is not None else {}),
             **({"logprobs": logprobs_content(end.logprobs, turns.model.tokenizer if turns.model else None)}
                if args.logprobs is not None else {}),
@@ -445,7 +449,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top", type=int, default=20)
     p.add_argument("--json", action="store_true")
     p.add_argument("--compare", metavar="FILE",
-                   help="compare an opt-in mode (--experts-per-token/--cache-aware routing, --activations q8) with "
+                   help="compare a mode (--experts-per-token/--cache-aware routing, --activations: by default "
+                        "the default's 8-bit activations; --activations exact to compare routing alone) with "
                         "the exact engine over the prompts in FILE (text, one a line, or JSON Lines): KL, top-1 "
                         "agreement, bytes/token, decode tok/s")
     p.add_argument("--max-tokens", type=int, default=256, help="with --compare: tokens of each prompt evaluated")

@@ -11,10 +11,18 @@ machine.
   a 64 GB Mac it is q4_0.
 * **Experts.** Every token reads its experts that are not cached, so their
   bits set the speed of a model that does not fit in RAM, and its accuracy.
-  The recommendation is the most accurate choice whose whole model fits in
-  the usable RAM; when none fits, the one that reads the fewest bytes per
-  token (then the disk sets the speed, and a 3-bit code reads 2.7× fewer
-  bytes than 8 bits). A model that fits is never made lossy for speed.
+  When the whole model fits in the usable RAM in some choice, the
+  recommendation is the fastest of those that fit whose measured weight
+  error is at most a 4-bit format's (QUALITY_BOUND: q8_0 and q4_0 qualify,
+  3-bit does not), by the decode speed estimated from this machine's
+  measured kernels (app.get.speed, in the default arithmetic); a choice
+  within SPEED_MARGIN of the fastest but more accurate wins, so noise in the
+  measurement does not flip it. The exact choice (`--expert-format auto`)
+  stays one flag away. When none fits, the one that reads the fewest bytes
+  per token (then the disk sets the speed, and a 3-bit code reads 2.7×
+  fewer bytes than 8 bits). The trunk keeps its rule (its `auto`, q8_0
+  for a float source, is within the bound and among the fastest; a
+  quantized source's own formats are not rounded again for speed).
 
 No Qt here: the wizard's Source page and `ferry check` show the same lists.
 The error figures are the measured mean relative weight errors of
@@ -37,9 +45,15 @@ RECOMMENDED = "recommended"
 #: by what it resolves to).
 EXPERT_CANDIDATES = ("auto", "q8_0", "q4_0", quant3.NAME)
 TRUNK_CANDIDATES = ("auto", "q4_0")
-#: Each lossy format's label and its measured typical relative weight error.
-LOSSY = {"q8_0": ("8-bit (q8_0)", "about 0.6 %"), "q4_0": ("4-bit (q4_0)", "about 9 %"),
-         "q4_1": ("4-bit (q4_1)", "about 10 %"), quant3.NAME: ("3-bit (q3_nl)", "about 18-22 %")}
+#: Each lossy format's label, its measured typical relative weight error as
+#: text, and as a number (the upper end) for the quality bound.
+LOSSY = {"q8_0": ("8-bit (q8_0)", "about 0.6 %", 0.006), "q4_0": ("4-bit (q4_0)", "about 9 %", 0.09),
+         "q4_1": ("4-bit (q4_1)", "about 10 %", 0.10), quant3.NAME: ("3-bit (q3_nl)", "about 18-22 %", 0.22)}
+#: The speed rule's quality bound: a 4-bit (q4_0 / q4_1 / q4_k class) format's measured weight error.
+QUALITY_BOUND = 0.10
+#: A faster choice must beat a more accurate one by more than this fraction of its speed to be recommended
+#: (the kernel measurement varies by about ±20 % on a loaded machine).
+SPEED_MARGIN = 0.15
 
 
 @dataclass(frozen=True)
@@ -56,6 +70,9 @@ class FormatChoice:
     cold_bytes_per_token: int   #: one token's experts, none cached (0 for the trunk)
     fits_in_ram: bool           #: the recommendation's test (see the module's docstring)
     recommended: bool = False
+    error: float = 0.0          #: weight_error as a number (the quality bound's test)
+    tok_per_s: float | None = None   #: decode estimated from RAM (the whole model cached), measured kernels
+    rule: str = ""              #: why the recommended one is: "speed", "accuracy" or "smallest"
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -68,13 +85,45 @@ def _count(shape) -> int:
     return n
 
 
-def pick(fits: list[bool], sizes: list[int]) -> int:
-    """The rule of both recommendations, on choices listed from the most
-    accurate: the index of the first that fits, else of the smallest. `ferry
-    plan --config` (app/plan_config.py) applies it to sizes costed from a bare
-    config, so its formats are the ones a conversion will be recommended."""
-    return next((i for i, f in enumerate(fits) if f), None) if any(fits) else min(range(len(sizes)),
-                                                                                   key=sizes.__getitem__)
+def pick(fits: list[bool], sizes: list[int], speeds: list[float | None] | None = None,
+         errors: list[float] | None = None) -> tuple[int, str]:
+    """THE rule of both recommendations, on choices listed from the most
+    accurate: (index, rule). When some fit and ``speeds`` (estimated tok/s)
+    are known: among those that fit with an error (``errors``) at most
+    QUALITY_BOUND, the fastest, a more accurate one within SPEED_MARGIN of it
+    preferred ("speed"); else the first that fits ("accuracy"); when none
+    fits, the smallest ("smallest"). `ferry plan --config`
+    (app.memory.plan_config) applies it to sizes costed from a bare config,
+    so its formats are the ones a conversion will be recommended."""
+    if not any(fits):
+        return min(range(len(sizes)), key=sizes.__getitem__), "smallest"
+    if speeds is not None and errors is not None:
+        ok = [i for i, f in enumerate(fits) if f and errors[i] <= QUALITY_BOUND]
+        if ok and all(speeds[i] for i in ok):
+            best = max(speeds[i] for i in ok)
+            return next(i for i in ok if speeds[i] * (1 + SPEED_MARGIN) >= best), "speed"
+    return next(i for i, f in enumerate(fits) if f), "accuracy"
+
+
+def default_speed(fmt: str) -> float | None:
+    """Weight bytes per second this machine's kernels go through in ``fmt``,
+    in the default arithmetic (measured once per process, app.get.speed)."""
+    from app.get.speed import kernel_bytes_per_s
+
+    return kernel_bytes_per_s(fmt)
+
+
+def decode_tok_per_s(parts: list[tuple[int, str]], speed: Callable[[str], float | None]) -> float | None:
+    """Decode tokens per second from RAM: each (bytes per token, format)
+    through the kernels measured by ``speed`` (None when one is unknown)."""
+    seconds = 0.0
+    for nbytes, fmt in parts:
+        if nbytes:
+            bps = speed(fmt)
+            if not bps:
+                return None
+            seconds += nbytes / bps
+    return 1.0 / seconds if seconds > 0 else None
 
 
 def trunk_fits(trunk_bytes: int, working_bytes: int, usable_bytes: int, moe: bool) -> bool:
@@ -89,17 +138,35 @@ def experts_fit(trunk_bytes: int, expert_bytes: int, working_bytes: int, usable_
     return trunk_bytes + expert_bytes + working_bytes <= usable_bytes
 
 
-def _mark(made: list[FormatChoice], smallest: Callable[[FormatChoice], int]) -> list[FormatChoice]:
-    chosen = made[pick([c.fits_in_ram for c in made], [smallest(c) for c in made])]
-    return [FormatChoice(**{**c.as_dict(), "recommended": c is chosen}) for c in made]
+def _mark(made: list[FormatChoice], smallest: Callable[[FormatChoice], int], by_speed: bool = True
+          ) -> list[FormatChoice]:
+    i, rule = pick([c.fits_in_ram for c in made], [smallest(c) for c in made],
+                   [c.tok_per_s for c in made] if by_speed else None, [c.error for c in made])
+    return [FormatChoice(**{**c.as_dict(), "recommended": k == i, "rule": rule if k == i else ""})
+            for k, c in enumerate(made)]
+
+
+def _main_format(by_bytes: dict[str, int]) -> str:
+    return max(by_bytes, key=by_bytes.get, default="f32")
+
+
+def _trunk_parts(layout) -> list[tuple[int, str]]:
+    """The trunk's matrices a token goes through (all but the embedding, read one row a token), by format."""
+    by: dict[str, int] = {}
+    for t in layout.trunk:
+        if len(t.shape) > 1 and t.name != "token_embd":
+            by[t.fmt] = by.get(t.fmt, 0) + t.nbytes
+    return [(n, f) for f, n in by.items()]
 
 
 def expert_choices(src: Source, trunk_format: str, top_k: int, working_bytes: int,
-                   usable_bytes: int) -> list[FormatChoice]:
+                   usable_bytes: int, speed: Callable[[str], float | None] | None = None) -> list[FormatChoice]:
     """The expert choices for ``src`` (empty for a dense model). ``working_bytes``
     is what a session needs besides the weights (attention state, scratch: the
     plan's, which do not depend on the formats); ``usable_bytes`` the RAM
-    usable on this machine."""
+    usable on this machine; ``speed`` the kernels' bytes per second by format
+    (default: measured here, :func:`default_speed`)."""
+    speed = speed or default_speed
     base = plan_layout(src, trunk_format, "auto")
     if not base.banks:
         return []
@@ -113,12 +180,15 @@ def expert_choices(src: Source, trunk_format: str, top_k: int, working_bytes: in
         expert_bytes, cold = layout.expert_bytes(), layout.cold_bytes_per_token(top_k)
         if made and cold >= made[0].cold_bytes_per_token:
             continue            # no smaller than keeping the source's values: only a loss
-        label, error = (f"Exact ({stored}, no loss)", "none") if fmt == "auto" else LOSSY[fmt]
+        label, error, err = (f"Exact ({stored}, no loss)", "none", 0.0) if fmt == "auto" else LOSSY[fmt]
+        fits = experts_fit(layout.trunk_size, expert_bytes, working_bytes, usable_bytes)
+        tps = decode_tok_per_s(_trunk_parts(layout) + [(cold, layout.banks[0].parts["gate"]["dtype"])], speed) \
+            if fits else None   # estimated only where the speed rule can apply
         made.append(FormatChoice(
             role="experts", format=fmt, stored=stored, label=label, exact=fmt == "auto",
             weight_error=error, bits_per_weight=expert_bytes * 8 / max(1, n_weights), nbytes=expert_bytes,
-            container_bytes=layout.total_bytes(), cold_bytes_per_token=cold,
-            fits_in_ram=experts_fit(layout.trunk_size, expert_bytes, working_bytes, usable_bytes)))
+            container_bytes=layout.total_bytes(), cold_bytes_per_token=cold, fits_in_ram=fits, error=err,
+            tok_per_s=tps))
     return _mark(made, lambda c: c.cold_bytes_per_token)
 
 
@@ -137,18 +207,18 @@ def trunk_choices(src: Source, expert_format: str, working_bytes: int, usable_by
         stored = "+".join(sorted(by_bytes, key=lambda f: -by_bytes[f]))
         exact = all(t.fmt in ("f32", src.stored_format(t.source)) for t in mats)
         if fmt == "auto" and exact:
-            label, error = f"As stored ({stored}, no loss)", "none"
+            label, error, err = f"As stored ({stored}, no loss)", "none", 0.0
         else:   # auto: what most of the trunk's bytes are stored as
-            main = max(by_bytes, key=by_bytes.get, default="f32") if fmt == "auto" else fmt
-            label, error = LOSSY.get(main, (main, ""))
+            main = _main_format(by_bytes) if fmt == "auto" else fmt
+            label, error, err = LOSSY.get(main, (main, "", 0.0))
         if made and layout.trunk_size >= made[0].nbytes:
             continue            # no smaller than auto: only a loss
         made.append(FormatChoice(
             role="trunk", format=fmt, stored=stored, label=label, exact=exact, weight_error=error,
             bits_per_weight=sum(t.nbytes for t in mats) * 8 / max(1, sum(_count(t.shape) for t in mats)),
             nbytes=layout.trunk_size, container_bytes=layout.total_bytes(), cold_bytes_per_token=0,
-            fits_in_ram=trunk_fits(layout.trunk_size, working_bytes, usable_bytes, moe)))
-    return _mark(made, lambda c: c.nbytes)
+            fits_in_ram=trunk_fits(layout.trunk_size, working_bytes, usable_bytes, moe), error=err))
+    return _mark(made, lambda c: c.nbytes, by_speed=False)
 
 
 def recommended(choices: list[FormatChoice]) -> str:
@@ -158,6 +228,10 @@ def recommended(choices: list[FormatChoice]) -> str:
 
 def why(choice: FormatChoice, dense: bool = False) -> str:
     """Why a choice is (or would be) the recommended one."""
+    if choice.rule == "speed":
+        exact = "" if choice.exact else " (--expert-format auto keeps the exact values)"
+        return (f"it is the fastest choice (about {choice.tok_per_s:.1f} tokens per second here, in RAM) whose "
+                f"whole model fits in this computer's RAM with an error at most a 4-bit format's{exact}")
     if choice.role == "trunk":
         if dense:
             return ("it is the most accurate choice that fits in this computer's RAM" if choice.fits_in_ram else

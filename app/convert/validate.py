@@ -79,7 +79,7 @@ def _guard(report: SourceReport, where: Path, fn, *args):
 
 
 def validate_source(path: str | os.PathLike, trunk_format: str = "auto", expert_format: str = "auto",
-                    n_ctx: int = PLAN_CTX, memory=None) -> SourceReport:
+                    n_ctx: int = PLAN_CTX, memory=None, speed=None) -> SourceReport:
     """Everything that would stop (or spoil) the conversion of ``path``. Either
     format may be "recommended": it is resolved (app.convert.format_choices)
     and the sizes and plan are those of the recommended container."""
@@ -94,14 +94,15 @@ def validate_source(path: str | os.PathLike, trunk_format: str = "auto", expert_
         src, tokenizer = _check_gguf(report, p)
     if src is None or report.problems:
         return report
-    return plan_report(report, src, tokenizer, trunk_format, expert_format, n_ctx, memory)
+    return plan_report(report, src, tokenizer, trunk_format, expert_format, n_ctx, memory, speed)
 
 
 def plan_report(report: SourceReport, src: Source, tokenizer: dict, trunk_format: str = "auto",
-                expert_format: str = "auto", n_ctx: int = PLAN_CTX, memory=None) -> SourceReport:
+                expert_format: str = "auto", n_ctx: int = PLAN_CTX, memory=None, speed=None) -> SourceReport:
     """The sizes, the format choices and the RAM plan of an opened source
     (validate_source's second half; `ferry get --plan` gives it a source made
-    of the repository's shard headers)."""
+    of the repository's shard headers). ``speed``: the kernels' bytes per
+    second by format for the speed rule (default: measured here)."""
     p = report.path
     from app.convert.format_choices import RECOMMENDED, expert_choices, recommended, trunk_choices
     from app.memory.plan import plan_source
@@ -119,7 +120,8 @@ def plan_report(report: SourceReport, src: Source, tokenizer: dict, trunk_format
     report.trunk_choices = _guard(report, p, trunk_choices, src, e0, working, usable) or []
     t = recommended(report.trunk_choices) if trunk_format == RECOMMENDED else trunk_format
     if layout.banks:
-        report.expert_choices = _guard(report, p, expert_choices, src, t, report.top_k, working, usable) or []
+        report.expert_choices = _guard(report, p, expert_choices, src, t, report.top_k, working, usable,
+                                       speed) or []
     e = recommended(report.expert_choices) if expert_format == RECOMMENDED else expert_format
     if (t, e) != (t0, e0):      # plan what will be converted: the recommended formats
         layout = _guard(report, p, plan_layout, src, t, e)

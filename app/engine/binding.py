@@ -15,6 +15,9 @@ from typing import Callable, Sequence
 import numpy as np
 
 from app.engine._ferry_c import ffi, lib
+# How matrix products treat their inputs (``Engine(activations=...)``): the
+# choices and THE default are defined once, in app.engine.activations.
+from app.engine.activations import ACTIVATION_CHOICES, DEFAULT_ACTIVATIONS, canonical  # noqa: F401
 
 #: Called with (stage, pos, hidden[n_tokens, dim]) during an evaluation.
 StageObserver = Callable[[int, int, np.ndarray], None]
@@ -62,20 +65,13 @@ class ModelInfo:
     cache_slots: int
     ram_budget: int
     kernels: str  # the kernel set matrix products use: "scalar", "avx2" or "neon"; in the q8 mode its integer set's (e.g. "avx512vnni")
-    activations: str = "f32"  # "f32" (exact) or "q8" (the opt-in 8-bit-activation mode)
+    activations: str = "f32"  # the path that runs: "f32" (exact) or "q8" (8-bit activations; app.engine.activations)
 
 
 #: Kernel sets an engine can be opened with (``Engine(kernels=...)``).
 #: "avx512vnni": AVX2's exact kernels with AVX-512 VNNI integer products in the
 #: q8 mode (what "auto" takes there on a CPU that has them).
 KERNEL_CHOICES = ("auto", "scalar", "avx2", "avx512vnni", "neon")
-
-
-#: How matrix products treat their inputs (``Engine(activations=...)``): "f32",
-#: exact, the default; "q8", the opt-in mode that quantizes each token's input
-#: to 8 bits (per 32 values, per 256 for K-quant weights) and multiplies with integer dot products: faster,
-#: outputs change slightly (docs/ARCHITECTURE.md, "Kernels").
-ACTIVATION_CHOICES = ("f32", "q8")
 
 
 def default_kernels() -> str:
@@ -98,7 +94,7 @@ class MemoryPlan:
     record_bytes: int
     token_set_bytes: int
     policy_floor_bytes: int  #: of floor_bytes, the policy state for the minimum cache
-    q8_bytes: int = 0        #: scratch that activations "q8" adds (in scratch_bytes when the engine uses it)
+    q8_bytes: int = 0        #: scratch 8-bit activations add (in scratch_bytes when the engine uses them; 0 without weights they apply to)
 
 
 @dataclass(frozen=True)
@@ -190,7 +186,7 @@ class Engine:
                  direct_io: bool = True, overlap: bool = True, lookahead: bool = True, cache: bool = True,
                  lookahead_gate: bool = True,
                  usage_counts: np.ndarray | None = None, kernels: str | None = None, trunk_check: bool = True,
-                 policy_state: bytes | bytearray | None = None, activations: str = "f32"):
+                 policy_state: bytes | bytearray | None = None, activations: str = DEFAULT_ACTIVATIONS):
         """Open a container. ``n_ctx`` is the context the RAM budget must leave
         room for; the switches exist to measure each mechanism (they change
         speed, never output; ``trunk_check=False`` skips the trunk's CRC check
@@ -203,7 +199,8 @@ class Engine:
         :meth:`policy_state` returned in an earlier run of this model (the
         expert cache then starts from what that run learned); one that does
         not fit raises FerryError (``FERRY_E_ARG``). ``activations`` is one of
-        :data:`ACTIVATION_CHOICES` ("q8" trades exactness for speed; off by default)."""
+        :data:`ACTIVATION_CHOICES` (default "auto": 8-bit activations on quantized weights;
+        "exact" for exact products; ``info.activations`` says which path runs)."""
         self.path = Path(path)
         opts = ffi.new("ferry_open_options *")
         lib.ferry_open_options_init(opts)
@@ -229,7 +226,8 @@ class Engine:
             opts.n_policy_state = len(policy_state)
         kernel_name = ffi.new("char[]", (default_kernels() if kernels is None else kernels).encode())
         opts.kernels = kernel_name
-        activation_name = ffi.new("char[]", str(activations or "f32").encode())
+        self.activations = canonical(activations)   # what was asked; self.info.activations: what runs
+        activation_name = ffi.new("char[]", self.activations.encode())
         opts.activations = activation_name
         out = ffi.new("ferry_engine **")
         err = ffi.new("ferry_error *")

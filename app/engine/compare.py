@@ -1,5 +1,5 @@
-"""How far an opt-in mode (fewer experts per token, cache-aware routing,
-8-bit activations) moves a model's next-token distributions from the exact
+"""How far a mode (fewer experts per token, cache-aware routing, the
+default's 8-bit activations) moves a model's next-token distributions from the exact
 engine, and what it saves (expert reads, decode time): the figures ``ferry
 eval MODEL --compare FILE`` prints, for a user with real weights choosing a
 mode.
@@ -22,6 +22,7 @@ from typing import Sequence
 
 import numpy as np
 
+from app.engine.activations import DEFAULT_ACTIVATIONS, EXACT
 from app.engine.binding import Engine, Stats
 
 
@@ -110,26 +111,33 @@ def mode_figures(st: Stats) -> dict:
 
 
 def compare(path: str | Path, prompts: Sequence[Sequence[int]], *, experts_per_token: int | None = None,
-            cache_aware_margin: float = 0.0, activations: str = "f32", **engine_options) -> dict:
+            cache_aware_margin: float = 0.0, activations: str = DEFAULT_ACTIVATIONS, **engine_options) -> dict:
     """The report of ``ferry eval --compare`` for token-id prompts: the exact
-    engine (exact routing, f32 activations) against the mode asked for."""
+    engine (exact routing, exact f32 activations) against the mode asked for
+    (by default the default's own 8-bit activations)."""
     prompts = [list(p) for p in prompts if len(p)]
     if not prompts:
         raise CompareError("no prompt has any tokens")
-    exact = run_mode(path, prompts, **engine_options)
+    exact = run_mode(path, prompts, activations=EXACT, **engine_options)
     mode = run_mode(path, prompts, experts_per_token=experts_per_token, cache_aware_margin=cache_aware_margin,
                     activations=activations, **engine_options)
+    return {
+        "mode": {"experts_per_token": experts_per_token, "cache_aware_margin": cache_aware_margin,
+                 "activations": activations},
+        "prompts": len(prompts), **distance(exact, mode),
+        "exact": mode_figures(exact.stats), "compared": mode_figures(mode.stats),
+    }
+
+
+def distance(ref: ModeRun, other: ModeRun) -> dict:
+    """How far ``other``'s next-token distributions are from ``ref``'s at
+    every position of the same prompts: positions, the mean and max
+    KL(ref || other) in nats, and top-1 agreement."""
     kls, agree = [], []
-    for a, b in zip(exact.logits, mode.logits):
+    for a, b in zip(ref.logits, other.logits):
         lp, lq = _log_softmax(a), _log_softmax(b)
         kls.append(np.maximum((np.exp(lp) * (lp - lq)).sum(axis=-1), 0.0))
         agree.append(a.argmax(axis=-1) == b.argmax(axis=-1))
     kl, top1 = np.concatenate(kls), np.concatenate(agree)
-    return {
-        "mode": {"experts_per_token": experts_per_token, "cache_aware_margin": cache_aware_margin,
-                 "activations": activations},
-        "prompts": len(prompts), "positions": int(kl.size),
-        "kl_mean": float(kl.mean()), "kl_max": float(kl.max()),
-        "top1_agreement": float(top1.mean()),
-        "exact": mode_figures(exact.stats), "compared": mode_figures(mode.stats),
-    }
+    return {"positions": int(kl.size), "kl_mean": float(kl.mean()), "kl_max": float(kl.max()),
+            "top1_agreement": float(top1.mean())}

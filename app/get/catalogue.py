@@ -129,7 +129,7 @@ def plan_entry(e: Entry, memory, disk_bps: float | None, kernel_bps_of) -> Row:
 
     if e.config is None:
         return _demo_row(e, memory, disk_bps, kernel_bps_of)
-    c = plan_from_config(e.config, ram=memory.usable)
+    c = plan_from_config(e.config, ram=memory.usable, speed=kernel_bps_of)   # the same rule and kernels as check
     everything = (c["trunk_bytes"] + c["state_bytes"] + c["scratch_bytes"] + c["experts_total_bytes"]
                   + c["policy_all_bytes"])
     budget = auto_budget(c["floor_bytes"], c["cold_bytes_per_token"], everything, memory)
@@ -161,7 +161,7 @@ def _demo_row(e: Entry, memory, disk_bps, kernel_bps_of) -> Row:
         path = demo.gguf_path(install=False)
     except Exception as exc:        # the demo package is not installed
         return Row(e.name, e.repo_id, e.note, "unknown", f"the demo model is not installed ({exc})")
-    report = validate_source(path, "recommended", "recommended", memory=memory)
+    report = validate_source(path, "recommended", "recommended", memory=memory, speed=kernel_bps_of)
     plan = GetPlan(e.repo_id, "", "gguf", file=path.name, download_bytes=0)
     _fill(plan, report, memory)
     plan.disk_read_bytes_per_s = disk_bps

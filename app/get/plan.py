@@ -254,22 +254,24 @@ def judge(plan: GetPlan, delete_source: bool | None = None) -> None:
 def plan_repo(repo_id: str, revision: str | None = None, into: str | os.PathLike | None = None, *,
               trunk_format: str = "recommended", expert_format: str = "recommended", file: str | None = None,
               memory=None, disk_bps: float | None = None, kernel_bps: float | None = None,
-              repo: Repo | None = None, work: Path | None = None) -> GetPlan:
+              repo: Repo | None = None, work: Path | None = None, speed=None) -> GetPlan:
     """The plan of ``repo_id`` on this machine. ``into``: where it would go
     (its free space counts; default: the models folder). ``work``: where the
     small files and headers go (default: a temporary folder, removed).
-    ``disk_bps`` / ``kernel_bps``: measured here when not given."""
+    ``disk_bps`` / ``kernel_bps``: measured here when not given; ``speed``:
+    the kernels' bytes per second by format for the recommendation's speed
+    rule (app.convert.format_choices; default measured here)."""
     repo = repo or hub.open_repo(repo_id, revision)
     if work is None:
         with tempfile.TemporaryDirectory(prefix="ferry-get-plan-") as tmp:
             return plan_repo(repo_id, revision, into, trunk_format=trunk_format, expert_format=expert_format,
                              file=file, memory=memory, disk_bps=disk_bps, kernel_bps=kernel_bps, repo=repo,
-                             work=Path(tmp))
+                             work=Path(tmp), speed=speed)
     into = Path(into) if into is not None else _default_into()
     if repo.shards and (repo.small and any(f.name == "config.json" for f in repo.small)):
-        plan = _plan_hf(repo, work, trunk_format, expert_format, memory)
+        plan = _plan_hf(repo, work, trunk_format, expert_format, memory, speed)
     elif repo.ggufs:
-        plan = _plan_gguf(repo, work, file, trunk_format, expert_format, memory)
+        plan = _plan_gguf(repo, work, file, trunk_format, expert_format, memory, speed)
     else:
         raise GetError(f"{repo.repo_id} has neither a safetensors checkpoint (config.json and .safetensors) "
                        f"nor a GGUF file")
@@ -279,8 +281,8 @@ def plan_repo(repo_id: str, revision: str | None = None, into: str | os.PathLike
         if disk_bps is None:
             disk_bps = _measure_disk(existing)
         if kernel_bps is None:
-            from app.get.speed import kernel_bytes_per_s
-            kernel_bps = kernel_bytes_per_s(plan.kernel_format)
+            from app.convert.format_choices import default_speed
+            kernel_bps = (speed or default_speed)(plan.kernel_format)
         plan.disk_read_bytes_per_s, plan.kernel_bytes_per_s = disk_bps, kernel_bps
         finish_estimate(plan)
     judge(plan)
@@ -331,12 +333,12 @@ def _fill(plan: GetPlan, report, memory) -> None:
     plan.n_records = sum(b.n_experts for b in layout.banks)
 
 
-def _plan_hf(repo: Repo, work: Path, t: str, e: str, memory) -> GetPlan:
+def _plan_hf(repo: Repo, work: Path, t: str, e: str, memory, speed=None) -> GetPlan:
     from app.convert.validate import SourceReport, plan_report
 
     folder, state = work / repo.name, work / f"{repo.name}.get"
     src, tok = stage_hf(repo, folder, state)
-    report = plan_report(SourceReport(folder, kind="hf"), src, tok, t, e, memory=memory)
+    report = plan_report(SourceReport(folder, kind="hf"), src, tok, t, e, memory=memory, speed=speed)
     plan = GetPlan(repo.repo_id, repo.commit, "hf")
     plan.download_bytes = sum(f.size for f in repo.shards) + sum(f.size for f in repo.small)
     _fill(plan, report, memory)
@@ -351,7 +353,7 @@ def _plan_hf(repo: Repo, work: Path, t: str, e: str, memory) -> GetPlan:
     return plan
 
 
-def _plan_gguf(repo: Repo, work: Path, file: str | None, t: str, e: str, memory) -> GetPlan:
+def _plan_gguf(repo: Repo, work: Path, file: str | None, t: str, e: str, memory, speed=None) -> GetPlan:
     from app.convert.validate import validate_source
 
     plan = GetPlan(repo.repo_id, repo.commit, "gguf", ggufs=[(f.name, f.size) for f in repo.ggufs])
@@ -371,7 +373,7 @@ def _plan_gguf(repo: Repo, work: Path, file: str | None, t: str, e: str, memory)
         with open(path, "wb") as out:          # the header, the rest left sparse
             out.write(data)
             out.truncate(f.size)
-        report = validate_source(path, t, e, memory=memory)
+        report = validate_source(path, t, e, memory=memory, speed=speed)
         short = any("ended after" in str(p) or "truncated" in str(p) for p in report.problems)
         if not short or head >= f.size:
             break

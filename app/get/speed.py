@@ -1,7 +1,9 @@
 """How fast this machine's matrix kernels go through weights of a format:
 one short measurement (a few tenths of a second) of the C core's
 matrix-vector product, the operation each generated token is made of, on a
-matrix far larger than the caches, split over the cores as the engine does."""
+matrix far larger than the caches, split over the cores as the engine does,
+in the arithmetic the engine runs by default (8-bit activations with integer
+products for the formats that have them, app.engine.activations)."""
 from __future__ import annotations
 
 import functools
@@ -11,11 +13,12 @@ import time
 
 import numpy as np
 
+from app.engine.activations import is_exact
+
 COLS = 4096
 MATRIX_BYTES = 96 << 20     # far beyond the last-level cache, like weights streamed per token
 
 
-@functools.lru_cache(maxsize=None)
 def run_threads(fn, n: int) -> float:
     """Seconds for ``fn(i)`` run on ``n`` threads at once (i = 0..n-1), start to last join."""
     ts = [threading.Thread(target=fn, args=(i,)) for i in range(n)]
@@ -27,9 +30,12 @@ def run_threads(fn, n: int) -> float:
     return time.perf_counter() - t0
 
 
-def kernel_bytes_per_s(fmt: str, threads: int | None = None) -> float | None:
-    """Weight bytes per second of one decode step in ``fmt`` (None when the
-    format has no kernel or the core is not built)."""
+@functools.lru_cache(maxsize=None)
+def kernel_bytes_per_s(fmt: str, threads: int | None = None, activations: str | None = None) -> float | None:
+    """Weight bytes per second of one decode step in ``fmt`` with these
+    ``activations`` (None: the default) (None when the format has no kernel
+    or the core is not built). Measured once per process and format: every
+    plan and recommendation of a process then sees the same figure."""
     try:
         from app.engine._ferry_c import ffi, lib
     except ImportError:
@@ -50,9 +56,14 @@ def kernel_bytes_per_s(fmt: str, threads: int | None = None) -> float | None:
     x = rng.standard_normal(COLS).astype(np.float32)
     y = np.zeros((threads, per), dtype=np.float32)
     impl = lib.ferry_kernels_best()
+    matmul = lib.ferry_kernel_matmul
+    if not is_exact(activations) and lib.ferry_q8_activations_supported(code):
+        matmul = lib.ferry_kernel_matmul_q8   # the integer products the default runs, on the set "auto" takes
+        if impl == lib.FERRY_KERNELS_AVX2 and lib.ferry_q8_kernels_available(lib.FERRY_KERNELS_AVX512VNNI):
+            impl = lib.FERRY_KERNELS_AVX512VNNI
 
     def work(i: int) -> None:
-        lib.ferry_kernel_matmul(impl, code, ffi.from_buffer(w[i * per * row:(i + 1) * per * row]), per, COLS,
+        matmul(impl, code, ffi.from_buffer(w[i * per * row:(i + 1) * per * row]), per, COLS,
                                 ffi.from_buffer("float[]", x), 1, ffi.from_buffer("float[]", y[i]))
 
     run_threads(work, threads)   # warm up

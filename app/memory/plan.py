@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, replace
 
 from app.memory.budget import BudgetChoice, MachineMemory, auto_budget, machine_memory
 from app.memory.units import size
+from app.engine.activations import is_exact
 from app.engine.binding import MemoryPlan, container_plan
 
 
@@ -52,11 +53,12 @@ def recommend(p: MemoryPlan, memory: MachineMemory | None = None) -> BudgetChoic
 
 
 def plan_container(path: str | os.PathLike, n_ctx: int, memory: MachineMemory | None = None, *,
-                   activations: str = "f32") -> Plan:
+                   activations: str | None = None) -> Plan:
     """The plan of a container from its manifest, for the engine opened with
-    these ``activations`` (the opt-in "q8" adds a little scratch)."""
+    these ``activations`` (None: the default; 8-bit activations add a little
+    scratch, none for a model without weights they apply to)."""
     p: MemoryPlan = container_plan(path, n_ctx)
-    if activations == "q8":
+    if not is_exact(activations):
         p = replace(p, scratch_bytes=p.scratch_bytes + p.q8_bytes, total_bytes=p.total_bytes + p.q8_bytes,
                     floor_bytes=p.floor_bytes + p.q8_bytes)
     min_cache = min_cache_bytes(p)

@@ -119,11 +119,18 @@ def _format(name: str) -> tuple[str, float, bool]:
 
 
 def recommended_formats(config: dict, ctx: int = 4096, ram: int | None = None,
-                        threads: int = 8) -> tuple[str, str, str]:
+                        threads: int = 8, speed=None) -> tuple[str, str, str]:
     """(trunk format, expert format, why): what `ferry check` would recommend
     for this model on a machine with ``ram`` usable bytes (default: this one),
-    by format_choices' candidates and rule."""
-    from app.convert.format_choices import EXPERT_CANDIDATES, TRUNK_CANDIDATES, experts_fit, pick, trunk_fits
+    by format_choices' candidates and rule (``speed``: the kernels' bytes per
+    second by format, default measured here)."""
+    from app.convert.format_choices import (EXPERT_CANDIDATES, LOSSY, TRUNK_CANDIDATES, decode_tok_per_s,
+                                            default_speed, experts_fit, pick, trunk_fits)
+
+    speed = speed or default_speed
+
+    def error(fmt: str, auto: str) -> float:
+        return 0.0 if fmt == auto else LOSSY.get(fmt, ("", "", 1.0))[2]
 
     if ram is None:
         from app.budget import machine_memory
@@ -144,7 +151,7 @@ def recommended_formats(config: dict, ctx: int = 4096, ram: int | None = None,
         trunks.append((fmt, plan))
     work = base["state_bytes"] + base["scratch_bytes"]
     t_fits = [trunk_fits(p["trunk_bytes"], work, ram, moe) for _, p in trunks]
-    t = trunks[pick(t_fits, [p["trunk_bytes"] for _, p in trunks])][0]
+    t = trunks[pick(t_fits, [p["trunk_bytes"] for _, p in trunks])[0]][0]
     if not moe:
         return t, e_auto, "dense"
     experts = []
@@ -155,14 +162,17 @@ def recommended_formats(config: dict, ctx: int = 4096, ram: int | None = None,
             continue
         experts.append((fmt, plan))
     e_fits = [experts_fit(p["trunk_bytes"], p["experts_total_bytes"], work, ram) for _, p in experts]
-    i = pick(e_fits, [p["cold_bytes_per_token"] for _, p in experts])
+    speeds = [decode_tok_per_s([(p["trunk_bytes"], t), (p["cold_bytes_per_token"], f)], speed) if ok else None
+              for (f, p), ok in zip(experts, e_fits)]
+    i, _ = pick(e_fits, [p["cold_bytes_per_token"] for _, p in experts], speeds,
+                [error(f, e_auto) for f, _ in experts])
     return t, experts[i][0], "fits in RAM" if e_fits[i] else "streams from the disk"
 
 
 def plan_from_config(config: dict, expert_bits: float | None = None, trunk_bits: float | None = None,
                      ctx: int = 4096, ram: int | None = None, disk_gbps: float | None = None, threads: int = 8,
                      scheme: str = "ferry", trunk_format: str | None = None,
-                     expert_format: str | None = None) -> dict[str, Any]:
+                     expert_format: str | None = None, speed=None) -> dict[str, Any]:
     """Memory and disk figures of a model from its config.json (a dict). The
     formats: ``*_format`` by name, else ``*_bits``, else the recommended ones
     (recommended_formats) for ``ram`` (default: this machine's usable RAM)."""
@@ -175,7 +185,7 @@ def plan_from_config(config: dict, expert_bits: float | None = None, trunk_bits:
     if scheme == "pure" and (trunk_bits is None or expert_bits is None):
         raise ValueError("the pure scheme costs bits, not formats: give both expert_bits and trunk_bits")
     if (trunk_format is None and trunk_bits is None) or (expert_format is None and expert_bits is None):
-        chosen = recommended_formats(config, ctx, ram, threads)
+        chosen = recommended_formats(config, ctx, ram, threads, speed)
     if trunk_format is None and trunk_bits is None:
         trunk_format = chosen[0]
     if expert_format is None and expert_bits is None:

@@ -209,7 +209,7 @@ class ChatCompletion(Open):
 
 class FerryStatus(Open):
     model: str
-    activations: str = "f32"   #: the engine's matrix-product mode: "f32" exact, "q8" the opt-in 8-bit activations
+    activations: str = "f32"   #: the arithmetic that runs: "q8" 8-bit activations (the default's, on quantized weights), "f32" exact
     busy: bool
     waiting: int
     served: int

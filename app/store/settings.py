@@ -18,7 +18,7 @@ from app.store.private import private_dir, write_private
 
 FILE_NAME = "settings.json"
 ENGINES = ("local", "remote")
-ACTIVATIONS = ("f32", "q8")   #: = app.engine.binding.ACTIVATION_CHOICES (kept here so settings load without the core)
+from app.engine.activations import DEFAULT_ACTIVATIONS, EXACT  # pure Python: settings load without the core
 KEYCHAIN_SERVICE = "Ferry"
 DEFAULT_SERVE_PORT = 8000
 #: Settings that hold the user's own text (a system prompt, presets...): stored
@@ -80,7 +80,7 @@ class Settings:
     model_settings: dict = field(default_factory=dict)  #: model key -> its own values of PER_MODEL keys
     presets: dict = field(default_factory=dict)         #: preset name -> values of PER_MODEL keys
     verify_reads: bool = False    #: check each expert record's CRC32 when first read (costs CPU per GB read)
-    activations: str = "f32"      #: "f32" exact; "q8" 8-bit activations: faster, answers change slightly (opt-in)
+    activations: str = DEFAULT_ACTIVATIONS   #: "auto" (8-bit activations on quantized weights) or "exact"
     seed: int | None = None       #: the sampler's seed (None: a fresh one each answer); a seed makes answers repeat
     token_probabilities: bool = False  #: keep each answer's token probabilities and show them under it
     token_alternatives: int = 5   #: the likeliest other tokens kept per token (0-20, as the API's top_logprobs)
@@ -105,7 +105,9 @@ class Settings:
         s.remote_model = str(s.remote_model).strip()
         s.serve_local = bool(s.serve_local)
         s.verify_reads = bool(s.verify_reads)
-        s.activations = s.activations if s.activations in ACTIVATIONS else "f32"
+        # "exact" is the user's choice; anything else is the default. Files written before the default
+        # changed hold "f32" (the old default, saved whether chosen or not) or "q8" (now what auto does).
+        s.activations = EXACT if s.activations == EXACT else DEFAULT_ACTIVATIONS
         s.serve_port = min(max(1, int(s.serve_port)), 65535)
         s.enter_sends = bool(s.enter_sends)
         # anything but a positive count means the model's own (never a silent, drastic 1)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFormLayout,
                                QHBoxLayout, QInputDialog, QLabel, QPlainTextEdit, QPushButton, QSpinBox, QVBoxLayout)
 
+from app.engine.activations import DEFAULT_ACTIVATIONS, EXACT
 from app.store import settings as settings_mod
 from app.store.settings import PER_MODEL, Settings
 
@@ -73,13 +74,14 @@ class ModelSettingsDialog(QDialog):
         form.addRow("Cache-aware margin", self.margin)
         self.fast_activations = QCheckBox("Faster 8-bit activations")
         self.fast_activations.setAccessibleName("Faster 8-bit activations")
-        self.fast_activations.setToolTip("Rounds each layer's input to 8 bits and multiplies with integer "
-                                         "arithmetic: faster on quantized models, and the answers change slightly. "
-                                         "Off by default.")
+        self.fast_activations.setToolTip("Rounds each layer's input to 8 bits and multiplies quantized weights "
+                                         "with integer arithmetic, as llama.cpp does: faster, and the answers "
+                                         "change far less than the weights' own quantization changes them. On by "
+                                         "default; off: exact arithmetic.")
         form.addRow("Activations", self.fast_activations)
-        note = QLabel("Fewer experts per token, a cache-aware margin above 0 and 8-bit activations answer faster "
-                      "but not exactly as the model would: all are off by default. A new context or activation "
-                      "mode reopens the model.")
+        note = QLabel("Fewer experts per token and a cache-aware margin above 0 answer faster but not exactly as "
+                      "the model would: both are off by default. 8-bit activations are on by default; turn them off "
+                      "for exact arithmetic. A new context or activation mode reopens the model.")
         note.setObjectName("mutedLabel")
         note.setWordWrap(True)
         form.addRow("", note)
@@ -112,13 +114,13 @@ class ModelSettingsDialog(QDialog):
         self.thinking.setChecked(v["thinking"])
         self.experts.setValue(v["experts_per_token"] or 0)
         self.margin.setValue(v["cache_aware_margin"])
-        self.fast_activations.setChecked(v["activations"] == "q8")
+        self.fast_activations.setChecked(v["activations"] != EXACT)
 
     def values(self) -> dict:
         v = {"system_prompt": self.system.toPlainText(), "temperature": self.temperature.value(),
              "context_length": self.context.value(), "thinking": self.thinking.isChecked(),
              "experts_per_token": self.experts.value() or None, "cache_aware_margin": self.margin.value(),
-             "activations": "q8" if self.fast_activations.isChecked() else "f32"}
+             "activations": DEFAULT_ACTIVATIONS if self.fast_activations.isChecked() else EXACT}
         assert set(v) == set(PER_MODEL)
         return v
 

@@ -90,14 +90,18 @@ typedef struct ferry_open_options {
      * model or is damaged fails the open with FERRY_E_ARG. */
     const void *policy_state;
     size_t n_policy_state; /* its length in bytes */
-    /* How matrix products treat their input vectors: NULL or "f32" (the
-     * default) multiplies the stored weights by the exact f32 activations;
-     * "q8" is an opt-in mode that trades exactness for speed: each token's
-     * input is quantized to 8 bits per block of 32 values (a float scale per
-     * block) once per product, and q8_0, q4_0, q4_1, q4_k, q5_k and q6_k
-     * weights are multiplied with integer dot products (other formats stay
-     * exact). Outputs change slightly (docs/ARCHITECTURE.md, "Kernels"); every kernel set
-     * gives bit-identical results in this mode. Unknown names: FERRY_E_ARG. */
+    /* How matrix products treat their input vectors. NULL, "" or "auto"
+     * (the default): each token's input is quantized to 8 bits per block of
+     * 32 values (per 256 for K-quant weights; a float scale per block) once
+     * per product, and q8_0, q4_0, q4_1, q4_k, q5_k and q6_k weights are
+     * multiplied with integer dot products (other formats stay exact), when
+     * the kernel set has those products and the model has such weights;
+     * otherwise the exact path. "exact" (alias "f32"): the stored weights
+     * times the exact f32 activations. "q8": as auto, but a kernel set
+     * without integer products is refused (FERRY_E_UNSUPPORTED). Outputs of
+     * the 8-bit mode differ slightly from exact (docs/QUANTIZATION.md); every
+     * kernel set gives bit-identical results in each mode. Unknown names:
+     * FERRY_E_ARG. ferry_model_info.activations says which path runs. */
     const char *activations;
 } ferry_open_options;
 
@@ -122,7 +126,7 @@ typedef struct ferry_model_info {
     int cache_slots;          /* expert records the cache holds */
     uint64_t ram_budget;      /* the budget in force (0 = unlimited) */
     char kernels[16];         /* the kernel set in use: "scalar", "avx2" or "neon"; in the q8 mode its integer products' ("avx512vnni" on an AVX-512 VNNI CPU) */
-    char activations[8];      /* "f32" (exact) or "q8" (ferry_open_options.activations) */
+    char activations[8];      /* the path that runs: "f32" (exact) or "q8" (8-bit activations; ferry_open_options.activations) */
 } ferry_model_info;
 
 /* Counters of one session. Times are wall-clock seconds. */
@@ -204,8 +208,9 @@ typedef struct ferry_memory_plan {
     uint64_t record_bytes;    /* one expert record */
     uint64_t token_set_bytes; /* one token's expert working set: records of top_k x MoE layers */
     uint64_t policy_floor_bytes; /* of floor_bytes, the policy state for the minimum cache */
-    uint64_t q8_bytes;        /* the scratch activations "q8" adds to a session (part of scratch_bytes
-                                 when the engine uses it; ferry_container_plan counts it out) */
+    uint64_t q8_bytes;        /* the scratch 8-bit activations add to a session (part of scratch_bytes
+                                 when the engine uses them; ferry_container_plan counts it out; 0 for a
+                                 model without weights they apply to) */
 } ferry_memory_plan;
 
 typedef struct ferry_engine ferry_engine;

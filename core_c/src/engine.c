@@ -72,16 +72,32 @@ static ferry_status choose_kernels(const char *want, const fe_kernels **out, int
 
 /* The 8-bit-activation kernels ferry_open_options.activations asks for with
  * the q8 set chosen beside the engine's kernels (NULL: the exact f32 path),
- * or a refusal. */
+ * or a refusal. "auto" (and NULL or "") takes them when the set has them and
+ * the exact path when it has none; "q8" insists; "exact" and its alias "f32"
+ * are the exact path. Whether any weights have integer products is decided
+ * after the container is open (has_q8_weights). */
 static ferry_status choose_activations(const char *want, int q8_impl, const fe_q8_kernels **out, ferry_error *err) {
     *out = NULL;
-    if (!want || !*want || strcmp(want, "f32") == 0) return FERRY_OK;
-    if (strcmp(want, "q8") != 0)
-        return fe_fail(err, FERRY_E_ARG, "unknown activations \"%s\" (choose f32, the exact default, or q8)", want);
+    if (want && (strcmp(want, "exact") == 0 || strcmp(want, "f32") == 0)) return FERRY_OK;
+    const int automatic = !want || !*want || strcmp(want, "auto") == 0;
+    if (!automatic && strcmp(want, "q8") != 0)
+        return fe_fail(err, FERRY_E_ARG, "unknown activations \"%s\" (choose auto, the default, exact or q8)", want);
     *out = fe_q8_kernels_get(q8_impl);
-    if (*out) return FERRY_OK;
+    if (*out || automatic) return FERRY_OK;
     return fe_fail(err, FERRY_E_UNSUPPORTED, "the %s kernel set has no 8-bit-activation kernels",
                    ferry_q8_kernels_name(q8_impl));
+}
+
+/* Whether any matrix of the container is stored in a format the 8-bit-
+ * activation mode multiplies with integer products (without one, that mode
+ * is the exact path and the engine reports it as such). */
+static int has_q8_weights(const fe_container *c) {
+    for (int i = 0; i < c->n_tensors; i++)
+        if (c->tensors[i].n_dims == 2 && ferry_q8_activations_supported(c->tensors[i].fmt)) return 1;
+    for (int l = 0; c->banks && l < c->hp.n_layers; l++)
+        for (int p = 0; c->banks[l].fd >= 0 && p < 3; p++)
+            if (ferry_q8_activations_supported(c->banks[l].part[p].fmt)) return 1;
+    return 0;
 }
 
 /* A session's buffer for the q8 kernels: one chunk of tokens at the widest
@@ -93,6 +109,7 @@ static uint64_t q8_buffer_bytes(const fe_container *c) {
     for (int l = 0; c->banks && l < c->hp.n_layers; l++)
         for (int p = 0; c->banks[l].fd >= 0 && p < 3; p++)
             if (c->banks[l].part[p].cols > cols) cols = c->banks[l].part[p].cols;
+    if (!has_q8_weights(c)) return 0; /* the mode has nothing to do */
     if (cols > (1u << 24)) cols = 1u << 24; /* the manifest bounds shapes well below this */
     return fe_q8_buffer_bytes((int)(cols / FE_Q8_BLOCK * FE_Q8_BLOCK), FE_CHUNK);
 }
@@ -203,6 +220,7 @@ ferry_status ferry_engine_open(const char *path, const ferry_open_options *opts,
     if (e->opts.n_readers <= 0) e->opts.n_readers = DEFAULT_READERS;
     s = fe_container_open(&e->c, path, err);
     if (s) { pthread_mutex_destroy(&e->lock); free(e); return s; }
+    if (e->q8 && !has_q8_weights(&e->c)) e->q8 = NULL; /* no integer products: the exact path, reported so */
     if (e->q8) e->q8_bytes = q8_buffer_bytes(&e->c);
     const int max_ctx = e->c.hp.max_ctx;
     if (e->opts.n_ctx <= 0) e->opts.n_ctx = max_ctx < DEFAULT_CTX ? max_ctx : DEFAULT_CTX;

@@ -1,7 +1,7 @@
 """How the trunk and the experts could be stored, and the ones recommended
-(app/convert/format_choices.py): for experts the most accurate choice whose
-whole model fits in the usable RAM, else the one reading the fewest bytes
-per token; for the trunk the most accurate that leaves half the RAM to the
+(app/convert/format_choices.py): for experts, when the whole model fits in
+the usable RAM, the fastest choice whose error is at most a 4-bit format's,
+else the one reading the fewest bytes per token; for the trunk the most accurate that leaves half the RAM to the
 expert cache, else the smallest; the same lists from `ferry check`, and
 `ferry convert --trunk-format recommended --expert-format recommended`
 converting with them. Also: expert `auto` keeps MXFP4 experts exactly, as
@@ -37,29 +37,55 @@ def _by_format(choices):
     return {c.format: c for c in choices}
 
 
-def test_the_most_accurate_choice_that_fits_else_the_fewest_bytes(moe):
+#: Kernel speeds for the tests (bytes per second by format): every format alike, so the fastest choice is the
+#: one with the fewest bytes per token; and one where 8-bit weights go through twice as fast per byte.
+UNIFORM = {"bf16": 1e9, "q8_0": 1e9, "q4_0": 1e9, "q3_nl": 1e9, "f32": 1e9}
+FAST_Q8 = {**UNIFORM, "q8_0": 2e9}
+
+
+def test_the_fastest_within_the_quality_bound_when_it_fits_else_the_fewest_bytes(moe):
     src = open_source(moe)
-    every = _by_format(expert_choices(src, "auto", 4, WORKING, 1 << 40))
+    every = _by_format(expert_choices(src, "auto", 4, WORKING, 1 << 40, UNIFORM.get))
     assert list(every) == ["auto", "q8_0", "q4_0", "q3_nl"]
-    assert every["auto"].stored == "bf16" and every["auto"].exact and every["auto"].recommended
+    assert every["auto"].stored == "bf16" and every["auto"].exact and not every["auto"].recommended
+    assert every["q4_0"].recommended and every["q4_0"].rule == "speed"   # fewest bytes within a 4-bit error
+    assert every["q3_nl"].tok_per_s > every["q4_0"].tok_per_s            # faster, but beyond the quality bound
+    assert every["auto"].tok_per_s < every["q8_0"].tok_per_s < every["q4_0"].tok_per_s
     sizes = [every[f].container_bytes for f in every]
     assert sizes == sorted(sizes, reverse=True)
     assert [round(every[f].bits_per_weight) for f in ("q8_0", "q4_0", "q3_nl")] == [9, 5, 3]
     assert 3.09 <= every["q3_nl"].bits_per_weight < 3.3     # 3.094 plus record headers and alignment
     trunk = every["auto"].container_bytes - every["auto"].nbytes
 
-    def pick(usable):
-        return recommended(expert_choices(open_source(moe), "auto", 4, WORKING, usable))
+    def pick(usable, speed=UNIFORM):
+        return recommended(expert_choices(open_source(moe), "auto", 4, WORKING, usable, speed.get))
 
     need = {f: c.container_bytes + WORKING for f, c in every.items()}
-    assert pick(need["auto"] + (1 << 20)) == "auto"
-    assert pick(need["auto"] - (1 << 20)) == "q8_0"
+    assert pick(need["auto"] + (1 << 20)) == "q4_0"
+    assert pick(need["auto"] + (1 << 20), FAST_Q8) == "q8_0"   # faster per token than q4_0 here: and more accurate
+    assert pick(need["auto"] + (1 << 20), {**UNIFORM, "bf16": 3e9}) == "auto"  # within the margin: the exact one
+    assert pick(need["auto"] - (1 << 20)) == "q4_0"
     assert pick(need["q8_0"] - (1 << 20)) == "q4_0"
-    assert pick(need["q4_0"] - (1 << 20)) == "q3_nl"
+    assert pick(need["q4_0"] - (1 << 20)) == "q3_nl"   # only 3 bits fit: the most accurate that fits
     assert pick(trunk) == "q3_nl"                            # nothing fits: the fewest bytes per token
-    small = _by_format(expert_choices(open_source(moe), "auto", 4, WORKING, trunk))
+    small = _by_format(expert_choices(open_source(moe), "auto", 4, WORKING, trunk, UNIFORM.get))
     assert not any(c.fits_in_ram for c in small.values()) and small["q3_nl"].recommended
+    assert small["q3_nl"].rule == "smallest" and all(c.tok_per_s is None for c in small.values())
     assert small["q3_nl"].cold_bytes_per_token == min(c.cold_bytes_per_token for c in small.values())
+    # A format without a measured kernel leaves the speed rule out: the most accurate that fits.
+    assert pick(need["auto"] + (1 << 20), {}) == "auto"
+
+
+def test_the_speed_rule_has_one_source_for_configs_and_sources():
+    """`ferry plan --config` (the catalogue) recommends by the same rule: OLMoE-1B-7B from its bf16 release on a
+    64 GB machine gets 4-bit experts with uniform kernels, 8-bit ones where 8-bit kernels go twice as fast."""
+    from app.get.catalogue import ENTRIES
+    from app.memory.plan_config import recommended_formats
+
+    olmoe = next(e for e in ENTRIES if e.name.startswith("OLMoE")).config
+    assert recommended_formats(olmoe, ram=64 << 30, speed=UNIFORM.get)[1] == "q4_0"
+    assert recommended_formats(olmoe, ram=64 << 30, speed=FAST_Q8.get)[1] == "q8_0"
+    assert recommended_formats(olmoe, ram=64 << 30, speed={}.get)[1] == "bf16"   # no speeds: the most accurate
 
 
 def test_a_format_that_cannot_hold_the_rows_is_not_offered(tmp_path):

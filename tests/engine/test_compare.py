@@ -27,7 +27,10 @@ def prompts(tmp_path):
 
 
 def compare(capsys, model, prompts, *extra):
-    assert ferry(["eval", str(model), "--compare", str(prompts), "--json", "--threads", "2", *extra]) == 0
+    """A routing mode against exact routing: exact activations in both (by default the mode compared also
+    has the default's 8-bit activations)."""
+    assert ferry(["eval", str(model), "--compare", str(prompts), "--json", "--threads", "2",
+                  "--activations", "exact", *extra]) == 0
     return json.loads(capsys.readouterr().out)
 
 

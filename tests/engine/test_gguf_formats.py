@@ -131,7 +131,7 @@ def test_every_gguf_block_format_is_read_exactly(gguf_model, tmp_path):
     tokens = [int(t) for t in np.random.default_rng(4).integers(0, VOCAB, 20)]
     with torch.no_grad():
         res = reference_model(hf)(torch.tensor([tokens]), output_hidden_states=True)
-    with Engine(out, threads=2) as engine:
+    with Engine(out, threads=2, activations="exact") as engine:
         s = engine.session(32)
         stages = {}
         s.observe(lambda st, pos, h: stages.setdefault(st, []).append(h))
@@ -145,25 +145,28 @@ def test_every_gguf_block_format_is_read_exactly(gguf_model, tmp_path):
 
 def test_every_block_format_batch_equals_single_steps(gguf_model, tmp_path):
     """Prefill runs the batched kernels (token pairs, or tiles of tokens over a row widened once for the
-    K-quants): a prompt read at once, in chunks of 7, token by token and on one thread gives the same bits."""
+    K-quants): a prompt read at once, in chunks of 7, token by token and on one thread gives the same bits,
+    in both activation modes."""
     from app.engine.binding import Engine
 
     path, _ = gguf_model
     out = convert(path, tmp_path / "g.ferry")
     tokens = [int(t) for t in np.random.default_rng(5).integers(0, VOCAB, 20)]
-    with Engine(out, threads=2) as engine:
-        batch = engine.session(32).eval(tokens, all_logits=True)
-        s = engine.session(32)
-        chunks = np.concatenate([s.eval(tokens[i:i + 7], all_logits=True) for i in range(0, len(tokens), 7)])
-        s = engine.session(32)
-        steps = np.stack([s.eval([t]) for t in tokens])
-    with Engine(out, threads=1) as engine:
-        one_thread = engine.session(32).eval(tokens, all_logits=True)
-    assert np.array_equal(batch, steps) and np.array_equal(batch, chunks) and np.array_equal(batch, one_thread)
+    for activations in ("exact", "auto"):
+        with Engine(out, threads=2, activations=activations) as engine:
+            batch = engine.session(32).eval(tokens, all_logits=True)
+            s = engine.session(32)
+            chunks = np.concatenate([s.eval(tokens[i:i + 7], all_logits=True) for i in range(0, len(tokens), 7)])
+            s = engine.session(32)
+            steps = np.stack([s.eval([t]) for t in tokens])
+        with Engine(out, threads=1, activations=activations) as engine:
+            one_thread = engine.session(32).eval(tokens, all_logits=True)
+        assert np.array_equal(batch, steps) and np.array_equal(batch, chunks), activations
+        assert np.array_equal(batch, one_thread), activations
 
 
 def test_q8_activations_over_every_block_format(gguf_model, tmp_path):
-    """The opt-in 8-bit activations on a model whose q/k/v products mix both activation layouts
+    """The 8-bit activations (the default's) on a model whose q/k/v products mix both activation layouts
     (Q4_K, Q6_K: per 256 values with sums per 16; Q8_0: per 32) and whose other matrices are Q4_0,
     Q4_1, Q5_K and F16 (exact): a prompt read at once, token by token and on one thread gives the same
     bits, the scalar reference kernels agree with the SIMD ones, and the logits stay near the exact
@@ -185,7 +188,7 @@ def test_q8_activations_over_every_block_format(gguf_model, tmp_path):
         steps = np.stack([s.eval([t]) for t in tokens])
     with Engine(out, threads=1, activations="q8", kernels="scalar") as engine:
         scalar = engine.session(32).eval(tokens, all_logits=True)
-    with Engine(out, threads=2) as engine:
+    with Engine(out, threads=2, activations="exact") as engine:
         exact = engine.session(32).eval(tokens, all_logits=True)
     assert np.array_equal(batch, steps)
     assert rel_l2(batch, scalar) < 2e-2, rel_l2(batch, scalar)

@@ -40,8 +40,8 @@ def logits(engine: Engine) -> np.ndarray:
 
 def test_scalar_and_simd_engines_agree(demo_container):
     simd = best_simd()
-    with Engine(demo_container, kernels="scalar", threads=2) as ref, Engine(demo_container, kernels=simd,
-                                                                            threads=2) as fast:
+    with Engine(demo_container, kernels="scalar", threads=2, activations="exact") as ref, \
+            Engine(demo_container, kernels=simd, threads=2, activations="exact") as fast:
         assert (ref.info.kernels, fast.info.kernels) == ("scalar", simd)
         err = rel_l2(logits(fast), logits(ref))
     print(f"demo model, {simd} vs scalar kernels: logits rel L2 {err:.2e}")
@@ -86,9 +86,9 @@ def test_two_engines_with_different_sets_side_by_side(demo_container):
     simd = best_simd()
     alone = {}
     for name in ("scalar", simd):
-        with Engine(demo_container, kernels=name, threads=1) as engine:
+        with Engine(demo_container, kernels=name, threads=1, activations="exact") as engine:
             alone[name] = logits(engine)
-    engines = {name: Engine(demo_container, kernels=name, threads=1) for name in ("scalar", simd)}
+    engines = {name: Engine(demo_container, kernels=name, threads=1, activations="exact") for name in ("scalar", simd)}
     together: dict[str, list[np.ndarray]] = {name: [] for name in engines}
 
     def run(name):

@@ -82,7 +82,7 @@ def test_saved_state_holds_the_kv_cache_position_major(tmp_path, tokens):
     # transformers: [batch, kv heads, positions, head_dim] -> the file's [positions, kv heads, head_dim]
     want = np.concatenate([np.stack([kv[c][0].permute(1, 0, 2).float().numpy() for kv in layers]).ravel()
                            for c in (0, 1)])
-    with Engine(out, threads=2) as engine:
+    with Engine(out, threads=2, activations="exact") as engine:
         session = engine.session(64)
         session.eval(tokens[:n])
         blob = np.frombuffer(session.export_state().blob[40:], dtype="<f4")   # after the core's 40-byte header

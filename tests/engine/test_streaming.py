@@ -1,6 +1,7 @@
 """The streaming engine: the expert cache, direct I/O, overlapped reads and
-the lookahead router change speed, never output; faults end an answer, not
-the session; the RAM budget is a ceiling."""
+the lookahead router change speed, never output, in both arithmetic modes
+(exact, and the default's 8-bit activations on quantized experts); faults
+end an answer, not the session; the RAM budget is a ceiling."""
 from __future__ import annotations
 
 import json
@@ -22,12 +23,33 @@ TOKENS = [int(t) for t in np.random.default_rng(11).integers(3, 500, 40)]
 
 
 @pytest.fixture(scope="module")
-def moe_model(tmp_path_factory):
-    """A Qwen3-MoE-shaped container: 6 MoE layers x 32 experts, top 4, 388 KiB records."""
+def moe_ckpt(tmp_path_factory):
     root = tmp_path_factory.mktemp("stream")
-    ckpt = make(parse(["--out", str(root / "ckpt"), "--layers", "6", "--experts", "32", "--top-k", "4",
+    return make(parse(["--out", str(root / "ckpt"), "--layers", "6", "--experts", "32", "--top-k", "4",
                        "--shards", "2"]))
-    return convert(ckpt, root / "moe.ferry")
+
+
+@pytest.fixture(scope="module")
+def moe_model(moe_ckpt):
+    """A Qwen3-MoE-shaped container: 6 MoE layers x 32 experts, top 4, 388 KiB records."""
+    return convert(moe_ckpt, moe_ckpt.parent / "moe.ferry")
+
+
+@pytest.fixture(scope="module")
+def moe_q4(moe_ckpt):
+    """The same with q4_0 experts: the default's 8-bit activations reach the expert products too."""
+    return convert(moe_ckpt, moe_ckpt.parent / "moe-q4.ferry", expert_format="q4_0")
+
+
+#: The engine's path in each activation mode (ModelInfo.activations).
+RUNS = {"exact": "f32", "auto": "q8"}
+
+
+@pytest.fixture(params=list(RUNS))
+def placed(request, moe_model, moe_q4):
+    """(container, activations): placement must not change output in either arithmetic; the default's
+    8-bit activations on q4_0 experts (and the q8_0 trunk), exact on the bf16 experts."""
+    return (moe_model if request.param == "exact" else moe_q4), request.param
 
 
 def run(container, prompt=TOKENS[:24], steps=TOKENS[24:], **options):
@@ -39,9 +61,12 @@ def run(container, prompt=TOKENS[:24], steps=TOKENS[24:], **options):
         return np.concatenate(out), s.stats(), engine.info
 
 
-def test_every_mechanism_on_or_off_gives_identical_logits(moe_model):
-    reference, _, info = run(moe_model, cache=False, overlap=False, lookahead=False, direct_io=False)
+def test_every_mechanism_on_or_off_gives_identical_logits(placed):
+    moe_model, activations = placed
+    reference, _, info = run(moe_model, cache=False, overlap=False, lookahead=False, direct_io=False,
+                             activations=activations)
     assert info.cache_slots == 6 * 32  # no budget: every expert fits
+    assert info.activations == RUNS[activations]
     variants = {
         "all on": {},
         "small cache (12.5%)": {"cache_slots": 24},
@@ -54,14 +79,15 @@ def test_every_mechanism_on_or_off_gives_identical_logits(moe_model):
         "one reader": {"readers": 1},
     }
     for name, opts in variants.items():
-        logits, stats, _ = run(moe_model, **opts)
+        logits, stats, _ = run(moe_model, activations=activations, **opts)
         assert np.array_equal(logits, reference), name
         assert stats.hits + stats.misses > 0
 
 
-def test_chunked_prefill_reads_each_distinct_expert_once(moe_model):
-    _, chunked, _ = run(moe_model, prompt=TOKENS[:32], steps=[], cache=False)
-    _, stepwise, _ = run(moe_model, prompt=TOKENS[:1], steps=TOKENS[1:32], cache=False)
+def test_chunked_prefill_reads_each_distinct_expert_once(placed):
+    moe_model, activations = placed
+    _, chunked, _ = run(moe_model, prompt=TOKENS[:32], steps=[], cache=False, activations=activations)
+    _, stepwise, _ = run(moe_model, prompt=TOKENS[:1], steps=TOKENS[1:32], cache=False, activations=activations)
     # 32 tokens x 6 layers x 4 experts = 768 uses; a chunk reads at most 32 per layer.
     assert chunked.expert_reads <= 6 * 32 < stepwise.expert_reads == 32 * 6 * 4
 
@@ -88,16 +114,19 @@ def test_lookahead_reads_only_while_its_guesses_pay(moe_model, correlated_model)
     assert st.prefetch_used > 0 and st.prefetch_used >= st.prefetch_wasted
 
 
-def test_lookahead_gate_changes_reads_never_logits(moe_model):
+def test_lookahead_gate_changes_reads_never_logits(placed):
     """Random routers: the per-(layer, rank) gate leaves most wrong guesses
     unread; reading every guess (the gate off) gives the same logits."""
-    reference, _, _ = run(moe_model, cache=False, lookahead=False)
-    with Engine(moe_model, threads=2, n_ctx=64, cache_slots=48) as engine:
+    moe_model, activations = placed
+    reference, _, _ = run(moe_model, cache=False, lookahead=False, activations=activations)
+    with Engine(moe_model, threads=2, n_ctx=64, cache_slots=48, activations=activations) as engine:
         s = engine.session(64)
         gated = np.concatenate([s.eval(TOKENS[:24], all_logits=True)] + [s.eval([t])[None] for t in TOKENS[24:]])
         st, gate = s.stats(), engine.lookahead_gate()
-    ungated, ust, _ = run(moe_model, cache_slots=48, lookahead_gate=False)
+    ungated, ust, _ = run(moe_model, cache_slots=48, lookahead_gate=False, activations=activations)
     assert np.array_equal(gated, reference) and np.array_equal(ungated, reference)
+    if activations != "exact":
+        return   # the gate's figures below are checked once, on the exact run's container (bf16 records)
     assert st.lookahead_predicted == ust.lookahead_predicted == 16 * 5 * 4
     assert st.prefetch_gated > 0 and ust.prefetch_gated == 0
     assert ust.prefetch_issued > st.prefetch_issued
@@ -197,18 +226,19 @@ def test_usage_counts_round_trip(moe_model):
         Engine(moe_model, usage_counts=counts[:3])
 
 
-def test_policy_state_round_trip_keeps_logits_identical(moe_model):
+def test_policy_state_round_trip_keeps_logits_identical(placed):
     """The cache policy's learned state comes back exactly on the next open
     (with another cache size), changes placement only (identical logits),
     and a damaged one is refused with a clear error."""
+    moe_model, activations = placed
     with Engine(moe_model, n_ctx=64, cache_slots=24) as engine:
         engine.session(64).eval(TOKENS[:16])
         state, counts = engine.policy_state(), engine.usage()
     assert len(state) > 6 * 32 * 32 * 2  # TRANSIT's successor counts are in it
     with Engine(moe_model, n_ctx=64, cache_slots=12, policy_state=state) as engine:
         assert engine.policy_state() == state and np.array_equal(engine.usage(), counts)
-    cold, _, _ = run(moe_model, cache_slots=12)
-    warm, _, _ = run(moe_model, cache_slots=12, policy_state=state)
+    cold, _, _ = run(moe_model, cache_slots=12, activations=activations)
+    warm, _, _ = run(moe_model, cache_slots=12, policy_state=state, activations=activations)
     assert np.array_equal(cold, warm)
     for damaged in (state[:-1], b"X" + state[1:]):
         with pytest.raises(FerryError, match="cache policy state"):

@@ -41,3 +41,15 @@ def test_importing_ferry_get_opens_no_connection():
             "socket.socket.connect = no\nsocket.create_connection = no\n"
             "import app.get.catalogue, app.get.plan, app.get.pipeline, app.get.cli, app.get.hub\n")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
+
+
+def test_models_that_fit_get_the_fastest_format_within_a_4_bit_error():
+    """The speed rule (app.convert.format_choices.pick) in the catalogue: on a 64 GB machine OLMoE-1B-7B,
+    Qwen3-30B-A3B and Mixtral 8x7B fit, and with kernels as fast per byte in every format the fewest bytes
+    within a 4-bit error win (q4_0, not 3-bit); without measured kernels, the most accurate that fits."""
+    rows = {r.name: r for r in catalogue(MAC64, disk_bps=5e9, kernel_bps_of=lambda fmt: 50e9)}
+    for name in ("OLMoE 1B-7B", "Qwen3-30B-A3B", "Mixtral 8x7B"):
+        assert rows[name].expert_format == "q4_0", name
+    unknown = {r.name: r for r in catalogue(MAC64, disk_bps=5e9, kernel_bps_of=lambda fmt: None)}
+    assert unknown["OLMoE 1B-7B"].expert_format == "bf16"
+    assert rows["OLMoE 1B-7B"].container_bytes < unknown["OLMoE 1B-7B"].container_bytes / 3

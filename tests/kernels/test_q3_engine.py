@@ -58,7 +58,7 @@ def tokens():
 
 
 def run_engine(container, tokens):
-    with Engine(container, threads=2) as engine:
+    with Engine(container, threads=2, activations="exact") as engine:   # the reference checks run exact
         s = engine.session(64)
         stages: dict[int, list[np.ndarray]] = {}
         s.observe(lambda stage, pos, h: stages.setdefault(stage, []).append(h))
@@ -92,11 +92,12 @@ def test_engine_matches_transformers_on_stored_values(q3_container, tokens):
 
 def test_prefill_equals_single_steps(q3_container, tokens):
     _, container, _ = q3_container
-    with Engine(container, threads=2) as engine:
-        batch = engine.session(64).eval(tokens, all_logits=True)
-        s = engine.session(64)
-        steps = np.stack([s.eval([t]) for t in tokens])
-    assert np.array_equal(batch, steps)
+    for activations in ("exact", "auto"):
+        with Engine(container, threads=2, activations=activations) as engine:
+            batch = engine.session(64).eval(tokens, all_logits=True)
+            s = engine.session(64)
+            steps = np.stack([s.eval([t]) for t in tokens])
+        assert np.array_equal(batch, steps), activations
 
 
 @pytest.mark.parametrize("which", ["scalar", "auto"])
@@ -105,7 +106,7 @@ def test_kernel_sets_agree(q3_container, tokens, which):
     _, container, _ = q3_container
     outs = {}
     for mode in ("scalar", which):
-        with Engine(container, threads=1, kernels=mode) as e:
+        with Engine(container, threads=1, kernels=mode, activations="exact") as e:
             if mode == "scalar":
                 assert e.info.kernels == "scalar"
             outs[mode] = e.session(64).eval(tokens, all_logits=True)

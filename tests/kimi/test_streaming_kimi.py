@@ -1,7 +1,8 @@
 """Kimi K3, Kimi-Linear and DeepSeek-V3 on the streaming machinery (the one
 MoE loop of core_c/src/moe.c): the expert cache, overlapped reads, the
 lookahead with the family's own router, and chunked prefill change speed,
-never output; the opt-in routing modes (fewer experts per token, cache-aware
+never output, in both arithmetic modes (exact on f32 weights, and the
+default's 8-bit activations on a q8_0 trunk with q4_0 experts); the opt-in routing modes (fewer experts per token, cache-aware
 routing) read fewer experts and are exact when set to the model's k and a
 zero margin."""
 from __future__ import annotations
@@ -20,14 +21,21 @@ PROMPT, DECODE = 20, 8
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
+    """kind -> f32 container, and (kind, "auto") -> the same checkpoint with a q8_0 trunk and q4_0 experts."""
     root = tmp_path_factory.mktemp("kimi_stream")
     out = {}
     tiny_k3.build(root / "k3")
-    out["k3"] = convert(root / "k3", root / "k3.ferry", trunk_format="f32", expert_format="f32")
     for kind in ("deepseek", "kimi_linear"):
         tiny_kimi.build(kind, root / kind)
+    for kind in ("k3", "deepseek", "kimi_linear"):
         out[kind] = convert(root / kind, root / f"{kind}.ferry", trunk_format="f32", expert_format="f32")
+        out[kind, "auto"] = convert(root / kind, root / f"{kind}-q.ferry", trunk_format="q8_0",
+                                    expert_format="q4_0")
     return out
+
+
+#: The engine's path in each activation mode (ModelInfo.activations).
+RUNS = {"exact": "f32", "auto": "q8"}
 
 
 def tokens_for(kind):
@@ -50,10 +58,14 @@ def run(container, tokens, *, stepwise_prompt=False, routing=None, **options):
         return np.concatenate(out), s.stats(), engine.info
 
 
+@pytest.mark.parametrize("activations", list(RUNS))
 @pytest.mark.parametrize("kind", ["k3", "deepseek", "kimi_linear"])
-def test_every_mechanism_and_prefill_mode_gives_identical_logits(models, kind):
+def test_every_mechanism_and_prefill_mode_gives_identical_logits(models, kind, activations):
     tokens = tokens_for(kind)
-    reference, _, info = run(models[kind], tokens, cache=False, overlap=False, lookahead=False, direct_io=False)
+    container = models[kind] if activations == "exact" else models[kind, activations]
+    reference, _, info = run(container, tokens, cache=False, overlap=False, lookahead=False, direct_io=False,
+                             activations=activations)
+    assert info.activations == RUNS[activations]
     k = info.top_k
     variants = {
         "all on": {},
@@ -69,8 +81,8 @@ def test_every_mechanism_and_prefill_mode_gives_identical_logits(models, kind):
         "routing reset to exact": {"routing": (None, 0.0)},
     }
     for name, opts in variants.items():
-        logits, stats, _ = run(models[kind], tokens, **opts)
-        assert np.array_equal(logits, reference), f"{kind}: {name}"
+        logits, stats, _ = run(container, tokens, activations=activations, **opts)
+        assert np.array_equal(logits, reference), f"{kind}, {activations}: {name}"
         assert stats.hits + stats.misses > 0
         assert stats.routed_swaps == 0
 

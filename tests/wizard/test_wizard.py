@@ -52,7 +52,8 @@ def test_deepseek_release_layout_converts_to_the_same_bytes(qtbot, wizard, deeps
     assert "tokens per second" in speed and wiz.state.speed.read_bytes_per_s > 0
     assert wiz.destination_page.name_edit.text() == "deepseek-v3-tiny.ferry"
     out = convert_to_end(qtbot, wiz)
-    reference = convert(deepseek_ckpt, folder(tmp_path / "ref") / out.name)
+    reference = convert(deepseek_ckpt, folder(tmp_path / "ref") / out.name, trunk_format=wiz.state.trunk_format,
+                        expert_format=wiz.state.expert_format)   # the recommended formats
     assert tree_bytes(out) == tree_bytes(reference)
     # The plan shown before converting is the finished container's plan.
     from app.memory.plan import plan_container
@@ -114,7 +115,8 @@ def test_stop_midway_close_and_resume_gives_the_same_bytes(qtbot, wizard, synthe
     assert seen[0].start_bytes > 0.3 * seen[0].total_bytes          # it resumed, it did not start over
     qtbot.waitUntil(lambda: again.currentPage() is again.finish_page, timeout=T)
     qtbot.waitUntil(again.finish_page.isComplete, timeout=T)
-    reference = convert(synthetic, folder(tmp_path / "ref") / out.name)
+    reference = convert(synthetic, folder(tmp_path / "ref") / out.name, trunk_format=again.state.trunk_format,
+                        expert_format=again.state.expert_format)   # the recommended formats
     assert tree_bytes(out) == tree_bytes(reference)
     from app.ui.wizard import pending
     assert pending.load() is None
@@ -216,13 +218,21 @@ def test_a_model_larger_than_ram_gets_3_bit_experts_and_the_user_can_choose(qtbo
     assert experts.combo.currentData() == "q8_0" and "would recommend" in experts.note.text()
 
 
-def test_a_model_that_fits_keeps_its_experts_exact(qtbot, wizard, synthetic):
+def test_a_model_that_fits_gets_the_fastest_experts_within_a_4_bit_error(qtbot, wizard, synthetic):
+    """The speed rule (app.convert.format_choices): the fastest choice by this machine's measured kernels whose
+    error is at most a 4-bit format's, the exact one listed first, one choice away."""
+    from app.convert.format_choices import QUALITY_BOUND
+
     wiz = wizard(remember=False)
     to_source(qtbot, wiz, "hf", synthetic)
     report = wiz.state.report
-    assert wiz.state.expert_format == "auto" and report.expert_choices[0].recommended
+    chosen = next(c for c in report.expert_choices if c.recommended)
+    assert wiz.state.expert_format == chosen.format and chosen.rule == "speed" and chosen.error <= QUALITY_BOUND
+    fastest = max(c.tok_per_s for c in report.expert_choices if c.error <= QUALITY_BOUND)
+    assert chosen.tok_per_s * 1.15 >= fastest        # the fastest, or a more accurate one within the margin
     assert report.expert_choices[0].label == "Exact (bf16, no loss)"
-    assert "whole model fits in this computer" in wiz.source_page.choosers["experts"].note.text()
+    note = wiz.source_page.choosers["experts"].note.text()
+    assert "whole model fits in this computer" in note and "fastest" in note
     trunk = wiz.source_page.choosers["trunk"]
     assert wiz.state.trunk_format == "auto" and trunk.combo.currentData() == "auto"
     assert [c.format for c in report.trunk_choices] == ["auto", "q4_0"] and report.trunk_choices[0].recommended
