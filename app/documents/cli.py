@@ -334,7 +334,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
-    if (bad := text_argument_problem(args, ("collection", "question"))):
+    from app.cli.common import number_argument_problem
+
+    if (bad := text_argument_problem(args, ("collection", "question")) or number_argument_problem(args)):
         print(f"ferry: error: {bad}", file=sys.stderr)
         return 2
     try:
