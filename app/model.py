@@ -7,7 +7,6 @@ answer text, and a final ``Finished`` with the reason and the statistics.
 """
 from __future__ import annotations
 
-import json
 import math
 import time
 from pathlib import Path
@@ -20,7 +19,7 @@ from app.chat.segments import Segment
 from app.chat.template import ChatTemplate
 from app.engine.binding import Cancelled, Engine, FerryError, Session
 from app.engine.container_files import (MAX_TEMPLATE_BYTES, MAX_TOKENIZER_BYTES, ContainerFileError,
-                                         contained_file, read_contained_text)
+                                         check_weight_files, contained_file, read_contained_text, read_manifest)
 from app.events import EngineEvent, Finished, PromptProgress, Token, TokenLogprob
 from app.sampling import Sampler, SamplingParams, top_order
 from app.store.private import write_private
@@ -98,11 +97,13 @@ class LoadedModel:
     def __init__(self, path: str | Path, *, ram_budget: int = 0, threads: int = 0, n_ctx: int = 0,
                  **engine_options):
         self.path = Path(path)
-        manifest_path = self.path / "manifest.json"
         try:
-            self.manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise ModelError(f"{manifest_path}: {exc}") from exc
+            self.manifest = read_manifest(self.path)
+            check_weight_files(self.path, self.manifest)
+        except ContainerFileError as exc:
+            raise ModelError(f"{self.path}: {exc}") from None
+        except OSError as exc:
+            raise ModelError(f"{self.path / 'manifest.json'}: {exc}") from exc
         engine_options.setdefault("usage_counts", self._load_usage())
         engine_options.setdefault("policy_state", self._load_policy_state())
         try:

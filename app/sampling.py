@@ -7,6 +7,7 @@ in this answer ``frequency_penalty * count + presence_penalty * (count > 0)``
 is subtracted."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,6 +25,11 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()   #: (token id, -100..100) pairs
 
     def __post_init__(self):
+        if not all(math.isfinite(v) for v in (self.temperature, self.top_p, self.min_p, self.frequency_penalty,
+                                               self.presence_penalty)):
+            raise ValueError("sampling parameters must be finite numbers")
+        if self.seed is not None and not 0 <= self.seed < 2**64:
+            raise ValueError("the seed must be a whole number from 0 to 2^64 - 1")
         if self.temperature < 0 or not 0 < self.top_p <= 1 or not 0 <= self.min_p < 1 or self.top_k < 0:
             raise ValueError("sampling parameters out of range: temperature >= 0, 0 < top_p <= 1, "
                              "0 <= min_p < 1, top_k >= 0")

@@ -129,6 +129,12 @@ class ChatFormat:
                             "characters.", "stop")
         if req.top_logprobs is not None and not 0 <= req.top_logprobs <= MAX_TOP_LOGPROBS:
             raise TurnError(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}.", "top_logprobs")
+        if req.sampling.logit_bias:
+            vocab = self.model.engine.info.vocab
+            outside = sorted(t for t, _ in req.sampling.logit_bias if not 0 <= t < vocab)
+            if outside:
+                raise TurnError(f"logit_bias key {outside[0]} is not a token id of this model (0 to {vocab - 1}).",
+                                "logit_bias")
         named = _named_tool(req.tool_choice)
         if req.tool_choice not in (None, "none", "auto") and not req.tools:
             raise TurnError("tool_choice asks for a tool call, but the request has no tools", "tool_choice")

@@ -23,6 +23,41 @@ class UsageError(ValueError):
     pass
 
 
+#: The largest count the core takes (a C int).
+INT_MAX = 2**31 - 1
+#: Every number an option of `ferry` or `ferry docs` takes, by its argparse dest: (the option as
+#: typed, smallest, largest); a float must be finite and at least its smallest (None: any), its
+#: other limits are checked where it is used (SamplingParams, routing). Counts the core takes
+#: (contexts, tokens) are C ints.
+NUMBER_OPTIONS: dict[str, tuple[str, int | None, int | None]] = {
+    "ctx": ("--ctx", 0, INT_MAX), "n": ("-n", 0, INT_MAX), "threads": ("--threads", 0, 1024),
+    "top_k": ("--top-k", 0, INT_MAX), "seed": ("--seed", 0, 2**64 - 1),
+    "experts_per_token": ("--experts-per-token", 1, INT_MAX), "top": ("--top", 1, INT_MAX),
+    "max_tokens": ("--max-tokens", 1, INT_MAX), "port": ("--port", 0, 65535), "queue": ("--queue", 1, 1_000_000),
+    "k": ("-k", 1, 10_000), "context_tokens": ("--context-tokens", 1, INT_MAX), "tokens": ("tokens", 1, INT_MAX),
+    "temp": ("--temp", None, None), "top_p": ("--top-p", None, None), "min_p": ("--min-p", None, None),
+    "frequency_penalty": ("--frequency-penalty", None, None), "presence_penalty": ("--presence-penalty", None, None),
+    "cache_aware": ("--cache-aware", 0, None),
+}
+
+
+def number_argument_problem(args) -> str | None:
+    """The first number on the command line outside what it may be (one line), or None: the
+    options of every command through this one table, before anything is opened."""
+    import math
+
+    for dest, (option, lo, hi) in NUMBER_OPTIONS.items():
+        value = getattr(args, dest, None)
+        if isinstance(value, float):
+            if not math.isfinite(value):
+                return f"{option} must be a finite number, not {value}"
+            if lo is not None and value < lo:
+                return f"{option} must be at least {lo}"
+        elif isinstance(value, int) and not isinstance(value, bool) and lo is not None and not lo <= value <= hi:
+            return f"{option} is {value}; it must be between {lo} and {hi}"
+    return None
+
+
 def parse_size(text: str) -> int:
     """'24G', '512MiB', '1.5GB', '1000000' -> bytes (K/M/G/T are binary)."""
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgtpe]?)(i?b)?\s*", text.lower())

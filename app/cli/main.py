@@ -14,7 +14,7 @@ import numpy as np
 from app.api import describe_activations, ModelError, PromptProgress, Reasoning, Text, ToolCallMade, TurnDone, TurnError, TurnRequest
 from app.cli.common import (PromptMeter, Turns, UsageError, add_logprobs, add_model_options, add_routing, add_sampling,
                             add_server_model, logprobs_problem, open_from_args, parse_size, progress_printer,
-                            resolve_model, turn_request)
+                            resolve_model, turn_request, number_argument_problem)
 from app.convert.convert import ConvertError, convert
 from app.convert.errors import SourceError
 from app.convert.format_choices import RECOMMENDED
@@ -514,7 +514,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return plan_config_main(argv[1:])
         args = build_parser().parse_args(argv)
-        if (bad := text_argument_problem(args, TEXT_ARGUMENTS)):
+        if (bad := text_argument_problem(args, TEXT_ARGUMENTS) or number_argument_problem(args)):
             raise UsageError(bad)
         return args.fn(args)
     except (FerryError, SourceError, ConvertError, ModelError, UsageError, ValueError, OSError, RemoteError) as exc:

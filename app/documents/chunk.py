@@ -20,6 +20,11 @@ from app.documents.extract import Extracted
 
 MAX_WORDS = 110
 OVERLAP_WORDS = 30
+#: A "word" longer than this (a file without spaces, a base64 blob) is cut into pieces this long,
+#: and a chunk holds at most MAX_CHUNK_CHARS characters (its overlap at most a quarter of that), so
+#: a file of any shape becomes passages of bounded size. Real text never reaches either.
+MAX_WORD_CHARS = 1_000
+MAX_CHUNK_CHARS = 8_000
 
 _ABBREV = {"mr", "mrs", "ms", "dr", "prof", "st", "no", "nos", "vs", "etc", "e.g", "i.e", "inc", "ltd", "co",
            "jr", "sr", "approx", "dept", "fig", "ref", "art", "sec", "p", "pp", "vol", "mg", "ml", "u.s", "a.m",
@@ -67,11 +72,16 @@ def sentence_spans(text: str, base: int = 0) -> list[tuple[int, int]]:
 
 def _word_cut(text: str, a: int, b: int, max_words: int) -> list[tuple[int, int]]:
     """Split the span [a, b) of ``text`` into pieces of at most max_words words."""
-    words = [(m.start() + a, m.end() + a) for m in re.finditer(r"\S+", text[a:b])]
+    words = [(s, min(s + MAX_WORD_CHARS, e)) for m in re.finditer(r"\S+", text[a:b])
+             for e in (m.end() + a,) for s in range(m.start() + a, e, MAX_WORD_CHARS)]
     out = []
-    for i in range(0, len(words), max_words):
-        piece = words[i:i + max_words]
-        out.append((piece[0][0], piece[-1][1]))
+    i = 0
+    while i < len(words):
+        j = i + 1       # up to max_words words and MAX_CHUNK_CHARS characters (at least one word)
+        while j < len(words) and j - i < max_words and words[j][1] - words[i][0] <= MAX_CHUNK_CHARS:
+            j += 1
+        out.append((words[i][0], words[j - 1][1]))
+        i = j
     return out
 
 
@@ -104,7 +114,7 @@ def chunk_document(doc: Extracted, *, max_words: int = MAX_WORDS, overlap_words:
                 continue
             pending_heading = None
             for a, b in sentence_spans(block.text, b_start):
-                if _nwords(text[a:b]) > max_words:
+                if b - a > MAX_CHUNK_CHARS or _nwords(text[a:b]) > max_words:
                     current.extend(_word_cut(text, a, b, max_words))
                 else:
                     current.append((a, b))
@@ -117,7 +127,8 @@ def chunk_document(doc: Extracted, *, max_words: int = MAX_WORDS, overlap_words:
             while i < len(sents):
                 j = i
                 words = 0
-                while j < len(sents) and (j == i or words + _nwords(text[sents[j][0]:sents[j][1]]) <= max_words):
+                while j < len(sents) and (j == i or (words + _nwords(text[sents[j][0]:sents[j][1]]) <= max_words
+                                                     and sents[j][1] - sents[i][0] <= MAX_CHUNK_CHARS)):
                     words += _nwords(text[sents[j][0]:sents[j][1]])
                     j += 1
                 a, b = sents[i][0], sents[j - 1][1]
@@ -126,7 +137,8 @@ def chunk_document(doc: Extracted, *, max_words: int = MAX_WORDS, overlap_words:
                     break
                 # overlap: step back over the last sentences that fit in overlap_words
                 k, back = j, 0
-                while k - 1 > i and back + _nwords(text[sents[k - 1][0]:sents[k - 1][1]]) <= overlap_words:
+                while (k - 1 > i and back + _nwords(text[sents[k - 1][0]:sents[k - 1][1]]) <= overlap_words
+                       and sents[j - 1][1] - sents[k - 1][0] <= MAX_CHUNK_CHARS // 4):
                     back += _nwords(text[sents[k - 1][0]:sents[k - 1][1]])
                     k -= 1
                 i = k

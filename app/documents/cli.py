@@ -334,11 +334,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
-    if (bad := text_argument_problem(args, ("collection", "question"))):
+    from app.cli.common import number_argument_problem
+
+    if (bad := text_argument_problem(args, ("collection", "question")) or number_argument_problem(args)):
         print(f"ferry: error: {bad}", file=sys.stderr)
         return 2
+    from app.store.database import DatabaseError, database_problem
+
     try:
         return args.fn(args)
+    except DatabaseError as exc:     # a damaged page, another process's write: what it means, one line
+        print(f"ferry: error: {database_problem(exc, default_path())}", file=sys.stderr)
+        return 1
     except (KeyUnavailable, WrongKey, DocumentError, StateError, FerryError, ModelError, ValueError,
             OSError, RemoteError) as exc:
         print(f"ferry: error: {exc}", file=sys.stderr)

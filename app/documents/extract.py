@@ -9,6 +9,7 @@ they are given (external entities, images and links are never fetched).
 from __future__ import annotations
 
 import io
+import itertools
 import os
 import re
 import unicodedata
@@ -21,6 +22,33 @@ SUFFIXES = {".txt": "text", ".text": "text", ".md": "markdown", ".markdown": "ma
             ".pdf": "pdf", ".html": "html", ".htm": "html", ".xhtml": "html", ".docx": "docx"}
 #: Largest file read (bytes); bigger ones are reported, not read.
 MAX_FILE_BYTES = 200 * 2**20
+
+# Limits against hostile files: a few bytes on disk that would take hours or gigabytes to read.
+# Each is far above what real documents need (docs/SECURITY.md); a file past one is refused
+# with a message naming it, and the rest of the batch goes on.
+#: PDF: pages, and the decompressed bytes of the pages' content streams (a stream that many pages
+#: share counts for each of them) -- at most this many times the file's size, or PDF_MIN_CONTENT
+#: when that is more; and the content operations read (Form XObjects included): one per
+#: PDF_BYTES_PER_OPERATION bytes of that budget (pypdf reads ~40,000 a second)
+MAX_PDF_PAGES = 20_000
+PDF_CONTENT_RATIO = 20
+PDF_MIN_CONTENT = 2 << 20
+PDF_BYTES_PER_OPERATION = 8
+#: Word (zip): entries, their total uncompressed size, and how much larger than the file that may
+#: be (a total under ZIP_MIN_EXPANDED is always fine)
+MAX_ZIP_ENTRIES = 10_000
+MAX_ZIP_EXPANDED = 128 << 20
+ZIP_RATIO = 100
+ZIP_MIN_EXPANDED = 16 << 20
+#: HTML: elements, their nesting depth, and the elements visited while taking the text of the
+#: blocks (nested lists and headings visit their inner elements again): a multiple of the elements
+MAX_HTML_ELEMENTS = 300_000
+MAX_HTML_DEPTH = 1_000
+HTML_VISITS_PER_NODE = 16
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.0f} KiB" if n >= 2**10 else f"{n} bytes"
 
 
 class ExtractError(ValueError):
@@ -134,6 +162,48 @@ def _strip_md_inline(text: str) -> str:
     return text.replace("`", "").strip()
 
 
+class _PdfTooMuchWork(BaseException):
+    """Raised from inside pypdf's text extraction (a BaseException: pypdf catches Exception)."""
+
+
+def _pdf_limits(reader, file_bytes: int):
+    """Refuse a PDF whose pages or decompressed page contents are past the limits (ExtractError),
+    and give the operation counter to pass to ``extract_text``, which stops it past its limit."""
+    n_pages = len(reader.pages)
+    if n_pages > MAX_PDF_PAGES:
+        raise ExtractError(f"refused: the PDF has {n_pages} pages, more than the {MAX_PDF_PAGES} Ferry reads "
+                           "(a limit against hostile files)")
+    budget = max(PDF_MIN_CONTENT, PDF_CONTENT_RATIO * file_bytes)
+    decoded: dict[tuple[int, int], int] = {}    # decompressed size of each stream, decompressed once
+    total = 0
+    for page in reader.pages:
+        raw = page.raw_get("/Contents") if "/Contents" in page else None    # not resolved: its object number
+        target = raw.get_object() if raw is not None else None
+        refs = list(target) if isinstance(target, list) else [raw] if raw is not None else []
+        for ref in refs:
+            key = (getattr(ref, "idnum", id(ref)), getattr(ref, "generation", 0))
+            if key not in decoded:
+                try:
+                    decoded[key] = len(ref.get_object().get_data())
+                except Exception:   # a damaged stream: extract_text says so, or skips it
+                    decoded[key] = 0
+            total += decoded[key]
+        if total > budget:
+            raise ExtractError(f"refused: the PDF's pages decompress to more than {_size(budget)} of content "
+                               f"(the limit for a file of {_size(file_bytes)}: {PDF_CONTENT_RATIO} times its size, "
+                               f"at least {_size(PDF_MIN_CONTENT)}); a hostile or broken file")
+    limit = budget // PDF_BYTES_PER_OPERATION
+    done = [0]
+
+    def count(*_):
+        done[0] += 1
+        if done[0] > limit:
+            raise _PdfTooMuchWork(f"refused: reading the PDF's text took more than {limit} content operations "
+                                  f"(the limit for a file of {_size(file_bytes)}); a hostile or broken file")
+
+    return count
+
+
 def _extract_pdf(data: bytes) -> list[Page]:
     try:
         from pypdf import PdfReader
@@ -150,10 +220,13 @@ def _extract_pdf(data: bytes) -> list[Page]:
                 raise
             except Exception as exc:
                 raise ExtractError("the PDF is password-protected") from exc
+        count = _pdf_limits(reader, len(data))
         pages = []
         for i, page in enumerate(reader.pages, start=1):
-            text = _clean(page.extract_text() or "")
+            text = _clean(page.extract_text(visitor_operand_before=count) or "")
             pages.append(Page(i, [Block("para", p) for p in _paragraphs(text)]))
+    except _PdfTooMuchWork as exc:
+        raise ExtractError(str(exc)) from None
     except ExtractError:
         raise
     except (PdfReadError, Exception) as exc:
@@ -166,26 +239,73 @@ def _extract_pdf(data: bytes) -> list[Page]:
 _HTML_BLOCKS = {"p", "li", "tr", "pre", "blockquote", "dd", "dt", "figcaption", "caption", "address"}
 
 
+_LI_CONTAINERS = frozenset({"p", "td", "th", "blockquote"})
+
+
+def _html_text_elements(soup, body) -> set[int]:
+    """The ids of the elements whose text becomes a block: headings, and blocks not inside another
+    block (a list item: not inside a paragraph, cell or quote), found in one pass over the tree
+    (a search of each element's ancestors was quadratic in the nesting). Refuses (ExtractError) a
+    tree nested past MAX_HTML_DEPTH, or one where taking those texts would visit more than
+    HTML_VISITS_PER_NODE times its nodes (blocks nested in blocks are read again)."""
+    from bs4 import Tag
+
+    state = {id(soup): (0, False, False)}     # id -> (depth, inside a block, inside an li container)
+    order = []
+    for node in soup.descendants:
+        depth, in_block, in_li = state[id(node.parent)]
+        if isinstance(node, Tag):
+            name = node.parent.name
+            state[id(node)] = (depth + 1, in_block or name in _HTML_BLOCKS, in_li or name in _LI_CONTAINERS)
+            if depth + 1 > MAX_HTML_DEPTH:
+                raise ExtractError(f"refused: the HTML nests elements more than {MAX_HTML_DEPTH} deep "
+                                   "(a limit against hostile files)")
+        order.append(node)
+    size: dict[int, int] = {}           # nodes in each element's subtree
+    for node in reversed(order):
+        size[id(node.parent)] = size.get(id(node.parent), 0) + size.get(id(node), 0) + 1
+    # the body's descendants: the nodes after it in document order, as many as its subtree holds
+    start = 0 if body is soup else next(i for i, node in enumerate(order) if node is body) + 1
+    taken: set[int] = set()
+    visits = 0
+    for node in order[start:start + size.get(id(body), 0)]:
+        if not isinstance(node, Tag):
+            continue
+        name = node.name.lower()
+        _, in_block, in_li = state[id(node)]
+        if re.fullmatch(r"h[1-6]", name) or (name in _HTML_BLOCKS and (not in_block or name == "li")
+                                             and not (name == "li" and in_li)):
+            taken.add(id(node))
+            visits += size.get(id(node), 0)
+    if visits > HTML_VISITS_PER_NODE * max(len(order), 10_000):
+        raise ExtractError("refused: the HTML nests its blocks so that reading them would visit "
+                           f"{visits} elements, more than {HTML_VISITS_PER_NODE} times its size "
+                           "(a limit against hostile files)")
+    return taken
+
+
 def _extract_html(data: bytes) -> list[Page]:
     from bs4 import BeautifulSoup
 
+    if sum(1 for _ in itertools.islice(re.finditer(rb"<[A-Za-z]", data), MAX_HTML_ELEMENTS + 1)) > MAX_HTML_ELEMENTS:
+        raise ExtractError(f"refused: the HTML has more than {MAX_HTML_ELEMENTS} elements, the most Ferry reads "
+                           "(a limit against hostile files)")
     soup = BeautifulSoup(data, "html.parser")
     for tag in soup(["script", "style", "noscript", "template", "head", "svg", "iframe", "object"]):
         tag.decompose()
     blocks: list[Block] = []
     title = soup.title.get_text(" ", strip=True) if soup.title else ""
     body = soup.body or soup
+    taken = _html_text_elements(soup, body)
     for el in body.find_all(True):
         name = el.name.lower()
+        if id(el) not in taken:
+            continue    # not a heading or a block, or its text is in the enclosing block already
         if re.fullmatch(r"h[1-6]", name):
             text = " ".join(el.get_text(" ", strip=True).split())
             if text:
                 blocks.append(Block("heading", text, int(name[1])))
         elif name in _HTML_BLOCKS:
-            if el.find_parent(list(_HTML_BLOCKS)) is not None and name != "li":
-                continue    # its text is in the enclosing block already
-            if name == "li" and el.find_parent(["p", "td", "th", "blockquote"]) is not None:
-                continue
             if name == "tr":
                 cells = [" ".join(c.get_text(" ", strip=True).split()) for c in el.find_all(["td", "th"])]
                 text = " | ".join(c for c in cells if c)
@@ -202,6 +322,27 @@ def _extract_html(data: bytes) -> list[Page]:
     return [Page(None, blocks)]
 
 
+def _zip_limits(data: bytes, what: str) -> None:
+    """Refuse a zip-based document whose entries would expand past the limits (ExtractError). The
+    sizes are the archive's own: Python's zipfile never returns more than an entry declares."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as z:
+            entries = z.infolist()
+    except (zipfile.BadZipFile, ValueError, OSError) as exc:
+        raise ExtractError(f"the {what} cannot be read (it is not a valid zip archive: {exc})") from None
+    if len(entries) > MAX_ZIP_ENTRIES:
+        raise ExtractError(f"refused: the {what} holds {len(entries)} files, more than the {MAX_ZIP_ENTRIES} "
+                           "Ferry reads (a limit against hostile files)")
+    expanded = sum(e.file_size for e in entries)
+    limit = min(MAX_ZIP_EXPANDED, max(ZIP_MIN_EXPANDED, ZIP_RATIO * len(data)))
+    if expanded > limit:
+        raise ExtractError(f"refused: the {what} expands to {_size(expanded)}, more than {_size(limit)} (the limit "
+                           f"for a file of {_size(len(data))}: {ZIP_RATIO} times its size, at least "
+                           f"{_size(ZIP_MIN_EXPANDED)}, at most {_size(MAX_ZIP_EXPANDED)}); a hostile or broken file")
+
+
 def _extract_docx(data: bytes) -> list[Page]:
     try:
         import docx
@@ -209,6 +350,7 @@ def _extract_docx(data: bytes) -> list[Page]:
         from docx.text.paragraph import Paragraph
     except ImportError as exc:  # pragma: no cover - a dependency
         raise ExtractError("Word support is not installed (python-docx)") from exc
+    _zip_limits(data, "Word document")
     try:
         document = docx.Document(io.BytesIO(data))
     except Exception as exc:

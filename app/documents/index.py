@@ -109,12 +109,20 @@ def stem(word: str) -> str:
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3})")
 
 
+#: Longest word indexed: a longer one (a run of letters without a space) is indexed by its first
+#: MAX_TOKEN_CHARS characters, in documents and questions alike, so its 4-grams are bounded.
+MAX_TOKEN_CHARS = 100
+
+
 def raw_words(text: str) -> list[str]:
     text = _fold(text)
     if "," in text:
         # 2,400 -> 2400 (a digit, a comma and three digits are always inside one number token)
         text = _THOUSANDS.sub("", text)
-    return _TOKEN.findall(text)
+    words = _TOKEN.findall(text)
+    if any(len(w) > MAX_TOKEN_CHARS for w in words):
+        words = [w[:MAX_TOKEN_CHARS] for w in words]
+    return words
 
 
 def word_terms(text: str, raw: list[str] | None = None) -> list[str]:

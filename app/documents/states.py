@@ -56,7 +56,11 @@ class StateError(ValueError):
 
 
 def model_fingerprint(model_path: str | os.PathLike) -> bytes:
-    return hashlib.sha256((Path(model_path) / "manifest.json").read_bytes()).digest()
+    from app.engine.container_files import MAX_MANIFEST_BYTES, read_contained_text
+
+    # the manifest as the model reads it (a regular file inside the folder); its UTF-8 bytes
+    text = read_contained_text(model_path, "manifest.json", "manifest.json", MAX_MANIFEST_BYTES)
+    return hashlib.sha256(text.encode("utf-8")).digest()
 
 
 def prefix_hash(tokens: Sequence[int]) -> bytes:

@@ -344,10 +344,12 @@ class DocumentStore:
                 raise DocumentError(f"there is no collection '{name}' (add documents with: ferry docs add)")
             now = time.time()
             with self._db:
-                cur = self._db.execute("INSERT INTO docs_collections(name, created, updated, df_ready, "
+                # another process may create it at the same moment: the first one wins, the other uses it
+                cur = self._db.execute("INSERT OR IGNORE INTO docs_collections(name, created, updated, df_ready, "
                                        "champ_ready, gram_vocab_ready) VALUES (?, ?, ?, 1, 1, 1)",
                                        (name, now, now))
-                self._db.execute(_FTS.format(t=fts_tables(cur.lastrowid)[0]))
+                if cur.rowcount == 1:
+                    self._db.execute(_FTS.format(t=fts_tables(cur.lastrowid)[0]))
             return self.collection(name)
         return self._collection(row)
 

@@ -18,6 +18,10 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 MAX_TOKENIZER_BYTES = 64 << 20
 #: Largest chat template read (real ones are a few KiB to ~30 KiB).
 MAX_TEMPLATE_BYTES = 1 << 20
+#: Largest manifest read (the C core's limit too).
+MAX_MANIFEST_BYTES = 64 << 20
+#: No size limit (the trunk and the expert banks are checked against the manifest by the core).
+ANY_SIZE = 1 << 62
 
 
 class ContainerFileError(ValueError):
@@ -25,8 +29,15 @@ class ContainerFileError(ValueError):
 
 
 def contained_file(container: str | os.PathLike, name: object, field: str, max_bytes: int) -> Path:
-    """The real path of the file ``name`` (the manifest's ``field``) inside
-    ``container``, checked as the module says."""
+    """The real path of the file ``name`` (the manifest's ``field``, or a file every container has
+    when ``field`` is its name) inside ``container``, checked as the module says."""
+    try:
+        return _contained_file(container, name, field, max_bytes)
+    except ContainerFileError as exc:
+        raise _own_name(exc, name, field) from None
+
+
+def _contained_file(container: str | os.PathLike, name: object, field: str, max_bytes: int) -> Path:
     if not isinstance(name, str) or not name:
         raise ContainerFileError(f"manifest.json: {field} must be a file name inside the model folder")
     if "\x00" in name or any(0xD800 <= ord(c) <= 0xDFFF for c in name):
@@ -48,16 +59,60 @@ def contained_file(container: str | os.PathLike, name: object, field: str, max_b
         raise ContainerFileError(f"manifest.json: {field} ({name!r}) is a link to a file outside the model folder")
     st = real.stat()
     if not stat.S_ISREG(st.st_mode):
-        raise ContainerFileError(f"manifest.json: {field} ({name!r}) is not a regular file")
+        kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a folder" if stat.S_ISDIR(st.st_mode)
+                else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "a special file")
+        raise ContainerFileError(f"manifest.json: {field} ({name!r}) is not a regular file ({kind})")
     if st.st_size > max_bytes:
         raise ContainerFileError(f"manifest.json: {field} ({name!r}) has {st.st_size} bytes; "
                                  f"the most Ferry reads for it is {max_bytes}")
     return real
 
 
+def check_weight_files(container: str | os.PathLike, manifest: dict) -> None:
+    """The trunk and every expert bank the manifest lists are regular files inside the container
+    (the C core checks the same when it opens them; this names the manifest's field)."""
+    contained_file(container, "trunk.bin", "trunk.bin", ANY_SIZE)
+    banks = manifest.get("expert_banks") if isinstance(manifest, dict) else None
+    for i, bank in enumerate(banks if isinstance(banks, list) else []):
+        contained_file(container, bank.get("file") if isinstance(bank, dict) else None,
+                       f"expert_banks[{i}].file", ANY_SIZE)
+
+
+def read_manifest(container: str | os.PathLike) -> dict:
+    """A container's manifest.json: a regular file inside it (never a FIFO or a link out), at most
+    MAX_MANIFEST_BYTES, holding a JSON object."""
+    import json
+
+    try:
+        doc = json.loads(read_contained_text(container, "manifest.json", "manifest.json", MAX_MANIFEST_BYTES))
+    except (ValueError, RecursionError) as exc:
+        if isinstance(exc, ContainerFileError):
+            raise
+        raise ContainerFileError(f"manifest.json is not valid JSON ({exc})") from None
+    if not isinstance(doc, dict):
+        raise ContainerFileError("manifest.json is not a JSON object")
+    return doc
+
+
 def read_contained_text(container: str | os.PathLike, name: object, field: str, max_bytes: int) -> str:
     """The UTF-8 text of a contained file (see :func:`contained_file`); at most
     ``max_bytes`` are read even if the file grows after the check."""
+    try:
+        return _read_contained_text(container, name, field, max_bytes)
+    except ContainerFileError as exc:
+        raise _own_name(exc, name, field) from None
+
+
+def _own_name(exc: ContainerFileError, name: object, field: str) -> ContainerFileError:
+    """A file every container has (trunk.bin, manifest.json; ``field == name``) is named as itself,
+    not as a manifest field."""
+    if field != name:
+        return exc
+    text = str(exc).replace(f"manifest.json: {field} names {name!r}, which is", f"{field} is")
+    return ContainerFileError(text.replace(f"manifest.json: {field} ({name!r})", field))
+
+
+def _read_contained_text(container: str | os.PathLike, name: object, field: str, max_bytes: int) -> str:
     path = contained_file(container, name, field, max_bytes)
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
     with os.fdopen(fd, "rb") as f:

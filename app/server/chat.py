@@ -5,6 +5,7 @@ here, and no prompt building or stream parsing: ``ChatFormat`` and
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,8 +45,8 @@ def turn_request(req: ChatCompletionRequest, *, limits: Limits, client: str = "l
         raise invalid("top_logprobs needs logprobs set to true.", "top_logprobs")
     bias: list[tuple[int, float]] = []
     for key, value in (req.logit_bias or {}).items():
-        if not key.strip().isdigit():
-            raise invalid(f"logit_bias keys are token ids; got {key!r}.", "logit_bias")
+        if not re.fullmatch(r"[0-9]{1,10}", key.strip()):   # the vocabulary is checked by ChatFormat.prepare
+            raise invalid(f"logit_bias keys are token ids; got {key[:40]!r}.", "logit_bias")
         bias.append((int(key), float(value)))
     try:
         params = SamplingParams(temperature=1.0 if req.temperature is None else req.temperature,

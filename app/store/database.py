@@ -34,7 +34,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from sqlcipher3 import dbapi2 as sqlcipher
 
 from app import paths
-from app.store.crypto import Cipher, KeyProvider, WrongKey
+from app.store.crypto import Cipher, KeyProvider, KeyUnavailable, WrongKey
 from app.store.private import private_dir, private_umask, touch_private
 
 FILE_NAME = "ferry.db"
@@ -47,6 +47,46 @@ PRAGMAS = ("journal_mode=WAL", "synchronous=NORMAL", "foreign_keys=ON", "secure_
 DatabaseError = sqlcipher.DatabaseError
 IntegrityError = sqlcipher.IntegrityError
 Connection = sqlcipher.Connection
+
+
+class DatabaseDamaged(KeyUnavailable):
+    """The history database is empty or damaged although a history was made: it was set aside
+    (renamed, never replaced or deleted) and the message says where and what to do."""
+
+
+def set_aside(path: Path, tag: str, *, keys: bool = True) -> Path:
+    """Rename the database at ``path`` and its SQLite side files to ``<name>.<tag>-<time>`` (the
+    key side file is copied beside it, so the set-aside file can still be opened: ``keys``);
+    returns the new name. Nothing is deleted."""
+    import shutil
+    import time
+
+    path = Path(path)
+    target = path.with_name(f"{path.name}.{tag}-{time.strftime('%Y%m%d-%H%M%S')}")
+    while any(Path(str(target) + s).exists() for s in ("", ".keys")):
+        target = target.with_name(target.name + "x")
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        src = Path(str(path) + suffix)
+        if src.exists():
+            src.rename(Path(str(target) + suffix))
+    if keys and Path(str(path) + ".keys").exists():
+        shutil.copy2(str(path) + ".keys", str(target) + ".keys")
+    return target
+
+
+def database_problem(exc: Exception, path: Path | None = None) -> str:
+    """One line saying what a database error means for the user and what to do."""
+    name = str(path) if path is not None else FILE_NAME
+    text = str(exc)
+    if isinstance(exc, sqlcipher.IntegrityError):
+        return (f"another Ferry process changed the same data at the same time ({text}); nothing was lost: "
+                "run the command again")
+    if isinstance(exc, sqlcipher.OperationalError) and "locked" in text:
+        return f"the history {name} is busy in another Ferry process; try again when it has finished"
+    if "malformed" in text or "not a database" in text or "corrupt" in text:
+        return (f"the history {name} is damaged ({text}); Ferry leaves it as it is: restore it from a backup, "
+                f"or move it aside (rename it) to start a new history")
+    return f"the history {name} cannot be used: {text}"
 
 
 def default_path() -> Path:
@@ -173,9 +213,34 @@ def open_database(path: str | Path | None, keys: KeyProvider) -> tuple[Connectio
         key = migrate(legacy, path, keys)
     else:
         meta = KeyFile(path)
+        _refuse_empty(path, meta)
         if meta.get("check") is None and path.exists() and path.stat().st_size > 0:
             # the side file is gone: a key that opens the database is taken, and the check written again
             key = keys.key(meta)
             connect(path, sqlcipher_key(key)).close()
         key = provider_key(meta, keys)
-    return connect(path, sqlcipher_key(key)), key
+    try:
+        return connect(path, sqlcipher_key(key)), key
+    except WrongKey as exc:
+        # the key is right (its check value matched above), so the file is what is wrong
+        if legacy is None and meta.get("check") is not None and path.exists():
+            aside = set_aside(path, "damaged")
+            raise DatabaseDamaged(
+                f"the history {path} is damaged and cannot be opened ({exc.__cause__ or exc}). It was kept as "
+                f"{aside.name} (with its key file): restore a backup of {FILE_NAME}, or start Ferry again to "
+                "begin a new, empty history.") from None
+        raise
+
+
+def _refuse_empty(path: Path, meta: KeyFile) -> None:
+    """A history was made here (the key file has its check value) but its database is empty: a 0-byte
+    file (and no write-ahead log) is never taken for a new history. It is set aside and reported."""
+    wal = Path(str(path) + "-wal")
+    if (meta.get("check") is None or not path.exists() or path.stat().st_size > 0
+            or (wal.exists() and wal.stat().st_size > 0)):
+        return
+    aside = set_aside(path, "empty")
+    raise DatabaseDamaged(
+        f"the history {path} is empty (0 bytes) although a history was made with this data folder: it was "
+        f"emptied or cut short outside Ferry. It was kept as {aside.name}: restore a backup of {FILE_NAME}, or "
+        "start Ferry again to begin a new, empty history.")

@@ -347,19 +347,18 @@ class _TokenCounter:
     (an estimate for a remote engine, which has no local container)."""
 
     def __init__(self, model_path: str | Path):
-        import json
-
         from app.chat.hf_tokenizer import HFTokenizer
-        from app.engine.container_files import MAX_TOKENIZER_BYTES, ContainerFileError, contained_file
+        from app.engine.container_files import (MAX_TOKENIZER_BYTES, ContainerFileError, contained_file,
+                                                read_manifest)
         from app.model import TiktokenContainerTokenizer
 
         if not (Path(model_path) / "manifest.json").exists():
             self.tokenizer = EstimatedTokens()
             return
-        manifest = json.loads((Path(model_path) / "manifest.json").read_text(encoding="utf-8"))
-        tok = manifest.get("tokenizer") or {}
-        cls = TiktokenContainerTokenizer if tok.get("kind") == "tiktoken" else HFTokenizer
-        try:
+        try:    # read as the model reads it: a regular file inside the folder, never a FIFO
+            tok = read_manifest(model_path).get("tokenizer") or {}
+            tok = tok if isinstance(tok, dict) else {}
+            cls = TiktokenContainerTokenizer if tok.get("kind") == "tiktoken" else HFTokenizer
             path = contained_file(model_path, tok.get("file"), "tokenizer.file", MAX_TOKENIZER_BYTES)
         except ContainerFileError:   # the model itself refuses to open; counting is only an estimate then
             self.tokenizer = EstimatedTokens()

@@ -139,10 +139,6 @@ def open_history(path: Path | None = None, prompt: PassphrasePrompt | None = Non
 
 def move_aside(path: Path | None = None) -> Path:
     """Rename an unreadable history so a new one can start; returns the new name."""
-    path = Path(path) if path else default_path()
-    target = path.with_name(path.name + f".locked-{int(time.time())}")
-    for suffix in ("", "-wal", "-shm", "-journal"):
-        src = Path(str(path) + suffix)
-        if src.exists():
-            src.rename(Path(str(target) + suffix))
-    return target
+    from app.store.database import set_aside
+
+    return set_aside(Path(path) if path else default_path(), "locked", keys=False)

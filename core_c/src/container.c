@@ -1,5 +1,6 @@
 /* container.c — open and validate a Ferry container (see container.h). */
 #define _POSIX_C_SOURCE 200809L
+#define _XOPEN_SOURCE 700  /* realpath */
 #include "container.h"
 
 #include <errno.h>
@@ -113,6 +114,49 @@ static int safe_relative_name(const char *s) {
             return 0;
     }
     return strstr(s, "..") == NULL;
+}
+
+/* ---- the container's own files ---- */
+
+ferry_status fe_container_open_file(const char *dir, const char *rel, uint64_t *size, int *fd_out, ferry_error *err) {
+    *fd_out = -1;
+    char path[FE_MAX_PATH + 64];
+    if (snprintf(path, sizeof path, "%s/%s", dir, rel) >= (int)sizeof path)
+        return fe_fail(err, FERRY_E_ARG, "container path is too long");
+    char *root = realpath(dir, NULL), *real = realpath(path, NULL);
+    ferry_status s = FERRY_OK;
+    size_t n = root ? strlen(root) : 0;
+    if (!root)
+        s = fe_fail(err, FERRY_E_IO, "cannot open the model folder: %s", strerror(errno));
+    else if (!real)
+        s = fe_fail(err, FERRY_E_IO, "cannot open %s: %s", rel, strerror(errno));
+    else if (strncmp(real, root, n) != 0 || (real[n] != '/' && !(n == 1 && root[0] == '/')))
+        s = fe_fail(err, FERRY_E_FORMAT, "%s is a link to a file outside the model folder", rel);
+    int fd = -1;
+    struct stat st;
+    if (!s) {
+        /* the resolved name, not following a link swapped in since, and never waiting on a FIFO */
+        fd = open(real, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);
+        if (fd < 0)
+            s = fe_fail(err, FERRY_E_IO, "cannot open %s: %s", rel, strerror(errno));
+        else if (fstat(fd, &st) != 0)
+            s = fe_fail(err, FERRY_E_IO, "cannot stat %s: %s", rel, strerror(errno));
+        else if (!S_ISREG(st.st_mode))
+            s = fe_fail(err, FERRY_E_FORMAT, "%s is not a regular file (%s)", rel,
+                        S_ISFIFO(st.st_mode) ? "a FIFO" : S_ISDIR(st.st_mode) ? "a folder"
+                        : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device" : "a special file");
+        else if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0)
+            s = fe_fail(err, FERRY_E_IO, "cannot open %s: %s", rel, strerror(errno));
+    }
+    free(root);
+    free(real);
+    if (s) {
+        if (fd >= 0) close(fd);
+        return s;
+    }
+    if (size) *size = (uint64_t)st.st_size;
+    *fd_out = fd;
+    return FERRY_OK;
 }
 
 /* ---- model hyperparameters ---- */
@@ -318,18 +362,16 @@ static ferry_status check_bank_geometry(reader *r, const fe_hparams *hp, fe_bank
 }
 
 static ferry_status open_bank_file(fe_container *c, fe_bank *b, ferry_error *err) {
-    b->fd = open(b->path, O_RDONLY);
-    if (b->fd < 0)
-        return fe_fail(err, FERRY_E_IO, "cannot open expert bank %s: %s", b->rel, strerror(errno));
-    struct stat st;
-    if (fstat(b->fd, &st) != 0) return fe_fail(err, FERRY_E_IO, "cannot stat %s: %s", b->rel, strerror(errno));
+    uint64_t size = 0;
+    ferry_status s = fe_container_open_file(c->dir, b->rel, &size, &b->fd, err);
+    if (s) return s;
     uint64_t want = FE_BANK_HEADER_BYTES + (uint64_t)b->n_experts * b->record_size;
-    if ((uint64_t)st.st_size != want)
+    if (size != want)
         return fe_fail(err, FERRY_E_FORMAT, "expert bank %s has %llu bytes; %u records of %llu bytes need %llu%s",
-                       b->rel, (unsigned long long)st.st_size, b->n_experts, (unsigned long long)b->record_size,
-                       (unsigned long long)want, (uint64_t)st.st_size < want ? " (it is truncated)" : "");
+                       b->rel, (unsigned long long)size, b->n_experts, (unsigned long long)b->record_size,
+                       (unsigned long long)want, size < want ? " (it is truncated)" : "");
     uint8_t h[FE_BANK_HEADER_BYTES];
-    ferry_status s = fe_pread_full(b->fd, h, sizeof h, 0, b->rel, err);
+    s = fe_pread_full(b->fd, h, sizeof h, 0, b->rel, err);
     if (s) return s;
     if (memcmp(h, BANK_MAGIC, 8) != 0) return fe_fail(err, FERRY_E_FORMAT, "%s is not a Ferry expert bank", b->rel);
     if (rd32(h + 8) != FERRY_FORMAT_VERSION)
@@ -346,7 +388,6 @@ static ferry_status open_bank_file(fe_container *c, fe_bank *b, ferry_error *err
                rd32(h + 72 + 4 * k) == p->offset && rd32(h + 84 + 4 * k) == p->nbytes;
     }
     if (!same) return fe_fail(err, FERRY_E_FORMAT, "%s: the bank header disagrees with manifest.json", b->rel);
-    (void)c;
     return FERRY_OK;
 }
 
@@ -394,22 +435,23 @@ static ferry_status read_banks(reader *r, const fe_json_node *list, fe_container
 
 /* ---- whole container ---- */
 
-static ferry_status slurp(const char *path, const char *what, size_t limit, char **out, size_t *len,
+static ferry_status slurp(const char *dir, const char *rel, size_t limit, char **out, size_t *len,
                           ferry_error *err) {
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) return fe_fail(err, FERRY_E_IO, "cannot open %s: %s", what, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0 || (uint64_t)st.st_size > limit) {
+    int fd;
+    uint64_t size = 0;
+    ferry_status s = fe_container_open_file(dir, rel, &size, &fd, err);
+    if (s) return s;
+    if (size > limit) {
         close(fd);
-        return fe_fail(err, FERRY_E_FORMAT, "%s is missing or larger than %zu bytes", what, limit);
+        return fe_fail(err, FERRY_E_FORMAT, "%s is larger than %zu bytes", rel, limit);
     }
-    char *buf = malloc((size_t)st.st_size + 1);
-    if (!buf) { close(fd); return fe_fail(err, FERRY_E_NOMEM, "out of memory reading %s", what); }
-    ferry_status s = fe_pread_full(fd, buf, (size_t)st.st_size, 0, what, err);
+    char *buf = malloc((size_t)size + 1);
+    if (!buf) { close(fd); return fe_fail(err, FERRY_E_NOMEM, "out of memory reading %s", rel); }
+    s = fe_pread_full(fd, buf, (size_t)size, 0, rel, err);
     close(fd);
     if (s) { free(buf); return s; }
     *out = buf;
-    *len = (size_t)st.st_size;
+    *len = (size_t)size;
     return FERRY_OK;
 }
 
@@ -431,23 +473,19 @@ static ferry_status check_header(reader *r, const fe_json_node *root) {
 }
 
 static ferry_status stat_trunk(fe_container *c, ferry_error *err) {
-    char path[FE_MAX_PATH + 64];
-    if (snprintf(path, sizeof path, "%s/trunk.bin", c->dir) >= (int)sizeof path)
-        return fe_fail(err, FERRY_E_ARG, "container path is too long");
-    struct stat st;
-    if (stat(path, &st) != 0) return fe_fail(err, FERRY_E_IO, "cannot open trunk.bin: %s", strerror(errno));
-    c->trunk_size = (uint64_t)st.st_size;
-    return FERRY_OK;
+    int fd;
+    ferry_status s = fe_container_open_file(c->dir, "trunk.bin", &c->trunk_size, &fd, err);
+    if (!s) close(fd);
+    return s;
 }
 
 ferry_status fe_container_open(fe_container *c, const char *dir, ferry_error *err) {
     memset(c, 0, sizeof *c);
     if (!dir || strlen(dir) >= sizeof c->dir - 128) return fe_fail(err, FERRY_E_ARG, "bad container path");
     strcpy(c->dir, dir);
-    char path[FE_MAX_PATH + 64], *text = NULL, msg[256];
+    char *text = NULL, msg[256];
     size_t len = 0;
-    snprintf(path, sizeof path, "%s/manifest.json", dir);
-    ferry_status s = slurp(path, "manifest.json", MAX_MANIFEST_BYTES, &text, &len, err);
+    ferry_status s = slurp(dir, "manifest.json", MAX_MANIFEST_BYTES, &text, &len, err);
     if (s) return s;
     c->fingerprint = ((uint64_t)fe_crc32(0, text, len) << 32) | (uint32_t)len;
     fe_json *doc = fe_json_parse(text, len, msg, sizeof msg);
@@ -465,17 +503,21 @@ ferry_status fe_container_open(fe_container *c, const char *dir, ferry_error *er
 }
 
 ferry_status fe_container_load_trunk(fe_container *c, int check_threads, ferry_error *err) {
-    char path[FE_MAX_PATH + 64];
-    snprintf(path, sizeof path, "%s/trunk.bin", c->dir);
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) return fe_fail(err, FERRY_E_IO, "cannot open trunk.bin: %s", strerror(errno));
+    int fd;
+    uint64_t size = 0;
+    ferry_status s = fe_container_open_file(c->dir, "trunk.bin", &size, &fd, err);
+    if (s) return s;
+    if (size != c->trunk_size) {
+        close(fd);
+        return fe_fail(err, FERRY_E_FORMAT, "trunk.bin changed size while the model was opened");
+    }
     c->trunk = fe_alloc(c->trunk_size);
     if (!c->trunk) {
         close(fd);
         return fe_fail(err, FERRY_E_NOMEM, "cannot allocate %llu bytes for the trunk",
                        (unsigned long long)c->trunk_size);
     }
-    ferry_status s = fe_pread_full(fd, c->trunk, c->trunk_size, 0, "trunk.bin", err);
+    s = fe_pread_full(fd, c->trunk, c->trunk_size, 0, "trunk.bin", err);
     close(fd);
     if (s) return s;
     for (int i = 0; i < c->n_tensors; i++) c->tensors[i].data = c->trunk + c->tensors[i].offset;

@@ -88,6 +88,12 @@ typedef struct fe_container {
     uint64_t fingerprint;   /* identity of this exact container: CRC-32 of the manifest, and its length */
 } fe_container;
 
+/* Open the container's file `rel` (a plain relative name) for reading, into
+ * *fd (its size in *size when not NULL): it must resolve, links followed, to
+ * a regular file inside the folder `dir`. A FIFO is never waited on (it is
+ * opened non-blocking and refused after fstat); a device, a folder or a link
+ * out of the folder is refused, naming the file. */
+ferry_status fe_container_open_file(const char *dir, const char *rel, uint64_t *size, int *fd, ferry_error *err);
 /* Parse and validate the manifest and the headers of all bank files. Does
  * not load the trunk. */
 ferry_status fe_container_open(fe_container *c, const char *dir, ferry_error *err);

@@ -3,9 +3,11 @@
 #include "experts.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "../include/ferry.h"
@@ -81,6 +83,10 @@ static ferry_status open_record_fds(fe_ecache *c, ferry_error *err) {
                                              !(c->cfg.flags & FERRY_NO_DIRECT_IO), &direct, why, sizeof why);
         if (c->record_fd[l] < 0)
             return fe_fail(err, FERRY_E_IO, "cannot open %s for reading records: %s", b->rel, strerror(errno));
+        struct stat a, o;   /* the file checked when the container was opened, not one swapped in since */
+        if (fstat(c->record_fd[l], &a) != 0 || fstat(b->fd, &o) != 0 || a.st_dev != o.st_dev || a.st_ino != o.st_ino)
+            return fe_fail(err, FERRY_E_IO, "%s changed while the model was opened", b->rel);
+        fcntl(c->record_fd[l], F_SETFL, fcntl(c->record_fd[l], F_GETFL) & ~O_NONBLOCK);
         if (!direct && c->direct) snprintf(c->io_note, sizeof c->io_note, "%s", why);
         c->direct &= direct;
     }

@@ -176,7 +176,7 @@ int fe_io_open_records(const char *path, uint64_t probe_offset, uint64_t probe_s
     why[0] = '\0';
     if (want_direct) {
 #if defined(__linux__) && defined(O_DIRECT)
-        int fd = open(path, O_RDONLY | O_DIRECT);
+        int fd = open(path, O_RDONLY | O_DIRECT | O_NONBLOCK);
         if (fd >= 0) {
             void *buf = NULL;
             if (posix_memalign(&buf, 4096, probe_size) == 0) {
@@ -190,7 +190,7 @@ int fe_io_open_records(const char *path, uint64_t probe_offset, uint64_t probe_s
             snprintf(why, why_len, "the filesystem refused O_DIRECT (%s)", strerror(errno));
         }
 #elif defined(__APPLE__)
-        int fd = open(path, O_RDONLY);
+        int fd = open(path, O_RDONLY | O_NONBLOCK);
         if (fd >= 0 && fcntl(fd, F_NOCACHE, 1) == 0) { *direct = 1; return fd; }
         if (fd >= 0) close(fd);
         snprintf(why, why_len, "F_NOCACHE was refused (%s)", strerror(errno));
@@ -200,5 +200,5 @@ int fe_io_open_records(const char *path, uint64_t probe_offset, uint64_t probe_s
     } else {
         snprintf(why, why_len, "direct I/O was switched off");
     }
-    return open(path, O_RDONLY);
+    return open(path, O_RDONLY | O_NONBLOCK);
 }

@@ -55,7 +55,9 @@ void fe_io_wait_any(fe_io *io, unsigned *seen_completions);
 /* Open `path` for reading expert records bypassing the page cache
  * (O_DIRECT on Linux, F_NOCACHE on macOS), checked with one aligned read of
  * `probe_size` bytes at `probe_offset`. Returns the fd and sets *direct to 1,
- * or falls back to a plain buffered fd with *direct = 0 and `why` saying why. */
+ * or falls back to a plain buffered fd with *direct = 0 and `why` saying why.
+ * Opened O_NONBLOCK (never waiting on a FIFO): the caller checks it is the
+ * bank it validated and clears the flag. */
 int fe_io_open_records(const char *path, uint64_t probe_offset, uint64_t probe_size, int want_direct,
                        int *direct, char *why, size_t why_len);
 

@@ -26,11 +26,9 @@ static ferry_status crc_range(int fd, uint64_t offset, uint64_t n, uint8_t *buf,
 
 static ferry_status verify_trunk(const fe_container *c, uint8_t *buf, ferry_progress_fn progress, void *user,
                                  uint64_t *done, uint64_t total, ferry_error *err) {
-    char path[FE_MAX_PATH + 64];
-    snprintf(path, sizeof path, "%s/trunk.bin", c->dir);
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) return fe_fail(err, FERRY_E_IO, "cannot open trunk.bin: %s", strerror(errno));
-    ferry_status s = FERRY_OK;
+    int fd;
+    ferry_status s = fe_container_open_file(c->dir, "trunk.bin", NULL, &fd, err);
+    if (s) return s;
     for (int i = 0; i < c->n_tensors && !s; i++) {
         const fe_tensor *t = &c->tensors[i];
         uint32_t crc;

@@ -3,6 +3,7 @@ UndefinedBehaviorSanitizer, run on a good container and on many damaged ones."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -58,6 +59,12 @@ def damaged_copies(good: Path, tmp: Path, n_random: int = 60) -> list[Path]:
     data = bytearray(bank.read_bytes())
     data[20] ^= 0xFF
     bank.write_bytes(bytes(data))
+    c = copy("bank_fifo")      # never waited on (opened non-blocking, refused after fstat)
+    (c / doc["expert_banks"][0]["file"]).unlink()
+    os.mkfifo(c / doc["expert_banks"][0]["file"])
+    c = copy("trunk_folder")
+    (c / "trunk.bin").unlink()
+    (c / "trunk.bin").mkdir()
     rng = np.random.default_rng(3)
     for i in range(n_random):
         data = bytearray(raw)

@@ -110,7 +110,7 @@ def test_weak_passphrases_are_refused_with_an_explanation(weak):
     assert why and "guess" in why and "10 billion" in why
 
 
-@pytest.mark.parametrize("strong", [STRONG, "K7#q!vZ2p@Lm9$wX", "x" * 200])
+@pytest.mark.parametrize("strong", [STRONG, "K7#q!vZ2p@Lm9$wX"])
 def test_strong_passphrases_are_accepted(strong):
     assert passphrase_problem(strong) is None
 
