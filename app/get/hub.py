@@ -324,7 +324,7 @@ def _raise_for_status(r, repo_id: str, what: str) -> None:
     if r.status_code < 400:
         return
     try:
-        body = _read_body(r, ERROR_BODY_LIMIT, time.monotonic() + deadlines()[2], repo_id, what, over="stop")
+        body = _read_body(r, ERROR_BODY_LIMIT, True, repo_id, what, over="stop")
     finally:
         r.close()
     answer = type(r)(r.status_code, headers=r.headers, content=body, request=r.request)
@@ -335,10 +335,13 @@ def _raise_for_status(r, repo_id: str, what: str) -> None:
     raise GetError(f"{shown(endpoint())} answered {r.status_code} for {shown(repo_id)} {shown(what)}")
 
 
-def _read_body(r, limit: int, deadline: float | None, repo_id: str, what: str, *, over: str,
+def _read_body(r, limit: int, timed: bool, repo_id: str, what: str, *, over: str,
                sink=None, chunk_size: int | None = None) -> bytes:
     """At most ``limit`` bytes of ``r``'s body (kept, or handed to ``sink``),
-    each within the read timeout and all before ``deadline``. More than
+    each within the read timeout; ``timed``: all within the total deadline
+    plus one second per MIN_SMALL_RATE bytes received (so a hub that sends
+    a byte now and then is given up on, a large listing on a slow line is
+    not). More than
     ``limit``: ``over="stop"`` keeps the first ``limit`` and drops the
     connection, ``over="error"`` refuses. The body is read as sent: a server
     that compresses it although Ferry asked for identity is refused."""
@@ -349,6 +352,7 @@ def _read_body(r, limit: int, deadline: float | None, repo_id: str, what: str, *
                        f"Ferry asked for it as it is: refused")
     out: list[bytes] = []
     got = 0
+    start, total = time.monotonic(), deadlines()[2]
     try:
         for chunk in r.iter_raw(chunk_size):
             if got + len(chunk) > limit:
@@ -363,9 +367,9 @@ def _read_body(r, limit: int, deadline: float | None, repo_id: str, what: str, *
                 out.append(chunk)
             if got >= limit and over == "stop":
                 break
-            if deadline is not None and time.monotonic() > deadline:
+            if timed and time.monotonic() > start + total + got / MIN_SMALL_RATE:
                 raise GetError(f"{shown(endpoint())} took too long to send {shown(repo_id)} {shown(what)} "
-                               f"({got} bytes in {deadlines()[2]:g} s and more): a stalled or hostile hub? "
+                               f"({got} bytes in {time.monotonic() - start:.0f} s): a stalled or hostile hub? "
                                f"Try again, or set HF_ENDPOINT to another mirror.")
     except GetError:
         raise
@@ -378,17 +382,13 @@ def _read_body(r, limit: int, deadline: float | None, repo_id: str, what: str, *
     return b"".join(out)
 
 
-def _small_deadline(limit: int) -> float:
-    return time.monotonic() + deadlines()[2] + limit / MIN_SMALL_RATE
-
-
 def _get_small(url: str, headers: dict, limit: int, repo_id: str, what: str, *, params: dict | None = None,
                over: str = "error") -> bytes:
     """The body of a small GET, bounded in bytes and in time (see _read_body)."""
     headers = {**headers, "Accept-Encoding": "identity"}
     r = _send(url, headers, repo_id, what, params)
     _raise_for_status(r, repo_id, what)
-    return _read_body(r, limit, _small_deadline(limit), repo_id, what, over=over)
+    return _read_body(r, limit, True, repo_id, what, over=over)
 
 
 def _file_url(repo: Repo, name: str) -> str:
@@ -491,7 +491,7 @@ def download_weights(repo: Repo, f: RepoFile, folder: Path,
                     if on_bytes is not None:
                         on_bytes(len(chunk))
 
-                _read_body(r, f.size - have, None, repo.repo_id, f.name, over="stop", sink=sink,
+                _read_body(r, f.size - have, False, repo.repo_id, f.name, over="stop", sink=sink,
                            chunk_size=PROGRESS_CHUNK)
         except GetError as exc:
             transient = any(w in str(exc) for w in ("did not answer", "stopped answering", "cannot reach"))
@@ -527,7 +527,7 @@ def fetch_range(repo: Repo, name: str, start: int, length: int) -> bytes:
     _raise_for_status(r, repo.repo_id, what)
     whole = r.status_code == 200          # a server that ignores Range: read up to the end asked, then drop
     limit = start + length if whole else length
-    data = _read_body(r, limit, _small_deadline(limit), repo.repo_id, what, over="stop" if whole else "error")
+    data = _read_body(r, limit, True, repo.repo_id, what, over="stop" if whole else "error")
     if whole:
         data = data[start:start + length]
     if len(data) != length:
