@@ -152,5 +152,5 @@ def parse_json(data: bytes | str, what: str, *, max_bytes: int, max_depth: int =
     else:
         deep = not json_depth_ok(value, max_depth)
     if deep:
-        raise BadData(f"{what} is nested more than {max_depth} levels deep")
+        raise BadData(f"{what} is nested too deeply (more than {max_depth} levels)")
     return value

@@ -92,7 +92,7 @@ def stage_hf(repo: Repo, folder: Path, state: Path, wait=None):
     """Download the small files into ``folder``, the shard headers into
     ``state``; return the StagedSource and the tokenizer section."""
     from app.convert import tokenizer_files
-    from app.convert.safetensors_file import load_json_file
+    from app.convert.config_check import load_config
     from app.get.staged import StagedSource
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -119,7 +119,7 @@ def stage_hf(repo: Repo, folder: Path, state: Path, wait=None):
                 "files": [[f.name, f.size, f.sha256] for f in repo.shards]}
     kwargs = {"wait": wait} if wait is not None else {}
     src = StagedSource(folder, heads, identity, **kwargs)
-    config = load_json_file(folder / "config.json")
+    config = load_config(folder / "config.json")
     tok = tokenizer_files.from_hf(folder, config)[0]
     return src, tok
 

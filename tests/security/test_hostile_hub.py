@@ -15,30 +15,9 @@ from app.get.pipeline import Getter
 from app.get.plan import plan_repo
 from app.memory.budget import MachineMemory
 from tests.conftest import run_ferry
-from tests.get.conftest import repos  # noqa: F401  (the hosted tiny repositories)
-from tests.get.hub_server import Hub
+from tests.security.conftest import hub_env as _env
 
 BIG = MachineMemory(64 << 30, 64 << 30, "test")
-#: connect, read, total: short deadlines so each probe ends in seconds
-TIMEOUTS = "0.5,0.5,2"
-
-
-@pytest.fixture
-def evil(repos, monkeypatch, tmp_path, memory_keyring):  # noqa: F811
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
-    monkeypatch.setenv("FERRY_NO_DIRECT_IO", "1")
-    monkeypatch.setenv("FERRY_NET_TIMEOUTS", TIMEOUTS)
-    with Hub() as h:
-        monkeypatch.setenv("HF_ENDPOINT", h.url)
-        yield h
-
-
-def _env(hub) -> dict:
-    return {"HF_ENDPOINT": hub.url, "FERRY_NET_TIMEOUTS": TIMEOUTS, "NO_PROXY": "127.0.0.1",
-            "HF_HUB_DISABLE_TELEMETRY": "1"}
 
 
 def _outside(tmp_path, into):
