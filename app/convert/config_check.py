@@ -97,9 +97,10 @@ def check_config(cfg: Any, where: Path, depth: int = 0) -> dict:
             kind, longest = LISTS[key]
             if not isinstance(v, list) or len(v) > longest:
                 raise _bad(where, key, v, f"is not a list of at most {longest} items")
-            for x in v:
-                if kind is int and not _int_ok(x, 1 << 20) or kind is str and not (isinstance(x, str) and len(x) <= 256):
-                    raise _bad(where, key, v, f"has an item that is not {'a whole number' if kind is int else 'a short string'}")
+            ok = (lambda x: _int_ok(x, 1 << 20)) if kind is int else (lambda x: isinstance(x, str) and len(x) <= 256)
+            if not all(ok(x) for x in v):
+                item = "a whole number" if kind is int else "a short string"
+                raise _bad(where, key, v, f"has an item that is not {item}")
         elif key in DICTS:
             if not isinstance(v, dict):
                 raise _bad(where, key, v, "is not an object")

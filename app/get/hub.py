@@ -49,7 +49,11 @@ MIN_SMALL_RATE = 256 << 10
 
 
 class GetError(RuntimeError):
-    """A plan or a download that cannot go on; the message says why and what to do."""
+    """A plan or a download that cannot go on; the message says why and what to
+    do, on one line, anything the hub said in it escaped (app.untrusted.shown)."""
+
+    def __init__(self, message: object = ""):
+        super().__init__(shown(message))
 
 
 def endpoint() -> str:

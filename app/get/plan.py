@@ -432,7 +432,7 @@ def describe(plan: GetPlan) -> str:
         if speeds:
             lines.append("measured here: " + ", ".join(speeds))
     lines.append(f"verdict: {plan.verdict}: {plan.reason}")
-    return "\n".join(lines)
+    return "\n".join(shown(line) for line in lines)
 
 
 def to_json(plan: GetPlan) -> str:

@@ -127,3 +127,22 @@ def test_a_hub_that_ignores_range_and_streams_forever_is_read_only_as_far_as_ask
     assert (out / "manifest.json").is_file()
     assert (tmp_path / "into" / "tiny-gguf" / "tiny-F32.gguf").read_bytes() == \
         (repos["gguf"] / "tiny-F32.gguf").read_bytes()
+
+
+def test_one_escaping_function_for_the_terminal_and_the_window():
+    from app.untrusted import shown
+
+    hostile = "a\x1b[2J\x1b]0;t\x07\r\u202eb\u2028c\x9b\n"
+    assert shown(hostile) == "a\\x1b[2J\\x1b]0;t\\x07\\x0d\\u202eb\\u2028c\\x9b\\x0a"
+    assert shown(hostile, newlines=True).endswith("\n") and shown("plain ünïcode") == "plain ünïcode"
+    assert shown(shown(hostile)) == shown(hostile)          # idempotent: escaping twice changes nothing
+    assert "\x1b" not in str(GetError(hostile))
+
+
+def test_gguf_metadata_strings_in_errors_are_escaped(tmp_path):
+    from app.convert.arch import spec_from_gguf
+    from app.convert.errors import SourceError
+
+    with pytest.raises(SourceError) as info:
+        spec_from_gguf({"general.architecture": "\x1b]0;owned\x07"}, set(), str(tmp_path / "x.gguf"))
+    assert "\x1b" not in str(info.value) and "\\x1b]0;owned\\x07" in str(info.value)
