@@ -218,6 +218,12 @@ def open_repo(repo_id: str, revision: str | None = None) -> Repo:
         url += f"/revision/{quote(revision, safe='')}"
     body = _get_small(url, build_hf_headers(token=_token()), LISTING_LIMIT, repo_id, "the file list",
                       params={"blobs": "true"}, over="error")
+    return parse_listing(body, repo_id)
+
+
+def parse_listing(body: bytes, repo_id: str) -> Repo:
+    """The hub's answer to /api/models/REPO?blobs=true as a Repo, every name,
+    size, hash and the commit checked; GetError otherwise."""
     what = shown(_listing_name(repo_id))
     try:
         info = parse_json(body, what, max_bytes=LISTING_LIMIT)
