@@ -16,6 +16,7 @@ from app.get.plan import plan_repo
 from app.memory.budget import MachineMemory
 from tests.conftest import run_ferry
 from tests.security.conftest import hub_env as _env
+from tests.wizard.conftest import T, wizard  # noqa: F401  (the wizard fixture)
 
 BIG = MachineMemory(64 << 30, 64 << 30, "test")
 
@@ -146,3 +147,24 @@ def test_gguf_metadata_strings_in_errors_are_escaped(tmp_path):
     with pytest.raises(SourceError) as info:
         spec_from_gguf({"general.architecture": "\x1b]0;owned\x07"}, set(), str(tmp_path / "x.gguf"))
     assert "\x1b" not in str(info.value) and "\\x1b]0;owned\\x07" in str(info.value)
+
+
+def test_the_wizard_refuses_a_listed_name_that_leaves_the_folder(qtbot, wizard, evil, repos, tmp_path):  # noqa: F811
+    """The wizard runs the same code: the page explains the refusal (escaped), nothing is written outside."""
+    gguf = (repos["gguf"] / "tiny-Q8_0.gguf").read_bytes()
+    folder = tmp_path / "empty"
+    folder.mkdir()
+    evil.add("evil/names", folder, listed={"../../pwned-\x1b[31mwizard.gguf": gguf})
+    wiz = wizard(remember=False)
+    wiz.next()
+    wiz.source_page.choose("download")
+    dl = wiz.download_page
+    dl.into = tmp_path / "deep" / "into"
+    dl.plan_kwargs = {"memory": BIG, "disk_bps": 2e9, "kernel_bps": 5e9}
+    wiz.next()
+    dl.repo_edit.setText("evil/names")
+    dl.plan()
+    qtbot.waitUntil(lambda: "cannot be downloaded" in dl.plan_text.text(), timeout=T)
+    text = dl.plan_text.text()
+    assert "refused" in text and "\x1b" not in text and "\\x1b[31m" in text
+    assert not dl.start_btn.isEnabled() and not list(tmp_path.rglob("pwned*"))
