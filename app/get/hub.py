@@ -52,8 +52,9 @@ class GetError(RuntimeError):
     """A plan or a download that cannot go on; the message says why and what to
     do, on one line, anything the hub said in it escaped (app.untrusted.shown)."""
 
-    def __init__(self, message: object = ""):
+    def __init__(self, message: object = "", *, transient: bool = False):
         super().__init__(shown(message))
+        self.transient = transient          #: a network failure that trying again may get past
 
 
 def endpoint() -> str:
@@ -145,10 +146,11 @@ def explain(exc: BaseException, repo_id: str, what: str = "") -> GetError:
     name = type(exc).__name__
     if name in ("ReadTimeout", "WriteTimeout"):
         return GetError(f"{host} stopped answering for {deadlines()[1]:g} s ({where}); check the connection, "
-                        f"or set HF_ENDPOINT to another mirror. What was downloaded is kept.")
-    if "Connect" in name or "Timeout" in name or "Network" in name or "Protocol" in name:
+                        f"or set HF_ENDPOINT to another mirror. What was downloaded is kept.", transient=True)
+    if any(w in name for w in ("Connect", "Timeout", "Network", "Protocol", "ReadError", "WriteError")):
         return GetError(f"cannot reach {host} ({name}: {first}); check the connection or the proxy "
-                        f"(HTTPS_PROXY), or set HF_ENDPOINT to a mirror. What was downloaded is kept.")
+                        f"(HTTPS_PROXY), or set HF_ENDPOINT to a mirror. What was downloaded is kept.",
+                        transient=True)
     if isinstance(exc, OSError):
         return GetError(f"{where}: {first}")
     return GetError(f"{where}: {name}: {first}")
@@ -321,7 +323,8 @@ def _send(url: str, headers: dict, repo_id: str, what: str, params: dict | None 
         if "r" in box:
             box["r"].close()
         raise GetError(f"{shown(endpoint())} did not answer within {total:g} s ({shown(repo_id)} {shown(what)}); "
-                       f"check the connection, or set HF_ENDPOINT to another mirror. What was downloaded is kept.")
+                       f"check the connection, or set HF_ENDPOINT to another mirror. What was downloaded is kept.",
+                       transient=True)
     if "e" in box:
         raise explain(box["e"], repo_id, what) from box["e"]
     return box["r"]
@@ -380,7 +383,7 @@ def _read_body(r, limit: int, timed: bool, repo_id: str, what: str, *, over: str
             if timed and time.monotonic() > start + total + got / MIN_SMALL_RATE:
                 raise GetError(f"{shown(endpoint())} took too long to send {shown(repo_id)} {shown(what)} "
                                f"({got} bytes in {time.monotonic() - start:.0f} s): a stalled or hostile hub? "
-                               f"Try again, or set HF_ENDPOINT to another mirror.")
+                               f"Try again, or set HF_ENDPOINT to another mirror.", transient=True)
     except GetError:
         raise
     except Exception as exc:
@@ -504,9 +507,8 @@ def download_weights(repo: Repo, f: RepoFile, folder: Path,
                 _read_body(r, f.size - have, False, repo.repo_id, f.name, over="stop", sink=sink,
                            chunk_size=PROGRESS_CHUNK)
         except GetError as exc:
-            transient = any(w in str(exc) for w in ("did not answer", "stopped answering", "cannot reach"))
             failures += 1
-            if not transient or failures > RETRIES:
+            if not exc.transient or failures > RETRIES:
                 raise
             continue
         except Exception as exc:
