@@ -10,6 +10,12 @@ OS keychain (``ferry get --login`` puts it there) and is never written to a
 file by Ferry; without one, the library's own setting (``HF_TOKEN`` or a
 ``huggingface-cli login``) is used. Every failure is turned into a
 :class:`GetError` whose message says what happened and what to do.
+
+The hub (or whatever HF_ENDPOINT names) is treated as hostile: the requests
+are Ferry's own, on the client's session, with a deadline on every wait
+(:data:`CONNECT_S`...) and a size limit on every answer taken from what was
+asked; every name in the file list must stay inside the folder it is joined
+to (:func:`inside`, app.untrusted). See docs/SECURITY.md, section 6.
 """
 from __future__ import annotations
 
