@@ -173,7 +173,7 @@ def _arg(rest: list, kwargs: dict, i: int, name: str, default: Any = None) -> An
 
 def _check_indent(rest, kw):
     s, width = _arg(rest, kw, 0, "s", ""), _arg(rest, kw, 1, "width", 4)
-    _width(width, "indent width")
+    _width(width, "line indent")
     if isinstance(width, str) and isinstance(s, str):
         _size(len(s) + (s.count("\n") + 1) * len(width))
 

@@ -26,7 +26,7 @@ PROBES = [
     ("{{ '%1000000000s' % 'a' }}", "width of 1000000000"),
     ("{{ '{:>1000000000}'.format('a') }}", "width of 1000000000"),
     ("{{ '{:>{w}}'.format('a', w=1000000000) }}", "width of 1000000000"),
-    ("{{ 'a'|indent(1000000000, true) }}", "indent width"),
+    ("{{ 'a'|indent(1000000000, true) }}", "line indent"),
     ("{{ ('x' * 4000000)|replace('x', 'yyyyyyyy') }}", "characters"),
     ("{{ ('x' * 4000000).replace('x', 'yyyyyyyy') }}", "characters"),
     ("{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}", "characters"),
