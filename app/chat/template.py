@@ -307,6 +307,10 @@ class _BoundedSandbox(ImmutableSandboxedEnvironment):
         return (markup_join if eval_ctx.autoescape else str_join)(strings)
 
     def call_binop(self, context, operator_name: str, left: Any, right: Any) -> Any:
+        if operator_name == "+" and type(left) is str and type(right) is str:     # the common case, first
+            if len(left) + len(right) > MAX_OUTPUT_CHARS:
+                _size(len(left) + len(right))
+            return left + right
         if operator_name == "**":
             if isinstance(right, int) and isinstance(left, (int, float)) and abs(right) > 4096 and abs(left) > 1:
                 raise TemplateRenderError("the chat template computes a power too large to hold")
