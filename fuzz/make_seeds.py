@@ -113,6 +113,31 @@ def main() -> None:
     put("k3", "system_tools.json", json.dumps({"messages": [user, {"role": "system", "tools": tools}, user],
                                                "tool_choice": "required"}))
 
+    hub_seeds()
+
+
+def hub_seeds() -> None:
+    """A hub's file list (hub_listing) and a staged repository's index and configs (staged_index)."""
+    sha = "0123456789abcdef0123456789abcdef01234567"
+    lfs = {"sha256": "ab" * 32, "size": 1000, "pointerSize": 134}
+    put("hub_listing", "llama.json", json.dumps({"id": "o/r", "sha": sha, "gated": False, "siblings": [
+        {"rfilename": "config.json", "size": 600}, {"rfilename": "model-00001-of-00002.safetensors", "size": 1000,
+                                                    "lfs": lfs},
+        {"rfilename": "model.safetensors.index.json", "size": 300}, {"rfilename": "tokenizer.json", "size": 9000}]}))
+    put("hub_listing", "gguf_subfolder.json", json.dumps({"sha": sha, "siblings": [
+        {"rfilename": "Q4_K_M/model-Q4_K_M.gguf", "size": 10, "lfs": lfs}, {"rfilename": "README.md", "size": 5}]}))
+    put("hub_listing", "hostile.json", json.dumps({"sha": sha, "siblings": [
+        {"rfilename": "../../x.gguf", "size": 1}, {"rfilename": "/abs.gguf", "size": 1},
+        {"rfilename": "out/escape.json", "size": 1}, {"rfilename": "\u001b[2J.gguf", "size": -1}]}))
+    index = json.dumps({"metadata": {"total_size": 32}, "weight_map": {
+        "a.weight": "model-00001-of-00002.safetensors", "b.weight": "model-00002-of-00002.safetensors"}})
+    config = json.dumps({"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
+                         "eos_token_id": [1, 2], "rope_scaling": {"type": "linear", "factor": 2.0}})
+    tok = json.dumps({"chat_template": [{"name": "default", "template": "{{ x }}"}], "bos_token": {"content": "<s>"}})
+    put("staged_index", "indexed.bin", index.encode() + b"\0\0" + config.encode() + b"\0\0" + tok.encode())
+    put("staged_index", "escaping.bin", json.dumps({"weight_map": {"a.weight": "../x.safetensors"}}).encode()
+        + b"\0\0" + json.dumps({"num_hidden_layers": 1e9, "eos_token_id": [[1]]}).encode())
+
 
 if __name__ == "__main__":
     main()

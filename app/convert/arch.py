@@ -233,6 +233,10 @@ def spec_from_gguf(meta: dict, tensor_names: set[str], where: str) -> ModelSpec:
         raise SourceError(where, f"GGUF architecture '{arch}' is not supported; supported: "
                                  f"{', '.join(sorted(_GGUF_ARCHS))}")
 
+    from app.convert.config_check import check_gguf_meta
+
+    check_gguf_meta(meta, arch, where)
+
     def key(name, default=None):
         value = meta.get(f"{arch}.{name}", default)
         if value is None:

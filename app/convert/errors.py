@@ -23,9 +23,11 @@ class SourceError(ValueError):
     """
 
     def __init__(self, path: str | os.PathLike[str], problem: str) -> None:
+        from app.untrusted import shown
+
         self.path = Path(path)
-        self.problem = problem
-        self.message = f"{self.path.name}: {problem}"
+        self.problem = shown(problem)           # names and values from the file: escaped for the terminal
+        self.message = f"{shown(self.path.name)}: {self.problem}"
         super().__init__(self.message)
 
 

@@ -8,7 +8,6 @@ before any tensor is read; tensors are read one at a time from disk.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from app import untrusted
 from app.convert import quant
 from app.convert.errors import SourceError, TensorFile, read_file_range
 
@@ -74,28 +74,13 @@ class TensorInfo:
         return math.prod(self.shape)
 
 
-def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """json object hook: refuse objects that repeat a key."""
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise ValueError(f"duplicate key {key!r}")
-        out[key] = value
-    return out
-
-
 def parse_json(path: Path, data: bytes, what: str) -> Any:
-    """Decode untrusted UTF-8 JSON ``data`` (``what`` names it in errors)."""
+    """Decode untrusted UTF-8 JSON ``data`` (``what`` names it in errors) with
+    the limits of app.untrusted.parse_json (size, depth, no repeated key)."""
     try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise SourceError(path, f"{what} is not valid UTF-8 (byte {exc.start})") from None
-    try:
-        return json.loads(text, object_pairs_hook=_reject_duplicates)
-    except RecursionError:
-        raise SourceError(path, f"{what} is nested too deeply") from None
-    except ValueError as exc:
-        raise SourceError(path, f"{what} is not valid JSON: {exc}") from None
+        return untrusted.parse_json(data, what, max_bytes=MAX_JSON_BYTES)
+    except untrusted.BadData as exc:
+        raise SourceError(path, str(exc)) from None
 
 
 def load_json_file(path: Path) -> Any:
@@ -257,15 +242,13 @@ class SafetensorsFile(TensorFile[TensorInfo]):
 
 
 def _shard_name_ok(name: Any) -> bool:
-    """An index may only name plain files inside the checkpoint folder."""
-    return (
-        isinstance(name, str)
-        and name not in ("", ".", "..")
-        and len(name.encode("utf-8", "replace")) <= 255
-        and "/" not in name
-        and "\\" not in name
-        and "\0" not in name
-    )
+    """An index may only name plain files inside the checkpoint folder: a
+    name app.untrusted.check_name accepts, of one component."""
+    try:
+        untrusted.check_name(name, INDEX_NAME)
+    except untrusted.UnsafeName:
+        return False
+    return "/" not in name and name != "."
 
 
 class _Scan:
@@ -297,14 +280,14 @@ class _Scan:
             return None
 
     def _load_config(self) -> None:
+        from app.convert.config_check import load_config
+
         path = self.directory / "config.json"
         if not path.is_file():
             self.problems.append(SourceError(path, "is missing (every checkpoint needs one)"))
             return
-        config = self._record(load_json_file, path)
-        if config is not None and not isinstance(config, dict):
-            self.problems.append(SourceError(path, "is not a JSON object"))
-        elif config is not None:
+        config = self._record(load_config, path)
+        if config is not None:
             self.config = config
 
     def _present(self, path: Path) -> bool:
@@ -327,7 +310,8 @@ class _Scan:
         for tensor, shard in weight_map.items():
             if not _shard_name_ok(shard):
                 raise SourceError(
-                    index_path, f"tensor {tensor!r} names an invalid shard file {shard!r}"
+                    index_path, f"tensor {untrusted.shown(repr(tensor))[:200]} names an invalid shard file "
+                                f"{untrusted.shown(repr(shard))[:200]}"
                 )
         return weight_map
 

@@ -7,7 +7,6 @@ reads one tensor at a time (never the whole model).
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ import numpy as np
 from app.convert import quant
 from app.convert.arch import ModelSpec, spec_from_gguf, spec_from_hf
 from app.convert.compressed import CompressedTensors
+from app.convert.config_check import load_config
 from app.convert.errors import SourceError
 from app.convert.gguf_file import GGUFFile
 from app.convert.safetensors_file import Checkpoint
@@ -85,7 +85,7 @@ class HFSource(Source):
     def __init__(self, path: Path, ckpt: Checkpoint | None = None):
         self.path = path
         # The architecture first: "unsupported" is the more useful message.
-        self.spec = spec_from_hf(load_json(path / "config.json"))
+        self.spec = spec_from_hf(load_config(path / "config.json"))
         self.ckpt = ckpt or Checkpoint(path)
         self.config = self.ckpt.config
         self.compressed = CompressedTensors(self.ckpt, self.config)
@@ -239,10 +239,3 @@ def open_source(path: str | os.PathLike) -> Source:
     if magic == b"GGUF":
         return GGUFSource(p)
     raise SourceError(p, "is neither a checkpoint folder nor a GGUF file")
-
-
-def load_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise SourceError(path, f"cannot read JSON: {exc}") from exc

@@ -7,13 +7,13 @@ section naming the files and the special ids (BOS, the stop tokens).
 """
 from __future__ import annotations
 
-import json
 import stat
 from pathlib import Path
 from typing import Any
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 
+from app.convert.config_check import check_config, check_tokenizer_config
 from app.convert.errors import SourceError
 from app.engine.container_files import MAX_TOKENIZER_BYTES
 
@@ -51,11 +51,9 @@ def _read_small(path: Path, limit: int = MAX_TOKENIZER_BYTES) -> bytes:
 
 
 def _read_json(path: Path) -> dict:
-    raw = _read_small(path)
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except ValueError as exc:
-        raise SourceError(path, f"cannot read JSON: {exc}") from exc
+    from app.convert.safetensors_file import parse_json
+
+    data = parse_json(path, _read_small(path), "file")
     if not isinstance(data, dict):
         raise SourceError(path, "is not a JSON object")
     return data
@@ -66,11 +64,16 @@ def from_hf(ckpt_dir: Path, config: dict) -> tuple[dict[str, Any], dict[str, byt
     files = {name: _read_small(ckpt_dir / name) for name in HF_TOKENIZER_FILES if (ckpt_dir / name).exists()}
     if "tokenizer.json" not in files and "tiktoken.model" not in files:
         raise SourceError(ckpt_dir, "has no tokenizer.json or tiktoken.model")
-    tok_cfg = _read_json(ckpt_dir / "tokenizer_config.json") if "tokenizer_config.json" in files else {}
-    gen_cfg = _read_json(ckpt_dir / "generation_config.json") if "generation_config.json" in files else {}
+    tok_cfg = check_tokenizer_config(_read_json(ckpt_dir / "tokenizer_config.json"), ckpt_dir / "tokenizer_config.json") \
+        if "tokenizer_config.json" in files else {}
+    gen_cfg = check_config(_read_json(ckpt_dir / "generation_config.json"), ckpt_dir / "generation_config.json") \
+        if "generation_config.json" in files else {}
     template = tok_cfg.get("chat_template")
     if "chat_template.jinja" in files:
-        template = files["chat_template.jinja"].decode("utf-8")
+        try:
+            template = files["chat_template.jinja"].decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise SourceError(ckpt_dir / "chat_template.jinja", f"is not UTF-8 text (byte {exc.start})") from None
     if isinstance(template, list):  # named templates: take the default one
         template = next((t.get("template") for t in template if t.get("name") == "default"), None)
     if template:
@@ -137,8 +140,10 @@ def from_gguf(meta: dict, where: str) -> tuple[dict[str, Any], dict[str, bytes]]
     tok = _gguf_bpe_tokenizer(meta, where)
     files = {"tokenizer.json": tok.to_str().encode("utf-8")}
     template = meta.get("tokenizer.chat_template")
+    if template is not None and not isinstance(template, str):
+        raise SourceError(where, "GGUF metadata tokenizer.chat_template is not a string")
     if template:
-        files["chat_template.jinja"] = str(template).encode("utf-8")
+        files["chat_template.jinja"] = template.encode("utf-8")
     tokens = meta["tokenizer.ggml.tokens"]
     eos = meta.get("tokenizer.ggml.eos_token_id")
     eos_ids = _as_list(eos)

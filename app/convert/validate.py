@@ -18,11 +18,13 @@ from typing import Any
 
 from app.convert import tokenizer_files
 from app.convert.arch import spec_from_hf
+from app.convert.config_check import load_config
 from app.convert.errors import SourceError
 from app.convert.gguf_file import GGUFFile
 from app.convert.layout import Layout, plan_layout
 from app.convert.safetensors_file import INDEX_NAME, Checkpoint, load_json_file
 from app.convert.sources import GGUFSource, HFSource, Source
+from app.untrusted import shown
 
 #: The context the plan is made for (the engine's default).
 PLAN_CTX = 4096
@@ -73,8 +75,8 @@ def _guard(report: SourceReport, where: Path, fn, *args):
         return fn(*args)
     except SourceError as exc:
         report.add_error(exc)
-    except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
-        report.add(where, f"cannot be read: {exc}")
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError, ArithmeticError) as exc:
+        report.add(where, f"cannot be read: {shown(exc)}")
     return None
 
 
@@ -143,7 +145,7 @@ def _check_hf(report: SourceReport, d: Path) -> tuple[Source | None, dict | None
                    (" (it has .safetensors files, but every checkpoint also needs its config.json)" if has_st
                     else " (choose the folder that holds config.json and the .safetensors files)"))
         return None, None
-    config = _guard(report, config_path, load_json_file, config_path)
+    config = _guard(report, config_path, load_config, config_path)
     if isinstance(config, dict):
         archs = config.get("architectures") or []
         report.architecture = archs[0] if archs else None

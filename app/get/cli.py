@@ -11,6 +11,7 @@ from typing import Sequence
 
 from app.convert.format_choices import RECOMMENDED
 from app.convert.layout import FORMAT_CHOICES
+from app.untrusted import shown
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,7 +53,7 @@ def _printer(quiet: bool):
             return
         now = time.monotonic()
         if p.note:
-            print(f"  {p.note}", file=sys.stderr, flush=True)
+            print(f"  {shown(p.note)}", file=sys.stderr, flush=True)
             p.note = ""
         if now - last[0] < 1.0 and p.stage != "done":
             return
@@ -103,15 +104,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if a.plan:
             from app.get.plan import describe, plan_repo, to_json
             if not a.json:
-                print(f"ferry: asking {_host()} about {a.repo} (small files only)", file=sys.stderr)
+                print(f"ferry: asking {shown(_host())} about {shown(a.repo)} (small files only)", file=sys.stderr)
             plan = plan_repo(a.repo, a.revision, into, trunk_format=a.trunk_format,
                              expert_format=a.expert_format, file=a.file)
             print(to_json(plan) if a.json else describe(plan))
             return 0 if plan.verdict != "does not fit" else 1
         from app.get.pipeline import Getter
         if not a.quiet:
-            print(f"ferry: downloading {a.repo} from {_host()} into {into} (the network is used until it is "
-                  f"downloaded; Ctrl-C stops, the same command resumes)", file=sys.stderr)
+            print(f"ferry: downloading {shown(a.repo)} from {shown(_host())} into {shown(into)} (the network is "
+                  f"used until it is downloaded; Ctrl-C stops, the same command resumes)", file=sys.stderr)
         getter = Getter(a.repo, into, revision=a.revision, trunk_format=a.trunk_format,
                         expert_format=a.expert_format, file=a.file, delete_source=a.delete_source,
                         progress=_printer(a.quiet or a.json), threads=a.threads)
@@ -127,10 +128,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(out)
         return 0
     except ConvertCancelled as exc:
-        print(f"ferry: {exc}", file=sys.stderr)
+        print(f"ferry: {shown(exc)}", file=sys.stderr)
         return 130
     except (GetError, ConvertError, SourceError, OSError) as exc:
-        print(f"ferry: error: {exc}", file=sys.stderr)
+        print(f"ferry: error: {shown(exc)}", file=sys.stderr)
         return 1
 
 

@@ -162,7 +162,7 @@ class Getter:
     def _fetch(self, repo: Repo, f: hub.RepoFile) -> Path:
         """``f`` downloaded (or resumed) and its size and hash checked; a
         damaged copy is fetched again."""
-        path = self.folder / f.name
+        path = hub.inside(self.folder, f.name, repo)
         state = self._state
         if state.verified(path, f):
             self._report(True, downloaded=self.status.downloaded + f.size)
@@ -195,6 +195,7 @@ class Getter:
     def run(self) -> Path:
         """Plan, download and convert; returns the container. Raises GetError
         (with what to do) or ConvertCancelled (the same call resumes)."""
+        hub.check_repo_id(self.repo_id)
         if self.out.exists():
             return self.out
         self.into.mkdir(parents=True, exist_ok=True)
@@ -361,7 +362,7 @@ class _Feed:
                 self._delete(s)
 
     def _delete(self, name: str) -> None:
-        path = self.g.folder / name
+        path = hub.inside(self.g.folder, name, self.repo)
         if path.exists():
             path.unlink()
             self.g._report(True, note=f"deleted {name}: every tensor it holds is in the container")

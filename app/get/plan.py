@@ -27,6 +27,7 @@ from typing import Any
 
 from app.get import hub
 from app.get.hub import GetError, Repo
+from app.untrusted import shown
 
 #: At or above this many tokens per second a model "runs well".
 WELL_TOK_S = 4.0
@@ -34,6 +35,8 @@ WELL_TOK_S = 4.0
 AHEAD = 1
 #: The first bytes of a GGUF file fetched to plan it (grown when its metadata is longer).
 GGUF_HEAD = 8 << 20
+#: ... and never more than this (a real GGUF's metadata, vocabulary included, is a few tens of MB).
+GGUF_HEAD_LIMIT = 256 << 20
 
 
 @dataclass
@@ -89,20 +92,21 @@ def stage_hf(repo: Repo, folder: Path, state: Path, wait=None):
     """Download the small files into ``folder``, the shard headers into
     ``state``; return the StagedSource and the tokenizer section."""
     from app.convert import tokenizer_files
-    from app.convert.safetensors_file import load_json_file
+    from app.convert.config_check import load_config
     from app.get.staged import StagedSource
 
     folder.mkdir(parents=True, exist_ok=True)
     state.mkdir(parents=True, exist_ok=True)
     for f in repo.small:
-        if not (folder / f.name).is_file() or (folder / f.name).stat().st_size != f.size:
+        path = hub.inside(folder, f.name, repo)
+        if not path.is_file() or path.stat().st_size != f.size:
             hub.download(repo, f.name, folder)
     if not (folder / "config.json").is_file():
         raise GetError(f"{repo.repo_id} has no config.json: not a Hugging Face checkpoint"
                        + (" (it has GGUF files: choose one)" if repo.ggufs else ""))
     heads = {}
     for f in repo.shards:
-        cached = state / f"{f.name}.head"
+        cached = hub.inside(state, f"{f.name}.head", repo)
         if not cached.is_file():
             data = hub.fetch_safetensors_header(repo, f.name)
             tmp = cached.with_suffix(".tmp")
@@ -115,7 +119,7 @@ def stage_hf(repo: Repo, folder: Path, state: Path, wait=None):
                 "files": [[f.name, f.size, f.sha256] for f in repo.shards]}
     kwargs = {"wait": wait} if wait is not None else {}
     src = StagedSource(folder, heads, identity, **kwargs)
-    config = load_json_file(folder / "config.json")
+    config = load_config(folder / "config.json")
     tok = tokenizer_files.from_hf(folder, config)[0]
     return src, tok
 
@@ -366,7 +370,7 @@ def _plan_gguf(repo: Repo, work: Path, file: str | None, t: str, e: str, memory,
     plan.file = file
     state = work / f"{repo.name}.get"
     state.mkdir(parents=True, exist_ok=True)
-    path = state / Path(file).name          # the header, the rest sparse: a plan-only copy
+    path = hub.inside(state, Path(file).name, repo)     # the header, the rest sparse: a plan-only copy
     head = GGUF_HEAD
     while True:
         data = hub.fetch_range(repo, file, 0, min(head, f.size))
@@ -377,7 +381,11 @@ def _plan_gguf(repo: Repo, work: Path, file: str | None, t: str, e: str, memory,
         short = any("ended after" in str(p) or "truncated" in str(p) for p in report.problems)
         if not short or head >= f.size:
             break
-        head *= 4
+        if head >= GGUF_HEAD_LIMIT:
+            plan.problems = [f"{shown(file)}: its metadata and tensor table do not end within the first "
+                             f"{GGUF_HEAD_LIMIT >> 20} MiB: not a GGUF file Ferry can plan"]
+            return plan
+        head = min(head * 4, GGUF_HEAD_LIMIT)
     plan.download_bytes = f.size
     _fill(plan, report, memory)
     if report.ok:
@@ -426,7 +434,7 @@ def describe(plan: GetPlan) -> str:
         if speeds:
             lines.append("measured here: " + ", ".join(speeds))
     lines.append(f"verdict: {plan.verdict}: {plan.reason}")
-    return "\n".join(lines)
+    return "\n".join(shown(line) for line in lines)
 
 
 def to_json(plan: GetPlan) -> str:

@@ -6,8 +6,9 @@ the public API, and the expert bank and record headers. Python targets
 (tests/fuzz/fuzz_*.py, atheris): safetensors files, checkpoint index and
 config files, GGUF files, tiktoken files and text, chat templates over
 hostile conversations, hostile chat template sources (the render sandbox's
-bounds), the file names a manifest gives (container containment), and K3
-requests.
+bounds), the file names a manifest gives (container containment), K3
+requests, a hub's file list (names kept inside --into) and a repository's
+shard index and configs as `ferry get --plan` stages them.
 
 Each target starts from its seed corpus in fuzz/corpus/<target>/ (copied, so
 the repository is never written) and runs for FERRY_FUZZ_SECONDS seconds
@@ -40,11 +41,12 @@ CORPUS = REPO / "fuzz" / "corpus"
 CORE = REPO / "core_c"
 C_TARGETS = ("json", "manifest", "bank")
 PY_TARGETS = ("safetensors", "checkpoint", "gguf", "tiktoken", "template", "template_source", "manifest_paths",
-              "k3")
+              "k3", "hub_listing", "staged_index")
 TARGETS = C_TARGETS + PY_TARGETS
 #: Extra libFuzzer options per target.
 OPTIONS = {"bank": ["-max_len=1024"], "template": ["-max_len=2048"], "template_source": ["-max_len=4096"],
-           "manifest_paths": ["-max_len=512"], "k3": ["-max_len=4096"]}
+           "manifest_paths": ["-max_len=512"], "k3": ["-max_len=4096"], "hub_listing": ["-max_len=4096"],
+           "staged_index": ["-max_len=4096"]}
 SANITIZE = ["-fsanitize=fuzzer,address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer"]
 PARALLEL = 2
 

@@ -5,7 +5,15 @@ file list with sizes and LFS sha256), ``HEAD``/``GET
 Content-Length, Range requests answered 206). Repositories are folders of
 real files. It can ask for a token, refuse one (401), forbid (403), say a
 repo is gated, throttle, and serve a damaged copy of a file a given number
-of times; it logs every request."""
+of times; it logs every request.
+
+It can also be hostile (tests/security/test_hostile_hub.py): list files
+under names of its choosing (``listed``: name -> bytes, e.g. ``../x.gguf``)
+and misbehave on a path (``behave``: "api" for the file list, or a file
+name -> "silent" (accept, say nothing), "loris-headers" (a header byte now
+and then), "loris-body" (a body byte now and then), "forever" (ignore Range
+and stream without end), "huge" (a listed small file streamed far past its
+size)). ``sent`` counts the bytes each hostile answer wrote."""
 from __future__ import annotations
 
 import hashlib
@@ -29,6 +37,10 @@ class HostedRepo:
     gated: bool = False
     #: file name -> how many more times to serve it damaged ("truncate" or "flip")
     damage: dict[str, list] = field(default_factory=dict)
+    #: extra files listed and served under any name (hostile names)
+    listed: dict[str, bytes] = field(default_factory=dict)
+    #: "api" or a file name -> a hostile behaviour (see the module)
+    behave: dict[str, str] = field(default_factory=dict)
 
     def files(self) -> list[str]:
         return sorted(str(p.relative_to(self.folder)) for p in self.folder.rglob("*") if p.is_file())
@@ -40,6 +52,8 @@ class Hub:
         self.log: list[tuple[str, str, str]] = []     #: (method, path, Range header)
         self.rate = rate                               #: bytes per second per response, None: as fast as possible
         self._sha: dict[Path, str] = {}
+        self.stop = threading.Event()
+        self.sent: dict[str, int] = {}                 #: bytes written by each hostile answer
         hub = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -67,6 +81,7 @@ class Hub:
         return self
 
     def __exit__(self, *exc) -> None:
+        self.stop.set()
         self.server.shutdown()
         self.server.server_close()
 
@@ -122,6 +137,8 @@ class Hub:
                 return self._error(h, 404, "RepoNotFound", "Repository not found")
             if not self._auth(h, repo):
                 return
+            if "api" in repo.behave:
+                return self._hostile(h, repo.behave["api"], "api", b"{}")
             if len(parts) >= 6 and parts[4] == "revision" and parts[5] not in ("main", repo.commit):
                 return self._error(h, 404, "RevisionNotFound", "Invalid rev id")
             return self._info(h, repo_id, repo)
@@ -134,11 +151,67 @@ class Hub:
                 return
             if rev not in ("main", repo.commit):
                 return self._error(h, 404, "RevisionNotFound", "Invalid rev id")
+            if name in repo.behave and not head:
+                data = repo.listed.get(name)
+                if data is None and (repo.folder / name).is_file():
+                    data = (repo.folder / name).read_bytes()
+                return self._hostile(h, repo.behave[name], name, data or b"")
+            if name in repo.listed:
+                return self._bytes(h, repo, name, repo.listed[name], head)
             file = repo.folder / name
             if not file.is_file():
                 return self._error(h, 404, "EntryNotFound", "Entry not found")
             return self._file(h, repo, name, file, head)
         return self._error(h, 404, None, "Not found")
+
+    def _hostile(self, h, mode: str, key: str, data: bytes) -> None:
+        """Misbehave as ``mode`` says until the client goes or the hub stops."""
+        def write(b: bytes) -> bool:
+            try:
+                h.wfile.write(b)
+                h.wfile.flush()
+            except OSError:
+                return False
+            self.sent[key] = self.sent.get(key, 0) + len(b)
+            return True
+
+        h.close_connection = True
+        if mode == "silent":
+            self.stop.wait(120)
+            return
+        if mode == "loris-headers":
+            write(b"HTTP/1.1 200 OK\r\n")
+            while not self.stop.wait(0.05) and write(b"X"):
+                pass
+            return
+        if mode == "loris-body":
+            write(b"HTTP/1.1 200 OK\r\nContent-Length: 100000000\r\nX-Repo-Commit: %s\r\n\r\n"
+                  % HostedRepo.commit.encode())
+            while not self.stop.wait(0.05) and write(b"{"):
+                pass
+            return
+        if mode in ("forever", "huge"):
+            # a 200 whatever the Range asked, and far more bytes than listed
+            write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nX-Repo-Commit: %s\r\n\r\n"
+                  % (1 << 40, HostedRepo.commit.encode()))
+            for i in range(0, len(data), 1 << 16):      # the file as it is, then zeros without end
+                if not write(data[i:i + (1 << 16)]):
+                    return
+            block = b"\0" * (1 << 16)
+            while not self.stop.is_set() and write(block):
+                pass
+            return
+        raise ValueError(mode)
+
+    def _bytes(self, h, repo: HostedRepo, name: str, data: bytes, head: bool) -> None:
+        etag = hashlib.sha256(data).hexdigest()
+        h.send_response(200)
+        h.send_header("X-Repo-Commit", repo.commit)
+        h.send_header("ETag", f'"{etag}"')
+        h.send_header("Content-Length", str(len(data)))
+        h.end_headers()
+        if not head:
+            h.wfile.write(data)
 
     def _info(self, h, repo_id: str, repo: HostedRepo) -> None:
         siblings = []
@@ -148,6 +221,11 @@ class Hub:
                      "blobId": hashlib.sha1(p.read_bytes()).hexdigest()}
             if name.endswith(LFS_SUFFIXES):
                 entry["lfs"] = {"sha256": self.sha256(p), "size": p.stat().st_size, "pointerSize": 134}
+            siblings.append(entry)
+        for name, data in repo.listed.items():
+            entry = {"rfilename": name, "size": len(data)}
+            if name.endswith(LFS_SUFFIXES):
+                entry["lfs"] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 134}
             siblings.append(entry)
         body = json.dumps({"id": repo_id, "modelId": repo_id, "sha": repo.commit, "private": repo.token is not None,
                            "gated": False, "disabled": False, "downloads": 0, "likes": 0, "tags": [],

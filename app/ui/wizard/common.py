@@ -88,5 +88,10 @@ def colour(text: str, c: str) -> str:
 
 
 def esc(text: object) -> str:
+    """Text for a rich-text label: control and invisible characters shown as
+    escapes (app.untrusted.shown: a hub's file name, a model's metadata), then
+    HTML-escaped."""
     import html
-    return html.escape(str(text))
+
+    from app.untrusted import shown
+    return html.escape(shown(text, newlines=True))
