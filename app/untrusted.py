@@ -62,11 +62,11 @@ def check_name(name: object, what: str) -> str:
         raise UnsafeName(f"{what} gives a file name longer than {MAX_NAME_BYTES} bytes ({show}...)")
     if any(_unsafe_char(c) for c in name):
         raise UnsafeName(f"{what} gives a file name with control or invisible characters ({show})")
+    posix, win = PurePosixPath(name), PureWindowsPath(name)
+    if name.startswith(("/", "\\")) or posix.is_absolute() or win.is_absolute() or win.drive:
+        raise UnsafeName(f"{what} gives an absolute path ({show}): only names inside the folder are taken")
     if "\\" in name or ":" in name:
         raise UnsafeName(f"{what} gives a file name with a backslash or a colon ({show})")
-    posix, win = PurePosixPath(name), PureWindowsPath(name)
-    if name.startswith("/") or posix.is_absolute() or win.is_absolute() or win.drive:
-        raise UnsafeName(f"{what} gives an absolute path ({show}): only names inside the folder are taken")
     parts = name.split("/")
     if ".." in parts:
         raise UnsafeName(f"{what} gives a name that climbs out of the folder with '..' ({show})")

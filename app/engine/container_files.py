@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import os
 import stat
-from pathlib import Path, PurePosixPath, PureWindowsPath
+from pathlib import Path
+
+from app.untrusted import UnsafeName, check_name
 
 #: Largest tokenizer file read (tokenizer.json of a 200k vocabulary is ~10 MiB).
 MAX_TOKENIZER_BYTES = 64 << 20
@@ -38,16 +40,10 @@ def contained_file(container: str | os.PathLike, name: object, field: str, max_b
 
 
 def _contained_file(container: str | os.PathLike, name: object, field: str, max_bytes: int) -> Path:
-    if not isinstance(name, str) or not name:
-        raise ContainerFileError(f"manifest.json: {field} must be a file name inside the model folder")
-    if "\x00" in name or any(0xD800 <= ord(c) <= 0xDFFF for c in name):
-        raise ContainerFileError(f"manifest.json: {field} is not a valid file name")
-    posix, win = PurePosixPath(name), PureWindowsPath(name)
-    if posix.is_absolute() or win.is_absolute() or win.drive or name.startswith(("/", "\\")):
-        raise ContainerFileError(f"manifest.json: {field} is an absolute path ({name!r}); "
-                                 "a model folder may only name files inside itself")
-    if ".." in posix.parts or ".." in win.parts:
-        raise ContainerFileError(f"manifest.json: {field} ({name!r}) climbs out of the model folder with '..'")
+    try:
+        check_name(name, f"manifest.json: {field}")
+    except UnsafeName as exc:
+        raise ContainerFileError(str(exc)) from None
     root = Path(container).resolve()
     try:
         real = (root / name).resolve(strict=True)
