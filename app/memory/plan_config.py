@@ -126,7 +126,7 @@ def recommended_formats(config: dict, ctx: int = 4096, ram: int | None = None,
     from app.convert.format_choices import EXPERT_CANDIDATES, TRUNK_CANDIDATES, experts_fit, pick, trunk_fits
 
     if ram is None:
-        from app.budget import machine_memory
+        from app.memory.budget import machine_memory
         ram = machine_memory().usable
     t_auto, e_auto = _auto_formats(config)
 

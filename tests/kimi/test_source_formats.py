@@ -93,3 +93,19 @@ def test_plan_main_json(capsys):
     assert plan_main(["--config", K3_CONFIG, "--ram", "64G", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert (out["trunk_format"], out["expert_format"], out["formats_recommended"]) == ("q4_0", "q3_nl", True)
+
+
+def test_plan_main_without_ram_uses_this_machine(capsys):
+    # No --ram and no formats: the recommendation is made for this machine's
+    # usable RAM (app.memory.budget.machine_memory), the path that crashed with
+    # "No module named 'app.budget'".
+    from app.memory.budget import machine_memory
+    from app.memory.plan_config import recommended_formats
+
+    assert plan_main(["--config", K3_CONFIG, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["formats_recommended"] is True and "fits" not in out
+    t, e, _ = recommended_formats(json.load(open(K3_CONFIG)), ram=machine_memory().usable)
+    assert (out["trunk_format"], out["expert_format"]) == (t, e)
+    assert plan_main(["--config", K3_CONFIG]) == 0
+    assert "floor" in capsys.readouterr().out
