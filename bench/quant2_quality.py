@@ -44,10 +44,24 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# bench/ must not be on the path: bench/kernels.py would shadow the `kernels`
+# package transformers imports. quant_quality is loaded from its file.
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+sys.path.insert(0, str(_HERE.parent))
 
-from quant_quality import demo_set, errors, f16, k3_set, measure, nuq, summarize  # noqa: E402
+
+def _load_quant_quality():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("quant_quality", _HERE / "quant_quality.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+_qq = _load_quant_quality()
+demo_set, errors, f16, k3_set, measure, nuq, summarize = (_qq.demo_set, _qq.errors, _qq.f16, _qq.k3_set, _qq.measure,
+                                                         _qq.nuq, _qq.summarize)
 
 
 # ------------------------------------------------------------------ Q2_K
