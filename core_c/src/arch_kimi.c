@@ -721,7 +721,10 @@ static ferry_status kimi_forward(ferry_session *s, const int32_t *tokens, int n,
     kbufs b;
     carve(hp, s->n_ctx, fe_pool_threads(s->pool), s->scratch, &b);
     ferry_status es = fe_embed(e, &m->tok_embd, tokens, n, b.x, b.h, err);
-    if (es) return es;
+    if (es) {
+        if (k->n_kda) hdr->kda_pos = s->pos; /* nothing evaluated: the state is still whole */
+        return es;
+    }
     fe_stage(s, 0, n, b.x);
     int nb = 0; /* block sums stored so far (AttnRes) */
     const size_t bstride = (size_t)dd.NB * d;

@@ -78,3 +78,27 @@ def test_a_damaged_row_of_the_table_on_disk_is_caught_on_open(tmp_path):
     for reads in (True, False):
         with pytest.raises(FerryError, match="token_embd"):
             Engine(out, threads=2, embedding_reads=reads)
+
+
+def test_a_failed_row_read_fails_the_eval_and_leaves_the_session_usable(tmp_path):
+    # trunk.bin cut short after open: the next token's row cannot be read; the
+    # eval fails with an I/O error naming trunk.bin, nothing is evaluated (the
+    # K3 recurrent state stays whole), and once the file is back the same
+    # token gives the logits of an uninterrupted run.
+    ckpt = _build("k3", tmp_path)
+    out = convert(ckpt, tmp_path / "m.ferry", trunk_format="q8_0", expert_format="f32")
+    want = _logits(out, True)[0]
+    rng = np.random.default_rng(2)
+    tokens = [int(t) for t in rng.integers(3, 90, PROMPT + DECODE)]
+    data = (out / "trunk.bin").read_bytes()
+    with Engine(out, threads=2) as engine:
+        session = engine.session(64)
+        got = [session.eval(tokens[:PROMPT], all_logits=True)]
+        with open(out / "trunk.bin", "r+b") as f:
+            f.truncate(0)
+        with pytest.raises(FerryError, match="trunk.bin"):
+            session.eval([tokens[PROMPT]])
+        (out / "trunk.bin").write_bytes(data)
+        got += [session.eval([t])[None] for t in tokens[PROMPT:]]
+        session.close()
+    assert np.array_equal(np.concatenate(got), want)
