@@ -266,6 +266,34 @@ def errors(W, Wh, X):
             float(np.linalg.norm(Y - X.astype(np.float64) @ Wh64.T) / np.linalg.norm(Y)))
 
 
+def measure(formats, sets, verbose=False) -> list[dict]:
+    """One row per (format, matrix): bits per weight and both errors."""
+    table = []
+    for fname, fn in formats.items():
+        for sname, (W, X) in sets.items():
+            t = time.time()
+            Wh, bpw = fn(W, X)
+            Wr = W[:Wh.shape[0]]
+            we, oe = errors(Wr, Wh, X)
+            table.append({"format": fname, "matrix": sname, "set": sname.split(".")[0], "shape": list(Wr.shape),
+                          "bits_per_weight": round(bpw, 4), "weight_rel_err": round(we, 5),
+                          "output_rel_err": round(oe, 5), "seconds": round(time.time() - t, 2)})
+            if verbose:
+                print(table[-1], flush=True)
+    return table
+
+
+def summarize(table: list[dict]) -> dict:
+    """Mean errors per (format, set)."""
+    summary = {}
+    for r in table:
+        s = summary.setdefault(f"{r['format']} / {r['set']}", {"bits_per_weight": r["bits_per_weight"], "w": [], "o": []})
+        s["w"].append(r["weight_rel_err"])
+        s["o"].append(r["output_rel_err"])
+    return {k: {"bits_per_weight": v["bits_per_weight"], "weight_rel_err_mean": round(float(np.mean(v["w"])), 4),
+                "output_rel_err_mean": round(float(np.mean(v["o"])), 4)} for k, v in summary.items()}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", type=int, nargs="+", default=[0, 15, 29])
@@ -299,25 +327,8 @@ def main(argv=None) -> int:
             "cand:tcq8-b256": lambda W, X: tcq(W[:512]) if W.shape[0] > 512 else tcq(W),
             "cand:rvq-8d-2x12bit": lambda W, X: rvq(W[:512]) if W.shape[0] > 512 else rvq(W),
         })
-    table = []
-    for fname, fn in formats.items():
-        for sname, (W, X) in sets.items():
-            t = time.time()
-            Wh, bpw = fn(W, X)
-            Wr = W[:Wh.shape[0]]
-            we, oe = errors(Wr, Wh, X)
-            table.append({"format": fname, "matrix": sname, "set": sname.split(".")[0], "shape": list(Wr.shape),
-                          "bits_per_weight": round(bpw, 4), "weight_rel_err": round(we, 5),
-                          "output_rel_err": round(oe, 5), "seconds": round(time.time() - t, 2)})
-            if not a.json:
-                print(table[-1], flush=True)
-    summary = {}
-    for r in table:
-        s = summary.setdefault(f"{r['format']} / {r['set']}", {"bits_per_weight": r["bits_per_weight"], "w": [], "o": []})
-        s["w"].append(r["weight_rel_err"])
-        s["o"].append(r["output_rel_err"])
-    summary = {k: {"bits_per_weight": v["bits_per_weight"], "weight_rel_err_mean": round(float(np.mean(v["w"])), 4),
-                   "output_rel_err_mean": round(float(np.mean(v["o"])), 4)} for k, v in summary.items()}
+    table = measure(formats, sets, verbose=not a.json)
+    summary = summarize(table)
     # Quantizer throughput, one core, from each source kind, on the K3 matrices.
     speed = {}
     for src in ("f32", "bf16", "mxfp4"):

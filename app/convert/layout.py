@@ -90,6 +90,13 @@ def choose_format(source_fmt: str, wanted: str, shape: tuple[int, ...], vector: 
     return wanted
 
 
+#: A Kimi-family router (ffn_router) released in one of these is stored as
+#: released: exact routing (the same sigmoid scores as the release computes)
+#: at half the bytes of f32, whatever the trunk format (K3: 1.10 GiB instead of
+#: 2.20). Routers in any other format stay f32.
+ROUTER_KEPT_FORMATS = ("bf16", "f16")
+
+
 @dataclass
 class TrunkEntry:
     name: str            #: canonical name
@@ -169,6 +176,8 @@ def plan_layout(src: Source, trunk_format: str = "auto", expert_format: str = "a
         source = spec.trunk[name]
         shape = src.shape(source)
         fmt = choose_format(src.stored_format(source), trunk_wanted, shape, is_vector(name))
+        if name.endswith(".ffn_router") and src.stored_format(source) in ROUTER_KEPT_FORMATS:
+            fmt = src.stored_format(source)   # the released router's own values, at half f32's bytes
         offset = _align(offset, TENSOR_ALIGN)
         nbytes = stored_bytes(fmt, shape)
         entries.append(TrunkEntry(name, source, fmt, shape, offset, nbytes, layer))

@@ -80,21 +80,38 @@ def _parse_size(text: str) -> int:
 
 
 class _Acc:
-    """Sums tensors the way the layout does: matrices at a format, vectors f32, 64-byte aligned."""
+    """Sums tensors the way the layout does: matrices at a format, vectors f32,
+    64-byte aligned; and by tensor class, so the plan can show what each class
+    costs at every format (``classes``)."""
 
     def __init__(self, bpw: float):
         self.bpw = bpw
         self.bytes = 0
         self.params = 0
+        self.cls: dict[str, list[tuple[int, int, float | None]]] = {}
 
-    def mat(self, rows: int, cols: int, count: int = 1, f32: bool = False) -> None:
+    def mat(self, rows: int, cols: int, count: int = 1, f32: bool = False, cls: str = "other",
+            fixed_bpw: float | None = None) -> None:
+        """``fixed_bpw``: stored at that many bits whatever the trunk format (f32 = 32)."""
         n = rows * cols
-        per = n * 4 if f32 else n * self.bpw / 8
-        self.bytes += count * _align(per, 64)
+        fixed = 32.0 if f32 else fixed_bpw
+        self.bytes += count * _align(n * (fixed or self.bpw) / 8, 64)
         self.params += count * n
+        self.cls.setdefault(cls, []).append((n, count, fixed))
 
-    def vec(self, n: int, count: int = 1) -> None:
-        self.mat(1, n, count, f32=True)
+    def vec(self, n: int, count: int = 1, cls: str = "norms and vectors") -> None:
+        self.mat(1, n, count, f32=True, cls=cls)
+
+    def classes(self, formats: dict[str, float]) -> dict[str, dict[str, Any]]:
+        """{class: {"params", "bytes" (at the trunk format), "bytes_at": {format: bytes}}}."""
+        out = {}
+        for name, items in self.cls.items():
+            def at(bpw: float) -> int:
+                return sum(c * _align(n * (fx or bpw) / 8, 64) for n, c, fx in items)
+            out[name] = {"params": sum(n * c for n, c, _ in items), "bytes": at(self.bpw),
+                         "bytes_at": {f: at(b) for f, b in formats.items()},
+                         "fixed_format": next((("f32" if fx == 32 else "bf16") for _, _, fx in items if fx), None)}
+        return out
 
 
 #: Bits per weight of the formats the converter writes.
@@ -133,7 +150,7 @@ def recommended_formats(config: dict, ctx: int = 4096, ram: int | None = None,
         return 0.0 if fmt == auto else LOSSY.get(fmt, ("", "", 1.0))[2]
 
     if ram is None:
-        from app.budget import machine_memory
+        from app.memory.budget import machine_memory
         ram = machine_memory().usable
     t_auto, e_auto = _auto_formats(config)
 
@@ -201,10 +218,15 @@ def plan_from_config(config: dict, expert_bits: float | None = None, trunk_bits:
     eff = int(_g(cfg, "moe_intermediate_size", default=0) or cfg.get("intermediate_size") or 0)
     ffn = int(cfg.get("intermediate_size") or 0)
     trunk = _Acc(t_bpw)
-    trunk.mat(vocab, dim)
+    trunk.mat(vocab, dim, cls="embeddings (tied: also the head)" if tied else "embeddings")
     if not tied:
-        trunk.mat(vocab, dim)
+        trunk.mat(vocab, dim, cls="lm_head")
     trunk.vec(dim)
+    # The router as the converter stores it: a bf16/f16 release's own values
+    # (app/convert/layout.py: ROUTER_KEPT_FORMATS), else f32.
+    dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or config.get("torch_dtype")
+                or config.get("dtype") or "bfloat16")
+    router_bpw = 16.0 if dtype in ("bfloat16", "float16") else 32.0
     state = 64
     n_moe = 0
     router_bytes = 0
@@ -228,51 +250,53 @@ def plan_from_config(config: dict, expert_bits: float | None = None, trunk_bits:
             if block:
                 trunk.vec(dim, 4)
             if i in kda:
-                trunk.mat(HD, dim, 3)
+                a = "attention (KDA layers)"
+                trunk.mat(HD, dim, 3, cls=a)
                 trunk.vec(HD * ck, 3)
-                trunk.mat(hd, dim)
-                trunk.mat(HD, hd)
+                trunk.mat(hd, dim, cls=a)
+                trunk.mat(HD, hd, cls=a)
                 trunk.vec(HD)
                 trunk.vec(KH)
-                trunk.mat(KH, dim)
+                trunk.mat(KH, dim, cls=a)
                 if lin.get("use_full_rank_gate"):
-                    trunk.mat(HD, dim)
+                    trunk.mat(HD, dim, cls=a)
                 else:
-                    trunk.mat(hd, dim)
-                    trunk.mat(HD, hd)
+                    trunk.mat(hd, dim, cls=a)
+                    trunk.mat(HD, hd, cls=a)
                 trunk.vec(hd)
-                trunk.mat(dim, HD)
+                trunk.mat(dim, HD, cls=a)
                 state += _align((KH * hd * hd + 3 * HD * (ck - 1)) * 4, 64)
             else:
+                a = "attention (MLA layers)"
                 if qlr:
-                    trunk.mat(qlr, dim)
+                    trunk.mat(qlr, dim, cls=a)
                     trunk.vec(qlr)
-                    trunk.mat(H * (nope + rope), qlr)
+                    trunk.mat(H * (nope + rope), qlr, cls=a)
                 else:
-                    trunk.mat(H * (nope + rope), dim)
-                trunk.mat(kvl + rope, dim)
+                    trunk.mat(H * (nope + rope), dim, cls=a)
+                trunk.mat(kvl + rope, dim, cls=a)
                 trunk.vec(kvl)
-                trunk.mat(H * (nope + vd), kvl)
-                trunk.mat(dim, H * vd)
+                trunk.mat(H * (nope + vd), kvl, cls=a)
+                trunk.mat(dim, H * vd, cls=a)
                 if cfg.get("mla_use_output_gate"):
-                    trunk.mat(H * vd, dim)
+                    trunk.mat(H * vd, dim, cls=a)
                 state += _align(ctx * (kvl + rope) * 4, 64)
             moe = E > 0 and i >= first and i % int(cfg.get("moe_layer_freq") or 1) == 0
             if moe:
                 n_moe += 1
-                router_bytes += _align(E * dim * 4, 64)
-                trunk.mat(E, dim, f32=True)
+                router_bytes += _align(E * dim * router_bpw / 8, 64)
+                trunk.mat(E, dim, cls="routers", fixed_bpw=router_bpw)
                 trunk.vec(E)
                 if shf:
-                    trunk.mat(shf, dim, 2)
-                    trunk.mat(dim, shf)
+                    trunk.mat(shf, dim, 2, cls="shared experts")
+                    trunk.mat(dim, shf, cls="shared experts")
                 if latent:
-                    trunk.mat(latent, dim)
-                    trunk.mat(dim, latent)
+                    trunk.mat(latent, dim, cls="latent projections")
+                    trunk.mat(dim, latent, cls="latent projections")
                     trunk.vec(latent)
             else:
-                trunk.mat(ffn, dim, 2)
-                trunk.mat(dim, ffn)
+                trunk.mat(ffn, dim, 2, cls="dense FFN layers")
+                trunk.mat(dim, ffn, cls="dense FFN layers")
         if block:
             trunk.vec(dim, 2)
         att_w = max(H * vd, HD)
@@ -289,15 +313,15 @@ def plan_from_config(config: dict, expert_bits: float | None = None, trunk_bits:
         moe_all = E > 0
         for _ in range(L):
             trunk.vec(dim, 2)
-            trunk.mat(H * hd, dim)
-            trunk.mat(kvh * hd, dim, 2)
-            trunk.mat(dim, H * hd)
+            trunk.mat(H * hd, dim, cls="attention")
+            trunk.mat(kvh * hd, dim, 2, cls="attention")
+            trunk.mat(dim, H * hd, cls="attention")
             if moe_all:
                 n_moe += 1
-                trunk.mat(E, dim)
+                trunk.mat(E, dim, cls="routers")
             else:
-                trunk.mat(ffn, dim, 2)
-                trunk.mat(dim, ffn)
+                trunk.mat(ffn, dim, 2, cls="dense FFN layers")
+                trunk.mat(dim, ffn, cls="dense FFN layers")
         state = 2 * _align(L * ctx * kvh * hd * 4, 64)
         cols = max(dim, H * hd, ffn, eff)
         scratch = int((CHUNK * (3 * dim + 2 * H * hd + 2 * kvh * hd + 2 * max(ffn, eff) + E + 2 * K + K * dim + dim)
@@ -314,7 +338,12 @@ def plan_from_config(config: dict, expert_bits: float | None = None, trunk_bits:
         from app.engine.cachesim import policy_bytes
         policy_floor = policy_bytes(L, E, K)
         policy_all = policy_bytes(L, E, E * n_moe)
-    floor = trunk.bytes + state + scratch + K * record + policy_floor
+    # The engine reads an untied embedding table's rows per token from
+    # trunk.bin (docs/ARCHITECTURE.md, "Memory"): it is not resident.
+    classes = trunk.classes({f: _BPW[f] for f in ("f32", "bf16", "q8_0", "q4_0", "q3_nl")})
+    embedding = 0 if tied else classes["embeddings"]["bytes"]
+    resident = trunk.bytes - embedding
+    floor = resident + state + scratch + K * record + policy_floor
     cold = K * n_moe * record
     recommended = floor + cold   # room to keep one whole token's experts cached
     out: dict[str, Any] = {
@@ -323,7 +352,9 @@ def plan_from_config(config: dict, expert_bits: float | None = None, trunk_bits:
         "trunk_format": t_name, "trunk_bits_per_weight": t_bpw, "trunk_format_exists": t_ok,
         "expert_format": e_name, "expert_bits_per_weight": e_bpw, "expert_format_exists": e_ok,
         "trunk_params": trunk.params,
-        "trunk_bytes": trunk.bytes,
+        "trunk_bytes": resident,
+        "embedding_bytes": embedding,
+        "trunk_classes": classes,
         "state_bytes": state,
         "scratch_bytes": scratch,
         "moe_layers": n_moe, "experts_per_layer": E, "top_k": K,
@@ -349,6 +380,25 @@ def plan_from_config(config: dict, expert_bits: float | None = None, trunk_bits:
     for k in [k for k in out if "_bytes" in k]:
         out[k.replace("_bytes", "_gib")] = round(out[k] / GIB, 3)
     return out
+
+
+def class_table(plan: dict[str, Any]) -> str:
+    """The trunk by tensor class: parameters, GiB at the planned trunk format and
+    at each format the converter writes (fixed-format classes: f32 norms and
+    vectors, bf16/f32 routers, cost the same in every column)."""
+    classes = plan["trunk_classes"]
+    fmts = list(next(iter(classes.values()))["bytes_at"])
+    head = f"{'trunk class':30s} {'params':>9s} {plan['trunk_format'] + ' GiB':>10s}" + "".join(f" {f:>7s}" for f in fmts)
+    rows = [head]
+    for name, c in sorted(classes.items(), key=lambda kv: -kv[1]["bytes"]):
+        tag = "" if not c["fixed_format"] else f" ({c['fixed_format']})"
+        where = " (on disk)" if name == "embeddings" and plan["embedding_bytes"] else ""
+        rows.append(f"{(name + tag + where)[:30]:30s} {c['params'] / 1e9:8.3f}B {c['bytes'] / GIB:10.3f}"
+                    + "".join(f" {c['bytes_at'][f] / GIB:7.3f}" for f in fmts))
+    total = sum(c["bytes"] for c in classes.values())
+    rows.append(f"{'all (embeddings included)':30s} {plan['trunk_params'] / 1e9:8.3f}B {total / GIB:10.3f}"
+                + "".join(f" {sum(c['bytes_at'][f] for c in classes.values()) / GIB:7.3f}" for f in fmts))
+    return "\n".join(rows)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -391,7 +441,11 @@ def main(argv: list[str] | None = None) -> int:
           f"cold reads {plan['cold_gib_per_token']:.2f} GiB per token")
     if plan["policy_bytes"]:
         print(f"expert cache policy state {plan['policy_bytes'] / 2**20:.1f} MiB (in the floor)")
+    if plan["embedding_bytes"]:
+        print(f"token embeddings {plan['embedding_gib']:.3f} GiB stay on disk (one row read per token)")
     print(f"floor {plan['floor_gib']:.2f} GiB, recommended {plan['recommended_gib']:.2f} GiB")
+    print()
+    print(class_table(plan))
     if plan.get("tok_per_s_disk_bound"):
         print(f"at {a.disk_gbps} GB/s with every expert read cold: {plan['tok_per_s_disk_bound']:.3f} tok/s")
     return 0

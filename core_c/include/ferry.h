@@ -62,6 +62,9 @@ typedef struct ferry_error {
 #define FERRY_NO_CACHE 8      /* forget every expert after its layer: read each use */
 #define FERRY_NO_TRUNK_CHECK 16 /* skip the trunk's CRC32 check on open (to measure its cost only) */
 #define FERRY_NO_LOOKAHEAD_GATE 32 /* read every lookahead prediction, however often they miss (to measure the gate) */
+/* By default a token embedding table the output head does not share stays on
+ * disk: each token's row is read from trunk.bin (docs/ARCHITECTURE.md, "Memory"). */
+#define FERRY_NO_EMBEDDING_READS 64 /* keep the token embedding table in RAM */
 
 /* Options for ferry_engine_open. Initialise with ferry_open_options_init. */
 typedef struct ferry_open_options {

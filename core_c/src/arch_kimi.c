@@ -720,9 +720,11 @@ static ferry_status kimi_forward(ferry_session *s, const int32_t *tokens, int n,
         return fe_fail(err, FERRY_E_UNSUPPORTED, "too many AttnRes blocks");
     kbufs b;
     carve(hp, s->n_ctx, fe_pool_threads(s->pool), s->scratch, &b);
-    for (int t = 0; t < n; t++)
-        fe_dequant_row(m->tok_embd.fmt, m->tok_embd.data + (uint64_t)tokens[t] * m->tok_embd.row_bytes,
-                       b.x + (size_t)t * d, d);
+    ferry_status es = fe_embed(e, &m->tok_embd, tokens, n, b.x, b.h, err);
+    if (es) {
+        if (k->n_kda) hdr->kda_pos = s->pos; /* nothing evaluated: the state is still whole */
+        return es;
+    }
     fe_stage(s, 0, n, b.x);
     int nb = 0; /* block sums stored so far (AttnRes) */
     const size_t bstride = (size_t)dd.NB * d;

@@ -417,9 +417,8 @@ static ferry_status llama_forward(ferry_session *s, const int32_t *tokens, int n
     chunk_bufs b;
     carve(hp, s->n_ctx, fe_pool_threads(s->pool), s->scratch, &b);
     double t0 = prof_t0(s);
-    for (int t = 0; t < n; t++)
-        fe_dequant_row(m->tok_embd.fmt, m->tok_embd.data + (uint64_t)tokens[t] * m->tok_embd.row_bytes,
-                       b.x + (size_t)t * d, d);
+    ferry_status es = fe_embed(e, &m->tok_embd, tokens, n, b.x, b.xb, err);
+    if (es) return es;
     PROF_ADD(s, elementwise_seconds, t0);
     fe_stage(s, 0, n, b.x);
     for (int l = 0; l < hp->n_layers; l++) {

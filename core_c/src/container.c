@@ -502,6 +502,44 @@ ferry_status fe_container_open(fe_container *c, const char *dir, ferry_error *er
     return s;
 }
 
+/* The span of trunk.bin an on-demand tensor leaves out of RAM: its 64-byte
+ * aligned inside, [*lo, *hi) (empty when it has none). */
+static void on_demand_span(const fe_tensor *t, uint64_t *lo, uint64_t *hi) {
+    *lo = (t->offset + 63) / 64 * 64;
+    *hi = (t->offset + t->nbytes) / 64 * 64;
+    if (*hi < *lo) *hi = *lo;
+}
+
+int fe_container_set_on_demand(fe_container *c, const char *name) {
+    for (int i = 0; i < c->n_tensors; i++)
+        if (strcmp(c->tensors[i].name, name) == 0 && c->tensors[i].n_dims == 2) {
+            c->tensors[i].on_demand = 1;
+            return 1;
+        }
+    return 0;
+}
+
+uint64_t fe_container_resident_bytes(const fe_container *c) {
+    uint64_t n = c->trunk_size, lo, hi;
+    for (int i = 0; i < c->n_tensors; i++)
+        if (c->tensors[i].on_demand) {
+            on_demand_span(&c->tensors[i], &lo, &hi);
+            n -= hi - lo;
+        }
+    return n;
+}
+
+/* Bytes of trunk.bin left out of RAM before file offset `at`. */
+static uint64_t skipped_before(const fe_container *c, uint64_t at) {
+    uint64_t n = 0, lo, hi;
+    for (int i = 0; i < c->n_tensors; i++)
+        if (c->tensors[i].on_demand) {
+            on_demand_span(&c->tensors[i], &lo, &hi);
+            if (hi <= at) n += hi - lo;
+        }
+    return n;
+}
+
 ferry_status fe_container_load_trunk(fe_container *c, int check_threads, ferry_error *err) {
     int fd;
     uint64_t size = 0;
@@ -511,17 +549,62 @@ ferry_status fe_container_load_trunk(fe_container *c, int check_threads, ferry_e
         close(fd);
         return fe_fail(err, FERRY_E_FORMAT, "trunk.bin changed size while the model was opened");
     }
-    c->trunk = fe_alloc(c->trunk_size);
+    uint64_t resident = fe_container_resident_bytes(c);
+    c->trunk = fe_alloc(resident ? resident : 1);
     if (!c->trunk) {
         close(fd);
-        return fe_fail(err, FERRY_E_NOMEM, "cannot allocate %llu bytes for the trunk",
-                       (unsigned long long)c->trunk_size);
+        return fe_fail(err, FERRY_E_NOMEM, "cannot allocate %llu bytes for the trunk", (unsigned long long)resident);
     }
-    s = fe_pread_full(fd, c->trunk, c->trunk_size, 0, "trunk.bin", err);
-    close(fd);
+    /* The file minus the on-demand spans, in order: read each gap between them. */
+    uint64_t pos = 0, dst = 0;
+    int any = 0;
+    while (!s) {
+        uint64_t next = c->trunk_size, end = c->trunk_size, lo, hi;
+        for (int i = 0; i < c->n_tensors; i++)
+            if (c->tensors[i].on_demand) {
+                on_demand_span(&c->tensors[i], &lo, &hi);
+                if (lo >= pos && hi > lo && lo < next) next = lo, end = hi;
+            }
+        if (next > pos) s = fe_pread_full(fd, c->trunk + dst, next - pos, pos, "trunk.bin", err);
+        dst += next - pos;
+        if (next == c->trunk_size) break;
+        pos = end;
+        any = 1;
+    }
+    if (s || !any) close(fd);
+    else c->trunk_fd = fd, c->trunk_fd_open = 1;
     if (s) return s;
-    for (int i = 0; i < c->n_tensors; i++) c->tensors[i].data = c->trunk + c->tensors[i].offset;
+    for (int i = 0; i < c->n_tensors; i++) {
+        fe_tensor *t = &c->tensors[i];
+        t->data = t->on_demand ? NULL : c->trunk + t->offset - skipped_before(c, t->offset);
+    }
     return check_threads > 0 ? fe_container_check_trunk(c, check_threads, err) : FERRY_OK;
+}
+
+ferry_status fe_container_read_rows(const fe_container *c, const fe_tensor *t, uint64_t row, int n,
+                                    uint64_t row_bytes, void *buf, ferry_error *err) {
+    if (!c->trunk_fd_open || (row + (uint64_t)n) * row_bytes > t->nbytes)
+        return fe_fail(err, FERRY_E_ARG, "rows %llu..%llu of %s are not readable",
+                       (unsigned long long)row, (unsigned long long)(row + n), t->name);
+    return fe_pread_full(c->trunk_fd, buf, (size_t)(n * row_bytes), t->offset + row * row_bytes, "trunk.bin", err);
+}
+
+/* CRC32 of a tensor's stored bytes: in RAM, or read from trunk.bin in 1 MiB
+ * pieces when it is on demand (an unreadable piece gives a wrong CRC). */
+static uint32_t tensor_crc(const fe_container *c, const fe_tensor *t) {
+    if (!t->on_demand) return fe_crc32(0, t->data, t->nbytes);
+    enum { PIECE = 1 << 20 };
+    uint8_t *buf = malloc(PIECE);
+    uint32_t crc = 0;
+    ferry_error e;
+    if (!buf) return ~t->crc32;
+    for (uint64_t at = 0; at < t->nbytes; at += PIECE) {
+        size_t n = t->nbytes - at < PIECE ? (size_t)(t->nbytes - at) : PIECE;
+        if (fe_pread_full(c->trunk_fd, buf, n, t->offset + at, "trunk.bin", &e)) { crc = ~t->crc32; break; }
+        crc = fe_crc32(crc, buf, n);
+    }
+    free(buf);
+    return crc;
 }
 
 /* The tensors' CRCs over the pool's threads: each takes the next tensor,
@@ -539,7 +622,7 @@ static void crc_worker(void *ctx, int start, int end, int tid) {
     crc_job *j = ctx;
     for (int k; (k = atomic_fetch_add(&j->next, 1)) < j->c->n_tensors;) {
         const fe_tensor *t = j->order[k];
-        if (fe_crc32(0, j->c->trunk + t->offset, t->nbytes) == t->crc32) continue;
+        if (tensor_crc(j->c, t) == t->crc32) continue;
         int i = (int)(t - j->c->tensors), cur = atomic_load(&j->bad);
         while (i < cur && !atomic_compare_exchange_weak(&j->bad, &cur, i)) {}
     }
@@ -571,7 +654,7 @@ ferry_status fe_container_check_trunk(const fe_container *c, int n_threads, ferr
                    "trunk.bin: tensor %s (bytes %llu..%llu) is damaged: CRC32 %08x, expected %08x; "
                    "the model folder must be copied or converted again",
                    t->name, (unsigned long long)t->offset, (unsigned long long)(t->offset + t->nbytes),
-                   fe_crc32(0, c->trunk + t->offset, t->nbytes), t->crc32);
+                   tensor_crc(c, t), t->crc32);
 }
 
 void fe_container_close(fe_container *c) {
@@ -583,6 +666,7 @@ void fe_container_close(fe_container *c) {
     free(c->hp.layer_is_moe);
     fe_kimi_free(c->hp.kimi);
     fe_free(c->trunk);
+    if (c->trunk_fd_open) close(c->trunk_fd);
     memset(c, 0, sizeof *c);
 }
 

@@ -54,7 +54,9 @@ typedef struct fe_tensor {
     uint64_t offset;        /* byte offset in trunk.bin */
     uint64_t nbytes;        /* stored size */
     uint32_t crc32;         /* CRC-32 of the stored bytes */
-    const uint8_t *data;    /* into the loaded trunk, NULL until loaded */
+    const uint8_t *data;    /* into the loaded trunk, NULL until loaded or when on demand */
+    int on_demand;          /* not held in RAM: its rows are read from trunk.bin when used
+                             * (fe_container_read_rows); set before loading the trunk */
 } fe_tensor;
 
 /* One matrix of an expert record. */
@@ -84,7 +86,9 @@ typedef struct fe_container {
     int n_tensors;          /* their count */
     uint64_t trunk_size;    /* size of trunk.bin */
     fe_bank *banks;         /* n_layers entries; banks[l].fd < 0 for dense layers */
-    uint8_t *trunk;         /* trunk.bin in RAM, or NULL when not loaded */
+    uint8_t *trunk;         /* trunk.bin in RAM without its on-demand tensors, or NULL when not loaded */
+    int trunk_fd;           /* trunk.bin, kept open for on-demand reads when trunk_fd_open */
+    int trunk_fd_open;
     uint64_t fingerprint;   /* identity of this exact container: CRC-32 of the manifest, and its length */
 } fe_container;
 
@@ -101,6 +105,17 @@ ferry_status fe_container_open(fe_container *c, const char *dir, ferry_error *er
  * > 0, every tensor's CRC32 is then checked on that many threads
  * (fe_container_check_trunk). */
 ferry_status fe_container_load_trunk(fe_container *c, int check_threads, ferry_error *err);
+/* Keep the 2-D tensor `name` out of RAM (call before loading the trunk): its
+ * rows are then read from trunk.bin when used. 1 if marked, 0 if absent. */
+int fe_container_set_on_demand(fe_container *c, const char *name);
+/* Bytes of trunk.bin the loaded trunk holds: all but the on-demand tensors'
+ * (their 64-byte-aligned inner spans, so every resident tensor keeps its
+ * alignment). */
+uint64_t fe_container_resident_bytes(const fe_container *c);
+/* Read rows [row, row + n) of the on-demand tensor t (row_bytes each) into
+ * buf: one pread through the page cache. */
+ferry_status fe_container_read_rows(const fe_container *c, const fe_tensor *t, uint64_t row, int n,
+                                    uint64_t row_bytes, void *buf, ferry_error *err);
 /* FERRY_E_CHECKSUM naming the first loaded tensor (in manifest order) whose
  * bytes do not match its CRC32, checked on n_threads threads. */
 ferry_status fe_container_check_trunk(const fe_container *c, int n_threads, ferry_error *err);

@@ -133,8 +133,15 @@ static int n_moe_layers(const fe_hparams *hp) {
 static void fixed_parts(const ferry_engine *e, int n_ctx, uint64_t *trunk, uint64_t *session) {
     fe_session_sizes sz;
     session_sizes(e, n_ctx, e->opts.n_threads, &sz);
-    *trunk = e->c.trunk_size;
+    *trunk = fe_container_resident_bytes(&e->c);
     *session = sz.state + sz.scratch;
+}
+
+/* The token embedding table stays on disk (rows read per token) unless the
+ * output head shares it or the caller keeps it resident. */
+static void embeddings_on_demand(ferry_engine *e) {
+    if (!e->c.hp.tied_embeddings && !(e->opts.flags & FERRY_NO_EMBEDDING_READS))
+        fe_container_set_on_demand(&e->c, "token_embd");
 }
 
 /* Least number of cached records that runs: one layer's top_k set. */
@@ -229,6 +236,7 @@ ferry_status ferry_engine_open(const char *path, const ferry_open_options *opts,
     if (!e->arch)
         s = fe_fail(err, FERRY_E_UNSUPPORTED, "model.arch \"%s\" is not an architecture this core runs",
                     e->c.hp.arch);
+    if (!s) embeddings_on_demand(e);
     /* Refuse a budget under the floor before anything big is loaded. */
     if (!s) s = size_cache(e, err);
     if (!s) s = fe_container_load_trunk(&e->c, e->opts.flags & FERRY_NO_TRUNK_CHECK ? 0 : e->opts.n_threads, err);
@@ -268,7 +276,7 @@ void ferry_engine_info(const ferry_engine *e, ferry_model_info *info) {
     info->max_ctx = hp->max_ctx;
     info->n_experts = hp->n_experts;
     info->top_k = hp->top_k;
-    info->trunk_bytes = e->c.trunk_size;
+    info->trunk_bytes = fe_container_resident_bytes(&e->c);
     info->n_threads = e->opts.n_threads;
     info->n_moe_layers = n_moe_layers(hp);
     info->expert_bytes = fe_max_record(&e->c);
@@ -286,7 +294,7 @@ void ferry_engine_plan(const ferry_engine *e, int n_ctx, ferry_memory_plan *plan
     if (n_ctx <= 0 || n_ctx > hp->max_ctx) n_ctx = hp->max_ctx;
     session_sizes(e, n_ctx, e->opts.n_threads, &sz);
     memset(plan, 0, sizeof *plan);
-    plan->trunk_bytes = e->c.trunk_size;
+    plan->trunk_bytes = fe_container_resident_bytes(&e->c);
     plan->state_bytes = sz.state;
     plan->scratch_bytes = sz.scratch;
     plan->expert_bytes = e->cache_bytes;
@@ -314,6 +322,7 @@ ferry_status ferry_container_plan(const char *path, int n_ctx, int n_threads, fe
     if (!e.arch) {
         s = fe_fail(err, FERRY_E_UNSUPPORTED, "model.arch \"%s\" is not an architecture this core runs", e.c.hp.arch);
     } else {
+        embeddings_on_demand(&e);
         e.cache_slots = n_moe_layers(&e.c.hp) * e.c.hp.n_experts;
         e.cache_bytes = (uint64_t)e.cache_slots * fe_max_record(&e.c);
         ferry_engine_plan(&e, n_ctx, plan);

@@ -22,6 +22,25 @@ uint64_t fe_max_record(const fe_container *c) {
     return m;
 }
 
+ferry_status fe_embed(const ferry_engine *e, const fe_mat *emb, const int32_t *tokens, int n, float *out,
+                      float *tmp, ferry_error *err) {
+    const int d = emb->cols;
+    const fe_tensor *t = emb->data ? NULL : fe_container_find(&e->c, "token_embd");
+    for (int i = 0; i < n; i++) {
+        const uint8_t *row;
+        if (t) {
+            ferry_status s = fe_container_read_rows(&e->c, t, (uint64_t)tokens[i], 1, emb->row_bytes,
+                                                    tmp + (size_t)i * d, err);
+            if (s) return s;
+            row = (const uint8_t *)(tmp + (size_t)i * d);
+        } else {
+            row = emb->data + (uint64_t)tokens[i] * emb->row_bytes;
+        }
+        fe_dequant_row(emb->fmt, row, out + (size_t)i * d, d);
+    }
+    return FERRY_OK;
+}
+
 void fe_stage(ferry_session *s, int stage, int n, const float *hidden) {
     if (s->stage_fn) s->stage_fn(s->stage_user, stage, s->pos, n, s->e->c.hp.dim, hidden);
 }

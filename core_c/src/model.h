@@ -93,6 +93,13 @@ static inline const fe_q8_ctx *fe_session_q8(const struct ferry_session *s) { re
 uint64_t fe_max_record(const fe_container *c);
 
 /* Report a stage to the session's observer, if any. */
+/* The embedding rows of n tokens, dequantized into out[i * dim]: from the
+ * resident table, or, when it is on demand (emb->data NULL, the engine's
+ * default for an untied table), each row read from trunk.bin into tmp (n *
+ * dim floats the caller has free; a stored row never exceeds dim floats).
+ * The same bytes either way, so the same values. */
+ferry_status fe_embed(const struct ferry_engine *e, const fe_mat *emb, const int32_t *tokens, int n, float *out,
+                      float *tmp, ferry_error *err);
 void fe_stage(struct ferry_session *s, int stage, int n, const float *hidden);
 
 /* Lookup helpers for bind(): a matrix of the given shape (any format), or a

@@ -148,7 +148,7 @@ def test_the_trunk_leaves_half_the_ram_to_the_expert_cache(moe):
 
 def test_k3_on_a_64_gb_mac_gets_a_4_bit_trunk_and_3_bit_experts():
     """The arithmetic behind the recommendation for the real K3 (its config's
-    trunk: 56.7 G weights, `ferry plan --config`): at q8_0 it would take 62 GB
+    trunk: 56.7 G weights, `ferry plan --config`): at q8_0 it would take 57 GiB
     of a 64 GB Mac's RAM, at 4 bits about 35-37 GB."""
     from app.memory.plan_config import plan_from_config
 
@@ -157,7 +157,7 @@ def test_k3_on_a_64_gb_mac_gets_a_4_bit_trunk_and_3_bit_experts():
     q4 = plan_from_config(config, expert_bits=3, trunk_bits=4, ctx=4096)
     mac = 64 << 30
     assert q8["trunk_bytes"] + q8["state_bytes"] + q8["scratch_bytes"] > mac // 2
-    assert q8["floor_bytes"] > 0.9 * mac                                   # it would barely run at all
+    assert mac - q8["floor_bytes"] < 8 << 30                                # it would barely run at all
     assert q4["trunk_bytes"] < q8["trunk_bytes"] * 0.6                # q4_0, as the converter writes it
     assert q4["experts_total_bytes"] > 10 * mac                             # nothing fits: 3-bit experts
 

@@ -191,3 +191,16 @@ def test_an_edited_conversation_starts_over_on_a_recurrent_model(k3):
         assert again.reused_tokens == 0 and again.prompt_tokens == len(edited)
     finally:
         model.close()
+
+
+@pytest.mark.parametrize("trunk", ["f32", "q4_0"])
+def test_the_router_is_stored_as_released(k3, trunk, tmp_path):
+    # The release's bf16 router is kept bf16 whatever the trunk format (exact
+    # routing at half f32's bytes; app/convert/layout.py: ROUTER_KEPT_FORMATS).
+    root, out = k3
+    if trunk != "f32":
+        out = convert(root / "ckpt", tmp_path / "k3.ferry", trunk_format=trunk, expert_format="f32")
+    tensors = json.loads((out / "manifest.json").read_text())["tensors"]
+    routers = [t for t in tensors if t["name"].endswith(".ffn_router")]
+    assert routers and {t["dtype"] for t in routers} == {"bf16"}
+    assert {t["dtype"] for t in tensors if t["name"].endswith(".ffn_router_bias")} == {"f32"}
