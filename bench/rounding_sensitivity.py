@@ -5,7 +5,12 @@ round it (per 32 values, scale max|x| / 127, round to nearest), or its
 weights rounded the same way (q8_0-like); printed: the logits' mean
 KL(exact || rounded) and relative L2 over 24 random tokens.
 
-    python bench/rounding_sensitivity.py
+    python bench/rounding_sensitivity.py [--kimi-linear]
+
+``--kimi-linear``: the same on the tiny Kimi-Linear in transformers
+(tests/kimi/tiny_kimi.py), each nn.Linear group's input rounded by a
+forward pre-hook or its weight rounded (its routed experts are not
+nn.Linear modules and are left exact).
 
 Measured 2026-12-06 (docs/BENCHMARKS.md, "Issue 31 items 1-2"): every trunk
 group alone moves the tiny K3's logits by 12-66 % relative L2, whether its
@@ -27,6 +32,61 @@ sys.path.insert(0, str(REPO))
 from tests.kimi import k3_reference as ref, tiny_k3  # noqa: E402
 
 root = Path(tempfile.mkdtemp(prefix="ferry-rounding-"))
+
+
+def kimi_linear() -> None:
+    import torch
+
+    from tests.kimi import tiny_kimi
+
+    model = tiny_kimi.build("kimi_linear", root / "kl").float().eval()
+    mods = dict(model.named_modules())
+    names = [n for n, m in mods.items() if isinstance(m, torch.nn.Linear)]
+
+    def q8t(x):
+        n = x.shape[-1]
+        if n % 32:
+            return x
+        b = x.reshape(*x.shape[:-1], n // 32, 32)
+        d = b.abs().amax(-1, keepdim=True) / 127.0
+        safe = torch.where(d > 0, d, torch.ones_like(d))
+        return (torch.where(d > 0, torch.round(b / safe), torch.zeros_like(b)) * d).reshape(x.shape)
+
+    ids = torch.tensor([[int(t) for t in np.random.default_rng(5).integers(3, tiny_kimi.VOCAB, 24)]])
+
+    def logits():
+        with torch.no_grad():
+            return model(ids, use_cache=False).logits[0].double()
+
+    exact = logits()
+
+    def kl_t(a, b):
+        la, lb = torch.log_softmax(a, -1), torch.log_softmax(b, -1)
+        return float((la.exp() * (la - lb)).sum(-1).mean())
+
+    pats = {"all": r".", "q/k/v": r"self_attn\.[qkv]_proj", "b_proj": r"b_proj", "f_a/f_b": r"f_[ab]_proj",
+            "g_a/g_b": r"g_[ab]_proj", "o_proj": r"o_proj", "mla kv": r"kv_(a|b)_proj",
+            "dense mlp": r"mlp\.(gate|up|down)_proj", "shared": r"shared_experts", "lm_head": r"lm_head"}
+    for name, pat in pats.items():
+        sel = [n for n in names if re.search(pat, n)]
+        hooks = [mods[n].register_forward_pre_hook(lambda m, a: (q8t(a[0]),)) for n in sel]
+        got = logits()
+        for h in hooks:
+            h.remove()
+        saved = {n: mods[n].weight.data.clone() for n in sel}
+        for n in sel:
+            mods[n].weight.data = q8t(mods[n].weight.data)
+        gw = logits()
+        for n in sel:
+            mods[n].weight.data = saved[n]
+        rel = lambda g: float((g - exact).norm() / exact.norm())  # noqa: E731
+        print(f"{name:10s} ({len(sel):2d}) inputs: KL {kl_t(exact, got):.4g} relL2 {rel(got):.3f} | "
+              f"weights: KL {kl_t(exact, gw):.4g} relL2 {rel(gw):.3f}")
+
+
+if "--kimi-linear" in sys.argv:
+    kimi_linear()
+    sys.exit(0)
 tiny_k3.build(root / "ckpt")
 cfg, tensors = ref.load_release(root / "ckpt")
 
