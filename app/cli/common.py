@@ -184,7 +184,8 @@ class Turns:
         if is_server_url(args.model):
             local = [flag for flag, used in (("--budget", args.budget), ("--kernels", getattr(args, "kernels", None)),
                                              ("--threads", args.threads), ("--ctx", args.ctx != CTX_DEFAULT),
-                                             ("--activations", getattr(args, "activations", None) not in (None, DEFAULT_ACTIVATIONS)),
+                                             ("--activations",
+                                              getattr(args, "activations", None) not in (None, DEFAULT_ACTIVATIONS)),
                                              ("--verify-reads", getattr(args, "verify_reads", False))) if used]
             if local:
                 raise UsageError(f"{', '.join(local)} set{'s' if len(local) == 1 else ''} up a model on this "

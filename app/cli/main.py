@@ -11,7 +11,8 @@ from typing import Sequence
 
 import numpy as np
 
-from app.api import describe_activations, ModelError, PromptProgress, Reasoning, Text, ToolCallMade, TurnDone, TurnError, TurnRequest
+from app.api import (ModelError, PromptProgress, Reasoning, Text, ToolCallMade, TurnDone, TurnError, TurnRequest,
+                     describe_activations)
 from app.cli.common import (PromptMeter, Turns, UsageError, add_logprobs, add_model_options, add_routing, add_sampling,
                             add_server_model, logprobs_problem, open_from_args, parse_size, progress_printer,
                             resolve_model, turn_request, number_argument_problem)

@@ -94,7 +94,8 @@ class MemoryPlan:
     record_bytes: int
     token_set_bytes: int
     policy_floor_bytes: int  #: of floor_bytes, the policy state for the minimum cache
-    q8_bytes: int = 0        #: scratch 8-bit activations add (in scratch_bytes when the engine uses them; 0 without weights they apply to)
+    q8_bytes: int = 0        #: scratch 8-bit activations add (in scratch_bytes when the engine uses them;
+    #  0 for a model without weights they apply to)
 
 
 @dataclass(frozen=True)

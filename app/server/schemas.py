@@ -209,7 +209,7 @@ class ChatCompletion(Open):
 
 class FerryStatus(Open):
     model: str
-    activations: str = "f32"   #: the arithmetic that runs: "q8" 8-bit activations (the default's, on quantized weights), "f32" exact
+    activations: str = "f32"   #: the arithmetic that runs: "q8" 8-bit activations (the default's), "f32" exact
     busy: bool
     waiting: int
     served: int

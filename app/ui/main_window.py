@@ -490,7 +490,8 @@ class MainWindow(QMainWindow):
         self.gauges.set_model(info.has_experts, engine=info)
         self.gauges.show_memory(self.memory)
         where = f"{info.n_ctx} tokens of context" if info.n_ctx else (info.url or "remote server")
-        fast = "" if info.remote else " · 8-bit activations" if info.info.activations == "q8" else " · exact activations"
+        fast = ("" if info.remote else
+                " · 8-bit activations" if info.info.activations == "q8" else " · exact activations")
         self.model_label.setText(f"{info.name} · {where}{fast}")
         self.stack.setCurrentWidget(self.chat_page)
         self.chat.model_name = info.name

@@ -2,7 +2,8 @@
 MoE loop of core_c/src/moe.c): the expert cache, overlapped reads, the
 lookahead with the family's own router, and chunked prefill change speed,
 never output, in both arithmetic modes (exact on f32 weights, and the
-default's 8-bit activations on a q8_0 trunk with q4_0 experts); the opt-in routing modes (fewer experts per token, cache-aware
+default's 8-bit activations on a q8_0 trunk with q4_0 experts); the opt-in
+routing modes (fewer experts per token, cache-aware
 routing) read fewer experts and are exact when set to the model's k and a
 zero margin."""
 from __future__ import annotations
