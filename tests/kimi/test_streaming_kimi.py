@@ -22,7 +22,7 @@ PROMPT, DECODE = 20, 8
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    """kind -> f32 container, and (kind, "auto") -> the same checkpoint with a q8_0 trunk and q4_0 experts."""
+    """kind -> f32 container, and (kind, "q8") -> the same checkpoint with a q8_0 trunk and q4_0 experts."""
     root = tmp_path_factory.mktemp("kimi_stream")
     out = {}
     tiny_k3.build(root / "k3")
@@ -30,13 +30,14 @@ def models(tmp_path_factory):
         tiny_kimi.build(kind, root / kind)
     for kind in ("k3", "deepseek", "kimi_linear"):
         out[kind] = convert(root / kind, root / f"{kind}.ferry", trunk_format="f32", expert_format="f32")
-        out[kind, "auto"] = convert(root / kind, root / f"{kind}-q.ferry", trunk_format="q8_0",
+        out[kind, "q8"] = convert(root / kind, root / f"{kind}-q.ferry", trunk_format="q8_0",
                                     expert_format="q4_0")
     return out
 
 
-#: The engine's path in each activation mode (ModelInfo.activations).
-RUNS = {"exact": "f32", "auto": "q8"}
+#: The engine's path in each activation mode (ModelInfo.activations). The 8-bit path is asked for by
+#: name: "auto" keeps the models with KDA layers (K3, Kimi-Linear) exact (test below).
+RUNS = {"exact": "f32", "q8": "q8"}
 
 
 def tokens_for(kind):
@@ -184,3 +185,18 @@ def test_convert_takes_the_context_length_a_kimi_linear_config_states(tmp_path, 
     with Engine(out, threads=1, n_ctx=32) as engine:
         assert engine.info.max_ctx == (1048576 if key else DEFAULT_CONTEXT)
         assert np.isfinite(engine.session(32).eval([5, 6, 7])).all()
+
+
+@pytest.mark.parametrize("kind, runs", [("k3", "f32"), ("kimi_linear", "f32"), ("deepseek", "q8")])
+def test_the_default_keeps_kda_models_exact(models, kind, runs):
+    """"auto" runs 8-bit activations on the quantized DeepSeek-V3 (MLA only) but keeps K3 and Kimi-Linear,
+    whose KDA layers moved the tiny models' outputs as far as their weight formats do, exact; "q8" still
+    runs them in 8 bits."""
+    tokens = tokens_for(kind)
+    default, _, info = run(models[kind, "q8"], tokens, activations="auto")
+    assert info.activations == runs
+    if runs == "f32":
+        exact, _, _ = run(models[kind, "q8"], tokens, activations="exact")
+        assert np.array_equal(default, exact)
+        _, _, asked = run(models[kind, "q8"], tokens, activations="q8")
+        assert asked.activations == "q8"
