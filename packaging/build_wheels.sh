@@ -12,7 +12,7 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-python3}"
-OUT="$ROOT/packaging/wheels"
+OUT="${WHEELS:-$ROOT/packaging/wheels}"   # WHEELS: another folder (build_linux.sh uses its build folder)
 mkdir -p "$OUT"
 rm -f "$OUT"/ferry-*.whl
 # Build from a clean copy so the checkout gets no build/ or egg-info litter.
