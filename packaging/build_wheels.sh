@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Build the Ferry wheel (with its compiled C core) and fetch a wheel of every
-# dependency into packaging/wheels/, the only place the Briefcase bundle
-# installs from (pyproject.toml: requirement_installer_args = --no-index
-# --find-links ./packaging/wheels). Run it with the same Python that runs
-# Briefcase: the bundle's Python must match the wheels' tags.
+# dependency into the Briefcase build folder's wheels/ (default
+# build/briefcase/wheels; WHEELS=DIR elsewhere), the only place the app bundle
+# installs from (packaging/briefcase_config.py gives Briefcase
+# requirement_installer_args = --no-index --find-links ./wheels). Run it with
+# the same Python that runs Briefcase: the bundle's Python must match the
+# wheels' tags.
 #
 #   bash packaging/build_wheels.sh            # this machine's architecture
 #   ARCHFLAGS="-arch arm64 -arch x86_64" bash packaging/build_wheels.sh
@@ -12,7 +14,7 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-python3}"
-OUT="$ROOT/packaging/wheels"
+OUT="${WHEELS:-$ROOT/build/briefcase/wheels}"
 mkdir -p "$OUT"
 rm -f "$OUT"/ferry-*.whl
 # Build from a clean copy so the checkout gets no build/ or egg-info litter.

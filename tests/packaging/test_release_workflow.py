@@ -36,7 +36,7 @@ def test_release_workflow_builds_signs_and_screenshots_the_macos_app(wf):
     assert order == sorted(order)
     adhoc = [s for s in job["steps"] if "--adhoc-sign" in s.get("run", "")]
     assert adhoc and "MACOS_SIGNING_IDENTITY == ''" in adhoc[0]["if"]
-    assert "Ferry.app/Contents/MacOS/Ferry --screenshot" in runs
+    assert 'APP="$BUILD/build/ferry/macos/app/Ferry.app"' in runs and '"$APP/Contents/MacOS/Ferry" --screenshot' in runs
     uploads = [s for s in job["steps"] if s.get("uses", "").startswith("actions/upload-artifact")]
     assert any("screenshots/*.png" in s["with"]["path"] for s in uploads)
     assert any("dist/*.dmg" in s["with"]["path"] for s in uploads)
@@ -57,10 +57,36 @@ def test_the_bundle_python_gets_a_safe_pyside6(wf):
     assert tuple(map(int, str(py).split("."))) >= (3, 12) or not active[0].specifier.contains("6.12.0")
 
 
+def test_the_workflow_builds_from_briefcase_toml_with_the_pinned_briefcase(wf):
+    """The Mac build uses the same generated configuration as build_linux.sh, the
+    Briefcase of the packaging extra, and the demo model as the app's resource."""
+    runs = _runs(wf["jobs"]["macos-app"])
+    assert "briefcase_config.py --packaging-requirements" in runs        # the pin, not `pip install briefcase`
+    assert "pip install --upgrade pip briefcase" not in runs
+    assert 'packaging/briefcase_config.py "$BUILD" --gguf' in runs
+    assert 'WHEELS="$BUILD/wheels" bash packaging/build_wheels.sh' in runs
+    for verb in ("create", "package"):
+        step = next(s for s in wf["jobs"]["macos-app"]["steps"] if f"briefcase {verb} macOS app" in s.get("run", ""))
+        assert step["working-directory"] == "${{ env.BUILD }}"
+
+
+def test_the_first_run_smoke_test_answers_from_the_bundled_demo(wf):
+    job = wf["jobs"]["macos-app"]
+    step = next(s for s in job["steps"] if "--screenshot" in s.get("run", ""))
+    assert step["env"]["QT_QPA_PLATFORM"] == "offscreen"                      # headless
+    run = step["run"]
+    assert 'HOME="$RUNNER_TEMP/home"' in run                                  # an empty home
+    assert "resources/SmolLM2-135M-Instruct.Q4_1.gguf" in run                # carried by the bundle
+    assert "test ! -d" in run and "app_packages/pip" in run                  # nothing to install with
+    assert "Application Support/Ferry/models/smollm2-135m-instruct.ferry/manifest.json" in run
+    assert "FERRY_HOME" not in str(job.get("env", {}))                         # platformdirs, as for a user
+
+
 def test_briefcase_configuration_points_at_what_exists():
-    cfg = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["briefcase"]
-    app = cfg["app"]["ferry"]
-    assert (REPO / app["sources"][0] / "__main__.py").exists()
+    from tests.packaging.test_briefcase_config import bc
+
+    app = bc.tool_briefcase()["app"]["ferry"]
+    assert (REPO / bc.LAUNCHER / "__main__.py").exists()
     assert app["macOS"]["universal_build"] is False                     # arm64, as the runner builds
-    assert "./packaging/wheels" in app["requirement_installer_args"]
+    assert "./wheels" in app["requirement_installer_args"]
     assert (REPO / f"{app['icon']}.icns").exists() or (REPO / f"{app['icon']}.png").exists()

@@ -3,7 +3,7 @@
 `pip wheel . --no-deps` of a clean copy of the sources must give one wheel
 holding the `app` package and the compiled C core, and that extension must
 load from the unpacked wheel on its own (not the checkout's in-place build).
-The Briefcase configuration in pyproject.toml must point at files that exist.
+The Briefcase configuration (from briefcase.toml) must point at files that exist.
 """
 from __future__ import annotations
 
@@ -61,13 +61,12 @@ def test_extension_loads_from_the_wheel(wheel, tmp_path):
 
 
 def test_briefcase_configuration_points_at_real_files():
-    doc = tomllib.loads((REPO / "pyproject.toml").read_text())
-    conf = doc["tool"]["briefcase"]
+    from tests.packaging.test_briefcase_config import bc
+
+    conf = bc.tool_briefcase()        # what Briefcase is given, from briefcase.toml
     app = conf["app"]["ferry"]
-    assert conf["version"] == doc["project"]["version"]  # one version for the wheel and the bundle
-    for source in app["sources"]:
-        assert (REPO / source / "__main__.py").is_file(), source
-        assert Path(source).name == "ferry"  # Briefcase runs `python -m <app name>`
+    assert conf["version"] == tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    assert (REPO / bc.LAUNCHER / "__main__.py").is_file() and bc.LAUNCHER.name == "ferry"
     for icon in [app["icon"], *(d["icon"] for d in app["document_type"].values())]:
         assert (REPO / f"{icon}.png").is_file() and (REPO / f"{icon}.icns").is_file(), icon
         assert (REPO / f"{icon}.icns").read_bytes()[:4] == b"icns"
