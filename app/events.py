@@ -134,6 +134,8 @@ class TurnDone:
     ended: float = 0.0
     logprobs: list[tuple[int, TokenLogprob]] = field(default_factory=list)  #: (token id, logprob) when asked
     error: str | None = None
+    context_full: bool = False        #: a "length" stop where the context, not max_tokens, was the limit
+    dropped_messages: int = 0         #: messages the context policy left out of the prompt (TurnRequest.context)
 
 
 TurnEvent = PromptProgress | Reasoning | Text | ToolCallMade | Logprob | LiveStats | TurnDone
