@@ -103,11 +103,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     window = MainWindow(store)
     window.show()
-    QTimer.singleShot(0, window.start_documents)     # watched folders and the index read-ahead, in the background
+    QTimer.singleShot(0, window.controller.start_documents)     # watched folders and the index read-ahead, in the background
     if args.model:
         window.load_model(args.model)
     else:
-        window.open_default_model()
+        window.models.open_default_model()
     code = app.exec()
     _dispose(window)
     store.close()

@@ -50,6 +50,12 @@ class ModelSettingsDialog(QDialog):
         self.temperature.setRange(0.0, 5.0)
         self.temperature.setSingleStep(0.05)
         form.addRow("Temperature", self.temperature)
+        self.presence = QDoubleSpinBox()
+        self.presence.setAccessibleName("Presence penalty")
+        self.presence.setRange(-2.0, 2.0)
+        self.presence.setSingleStep(0.1)
+        self.presence.setToolTip("Above 0, a word already written is less likely again: long answers loop less.")
+        form.addRow("Presence penalty", self.presence)
         self.context = QSpinBox()
         self.context.setAccessibleName("Context length in tokens")
         self.context.setRange(256, 1 << 20)
@@ -108,6 +114,7 @@ class ModelSettingsDialog(QDialog):
     def show_values(self, v: dict) -> None:
         self.system.setPlainText(v["system_prompt"])
         self.temperature.setValue(v["temperature"])
+        self.presence.setValue(v["presence_penalty"])
         self.context.setValue(v["context_length"])
         self.thinking.setChecked(v["thinking"])
         self.experts.setValue(v["experts_per_token"] or 0)
@@ -118,7 +125,8 @@ class ModelSettingsDialog(QDialog):
         v = {"system_prompt": self.system.toPlainText(), "temperature": self.temperature.value(),
              "context_length": self.context.value(), "thinking": self.thinking.isChecked(),
              "experts_per_token": self.experts.value() or None, "cache_aware_margin": self.margin.value(),
-             "activations": "q8" if self.fast_activations.isChecked() else "f32"}
+             "activations": "q8" if self.fast_activations.isChecked() else "f32",
+             "presence_penalty": self.presence.value()}
         assert set(v) == set(PER_MODEL)
         return v
 

@@ -18,7 +18,9 @@ from app.store.crypto import KeychainKeys
 
 def test_attach_index_and_show_citation(qtbot, kr, home, corpus_dir, tmp_path, demo_container):
     from app.api import TurnRequest
-    from app.ui.documents_panel import attach_passages, link_markers, open_documents_panel, show_citation
+    from app.controller.passages import attach_passages, link_markers
+    from app.ui.citation_dialog import show_citation
+    from app.ui.documents_panel import open_documents_panel
 
     (tmp_path / "bad.pdf").write_bytes(b"%PDF-1.4 broken")
     store = DocumentStore(keys=KeychainKeys())
@@ -36,7 +38,9 @@ def test_attach_index_and_show_citation(qtbot, kr, home, corpus_dir, tmp_path, d
     assert store.collection("conversation:1").budget == 256
 
     request = TurnRequest([{"role": "user", "content": "How many litres does the water tank hold?"}])
-    citations = attach_passages(request, store, "conversation:1", demo_container,
+    from app.model import LoadedModel
+    model = LoadedModel(demo_container)
+    citations = attach_passages(request, store, "conversation:1", model,
                                 "How many litres does the water tank hold?")
     assert request.messages[0]["role"] == "system" and "[1]" in request.messages[0]["content"]
     assert request.messages[1] == {"role": "user", "content": "How many litres does the water tank hold?"}
@@ -53,3 +57,4 @@ def test_attach_index_and_show_citation(qtbot, kr, home, corpus_dir, tmp_path, d
     dialog.close()
     panel.close()
     store.close()
+    model.close()

@@ -249,7 +249,7 @@ def test_shortcuts_search_rename_export(qtbot, make_window, tiny_chat, tmp_path)
     assert w.conv_list.item(0).text() == "Renamed one"
     w.search.clear()
     assert w.conv_list.count() == 2
-    out = w.export_markdown(tmp_path / "chat.md")
+    out = w.export_chat(tmp_path / "chat.md", "md")
     text = out.read_text()
     assert text.startswith("# w50 w51") and "## You" in text and "## Assistant" in text
     for b in (w.send_btn, w.stop_btn, w.new_btn, w.search, w.composer, w.conv_list):

@@ -21,7 +21,7 @@ def folder(p: Path) -> Path:
 def test_demo_model_from_the_model_menu_to_a_chat(qtbot, make_window, demo_gguf, tmp_path):
     w = make_window(None)
     w.convert_action.trigger()                      # Model → Convert a model…
-    wiz = w.wizard
+    wiz = w.models.wizard
     assert wiz is not None and wiz.isVisible()
     to_memory(qtbot, wiz, "demo", None, folder(tmp_path / "models"))
     src = wiz.source_page.result.text()
