@@ -103,6 +103,10 @@ def _fold_button(parent: QWidget, name: str, toggled) -> QToolButton:
     b.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
     b.setAutoRaise(True)
     b.setAccessibleName(name)
+    # its title may be long ("Token probabilities · 90 tokens · mean…"): it never widens the bubble
+    # (a narrow window clipped the bubbles' buttons); the whole title is the tooltip
+    b.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Fixed)
+    b.setMinimumWidth(120)
     b.toggled.connect(toggled)
     return b
 
@@ -183,6 +187,7 @@ class TokenProbsPanel(QFrame):
             return
         self.tokens, self.selected = tokens, None
         self.toggle.setText(f"Token probabilities · {token_probs.summary(tokens)}")
+        self.toggle.setToolTip(self.toggle.text())
         self.render()
 
     def render(self) -> None:

@@ -209,6 +209,8 @@ class GaugePanel(QWidget):
         self.remote_note.setVisible(self.remote is not None)
         for name, figure in _TILE_FIGURE.items():
             getattr(self, name).setEnabled(self._provides(figure) and (has_experts or name in ("decode", "prompt")))
+        for t in (self.disk, self.hit_decode, self.hit_prefill):   # a dense model: no empty expert gauges, one note
+            t.setVisible(has_experts or self.remote is not None)
         self.show_values(StatsView())
 
     def _provides(self, figure: str) -> bool:

@@ -47,9 +47,7 @@ class MainWindow(QMainWindow):
         self.persist_settings = persist_settings
         self.controller = ChatController(store, self.effective)
         self.resize(1200, 780)
-        self.memory = None
-        self.stats_view = StatsView()
-        self.last_stats: StatsSample | None = None   #: the last turn's final sample
+        self.memory, self.stats_view, self.last_stats = None, StatsView(), None   #: last_stats: the turn's final sample
         self.worker = WorkerThread(self)
         self.quit_action = quit_action = self.menuBar().addMenu("&File").addAction("Quit")   # Ctrl+Q, Cmd+Q
         quit_action.setShortcut(QKeySequence("Ctrl+Q"))     # Cmd+Q on a Mac (Qt maps Ctrl to Cmd there)
@@ -329,6 +327,7 @@ class MainWindow(QMainWindow):
         self._set_busy(True)
         request, search = self.controller.turn_request(start)
         self.composer_bar.start_reading("Searching the documents…" if search else "Reading the conversation…")
+        self.composer.setFocus()     # not the search box (after Save & resend the edited message is gone)
         self.controller.started(self.worker.generate(request, search=search))
         self.refresh_list()
 

@@ -55,6 +55,7 @@ def test_enter_in_the_inline_editor_resends_and_the_list_follows_the_arrow_keys(
     with qtbot.waitSignal(w.answer_finished, timeout=LONG):
         qtbot.keyClick(question.editor, Qt.Key.Key_Return)                                # saves and resends
     assert w.chat.visible()[0].content == "w12 w13" and w.chat.visible()[0].id != question.message_id
+    assert w.composer.hasFocus()                     # not the search box
     w.new_chat()
     _send(qtbot, w, "w20 w21")
     second = w.chat.id
