@@ -2,8 +2,10 @@
 link clicked in an answer)."""
 from __future__ import annotations
 
-from PySide6.QtCore import Qt
-from PySide6.QtGui import QColor, QTextCharFormat, QTextCursor
+from pathlib import Path
+
+from PySide6.QtCore import Qt, QUrl
+from PySide6.QtGui import QColor, QDesktopServices, QTextCharFormat, QTextCursor
 from PySide6.QtWidgets import QDialog, QDialogButtonBox, QLabel, QTextEdit, QVBoxLayout, QWidget
 
 from app.documents.ask import Citation
@@ -53,6 +55,10 @@ class CitationDialog(QDialog):
             self.text.ensureCursorVisible()
         lay.addWidget(self.text, 1)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
+        self.open_btn = buttons.addButton("Open the file", QDialogButtonBox.ButtonRole.ActionRole)
+        self.open_btn.setAccessibleName("Open the cited file in its own application")
+        self.open_btn.setEnabled(Path(citation.path).is_file())
+        self.open_btn.clicked.connect(lambda: QDesktopServices.openUrl(QUrl.fromLocalFile(citation.path)))
         buttons.rejected.connect(self.close)
         lay.addWidget(buttons)
 

@@ -16,7 +16,7 @@ from app.documents.store import DocumentStore
 from app.store.crypto import KeychainKeys
 
 
-def test_attach_index_and_show_citation(qtbot, kr, home, corpus_dir, tmp_path, demo_container):
+def test_attach_index_and_show_citation(qtbot, kr, home, corpus_dir, tmp_path, demo_container, monkeypatch):
     from app.api import TurnRequest
     from app.controller.passages import attach_passages, link_markers
     from app.ui.citation_dialog import show_citation
@@ -51,6 +51,11 @@ def test_attach_index_and_show_citation(qtbot, kr, home, corpus_dir, tmp_path, d
     dialog = show_citation(None, store, tank)
     qtbot.addWidget(dialog)
     assert dialog.highlighted_text() == tank.passage
+    from PySide6.QtGui import QDesktopServices
+    opened = []
+    monkeypatch.setattr(QDesktopServices, "openUrl", lambda url: opened.append(url.toLocalFile()) or True)
+    dialog.open_btn.click()                       # the cited file in its own application (issue 34)
+    assert opened == [tank.path]
     assert "page 2" in dialog.windowTitle()
     listening = [c for c in psutil.Process().net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
     assert listening == []
