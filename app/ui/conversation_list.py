@@ -111,7 +111,8 @@ class ConversationList(QFrame):
 
     def ask_title(self, current: str) -> str | None:
         """Rename…: the new title typed, or None on Cancel."""
-        title, ok = QInputDialog.getText(self, f"Rename “{current}”", "Title:", text=current)
+        # a short window title: a small dialog's title bar clipped "Rename “…”" to "Renam… Ferry"
+        title, ok = QInputDialog.getText(self, "Rename the chat", "New title:", text=current)
         return title if ok else None
 
     def focus_search(self) -> None:

@@ -66,3 +66,18 @@ def test_enter_in_the_inline_editor_resends_and_the_list_follows_the_arrow_keys(
     assert w.chat.id == first
     qtbot.keyClick(w.conv_list, Qt.Key.Key_Up)
     assert w.chat.id == second
+
+
+def test_rename_asks_in_a_dialog_with_a_short_title(make_window, monkeypatch):
+    from PySide6.QtWidgets import QInputDialog
+
+    w = make_window(None)
+    long = "A rather long conversation title that goes on and on"
+    cid = w.store.create_conversation(long, model="")
+    w.refresh_list()
+    seen = []
+    monkeypatch.setattr(QInputDialog, "getText",
+                        lambda parent, title, label, **k: seen.append((title, k.get("text"))) or ("Short", True))
+    w.rename_conversation(cid)
+    assert seen == [("Rename the chat", long)] and w.store.conversation(cid).title == "Short"
+    assert w.conv_list.item(0).text() == "Short"
