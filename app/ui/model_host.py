@@ -96,7 +96,10 @@ class ModelHost(QObject):
         self.w.model_combo.show_models(self.library.entries(), self.key(), self.info)
 
     def _on_loaded(self, info: ModelLoaded) -> None:
-        info = replace(info, name=display_name(info.name))
+        # one name for one model: the library's (the switcher's, the menu's), else the model's own
+        entry = None if info.remote else next(
+            (e for e in self.library.entries() if e.key == str(Path(info.path).resolve())), None)
+        info = replace(info, name=entry.name if entry is not None else display_name(info.name))
         self.info, self.loading = info, None
         self.load_bar.setVisible(False)
         if not info.remote:

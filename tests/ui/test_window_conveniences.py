@@ -81,3 +81,10 @@ def test_rename_asks_in_a_dialog_with_a_short_title(make_window, monkeypatch):
     w.rename_conversation(cid)
     assert seen == [("Rename the chat", long)] and w.store.conversation(cid).title == "Short"
     assert w.conv_list.item(0).text() == "Short"
+
+
+def test_one_model_has_one_name(make_window, tiny_chat):
+    """The switcher, the status bar and the answers' headers call a model from the library by the same name."""
+    w = make_window(tiny_chat, model_folders=[str(tiny_chat.parent)])
+    assert w.model_info.name == w.model_combo.currentText() == "chat"
+    assert w.model_label.text().startswith("chat · ") and w.controller.model_name == "chat"
