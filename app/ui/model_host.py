@@ -185,6 +185,7 @@ class ModelHost(QObject):
         if not key:
             return None
         d = ModelSettingsDialog(self.w.settings, key, self.model_name(), self.w)
+        d.show_expert_options(self.info is None or self.info.has_experts)   # none to route on a dense model
         d.accepted.connect(lambda: self.w.apply_settings(d.result_settings()))
         d.open()
         return d

@@ -40,7 +40,7 @@ class ModelSettingsDialog(QDialog):
         prow.addWidget(self.save_preset_btn)
         lay.addLayout(prow)
 
-        form = QFormLayout()
+        self.form = form = QFormLayout()
         self.system = QPlainTextEdit()
         self.system.setAccessibleName("System prompt")
         self.system.setFixedHeight(90)
@@ -100,6 +100,11 @@ class ModelSettingsDialog(QDialog):
         lay.addWidget(buttons)
         self.show_values(settings_mod.model_values(settings, model_key))
         self._origin(own)
+
+    def show_expert_options(self, shown: bool) -> None:
+        """Experts per token and the cache-aware margin: only for a model that has experts."""
+        for w in (self.experts, self.margin):
+            self.form.setRowVisible(w, shown)
 
     def _origin(self, own: bool) -> None:
         self.origin.setText("This model has its own settings." if own else

@@ -88,3 +88,17 @@ def test_one_model_has_one_name(make_window, tiny_chat):
     w = make_window(tiny_chat, model_folders=[str(tiny_chat.parent)])
     assert w.model_info.name == w.model_combo.currentText() == "chat"
     assert w.model_label.text().startswith("chat · ") and w.controller.model_name == "chat"
+
+
+def test_expert_options_show_only_for_a_model_with_experts(qtbot, make_window, tiny_chat, tiny_moe):
+    dense = make_window(tiny_chat)
+    d = dense.models.open_model_settings()
+    qtbot.addWidget(d)
+    assert not d.form.isRowVisible(d.experts) and not d.form.isRowVisible(d.margin)
+    assert d.form.isRowVisible(d.temperature)
+    d.reject()
+    moe = make_window(tiny_moe[1])
+    d = moe.models.open_model_settings()
+    qtbot.addWidget(d)
+    assert d.form.isRowVisible(d.experts) and d.form.isRowVisible(d.margin)
+    d.reject()
