@@ -135,6 +135,8 @@ class TurnDone:
     logprobs: list[tuple[int, TokenLogprob]] = field(default_factory=list)  #: (token id, logprob) when asked
     error: str | None = None
     stop_sequence: str | None = None  #: the stop sequence that ended the answer, if one did
+    context_full: bool = False        #: a "length" stop where the context, not max_tokens, was the limit
+    dropped_messages: int = 0         #: messages the context policy left out of the prompt (TurnRequest.context)
 
 
 TurnEvent = PromptProgress | Reasoning | Text | ToolCallMade | Logprob | LiveStats | TurnDone

@@ -123,10 +123,11 @@ class Library:
             if isinstance(data, dict) else {}
 
     def _write_last_used(self, data: dict[str, float]) -> None:
-        self.state_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
-        os.replace(tmp, self.state_file)
+        """0600 in a 0700 folder, as docs/SECURITY.md promises (it names the user's models)."""
+        from app.store.private import private_dir, write_private
+
+        private_dir(self.state_file.parent)
+        write_private(self.state_file, json.dumps(data, indent=1))
 
     def mark_used(self, path: str | Path, when: float | None = None) -> None:
         data = self._last_used()

@@ -12,7 +12,7 @@ KL(exact || rounded) and relative L2 over 24 random tokens.
 forward pre-hook or its weight rounded (its routed experts are not
 nn.Linear modules and are left exact).
 
-Measured 2026-12-06 (docs/BENCHMARKS.md, "Issue 31 items 1-2"): every trunk
+Measured 2026-12-06 (docs/bench-log/2026-12-06.md, "Issue 31 items 1-2"): every trunk
 group alone moves the tiny K3's logits by 12-66 % relative L2, whether its
 inputs or its weights are rounded (all weights at 8 bits: KL 0.124), so the
 model's own sensitivity, not the 8-bit-activation arithmetic, is what the

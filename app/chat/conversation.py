@@ -90,9 +90,11 @@ class Chat:
         self.clock = clock
         self.title = "New chat"
         self.tree = ConversationTree()
+        self.first_model = ""   #: the model the conversation was started with (as the history keeps it)
         if conversation_id is not None:
             info = store.conversation(conversation_id)
             self.title = info.title
+            self.first_model = info.model
             self.tree = ConversationTree(store.messages(conversation_id), info.leaf_id)
         self.streaming_id: int | None = None
         self._last_save = 0.0
@@ -120,6 +122,7 @@ class Chat:
         if self.id is None:
             self.title = _title_from(text)
             self.id = self.store.create_conversation(self.title, model=self.model_name)
+            self.first_model = self.model_name
         parent = self.tree.leaf_id
         uid = self._add(parent, "user", text)
         return self._start_answer(uid, system_prompt)
@@ -221,19 +224,10 @@ class Chat:
         return msgs
 
     def to_markdown(self) -> str:
-        """The branch on screen as a Markdown document."""
-        lines = [f"# {self.title}", ""]
-        for m in self.visible():
-            who = "You" if m.role == "user" else "Assistant"
-            lines += [f"## {who}", ""]
-            if m.thinking:
-                secs = f" ({m.thinking_seconds:.0f} s)" if m.thinking_seconds else ""
-                lines += [f"<details><summary>Thinking{secs}</summary>", "", m.thinking.strip(), "", "</details>",
-                          ""]
-            lines += [m.content.strip() or "*(no answer)*", ""]
-            if m.status in ("cancelled", "error", "length"):
-                lines += [f"*({_STATUS_NOTE[m.status]})*", ""]
-        return "\n".join(lines).rstrip() + "\n"
+        """The branch on screen as a Markdown document (``app.chat.export.to_markdown``)."""
+        from app.chat.export import to_markdown
+
+        return to_markdown(self)
 
     # ---- helpers
 
@@ -263,7 +257,8 @@ class Chat:
             raise ChatError("an answer is still being written")
 
 
-_STATUS_NOTE = {"cancelled": "stopped", "error": "ended by an error", "length": "cut off at the length limit"}
+STATUS_NOTE = {"cancelled": "stopped", "error": "ended by an error", "length": "cut off at the length limit",
+                "context_full": "stopped: the context is full"}
 
 
 def _title_from(text: str) -> str:

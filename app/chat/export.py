@@ -5,6 +5,7 @@ with its thinking, status, token counts and timing, the passages it could cite,
 the model and the sampling settings."""
 from __future__ import annotations
 
+import html
 import json
 import time
 from pathlib import Path
@@ -21,17 +22,35 @@ def _citation(c: Any) -> dict:
     return c.as_dict() if hasattr(c, "as_dict") else dict(c)
 
 
+def _when(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(t)) if t else ""
+
+
+def _shown(m, shown: dict | None) -> tuple[str, list]:
+    """An answer as the user saw it: its text with the ``[n]`` markers the window showed, and the
+    sources it cites (``shown``: message id -> (text, cited), from ``ChatController.shown``)."""
+    text, cited = (shown or {}).get(m.id, (m.content, []))
+    return text, list(cited)
+
+
 def as_dict(chat, *, model: str = "", sampling: dict | None = None,
-            citations: dict[int, list] | None = None) -> dict:
+            citations: dict[int, list] | None = None, shown: dict | None = None) -> dict:
+    """``citations``: message id -> the passages its prompt held; ``shown``: see ``_shown``."""
     citations = citations or {}
     messages = []
     for m in chat.visible():
-        d = {"id": m.id, "parent_id": m.parent_id, "role": m.role, "content": m.content,
-             "created": m.created, "status": m.status}
+        text, cited = _shown(m, shown)
+        d = {"id": m.id, "parent_id": m.parent_id, "role": m.role, "content": text,
+             "created": m.created, "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(m.created)),
+             "status": m.status}
+        if text != m.content:       # markers the window added where a sentence matches a passage
+            d["model_content"] = m.content
         if m.thinking:
             d["thinking"] = m.thinking
             d["thinking_seconds"] = m.thinking_seconds
-        stats = {k: v for k, v in (m.stats or {}).items() if k != "citations"}
+        if (m.stats or {}).get("model"):      # what wrote this answer: model, format, sampling, routing
+            d["model"] = m.stats["model"]
+        stats = {k: v for k, v in (m.stats or {}).items() if k not in ("citations", "model")}
         if stats:
             d["tokens"] = {"prompt": stats.get("turn_prompt_tokens"), "reused": stats.get("turn_reused_tokens"),
                            "answer": stats.get("turn_tokens")}
@@ -43,10 +62,16 @@ def as_dict(chat, *, model: str = "", sampling: dict | None = None,
             d["logprobs"] = [{"token": t.text, "logprob": t.logprob,
                               "top_logprobs": [{"token": a, "logprob": v} for a, v in t.alternatives]} for t in kept]
         if citations.get(m.id):
-            d["citations"] = [_citation(c) for c in citations[m.id]]
+            d["passages"] = [_citation(c) for c in citations[m.id]]   # what its prompt held
+        if cited:
+            d["citations"] = [_citation(c) for c in cited]          # what it cites, in order of first mention
         messages.append(d)
+    writers = [d["model"]["name"] for d in messages if (d.get("model") or {}).get("name")]
     return {"format": "ferry-chat", "version": FORMAT_VERSION, "title": chat.title,
-            "model": model or chat.model_name, "sampling": dict(sampling or {}),
+            # the model that wrote the newest answer (each message says its own); the open one if none says
+            "model": writers[-1] if writers else (model or chat.model_name),
+            "models": sorted(set(writers)),
+            "sampling": dict(sampling or {}),
             "exported": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "messages": messages}
 
 
@@ -54,19 +79,37 @@ def to_json(chat, **kw) -> str:
     return json.dumps(as_dict(chat, **kw), indent=1, ensure_ascii=False) + "\n"
 
 
-def to_markdown(chat, *, citations: dict[int, list] | None = None, **_kw) -> str:
-    """``Chat.to_markdown`` with each answer's sources listed under it."""
-    text = chat.to_markdown()
-    cited = [(m, citations[m.id]) for m in chat.visible() if citations and citations.get(m.id)]
-    if not cited:
-        return text
-    lines = [text.rstrip(), "", "## Sources", ""]
-    for _m, cs in cited:
-        for c in cs:
-            d = _citation(c)
-            where = d.get("file", "") + (f", page {d['page']}" if d.get("page") else "")
-            lines.append(f"- [{d.get('n')}] {where}: {d.get('passage', '').strip()[:200]}")
-    return "\n".join(lines) + "\n"
+def to_markdown(chat, *, shown: dict | None = None, **_kw) -> str:
+    """The branch on screen as Markdown: who wrote each message (and which model) and when, thinking
+    (escaped) folded in ``<details>``, the text as shown with its ``[n]`` markers, and under each answer
+    the sources it cites, each once."""
+    from app.chat.conversation import STATUS_NOTE
+
+    lines = [f"# {chat.title}", "", f"*Exported {_when(time.time())}*", ""]
+    for m in chat.visible():
+        wrote = ((m.stats or {}).get("model") or {}).get("name")
+        who = "You" if m.role == "user" else (f"Assistant ({wrote})" if wrote else "Assistant")
+        lines += [f"## {who}" + (f" · {_when(m.created)}" if m.created else ""), ""]
+        if m.thinking:
+            secs = f" ({m.thinking_seconds:.0f} s)" if m.thinking_seconds else ""
+            lines += [f"<details><summary>Thinking{secs}</summary>", "", "<pre>", html.escape(m.thinking.strip()),
+                      "</pre>", "", "</details>", ""]
+        text, cited = _shown(m, shown)
+        lines += [text.strip() or "*(no answer)*", ""]
+        if m.status in STATUS_NOTE:
+            lines += [f"*({STATUS_NOTE[m.status]})*", ""]
+        if cited:
+            lines += ["**Sources**", ""]
+            seen = set()
+            for c in cited:
+                d = _citation(c)
+                if d.get("n") in seen:
+                    continue
+                seen.add(d.get("n"))
+                where = d.get("file", "") + (f", page {d['page']}" if d.get("page") else "")
+                lines.append(f"- [{d.get('n')}] {where}: {d.get('passage', '').strip()[:200]}")
+            lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
 
 
 def write(chat, path: str | Path, fmt: str | None = None, **kw) -> Path:

@@ -20,6 +20,8 @@ The routing options of a request (``experts_per_token``,
 """
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import time
 from dataclasses import dataclass, field
@@ -77,6 +79,13 @@ class TurnRequest:
     cache_aware_margin: float = 0.0        #: opt-in cache-aware routing; 0 is off
     raw: bool = False                      #: the messages' text as a plain prompt, no chat format
     client: str = "local"                  #: who asks: prefix reuse is kept per client
+    #: what a prompt that does not fit does: "error" refuses it (the server's: its clients decide), "drop_oldest"
+    #: leaves the oldest turns out (the window and ``ferry chat``: a chat never dead-ends); see ``CONTEXT_POLICIES``
+    context: str = "error"
+
+
+#: The context policies a ``TurnRequest`` can name.
+CONTEXT_POLICIES = ("error", "drop_oldest")
 
 
 @dataclass
@@ -101,6 +110,8 @@ class Prepared:
     experts_per_token: int | None = None
     cache_aware_margin: float = 0.0
     client: str = "local"
+    dropped: int = 0             #: messages (after the system prompt) left out to fit the context
+    context_bound: bool = False  #: the answer's room is what the context leaves (a length stop is "context full")
 
 
 class ChatFormat:
@@ -141,20 +152,13 @@ class ChatFormat:
         if named is not None and named not in {(t.get("function") or {}).get("name") for t in req.tools or ()}:
             raise TurnError(f"tool_choice names the function {named!r}, which is not among the tools",
                             "tool_choice")
-        prefill: list[Segment] = []
-        llama3 = False
-        if req.raw:
-            segments, dialect, channel, hermes = self.plain(req), "think_tags", "response", False
-        elif self.kind == "k3":
-            segments, channel, prefill = self._k3(req)
-            dialect, hermes = "k3", False
-        elif self.kind == "jinja":
-            segments, channel, prefill = self._jinja(req)
-            tooled = bool(req.tools) and req.tool_choice != "none"
-            dialect, hermes, llama3 = "think_tags", tooled and self.hermes, tooled and self.llama3
-        else:
-            segments, dialect, channel, hermes = self.plain(req), "think_tags", "response", False
+        if req.context not in CONTEXT_POLICIES:
+            raise TurnError(f"context must be one of {', '.join(CONTEXT_POLICIES)}.", "context")
+        segments, dialect, channel, hermes, llama3, prefill = self._render(req)
         prompt = self.model.encode(segments)
+        dropped = 0
+        if req.context == "drop_oldest" and req.messages and not req.raw:
+            prompt, segments, dropped = self._fit(req, n_ctx, prompt, segments)
         prefill_ids = self.model.tokenizer.encode_segments(prefill) if prefill else []
         prompt += prefill_ids
         if len(prompt) >= n_ctx:
@@ -168,7 +172,43 @@ class ChatFormat:
                         prefill_ids=prefill_ids if dialect == "k3" else [],
                         parallel_tool_calls=req.parallel_tool_calls, segments=segments + prefill,
                         top_logprobs=req.top_logprobs, experts_per_token=req.experts_per_token,
-                        cache_aware_margin=req.cache_aware_margin, client=req.client)
+                        cache_aware_margin=req.cache_aware_margin, client=req.client, dropped=dropped,
+                        context_bound=want >= room)
+
+    def _render(self, req: TurnRequest) -> tuple[list[Segment], str, str, bool, bool, list[Segment]]:
+        """The prompt segments, the stream dialect, the channel left open, whether tool calls are Hermes' or
+        Llama 3.1's, and the forced-call prefill (a tool_choice asking for a call)."""
+        if req.raw:
+            return self.plain(req), "think_tags", "response", False, False, []
+        if self.kind == "k3":
+            segments, channel, prefill = self._k3(req)
+            return segments, "k3", channel, False, False, prefill
+        if self.kind == "jinja":
+            segments, channel, prefill = self._jinja(req)
+            tooled = bool(req.tools) and req.tool_choice != "none"
+            return segments, "think_tags", channel, tooled and self.hermes, tooled and self.llama3, prefill
+        return self.plain(req), "think_tags", "response", False, False, []
+
+    def _fit(self, req: TurnRequest, n_ctx: int, prompt: list[int], segments: list[Segment]
+             ) -> tuple[list[int], list[Segment], int]:
+        """The "drop_oldest" policy: when the prompt and room for an answer (the longest answer asked for,
+        at most a quarter of the context) do not fit, whole turns are left out from the oldest on — the
+        system prompt and the newest question always stay — until the prompt takes at most half the
+        context (so the next few turns fit without dropping again, and reuse this prompt's prefix).
+        Returns the prompt, its segments and how many messages were left out."""
+        reserve = min(req.max_tokens or n_ctx, n_ctx // 4)
+        if len(prompt) + reserve <= n_ctx:
+            return prompt, segments, 0
+        messages = list(req.messages)
+        first = 1 if messages[0].get("role") == "system" else 0
+        users = [i for i, m in enumerate(messages) if i >= first and m.get("role") == "user"]
+        for start in users[1:] if users and users[0] == first else users:
+            trial = dataclasses.replace(req, messages=messages[:first] + messages[start:])
+            segments = self._render(trial)[0]
+            prompt = self.model.encode(segments)
+            if len(prompt) <= n_ctx // 2:
+                return prompt, segments, start - first
+        return prompt, segments, (users[-1] - first) if users and users[-1] > first else 0
 
     def render(self, messages: list[dict[str, Any]], *, thinking: bool = True) -> list[Segment]:
         """The prompt segments of ``messages`` (with the generation prompt)."""
@@ -668,7 +708,7 @@ def run_turn(model, session, prepared: Prepared, *, reuse_limit: int | None = No
                         token_ids=list(out_ids), prompt_tokens=len(prepared.prompt),
                         completion_tokens=len(out_ids), reasoning_tokens=builder.reasoning_tokens,
                         counters=counters(), totals=session.stats().as_dict(), seconds=ended - start,
-                        queue_seconds=start - submitted,
+                        queue_seconds=start - submitted, dropped_messages=prepared.dropped,
                         started=start, ended=ended, logprobs=list(logprobs), error=error,
                         stop_sequence=builder.stop.matched, **extra)
 
@@ -723,7 +763,7 @@ def run_turn(model, session, prepared: Prepared, *, reuse_limit: int | None = No
     ttft = end.ttft_s if end is not None else None
     if ttft is None and out_ids:
         ttft = time.monotonic() - start
-    yield done(reason, reused_tokens=reused, ttft_s=ttft)
+    yield done(reason, reused_tokens=reused, ttft_s=ttft, context_full=reason == "length" and prepared.context_bound)
 
 
 def collect(events: Iterator[TurnEvent]) -> TurnDone:

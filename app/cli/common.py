@@ -301,8 +301,10 @@ def sampling(args) -> SamplingParams:
                           presence_penalty=getattr(args, "presence_penalty", 0.0))
 
 
-def turn_request(args, messages: list[dict], *, raw: bool = False, client: str = "cli") -> TurnRequest:
-    """The turn the options ask for; options out of range are a UsageError (before any model loads)."""
+def turn_request(args, messages: list[dict], *, raw: bool = False, client: str = "cli",
+                 context: str = "error") -> TurnRequest:
+    """The turn the options ask for; options out of range are a UsageError (before any model loads).
+    ``context``: the context policy (``TurnRequest.context``; ``ferry chat`` drops the oldest turns)."""
     from app.chat.turn import MAX_STOPS, MAX_STOP_CHARS
 
     stops = list(getattr(args, "stop", None) or [])
@@ -317,4 +319,4 @@ def turn_request(args, messages: list[dict], *, raw: bool = False, client: str =
                        thinking=not getattr(args, "no_think", False), raw=raw,
                        experts_per_token=getattr(args, "experts_per_token", None),
                        cache_aware_margin=getattr(args, "cache_aware", 0.0) or 0.0, client=client,
-                       top_logprobs=getattr(args, "logprobs", None), stop=stops)
+                       top_logprobs=getattr(args, "logprobs", None), stop=stops, context=context)

@@ -240,7 +240,7 @@ def cmd_chat(args) -> int:
                 continue
             messages.append({"role": "user", "content": line})
             try:
-                end = _answer(turns, turn_request(args, list(messages)), show=True)
+                end = _answer(turns, turn_request(args, list(messages), context="drop_oldest"), show=True)
             except TurnError as exc:
                 end = TurnDone("error", error=exc.message)
             if end.reason in ("error", "cancelled"):
@@ -250,6 +250,11 @@ def cmd_chat(args) -> int:
                 continue
             messages.append({"role": "assistant", "content": end.content,
                              **({"reasoning_content": end.reasoning} if end.reasoning else {})})
+            if end.dropped_messages:   # a chat never dead-ends: the oldest turns were left out of this prompt
+                print(f"  [earlier turns are outside the model's memory: the oldest {end.dropped_messages} "
+                      "messages were left out]", file=sys.stderr)
+            if end.context_full:
+                print("  [context full: the answer stopped where the context ended]", file=sys.stderr)
             n = len(end.token_ids)
             print(f"  [{n} tokens, {end.prompt_tokens - end.reused_tokens} prompt tokens evaluated, "
                   f"{end.reused_tokens} reused, {n / max(end.seconds, 1e-9):.1f} tok/s]", file=sys.stderr)

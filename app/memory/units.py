@@ -17,3 +17,12 @@ def size(n: float) -> str:
         if abs(n) < 1024 or unit == "PiB":
             return f"{n:.2f} {unit}" if abs(n) < 10 else f"{n:.1f} {unit}" if abs(n) < 100 else f"{n:.0f} {unit}"
     return f"{n:.0f} PiB"
+
+
+def budget_problem(budget: int, floor: int, recommended: int) -> str:
+    """Why a RAM budget of ``budget`` bytes cannot run a model whose floor is ``floor`` ("" when it can;
+    0 means the recommended budget, which always can)."""
+    if budget <= 0 or budget >= floor:
+        return ""
+    return (f"{size(budget)} is below this model's floor of {size(floor)}, the least it runs in at this context; "
+            f"the recommended budget is {size(recommended)}. Choose at least {size(floor)}, or Recommended.")

@@ -97,17 +97,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         store = open_history(prompt=dialog_prompt())
     except HistoryLocked as exc:
         print(f"ferry: {exc}", file=sys.stderr)
+        # said in the window too: started from a dock or a menu, nobody reads stderr (issue 34)
+        QMessageBox.information(None, "Ferry stays closed", f"Ferry did not start: {exc}. Your conversations are "
+                                "safe; start Ferry again and type the passphrase to open them.")
         return 1
     except KeyUnavailable as exc:
         QMessageBox.critical(None, "Ferry cannot open your history", str(exc))
         return 1
     window = MainWindow(store)
     window.show()
-    QTimer.singleShot(0, window.start_documents)     # watched folders and the index read-ahead, in the background
+    QTimer.singleShot(0, window.controller.start_documents)   # watched folders, the index read-ahead (background)
     if args.model:
         window.load_model(args.model)
     else:
-        window.open_default_model()
+        window.models.open_default_model()
     code = app.exec()
     _dispose(window)
     store.close()

@@ -4,19 +4,22 @@ per-message actions (copy, edit and resend, regenerate, switch between
 alternatives). It renders a ``Chat``; every action is a signal."""
 from __future__ import annotations
 
-from PySide6.QtCore import QSize, Qt, QTimer, QUrl, Signal
+from PySide6.QtCore import QEvent, QSize, Qt, QTimer, QUrl, Signal
 from PySide6.QtGui import QDesktopServices, QGuiApplication, QTextOption
 from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QScrollArea,
                                QSizePolicy, QTextBrowser, QToolButton, QVBoxLayout, QWidget)
 
 from app.chat import token_probs
 from app.chat.conversation import STREAMING, Chat
+from app.controller.chat_controller import CONTEXT_FULL, WRITER, describe_writer, memory_start
 from app.store.history import MessageRecord
 from app.ui import theme
 from app.ui.elided import ElidedLabel
 from app.ui.markdown import render
 
-STATUS_NOTES = {"cancelled": "Stopped", "error": "Ended by an error", "length": "Cut off at the length limit"}
+STATUS_NOTES = {"cancelled": "Stopped", "error": "Ended by an error", "length": "Cut off at the length limit",
+                CONTEXT_FULL: "Stopped: the context is full"}
+MEMORY_MARK = "Earlier turns are outside the model's memory"
 
 
 class AutoBrowser(QTextBrowser):
@@ -100,6 +103,10 @@ def _fold_button(parent: QWidget, name: str, toggled) -> QToolButton:
     b.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
     b.setAutoRaise(True)
     b.setAccessibleName(name)
+    # its title may be long ("Token probabilities · 90 tokens · mean…"): it never widens the bubble
+    # (a narrow window clipped the bubbles' buttons); the whole title is the tooltip
+    b.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Fixed)
+    b.setMinimumWidth(120)
     b.toggled.connect(toggled)
     return b
 
@@ -180,6 +187,7 @@ class TokenProbsPanel(QFrame):
             return
         self.tokens, self.selected = tokens, None
         self.toggle.setText(f"Token probabilities · {token_probs.summary(tokens)}")
+        self.toggle.setToolTip(self.toggle.text())
         self.render()
 
     def render(self) -> None:
@@ -229,7 +237,10 @@ def turn_figures(stats: dict | None) -> str:
     n, secs, ttft = stats.get("turn_tokens"), stats.get("turn_seconds"), stats.get("ttft_s")
     if not n or not secs:
         return ""
-    text = f"{n} token{'' if n == 1 else 's'} · {n / secs:.1f} tok/s"
+    # the answer's own speed, as the gauge shows it: the tokens after the first over the time after it
+    # (the prompt's reading is in the time to the first token, not in the answer's rate)
+    rate = (n - 1) / (secs - ttft) if ttft is not None and n > 1 and secs > ttft else n / secs
+    text = f"{n} token{'' if n == 1 else 's'} · {rate:.1f} tok/s"
     return text + (f" · first token after {ttft:.1f} s" if ttft is not None else "")
 
 
@@ -306,6 +317,8 @@ class MessageWidget(QFrame):
         self.editor.setAccessibleName("Edit the message")
         self.editor.setVisible(False)
         self.editor.setFixedHeight(90)
+        self.editor.setToolTip("Enter saves and resends · Shift+Enter starts a new line · Esc cancels")
+        self.editor.installEventFilter(self)
         outer.addWidget(self.editor)
         self.edit_row = QWidget(self)
         er = QHBoxLayout(self.edit_row)
@@ -413,6 +426,18 @@ class MessageWidget(QFrame):
         self.edit_row.setVisible(False)
         self.body.setVisible(True)
 
+    def eventFilter(self, obj, event) -> bool:
+        """In the inline editor: Enter saves and resends, Shift+Enter starts a new line, Esc cancels."""
+        if obj is self.editor and event.type() == QEvent.Type.KeyPress:
+            mods = event.modifiers() & ~Qt.KeyboardModifier.KeypadModifier
+            if event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter) and mods == Qt.KeyboardModifier.NoModifier:
+                self._resend()
+                return True
+            if event.key() == Qt.Key.Key_Escape:
+                self._end_edit()
+                return True
+        return super().eventFilter(obj, event)
+
     def _resend(self) -> None:
         text = self.editor.toPlainText().strip()
         if text:
@@ -451,6 +476,7 @@ class ChatView(QScrollArea):
         self.lay.addStretch(1)
         self.setWidget(self.inner)
         self.widgets: list[MessageWidget] = []
+        self.memory_mark: QLabel | None = None   #: the line above the oldest message the model still holds
         self.chat: Chat | None = None
         self.author = "Assistant"
         self._stick = True
@@ -475,13 +501,27 @@ class ChatView(QScrollArea):
             w.hide()
             w.deleteLater()
         self.widgets = []
+        if self.memory_mark is not None:
+            self.lay.removeWidget(self.memory_mark)
+            self.memory_mark.hide()
+            self.memory_mark.deleteLater()
+            self.memory_mark = None
         records = chat.visible() if chat else []
         self.placeholder.setVisible(not records)
         busy = bool(chat and chat.busy)
-        for rec in records:
+        boundary = memory_start(records)
+        for i, rec in enumerate(records):
+            if i == boundary and i > 0:
+                self.memory_mark = QLabel(f"— {MEMORY_MARK} —", objectName="mutedLabel", accessibleName=MEMORY_MARK)
+                self.memory_mark.setAlignment(Qt.AlignmentFlag.AlignCenter)
+                self.memory_mark.setToolTip("The context is full: the oldest turns were left out of the prompt. "
+                                            "The model no longer sees them; they stay here and in the history.")
+                self.lay.insertWidget(self.lay.count() - 1, self.memory_mark)
             sibs = [m.id for m in chat.tree.siblings(rec.id)]
-            w = MessageWidget(rec, "You" if rec.role == "user" else self.author, sibs, self.inner,
+            wrote = (rec.stats or {}).get(WRITER) or {}
+            w = MessageWidget(rec, "You" if rec.role == "user" else self.author_of(rec), sibs, self.inner,
                               decorate=self.decorate)
+            w.author.setToolTip(describe_writer(wrote))
             w.cite.connect(self.cite)
             w.regenerate.connect(self.regenerate)
             w.edit.connect(self.edit)
@@ -494,6 +534,14 @@ class ChatView(QScrollArea):
             self.widgets.append(w)
         self._stick = True
         self._end_timer.start()
+
+    def author_of(self, rec: MessageRecord) -> str:
+        """The model that wrote an answer, as kept with it; an answer from before answers kept it: the
+        model its chat was started with (the one being written: the open model)."""
+        if rec.status == STREAMING:
+            return self.author
+        wrote = (rec.stats or {}).get(WRITER) or {}
+        return wrote.get("name") or (self.chat.first_model if self.chat else "") or "Assistant"
 
     def refresh_streaming(self) -> None:
         chat = self.chat

@@ -18,7 +18,8 @@ from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QDialog, QDialogBut
 
 from app.documents.library import collection_rows, file_rows
 from app.documents.store import DocumentError, DocumentStore
-from app.ui.documents_panel import AddRunner, progress_widgets
+from app.ui.add_runner import AddRunner
+from app.ui.documents_panel import progress_widgets
 
 
 def _table(headers: list[str], name: str) -> QTableWidget:

@@ -5,123 +5,29 @@ budget, and open a citation with its passage highlighted in its page.
 The main window needs only these calls (see docs/DOCUMENTS.md):
 
 * ``open_documents_panel(parent, store, collection)`` — the "Attach…" dialog;
-* ``PassageSearch(store, collection, model_path, question)`` — sent with a
-  turn to the engine thread, which searches there (through a connection of
-  its own) and calls ``attach_passages(request, store, collection,
-  model_path, question)``: the best passages go into the request's messages
-  (as content) and the citations for that answer come back; the GUI thread
-  never waits for a search;
-* ``link_markers(text, citations)`` — the answer's ``[n]`` markers as
-  ``cite:n`` links, and ``show_citation(parent, store, citation)`` when one
-  is clicked.
+* ``show_citation(parent, store, citation)`` (citation_dialog.py) when a ``cite:n``
+  link is clicked.
+
+Putting passages into a turn and linking an answer's markers is Qt-free:
+``app/controller/passages.py``.
 
 Indexing runs on its own QThread with its own connection to the store; the
 GUI thread never waits for it.
 """
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
 from pathlib import Path
 
-from PySide6.QtCore import QObject, Qt, QThread, Signal, Slot
-from PySide6.QtGui import QColor, QTextCharFormat, QTextCursor
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QDialog, QDialogButtonBox, QFileDialog, QHBoxLayout, QLabel, QListWidget,
-                               QProgressBar, QPushButton, QSpinBox, QTextEdit, QVBoxLayout, QWidget)
+                               QProgressBar, QPushButton, QSpinBox, QVBoxLayout, QWidget)
 
-from app.api import TurnRequest
 from app.documents.library import count
-from app.documents.ask import Citation, _citation, cite
-from app.documents.prompt import EstimatedTokens, passages_message, select_passages
 from app.documents.store import DocumentError, DocumentStore
 from app.documents.extract import SUFFIXES
-from app.documents.walk import display_name
+from app.ui.add_runner import AddRunner
 
 FILE_FILTER = "Documents (" + " ".join(f"*{s}" for s in sorted(SUFFIXES)) + ")"
-
-
-class _AddWorker(QObject):
-    progress = Signal(int, int, str, str, str)     #: done, total, file name, stage, message
-    summary = Signal(str)                          #: files, MB, passages, time left (AddProgress.summary)
-    finished = Signal(object)                      #: AddReport.as_dict()
-
-    def __init__(self, store: DocumentStore, collection: str, paths: list[str] | None, watch: bool | None = None):
-        super().__init__()
-        self._store, self._collection, self._paths, self._watch = store, collection, paths, watch
-        self._cancel = False
-
-    def cancel(self) -> None:
-        self._cancel = True
-
-    @Slot()
-    def run(self) -> None:
-        store = self._store.clone()     # a connection of this thread's own
-        try:
-            def progress(p):
-                self.progress.emit(p.done, p.total, display_name(p.path.name), p.stage, p.message)
-                self.summary.emit(p.summary())
-
-            if self._paths is None:         # re-index: bring the collection up to date with its sources
-                report = store.rescan(self._collection, cancelled=lambda: self._cancel, progress=progress)
-            else:
-                report = store.add(self._collection, self._paths, cancelled=lambda: self._cancel,
-                                   progress=progress, watch=self._watch)
-            self.finished.emit(report.as_dict())
-        except Exception as exc:  # report, never crash the window
-            self.finished.emit({"added": [], "unchanged": [], "failed": [{"path": "", "name": "",
-                                                                          "error": str(exc)}],
-                                "chunks": 0, "cancelled": False})
-        finally:
-            store.close()
-
-
-class AddRunner(QObject):
-    """One add or re-index at a time on a QThread of its own (the GUI thread never waits)."""
-
-    progress = Signal(int, int, str, str, str)
-    summary = Signal(str)
-    finished = Signal(object)
-
-    def __init__(self, parent: QObject):
-        super().__init__(parent)
-        self._thread: QThread | None = None
-        self._worker: _AddWorker | None = None
-
-    @property
-    def busy(self) -> bool:
-        return self._thread is not None
-
-    def start(self, store: DocumentStore, collection: str, paths: list[str] | None, watch: bool | None = None) -> bool:
-        if self._thread is not None:
-            return False
-        self._thread = QThread(self)
-        self._worker = _AddWorker(store, collection, paths, watch)
-        self._worker.moveToThread(self._thread)
-        self._thread.started.connect(self._worker.run)
-        self._worker.progress.connect(self.progress)
-        self._worker.summary.connect(self.summary)
-        self._worker.finished.connect(self._done)
-        self._thread.start()
-        return True
-
-    def cancel(self) -> None:
-        if self._worker is not None:
-            self._worker.cancel()
-
-    def _done(self, report: dict) -> None:
-        self._thread.quit()
-        self._thread.wait()
-        self._worker.deleteLater()
-        self._thread.deleteLater()
-        self._thread = self._worker = None
-        self.finished.emit(report)
-
-    def stop(self) -> None:
-        """Cancel and wait (a closing dialog)."""
-        if self._worker is not None:
-            self._worker.cancel()
-            self._thread.quit()
-            self._thread.wait(10000)
 
 
 def progress_widgets(lay: QVBoxLayout) -> tuple[QProgressBar, QLabel]:
@@ -269,57 +175,6 @@ class DocumentsPanel(QDialog):
         super().closeEvent(event)
 
 
-class CitationDialog(QDialog):
-    """A cited passage in its page, highlighted and scrolled into view."""
-
-    def __init__(self, page_text: str, citation: Citation, parent: QWidget | None = None):
-        super().__init__(parent)
-        where = citation.file + (f", page {citation.page}" if citation.page is not None else "")
-        self.setWindowTitle(f"[{citation.n}] {where}")
-        self.setAccessibleName("Cited passage")
-        self.resize(620, 480)
-        lay = QVBoxLayout(self)
-        head = QLabel(f"<b>[{citation.n}]</b> {where}" + (f" — {citation.heading}" if citation.heading else ""))
-        head.setTextFormat(Qt.TextFormat.RichText)
-        lay.addWidget(head)
-        path = QLabel(citation.path)
-        path.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        lay.addWidget(path)
-        self.text = QTextEdit()
-        self.text.setReadOnly(True)
-        self.text.setAccessibleName("Page text")
-        self.text.setPlainText(page_text)
-        start, end = citation.start, citation.end
-        if page_text[start:end] != citation.passage:     # the file changed since: find the passage
-            at = page_text.find(citation.passage)
-            start, end = (at, at + len(citation.passage)) if at >= 0 else (0, 0)
-        self.highlight = (start, end)
-        if end > start:
-            cursor = QTextCursor(self.text.document())
-            cursor.setPosition(start)
-            cursor.setPosition(end, QTextCursor.MoveMode.KeepAnchor)
-            fmt = QTextCharFormat()
-            fmt.setBackground(QColor("#ffe58a"))
-            fmt.setForeground(QColor("#000000"))
-            sel = QTextEdit.ExtraSelection()
-            sel.cursor, sel.format = cursor, fmt
-            self.text.setExtraSelections([sel])
-            view = QTextCursor(self.text.document())
-            view.setPosition(end)
-            self.text.setTextCursor(view)
-            view.setPosition(start)
-            self.text.setTextCursor(view)
-            self.text.ensureCursorVisible()
-        lay.addWidget(self.text, 1)
-        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
-        buttons.rejected.connect(self.close)
-        lay.addWidget(buttons)
-
-    def highlighted_text(self) -> str:
-        sels = self.text.extraSelections()
-        return sels[0].cursor.selectedText().replace("\u2029", "\n") if sels else ""
-
-
 # ---------------------------------------------------------------- the main window's calls
 
 def open_documents_panel(parent: QWidget | None, store: DocumentStore, collection: str,
@@ -329,97 +184,3 @@ def open_documents_panel(parent: QWidget | None, store: DocumentStore, collectio
     panel.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
     panel.show()
     return panel
-
-
-def show_citation(parent: QWidget | None, store: DocumentStore, citation: Citation) -> CitationDialog:
-    try:
-        page = store.page_text(citation.file_id, citation.page)
-    except DocumentError:
-        page = citation.passage
-    dialog = CitationDialog(page, citation, parent)
-    dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
-    dialog.show()
-    return dialog
-
-
-class _TokenCounter:
-    """The model's tokenizer, for counting passage tokens on the GUI thread
-    (an estimate for a remote engine, which has no local container)."""
-
-    def __init__(self, model_path: str | Path):
-        from app.chat.hf_tokenizer import HFTokenizer
-        from app.engine.container_files import (MAX_TOKENIZER_BYTES, ContainerFileError, contained_file,
-                                                read_manifest)
-        from app.model import TiktokenContainerTokenizer
-
-        if not (Path(model_path) / "manifest.json").exists():
-            self.tokenizer = EstimatedTokens()
-            return
-        try:    # read as the model reads it: a regular file inside the folder, never a FIFO
-            tok = read_manifest(model_path).get("tokenizer") or {}
-            tok = tok if isinstance(tok, dict) else {}
-            cls = TiktokenContainerTokenizer if tok.get("kind") == "tiktoken" else HFTokenizer
-            path = contained_file(model_path, tok.get("file"), "tokenizer.file", MAX_TOKENIZER_BYTES)
-        except ContainerFileError:   # the model itself refuses to open; counting is only an estimate then
-            self.tokenizer = EstimatedTokens()
-            return
-        self.tokenizer = cls(path)
-
-
-_COUNTERS: dict[str, _TokenCounter] = {}
-
-
-@dataclass(frozen=True)
-class PassageSearch:
-    """A turn's documents, searched on the engine's thread (``EngineWorker.generate``) rather than the
-    window's: ``store`` is the window's store (its file and key); the search runs through a clone of it
-    that the engine thread keeps (its page cache stays warm from one question to the next)."""
-
-    store: DocumentStore
-    collection: str
-    model_path: str
-    question: str
-
-    def attach(self, request: TurnRequest, store: DocumentStore) -> list[Citation]:
-        return attach_passages(request, store, self.collection, self.model_path, self.question)
-
-
-def attach_passages(request: TurnRequest, store: DocumentStore, collection: str, model_path: str | Path,
-                    question: str) -> list[Citation]:
-    """Put the collection's best passages for ``question`` into ``request.messages``
-    (in the system message, as content), within the collection's token budget;
-    returns the numbered passages, for :func:`link_markers` and citations."""
-    try:
-        coll = store.collection(collection)
-    except DocumentError:
-        return []
-    counter = _COUNTERS.setdefault(str(model_path), _TokenCounter(model_path))
-    chosen, _whole, _used = select_passages(counter, store.index(collection), question, coll.budget)
-    if not chosen:
-        return []
-    from app.documents.prompt import Passage
-
-    passages = [Passage(i + 1, c, s, 0) for i, (c, s) in enumerate(chosen)]
-    block = passages_message(passages)   # the same system message as `ferry docs ask`
-    messages = [dict(m) for m in request.messages]
-    if messages and messages[0].get("role") == "system":
-        messages[0]["content"] = f"{messages[0]['content']}\n\n{block}"
-    else:
-        messages.insert(0, {"role": "system", "content": block})
-    request.messages = messages
-    return [_citation(p) for p in passages]
-
-
-def link_markers(text: str, citations: list[Citation]) -> tuple[str, list[Citation]]:
-    """The answer (Markdown) with its ``[n]`` markers as ``cite:n`` links
-    (markers added where a sentence matches a passage), and the citations used."""
-    from app.documents.prompt import Passage
-    from app.documents.index import IndexedChunk
-
-    passages = [Passage(c.n, IndexedChunk(c.chunk_id, c.file_id, c.file, c.path, c.page, c.heading, c.start, c.end,
-                                          c.passage, 0), 0.0, 0) for c in citations]
-    marked, used = cite(text, passages)
-    valid = {c.n for c in citations}
-    linked = re.sub(r"\[(\d{1,3})\]", lambda m: f"[\\[{m.group(1)}\\]](cite:{m.group(1)})"
-                    if int(m.group(1)) in valid else m.group(0), marked)
-    return linked, used

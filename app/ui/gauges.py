@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from PySide6.QtCore import QPointF, QRectF, Qt
 from PySide6.QtGui import QColor, QPainter, QPainterPath, QPalette, QPen
-from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QSizePolicy, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QScrollArea, QSizePolicy, QVBoxLayout, QWidget
 
 from app.api import ModelLoaded
-from app.memory.stats import GaugeValues, MemorySplit, StatsView
+from app.memory.stats import GaugeValues, MemorySplit, StatsView, memory_split
 from app.memory.units import size
 from app.ui import theme
 
@@ -209,6 +209,8 @@ class GaugePanel(QWidget):
         self.remote_note.setVisible(self.remote is not None)
         for name, figure in _TILE_FIGURE.items():
             getattr(self, name).setEnabled(self._provides(figure) and (has_experts or name in ("decode", "prompt")))
+        for t in (self.disk, self.hit_decode, self.hit_prefill):   # a dense model: no empty expert gauges, one note
+            t.setVisible(has_experts or self.remote is not None)
         self.show_values(StatsView())
 
     def _provides(self, figure: str) -> bool:
@@ -234,6 +236,15 @@ class GaugePanel(QWidget):
         self.hit_decode.set(_pct(v.hit_decode), f"since start {_pct(v.hit_decode_total)}", h["hit_decode"])
         self.hit_prefill.set(_pct(v.hit_prefill), f"since start {_pct(v.hit_prefill_total)}", h["hit_prefill"])
 
+    def show_model(self, info: ModelLoaded, ram_budget: int = 0) -> MemorySplit:
+        """A newly opened model (``ram_budget``: the setting, when the engine reports none): its gauges
+        and its memory split, which is returned."""
+        split = memory_split(info.plan, info.info, info.info.ram_budget or ram_budget,
+                             recommended=info.recommended_budget)
+        self.set_model(info.has_experts, engine=info)
+        self.show_memory(split)
+        return split
+
     def show_memory(self, split: MemorySplit | None) -> None:
         self.ram.setVisible(self.remote is None)
         if self.remote is not None:
@@ -254,6 +265,20 @@ class GaugePanel(QWidget):
         self.ram_note.setText(f"{size(split.total)} planned of {size(split.usable)} usable RAM. "
                               f"Floor {size(split.floor)}, recommended {size(split.recommended)}, "
                               f"budget: {budget}.")
+
+
+class GaugeDock(QScrollArea):
+    """The gauge panel at the window's right, scrolling when the window is short."""
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.panel = GaugePanel()
+        self.setWidget(self.panel)
+        self.setWidgetResizable(True)
+        self.setFrameShape(QFrame.Shape.NoFrame)
+        self.setMinimumWidth(300)
+        self.setMaximumWidth(420)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
 
 
 def _rate(v: float | None, unit: str) -> str:

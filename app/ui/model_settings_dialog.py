@@ -41,7 +41,7 @@ class ModelSettingsDialog(QDialog):
         prow.addWidget(self.save_preset_btn)
         lay.addLayout(prow)
 
-        form = QFormLayout()
+        self.form = form = QFormLayout()
         self.system = QPlainTextEdit()
         self.system.setAccessibleName("System prompt")
         self.system.setFixedHeight(90)
@@ -51,6 +51,12 @@ class ModelSettingsDialog(QDialog):
         self.temperature.setRange(0.0, 5.0)
         self.temperature.setSingleStep(0.05)
         form.addRow("Temperature", self.temperature)
+        self.presence = QDoubleSpinBox()
+        self.presence.setAccessibleName("Presence penalty")
+        self.presence.setRange(-2.0, 2.0)
+        self.presence.setSingleStep(0.1)
+        self.presence.setToolTip("Above 0, a word already written is less likely again: long answers loop less.")
+        form.addRow("Presence penalty", self.presence)
         self.context = QSpinBox()
         self.context.setAccessibleName("Context length in tokens")
         self.context.setRange(256, 1 << 20)
@@ -97,6 +103,11 @@ class ModelSettingsDialog(QDialog):
         self.show_values(settings_mod.model_values(settings, model_key))
         self._origin(own)
 
+    def show_expert_options(self, shown: bool) -> None:
+        """Experts per token and the cache-aware margin: only for a model that has experts."""
+        for w in (self.experts, self.margin):
+            self.form.setRowVisible(w, shown)
+
     def _origin(self, own: bool) -> None:
         self.origin.setText("This model has its own settings." if own else
                             "This model uses the general settings; what you change here applies to it only.")
@@ -110,6 +121,7 @@ class ModelSettingsDialog(QDialog):
     def show_values(self, v: dict) -> None:
         self.system.setPlainText(v["system_prompt"])
         self.temperature.setValue(v["temperature"])
+        self.presence.setValue(v["presence_penalty"])
         self.context.setValue(v["context_length"])
         self.thinking.setChecked(v["thinking"])
         self.experts.setValue(v["experts_per_token"] or 0)
@@ -120,7 +132,8 @@ class ModelSettingsDialog(QDialog):
         v = {"system_prompt": self.system.toPlainText(), "temperature": self.temperature.value(),
              "context_length": self.context.value(), "thinking": self.thinking.isChecked(),
              "experts_per_token": self.experts.value() or None, "cache_aware_margin": self.margin.value(),
-             "activations": DEFAULT_ACTIVATIONS if self.fast_activations.isChecked() else EXACT}
+             "activations": DEFAULT_ACTIVATIONS if self.fast_activations.isChecked() else EXACT,
+             "presence_penalty": self.presence.value()}
         assert set(v) == set(PER_MODEL)
         return v
 

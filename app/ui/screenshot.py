@@ -125,14 +125,14 @@ class ScreenshotRun(QObject):
     # ---- the model library, the switcher, and a long prompt being read
 
     def _library(self) -> None:
-        d = self.w.open_library()
+        d = self.w.models.open_library()
         QTimer.singleShot(300, lambda: self._library_shot(d))
 
     def _library_shot(self, dialog) -> None:
         self._grab("06a-library", dialog)
         dialog.reject()
         menu = self.w.model_menu
-        self.w._fill_model_menu()
+        self.w.models.fill()
         menu.popup(self.w.mapToGlobal(self.w.menuBar().geometry().bottomLeft()))
         QTimer.singleShot(300, lambda: self._switcher_shot(menu))
 

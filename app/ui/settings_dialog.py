@@ -8,7 +8,7 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, 
                                QPlainTextEdit, QPushButton, QSpinBox, QTabWidget, QVBoxLayout, QWidget)
 
 from app.memory.stats import MemorySplit
-from app.memory.units import size
+from app.memory.units import budget_problem, size
 from app.store.settings import MAX_ALTERNATIVES, Settings, format_stops, parse_stops, remote_api_key, set_remote_api_key
 
 MIB = 1 << 20
@@ -81,8 +81,7 @@ class SettingsDialog(QDialog):
         self.budget_note.setObjectName("mutedLabel")
         self.budget_note.setWordWrap(True)
         form.addRow("", self.budget_note)
-        if memory is not None:
-            self.budget.setMinimum(0)
+        self.budget.valueChanged.connect(lambda _v: self._check_budget())
 
         self.threads = QSpinBox()
         self.threads.setAccessibleName("Compute threads")
@@ -192,6 +191,8 @@ class SettingsDialog(QDialog):
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Save | QDialogButtonBox.StandardButton.Cancel)
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
+        self.save_btn = buttons.button(QDialogButtonBox.StandardButton.Save)
+        self._check_budget()
         lay = QVBoxLayout(self)
         self.model_note = QLabel("")
         self.model_note.setObjectName("mutedLabel")
@@ -270,6 +271,9 @@ class SettingsDialog(QDialog):
 
     def accept(self) -> None:
         """Keep the API key in the keychain (only there), then close."""
+        if self.budget_problem():
+            self.pages.setCurrentIndex(0)
+            return
         url, key = self.remote_url.text().strip(), self.api_key.text().strip()
         if url and (key or self._key_forgotten):
             try:
@@ -290,11 +294,29 @@ class SettingsDialog(QDialog):
 
     def _budget_note(self) -> str:
         m = self.memory
+        chosen = getattr(self, "budget", None) and self.budget.value()
         if m is None:
             return ("With no budget set (Recommended), Ferry chooses one for this computer and model when it "
-                    "opens it. Open a model to see its floor and recommended budget.")
-        return (f"With no budget set, Ferry uses the recommended one. Floor {size(m.floor)} (the least this model runs in at this context) · "
-                f"recommended {size(m.recommended)} · usable RAM now {size(m.usable)}")
+                    "opens it. Open a model to see its floor and recommended budget." if not chosen else
+                    "Open a model to see its floor and recommended budget.")
+        figures = (f"Floor {size(m.floor)} (the least this model runs in at this context) · "
+                   f"recommended {size(m.recommended)} · usable RAM now {size(m.usable)}")
+        return f"With no budget set, Ferry uses the recommended one. {figures}" if not chosen else figures
+
+    def budget_problem(self) -> str:
+        """Why the budget typed cannot run the open model ("" when it can)."""
+        m = self.memory
+        return budget_problem(self.budget.value() * MIB, m.floor, m.recommended) if m is not None else ""
+
+    def _check_budget(self) -> None:
+        """A budget below the open model's floor is refused in words (Save stays off), never saved to
+        close the model."""
+        problem = self.budget_problem()
+        self.budget_note.setText(problem or self._budget_note())
+        self.budget_note.setObjectName("errorLabel" if problem else "mutedLabel")
+        self.budget_note.setStyleSheet("color: #d14d4d;" if problem else "")
+        if hasattr(self, "save_btn"):
+            self.save_btn.setEnabled(not problem)
 
     def _add_folder(self) -> None:
         d = QFileDialog.getExistingDirectory(self, "A folder with converted models")

@@ -78,3 +78,22 @@ def probability_colors() -> dict[str, str]:
     if is_dark():
         return {"sure": "#25272b", "likely": "#3b3a22", "unsure": "#4d3520", "rare": "#5a2626", "text": "#e6e6e6"}
     return {"sure": "#ffffff", "likely": "#fff6cc", "unsure": "#ffe0b8", "rare": "#ffc9c9", "text": "#1f2328"}
+
+
+def window_stylesheet() -> str:
+    """The main window's own styles (bubbles, labels, gauge tiles) in the current colours."""
+    c = bubble_colors()
+    return f"""
+        QFrame#userBubble {{ background: {c['user']}; border: 1px solid {c['border']}; border-radius: 10px; }}
+        QFrame#assistantBubble {{ background: {c['assistant']}; border: 1px solid {c['border']};
+                                  border-radius: 10px; }}
+        QFrame#thinkingPanel {{ background: {c['thinking']}; border: 1px solid {c['border']};
+                                border-radius: 6px; }}
+        QLabel#mutedLabel {{ color: {c['muted']}; }}
+        QLabel#chatTitle {{ font-size: 13pt; font-weight: 600; }}
+        QLabel#chatPlaceholder {{ color: {c['muted']}; font-size: 12pt; }}
+        QLabel#gaugeValue {{ font-size: 15pt; font-weight: 600; }}
+        QLabel#gaugeTitle {{ color: {c['muted']}; }}
+        QFrame#gaugeTile {{ border: 1px solid {c['border']}; border-radius: 8px; }}
+        QFrame#topBar, QFrame#composerBar {{ border: none; }}
+    """

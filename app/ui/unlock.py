@@ -50,6 +50,8 @@ class PassphraseDialog(QDialog):
         self.error.setFixedWidth(420)
         self.error.setVisible(False)
         lay.addWidget(self.error)
+        for f in (self.field, self.confirm):    # a stale complaint goes as soon as the passphrase changes
+            f.textChanged.connect(lambda _t: self._clear())
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
         buttons.accepted.connect(self._ok)
         buttons.rejected.connect(self.reject)
@@ -72,7 +74,14 @@ class PassphraseDialog(QDialog):
 
     def _fail(self, text: str) -> None:
         self.error.setText(text)
+        self.error.setMinimumHeight(self.error.heightForWidth(420))   # the dialog grows: never over the fields
         self.error.setVisible(True)
+        self.adjustSize()
+
+    def _clear(self) -> None:
+        if self.error.isVisible():
+            self.error.setVisible(False)
+            self.adjustSize()
 
     def passphrase(self) -> str:
         return self.field.text()

@@ -31,6 +31,7 @@ from app.api import (EngineService, LiveStats, LoadOptions, LoadedModel, ModelLo
                      ToolCallMade, TurnDone, TurnError, TurnRequest, open_model)
 from app.chat.token_probs import compact
 from app.chat.turn import logprobs_content
+from app.documents.prompt import Estimate
 from app.engine.binding import MemoryPlan, ModelInfo
 from app.memory.stats import StatsSample, TurnFigures
 
@@ -66,6 +67,7 @@ class EngineWorker(QObject):
         self._job = None
         self._documents = None          #: this thread's own connection to the window's document store
         self._documents_of = None       #: ... and the store it is a clone of
+        self._opened = None             #: (path, options, recommended budget, ModelLoaded) of the local model open
 
     # ---- any thread
 
@@ -85,31 +87,53 @@ class EngineWorker(QObject):
     def load(self, path: str, options: LoadOptions) -> None:
         if options.engine == "remote":
             return self._load_remote(path, options)
+        previous = self._opened     # kept open when the new one is refused, reopened when it fails to open
         try:
-            self._close()
             want = int(options.context_length)
             from app.memory.plan import plan_container
+            from app.memory.units import budget_problem
 
-            recommended = plan_container(path, want, activations=options.activations).recommended   # the one budget rule
-            budget = int(options.ram_budget) or recommended
-            model = open_model(path, ram_budget=budget, threads=int(options.threads), n_ctx=want,
-                               verify_reads=bool(options.verify_reads), activations=options.activations)
-            info = model.engine.info
-            n_ctx = min(want or info.max_ctx, info.max_ctx)
-            session = model.new_session(n_ctx)
-            plan = model.engine.plan(n_ctx)
-            service = EngineService(model, session)
-            with self._lock:
-                self.model, self.service = model, service
-            self.loaded.emit(ModelLoaded(path=str(path), name=model.name, n_ctx=session.n_ctx, info=info,
-                                         plan=plan, has_experts=bool(info.n_moe_layers and info.n_experts),
-                                         chat_format=service.format.kind, engine="local",
-                                         recommended_budget=recommended))
+            plan = plan_container(path, want, activations=options.activations)   # the one budget rule
+            problem = budget_problem(int(options.ram_budget), plan.floor, plan.recommended)
+            if problem:     # refused before the open model is closed
+                raise ValueError(problem)
+            self._close()
+            self._open(path, options, plan.recommended)
         except Exception as exc:
-            self.load_failed.emit(f"{type(exc).__name__}: {exc}" if not str(exc) else str(exc))
+            message = f"{type(exc).__name__}: {exc}" if not str(exc) else str(exc)
+            if previous is not None:
+                message += f" {previous[3].name} stays open."
+            self.load_failed.emit(message)
+            if previous is not None:
+                if self.model is None:
+                    try:
+                        self._open(*previous)
+                    except Exception:      # noqa: BLE001 - the first failure was said; no model is open
+                        return
+                else:
+                    self.loaded.emit(previous[3])
             return
         if options.serve_port:
             self.set_serving(int(options.serve_port))
+
+    def _open(self, path: str, options: LoadOptions, recommended: int, _info=None) -> None:
+        """Open ``path`` with ``options`` and say so (``loaded``); this is the model open now."""
+        want = int(options.context_length)
+        budget = int(options.ram_budget) or recommended
+        model = open_model(path, ram_budget=budget, threads=int(options.threads), n_ctx=want,
+                           verify_reads=bool(options.verify_reads), activations=options.activations)
+        info = model.engine.info
+        n_ctx = min(want or info.max_ctx, info.max_ctx)
+        session = model.new_session(n_ctx)
+        plan = model.engine.plan(n_ctx)
+        service = EngineService(model, session)
+        with self._lock:
+            self.model, self.service = model, service
+        loaded = ModelLoaded(path=str(path), name=model.name, n_ctx=session.n_ctx, info=info,
+                             plan=plan, has_experts=bool(info.n_moe_layers and info.n_experts),
+                             chat_format=service.format.kind, engine="local", recommended_budget=recommended)
+        self._opened = (path, options, recommended, loaded)
+        self.loaded.emit(loaded)
 
     def _load_remote(self, path: str, options: LoadOptions) -> None:
         from app.engine.remote import RemoteEngine
@@ -165,7 +189,7 @@ class EngineWorker(QObject):
         if search is not None:
             turn = dataclasses.replace(turn, messages=list(turn.messages))
             try:
-                found = search.attach(turn, self._documents_for(search.store))
+                found = search.attach(turn, self._documents_for(search.store), self.model or Estimate)
             except Exception as exc:   # a damaged or locked database: said, and no answer without its documents
                 self.error.emit(f"the attached documents could not be searched: {exc}")
                 self.finished.emit("error", "", "")
@@ -280,6 +304,7 @@ class EngineWorker(QObject):
             service, model, remote = self.service, self.model, self.remote
             self.service = self.model = None
             self.remote = None
+        self._opened = None
         if remote is not None:
             remote.close()
         if service is not None:
@@ -308,6 +333,24 @@ def load_options(settings, api_key_lookup=None) -> LoadOptions:
     lookup = api_key_lookup or remote_api_key
     return LoadOptions(**local, engine="remote", remote_url=settings.remote_url, remote_model=settings.remote_model,
                        remote_api_key=lookup(settings.remote_url))
+
+
+class _Relay(QObject):
+    def __init__(self, fn, parent):
+        super().__init__(parent)
+        self.fn = fn
+
+    def call(self, *args):
+        self.fn(*args)
+
+
+def on_gui(signal, fn, parent: QObject | None = None) -> QObject:
+    """Call ``fn`` on the GUI thread for a signal the engine's thread emits (a plain function or a lambda
+    connected to such a signal would run on the engine's thread). Returns the relay; keep it (or give it
+    a ``parent``) as long as the connection should live."""
+    relay = _Relay(fn, parent)
+    signal.connect(relay.call)
+    return relay
 
 
 class WorkerThread(QObject):

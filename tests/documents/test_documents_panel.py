@@ -16,9 +16,11 @@ from app.documents.store import DocumentStore
 from app.store.crypto import KeychainKeys
 
 
-def test_attach_index_and_show_citation(qtbot, kr, home, corpus_dir, tmp_path, demo_container):
+def test_attach_index_and_show_citation(qtbot, kr, home, corpus_dir, tmp_path, demo_container, monkeypatch):
     from app.api import TurnRequest
-    from app.ui.documents_panel import attach_passages, link_markers, open_documents_panel, show_citation
+    from app.controller.passages import attach_passages, link_markers
+    from app.ui.citation_dialog import show_citation
+    from app.ui.documents_panel import open_documents_panel
 
     (tmp_path / "bad.pdf").write_bytes(b"%PDF-1.4 broken")
     store = DocumentStore(keys=KeychainKeys())
@@ -36,7 +38,9 @@ def test_attach_index_and_show_citation(qtbot, kr, home, corpus_dir, tmp_path, d
     assert store.collection("conversation:1").budget == 256
 
     request = TurnRequest([{"role": "user", "content": "How many litres does the water tank hold?"}])
-    citations = attach_passages(request, store, "conversation:1", demo_container,
+    from app.model import LoadedModel
+    model = LoadedModel(demo_container)
+    citations = attach_passages(request, store, "conversation:1", model,
                                 "How many litres does the water tank hold?")
     assert request.messages[0]["role"] == "system" and "[1]" in request.messages[0]["content"]
     assert request.messages[1] == {"role": "user", "content": "How many litres does the water tank hold?"}
@@ -47,9 +51,15 @@ def test_attach_index_and_show_citation(qtbot, kr, home, corpus_dir, tmp_path, d
     dialog = show_citation(None, store, tank)
     qtbot.addWidget(dialog)
     assert dialog.highlighted_text() == tank.passage
+    from PySide6.QtGui import QDesktopServices
+    opened = []
+    monkeypatch.setattr(QDesktopServices, "openUrl", lambda url: opened.append(url.toLocalFile()) or True)
+    dialog.open_btn.click()                       # the cited file in its own application (issue 34)
+    assert opened == [tank.path]
     assert "page 2" in dialog.windowTitle()
     listening = [c for c in psutil.Process().net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
     assert listening == []
     dialog.close()
     panel.close()
     store.close()
+    model.close()

@@ -26,3 +26,15 @@ def test_slash_quit_ends_the_chat_without_sending_it(demo_container, monkeypatch
     assert ferry(["chat", str(demo_container), "-n", "4", "--ctx", "256", "--threads", "2"]) == 0
     out, err = capsys.readouterr()
     assert "prompt tokens evaluated" not in err and out.count("> ") == 1
+
+
+def test_a_full_context_leaves_the_oldest_turns_out_and_the_chat_goes_on(demo_container, monkeypatch, capsys):
+    """Issue 34 in `ferry chat`: at a 512-token context, turns go on after the context filled (the oldest
+    turns are left out and it says so) instead of failing every question from then on."""
+    questions = [f"Tell me one fact about the number {i}, and one about cats." for i in range(8)]
+    monkeypatch.setattr("sys.stdin", io.StringIO("\n".join(questions) + "\n\n"))
+    assert ferry(["chat", str(demo_container), "-n", "64", "--ctx", "512", "--threads", "2"]) == 0
+    out, err = capsys.readouterr()
+    assert "context holds" not in err and out.count("> ") == len(questions) + 1
+    assert len(re.findall(r"\[\d+ tokens, \d+ prompt tokens evaluated", err)) == len(questions)
+    assert "earlier turns are outside the model's memory" in err

@@ -54,6 +54,9 @@ def test_lists_every_converted_model_with_size_floor_and_last_use(home, tiny_con
     lib.mark_used(b, when=3000.0)
     top = Library([str(extra)]).entries()[0]
     assert top.name == "Bravo" and top.last_used == 3000.0
+    # it names the user's models: 0600, as docs/SECURITY.md promises (issue 34)
+    assert lib.state_file.stat().st_mode & 0o777 == 0o600
+    assert lib.state_file.parent.stat().st_mode & 0o777 == 0o700
 
 
 def test_rename_and_remove(home, tiny_container):

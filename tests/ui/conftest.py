@@ -11,7 +11,6 @@ os.environ["QT_QPA_PLATFORM"] = "offscreen"
 from pathlib import Path
 
 import pytest
-from PySide6.QtCore import QObject
 
 from app.convert.convert import convert
 from app.model import Finished, LoadedModel, Token
@@ -77,25 +76,13 @@ def thinking_model(tmp_path_factory, tiny_chat) -> tuple[Path, int]:
     return convert(root / "ckpt", root / "think.ferry"), pick
 
 
-class Relay(QObject):
-    """Calls ``fn`` on the GUI thread for a signal emitted on the engine's
-    thread (a plain function connected to such a signal would run there)."""
-
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def call(self, *args):
-        self.fn(*args)
-
-
-_relays: list[Relay] = []
+_relays: list = []
 
 
 def on_gui(signal, fn) -> None:
-    r = Relay(fn)
-    _relays.append(r)
-    signal.connect(r.call)
+    from app.ui.worker import on_gui as relay
+
+    _relays.append(relay(signal, fn))
 
 
 def quick_settings(**kw) -> Settings:

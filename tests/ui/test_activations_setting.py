@@ -13,7 +13,7 @@ from app.store import settings as settings_mod
 def test_exact_activations_reopen_the_model_and_show(qtbot, make_window, tiny_chat):
     w = make_window(tiny_chat, max_tokens=3)
     assert w.model_info.info.activations == "q8" and "8-bit activations" in w.model_label.text()
-    d = w.open_model_settings()
+    d = w.models.open_model_settings()
     qtbot.addWidget(d)
     assert d.fast_activations.isChecked() and "On by default" in d.fast_activations.toolTip()
     d.fast_activations.setChecked(False)

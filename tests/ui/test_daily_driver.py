@@ -78,13 +78,13 @@ def test_switch_model_during_a_streaming_answer(qtbot, make_window, demo_contain
     # and it is the most recently used in the library
     assert w.library.entries()[0].name == "chat"
     # back to the first model from the Model menu
-    w._fill_model_menu()
+    w.models.fill()
     action = next(a for a in w.model_menu.actions() if a.text() == "smollm2")
     assert not action.isChecked()
     with qtbot.waitSignal(w.model_loaded, timeout=LONG) as loaded:
         action.trigger()
     assert loaded.args[0].path == str(demo_container) and w.model_combo.currentText() == "smollm2"
-    w._fill_model_menu()
+    w.models.fill()
     assert next(a for a in w.model_menu.actions() if a.text() == "smollm2").isChecked()
 
 
@@ -107,9 +107,9 @@ def test_dropping_a_gguf_starts_the_wizard_on_it(qtbot, make_window, demo_gguf, 
     w = make_window(None)
     junk = tmp_path / "notes.txt"
     junk.write_text("hello")
-    assert not _drop(w, junk).isAccepted() and w.wizard is None
+    assert not _drop(w, junk).isAccepted() and w.models.wizard is None
     _drop(w, demo_gguf)
-    wiz = w.wizard
+    wiz = w.models.wizard
     assert wiz is not None and wiz.isVisible()
     qtbot.addWidget(wiz)
     assert wiz.currentPage() is wiz.source_page
@@ -122,7 +122,7 @@ def test_dropping_a_gguf_starts_the_wizard_on_it(qtbot, make_window, demo_gguf, 
     # a checkpoint folder starts it too, as a Hugging Face checkpoint
     ckpt = tiny_chat.parent / "ckpt"
     _drop(w, ckpt)
-    wiz = w.wizard
+    wiz = w.models.wizard
     qtbot.addWidget(wiz)
     assert wiz.isVisible() and wiz.source_page.current_kind() == "hf"
     assert wiz.source_page.path_edit.text() == str(ckpt)
@@ -177,13 +177,13 @@ def test_reopened_app_shows_the_citation_links(qtbot, make_window, demo_containe
     assert w.chat.title.startswith("How many litres")
     assert w.store.conversation(w.chat.id).title == w.chat.title
     answer = w.chat.visible()[-1]
-    before = w.citations[answer.id]
+    before = w.controller.citations[answer.id]
     html_before = w.chat_view.widgets[-1].body.toHtml()
     cid = w.chat.id
     close_window(w)
     w2 = make_window(demo_container, db=db, max_tokens=24)
     w2.open_conversation(cid)
-    after = w2.citations.get(answer.id)
+    after = w2.controller.citations.get(answer.id)
     assert after and [c.as_dict() for c in after] == [c.as_dict() for c in before]
     assert ("cite:" in w2.chat_view.widgets[-1].body.toHtml()) == ("cite:" in html_before)
     dialog = w2.show_citation(answer.id, after[0].n)
@@ -191,10 +191,15 @@ def test_reopened_app_shows_the_citation_links(qtbot, make_window, demo_containe
     assert dialog.highlighted_text() == after[0].passage
     dialog.close()
     # and the export carries them
-    doc = json.loads(w2.export_chat(tmp_path / "cited.json").read_text(encoding="utf-8"))
-    assert [c["passage"] for c in doc["messages"][-1]["citations"]] == [c.passage for c in after]
+    # and the export keeps what was shown: the markers, and only the sources the answer cites
+    from app.controller.passages import mark_citations
+
+    shown, used = mark_citations(answer.content, after)
+    last = json.loads(w2.export_chat(tmp_path / "cited.json").read_text(encoding="utf-8"))["messages"][-1]
+    assert [c["passage"] for c in last["passages"]] == [c.passage for c in after]
+    assert last["content"] == shown and [c["n"] for c in last.get("citations", [])] == [c.n for c in used]
     md = w2.export_chat(tmp_path / "cited.md").read_text(encoding="utf-8")
-    assert "## Sources" in md and "manual.md" in md
+    assert shown.strip() in md and ("**Sources**" in md) == bool(used) and ("manual.md" in md) == bool(used)
 
 
 def test_long_titles_are_elided_with_an_ellipsis(qtbot, make_window, tiny_chat):
@@ -212,7 +217,7 @@ def test_model_library_rename_and_remove(qtbot, make_window, tiny_chat, tmp_path
     folder = tmp_path / "models"
     shutil.copytree(tiny_chat, folder / "spare.ferry")
     w = make_window(tiny_chat, model_folders=[str(folder), str(tiny_chat.parent)])
-    d = w.open_library()
+    d = w.models.open_library()
     qtbot.addWidget(d)
     names = [d.table.item(r, 0).text() for r in range(d.table.rowCount())]
     assert "chat  (open)" in names and "spare" in names
@@ -230,24 +235,24 @@ def test_model_library_rename_and_remove(qtbot, make_window, tiny_chat, tmp_path
     d.close()
     # Open switches to the chosen model; Convert a model… opens the wizard
     shutil.copytree(tiny_chat, folder / "second")
-    d = w.open_library()
+    d = w.models.open_library()
     qtbot.addWidget(d)
     d.select("second")
     with qtbot.waitSignal(w.model_loaded, timeout=LONG) as loaded:
         d.open_btn.click()
     assert loaded.args[0].path == str(folder / "second") and not d.isVisible()
-    d = w.open_library()
+    d = w.models.open_library()
     qtbot.addWidget(d)
     d.convert_btn.click()
-    assert w.wizard is not None and w.wizard.isVisible()
-    qtbot.addWidget(w.wizard)
-    w.wizard.state.remember = False
-    w.wizard.reject()
+    assert w.models.wizard is not None and w.models.wizard.isVisible()
+    qtbot.addWidget(w.models.wizard)
+    w.models.wizard.state.remember = False
+    w.models.wizard.reject()
 
 
 def test_per_model_settings_reset_and_presets(qtbot, make_window, tiny_chat):
     w = make_window(tiny_chat, max_tokens=3)
-    d = w.open_model_settings()
+    d = w.models.open_model_settings()
     qtbot.addWidget(d)
     assert d.windowTitle() == f"Settings for {w.model_info.name}"
     d.temperature.setValue(1.3)
@@ -271,7 +276,7 @@ def test_per_model_settings_reset_and_presets(qtbot, make_window, tiny_chat):
     req = sent[0]
     assert req.sampling.temperature == 1.3 and req.experts_per_token == 2 and req.client == "window"
     assert req.cache_aware_margin == 0.05 and req.messages[0] == {"role": "system", "content": "Answer in w40."}
-    d2 = w.open_model_settings()
+    d2 = w.models.open_model_settings()
     qtbot.addWidget(d2)
     d2.reset()
     assert d2.temperature.value() == 0.0 and d2.experts.value() == 0

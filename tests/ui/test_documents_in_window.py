@@ -23,7 +23,7 @@ def test_attach_ask_and_open_a_citation(qtbot, make_window, demo_container, tmp_
     reason = send(qtbot, w, "How many litres does the water tank hold?")
     assert reason in ("stop", "length")
     answer = w.chat.visible()[-1]
-    citations = w.citations.get(answer.id)
+    citations = w.controller.citations.get(answer.id)
     assert citations and any("3.5 litres" in c.passage for c in citations)
     tank = next(c for c in citations if "3.5 litres" in c.passage)
     # The answer is shown with its markers as links; clicking one shows the passage.
@@ -43,7 +43,7 @@ def test_the_window_never_waits_for_a_search(qtbot, make_window, demo_container,
     reuses that connection; Stop during the search ends the turn before the prompt is read."""
     import threading
 
-    from app.ui import documents_panel
+    from app.controller import passages
 
     w = make_window(demo_container, max_tokens=8)
     panel = w.open_documents()
@@ -52,7 +52,7 @@ def test_the_window_never_waits_for_a_search(qtbot, make_window, demo_container,
         panel.add_paths([str(corpus_dir_ui / "note.md")])
     panel.close()
     release, entered, seen = threading.Event(), threading.Event(), []
-    real = documents_panel.attach_passages
+    real = passages.attach_passages
 
     def held(request, store, *args):
         seen.append((threading.current_thread(), store))
@@ -60,7 +60,7 @@ def test_the_window_never_waits_for_a_search(qtbot, make_window, demo_container,
         assert release.wait(30)
         return real(request, store, *args)
 
-    monkeypatch.setattr(documents_panel, "attach_passages", held)
+    monkeypatch.setattr(passages, "attach_passages", held)
     w.composer.setPlainText("Who serviced the boiler?")
     w.send()
     assert entered.wait(30)
@@ -72,10 +72,10 @@ def test_the_window_never_waits_for_a_search(qtbot, make_window, demo_container,
     with qtbot.waitSignal(w.answer_finished, timeout=60000):
         release.set()
     answer = w.chat.visible()[-1]
-    assert any("Aldous Heating" in c.passage for c in w.citations.get(answer.id, []))
+    assert any("Aldous Heating" in c.passage for c in w.controller.citations.get(answer.id, []))
     # the search ran on the engine's thread, through its own connection (not the window's)
     thread, store = seen[0]
-    assert thread is not threading.main_thread() and store is not w._documents
+    assert thread is not threading.main_thread() and store is not w.controller._documents
     release.clear()
     entered.clear()
     w.composer.setPlainText("When was the boiler serviced?")
@@ -92,14 +92,14 @@ def test_the_window_reads_the_documents_index_ahead_at_start_up(make_window, cor
     """app.ui.app calls start_documents once the window shows: the documents open, their index is read
     ahead in the background (app/documents/warm.py), and shutting the window down stops it."""
     w = make_window(None)
-    w.start_documents()
-    store = w._documents
+    w.controller.start_documents()
+    store = w.controller._documents
     assert store is not None and store._warmer is not None
     store.add("kept", [corpus_dir_ui], workers=1)
     warmer = store.warm()                     # the first finished on the empty database: a new one starts
     w.shutdown()                              # cancels and joins it, then closes the store
     assert not warmer.running and (warmer.stats.finished or warmer.stats.cancelled)
-    assert w._documents is None
+    assert w.controller._documents is None
 
 
 @pytest.fixture
@@ -122,15 +122,15 @@ def test_deleting_a_chat_deletes_its_documents(qtbot, make_window, demo_containe
         panel.add_paths([str(corpus_dir_ui / "note.md")])
     panel.close()
     old = w.chat.id
-    assert w._has_documents()
+    assert w.controller.has_documents()
     w.delete_conversation(old)
-    assert conversation_collection(old) not in [c.name for c in w.documents().collections()]
+    assert conversation_collection(old) not in [c.name for c in w.controller.documents().collections()]
     w.new_chat()
     panel = w.open_documents()
     qtbot.addWidget(panel)
     panel.close()
     assert w.chat.id == old                      # the id is used again ...
-    assert not w._has_documents()                # ... but not the documents
+    assert not w.controller.has_documents()                # ... but not the documents
 
 
 def test_documents_left_by_a_deleted_chat_are_removed_at_open(make_window, corpus_dir_ui):
@@ -142,14 +142,14 @@ def test_documents_left_by_a_deleted_chat_are_removed_at_open(make_window, corpu
     w = make_window(None)
     kept = w.store.create_conversation("Kept", model="")
     gone = w.store.create_conversation("Gone", model="")
-    docs = w.documents()
+    docs = w.controller.documents()
     docs.add(conversation_collection(kept), [corpus_dir_ui], workers=1)
     docs.add(conversation_collection(gone), [corpus_dir_ui], workers=1)
     docs.add("archive", [corpus_dir_ui], workers=1)
     w.store.delete_conversation(gone)            # as before: the conversation only
     w.shutdown()
     w2 = make_window(None)
-    names = [c.name for c in w2.documents().collections()]
+    names = [c.name for c in w2.controller.documents().collections()]
     assert sorted(names) == sorted([conversation_collection(kept), "archive"])
-    labels = {r.name: r.label for r in collection_rows(w2.documents(), w2.conversation_titles())}
+    labels = {r.name: r.label for r in collection_rows(w2.controller.documents(), w2.controller.titles())}
     assert labels == {conversation_collection(kept): "Chat “Kept”", "archive": "archive"}

@@ -441,7 +441,7 @@ def test_attached_documents_give_docs_asks_turn(container, capsys, qtbot, make_w
     w = make_window(path, tmp_path / "local.sqlite3", max_tokens=N, context_length=ctx)
     _attach(qtbot, w, note)
     mine, _ = _window_turn(qtbot, w, QUESTION)
-    assert [c.passage for c in w.citations[w.chat.visible()[-1].id]] == [p["passage"] for p in docs["passages"]]
+    assert [c.passage for c in w.controller.citations[w.chat.visible()[-1].id]] == [p["passage"] for p in docs["passages"]]
     assert mine.prompt_ids == docs["prompt_ids"] and mine.token_ids == docs["tokens"]
     assert (mine.content, mine.reasoning) == (docs["model_text"], docs["reasoning"])
     with _served(path, ctx) as (server, _client):

@@ -79,7 +79,11 @@ def test_passphrase_dialog(qtbot):
     d.confirm.setText("abc")
     d._ok()
     assert "too easy to guess" in d.error.text() and d.result() == 0   # the strength rule
+    # the complaint never covers the fields, and goes once the passphrase changes (issue 34)
+    assert d.error.geometry().top() >= d.confirm.geometry().bottom()
+    assert d.error.height() >= d.error.heightForWidth(d.error.width())
     d.field.setText("tractor violet harbour sonnet")
+    assert not d.error.isVisible()
     d.confirm.setText("tractor violet harbour sonnet")
     d._ok()
     assert d.result() == d.DialogCode.Accepted and d.passphrase() == "tractor violet harbour sonnet"

@@ -21,7 +21,7 @@ def folder(p: Path) -> Path:
 def test_demo_model_from_the_model_menu_to_a_chat(qtbot, make_window, demo_gguf, tmp_path):
     w = make_window(None)
     w.convert_action.trigger()                      # Model → Convert a model…
-    wiz = w.wizard
+    wiz = w.models.wizard
     assert wiz is not None and wiz.isVisible()
     to_memory(qtbot, wiz, "demo", None, folder(tmp_path / "models"))
     src = wiz.source_page.result.text()
@@ -30,6 +30,8 @@ def test_demo_model_from_the_model_menu_to_a_chat(qtbot, make_window, demo_gguf,
     assert wiz.state.speed is None     # a dense model: the disk probe did not run (issue 16)
     plan = wiz.state.report.plan
     assert wiz.memory_page.budget() == plan.recommended and wiz.state.budget == plan.recommended
+    page = wiz.memory_page            # whole MiB, as the labels and the Settings dialog (issue 34)
+    assert page.spin.suffix() == " MiB" and page.spin.value() * (1 << 20) >= plan.recommended
     out = convert_to_end(qtbot, wiz)
     assert out == tmp_path / "models" / "smollm2-135m-instruct.ferry"
     assert "The model is ready" in wiz.finish_page.message.text()

@@ -1,11 +1,16 @@
 """Page 4: the RAM budget, preset to the engine's safe default."""
 from __future__ import annotations
 
-from PySide6.QtWidgets import QDoubleSpinBox, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWizardPage
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QSpinBox, QVBoxLayout, QWizardPage
 
 from app.ui.wizard.common import ORANGE, colour, para, size
 
-GIB = 2**30
+MIB = 2**20
+
+
+def _mib(n: int) -> int:
+    """Bytes as whole MiB, rounded up (a budget shown is never below the bytes it stands for)."""
+    return -(-int(n) // MIB)
 
 
 class MemoryPage(QWizardPage):
@@ -20,16 +25,15 @@ class MemoryPage(QWizardPage):
         lay.addWidget(self.facts)
         row = QHBoxLayout()
         row.addWidget(QLabel("RAM budget"))
-        self.spin = QDoubleSpinBox()
-        self.spin.setAccessibleName("RAM budget in GiB")
-        self.spin.setDecimals(2)
-        self.spin.setSuffix(" GiB")
-        self.spin.setSingleStep(0.25)
+        self.spin = QSpinBox()      # MiB, as the Settings dialog's budget (the labels say sizes in MiB too)
+        self.spin.setAccessibleName("RAM budget in MiB")
+        self.spin.setSuffix(" MiB")
+        self.spin.setSingleStep(256)
         self.spin.valueChanged.connect(self._changed)
         row.addWidget(self.spin)
         self.reset_btn = QPushButton("Use the recommended value")
         self.reset_btn.setAccessibleName("Use the recommended RAM budget")
-        self.reset_btn.clicked.connect(lambda: self.spin.setValue(self.plan.recommended / GIB))
+        self.reset_btn.clicked.connect(lambda: self.spin.setValue(_mib(self.plan.recommended)))
         row.addWidget(self.reset_btn)
         row.addStretch(1)
         lay.addLayout(row)
@@ -48,7 +52,7 @@ class MemoryPage(QWizardPage):
     def initializePage(self) -> None:
         self.plan = plan = self.state.report.plan
         m = plan.machine
-        self.spin.setRange(plan.floor / GIB, max(plan.everything, plan.recommended, m.total) / GIB)
+        self.spin.setRange(_mib(plan.floor), _mib(max(plan.everything, plan.recommended, m.total)))
         self.facts.setText(
             "<table>"
             f"<tr><td style='padding-right:14px'><b>The least it runs in</b></td><td>{size(plan.floor)} "
@@ -60,17 +64,17 @@ class MemoryPage(QWizardPage):
             "</table>")
         value = self._preset if self._preset >= plan.floor else plan.recommended
         self._preset = 0
-        self.spin.setValue(value / GIB)
+        self.spin.setValue(_mib(value))
         self._changed()
 
     def budget(self) -> int:
-        """Bytes; never below the floor. The spin box shows two decimals of GiB:
-        a value that shows as the recommendation is the recommendation, exactly."""
+        """Bytes; never below the floor. The spin box shows whole MiB (rounded up): a value that shows
+        as the recommendation is the recommendation, exactly."""
         if self.plan is None:
             return 0
-        if abs(self.spin.value() - round(self.plan.recommended / GIB, 2)) < 0.004:
+        if self.spin.value() == _mib(self.plan.recommended):
             return self.plan.recommended
-        return max(self.plan.floor, int(self.spin.value() * GIB))
+        return max(self.plan.floor, self.spin.value() * MIB)
 
     def _changed(self, *_):
         if self.plan is None:

@@ -1,0 +1,76 @@
+"""A conversation's documents in a turn (no Qt): the best passages go into the
+request as content, and an answer's ``[n]`` markers become ``cite:n`` links.
+
+``PassageSearch(store, collection, question)`` is sent with a turn to the
+engine thread, which searches there (through a connection of its own) and
+calls :func:`attach_passages` with the model it has open: passages are
+counted with that model's own tokenizer (a remote engine's: an estimate), the
+same count ``ferry docs ask`` makes. The GUI thread never waits for a search.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from app.api import TurnRequest
+from app.documents.ask import Citation, _citation, cite
+from app.documents.prompt import Passage, passages_message, select_passages
+from app.documents.store import DocumentError, DocumentStore
+
+
+@dataclass(frozen=True)
+class PassageSearch:
+    """A turn's documents, searched on the engine's thread (``EngineWorker.generate``) rather than the
+    window's: ``store`` is the window's store (its file and key); the search runs through a clone of it
+    that the engine thread keeps (its page cache stays warm from one question to the next)."""
+
+    store: DocumentStore
+    collection: str
+    question: str
+
+    def attach(self, request: TurnRequest, store: DocumentStore, model) -> list[Citation]:
+        return attach_passages(request, store, self.collection, model, self.question)
+
+
+def attach_passages(request: TurnRequest, store: DocumentStore, collection: str, model,
+                    question: str) -> list[Citation]:
+    """Put the collection's best passages for ``question`` into ``request.messages``
+    (in the system message, as content), within the collection's token budget counted
+    with ``model.tokenizer`` (the open model, or ``app.documents.prompt.Estimate``);
+    returns the numbered passages, for :func:`link_markers` and citations."""
+    try:
+        coll = store.collection(collection)
+    except DocumentError:
+        return []
+    chosen, _whole, _used = select_passages(model, store.index(collection), question, coll.budget)
+    if not chosen:
+        return []
+    passages = [Passage(i + 1, c, s, 0) for i, (c, s) in enumerate(chosen)]
+    block = passages_message(passages)   # the same system message as `ferry docs ask`
+    messages = [dict(m) for m in request.messages]
+    if messages and messages[0].get("role") == "system":
+        messages[0]["content"] = f"{messages[0]['content']}\n\n{block}"
+    else:
+        messages.insert(0, {"role": "system", "content": block})
+    request.messages = messages
+    return [_citation(p) for p in passages]
+
+
+def mark_citations(text: str, citations: list[Citation]) -> tuple[str, list[Citation]]:
+    """The answer with its ``[n]`` markers (added where a sentence matches a passage), and the
+    citations used, in order of first mention: what the window shows and exports keep."""
+    from app.documents.index import IndexedChunk
+
+    passages = [Passage(c.n, IndexedChunk(c.chunk_id, c.file_id, c.file, c.path, c.page, c.heading, c.start, c.end,
+                                          c.passage, 0), 0.0, 0) for c in citations]
+    return cite(text, passages)
+
+
+def link_markers(text: str, citations: list[Citation]) -> tuple[str, list[Citation]]:
+    """The answer (Markdown) with its ``[n]`` markers as ``cite:n`` links
+    (markers added where a sentence matches a passage), and the citations used."""
+    marked, used = mark_citations(text, citations)
+    valid = {c.n for c in citations}
+    linked = re.sub(r"\[(\d{1,3})\]", lambda m: f"[\\[{m.group(1)}\\]](cite:{m.group(1)})"
+                    if int(m.group(1)) in valid else m.group(0), marked)
+    return linked, used
