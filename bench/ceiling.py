@@ -7,7 +7,7 @@ Measures, in one run:
   cc): f32 FMA (what an exact kernel needs at least once per weight and
   token) and int8 (vpmaddubsw/vpmaddwd on AVX2, vpdpbusd with AVX512-VNNI:
   what llama.cpp's kernels use), on one thread and on ``--threads`` at once;
-- the memory read of ``--threads`` threads (bench/kernels.py's loop, 256 MB a
+- the memory read of ``--threads`` threads (bench/kernel_speed.py's loop, 256 MB a
   thread; the best of 1 and 4 streams, twice);
 - each exact kernel of the files' formats from cache (ferry_kernel_matmul on
   a [rows, 3584] matrix that fits in L2, one thread, by its CPU clock: n = 1
@@ -50,7 +50,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench import kernels as kbench  # noqa: E402
+from bench import kernel_speed as kbench  # noqa: E402
 from bench.vs_llamacpp import gguf_file  # noqa: E402
 
 #: llama.cpp (llama-cpp-python 0.3.36, 2 threads) on this VM, quiet, medians of 2 rounds:

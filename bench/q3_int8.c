@@ -1,6 +1,6 @@
 /* q3_int8.c — experiment, not product code: a q3_nl matrix-vector kernel
  * with int8 activations (AVX2), timed and checked against the product's f32
- * AVX2 kernel. bench/kernels.py --int8-experiment builds and runs it:
+ * AVX2 kernel. bench/kernel_speed.py --int8-experiment builds and runs it:
  *
  *   cc -DABLK=64 -std=c11 -O3 -ffp-contract=off -Icore_c/include bench/q3_int8.c core_c/src/formats.c \
  *      core_c/src/kernels.c core_c/src/kernels_avx2.c core_c/src/kernels_neon.c core_c/src/quant3.c -lm

@@ -47,8 +47,8 @@ from pathlib import Path
 
 import numpy as np
 
-# bench/ must not be on the path: bench/kernels.py would shadow the `kernels`
-# package transformers imports. quant_quality is loaded from its file.
+# bench/ is kept off the path (a bench script named like a package would shadow
+# it, as bench/kernels.py once did `kernels`); quant_quality is loaded from its file.
 _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 sys.path.insert(0, str(_HERE.parent))

@@ -1,12 +1,15 @@
 """docs/PERFORMANCE.md is what bench/performance.py writes from bench/results/, and a recorded
 bench run becomes rows with its command, machine, date and load."""
+import importlib.util
 import json
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-import performance  # noqa: E402
+# Loaded from its file, not by putting bench/ on sys.path for every test after this one (a bench
+# script named like a package, as bench/kernels.py was, would shadow it: transformers imports `kernels`).
+_spec = importlib.util.spec_from_file_location("ferry_bench_performance", ROOT / "bench" / "performance.py")
+performance = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(performance)
 
 
 def test_page_is_rendered_from_the_results():

@@ -56,8 +56,8 @@ def questions() -> list[dict]:
 
 
 def load_corpus_generator():
-    """bench/docs_corpus.py, loaded by path: putting bench/ on sys.path would shadow packages
-    (bench/kernels.py vs `kernels`, which transformers imports)."""
+    """bench/docs_corpus.py, loaded by path: putting bench/ on sys.path could shadow packages
+    (bench/kernels.py, now kernel_speed.py, once shadowed `kernels`, which transformers imports)."""
     import importlib.util
 
     path = Path(__file__).resolve().parents[2] / "bench" / "docs_corpus.py"

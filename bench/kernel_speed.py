@@ -1,7 +1,7 @@
 """Matrix-vector and small-batch kernel speed against memory bandwidth.
 
-    python bench/kernels.py [--mb 96] [--batch 1 8 32] [--threads 1 2] [--impl scalar avx2] [--int8-experiment] --json
-    python bench/kernels.py --baseline <commit> [--formats q4_k q8_0] [--batch 1 4 64] [--rounds 3] --json
+    python bench/kernel_speed.py [--mb 96] [--batch 1 8 32] [--threads 1 2] [--impl scalar avx2] [--int8-experiment] --json
+    python bench/kernel_speed.py --baseline <commit> [--formats q4_k q8_0] [--batch 1 4 64] [--rounds 3] --json
 
 Measures, in one run: single-core and all-core memory read bandwidth
 (ferry_memory_read over a 256 MB buffer per thread, far larger than the L3, as
