@@ -29,6 +29,22 @@ wall time times the cores (1 = every core busy all the time), and
 `--f32-path` converts as before the fast path (float32 arrays in numpy), for
 comparison; `--row-threads` splits each tensor's rows over threads inside
 each encoder (with `--threads 1`: one record at a time, rows in parallel).
+
+GGUF mode (`--gguf-moe`): a stacked-expert GGUF against a plain copy of it.
+
+    python bench/convert.py --json --gguf-moe [--layers 2] [--gguf-type q4_0] [--keep-source F.gguf] [--runs 2]
+
+writes a Qwen3-30B-A3B-shaped qwen3moe GGUF of --layers layers with random
+weights (bench/make_gguf_moe.py; 128 experts stacked in 3-D tensors, about
+340 MB a layer in Q4_0), then, rounds interleaved, page cache dropped before
+each step (/proc/sys/vm/drop_caches as root, else posix_fadvise on the files):
+`cp` of the file to the same disk plus fsync of the copy (the disk's
+sequential copy rate for this very file), and `convert()` of it (its experts
+kept as they are). Prints one JSON object: per round the copy and the
+conversion seconds, bytes per second, CPU (user, system) seconds and bytes
+read from the disk, and `ratio_to_copy` (median copy seconds / median
+conversion seconds; the target is >= 0.5: converting at half the disk's copy
+rate or better).
 """
 from __future__ import annotations
 
@@ -38,6 +54,8 @@ import mmap
 import os
 import platform
 import shutil
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -105,6 +123,104 @@ def _io_read_bytes() -> int:
     return -1
 
 
+def drop_caches(*folders: Path) -> str:
+    """Empty the page cache: all of it as root (what a cold start sees), else the
+    files of ``folders``. Returns which was done."""
+    os.sync()
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        return "drop_caches"
+    except OSError:
+        for folder in folders:
+            evict(folder) if folder.is_dir() else evict_file(folder)
+        return "fadvise"
+
+
+def evict_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def _cpu() -> tuple[float, float]:
+    """User and system seconds of this process and its finished children."""
+    t = os.times()
+    return t.user + t.children_user, t.system + t.children_system
+
+
+def timed_convert(source: Path, out: Path, expert_format: str, threads: int) -> dict:
+    """One conversion: wall, CPU (user, system) seconds, bytes written and read from the disk."""
+    io0, (u0, s0) = _io_read_bytes(), _cpu()
+    t0 = time.perf_counter()
+    convert(source, out, expert_format=expert_format, threads=threads)
+    seconds = time.perf_counter() - t0
+    (u1, s1), io1 = _cpu(), _io_read_bytes()
+    written = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    cpu = (u1 - u0) + (s1 - s0)
+    return {"seconds": round(seconds, 2), "written_bytes": written, "bytes_per_s": written / seconds,
+            "cpu_seconds": round(cpu, 2), "user_seconds": round(u1 - u0, 2), "system_seconds": round(s1 - s0, 2),
+            "cpu_busy": round(cpu / (seconds * (os.cpu_count() or 1)), 3),
+            "disk_read_bytes": io1 - io0 if io0 >= 0 else None}
+
+
+def timed_copy(source: Path, dest: Path) -> dict:
+    """`cp` of ``source`` to ``dest``, then fsync of the copy: the disk's sequential copy of this file."""
+    (u0, s0) = _cpu()
+    t0 = time.perf_counter()
+    subprocess.run(["cp", str(source), str(dest)], check=True)
+    fd = os.open(dest, os.O_RDONLY)
+    os.fsync(fd)
+    os.close(fd)
+    seconds = time.perf_counter() - t0
+    (u1, s1) = _cpu()
+    nbytes = source.stat().st_size
+    dest.unlink()
+    return {"seconds": round(seconds, 2), "bytes_per_s": nbytes / seconds, "user_seconds": round(u1 - u0, 2),
+            "system_seconds": round(s1 - s0, 2)}
+
+
+def gguf_main(a, threads: int) -> dict:
+    """--gguf-moe: conversion of a stacked-expert GGUF against `cp` of the same file."""
+    from bench.make_gguf_moe import write as write_gguf_moe
+
+    with tempfile.TemporaryDirectory(dir=a.workdir, prefix="ferry-bench-convert-") as tmp:
+        root = Path(tmp)
+        t0 = time.perf_counter()
+        source = Path(a.keep_source) if a.keep_source else root / "moe.gguf"
+        if not source.exists():
+            part = source.with_name(source.name + ".part")
+            write_gguf_moe(part, a.gguf_type, a.layers)
+            part.rename(source)
+        prepare = time.perf_counter() - t0
+        out_dir = Path(a.out_dir) if a.out_dir else root
+        rounds = []
+        for i in range(a.runs):
+            rnd = {"load1_before": os.getloadavg()[0]}
+            for step in (("copy", "convert") if i % 2 == 0 else ("convert", "copy")):
+                rnd[step + "_cache"] = drop_caches(source)
+                if step == "copy":
+                    rnd["copy"] = timed_copy(source, out_dir / "copy.gguf")
+                else:
+                    out = out_dir / f"out{i}.ferry"
+                    rnd["convert"] = timed_convert(source, out, a.expert_format, threads)
+                    shutil.rmtree(out)
+            rnd["load1_after"] = os.getloadavg()[0]
+            rounds.append(rnd)
+            print(json.dumps({"round": i + 1, **rnd}), file=sys.stderr, flush=True)
+    nbytes = source.stat().st_size
+    copy_s = statistics.median(r["copy"]["seconds"] for r in rounds)
+    conv_s = statistics.median(r["convert"]["seconds"] for r in rounds)
+    return {"mode": "gguf-moe", "gguf_type": a.gguf_type, "layers": a.layers, "source_bytes": nbytes,
+            "expert_format": a.expert_format, "threads": threads, "prepare_seconds": round(prepare, 1),
+            "rounds": rounds, "copy_seconds": copy_s, "convert_seconds": conv_s,
+            "copy_bytes_per_s": nbytes / copy_s, "convert_source_bytes_per_s": nbytes / conv_s,
+            "ratio_to_copy": copy_s / conv_s, "target_ratio": 0.5}
+
+
 def quantizer_speed(ckpt: Path, threads: int, repeats: int = 3) -> dict:
     """M weights/s of the q3_nl quantizer on the first layer's experts (their own bytes, in memory)."""
     src = open_source(ckpt)
@@ -142,7 +258,7 @@ def main(argv=None) -> int:
                     help="how the synthetic source stores its routed experts")
     ap.add_argument("--dim", type=int, default=1024)
     ap.add_argument("--expert-ffn", type=int, default=512)
-    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--layers", type=int, default=None, help="layers (default 8; with --gguf-moe 2)")
     ap.add_argument("--threads", type=int, default=None, help="encoder threads (default: one per core)")
     ap.add_argument("--row-threads", type=int, default=1, help="threads each encoder splits a tensor's rows over")
     ap.add_argument("--f32-path", action="store_true", help="convert through float32 arrays (the old path)")
@@ -152,11 +268,21 @@ def main(argv=None) -> int:
     ap.add_argument("--keep-source", default=None,
                     help="write the checkpoint here and keep it (reused if it exists) instead of a temp dir")
     ap.add_argument("--runs", type=int, default=2, help="conversions (the best is reported, all are listed)")
+    ap.add_argument("--gguf-moe", action="store_true",
+                    help="convert a qwen3moe GGUF (bench/make_gguf_moe.py, --layers layers) against `cp` of it")
+    ap.add_argument("--gguf-type", choices=("q4_0", "q4_k_m"), default="q4_0", help="with --gguf-moe")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     threads = a.threads or default_threads()
     convert_mod.ROW_THREADS = a.row_threads
     layout.NATIVE_Q3 = not a.f32_path
+    a.layers = a.layers or (2 if a.gguf_moe else 8)
+    if a.gguf_moe:
+        result = {"machine": {"arch": platform.machine(), "cpus": os.cpu_count(), "system": platform.system(),
+                              "python": platform.python_version()},
+                  "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **gguf_main(a, threads)}
+        print(json.dumps(result, indent=None if a.json else 1))
+        return 0
     with tempfile.TemporaryDirectory(dir=a.workdir, prefix="ferry-bench-convert-") as tmp:
         root = Path(tmp)
         t0 = time.perf_counter()
@@ -177,18 +303,9 @@ def main(argv=None) -> int:
         for i in range(a.runs):
             out = (Path(a.out_dir) if a.out_dir else root) / f"out{i}.ferry"
             evict(ckpt)
-            io0, cpu0 = _io_read_bytes(), os.times()
-            t0 = time.perf_counter()
-            convert(ckpt, out, expert_format=a.expert_format, threads=threads)
-            seconds = time.perf_counter() - t0
-            cpu1, io1 = os.times(), _io_read_bytes()
-            cpu = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
-            written = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
-            runs.append({"seconds": round(seconds, 2), "written_bytes": written,
-                         "bytes_per_s": written / seconds, "source_bytes_per_s": source_bytes / seconds,
-                         "weights_per_s": weights / seconds, "cpu_seconds": round(cpu, 2),
-                         "cpu_busy": round(cpu / (seconds * (os.cpu_count() or 1)), 3),
-                         "disk_read_bytes": io1 - io0 if io0 >= 0 else None})
+            run = timed_convert(ckpt, out, a.expert_format, threads)
+            run.update(source_bytes_per_s=source_bytes / run["seconds"], weights_per_s=weights / run["seconds"])
+            runs.append(run)
             shutil.rmtree(out)
         disk_after = sequential(root)
     best = max(runs, key=lambda r: r["bytes_per_s"])

@@ -35,8 +35,16 @@ def _f16(values: np.ndarray) -> np.ndarray:
 
 
 def random_blocks(rng: np.random.Generator, rows: int, cols: int, qtype: str) -> np.ndarray:
-    """[rows, row_bytes] of random Q8_0 / Q4_K / Q6_K blocks."""
-    if qtype == "Q8_0":
+    """[rows, row_bytes] of random Q4_0 / Q8_0 / Q4_K / Q6_K blocks."""
+    if qtype == "Q4_0":
+        # nibbles 1..15: values (q - 8) d are symmetric about zero (std 4.32 d)
+        nb = rows * cols // 32
+        out = np.empty((nb, 18), np.uint8)
+        out[:, :2] = _f16(np.full(nb, 0.02 / 4.32, np.float32) * rng.uniform(0.5, 1.5, nb).astype(np.float32))
+        lo = rng.integers(1, 16, (nb, 16), dtype=np.uint8)
+        hi = rng.integers(1, 16, (nb, 16), dtype=np.uint8)
+        out[:, 2:] = lo | (hi << 4)
+    elif qtype == "Q8_0":
         nb = rows * cols // 32
         out = np.empty((nb, 34), np.uint8)
         out[:, :2] = _f16(np.full(nb, 0.02 / 74, np.float32) * rng.uniform(0.5, 1.5, nb).astype(np.float32))
@@ -65,6 +73,27 @@ def demo_tokenizer() -> dict:
     return {k: v for k, v in g.metadata.items() if k.startswith("tokenizer.")}
 
 
+def add_tokenizer(w, tok: dict) -> None:
+    """The tokenizer metadata ``tok`` (demo_tokenizer()) on a gguf.GGUFWriter."""
+    w.add_tokenizer_model(tok["tokenizer.ggml.model"])
+    if "tokenizer.ggml.pre" in tok:
+        w.add_tokenizer_pre(tok["tokenizer.ggml.pre"])
+    w.add_token_list(tok["tokenizer.ggml.tokens"])
+    w.add_token_types(tok["tokenizer.ggml.token_type"])
+    w.add_token_merges(tok["tokenizer.ggml.merges"])
+    for key, add in (("tokenizer.ggml.bos_token_id", w.add_bos_token_id),
+                     ("tokenizer.ggml.eos_token_id", w.add_eos_token_id),
+                     ("tokenizer.ggml.padding_token_id", w.add_pad_token_id)):
+        if key in tok:
+            add(int(tok[key]))
+
+
+def use_more_bits(layer: int, layers: int) -> bool:
+    """The layers where llama.cpp's Q4_K_M stores attn_v and ffn_down in Q6_K: the
+    first and last eighth and every third layer between."""
+    return layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
+
+
 def write(out: Path, size: str, qtype: str, seed: int = 0) -> Path:
     import gguf
 
@@ -85,28 +114,16 @@ def write(out: Path, size: str, qtype: str, seed: int = 0) -> Path:
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_dimension_count(head)
     w.add_file_type(15 if qtype == "q4_k_m" else 7)  # llama.cpp's LLAMA_FTYPE_MOSTLY_Q4_K_M / Q8_0
-    w.add_tokenizer_model(tok["tokenizer.ggml.model"])
-    if "tokenizer.ggml.pre" in tok:
-        w.add_tokenizer_pre(tok["tokenizer.ggml.pre"])
-    w.add_token_list(tok["tokenizer.ggml.tokens"])
-    w.add_token_types(tok["tokenizer.ggml.token_type"])
-    w.add_token_merges(tok["tokenizer.ggml.merges"])
-    for key, add in (("tokenizer.ggml.bos_token_id", w.add_bos_token_id),
-                     ("tokenizer.ggml.eos_token_id", w.add_eos_token_id),
-                     ("tokenizer.ggml.padding_token_id", w.add_pad_token_id)):
-        if key in tok:
-            add(int(tok[key]))
+    add_tokenizer(w, tok)
 
     def kind(name: str, layer: int) -> str:
         if qtype == "q8_0":
             return "Q8_0"
-        # Q4_K_M: Q6_K for the output and for attn_v / ffn_down in the first and
-        # last eighth of the layers and every third layer between.
+        # Q4_K_M: Q6_K for the output and for attn_v / ffn_down in some layers.
         if name == "output":
             return "Q6_K"
         if name in ("attn_v", "ffn_down"):
-            more = layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
-            return "Q6_K" if more else "Q4_K"
+            return "Q6_K" if use_more_bits(layer, layers) else "Q4_K"
         return "Q4_K"
 
     def matrix(name: str, rows: int, cols: int, layer: int = -1) -> None:

@@ -1,6 +1,7 @@
 """Ferry against llama.cpp (llama-cpp-python) on the same GGUF files.
 
     python bench/vs_llamacpp.py --json [--files demo 1b-q4_k_m 1b-q8_0] [--rounds 3] [--threads 2] [--ferry-exact]
+    python bench/vs_llamacpp.py --moe --json [--layers 16] [--rounds 3] [--limits 0.5 0.25]
 
 llama-cpp-python is installed into a benchmark-only virtual environment
 (``--venv``, default ``.bench-venv/`` in the checkout; it is not a Ferry
@@ -28,6 +29,10 @@ of ``activations="auto"`` on quantized weights, as llama.cpp computes).
 ``--ferry-exact`` adds a third engine, ``ferry_exact``: Ferry opened with
 exact activations (``activations="exact"``, the default before), in the same
 rotation, with its ratios to llama.cpp and to default Ferry.
+
+``--moe`` measures a mixture-of-experts file instead, in RAM and in memory
+cgroups smaller than the model: bench/vs_llamacpp_moe.py (its docstring says
+what it runs and prints; the arguments after ``--moe`` are its own).
 """
 from __future__ import annotations
 
@@ -269,6 +274,11 @@ def summarize(rounds: list[dict]) -> dict:
 
 
 def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--moe" in argv:
+        from bench import vs_llamacpp_moe
+        argv.remove("--moe")
+        return vs_llamacpp_moe.main(argv)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="one line of JSON (default: indented)")
     ap.add_argument("--files", nargs="+", choices=FILES, default=list(DEFAULT_FILES))

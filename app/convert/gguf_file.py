@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -17,7 +18,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from app.convert import quant
-from app.convert.errors import SourceError, TensorFile
+from app.convert.errors import SourceError, TensorFile, read_file_range
 
 MAX_TENSORS = 1_000_000
 MAX_KV = 1_000_000
@@ -47,6 +48,10 @@ SCALAR_TYPES: dict[int, np.dtype] = {
     12: np.dtype("<f8"),
 }
 BOOL_TYPE = 7
+#: The same scalars for struct (one number at a time: much faster than numpy).
+_STRUCTS: dict[int, struct.Struct] = {t: struct.Struct("<" + c) for t, c in
+                                      zip((0, 1, 2, 3, 4, 5, 6, 7, 10, 11, 12), "BbHhIifBQqd")}
+_U64 = _STRUCTS[10]
 
 
 @dataclass(frozen=True)
@@ -94,26 +99,44 @@ class _Cursor:
         self.pos += n
         return data
 
-    def scalar(self, dtype: np.dtype, what: str) -> Any:
-        """One little-endian number as a Python int or float."""
-        return np.frombuffer(self.take(dtype.itemsize, what), dtype)[0].item()
+    def scalar(self, value_type: int, what: str) -> Any:
+        """One little-endian number of GGUF type ``value_type`` as a Python int or float."""
+        st = _STRUCTS[value_type]
+        return st.unpack(self.take(st.size, what))[0]
 
     def u32(self, what: str) -> int:
-        return self.scalar(SCALAR_TYPES[4], what)
+        return self.scalar(4, what)
 
     def u64(self, what: str) -> int:
-        return self.scalar(SCALAR_TYPES[10], what)
+        return self.scalar(10, what)
 
     def string(self, what: str) -> str:
         """A u64-length-prefixed UTF-8 string of at most MAX_STRING_BYTES."""
-        length = self.u64(f"length of {what}")
-        if length > MAX_STRING_BYTES:
-            raise self.error(f"{what} claims {length} bytes (max {MAX_STRING_BYTES})")
-        data = self.take(length, what)
-        try:
-            return data.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise self.error(f"{what} is not valid UTF-8 (byte {exc.start})") from None
+        return self.strings(1, what)[0]
+
+    def strings(self, count: int, what: str) -> list[str]:
+        """``count`` strings one after the other (a vocabulary: hundreds of
+        thousands, so the loop does only what each string needs; the checks
+        are string()'s)."""
+        out = []
+        read, unpack, size = self.f.read, _U64.unpack, self.size
+        for _ in range(count):
+            head = read(8) if size - self.pos >= 8 else self.take(8, f"length of {what}")  # (take raises)
+            if len(head) != 8:
+                raise self.error(f"file shrank while reading length of {what} at byte {self.pos}")
+            self.pos += 8
+            (length,) = unpack(head)
+            if length > MAX_STRING_BYTES:
+                raise self.error(f"{what} claims {length} bytes (max {MAX_STRING_BYTES})")
+            data = read(length) if size - self.pos >= length else self.take(length, what)
+            if len(data) != length:
+                raise self.error(f"file shrank while reading {what} at byte {self.pos}")
+            self.pos += length
+            try:
+                out.append(data.decode("utf-8"))
+            except UnicodeDecodeError as exc:
+                raise self.error(f"{what} is not valid UTF-8 (byte {exc.start})") from None
+        return out
 
 
 def _read_value(cur: _Cursor, value_type: int, what: str, depth: int = 0) -> Any:
@@ -122,10 +145,9 @@ def _read_value(cur: _Cursor, value_type: int, what: str, depth: int = 0) -> Any
         return cur.string(what)
     if value_type == ARRAY_TYPE:
         return _read_array(cur, what, depth + 1)
-    dtype = SCALAR_TYPES.get(value_type)
-    if dtype is None:
+    if value_type not in SCALAR_TYPES:
         raise cur.error(f"{what} has unknown value type {value_type}")
-    value = cur.scalar(dtype, what)
+    value = cur.scalar(value_type, what)
     return bool(value) if value_type == BOOL_TYPE else value
 
 
@@ -150,6 +172,8 @@ def _read_array(cur: _Cursor, what: str, depth: int) -> list[Any]:
     min_bytes = 8 if elem_type == STRING_TYPE else 12
     if count * min_bytes > cur.size - cur.pos:
         raise cur.error(f"{what} claims {count} elements but the file is too short for them")
+    if elem_type == STRING_TYPE:
+        return cur.strings(count, what)
     return [_read_value(cur, elem_type, what, depth) for _ in range(count)]
 
 
@@ -265,6 +289,17 @@ class GGUFFile(TensorFile[GGUFTensorInfo]):
             )
         info = GGUFTensorInfo(name, ggml_type, fmt.name, dims, n_elements, start, nbytes)
         self.tensors[name] = info
+
+    def read_slice(self, name: str, index: int) -> np.ndarray:
+        """The stored bytes of slice ``index`` along the outermost dimension (the
+        last of ``dims``), e.g. one expert of a stacked ``[experts, rows, cols]``
+        tensor, as a flat uint8 array: only that slice is read from the file."""
+        info = self.info(name)
+        count = int(info.dims[-1]) if info.dims else 1
+        if not 0 <= index < count:
+            raise SourceError(self.path, f"tensor {name!r} has {count} slices, no slice {index}")
+        per = info.nbytes // count
+        return read_file_range(self.path, info.offset + index * per, per)
 
     def read_f32(self, name: str) -> np.ndarray:
         """The tensor dequantized to float32, shaped row-major (..., ne1, ne0)."""

@@ -205,12 +205,9 @@ class GGUFSource(Source):
 
     def read_raw(self, name: str) -> np.ndarray:
         info, expert = self._split(name)
-        raw = self.gguf.read_raw(info.name)
         if expert is None:
-            return raw
-        n_experts = int(info.dims[-1])
-        per = raw.size // n_experts
-        return raw[expert * per:(expert + 1) * per]
+            return self.gguf.read_raw(info.name)
+        return self.gguf.read_slice(info.name, expert)  # that expert's bytes only, not the whole stack
 
     def read_f32(self, name: str) -> np.ndarray:
         info, expert = self._split(name)

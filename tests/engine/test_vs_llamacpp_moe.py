@@ -1,0 +1,44 @@
+"""bench/vs_llamacpp_moe.py's bookkeeping: where two engines' greedy tokens
+first differ (and how close a call it was there), and the medians and
+ratios it reports, failed runs (an OOM-killed llama.cpp) counted apart."""
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+sys.path.insert(0, str(REPO))
+from bench import vs_llamacpp_moe as moe  # noqa: E402
+
+
+def test_crosscheck_finds_the_first_difference_and_its_gaps():
+    ferry = {"tokens": [5, 6, 7, 8], "margins": [1.0, 0.5, 0.01, 2.0]}
+    llama = {"tokens": [5, 6, 9, 9], "margins": [1.1, 0.4, 0.02, 0.3]}
+    out = moe.crosscheck(ferry, llama)
+    assert out["agree"] is False and out["first_difference"] == 2
+    assert out["gap_there"] == {"ferry": 0.01, "llama_cpp": 0.02}
+    same = moe.crosscheck(ferry, dict(llama, tokens=[5, 6, 7, 8]))
+    assert same["agree"] is True and same["first_difference"] is None
+    assert "error" in moe.crosscheck({"error": "killed"}, llama)
+
+
+def _run(setting, engine, decode, prompt=10.0, error=False):
+    if error:
+        return {"setting": setting, "engine": engine, "error": "llama_cpp child killed by signal 9"}
+    return {"setting": setting, "engine": engine, "decode_tok_s": decode, "prompt_tok_s": prompt,
+            "decode_disk_bytes_per_token": 1000.0, "peak_rss_bytes": 5, "memory": {"peak_bytes": 7}}
+
+
+def test_summary_medians_ratios_and_failures():
+    runs = [_run("limit_0.5", "ferry", 10.0), _run("limit_0.5", "ferry", 12.0), _run("limit_0.5", "ferry", 11.0),
+            _run("limit_0.5", "llama_cpp", 0, error=True), _run("limit_0.5", "llama_cpp_mmap", 2.0),
+            _run("limit_0.5", "llama_cpp_mmap", 4.0, prompt=20.0)]
+    out = moe.summarize(runs)["limit_0.5"]
+    assert out["median"]["ferry"]["decode_tok_s"] == 11.0
+    assert out["median"]["ferry"]["cgroup_peak_bytes"] == 7
+    assert out["median"]["llama_cpp"] == {"runs": 1, "failed": 1}
+    assert out["ratios"]["ferry_over_llama_cpp_mmap"]["decode_tok_s"] == pytest.approx(11.0 / 3.0)
+    assert out["ratios"]["ferry_over_llama_cpp_mmap"]["prompt_tok_s"] == pytest.approx(10.0 / 15.0)
+    assert "ferry_over_llama_cpp" not in out["ratios"]
