@@ -27,6 +27,8 @@ MAX_ARRAY_ELEMENTS = 2**28  # for each array and for all arrays together
 MAX_ARRAY_NESTING = 8
 MAX_DIMS = 8
 MAX_DIM = 2**40
+#: Most values one tensor may hold (Kimi K3's largest stacked expert tensor has ~2^34).
+MAX_ELEMENTS = 2**48
 MAX_ALIGNMENT = 2**30
 DEFAULT_ALIGNMENT = 32
 SUPPORTED_VERSIONS = (2, 3)
@@ -187,6 +189,11 @@ def _read_tensor_info(cur: _Cursor, index: int) -> tuple[str, int, tuple[int, ..
     for dim in dims:
         if dim > MAX_DIM:
             raise cur.error(f"tensor {name!r} has dimension {dim} (max 2^40)")
+    # An empty tensor (a dimension of 0) is allowed, but its other dimensions must still make a
+    # shape numpy can hold: their product is bounded like a real tensor's (a tensor with no 0 is
+    # bounded by its bytes in the file instead).
+    if 0 in dims and math.prod(d for d in dims if d) > MAX_ELEMENTS:
+        raise cur.error(f"tensor {name!r} has dimensions {list(dims)}: more than 2^48 values")
     ggml_type = cur.u32(f"type of tensor {name!r}")
     offset = cur.u64(f"offset of tensor {name!r}")
     return name, ggml_type, dims, offset

@@ -5,6 +5,8 @@ context stopped an answer; the server's requests stay explicit ("error").
 Driven on the demo model at a 512-token context."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from app.api import EngineService, Text, TurnDone, TurnError, TurnRequest, open_model
@@ -59,8 +61,13 @@ def test_a_question_longer_than_the_context_is_still_refused_in_words(demo):
         ChatFormat(demo).prepare(TurnRequest(long, context="drop_oldest"), n_ctx=N_CTX)
 
 
-def _turn(c: ChatController, service: EngineService, text: str):
+def _turn(c: ChatController, service: EngineService, text: str, *, no_end: tuple[int, ...] = ()):
+    """One turn through the controller; ``no_end``: end-of-turn tokens the answer may not choose, so
+    that only the context can stop it (whatever the arithmetic makes of a near-tie)."""
     request, _ = c.turn_request(c.send(text))
+    if no_end:
+        request.sampling = dataclasses.replace(
+            request.sampling, logit_bias=tuple(request.sampling.logit_bias) + tuple((i, -100.0) for i in no_end))
     done = None
     for ev in service.stream(service.prepare(request)):
         if isinstance(ev, Text):
@@ -90,7 +97,8 @@ def test_many_turns_at_a_512_token_context_stay_usable(demo, tmp_path, memory_ke
         assert boundary is not None and c.chat.visible()[boundary].role == "user"
         # an answer the context stops says so ("context full"), and the next question still gets an answer
         settings.max_tokens = 4096
-        m, done = _turn(c, service, "Count from 1 to 500, separated by commas, and do not stop.")
+        m, done = _turn(c, service, "Count from 1 to 500, separated by commas, and do not stop.",
+                        no_end=tuple(sorted(demo.tokenizer.eos_ids)))
         assert done.reason == "length" and done.context_full and m.status == CONTEXT_FULL
         assert c.status_line(m.status, m).startswith(f"{len(done.token_ids)} tokens")
         settings.max_tokens = 32

@@ -356,3 +356,12 @@ def test_fuzz_random_corruption(sample: Path, tmp_path: Path) -> None:
         except SourceError:
             outcomes["error"] += 1
     assert outcomes["ok"] > 0 and outcomes["error"] > 0
+
+
+def test_an_empty_tensor_with_huge_other_dimensions_is_refused(tmp_path: Path) -> None:
+    """Found by the gguf fuzz target: a 0 among dimensions whose other product overflows made
+    read_f32's reshape raise a bare ValueError; the header now refuses it by name."""
+    path = tmp_path / "huge-empty.gguf"
+    path.write_bytes(build([], [tinfo("w", [32, 117440513, 0, 412316860424, 262144, 131072])], b""))
+    with pytest.raises(SourceError, match="more than 2"):
+        GGUFFile(path)
