@@ -62,6 +62,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from anywhere
 
+from bench.convert import _io_read_bytes  # noqa: E402  (-1 where /proc/self/io is missing)
 from bench.vs_llamacpp import LLAMA_CPP_VERSION, _peak_rss, _prompt, _rss_now, ensure_llama_cpp, log  # noqa: E402
 
 CGROUP_V1 = Path("/sys/fs/cgroup/memory")
@@ -70,16 +71,6 @@ N_CTX = 512
 
 
 # ---------------------------------------------------------------- measuring a phase
-
-
-def _io_read_bytes() -> int:
-    try:
-        for line in Path("/proc/self/io").read_text().splitlines():
-            if line.startswith("read_bytes:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
 
 
 def _mark() -> dict:
@@ -91,7 +82,8 @@ def _mark() -> dict:
 def _phase(a: dict, b: dict) -> dict:
     """Where the time of one phase went: wall, CPU (user, system) over all threads, major faults, disk bytes."""
     return {"wall_s": b["t"] - a["t"], "user_s": b["user"] - a["user"], "sys_s": b["sys"] - a["sys"],
-            "major_faults": b["majflt"] - a["majflt"], "disk_read_bytes": b["read"] - a["read"]}
+            "major_faults": b["majflt"] - a["majflt"],
+            "disk_read_bytes": b["read"] - a["read"] if a["read"] >= 0 else None}
 
 
 def _margin(logits) -> float:
@@ -135,7 +127,8 @@ def _drive(eval_fn, reset_fn, vocab: int, a) -> dict:
     out["decode"] = _phase(m1, m2)
     out["prompt_tok_s"] = a.prompt / out["prompt"]["wall_s"]
     out["decode_tok_s"] = a.tokens / out["decode"]["wall_s"]
-    out["decode_disk_bytes_per_token"] = out["decode"]["disk_read_bytes"] / a.tokens
+    read = out["decode"]["disk_read_bytes"]
+    out["decode_disk_bytes_per_token"] = None if read is None else read / a.tokens
     return out
 
 
@@ -337,7 +330,8 @@ def summarize(runs: list[dict]) -> dict:
         for eng in dict.fromkeys(r["engine"] for r in runs if r["setting"] == setting):
             rs = [r for r in runs if r["setting"] == setting and r["engine"] == eng]
             ok = [r for r in rs if "error" not in r]
-            m = {k: statistics.median(r[k] for r in ok) for k in METRICS} if ok else {}
+            m = {k: (None if any(r[k] is None for r in ok) else statistics.median(r[k] for r in ok))
+                 for k in METRICS} if ok else {}
             if ok and ok[0].get("memory"):
                 m["cgroup_peak_bytes"] = statistics.median(r["memory"]["peak_bytes"] for r in ok)
             m["runs"], m["failed"] = len(rs), len(rs) - len(ok)
