@@ -25,8 +25,10 @@ whose values were AES-GCM blobs) is migrated on first open, see
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
+import secrets
 from pathlib import Path
 
 from cryptography.hazmat.primitives import hashes
@@ -131,7 +133,8 @@ class KeyFile:
         self.save()
 
     def save(self) -> None:
-        tmp = self.path.with_name(self.path.name + ".tmp")
+        # a name of this writer's own: two processes saving at once never rename each other's file
+        tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
         create_private(tmp)
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump({k: base64.b64encode(v).decode() for k, v in self._values.items()}, f)
@@ -208,28 +211,54 @@ def open_database(path: str | Path | None, keys: KeyProvider) -> tuple[Connectio
     private_dir(path.parent)
     from app.store.migrate import legacy_source, migrate
 
-    legacy = legacy_source(path)
-    if legacy is not None:
-        key = migrate(legacy, path, keys)
-    else:
-        meta = KeyFile(path)
-        _refuse_empty(path, meta)
-        if meta.get("check") is None and path.exists() and path.stat().st_size > 0:
-            # the side file is gone: a key that opens the database is taken, and the check written again
-            key = keys.key(meta)
-            connect(path, sqlcipher_key(key)).close()
-        key = provider_key(meta, keys)
+    # Two Ferry processes starting on a new data folder at once (the window and `ferry docs add`)
+    # would each make a key and a check value; the second would overwrite the first's. The key is
+    # settled under a lock, so the second reads what the first wrote.
+    with _key_lock(path):
+        legacy = legacy_source(path)
+        if legacy is not None:
+            key = migrate(legacy, path, keys)
+        else:
+            meta = KeyFile(path)
+            _refuse_empty(path, meta)
+            if meta.get("check") is None and path.exists() and path.stat().st_size > 0:
+                # the side file is gone: a key that opens the database is taken, and the check written again
+                key = keys.key(meta)
+                connect(path, sqlcipher_key(key)).close()
+            key = provider_key(meta, keys)
+        # Connecting writes a new database's first page (its WAL mode), still under the lock: a second
+        # process must never find a check value beside a 0-byte file and take the live history for an
+        # emptied one.
+        try:
+            return connect(path, sqlcipher_key(key)), key
+        except WrongKey as exc:
+            # the key is right (its check value matched above), so the file is what is wrong
+            if legacy is None and meta.get("check") is not None and path.exists():
+                aside = set_aside(path, "damaged")
+                raise DatabaseDamaged(
+                    f"the history {path} is damaged and cannot be opened ({exc.__cause__ or exc}). It was kept "
+                    f"as {aside.name} (with its key file): restore a backup of {FILE_NAME}, or start Ferry again "
+                    "to begin a new, empty history.") from None
+            raise
+
+
+@contextlib.contextmanager
+def _key_lock(path: Path):
+    """An exclusive lock on ``<db>.lock`` (an empty private file) while the key is settled; held by
+    the open file, so a process that dies releases it. Where there is no flock (Windows), no lock."""
     try:
-        return connect(path, sqlcipher_key(key)), key
-    except WrongKey as exc:
-        # the key is right (its check value matched above), so the file is what is wrong
-        if legacy is None and meta.get("check") is not None and path.exists():
-            aside = set_aside(path, "damaged")
-            raise DatabaseDamaged(
-                f"the history {path} is damaged and cannot be opened ({exc.__cause__ or exc}). It was kept as "
-                f"{aside.name} (with its key file): restore a backup of {FILE_NAME}, or start Ferry again to "
-                "begin a new, empty history.") from None
-        raise
+        import fcntl
+    except ImportError:     # pragma: no cover - not a platform Ferry ships for
+        yield
+        return
+    lock = Path(str(path) + ".lock")
+    create_private(lock)
+    with open(lock, "rb") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
 def _refuse_empty(path: Path, meta: KeyFile) -> None:

@@ -172,3 +172,42 @@ def test_database_problem_says_what_to_do():
     assert "run the command again" in database_problem(IntegrityError("UNIQUE constraint failed"))
     assert "restore it from a backup" in database_problem(DatabaseError("database disk image is malformed"))
     assert issubclass(DatabaseDamaged, Exception)
+
+
+def _open_new(path, start, out):
+    from app.store.database import open_database
+
+    start.wait()
+    try:
+        db, key = open_database(path, PassphraseKeys(PASSPHRASE))
+        db.close()
+        out.put(key.hex())
+    except Exception as exc:      # the test reports what went wrong
+        out.put(f"error: {type(exc).__name__}: {exc}")
+
+
+def test_processes_creating_a_new_history_at_once_agree_on_its_key(tmp_path):
+    """Four processes open a data folder with no history yet at the same moment: one makes the key
+    (salt and check value), the others read it; none fails, every key is the same and opens the file
+    afterwards. (Before the key was settled under a lock, two writers could rename each other's
+    temporary key file away -- seen as 'No such file or directory: ferry.db.keys.tmp' -- or leave a
+    check value of one key beside a database made with another.)"""
+    from app.store.database import open_database
+
+    path = tmp_path / "home" / "ferry.db"
+    ctx = multiprocessing.get_context("spawn")
+    start, out = ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=_open_new, args=(path, start, out)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    time.sleep(1.0)
+    start.set()
+    keys = [out.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+    assert all(not k.startswith("error") for k in keys), keys
+    assert len(set(keys)) == 1, keys
+    db, key = open_database(path, PassphraseKeys(PASSPHRASE))
+    db.close()
+    assert key.hex() == keys[0]
+    assert not list(path.parent.glob("*.tmp"))
