@@ -46,17 +46,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from app.convert import quant  # noqa: E402
 from app.engine._ferry_c import ffi, lib  # noqa: E402
+from app.engine.binding import FORMATS as CORE_FORMATS  # noqa: E402
 from app.get.speed import run_threads  # noqa: E402
 
-FORMATS = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q4_k", "q5_k", "q6_k", "q3_nl"]
+#: Every format of the core's table (app.engine.binding.FORMATS).
+FORMATS = list(CORE_FORMATS)
 COLS = 3584
-#: (block elems, block bytes, byte offsets of f16 scale fields) per format
-BLOCKS = {"f32": (1, 4, []), "f16": (1, 2, []), "bf16": (1, 2, []), "q8_0": (32, 34, [0]), "q4_0": (32, 18, [0]),
-          "q4_1": (32, 20, [0, 2]), "q4_k": (256, 144, [0, 2]), "q5_k": (256, 176, [0, 2]), "q6_k": (256, 210, [208]), "q3_nl": (256, 99, [])}
+#: Byte offsets of each block's f16 scale fields, set to sane scales (no inf/nan slowing anything).
+SCALE_OFFSETS = {"q8_0": [0], "q4_0": [0], "q4_1": [0, 2], "q4_k": [0, 2], "q5_k": [0, 2], "q6_k": [208]}
 
 
 def random_matrix(fmt: str, rows: int, rng) -> np.ndarray:
-    elems, nbytes, scales = BLOCKS[fmt]
+    elems, nbytes = CORE_FORMATS[fmt].block_elems, CORE_FORMATS[fmt].block_bytes
+    scales = SCALE_OFFSETS.get(fmt, [])
     nb = rows * COLS // elems
     if fmt in ("f32", "f16", "bf16"):
         w = (rng.standard_normal(rows * COLS) * 0.05).astype(np.float32)

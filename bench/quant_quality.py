@@ -84,7 +84,7 @@ def ggml(fmt):
 def q3_nl(W, h=None):
     raw = quant3.quantize(W.reshape(-1, 256 * (W.shape[-1] // 256)) if W.shape[-1] % 256 == 0 else W.reshape(-1, 2304),
                           importance=None if h is None else np.tile(h, 2304 // h.size if W.shape[-1] % 256 else 1))
-    return quant3.dequantize(raw, W.size).reshape(W.shape), 99 * 8 / 256
+    return quant3.dequantize(raw, W.size).reshape(W.shape), quant3.BLOCK_BYTES * 8 / quant3.BLOCK
 
 
 # ------------------------------------------------------------ candidates

@@ -18,18 +18,16 @@ from app.convert.compressed import MXFP4
 from app.convert.arch import LAYER_TENSORS, VECTOR_SUFFIXES
 from app.convert.errors import SourceError
 from app.convert.sources import CORE_FORMATS, Source
+from app.engine.binding import FORMATS
 
 FORMAT_VERSION = 1
 TENSOR_ALIGN = 64
 RECORD_ALIGN = 4096
 RECORD_HEADER_BYTES = 64
 BANK_HEADER_BYTES = 4096
-#: Container spelling -> the C core's format code (core_c/src/formats.h):
-#: the ggml ones in order, Ferry's own q3_nl at 8 (FE_Q3_NL), then q5_k at 9
-#: (FE_Q5_K, added after q3_nl).
-FORMAT_CODES = {name: i for i, name in enumerate(CORE_FORMATS[:8])}
-FORMAT_CODES[quant3.NAME] = 8
-FORMAT_CODES["q5_k"] = 9
+#: Container spelling -> the C core's format code (the byte in bank and
+#: record headers), from the core's own table.
+FORMAT_CODES = {name: f.code for name, f in FORMATS.items()}
 #: Formats the converter can encode floats into.
 ENCODABLE = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", quant3.NAME)
 #: Accepted values of --trunk-format / --expert-format.
@@ -42,10 +40,6 @@ FORMAT_CHOICES = ("auto",) + ENCODABLE
 AUTO_FLOAT_TRUNK = "q8_0"
 FLOAT_SOURCE_FORMATS = ("f32", "f16", "bf16")
 
-_BLOCK = {"q8_0": 32, "q4_0": 32, "q4_1": 32, "q4_k": 256, "q5_k": 256, "q6_k": 256, quant3.NAME: quant3.BLOCK}
-_BYTES = {"f32": 4, "f16": 2, "bf16": 2, "q8_0": 34, "q4_0": 18, "q4_1": 20, "q4_k": 144, "q5_k": 176, "q6_k": 210,
-          quant3.NAME: quant3.BLOCK_BYTES}
-
 
 def _align(n: int, a: int) -> int:
     return (n + a - 1) // a * a
@@ -54,10 +48,10 @@ def _align(n: int, a: int) -> int:
 def stored_bytes(fmt: str, shape: tuple[int, ...]) -> int:
     cols = shape[-1]
     rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
-    block = _BLOCK.get(fmt, 1)
-    if cols % block:
-        raise SourceError("layout", f"a row of {cols} values is not a whole number of {fmt} blocks")
-    return rows * (cols // block) * _BYTES[fmt]
+    try:
+        return rows * FORMATS[fmt].row_bytes(cols)
+    except ValueError as exc:
+        raise SourceError("layout", str(exc)) from None
 
 
 def is_float_format(source_fmt: str) -> bool:
@@ -85,7 +79,7 @@ def choose_format(source_fmt: str, wanted: str, shape: tuple[int, ...], vector: 
         # e2m1 x 2^k has two significant bits and bf16 has f32's exponents: MXFP4
         # is exact in bf16 at half f32's bytes (docs/KIMI.md). Other codes widen to f32.
         return "bf16" if source_fmt == MXFP4 else "f32"
-    if wanted in _BLOCK and shape[-1] % _BLOCK[wanted]:
+    if wanted in FORMATS and shape[-1] % FORMATS[wanted].block_elems:
         return "f32" if source_fmt not in CORE_FORMATS else source_fmt
     return wanted
 

@@ -16,9 +16,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from app.engine.binding import FORMATS
+
 NAME = "q3_nl"
-BLOCK = 256
-BLOCK_BYTES = 99
+#: 256 values in 99 bytes: the block geometry from the C core's table.
+BLOCK, BLOCK_BYTES = FORMATS[NAME].block_elems, FORMATS[NAME].block_bytes
 #: The grid (identical to fe_q3_levels in core_c/src/formats.c).
 LEVELS = np.array([-2.1959, -1.3138, -0.7133, -0.2161, 0.2301, 0.7209, 1.3177, 2.1983], dtype=np.float32)
 _FRAC = np.array([1.0, 1.09050773, 1.18920712, 1.29683955, 1.41421356, 1.54221083, 1.68179283, 1.83400809],

@@ -20,9 +20,14 @@ from app.convert.config_check import load_config
 from app.convert.errors import SourceError
 from app.convert.gguf_file import GGUFFile
 from app.convert.safetensors_file import Checkpoint
+from app.engine.binding import FORMATS
 
-#: Formats the C core computes with, in the container's spelling.
-CORE_FORMATS = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q4_k", "q6_k", "q5_k")
+#: The source formats a container keeps byte for byte, in its spelling: the C
+#: core's formats (binding.FORMATS) that are ggml types of the same name and
+#: block layout (f32, f16, bf16, q8_0, q4_0, q4_1, q4_k, q6_k, q5_k).
+CORE_FORMATS = tuple(name for name, f in FORMATS.items()
+                     if (g := quant.FORMATS.get(name.upper())) is not None
+                     and (g.block_elems, g.block_bytes) == (f.block_elems, f.block_bytes))
 _SAFETENSORS_DTYPES = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
 
 

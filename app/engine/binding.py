@@ -147,8 +147,41 @@ class Stats:
         }
 
 
-#: Names of the weight formats by code (ferry_format_code), for the profile.
-_FORMAT_NAMES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q4_k", "q6_k", "q3_nl", "q5_k")
+@dataclass(frozen=True)
+class WeightFormat:
+    """One weight format of the C core's table (``ferry_formats``): the
+    container's code byte, the manifest name and the block geometry."""
+    code: int
+    name: str
+    block_elems: int            #: values per block (1 for the plain floats)
+    block_bytes: int            #: bytes per block
+
+    @property
+    def bits_per_weight(self) -> float:
+        return self.block_bytes * 8 / self.block_elems
+
+    def row_bytes(self, cols: int) -> int:
+        """Bytes of one row of ``cols`` values (0 for none); ValueError when
+        ``cols`` is not a whole number of blocks."""
+        if cols < 0 or cols % self.block_elems:
+            raise ValueError(f"a row of {cols} values is not a whole number of {self.name} blocks")
+        return cols // self.block_elems * self.block_bytes
+
+
+def _core_formats() -> dict[str, WeightFormat]:
+    n = lib.ferry_formats(ffi.NULL, 0)
+    rows = ffi.new("ferry_format_record[]", n)
+    lib.ferry_formats(rows, n)
+    return {f.name: f for f in (WeightFormat(int(r.code), ffi.string(r.name).decode(), int(r.block_elems),
+                                             int(r.block_bytes)) for r in rows)}
+
+
+#: THE table of weight formats, by name in code order, read once from the C
+#: core (its only copy is core_c/src/formats.c); every other module takes
+#: format facts (codes, block sizes, bits per weight) from here.
+FORMATS: dict[str, WeightFormat] = _core_formats()
+#: Names of the weight formats by code.
+_FORMAT_NAMES = tuple(FORMATS)
 
 
 def _profile_part(c) -> dict:

@@ -27,8 +27,9 @@ trunk_fits, experts_fit) applied to the usable RAM of this machine (or
 ``ram``), "auto" meaning what the converter keeps for the source's dtype
 (q8_0 for a float trunk; bf16 for MXFP4 experts, f32 for FP8 ones).
 Bits map to formats the way `ferry convert` writes them: 32 f32, 16 bf16,
-8 q8_0 (8.5 bits/weight), 4 q4_0 (4.5), 3 q3_nl (3.09). Other widths (2, 5, 6)
-have no Ferry encoder yet; they are costed
+8 q8_0 (8.5 bits/weight), 4 q4_0 (4.5), 3 q3_nl (3.09): B bits the smallest
+q<B>_* format the converter writes (bits per weight from the C core's
+table). Other widths (5, 6, ...) have no Ferry encoder; they are costed
 as B bits plus one f16 scale per 32 weights (B + 0.5 bits/weight) and the
 result says so. ``scheme="pure"`` costs every matrix at exactly B bits per
 weight (no scales), the accounting published figures usually use.
@@ -38,25 +39,41 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 from typing import Any
 
+from app.convert.layout import ENCODABLE
+from app.engine.binding import FORMATS
+
 GIB = 1024 ** 3
 CHUNK = 32
+#: Bits per weight of the formats the converter writes (the C core's table).
+_BPW = {name: FORMATS[name].bits_per_weight for name in ENCODABLE}
+
+
+def _width_formats() -> dict[int, str]:
+    """Nominal width in bits -> the format `ferry convert` writes for it: 32
+    f32, 16 bf16, and for B the smallest q<B>_* format the converter writes
+    (q8_0, q4_0, q3_nl, ...), widest first."""
+    out = {32: "f32", 16: "bf16"}
+    for name in sorted(_BPW, key=_BPW.get):
+        m = re.fullmatch(r"q(\d+)_\w+", name)
+        if m:
+            out.setdefault(int(m.group(1)), name)
+    return dict(sorted(out.items(), reverse=True))
+
+
+_BY_WIDTH = _width_formats()
 
 
 def _fmt_of(bits: float, role: str, scheme: str) -> tuple[str, float, bool]:
     """(format name, bits per weight, a format `ferry convert` can write)."""
     if scheme == "pure":
         return f"{bits:g}-bit (pure)", float(bits), False
-    table = {32: ("f32", 32.0), 16: ("bf16", 16.0), 8: ("q8_0", 8.5)}
-    if bits in table:
-        name, bpw = table[bits]
-        return name, bpw, True
-    if bits == 4:
-        return "q4_0", 4.5, True
-    if bits == 3:
-        return "q3_nl", 99 * 8 / 256, True   # Ferry's 3-bit format: 99 bytes per 256 values
+    if bits in _BY_WIDTH:
+        name = _BY_WIDTH[bits]
+        return name, _BPW[name], True
     return f"q{bits:g} (hypothetical: {bits:g} bits + f16 scale per 32)", bits + 0.5, False
 
 
@@ -114,8 +131,6 @@ class _Acc:
         return out
 
 
-#: Bits per weight of the formats the converter writes.
-_BPW = {"f32": 32.0, "bf16": 16.0, "f16": 16.0, "q8_0": 8.5, "q4_0": 4.5, "q4_1": 5.0, "q3_nl": 99 * 8 / 256}
 
 
 def _auto_formats(config: dict) -> tuple[str, str]:
@@ -340,7 +355,7 @@ def plan_from_config(config: dict, expert_bits: float | None = None, trunk_bits:
         policy_all = policy_bytes(L, E, E * n_moe)
     # The engine reads an untied embedding table's rows per token from
     # trunk.bin (docs/ARCHITECTURE.md, "Memory"): it is not resident.
-    classes = trunk.classes({f: _BPW[f] for f in ("f32", "bf16", "q8_0", "q4_0", "q3_nl")})
+    classes = trunk.classes({f: _BPW[f] for f in _BY_WIDTH.values()})
     embedding = 0 if tied else classes["embeddings"]["bytes"]
     resident = trunk.bytes - embedding
     floor = resident + state + scratch + K * record + policy_floor

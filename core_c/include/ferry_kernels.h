@@ -7,7 +7,8 @@
  * which.
  *
  * Formats are the container's codes (docs/FORMAT.md): 0 f32, 1 f16, 2 bf16,
- * 3 q8_0, 4 q4_0, 5 q4_1, 6 q4_k, 7 q6_k, 8 q3_nl, 9 q5_k.
+ * 3 q8_0, 4 q4_0, 5 q4_1, 6 q4_k, 7 q6_k, 8 q3_nl, 9 q5_k; ferry_formats
+ * lists them all.
  */
 #ifndef FERRY_KERNELS_H_PUBLIC
 #define FERRY_KERNELS_H_PUBLIC
@@ -43,6 +44,22 @@ int ferry_kernels_best(void);
 /* Format code by manifest name, or -1; bytes of one row (0 if impossible). */
 int ferry_format_code(const char *name);
 uint64_t ferry_format_row_bytes(int fmt, uint64_t cols);
+
+/* One row of the core's table of weight formats (core_c/src/formats.c), the
+ * one source of these facts: Python builds its table from it once, at import
+ * (app/engine/binding.py, FORMATS). Bits per weight are
+ * 8 * block_bytes / block_elems. */
+typedef struct {
+    int code;            /* the container's format byte, ferry_format_code(name) */
+    const char *name;    /* manifest spelling, e.g. "q4_1"; constant data, never freed */
+    int block_elems;     /* values per block (1 for the plain floats) */
+    int block_bytes;     /* bytes per block */
+} ferry_format_record;
+
+/* Every weight format the core knows, in code order: fills the caller's
+ * out[0 .. min(count, cap) - 1] (out may be NULL when cap is 0) and returns
+ * the count, so a caller asks once with cap 0 for the size, then again. */
+int ferry_formats(ferry_format_record *out, int cap);
 
 /* y[t][r] = W[r] . x[t] for a [rows, cols] matrix stored in `fmt`, x [n][cols],
  * y [n][rows], on the calling thread with implementation `impl`.

@@ -1,13 +1,15 @@
-/* cache_policy.c: expert-cache replacement policies (see cache_policy.h).
+/* cache_policy.c: the expert cache's replacement policy (see cache_policy.h):
+ * the object, the visit protocol, and the score policies: TRANSIT, the
+ * engine's (FERRY_CACHE_POLICY_ENGINE), and REUSE and ECHO, the same learned
+ * model with a feature each left out. The kinds only the simulator replays
+ * (the classic policies and OPT) are in cachesim_policies.c, called through
+ * the fe_sim_policy_* hooks of cache_policy_impl.h.
  *
- * Every structure is indexed by key = layer * n_experts + expert. Pinning
- * works the same way for every policy: while a visit is open its keys are
- * out of the eviction structure (removed from the heap, unlinked from the
- * lists, or skipped by the scan) and come back at end_layer with their
- * updated state. docs/CACHE_POLICY.md has the measurements behind each
- * constant below.
+ * Every structure is indexed by key = layer * n_experts + expert. While a
+ * visit is open its keys are pinned: the score scan skips them.
+ * docs/CACHE_POLICY.md has the measurements behind each constant below.
  */
-#include "cache_policy.h"
+#include "cache_policy_impl.h"
 
 #include <limits.h>
 #include <stdbool.h>
@@ -15,17 +17,12 @@
 #include <string.h>
 
 enum {
-    NONE = -1,
-    AGING_TOKENS = 16,  /* LFU_AGING halves its counts every 16 tokens */
     ECHO_WINDOW = 128,  /* tokens of routing history ECHO matches against */
     GAP_BUCKETS = 8,    /* visits since last request: 1,2,3,4+,8+,16+,64+,never */
     SHARE_BUCKETS = 8,  /* request share vs uniform: <1/8 .. >=8, doubling;
                            TRANSIT: successor estimate, 8 buckets instead */
     VOTE_BUCKETS = 3,   /* echo vote: no match, match says no, match says yes */
-    TABLE_CELLS = GAP_BUCKETS * SHARE_BUCKETS * VOTE_BUCKETS,
-    ARC_T1 = 0, ARC_T2, ARC_B1, ARC_B2, ARC_LISTS,    /* ARC's four lists */
-    TWOQ_IN = 0, TWOQ_OUT, TWOQ_MAIN, TWOQ_LISTS,     /* 2Q's three lists */
-    DEST_STAY = -1      /* 2Q: a hit in the FIFO keeps its place */
+    TABLE_CELLS = GAP_BUCKETS * SHARE_BUCKETS * VOTE_BUCKETS
 };
 
 static const double ECHO_DECAY = 0.5; /* weight of older layers in a match */
@@ -33,41 +30,9 @@ static const double ECHO_DECAY = 0.5; /* weight of older layers in a match */
  * 0.02, and also when the layer has no visit yet). Chosen once, a priori. */
 static const double TRANSIT_EDGES[SHARE_BUCKETS - 1] = {0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.45};
 
-typedef enum family {
-    FAMILY_HEAP,  /* LRU, LFU*, LRU2, GDSF, OPT: a priority per key */
-    FAMILY_ARC,   /* ARC lists */
-    FAMILY_TWOQ,  /* 2Q lists */
-    FAMILY_LAYER, /* one LRU list per layer */
-    FAMILY_SCORE  /* REUSE, ECHO: scores recomputed per visit */
-} family;
-
-/* One heap entry: ordered by (a, b), smallest first. */
-typedef struct heap_node {
-    uint64_t a;  /* primary priority */
-    uint64_t b;  /* tie-break */
-    int32_t key; /* the key this entry stands for */
-} heap_node;
-
-/* Binary min-heap of resident, unpinned keys. */
-typedef struct key_heap {
-    heap_node *node; /* node[0] is the minimum; capacity n_slots */
-    int32_t *pos;    /* per key: index in node[], NONE when absent */
-    int size;        /* entries in node[] */
-} key_heap;
-
-/* Intrusive doubly linked lists over keys; a key is in at most one. */
-typedef struct key_lists {
-    int32_t *prev;  /* per key: neighbour toward the head (MRU), NONE at end */
-    int32_t *next;  /* per key: neighbour toward the tail (LRU), NONE at end */
-    int32_t *owner; /* per key: list holding it, NONE for none */
-    int32_t *head;  /* per list: most recent key, NONE if empty */
-    int32_t *tail;  /* per list: least recent key, NONE if empty */
-    int32_t *size;  /* per list: number of keys */
-} key_lists;
-
-/* State of the REUSE and ECHO policies: a table, learned online, of how
- * often a key with given features is requested at its layer's next visit. */
-typedef struct reuse_model {
+/* State of the score policies: a table, learned online, of how often a
+ * key with given features is requested at its layer's next visit. */
+struct reuse_model {
     uint32_t *last_visit;     /* per key: its layer's visit number at the last
                                  request, 0 if not requested yet */
     uint32_t *visits;         /* per layer: visits so far */
@@ -99,92 +64,9 @@ typedef struct reuse_model {
     uint64_t *last_set;       /* [layer][words]: the layer's latest request set */
     uint8_t *transit_bucket;  /* per key: its successor-estimate bucket */
     double *transit_sum;      /* n_experts scratch sums */
-} reuse_model;
-
-struct fe_cache_policy {
-    int kind;                  /* FERRY_CACHE_POLICY_* or FE_CACHE_POLICY_OPT */
-    family fam;                /* how kind keeps its eviction order */
-    int n_slots;               /* records the caller's pool holds */
-    int n_layers;              /* MoE layers */
-    int n_experts;             /* experts per layer */
-    int32_t n_keys;            /* n_layers * n_experts */
-    int32_t *slot_key;         /* per slot: key it holds, NONE if empty */
-    int32_t *key_slot;         /* per key: slot holding it, NONE if absent */
-    int32_t *free_slots;       /* the empty slots, in any order */
-    int32_t *free_pos;         /* per slot: index in free_slots, NONE if used */
-    int n_free;                /* entries of free_slots in use */
-    int32_t *layer_resident;   /* per layer: resident keys */
-    uint32_t *uses;            /* per key: requests, loaded counts included */
-    uint64_t *set_step;        /* per key: visit of its last request, 0 none */
-    uint64_t step;             /* visits opened so far (the open one's number) */
-    bool open;                 /* a visit is between begin and end_layer */
-    int cur_layer;             /* layer of the open or last visit */
-    int cur_n;                 /* keys in cur_set */
-    int32_t *cur_set;          /* keys of the open visit; capacity n_slots */
-    int32_t *scratch;          /* n_slots keys for duplicate checks */
-    fe_cache_counters counters; /* hits, misses, evictions */
-    key_heap heap;             /* FAMILY_HEAP order */
-    key_lists lists;           /* ARC, 2Q, LAYER lists */
-    int8_t *cur_dest;          /* ARC, 2Q: list each cur_set key joins at end */
-    int arc_target;            /* ARC: adaptive target size of T1 */
-    uint64_t *prev_step;       /* LRU2: per key, visit of the request before
-                                  the last, 0 none */
-    uint32_t *aged;            /* LFU_AGING: per key, periodically halved count */
-    uint64_t clock;            /* GDSF: priority of the latest victim */
-    uint64_t *next_use;        /* OPT: per key, next visit requesting it */
-    reuse_model *reuse;        /* REUSE, ECHO */
 };
 
 /* ---- small helpers ---------------------------------------------------- */
-
-static family family_of(int kind)
-{
-    switch (kind) {
-    case FERRY_CACHE_POLICY_ARC: return FAMILY_ARC;
-    case FERRY_CACHE_POLICY_TWOQ: return FAMILY_TWOQ;
-    case FERRY_CACHE_POLICY_LAYER_LRU: return FAMILY_LAYER;
-    case FERRY_CACHE_POLICY_REUSE:
-    case FERRY_CACHE_POLICY_ECHO: return FAMILY_SCORE;
-    case FERRY_CACHE_POLICY_TRANSIT: return FAMILY_SCORE;
-    default: return FAMILY_HEAP;
-    }
-}
-
-static bool is_pinned(const fe_cache_policy *p, int32_t key)
-{
-    return p->open && p->set_step[key] == p->step;
-}
-
-static int layer_of(const fe_cache_policy *p, int32_t key)
-{
-    return key / p->n_experts;
-}
-
-/* What a constructor has allocated so far: whether every allocation
- * succeeded, and the bytes asked for (checked against fe_cache_policy_bytes). */
-typedef struct alloc_acc {
-    bool ok;
-    uint64_t bytes;
-} alloc_acc;
-
-/* Bytes alloc_array asks for: count (at least 1) elements of size bytes. */
-static uint64_t array_bytes(size_t count, size_t size)
-{
-    return (uint64_t)(count ? count : 1) * (uint64_t)size;
-}
-
-static void *alloc_array(size_t count, size_t size, alloc_acc *acc)
-{
-    void *mem = calloc(count ? count : 1, size);
-    if (!mem) acc->ok = false;
-    acc->bytes += array_bytes(count, size);
-    return mem;
-}
-
-static void fill_none(int32_t *a, size_t n)
-{
-    for (size_t i = 0; i < n; i++) a[i] = NONE;
-}
 
 static int popcount64(uint64_t x)
 {
@@ -200,135 +82,7 @@ static int lowest_bit(uint64_t x)
     return popcount64((x & (~x + 1u)) - 1u);
 }
 
-/* ---- key heap --------------------------------------------------------- */
-
-static bool node_less(const heap_node *x, const heap_node *y)
-{
-    return x->a < y->a || (x->a == y->a && x->b < y->b);
-}
-
-static void heap_set(key_heap *h, int i, heap_node n)
-{
-    h->node[i] = n;
-    h->pos[n.key] = i;
-}
-
-static void heap_sift_up(key_heap *h, int i)
-{
-    heap_node n = h->node[i];
-    while (i > 0) {
-        int parent = (i - 1) / 2;
-        if (!node_less(&n, &h->node[parent])) break;
-        heap_set(h, i, h->node[parent]);
-        i = parent;
-    }
-    heap_set(h, i, n);
-}
-
-static void heap_sift_down(key_heap *h, int i)
-{
-    heap_node n = h->node[i];
-    for (;;) {
-        int child = 2 * i + 1;
-        if (child >= h->size) break;
-        if (child + 1 < h->size && node_less(&h->node[child + 1], &h->node[child]))
-            child++;
-        if (!node_less(&h->node[child], &n)) break;
-        heap_set(h, i, h->node[child]);
-        i = child;
-    }
-    heap_set(h, i, n);
-}
-
-static void heap_push(key_heap *h, heap_node n)
-{
-    heap_set(h, h->size++, n);
-    heap_sift_up(h, h->size - 1);
-}
-
-static void heap_remove(key_heap *h, int32_t key)
-{
-    int i = h->pos[key];
-    if (i == NONE) return;
-    h->pos[key] = NONE;
-    if (--h->size == i) return;
-    heap_set(h, i, h->node[h->size]);
-    if (i > 0 && node_less(&h->node[i], &h->node[(i - 1) / 2])) heap_sift_up(h, i);
-    else heap_sift_down(h, i);
-}
-
-static void heap_rebuild(key_heap *h)
-{
-    for (int i = h->size / 2 - 1; i >= 0; i--) heap_sift_down(h, i);
-}
-
-/* The priority a key re-enters the heap with; the minimum is evicted. */
-static heap_node heap_entry(const fe_cache_policy *p, int32_t key)
-{
-    heap_node n = {0, (uint64_t)key, key};
-    switch (p->kind) {
-    case FERRY_CACHE_POLICY_LRU:
-        n.a = p->set_step[key];
-        break;
-    case FERRY_CACHE_POLICY_LFU:
-        n.a = p->uses[key];
-        break;
-    case FERRY_CACHE_POLICY_LFU_LRU:
-        n.a = p->uses[key];
-        n.b = p->set_step[key];
-        break;
-    case FERRY_CACHE_POLICY_LFU_AGING:
-        n.a = p->aged[key];
-        n.b = p->set_step[key];
-        break;
-    case FERRY_CACHE_POLICY_LRU2:
-        n.a = p->prev_step[key];
-        n.b = p->set_step[key];
-        break;
-    case FERRY_CACHE_POLICY_GDSF:
-        n.a = p->clock + p->uses[key];
-        n.b = p->set_step[key];
-        break;
-    default: /* OPT: farthest next use first */
-        n.a = UINT64_MAX - p->next_use[key];
-        break;
-    }
-    return n;
-}
-
-/* ---- key lists -------------------------------------------------------- */
-
-static void list_unlink(key_lists *l, int32_t key)
-{
-    int list = l->owner[key];
-    if (list == NONE) return;
-    int32_t prev = l->prev[key], next = l->next[key];
-    if (prev == NONE) l->head[list] = next; else l->next[prev] = next;
-    if (next == NONE) l->tail[list] = prev; else l->prev[next] = prev;
-    l->owner[key] = NONE;
-    l->size[list]--;
-}
-
-static void list_push_head(key_lists *l, int list, int32_t key)
-{
-    int32_t old = l->head[list];
-    l->prev[key] = NONE;
-    l->next[key] = old;
-    if (old == NONE) l->tail[list] = key; else l->prev[old] = key;
-    l->head[list] = key;
-    l->owner[key] = list;
-    l->size[list]++;
-}
-
-/* The least recent key of the list that is not pinned, NONE if none. */
-static int32_t list_last_unpinned(const fe_cache_policy *p, int list)
-{
-    int32_t key = p->lists.tail[list];
-    while (key != NONE && is_pinned(p, key)) key = p->lists.prev[key];
-    return key;
-}
-
-/* ---- the reuse model (REUSE, ECHO) ------------------------------------ */
+/* ---- the reuse model (REUSE, ECHO, TRANSIT) --------------------------- */
 
 static uint64_t *history_row(const fe_cache_policy *p, int64_t token, int layer)
 {
@@ -342,7 +96,7 @@ static int gap_bucket(const fe_cache_policy *p, int32_t key)
     const reuse_model *m = p->reuse;
     uint32_t last = m->last_visit[key];
     if (last == 0) return GAP_BUCKETS - 1;
-    uint32_t gap = m->visits[layer_of(p, key)] + 1 - last;
+    uint32_t gap = m->visits[fe_policy_layer_of(p, key)] + 1 - last;
     if (gap <= 3) return (int)gap - 1;
     if (gap < 8) return 3;
     if (gap < 16) return 4;
@@ -352,7 +106,7 @@ static int gap_bucket(const fe_cache_policy *p, int32_t key)
 /* Bucket of uses[key] / (layer_uses / n_experts), doubling from 1/8. */
 static int share_bucket(const fe_cache_policy *p, int32_t key)
 {
-    uint64_t total = p->reuse->layer_uses[layer_of(p, key)];
+    uint64_t total = p->reuse->layer_uses[fe_policy_layer_of(p, key)];
     uint64_t scaled = (uint64_t)p->uses[key] * (uint64_t)p->n_experts * 8u;
     int bucket = 0;
     for (uint64_t t = 1; total && bucket < SHARE_BUCKETS - 1 && scaled >= t * total; t *= 2)
@@ -367,7 +121,7 @@ static int vote_bucket(const fe_cache_policy *p, int32_t key)
 {
     const reuse_model *m = p->reuse;
     if (!m->history || m->match == NONE) return 0;
-    int layer = layer_of(p, key);
+    int layer = fe_policy_layer_of(p, key);
     int64_t source = layer > m->pos_layer ? m->match : m->match + 1;
     int expert = key % p->n_experts;
     const uint64_t *row = history_row(p, source, layer);
@@ -514,7 +268,7 @@ static void reuse_observe(fe_cache_policy *p, int layer)
 static double reuse_score(const fe_cache_policy *p, int32_t key)
 {
     const reuse_model *m = p->reuse;
-    int ahead = (layer_of(p, key) - m->pos_layer - 1 + p->n_layers) % p->n_layers + 1;
+    int ahead = (fe_policy_layer_of(p, key) - m->pos_layer - 1 + p->n_layers) % p->n_layers + 1;
     return m->probability[feature_cell(p, key)] / ahead;
 }
 
@@ -529,7 +283,7 @@ static void reuse_select(fe_cache_policy *p, int need)
     m->victims_step = p->step;
     for (int slot = 0; slot < p->n_slots; slot++) {
         int32_t key = p->slot_key[slot];
-        if (key == NONE || is_pinned(p, key)) continue;
+        if (key == NONE || fe_policy_pinned(p, key)) continue;
         double score = reuse_score(p, key);
         if (m->n_victims == need && !(score < m->victim_score[need - 1])) continue;
         int i = m->n_victims < need ? m->n_victims++ : need - 1;
@@ -554,166 +308,23 @@ static int32_t reuse_victim(fe_cache_policy *p)
     return m->next_victim < m->n_victims ? p->slot_key[m->victims[m->next_victim++]] : NONE;
 }
 
-/* ---- per-family pinning, eviction and re-entry ------------------------ */
+/* ---- per-kind pinning, eviction and re-entry --------------------------- */
 
-static void lfu_age(fe_cache_policy *p)
+static void policy_begin(fe_cache_policy *p)
 {
-    for (int32_t key = 0; key < p->n_keys; key++) p->aged[key] /= 2;
-    for (int i = 0; i < p->heap.size; i++) p->heap.node[i].a /= 2;
-    heap_rebuild(&p->heap);
+    if (p->reuse) reuse_observe(p, p->cur_layer);
+    else fe_sim_policy_begin(p);
 }
 
-static void arc_adapt(fe_cache_policy *p, int ghost_list)
+/* The score policies recompute their scores each visit: nothing to put back. */
+static void policy_end(fe_cache_policy *p)
 {
-    const int32_t *size = p->lists.size;
-    int other = ghost_list == ARC_B1 ? ARC_B2 : ARC_B1;
-    int delta = size[ghost_list] >= size[other] ? 1 : size[other] / size[ghost_list];
-    if (ghost_list == ARC_B1)
-        p->arc_target = p->arc_target + delta < p->n_slots ? p->arc_target + delta : p->n_slots;
-    else
-        p->arc_target = p->arc_target > delta ? p->arc_target - delta : 0;
+    if (p->sim) fe_sim_policy_end(p);
 }
 
-/* ARC and 2Q: take the set's keys out of the lists, noting where each
- * goes at end_layer. */
-static void lists_begin(fe_cache_policy *p)
+static int32_t policy_victim(fe_cache_policy *p)
 {
-    key_lists *l = &p->lists;
-    for (int i = 0; i < p->cur_n; i++) {
-        int32_t key = p->cur_set[i];
-        int owner = l->owner[key];
-        if (p->fam == FAMILY_ARC) {
-            if (owner == ARC_B1 || owner == ARC_B2) arc_adapt(p, owner);
-            p->cur_dest[i] = (int8_t)(owner == NONE ? ARC_T1 : ARC_T2);
-        } else if (owner == TWOQ_IN) {
-            p->cur_dest[i] = DEST_STAY;
-            continue;
-        } else {
-            p->cur_dest[i] = (int8_t)(owner == NONE ? TWOQ_IN : TWOQ_MAIN);
-        }
-        list_unlink(l, key);
-    }
-}
-
-static void family_begin(fe_cache_policy *p)
-{
-    switch (p->fam) {
-    case FAMILY_HEAP:
-        if (p->kind == FERRY_CACHE_POLICY_LFU_AGING &&
-            p->step % ((uint64_t)AGING_TOKENS * (uint64_t)p->n_layers) == 0)
-            lfu_age(p);
-        for (int i = 0; i < p->cur_n; i++) heap_remove(&p->heap, p->cur_set[i]);
-        if (p->next_use)
-            for (int i = 0; i < p->cur_n; i++) p->next_use[p->cur_set[i]] = UINT64_MAX;
-        break;
-    case FAMILY_ARC:
-    case FAMILY_TWOQ:
-        lists_begin(p);
-        break;
-    case FAMILY_LAYER:
-        for (int i = 0; i < p->cur_n; i++) list_unlink(&p->lists, p->cur_set[i]);
-        break;
-    case FAMILY_SCORE:
-        reuse_observe(p, p->cur_layer);
-        break;
-    }
-}
-
-static void ghost_trim(key_lists *l, int list, int32_t limit)
-{
-    while (l->size[list] > limit) list_unlink(l, l->tail[list]);
-}
-
-/* Puts the set's resident keys back into the eviction order. */
-static void family_end(fe_cache_policy *p)
-{
-    key_lists *l = &p->lists;
-    for (int i = 0; i < p->cur_n; i++) {
-        int32_t key = p->cur_set[i];
-        if (p->key_slot[key] == NONE) continue;
-        switch (p->fam) {
-        case FAMILY_HEAP: heap_push(&p->heap, heap_entry(p, key)); break;
-        case FAMILY_LAYER: list_push_head(l, p->cur_layer, key); break;
-        case FAMILY_ARC:
-        case FAMILY_TWOQ:
-            if (p->cur_dest[i] != DEST_STAY) list_push_head(l, p->cur_dest[i], key);
-            break;
-        case FAMILY_SCORE: break; /* scores are recomputed each visit */
-        }
-    }
-    if (p->fam == FAMILY_ARC) {
-        const int32_t *s = l->size;
-        ghost_trim(l, ARC_B1, p->n_slots - s[ARC_T1]);
-        ghost_trim(l, ARC_B2, 2 * p->n_slots - s[ARC_T1] - s[ARC_T2] - s[ARC_B1]);
-    }
-}
-
-static int32_t arc_victim(fe_cache_policy *p)
-{
-    key_lists *l = &p->lists;
-    int t1 = l->size[ARC_T1];
-    bool from_t1 = t1 > 0 && (t1 > p->arc_target || l->size[ARC_T2] == 0);
-    int32_t key = l->tail[from_t1 ? ARC_T1 : ARC_T2];
-    if (key != NONE) {
-        list_unlink(l, key);
-        list_push_head(l, from_t1 ? ARC_B1 : ARC_B2, key);
-    }
-    return key;
-}
-
-/* The FIFO's oldest while it is over a quarter of the cache (remembered
- * in the ghost list), else the main list's least recent. */
-static int32_t twoq_victim(fe_cache_policy *p)
-{
-    key_lists *l = &p->lists;
-    int in_limit = p->n_slots / 4 > 1 ? p->n_slots / 4 : 1;
-    int32_t key = l->size[TWOQ_IN] > in_limit ? list_last_unpinned(p, TWOQ_IN) : NONE;
-    if (key == NONE) key = l->tail[TWOQ_MAIN];
-    if (key == NONE) key = list_last_unpinned(p, TWOQ_IN);
-    if (key == NONE) return NONE;
-    bool probation = l->owner[key] == TWOQ_IN;
-    list_unlink(l, key);
-    if (probation) {
-        list_push_head(l, TWOQ_OUT, key);
-        ghost_trim(l, TWOQ_OUT, p->n_slots / 2 > 1 ? p->n_slots / 2 : 1);
-    }
-    return key;
-}
-
-/* The least recent key of the layer holding the most slots (ties: the
- * layer whose least recent key is older). */
-static int32_t layer_victim(fe_cache_policy *p)
-{
-    key_lists *l = &p->lists;
-    int best = NONE;
-    for (int layer = 0; layer < p->n_layers; layer++) {
-        if (l->tail[layer] == NONE) continue;
-        if (best == NONE || p->layer_resident[layer] > p->layer_resident[best] ||
-            (p->layer_resident[layer] == p->layer_resident[best] &&
-             p->set_step[l->tail[layer]] < p->set_step[l->tail[best]]))
-            best = layer;
-    }
-    if (best == NONE) return NONE;
-    int32_t key = l->tail[best];
-    list_unlink(l, key);
-    return key;
-}
-
-static int32_t family_victim(fe_cache_policy *p)
-{
-    switch (p->fam) {
-    case FAMILY_HEAP: {
-        if (p->heap.size == 0) return NONE;
-        heap_node top = p->heap.node[0];
-        heap_remove(&p->heap, top.key);
-        if (p->kind == FERRY_CACHE_POLICY_GDSF) p->clock = top.a;
-        return top.key;
-    }
-    case FAMILY_ARC: return arc_victim(p);
-    case FAMILY_TWOQ: return twoq_victim(p);
-    case FAMILY_LAYER: return layer_victim(p);
-    default: return reuse_victim(p);
-    }
+    return p->reuse ? reuse_victim(p) : fe_sim_policy_victim(p);
 }
 
 /* ---- slot bookkeeping ------------------------------------------------- */
@@ -738,7 +349,7 @@ static void slot_map(fe_cache_policy *p, int32_t key, int slot)
     free_take(p, slot);
     p->slot_key[slot] = key;
     p->key_slot[key] = slot;
-    p->layer_resident[layer_of(p, key)]++;
+    p->layer_resident[fe_policy_layer_of(p, key)]++;
 }
 
 static void slot_unmap(fe_cache_policy *p, int32_t key)
@@ -746,39 +357,29 @@ static void slot_unmap(fe_cache_policy *p, int32_t key)
     int slot = p->key_slot[key];
     p->slot_key[slot] = NONE;
     p->key_slot[key] = NONE;
-    p->layer_resident[layer_of(p, key)]--;
+    p->layer_resident[fe_policy_layer_of(p, key)]--;
     free_add(p, slot);
 }
 
 /* ---- memory ------------------------------------------------------------ */
 
-/* Size of one element of array member m of struct type t. */
-#define ELEM(t, m) sizeof(((t *)0)->m[0])
-
-static uint64_t lists_bytes(size_t keys, size_t n_lists)
-{
-    return array_bytes(keys, ELEM(key_lists, prev)) + array_bytes(keys, ELEM(key_lists, next)) +
-           array_bytes(keys, ELEM(key_lists, owner)) + array_bytes(n_lists, ELEM(key_lists, head)) +
-           array_bytes(n_lists, ELEM(key_lists, tail)) + array_bytes(n_lists, ELEM(key_lists, size));
-}
-
 static uint64_t reuse_bytes(int kind, size_t slots, size_t layers, size_t experts)
 {
     size_t keys = layers * experts, words = (experts + 63) / 64;
-    uint64_t n = array_bytes(1, sizeof(reuse_model)) + array_bytes(keys, ELEM(reuse_model, last_visit)) +
-                 array_bytes(layers, ELEM(reuse_model, visits)) +
-                 array_bytes(layers, ELEM(reuse_model, layer_uses)) +
-                 array_bytes(slots, ELEM(reuse_model, victims)) +
-                 array_bytes(slots, ELEM(reuse_model, victim_score));
+    uint64_t n = fe_array_bytes(1, sizeof(reuse_model)) + fe_array_bytes(keys, FE_ELEM(reuse_model, last_visit)) +
+                 fe_array_bytes(layers, FE_ELEM(reuse_model, visits)) +
+                 fe_array_bytes(layers, FE_ELEM(reuse_model, layer_uses)) +
+                 fe_array_bytes(slots, FE_ELEM(reuse_model, victims)) +
+                 fe_array_bytes(slots, FE_ELEM(reuse_model, victim_score));
     if (kind == FERRY_CACHE_POLICY_ECHO || kind == FERRY_CACHE_POLICY_TRANSIT)
-        n += array_bytes((size_t)ECHO_WINDOW * layers * words, ELEM(reuse_model, history)) +
-             array_bytes(ECHO_WINDOW, ELEM(reuse_model, similarity));
+        n += fe_array_bytes((size_t)ECHO_WINDOW * layers * words, FE_ELEM(reuse_model, history)) +
+             fe_array_bytes(ECHO_WINDOW, FE_ELEM(reuse_model, similarity));
     if (kind == FERRY_CACHE_POLICY_TRANSIT)
-        n += array_bytes(keys * experts, ELEM(reuse_model, successors)) +
-             array_bytes(keys, ELEM(reuse_model, from_visits)) +
-             array_bytes(layers * words, ELEM(reuse_model, last_set)) +
-             array_bytes(keys, ELEM(reuse_model, transit_bucket)) +
-             array_bytes(experts, ELEM(reuse_model, transit_sum));
+        n += fe_array_bytes(keys * experts, FE_ELEM(reuse_model, successors)) +
+             fe_array_bytes(keys, FE_ELEM(reuse_model, from_visits)) +
+             fe_array_bytes(layers * words, FE_ELEM(reuse_model, last_set)) +
+             fe_array_bytes(keys, FE_ELEM(reuse_model, transit_bucket)) +
+             fe_array_bytes(experts, FE_ELEM(reuse_model, transit_sum));
     return n;
 }
 
@@ -789,59 +390,20 @@ uint64_t fe_cache_policy_bytes(int kind, int n_slots, int n_layers, int n_expert
         return 0;
     size_t slots = (size_t)n_slots, layers = (size_t)n_layers, experts = (size_t)n_experts;
     size_t keys = layers * experts;
-    uint64_t n = array_bytes(1, sizeof(fe_cache_policy)) + array_bytes(slots, ELEM(fe_cache_policy, slot_key)) +
-                 array_bytes(keys, ELEM(fe_cache_policy, key_slot)) +
-                 array_bytes(slots, ELEM(fe_cache_policy, free_slots)) +
-                 array_bytes(slots, ELEM(fe_cache_policy, free_pos)) +
-                 array_bytes(layers, ELEM(fe_cache_policy, layer_resident)) +
-                 array_bytes(keys, ELEM(fe_cache_policy, uses)) +
-                 array_bytes(keys, ELEM(fe_cache_policy, set_step)) +
-                 array_bytes(slots, ELEM(fe_cache_policy, cur_set)) +
-                 array_bytes(slots, ELEM(fe_cache_policy, scratch));
-    switch (family_of(kind)) {
-    case FAMILY_HEAP:
-        n += array_bytes(slots, ELEM(key_heap, node)) + array_bytes(keys, ELEM(key_heap, pos));
-        if (kind == FERRY_CACHE_POLICY_LRU2) n += array_bytes(keys, ELEM(fe_cache_policy, prev_step));
-        if (kind == FERRY_CACHE_POLICY_LFU_AGING) n += array_bytes(keys, ELEM(fe_cache_policy, aged));
-        if (kind == FE_CACHE_POLICY_OPT) n += array_bytes(keys, ELEM(fe_cache_policy, next_use));
-        return n;
-    case FAMILY_ARC:
-    case FAMILY_TWOQ:
-        return n + array_bytes(slots, ELEM(fe_cache_policy, cur_dest)) +
-               lists_bytes(keys, family_of(kind) == FAMILY_ARC ? ARC_LISTS : TWOQ_LISTS);
-    case FAMILY_LAYER:
-        return n + lists_bytes(keys, layers);
-    default:
-        return n + reuse_bytes(kind, slots, layers, experts);
-    }
+    uint64_t n = fe_array_bytes(1, sizeof(fe_cache_policy)) + fe_array_bytes(slots, FE_ELEM(fe_cache_policy, slot_key)) +
+                 fe_array_bytes(keys, FE_ELEM(fe_cache_policy, key_slot)) +
+                 fe_array_bytes(slots, FE_ELEM(fe_cache_policy, free_slots)) +
+                 fe_array_bytes(slots, FE_ELEM(fe_cache_policy, free_pos)) +
+                 fe_array_bytes(layers, FE_ELEM(fe_cache_policy, layer_resident)) +
+                 fe_array_bytes(keys, FE_ELEM(fe_cache_policy, uses)) +
+                 fe_array_bytes(keys, FE_ELEM(fe_cache_policy, set_step)) +
+                 fe_array_bytes(slots, FE_ELEM(fe_cache_policy, cur_set)) +
+                 fe_array_bytes(slots, FE_ELEM(fe_cache_policy, scratch));
+    return n + (fe_policy_is_score(kind) ? reuse_bytes(kind, slots, layers, experts)
+                                         : fe_sim_policy_bytes(kind, slots, layers, experts));
 }
 
 /* ---- creation --------------------------------------------------------- */
-
-static bool alloc_lists(key_lists *l, int32_t n_keys, int n_lists, alloc_acc *acc)
-{
-    l->prev = alloc_array((size_t)n_keys, sizeof *l->prev, acc);
-    l->next = alloc_array((size_t)n_keys, sizeof *l->next, acc);
-    l->owner = alloc_array((size_t)n_keys, sizeof *l->owner, acc);
-    l->head = alloc_array((size_t)n_lists, sizeof *l->head, acc);
-    l->tail = alloc_array((size_t)n_lists, sizeof *l->tail, acc);
-    l->size = alloc_array((size_t)n_lists, sizeof *l->size, acc);
-    if (!acc->ok) return false;
-    fill_none(l->owner, (size_t)n_keys);
-    fill_none(l->head, (size_t)n_lists);
-    fill_none(l->tail, (size_t)n_lists);
-    return true;
-}
-
-static void free_lists(key_lists *l)
-{
-    free(l->prev);
-    free(l->next);
-    free(l->owner);
-    free(l->head);
-    free(l->tail);
-    free(l->size);
-}
 
 static void reuse_destroy(reuse_model *m)
 {
@@ -861,99 +423,70 @@ static void reuse_destroy(reuse_model *m)
     free(m);
 }
 
-static reuse_model *reuse_create(const fe_cache_policy *p, alloc_acc *acc)
+static reuse_model *reuse_create(const fe_cache_policy *p, fe_alloc_acc *acc)
 {
-    reuse_model *m = alloc_array(1, sizeof *m, acc);
+    reuse_model *m = fe_alloc_array(1, sizeof *m, acc);
     if (!m) return NULL;
-    m->last_visit = alloc_array((size_t)p->n_keys, sizeof *m->last_visit, acc);
-    m->visits = alloc_array((size_t)p->n_layers, sizeof *m->visits, acc);
-    m->layer_uses = alloc_array((size_t)p->n_layers, sizeof *m->layer_uses, acc);
-    m->victims = alloc_array((size_t)p->n_slots, sizeof *m->victims, acc);
-    m->victim_score = alloc_array((size_t)p->n_slots, sizeof *m->victim_score, acc);
+    m->last_visit = fe_alloc_array((size_t)p->n_keys, sizeof *m->last_visit, acc);
+    m->visits = fe_alloc_array((size_t)p->n_layers, sizeof *m->visits, acc);
+    m->layer_uses = fe_alloc_array((size_t)p->n_layers, sizeof *m->layer_uses, acc);
+    m->victims = fe_alloc_array((size_t)p->n_slots, sizeof *m->victims, acc);
+    m->victim_score = fe_alloc_array((size_t)p->n_slots, sizeof *m->victim_score, acc);
     m->pos_layer = NONE;
     m->match = NONE;
     if (p->kind == FERRY_CACHE_POLICY_ECHO || p->kind == FERRY_CACHE_POLICY_TRANSIT) {
         m->words = (p->n_experts + 63) / 64;
         size_t cells = (size_t)ECHO_WINDOW * (size_t)p->n_layers * (size_t)m->words;
-        m->history = alloc_array(cells, sizeof *m->history, acc);
-        m->similarity = alloc_array(ECHO_WINDOW, sizeof *m->similarity, acc);
+        m->history = fe_alloc_array(cells, sizeof *m->history, acc);
+        m->similarity = fe_alloc_array(ECHO_WINDOW, sizeof *m->similarity, acc);
     }
     if (p->kind == FERRY_CACHE_POLICY_TRANSIT) {
         size_t rows = (size_t)p->n_layers * (size_t)p->n_experts;
-        m->successors = alloc_array(rows * (size_t)p->n_experts, sizeof *m->successors, acc);
-        m->from_visits = alloc_array(rows, sizeof *m->from_visits, acc);
-        m->last_set = alloc_array((size_t)p->n_layers * (size_t)m->words, sizeof *m->last_set, acc);
-        m->transit_bucket = alloc_array((size_t)p->n_keys, sizeof *m->transit_bucket, acc);
-        m->transit_sum = alloc_array((size_t)p->n_experts, sizeof *m->transit_sum, acc);
+        m->successors = fe_alloc_array(rows * (size_t)p->n_experts, sizeof *m->successors, acc);
+        m->from_visits = fe_alloc_array(rows, sizeof *m->from_visits, acc);
+        m->last_set = fe_alloc_array((size_t)p->n_layers * (size_t)m->words, sizeof *m->last_set, acc);
+        m->transit_bucket = fe_alloc_array((size_t)p->n_keys, sizeof *m->transit_bucket, acc);
+        m->transit_sum = fe_alloc_array((size_t)p->n_experts, sizeof *m->transit_sum, acc);
     }
     if (acc->ok) return m;
     reuse_destroy(m);
     return NULL;
 }
 
-/* Allocates what p->kind needs beyond the common arrays. */
-static bool alloc_family(fe_cache_policy *p, alloc_acc *acc)
-{
-    size_t keys = (size_t)p->n_keys;
-    switch (p->fam) {
-    case FAMILY_HEAP:
-        p->heap.node = alloc_array((size_t)p->n_slots, sizeof *p->heap.node, acc);
-        p->heap.pos = alloc_array(keys, sizeof *p->heap.pos, acc);
-        if (p->heap.pos) fill_none(p->heap.pos, keys);
-        if (p->kind == FERRY_CACHE_POLICY_LRU2)
-            p->prev_step = alloc_array(keys, sizeof *p->prev_step, acc);
-        if (p->kind == FERRY_CACHE_POLICY_LFU_AGING)
-            p->aged = alloc_array(keys, sizeof *p->aged, acc);
-        if (p->kind == FE_CACHE_POLICY_OPT)
-            p->next_use = alloc_array(keys, sizeof *p->next_use, acc);
-        return acc->ok;
-    case FAMILY_ARC:
-    case FAMILY_TWOQ:
-        p->cur_dest = alloc_array((size_t)p->n_slots, sizeof *p->cur_dest, acc);
-        return acc->ok && alloc_lists(&p->lists, p->n_keys,
-                                       p->fam == FAMILY_ARC ? ARC_LISTS : TWOQ_LISTS, acc);
-    case FAMILY_LAYER:
-        return alloc_lists(&p->lists, p->n_keys, p->n_layers, acc);
-    default:
-        p->reuse = reuse_create(p, acc);
-        return p->reuse != NULL;
-    }
-}
-
 fe_cache_policy *fe_cache_policy_create(int n_slots, int n_layers, int n_experts,
                                         int kind, int *err)
 {
-    alloc_acc ok = {true, 0};
+    fe_alloc_acc ok = {true, 0};
     fe_cache_policy *p = NULL;
     int status = FERRY_CACHE_EINVAL;
     if (n_slots < 1 || n_layers < 1 || n_experts < 1 || kind < 0 ||
         kind > FE_CACHE_POLICY_OPT || n_layers > INT32_MAX / n_experts)
         goto fail;
     status = FERRY_CACHE_ENOMEM;
-    p = alloc_array(1, sizeof *p, &ok);
+    p = fe_alloc_array(1, sizeof *p, &ok);
     if (!p) goto fail;
     p->kind = kind;
-    p->fam = family_of(kind);
     p->n_slots = n_slots;
     p->n_layers = n_layers;
     p->n_experts = n_experts;
     p->n_keys = (int32_t)n_layers * n_experts;
     size_t keys = (size_t)p->n_keys, slots = (size_t)n_slots;
-    p->slot_key = alloc_array(slots, sizeof *p->slot_key, &ok);
-    p->key_slot = alloc_array(keys, sizeof *p->key_slot, &ok);
-    p->free_slots = alloc_array(slots, sizeof *p->free_slots, &ok);
-    p->free_pos = alloc_array(slots, sizeof *p->free_pos, &ok);
-    p->layer_resident = alloc_array((size_t)n_layers, sizeof *p->layer_resident, &ok);
-    p->uses = alloc_array(keys, sizeof *p->uses, &ok);
-    p->set_step = alloc_array(keys, sizeof *p->set_step, &ok);
-    p->cur_set = alloc_array(slots, sizeof *p->cur_set, &ok);
-    p->scratch = alloc_array(slots, sizeof *p->scratch, &ok);
-    if (!ok.ok || !alloc_family(p, &ok)) goto fail;
+    p->slot_key = fe_alloc_array(slots, sizeof *p->slot_key, &ok);
+    p->key_slot = fe_alloc_array(keys, sizeof *p->key_slot, &ok);
+    p->free_slots = fe_alloc_array(slots, sizeof *p->free_slots, &ok);
+    p->free_pos = fe_alloc_array(slots, sizeof *p->free_pos, &ok);
+    p->layer_resident = fe_alloc_array((size_t)n_layers, sizeof *p->layer_resident, &ok);
+    p->uses = fe_alloc_array(keys, sizeof *p->uses, &ok);
+    p->set_step = fe_alloc_array(keys, sizeof *p->set_step, &ok);
+    p->cur_set = fe_alloc_array(slots, sizeof *p->cur_set, &ok);
+    p->scratch = fe_alloc_array(slots, sizeof *p->scratch, &ok);
+    if (!ok.ok) goto fail;
+    if (fe_policy_is_score(kind) ? !(p->reuse = reuse_create(p, &ok)) : !fe_sim_policy_create(p, &ok)) goto fail;
     /* The budget counts fe_cache_policy_bytes: refuse to run on a drift. */
     status = FERRY_CACHE_ESTATE;
     if (ok.bytes != fe_cache_policy_bytes(kind, n_slots, n_layers, n_experts)) goto fail;
-    fill_none(p->slot_key, slots);
-    fill_none(p->key_slot, keys);
+    fe_fill_none(p->slot_key, slots);
+    fe_fill_none(p->key_slot, keys);
     for (int slot = n_slots - 1; slot >= 0; slot--) free_add(p, slot);
     return p;
 fail:
@@ -974,14 +507,8 @@ void fe_cache_policy_destroy(fe_cache_policy *p)
     free(p->set_step);
     free(p->cur_set);
     free(p->scratch);
-    free(p->heap.node);
-    free(p->heap.pos);
-    free_lists(&p->lists);
-    free(p->cur_dest);
-    free(p->prev_step);
-    free(p->aged);
-    free(p->next_use);
     reuse_destroy(p->reuse);
+    fe_sim_policy_destroy(p->sim);
     free(p);
 }
 
@@ -1002,8 +529,8 @@ int fe_cache_policy_load_counts(fe_cache_policy *p, const uint32_t *counts, size
     if (!counts || n != (size_t)p->n_keys) return FERRY_CACHE_EINVAL;
     if (p->step != 0) return FERRY_CACHE_ESTATE;
     memcpy(p->uses, counts, n * sizeof *counts);
-    if (p->aged) memcpy(p->aged, counts, n * sizeof *counts);
     if (p->reuse) recount_layer_uses(p);
+    else fe_sim_policy_counts_loaded(p);
     return FERRY_CACHE_OK;
 }
 
@@ -1123,10 +650,11 @@ int fe_cache_policy_load_state(fe_cache_policy *p, const void *buf, size_t n)
         if (part[i].bytes) memcpy(part[i].data, in, part[i].bytes);
         in += part[i].bytes;
     }
-    if (p->aged) memcpy(p->aged, p->uses, (size_t)p->n_keys * sizeof *p->aged);
     if (p->reuse) {
         recount_layer_uses(p);
         reuse_calibrate(p->reuse);
+    } else {
+        fe_sim_policy_counts_loaded(p);
     }
     return FERRY_CACHE_OK;
 }
@@ -1160,10 +688,8 @@ static void record_requests(fe_cache_policy *p)
         int32_t key = p->cur_set[i];
         if (p->key_slot[key] != NONE) p->counters.hits++;
         else p->counters.misses++;
-        if (p->prev_step) p->prev_step[key] = p->set_step[key];
         p->set_step[key] = p->step;
         if (p->uses[key] < UINT32_MAX) p->uses[key]++;
-        if (p->aged && p->aged[key] < UINT32_MAX) p->aged[key]++;
     }
 }
 
@@ -1177,7 +703,7 @@ int fe_cache_policy_begin_layer(fe_cache_policy *p, int layer, const int32_t *ex
     p->cur_layer = layer;
     p->cur_n = n;
     for (int i = 0; i < n; i++) p->cur_set[i] = layer * p->n_experts + experts[i];
-    family_begin(p);
+    policy_begin(p);
     record_requests(p);
     return FERRY_CACHE_OK;
 }
@@ -1194,12 +720,12 @@ int fe_cache_policy_choose_victim(fe_cache_policy *p, int *evicted_layer, int *e
     if (evicted_expert) *evicted_expert = -1;
     if (!p->open) return FERRY_CACHE_ESTATE;
     if (p->n_free > 0) return p->free_slots[p->n_free - 1];
-    int32_t key = family_victim(p);
+    int32_t key = policy_victim(p);
     if (key == NONE) return FERRY_CACHE_ESTATE;
     int slot = p->key_slot[key];
     slot_unmap(p, key);
     p->counters.evictions++;
-    if (evicted_layer) *evicted_layer = layer_of(p, key);
+    if (evicted_layer) *evicted_layer = fe_policy_layer_of(p, key);
     if (evicted_expert) *evicted_expert = key % p->n_experts;
     return slot;
 }
@@ -1209,7 +735,7 @@ static int32_t open_set_key(const fe_cache_policy *p, int layer, int expert)
 {
     if (!p->open || layer != p->cur_layer || expert < 0 || expert >= p->n_experts) return NONE;
     int32_t key = layer * p->n_experts + expert;
-    return is_pinned(p, key) ? key : NONE;
+    return fe_policy_pinned(p, key) ? key : NONE;
 }
 
 int fe_cache_policy_insert(fe_cache_policy *p, int layer, int expert, int slot)
@@ -1226,7 +752,7 @@ int fe_cache_policy_prefetch(fe_cache_policy *p, int layer, int expert, int *alr
 {
     *already = 0;
     if (!p->open) return FERRY_CACHE_ESTATE;
-    if (p->fam != FAMILY_SCORE || p->kind == FE_CACHE_POLICY_OPT) return FERRY_CACHE_EINVAL;
+    if (!p->reuse) return FERRY_CACHE_EINVAL;
     if (layer < 0 || layer >= p->n_layers || layer == p->cur_layer || expert < 0 || expert >= p->n_experts)
         return FERRY_CACHE_EINVAL;
     int32_t key = layer * p->n_experts + expert;
@@ -1238,7 +764,7 @@ int fe_cache_policy_prefetch(fe_cache_policy *p, int layer, int expert, int *alr
     if (p->n_free > 0) {
         slot = p->free_slots[p->n_free - 1];
     } else {
-        int32_t victim = family_victim(p);
+        int32_t victim = policy_victim(p);
         if (victim == NONE) return FERRY_CACHE_ESTATE;
         slot = p->key_slot[victim];
         slot_unmap(p, victim);
@@ -1254,14 +780,14 @@ int fe_cache_policy_set_next_use(fe_cache_policy *p, int layer, int expert, uint
     if (!p->open) return FERRY_CACHE_ESTATE;
     int32_t key = open_set_key(p, layer, expert);
     if (key == NONE) return FERRY_CACHE_EINVAL;
-    p->next_use[key] = next_use;
+    fe_sim_policy_set_next_use(p, key, next_use);
     return FERRY_CACHE_OK;
 }
 
 int fe_cache_policy_end_layer(fe_cache_policy *p)
 {
     if (!p->open) return FERRY_CACHE_ESTATE;
-    family_end(p);
+    policy_end(p);
     p->open = false;
     return FERRY_CACHE_OK;
 }

@@ -151,6 +151,14 @@ int ferry_format_code(const char *name) { return name ? fe_format_from_name(name
 
 uint64_t ferry_format_row_bytes(int fmt, uint64_t cols) { return fe_row_bytes(fmt, cols); }
 
+int ferry_formats(ferry_format_record *out, int cap) {
+    for (int i = 0; out && i < FE_N_FORMATS && i < cap; i++) {
+        const fe_format_info *f = fe_format_get(i);
+        out[i] = (ferry_format_record){i, f->name, f->block_elems, f->block_bytes};
+    }
+    return FE_N_FORMATS;
+}
+
 int ferry_dequantize(int fmt, const void *src, int rows, int cols, float *out) {
     uint64_t rb = fe_row_bytes(fmt, (uint64_t)(cols > 0 ? cols : 0));
     if (!src || !out || rows < 0 || rb == 0) return -1;
