@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from app.convert import quant, quant3
+from app.convert import quant, quant2, quant3
 from app.convert.compressed import MXFP4
 from app.convert.arch import LAYER_TENSORS, VECTOR_SUFFIXES
 from app.convert.errors import SourceError
@@ -26,12 +26,13 @@ RECORD_HEADER_BYTES = 64
 BANK_HEADER_BYTES = 4096
 #: Container spelling -> the C core's format code (core_c/src/formats.h):
 #: the ggml ones in order, Ferry's own q3_nl at 8 (FE_Q3_NL), then q5_k at 9
-#: (FE_Q5_K, added after q3_nl).
+#: (FE_Q5_K, added after q3_nl) and Ferry's q2_vq at 10 (FE_Q2_VQ).
 FORMAT_CODES = {name: i for i, name in enumerate(CORE_FORMATS[:8])}
 FORMAT_CODES[quant3.NAME] = 8
 FORMAT_CODES["q5_k"] = 9
+FORMAT_CODES[quant2.NAME] = 10
 #: Formats the converter can encode floats into.
-ENCODABLE = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", quant3.NAME)
+ENCODABLE = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", quant3.NAME, quant2.NAME)
 #: Accepted values of --trunk-format / --expert-format.
 FORMAT_CHOICES = ("auto",) + ENCODABLE
 #: What trunk format 'auto' stores a trunk converted from floats in (every
@@ -42,9 +43,10 @@ FORMAT_CHOICES = ("auto",) + ENCODABLE
 AUTO_FLOAT_TRUNK = "q8_0"
 FLOAT_SOURCE_FORMATS = ("f32", "f16", "bf16")
 
-_BLOCK = {"q8_0": 32, "q4_0": 32, "q4_1": 32, "q4_k": 256, "q5_k": 256, "q6_k": 256, quant3.NAME: quant3.BLOCK}
+_BLOCK = {"q8_0": 32, "q4_0": 32, "q4_1": 32, "q4_k": 256, "q5_k": 256, "q6_k": 256, quant3.NAME: quant3.BLOCK,
+          quant2.NAME: quant2.BLOCK}
 _BYTES = {"f32": 4, "f16": 2, "bf16": 2, "q8_0": 34, "q4_0": 18, "q4_1": 20, "q4_k": 144, "q5_k": 176, "q6_k": 210,
-          quant3.NAME: quant3.BLOCK_BYTES}
+          quant3.NAME: quant3.BLOCK_BYTES, quant2.NAME: quant2.BLOCK_BYTES}
 
 
 def _align(n: int, a: int) -> int:
@@ -233,6 +235,10 @@ def encode(src: Source, name: str, fmt: str, threads: int | None = None, out: np
         if not np.isfinite(values).all():
             raise SourceError(name, "cannot quantize non-finite values to q3_nl")
         return quant3.quantize(values, threads=threads, out=out)
+    if fmt == quant2.NAME:
+        if not np.isfinite(values).all():
+            raise SourceError(name, "cannot quantize non-finite values to q2_vq")
+        return quant2.quantize(values, threads=threads, out=out)
     raise SourceError(name, f"cannot encode into {fmt}")
 
 

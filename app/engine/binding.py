@@ -148,7 +148,7 @@ class Stats:
 
 
 #: Names of the weight formats by code (ferry_format_code), for the profile.
-_FORMAT_NAMES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q4_k", "q6_k", "q3_nl", "q5_k")
+_FORMAT_NAMES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q4_k", "q6_k", "q3_nl", "q5_k", "q2_vq")
 
 
 def _profile_part(c) -> dict:

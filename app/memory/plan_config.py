@@ -27,7 +27,7 @@ trunk_fits, experts_fit) applied to the usable RAM of this machine (or
 ``ram``), "auto" meaning what the converter keeps for the source's dtype
 (q8_0 for a float trunk; bf16 for MXFP4 experts, f32 for FP8 ones).
 Bits map to formats the way `ferry convert` writes them: 32 f32, 16 bf16,
-8 q8_0 (8.5 bits/weight), 4 q4_0 (4.5), 3 q3_nl (3.09). Other widths (2, 5, 6)
+8 q8_0 (8.5 bits/weight), 4 q4_0 (4.5), 3 q3_nl (3.09), 2 q2_vq (2.28). Other widths (5, 6)
 have no Ferry encoder yet; they are costed
 as B bits plus one f16 scale per 32 weights (B + 0.5 bits/weight) and the
 result says so. ``scheme="pure"`` costs every matrix at exactly B bits per
@@ -57,6 +57,8 @@ def _fmt_of(bits: float, role: str, scheme: str) -> tuple[str, float, bool]:
         return "q4_0", 4.5, True
     if bits == 3:
         return "q3_nl", 99 * 8 / 256, True   # Ferry's 3-bit format: 99 bytes per 256 values
+    if bits == 2:
+        return "q2_vq", 73 * 8 / 256, True   # Ferry's 2-bit format: 73 bytes per 256 values
     return f"q{bits:g} (hypothetical: {bits:g} bits + f16 scale per 32)", bits + 0.5, False
 
 
@@ -115,7 +117,8 @@ class _Acc:
 
 
 #: Bits per weight of the formats the converter writes.
-_BPW = {"f32": 32.0, "bf16": 16.0, "f16": 16.0, "q8_0": 8.5, "q4_0": 4.5, "q4_1": 5.0, "q3_nl": 99 * 8 / 256}
+_BPW = {"f32": 32.0, "bf16": 16.0, "f16": 16.0, "q8_0": 8.5, "q4_0": 4.5, "q4_1": 5.0, "q3_nl": 99 * 8 / 256,
+        "q2_vq": 73 * 8 / 256}
 
 
 def _auto_formats(config: dict) -> tuple[str, str]:
