@@ -116,6 +116,7 @@ def test_q2_vq_prefill_equals_single_steps_and_kernel_sets_agree(q2_container, t
     assert err < 1e-5
 
 
+@pytest.mark.slow   # the 2-bit quantizer is slow (docs/QUANTIZATION.md): ~20 M expert weights, 30-80 s
 def test_k3_with_q2_vq_experts(tmp_path):
     tiny_k3.build(tmp_path / "ckpt", moe_ffn=256, latent=256)
     out = convert(tmp_path / "ckpt", tmp_path / "k3q2.ferry", trunk_format="f32", expert_format=quant2.NAME)
