@@ -416,7 +416,8 @@ def plan_from_config(config: dict, expert_bits: float | None = None, trunk_bits:
 
 
 def class_table(plan: dict[str, Any]) -> str:
-    """The trunk by tensor class: parameters, GiB at the planned trunk format and
+    """The trunk by tensor class: parameters, GiB at the planned trunk format (or
+    the class's own, shown in brackets: --trunk-class) and
     at each format the converter writes (fixed-format classes: f32 norms and
     vectors, bf16/f32 routers, cost the same in every column)."""
     classes = plan["trunk_classes"]
@@ -424,7 +425,7 @@ def class_table(plan: dict[str, Any]) -> str:
     head = f"{'trunk class':30s} {'params':>9s} {plan['trunk_format'] + ' GiB':>10s}" + "".join(f" {f:>7s}" for f in fmts)
     rows = [head]
     for name, c in sorted(classes.items(), key=lambda kv: -kv[1]["bytes"]):
-        tag = "" if not c["fixed_format"] else f" ({c['fixed_format']})"
+        tag = f" ({c['fixed_format']})" if c["fixed_format"] else f" [{c['format']}]" if c.get("format") else ""
         where = " (on disk)" if name == "embeddings" and plan["embedding_bytes"] else ""
         rows.append(f"{(name + tag + where)[:30]:30s} {c['params'] / 1e9:8.3f}B {c['bytes'] / GIB:10.3f}"
                     + "".join(f" {c['bytes_at'][f] / GIB:7.3f}" for f in fmts))
