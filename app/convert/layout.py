@@ -49,6 +49,11 @@ _BYTES = {"f32": 4, "f16": 2, "bf16": 2, "q8_0": 34, "q4_0": 18, "q4_1": 20, "q4
           quant3.NAME: quant3.BLOCK_BYTES, quant2.NAME: quant2.BLOCK_BYTES}
 
 
+def block_values(fmt: str) -> int:
+    """Values per block of a stored format (1 for plain floats)."""
+    return _BLOCK.get(fmt, 1)
+
+
 def _align(n: int, a: int) -> int:
     return (n + a - 1) // a * a
 

@@ -106,7 +106,8 @@ class _Acc:
         bpw = fixed or self.bpw
         if not fixed and cls in self.over:
             fmt, bpw = self.over[cls]
-            if cols % _BLOCK.get(fmt, 1):
+            from app.convert.layout import block_values
+            if cols % block_values(fmt):   # a row that is not a whole number of blocks keeps the source's format
                 bpw = self.fallback
         nbytes = count * _align(n * bpw / 8, 64)
         self.bytes += nbytes
@@ -130,8 +131,6 @@ class _Acc:
         return out
 
 
-#: Values per block of the block formats (a row that is not a whole number of blocks keeps the source's format).
-_BLOCK = {"q8_0": 32, "q4_0": 32, "q4_1": 32, "q3_nl": 256, "q2_vq": 256}
 #: The plan's trunk classes in each of the converter's --trunk-class classes (app.convert.layout.TRUNK_CLASSES).
 CLASS_GROUPS = {"ffn": ("shared experts", "latent projections", "dense FFN layers"),
                 "attention": ("attention (KDA layers)", "attention (MLA layers)", "attention"),

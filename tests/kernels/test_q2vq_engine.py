@@ -20,14 +20,13 @@ import pytest
 from app.convert import quant2
 from app.convert.convert import convert
 from app.engine.binding import Engine
-from tests.conftest import run_ferry
-from tests.kernels.test_q3_engine import build_moe256, run_engine
+from tests.kernels.test_q3_engine import converted_moe256, run_engine, tokens  # noqa: F401 (a fixture)
 from tests.kimi import k3_reference as ref
 from tests.kimi import tiny_k3
+from tests.kimi.test_k3_q3 import container_experts
 from tests.tiny_models import dequantized_reference_model, reference, rel_l2
 from tests.tiny_models import run_engine as run_engine_k3
 
-PROMPT, DECODE = 12, 4
 #: The format's relative weight error on Gaussian-like and heavy-tailed matrices lies in this range
 #: (measured: 0.28-0.30, docs/QUANTIZATION.md); a copy or noise would fall outside.
 ERROR_RANGE = (0.22, 0.34)
@@ -64,17 +63,7 @@ def test_quantizer_round_trip_threads_and_bad_input():
 
 @pytest.fixture(scope="module")
 def q2_container(tmp_path_factory):
-    root = tmp_path_factory.mktemp("q2moe")
-    model = build_moe256(root / "ckpt")
-    res = run_ferry("convert", str(root / "ckpt"), str(root / "moe.ferry"), "--expert-format", "q2_vq")
-    assert res.returncode == 0, res.stderr
-    return root, root / "moe.ferry", model
-
-
-@pytest.fixture(scope="module")
-def tokens():
-    rng = np.random.default_rng(11)
-    return [int(t) for t in rng.integers(3, 96, PROMPT + DECODE)]
+    return converted_moe256(tmp_path_factory.mktemp("q2moe"), "q2_vq")
 
 
 def test_qwen3_moe_with_q2_vq_experts(q2_container, tokens):
@@ -121,18 +110,7 @@ def test_k3_with_q2_vq_experts(tmp_path):
     tiny_k3.build(tmp_path / "ckpt", moe_ffn=256, latent=256)
     out = convert(tmp_path / "ckpt", tmp_path / "k3q2.ferry", trunk_format="f32", expert_format=quant2.NAME)
     cfg, tensors = ref.load_release(tmp_path / "ckpt")
-    manifest = json.loads((out / "manifest.json").read_text())
-    stored = {}
-    for bank in manifest["expert_banks"]:
-        data = np.fromfile(out / bank["file"], dtype=np.uint8)
-        for e in range(bank["n_experts"]):
-            rec = data[4096 + e * bank["record_size"]:]
-            for part, w in {"gate": "w1", "up": "w3", "down": "w2"}.items():
-                p = bank[part]
-                assert p["dtype"] == quant2.NAME, p
-                raw = rec[p["offset"]:p["offset"] + p["nbytes"]]
-                name = f"language_model.model.layers.{bank['layer']}.block_sparse_moe.experts.{e}.{w}.weight"
-                stored[name] = quant2.dequantize(raw, int(np.prod(p["shape"]))).reshape(p["shape"])
+    stored = container_experts(out, quant2)
     werr = np.mean([rel_l2(stored[n], tensors[n]) for n in stored])
     print(f"k3 q2_vq experts: mean relative weight error vs MXFP4 {werr:.4f}")
     assert ERROR_RANGE[0] < werr < ERROR_RANGE[1]
