@@ -279,8 +279,8 @@ enum { FE_ONE = 0, FE_TWO = 1, FE_STORE = 2 };
 enum { FE_Q2VQ_SCALAR = 0, FE_Q2VQ_AVX2 = 1, FE_Q2VQ_NEON = 2, FE_Q2VQ_AVX512 = 3, FE_Q2VQ_VARIANTS = 4 };
 fe_rowdot_fn fe_q2vq_kernel(int variant);
 int fe_q2vq_variant(int impl);
-/* The q2_vq quantizer (quant2.c) with a chosen implementation: FE_KERNELS_AVX2 (when this CPU has it)
- * or any other value for the portable path; both write identical bytes. */
+/* The q2_vq quantizer (quant2.c) with a chosen implementation: FE_KERNELS_AVX2 or FE_KERNELS_NEON (when
+ * built in and this CPU has it; -1 otherwise) or FE_KERNELS_SCALAR, the portable path; all write the same bytes. */
 int fe_q2_quantize_impl(int impl, const float *src, int rows, int cols, const float *importance, void *dst);
 
 /* Tables built in by kernels_avx2.c / kernels_neon.c (NULL elsewhere). */

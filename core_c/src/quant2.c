@@ -14,8 +14,9 @@
  * log grid, or one step either side, whichever gives the least error with
  * its codewords picked again at the stored scale. h = 1, or the caller's
  * per-column importance. The codeword products and scans have an AVX2 form
- * (x86-64, picked at run time) doing the same float operations in the same
- * order, so both paths write the same bytes (core_c/tests/test_kernels.c). */
+ * (x86-64, picked at run time) and a NEON form (aarch64) doing the same
+ * float operations in the same order, so every path writes the same bytes
+ * (core_c/tests/test_kernels.c, natively and under qemu-aarch64). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +28,9 @@
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
 #define Q2_X86 1
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+#include <arm_neon.h>
+#define Q2_NEON 1
 #endif
 
 typedef struct {
@@ -34,7 +38,7 @@ typedef struct {
     float ct2[8][FE_Q2_CODES]; /* its squares */
     float norm[FE_Q2_CODES];   /* N_c with h = 1 (the same sums q2_products makes) */
     float cmax;                /* the largest codebook value */
-    int avx2;                  /* the AVX2 scans (the same results: same operations, same order) */
+    int simd;                  /* the AVX2 or NEON scans (the same results: same operations, same order) */
 } q2_tables;
 
 /* D_c (and N_c when h is given, else the tables' norms) of one 8-vector
@@ -102,10 +106,53 @@ Q2_AVX2 static int q2_nearest_avx2(const float *D, const float *N, float s) {
 }
 #endif
 
+#ifdef Q2_NEON
+static void q2_products_neon(const q2_tables *T, const float ha[8], const float *h, float *D, float *N) {
+    for (int c = 0; c < FE_Q2_CODES; c += 4) {
+        float32x4_t d = vdupq_n_f32(0.0f);
+        for (int i = 0; i < 8; i++) d = vaddq_f32(d, vmulq_f32(vdupq_n_f32(ha[i]), vld1q_f32(T->ct[i] + c)));
+        vst1q_f32(D + c, d);
+        if (h) {
+            float32x4_t n = vdupq_n_f32(0.0f);
+            for (int i = 0; i < 8; i++) n = vaddq_f32(n, vmulq_f32(vdupq_n_f32(h[i]), vld1q_f32(T->ct2[i] + c)));
+            vst1q_f32(N + c, n);
+        }
+    }
+    if (!h) memcpy(N, T->norm, sizeof T->norm);
+}
+
+/* As the AVX2 scan, in 4 lanes. */
+static int q2_nearest_neon(const float *D, const float *N, float s) {
+    const float32x4_t sv = vdupq_n_f32(s), two = vdupq_n_f32(2.0f), four = vdupq_n_f32(4.0f);
+    static const float first[4] = {0, 1, 2, 3};
+    float32x4_t best = vsubq_f32(vmulq_f32(sv, vld1q_f32(N)), vmulq_f32(two, vld1q_f32(D)));
+    float32x4_t idx = vld1q_f32(first), bidx = idx;
+    for (int c = 4; c < FE_Q2_CODES; c += 4) {
+        idx = vaddq_f32(idx, four);
+        const float32x4_t e = vsubq_f32(vmulq_f32(sv, vld1q_f32(N + c)), vmulq_f32(two, vld1q_f32(D + c)));
+        const uint32x4_t lt = vcltq_f32(e, best);
+        best = vbslq_f32(lt, e, best);
+        bidx = vbslq_f32(lt, idx, bidx);
+    }
+    float b[4], bi[4];
+    vst1q_f32(b, best);
+    vst1q_f32(bi, bidx);
+    int k = 0;
+    for (int l = 1; l < 4; l++)
+        if (b[l] < b[k] || (b[l] == b[k] && bi[l] < bi[k])) k = l;
+    return (int)bi[k];
+}
+#endif
+
 static void q2_products(const q2_tables *T, const float ha[8], const float *h, float *D, float *N) {
 #ifdef Q2_X86
-    if (T->avx2) {
+    if (T->simd) {
         q2_products_avx2(T, ha, h, D, N);
+        return;
+    }
+#elif defined(Q2_NEON)
+    if (T->simd) {
+        q2_products_neon(T, ha, h, D, N);
         return;
     }
 #endif
@@ -115,8 +162,12 @@ static void q2_products(const q2_tables *T, const float ha[8], const float *h, f
 static int q2_nearest(const q2_tables *T, const float *D, const float *N, float s, float *best_d, float *best_n) {
     int bi;
 #ifdef Q2_X86
-    if (T->avx2)
+    if (T->simd)
         bi = q2_nearest_avx2(D, N, s);
+    else
+#elif defined(Q2_NEON)
+    if (T->simd)
+        bi = q2_nearest_neon(D, N, s);
     else
 #endif
         bi = q2_nearest_c(D, N, s);
@@ -201,6 +252,7 @@ static void q2_block(const q2_tables *T, const float *x, const float *h, float *
 int fe_q2_quantize_impl(int impl, const float *src, int rows, int cols, const float *importance, void *dst) {
     if (!src || !dst || rows < 0 || cols <= 0 || cols % FE_Q2_BLOCK) return -1;
     if (impl == FE_KERNELS_AVX2 && !fe_cpu_has_avx2()) return -1;
+    if (impl != FE_KERNELS_SCALAR && !fe_kernels_get(impl)) return -1;
     const size_t n = (size_t)rows * (size_t)cols;
     for (size_t i = 0; i < n; i++)
         if (!isfinite(src[i])) return -1;
@@ -214,7 +266,13 @@ int fe_q2_quantize_impl(int impl, const float *src, int rows, int cols, const fl
         return -1;
     }
     T->cmax = 0.0f;
-    T->avx2 = impl == FE_KERNELS_AVX2;
+#ifdef Q2_X86
+    T->simd = impl == FE_KERNELS_AVX2;
+#elif defined(Q2_NEON)
+    T->simd = impl == FE_KERNELS_NEON;
+#else
+    T->simd = 0;
+#endif
     for (int c = 0; c < FE_Q2_CODES; c++)
         for (int i = 0; i < 8; i++) {
             const float v = fe_q2_codebook[8 * c + i];
@@ -235,6 +293,5 @@ int fe_q2_quantize_impl(int impl, const float *src, int rows, int cols, const fl
 }
 
 int ferry_q2_quantize_f32(const float *src, int rows, int cols, const float *importance, void *dst) {
-    return fe_q2_quantize_impl(fe_kernels_best() == FE_KERNELS_AVX2 ? FE_KERNELS_AVX2 : FE_KERNELS_SCALAR, src, rows,
-                               cols, importance, dst);
+    return fe_q2_quantize_impl(fe_kernels_best(), src, rows, cols, importance, dst);
 }

@@ -493,15 +493,16 @@ static void test_q2_quantizer(void) {
     check(ferry_q2_quantize_f32(src, rows, cols, NULL, q) == -1, "q2 refuses NaN");
     src[7] = 0.0f;
     check(ferry_q2_quantize_f32(src, rows, 100, NULL, q) == -1, "q2 refuses cols % 256");
-    /* the AVX2 scans write the portable path's bytes, with and without importance */
-    if (ferry_kernels_available(FERRY_KERNELS_AVX2)) {
+    /* the AVX2 or NEON scans write the portable path's bytes, with and without importance */
+    const int simd = ferry_kernels_best();
+    if (simd != FERRY_KERNELS_SCALAR) {
         uint8_t *q2 = malloc((size_t)rows * cols / 256 * 73);
         for (int i = 0; i < rows * cols; i++) src[i] = i % 97 == 5 ? 0.3f : 0.02f * (frand() + frand() + frand());
         for (int with = 0; with < 2; with++) {
             check(fe_q2_quantize_impl(FE_KERNELS_SCALAR, src, rows, cols, with ? h : NULL, q) == 0, "q2 portable");
-            check(fe_q2_quantize_impl(FE_KERNELS_AVX2, src, rows, cols, with ? h : NULL, q2) == 0, "q2 avx2");
-            check(memcmp(q, q2, (size_t)rows * cols / 256 * 73) == 0, with ? "q2 avx2 = portable bytes, importance"
-                                                                             : "q2 avx2 = portable bytes");
+            check(fe_q2_quantize_impl(simd, src, rows, cols, with ? h : NULL, q2) == 0, "q2 simd");
+            check(memcmp(q, q2, (size_t)rows * cols / 256 * 73) == 0, with ? "q2 simd = portable bytes, importance"
+                                                                             : "q2 simd = portable bytes");
         }
         free(q2);
     }
