@@ -159,7 +159,7 @@ def bench_kernel(impl: int, fmt: str, n: int, threads: int, mb: float, rng, cach
 
 
 KERNEL_FILES = ("include/ferry_kernels.h", "src/formats.h", "src/formats.c", "src/kernels.h", "src/kernels.c",
-                "src/kernels_avx2.c", "src/kernels_avx2_util.h", "src/kernels_neon.c", "src/quant3.c", "src/quant_blocks.c",
+                "src/kernels_avx2.c", "src/kernels_avx2_util.h", "src/kernels_neon.c", "src/kernels_q2vq.c", "src/quant3.c", "src/quant_blocks.c",
                 "src/common.h")
 
 
@@ -256,7 +256,7 @@ def int8_experiment(mb: float) -> list[dict]:
         return [{"error": "no C compiler"}]
     core = root / "core_c"
     srcs = [root / "bench" / "q3_int8.c"] + [core / "src" / f for f in
-                                             ("formats.c", "kernels.c", "kernels_avx2.c", "kernels_neon.c", "quant3.c")]
+                                             ("formats.c", "kernels.c", "kernels_avx2.c", "kernels_neon.c", "kernels_q2vq.c", "quant3.c")]
     res = []
     with tempfile.TemporaryDirectory() as tmp:
         for ablk in (32, 64):

@@ -261,17 +261,32 @@ def main(argv=None) -> int:
     ap.add_argument("--ratios", type=float, nargs="+", default=[4.5],
                     help="outer/inner level ratios r tried for q2_nl")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--ferry-only", action="store_true",
+                    help="only Ferry's formats as the converter writes them (q2_vq and q3_nl, the C quantizers)")
     a = ap.parse_args(argv)
     t0 = time.time()
     sets = {k: (W, X) for k, (W, X) in demo_set(a.layers).items()}
     sets.update({k: (v[0], v[1]) for k, v in k3_set(a.k3_rows or None).items()})
-    formats = {"q2_k (gguf-decoded)": lambda W, X: q2_k(W), "iq2_xxs (gguf-decoded)": lambda W, X: iq2_xxs(W),
+    from app.convert import quant2, quant3
+
+    def ferry_format(mod):
+        def run(W, X):
+            flat = W.reshape(-1, 256) if W.shape[-1] % 256 else W     # rows joined as the q3_nl table did
+            back = mod.dequantize(mod.quantize(flat), flat.size).reshape(W.shape)
+            return back, mod.BLOCK_BYTES * 8 / mod.BLOCK
+        return run
+
+    ferry = {"q2_vq (Ferry's C quantizer)": ferry_format(quant2), "q3_nl (Ferry's C quantizer)": ferry_format(quant3)}
+    if a.ferry_only:
+        formats = ferry
+    else:
+        formats = {**ferry, "q2_k (gguf-decoded)": lambda W, X: q2_k(W), "iq2_xxs (gguf-decoded)": lambda W, X: iq2_xxs(W),
                "iq2_xs (gguf-decoded)": lambda W, X: iq2_xs(W), "tq2_0 (gguf)": lambda W, X: tq2_0(W)}
     grids = {}
-    for size, sub in ((256, 32), (512, 16)):
+    for size, sub in (() if a.ferry_only else ((256, 32), (512, 16))):
         grid = grids.setdefault(size, train_codebook(size))
         formats[f"q2_vq k={size} G={sub}"] = lambda W, X, g=grid, sub=sub: q2_vq(W, g, sub)
-    for r in a.ratios:
+    for r in (() if a.ferry_only else a.ratios):
         for G in (32, 16):
             formats[f"q2_nl r={r:g} G={G}"] = lambda W, X, r=r, G=G: q2_nl(W, r, G)
     table = measure(formats, sets, verbose=not a.json)

@@ -66,7 +66,7 @@ def reference_lib(rev: str, folder: Path) -> ctypes.CDLL:
     for f in ("formats.h", "kernels.h", "common.h"):
         if (ROOT / "core_c" / "src" / f).exists():
             shutil.copy(ROOT / "core_c" / "src" / f, folder)
-    support = [str(ROOT / "core_c" / "src" / f) for f in ("formats.c", "kernels.c", "kernels_avx2.c", "kernels_neon.c")]
+    support = [str(ROOT / "core_c" / "src" / f) for f in ("formats.c", "kernels.c", "kernels_avx2.c", "kernels_neon.c", "kernels_q2vq.c")]
     so = folder / "quant3_ref.so"
     cc = shutil.which("cc") or shutil.which("gcc") or "cc"
     subprocess.run([cc, "-std=c11", "-O3", "-ffp-contract=off", "-shared", "-fPIC", "-pthread",

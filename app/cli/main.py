@@ -53,9 +53,21 @@ def _resolve_formats(args) -> tuple[str, str]:
     return report.trunk_format, report.expert_format
 
 
+def _trunk_class_arg(text: str) -> tuple[str, str]:
+    """CLASS=F for --trunk-class, checked against app.convert.layout.TRUNK_CLASSES and ENCODABLE."""
+    from app.convert.layout import ENCODABLE, TRUNK_CLASSES
+
+    cls, _, fmt = text.partition("=")
+    if cls not in TRUNK_CLASSES or fmt not in ENCODABLE:
+        raise argparse.ArgumentTypeError(f"'{text}': expected CLASS=F with CLASS one of {', '.join(TRUNK_CLASSES)} "
+                                         f"and F one of {', '.join(ENCODABLE)}")
+    return cls, fmt
+
+
 def cmd_convert(args) -> int:
     trunk_format, expert_format = _resolve_formats(args)
     out = convert(args.source, args.out, trunk_format=trunk_format, expert_format=expert_format,
+                  trunk_classes=dict(args.trunk_class or []),
                   progress=None if args.quiet else progress_printer(), threads=args.threads)
     print(out)
     return 0
@@ -411,6 +423,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how expert matrices are stored; auto (default) keeps the source's values exactly "
                         "(its own format; MXFP4 as bf16; other formats the core lacks widened to f32); "
                         "recommended: what `ferry check` recommends on this machine")
+    p.add_argument("--trunk-class", type=_trunk_class_arg, action="append", metavar="CLASS=F",
+                   help="store one class of trunk matrices in F instead of the trunk format (repeatable): "
+                        "ffn (dense and shared-expert MLPs, K3's latent projections), attention (every "
+                        "attention projection), head (the output head); e.g. ffn=q3_nl. Rows F cannot hold "
+                        "keep the trunk's rule (docs/KIMI.md, 'K3's trunk by tensor class')")
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="expert records read and encoded at once (default: one per core); "
                         "the container is the same whatever N")

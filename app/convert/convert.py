@@ -640,7 +640,8 @@ def _already_written(root: Path) -> int:
 
 
 def convert(source: str | os.PathLike | Source, out: str | os.PathLike, *, trunk_format: str = "auto",
-            expert_format: str = "auto", progress: ProgressFn | None = None,
+            expert_format: str = "auto", trunk_classes: dict[str, str] | None = None,
+            progress: ProgressFn | None = None,
             control: ConvertControl | None = None, threads: int | None = None,
             unit_done: Callable[[str], None] | None = None) -> Path:
     """Convert ``source`` (a path, or an opened Source) into the container
@@ -649,6 +650,9 @@ def convert(source: str | os.PathLike | Source, out: str | os.PathLike, *, trunk
     ``unit_done`` is called with each unit ("trunk:L", "bank:L") once it is
     in the container, by this run or an earlier one (app.get deletes a
     source shard once all the units reading it are done).
+
+    ``trunk_classes``: {class: format} for trunk matrix classes stored apart
+    from ``trunk_format`` (app.convert.layout.TRUNK_CLASSES).
 
     ``threads``: expert records read and encoded at once (default: one per
     core); the bytes written do not depend on it.
@@ -662,7 +666,7 @@ def convert(source: str | os.PathLike | Source, out: str | os.PathLike, *, trunk
     if not out.parent.is_dir():
         raise ConvertError(f"the destination folder {out.parent} does not exist")
     src = source if isinstance(source, Source) else open_source(source)
-    layout = plan_layout(src, trunk_format, expert_format)
+    layout = plan_layout(src, trunk_format, expert_format, trunk_classes)
     if src.kind == "hf":
         tok_section, tok_files = tokenizer_files.from_hf(src.path, src.config)
     else:

@@ -23,6 +23,12 @@ machine.
   fewer bytes than 8 bits). The trunk keeps its rule (its `auto`, q8_0
   for a float source, is within the bound and among the fastest; a
   quantized source's own formats are not rounded again for speed).
+* **Two bits, offered, never chosen.** The 2-bit q2_vq reads 26 % fewer
+  bytes per token than q3_nl at about 1.4-1.6x its error. It is listed
+  only when no choice fits in RAM (the model streams, and the disk sets the
+  speed), and never recommended: the "smallest" rule considers only choices
+  within STREAM_BOUND (a 3-bit format's error). The user asks for it with
+  `--expert-format q2_vq`; `ferry check` says what it would save.
 
 No Qt here: the wizard's Source page and `ferry check` show the same lists.
 The error figures are the measured mean relative weight errors of
@@ -34,7 +40,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Callable
 
-from app.convert import quant3
+from app.convert import quant2, quant3
 from app.convert.layout import plan_layout
 from app.convert.sources import Source
 
@@ -43,17 +49,23 @@ RECOMMENDED = "recommended"
 
 #: The choices, from the most accurate to the smallest ("auto" is described
 #: by what it resolves to).
-EXPERT_CANDIDATES = ("auto", "q8_0", "q4_0", quant3.NAME)
+EXPERT_CANDIDATES = ("auto", "q8_0", "q4_0", quant3.NAME, quant2.NAME)
 TRUNK_CANDIDATES = ("auto", "q4_0")
 #: Each lossy format's label, its measured typical relative weight error as
 #: text, and as a number (the upper end) for the quality bound.
 LOSSY = {"q8_0": ("8-bit (q8_0)", "about 0.6 %", 0.006), "q4_0": ("4-bit (q4_0)", "about 9 %", 0.09),
-         "q4_1": ("4-bit (q4_1)", "about 10 %", 0.10), quant3.NAME: ("3-bit (q3_nl)", "about 18-22 %", 0.22)}
+         "q4_1": ("4-bit (q4_1)", "about 10 %", 0.10), quant3.NAME: ("3-bit (q3_nl)", "about 18-22 %", 0.22),
+         quant2.NAME: ("2-bit (q2_vq)", "about 29-30 %", 0.30)}
 #: The speed rule's quality bound: a 4-bit (q4_0 / q4_1 / q4_k class) format's measured weight error.
 QUALITY_BOUND = 0.10
 #: A faster choice must beat a more accurate one by more than this fraction of its speed to be recommended
 #: (the kernel measurement varies by about ±20 % on a loaded machine).
 SPEED_MARGIN = 0.15
+#: When nothing fits in RAM, the smallest choice whose error is at most this (a 3-bit format's) is
+#: recommended; larger errors (2-bit) are offered, never chosen for the user.
+STREAM_BOUND = 0.22
+#: Offered only when no other choice fits in RAM (they would never be picked otherwise).
+STREAM_ONLY = (quant2.NAME,)
 
 
 @dataclass(frozen=True)
@@ -92,11 +104,13 @@ def pick(fits: list[bool], sizes: list[int], speeds: list[float | None] | None =
     are known: among those that fit with an error (``errors``) at most
     QUALITY_BOUND, the fastest, a more accurate one within SPEED_MARGIN of it
     preferred ("speed"); else the first that fits ("accuracy"); when none
-    fits, the smallest ("smallest"). `ferry plan --config`
+    fits, the smallest ("smallest") of those with an error at most
+    STREAM_BOUND when ``errors`` are given and any is. `ferry plan --config`
     (app.memory.plan_config) applies it to sizes costed from a bare config,
     so its formats are the ones a conversion will be recommended."""
     if not any(fits):
-        return min(range(len(sizes)), key=sizes.__getitem__), "smallest"
+        pool = [i for i in range(len(sizes)) if errors is None or errors[i] <= STREAM_BOUND] or range(len(sizes))
+        return min(pool, key=sizes.__getitem__), "smallest"
     if speeds is not None and errors is not None:
         ok = [i for i, f in enumerate(fits) if f and errors[i] <= QUALITY_BOUND]
         if ok and all(speeds[i] for i in ok):
@@ -177,6 +191,8 @@ def expert_choices(src: Source, trunk_format: str, top_k: int, working_bytes: in
         stored = "+".join(sorted({p["dtype"] for b in layout.banks for p in b.parts.values()}))
         if fmt != "auto" and fmt not in stored.split("+"):
             continue            # no matrix has rows this format can hold: it would change nothing
+        if fmt in STREAM_ONLY and any(c.fits_in_ram for c in made):
+            continue            # offered only to a model that streams
         expert_bytes, cold = layout.expert_bytes(), layout.cold_bytes_per_token(top_k)
         if made and cold >= made[0].cold_bytes_per_token:
             continue            # no smaller than keeping the source's values: only a loss

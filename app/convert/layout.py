@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from app.convert import quant, quant3
+from app.convert import quant, quant2, quant3
 from app.convert.compressed import MXFP4
 from app.convert.arch import LAYER_TENSORS, VECTOR_SUFFIXES
 from app.convert.errors import SourceError
@@ -29,7 +29,7 @@ BANK_HEADER_BYTES = 4096
 #: record headers), from the core's own table.
 FORMAT_CODES = {name: f.code for name, f in FORMATS.items()}
 #: Formats the converter can encode floats into.
-ENCODABLE = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", quant3.NAME)
+ENCODABLE = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", quant3.NAME, quant2.NAME)
 #: Accepted values of --trunk-format / --expert-format.
 FORMAT_CHOICES = ("auto",) + ENCODABLE
 #: What trunk format 'auto' stores a trunk converted from floats in (every
@@ -39,6 +39,11 @@ FORMAT_CHOICES = ("auto",) + ENCODABLE
 #: its formats: converting it up gains nothing.
 AUTO_FLOAT_TRUNK = "q8_0"
 FLOAT_SOURCE_FORMATS = ("f32", "f16", "bf16")
+
+def block_values(fmt: str) -> int:
+    """Values per block of a stored format (1 for plain floats), from the core's table."""
+    f = FORMATS.get(fmt)
+    return f.block_elems if f is not None else 1
 
 
 def _align(n: int, a: int) -> int:
@@ -82,6 +87,36 @@ def choose_format(source_fmt: str, wanted: str, shape: tuple[int, ...], vector: 
     if wanted in FORMATS and shape[-1] % FORMATS[wanted].block_elems:
         return "f32" if source_fmt not in CORE_FORMATS else source_fmt
     return wanted
+
+
+#: Trunk matrix classes whose format can differ from the trunk's (`ferry convert --trunk-class CLASS=F`,
+#: ``plan_layout(trunk_classes=...)``), by the canonical name's last part: the FFN-like matrices (dense
+#: layers' MLPs, shared experts, K3's latent projections), every attention projection (llama, MLA,
+#: KDA), and the untied output head. Vectors and routers keep their rules.
+TRUNK_CLASSES = {
+    "ffn": ("ffn_gate", "ffn_up", "ffn_down", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp",
+            "ffn_latent_down", "ffn_latent_up"),
+    "attention": ("attn_q", "attn_k", "attn_v", "attn_output", "attn_q_a", "attn_q_b", "attn_kv_a_mqa",
+                  "attn_kv_b", "attn_gate", "kda_q", "kda_k", "kda_v", "kda_f_a", "kda_f_b", "kda_beta", "kda_g",
+                  "kda_g_a", "kda_g_b", "kda_output"),
+    "head": ("output",),
+}
+
+
+def trunk_class(name: str) -> str | None:
+    """The TRUNK_CLASSES class of a canonical trunk tensor name, or None."""
+    last = name.split(".")[-1]
+    return next((c for c, parts in TRUNK_CLASSES.items() if last in parts), None)
+
+
+def check_trunk_classes(trunk_classes: dict[str, str] | None) -> dict[str, str]:
+    """``trunk_classes`` validated: known classes, formats the converter encodes."""
+    for cls, fmt in (trunk_classes or {}).items():
+        if cls not in TRUNK_CLASSES:
+            raise SourceError("options", f"trunk class '{cls}' is not one of {', '.join(TRUNK_CLASSES)}")
+        if fmt not in ENCODABLE:
+            raise SourceError("options", f"trunk class format '{fmt}' is not one of {', '.join(ENCODABLE)}")
+    return dict(trunk_classes or {})
 
 
 #: A Kimi-family router (ffn_router) released in one of these is stored as
@@ -145,7 +180,10 @@ class Layout:
         return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def plan_layout(src: Source, trunk_format: str = "auto", expert_format: str = "auto") -> Layout:
+def plan_layout(src: Source, trunk_format: str = "auto", expert_format: str = "auto",
+                trunk_classes: dict[str, str] | None = None) -> Layout:
+    """``trunk_classes``: {TRUNK_CLASSES class: format} stored instead of the trunk format."""
+    classes = check_trunk_classes(trunk_classes)
     for opt, value in (("trunk format", trunk_format), ("expert format", expert_format)):
         if value not in FORMAT_CHOICES:
             raise SourceError("options", f"{opt} '{value}' is not one of {', '.join(FORMAT_CHOICES)}")
@@ -169,7 +207,8 @@ def plan_layout(src: Source, trunk_format: str = "auto", expert_format: str = "a
         current = layer
         source = spec.trunk[name]
         shape = src.shape(source)
-        fmt = choose_format(src.stored_format(source), trunk_wanted, shape, is_vector(name))
+        fmt = choose_format(src.stored_format(source), classes.get(trunk_class(name) or "", trunk_wanted), shape,
+                            is_vector(name))
         if name.endswith(".ffn_router") and src.stored_format(source) in ROUTER_KEPT_FORMATS:
             fmt = src.stored_format(source)   # the released router's own values, at half f32's bytes
         offset = _align(offset, TENSOR_ALIGN)
@@ -178,8 +217,11 @@ def plan_layout(src: Source, trunk_format: str = "auto", expert_format: str = "a
         offset += nbytes
     segment_ends.append(offset)
     banks = [_plan_bank(src, layer, parts, expert_format) for layer, parts in sorted(spec.experts.items())]
+    options = {"trunk_format": trunk_format, "expert_format": expert_format}
+    if classes:   # only when asked: the layouts (and resumable partials) of every other conversion are unchanged
+        options["trunk_classes"] = dict(sorted(classes.items()))
     return Layout(model=spec.model, trunk=entries, trunk_size=offset, banks=banks, segment_ends=segment_ends,
-                  options={"trunk_format": trunk_format, "expert_format": expert_format})
+                  options=options)
 
 
 def _plan_bank(src: Source, layer: int, experts: list[dict[str, str]], wanted: str) -> BankLayout:
@@ -227,6 +269,10 @@ def encode(src: Source, name: str, fmt: str, threads: int | None = None, out: np
         if not np.isfinite(values).all():
             raise SourceError(name, "cannot quantize non-finite values to q3_nl")
         return quant3.quantize(values, threads=threads, out=out)
+    if fmt == quant2.NAME:
+        if not np.isfinite(values).all():
+            raise SourceError(name, "cannot quantize non-finite values to q2_vq")
+        return quant2.quantize(values, threads=threads, out=out)
     raise SourceError(name, f"cannot encode into {fmt}")
 
 

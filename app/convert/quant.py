@@ -342,6 +342,10 @@ def dequantize(raw: np.ndarray, type_name: str, n_elements: int) -> np.ndarray:
         from app.convert import quant3
 
         return quant3.dequantize(np.asarray(raw), n_elements)
+    if type_name == "Q2_VQ":  # Ferry's own 2-bit expert format (app/convert/quant2.py)
+        from app.convert import quant2
+
+        return quant2.dequantize(np.asarray(raw), n_elements)
     fmt = _format(type_name)
     decoder = _DECODERS.get(type_name)
     if decoder is None:

@@ -27,7 +27,7 @@ trunk_fits, experts_fit) applied to the usable RAM of this machine (or
 ``ram``), "auto" meaning what the converter keeps for the source's dtype
 (q8_0 for a float trunk; bf16 for MXFP4 experts, f32 for FP8 ones).
 Bits map to formats the way `ferry convert` writes them: 32 f32, 16 bf16,
-8 q8_0 (8.5 bits/weight), 4 q4_0 (4.5), 3 q3_nl (3.09): B bits the smallest
+8 q8_0 (8.5 bits/weight), 4 q4_0 (4.5), 3 q3_nl (3.09), 2 q2_vq (2.28): B bits the smallest
 q<B>_* format the converter writes (bits per weight from the C core's
 table). Other widths (5, 6, ...) have no Ferry encoder; they are costed
 as B bits plus one f16 scale per 32 weights (B + 0.5 bits/weight) and the
@@ -101,20 +101,34 @@ class _Acc:
     64-byte aligned; and by tensor class, so the plan can show what each class
     costs at every format (``classes``)."""
 
-    def __init__(self, bpw: float):
+    def __init__(self, bpw: float, overrides: dict[str, tuple[str, float]] | None = None, fallback: float = 32.0):
+        """``overrides``: {plan class: (format, bits per weight)} stored instead of the trunk format
+        (``--trunk-class``); a matrix whose rows that format's blocks cannot hold is costed at
+        ``fallback`` bits (the source's float format, as the converter keeps it)."""
         self.bpw = bpw
+        self.over = overrides or {}
+        self.fallback = fallback
         self.bytes = 0
         self.params = 0
         self.cls: dict[str, list[tuple[int, int, float | None]]] = {}
+        self.cls_bytes: dict[str, int] = {}
 
     def mat(self, rows: int, cols: int, count: int = 1, f32: bool = False, cls: str = "other",
             fixed_bpw: float | None = None) -> None:
         """``fixed_bpw``: stored at that many bits whatever the trunk format (f32 = 32)."""
         n = rows * cols
         fixed = 32.0 if f32 else fixed_bpw
-        self.bytes += count * _align(n * (fixed or self.bpw) / 8, 64)
+        bpw = fixed or self.bpw
+        if not fixed and cls in self.over:
+            fmt, bpw = self.over[cls]
+            from app.convert.layout import block_values
+            if cols % block_values(fmt):   # a row that is not a whole number of blocks keeps the source's format
+                bpw = self.fallback
+        nbytes = count * _align(n * bpw / 8, 64)
+        self.bytes += nbytes
         self.params += count * n
         self.cls.setdefault(cls, []).append((n, count, fixed))
+        self.cls_bytes[cls] = self.cls_bytes.get(cls, 0) + nbytes
 
     def vec(self, n: int, count: int = 1, cls: str = "norms and vectors") -> None:
         self.mat(1, n, count, f32=True, cls=cls)
@@ -125,12 +139,17 @@ class _Acc:
         for name, items in self.cls.items():
             def at(bpw: float) -> int:
                 return sum(c * _align(n * (fx or bpw) / 8, 64) for n, c, fx in items)
-            out[name] = {"params": sum(n * c for n, c, _ in items), "bytes": at(self.bpw),
+            out[name] = {"params": sum(n * c for n, c, _ in items), "bytes": self.cls_bytes[name],
+                         "format": self.over[name][0] if name in self.over else None,
                          "bytes_at": {f: at(b) for f, b in formats.items()},
                          "fixed_format": next((("f32" if fx == 32 else "bf16") for _, _, fx in items if fx), None)}
         return out
 
 
+#: The plan's trunk classes in each of the converter's --trunk-class classes (app.convert.layout.TRUNK_CLASSES).
+CLASS_GROUPS = {"ffn": ("shared experts", "latent projections", "dense FFN layers"),
+                "attention": ("attention (KDA layers)", "attention (MLA layers)", "attention"),
+                "head": ("lm_head",)}
 
 
 def _auto_formats(config: dict) -> tuple[str, str]:
@@ -204,10 +223,13 @@ def recommended_formats(config: dict, ctx: int = 4096, ram: int | None = None,
 def plan_from_config(config: dict, expert_bits: float | None = None, trunk_bits: float | None = None,
                      ctx: int = 4096, ram: int | None = None, disk_gbps: float | None = None, threads: int = 8,
                      scheme: str = "ferry", trunk_format: str | None = None,
-                     expert_format: str | None = None, speed=None) -> dict[str, Any]:
+                     expert_format: str | None = None, speed=None,
+                     trunk_classes: dict[str, str] | None = None) -> dict[str, Any]:
     """Memory and disk figures of a model from its config.json (a dict). The
     formats: ``*_format`` by name, else ``*_bits``, else the recommended ones
-    (recommended_formats) for ``ram`` (default: this machine's usable RAM)."""
+    (recommended_formats) for ``ram`` (default: this machine's usable RAM).
+    ``trunk_classes``: {"ffn" | "attention" | "head": format} stored instead
+    of the trunk format, as `ferry convert --trunk-class` does."""
     archs = config.get("architectures") or []
     cfg = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
     kimi = any(a in ("DeepseekV3ForCausalLM", "KimiLinearForCausalLM", "KimiK3ForConditionalGeneration")
@@ -232,15 +254,21 @@ def plan_from_config(config: dict, expert_bits: float | None = None, trunk_bits:
     K = int(_g(cfg, "num_experts_per_tok", "num_experts_per_token", default=0) or 0)
     eff = int(_g(cfg, "moe_intermediate_size", default=0) or cfg.get("intermediate_size") or 0)
     ffn = int(cfg.get("intermediate_size") or 0)
-    trunk = _Acc(t_bpw)
+    dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or config.get("torch_dtype")
+                or config.get("dtype") or "bfloat16")
+    overrides = {}
+    for group, fmt in (trunk_classes or {}).items():
+        if group not in CLASS_GROUPS:
+            raise ValueError(f"unknown trunk class '{group}' (known: {', '.join(CLASS_GROUPS)})")
+        for name in CLASS_GROUPS[group]:
+            overrides[name] = _format(fmt)[:2]
+    trunk = _Acc(t_bpw, overrides, 16.0 if dtype in ("bfloat16", "float16") else 32.0)
     trunk.mat(vocab, dim, cls="embeddings (tied: also the head)" if tied else "embeddings")
     if not tied:
         trunk.mat(vocab, dim, cls="lm_head")
     trunk.vec(dim)
     # The router as the converter stores it: a bf16/f16 release's own values
     # (app/convert/layout.py: ROUTER_KEPT_FORMATS), else f32.
-    dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or config.get("torch_dtype")
-                or config.get("dtype") or "bfloat16")
     router_bpw = 16.0 if dtype in ("bfloat16", "float16") else 32.0
     state = 64
     n_moe = 0
@@ -370,6 +398,7 @@ def plan_from_config(config: dict, expert_bits: float | None = None, trunk_bits:
         "trunk_bytes": resident,
         "embedding_bytes": embedding,
         "trunk_classes": classes,
+        "trunk_class_formats": dict(trunk_classes or {}),
         "state_bytes": state,
         "scratch_bytes": scratch,
         "moe_layers": n_moe, "experts_per_layer": E, "top_k": K,
@@ -398,7 +427,8 @@ def plan_from_config(config: dict, expert_bits: float | None = None, trunk_bits:
 
 
 def class_table(plan: dict[str, Any]) -> str:
-    """The trunk by tensor class: parameters, GiB at the planned trunk format and
+    """The trunk by tensor class: parameters, GiB at the planned trunk format (or
+    the class's own, shown in brackets: --trunk-class) and
     at each format the converter writes (fixed-format classes: f32 norms and
     vectors, bf16/f32 routers, cost the same in every column)."""
     classes = plan["trunk_classes"]
@@ -406,7 +436,7 @@ def class_table(plan: dict[str, Any]) -> str:
     head = f"{'trunk class':30s} {'params':>9s} {plan['trunk_format'] + ' GiB':>10s}" + "".join(f" {f:>7s}" for f in fmts)
     rows = [head]
     for name, c in sorted(classes.items(), key=lambda kv: -kv[1]["bytes"]):
-        tag = "" if not c["fixed_format"] else f" ({c['fixed_format']})"
+        tag = f" ({c['fixed_format']})" if c["fixed_format"] else f" [{c['format']}]" if c.get("format") else ""
         where = " (on disk)" if name == "embeddings" and plan["embedding_bytes"] else ""
         rows.append(f"{(name + tag + where)[:30]:30s} {c['params'] / 1e9:8.3f}B {c['bytes'] / GIB:10.3f}"
                     + "".join(f" {c['bytes_at'][f] / GIB:7.3f}" for f in fmts))
@@ -427,6 +457,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="the trunk format (default: what `ferry check` would recommend on this machine)")
     p.add_argument("--expert-format", choices=sorted(_BPW), default=None,
                    help="the expert format (default: what `ferry check` would recommend on this machine)")
+    p.add_argument("--trunk-class", action="append", default=[], metavar="CLASS=F",
+                   help="cost one class of trunk matrices (ffn, attention, head) in format F, as "
+                        "`ferry convert --trunk-class` stores it (repeatable)")
     p.add_argument("--ctx", type=int, default=4096)
     p.add_argument("--ram", type=_parse_size, default=None, help="e.g. 32G")
     p.add_argument("--disk-gbps", type=float, default=None, help="sustained read speed in GB/s")
@@ -442,15 +475,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     bits = lambda v: None if v is None else int(v) if float(v).is_integer() else v  # noqa: E731
     try:
+        classes = dict(c.partition("=")[::2] for c in a.trunk_class)
         plan = plan_from_config(config, bits(a.expert_bits), bits(a.trunk_bits), a.ctx, a.ram, a.disk_gbps,
-                                a.threads, a.scheme, a.trunk_format, a.expert_format)
+                                a.threads, a.scheme, a.trunk_format, a.expert_format, trunk_classes=classes)
     except (KeyError, TypeError, ValueError) as exc:
         print(f"ferry plan: {a.config} does not describe a model this plan knows: {exc}", file=sys.stderr)
         return 2
     if a.json:
         print(json.dumps(plan, indent=1))
         return 0
-    print(f"trunk {plan['trunk_gib']:.2f} GiB ({plan['trunk_format']}), state {plan['state_gib']:.3f} GiB at "
+    per_class = "".join(f", {k} {v}" for k, v in plan["trunk_class_formats"].items())
+    print(f"trunk {plan['trunk_gib']:.2f} GiB ({plan['trunk_format']}{per_class}), state {plan['state_gib']:.3f} GiB at "
           f"{a.ctx} tokens, scratch {plan['scratch_gib']:.3f} GiB")
     print(f"expert record {plan['expert_record_bytes'] / 2**20:.2f} MiB ({plan['expert_format']}), "
           f"cold reads {plan['cold_gib_per_token']:.2f} GiB per token")

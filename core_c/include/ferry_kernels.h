@@ -7,8 +7,8 @@
  * which.
  *
  * Formats are the container's codes (docs/FORMAT.md): 0 f32, 1 f16, 2 bf16,
- * 3 q8_0, 4 q4_0, 5 q4_1, 6 q4_k, 7 q6_k, 8 q3_nl, 9 q5_k; ferry_formats
- * lists them all.
+ * 3 q8_0, 4 q4_0, 5 q4_1, 6 q4_k, 7 q6_k, 8 q3_nl, 9 q5_k,
+ * 10 q2_vq; ferry_formats lists them all.
  */
 #ifndef FERRY_KERNELS_H_PUBLIC
 #define FERRY_KERNELS_H_PUBLIC
@@ -32,6 +32,9 @@ extern "C" {
 /* The q3_nl format: 256 values in 99 bytes (3.09375 bits per value). */
 #define FERRY_Q3_BLOCK 256
 #define FERRY_Q3_BLOCK_BYTES 99
+/* The q2_vq format: 256 values in 73 bytes (2.28125 bits per value). */
+#define FERRY_Q2_BLOCK 256
+#define FERRY_Q2_BLOCK_BYTES 73
 
 /* "scalar", "avx2", "neon" (or "unknown"). */
 const char *ferry_kernels_name(int impl);
@@ -123,6 +126,13 @@ int ferry_q3_quantize_mxfp4(const uint8_t *packed, const uint8_t *scales, int ro
 #define FERRY_Q3_SOURCE_MXFP4 2
 int ferry_q3_quantize(int impl, int source, const void *src, const uint8_t *mxfp4_scales, int rows, int cols,
                       const float *importance, void *dst);
+
+/* Quantize rows x cols values (cols a multiple of FERRY_Q2_BLOCK) to q2_vq,
+ * writing rows * cols / 256 * 73 bytes to dst. importance: NULL, or `cols`
+ * non-negative finite weights the codeword and scale search minimises the
+ * weighted error for. One portable implementation. Returns 0, or -1 for bad
+ * arguments, non-finite input or no memory. */
+int ferry_q2_quantize_f32(const float *src, int rows, int cols, const float *importance, void *dst);
 
 #ifdef __cplusplus
 }

@@ -12,7 +12,7 @@
 
 typedef enum {
     FE_F32 = 0, FE_F16 = 1, FE_BF16 = 2, FE_Q8_0 = 3, FE_Q4_0 = 4, FE_Q4_1 = 5,
-    FE_Q4_K = 6, FE_Q6_K = 7, FE_Q3_NL = 8, FE_Q5_K = 9, FE_N_FORMATS = 10
+    FE_Q4_K = 6, FE_Q6_K = 7, FE_Q3_NL = 8, FE_Q5_K = 9, FE_Q2_VQ = 10, FE_N_FORMATS = 11
 } fe_format;
 
 /* q3_nl: Ferry's 3-bit expert format (docs/FORMAT.md, docs/QUANTIZATION.md).
@@ -30,16 +30,45 @@ extern const float fe_q3_levels[8];
 /* 2^(i/8) for i = 0..7, rounded to float. */
 extern const float fe_q3_frac[8];
 
-/* Scale of group g (0..3) of a q3_nl block (inline: the SIMD kernels call it
- * between vector operations). */
-static inline float fe_q3_group_scale(const uint8_t *block, int g) {
-    int e = block[96];
+/* The log scale of q3_nl and q2_vq: 2^((e - j) / 8 - 20) for an exponent
+ * code e (1..255) and a group code j (0..15), 0 when e = 0. */
+static inline float fe_log_scale(int e, int j) {
     if (e == 0) return 0.0f;
-    int j = (block[97 + (g >> 1)] >> (4 * (g & 1))) & 15;
     int v = e - j + 16; /* 2..270 */
     union { uint32_t u; float f; } p;
     p.u = (uint32_t)((v >> 3) + 105) << 23; /* 2^((v >> 3) - 22) */
     return fe_q3_frac[v & 7] * p.f;
+}
+/* Scale of group g (0..3) of a q3_nl block (inline: the SIMD kernels call it
+ * between vector operations). */
+static inline float fe_q3_group_scale(const uint8_t *block, int g) {
+    return fe_log_scale(block[96], (block[97 + (g >> 1)] >> (4 * (g & 1))) & 15);
+}
+
+/* q2_vq: Ferry's 2-bit expert format (docs/QUANTIZATION.md, "Two-bit
+ * experts"). A block of 256 values is 73 bytes (2.28125 bits per value):
+ * 32 little-endian u16 words, word k for values 8k..8k+7: bits 0-8 index
+ * the fixed codebook fe_q2_codebook (512 non-negative 8-vectors), bits 9-15
+ * are the signs of values 8k..8k+6 (1 = negative) and value 8k+7 is negative
+ * when those seven bits hold an odd number of ones (even parity); then one
+ * byte e (the block's scale exponent code, 0 = the whole block is zero) and
+ * eight bytes of sixteen 4-bit codes j[g] (g even: the low nibble of byte
+ * 65 + g/2, g odd: its high nibble), one per sub-block of 16 values:
+ * value 8k+i = (sign) s_g * fe_q2_codebook[8 * index + i], g = k / 2,
+ * s_g = fe_log_scale(e, j[g]). */
+#define FE_Q2_BLOCK 256
+#define FE_Q2_BYTES 73
+#define FE_Q2_CODES 512
+extern const float fe_q2_codebook[FE_Q2_CODES * 8];
+/* The full 8-bit sign mask of a word (bit i set: value i negative). */
+static inline int fe_q2_signs(unsigned word) {
+    unsigned s = (word >> 9) & 127u, p = s;
+    p ^= p >> 4, p ^= p >> 2, p ^= p >> 1;
+    return (int)(s | (p & 1u) << 7);
+}
+/* Scale of sub-block g (0..15) of a q2_vq block. */
+static inline float fe_q2_group_scale(const uint8_t *block, int g) {
+    return fe_log_scale(block[64], (block[65 + (g >> 1)] >> (4 * (g & 1))) & 15);
 }
 /* Q4_K: the 6-bit scale and min of sub-block j (0..7) from a block's 12
  * packed bytes `s` (inline: the scalar decoder and the SIMD kernels share it). */

@@ -36,6 +36,7 @@ SCALAR(q4_k, FE_Q4_K)
 SCALAR(q5_k, FE_Q5_K)
 SCALAR(q6_k, FE_Q6_K)
 SCALAR(q3_nl, FE_Q3_NL)
+SCALAR(q2_vq, FE_Q2_VQ)
 #undef SCALAR
 
 void fe_axpy_f32(float *y, float w, const float *x, int n) {
@@ -132,6 +133,10 @@ int fe_kernels_by_name(const char *name) {
 
 fe_rowdot_fn fe_kernel_for(const fe_kernels *k, int fmt) {
     if (fmt < 0 || fmt >= FE_N_FORMATS) return NULL;
+    if (fmt == FE_Q2_VQ) { /* kept outside the tables (kernels.h) */
+        fe_rowdot_fn f = k ? fe_q2vq_kernel(fe_q2vq_variant(fe_kernels_by_name(k->name))) : NULL;
+        return f ? f : rowdot_scalar_q2_vq;
+    }
     if (k && k->rowdot[fmt]) return k->rowdot[fmt];
     return SCALAR_TABLE.rowdot[fmt];
 }

@@ -70,6 +70,7 @@ static void random_row(int fmt, uint8_t *row, int cols) {
             break;
         case FE_Q6_K: put16(p + 208, f16_bits(0.001f + 0.01f * fabsf(frand()))); break;
         case FE_Q3_NL: p[96] = (uint8_t)(b % 7 == 3 ? 0 : 120 + rnd() % 60); break;
+        case FE_Q2_VQ: p[64] = (uint8_t)(b % 7 == 3 ? 0 : 120 + rnd() % 60); break;
         default: break;
         }
     }
@@ -418,6 +419,98 @@ static void test_attention_reference(void) {
     check(ok, "fe_exp_neg within 4 ulps of exp() on [-87, 0]");
 }
 
+/* Every q2_vq SIMD variant this CPU runs (on x86 both AVX2 and AVX-512,
+ * whichever the AVX2 set picks) against the scalar reference, row by row,
+ * and single tokens against pairs, bit for bit. */
+static void test_q2vq_variants(void) {
+    static const char *names[FE_Q2VQ_VARIANTS] = {"scalar", "avx2", "neon", "avx512"};
+    const int cols = 768, rows = 5, n = 5;
+    uint64_t rb = fe_row_bytes(FE_Q2_VQ, (uint64_t)cols);
+    uint8_t *w = malloc(rb * rows);
+    float *x = malloc(sizeof(float) * cols * n), *scratch = malloc(sizeof(float) * cols), *dq = malloc(sizeof(float) * cols);
+    for (int r = 0; r < rows; r++) random_row(FE_Q2_VQ, w + r * rb, cols);
+    for (int i = 0; i < cols * n; i++) x[i] = frand() * (i % 17 == 0 ? 8.0f : 1.0f);
+    int ran = 0;
+    for (int v = 1; v < FE_Q2VQ_VARIANTS; v++) {
+        fe_rowdot_fn f = fe_q2vq_kernel(v);
+        if (!f) continue;
+        ran++;
+        printf("testing q2_vq %s against scalar\n", names[v]);
+        int ok = 1, same = 1;
+        for (int r = 0; r < rows; r++) {
+            float ref[5], got[5], one;
+            fe_kernel_for(fe_kernels_get(FE_KERNELS_SCALAR), FE_Q2_VQ)(w + r * rb, cols, x, cols, n, ref, 1, scratch);
+            f(w + r * rb, cols, x, cols, n, got, 1, scratch);
+            fe_dequant_row(FE_Q2_VQ, w + r * rb, dq, cols);
+            for (int t = 0; t < n; t++) {
+                double mag = 0;
+                for (int i = 0; i < cols; i++) mag += fabs((double)dq[i] * x[t * cols + i]);
+                ok &= fabs((double)got[t] - ref[t]) <= TOL * mag + 1e-30;
+                f(w + r * rb, cols, x + t * cols, cols, 1, &one, 1, scratch);
+                same &= memcmp(&one, &got[t], 4) == 0;
+            }
+        }
+        char what[96];
+        snprintf(what, sizeof what, "q2_vq %s within the tolerance of scalar", names[v]);
+        check(ok, what);
+        snprintf(what, sizeof what, "q2_vq %s batch bit-identical", names[v]);
+        check(same, what);
+    }
+#if defined(__x86_64__) || defined(__aarch64__)
+    check(ran > 0 || ferry_kernels_best() == FERRY_KERNELS_SCALAR, "a q2_vq SIMD variant ran");
+#endif
+    free(w), free(x), free(scratch), free(dq);
+}
+
+/* The q2_vq quantizer: a bell-shaped matrix round-trips within the format's
+ * error, an all-zero row stays zero, importance weighting lowers the
+ * weighted error, and bad input is refused. */
+static void test_q2_quantizer(void) {
+    const int rows = 6, cols = 512;
+    float *src = malloc(sizeof(float) * rows * cols), *back = malloc(sizeof(float) * rows * cols), h[512];
+    uint8_t *q = malloc((size_t)rows * cols / 256 * 73);
+    for (int i = 0; i < rows * cols; i++) src[i] = (i / cols == 2) ? 0.0f : 0.02f * (frand() + frand() + frand());
+    for (int i = 0; i < cols; i++) h[i] = i % 4 == 0 ? 16.0f : 1.0f;
+    check(ferry_q2_quantize_f32(src, rows, cols, NULL, q) == 0, "q2 quantize");
+    check(ferry_dequantize(FE_Q2_VQ, q, rows, cols, back) == 0, "q2 dequantize");
+    double num = 0, den = 0, wnum = 0, wden = 0;
+    for (int i = 0; i < rows * cols; i++) {
+        double d = (double)src[i] - back[i];
+        num += d * d, den += (double)src[i] * src[i], wnum += h[i % cols] * d * d, wden += h[i % cols] * (double)src[i] * src[i];
+    }
+    printf("q2_vq round trip: relative error %.4f (weighted %.4f)\n", sqrt(num / den), sqrt(wnum / wden));
+    check(sqrt(num / den) < 0.33, "q2 round trip error < 0.33");
+    int zero = 1;
+    for (int i = 2 * cols; i < 3 * cols; i++) zero &= back[i] == 0.0f;
+    check(zero, "q2 all-zero row stays zero");
+    check(ferry_q2_quantize_f32(src, rows, cols, h, q) == 0, "q2 quantize with importance");
+    ferry_dequantize(FE_Q2_VQ, q, rows, cols, back);
+    double inum = 0;
+    for (int i = 0; i < rows * cols; i++) inum += h[i % cols] * ((double)src[i] - back[i]) * ((double)src[i] - back[i]);
+    printf("q2_vq with importance: weighted error %.4f\n", sqrt(inum / wden));
+    check(inum < wnum, "q2 importance lowers the weighted error");
+    src[7] = NAN;
+    check(ferry_q2_quantize_f32(src, rows, cols, NULL, q) == -1, "q2 refuses NaN");
+    src[7] = 0.0f;
+    check(ferry_q2_quantize_f32(src, rows, 100, NULL, q) == -1, "q2 refuses cols % 256");
+    /* the AVX2 or NEON scans write the portable path's bytes, with and without importance */
+    const int simd = ferry_kernels_best();
+    if (simd != FERRY_KERNELS_SCALAR) {
+        uint8_t *q2 = malloc((size_t)rows * cols / 256 * 73);
+        for (int i = 0; i < rows * cols; i++) src[i] = i % 97 == 5 ? 0.3f : 0.02f * (frand() + frand() + frand());
+        for (int with = 0; with < 2; with++) {
+            check(fe_q2_quantize_impl(FE_KERNELS_SCALAR, src, rows, cols, with ? h : NULL, q) == 0, "q2 portable");
+            check(fe_q2_quantize_impl(simd, src, rows, cols, with ? h : NULL, q2) == 0, "q2 simd");
+            check(memcmp(q, q2, (size_t)rows * cols / 256 * 73) == 0, with ? "q2 simd = portable bytes, importance"
+                                                                             : "q2 simd = portable bytes");
+        }
+        free(q2);
+    }
+    h[3] = -1.0f;
+    check(ferry_q2_quantize_f32(src, rows, cols, h, q) == -1, "q2 refuses negative importance");
+    free(src), free(back), free(q);
+}
+
 /* fe_q4k_scales_mins (all eight scales and mins of a block at once, used by
  * the SIMD K-quant kernels) gives fe_q4k_scale_min's values: every byte value
  * in every one of the 12 positions, and random blocks. */
@@ -460,7 +553,9 @@ int main(void) {
     }
     printf("simd implementations tested: %d (best: %s)\n", impls, ferry_kernels_name(ferry_kernels_best()));
     check(impls > 0 || ferry_kernels_best() == FERRY_KERNELS_SCALAR, "the best implementation is one tested");
+    test_q2vq_variants();
     test_quantizer();
+    test_q2_quantizer();
     test_quantizer_paths();
     test_quantizer_mxfp4_tables();
     test_block_quantizer();

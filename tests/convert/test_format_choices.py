@@ -71,7 +71,11 @@ def test_the_fastest_within_the_quality_bound_when_it_fits_else_the_fewest_bytes
     small = _by_format(expert_choices(open_source(moe), "auto", 4, WORKING, trunk, UNIFORM.get))
     assert not any(c.fits_in_ram for c in small.values()) and small["q3_nl"].recommended
     assert small["q3_nl"].rule == "smallest" and all(c.tok_per_s is None for c in small.values())
-    assert small["q3_nl"].cold_bytes_per_token == min(c.cold_bytes_per_token for c in small.values())
+    # 2 bits are offered to a model that streams, never chosen for the user: fewer bytes, a larger error
+    assert list(small)[-1] == "q2_vq" and not small["q2_vq"].recommended
+    assert small["q2_vq"].cold_bytes_per_token < small["q3_nl"].cold_bytes_per_token
+    assert small["q2_vq"].error > small["q3_nl"].error and 2.28 <= small["q2_vq"].bits_per_weight < 2.5
+    assert small["q3_nl"].cold_bytes_per_token == min(c.cold_bytes_per_token for f, c in small.items() if f != "q2_vq")
     # A format without a measured kernel leaves the speed rule out: the most accurate that fits.
     assert pick(need["auto"] + (1 << 20), {}) == "auto"
 
@@ -121,6 +125,7 @@ def test_ferry_check_and_convert_recommended(moe, tmp_path, monkeypatch, capsys)
     assert ferry(["check", str(moe)]) == 0
     text = capsys.readouterr().out
     assert "* q3_nl" in text and "recommended: --expert-format q3_nl" in text
+    assert "q2_vq" in text and "* q2_vq" not in text          # offered (nothing fits), not recommended
     assert "* q4_0" in text and "recommended: --trunk-format q4_0" in text
     assert ferry(["convert", str(moe), str(tmp_path / "rec.ferry"), "--trunk-format", "recommended",
                   "--expert-format", "recommended", "--quiet"]) == 0

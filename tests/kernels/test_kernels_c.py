@@ -13,7 +13,8 @@ import pytest
 from tests.conftest import REPO
 
 CORE = REPO / "core_c"
-SOURCES = [CORE / "src" / f for f in ("formats.c", "kernels.c", "kernels_avx2.c", "kernels_neon.c", "quant3.c", "quant_blocks.c")]
+SOURCES = [CORE / "src" / f for f in ("formats.c", "kernels.c", "kernels_avx2.c", "kernels_neon.c", "kernels_q2vq.c", "quant3.c",
+                                              "quant_blocks.c", "quant2.c")]
 FLAGS = ["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-ffp-contract=off", "-I", str(CORE / "include")]
 
 

@@ -42,13 +42,17 @@ def build_moe256(out):
     return model
 
 
-@pytest.fixture(scope="module")
-def q3_container(tmp_path_factory):
-    root = tmp_path_factory.mktemp("q3moe")
+def converted_moe256(root, expert_format: str):
+    """(root, container, torch model): build_moe256 converted by `ferry convert --expert-format F`."""
     model = build_moe256(root / "ckpt")
-    res = run_ferry("convert", str(root / "ckpt"), str(root / "moe.ferry"), "--expert-format", "q3_nl")
+    res = run_ferry("convert", str(root / "ckpt"), str(root / "moe.ferry"), "--expert-format", expert_format)
     assert res.returncode == 0
     return root, root / "moe.ferry", model
+
+
+@pytest.fixture(scope="module")
+def q3_container(tmp_path_factory):
+    return converted_moe256(tmp_path_factory.mktemp("q3moe"), "q3_nl")
 
 
 @pytest.fixture(scope="module")

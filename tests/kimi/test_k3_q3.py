@@ -43,9 +43,9 @@ def k3q3(tmp_path_factory):
     return out, cfg, tensors
 
 
-def container_experts(out) -> dict[str, np.ndarray]:
-    """Every expert matrix as the container stores it, dequantized, under its
-    release name."""
+def container_experts(out, fmt=quant3) -> dict[str, np.ndarray]:
+    """Every expert matrix as the container stores it in ``fmt`` (the module
+    of a Ferry format: quant3, quant2), dequantized, under its release name."""
     manifest = json.loads((out / "manifest.json").read_text())
     values = {}
     for bank in manifest["expert_banks"]:
@@ -54,10 +54,10 @@ def container_experts(out) -> dict[str, np.ndarray]:
             rec = data[4096 + e * bank["record_size"]:]
             for part, w in PARTS.items():
                 p = bank[part]
-                assert p["dtype"] == quant3.NAME, p
+                assert p["dtype"] == fmt.NAME, p
                 raw = rec[p["offset"]:p["offset"] + p["nbytes"]]
                 name = f"language_model.model.layers.{bank['layer']}.block_sparse_moe.experts.{e}.{w}.weight"
-                values[name] = quant3.dequantize(raw, int(np.prod(p["shape"]))).reshape(p["shape"])
+                values[name] = fmt.dequantize(raw, int(np.prod(p["shape"]))).reshape(p["shape"])
     return values
 
 

@@ -198,7 +198,8 @@ def test_a_model_larger_than_ram_gets_3_bit_experts_and_the_user_can_choose(qtbo
     page, report = wiz.source_page, wiz.state.report
     assert wiz.state.expert_format == "q3_nl" and report.expert_format == "q3_nl"
     choices = {c.format: c for c in report.expert_choices}
-    assert list(choices) == ["auto", "q8_0", "q4_0", "q3_nl"] and choices["q3_nl"].recommended
+    assert list(choices) == ["auto", "q8_0", "q4_0", "q3_nl", "q2_vq"] and choices["q3_nl"].recommended
+    assert not choices["q2_vq"].recommended     # 2 bits: offered to a model that streams, never chosen for the user
     assert not any(c.fits_in_ram for c in choices.values())
     assert report.container_bytes == choices["q3_nl"].container_bytes < choices["auto"].container_bytes / 4
     experts = page.choosers["experts"]

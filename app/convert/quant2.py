@@ -1,0 +1,59 @@
+"""q2_vq, Ferry's 2-bit expert format, through the C core: the quantizer
+(ferry_q2_quantize_f32) and the decoder (ferry_dequantize), one definition
+of the format in core_c/src/formats.h.
+
+A block of 256 values takes 73 bytes (2.28125 bits per value): per 8 values
+a u16 word (a 9-bit index into the frozen 512-entry codebook of magnitudes,
+7 sign bits, the eighth sign by even parity), then a u8 exponent code and
+sixteen 4-bit log scale codes, one per 16 values. See docs/FORMAT.md and
+docs/QUANTIZATION.md ("Two-bit experts": why this format, its error).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from app.convert.quant3 import _importance, _lib, _out, _run_rows
+
+NAME = "q2_vq"
+BLOCK = 256
+BLOCK_BYTES = 73
+
+
+def quantize(values: np.ndarray, importance: np.ndarray | None = None, threads: int | None = None,
+             out: np.ndarray | None = None) -> np.ndarray:
+    """float32 [..., cols] -> q2_vq bytes (uint8, flat; into ``out`` if given).
+    ``importance``: None or ``cols`` non-negative weights per input column."""
+    ffi, lib = _lib()
+    src = np.ascontiguousarray(values, dtype=np.float32)
+    cols = src.shape[-1] if src.ndim else 0
+    rows = src.size // cols if cols else 0
+    if cols == 0 or cols % BLOCK:
+        raise ValueError(f"q2_vq needs rows of a multiple of {BLOCK} values, got {cols}")
+    out = _out(out, rows * (cols // BLOCK) * BLOCK_BYTES)
+    imp_ptr, _keep = _importance(importance, cols)
+    flat = src.reshape(rows, cols)
+    rb = cols // BLOCK * BLOCK_BYTES
+
+    def part(r0: int, r1: int) -> None:
+        rc = lib.ferry_q2_quantize_f32(ffi.from_buffer("float[]", flat[r0:r1]), r1 - r0, cols, imp_ptr,
+                                       ffi.from_buffer(out[r0 * rb:r1 * rb]))
+        if rc != 0:
+            raise ValueError("cannot quantize non-finite values (or bad importance) to q2_vq")
+
+    _run_rows(rows, part, threads)
+    return out
+
+
+def dequantize(raw: np.ndarray, n_elements: int) -> np.ndarray:
+    """q2_vq bytes of ``n_elements`` values -> flat float32 (the core's decoder)."""
+    ffi, lib = _lib()
+    data = np.ascontiguousarray(raw, dtype=np.uint8).reshape(-1)
+    if n_elements % BLOCK or data.size != n_elements // BLOCK * BLOCK_BYTES:
+        raise ValueError(f"{n_elements} q2_vq values need {n_elements // BLOCK * BLOCK_BYTES} bytes, got {data.size}")
+    out = np.empty(n_elements, dtype=np.float32)
+    if n_elements:
+        rc = lib.ferry_dequantize(lib.ferry_format_code(NAME.encode()), ffi.from_buffer(data), n_elements // BLOCK,
+                                  BLOCK, ffi.from_buffer("float[]", out))
+        if rc != 0:
+            raise ValueError("cannot decode q2_vq")
+    return out
