@@ -13,10 +13,11 @@ from __future__ import annotations
 import numpy as np
 
 from app.convert.quant3 import _importance, _lib, _out, _run_rows
+from app.engine.binding import FORMATS
 
 NAME = "q2_vq"
-BLOCK = 256
-BLOCK_BYTES = 73
+#: Values and bytes per block, from the core's format table (256 and 73).
+BLOCK, BLOCK_BYTES = FORMATS[NAME].block_elems, FORMATS[NAME].block_bytes
 
 
 def quantize(values: np.ndarray, importance: np.ndarray | None = None, threads: int | None = None,
