@@ -139,7 +139,8 @@ def decode(data: bytes, name: str = "image"):
     except (UnidentifiedImageError, Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         if isinstance(exc, UnidentifiedImageError):
             raise ImageError(f"{name}: not an image Ferry reads ({', '.join(FORMATS)})") from None
-        raise ImageError(f"{name}: the image declares too many pixels (a decompression bomb?)") from None
+        raise ImageError(f"{name}: the image declares more pixels than an image may have "
+                         f"({MAX_PIXELS // 1_000_000} million; a decompression bomb?)") from None
     except (OSError, SyntaxError, ValueError, EOFError, MemoryError) as exc:
         detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ImageError(f"{name}: the image is damaged or truncated ({detail})") from None
