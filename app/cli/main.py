@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -13,9 +14,9 @@ import numpy as np
 
 from app.api import (ModelError, PromptProgress, Reasoning, Text, ToolCallMade, TurnDone, TurnError, TurnRequest,
                      describe_activations)
-from app.cli.common import (PromptMeter, Turns, UsageError, add_logprobs, add_model_options, add_routing, add_sampling,
-                            add_server_model, logprobs_problem, open_from_args, parse_size, progress_printer,
-                            resolve_model, turn_request, number_argument_problem)
+from app.cli.common import (PromptMeter, Turns, UsageError, add_images, add_logprobs, add_model_options, add_routing,
+                            add_sampling, add_server_model, image_parts, logprobs_problem, open_from_args, parse_size,
+                            progress_printer, resolve_model, turn_request, number_argument_problem, with_images)
 from app.convert.convert import ConvertError, convert
 from app.convert.errors import SourceError
 from app.convert.format_choices import RECOMMENDED
@@ -175,7 +176,9 @@ def cmd_run(args) -> int:
     if (bad := logprobs_problem(args)):
         print(bad, file=sys.stderr)
         return 2
-    request = turn_request(args, _messages(args, args.prompt), raw=args.raw)   # bad options: before loading
+    messages = _messages(args, args.prompt)
+    messages[-1] = with_images(messages[-1], image_parts(args.image))
+    request = turn_request(args, messages, raw=args.raw)   # bad options and images: before loading
     turns = Turns(args)
     try:
         end = _answer(turns, request, show=not args.json)
@@ -220,7 +223,9 @@ def cmd_chat(args) -> int:
     turns = Turns(args)
     messages: list[dict] = [{"role": "system", "content": args.system}] if args.system else []
     where = f" on {turns.remote.url}" if turns.remote is not None else ""
-    print(f"Chatting with {turns.name}{where}. Empty line, /quit or Ctrl-D to quit; /new starts over.", file=sys.stderr)
+    pending = image_parts(args.image)   # --image: attached to the first message
+    print(f"Chatting with {turns.name}{where}. Empty line, /quit or Ctrl-D to quit; /new starts over; "
+          "/image FILE attaches an image to the next message.", file=sys.stderr)
     tolerant_stdin()
     try:
         while True:
@@ -237,8 +242,19 @@ def cmd_chat(args) -> int:
                 return 0
             if line.strip() == "/new":
                 messages = messages[:1] if args.system else []
+                pending = []
                 continue
-            messages.append({"role": "user", "content": line})
+            if line.strip().startswith("/image"):
+                path = line.strip()[len("/image"):].strip()
+                try:
+                    if not path:
+                        raise UsageError("/image needs a file: /image FILE")
+                    pending += image_parts([path])
+                    print(f"  [{os.path.basename(path)} will go with your next message]", file=sys.stderr)
+                except UsageError as exc:
+                    print(f"ferry: {exc}", file=sys.stderr)
+                continue
+            messages.append(with_images({"role": "user", "content": line}, pending))
             try:
                 end = _answer(turns, turn_request(args, list(messages), context="drop_oldest"), show=True)
             except TurnError as exc:
@@ -248,6 +264,7 @@ def cmd_chat(args) -> int:
                     print(f"ferry: {end.error}", file=sys.stderr)
                 messages.pop()
                 continue
+            pending = []
             messages.append({"role": "assistant", "content": end.content,
                              **({"reasoning_content": end.reasoning} if end.reasoning else {})})
             if end.dropped_messages:   # a chat never dead-ends: the oldest turns were left out of this prompt
@@ -440,12 +457,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--raw", action="store_true", help="do not apply the chat template")
     p.add_argument("--json", action="store_true")
     add_logprobs(p)
+    add_images(p)
     p.set_defaults(fn=cmd_run)
 
     p = sub.add_parser("chat", help="an interactive conversation")
     add_model_options(p)
     add_server_model(p)
     add_sampling(p)
+    add_images(p)
     p.set_defaults(fn=cmd_chat)
 
     p = sub.add_parser("eval", help="next-token log-probabilities after a prompt")
