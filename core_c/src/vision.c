@@ -235,34 +235,47 @@ static void positions(const ferry_vision *v, int gh, int gw, float *out) {
 typedef struct attn_job {
     const ferry_vision *v;
     const float *qkv;   /* [N][3Q], q and k rotated */
+    const float *kt;    /* K of each head in the kernels' tiles (kernels.h), [H][FE_KT_PAD(N) * hd] */
     float *out;         /* [N][Q] */
-    float *scores;      /* [threads][N] */
+    float *scratch;     /* [threads][FE_ATT_Q * (FE_KT_PAD(N) + 2 hd)] */
     int n;              /* patches */
 } attn_job;
 
-/* Items are (head, query) pairs: softmax(q k^T / sqrt(hd)) v over every patch. */
+static size_t attn_scratch(int n, int hd) { return (size_t)FE_ATT_Q * ((size_t)FE_KT_PAD(n) + 2 * (size_t)hd); }
+
+/* K of every head into the attention kernels' tiled layout. */
+static void pack_kt(void *p, int start, int end, int tid) {
+    (void)tid;
+    attn_job *j = p;
+    const int Q = j->v->cfg.qkv_hidden, hd = Q / j->v->cfg.heads, N = j->n;
+    for (int h = start; h < end; h++) {
+        float *kt = (float *)j->kt + (size_t)h * FE_KT_PAD(N) * hd;
+        memset(kt, 0, (size_t)FE_KT_PAD(N) * hd * sizeof(float));
+        for (int i = 0; i < N; i++)
+            for (int c = 0; c < hd; c++) kt[fe_kt_index(i, c, hd)] = j->qkv[(size_t)i * 3 * Q + Q + h * hd + c];
+    }
+}
+
+/* Items are (head, block of FE_ATT_Q queries): softmax(q k^T / sqrt(hd)) v over
+ * every patch, with the engine's attention kernels. */
 static void attn_items(void *p, int start, int end, int tid) {
     attn_job *j = p;
+    const fe_kernels *K = j->v->kernels;
     const int Q = j->v->cfg.qkv_hidden, H = j->v->cfg.heads, hd = Q / H, N = j->n;
+    const int nb = (N + FE_ATT_Q - 1) / FE_ATT_Q, pad = FE_KT_PAD(N);
     const float scale = 1.0f / sqrtf((float)hd);
-    float *s = j->scores + (size_t)tid * N;
+    float *s = j->scratch + (size_t)tid * attn_scratch(N, hd);
+    float *qb = s + (size_t)FE_ATT_Q * pad, *ob = qb + (size_t)FE_ATT_Q * hd;
     for (int it = start; it < end; it++) {
-        const int h = it / N, qi = it % N;
-        const float *q = j->qkv + (size_t)qi * 3 * Q + h * hd;
-        for (int k = 0; k < N; k++) {
-            const float *kv = j->qkv + (size_t)k * 3 * Q + Q + h * hd;
-            float dot = 0.0f;
-            for (int i = 0; i < hd; i++) dot += q[i] * kv[i];
-            s[k] = dot * scale;
-        }
-        fe_softmax(s, N);
-        float *o = j->out + (size_t)qi * Q + h * hd;
-        for (int i = 0; i < hd; i++) o[i] = 0.0f;
-        for (int k = 0; k < N; k++) {
-            const float *vv = j->qkv + (size_t)k * 3 * Q + 2 * Q + h * hd;
-            const float w = s[k];
-            for (int i = 0; i < hd; i++) o[i] += w * vv[i];
-        }
+        const int h = it / nb, q0 = (it % nb) * FE_ATT_Q;
+        const int nq = N - q0 < FE_ATT_Q ? N - q0 : FE_ATT_Q;
+        for (int r = 0; r < nq; r++)
+            memcpy(qb + (size_t)r * hd, j->qkv + (size_t)(q0 + r) * 3 * Q + h * hd, (size_t)hd * sizeof(float));
+        K->att_scores(qb, nq, j->kt + (size_t)h * pad * hd, hd, N, scale, s, (size_t)pad);
+        for (int r = 0; r < nq; r++) K->att_softmax(s + (size_t)r * pad, N);
+        K->att_wsum(ob, nq, s, (size_t)pad, j->qkv + 2 * Q + h * hd, (size_t)3 * Q, N, hd);
+        for (int r = 0; r < nq; r++)
+            memcpy(j->out + (size_t)(q0 + r) * Q + h * hd, ob + (size_t)r * hd, (size_t)hd * sizeof(float));
     }
 }
 
@@ -304,9 +317,11 @@ ferry_status ferry_vision_encode(ferry_vision *v, const float *patches, int gh, 
     float *x = fe_alloc((size_t)N * D * sizeof(float)), *h = fe_alloc((size_t)N * D * sizeof(float));
     float *qkv = fe_alloc((size_t)N * 3 * Q * sizeof(float)), *att = fe_alloc((size_t)N * Q * sizeof(float));
     float *mlp = fe_alloc((size_t)N * (I > M ? I : M) * sizeof(float));
-    float *scores = fe_alloc((size_t)T * N * sizeof(float));
+    const int hd = Q / g->heads;
+    float *scores = fe_alloc((size_t)T * attn_scratch(N, hd) * sizeof(float));
+    float *kt = fe_alloc((size_t)g->heads * FE_KT_PAD(N) * hd * sizeof(float));
     ferry_status s = FERRY_OK;
-    if (!x || !h || !qkv || !att || !mlp || !scores) {
+    if (!x || !h || !qkv || !att || !mlp || !scores || !kt) {
         s = fe_fail(err, FERRY_E_NOMEM, "out of memory for an image of %d patches", N);
         goto done;
     }
@@ -324,8 +339,9 @@ ferry_status ferry_vision_encode(ferry_vision *v, const float *patches, int gh, 
         rms_rows(h, x, b->norm0, N, D, g->norm_eps);
         matmul_rows(v, &b->qkv, h, N, qkv);
         rope2d(v, qkv, gh, gw);
-        attn_job j = {v, qkv, att, scores, N};
-        fe_pool_run(v->pool, attn_items, &j, g->heads * N);
+        attn_job j = {v, qkv, kt, att, scores, N};
+        fe_pool_run(v->pool, pack_kt, &j, g->heads);
+        fe_pool_run(v->pool, attn_items, &j, g->heads * ((N + FE_ATT_Q - 1) / FE_ATT_Q));
         matmul_rows(v, &b->o, att, N, h);
         for (size_t i = 0; i < (size_t)N * D; i++) x[i] += h[i];
         rms_rows(h, x, b->norm1, N, D, g->norm_eps);
@@ -365,5 +381,6 @@ done:
     fe_free(att);
     fe_free(mlp);
     fe_free(scores);
+    fe_free(kt);
     return s;
 }
