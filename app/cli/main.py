@@ -87,6 +87,9 @@ def cmd_check(args) -> int:
         return 1
     print(f"{report.path}: {report.architecture}, {report.n_layers} layers; "
           f"source {size(report.source_bytes)}, container {size(report.container_bytes)}")
+    if report.layout is not None and (v := report.layout.model.get("vision")):
+        print(f"images: a vision tower of {v['layers']} blocks (width {v['hidden']}), kept in the container as "
+              "released (bf16, or the float trunk format asked for); in RAM only while images are used")
     for warning in report.warnings:
         print(f"warning: {warning}")
     print(describe(report.plan))
@@ -133,6 +136,10 @@ def cmd_info(args) -> int:
           + describe_activations(info.activations, model.engine.activations))
     print(f"  trunk: {plan.trunk_bytes / 2**20:.1f} MiB resident; session of {doc['plan']['n_ctx']} tokens "
           f"needs {plan.total_bytes / 2**20:.1f} MiB in all")
+    if (v := m.get("vision")):
+        tower = sum(t["nbytes"] for t in model.manifest.get("tensors", []) if t["name"].startswith(("v.", "mm.")))
+        print(f"  images: vision tower of {v['layers']} blocks, width {v['hidden']}, patch {v['patch_size']}; "
+              f"{tower / 2**20:.1f} MiB, in RAM only while images are used (--image FILE)")
     return 0
 
 
