@@ -165,3 +165,31 @@ def test_images_are_refused_where_they_cannot_be_seen(k3v, tmp_path):
             ChatFormat(plain).prepare(ask("x", png()), n_ctx=512)
     finally:
         plain.close()
+
+
+def test_ferry_run_and_chat_take_images(k3v, tmp_path, monkeypatch, capsys):
+    import json as _json
+    import re
+
+    from app.cli import main as ferry
+
+    red, blue, bad = tmp_path / "red.png", tmp_path / "blue.jpg", tmp_path / "bad.png"
+    red.write_bytes(png(50, 30))
+    Image.new("RGB", (40, 40), (0, 10, 200)).save(blue)
+    bad.write_bytes(b"not an image at all")
+    model = str(k3v.path)
+    assert ferry(["run", model, "What is it?", "--image", str(red), "--image", str(blue), "--image-budget", "64",
+                  "-n", "4", "--threads", "2", "--json"]) == 0
+    out = _json.loads(capsys.readouterr().out)
+    # two images of 24 and 16 positions, each in its block, in the prompt ids
+    assert out["prompt_ids"].count(tiny_k3.MEDIA_PAD) == 24 + 16 and out["error"] is None
+    for args, says in (([str(bad)], "bad.png: not an image Ferry reads"), ([str(tmp_path / "no.png")], "no.png")):
+        assert ferry(["run", model, "x", "--image", *args]) == 2
+        err = capsys.readouterr().err
+        assert says in err and err.count("\n") == 1
+    monkeypatch.setattr("sys.stdin", io.StringIO(f"/image {red}\nWhat is it?\n/image {bad}\nAnd now?\n\n"))
+    assert ferry(["chat", model, "-n", "3", "--threads", "2", "--image-budget", "64"]) == 0
+    err = capsys.readouterr().err
+    assert "red.png will go with your next message" in err and "bad.png: not an image Ferry reads" in err
+    evaluated = [int(m) for m in re.findall(r"(\d+) prompt tokens evaluated", err)]
+    assert len(evaluated) == 2 and evaluated[0] > 24   # the first turn carried the image
