@@ -317,7 +317,7 @@ class LoadedModel:
         use = np.zeros(hi - lo, dtype=bool)
         for p in spots:
             j, r = where[p]
-            embeds[p - lo] = self.image_rows(images[j])[r]
+            embeds[p - lo] = self.image_rows(images[j], lambda stage, rows: not session.take_cancel())[r]
             use[p - lo] = True
         return session.eval(prompt[lo:hi], embeds=embeds, use=use, keys=keys[lo:hi])
 

@@ -400,6 +400,7 @@ class Session:
         engine._sessions.add(self)
         self._observer_handle = None
         self.tokens: list[int] = []  # the tokens the session holds, in order
+        self._cancel_asked = False   # cancel() seen by work outside the core's evaluation (the vision tower)
 
     @property
     def position(self) -> int:
@@ -434,6 +435,7 @@ class Session:
             status = lib.ferry_session_eval_embd(self._live(), ffi.from_buffer("int32_t[]", toks),
                                                  ffi.from_buffer("float[]", rows), ffi.from_buffer("uint8_t[]", flags),
                                                  n, ffi.from_buffer("float[]", logits), int(all_logits), err)
+        self._cancel_asked = False   # an evaluation consumes a cancel request (the core's flag too)
         _check(status, err)
         if keys is not None and len(keys) != n:
             raise ValueError("keys must have one entry per token")
@@ -467,11 +469,22 @@ class Session:
     def cancel(self) -> None:
         """Stop a running (or the next) eval between layers. Any thread."""
         ptr = self._ptr
+        self._cancel_asked = True
         if ptr is not None:
             lib.ferry_session_request_cancel(ptr)
 
     def clear_cancel(self) -> None:
+        self._cancel_asked = False
         lib.ferry_session_clear_cancel(self._live())
+
+    def take_cancel(self) -> bool:
+        """Whether :meth:`cancel` was asked since the last evaluation, consuming
+        the request as an evaluation would (for work that is not an
+        evaluation, such as an image in the vision tower)."""
+        if not self._cancel_asked:
+            return False
+        self.clear_cancel()
+        return True
 
     def observe(self, observer: StageObserver | None) -> None:
         """Receive the residual stream after each stage (see ferry.h)."""

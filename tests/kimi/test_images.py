@@ -193,3 +193,18 @@ def test_ferry_run_and_chat_take_images(k3v, tmp_path, monkeypatch, capsys):
     assert "red.png will go with your next message" in err and "bad.png: not an image Ferry reads" in err
     evaluated = [int(m) for m in re.findall(r"(\d+) prompt tokens evaluated", err)]
     assert len(evaluated) == 2 and evaluated[0] > 24   # the first turn carried the image
+
+
+def test_a_cancel_stops_the_tower_and_is_consumed(k3v):
+    from app.model import Finished
+
+    p = ChatFormat(k3v).prepare(ask("Look", png(60, 60, (9, 9, 9))), n_ctx=512)
+    first = p.prompt.index(tiny_k3.MEDIA_PAD)
+    k3v.__dict__.get("_image_rows", {}).clear()
+    s = k3v.new_session(512)
+    s.eval(p.prompt[:first])                # the text before the image is held: the next chunk starts at the image
+    s.cancel()
+    end = [ev for ev in k3v.generate(s, p.prompt, max_tokens=2, images=p.images) if isinstance(ev, Finished)][-1]
+    assert end.reason == "cancelled" and p.images[0].key not in k3v._image_rows
+    end = [ev for ev in k3v.generate(s, p.prompt, max_tokens=2, images=p.images) if isinstance(ev, Finished)][-1]
+    assert end.reason == "length" and p.images[0].key in k3v._image_rows
