@@ -21,6 +21,7 @@ from app.convert.convert import ConvertError, convert
 from app.convert.errors import SourceError
 from app.convert.format_choices import RECOMMENDED
 from app.convert.layout import FORMAT_CHOICES
+from app.vision.image import DEFAULT_PATCH_BUDGET, MAX_PATCH_BUDGET, MIN_PATCH_BUDGET
 from app.engine.binding import FerryError, verify
 from app.engine.remote import RemoteError
 from app.chat.turn import logprobs_content
@@ -397,13 +398,16 @@ def cmd_serve(args) -> int:
         warning = check_binding(args.host, key)
     except ServeError as exc:
         raise UsageError(str(exc)) from None
+    if args.image_budget is not None and not MIN_PATCH_BUDGET <= args.image_budget <= MAX_PATCH_BUDGET:
+        raise UsageError(f"--image-budget must be between {MIN_PATCH_BUDGET} and {MAX_PATCH_BUDGET}")
     model = open_from_args(args)
     session = model.new_session(args.ctx)
     if (args.experts_per_token is not None or args.cache_aware) and not hasattr(session, "set_routing"):
         raise UsageError("this engine build does not support --experts-per-token / --cache-aware")
     server = Server(model, session, host=args.host, port=args.port, api_key=key,
                     limits=Limits(max_tokens=args.max_tokens, max_waiting=args.queue,
-                                  experts_per_token=args.experts_per_token, cache_aware_margin=args.cache_aware))
+                                  experts_per_token=args.experts_per_token, cache_aware_margin=args.cache_aware,
+                                  image_patch_budget=args.image_budget))
     if warning:
         print(f"ferry: {warning}", file=sys.stderr)
     print(f"ferry: serving {server.model_id} at {server.url} (Ctrl-C stops)", flush=True)
@@ -521,6 +525,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "Anthropic request's required max_tokens is capped at it)")
     p.add_argument("--queue", type=int, default=32, help="requests that may wait for the engine")
     add_routing(p)
+    p.add_argument("--image-budget", type=int, default=None, metavar="N",
+                   help="patches a request's image may have (models with a vision tower; default "
+                        f"{DEFAULT_PATCH_BUDGET})")
     p.set_defaults(fn=cmd_serve)
 
     sub.add_parser("cache-sim", help="simulate the expert cache on a routing trace", add_help=False)

@@ -64,3 +64,13 @@ def test_anthropic_image_blocks(k3_vision, live):
     with pytest.raises(anthropic.BadRequestError) as info:
         ask({"type": "url", "url": "https://example.com/cat.png"})
     assert "fetches nothing" in str(info.value)
+
+
+def test_serve_image_budget_reaches_the_turn():
+    from app.server.chat import Limits, turn_request
+    from app.server.schemas import ChatCompletionRequest
+
+    req = ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "x"}, {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]})
+    assert turn_request(req, limits=Limits(image_patch_budget=256)).image_patch_budget == 256
+    assert turn_request(req, limits=Limits()).image_patch_budget is None
