@@ -249,6 +249,11 @@ class LoadedModel:
         ttft = None
         try:
             logits = None
+            # The images this prompt still needs go through the tower first (a phase of its own: the
+            # progress starts at 0 of the prompt); those in the reused prefix are not run again.
+            for j in sorted({j for p, (j, _) in where.items() if p >= kept}):
+                yield PromptProgress(0, len(todo))
+                self.image_rows(images[j], lambda stage, rows: not session.take_cancel())
             i = 0
             while i < len(todo):
                 try:
