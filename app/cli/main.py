@@ -258,7 +258,8 @@ def cmd_chat(args) -> int:
                     if not path:
                         raise UsageError("/image needs a file: /image FILE")
                     pending += image_parts([path])
-                    print(f"  [{os.path.basename(path)} will go with your next message]", file=sys.stderr)
+                    print(f"  [{os.path.basename(path)} will go with your next message{_image_cost(turns, args, path)}]",
+                          file=sys.stderr)
                 except UsageError as exc:
                     print(f"ferry: {exc}", file=sys.stderr)
                 continue
@@ -285,6 +286,22 @@ def cmd_chat(args) -> int:
                   f"{end.reused_tokens} reused, {n / max(end.seconds, 1e-9):.1f} tok/s]", file=sys.stderr)
     finally:
         turns.close()
+
+
+def _image_cost(turns: Turns, args, path: str) -> str:
+    """": N prompt positions" for an image on a local model with a vision tower (what it will cost), else ""."""
+    model = turns.model
+    cfg = model.vision_config if model is not None else None
+    if cfg is None:
+        return ""
+    from app.vision.image import ImageError, read_file
+
+    try:
+        img = model.prepare_image(read_file(path), os.path.basename(path), args.image_budget)
+    except ImageError:
+        return ""
+    g = img.grid
+    return f": {g.width} x {g.height} px, {g.patches} patches, {g.positions} prompt positions"
 
 
 def _eval_request(args, prompt: str) -> TurnRequest:

@@ -190,7 +190,8 @@ def test_ferry_run_and_chat_take_images(k3v, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr("sys.stdin", io.StringIO(f"/image {red}\nWhat is it?\n/image {bad}\nAnd now?\n\n"))
     assert ferry(["chat", model, "-n", "3", "--threads", "2", "--image-budget", "64"]) == 0
     err = capsys.readouterr().err
-    assert "red.png will go with your next message" in err and "bad.png: not an image Ferry reads" in err
+    assert "red.png will go with your next message: 50 x 30 px, 96 patches, 24 prompt positions" in err
+    assert "bad.png: not an image Ferry reads" in err
     evaluated = [int(m) for m in re.findall(r"(\d+) prompt tokens evaluated", err)]
     assert len(evaluated) == 2 and evaluated[0] > 24   # the first turn carried the image
 
