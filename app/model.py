@@ -7,6 +7,7 @@ answer text, and a final ``Finished`` with the reason and the statistics.
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 from pathlib import Path
@@ -142,6 +143,48 @@ class LoadedModel:
         if source is not None:
             self.template = ChatTemplate(source, bos_token=tok.get("bos_token"), eos_token=tok.get("eos_token"))
 
+    # ---- images (Kimi K3's vision tower; app/vision, docs/KIMI.md "Images")
+
+    @property
+    def vision_config(self) -> dict | None:
+        """The manifest's ``model.vision`` section, or None: the model cannot see images."""
+        v = (self.manifest.get("model") or {}).get("vision")
+        return v if isinstance(v, dict) else None
+
+    def prepare_image(self, data: bytes, name: str = "image", patch_budget: int | None = None):
+        """Encoded image bytes -> a PreparedImage for this model's tower (ImageError on a bad image,
+        ModelError when the model has no tower). The same bytes and budget give the cached result."""
+        from app.vision.image import DEFAULT_PATCH_BUDGET, prepare
+
+        cfg = self.vision_config
+        if cfg is None:
+            raise ModelError(f"{self.name} cannot see images (it has no vision tower)")
+        budget = int(patch_budget or DEFAULT_PATCH_BUDGET)
+        key = (hashlib.sha256(data).hexdigest(), budget, name)
+        cache = self.__dict__.setdefault("_prepared_images", {})
+        if key not in cache:
+            if len(cache) >= 16:
+                cache.pop(next(iter(cache)))
+            cache[key] = prepare(data, name, patch_budget=budget, patch=int(cfg["patch_size"]),
+                                 merge=int(cfg["merge_h"]), thumbnail=0)
+        return cache[key]
+
+    def image_rows(self, image, observer=None) -> np.ndarray:
+        """The tower's output for a PreparedImage: [positions, dim], kept for the
+        last few images so a second question about one does not run the tower again."""
+        from app.engine.binding import Vision
+
+        cache = self.__dict__.setdefault("_image_rows", {})
+        if image.key in cache:
+            return cache[image.key]
+        if getattr(self, "_vision", None) is None:
+            self._vision = Vision(self.path, self.vision_config, threads=self.engine.info.n_threads)
+        rows = self._vision.encode(image.patches, image.grid.gh, image.grid.gw, observer)
+        if len(cache) >= 8:
+            cache.pop(next(iter(cache)))
+        cache[image.key] = rows
+        return rows
+
     @property
     def name(self) -> str:
         return self.manifest.get("source", {}).get("name", self.path.name)
@@ -170,11 +213,14 @@ class LoadedModel:
 
     def generate(self, session: Session, prompt: Sequence[int], params: SamplingParams | None = None, *,
                  max_tokens: int = 256, stop_ids: Sequence[int] | None = None, reuse_limit: int | None = None,
-                 top_logprobs: int | None = None) -> Iterator[Event]:
+                 top_logprobs: int | None = None, images: Sequence[Any] = ()) -> Iterator[Event]:
         """Answer after ``prompt`` (the whole conversation's tokens); the session
         reuses whatever prefix of it it already holds, at most ``reuse_limit``
         tokens of it (0: evaluate the whole prompt). ``top_logprobs`` (0-20)
-        attaches each token's log-probability and that many alternatives."""
+        attaches each token's log-probability and that many alternatives.
+        ``images`` (PreparedImage, in prompt order) fill the prompt's image
+        positions (the placeholder ids of their blocks) with the tower's rows;
+        an image already in the reused prefix is not run through the tower again."""
         params = params or SamplingParams()
         sampler = Sampler(params)
         stops = set(stop_ids if stop_ids is not None else self.tokenizer.eos_ids)
@@ -184,7 +230,12 @@ class LoadedModel:
             yield self._finished(session, "error", [], "", 0, 0, t0,
                                  f"the prompt has {len(prompt)} tokens but the context holds {session.n_ctx}")
             return
-        kept = session.sync(prompt)
+        try:
+            keys, where = self._image_positions(prompt, images)
+        except ModelError as exc:
+            yield self._finished(session, "error", [], "", 0, 0, t0, str(exc))
+            return
+        kept = session.sync(keys)
         if reuse_limit is not None and kept > reuse_limit:
             try:
                 session.truncate(max(0, reuse_limit))
@@ -198,10 +249,16 @@ class LoadedModel:
         ttft = None
         try:
             logits = None
+            # The images this prompt still needs go through the tower first (a phase of its own: the
+            # progress starts at 0 of the prompt); those in the reused prefix are not run again.
+            for j in sorted({j for p, (j, _) in where.items() if p >= kept}):
+                yield PromptProgress(0, len(todo))
+                self.image_rows(images[j], lambda stage, rows: not session.take_cancel())
             i = 0
             while i < len(todo):
                 try:
-                    logits = session.eval(todo[i:i + PROMPT_STEP])
+                    logits = self._eval_chunk(session, prompt, keys, where, images, kept + i,
+                                              min(len(prompt), kept + i + PROMPT_STEP))
                 except FerryError as exc:
                     # A recurrent state (KDA) cannot rewind to a shorter prefix:
                     # the core says so, and the prompt is evaluated from the start.
@@ -232,6 +289,42 @@ class LoadedModel:
             yield self._finished(session, "error", out, decoder.text, len(todo), kept, t0, str(exc), ttft=ttft)
             return
         yield self._finished(session, reason, out, decoder.text, len(todo), kept, t0, ttft=ttft)
+
+    def _image_positions(self, prompt: list[int], images: Sequence[Any]) -> tuple[list[int], dict[int, tuple]]:
+        """The session keys of the prompt (its ids, with each image position
+        keyed by its image's identity so that a prefix is reused only for the
+        same image) and image position -> (image index, row)."""
+        cfg = self.vision_config
+        if not images:
+            return prompt, {}
+        if cfg is None:
+            raise ModelError(f"{self.name} cannot see images (it has no vision tower)")
+        pad = int(cfg.get("media_pad_id", -1))
+        spots = [i for i, t in enumerate(prompt) if t == pad]
+        want = sum(img.positions for img in images)
+        if len(spots) != want:
+            raise ModelError(f"the prompt has {len(spots)} image positions but its images need {want}")
+        keys, where, k = list(prompt), {}, 0
+        for j, img in enumerate(images):
+            h = int(img.key[:8], 16)
+            for r in range(img.positions):
+                keys[spots[k]] = -1 - (h + r) % (2 ** 31 - 2)   # never a token id
+                where[spots[k]] = (j, r)
+                k += 1
+        return keys, where
+
+    def _eval_chunk(self, session: Session, prompt, keys, where, images, lo: int, hi: int):
+        """Evaluate prompt[lo:hi], image positions taking the tower's rows."""
+        spots = [p for p in range(lo, hi) if p in where]
+        if not spots:
+            return session.eval(prompt[lo:hi], keys=keys[lo:hi] if where else None)
+        embeds = np.zeros((hi - lo, self.engine.info.dim), dtype=np.float32)
+        use = np.zeros(hi - lo, dtype=bool)
+        for p in spots:
+            j, r = where[p]
+            embeds[p - lo] = self.image_rows(images[j], lambda stage, rows: not session.take_cancel())[r]
+            use[p - lo] = True
+        return session.eval(prompt[lo:hi], embeds=embeds, use=use, keys=keys[lo:hi])
 
     def _finished(self, session, reason, out, text, n_prompt, kept, t0, error=None, ttft=None) -> Finished:
         return Finished(reason=reason, tokens=list(out), text=text, prompt_tokens=n_prompt, reused_tokens=kept,
@@ -272,6 +365,9 @@ class LoadedModel:
     def close(self) -> None:
         if self.engine._ptr is not None:
             self.save_usage()
+        if getattr(self, "_vision", None) is not None:
+            self._vision.close()
+            self._vision = None
         self.engine.close()
 
 

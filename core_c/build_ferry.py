@@ -14,12 +14,14 @@ from cffi import FFI
 
 CORE = Path(__file__).resolve().parent
 #: Public headers, each with the source file that implements it.
-HEADERS = {"ferry.h": "engine.c", "ferry_cachesim.h": "cachesim.c", "ferry_kernels.h": "kernels.c"}
+HEADERS = {"ferry.h": "engine.c", "ferry_cachesim.h": "cachesim.c", "ferry_kernels.h": "kernels.c",
+           "ferry_vision.h": "vision.c"}
 
 # Callbacks the Python binding implements (see app/engine/binding.py).
 PYTHON_CALLBACKS = """
 extern "Python" void _ferry_stage_cb(void *, int, int, int, int, const float *);
 extern "Python" int _ferry_progress_cb(void *, uint64_t, uint64_t);
+extern "Python" int _ferry_vision_cb(void *, int, int, int, const float *);
 """
 
 

@@ -58,6 +58,11 @@ K3_NAMED_SPECIALS: Mapping[int, str] = MappingProxyType(
         3: "<|open|>",
         4: "<|close|>",
         5: "<|sep|>",
+        # an image's block (docs/KIMI.md, "Images"): <|media_begin|>image WxH<|media_content|>, one
+        # placeholder (media_placeholder_token_id) per image position, <|media_end|>
+        18: "<|media_begin|>",
+        19: "<|media_content|>",
+        20: "<|media_end|>",
         21: "<|kimi_image_placeholder|>",
         255: "[PAD]",
     }

@@ -34,6 +34,7 @@ from app.chat.template import TemplateRenderError
 from app.events import (Finished, LiveStats, Logprob, PromptProgress, Reasoning, Text, Token, TokenLogprob,
                         ToolCallMade, TurnDone, TurnEvent)
 from app.sampling import SamplingParams
+from app.vision.image import ImageError, data_url_bytes, image_markup, image_parts, part_url
 
 #: K3's thinking efforts, from the values OpenAI clients send.
 K3_EFFORT = {"minimal": "low", "low": "low", "medium": "medium", "high": "high", "xhigh": "max", "max": "max"}
@@ -78,6 +79,7 @@ class TurnRequest:
     experts_per_token: int | None = None   #: opt-in routing (issue 17): None keeps the model's own
     cache_aware_margin: float = 0.0        #: opt-in cache-aware routing; 0 is off
     raw: bool = False                      #: the messages' text as a plain prompt, no chat format
+    image_patch_budget: int | None = None  #: patches an image may have (None: app.vision.image.DEFAULT_PATCH_BUDGET)
     client: str = "local"                  #: who asks: prefix reuse is kept per client
     #: what a prompt that does not fit does: "error" refuses it (the server's: its clients decide), "drop_oldest"
     #: leaves the oldest turns out (the window and ``ferry chat``: a chat never dead-ends); see ``CONTEXT_POLICIES``
@@ -112,6 +114,7 @@ class Prepared:
     client: str = "local"
     dropped: int = 0             #: messages (after the system prompt) left out to fit the context
     context_bound: bool = False  #: the answer's room is what the context leaves (a length stop is "context full")
+    images: list = field(default_factory=list)  #: app.vision.image.PreparedImage, in prompt order
 
 
 class ChatFormat:
@@ -154,6 +157,11 @@ class ChatFormat:
                             "tool_choice")
         if req.context not in CONTEXT_POLICIES:
             raise TurnError(f"context must be one of {', '.join(CONTEXT_POLICIES)}.", "context")
+        self.images = []
+        if image_parts(req.messages):
+            if req.raw or self.kind != "k3" or self.model.vision_config is None:
+                raise TurnError(f"{self.model.name} cannot see images (it has no vision tower); remove the "
+                                "image or choose a model that has one", "messages")
         segments, dialect, channel, hermes, llama3, prefill = self._render(req)
         prompt = self.model.encode(segments)
         dropped = 0
@@ -173,7 +181,7 @@ class ChatFormat:
                         parallel_tool_calls=req.parallel_tool_calls, segments=segments + prefill,
                         top_logprobs=req.top_logprobs, experts_per_token=req.experts_per_token,
                         cache_aware_margin=req.cache_aware_margin, client=req.client, dropped=dropped,
-                        context_bound=want >= room)
+                        context_bound=want >= room, images=list(self.images))
 
     def _render(self, req: TurnRequest) -> tuple[list[Segment], str, str, bool, bool, list[Segment]]:
         """The prompt segments, the stream dialect, the channel left open, whether tool calls are Hermes' or
@@ -251,6 +259,9 @@ class ChatFormat:
         }
         if req.tools:
             body["tools"] = list(req.tools)
+        self.images = self._k3_images(req)
+        if self.images:
+            body["image_prompts"] = [image_markup(img) for img in self.images]
         if req.tool_choice is not None:
             body["tool_choice"] = "required" if named is not None else req.tool_choice
         if req.response_format is not None:
@@ -260,6 +271,22 @@ class ChatFormat:
         except ValueError as exc:
             raise TurnError(str(exc), "messages") from None
         return segments, "thinking" if thinking else "response", prefill
+
+    def _k3_images(self, req: TurnRequest) -> list:
+        """The request's images, decoded and resized for the tower, in prompt order (only user messages
+        carry images; only data: URLs, nothing is fetched)."""
+        images = []
+        for n, (i, _, part) in enumerate(image_parts(req.messages), 1):
+            where = f"messages[{i}]"
+            if req.messages[i].get("role") != "user":
+                raise TurnError(f"{where}: images are taken in user messages only", "messages")
+            name = part.get("name") if isinstance(part.get("name"), str) else f"image {n}"
+            try:
+                data = data_url_bytes(part_url(part), name)
+                images.append(self.model.prepare_image(data, name, req.image_patch_budget))
+            except ImageError as exc:
+                raise TurnError(str(exc), "messages") from None
+        return images
 
     @staticmethod
     def _k3_message(m: dict[str, Any]) -> dict[str, Any]:
@@ -723,7 +750,7 @@ def run_turn(model, session, prepared: Prepared, *, reuse_limit: int | None = No
     end: Finished | None = None
     last_stats = start
     events = model.generate(session, prepared.prompt, prepared.params, max_tokens=prepared.max_tokens,
-                            reuse_limit=reuse_limit, top_logprobs=prepared.top_logprobs)
+                            reuse_limit=reuse_limit, top_logprobs=prepared.top_logprobs, images=prepared.images)
     try:
         for ev in events:
             if isinstance(ev, PromptProgress):

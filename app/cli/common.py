@@ -3,6 +3,7 @@ model, the model and sampling options, and a turn request from them."""
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 import time
@@ -301,6 +302,38 @@ def sampling(args) -> SamplingParams:
                           presence_penalty=getattr(args, "presence_penalty", 0.0))
 
 
+def add_images(p: argparse.ArgumentParser) -> None:
+    """``--image FILE`` (repeatable) and ``--image-budget N``: images for a model with a vision tower."""
+    from app.vision.image import DEFAULT_PATCH_BUDGET, MAX_PATCH_BUDGET, MIN_PATCH_BUDGET
+
+    p.add_argument("--image", action="append", default=None, metavar="FILE",
+                   help="an image to ask about (repeatable; models with a vision tower, e.g. Kimi K3)")
+    p.add_argument("--image-budget", type=int, default=None, metavar="N",
+                   help=f"patches an image may have ({MIN_PATCH_BUDGET}-{MAX_PATCH_BUDGET}, default "
+                        f"{DEFAULT_PATCH_BUDGET}: at most {DEFAULT_PATCH_BUDGET // 4} prompt positions an image)")
+
+
+def image_parts(paths) -> list[dict]:
+    """The content parts of image files (data URLs), or a UsageError naming the bad one."""
+    from app.vision.image import ImageError, data_url, read_file
+
+    parts = []
+    for path in paths or ():
+        name = os.path.basename(path)
+        try:
+            parts.append({"type": "image_url", "image_url": {"url": data_url(read_file(path), name)}, "name": name})
+        except ImageError as exc:
+            raise UsageError(str(exc)) from None
+    return parts
+
+
+def with_images(message: dict, parts: list[dict]) -> dict:
+    """A user message with image parts after its text."""
+    if not parts:
+        return message
+    return {**message, "content": [{"type": "text", "text": message["content"]}, *parts]}
+
+
 def turn_request(args, messages: list[dict], *, raw: bool = False, client: str = "cli",
                  context: str = "error") -> TurnRequest:
     """The turn the options ask for; options out of range are a UsageError (before any model loads).
@@ -315,7 +348,12 @@ def turn_request(args, messages: list[dict], *, raw: bool = False, client: str =
         params = sampling(args)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    return TurnRequest(messages=messages, sampling=params, max_tokens=args.n,
+    from app.vision.image import MAX_PATCH_BUDGET, MIN_PATCH_BUDGET
+
+    budget = getattr(args, "image_budget", None)
+    if budget is not None and not MIN_PATCH_BUDGET <= budget <= MAX_PATCH_BUDGET:
+        raise UsageError(f"--image-budget must be between {MIN_PATCH_BUDGET} and {MAX_PATCH_BUDGET}")
+    return TurnRequest(messages=messages, sampling=params, max_tokens=args.n, image_patch_budget=budget,
                        thinking=not getattr(args, "no_think", False), raw=raw,
                        experts_per_token=getattr(args, "experts_per_token", None),
                        cache_aware_margin=getattr(args, "cache_aware", 0.0) or 0.0, client=client,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -13,13 +14,14 @@ import numpy as np
 
 from app.api import (ModelError, PromptProgress, Reasoning, Text, ToolCallMade, TurnDone, TurnError, TurnRequest,
                      describe_activations)
-from app.cli.common import (PromptMeter, Turns, UsageError, add_logprobs, add_model_options, add_routing, add_sampling,
-                            add_server_model, logprobs_problem, open_from_args, parse_size, progress_printer,
-                            resolve_model, turn_request, number_argument_problem)
+from app.cli.common import (PromptMeter, Turns, UsageError, add_images, add_logprobs, add_model_options, add_routing,
+                            add_sampling, add_server_model, image_parts, logprobs_problem, open_from_args, parse_size,
+                            progress_printer, resolve_model, turn_request, number_argument_problem, with_images)
 from app.convert.convert import ConvertError, convert
 from app.convert.errors import SourceError
 from app.convert.format_choices import RECOMMENDED
 from app.convert.layout import FORMAT_CHOICES
+from app.vision.image import DEFAULT_PATCH_BUDGET, MAX_PATCH_BUDGET, MIN_PATCH_BUDGET
 from app.engine.binding import FerryError, verify
 from app.engine.remote import RemoteError
 from app.chat.turn import logprobs_content
@@ -98,6 +100,9 @@ def cmd_check(args) -> int:
         return 1
     print(f"{report.path}: {report.architecture}, {report.n_layers} layers; "
           f"source {size(report.source_bytes)}, container {size(report.container_bytes)}")
+    if report.layout is not None and (v := report.layout.model.get("vision")):
+        print(f"images: a vision tower of {v['layers']} blocks (width {v['hidden']}), kept in the container as "
+              "released (bf16, or the float trunk format asked for); in RAM only while images are used")
     for warning in report.warnings:
         print(f"warning: {warning}")
     print(describe(report.plan))
@@ -144,6 +149,10 @@ def cmd_info(args) -> int:
           + describe_activations(info.activations, model.engine.activations))
     print(f"  trunk: {plan.trunk_bytes / 2**20:.1f} MiB resident; session of {doc['plan']['n_ctx']} tokens "
           f"needs {plan.total_bytes / 2**20:.1f} MiB in all")
+    if (v := m.get("vision")):
+        tower = sum(t["nbytes"] for t in model.manifest.get("tensors", []) if t["name"].startswith(("v.", "mm.")))
+        print(f"  images: vision tower of {v['layers']} blocks, width {v['hidden']}, patch {v['patch_size']}; "
+              f"{tower / 2**20:.1f} MiB, in RAM only while images are used (--image FILE)")
     return 0
 
 
@@ -187,7 +196,9 @@ def cmd_run(args) -> int:
     if (bad := logprobs_problem(args)):
         print(bad, file=sys.stderr)
         return 2
-    request = turn_request(args, _messages(args, args.prompt), raw=args.raw)   # bad options: before loading
+    messages = _messages(args, args.prompt)
+    messages[-1] = with_images(messages[-1], image_parts(args.image))
+    request = turn_request(args, messages, raw=args.raw)   # bad options and images: before loading
     turns = Turns(args)
     try:
         end = _answer(turns, request, show=not args.json)
@@ -232,7 +243,9 @@ def cmd_chat(args) -> int:
     turns = Turns(args)
     messages: list[dict] = [{"role": "system", "content": args.system}] if args.system else []
     where = f" on {turns.remote.url}" if turns.remote is not None else ""
-    print(f"Chatting with {turns.name}{where}. Empty line, /quit or Ctrl-D to quit; /new starts over.", file=sys.stderr)
+    pending = image_parts(args.image)   # --image: attached to the first message
+    print(f"Chatting with {turns.name}{where}. Empty line, /quit or Ctrl-D to quit; /new starts over; "
+          "/image FILE attaches an image to the next message.", file=sys.stderr)
     tolerant_stdin()
     try:
         while True:
@@ -249,8 +262,20 @@ def cmd_chat(args) -> int:
                 return 0
             if line.strip() == "/new":
                 messages = messages[:1] if args.system else []
+                pending = []
                 continue
-            messages.append({"role": "user", "content": line})
+            if line.strip().startswith("/image"):
+                path = line.strip()[len("/image"):].strip()
+                try:
+                    if not path:
+                        raise UsageError("/image needs a file: /image FILE")
+                    pending += image_parts([path])
+                    print(f"  [{os.path.basename(path)} will go with your next message{_image_cost(turns, args, path)}]",
+                          file=sys.stderr)
+                except UsageError as exc:
+                    print(f"ferry: {exc}", file=sys.stderr)
+                continue
+            messages.append(with_images({"role": "user", "content": line}, pending))
             try:
                 end = _answer(turns, turn_request(args, list(messages), context="drop_oldest"), show=True)
             except TurnError as exc:
@@ -260,6 +285,7 @@ def cmd_chat(args) -> int:
                     print(f"ferry: {end.error}", file=sys.stderr)
                 messages.pop()
                 continue
+            pending = []
             messages.append({"role": "assistant", "content": end.content,
                              **({"reasoning_content": end.reasoning} if end.reasoning else {})})
             if end.dropped_messages:   # a chat never dead-ends: the oldest turns were left out of this prompt
@@ -272,6 +298,22 @@ def cmd_chat(args) -> int:
                   f"{end.reused_tokens} reused, {n / max(end.seconds, 1e-9):.1f} tok/s]", file=sys.stderr)
     finally:
         turns.close()
+
+
+def _image_cost(turns: Turns, args, path: str) -> str:
+    """": N prompt positions" for an image on a local model with a vision tower (what it will cost), else ""."""
+    model = turns.model
+    cfg = model.vision_config if model is not None else None
+    if cfg is None:
+        return ""
+    from app.vision.image import ImageError, read_file
+
+    try:
+        img = model.prepare_image(read_file(path), os.path.basename(path), args.image_budget)
+    except ImageError:
+        return ""
+    g = img.grid
+    return f": {g.width} x {g.height} px, {g.patches} patches, {g.positions} prompt positions"
 
 
 def _eval_request(args, prompt: str) -> TurnRequest:
@@ -385,13 +427,16 @@ def cmd_serve(args) -> int:
         warning = check_binding(args.host, key)
     except ServeError as exc:
         raise UsageError(str(exc)) from None
+    if args.image_budget is not None and not MIN_PATCH_BUDGET <= args.image_budget <= MAX_PATCH_BUDGET:
+        raise UsageError(f"--image-budget must be between {MIN_PATCH_BUDGET} and {MAX_PATCH_BUDGET}")
     model = open_from_args(args)
     session = model.new_session(args.ctx)
     if (args.experts_per_token is not None or args.cache_aware) and not hasattr(session, "set_routing"):
         raise UsageError("this engine build does not support --experts-per-token / --cache-aware")
     server = Server(model, session, host=args.host, port=args.port, api_key=key,
                     limits=Limits(max_tokens=args.max_tokens, max_waiting=args.queue,
-                                  experts_per_token=args.experts_per_token, cache_aware_margin=args.cache_aware))
+                                  experts_per_token=args.experts_per_token, cache_aware_margin=args.cache_aware,
+                                  image_patch_budget=args.image_budget))
     if warning:
         print(f"ferry: {warning}", file=sys.stderr)
     print(f"ferry: serving {server.model_id} at {server.url} (Ctrl-C stops)", flush=True)
@@ -457,12 +502,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--raw", action="store_true", help="do not apply the chat template")
     p.add_argument("--json", action="store_true")
     add_logprobs(p)
+    add_images(p)
     p.set_defaults(fn=cmd_run)
 
     p = sub.add_parser("chat", help="an interactive conversation")
     add_model_options(p)
     add_server_model(p)
     add_sampling(p)
+    add_images(p)
     p.set_defaults(fn=cmd_chat)
 
     p = sub.add_parser("eval", help="next-token log-probabilities after a prompt")
@@ -512,6 +559,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "Anthropic request's required max_tokens is capped at it)")
     p.add_argument("--queue", type=int, default=32, help="requests that may wait for the engine")
     add_routing(p)
+    p.add_argument("--image-budget", type=int, default=None, metavar="N",
+                   help="patches a request's image may have (models with a vision tower; default "
+                        f"{DEFAULT_PATCH_BUDGET})")
     p.set_defaults(fn=cmd_serve)
 
     sub.add_parser("cache-sim", help="simulate the expert cache on a routing trace", add_help=False)

@@ -126,6 +126,24 @@ def check_trunk_classes(trunk_classes: dict[str, str] | None) -> dict[str, str]:
 ROUTER_KEPT_FORMATS = ("bf16", "f16")
 
 
+#: The vision tower's vectors (norm weights): f32 like every trunk vector.
+VISION_VECTOR_SUFFIXES = ("norm0", "norm1", "final_norm", "post_norm")
+
+
+def is_vision_tensor(name: str) -> bool:
+    """A tensor of the vision tower (``v.*``) or its projector (``mm.*``)."""
+    return name.startswith(("v.", "mm."))
+
+
+def vision_format(source_fmt: str, trunk_format: str) -> str:
+    """The stored format of a vision-tower matrix: a float trunk format
+    (f32, f16, bf16) when one is asked for, else the release's own float
+    format (bf16: lossless); never a quantized one (docs/KIMI.md, "Images")."""
+    if trunk_format in ("f32", "f16", "bf16"):
+        return trunk_format
+    return source_fmt if source_fmt in ("f32", "f16", "bf16") else "f32"
+
+
 @dataclass
 class TrunkEntry:
     name: str            #: canonical name
@@ -193,13 +211,16 @@ def plan_layout(src: Source, trunk_format: str = "auto", expert_format: str = "a
     for i in range(n_layers):
         order += [(f"blk.{i}.{s}", i) for s in LAYER_TENSORS if f"blk.{i}.{s}" in spec.trunk]
     order += [(n, n_layers) for n in ("output_norm", "output") if n in spec.trunk]
+    order += [(n, n_layers) for n in spec.trunk if is_vision_tensor(n)]
 
     def is_vector(name: str) -> bool:
-        return name.split(".")[-1] in VECTOR_SUFFIXES or name == "output_norm"
+        return (name.split(".")[-1] in VECTOR_SUFFIXES or name == "output_norm"
+                or (is_vision_tensor(name) and name.split(".")[-1] in VISION_VECTOR_SUFFIXES))
 
     trunk_wanted = trunk_format
     if trunk_format == "auto":
-        trunk_wanted = trunk_auto_format([src.stored_format(spec.trunk[n]) for n, _ in order if not is_vector(n)])
+        trunk_wanted = trunk_auto_format([src.stored_format(spec.trunk[n]) for n, _ in order
+                                          if not is_vector(n) and not is_vision_tensor(n)])
     entries, offset, segment_ends, current = [], 0, [], -1
     for name, layer in order:
         if layer != current and entries:
@@ -209,6 +230,8 @@ def plan_layout(src: Source, trunk_format: str = "auto", expert_format: str = "a
         shape = src.shape(source)
         fmt = choose_format(src.stored_format(source), classes.get(trunk_class(name) or "", trunk_wanted), shape,
                             is_vector(name))
+        if is_vision_tensor(name) and not is_vector(name):
+            fmt = vision_format(src.stored_format(source), trunk_format)
         if name.endswith(".ffn_router") and src.stored_format(source) in ROUTER_KEPT_FORMATS:
             fmt = src.stored_format(source)   # the released router's own values, at half f32's bytes
         offset = _align(offset, TENSOR_ALIGN)

@@ -166,6 +166,8 @@ def _view_shape(shape: tuple[int, ...], view: str, name: str) -> tuple[int, ...]
         return (n,)
     if view == "2d":
         return (int(shape[0]), n // int(shape[0])) if shape else (1, 1)
+    if view == "rows":   # every dimension but the last as rows (a [H, W, D] table as [H * W, D])
+        return (n // int(shape[-1]), int(shape[-1])) if shape else (1, 1)
     if view.startswith("first:"):
         k = int(view[6:])
         if k > n:

@@ -351,6 +351,76 @@ def _ferry_progress_cb(user, done, total):
     return 1 if ffi.from_handle(user)(done, total) is False else 0
 
 
+@ffi.def_extern()
+def _ferry_vision_cb(user, stage, rows, dim, data):
+    observer = ffi.from_handle(user)
+    values = np.frombuffer(ffi.buffer(data, rows * dim * 4), dtype=np.float32).reshape(rows, dim)
+    return 1 if observer(stage, values) is False else 0
+
+
+#: The manifest's ``model.vision`` keys, as ferry_vision_config fields.
+VISION_FIELDS = ("patch_size", "hidden", "qkv_hidden", "heads", "layers", "intermediate", "pos_h", "pos_w",
+                 "merge_h", "merge_w", "text_hidden", "norm_eps", "projector_eps")
+
+
+class Vision:
+    """Kimi K3's vision tower of a container (ferry_vision.h): one image's
+    patches in, its prompt rows out. ``config`` is the manifest's
+    ``model.vision`` section; the core checks every tensor against it."""
+
+    def __init__(self, path: str | os.PathLike, config: dict, *, threads: int = 0):
+        c = ffi.new("ferry_vision_config *")
+        try:
+            for name in VISION_FIELDS:
+                setattr(c, name, float(config[name]) if name.endswith("eps") else int(config[name]))
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
+            raise FerryError("FERRY_E_FORMAT", f"manifest.json: the vision section is malformed ({exc})") from None
+        out = ffi.new("ferry_vision **")
+        err = ffi.new("ferry_error *")
+        _check(lib.ferry_vision_open(os.fsencode(Path(path)), c, int(threads or os.cpu_count() or 1), out, err), err)
+        self._ptr = out[0]
+        info = ffi.new("ferry_vision_config *")
+        lib.ferry_vision_info(self._ptr, info)
+        self.config = {name: getattr(info, name) for name in VISION_FIELDS}
+        self.weight_bytes = int(info.weight_bytes)
+
+    def encode(self, patches: np.ndarray, gh: int, gw: int,
+               observer: Callable[[int, np.ndarray], bool | None] | None = None) -> np.ndarray:
+        """``patches`` [gh * gw, 3 * p * p] -> [gh * gw / merge, text_hidden].
+        ``observer(stage, rows)`` sees every stage (ferry_vision.h); returning
+        False stops the encode (:class:`Cancelled`)."""
+        if self._ptr is None:
+            raise FerryError("FERRY_E_ARG", "the vision tower is closed")
+        c = self.config
+        x = np.ascontiguousarray(patches, dtype=np.float32)
+        if x.shape != (gh * gw, 3 * c["patch_size"] ** 2):
+            raise ValueError(f"patches must be [{gh * gw}, {3 * c['patch_size'] ** 2}]")
+        rows = max(0, gh // c["merge_h"]) * max(0, gw // c["merge_w"])
+        out = np.empty((rows, c["text_hidden"]), dtype=np.float32)
+        err = ffi.new("ferry_error *")
+        handle = ffi.new_handle(observer) if observer is not None else None
+        status = lib.ferry_vision_encode(self._ptr, ffi.from_buffer("float[]", x), int(gh), int(gw),
+                                         ffi.from_buffer("float[]", out),
+                                         lib._ferry_vision_cb if handle is not None else ffi.NULL,
+                                         handle if handle is not None else ffi.NULL, err)
+        _check(status, err)
+        return out
+
+    def close(self) -> None:
+        if getattr(self, "_ptr", None) is not None:
+            lib.ferry_vision_close(self._ptr)
+            self._ptr = None
+
+    def __enter__(self) -> "Vision":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+
 class Session:
     """One timeline of tokens on an engine. Not thread-safe, except :meth:`cancel`."""
 
@@ -363,6 +433,7 @@ class Session:
         engine._sessions.add(self)
         self._observer_handle = None
         self.tokens: list[int] = []  # the tokens the session holds, in order
+        self._cancel_asked = False   # cancel() seen by work outside the core's evaluation (the vision tower)
 
     @property
     def position(self) -> int:
@@ -372,18 +443,36 @@ class Session:
     def n_ctx(self) -> int:
         return lib.ferry_session_context(self._live())
 
-    def eval(self, tokens: Sequence[int], *, all_logits: bool = False) -> np.ndarray:
+    def eval(self, tokens: Sequence[int], *, all_logits: bool = False, embeds: np.ndarray | None = None,
+             use: Sequence[bool] | None = None, keys: Sequence[int] | None = None) -> np.ndarray:
         """Evaluate tokens after those held; returns the last token's logits
-        (``[vocab]``) or every token's (``[n, vocab]``)."""
+        (``[vocab]``) or every token's (``[n, vocab]``). With ``embeds``
+        (``[n, dim]``) and ``use`` (n flags), the flagged positions take
+        their row of ``embeds`` as input instead of their token's embedding
+        (an image's positions); ``keys`` is what :attr:`tokens` records for
+        the positions (default: the tokens), so :meth:`sync` tells two
+        images apart."""
         toks = np.ascontiguousarray(np.asarray(tokens, dtype=np.int32).reshape(-1))
         n = int(toks.size)
         vocab = self.engine.info.vocab
         logits = np.empty((n, vocab) if all_logits else (vocab,), dtype=np.float32)
         err = ffi.new("ferry_error *")
-        status = lib.ferry_session_eval(self._live(), ffi.from_buffer("int32_t[]", toks), n,
-                                        ffi.from_buffer("float[]", logits), int(all_logits), err)
+        if embeds is None:
+            status = lib.ferry_session_eval(self._live(), ffi.from_buffer("int32_t[]", toks), n,
+                                            ffi.from_buffer("float[]", logits), int(all_logits), err)
+        else:
+            rows = np.ascontiguousarray(embeds, dtype=np.float32)
+            flags = np.ascontiguousarray(np.asarray(use, dtype=np.uint8).reshape(-1))
+            if rows.shape != (n, self.engine.info.dim) or flags.size != n:
+                raise ValueError(f"embeds must be [{n}, {self.engine.info.dim}] with {n} use flags")
+            status = lib.ferry_session_eval_embd(self._live(), ffi.from_buffer("int32_t[]", toks),
+                                                 ffi.from_buffer("float[]", rows), ffi.from_buffer("uint8_t[]", flags),
+                                                 n, ffi.from_buffer("float[]", logits), int(all_logits), err)
+        self._cancel_asked = False   # an evaluation consumes a cancel request (the core's flag too)
         _check(status, err)
-        self.tokens.extend(int(t) for t in toks)
+        if keys is not None and len(keys) != n:
+            raise ValueError("keys must have one entry per token")
+        self.tokens.extend(int(t) for t in (toks if keys is None else keys))
         return logits
 
     def sync(self, prefix: Sequence[int]) -> int:
@@ -413,11 +502,22 @@ class Session:
     def cancel(self) -> None:
         """Stop a running (or the next) eval between layers. Any thread."""
         ptr = self._ptr
+        self._cancel_asked = True
         if ptr is not None:
             lib.ferry_session_request_cancel(ptr)
 
     def clear_cancel(self) -> None:
+        self._cancel_asked = False
         lib.ferry_session_clear_cancel(self._live())
+
+    def take_cancel(self) -> bool:
+        """Whether :meth:`cancel` was asked since the last evaluation, consuming
+        the request as an evaluation would (for work that is not an
+        evaluation, such as an image in the vision tower)."""
+        if not self._cancel_asked:
+            return False
+        self.clear_cancel()
+        return True
 
     def observe(self, observer: StageObserver | None) -> None:
         """Receive the residual stream after each stage (see ferry.h)."""

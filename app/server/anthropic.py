@@ -46,6 +46,20 @@ class TextBlock(Strict):
     citations: list[Any] | None = None
 
 
+class ImageSource(Strict):
+    type: Literal["base64", "url"]
+    media_type: str | None = Field(default=None, max_length=64)
+    data: str | None = Field(default=None, max_length=64 << 20)
+    url: str | None = Field(default=None, max_length=1 << 16)
+
+
+class ImageBlock(Strict):
+    """An image (models with a vision tower: Kimi K3): base64 only, a URL source is refused (nothing is fetched)."""
+    type: Literal["image"]
+    source: ImageSource
+    cache_control: CacheControl = None
+
+
 class ToolUseBlock(Strict):
     type: Literal["tool_use"]
     id: str = Field(min_length=1, max_length=256)
@@ -73,11 +87,11 @@ class RedactedThinkingBlock(Strict):
     data: str = Field(max_length=1 << 22)
 
 
-Block = Annotated[Union[TextBlock, ToolUseBlock, ToolResultBlock, ThinkingBlock, RedactedThinkingBlock],
+Block = Annotated[Union[TextBlock, ImageBlock, ToolUseBlock, ToolResultBlock, ThinkingBlock, RedactedThinkingBlock],
                   Field(discriminator="type")]
 
 
-BLOCK_TYPES = ("text", "tool_use", "tool_result", "thinking", "redacted_thinking")
+BLOCK_TYPES = ("text", "image", "tool_use", "tool_result", "thinking", "redacted_thinking")
 
 
 class MessageParam(Strict):
@@ -91,7 +105,7 @@ class MessageParam(Strict):
             kind = block.get("type") if isinstance(block, dict) else None
             if kind not in BLOCK_TYPES:
                 raise ValueError(f"content[{j}] is a {kind!r} block; this server takes "
-                                 f"{', '.join(BLOCK_TYPES)} blocks (it serves a text model)")
+                                 f"{', '.join(BLOCK_TYPES)} blocks")
         return value
 
 
@@ -251,6 +265,16 @@ def _part(text: str) -> dict[str, str]:
     return {"type": "text", "text": text}
 
 
+def _image_part(b: ImageBlock, where: str) -> dict[str, Any]:
+    """An image block as the chat format's image part (a data URL); a URL source is refused."""
+    src = b.source
+    if src.type != "base64":
+        raise invalid("Image URLs are refused: send the image as base64 (Ferry fetches nothing).", where + ".source")
+    if not src.data or not (src.media_type or "").startswith("image/"):
+        raise invalid("A base64 image needs data and an image/... media_type.", where + ".source")
+    return {"type": "image_url", "image_url": {"url": f"data:{src.media_type};base64,{src.data}"}}
+
+
 def _user_messages(blocks: list, where: str) -> list[dict[str, Any]]:
     """A user turn: its tool results (as ``tool`` messages, first, as they answer the previous turn's calls),
     then its text."""
@@ -263,6 +287,8 @@ def _user_messages(blocks: list, where: str) -> list[dict[str, Any]]:
             results.append({"role": "tool", "tool_call_id": b.tool_use_id, "content": text})
         elif isinstance(b, TextBlock):
             parts.append(_part(b.text))
+        elif isinstance(b, ImageBlock):
+            parts.append(_image_part(b, f"{where}.content[{j}]"))
         else:
             raise invalid(f"A user message cannot hold a {b.type} block.", f"{where}.content[{j}]")
     return results + ([{"role": "user", "content": parts}] if parts or not results else [])

@@ -21,6 +21,7 @@ class Limits:
     max_waiting: int = 32               #: requests that may wait for the engine
     experts_per_token: int | None = None  #: routing for requests that do not set it (`serve --experts-per-token`)
     cache_aware_margin: float = 0.0       #: likewise (`serve --cache-aware`)
+    image_patch_budget: int | None = None  #: patches an image may have (`serve --image-budget`; None: the default)
 
 
 def client_id(keyed: bool, peer: tuple[str, int] | None) -> str:
@@ -72,7 +73,7 @@ def turn_request(req: ChatCompletionRequest, *, limits: Limits, client: str = "l
         experts_per_token=req.experts_per_token if req.experts_per_token is not None else limits.experts_per_token,
         cache_aware_margin=(req.cache_aware_margin if req.cache_aware_margin is not None
                             else limits.cache_aware_margin),
-        client=client)
+        image_patch_budget=limits.image_patch_budget, client=client)
 
 
 class ChatFormatter:

@@ -32,6 +32,21 @@ class TextPart(Strict):
     text: str = Field(max_length=1 << 22)
 
 
+class ImageURL(Strict):
+    url: str = Field(max_length=64 << 20)
+    detail: Literal["auto", "low", "high"] | None = None   #: accepted; the server's patch budget applies
+
+
+class ImagePart(Strict):
+    """An image (models with a vision tower: Kimi K3): a data: URL; a remote URL is refused and nothing is
+    fetched. The image itself is checked when the turn is prepared."""
+    type: Literal["image_url"]
+    image_url: ImageURL
+
+
+ContentPart = Annotated[Union[TextPart, ImagePart], Field(discriminator="type")]
+
+
 class FunctionCall(Strict):
     name: str = Field(min_length=1, max_length=256)
     arguments: str = Field(default="", max_length=1 << 22)
@@ -45,7 +60,7 @@ class ToolCall(Strict):
 
 class Message(Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Union[str, list[TextPart], None] = None
+    content: Union[str, list[ContentPart], None] = None
     name: str | None = Field(default=None, max_length=256)
     tool_calls: list[ToolCall] | None = Field(default=None, max_length=MAX_TOOLS)
     tool_call_id: str | None = Field(default=None, max_length=256)

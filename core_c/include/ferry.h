@@ -294,6 +294,13 @@ int ferry_session_context(const ferry_session *session);
 ferry_status ferry_session_eval(ferry_session *session, const int32_t *tokens, int n,
                                 float *logits, int all_logits, ferry_error *err);
 
+/* ferry_session_eval, with some positions' inputs given as vectors: where
+ * use[i] is nonzero, row i of embd ([n][dim] floats, the model's residual
+ * width) is the input of token i instead of its embedding row (an image's
+ * positions: the vision tower's output). tokens[i] must still be a valid id. */
+ferry_status ferry_session_eval_embd(ferry_session *session, const int32_t *tokens, const float *embd,
+                                     const uint8_t *use, int n, float *logits, int all_logits, ferry_error *err);
+
 /* Ask a running (or the next) ferry_session_eval to stop between layers.
  * Safe from any thread. The request is consumed by the eval it stops. */
 void ferry_session_request_cancel(ferry_session *session);

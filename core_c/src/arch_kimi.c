@@ -725,6 +725,7 @@ static ferry_status kimi_forward(ferry_session *s, const int32_t *tokens, int n,
         if (k->n_kda) hdr->kda_pos = s->pos; /* nothing evaluated: the state is still whole */
         return es;
     }
+    fe_embed_override(s, n, b.x);
     fe_stage(s, 0, n, b.x);
     int nb = 0; /* block sums stored so far (AttnRes) */
     const size_t bstride = (size_t)dd.NB * d;

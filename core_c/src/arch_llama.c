@@ -419,6 +419,7 @@ static ferry_status llama_forward(ferry_session *s, const int32_t *tokens, int n
     double t0 = prof_t0(s);
     ferry_status es = fe_embed(e, &m->tok_embd, tokens, n, b.x, b.xb, err);
     if (es) return es;
+    fe_embed_override(s, n, b.x);
     PROF_ADD(s, elementwise_seconds, t0);
     fe_stage(s, 0, n, b.x);
     for (int l = 0; l < hp->n_layers; l++) {

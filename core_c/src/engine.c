@@ -159,6 +159,15 @@ static void embeddings_on_demand(ferry_engine *e) {
         fe_container_set_on_demand(&e->c, "token_embd");
 }
 
+/* The vision tower's tensors (ferry_vision.h) are not the language model's:
+ * left on disk by the engine, so they cost it no RAM. */
+static void vision_on_demand(ferry_engine *e) {
+    for (int i = 0; i < e->c.n_tensors; i++) {
+        const char *n = e->c.tensors[i].name;
+        if (!strncmp(n, "v.", 2) || !strncmp(n, "mm.", 3)) fe_container_set_on_demand(&e->c, n);
+    }
+}
+
 /* Least number of cached records that runs: one layer's top_k set. */
 static int min_slots(const fe_hparams *hp) { return hp->top_k; }
 
@@ -252,7 +261,7 @@ ferry_status ferry_engine_open(const char *path, const ferry_open_options *opts,
     if (!e->arch)
         s = fe_fail(err, FERRY_E_UNSUPPORTED, "model.arch \"%s\" is not an architecture this core runs",
                     e->c.hp.arch);
-    if (!s) embeddings_on_demand(e);
+    if (!s) embeddings_on_demand(e), vision_on_demand(e);
     /* Refuse a budget under the floor before anything big is loaded. */
     if (!s) s = size_cache(e, err);
     if (!s) s = fe_container_load_trunk(&e->c, e->opts.flags & FERRY_NO_TRUNK_CHECK ? 0 : e->opts.n_threads, err);
@@ -339,6 +348,7 @@ ferry_status ferry_container_plan(const char *path, int n_ctx, int n_threads, fe
         s = fe_fail(err, FERRY_E_UNSUPPORTED, "model.arch \"%s\" is not an architecture this core runs", e.c.hp.arch);
     } else {
         embeddings_on_demand(&e);
+        vision_on_demand(&e);
         e.cache_slots = n_moe_layers(&e.c.hp) * e.c.hp.n_experts;
         e.cache_bytes = (uint64_t)e.cache_slots * fe_max_record(&e.c);
         ferry_engine_plan(&e, n_ctx, plan);
@@ -450,8 +460,25 @@ ferry_status ferry_session_truncate(ferry_session *s, int n_keep, ferry_error *e
 int ferry_session_position(const ferry_session *s) { return s->pos; }
 int ferry_session_context(const ferry_session *s) { return s->n_ctx; }
 
+static ferry_status eval_impl(ferry_session *s, const int32_t *tokens, const float *embd, const uint8_t *use, int n,
+                              float *logits, int all_logits, ferry_error *err);
+
 ferry_status ferry_session_eval(ferry_session *s, const int32_t *tokens, int n, float *logits, int all_logits,
                                 ferry_error *err) {
+    return eval_impl(s, tokens, NULL, NULL, n, logits, all_logits, err);
+}
+
+ferry_status ferry_session_eval_embd(ferry_session *s, const int32_t *tokens, const float *embd, const uint8_t *use,
+                                     int n, float *logits, int all_logits, ferry_error *err) {
+    if ((!embd) != (!use)) {
+        if (err) { err->code = FERRY_OK; err->message[0] = '\0'; }
+        return fe_fail(err, FERRY_E_ARG, "ferry_session_eval_embd: embd and use go together");
+    }
+    return eval_impl(s, tokens, embd, use, n, logits, all_logits, err);
+}
+
+static ferry_status eval_impl(ferry_session *s, const int32_t *tokens, const float *embd, const uint8_t *use, int n,
+                              float *logits, int all_logits, ferry_error *err) {
     if (err) { err->code = FERRY_OK; err->message[0] = '\0'; }
     if (!s || (n > 0 && !tokens) || n < 0) return fe_fail(err, FERRY_E_ARG, "ferry_session_eval: bad arguments");
     if (n == 0) return FERRY_OK;
@@ -481,7 +508,11 @@ ferry_status ferry_session_eval(ferry_session *s, const int32_t *tokens, int n, 
         if (logits && all_logits) out = logits + (size_t)done * vocab;
         else if (logits && last) out = logits;
         const double tf = P ? fe_now() : 0.0;
+        s->embd = embd ? embd + (size_t)done * s->e->c.hp.dim : NULL;
+        s->embd_use = use ? use + done : NULL;
         st = s->e->arch->forward(s, tokens + done, m, out, all_logits, err);
+        s->embd = NULL;
+        s->embd_use = NULL;
         if (P) {
             P->evals++;
             P->tokens += (uint64_t)m;

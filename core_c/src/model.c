@@ -45,6 +45,13 @@ void fe_stage(ferry_session *s, int stage, int n, const float *hidden) {
     if (s->stage_fn) s->stage_fn(s->stage_user, stage, s->pos, n, s->e->c.hp.dim, hidden);
 }
 
+void fe_embed_override(const ferry_session *s, int n, float *x) {
+    if (!s->embd) return;
+    const int d = s->e->c.hp.dim;
+    for (int i = 0; i < n; i++)
+        if (s->embd_use[i]) memcpy(x + (size_t)i * d, s->embd + (size_t)i * d, (size_t)d * sizeof(float));
+}
+
 ferry_status fe_bind_mat(const fe_container *c, const char *name, int rows, int cols, fe_mat *m,
                          ferry_error *err) {
     const fe_tensor *t = fe_container_find(c, name);

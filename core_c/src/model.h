@@ -84,6 +84,8 @@ struct ferry_session {
     ferry_profile prof;         /* its counters */
     ferry_profile_part *prof_cur; /* the part the running eval adds to, or NULL */
     fe_q8_ctx q8;               /* the q8 kernels and their buffer (the end of scratch) when the engine uses them */
+    const float *embd;          /* during ferry_session_eval_embd: this chunk's input rows [n][dim], or NULL */
+    const uint8_t *embd_use;    /* and which of them replace their token's embedding row */
 };
 
 /* What fe_ops.q8 of a session's products is: NULL in the exact mode. */
@@ -101,6 +103,9 @@ uint64_t fe_max_record(const fe_container *c);
 ferry_status fe_embed(const struct ferry_engine *e, const fe_mat *emb, const int32_t *tokens, int n, float *out,
                       float *tmp, ferry_error *err);
 void fe_stage(struct ferry_session *s, int stage, int n, const float *hidden);
+/* After fe_embed of a chunk of n tokens into x [n][dim]: the rows the caller
+ * gave instead (ferry_session_eval_embd) replace their tokens' rows. */
+void fe_embed_override(const struct ferry_session *s, int n, float *x);
 
 /* Lookup helpers for bind(): a matrix of the given shape (any format), or a
  * vector that must be f32 (optional ones may be absent: *v = NULL). */

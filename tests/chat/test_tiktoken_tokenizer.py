@@ -81,6 +81,7 @@ def test_special_layout_above_the_base_ranks(tokenizer: K3Tokenizer, bpe_ranks: 
     assert tokenizer.vocab_size == base + 256
     expected = {
         "[BOS]": 0, "[EOS]": 1, "<|end_of_msg|>": 2, "<|open|>": 3, "<|close|>": 4, "<|sep|>": 5,
+        "<|media_begin|>": 18, "<|media_content|>": 19, "<|media_end|>": 20,
         "<|kimi_image_placeholder|>": 21, "[PAD]": 255,
     }
     for name, offset in expected.items():
@@ -125,8 +126,8 @@ def test_markup_may_mix_specials_and_text(tokenizer: K3Tokenizer) -> None:
 
 
 def test_markup_rejects_unknown_special_spellings(tokenizer: K3Tokenizer) -> None:
-    with pytest.raises(ValueError, match="'<\\|media_begin\\|>', which is not a special token"):
-        tokenizer.encode_markup("<|media_begin|>image<|media_end|>")
+    with pytest.raises(ValueError, match="'<\\|image_begin\\|>', which is not a special token"):
+        tokenizer.encode_markup("<|image_begin|>image<|media_end|>")
 
 
 @pytest.mark.parametrize("name", [*CONTROL_STRINGS, "<|kimi_image_placeholder|>", "<|reserved_token_163700|>"])

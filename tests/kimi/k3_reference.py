@@ -227,12 +227,17 @@ class K3Reference:
         a /= a.sum(0)
         return sum(a[e][:, None] * entries[e] for e in range(len(entries)))
 
-    def forward(self, tokens):
-        """Stages (embedding, each layer's live sum, final norm) and logits, all [T, ...]."""
+    def forward(self, tokens, embeds=None, use=None):
+        """Stages (embedding, each layer's live sum, final norm) and logits, all [T, ...].
+        With ``embeds`` [T, dim] and ``use`` [T] flags, the flagged positions
+        take their row of ``embeds`` instead of their token's (an image's rows)."""
         cfg, t = self.cfg, self.t
         P = "language_model.model."
         B = cfg["attn_res_block_size"]
-        p = t[P + "embed_tokens.weight"][tokens]
+        p = t[P + "embed_tokens.weight"][tokens].copy()
+        if embeds is not None:
+            mask = np.asarray(use, dtype=bool)
+            p[mask] = np.asarray(embeds, dtype=np.float64)[mask]
         stages, blocks = [p], []
         for i in range(cfg["num_hidden_layers"]):
             L = P + f"layers.{i}."

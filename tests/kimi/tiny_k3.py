@@ -8,7 +8,10 @@ behind model.safetensors.index.json, a vision tensor in the last shard, and
 a tiktoken.model. 7 layers with AttnRes blocks of 3 (three block sums),
 MLA at 1-based layers 4 and 7, KDA elsewhere, layer 0 dense. The expert
 sizes can be raised (`moe_ffn`, `latent`) to rows that 256-value block
-formats such as q3_nl can hold."""
+formats such as q3_nl can hold. With ``vision=True`` the last shard holds a
+tiny random vision tower in the release's layout and names (MoonViT-V2 +
+patchmergerv2, `vision_config` with every key the release has; bf16 like
+the release) instead of the lone placeholder tensor."""
 from __future__ import annotations
 
 import base64
@@ -25,6 +28,50 @@ DENSE_FFN = 96
 BASE_VOCAB = 256
 VOCAB = BASE_VOCAB + 256
 A_LOG_LEN = 8                    # padded beyond the 4 real heads, as the release pads 96 to 128
+MEDIA_PAD = BASE_VOCAB + 21      # media_placeholder_token_id (163605 in the release)
+
+
+def vision_config(**sizes) -> dict:
+    """The release's vision_config keys at tiny sizes: patch 4, hidden 32,
+    attention width 48 (3 heads of 16), MLP 64, 2 blocks, an 8x8 initial
+    position grid, 2x2 merge, projector to the text width 64."""
+    return {"activation_func": "gelu_pytorch_tanh", "attn_bias": False, "init_pos_emb_height": 8,
+            "init_pos_emb_time": 4, "init_pos_emb_width": 8, "linear_bias": False, "merge_kernel_size": [2, 2],
+            "merge_type": "sd2_tpool", "mlp_type": "mlp2", "mm_hidden_size": 32, "mm_projector_type": "patchmergerv2",
+            "norm_type": "rmsnorm", "patch_embed_proj_bias": False, "patch_size": 4,
+            "pos_emb_interpolation_mode": "bilinear", "pos_emb_type": "divided_fixed", "projector_hidden_act": "gelu",
+            "projector_ln_eps": 1e-05, "qkv_hidden_size": 48, "text_hidden_size": HIDDEN, "vt_hidden_size": 32,
+            "vt_intermediate_size": 64, "vt_num_attention_heads": 3, "vt_num_hidden_layers": 2, **sizes}
+
+
+def vision_tensors(rng, c: dict | None = None) -> dict:
+    """The tower's tensors by release name (bf16), random with norms around 1 (``c``: its vision_config)."""
+    import torch
+
+    c = c or vision_config()
+    D, Q, I, p = c["vt_hidden_size"], c["qkv_hidden_size"], c["vt_intermediate_size"], c["patch_size"]
+    M, T = 4 * c["mm_hidden_size"], c["text_hidden_size"]
+
+    def bf(a):
+        return torch.tensor(a, dtype=torch.float32).to(torch.bfloat16)
+
+    def mat(*shape, scale=0.15):
+        return bf(scale * rng.standard_normal(shape))
+
+    def norm(n):
+        return bf(1.0 + 0.2 * rng.standard_normal(n))
+
+    v = {"vision_tower.patch_embed.proj.weight": mat(D, 3, p, p, scale=0.2),
+         "vision_tower.patch_embed.pos_emb.weight": mat(c["init_pos_emb_height"], c["init_pos_emb_width"], D, scale=0.5)}
+    for i in range(c["vt_num_hidden_layers"]):
+        b = f"vision_tower.encoder.blocks.{i}."
+        v.update({b + "norm0.weight": norm(D), b + "norm1.weight": norm(D), b + "wqkv.weight": mat(3 * Q, D),
+                  b + "wo.weight": mat(D, Q), b + "mlp.fc0.weight": mat(I, D), b + "mlp.fc1.weight": mat(D, I)})
+    v["vision_tower.encoder.final_layernorm.weight"] = norm(D)
+    v["mm_projector.proj.0.weight"] = mat(M, M, scale=0.08)
+    v["mm_projector.proj.2.weight"] = mat(T, M, scale=0.08)
+    v["mm_projector.post_norm.weight"] = norm(T)
+    return v
 
 
 def text_config(moe_ffn: int = MOE_FFN, latent: int = LATENT, experts: int = EXPERTS, top_k: int = TOPK) -> dict:
@@ -59,15 +106,19 @@ def text_config(moe_ffn: int = MOE_FFN, latent: int = LATENT, experts: int = EXP
     }
 
 
-def config(moe_ffn: int = MOE_FFN, latent: int = LATENT, experts: int = EXPERTS, top_k: int = TOPK) -> dict:
+def config(moe_ffn: int = MOE_FFN, latent: int = LATENT, experts: int = EXPERTS, top_k: int = TOPK,
+           vision: bool | dict = False) -> dict:
     return {"architectures": ["KimiK3ForConditionalGeneration"], "model_type": "kimi_k3",
             "bos_token_id": BASE_VOCAB, "eos_token_id": BASE_VOCAB + 2, "pad_token_id": VOCAB - 1,
+            "image_placeholder": "<|kimi_image_placeholder|>", "media_placeholder_token_id": MEDIA_PAD,
             "text_config": text_config(moe_ffn, latent, experts, top_k), "tie_word_embeddings": False,
-            "vision_config": {"vt_hidden_size": 16}}
+            "vision_config": vision_config(**vision) if isinstance(vision, dict) else vision_config() if vision
+            else {"vt_hidden_size": 16}}
 
 
 def build(out: Path, seed: int = 3, moe_ffn: int = MOE_FFN, latent: int = LATENT, experts: int = EXPERTS,
-          top_k: int = TOPK) -> None:
+          top_k: int = TOPK, vision: bool | dict = False) -> None:
+    """``vision``: True for the tiny tower, or a dict of vision_config sizes to override (a bench's tower)."""
     import torch
     from safetensors.torch import save_file
 
@@ -148,20 +199,22 @@ def build(out: Path, seed: int = 3, moe_ffn: int = MOE_FFN, latent: int = LATENT
     norm(P + "output_attn_res_norm.weight", HIDDEN)
     mat(P + "output_attn_res_proj.weight", 1, HIDDEN, 0.3)
     mat("language_model.lm_head.weight", VOCAB, HIDDEN)
-    vision = {"vision_tower.patch_embed.proj.weight": torch.zeros(16, 12, dtype=torch.bfloat16)}
+    vcfg = vision_config(**(vision if isinstance(vision, dict) else {}))
+    tower = (vision_tensors(np.random.default_rng(seed + 100), vcfg) if vision
+             else {"vision_tower.patch_embed.proj.weight": torch.zeros(16, 12, dtype=torch.bfloat16)})
 
     out.mkdir(parents=True, exist_ok=True)
     names = list(t)
     shards = [names[: len(names) // 2], names[len(names) // 2:]]
     n_shards = len(shards) + 1
     weight_map = {}
-    for k, group in enumerate(shards + [list(vision)]):
+    for k, group in enumerate(shards + [list(tower)]):
         fname = f"model-{k + 1:05d}-of-{n_shards:05d}.safetensors"
-        src = vision if k == len(shards) else t
+        src = tower if k == len(shards) else t
         save_file({n: src[n].contiguous() for n in group}, str(out / fname), metadata={"format": "pt"})
         weight_map.update({n: fname for n in group})
     (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    (out / "config.json").write_text(json.dumps(config(moe_ffn, latent, experts, top_k), indent=1))
+    (out / "config.json").write_text(json.dumps(config(moe_ffn, latent, experts, top_k, vision=vision), indent=1))
     (out / "tiktoken.model").write_text("".join(f"{base64.b64encode(bytes([b])).decode()} {b}\n"
                                                 for b in range(BASE_VOCAB)))
     (out / "tokenizer_config.json").write_text(json.dumps({"bos_token": "[BOS]", "eos_token": "[EOS]",

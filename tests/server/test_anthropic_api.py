@@ -145,7 +145,10 @@ def test_messages_errors_are_anthropic_errors(served):
     _anthropic_error(_raw(served, {**ok, "tools": [WEATHER]}), 400, "invalid_request_error", "does not take tools")
     image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}
     _anthropic_error(_raw(served, {**ok, "messages": [{"role": "user", "content": [image]}]}), 400,
-                     "invalid_request_error", "messages[0].content", "'image' block")
+                     "invalid_request_error", "cannot see images")   # a model without a vision tower
+    document = {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "x"}}
+    _anthropic_error(_raw(served, {**ok, "messages": [{"role": "user", "content": [document]}]}), 400,
+                     "invalid_request_error", "messages[0].content", "'document' block")
     _anthropic_error(_raw(served, {**ok, "messages": [*QUESTION, {"role": "assistant", "content": "The"}]}), 400,
                      "invalid_request_error", "prefill")
     _anthropic_error(_raw(served, {**ok, "thinking": {"type": "enabled", "budget_tokens": 8}}), 400,

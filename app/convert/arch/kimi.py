@@ -251,8 +251,64 @@ def spec_from_kimi(top: dict) -> ModelSpec:
             t[b + "ffn_latent_norm"] = m + "routed_expert_norm.weight"
         spec.experts[i] = [{part: m + f"experts.{e}.{part_names[part]}.weight" for part in EXPERT_PARTS}
                            for e in range(n_exp)]
+    if k3:
+        kimi_vision(top, spec)
     if block:
         # Laid out with the last layer's segment (the layout orders per-layer tensors only).
         t[f"blk.{n_layers - 1}.attnres_out_norm"] = prefix + "model.output_attn_res_norm.weight"
         t[f"blk.{n_layers - 1}.attnres_out_proj"] = prefix + "model.output_attn_res_proj.weight@flat"
     return spec
+
+
+#: The vision tower variant the core runs (ferry_vision.h): the release's
+#: vision_config values that must hold, by key.
+K3_VISION_REQUIRED = {"merge_type": "sd2_tpool", "mm_projector_type": "patchmergerv2", "norm_type": "rmsnorm",
+                      "pos_emb_type": "divided_fixed", "pos_emb_interpolation_mode": "bilinear",
+                      "activation_func": "gelu_pytorch_tanh", "projector_hidden_act": "gelu", "mlp_type": "mlp2",
+                      "attn_bias": False, "linear_bias": False, "patch_embed_proj_bias": False}
+
+
+def kimi_vision(top: dict, spec: ModelSpec) -> None:
+    """K3's vision tower (MoonViT-V2 + patchmergerv2) into the trunk as
+    ``v.*`` / ``mm.*`` tensors and the manifest's ``model.vision`` section,
+    when config.json describes one the core runs; otherwise the container
+    has no tower and images are refused by name (docs/KIMI.md, "Images")."""
+    vc = top.get("vision_config")
+    if not isinstance(vc, dict) or "vt_num_hidden_layers" not in vc:
+        return
+    if any(vc.get(k) != v for k, v in K3_VISION_REQUIRED.items()):
+        bad = next(k for k, v in K3_VISION_REQUIRED.items() if vc.get(k) != v)
+        raise SourceError("config.json", f"vision_config.{bad} is {vc.get(bad)!r}; the vision tower Ferry runs has "
+                                         f"{K3_VISION_REQUIRED[bad]!r}")
+    try:
+        layers = int(vc["vt_num_hidden_layers"])
+        mh, mw = (int(k) for k in vc["merge_kernel_size"])
+        vision = {
+            "patch_size": int(vc["patch_size"]), "hidden": int(vc["vt_hidden_size"]),
+            "qkv_hidden": int(vc.get("qkv_hidden_size") or vc["vt_hidden_size"]),
+            "heads": int(vc["vt_num_attention_heads"]), "layers": layers,
+            "intermediate": int(vc["vt_intermediate_size"]),
+            "pos_h": int(vc["init_pos_emb_height"]), "pos_w": int(vc["init_pos_emb_width"]),
+            "merge_h": mh, "merge_w": mw, "text_hidden": int(vc["text_hidden_size"]),
+            # nn.RMSNorm without an eps uses the machine epsilon of the f32 computation
+            "norm_eps": 2.0 ** -23, "projector_eps": float(vc.get("projector_ln_eps", 1e-5)),
+            "media_pad_id": int(top.get("media_placeholder_token_id", 163605)),
+        }
+    except (KeyError, TypeError, ValueError) as exc:
+        raise SourceError("config.json", f"vision_config is incomplete or malformed ({exc})") from None
+    if vision["text_hidden"] != spec.model["dim"]:
+        raise SourceError("config.json", f"vision_config.text_hidden_size {vision['text_hidden']} is not the text "
+                                         f"model's width {spec.model['dim']}")
+    spec.model["vision"] = vision
+    t = spec.trunk
+    t["v.patch_embd"] = "vision_tower.patch_embed.proj.weight@2d"
+    t["v.pos_embd"] = "vision_tower.patch_embed.pos_emb.weight@rows"
+    for i in range(layers):
+        b = f"vision_tower.encoder.blocks.{i}."
+        for ours, theirs in (("norm0", "norm0.weight"), ("norm1", "norm1.weight"), ("qkv", "wqkv.weight"),
+                             ("o", "wo.weight"), ("fc0", "mlp.fc0.weight"), ("fc1", "mlp.fc1.weight")):
+            t[f"v.blk.{i}.{ours}"] = b + theirs
+    t["v.final_norm"] = "vision_tower.encoder.final_layernorm.weight"
+    t["mm.proj0"] = "mm_projector.proj.0.weight"
+    t["mm.proj2"] = "mm_projector.proj.2.weight"
+    t["mm.post_norm"] = "mm_projector.post_norm.weight"

@@ -1,0 +1,76 @@
+"""Images over HTTP on the tiny K3 with a tiny tower: OpenAI ``image_url``
+parts and Anthropic ``image`` blocks (base64 / data: URLs only; a remote URL
+is refused and nothing is fetched), and a bad image refused as a 400."""
+from __future__ import annotations
+
+import base64
+import io
+
+import pytest
+from PIL import Image
+
+GREEDY = {"top_k": 1}
+
+
+@pytest.fixture(scope="module")
+def k3_vision(tmp_path_factory):
+    from app.convert.convert import convert
+    from tests.kimi import tiny_k3
+
+    root = tmp_path_factory.mktemp("k3_vision_server")
+    tiny_k3.build(root / "ckpt", vision=True)
+    return convert(root / "ckpt", root / "k3.ferry")
+
+
+def png_b64(color=(200, 30, 10)) -> str:
+    buf = io.BytesIO()
+    Image.new("RGB", (40, 30), color).save(buf, "PNG")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def test_openai_image_url_parts(k3_vision, live):
+    import openai
+
+    server = live(k3_vision)
+    client = server.openai()
+
+    def ask(url):
+        return client.chat.completions.create(model=server.id, max_tokens=6, extra_body=GREEDY, messages=[
+            {"role": "user", "content": [{"type": "text", "text": "What is this?"},
+                                         {"type": "image_url", "image_url": {"url": url}}]}])
+    red = ask("data:image/png;base64," + png_b64())
+    blue = ask("data:image/png;base64," + png_b64((0, 40, 250)))
+    assert red.usage.prompt_tokens > 20 and red.choices[0].finish_reason == "length"
+    assert red.usage.prompt_tokens == blue.usage.prompt_tokens
+    for url, says in (("https://example.com/cat.png", "only data: URLs"),
+                      ("data:image/png;base64," + png_b64()[:40], "not an image Ferry reads")):
+        with pytest.raises(openai.BadRequestError) as info:
+            ask(url)
+        assert says in str(info.value)
+
+
+def test_anthropic_image_blocks(k3_vision, live):
+    import anthropic
+
+    server = live(k3_vision)
+    client = server.anthropic()
+
+    def ask(source):
+        return client.messages.create(model=server.id, max_tokens=6, extra_body=GREEDY, messages=[
+            {"role": "user", "content": [{"type": "image", "source": source},
+                                         {"type": "text", "text": "What is this?"}]}])
+    m = ask({"type": "base64", "media_type": "image/png", "data": png_b64()})
+    assert m.usage.input_tokens > 20 and m.stop_reason == "max_tokens"
+    with pytest.raises(anthropic.BadRequestError) as info:
+        ask({"type": "url", "url": "https://example.com/cat.png"})
+    assert "fetches nothing" in str(info.value)
+
+
+def test_serve_image_budget_reaches_the_turn():
+    from app.server.chat import Limits, turn_request
+    from app.server.schemas import ChatCompletionRequest
+
+    req = ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "x"}, {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]})
+    assert turn_request(req, limits=Limits(image_patch_budget=256)).image_patch_budget == 256
+    assert turn_request(req, limits=Limits()).image_patch_budget is None
