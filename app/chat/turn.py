@@ -131,6 +131,11 @@ class ChatFormat:
         self._specials = sorted({model.tokenizer.token_text(i) for i in getattr(model.tokenizer, "special_ids", ())
                                  if model.tokenizer.token_text(i).strip()}, key=len, reverse=True)
 
+    @property
+    def takes_tools(self) -> bool:
+        """Whether this format's prompts can list tools (K3's own, or a Jinja template that takes them)."""
+        return self.kind == "k3" or (self.kind == "jinja" and self.template_takes_tools)
+
     # ---------------------------------------------------------------- prompt
 
     def prepare(self, req: TurnRequest, *, n_ctx: int, max_tokens_limit: int | None = None) -> Prepared:
