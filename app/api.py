@@ -71,6 +71,7 @@ class ModelLoaded:
     url: str | None = None      #: the remote server's URL
     provides: tuple[str, ...] = ()          #: the figures a remote server reports
     owned_by: str | None = None             #: the remote model card's owner
+    takes_tools: bool = False   #: its chat format can list tools (K3's, or a Jinja template that takes them)
 
     @property
     def remote(self) -> bool:

@@ -103,7 +103,9 @@ def test_a_tool_call_splits_the_same_in_every_front_end(k3, scripted, qtbot, mak
     assert r.choices[0].finish_reason == "tool_calls" and win.reason == "tool_calls" == docs["reason"]
     assert [(c.name, c.arguments) for c in calls] == EXPECTED[2]   # the window's tool_call signal
     assert (shown.content, shown.thinking) == (win.content, win.reasoning)
-    # the window shows the call under the answer (it runs no tools) and keeps it with the answer
+    # the window shows the call under the answer (no MCP server is connected: it is not run) and keeps it
     assert shown.stats["tool_calls"] == [{"name": name, "arguments": args} for name, args in EXPECTED[2]]
-    label = w.chat_view.widgets[-1].calls
-    assert label.isVisible() and all(f"{name}({args})" in label.text() for name, args in EXPECTED[2])
+    view = w.chat_view.widgets[-1].calls
+    assert view.isVisible() and [r.header.text() for r in view.rows] == ["Tool lookup — not run"]
+    view.rows[0].header.click()   # it opens on its arguments
+    assert view.rows[0].body.isVisible() and '"place": "boathouse"' in view.rows[0].body.text()
