@@ -32,7 +32,7 @@ from app.chat.segments import Segment, content
 from app.chat.stream_parser import MarkerScanner, StreamParser, ToolCall
 from app.chat.template import TemplateRenderError
 from app.events import (Finished, LiveStats, Logprob, PromptProgress, Reasoning, Text, Token, TokenLogprob,
-                        ToolCallMade, TurnDone, TurnEvent)
+                        ToolCallDelta, ToolCallMade, TurnDone, TurnEvent)
 from app.sampling import SamplingParams
 
 #: K3's thinking efforts, from the values OpenAI clients send.
@@ -560,6 +560,10 @@ class AnswerBuilder:
                     out += self._content(value)
             elif kind == "tool_call" and not (self.single_call and self.tool_calls):
                 out.append(self.call(value))
+            elif kind in ("tool_call_start", "tool_call_args") and not (self.single_call and self.tool_calls):
+                index, text = value   # a call as it is written (K3): its name, then pieces of its arguments
+                out.append(ToolCallDelta(index, text, "") if kind == "tool_call_start"
+                           else ToolCallDelta(index, None, text))
         return out
 
     def _llama3(self, text: str) -> list[TurnEvent]:

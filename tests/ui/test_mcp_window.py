@@ -11,6 +11,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 from app.tools.mcp import DECLINED
 from app.ui.worker import on_gui
 from tests.scripted import script_ids, scripted_sampler
@@ -45,6 +47,7 @@ def test_settings_tools_page_adds_and_removes_servers(qtbot, make_window):
     d.reject()
 
 
+@pytest.mark.slow
 def test_the_window_runs_mcp_tools_with_approval(qtbot, make_window, tool_templates, tmp_path, monkeypatch):  # noqa: F811
     share = tmp_path / "share"
     share.mkdir()
