@@ -155,6 +155,11 @@ class StreamParser:
         self._ended = False
 
     @property
+    def thinking(self) -> bool:
+        """Whether generated text goes to the thinking trace now (outside any tag or tool call)."""
+        return self._machine.thinking
+
+    @property
     def ended(self) -> bool:
         """True once the end event has been returned; later input is ignored."""
         return self._ended
@@ -217,6 +222,10 @@ class _ThinkTagMachine:
     def __init__(self, channel: Channel) -> None:
         self._channel = channel
 
+    @property
+    def thinking(self) -> bool:
+        return self._channel == "thinking"
+
     def marker(self, marker: str) -> list[Event]:
         self._channel = "thinking" if marker == THINK_OPEN else "response"
         return []
@@ -240,6 +249,10 @@ class _K3Machine:
         self._in_tools = False
         self._call: _ToolCallBuilder | None = None
         self._calls_made = 0
+
+    @property
+    def thinking(self) -> bool:
+        return self._channel == "thinking" and self._tag is None and self._call is None and not self._in_tools
 
     def marker(self, marker: str) -> list[Event]:
         if marker in (K3_OPEN, K3_CLOSE):

@@ -23,13 +23,14 @@ from __future__ import annotations
 import dataclasses
 
 import json
+from collections import deque
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
-from app.chat.k3_format import forced_call_prefix, render_k3
-from app.chat.segments import Segment, content
-from app.chat.stream_parser import MarkerScanner, StreamParser, ToolCall
+from app.chat.k3_format import end_thinking, forced_call_prefix, render_k3
+from app.chat.segments import Segment, content, markup
+from app.chat.stream_parser import THINK_CLOSE, MarkerScanner, StreamParser, ToolCall
 from app.chat.template import TemplateRenderError
 from app.events import (Finished, LiveStats, Logprob, PromptProgress, Reasoning, Text, Token, TokenLogprob,
                         ToolCallDelta, ToolCallMade, TurnDone, TurnEvent)
@@ -77,6 +78,7 @@ class TurnRequest:
     top_logprobs: int | None = None        #: None: no logprobs; 0-20: the chosen token's and that many more
     experts_per_token: int | None = None   #: opt-in routing (issue 17): None keeps the model's own
     cache_aware_margin: float = 0.0        #: opt-in cache-aware routing; 0 is off
+    thinking_budget: int | None = None     #: the most tokens the thinking part may take (then it is closed)
     raw: bool = False                      #: the messages' text as a plain prompt, no chat format
     client: str = "local"                  #: who asks: prefix reuse is kept per client
     #: what a prompt that does not fit does: "error" refuses it (the server's: its clients decide), "drop_oldest"
@@ -111,6 +113,10 @@ class Prepared:
     cache_aware_margin: float = 0.0
     client: str = "local"
     dropped: int = 0             #: messages (after the system prompt) left out to fit the context
+    #: the most tokens the answer may think: then the thinking is closed for it (its format's markup,
+    #: ``thinking_close``) and it answers
+    thinking_budget: int | None = None
+    thinking_close: list[int] = field(default_factory=list)
     context_bound: bool = False  #: the answer's room is what the context leaves (a length stop is "context full")
 
 
@@ -165,6 +171,13 @@ class ChatFormat:
         if req.context == "drop_oldest" and req.messages and not req.raw:
             prompt, segments, dropped = self._fit(req, n_ctx, prompt, segments)
         prefill_ids = self.model.tokenizer.encode_segments(prefill) if prefill else []
+        budget = req.thinking_budget
+        if budget is not None and budget < 1:
+            raise TurnError("the thinking budget must be at least 1 token", "thinking_budget")
+        close = []   # the markup that ends the thinking (a model with think tags may open them itself)
+        if budget is not None and (dialect == "think_tags" or channel == "thinking"):
+            close = self.model.tokenizer.encode_segments(end_thinking() if dialect == "k3"
+                                                         else [markup(THINK_CLOSE + "\n\n")])
         prompt += prefill_ids
         if len(prompt) >= n_ctx:
             raise TurnError(f"The prompt has {len(prompt)} tokens but the context holds {n_ctx}.", "messages",
@@ -178,7 +191,8 @@ class ChatFormat:
                         parallel_tool_calls=req.parallel_tool_calls, segments=segments + prefill,
                         top_logprobs=req.top_logprobs, experts_per_token=req.experts_per_token,
                         cache_aware_margin=req.cache_aware_margin, client=req.client, dropped=dropped,
-                        context_bound=want >= room)
+                        context_bound=want >= room, thinking_budget=budget if close else None,
+                        thinking_close=close)
 
     def _render(self, req: TurnRequest) -> tuple[list[Segment], str, str, bool, bool, list[Segment]]:
         """The prompt segments, the stream dialect, the channel left open, whether tool calls are Hermes' or
@@ -731,8 +745,13 @@ def run_turn(model, session, prepared: Prepared, *, reuse_limit: int | None = No
         return
     end: Finished | None = None
     last_stats = start
+    # a thinking budget: once the answer has thought that many tokens, the markup that ends its thinking is
+    # written for it (the engine takes ``forced`` ids before sampling), and it answers
+    forced: deque[int] = deque()
+    budget, thought = prepared.thinking_budget, 0
     events = model.generate(session, prepared.prompt, prepared.params, max_tokens=prepared.max_tokens,
-                            reuse_limit=reuse_limit, top_logprobs=prepared.top_logprobs)
+                            reuse_limit=reuse_limit, top_logprobs=prepared.top_logprobs,
+                            **({"forced": forced} if budget is not None else {}))
     try:
         for ev in events:
             if isinstance(ev, PromptProgress):
@@ -746,9 +765,15 @@ def run_turn(model, session, prepared: Prepared, *, reuse_limit: int | None = No
                 if ev.logprob is not None:
                     logprobs.append((ev.id, ev.logprob))
                     yield Logprob(ev.id, ev.logprob)
+                thinking = budget is not None and builder.parser.thinking
                 yield from builder.token(ev.id, ev.text)
                 if builder.ended:
                     break
+                if thinking:
+                    thought += 1
+                    if thought >= budget and builder.parser.thinking:
+                        forced.extend(prepared.thinking_close)
+                        budget = None
                 now = time.monotonic()
                 if now - last_stats >= STATS_INTERVAL:
                     yield live()

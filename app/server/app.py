@@ -243,9 +243,10 @@ def build_api(service: EngineService, formatter: ChatFormatter | None, *, model_
         except ValidationError as exc:
             raise _validation_error(exc.errors()) from None
         client = client_id(keyed, (request.client.host, request.client.port) if request.client else None)
+        budget = body.thinking.budget_tokens if isinstance(body.thinking, anthropic.ThinkingEnabled) else None
         prepared = await asyncio.to_thread(formatter.prepare, req, limits=limits,
                                            n_ctx=(1 << 62) if count else queue.n_ctx, client=client,
-                                           session=None if count else queue.session)
+                                           session=None if count else queue.session, thinking_budget=budget)
         return prepared, client
 
     return api
