@@ -122,7 +122,7 @@ class _Server:
 
 def one_line(exc: BaseException) -> str:
     """An exception as one line, the innermost of a task group's groups."""
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+    while getattr(exc, "exceptions", None):   # an exception group (a builtin from Python 3.11)
         exc = exc.exceptions[0]
     text = " ".join(str(exc).split())
     return text or type(exc).__name__
