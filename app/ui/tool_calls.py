@@ -224,12 +224,20 @@ class ToolTasks(QObject):
     connected = Signal(object, object)   #: the ToolHub (None: no servers), its problems (list of str)
     call_done = Signal(int, object)      #: the call's index in the answer, its ToolResult
 
+    def _emit(self, signal, *args) -> None:
+        try:
+            signal.emit(*args)
+        except RuntimeError:   # the window closed meanwhile: nobody is waiting for the answer
+            hub = args[0] if args and isinstance(args[0], ToolHub) else None
+            if hub is not None:
+                hub.close()
+
     def connect_servers(self, servers: list[str], old: ToolHub | None = None) -> None:
         def work():
             if old is not None:
                 old.close()
             if not servers:
-                self.connected.emit(None, [])
+                self._emit(self.connected, None, [])
                 return
             problems, specs = [], []
             for text in servers:
@@ -239,10 +247,10 @@ class ToolTasks(QObject):
                     problems.append(str(exc))
             hub = ToolHub(specs)
             problems += hub.start()
-            self.connected.emit(hub, problems)
+            self._emit(self.connected, hub, problems)
 
         threading.Thread(target=work, name="ferry-mcp-connect", daemon=True).start()
 
     def run_call(self, hub: ToolHub, index: int, name: str, arguments: str) -> None:
-        threading.Thread(target=lambda: self.call_done.emit(index, hub.call(name, arguments)),
+        threading.Thread(target=lambda: self._emit(self.call_done, index, hub.call(name, arguments)),
                          name="ferry-mcp-call", daemon=True).start()
