@@ -25,7 +25,7 @@ from app.engine.activations import describe as describe_activations
 from app.engine.binding import MemoryPlan, ModelInfo
 from app.engine.service import EngineService, ServiceBusy, ServiceClosed, TurnStream
 from app.events import (Finished, LiveStats, Logprob, PromptProgress, Reasoning, Text, Token, TokenLogprob,
-                        ToolCallMade, TurnDone, TurnEvent)
+                        ToolCallDelta, ToolCallMade, TurnDone, TurnEvent)
 from app.model import LoadedModel, ModelError
 from app.sampling import SamplingParams
 
@@ -34,7 +34,7 @@ __all__ = [
     "ChatFormat", "EngineService", "Finished", "LiveStats", "LoadOptions", "LoadedModel", "Logprob", "ModelError",
     "ModelLoaded", "Prepared",
     "PromptProgress", "Reasoning", "SamplingParams", "ServiceBusy", "ServiceClosed", "Text", "Token",
-    "TokenLogprob", "ToolCall", "ToolCallMade", "TurnDone", "TurnError", "TurnEvent", "TurnRequest", "TurnStream",
+    "TokenLogprob", "ToolCall", "ToolCallDelta", "ToolCallMade", "TurnDone", "TurnError", "TurnEvent", "TurnRequest", "TurnStream",
     "collect", "open_model", "run_turn",
 ]
 
@@ -71,6 +71,7 @@ class ModelLoaded:
     url: str | None = None      #: the remote server's URL
     provides: tuple[str, ...] = ()          #: the figures a remote server reports
     owned_by: str | None = None             #: the remote model card's owner
+    takes_tools: bool = False   #: its chat format can list tools (K3's, or a Jinja template that takes them)
 
     @property
     def remote(self) -> bool:

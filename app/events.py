@@ -8,7 +8,8 @@ Two layers:
 * the **engine stream** (``LoadedModel.generate``): ``PromptProgress`` per
   prefill chunk, ``Token`` per generated token, then one ``Finished``;
 * the **turn stream** (``app.chat.turn``): ``PromptProgress``, ``Reasoning``
-  (thinking-trace text), ``Text`` (answer text), ``ToolCallMade``,
+  (thinking-trace text), ``Text`` (answer text), ``ToolCallDelta`` (a call
+  as it is written, where the format allows), ``ToolCallMade``,
   ``Logprob`` (one per generated token, when the request asked for
   logprobs; it comes before the text that token completes), ``LiveStats``
   (engine counters so far) and exactly one ``TurnDone``.
@@ -85,6 +86,18 @@ class Text:
 
 
 @dataclass(frozen=True)
+class ToolCallDelta:
+    """A tool call as the model writes it (formats that allow it: K3's): first
+    its name (``name`` set, ``arguments`` empty), then pieces of its JSON
+    arguments (``name`` None). The ``ToolCallMade`` with the same ``index``
+    follows with the whole call; its arguments start with the pieces joined."""
+
+    index: int
+    name: str | None
+    arguments: str
+
+
+@dataclass(frozen=True)
 class ToolCallMade:
     call: ToolCall
 
@@ -139,4 +152,4 @@ class TurnDone:
     dropped_messages: int = 0         #: messages the context policy left out of the prompt (TurnRequest.context)
 
 
-TurnEvent = PromptProgress | Reasoning | Text | ToolCallMade | Logprob | LiveStats | TurnDone
+TurnEvent = PromptProgress | Reasoning | Text | ToolCallDelta | ToolCallMade | Logprob | LiveStats | TurnDone

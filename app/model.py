@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import math
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -213,14 +214,17 @@ class LoadedModel:
 
     def generate(self, session: Session, prompt: Sequence[int], params: SamplingParams | None = None, *,
                  max_tokens: int = 256, stop_ids: Sequence[int] | None = None, reuse_limit: int | None = None,
-                 top_logprobs: int | None = None, images: Sequence[Any] = ()) -> Iterator[Event]:
+                 top_logprobs: int | None = None, images: Sequence[Any] = (),
+                 forced: deque[int] | None = None) -> Iterator[Event]:
         """Answer after ``prompt`` (the whole conversation's tokens); the session
         reuses whatever prefix of it it already holds, at most ``reuse_limit``
         tokens of it (0: evaluate the whole prompt). ``top_logprobs`` (0-20)
         attaches each token's log-probability and that many alternatives.
         ``images`` (PreparedImage, in prompt order) fill the prompt's image
         positions (the placeholder ids of their blocks) with the tower's rows;
-        an image already in the reused prefix is not run through the tower again."""
+        an image already in the reused prefix is not run through the tower again.
+        ``forced``: ids the caller may add while the answer streams; each is
+        the next token instead of a sampled one (a thinking budget's end)."""
         params = params or SamplingParams()
         sampler = Sampler(params)
         stops = set(stop_ids if stop_ids is not None else self.tokenizer.eos_ids)
@@ -271,7 +275,7 @@ class LoadedModel:
                 yield PromptProgress(min(i, len(todo)), len(todo))
             reason = "length"
             for _ in range(max_tokens):
-                tok = sampler(logits)
+                tok = forced.popleft() if forced else sampler(logits)
                 if ttft is None:
                     ttft = time.monotonic() - t0
                 if tok in stops:

@@ -27,10 +27,12 @@ def script_ids(model, text: str, markers: tuple[str, ...] = K3_MARKERS) -> list[
 
 class Script:
     """What the scripted sampler answers next: set ``ids`` before a request
-    (each new answer starts the script from its beginning)."""
+    (each new answer starts the script from its beginning), or ``queue`` the
+    answers of several rounds."""
 
     def __init__(self, eos: int):
         self.ids: list[int] = []
+        self.queue: list[list[int]] = []   #: answers to give first, one each, before ``ids``
         self.eos = eos
         self.answers = 0   #: how many answers used the script
 
@@ -40,7 +42,7 @@ def scripted_sampler(monkeypatch, eos: int) -> Script:
 
     class ScriptedSampler:
         def __init__(self, _params):
-            self.left = list(script.ids)
+            self.left = list(script.queue.pop(0) if script.queue else script.ids)
             script.answers += 1
 
         def __call__(self, logits) -> int:

@@ -116,6 +116,12 @@ def forced_call_prefix(tool: str) -> list[Segment]:
             *_open_tag("call", [("tool", tool), ("index", "1")])]
 
 
+def end_thinking() -> list[Segment]:
+    """What ends the thinking element and opens the response, as the model
+    would write them: written for it when its thinking budget is spent."""
+    return [markup(CLOSE), content("think"), markup(SEP), *_open_tag("response")]
+
+
 # --------------------------------------------------------------------------
 # Elements
 

@@ -6,6 +6,9 @@ events as soon as they are certain:
 * ``("thinking", text)`` and ``("response", text)``: text for the thinking
   trace and for the answer;
 * ``("tool_call", ToolCall)``: a complete tool call (K3 dialect only);
+  before it, as the call is written, ``("tool_call_start", (index, name))``
+  and ``("tool_call_args", (index, text))``: pieces of its JSON arguments,
+  which joined are the call's ``arguments``;
 * ``("end", None)``: the turn is over (``<|end_of_msg|>``, or ``finish()``).
 
 Two dialects are understood:
@@ -152,6 +155,11 @@ class StreamParser:
         self._ended = False
 
     @property
+    def thinking(self) -> bool:
+        """Whether generated text goes to the thinking trace now (outside any tag or tool call)."""
+        return self._machine.thinking
+
+    @property
     def ended(self) -> bool:
         """True once the end event has been returned; later input is ignored."""
         return self._ended
@@ -214,6 +222,10 @@ class _ThinkTagMachine:
     def __init__(self, channel: Channel) -> None:
         self._channel = channel
 
+    @property
+    def thinking(self) -> bool:
+        return self._channel == "thinking"
+
     def marker(self, marker: str) -> list[Event]:
         self._channel = "thinking" if marker == THINK_OPEN else "response"
         return []
@@ -238,6 +250,10 @@ class _K3Machine:
         self._call: _ToolCallBuilder | None = None
         self._calls_made = 0
 
+    @property
+    def thinking(self) -> bool:
+        return self._channel == "thinking" and self._tag is None and self._call is None and not self._in_tools
+
     def marker(self, marker: str) -> list[Event]:
         if marker in (K3_OPEN, K3_CLOSE):
             self._tag, self._tag_text = marker, ""
@@ -247,20 +263,19 @@ class _K3Machine:
         tag, self._tag = self._tag, None
         name, attributes = _parse_tag(self._tag_text)
         if tag == K3_OPEN:
-            self._open(name, attributes)
-            return []
+            return self._open(name, attributes)
         return self._close(name)
 
     def text(self, text: str) -> list[Event]:
         if self._tag is not None:
             self._tag_text += text
         elif self._call is not None:
-            self._call.add_text(text)
+            return self._call.add_text(text)
         elif not self._in_tools:
             return [(self._channel, text)]
         return []
 
-    def _open(self, name: str, attributes: dict[str, str]) -> None:
+    def _open(self, name: str, attributes: dict[str, str]) -> list[Event]:
         if name == "think":
             self._channel = "thinking"
         elif name == "response":
@@ -268,9 +283,11 @@ class _K3Machine:
         elif name == "tools":
             self._in_tools = True
         elif name == "call" and self._in_tools:
-            self._call = _ToolCallBuilder(attributes.get("tool", ""))
+            self._call = _ToolCallBuilder(attributes.get("tool", ""), self._calls_made + 1)
+            return [("tool_call_start", (self._call.index, self._call.name))]
         elif name in ("argument", "json") and self._call is not None:
-            self._call.begin_value(name, attributes)
+            return self._call.begin_value(name, attributes)
+        return []
 
     def _close(self, name: str) -> list[Event]:
         if name == "think":
@@ -278,46 +295,88 @@ class _K3Machine:
         elif name == "tools":
             self._in_tools = False
         elif name in ("argument", "json") and self._call is not None:
-            self._call.end_value()
+            return self._call.end_value()
         elif name == "call" and self._call is not None:
             self._calls_made += 1
-            call, self._call = self._call.build(self._calls_made), None
-            return [("tool_call", call)]
+            builder, self._call = self._call, None
+            call = builder.build(self._calls_made)
+            rest = builder.rest(call.arguments)
+            return ([("tool_call_args", (call.index, rest))] if rest else []) + [("tool_call", call)]
         return []
 
 
 class _ToolCallBuilder:
-    """Collects the ``argument`` (or raw ``json``) elements of one ``call``."""
+    """Collects the ``argument`` (or raw ``json``) elements of one ``call``,
+    and streams its JSON arguments as they are written: a string argument's
+    text as it comes (escaped), a typed value or a raw ``json`` element whole
+    when it ends. The pieces joined are what ``build`` returns."""
 
-    def __init__(self, name: str) -> None:
-        self._name = name
+    def __init__(self, name: str, index: int) -> None:
+        self.name = name
+        self.index = index
         self._arguments: dict[str, Any] = {}
         self._raw: str | None = None
         self._value: tuple[str, str, str] | None = None  # (element, key, type)
         self._parts: list[str] = []
+        self._sent: list[str] = []   # the argument text streamed so far
 
-    def begin_value(self, element: str, attributes: dict[str, str]) -> None:
+    def _send(self, text: str) -> list[Event]:
+        self._sent.append(text)
+        return [("tool_call_args", (self.index, text))]
+
+    def begin_value(self, element: str, attributes: dict[str, str]) -> list[Event]:
         self._value = (element, attributes.get("key", ""), attributes.get("type", "string"))
         self._parts = []
+        if element == "argument" and self._value[2] == "string" and self._raw is None:
+            return self._send(("{" if not self._sent else ", ") + json.dumps(self._value[1], ensure_ascii=False)
+                              + ': "')
+        return []
 
-    def add_text(self, text: str) -> None:
-        if self._value is not None:
-            self._parts.append(text)
-
-    def end_value(self) -> None:
+    def add_text(self, text: str) -> list[Event]:
         if self._value is None:
-            return
+            return []
+        self._parts.append(text)
+        if self._streaming_string():
+            return self._send(json.dumps(text, ensure_ascii=False)[1:-1])
+        return []
+
+    def _streaming_string(self) -> bool:
+        return self._value is not None and self._value[0] == "argument" and self._value[2] == "string" \
+            and self._raw is None
+
+    def end_value(self) -> list[Event]:
+        if self._value is None:
+            return []
+        streaming = self._streaming_string()
         (element, key, kind), text = self._value, "".join(self._parts)
+        self._value = None
         if element == "json":
             self._raw = text
-        else:
-            self._arguments[key] = text if kind == "string" else _json_or_text(text)
-        self._value = None
+            return self._send(text) if not self._sent else []
+        self._arguments[key] = text if kind == "string" else _json_or_text(text)
+        if self._raw is not None:
+            return []
+        if streaming:
+            return self._send('"')
+        return self._send(("{" if not self._sent else ", ") + json.dumps(key, ensure_ascii=False) + ": "
+                          + json.dumps(self._arguments[key], ensure_ascii=False))
 
     def build(self, index: int) -> ToolCall:
-        """The finished call, numbered ``index`` (1-based within the turn)."""
-        arguments = self._raw if self._raw is not None else json.dumps(self._arguments, ensure_ascii=False)
-        return ToolCall(self._name, index, arguments)
+        """The finished call, numbered ``index`` (1-based within the turn): its
+        arguments are the pieces streamed, closed (a raw ``json`` element's text
+        when the call has one)."""
+        if self._raw is not None:
+            arguments = self._raw
+        elif self._sent:
+            arguments = "".join(self._sent) + "}"
+        else:
+            arguments = "{}"
+        return ToolCall(self.name, index, arguments)
+
+    def rest(self, arguments: str) -> str:
+        """What of ``arguments`` was not streamed yet (all of it if the stream went another way)."""
+        sent = "".join(self._sent)
+        return arguments[len(sent):] if arguments.startswith(sent) else ""
 
 
 def _parse_tag(tag: str) -> tuple[str, dict[str, str]]:

@@ -23,16 +23,17 @@ from __future__ import annotations
 import dataclasses
 
 import json
+from collections import deque
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
-from app.chat.k3_format import forced_call_prefix, render_k3
-from app.chat.segments import Segment, content
-from app.chat.stream_parser import MarkerScanner, StreamParser, ToolCall
+from app.chat.k3_format import end_thinking, forced_call_prefix, render_k3
+from app.chat.segments import Segment, content, markup
+from app.chat.stream_parser import THINK_CLOSE, MarkerScanner, StreamParser, ToolCall
 from app.chat.template import TemplateRenderError
 from app.events import (Finished, LiveStats, Logprob, PromptProgress, Reasoning, Text, Token, TokenLogprob,
-                        ToolCallMade, TurnDone, TurnEvent)
+                        ToolCallDelta, ToolCallMade, TurnDone, TurnEvent)
 from app.sampling import SamplingParams
 from app.vision.image import ImageError, data_url_bytes, image_markup, image_parts, part_url
 
@@ -78,6 +79,7 @@ class TurnRequest:
     top_logprobs: int | None = None        #: None: no logprobs; 0-20: the chosen token's and that many more
     experts_per_token: int | None = None   #: opt-in routing (issue 17): None keeps the model's own
     cache_aware_margin: float = 0.0        #: opt-in cache-aware routing; 0 is off
+    thinking_budget: int | None = None     #: the most tokens the thinking part may take (then it is closed)
     raw: bool = False                      #: the messages' text as a plain prompt, no chat format
     image_patch_budget: int | None = None  #: patches an image may have (None: app.vision.image.DEFAULT_PATCH_BUDGET)
     client: str = "local"                  #: who asks: prefix reuse is kept per client
@@ -113,6 +115,10 @@ class Prepared:
     cache_aware_margin: float = 0.0
     client: str = "local"
     dropped: int = 0             #: messages (after the system prompt) left out to fit the context
+    #: the most tokens the answer may think: then the thinking is closed for it (its format's markup,
+    #: ``thinking_close``) and it answers
+    thinking_budget: int | None = None
+    thinking_close: list[int] = field(default_factory=list)
     context_bound: bool = False  #: the answer's room is what the context leaves (a length stop is "context full")
     images: list = field(default_factory=list)  #: app.vision.image.PreparedImage, in prompt order
 
@@ -133,6 +139,11 @@ class ChatFormat:
         self.llama3 = not self.hermes and (LLAMA3_TAG in source or "ipython" in source)
         self._specials = sorted({model.tokenizer.token_text(i) for i in getattr(model.tokenizer, "special_ids", ())
                                  if model.tokenizer.token_text(i).strip()}, key=len, reverse=True)
+
+    @property
+    def takes_tools(self) -> bool:
+        """Whether this format's prompts can list tools (K3's own, or a Jinja template that takes them)."""
+        return self.kind == "k3" or (self.kind == "jinja" and self.template_takes_tools)
 
     # ---------------------------------------------------------------- prompt
 
@@ -168,6 +179,13 @@ class ChatFormat:
         if req.context == "drop_oldest" and req.messages and not req.raw:
             prompt, segments, dropped = self._fit(req, n_ctx, prompt, segments)
         prefill_ids = self.model.tokenizer.encode_segments(prefill) if prefill else []
+        budget = req.thinking_budget
+        if budget is not None and budget < 1:
+            raise TurnError("the thinking budget must be at least 1 token", "thinking_budget")
+        close = []   # the markup that ends the thinking (a model with think tags may open them itself)
+        if budget is not None and (dialect == "think_tags" or channel == "thinking"):
+            close = self.model.tokenizer.encode_segments(end_thinking() if dialect == "k3"
+                                                         else [markup(THINK_CLOSE + "\n\n")])
         prompt += prefill_ids
         if len(prompt) >= n_ctx:
             raise TurnError(f"The prompt has {len(prompt)} tokens but the context holds {n_ctx}.", "messages",
@@ -181,7 +199,8 @@ class ChatFormat:
                         parallel_tool_calls=req.parallel_tool_calls, segments=segments + prefill,
                         top_logprobs=req.top_logprobs, experts_per_token=req.experts_per_token,
                         cache_aware_margin=req.cache_aware_margin, client=req.client, dropped=dropped,
-                        context_bound=want >= room, images=list(self.images))
+                        context_bound=want >= room, images=list(self.images), thinking_budget=budget if close else None,
+                        thinking_close=close)
 
     def _render(self, req: TurnRequest) -> tuple[list[Segment], str, str, bool, bool, list[Segment]]:
         """The prompt segments, the stream dialect, the channel left open, whether tool calls are Hermes' or
@@ -582,6 +601,10 @@ class AnswerBuilder:
                     out += self._content(value)
             elif kind == "tool_call" and not (self.single_call and self.tool_calls):
                 out.append(self.call(value))
+            elif kind in ("tool_call_start", "tool_call_args") and not (self.single_call and self.tool_calls):
+                index, text = value   # a call as it is written (K3): its name, then pieces of its arguments
+                out.append(ToolCallDelta(index, text, "") if kind == "tool_call_start"
+                           else ToolCallDelta(index, None, text))
         return out
 
     def _llama3(self, text: str) -> list[TurnEvent]:
@@ -749,8 +772,13 @@ def run_turn(model, session, prepared: Prepared, *, reuse_limit: int | None = No
         return
     end: Finished | None = None
     last_stats = start
+    # a thinking budget: once the answer has thought that many tokens, the markup that ends its thinking is
+    # written for it (the engine takes ``forced`` ids before sampling), and it answers
+    forced: deque[int] = deque()
+    budget, thought = prepared.thinking_budget, 0
     events = model.generate(session, prepared.prompt, prepared.params, max_tokens=prepared.max_tokens,
-                            reuse_limit=reuse_limit, top_logprobs=prepared.top_logprobs, images=prepared.images)
+                            reuse_limit=reuse_limit, top_logprobs=prepared.top_logprobs, images=prepared.images,
+                            **({"forced": forced} if budget is not None else {}))
     try:
         for ev in events:
             if isinstance(ev, PromptProgress):
@@ -764,9 +792,15 @@ def run_turn(model, session, prepared: Prepared, *, reuse_limit: int | None = No
                 if ev.logprob is not None:
                     logprobs.append((ev.id, ev.logprob))
                     yield Logprob(ev.id, ev.logprob)
+                thinking = budget is not None and builder.parser.thinking
                 yield from builder.token(ev.id, ev.text)
                 if builder.ended:
                     break
+                if thinking:
+                    thought += 1
+                    if thought >= budget and builder.parser.thinking:
+                        forced.extend(prepared.thinking_close)
+                        budget = None
                 now = time.monotonic()
                 if now - last_stats >= STATS_INTERVAL:
                     yield live()

@@ -25,6 +25,7 @@ from app.vision.image import DEFAULT_PATCH_BUDGET, MAX_PATCH_BUDGET, MIN_PATCH_B
 from app.engine.binding import FerryError, verify
 from app.engine.remote import RemoteError
 from app.chat.turn import logprobs_content
+from app.tools.mcp import MAX_ROUNDS as MAX_TOOL_ROUNDS, tool_round
 from app.model import log_softmax
 from app.memory.plan import describe, plan_container
 from app.text_input import not_text, text_argument_problem, tolerant_stdin
@@ -238,15 +239,81 @@ def cmd_run(args) -> int:
     return 1 if end.reason == "error" else 0
 
 
+def _mcp_specs(args) -> list:
+    """The MCP servers `--mcp` names (UsageError for one that cannot be), before anything is opened."""
+    from app.tools.mcp import McpError, parse_server
+
+    try:
+        return [parse_server(text) for text in args.mcp]
+    except McpError as exc:
+        raise UsageError(f"--mcp: {exc}") from None
+
+
+def _tool_hub(args, turns: Turns, specs: list):
+    """The MCP servers, connected (None without any); UsageError if one cannot be used."""
+    if not specs:
+        return None
+    from app.chat.turn import ChatFormat
+    from app.tools.mcp import ToolHub
+
+    if turns.model is not None and not ChatFormat(turns.model).takes_tools:
+        raise UsageError(f"--mcp: {turns.name}'s chat format takes no tools, so it cannot call them")
+    hub = ToolHub(specs)
+    problems = hub.start()
+    if problems:
+        hub.close()
+        raise UsageError("--mcp: " + "; ".join(problems))
+    print(f"Tools: {', '.join(t.name for t in hub.tools) or 'none'}"
+          f"{' (trusted: calls run without asking)' if args.trust_tools else ''}.", file=sys.stderr)
+    return hub
+
+
+def _approver(args):
+    """Asks on the terminal before each tool call: yes, no, or always for that tool (this chat)."""
+    trusted: set[str] = set()
+
+    def approve(name: str, arguments: str) -> bool:
+        if args.trust_tools or name in trusted:
+            return True
+        print(f"  Run the tool {name} with {arguments}? [y]es, [n]o, [a]lways for this tool: ",
+              end="", file=sys.stderr, flush=True)
+        try:
+            answer = input().strip().lower()
+        except (EOFError, KeyboardInterrupt):
+            print(file=sys.stderr)
+            return False
+        if answer in ("a", "always"):
+            trusted.add(name)
+        return answer in ("y", "yes", "a", "always")
+
+    return approve
+
+
+def _show_call(record) -> None:
+    result = record.result.text if len(record.result.text) <= 400 else record.result.text[:400] + " ..."
+    print(f"[tool result{' (error)' if record.result.is_error else ''}] {result}", flush=True)
+
+
 def cmd_chat(args) -> int:
+    import dataclasses
+
     turn_request(args, [])   # bad options are refused before the model loads
+    specs = _mcp_specs(args)
     turns = Turns(args)
+    try:
+        hub = _tool_hub(args, turns, specs)
+    except BaseException:
+        turns.close()
+        raise
+    tools = hub.openai_tools() if hub is not None else None
+    approve = _approver(args)
     messages: list[dict] = [{"role": "system", "content": args.system}] if args.system else []
     where = f" on {turns.remote.url}" if turns.remote is not None else ""
     pending = image_parts(args.image)   # --image: attached to the first message
     print(f"Chatting with {turns.name}{where}. Empty line, /quit or Ctrl-D to quit; /new starts over; "
           "/image FILE attaches an image to the next message.", file=sys.stderr)
     tolerant_stdin()
+    asked = 0
     try:
         while True:
             try:
@@ -275,15 +342,30 @@ def cmd_chat(args) -> int:
                 except UsageError as exc:
                     print(f"ferry: {exc}", file=sys.stderr)
                 continue
+            before = len(messages)
             messages.append(with_images({"role": "user", "content": line}, pending))
-            try:
-                end = _answer(turns, turn_request(args, list(messages), context="drop_oldest"), show=True)
-            except TurnError as exc:
-                end = TurnDone("error", error=exc.message)
+            asked += 1
+            rounds = 0
+            while True:   # until an answer calls no tool (each round's calls and results join the conversation)
+                try:
+                    request = dataclasses.replace(turn_request(args, list(messages), context="drop_oldest"),
+                                                  tools=tools)
+                    end = _answer(turns, request, show=True)
+                except TurnError as exc:
+                    end = TurnDone("error", error=exc.message)
+                if hub is None or not end.tool_calls or end.reason in ("error", "cancelled"):
+                    break
+                if rounds == MAX_TOOL_ROUNDS:
+                    print(f"  [the model asked for tools {rounds} times in a row; its calls were not run]",
+                          file=sys.stderr)
+                    break
+                rounds += 1
+                more, _ = tool_round(hub, end, f"{asked}r{rounds}", approve, on_call=_show_call)
+                messages += more
             if end.reason in ("error", "cancelled"):
                 if end.error:
                     print(f"ferry: {end.error}", file=sys.stderr)
-                messages.pop()
+                del messages[before:]
                 continue
             pending = []
             messages.append({"role": "assistant", "content": end.content,
@@ -297,6 +379,8 @@ def cmd_chat(args) -> int:
             print(f"  [{n} tokens, {end.prompt_tokens - end.reused_tokens} prompt tokens evaluated, "
                   f"{end.reused_tokens} reused, {n / max(end.seconds, 1e-9):.1f} tok/s]", file=sys.stderr)
     finally:
+        if hub is not None:
+            hub.close()
         turns.close()
 
 
@@ -510,6 +594,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_server_model(p)
     add_sampling(p)
     add_images(p)
+    p.add_argument("--mcp", action="append", default=[], metavar="CMD",
+                   help="an MCP server whose tools the model may call: a command that runs it over stdio "
+                        "(quoted, e.g. 'npx -y @modelcontextprotocol/server-filesystem ~/notes'), or its "
+                        "streamable-HTTP URL; repeatable. Each call is shown and asked for first")
+    p.add_argument("--trust-tools", action="store_true",
+                   help="run the --mcp tools' calls without asking (they are still shown)")
     p.set_defaults(fn=cmd_chat)
 
     p = sub.add_parser("eval", help="next-token log-probabilities after a prompt")

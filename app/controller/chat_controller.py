@@ -26,6 +26,7 @@ from app.api import SamplingParams, TurnDone, TurnRequest
 from app.chat import export, token_probs
 from app.chat.conversation import Chat, ChatError, TurnStart, _title_from, recover_interrupted
 from app.controller.passages import PassageSearch, link_markers, mark_citations
+from app.controller.tools import ToolSession
 from app.documents.ask import Citation
 from app.documents.library import drop_orphans, forget_conversation, reading_label
 from app.documents.store import DocumentError, DocumentStore, conversation_collection
@@ -121,6 +122,7 @@ class ChatController:
         self.chat = Chat(store)
         self.citations: dict[int, list[Citation]] = {}   #: answer message id -> the passages it may cite
         self.turn = TurnState()
+        self.tools = ToolSession()   #: MCP tools: the servers the window connected, trust, this answer's rounds
         self._documents: DocumentStore | None = None
         self._watcher = None
 
@@ -201,16 +203,31 @@ class ChatController:
                            # issue 17's opt-in routing modes (None / 0: exact, the default)
                            experts_per_token=s.experts_per_token,
                            cache_aware_margin=float(s.cache_aware_margin or 0.0), client="window",
-                           context="drop_oldest")   # a full context leaves the oldest turns out, never dead-ends
+                           context="drop_oldest",   # a full context leaves the oldest turns out, never dead-ends
+                           tools=self.tools.tools() if getattr(self.model, "takes_tools", False) else None)
 
     def turn_request(self, start: TurnStart) -> tuple[TurnRequest, PassageSearch | None]:
         """The request for ``start`` and, when the chat has documents, the search the engine's thread
         runs before it (its best passages go into the prompt; ``on_citations`` says which)."""
         self.turn = TurnState(started=self.clock(), writer=writer(self.model, self.settings()))
+        self.tools.start_answer(start.messages)
         search = None
         if self.chat.id is not None and self.has_documents():
             search = PassageSearch(self.documents(), self.collection(), start.messages[-1]["content"])
         return self.request(start), search
+
+    def tool_request(self) -> TurnRequest:
+        """The request that continues the answer after a tool round (the calls and their results added)."""
+        m = self.chat.tree.by_id[self.chat.streaming_id]
+        for channel, text in (("response", m.content), ("thinking", m.thinking)):
+            if text and not text.endswith("\n"):   # the next round's text starts a paragraph of its own
+                self.chat.append(channel, "\n\n")
+        return self.request(TurnStart(self.chat.streaming_id, self.tools.continued()))
+
+    def show_tool_calls(self) -> None:
+        """The answer being written shows its calls so far (kept with it when it is finished)."""
+        if self.busy:
+            self.chat.tree.by_id[self.chat.streaming_id].stats = {"tool_calls": [dict(c) for c in self.tools.calls]}
 
     def started(self, gen_id: int) -> None:
         self.turn.gen_id = gen_id
@@ -249,12 +266,17 @@ class ChatController:
         if not self.busy:
             return None
         t = self.turn
+        if self.tools.rounds:   # the answer is every round's text, as it streamed (the worker's is the last round's)
+            text = thinking = None
         record: dict = TurnFigures.of(t.done).record() if t.done is not None else {}
         if t.writer:
             record[WRITER] = t.writer
         if t.token_probs:   # kept with the answer (the encrypted history), shown under it
             record[token_probs.STATS_KEY] = t.token_probs
-        if t.done is not None and t.done.tool_calls:    # shown under the answer (the window runs no tools)
+        if self.tools.calls:   # the calls MCP servers ran (or the user declined), with their results
+            self.tools.cancel_round()
+            record["tool_calls"] = [dict(c) for c in self.tools.calls]
+        elif t.done is not None and t.done.tool_calls:    # shown under the answer, not run (no tools connected)
             record["tool_calls"] = [{"name": c.name, "arguments": c.arguments} for c in t.done.tool_calls]
         if t.citations:   # kept with the answer, so the links survive a restart
             record["citations"] = [c.as_dict() for c in t.citations]

@@ -139,7 +139,8 @@ class ToolChoiceNone(Strict):
 
 class ThinkingEnabled(Strict):
     type: Literal["enabled"]
-    budget_tokens: int = Field(ge=1, description="must be less than max_tokens; not a hard cap in Ferry")
+    budget_tokens: int = Field(ge=1, description="must be less than max_tokens; the thinking part ends after this many tokens "
+                                                   "(its end is written for the model, which then answers)")
     display: Literal["summarized", "omitted"] | None = None
 
 

@@ -27,7 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.chat.stream_parser import ToolCall
 from app.engine.service import EngineService
-from app.events import LiveStats, Logprob, PromptProgress, Reasoning, Text, ToolCallMade, TurnDone
+from app.events import LiveStats, Logprob, PromptProgress, Reasoning, Text, ToolCallDelta, ToolCallMade, TurnDone
 from app.chat.turn import logprobs_content
 from app.server import anthropic
 from app.server.chat import ChatFormatter, Limits, client_id, figures
@@ -243,9 +243,10 @@ def build_api(service: EngineService, formatter: ChatFormatter | None, *, model_
         except ValidationError as exc:
             raise _validation_error(exc.errors()) from None
         client = client_id(keyed, (request.client.host, request.client.port) if request.client else None)
+        budget = body.thinking.budget_tokens if isinstance(body.thinking, anthropic.ThinkingEnabled) else None
         prepared = await asyncio.to_thread(formatter.prepare, req, limits=limits,
                                            n_ctx=(1 << 62) if count else queue.n_ctx, client=client,
-                                           session=None if count else queue.session)
+                                           session=None if count else queue.session, thinking_budget=budget)
         return prepared, client
 
     return api
@@ -365,6 +366,7 @@ async def _stream(job: AsyncJob, rid: str, stamp: int, model_id: str, include_us
     pending_stats: dict[str, Any] | None = None
     pending_logprobs: list = []
     calls = 0
+    streaming: dict[int, tuple[int, str]] = {}   # a call being written: its index -> (its slot, arguments sent)
 
     def logprobs() -> dict[str, Any] | None:
         if not pending_logprobs:
@@ -388,7 +390,26 @@ async def _stream(job: AsyncJob, rid: str, stamp: int, model_id: str, include_us
                 extra = {"ferry": pending_stats} if pending_stats else {}
                 pending_stats = None
                 yield chunk({key: ev.text}, logprobs=logprobs(), **extra)
+            elif isinstance(ev, ToolCallDelta):
+                # As OpenAI streams a call: its id, type and name with empty arguments, then argument pieces.
+                if ev.name is not None:
+                    streaming[ev.index] = (calls, "")
+                    opened = _out_call(ToolCall(ev.name, ev.index, ""), rid)
+                    yield chunk({"tool_calls": [{"index": calls, **opened}]}, logprobs=logprobs())
+                    calls += 1
+                elif ev.index in streaming and ev.arguments:
+                    slot, sent = streaming[ev.index]
+                    streaming[ev.index] = (slot, sent + ev.arguments)
+                    yield chunk({"tool_calls": [{"index": slot, "function": {"arguments": ev.arguments}}]},
+                                logprobs=logprobs())
             elif isinstance(ev, ToolCallMade):
+                if ev.call.index in streaming:   # written piece by piece: what was not sent yet, if anything
+                    slot, sent = streaming.pop(ev.call.index)
+                    rest = ev.call.arguments[len(sent):] if ev.call.arguments.startswith(sent) else ""
+                    if rest:
+                        yield chunk({"tool_calls": [{"index": slot, "function": {"arguments": rest}}]},
+                                    logprobs=logprobs())
+                    continue
                 call = _out_call(ev.call, rid)
                 yield chunk({"tool_calls": [{"index": calls, **call}]}, logprobs=logprobs())
                 calls += 1

@@ -88,9 +88,11 @@ class ChatFormatter:
         return self.format.kind
 
     def prepare(self, req: ChatCompletionRequest, *, limits: Limits, n_ctx: int, client: str = "local",
-                session=None) -> Prepared:
-        """``session``: the engine's, to refuse routing options its build lacks."""
+                session=None, thinking_budget: int | None = None) -> Prepared:
+        """``session``: the engine's, to refuse routing options its build lacks; ``thinking_budget``: the
+        most tokens the answer may think (Anthropic's ``thinking.budget_tokens``)."""
         turn = turn_request(req, limits=limits, client=client)
+        turn.thinking_budget = thinking_budget
         try:
             prepared = self.format.prepare(turn, n_ctx=n_ctx, max_tokens_limit=limits.max_tokens)
             if session is not None:

@@ -24,8 +24,9 @@ DEFAULT_SERVE_PORT = 8000
 #: Settings that hold the user's own text (a system prompt, presets...): stored
 #: encrypted with the history's key under ENCRYPTED_KEY, never in the clear.
 #: A new setting of user text is added here.
-#: (presets and per-model values hold system prompts; stop sequences are the user's text too)
-PRIVATE_FIELDS = frozenset({"system_prompt", "model_settings", "presets", "stop"})
+#: (presets and per-model values hold system prompts; stop sequences are the user's text too; MCP commands and
+#: URLs may hold paths or tokens)
+PRIVATE_FIELDS = frozenset({"system_prompt", "model_settings", "presets", "stop", "mcp_servers", "trusted_tools"})
 ENCRYPTED_KEY = "encrypted"
 MAX_SEED = (1 << 63) - 1
 MAX_ALTERNATIVES = 20         #: = app.chat.turn.MAX_TOP_LOGPROBS
@@ -89,6 +90,8 @@ class Settings:
     presence_penalty: float = 0.0    #: -2..2 (OpenAI's): once a token was already written
     export_folder: str = ""          #: where Export… saved last (its dialog opens there)
     models_defaulted: list[str] = field(default_factory=list)  #: models given SMALL_MODEL_DEFAULTS once (keys)
+    mcp_servers: list[str] = field(default_factory=list)   #: MCP servers whose tools the model may call (commands/URLs)
+    trusted_tools: list[str] = field(default_factory=list)  #: tools that run without asking ("tool (server)")
 
     def validated(self) -> "Settings":
         """A copy with every value clamped into its legal range."""
@@ -123,6 +126,10 @@ class Settings:
         s.token_alternatives = min(max(0, int(s.token_alternatives)), MAX_ALTERNATIVES)
         s.export_folder = str(s.export_folder or "")
         s.models_defaulted = [str(x) for x in (s.models_defaulted if isinstance(s.models_defaulted, list) else [])]
+        s.mcp_servers = list(dict.fromkeys(str(x).strip() for x in (s.mcp_servers if isinstance(s.mcp_servers, list)
+                                                                       else []) if str(x).strip()))
+        s.trusted_tools = sorted({str(x) for x in (s.trusted_tools if isinstance(s.trusted_tools, list) else [])
+                                  if str(x).strip()})
         s.stop = [str(x)[:MAX_STOP_CHARS] for x in (s.stop if isinstance(s.stop, list) else []) if str(x)][:MAX_STOPS]
         s.model_settings = {str(k): _per_model(v) for k, v in dict(s.model_settings or {}).items()
                             if isinstance(v, dict)}

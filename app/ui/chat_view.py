@@ -16,6 +16,7 @@ from app.store.history import MessageRecord
 from app.ui import theme
 from app.ui.elided import ElidedLabel
 from app.ui.markdown import render
+from app.ui.tool_calls import ToolCallsView
 
 STATUS_NOTES = {"cancelled": "Stopped", "error": "Ended by an error", "length": "Cut off at the length limit",
                 CONTEXT_FULL: "Stopped: the context is full"}
@@ -244,13 +245,6 @@ def turn_figures(stats: dict | None) -> str:
     return text + (f" · first token after {ttft:.1f} s" if ttft is not None else "")
 
 
-def tool_call_text(stats: dict | None) -> str:
-    """The tool calls an answer made, one a line: 'Asked to call lookup({"q": "key"}) — the app runs no tools'."""
-    calls = [c for c in (stats or {}).get("tool_calls") or [] if isinstance(c, dict)]
-    return "\n".join(f"Asked to call {c.get('name', '?')}({c.get('arguments', '')}) — Ferry's window runs no tools"
-                     for c in calls)
-
-
 class MessageWidget(QFrame):
     regenerate = Signal(int)
     edit = Signal(int, str)
@@ -301,13 +295,7 @@ class MessageWidget(QFrame):
         self.body.setAccessibleName("Your message" if record.role == "user" else "Answer")
         self.body.copied.connect(self.copied)
         outer.addWidget(self.body)
-        self.calls = QLabel(self)
-        self.calls.setObjectName("mutedLabel")
-        self.calls.setAccessibleName("Tool calls")
-        self.calls.setWordWrap(True)
-        self.calls.setTextFormat(Qt.TextFormat.PlainText)
-        self.calls.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.calls.setVisible(False)
+        self.calls = ToolCallsView(self)   # the answer's tool calls: name, arguments, result (app/ui/tool_calls.py)
         outer.addWidget(self.calls)
         self.probs = TokenProbsPanel(self)
         self.probs.setVisible(False)
@@ -377,9 +365,7 @@ class MessageWidget(QFrame):
             text = self.decorate(record, text)
         self.body.set_text(text)
         self.body.setVisible(bool(text))
-        calls = "" if streaming else tool_call_text(record.stats)
-        self.calls.setText(calls)
-        self.calls.setVisible(bool(calls))
+        self.calls.set_calls(record.stats)   # while it is written too: a tool round shows its calls as they run
         probs = [] if streaming else token_probs.from_stats(record.stats)
         self.probs.setVisible(bool(probs))
         if probs:

@@ -9,6 +9,7 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, 
 
 from app.memory.stats import MemorySplit
 from app.memory.units import budget_problem, size
+from app.ui.tool_calls import ToolsPage
 from app.store.settings import MAX_ALTERNATIVES, Settings, format_stops, parse_stops, remote_api_key, set_remote_api_key
 
 MIB = 1 << 20
@@ -199,6 +200,8 @@ class SettingsDialog(QDialog):
         self.model_note.setWordWrap(True)
         self.model_note.setVisible(False)
         self.pages.addTab(_page(form), "Answers")
+        self.tools_page = ToolsPage(settings.mcp_servers, settings.trusted_tools)
+        self.pages.addTab(self.tools_page, "Tools")
         lay.addWidget(self.model_note)
         lay.addWidget(self.pages)
         lay.addWidget(buttons)
@@ -325,7 +328,7 @@ class SettingsDialog(QDialog):
 
     def result_settings(self) -> Settings:
         return replace(
-            self._settings,
+            self._settings, **self.tools_page.values(),
             model_folders=[self.folders.item(i).text() for i in range(self.folders.count())],
             ram_budget=self.budget.value() * MIB, threads=self.threads.value(), context_length=self.ctx.value(),
             temperature=self.temp.value(), top_p=self.top_p.value(), top_k=self.top_k.value(),

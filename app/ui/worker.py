@@ -131,7 +131,8 @@ class EngineWorker(QObject):
             self.model, self.service = model, service
         loaded = ModelLoaded(path=str(path), name=model.name, n_ctx=session.n_ctx, info=info,
                              plan=plan, has_experts=bool(info.n_moe_layers and info.n_experts),
-                             chat_format=service.format.kind, engine="local", recommended_budget=recommended)
+                             chat_format=service.format.kind, engine="local", recommended_budget=recommended,
+                             takes_tools=service.format.takes_tools)
         self._opened = (path, options, recommended, loaded)
         self.loaded.emit(loaded)
 

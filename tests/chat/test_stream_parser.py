@@ -44,8 +44,20 @@ def run(parser: StreamParser, chunks: Iterable[str]) -> list[Event]:
 
 
 def merge_text(events: list[Event]) -> list[Event]:
+    """Text events merged per channel run; a tool call's streamed pieces checked against the call
+    (its name first, its argument pieces joined are its arguments) and left out."""
     merged: list[Event] = []
+    streamed: dict[int, list] = {}
     for kind, value in events:
+        if kind == "tool_call_start":
+            assert value[0] not in streamed
+            streamed[value[0]] = [value[1], ""]
+            continue
+        if kind == "tool_call_args":
+            streamed[value[0]][1] += value[1]
+            continue
+        if kind == "tool_call":
+            assert streamed.pop(value.index) == [value.name, value.arguments]
         if merged and kind in ("thinking", "response") and merged[-1][0] == kind:
             merged[-1] = (kind, merged[-1][1] + value)
         else:

@@ -320,3 +320,37 @@ def test_k3_thinking_follows_the_thinking_setting(scripted_live):
     with pytest.raises(anthropic.BadRequestError) as info:
         client.messages.create(model=server.id, max_tokens=10, messages=bad)
     assert "toolu_x" in info.value.body["error"]["message"]
+
+
+@pytest.mark.parametrize("name", ["k3", "hermes"])
+def test_thinking_budget_tokens_caps_the_thinking(scripted_live, name):
+    """``thinking.budget_tokens`` is a hard cap: once the answer has thought that many tokens, the markup that
+    ends its thinking (K3's, or ``</think>``) is written for it and it answers. The model here would think on
+    for 40 words, so the rest of its words and its answer land in the text block."""
+    server, say = scripted_live(name)
+    client = server.anthropic()
+    words = " ".join(f"w{i}" for i in range(40))
+    text = (f"{words}<|close|>think<|sep|><|open|>response<|sep|>Hello.<|close|>response<|sep|>" + K3_END
+            if name == "k3" else f"<think>{words}</think>Hello.")
+    say(text)
+    markers = ("<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>") if name == "k3" else ()
+    ids = script_ids(server.model, text, markers)
+    start = 0 if name == "k3" else len(script_ids(server.model, "<think>", ()))
+    ask = dict(model=server.id, max_tokens=300, messages=ASK, extra_body=GREEDY)
+
+    free = client.messages.create(**ask, thinking={"type": "enabled", "budget_tokens": 200})
+    assert [b.type for b in free.content] == ["thinking", "text"]
+    assert free.content[0].thinking.strip() == words and free.content[1].text == "Hello."
+
+    budget = 6
+    capped = client.messages.create(**ask, thinking={"type": "enabled", "budget_tokens": budget})
+    thought = server.model.tokenizer.decode(ids[start:start + budget])
+    assert [b.type for b in capped.content] == ["thinking", "text"]
+    assert capped.content[0].thinking == thought and len(thought) < len(words)
+    assert capped.content[1].text.endswith("Hello.") and capped.content[1].text.strip().startswith(
+        words[len(thought):].strip()[:3])   # the model's next words, after its thinking was closed
+    with client.messages.stream(**ask, thinking={"type": "enabled", "budget_tokens": budget}) as s:
+        types, events = _events(s)
+    _well_formed(types)
+    assert "".join(e.delta.thinking for e in events if e.type == "content_block_delta"
+                   and e.delta.type == "thinking_delta") == thought

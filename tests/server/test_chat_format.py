@@ -13,15 +13,16 @@ from app.chat.k3_format import render_k3
 from app.chat.turn import AnswerBuilder, Prepared, StopFilter
 from app.server.chat import ChatFormatter, Limits
 from app.server.errors import APIError
-from app.events import Reasoning, Text, ToolCallMade
+from app.events import Reasoning, Text, ToolCallDelta, ToolCallMade
 from app.server.schemas import ChatCompletionRequest
 from app.sampling import SamplingParams
 
 
 def pairs(events) -> list[tuple]:
     """The pipeline's typed events as (kind, value) for compact asserts."""
-    names = {Reasoning: "reasoning", Text: "content", ToolCallMade: "tool_call"}
-    return [(names[type(e)], e.call if isinstance(e, ToolCallMade) else e.text) for e in events]
+    names = {Reasoning: "reasoning", Text: "content", ToolCallMade: "tool_call", ToolCallDelta: "tool_call_delta"}
+    return [(names[type(e)], e.call if isinstance(e, ToolCallMade) else
+             (e.index, e.name, e.arguments) if isinstance(e, ToolCallDelta) else e.text) for e in events]
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
                                              "parameters": {"type": "object",
@@ -125,6 +126,8 @@ def test_k3_answers_give_reasoning_content_and_tool_calls():
     assert "".join(v for k, v in out if k == "content") == "Checking."
     calls = [v for k, v in out if k == "tool_call"]
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Paris"})]
+    pieces = [v for k, v in out if k == "tool_call_delta"]   # the call as it was written: its name, then its arguments
+    assert pieces[0] == (1, "get_weather", "") and "".join(a for _, _, a in pieces[1:]) == calls[0].arguments
     assert b.reasoning_tokens == 2
 
 

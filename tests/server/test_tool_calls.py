@@ -170,3 +170,34 @@ def test_formats_without_tool_calls_refuse_clearly(demo_container, tool_template
             client.chat.completions.create(model=lists.id, messages=ASK, tools=TOOLS, tool_choice=choice,
                                            max_tokens=4)
         assert info.value.body["param"] == "tool_choice" and "no tool-call format" in info.value.body["message"]
+
+
+def test_streamed_tool_call_arguments_come_in_pieces_as_the_model_writes_them(tiny_k3, live, monkeypatch):
+    """K3 writes a call element by element: the stream opens the call (id, type, name, empty arguments) as
+    soon as its name is known, then sends its JSON arguments in pieces as they are written, which the
+    openai SDK's stream helper accumulates into the same call as the non-streamed answer."""
+    server = live(tiny_k3)
+    script = scripted_sampler(monkeypatch, min(server.model.tokenizer.eos_ids))
+    args = {"city": 'Oslo, "the fjord city", Norway', "days": 3}
+    call = ('<|open|>call tool="get_weather" index="1"<|sep|>'
+            f'<|open|>argument key="city" type="string"<|sep|>{args["city"]}<|close|>argument<|sep|>'
+            '<|open|>argument key="days" type="number"<|sep|>3<|close|>argument<|sep|><|close|>call<|sep|>')
+    script.ids = script_ids(server.model, K3_THINK + "<|open|>tools<|sep|>" + call + "<|close|>tools<|sep|>" + K3_END)
+    client = server.openai()
+    ask = dict(model=server.id, messages=ASK, tools=TOOLS, max_tokens=400, temperature=0)
+    whole = client.chat.completions.create(**ask).choices[0].message.tool_calls[0]
+    assert json.loads(whole.function.arguments) == args
+
+    raw = [c.choices[0].delta.tool_calls[0] for c in client.chat.completions.create(stream=True, **ask)
+           if c.choices and c.choices[0].delta.tool_calls]
+    assert raw[0].id.startswith("call_") and (raw[0].type, raw[0].function.name, raw[0].function.arguments) == (
+        "function", "get_weather", "")
+    assert len(raw) > 5 and all(d.index == 0 and d.id is None and d.function.name is None for d in raw[1:])
+
+    with client.chat.completions.stream(**ask) as stream:
+        pieces = [e.arguments_delta for e in stream if e.type == "tool_calls.function.arguments.delta"]
+        final = stream.get_final_completion()
+    got = final.choices[0].message.tool_calls[0]
+    assert final.choices[0].finish_reason == "tool_calls" and len(pieces) > 5
+    assert "".join(pieces) == got.function.arguments == whole.function.arguments
+    assert got.id.startswith("call_") and got.function.name == "get_weather"
