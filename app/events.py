@@ -137,6 +137,9 @@ class TurnDone:
     stop_sequence: str | None = None  #: the stop sequence that ended the answer, if one did
     context_full: bool = False        #: a "length" stop where the context, not max_tokens, was the limit
     dropped_messages: int = 0         #: messages the context policy left out of the prompt (TurnRequest.context)
+    #: a kept prefix (TurnRequest.keep_prefix): "held", "restored", "partial", "saved", "refused: ..." (local,
+    #: with saved states), "remote" (the server keeps its own); "" when none was kept
+    prefix_state: str = ""
 
 
 TurnEvent = PromptProgress | Reasoning | Text | ToolCallMade | Logprob | LiveStats | TurnDone

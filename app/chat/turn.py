@@ -82,6 +82,9 @@ class TurnRequest:
     #: what a prompt that does not fit does: "error" refuses it (the server's: its clients decide), "drop_oldest"
     #: leaves the oldest turns out (the window and ``ferry chat``: a chat never dead-ends); see ``CONTEXT_POLICIES``
     context: str = "error"
+    #: the prompt up to the last message's text is worth keeping (document passages before the question): a
+    #: local engine with saved states restores it from disk, or reads it once and saves it (``Prepared.prefix_len``)
+    keep_prefix: bool = False
 
 
 #: The context policies a ``TurnRequest`` can name.
@@ -112,6 +115,7 @@ class Prepared:
     client: str = "local"
     dropped: int = 0             #: messages (after the system prompt) left out to fit the context
     context_bound: bool = False  #: the answer's room is what the context leaves (a length stop is "context full")
+    prefix_len: int = 0          #: leading prompt tokens to keep as a saved state (``TurnRequest.keep_prefix``)
 
 
 class ChatFormat:
@@ -173,7 +177,19 @@ class ChatFormat:
                         parallel_tool_calls=req.parallel_tool_calls, segments=segments + prefill,
                         top_logprobs=req.top_logprobs, experts_per_token=req.experts_per_token,
                         cache_aware_margin=req.cache_aware_margin, client=req.client, dropped=dropped,
-                        context_bound=want >= room)
+                        context_bound=want >= room,
+                        prefix_len=self._prefix_len(req, segments, prompt) if req.keep_prefix else 0)
+
+    def _prefix_len(self, req: TurnRequest, segments: list[Segment], prompt: list[int]) -> int:
+        """How many tokens of ``prompt`` come before the last message's text, when they encode on their own
+        exactly as they begin the prompt (0: no such prefix)."""
+        last = text_of(req.messages[-1].get("content")) if req.messages else ""
+        at = next((i for i in range(len(segments) - 1, -1, -1) if not segments[i][1] and segments[i][0] == last),
+                  None)
+        if not at:
+            return 0
+        prefix = self.model.encode(segments[:at])
+        return len(prefix) if prompt[:len(prefix)] == prefix else 0
 
     def _render(self, req: TurnRequest) -> tuple[list[Segment], str, str, bool, bool, list[Segment]]:
         """The prompt segments, the stream dialect, the channel left open, whether tool calls are Hermes' or
