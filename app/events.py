@@ -1,5 +1,5 @@
 """The events of one turn, as typed values. This module is the floor: it
-imports nothing of Ferry's but the tool-call type, and every front end (the
+imports nothing of Ferry's (the tool-call type is defined here), and every front end (the
 window's worker, the CLI, the server, document Q&A) and both engines (the
 local core, a remote OpenAI-compatible server) speak these types.
 
@@ -18,7 +18,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.chat.stream_parser import ToolCall
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A tool call the model made; ``arguments`` is JSON text, as in OpenAI's API."""
+
+    name: str
+    index: int
+    arguments: str
 
 
 # ---------------------------------------------------------------- engine stream
