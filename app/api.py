@@ -5,10 +5,14 @@ conversation is here; the modules behind it are implementation.
     from app.api import open_model, EngineService, TurnRequest, Text, TurnDone
 
     model = open_model("model.ferry")
-    service = EngineService(model, model.new_session(4096))
-    for ev in service.stream(service.prepare(TurnRequest([{"role": "user", "content": "Hi"}]))):
+    engine = EngineService(model, model.new_session(4096))     # or RemoteEngine(url): the same door
+    for ev in engine.submit(TurnRequest([{"role": "user", "content": "Hi"}])):
         if isinstance(ev, Text):
             print(ev.text, end="")
+
+Both engines implement ``TurnEngine`` (``app.engine.door``): ``submit(request)``
+gives a ``TurnStream`` to iterate and ``cancel()``; every front end runs its
+turns through it.
 
 Event types live one floor below (``app.events``): the engines and the
 pipeline produce them, the front ends consume them.
@@ -18,24 +22,35 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from app.activations import ACTIVATION_CHOICES, DEFAULT_ACTIVATIONS
+from app.activations import describe as describe_activations
 from app.chat.stream_parser import ToolCall
-from app.chat.turn import ChatFormat, Prepared, TurnError, TurnRequest, collect, run_turn
-from app.engine.activations import ACTIVATION_CHOICES, DEFAULT_ACTIVATIONS
-from app.engine.activations import describe as describe_activations
-from app.engine.binding import MemoryPlan, ModelInfo
-from app.engine.service import EngineService, ServiceBusy, ServiceClosed, TurnStream
+from app.chat.turn import (MAX_STOP_CHARS, MAX_STOPS, MAX_TOP_LOGPROBS, ChatFormat, Prepared, TurnError, TurnRequest,
+                           apply_routing, check_routing, collect, logprobs_content, run_turn)
+from app.engine.binding import KERNEL_CHOICES, FerryError, MemoryPlan, ModelInfo, verify
+from app.engine.door import TurnEngine, TurnStream
+from app.engine.remote import RemoteEngine, RemoteError
+from app.engine.service import EngineService, LocalStream, ServiceBusy, ServiceClosed
+from app.engine.states import StateCache, StateError
 from app.events import (Finished, LiveStats, Logprob, PromptProgress, Reasoning, Text, Token, TokenLogprob,
                         ToolCallDelta, ToolCallMade, TurnDone, TurnEvent)
-from app.model import LoadedModel, ModelError
+from app.model import LoadedModel, ModelError, log_softmax
 from app.sampling import SamplingParams
 
 __all__ = [
-    "ACTIVATION_CHOICES", "DEFAULT_ACTIVATIONS", "describe_activations",
-    "ChatFormat", "EngineService", "Finished", "LiveStats", "LoadOptions", "LoadedModel", "Logprob", "ModelError",
-    "ModelLoaded", "Prepared",
-    "PromptProgress", "Reasoning", "SamplingParams", "ServiceBusy", "ServiceClosed", "Text", "Token",
-    "TokenLogprob", "ToolCall", "ToolCallDelta", "ToolCallMade", "TurnDone", "TurnError", "TurnEvent", "TurnRequest", "TurnStream",
-    "collect", "open_model", "run_turn",
+    # the door: both engines, what they take and what they give
+    "TurnEngine", "TurnStream", "EngineService", "LocalStream", "RemoteEngine", "TurnRequest", "TurnError",
+    "ServiceBusy", "ServiceClosed", "RemoteError", "SamplingParams", "ToolCall",
+    "Finished", "LiveStats", "Logprob", "PromptProgress", "Reasoning", "Text", "Token", "TokenLogprob",
+    "ToolCallDelta", "ToolCallMade", "TurnDone", "TurnEvent",
+    # opening a model, and what the window's worker reports of it
+    "open_model", "LoadedModel", "ModelError", "LoadOptions", "ModelLoaded", "ModelInfo", "MemoryPlan",
+    "ACTIVATION_CHOICES", "DEFAULT_ACTIVATIONS", "describe_activations", "KERNEL_CHOICES", "FerryError", "verify",
+    # the pipeline's parts a front end shapes requests and answers with
+    "ChatFormat", "Prepared", "MAX_STOPS", "MAX_STOP_CHARS", "MAX_TOP_LOGPROBS", "check_routing", "apply_routing",
+    "logprobs_content", "log_softmax", "collect", "run_turn",
+    # saved prefix states (the local engine's, for document questions)
+    "StateCache", "StateError",
 ]
 
 

@@ -1,5 +1,5 @@
 """The events of one turn, as typed values. This module is the floor: it
-imports nothing of Ferry's but the tool-call type, and every front end (the
+imports nothing of Ferry's (the tool-call type is defined here), and every front end (the
 window's worker, the CLI, the server, document Q&A) and both engines (the
 local core, a remote OpenAI-compatible server) speak these types.
 
@@ -19,7 +19,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.chat.stream_parser import ToolCall
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A tool call the model made; ``arguments`` is JSON text, as in OpenAI's API."""
+
+    name: str
+    index: int
+    arguments: str
 
 
 # ---------------------------------------------------------------- engine stream
@@ -150,6 +157,9 @@ class TurnDone:
     stop_sequence: str | None = None  #: the stop sequence that ended the answer, if one did
     context_full: bool = False        #: a "length" stop where the context, not max_tokens, was the limit
     dropped_messages: int = 0         #: messages the context policy left out of the prompt (TurnRequest.context)
+    #: a kept prefix (TurnRequest.keep_prefix): "held", "restored", "partial", "saved", "refused: ..." (local,
+    #: with saved states), "remote" (the server keeps its own); "" when none was kept
+    prefix_state: str = ""
 
 
 TurnEvent = PromptProgress | Reasoning | Text | ToolCallDelta | ToolCallMade | Logprob | LiveStats | TurnDone

@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != REPO / "bench"]
 sys.path.insert(0, str(REPO))
 
-from app.engine.activations import DEFAULT_ACTIVATIONS, EXACT  # noqa: E402
+from app.activations import DEFAULT_ACTIVATIONS, EXACT  # noqa: E402
 from app.engine.compare import distance, read_prompts, run_mode  # noqa: E402
 
 PROMPTS = REPO / "bench" / "q8_prompts.txt"

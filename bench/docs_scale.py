@@ -336,7 +336,7 @@ def measure_cold(db: Path, keys, warm_budget: int | None = None) -> dict:
 def _exhaustive_bm25(store, index, question: str, k: int) -> list[int]:
     """The top k of the word BM25 over every passage that holds a question word (term frequencies of
     all postings from FTS5 through fts5vocab), scored with the index's own formula and statistics."""
-    from app.documents.index import bm25, word_terms
+    from app.documents.terms import bm25, word_terms
     from app.documents.store import fts_tables
 
     words = list(dict.fromkeys(word_terms(question)))

@@ -39,7 +39,7 @@ def main() -> None:
         service.session.reset()
         service._owner = None
         t0 = time.perf_counter()
-        done = [ev for ev in service.stream(service.prepare(TurnRequest(messages, max_tokens=args.tokens)))
+        done = [ev for ev in service.submit(TurnRequest(messages, max_tokens=args.tokens))
                 if isinstance(ev, TurnDone)][0]
         piped = time.perf_counter() - t0
         assert done.token_ids == end.tokens, "the pipeline must generate the same tokens"

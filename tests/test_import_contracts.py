@@ -1,8 +1,12 @@
-"""The architecture rules in .importlinter hold (import-linter, run in the suite): Qt only in
+"""The architecture rules hold: those in .importlinter (import-linter, run in the suite: Qt only in
 app.ui, the window and the command line independent, the server below its callers, the window's
-controller below the window. And the runner does catch a broken rule."""
+controller below the window, the front ends on top of the door, reaching the engines only through
+app.api, the store a floor), no import circle between app's modules, and only app.engine.binding
+importing the compiled core (an extension module import-linter's graph cannot see). And each check
+does catch a broken rule."""
 from __future__ import annotations
 
+import ast
 import sys
 import textwrap
 from pathlib import Path
@@ -45,3 +49,86 @@ def test_a_qt_import_outside_the_ui_is_caught(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     sys.modules.pop("toyapp", None)
     assert lint(config_filename=str(cfg)) == 1
+
+
+def import_cycles(package: str) -> list[list[str]]:
+    """The import circles between ``package``'s modules (each a strongly connected group of two or
+    more modules; an import under ``if TYPE_CHECKING:`` runs nothing and is left out)."""
+    import grimp
+
+    graph = grimp.build_graph(package, exclude_type_checking_imports=True)
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(module: str) -> None:     # Tarjan's algorithm
+        order[module] = low[module] = len(order)
+        stack.append(module)
+        on_stack.add(module)
+        for other in graph.find_modules_directly_imported_by(module):
+            if other not in graph.modules:
+                continue
+            if other not in order:
+                visit(other)
+                low[module] = min(low[module], low[other])
+            elif other in on_stack:
+                low[module] = min(low[module], order[other])
+        if low[module] == order[module]:
+            group = []
+            while True:
+                other = stack.pop()
+                on_stack.discard(other)
+                group.append(other)
+                if other == module:
+                    break
+            if len(group) > 1:
+                cycles.append(sorted(group))
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
+    for module in sorted(graph.modules):
+        if module not in order:
+            visit(module)
+    return cycles
+
+
+def core_importers(root: Path, package: str = "app") -> list[str]:
+    """The modules under ``root`` that import the compiled core (``<package>.engine._ferry_c``),
+    at any depth of the code, but its binding."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        module = ".".join(path.relative_to(root.parent).with_suffix("").parts)
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            if any(n == f"{package}.engine._ferry_c" for n in names) and module != f"{package}.engine.binding":
+                found.append(module)
+    return sorted(set(found))
+
+
+def test_no_import_circle_in_app(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT))
+    assert import_cycles("app") == []
+
+
+def test_only_the_binding_imports_the_compiled_core():
+    assert core_importers(ROOT / "app") == []
+
+
+def test_a_circle_and_a_direct_core_import_are_caught(tmp_path, monkeypatch):
+    pkg = tmp_path / "toyloop"
+    (pkg / "engine").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "engine" / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from toyloop import b\n")
+    (pkg / "b.py").write_text("def f():\n    from toyloop import a\n")     # even inside a function
+    (pkg / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from toyloop import a\n")
+    (pkg / "engine" / "binding.py").write_text("from toyloop.engine._ferry_c import lib\n")
+    (pkg / "engine" / "speed.py").write_text("def g():\n    from toyloop.engine import _ferry_c\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert import_cycles("toyloop") == [["toyloop.a", "toyloop.b"]]
+    assert core_importers(pkg, "toyloop") == ["toyloop.engine.speed"]

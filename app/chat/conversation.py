@@ -257,10 +257,6 @@ class Chat:
             raise ChatError("an answer is still being written")
 
 
-STATUS_NOTE = {"cancelled": "stopped", "error": "ended by an error", "length": "cut off at the length limit",
-                "context_full": "stopped: the context is full"}
-
-
 def _title_from(text: str) -> str:
     words = text.split()
     title = " ".join(words[:TITLE_WORDS])

@@ -79,12 +79,15 @@ def to_json(chat, **kw) -> str:
     return json.dumps(as_dict(chat, **kw), indent=1, ensure_ascii=False) + "\n"
 
 
+#: How an answer that did not end normally is marked in the export.
+STATUS_NOTE = {"cancelled": "stopped", "error": "ended by an error", "length": "cut off at the length limit",
+               "context_full": "stopped: the context is full"}
+
+
 def to_markdown(chat, *, shown: dict | None = None, **_kw) -> str:
     """The branch on screen as Markdown: who wrote each message (and which model) and when, thinking
     (escaped) folded in ``<details>``, the text as shown with its ``[n]`` markers, and under each answer
     the sources it cites, each once."""
-    from app.chat.conversation import STATUS_NOTE
-
     lines = [f"# {chat.title}", "", f"*Exported {_when(time.time())}*", ""]
     for m in chat.visible():
         wrote = ((m.stats or {}).get("model") or {}).get("name")

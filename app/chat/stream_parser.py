@@ -33,8 +33,9 @@ import codecs
 import json
 import re
 from collections.abc import Iterable, Set
-from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeAlias
+
+from app.events import ToolCall  # the tool-call type lives with the events that carry it
 
 Channel: TypeAlias = Literal["thinking", "response"]
 Dialect: TypeAlias = Literal["k3", "think_tags"]
@@ -54,15 +55,6 @@ CHANNELS = ("thinking", "response")
 DIALECTS = ("k3", "think_tags")
 
 _ATTRIBUTE = re.compile(r'([\w-]+)="([^"]*)"')
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    """A tool call the model made; ``arguments`` is JSON text, as in OpenAI's API."""
-
-    name: str
-    index: int
-    arguments: str
 
 
 class TokenSource(Protocol):

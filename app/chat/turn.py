@@ -86,6 +86,9 @@ class TurnRequest:
     #: what a prompt that does not fit does: "error" refuses it (the server's: its clients decide), "drop_oldest"
     #: leaves the oldest turns out (the window and ``ferry chat``: a chat never dead-ends); see ``CONTEXT_POLICIES``
     context: str = "error"
+    #: the prompt up to the last message's text is worth keeping (document passages before the question): a
+    #: local engine with saved states restores it from disk, or reads it once and saves it (``Prepared.prefix_len``)
+    keep_prefix: bool = False
 
 
 #: The context policies a ``TurnRequest`` can name.
@@ -121,6 +124,7 @@ class Prepared:
     thinking_close: list[int] = field(default_factory=list)
     context_bound: bool = False  #: the answer's room is what the context leaves (a length stop is "context full")
     images: list = field(default_factory=list)  #: app.vision.image.PreparedImage, in prompt order
+    prefix_len: int = 0          #: leading prompt tokens to keep as a saved state (``TurnRequest.keep_prefix``)
 
 
 class ChatFormat:
@@ -200,7 +204,19 @@ class ChatFormat:
                         top_logprobs=req.top_logprobs, experts_per_token=req.experts_per_token,
                         cache_aware_margin=req.cache_aware_margin, client=req.client, dropped=dropped,
                         context_bound=want >= room, images=list(self.images), thinking_budget=budget if close else None,
-                        thinking_close=close)
+                        thinking_close=close,
+                        prefix_len=self._prefix_len(req, segments, prompt) if req.keep_prefix else 0)
+
+    def _prefix_len(self, req: TurnRequest, segments: list[Segment], prompt: list[int]) -> int:
+        """How many tokens of ``prompt`` come before the last message's text, when they encode on their own
+        exactly as they begin the prompt (0: no such prefix)."""
+        last = text_of(req.messages[-1].get("content")) if req.messages else ""
+        at = next((i for i in range(len(segments) - 1, -1, -1) if not segments[i][1] and segments[i][0] == last),
+                  None)
+        if not at:
+            return 0
+        prefix = self.model.encode(segments[:at])
+        return len(prefix) if prompt[:len(prefix)] == prefix else 0
 
     def _render(self, req: TurnRequest) -> tuple[list[Segment], str, str, bool, bool, list[Segment]]:
         """The prompt segments, the stream dialect, the channel left open, whether tool calls are Hermes' or

@@ -9,10 +9,9 @@ import sys
 import time
 from pathlib import Path
 
-from app.api import LoadedModel, SamplingParams, TurnRequest, open_model
+from app.api import (ACTIVATION_CHOICES, DEFAULT_ACTIVATIONS, KERNEL_CHOICES, LoadedModel, SamplingParams, TurnRequest,
+                     open_model)
 from app.convert.convert import Progress
-from app.engine.activations import ACTIVATION_CHOICES, DEFAULT_ACTIVATIONS
-from app.engine.binding import KERNEL_CHOICES
 
 DEMO = "demo"
 CTX_DEFAULT = 4096
@@ -174,14 +173,14 @@ class PromptMeter:
 
 
 class Turns:
-    """Where `ferry run` and `ferry chat` send their turns: a model on this
-    computer (the engine service on one session), or, when MODEL is a
-    server's URL, that server through the window's remote engine
-    (``app.engine.remote``: the same events, the API key the window keeps for
-    that URL in the keychain)."""
+    """Where `ferry run`, `ferry chat` and `ferry docs ask` send their turns (``engine``, the one door):
+    a model on this computer (the engine service on one session; ``states``: its saved prefix
+    states), or, when MODEL is a server's URL, that server through the window's remote engine
+    (``app.engine.remote``: the same events, the API key the window keeps for that URL in the
+    keychain)."""
 
-    def __init__(self, args):
-        self.model = self.service = self.remote = None
+    def __init__(self, args, *, states=None):
+        self.model = self.remote = None
         if is_server_url(args.model):
             local = [flag for flag, used in (("--budget", args.budget), ("--kernels", getattr(args, "kernels", None)),
                                              ("--threads", args.threads), ("--ctx", args.ctx != CTX_DEFAULT),
@@ -191,33 +190,28 @@ class Turns:
             if local:
                 raise UsageError(f"{', '.join(local)} set{'s' if len(local) == 1 else ''} up a model on this "
                                  f"computer; {args.model} is a server, which chooses its own")
-            from app.engine.remote import RemoteEngine
+            from app.api import RemoteEngine
             from app.store.settings import remote_api_key
 
             self.remote = RemoteEngine(args.model, getattr(args, "server_model", None) or "",
                                        remote_api_key(args.model))
             self.remote.check()                     # RemoteError: unreachable, wrong key, unknown model
-            self.name = self.remote.model
+            self.engine = self.remote
         else:
             from app.api import EngineService
 
             self.model = open_from_args(args)
-            self.service = EngineService(self.model, self.model.new_session(args.ctx))
-            self.name = self.model.name
+            self.engine = EngineService(self.model, self.model.new_session(args.ctx), states=states)
+        self.name = self.engine.name
 
     def stream(self, request: TurnRequest):
         """(the turn's events, a function that cancels it)."""
-        if self.remote is not None:
-            self.remote.clear_cancel()
-            return self.remote.generate(request), self.remote.cancel
-        stream = self.service.stream(self.service.prepare(request))
+        stream = self.engine.submit(request)
         return stream, stream.cancel
 
     def close(self) -> None:
-        if self.remote is not None:
-            self.remote.close()
-        if self.service is not None:
-            self.service.close()
+        self.engine.close()
+        if self.model is not None:
             self.model.close()
 
 
@@ -251,7 +245,7 @@ def add_server_model(p) -> None:
 
 
 def add_logprobs(p: argparse.ArgumentParser) -> None:
-    from app.chat.turn import MAX_TOP_LOGPROBS
+    from app.api import MAX_TOP_LOGPROBS
 
     p.add_argument("--logprobs", type=int, default=None, metavar="N", choices=range(0, MAX_TOP_LOGPROBS + 1),
                    help="with --json: each generated token's log-probability and the N (0-20) most likely "
@@ -338,7 +332,7 @@ def turn_request(args, messages: list[dict], *, raw: bool = False, client: str =
                  context: str = "error") -> TurnRequest:
     """The turn the options ask for; options out of range are a UsageError (before any model loads).
     ``context``: the context policy (``TurnRequest.context``; ``ferry chat`` drops the oldest turns)."""
-    from app.chat.turn import MAX_STOPS, MAX_STOP_CHARS
+    from app.api import MAX_STOP_CHARS, MAX_STOPS
 
     stops = list(getattr(args, "stop", None) or [])
     if len(stops) > MAX_STOPS or any(not s or len(s) > MAX_STOP_CHARS for s in stops):

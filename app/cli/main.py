@@ -12,8 +12,8 @@ from typing import Sequence
 
 import numpy as np
 
-from app.api import (ModelError, PromptProgress, Reasoning, Text, ToolCallMade, TurnDone, TurnError, TurnRequest,
-                     describe_activations)
+from app.api import (FerryError, ModelError, PromptProgress, Reasoning, RemoteError, Text, ToolCallMade, TurnDone,
+                     TurnError, TurnRequest, describe_activations, log_softmax, logprobs_content, verify)
 from app.cli.common import (PromptMeter, Turns, UsageError, add_images, add_logprobs, add_model_options, add_routing,
                             add_sampling, add_server_model, image_parts, logprobs_problem, open_from_args, parse_size,
                             progress_printer, resolve_model, turn_request, number_argument_problem, with_images)
@@ -22,11 +22,7 @@ from app.convert.errors import SourceError
 from app.convert.format_choices import RECOMMENDED
 from app.convert.layout import FORMAT_CHOICES
 from app.vision.image import DEFAULT_PATCH_BUDGET, MAX_PATCH_BUDGET, MIN_PATCH_BUDGET
-from app.engine.binding import FerryError, verify
-from app.engine.remote import RemoteError
-from app.chat.turn import logprobs_content
 from app.tools.mcp import MAX_ROUNDS as MAX_TOOL_ROUNDS, tool_round
-from app.model import log_softmax
 from app.memory.plan import describe, plan_container
 from app.text_input import not_text, text_argument_problem, tolerant_stdin
 
@@ -434,7 +430,7 @@ def cmd_eval_compare(args) -> int:
 
 def cmd_eval(args) -> int:
     from app.api import ChatFormat
-    from app.chat.turn import apply_routing
+    from app.api import apply_routing
 
     if args.compare:
         return cmd_eval_compare(args)
@@ -670,7 +666,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from app.get.cli import main as get_main
             return get_main(argv[1:])
         if argv[:1] == ["docs"]:
-            from app.documents.cli import main as documents_main
+            from app.cli.docs import main as documents_main
             return documents_main(argv[1:])
         if argv[:1] == ["plan"] and any(a == "--config" or a.startswith("--config=") for a in argv):
             from app.memory.plan_config import main as plan_config_main

@@ -15,7 +15,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from app.convert.errors import SourceError
+from app.convert.errors import SourceError, load_json_file
 from app.untrusted import shown
 
 #: Whole-number keys and their largest accepted value (every one may also be null).
@@ -132,8 +132,6 @@ def check_tokenizer_config(cfg: Any, where: Path) -> dict:
 
 def load_config(path: Path) -> dict:
     """config.json read with the JSON limits and checked (see :func:`check_config`)."""
-    from app.convert.safetensors_file import load_json_file
-
     return check_config(load_json_file(path), path)
 
 

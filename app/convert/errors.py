@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Generic, Iterable, TypeVar
+from typing import Any, Generic, Iterable, TypeVar
 
 import numpy as np
+
+from app import untrusted
 
 
 class SourceError(ValueError):
@@ -92,3 +94,27 @@ class TensorFile(Generic[InfoT]):
         """The tensor's stored bytes as a flat uint8 array."""
         info = self.info(name)
         return read_file_range(self.path, info.offset, info.nbytes)
+
+
+#: Largest JSON file (config.json, a shard index) read from a source.
+MAX_JSON_BYTES = 100_000_000
+
+
+def parse_json(path: Path, data: bytes, what: str) -> Any:
+    """Decode untrusted UTF-8 JSON ``data`` (``what`` names it in errors) with
+    the limits of app.untrusted.parse_json (size, depth, no repeated key)."""
+    try:
+        return untrusted.parse_json(data, what, max_bytes=MAX_JSON_BYTES)
+    except untrusted.BadData as exc:
+        raise SourceError(path, str(exc)) from None
+
+
+def load_json_file(path: Path) -> Any:
+    """Read and decode a JSON file of at most MAX_JSON_BYTES."""
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        raise SourceError(path, f"cannot read file: {exc.strerror or exc}") from None
+    if size > MAX_JSON_BYTES:
+        raise SourceError(path, f"file is {size} bytes, over the {MAX_JSON_BYTES} byte limit")
+    return parse_json(path, read_file_range(path, 0, size).tobytes(), "file")

@@ -70,7 +70,7 @@ def dequantize(raw: np.ndarray, n_elements: int) -> np.ndarray:
 
 
 def _lib():
-    from app.engine._ferry_c import ffi, lib
+    from app.engine.binding import ffi, lib   # the compiled core only through its binding
     return ffi, lib
 
 

@@ -18,10 +18,9 @@ import numpy as np
 
 from app import untrusted
 from app.convert import quant
-from app.convert.errors import SourceError, TensorFile, read_file_range
+from app.convert.errors import SourceError, TensorFile, load_json_file, parse_json, read_file_range
 
 MAX_HEADER_BYTES = 100_000_000
-MAX_JSON_BYTES = 100_000_000
 MAX_TENSORS = 1_000_000
 MAX_DIMS = 8
 MAX_DIM = 2**40
@@ -72,26 +71,6 @@ class TensorInfo:
     def n_elements(self) -> int:
         """Number of values (1 for a scalar)."""
         return math.prod(self.shape)
-
-
-def parse_json(path: Path, data: bytes, what: str) -> Any:
-    """Decode untrusted UTF-8 JSON ``data`` (``what`` names it in errors) with
-    the limits of app.untrusted.parse_json (size, depth, no repeated key)."""
-    try:
-        return untrusted.parse_json(data, what, max_bytes=MAX_JSON_BYTES)
-    except untrusted.BadData as exc:
-        raise SourceError(path, str(exc)) from None
-
-
-def load_json_file(path: Path) -> Any:
-    """Read and decode a JSON file of at most MAX_JSON_BYTES."""
-    try:
-        size = path.stat().st_size
-    except OSError as exc:
-        raise SourceError(path, f"cannot read file: {exc.strerror or exc}") from None
-    if size > MAX_JSON_BYTES:
-        raise SourceError(path, f"file is {size} bytes, over the {MAX_JSON_BYTES} byte limit")
-    return parse_json(path, read_file_range(path, 0, size).tobytes(), "file")
 
 
 def _is_int(value: Any) -> bool:
@@ -280,7 +259,7 @@ class _Scan:
             return None
 
     def _load_config(self) -> None:
-        from app.convert.config_check import load_config
+        from app.convert.config_check import load_config   # config_check reads through app.convert.errors
 
         path = self.directory / "config.json"
         if not path.is_file():

@@ -51,7 +51,7 @@ def _read_small(path: Path, limit: int = MAX_TOKENIZER_BYTES) -> bytes:
 
 
 def _read_json(path: Path) -> dict:
-    from app.convert.safetensors_file import parse_json
+    from app.convert.errors import parse_json
 
     data = parse_json(path, _read_small(path), "file")
     if not isinstance(data, dict):

@@ -19,10 +19,10 @@ from typing import Any
 from app.convert import tokenizer_files
 from app.convert.arch import spec_from_hf
 from app.convert.config_check import load_config
-from app.convert.errors import SourceError
+from app.convert.errors import SourceError, load_json_file
 from app.convert.gguf_file import GGUFFile
 from app.convert.layout import Layout, plan_layout
-from app.convert.safetensors_file import INDEX_NAME, Checkpoint, load_json_file
+from app.convert.safetensors_file import INDEX_NAME, Checkpoint
 from app.convert.sources import GGUFSource, HFSource, Source
 from app.untrusted import shown
 

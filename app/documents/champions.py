@@ -36,7 +36,7 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from app.documents import index as _index     # its BM25 constants (a module cycle: read at call time)
+from app.documents import terms as _terms     # BM25's constants and the words of a passage
 
 #: a word held by at least this many passages gets a champion list
 CHAMPION_DF = 2000
@@ -59,13 +59,13 @@ def ensure_schema(db) -> None:
 
 def length_norm(length, avgdl: float):
     """BM25's length normalisation of a passage (or an array of them): ``k1 * (1 - b + b * len / avgdl)``."""
-    k1, b = _index.K1, _index.B
+    k1, b = _terms.K1, _terms.B
     return k1 * (1 - b + b * length / (avgdl or 1.0))
 
 
 def impact_at(tf, norm):
     """A word's BM25 contribution without its IDF, given the passage's :func:`length_norm`."""
-    return tf * (_index.K1 + 1) / (tf + norm)
+    return tf * (_terms.K1 + 1) / (tf + norm)
 
 
 def impact(tf, length, avgdl: float):
@@ -157,7 +157,7 @@ def _from_fts(db, cid: int, term: str, avgdl: float) -> list[tuple[int, int, int
     the word's df) and checked by scoring them again; a passage whose score does not match has its
     words counted from its text. Reading every posting instead (:func:`_from_postings`, the
     reference the tests compare with) was a sixth of an add's time at 100 MB."""
-    from app.documents.store import fts_tables
+    from app.documents.schema import fts_tables
 
     words = fts_tables(cid)[0]
     ranked = db.execute(f"SELECT rowid, rank FROM {words} WHERE {words} MATCH ? ORDER BY rank, rowid LIMIT ?",
@@ -171,7 +171,7 @@ def _from_fts(db, cid: int, term: str, avgdl: float) -> list[tuple[int, int, int
                      (cid, term)).fetchone() or (0,)
     idf = math.log((n - df + 0.5) / (df + 0.5)) if df else 0.0
     idf = idf if idf > 0 else 1e-6             # FTS5's floor for a word in over half the passages
-    k1 = _index.K1
+    k1 = _terms.K1
     entries, unsure = [], []
     for pid, rank in ranked:
         k = length_norm(length[pid], avgdl)
@@ -182,7 +182,7 @@ def _from_fts(db, cid: int, term: str, avgdl: float) -> list[tuple[int, int, int
         else:
             unsure.append(pid)
     if unsure:
-        entries += [(pid, _index.word_terms(f"{heading}\n{text}").count(term), length[pid])
+        entries += [(pid, _terms.word_terms(f"{heading}\n{text}").count(term), length[pid])
                     for pid, heading, text in db.execute(
                         f"SELECT id, heading, text FROM docs_chunks WHERE id IN ({','.join('?' * len(unsure))})",
                         unsure)]
@@ -192,7 +192,7 @@ def _from_fts(db, cid: int, term: str, avgdl: float) -> list[tuple[int, int, int
 def _from_postings(db, cid: int, term: str, avgdl: float) -> list[tuple[int, int, int]]:
     """A word's list from every one of its postings (their term frequencies read through an
     ``fts5vocab`` table): the reference :func:`_from_fts` is tested against."""
-    from app.documents.store import fts_tables
+    from app.documents.schema import fts_tables
 
     words = fts_tables(cid)[0]
     vocab = f"docs_vocab_{int(cid)}"

@@ -15,13 +15,10 @@ import re
 import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterator
 
-#: suffix -> kind
-SUFFIXES = {".txt": "text", ".text": "text", ".md": "markdown", ".markdown": "markdown",
-            ".pdf": "pdf", ".html": "html", ".htm": "html", ".xhtml": "html", ".docx": "docx"}
-#: Largest file read (bytes); bigger ones are reported, not read.
-MAX_FILE_BYTES = 200 * 2**20
+# the files read (their kinds, the size limit) and how they are read are the walk's policy, one floor below
+from app.documents.walk import MAX_FILE_BYTES, SUFFIXES, ExtractError, kind_of, read_document_bytes
 
 # Limits against hostile files: a few bytes on disk that would take hours or gigabytes to read.
 # Each is far above what real documents need (docs/SECURITY.md); a file past one is refused
@@ -51,10 +48,6 @@ def _size(n: int) -> str:
     return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.0f} KiB" if n >= 2**10 else f"{n} bytes"
 
 
-class ExtractError(ValueError):
-    """A file that cannot be read; the message says why (the caller adds the name)."""
-
-
 @dataclass(frozen=True)
 class Block:
     kind: str          #: "heading" or "para"
@@ -81,10 +74,6 @@ class Extracted:
     @property
     def chars(self) -> int:
         return sum(len(p.text) for p in self.pages)
-
-
-def kind_of(path: Path) -> str | None:
-    return SUFFIXES.get(path.suffix.lower())
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -388,8 +377,6 @@ def extract(path: str | os.PathLike, data: bytes | None = None) -> Extracted:
         raise ExtractError(f"unsupported file type '{path.suffix or '(none)'}' "
                            f"(supported: {', '.join(sorted(set(SUFFIXES)))})")
     if data is None:
-        from app.documents.walk import read_document_bytes
-
         data = read_document_bytes(path, MAX_FILE_BYTES)   # never a FIFO, a device or an endless file
     if kind in ("text", "markdown"):
         pages = [Page(None, _text_blocks(_decode(data), kind == "markdown"))]
@@ -407,18 +394,3 @@ def extract(path: str | os.PathLike, data: bytes | None = None) -> Extracted:
     if not doc.chars:
         raise ExtractError("the file has no text")
     return doc
-
-
-def expand(paths: Iterable[str | os.PathLike]) -> tuple[list[Path], list[tuple[Path, str]]]:
-    """Files to read from files and folders, and [(path, why it is skipped)]:
-    the policy of :func:`app.documents.walk.iter_document_files`, collected."""
-    from app.documents.walk import Skip, iter_document_files
-
-    files: list[Path] = []
-    skipped: list[tuple[Path, str]] = []
-    for item in iter_document_files(paths):
-        if isinstance(item, Skip):
-            skipped.append((item.path, item.reason))
-        else:
-            files.append(item)
-    return files, skipped

@@ -29,13 +29,63 @@ from collections import deque
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
-from typing import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from app.documents.chunk import chunk_document
-from app.documents.extract import MAX_FILE_BYTES, ExtractError, expand, extract
-from app.documents.index import terms_for
-from app.documents.walk import display_name, read_document_bytes
-from app.documents.store import AddProgress, AddReport, DocumentStore, IndexBatch, df_counts
+from app.documents.extract import MAX_FILE_BYTES, ExtractError, extract
+from app.documents.terms import terms_for
+from app.documents.walk import display_name, expand, read_document_bytes
+from app.documents.upkeep import IndexBatch, df_counts
+
+if TYPE_CHECKING:   # the store calls the indexer (DocumentStore.add), not the other way round
+    from app.documents.store import DocumentStore
+
+
+@dataclass
+class AddProgress:
+    done: int             #: files finished
+    total: int
+    path: Path            #: the file being read now (or just finished)
+    stage: str            #: "reading", "indexed", "unchanged", "failed", "removed", "done"
+    message: str = ""
+    bytes_done: int = 0
+    bytes_total: int = 0
+    chunks: int = 0       #: passages stored so far
+    seconds: float = 0.0
+    eta_s: float | None = None
+
+    def summary(self) -> str:
+        """"120/4,000 files · 35/900 MB · 8,211 passages · about 2 min left"."""
+        mb = f"{self.bytes_done / 1e6:,.0f}/{self.bytes_total / 1e6:,.0f} MB"
+        eta = ""
+        if self.eta_s is not None and self.stage != "done":
+            eta = f" · about {self.eta_s:.0f} s left" if self.eta_s < 90 else f" · about {self.eta_s / 60:.0f} min left"
+        return f"{self.done:,}/{self.total:,} files · {mb} · {self.chunks:,} passages{eta}"
+
+
+@dataclass
+class AddReport:
+    added: list[Path] = field(default_factory=list)
+    unchanged: list[Path] = field(default_factory=list)
+    failed: list[tuple[Path, str]] = field(default_factory=list)
+    removed: list[Path] = field(default_factory=list)
+    chunks: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+    cancelled: bool = False
+    store_seconds: float = 0.0    #: of ``seconds``, storing (inserts, index upkeep, commits)
+    wait_seconds: float = 0.0     #: of ``seconds``, waiting for the workers' next file
+
+    def as_dict(self) -> dict:
+        return {"added": [str(p) for p in self.added], "unchanged": [str(p) for p in self.unchanged],
+                "failed": [{"path": display_name(p), "name": display_name(p.name), "error": why}
+                           for p, why in self.failed],
+                "removed": [str(p) for p in self.removed], "chunks": self.chunks, "bytes": self.bytes,
+                "seconds": round(self.seconds, 3), "cancelled": self.cancelled,
+                "store_seconds": round(self.store_seconds, 3), "wait_seconds": round(self.wait_seconds, 3)}
+
+
 
 NO_COUNTS: tuple[dict, dict] = ({}, {})
 

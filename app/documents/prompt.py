@@ -12,17 +12,19 @@ Everything before the question's segment is the *document prefix*. It does
 not depend on the question when the whole collection fits in the budget
 (then every passage is included, in document order), or when two questions
 select the same passages (the selection is put in document order too), so
-its session state can be saved once and restored (app/documents/states.py).
+its session state can be saved once and restored (app/engine/states.py).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence, TypeVar
 
 from app.chat.segments import Segment
 from app.chat.turn import ChatFormat, Prepared, TurnError, TurnRequest
 from app.documents.index import IndexedChunk, FtsIndex
 from app.documents.retrieve import search
+
+T = TypeVar("T")
 
 INSTRUCTIONS = (
     "Answer the question using only the numbered passages below, which come from the user's own documents. "
@@ -123,34 +125,72 @@ def passages_message(passages: Sequence[Passage], instructions: str = INSTRUCTIO
     return f"{instructions}\n\nPassages:\n\n{body}"
 
 
-def build_prompt(model, index: FtsIndex, question: str, budget: int, *, mode: str = "hybrid",
-                 instructions: str = INSTRUCTIONS, request: TurnRequest | None = None,
-                 n_ctx: int | None = None) -> DocPrompt:
-    """The turn for ``question``: ``request`` (sampling, thinking...) with the
-    passages as the system message and the question as the user message."""
+@dataclass
+class Question:
+    """A question about a collection as a turn: the request (the passages as its system message, the
+    question as the user's), and the passages chosen for it."""
+
+    request: TurnRequest
+    passages: list[Passage]
+    whole_collection: bool
+    passage_tokens: int
+    budget: int
+    system: str
+    question: str
+
+
+def question_turn(model, index: FtsIndex, question: str, budget: int, *, mode: str = "hybrid",
+                  instructions: str = INSTRUCTIONS, request: TurnRequest | None = None) -> Question:
+    """The passages for ``question`` within ``budget`` (counted by ``model``'s tokenizer: a loaded
+    model, an engine, or ``Estimate``) and ``request`` (sampling, thinking...) carrying them, its
+    prefix (everything before the question) marked to be kept."""
     chosen, whole, used = select_passages(model, index, question, budget, mode)
     passages = [Passage(i + 1, c, s, 0) for i, (c, s) in enumerate(chosen)]
     system = passages_message(passages, instructions)
     request = request or TurnRequest(messages=[])
+    request.messages, request.keep_prefix = passage_messages(system, question), True
+    return Question(request, passages, whole, used, budget, system, question)
+
+
+def prepare_question(q: Question, prepare: Callable[[TurnRequest], T]) -> T:
+    """``prepare(q.request)`` (a chat format's prepare, or an engine's submit); for a template without
+    a system role, again with the passages and the question in one user message (no prefix kept)."""
+    try:
+        return prepare(q.request)
+    except TurnError as exc:
+        if not without_system_role(exc):
+            raise
+        q.request.messages, q.request.keep_prefix = merged_message(q.system, q.question), False
+        return prepare(q.request)
+
+
+def build_prompt(model, index: FtsIndex, question: str, budget: int, *, mode: str = "hybrid",
+                 instructions: str = INSTRUCTIONS, request: TurnRequest | None = None,
+                 n_ctx: int | None = None) -> DocPrompt:
+    """The prompt ``question_turn`` makes, prepared by ``model``'s chat format (what a local engine reads)."""
+    q = question_turn(model, index, question, budget, mode=mode, instructions=instructions, request=request)
     fmt = ChatFormat(model)
     n_ctx = n_ctx or model.engine.info.max_ctx
-    try:
-        request.messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
-        prepared = fmt.prepare(request, n_ctx=n_ctx)
-    except TurnError as exc:   # a template without a system role
-        if exc.param != "messages" or "context holds" in exc.message:
-            raise
-        request.messages = [{"role": "user", "content": f"{system}\n\nQuestion: {question}"}]
-        prepared = fmt.prepare(request, n_ctx=n_ctx)
-    segments, ids = prepared.segments, prepared.prompt
-    q_at = next((i for i in range(len(segments) - 1, -1, -1)
-                 if not segments[i][1] and segments[i][0] == question), None)
-    prefix_ids: list[int] | None = None
-    if q_at is not None:
-        prefix = model.encode(segments[:q_at])
-        if ids[:len(prefix)] == prefix:
-            prefix_ids = prefix
-    return DocPrompt(prepared, segments, ids, prefix_ids, passages, whole, used, budget)
+    prepared = prepare_question(q, lambda r: fmt.prepare(r, n_ctx=n_ctx))
+    ids = prepared.prompt
+    prefix_ids = ids[:prepared.prefix_len] if prepared.prefix_len else None
+    return DocPrompt(prepared, prepared.segments, ids, prefix_ids, q.passages, q.whole_collection,
+                     q.passage_tokens, budget)
+
+
+def passage_messages(system: str, question: str) -> list[dict]:
+    """The passages as the system message, the question as the user's (their prefix can be kept)."""
+    return [{"role": "system", "content": system}, {"role": "user", "content": question}]
+
+
+def merged_message(system: str, question: str) -> list[dict]:
+    """For a template without a system role: one user message holding the passages and the question."""
+    return [{"role": "user", "content": f"{system}\n\nQuestion: {question}"}]
+
+
+def without_system_role(exc: TurnError) -> bool:
+    """``exc`` says the template refused the system message (not that the prompt is too long)."""
+    return exc.param == "messages" and "context holds" not in exc.message
 
 
 def content_only(segments: Sequence[Segment], texts: Sequence[str]) -> bool:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.documents.index import FtsIndex, IndexedChunk, ngram_terms, word_terms
+from app.documents.index import FtsIndex, IndexedChunk
+from app.documents.terms import ngram_terms, word_terms
 
 #: weight of the n-gram signal (each signal is divided by its best score first); equal
 #: weights, not tuned: see docs/bench-log/2026-12-03.md for the sweep

@@ -19,124 +19,32 @@ cancel and resume); this module holds the rows.
 """
 from __future__ import annotations
 
-import re
+import json
+import sqlite3
 import time
-from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
+from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from app.documents import champions
-from app.documents.index import FtsIndex, IndexedChunk, terms_for, word_grams
-from app.documents.warm import WARM_BUDGET, Gate, Warmer
+from app.documents.index import FtsIndex, IndexedChunk
+from app.documents.indexer import AddProgress, AddReport, add_paths
+from app.documents.schema import _FTS, _SCHEMA, fts_tables
+from app.documents.terms import terms_for
+from app.documents.upkeep import IndexBatch, build_gram_vocab, count_df, df_counts, write_df
 from app.documents.walk import display_name
+from app.documents.warm import WARM_BUDGET, Gate, Warmer
 from app.store import database
-from app.store.crypto import KeyProvider
+from app.store.crypto import KeyProvider, WrongKey
+from app.store.migrate import legacy_tables, subkey
 
 #: the token budget for passages in a prompt, unless the user sets one
 DEFAULT_BUDGET = 1024
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS docs_collections (
-    id INTEGER PRIMARY KEY,
-    name TEXT NOT NULL UNIQUE,
-    created REAL NOT NULL,
-    updated REAL NOT NULL,
-    generation INTEGER NOT NULL DEFAULT 0,
-    budget INTEGER NOT NULL DEFAULT 0,
-    n_chunks INTEGER NOT NULL DEFAULT 0,
-    wlen INTEGER NOT NULL DEFAULT 0,
-    glen INTEGER NOT NULL DEFAULT 0,
-    last_indexed REAL
-);
-CREATE TABLE IF NOT EXISTS docs_sources (
-    id INTEGER PRIMARY KEY,
-    collection_id INTEGER NOT NULL REFERENCES docs_collections(id) ON DELETE CASCADE,
-    path TEXT NOT NULL,
-    watch INTEGER NOT NULL DEFAULT 0,
-    added REAL NOT NULL,
-    UNIQUE (collection_id, path)
-);
-CREATE TABLE IF NOT EXISTS docs_files (
-    id INTEGER PRIMARY KEY,
-    collection_id INTEGER NOT NULL REFERENCES docs_collections(id) ON DELETE CASCADE,
-    path TEXT NOT NULL,
-    name TEXT NOT NULL,
-    kind TEXT NOT NULL DEFAULT '',
-    pages INTEGER NOT NULL DEFAULT 0,
-    chunks INTEGER NOT NULL DEFAULT 0,
-    chars INTEGER NOT NULL DEFAULT 0,
-    size INTEGER NOT NULL DEFAULT 0,
-    mtime_ns INTEGER NOT NULL DEFAULT 0,
-    sha256 TEXT NOT NULL DEFAULT '',
-    added REAL NOT NULL,
-    status TEXT NOT NULL DEFAULT 'indexed',
-    reason TEXT NOT NULL DEFAULT '',
-    UNIQUE (collection_id, path)
-);
-CREATE TABLE IF NOT EXISTS docs_pages (
-    file_id INTEGER NOT NULL REFERENCES docs_files(id) ON DELETE CASCADE,
-    idx INTEGER NOT NULL,
-    number INTEGER,
-    text TEXT NOT NULL,
-    PRIMARY KEY (file_id, idx)
-);
-CREATE TABLE IF NOT EXISTS docs_chunks (
-    id INTEGER PRIMARY KEY,
-    file_id INTEGER NOT NULL REFERENCES docs_files(id) ON DELETE CASCADE,
-    collection_id INTEGER NOT NULL,
-    seq INTEGER NOT NULL,
-    page INTEGER,
-    heading TEXT NOT NULL,
-    start INTEGER NOT NULL,
-    "end" INTEGER NOT NULL,
-    text TEXT NOT NULL,
-    wlen INTEGER NOT NULL,
-    glen INTEGER NOT NULL
-);
-CREATE INDEX IF NOT EXISTS docs_chunks_by_file ON docs_chunks(file_id, seq);
-CREATE INDEX IF NOT EXISTS docs_chunks_by_collection ON docs_chunks(collection_id, file_id, seq);
-CREATE TABLE IF NOT EXISTS docs_df (
-    collection_id INTEGER NOT NULL,
-    signal INTEGER NOT NULL,
-    term TEXT NOT NULL,
-    df INTEGER NOT NULL,
-    PRIMARY KEY (collection_id, signal, term)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS docs_gramvocab (
-    collection_id INTEGER NOT NULL,
-    gram TEXT NOT NULL,
-    term TEXT NOT NULL,
-    PRIMARY KEY (collection_id, gram, term)
-) WITHOUT ROWID;
-"""
-
-#: docs_gramvocab: per collection, each 4-gram of each spelt word (stem, no digit) in its docs_df, written when the
-#: word first enters the collection (a few per file once the vocabulary has grown, where a
-#: per-passage 4-gram index took every passage's 4-grams: about 40 % of the writer's CPU). A word
-#: whose passages were all removed keeps its rows; searches join docs_df, which no longer has it.
-
-#: docs_df: per collection and signal (0 words, 1 4-grams) the number of passages holding each
-#: term, kept with the rows on every add and remove, so a search reads its BM25 statistics
-#: instead of counting each term's postings (O(passages) per term in FTS5)
-SIGNALS = (0, 1)
-
-#: contentless (the text is in docs_chunks). The word table keeps term frequencies (FTS5's
-#: ranking chooses the candidates, and without them it ranks by length alone: recall@3 of the
-#: test questions in a 10 MB archive fell from 0.90 to 0.31). The rerank in app/documents/index.py
-#: is the exact BM25.
-_FTS = ("CREATE VIRTUAL TABLE IF NOT EXISTS {t} USING fts5(terms, content='', contentless_delete=1, "
-        "tokenize=\"ascii tokenchars '#.,:/''_'\")")
-
-
-def fts_tables(cid: int) -> tuple[str, str]:
-    """A collection's FTS5 word table, and the per-passage 4-gram table of the layout before
-    docs_gramvocab (dropped when the store opens; no collection has one after that)."""
-    return f"docs_fts_w_{int(cid)}", f"docs_fts_g_{int(cid)}"
-
 
 class DocumentError(ValueError):
     """A request the document store cannot satisfy (no such collection...)."""
@@ -193,50 +101,6 @@ class Source:
     added: float
 
 
-@dataclass
-class AddProgress:
-    done: int             #: files finished
-    total: int
-    path: Path            #: the file being read now (or just finished)
-    stage: str            #: "reading", "indexed", "unchanged", "failed", "removed", "done"
-    message: str = ""
-    bytes_done: int = 0
-    bytes_total: int = 0
-    chunks: int = 0       #: passages stored so far
-    seconds: float = 0.0
-    eta_s: float | None = None
-
-    def summary(self) -> str:
-        """"120/4,000 files · 35/900 MB · 8,211 passages · about 2 min left"."""
-        mb = f"{self.bytes_done / 1e6:,.0f}/{self.bytes_total / 1e6:,.0f} MB"
-        eta = ""
-        if self.eta_s is not None and self.stage != "done":
-            eta = f" · about {self.eta_s:.0f} s left" if self.eta_s < 90 else f" · about {self.eta_s / 60:.0f} min left"
-        return f"{self.done:,}/{self.total:,} files · {mb} · {self.chunks:,} passages{eta}"
-
-
-@dataclass
-class AddReport:
-    added: list[Path] = field(default_factory=list)
-    unchanged: list[Path] = field(default_factory=list)
-    failed: list[tuple[Path, str]] = field(default_factory=list)
-    removed: list[Path] = field(default_factory=list)
-    chunks: int = 0
-    bytes: int = 0
-    seconds: float = 0.0
-    cancelled: bool = False
-    store_seconds: float = 0.0    #: of ``seconds``, storing (inserts, index upkeep, commits)
-    wait_seconds: float = 0.0     #: of ``seconds``, waiting for the workers' next file
-
-    def as_dict(self) -> dict:
-        return {"added": [str(p) for p in self.added], "unchanged": [str(p) for p in self.unchanged],
-                "failed": [{"path": display_name(p), "name": display_name(p.name), "error": why}
-                           for p, why in self.failed],
-                "removed": [str(p) for p in self.removed], "chunks": self.chunks, "bytes": self.bytes,
-                "seconds": round(self.seconds, 3), "cancelled": self.cancelled,
-                "store_seconds": round(self.store_seconds, 3), "wait_seconds": round(self.wait_seconds, 3)}
-
-
 class DocumentStore:
     """Use from one thread; :meth:`clone` opens another connection for a worker thread."""
 
@@ -248,7 +112,8 @@ class DocumentStore:
                 raise ValueError("a key provider is required: documents are never stored in plaintext")
             from app.store.history import HistoryStore
 
-            history = HistoryStore(self.path, keys)      # creates / migrates, refuses a wrong key
+            # creates (or migrates, the documents too), refuses a wrong key
+            history = HistoryStore(self.path, keys, legacy_parts=LEGACY_PARTS)
             key = history.key
             history.close()
             _opened = (key, database.sqlcipher_key(key))
@@ -279,7 +144,7 @@ class DocumentStore:
             with db:
                 db.execute("ALTER TABLE docs_collections ADD COLUMN df_ready INTEGER NOT NULL DEFAULT 0")
         for cid, in db.execute("SELECT id FROM docs_collections WHERE df_ready = 0").fetchall():
-            _count_df(db, cid)
+            count_df(db, cid)
         champions.ensure_schema(db)
         if not any(r[1] == "champ_ready" for r in db.execute("PRAGMA table_info(docs_collections)")):
             with db:
@@ -292,7 +157,7 @@ class DocumentStore:
             with db:
                 db.execute("ALTER TABLE docs_collections ADD COLUMN gram_vocab_ready INTEGER NOT NULL DEFAULT 0")
         for cid, in db.execute("SELECT id FROM docs_collections WHERE gram_vocab_ready = 0").fetchall():
-            _build_gram_vocab(db, cid)
+            build_gram_vocab(db, cid)
 
     @classmethod
     def beside(cls, history) -> "DocumentStore":
@@ -455,7 +320,7 @@ class DocumentStore:
             rows = db.execute("SELECT id, heading, text FROM docs_chunks WHERE file_id = ?", (file_id,)).fetchall()
             terms = [terms_for(h, t) for _, h, t in rows]
             counts = df_counts(terms)
-            _write_df(db, cid, counts, -1)
+            write_df(db, cid, counts, -1)
             words = fts_tables(cid)[0]
             db.execute(f"DELETE FROM {words} WHERE rowid IN (SELECT id FROM docs_chunks WHERE file_id = ?)",
                        (file_id,))
@@ -523,8 +388,6 @@ class DocumentStore:
             watch: bool | None = None) -> AddReport:
         """Read, chunk, index and store files and folders (see :mod:`app.documents.indexer`);
         a file that cannot be read is reported, recorded as skipped, and the rest go on."""
-        from app.documents.indexer import add_paths
-
         return add_paths(self, name, paths, progress=progress, cancelled=cancelled, workers=workers, watch=watch)
 
     def rescan(self, name: str, **kw) -> AddReport:
@@ -556,130 +419,11 @@ class DocumentStore:
         return FtsIndex(self._db, cid, fts_tables(cid)[0], use_champions=use_champions, gate=self._gate)
 
 
-def df_counts(terms: Iterable[tuple[str, int, str, int]]) -> tuple[dict[str, int], dict[str, int]]:
-    """How many of these passages (their terms_for) hold each word and each 4-gram. A worker
-    process computes this per group of files (app/documents/indexer.py), so the writer merges one
-    count per distinct term of a group instead of counting every posting (which was a third of the
-    writer's time at 100 MB)."""
-    w: Counter = Counter()
-    g: Counter = Counter()
-    for t in terms:
-        w.update(set(t[0].split()))        # the FTS5 tokenizer splits the stored terms on spaces alone
-        g.update(set(t[2].split()))
-    return dict(w), dict(g)
-
-
-def _write_df(db, cid: int, counts: tuple[dict, dict], sign: int) -> None:
-    """Add (sign +1) or take away (-1) document frequencies to / from the collection's docs_df
-    (in key order: the b-tree's pages are then visited once each, in order); words new to the
-    collection get their 4-grams in docs_gramvocab."""
-    for signal, df in zip(SIGNALS, counts):
-        items = sorted(df.items())
-        if sign > 0 and signal == 0:
-            _add_gram_vocab(db, cid, _new_words(db, cid, [term for term, _ in items]))
-        if sign > 0:
-            db.executemany("INSERT INTO docs_df(collection_id, signal, term, df) VALUES (?, ?, ?, ?) "
-                           "ON CONFLICT DO UPDATE SET df = df + excluded.df",
-                           [(cid, signal, term, n) for term, n in items])
-        else:
-            db.executemany("UPDATE docs_df SET df = df - ? WHERE collection_id = ? AND signal = ? AND term = ?",
-                           [(n, cid, signal, term) for term, n in items])
-            db.executemany("DELETE FROM docs_df WHERE collection_id = ? AND signal = ? AND term = ? AND df <= 0",
-                           [(cid, signal, term) for term, _ in items])
-
-
-def _new_words(db, cid: int, words: Sequence[str]) -> list[str]:
-    """Those of ``words`` (sorted) that the collection's docs_df does not hold yet, and that are
-    spelt (no digit: amounts, dates and numbers are most of a growing archive's new words, and
-    nobody misspells 10.92 into a neighbour worth finding by its 4-grams)."""
-    words = [w for w in words if not _HAS_DIGIT.search(w)]
-    held: set[str] = set()
-    for i in range(0, len(words), 500):
-        part = words[i:i + 500]
-        held.update(r[0] for r in db.execute(
-            f"SELECT term FROM docs_df WHERE collection_id = ? AND signal = 0 AND term IN ({','.join('?' * len(part))})",
-            (cid, *part)))
-    return [w for w in words if w not in held]
-
-
-_HAS_DIGIT = re.compile(r"\d")
-
-
-def _add_gram_vocab(db, cid: int, words: Sequence[str]) -> None:
-    for i in range(0, len(words), 5_000):       # bounded memory: a first large add brings every word
-        db.executemany("INSERT OR IGNORE INTO docs_gramvocab(collection_id, gram, term) VALUES (?, ?, ?)",
-                       sorted({(cid, g, w) for w in words[i:i + 5_000] for g in word_grams(w)}))
-
-
-def _build_gram_vocab(db, cid: int) -> None:
-    """Once, for a collection indexed with a per-passage 4-gram FTS5 table: the vocabulary's 4-grams
-    from its docs_df, and the old table dropped (in one transaction: an interrupted run is redone)."""
-    with db:
-        db.execute("DELETE FROM docs_gramvocab WHERE collection_id = ?", (cid,))
-        rows = db.execute("SELECT term FROM docs_df WHERE collection_id = ? AND signal = 0", (cid,))
-        while part := rows.fetchmany(20_000):
-            _add_gram_vocab(db, cid, [r[0] for r in part if not _HAS_DIGIT.search(r[0])])
-        db.execute(f"DROP TABLE IF EXISTS {fts_tables(cid)[1]}")
-        db.execute("UPDATE docs_collections SET gram_vocab_ready = 1 WHERE id = ?", (cid,))
-
-
-def _update_df(db, cid: int, terms: Sequence[tuple[str, int, str, int]], sign: int) -> None:
-    _write_df(db, cid, df_counts(terms), sign)
-
-
-def _merge(into: dict[str, int], counts: dict[str, int]) -> dict[str, int]:
-    if not into:
-        return dict(counts)
-    get = into.get
-    for term, n in counts.items():
-        into[term] = get(term, 0) + n
-    return into
-
-
-class IndexBatch:
-    """The index upkeep of several files stored in one transaction, written once by :meth:`flush`
-    (document frequencies and champion lists: one upsert per term per batch instead of per file)."""
-
-    def __init__(self, cid: int):
-        self.cid = cid
-        self.df: tuple[dict[str, int], dict[str, int]] = ({}, {})
-        self.passages: list[tuple[int, str]] = []     #: (passage id, its word terms)
-
-    def add(self, ids: Iterable[int], terms: Sequence[tuple[str, int, str, int]],
-            counts: tuple[dict[str, int], dict[str, int]] | None = None) -> None:
-        """Passages stored in this batch; ``counts``: their df_counts, if the caller has them."""
-        self.add_counts(df_counts(terms) if counts is None else counts)
-        self.passages.extend((i, t[0]) for i, t in zip(ids, terms))
-
-    def add_counts(self, counts: tuple[dict[str, int], dict[str, int]]) -> None:
-        """Document frequencies of passages stored (or about to be stored) in this batch."""
-        self.df = (_merge(self.df[0], counts[0]), _merge(self.df[1], counts[1]))
-
-    def flush(self, db) -> None:
-        """Write what is pending (inside the caller's transaction, before its commit)."""
-        if self.df[0] or self.df[1]:
-            _write_df(db, self.cid, self.df, +1)
-        if self.passages:
-            champions.added(db, self.cid, self.passages)
-        self.df = ({}, {})
-        self.passages = []
-
-
-def _count_df(db, cid: int) -> None:
-    """Fill docs_df of a collection indexed before it existed, once, from its passages."""
-    with db:
-        db.execute("DELETE FROM docs_df WHERE collection_id = ?", (cid,))
-        rows = db.execute("SELECT heading, text FROM docs_chunks WHERE collection_id = ?", (cid,))
-        while batch := rows.fetchmany(2000):
-            _update_df(db, cid, [terms_for(h, t) for h, t in batch], +1)
-        db.execute("UPDATE docs_collections SET df_ready = 1 WHERE id = ?", (cid,))
-
-
 def forget_states() -> int:
     """Delete every saved prefix state: they hold (as attention caches) the passages they were
     read from, so a removed or changed file must not live on in one. They are a cache: the next
     question reads its passages again. Returns how many were deleted."""
-    from app.documents.states import INDEX_NAME, states_dir
+    from app.engine.states import INDEX_NAME, states_dir
 
     n = 0
     root = states_dir()
@@ -694,3 +438,57 @@ def forget_states() -> int:
 def conversation_collection(conversation_id: int) -> str:
     """The collection that holds the files attached to one conversation."""
     return f"conversation:{int(conversation_id)}"
+
+
+def copy_legacy(old: sqlite3.Connection, new, key: bytes) -> dict[str, int]:
+    """The documents' half of the migration from the previous layout (``app.store.migrate``): every
+    document of the old file decrypted, then stored and indexed as new ones are."""
+    DocumentStore.ensure_schema(new)
+    if "docs_collections" not in legacy_tables(old):
+        return {}
+    store = DocumentStore.on_connection(new)
+    aead = AESGCM(subkey(key, b"ferry documents v1 aead"))
+
+    def unseal(blob, aad: str):
+        blob = bytes(blob)
+        try:
+            # a 12-byte nonce, then the sealed value
+            return json.loads(aead.decrypt(blob[:12], blob[12:], aad.encode()))
+        except InvalidTag as exc:
+            raise WrongKey(f"a stored document value ({aad.split(':')[1]}) does not decrypt; "
+                           "the old file is kept") from exc
+
+    files = chunks = 0
+    db = store.db
+    for cid_old, name_mac, name_blob, created, updated, budget in old.execute(
+            "SELECT id, name_mac, name, created, updated, budget FROM docs_collections ORDER BY id").fetchall():
+        name = unseal(name_blob, f"docs:collection:{bytes(name_mac).hex()}")
+        coll = store.collection(name, create=True)
+        with db:
+            db.execute("UPDATE docs_collections SET created = ?, updated = ?, budget = ? WHERE id = ?",
+                       (created, updated, budget or 0, coll.id))
+        for fid_old, path_mac, info_blob in old.execute(
+                "SELECT id, path_mac, info FROM docs_files WHERE collection_id = ? ORDER BY id", (cid_old,)).fetchall():
+            info = unseal(info_blob, f"docs:file:{cid_old}:{bytes(path_mac).hex()}")
+            pages = [unseal(b, f"docs:page:{fid_old}:{i}") for i, b in old.execute(
+                "SELECT idx, body FROM docs_pages WHERE file_id = ? ORDER BY idx", (fid_old,))]
+            rows = []
+            for seq, body in old.execute("SELECT seq, body FROM docs_chunks WHERE file_id = ? ORDER BY seq",
+                                         (fid_old,)):
+                d = unseal(body, f"docs:chunk:{fid_old}:{seq}")
+                rows.append((seq, d["page"], d["heading"], d["start"], d["end"], d["text"]))
+            info = dict(info, mtime_ns=0)
+            with db:
+                store.insert_file(coll.id, info, [(p["number"], p["text"]) for p in pages], rows,
+                                  [terms_for(r[2], r[5]) for r in rows])
+            files += 1
+            chunks += len(rows)
+    got = db.execute("SELECT COUNT(*), COALESCE(SUM(chunks), 0) FROM docs_files").fetchone()
+    if tuple(got) != (files, chunks):
+        raise RuntimeError(f"migration lost documents ({got[0]} of {files} files); the old file is kept")
+    return {"files": files, "chunks": chunks}
+
+
+#: The documents' half of the migration, for whatever opens the database first (``HistoryStore``'s
+#: ``legacy_parts``: the window, and this store itself)
+LEGACY_PARTS = {"docs_collections": copy_legacy}

@@ -18,7 +18,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from app.documents.extract import MAX_FILE_BYTES, ExtractError, kind_of
+#: suffix -> kind (the extractor of each kind: app.documents.extract)
+SUFFIXES = {".txt": "text", ".text": "text", ".md": "markdown", ".markdown": "markdown",
+            ".pdf": "pdf", ".html": "html", ".htm": "html", ".xhtml": "html", ".docx": "docx"}
+#: Largest file read (bytes); bigger ones are reported, not read.
+MAX_FILE_BYTES = 200 * 2**20
+
+
+class ExtractError(ValueError):
+    """A file that cannot be read; the message says why (the caller adds the name)."""
+
+
+def kind_of(path: Path) -> str | None:
+    return SUFFIXES.get(path.suffix.lower())
 
 
 @dataclass(frozen=True)
@@ -144,3 +156,16 @@ def read_document_bytes(path: str | os.PathLike, max_bytes: int = MAX_FILE_BYTES
     if len(data) > max_bytes:
         raise ExtractError(f"larger than the limit of {max_bytes // 2**20} MiB")
     return data
+
+
+def expand(paths: Iterable[str | os.PathLike]) -> tuple[list[Path], list[tuple[Path, str]]]:
+    """Files to read from files and folders, and [(path, why it is skipped)]:
+    the policy of :func:`iter_document_files`, collected."""
+    files: list[Path] = []
+    skipped: list[tuple[Path, str]] = []
+    for item in iter_document_files(paths):
+        if isinstance(item, Skip):
+            skipped.append((item.path, item.reason))
+        else:
+            files.append(item)
+    return files, skipped

@@ -192,7 +192,7 @@ class Warmer:
             limit = max(1, min(100_000, STEP_BYTES * rows // max(1, int(nbytes))))
 
     def _collection_index(self, db, cid: int) -> Iterator[bool]:
-        from app.documents.store import fts_tables
+        from app.documents.schema import fts_tables
 
         for table in fts_tables(cid):
             if not _exists(db, f"{table}_data"):
@@ -224,7 +224,7 @@ class Warmer:
             yield from self._scan(db, "docsize", f"{words}_docsize", "id", "length(sz)")
 
     def _common_words(self, db, cid: int) -> Iterator[bool]:
-        from app.documents.store import fts_tables
+        from app.documents.schema import fts_tables
 
         if not self._room():
             yield False

@@ -16,8 +16,8 @@ import numpy as np
 
 from app.engine._ferry_c import ffi, lib
 # How matrix products treat their inputs (``Engine(activations=...)``): the
-# choices and THE default are defined once, in app.engine.activations.
-from app.engine.activations import ACTIVATION_CHOICES, DEFAULT_ACTIVATIONS, canonical  # noqa: F401
+# choices and THE default are defined once, in app.activations.
+from app.activations import ACTIVATION_CHOICES, DEFAULT_ACTIVATIONS, canonical  # noqa: F401
 
 #: Called with (stage, pos, hidden[n_tokens, dim]) during an evaluation.
 StageObserver = Callable[[int, int, np.ndarray], None]
@@ -65,7 +65,7 @@ class ModelInfo:
     cache_slots: int
     ram_budget: int
     kernels: str  # the kernel set matrix products use: "scalar", "avx2" or "neon"; in the q8 mode its integer set's (e.g. "avx512vnni")
-    activations: str = "f32"  # the path that runs: "f32" (exact) or "q8" (8-bit activations; app.engine.activations)
+    activations: str = "f32"  # the path that runs: "f32" (exact) or "q8" (8-bit activations; app.activations)
 
 
 #: Kernel sets an engine can be opened with (``Engine(kernels=...)``).

@@ -140,9 +140,9 @@ def simulate(trace: np.ndarray, experts_per_layer: int, slots: int, policy: str 
 def _resolve(lib):
     if lib is not None:
         return lib
-    from app.engine import _ferry_c
+    from app.engine.binding import ffi, lib   # the compiled core only through its binding
 
-    return _ferry_c.ffi, _ferry_c.lib
+    return ffi, lib
 
 
 def _as_trace(trace) -> np.ndarray:

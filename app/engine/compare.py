@@ -22,7 +22,7 @@ from typing import Sequence
 
 import numpy as np
 
-from app.engine.activations import DEFAULT_ACTIVATIONS, EXACT
+from app.activations import DEFAULT_ACTIVATIONS, EXACT
 from app.engine.binding import Engine, Stats
 
 

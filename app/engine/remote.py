@@ -25,6 +25,9 @@ here from the stream and the disk and cache figures are unknown
 
 ``cancel()`` may be called from any thread: it shuts the connection, so the
 server sees the client leave and stops generating.
+
+``RemoteEngine`` is the remote engine behind the one door (``app.engine.door``):
+``submit(request)`` gives a ``RemoteStream`` to iterate and cancel.
 """
 from __future__ import annotations
 
@@ -88,6 +91,11 @@ def normalise_url(url: str) -> str:
 
 
 class RemoteEngine:
+    """A server's model behind the one door (``app.engine.door.TurnEngine``)."""
+
+    kind = "remote"
+    tokenizer = None        #: the server's tokenizer is not here (passages are estimated, logprobs carry bytes)
+
     def __init__(self, url: str, model: str = "", api_key: str | None = None, *, timeout: float = 30.0):
         self.url = normalise_url(url)
         self.model = model.strip()
@@ -99,6 +107,10 @@ class RemoteEngine:
         self._lock = threading.Lock()
         self._socket: socket.socket | None = None
         self._client: httpx.Client | None = None
+
+    @property
+    def name(self) -> str:
+        return self.model
 
     @property
     def provided(self) -> frozenset[str]:
@@ -194,6 +206,12 @@ class RemoteEngine:
             body["chat_template_kwargs"] = kwargs
         return body
 
+    def submit(self, request: TurnRequest) -> "RemoteStream":
+        """The door (``app.engine.door``): the turn, sent when its stream is read. A cancel from now on
+        stops it (one turn at a time: a cancel asked earlier is forgotten here)."""
+        self.clear_cancel()
+        return RemoteStream(self, request)
+
     def generate(self, request: TurnRequest) -> Iterator[TurnEvent]:
         """One turn on the server: the same events as the local pipeline."""
         body = self.request_body(request)
@@ -202,6 +220,7 @@ class RemoteEngine:
         t0 = time.monotonic()
         reader.start()
         acc = _Answer(t0, self.is_ferry)
+        acc.prefix_state = "remote" if request.keep_prefix else ""   # the server keeps prefixes its own way
         while True:
             try:
                 kind, value = items.get(timeout=POLL)
@@ -284,6 +303,21 @@ class RemoteEngine:
                 self._socket = None
 
 
+class RemoteStream:
+    """A turn submitted to a remote engine (``app.engine.door.TurnStream``): the request goes out when
+    the events are read; ``cancel()`` from any thread shuts the connection."""
+
+    def __init__(self, engine: RemoteEngine, request: TurnRequest):
+        self.engine = engine
+        self.request = request
+
+    def __iter__(self) -> Iterator[TurnEvent]:
+        return self.engine.generate(self.request)
+
+    def cancel(self) -> None:
+        self.engine.cancel()
+
+
 class _Answer:
     """The answer as it streams in, and the counters measured on the way."""
 
@@ -302,6 +336,7 @@ class _Answer:
         self.server_counters: dict[str, float] | None = None
         self.logprobs: list[tuple[int, TokenLogprob]] = []
         self.progress_seen = False
+        self.prefix_state = ""
         self.parser = StreamParser("think_tags", "response")   # for <think> written into content
 
     def chunk(self, doc: dict[str, Any]) -> Iterator[TurnEvent]:
@@ -387,7 +422,7 @@ class _Answer:
                         tool_calls=list(self.tool_calls), token_ids=ids, prompt_tokens=prompt,
                         reused_tokens=cached, completion_tokens=done, reasoning_tokens=reasoning,
                         counters=self.counters(), seconds=now - self.t0, ttft_s=ttft, started=self.t0, ended=now,
-                        logprobs=list(self.logprobs), error=error)
+                        logprobs=list(self.logprobs), error=error, prefix_state=self.prefix_state)
 
 
 def _logprobs(doc: Any) -> Iterator[tuple[int, TokenLogprob]]:

@@ -3,7 +3,7 @@ one short measurement (a few tenths of a second) of the C core's
 matrix-vector product, the operation each generated token is made of, on a
 matrix far larger than the caches, split over the cores as the engine does,
 in the arithmetic the engine runs by default (8-bit activations with integer
-products for the formats that have them, app.engine.activations)."""
+products for the formats that have them, app.activations)."""
 from __future__ import annotations
 
 import functools
@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from app.engine.activations import is_exact
+from app.activations import is_exact
 
 COLS = 4096
 MATRIX_BYTES = 96 << 20     # far beyond the last-level cache, like weights streamed per token
@@ -37,7 +37,7 @@ def kernel_bytes_per_s(fmt: str, threads: int | None = None, activations: str | 
     or the core is not built). Measured once per process and format: every
     plan and recommendation of a process then sees the same figure."""
     try:
-        from app.engine._ferry_c import ffi, lib
+        from app.engine.binding import ffi, lib   # the compiled core only through its binding
     except ImportError:
         return None
     code = lib.ferry_format_code(fmt.encode())

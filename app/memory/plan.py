@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, replace
 
 from app.memory.budget import BudgetChoice, MachineMemory, auto_budget, machine_memory
 from app.memory.units import size
-from app.engine.activations import is_exact
+from app.activations import is_exact
 from app.engine.binding import MemoryPlan, container_plan
 
 

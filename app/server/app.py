@@ -26,11 +26,10 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.chat.stream_parser import ToolCall
-from app.engine.service import EngineService
-from app.events import LiveStats, Logprob, PromptProgress, Reasoning, Text, ToolCallDelta, ToolCallMade, TurnDone
-from app.chat.turn import logprobs_content
+from app.api import (EngineService, LiveStats, Logprob, PromptProgress, Reasoning, Text, ToolCallDelta, ToolCallMade,
+                     TurnDone, logprobs_content)
 from app.server import anthropic
-from app.server.chat import ChatFormatter, Limits, client_id, figures
+from app.server.chat import ChatFormatter, Limits, client_id, figures, turn_request
 from app.server.engine import AsyncJob
 from app.server.errors import APIError, error_body, lone_surrogate, server_error, too_large, unauthorized
 from app.server.schemas import (ChatCompletion, ChatCompletionRequest, ErrorResponse, FerryStatus, ModelCard,
@@ -195,9 +194,7 @@ def build_api(service: EngineService, formatter: ChatFormatter | None, *, model_
         if (bad_text := lone_surrogate(body.model_dump(exclude_none=True))) is not None:
             raise bad_text
         client = client_id(keyed, (request.client.host, request.client.port) if request.client else None)
-        prepared = await asyncio.to_thread(formatter.prepare, body, limits=limits, n_ctx=queue.n_ctx, client=client,
-                                           session=queue.session)
-        job = AsyncJob(queue, prepared, asyncio.get_running_loop())
+        job = await AsyncJob.start(queue, turn_request(body, limits=limits, client=client), limits.max_tokens)
         rid = "chatcmpl-" + secrets.token_hex(12)
         stamp = int(time.time())
         tokenizer = formatter.model.tokenizer
@@ -213,11 +210,13 @@ def build_api(service: EngineService, formatter: ChatFormatter | None, *, model_
                                               "(message_start ... message_stop)"},
                          **_error_responses(400, 401, 404, 413, 429, 500, 503, model=anthropic.ErrorResponse)})
     async def messages(body: anthropic.MessagesRequest, request: Request):
-        prepared, client = await prepare_anthropic(body, request)
-        job = AsyncJob(queue, prepared, asyncio.get_running_loop())
+        req, client, budget = await anthropic_request(body, request)
+        turn = turn_request(req, limits=limits, client=client)
+        turn.thinking_budget = budget
+        job = await AsyncJob.start(queue, turn, limits.max_tokens)
         mid = "msg_" + secrets.token_hex(12)
         if body.stream:
-            return EventSourceResponse(anthropic.stream_events(job, mid, model_id, len(prepared.prompt), _ferry),
+            return EventSourceResponse(anthropic.stream_events(job, mid, model_id, job.prompt_tokens, _ferry),
                                        ping=SSE_PING_SECONDS, headers={"Cache-Control": "no-store"})
         done = await _wait(job, request)
         if done is None:
@@ -229,11 +228,13 @@ def build_api(service: EngineService, formatter: ChatFormatter | None, *, model_
     @api.post("/v1/messages/count_tokens", response_model=anthropic.TokenCount,
               responses=_error_responses(400, 401, 404, 413, 500, model=anthropic.ErrorResponse))
     async def count_tokens(body: anthropic.CountTokensRequest, request: Request):
-        prepared, _ = await prepare_anthropic(body, request, count=True)
+        req, client, _ = await anthropic_request(body, request)
+        prepared = await asyncio.to_thread(formatter.prepare, req, limits=limits, n_ctx=1 << 62, client=client)
         return {"input_tokens": len(prepared.prompt)}
 
-    async def prepare_anthropic(body, request: Request, count: bool = False):
-        """The Messages request as the OpenAI request it means, prepared by the one turn pipeline."""
+    async def anthropic_request(body, request: Request):
+        """The Messages request as the OpenAI request it means, who asks, and its thinking budget (checked,
+        not prepared)."""
         if body.model not in names:
             raise _unknown_model(body.model)
         if (bad_text := lone_surrogate(body.model_dump(exclude_none=True))) is not None:
@@ -244,10 +245,7 @@ def build_api(service: EngineService, formatter: ChatFormatter | None, *, model_
             raise _validation_error(exc.errors()) from None
         client = client_id(keyed, (request.client.host, request.client.port) if request.client else None)
         budget = body.thinking.budget_tokens if isinstance(body.thinking, anthropic.ThinkingEnabled) else None
-        prepared = await asyncio.to_thread(formatter.prepare, req, limits=limits,
-                                           n_ctx=(1 << 62) if count else queue.n_ctx, client=client,
-                                           session=None if count else queue.session, thinking_budget=budget)
-        return prepared, client
+        return req, client, budget
 
     return api
 

@@ -9,8 +9,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from app.chat.turn import ChatFormat, Prepared, TurnError, TurnRequest, check_routing
-from app.sampling import SamplingParams
+from app.api import ChatFormat, Prepared, SamplingParams, TurnError, TurnRequest, check_routing
 from app.server.errors import APIError, invalid
 from app.server.schemas import ChatCompletionRequest
 

@@ -8,9 +8,8 @@ from pathlib import Path
 
 import uvicorn
 
-from app.model import LoadedModel
+from app.api import EngineService, LoadedModel
 from app.server.app import create_app, is_loopback
-from app.engine.service import EngineService
 from app.server.chat import ChatFormatter, Limits
 
 

@@ -29,6 +29,7 @@ import contextlib
 import json
 import os
 import secrets
+import sqlite3
 from pathlib import Path
 
 from cryptography.hazmat.primitives import hashes
@@ -111,6 +112,46 @@ def is_legacy(path: Path) -> bool:
         return False
 
 
+class _DictMeta:
+    """Key metadata held in memory (a legacy file's ``meta`` table), as :class:`app.store.crypto.Meta`."""
+
+    def __init__(self, values: dict[str, bytes]):
+        self.values = values
+
+    def get(self, key: str) -> bytes | None:
+        return self.values.get(key)
+
+    def set(self, key: str, value: bytes) -> None:
+        self.values[key] = bytes(value)
+
+
+def legacy_source(path: Path) -> Path | None:
+    """The old-layout file to migrate into ``path``, or None."""
+    path = Path(path)
+    if path.exists():
+        return path if is_legacy(path) else None
+    old = path.parent / LEGACY_NAME
+    if path.name == FILE_NAME and old.exists() and is_legacy(old):
+        return old
+    return None
+
+
+def read_meta(db: sqlite3.Connection) -> dict[str, bytes]:
+    """A legacy file's ``meta`` rows (empty when it has none)."""
+    try:
+        return {k: bytes(v) for k, v in db.execute("SELECT key, value FROM meta")}
+    except sqlite3.DatabaseError:
+        return {}
+
+
+def legacy_meta(legacy: Path) -> _DictMeta:
+    db = sqlite3.connect(legacy)
+    try:
+        return _DictMeta(read_meta(db))
+    finally:
+        db.close()
+
+
 class KeyFile:
     """The side file ``<db>.keys``: the provider's kind, salt and check value.
     Implements :class:`app.store.crypto.Meta` (values are bytes)."""
@@ -150,8 +191,6 @@ def stored_key_kind(path: str | Path) -> str | None:
     kind = KeyFile(path).get("key_kind")
     if kind is not None:
         return kind.decode()
-    from app.store.migrate import legacy_source, legacy_meta
-
     legacy = legacy_source(path)
     if legacy is None:
         return None
@@ -204,19 +243,21 @@ def connect(path: Path, raw_key: bytes, *, timeout: float = 30.0) -> Connection:
     return db
 
 
-def open_database(path: str | Path | None, keys: KeyProvider) -> tuple[Connection, bytes]:
-    """Open (creating, or migrating from the previous layout) the database at
-    ``path``: (connection, the provider's key). Raises WrongKey / KeyUnavailable."""
+def open_database(path: str | Path | None, keys: KeyProvider, *, migrate=None) -> tuple[Connection, bytes]:
+    """Open (creating, or migrating from the previous layout with ``migrate(legacy, path, keys) -> key``:
+    ``app.store.migrate`` with the parts its caller knows) the database at ``path``: (connection, the
+    provider's key). Raises WrongKey / KeyUnavailable."""
     path = Path(path) if path is not None else default_path()
     private_dir(path.parent)
-    from app.store.migrate import legacy_source, migrate
-
     # Two Ferry processes starting on a new data folder at once (the window and `ferry docs add`)
     # would each make a key and a check value; the second would overwrite the first's. The key is
     # settled under a lock, so the second reads what the first wrote.
     with _key_lock(path):
         legacy = legacy_source(path)
         if legacy is not None:
+            if migrate is None:
+                raise ValueError(f"{legacy} is a history of an older Ferry; it is moved into {FILE_NAME} when the "
+                                 "history is opened (app.store.history.HistoryStore)")
             key = migrate(legacy, path, keys)
         else:
             meta = KeyFile(path)

@@ -18,8 +18,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import functools
+import sqlite3
+
 from app.store import database
 from app.store.crypto import Cipher, KeyProvider
+from app.store.migrate import META_KEYS, Part, legacy_tables, migrate
 from app.store.database import CHECK_TEXT, stored_key_kind  # noqa: F401 (re-exported)
 
 SCHEMA_VERSION = 2
@@ -54,6 +58,29 @@ def default_path() -> Path:
     return database.default_path()
 
 
+def copy_legacy(old: sqlite3.Connection, new, key: bytes) -> dict[str, int]:
+    """The history's half of the migration from the previous layout (``app.store.migrate``): the
+    conversations and messages row for row (their blobs stay as they were) and the ``meta`` rows."""
+    new.executescript(_SCHEMA)
+    have = legacy_tables(old)
+    counts = {}
+    with new:
+        for k, v in database.read_meta(old).items():
+            if k not in META_KEYS:
+                new.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (k, v))
+        for table, cols in (("conversations", "id, created, updated, title, leaf_id, model"),
+                            ("messages", "id, conversation_id, parent_id, role, body, thinking, thinking_seconds, "
+                                         "status, created, stats")):
+            rows = old.execute(f"SELECT {cols} FROM {table}").fetchall() if table in have else []
+            new.executemany(f"INSERT INTO {table}({cols}) VALUES ({','.join('?' * len(cols.split(',')))})", rows)
+            counts[table] = len(rows)
+    for table in ("conversations", "messages"):
+        got, = new.execute(f"SELECT COUNT(*) FROM {table}").fetchone()
+        if got != counts[table]:
+            raise RuntimeError(f"migration lost rows of {table} ({got} of {counts[table]}); the old file is kept")
+    return counts
+
+
 @dataclass
 class ConversationInfo:
     id: int
@@ -83,15 +110,20 @@ class HistoryStore:
 
     Raises :class:`app.store.crypto.WrongKey` when the key does not open an existing history
     and :class:`app.store.crypto.KeyUnavailable` when there is no key to have.
+    An older Ferry's history is migrated on the first open: the history's half here, the other halves
+    (``legacy_parts``: the documents', ``app.documents.store.LEGACY_PARTS``) from the caller; a file
+    with data no half given copies is refused as it is (``app.store.migrate.MigrationRefused``).
     Use from one thread (the GUI's main thread)."""
 
-    def __init__(self, path: str | Path | None = None, keys: KeyProvider | None = None):
+    def __init__(self, path: str | Path | None = None, keys: KeyProvider | None = None, *,
+                 legacy_parts: dict[str, Part] | None = None):
         if keys is None:
             raise ValueError("a key provider is required: the history is never stored in plaintext")
         self.path = Path(path) if path is not None else default_path()
         self.key_provider = keys  #: kept so the document store opens with the same key
         self.key_kind = keys.kind
-        self._db, self.key = database.open_database(self.path, keys)
+        parts = {"conversations": copy_legacy, **(legacy_parts or {})}
+        self._db, self.key = database.open_database(self.path, keys, migrate=functools.partial(migrate, parts=parts))
         try:
             self._db.executescript(_SCHEMA)
             with self._db:

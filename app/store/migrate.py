@@ -20,59 +20,27 @@ open starts again.
 """
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 from pathlib import Path
+from typing import Any, Callable
 
-from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from app.store.crypto import KeyProvider, WrongKey
-from app.store.database import (FILE_NAME, LEGACY_NAME, KeyFile, connect, is_legacy, provider_key,
-                                sqlcipher_key)
+from app.store.crypto import KeyProvider
+from app.store.database import KeyFile, _DictMeta, connect, provider_key, read_meta, sqlcipher_key
 
-_NONCE = 12
-_META_KEYS = ("key_kind", "scrypt_salt", "check")
-
-
-class _DictMeta:
-    def __init__(self, values: dict[str, bytes]):
-        self.values = values
-
-    def get(self, key: str) -> bytes | None:
-        return self.values.get(key)
-
-    def set(self, key: str, value: bytes) -> None:
-        self.values[key] = bytes(value)
+#: ``(old connection, new connection, key) -> counts``: one half of the migration
+Part = Callable[[sqlite3.Connection, Any, bytes], dict[str, int]]
+#: the key's rows of the old ``meta`` (they go to the key side file, not the database)
+META_KEYS = ("key_kind", "scrypt_salt", "check")
+#: the old tables that mark data a part must copy, and what they hold
+LEGACY_DATA = {"conversations": "conversations", "docs_collections": "documents"}
 
 
-def legacy_source(path: Path) -> Path | None:
-    """The old-layout file to migrate into ``path``, or None."""
-    path = Path(path)
-    if path.exists():
-        return path if is_legacy(path) else None
-    old = path.parent / LEGACY_NAME
-    if path.name == FILE_NAME and old.exists() and is_legacy(old):
-        return old
-    return None
-
-
-def _read_meta(db: sqlite3.Connection) -> dict[str, bytes]:
-    try:
-        return {k: bytes(v) for k, v in db.execute("SELECT key, value FROM meta")}
-    except sqlite3.DatabaseError:
-        return {}
-
-
-def legacy_meta(legacy: Path) -> _DictMeta:
-    db = sqlite3.connect(legacy)
-    try:
-        return _DictMeta(_read_meta(db))
-    finally:
-        db.close()
+class MigrationRefused(RuntimeError):
+    """The old file holds data that no part given can copy; it is left as it was."""
 
 
 def _remove(path: Path) -> None:
@@ -80,25 +48,30 @@ def _remove(path: Path) -> None:
         Path(str(path) + suffix).unlink(missing_ok=True)
 
 
-def _tables(db) -> set[str]:
+def legacy_tables(db) -> set[str]:
+    """The tables of an old file."""
     return {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
 
 
-def _subkey(key: bytes, info: bytes) -> bytes:
-    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(key)
-
-
-def migrate(legacy: Path, path: Path, keys: KeyProvider) -> bytes:
-    """Migrate ``legacy`` into a new encrypted database at ``path``; returns the key."""
+def migrate(legacy: Path, path: Path, keys: KeyProvider, *, parts: dict[str, Part]) -> bytes:
+    """Migrate ``legacy`` into a new encrypted database at ``path``; returns the key. ``parts``: by the
+    old table that marks their data, the halves that copy it (each beside its own schema: the history's
+    in ``app.store.history``, the documents' in ``app.documents.store``), run in order. An old file
+    holding data no part given copies is refused before anything is written (``MigrationRefused``)."""
     old = sqlite3.connect(legacy)
     try:
-        meta = _DictMeta(_read_meta(old))
-        key = provider_key(meta, keys)
+        meta = _DictMeta(read_meta(old))
+        key = provider_key(meta, keys)      # a wrong key is refused first
+        have = legacy_tables(old)
+        missing = [what for table, what in LEGACY_DATA.items() if table in have and table not in parts]
+        if missing:
+            raise MigrationRefused(f"{Path(legacy).name} (an older Ferry's history) holds {', '.join(missing)}, "
+                                   "which only the app's window or `ferry docs` move; nothing was changed")
         tmp = path.with_name(path.name + ".migrating")
         _remove(tmp)
         new = connect(tmp, sqlcipher_key(key))
         try:
-            counts = _copy(old, new, key)
+            counts = _copy(old, new, key, parts)
             new.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         except BaseException:
             new.close()
@@ -108,7 +81,7 @@ def migrate(legacy: Path, path: Path, keys: KeyProvider) -> bytes:
     finally:
         old.close()
     keyfile = KeyFile(path)
-    for k in _META_KEYS:
+    for k in META_KEYS:
         if meta.get(k) is not None:
             keyfile._values[k] = meta.get(k)
     keyfile.save()
@@ -123,72 +96,13 @@ def migrate(legacy: Path, path: Path, keys: KeyProvider) -> bytes:
     return key
 
 
-def _copy(old: sqlite3.Connection, new, key: bytes) -> dict[str, int]:
-    from app.documents.store import DocumentStore
-    from app.store.history import _SCHEMA
-
-    new.executescript(_SCHEMA)
-    have = _tables(old)
-    counts = {}
-    with new:
-        for k, v in _read_meta(old).items():
-            if k not in _META_KEYS:
-                new.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (k, v))
-        for table, cols in (("conversations", "id, created, updated, title, leaf_id, model"),
-                            ("messages", "id, conversation_id, parent_id, role, body, thinking, thinking_seconds, "
-                                         "status, created, stats")):
-            rows = old.execute(f"SELECT {cols} FROM {table}").fetchall() if table in have else []
-            new.executemany(f"INSERT INTO {table}({cols}) VALUES ({','.join('?' * len(cols.split(',')))})", rows)
-            counts[table] = len(rows)
-    DocumentStore.ensure_schema(new)
-    if "docs_collections" in have:
-        counts.update(_copy_documents(old, DocumentStore.on_connection(new), key))
-    for table in ("conversations", "messages"):
-        got, = new.execute(f"SELECT COUNT(*) FROM {table}").fetchone()
-        if got != counts[table]:
-            raise RuntimeError(f"migration lost rows of {table} ({got} of {counts[table]}); the old file is kept")
+def _copy(old: sqlite3.Connection, new, key: bytes, parts: dict[str, Part]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for part in parts.values():
+        counts.update(part(old, new, key))
     return counts
 
 
-def _copy_documents(old: sqlite3.Connection, store, key: bytes) -> dict[str, int]:
-    from app.documents.index import terms_for
-
-    aead = AESGCM(_subkey(key, b"ferry documents v1 aead"))
-
-    def unseal(blob, aad: str):
-        blob = bytes(blob)
-        try:
-            return json.loads(aead.decrypt(blob[:_NONCE], blob[_NONCE:], aad.encode()))
-        except InvalidTag as exc:
-            raise WrongKey(f"a stored document value ({aad.split(':')[1]}) does not decrypt; "
-                           "the old file is kept") from exc
-
-    files = chunks = 0
-    db = store.db
-    for cid_old, name_mac, name_blob, created, updated, budget in old.execute(
-            "SELECT id, name_mac, name, created, updated, budget FROM docs_collections ORDER BY id").fetchall():
-        name = unseal(name_blob, f"docs:collection:{bytes(name_mac).hex()}")
-        coll = store.collection(name, create=True)
-        with db:
-            db.execute("UPDATE docs_collections SET created = ?, updated = ?, budget = ? WHERE id = ?",
-                       (created, updated, budget or 0, coll.id))
-        for fid_old, path_mac, info_blob in old.execute(
-                "SELECT id, path_mac, info FROM docs_files WHERE collection_id = ? ORDER BY id", (cid_old,)).fetchall():
-            info = unseal(info_blob, f"docs:file:{cid_old}:{bytes(path_mac).hex()}")
-            pages = [unseal(b, f"docs:page:{fid_old}:{i}") for i, b in old.execute(
-                "SELECT idx, body FROM docs_pages WHERE file_id = ? ORDER BY idx", (fid_old,))]
-            rows = []
-            for seq, body in old.execute("SELECT seq, body FROM docs_chunks WHERE file_id = ? ORDER BY seq",
-                                         (fid_old,)):
-                d = unseal(body, f"docs:chunk:{fid_old}:{seq}")
-                rows.append((seq, d["page"], d["heading"], d["start"], d["end"], d["text"]))
-            info = dict(info, mtime_ns=0)
-            with db:
-                store.insert_file(coll.id, info, [(p["number"], p["text"]) for p in pages], rows,
-                                  [terms_for(r[2], r[5]) for r in rows])
-            files += 1
-            chunks += len(rows)
-    got = db.execute("SELECT COUNT(*), COALESCE(SUM(chunks), 0) FROM docs_files").fetchone()
-    if tuple(got) != (files, chunks):
-        raise RuntimeError(f"migration lost documents ({got[0]} of {files} files); the old file is kept")
-    return {"files": files, "chunks": chunks}
+def subkey(key: bytes, info: bytes) -> bytes:
+    """The HKDF subkey of the old file's ``key`` named ``info`` (its document values were sealed with one)."""
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(key)

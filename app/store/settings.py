@@ -18,7 +18,7 @@ from app.store.private import private_dir, write_private
 
 FILE_NAME = "settings.json"
 ENGINES = ("local", "remote")
-from app.engine.activations import DEFAULT_ACTIVATIONS, EXACT  # pure Python: settings load without the core
+from app.activations import DEFAULT_ACTIVATIONS, EXACT  # pure Python: settings load without the core
 KEYCHAIN_SERVICE = "Ferry"
 DEFAULT_SERVE_PORT = 8000
 #: Settings that hold the user's own text (a system prompt, presets...): stored

@@ -8,7 +8,7 @@ from __future__ import annotations
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFormLayout,
                                QHBoxLayout, QInputDialog, QLabel, QPlainTextEdit, QPushButton, QSpinBox, QVBoxLayout)
 
-from app.engine.activations import DEFAULT_ACTIVATIONS, EXACT
+from app.activations import DEFAULT_ACTIVATIONS, EXACT
 from app.store import settings as settings_mod
 from app.store.settings import PER_MODEL, Settings
 

@@ -15,6 +15,7 @@ from typing import Callable
 
 from PySide6.QtWidgets import QDialog, QDialogButtonBox, QLabel, QLineEdit, QVBoxLayout
 
+from app.documents.store import LEGACY_PARTS   # an older Ferry's documents move with its history
 from app.store.crypto import KeychainKeys, KeyUnavailable, PassphraseKeys, WrongKey, keychain_problem
 from app.store.history import HistoryStore, default_path, stored_key_kind
 from app.store.passphrase import ENVIRONMENT, LOST_PASSPHRASE_WARNING, environment_keys, passphrase_problem
@@ -107,7 +108,7 @@ def open_history(path: Path | None = None, prompt: PassphrasePrompt | None = Non
     keys = environment_keys(path, environ)    # raises KeyUnavailable for what it refuses
     if keys is not None:
         try:
-            return HistoryStore(path, keys)
+            return HistoryStore(path, keys, legacy_parts=LEGACY_PARTS)
         except WrongKey as exc:
             raise KeyUnavailable(f"{str(exc).rstrip('.')} ({ENVIRONMENT} is set: set it to the passphrase of "
                                  f"{path}, or unset it to type the passphrase when Ferry starts).") from None
@@ -117,7 +118,7 @@ def open_history(path: Path | None = None, prompt: PassphrasePrompt | None = Non
         problem = keychain_problem()
         if problem is None:
             try:
-                return HistoryStore(path, keychain or KeychainKeys())
+                return HistoryStore(path, keychain or KeychainKeys(), legacy_parts=LEGACY_PARTS)
             except KeyUnavailable as exc:
                 problem = str(exc)
         if kind == "keychain":
@@ -139,7 +140,7 @@ def open_history(path: Path | None = None, prompt: PassphrasePrompt | None = Non
             message = problem
             continue
         try:
-            return HistoryStore(path, PassphraseKeys(secret))
+            return HistoryStore(path, PassphraseKeys(secret), legacy_parts=LEGACY_PARTS)
         except WrongKey:
             time.sleep(0.2)
             message = "That passphrase does not open your history. Try again."

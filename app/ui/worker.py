@@ -1,8 +1,9 @@
 """The engine worker: a thin Qt adapter. A QObject living in its own QThread
-that loads the model (local or remote), hands each turn to the one
-conversation pipeline (``app.chat.turn``, through the engine service that
-owns the session) and turns the pipeline's typed events (``app.events``)
-into signals. It builds no prompt and parses no stream.
+that loads the model (local or remote), hands each turn to the loaded
+engine through the one door (``TurnEngine.submit``: the engine service that
+owns a local session, or a server) and turns the typed events
+(``app.events``) into signals. It builds no prompt and parses no stream, and
+runs a turn the same way whichever engine answers.
 
 The window talks to it with queued signals (``load``, ``generate``) and calls
 :meth:`EngineWorker.stop` directly (thread-safe: the service's cancel).
@@ -27,12 +28,11 @@ import time
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
-from app.api import (EngineService, LiveStats, LoadOptions, LoadedModel, ModelLoaded, PromptProgress, Reasoning, Text,
-                     ToolCallMade, TurnDone, TurnError, TurnRequest, open_model)
+from app.api import (EngineService, LiveStats, LoadOptions, LoadedModel, MemoryPlan, ModelInfo, ModelLoaded,
+                     PromptProgress, Reasoning, RemoteEngine, Text, ToolCallMade, TurnDone, TurnError, TurnRequest,
+                     logprobs_content, open_model)
 from app.chat.token_probs import compact
-from app.chat.turn import logprobs_content
 from app.documents.prompt import Estimate
-from app.engine.binding import MemoryPlan, ModelInfo
 from app.memory.stats import StatsSample, TurnFigures
 
 TEXT_INTERVAL = 0.05    #: seconds between text signals (20 a second at most)
@@ -60,11 +60,12 @@ class EngineWorker(QObject):
         self.model: LoadedModel | None = None
         self.service: EngineService | None = None   #: owns the local session; the server queues on it too
         self.remote = None               #: an app.engine.remote.RemoteEngine when the engine is remote
+        self.engine = None               #: the engine turns go to (``TurnEngine``): the service or the remote one
         self.server = None               #: an app.server.Server while the loaded model is served
         self._lock = threading.Lock()
         self._running_id = 0
         self._stop_id = 0
-        self._job = None
+        self._stream = None             #: the running turn's stream (``TurnStream``), to cancel
         self._documents = None          #: this thread's own connection to the window's document store
         self._documents_of = None       #: ... and the store it is a clone of
         self._opened = None             #: (path, options, recommended budget, ModelLoaded) of the local model open
@@ -75,11 +76,8 @@ class EngineWorker(QObject):
         """Stop the answer ``gen_id`` (default: the one running), mid-prompt or mid-answer."""
         with self._lock:
             self._stop_id = gen_id if gen_id is not None else max(self._running_id, self._stop_id)
-            if self._running_id and self._stop_id == self._running_id:
-                if self.remote is not None:
-                    self.remote.cancel()
-                elif self.service is not None and self._job is not None:
-                    self.service.cancel(self._job)
+            if self._running_id and self._stop_id == self._running_id and self._stream is not None:
+                self._stream.cancel()
 
     # ---- the worker thread
 
@@ -128,7 +126,7 @@ class EngineWorker(QObject):
         plan = model.engine.plan(n_ctx)
         service = EngineService(model, session)
         with self._lock:
-            self.model, self.service = model, service
+            self.model, self.service, self.engine = model, service, service
         loaded = ModelLoaded(path=str(path), name=model.name, n_ctx=session.n_ctx, info=info,
                              plan=plan, has_experts=bool(info.n_moe_layers and info.n_experts),
                              chat_format=service.format.kind, engine="local", recommended_budget=recommended,
@@ -137,8 +135,6 @@ class EngineWorker(QObject):
         self.loaded.emit(loaded)
 
     def _load_remote(self, path: str, options: LoadOptions) -> None:
-        from app.engine.remote import RemoteEngine
-
         try:
             remote = RemoteEngine(options.remote_url, options.remote_model, options.remote_api_key or None)
             card = remote.check()
@@ -147,7 +143,7 @@ class EngineWorker(QObject):
             return
         self._close()
         with self._lock:
-            self.remote = remote
+            self.remote = self.engine = remote
         self.loaded.emit(ModelLoaded(path=str(path), name=remote.model, n_ctx=remote.n_ctx,
                                      info=_blank(ModelInfo, arch="remote", max_ctx=remote.n_ctx),
                                      plan=_blank(MemoryPlan), has_experts=remote.is_ferry, chat_format="remote",
@@ -183,7 +179,7 @@ class EngineWorker(QObject):
         """``turn``: the window's ``TurnRequest`` (built by the window, read-only here); ``search``: a
         ``PassageSearch`` when documents are attached (searched here; the passages go into a copy of
         ``turn``'s messages and ``citations`` says which)."""
-        if self.remote is None and self.service is None:
+        if self.engine is None:
             self.error.emit("no model is loaded")
             self.finished.emit("error", "", "")
             return
@@ -196,12 +192,7 @@ class EngineWorker(QObject):
                 self.finished.emit("error", "", "")
                 return
             self.citations.emit(gen_id, found)
-        if self.remote is not None:
-            remote = self.remote
-            remote.clear_cancel()
-            self._run(gen_id, lambda: remote.generate(turn), remote=True)
-        else:
-            self._run(gen_id, lambda: self._local_events(gen_id, turn))
+        self._run(gen_id, turn)
 
     def _documents_for(self, store):
         """This thread's clone of the window's ``store`` (SQLite connections stay on their thread), kept
@@ -216,24 +207,23 @@ class EngineWorker(QObject):
         if documents is not None:
             documents.close()
 
-    def _local_events(self, gen_id: int, turn: TurnRequest):
-        """The service's events for one turn, read on this thread."""
-        stream = self.service.stream(self.service.prepare(turn))
+    def _events(self, gen_id: int, engine, turn: TurnRequest):
+        """The engine's events for one turn, read on this thread (a stop asked before it began: cancelled)."""
+        stream = engine.submit(turn)
         with self._lock:
-            self._job = stream.job
+            self._stream = stream
             if self._stop_id == gen_id:
                 stream.cancel()
         try:
             yield from stream
         finally:
             with self._lock:
-                self._job = None
+                self._stream = None
 
-    def _run(self, gen_id: int, events, remote: bool = False) -> None:
+    def _run(self, gen_id: int, turn: TurnRequest) -> None:
+        engine = self.engine
         with self._lock:
             self._running_id = gen_id
-            if remote and self._stop_id == gen_id:
-                self.remote.cancel()
         self.started.emit(gen_id)
         texts = {"thinking": [], "response": []}
         pending = {"thinking": [], "response": []}
@@ -253,7 +243,7 @@ class EngineWorker(QObject):
 
         end: TurnDone | None = None
         try:
-            for ev in events():
+            for ev in self._events(gen_id, engine, turn):
                 now = time.monotonic()
                 if isinstance(ev, PromptProgress):
                     self.prompt_progress.emit(ev.done, ev.total)
@@ -288,8 +278,7 @@ class EngineWorker(QObject):
             self.error.emit(end.error)
         sample(end.totals or end.counters, final=True, turn=TurnFigures.of(end))
         if end.logprobs:   # the tokens spelled here, where the tokenizer is (a remote engine: the server's bytes)
-            tokenizer = self.model.tokenizer if self.model is not None and not remote else None
-            self.token_probs.emit(compact(logprobs_content(end.logprobs, tokenizer)))
+            self.token_probs.emit(compact(logprobs_content(end.logprobs, engine.tokenizer)))
         self.turn_done.emit(end)
         reason = "stop" if end.reason == "tool_calls" else end.reason
         self.finished.emit(reason, "".join(texts["response"]), "".join(texts["thinking"]))
@@ -304,7 +293,7 @@ class EngineWorker(QObject):
         with self._lock:
             service, model, remote = self.service, self.model, self.remote
             self.service = self.model = None
-            self.remote = None
+            self.remote = self.engine = None
         self._opened = None
         if remote is not None:
             remote.close()

@@ -31,7 +31,7 @@ def controller(store, **settings) -> ChatController:
 
 def run(c: ChatController, service: EngineService, request) -> None:
     """What the worker does: the service's events for ``request``, handed to the controller."""
-    for ev in service.stream(service.prepare(request)):
+    for ev in service.submit(request):
         if isinstance(ev, Text):
             c.on_text("response", ev.text)
         elif isinstance(ev, TurnDone):

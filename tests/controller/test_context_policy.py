@@ -69,7 +69,7 @@ def _turn(c: ChatController, service: EngineService, text: str, *, no_end: tuple
         request.sampling = dataclasses.replace(
             request.sampling, logit_bias=tuple(request.sampling.logit_bias) + tuple((i, -100.0) for i in no_end))
     done = None
-    for ev in service.stream(service.prepare(request)):
+    for ev in service.submit(request):
         if isinstance(ev, Text):
             c.on_text("response", ev.text)
         elif isinstance(ev, TurnDone):

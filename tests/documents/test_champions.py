@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.documents import champions, index
+from app.documents import champions, index, terms
 from app.documents.retrieve import search
 from app.documents.store import DocumentStore
 from app.store.crypto import EphemeralKeys
@@ -155,8 +155,8 @@ def test_a_list_from_fts5s_ranking_is_the_list_from_every_posting(archive, monke
     term = min(common, key=common.get)      # held by fewer than half the passages: its IDF is not FTS5's floor
     want = champions._from_postings(db, cid, term, avgdl)
     counted = []
-    word_terms = index.word_terms
-    monkeypatch.setattr(index, "word_terms", lambda text: counted.append(1) or word_terms(text))
+    word_terms = terms.word_terms
+    monkeypatch.setattr(terms, "word_terms", lambda text: counted.append(1) or word_terms(text))
     db.execute("UPDATE docs_df SET df = df + 7 WHERE collection_id = ? AND signal = 0 AND term = ?", (cid, term))
     try:
         assert champions._from_fts(db, cid, term, avgdl) == want

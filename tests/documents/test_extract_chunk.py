@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from app.documents.chunk import chunk_document, sentence_spans
-from app.documents.extract import ExtractError, Extracted, Page, Block, expand, extract
+from app.documents.extract import ExtractError, Extracted, Page, Block, extract
+from app.documents.walk import expand
 
 
 def _page(doc, number):

@@ -2,7 +2,7 @@
 and built once, from docs_df, for a database written with the older per-passage 4-gram FTS5 table."""
 from __future__ import annotations
 
-from app.documents.index import terms_for, word_grams
+from app.documents.terms import terms_for, word_grams
 from app.documents.retrieve import search
 from app.documents.store import DocumentStore, fts_tables
 from app.store.crypto import EphemeralKeys

@@ -11,9 +11,10 @@ import pytest
 from app.convert.convert import convert
 from app.documents.ask import Answer, DocumentChat
 from app.documents.prompt import build_prompt, content_only
-from app.documents.states import StateCache, StateError, model_fingerprint
+from app.engine.states import StateCache, StateError, model_fingerprint
 from app.documents.store import DocumentStore
 from app.engine.binding import FerryError
+from app.engine.service import EngineService
 from app.model import LoadedModel
 from app.store.crypto import KeychainKeys
 
@@ -27,6 +28,17 @@ def _answer(events) -> Answer:
     return [e for e in events if isinstance(e, Answer)][-1]
 
 
+def _chat(model, store, states) -> DocumentChat:
+    """Questions on a new session (as a new process would have), its engine keeping saved prefix states."""
+    return DocumentChat(EngineService(model, model.new_session(), states=states), store)
+
+
+def _close(*chats: DocumentChat) -> None:
+    for chat in chats:
+        chat.engine.close()
+        chat.engine.session.close()
+
+
 @pytest.fixture(scope="module")
 def demo(demo_container):
     model = LoadedModel(demo_container, n_ctx=1024)
@@ -38,10 +50,10 @@ def test_prefix_state_is_saved_once_and_restored_bit_identically(demo, kr, home,
     store = DocumentStore(keys=KeychainKeys())
     store.add("home", [corpus_dir])
     states = StateCache(store.keys.states)
-    first = DocumentChat(demo, store, states=states)
+    first = _chat(demo, store, states)
     a1 = _answer(first.ask("home", QUESTION, budget=BUDGET, max_tokens=8))
     assert a1.prefix_state == "saved" and a1.reused_tokens == 0 and len(a1.tokens) > 0
-    dp = first.prompt("home", QUESTION, BUDGET)
+    dp = build_prompt(demo, store.index("home"), QUESTION, BUDGET)
     assert dp.prefix_ids is not None and dp.passage_tokens <= BUDGET and not dp.whole_collection
     assert any("3.5 litres" in p.chunk.text for p in dp.passages)
     files = list(states.root.glob("*.fxds"))
@@ -50,7 +62,7 @@ def test_prefix_state_is_saved_once_and_restored_bit_identically(demo, kr, home,
     assert b"3.5 litres" not in raw and b"FXDS" == raw[:4]
 
     # a new session: the prefix comes back from the saved state, only the question is read
-    second = DocumentChat(demo, store, states=states)
+    second = _chat(demo, store, states)
     a2 = _answer(second.ask("home", QUESTION, budget=BUDGET, max_tokens=8))
     assert a2.prefix_state == "restored"
     assert a2.prompt_tokens == len(dp.ids) - len(dp.prefix_ids) < 30
@@ -78,12 +90,11 @@ def test_prefix_state_is_saved_once_and_restored_bit_identically(demo, kr, home,
     data = bytearray(files[0].read_bytes())
     data[len(data) // 2] ^= 0x40
     files[0].write_bytes(bytes(data))
-    third = DocumentChat(demo, store, states=states)
+    third = _chat(demo, store, states)
     a4 = _answer(third.ask("home", QUESTION, budget=BUDGET, max_tokens=8))
     assert a4.prefix_state.startswith("refused: ") and "is damaged" in a4.prefix_state
     assert a4.tokens == a1.tokens and a4.prompt_tokens == len(dp.ids)
-    for c in (first, second, third):
-        c.close()
+    _close(first, second, third)
     plain.close()
     restored.close()
     store.close()
@@ -97,16 +108,16 @@ def test_a_later_question_with_other_passages_starts_from_the_longest_saved_pref
     store = DocumentStore(keys=KeychainKeys())
     store.add("home", [corpus_dir])
     states = StateCache(store.keys.states)
-    first = DocumentChat(demo, store, states=states)
+    first = _chat(demo, store, states)
     a1 = _answer(first.ask("home", QUESTION, budget=BUDGET, max_tokens=4))
     assert a1.prefix_state == "saved"
     later = "When was the boiler last serviced?"
-    dp1, dp2 = first.prompt("home", QUESTION, BUDGET), first.prompt("home", later, BUDGET)
+    dp1, dp2 = (build_prompt(demo, store.index("home"), q, BUDGET) for q in (QUESTION, later))
     shared = 0
     while dp1.prefix_ids[shared] == dp2.prefix_ids[shared]:
         shared += 1
     assert 16 <= shared < len(dp2.prefix_ids)      # the template and instructions at least, not all
-    second = DocumentChat(demo, store, states=states)
+    second = _chat(demo, store, states)
     a2 = _answer(second.ask("home", later, budget=BUDGET, max_tokens=4))
     assert a2.prefix_state == "partial" and a2.reused_tokens == shared
     assert a2.prompt_tokens == len(dp2.ids) - shared
@@ -114,13 +125,12 @@ def test_a_later_question_with_other_passages_starts_from_the_longest_saved_pref
     from app.model import run_to_end
     assert run_to_end(demo.generate(plain, dp2.ids, max_tokens=4)).tokens == a2.tokens
     # both prefixes are saved now: the later question again restores its own in full
-    third = DocumentChat(demo, store, states=states)
+    third = _chat(demo, store, states)
     assert _answer(third.ask("home", later, budget=BUDGET, max_tokens=4)).prefix_state == "restored"
     # removing a file forgets the states and their token list
     assert store.remove_file("home", next(corpus_dir.glob("*.md")))
     assert not list(states.root.iterdir())
-    for c in (first, second, third):
-        c.close()
+    _close(first, second, third)
     plain.close()
     store.close()
 

@@ -15,7 +15,7 @@ from corpus_tools import load_corpus_generator
 from test_store import scan_for
 
 from app.documents import indexer
-from app.documents.index import terms_for, word_grams
+from app.documents.terms import terms_for, word_grams
 from app.documents.retrieve import search
 from app.documents.store import DocumentStore, df_counts, fts_tables
 from app.store.crypto import PassphraseKeys

@@ -8,7 +8,7 @@ from itertools import combinations
 import pytest
 
 from app.documents import index as index_mod
-from app.documents.index import word_terms
+from app.documents.terms import ngram_terms, word_terms
 from app.documents.retrieve import search
 from app.documents.store import DocumentStore
 from app.store.crypto import EphemeralKeys
@@ -64,7 +64,7 @@ def test_the_ngram_candidates_come_from_the_words_sharing_the_rarest_4grams(stor
     """A misspelt word is in no passage: its rarest 4-grams lead to the indexed words that share them
     (docs_gramvocab), and FTS5 ranks those words' passages."""
     idx = store.index("x")
-    grams = list(dict.fromkeys(index_mod.ngram_terms("penicilin")))          # one l short
+    grams = list(dict.fromkeys(ngram_terms("penicilin")))          # one l short
     assert not idx._df("words", ["penicilin"])["penicilin"]
     chosen = index_mod._rarest(grams, idx._df("grams", grams), index_mod.CANDIDATE_GRAMS)
     words = idx._gram_words(chosen)

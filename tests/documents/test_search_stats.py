@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from app.documents.index import bm25, ngram_terms, raw_words, terms_for, word_terms
+from app.documents.terms import bm25, ngram_terms, raw_words, terms_for, word_terms
 from app.documents.retrieve import search
 from app.documents.store import DocumentStore, df_counts
 from app.store.crypto import EphemeralKeys

@@ -18,7 +18,7 @@ import pytest
 
 from app.documents import chunk as chunking
 from app.documents import extract as ex
-from app.documents.index import MAX_TOKEN_CHARS, raw_words, terms_for
+from app.documents.terms import MAX_TOKEN_CHARS, raw_words, terms_for
 from tests.conftest import REPO
 
 

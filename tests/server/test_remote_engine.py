@@ -78,7 +78,7 @@ def test_remote_logprobs_equal_the_local_engine(served, demo_container):
     model = LoadedModel(demo_container)
     try:
         service = EngineService(model, model.new_session(2048))
-        local = list(service.stream(service.prepare(request)))
+        local = list(service.submit(request))
         service.close()
     finally:
         model.close()

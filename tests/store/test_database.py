@@ -15,10 +15,11 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from sqlcipher3 import dbapi2 as sqlcipher
 
 from app.documents.retrieve import search
-from app.documents.store import DocumentStore
+from app.documents.store import LEGACY_PARTS, DocumentStore
 from app.store.crypto import Cipher, PassphraseKeys, WrongKey
 from app.store.database import CHECK_TEXT, KeyFile, stored_key_kind
 from app.store.history import HistoryStore
+from app.store.migrate import MigrationRefused
 
 
 @pytest.fixture
@@ -124,7 +125,10 @@ def test_migration_keeps_every_conversation_and_document(home):
         HistoryStore(keys=PassphraseKeys("open sesame?"))
     assert legacy.exists() and not (home / "ferry.db").exists()
 
-    store = HistoryStore(keys=PassphraseKeys("open sesame"))
+    with pytest.raises(MigrationRefused, match="holds documents"):   # only with the documents' half
+        HistoryStore(keys=PassphraseKeys("open sesame"))
+    assert legacy.exists() and not (home / "ferry.db").exists()
+    store = HistoryStore(keys=PassphraseKeys("open sesame"), legacy_parts=LEGACY_PARTS)
     assert store.path == home / "ferry.db" and not legacy.exists()
     [conv] = store.conversations()
     assert (conv.title, conv.leaf_id, conv.model) == ("Harbour plans", 2, "demo")
@@ -150,7 +154,7 @@ def test_migration_keeps_every_conversation_and_document(home):
 def test_a_named_legacy_file_is_migrated_in_place(tmp_path):
     legacy = tmp_path / "history.sqlite3"
     write_legacy(legacy, "pw", TEXT)
-    store = HistoryStore(legacy, PassphraseKeys("pw"))
+    store = HistoryStore(legacy, PassphraseKeys("pw"), legacy_parts=LEGACY_PARTS)
     assert store.messages(1)[1].content == "under the blue stone"
     store.close()
     assert legacy.read_bytes()[:16] != b"SQLite format 3\x00"

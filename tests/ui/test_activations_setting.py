@@ -6,7 +6,7 @@ models keep the default. Settings written before the default changed ("f32",
 the old default saved whether chosen or not, and "q8") load as the default."""
 from __future__ import annotations
 
-from app.engine.activations import DEFAULT_ACTIVATIONS, EXACT
+from app.activations import DEFAULT_ACTIVATIONS, EXACT
 from app.store import settings as settings_mod
 
 

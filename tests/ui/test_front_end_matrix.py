@@ -132,7 +132,7 @@ def test_every_front_end_gives_the_same_turn(container, qtbot, make_window, caps
                      "--threads", "2", "--context-tokens", "900", "--temp", "1.5", "--top-k", "1", "--seed", "7",
                      "--top-p", "0.9", "--min-p", "0.01", "--json")
     assert top1["tokens"] == docs["tokens"]
-    from app.documents.cli import open_store
+    from app.cli.docs import open_store
 
     with open_store() as store:
         chunks = store.index("home").head(None)

@@ -103,7 +103,7 @@ def test_the_window_honours_ferry_passphrase_as_the_cli_does(keychain, tmp_path,
     a history either one made, the other opens."""
     if keychain == "none":
         keyring.set_keyring(fail.Keyring())
-    from app.documents.cli import key_provider
+    from app.cli.docs import key_provider
 
     db = tmp_path / "h.sqlite3"
     env = {"FERRY_PASSPHRASE": STRONG}
@@ -126,7 +126,7 @@ def test_the_window_honours_ferry_passphrase_as_the_cli_does(keychain, tmp_path,
 
 
 def test_the_window_refuses_what_the_cli_refuses(tmp_path, monkeypatch, memory_keyring):
-    from app.documents.cli import key_provider
+    from app.cli.docs import key_provider
 
     db = tmp_path / "h.sqlite3"
     # a weak passphrase cannot protect a new history: the same words, and nothing is created
@@ -160,7 +160,7 @@ def test_the_window_refuses_what_the_cli_refuses(tmp_path, monkeypatch, memory_k
 def test_a_keychain_history_ignores_ferry_passphrase(tmp_path, monkeypatch, memory_keyring):
     """The variable is no key for a history made with the keychain: both front
     ends open it with the keychain."""
-    from app.documents.cli import key_provider
+    from app.cli.docs import key_provider
 
     db = tmp_path / "h.sqlite3"
     open_history(db, _no_prompt, environ={}).close()

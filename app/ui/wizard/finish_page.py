@@ -30,7 +30,7 @@ class FinishPage(QWizardPage):
         self._poll.timeout.connect(lambda: self.bar.setValue(int(1000 * self._frac)))
 
     def initializePage(self) -> None:
-        from app.engine.binding import verify
+        from app.api import verify
 
         self.verified = False
         self.bar.setValue(0)

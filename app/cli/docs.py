@@ -151,9 +151,9 @@ def cmd_search(args) -> int:
 
 
 def cmd_ask(args) -> int:
-    from app.cli.common import PromptMeter, Turns, is_server_url, logprobs_problem, open_from_args, turn_request
-    from app.documents.ask import Answer, DocumentChat, ask_remote
-    from app.documents.states import StateCache
+    from app.cli.common import PromptMeter, Turns, logprobs_problem, turn_request
+    from app.documents.ask import Answer, DocumentChat
+    from app.api import StateCache
     from app.events import PromptProgress, Text
 
     if (bad := logprobs_problem(args)):
@@ -163,21 +163,11 @@ def cmd_ask(args) -> int:
         store.collection(args.collection)      # fail before loading the model
         answer = None
         request = turn_request(args, [])
-        if is_server_url(args.model):
-            # retrieval here; the passages chosen and the question go to the server the user named
-            turns = Turns(args)
-            events = ask_remote(turns.remote, store, args.collection, args.question, budget=args.context_tokens,
-                                mode=args.mode, request=request)
-            close = turns.close
-        else:
-            model = open_from_args(args)
-            chat = DocumentChat(model, store, states=StateCache(store.keys.states), n_ctx=args.ctx)
-            events = chat.ask(args.collection, args.question, budget=args.context_tokens, max_tokens=args.n,
-                              mode=args.mode, request=request)
-
-            def close() -> None:
-                chat.close()
-                model.close()
+        # a model here (its document prefixes saved and restored) or a server the user named: retrieval here
+        turns = Turns(args, states=StateCache(store.keys.states))
+        events = DocumentChat(turns.engine, store).ask(args.collection, args.question, budget=args.context_tokens,
+                                                       mode=args.mode, request=request)
+        close = turns.close
         meter = PromptMeter() if not args.json else None
         try:
             for ev in events:
@@ -326,11 +316,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from app.documents.states import StateError
+    from app.api import FerryError, ModelError, RemoteError, StateError
     from app.documents.store import DocumentError
-    from app.engine.binding import FerryError
-    from app.engine.remote import RemoteError
-    from app.model import ModelError
 
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
