@@ -14,6 +14,7 @@ escapes HTML on top of this (app/ui/wizard/common.esc).
 """
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import unicodedata
@@ -154,3 +155,16 @@ def parse_json(data: bytes | str, what: str, *, max_bytes: int, max_depth: int =
     if deep:
         raise BadData(f"{what} is nested too deeply (more than {max_depth} levels)")
     return value
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name or an address, IPv6 in brackets or not) is this computer: ``localhost``
+    or a loopback address. The server's rule for whom it serves without a key, and the MCP client's for
+    a plain-http server."""
+    host = host.strip("[]")
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

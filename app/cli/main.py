@@ -249,7 +249,7 @@ def _tool_hub(args, turns: Turns, specs: list):
     """The MCP servers, connected (None without any); UsageError if one cannot be used."""
     if not specs:
         return None
-    from app.chat.turn import ChatFormat
+    from app.api import ChatFormat
     from app.tools.mcp import ToolHub
 
     if turns.model is not None and not ChatFormat(turns.model).takes_tools:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import ipaddress
 import json
 import secrets
 import time
@@ -29,6 +28,7 @@ from app.chat.stream_parser import ToolCall
 from app.api import (EngineService, LiveStats, Logprob, PromptProgress, Reasoning, Text, ToolCallDelta, ToolCallMade,
                      TurnDone, logprobs_content)
 from app.server import anthropic
+from app.untrusted import is_loopback
 from app.server.chat import ChatFormatter, Limits, client_id, figures, turn_request
 from app.server.engine import AsyncJob
 from app.server.errors import APIError, error_body, lone_surrogate, server_error, too_large, unauthorized
@@ -42,16 +42,6 @@ PUBLIC_PATHS = ("/openapi.json",)
 #: as JSON (or an error object), and the last one is ``[DONE]``.
 SSE_EVENT = {"type": "object", "required": ["data"],
              "properties": {"data": {"type": "string"}, "event": {"type": "string"}, "id": {"type": "string"}}}
-
-
-def is_loopback(host: str) -> bool:
-    host = host.strip("[]")
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _error_responses(*codes: int, model=ErrorResponse) -> dict[int | str, dict[str, Any]]:

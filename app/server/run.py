@@ -9,7 +9,8 @@ from pathlib import Path
 import uvicorn
 
 from app.api import EngineService, LoadedModel
-from app.server.app import create_app, is_loopback
+from app.server.app import create_app
+from app.untrusted import is_loopback
 from app.server.chat import ChatFormatter, Limits
 
 

@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 from urllib.parse import urlsplit
 
+from app.untrusted import is_loopback   # the server's own rule for a loopback host
+
 CONNECT_TIMEOUT = 30.0   #: seconds a server has to start and list its tools
 CALL_TIMEOUT = 60.0      #: seconds a tool call may take
 MAX_RESULT_CHARS = 32_000   #: a longer result is cut (the model's context is the limit that matters)
@@ -71,8 +73,6 @@ def parse_server(text: str) -> ServerSpec:
         host = (parts.hostname or "").strip("[]")
         if not host:
             raise McpError(f"{text!r} has no host")
-        from app.server.app import is_loopback   # the server's own rule for a loopback host
-
         if parts.scheme.lower() == "http" and not is_loopback(host):
             raise McpError(f"{text!r} is plain http to another computer; use https, or a server on this one")
     else:
