@@ -1,5 +1,6 @@
-/* kernels_q8.h — the opt-in 8-bit-activation matrix products
- * (ferry_open_options.activations = "q8"; off by default).
+/* kernels_q8.h — the 8-bit-activation matrix products
+ * (ferry_open_options.activations "auto", the default, and "q8"; see
+ * docs/ARCHITECTURE.md, "Kernels", for which models "auto" keeps exact).
  *
  * Each token's input vector is quantized once per product, in one of two
  * layouts chosen by the weight's format (fe_q8_kind):
@@ -12,8 +13,8 @@
  * AVX-512 VNNI set's FE_Q8_KIND_32Z, fe_q8_to_32z); the numbers are the same.
  * The row kernels take integer dot products of the stored weight integers
  * with q and scale them in float. This changes results slightly (the
- * activation's rounding error, ~0.2-0.4 % of each block's largest value), so
- * it is a mode the user asks for, never the default.
+ * activation's rounding error, ~0.2-0.4 % of each block's largest value);
+ * "exact" (f32 activations) is the mode for verification.
  *
  * The float arithmetic is defined once, by the scalar reference, and every
  * SIMD set repeats it operation for operation, so the sets are bit-identical

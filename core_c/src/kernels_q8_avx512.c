@@ -27,7 +27,9 @@
  *
  * Tokens run in tiles of up to 16 (Q8_0, Q4_0) or 8 (K-quants) sharing each
  * decoded weight block (32 vector registers); a token's arithmetic does not
- * depend on its tile. */
+ * depend on its tile. From 2 tokens the K-quants take two rows per call
+ * (rowdot2: k45_tile2, q6_k_tile2), one row in each 256-bit half, so one zmm
+ * fold serves both rows; each lane's arithmetic stays the reference's. */
 #include "kernels.h"
 #include "kernels_q8.h"
 
