@@ -370,6 +370,109 @@ INL void q6_k_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, f
     for (int t = 0; t < nt; t++) y[(size_t)t * ys] = hsum8(acc[t]);
 }
 
+/* Over more than 8 tokens the tiles of k45_tile2 would each redo a super-
+ * block's set-up (scales unpacked, nibbles split, scale vectors permuted):
+ * here it is done once per group of K2_GROUP tokens, K2_CHUNK super-blocks
+ * at a time into k2_sb records in L1, which the tiles of 8 tokens then read;
+ * the accumulators wait in memory between chunks. Every lane's operations
+ * and their order are k45_tile2's, so the bits are the same. */
+#define K2_CHUNK 4
+#define K2_GROUP 32
+typedef struct {
+    __m512i w[8], s[8], md;
+    __m512 dd, dm;
+} k2_sb;
+
+INL void k45_decode2(const uint8_t *p0, const uint8_t *p1, const int five, k2_sb *o) {
+    const int qo = five ? 48 : 16;
+    const __m512i m15 = _mm512_set1_epi8(15), sixteen = _mm512_set1_epi8(16);
+    uint8_t sm0[16], sm1[16];
+    fe_q8_k4_scales(p0 + 4, sm0);
+    fe_q8_k4_scales(p1 + 4, sm1);
+    const __m128i a = _mm_loadu_si128((const __m128i *)sm0), b = _mm_loadu_si128((const __m128i *)sm1);
+    const __m512i s32 = _mm512_cvtepu8_epi32(_mm_unpacklo_epi64(a, b));
+    const __m128i m = _mm_unpackhi_epi64(a, b);
+    o->md = _mm512_cvtepu8_epi16(_mm256_set_m128i(_mm_unpackhi_epi8(m, m), _mm_unpacklo_epi8(m, m)));
+    o->dd = _mm512_mask_blend_ps((__mmask16)0xff00, _mm512_set1_ps(f16_1(p0)), _mm512_set1_ps(f16_1(p1)));
+    o->dm = _mm512_mask_blend_ps((__mmask16)0xff00, _mm512_set1_ps(f16_1(p0 + 2)), _mm512_set1_ps(f16_1(p1 + 2)));
+    __m512i hb = _mm512_setzero_si512();
+    if (five) hb = _mm512_inserti64x4(_mm512_castsi256_si512(ld(p0 + 16)), ld(p1 + 16), 1);
+    for (int k = 0; k < 8; k += 2) {
+        const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(ld(p0 + qo + 16 * k)), ld(p1 + qo + 16 * k), 1);
+        __m512i w0 = _mm512_and_si512(q, m15), w1 = _mm512_and_si512(_mm512_srli_epi16(q, 4), m15);
+        if (five) {
+            w0 = _mm512_mask_add_epi8(w0, _mm512_test_epi8_mask(hb, _mm512_set1_epi8((char)(1 << k))), w0, sixteen);
+            w1 = _mm512_mask_add_epi8(w1, _mm512_test_epi8_mask(hb, _mm512_set1_epi8((char)(2 << k))), w1, sixteen);
+        }
+        o->w[k] = w0, o->w[k + 1] = w1;
+        o->s[k] = _mm512_permutexvar_epi32(pair_idx(k, 8 + k), s32);
+        o->s[k + 1] = _mm512_permutexvar_epi32(pair_idx(k + 1, 9 + k), s32);
+    }
+}
+
+/* nt tokens over the decoded super-blocks c[0..nc) (super-blocks sb0..), their accumulators in a[0..nt). */
+INL void k45_tokens2(const k2_sb *c, int sb0, int nc, int cols, const uint8_t *xq, size_t st, __m512 *a, const int nt) {
+    const int nsb = cols / 256;
+    __m512 acc[8];
+    for (int t = 0; t < nt; t++) acc[t] = _mm512_load_ps((const float *)&a[t]);
+    for (int j = 0; j < nc; j++) {
+        const k2_sb *d = c + j;
+        const int sb = sb0 + j;
+        __m512i P[8];
+        for (int t = 0; t < nt; t++) P[t] = _mm512_setzero_si512();
+        for (int k = 0; k < 8; k++) {
+            const __m512i w = _mm512_load_si512(&d->w[k]), sc = _mm512_load_si512(&d->s[k]);
+            const size_t off = 256 * (size_t)sb + 32 * (size_t)k;
+            for (int t = 0; t < nt; t++) P[t] = dp(P[t], w, ld2x(QX(t) + off), sc);
+        }
+        for (int t = 0; t < nt; t++) {
+            const __m512 dx = _mm512_set1_ps(DX(t)[sb]);
+            const __m512i M = _mm512_madd_epi16(d->md, ld2x(BS(t) + 16 * (size_t)sb));
+            acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d->dd, dx), _mm512_cvtepi32_ps(P[t]), acc[t]);
+            acc[t] = _mm512_fnmadd_ps(_mm512_mul_ps(d->dm, dx), _mm512_cvtepi32_ps(M), acc[t]);
+        }
+    }
+    for (int t = 0; t < nt; t++) _mm512_store_ps((float *)&a[t], acc[t]);
+}
+
+INL void k45_rows2_long(const uint8_t *row, size_t rb, int cols, const uint8_t *xq, int n, float *y, size_t ys,
+                        const int five) {
+    const int nsb = cols / 256, sbb = five ? 176 : 144;
+    const size_t st = fe_q8k_stride(cols);
+    k2_sb c[K2_CHUNK];
+    __m512 acc[K2_GROUP];
+    for (int t0 = 0; t0 < n; t0 += K2_GROUP) {
+        const int g = n - t0 < K2_GROUP ? n - t0 : K2_GROUP;
+        const uint8_t *x0 = xq + (size_t)t0 * st;
+        for (int t = 0; t < g; t++) acc[t] = _mm512_setzero_ps();
+        for (int sb0 = 0; sb0 < nsb; sb0 += K2_CHUNK) {
+            const int nc = nsb - sb0 < K2_CHUNK ? nsb - sb0 : K2_CHUNK;
+            for (int j = 0; j < nc; j++) {
+                const uint8_t *p0 = row + (size_t)sbb * (sb0 + j);
+                k45_decode2(p0, p0 + rb, five, &c[j]);
+            }
+            int t = 0;
+            for (; t + 8 <= g; t += 8) k45_tokens2(c, sb0, nc, cols, x0 + (size_t)t * st, st, acc + t, 8);
+            const uint8_t *x = x0 + (size_t)t * st;
+            switch (g - t) {
+            case 1: k45_tokens2(c, sb0, nc, cols, x, st, acc + t, 1); break;
+            case 2: k45_tokens2(c, sb0, nc, cols, x, st, acc + t, 2); break;
+            case 3: k45_tokens2(c, sb0, nc, cols, x, st, acc + t, 3); break;
+            case 4: k45_tokens2(c, sb0, nc, cols, x, st, acc + t, 4); break;
+            case 5: k45_tokens2(c, sb0, nc, cols, x, st, acc + t, 5); break;
+            case 6: k45_tokens2(c, sb0, nc, cols, x, st, acc + t, 6); break;
+            case 7: k45_tokens2(c, sb0, nc, cols, x, st, acc + t, 7); break;
+            default: break;
+            }
+        }
+        for (int t = 0; t < g; t++) {
+            float *o = y + (size_t)(t0 + t) * ys;
+            o[0] = hsum8(_mm512_castps512_ps256(acc[t]));
+            o[1] = hsum8(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[t]), 1)));
+        }
+    }
+}
+
 /* Q6_K, two rows at once as k45_tile2 lays them (row 0 in the low 256 bits,
  * row 1 in the high): a zmm of weights is sub-block r (0..3) of half h of
  * both rows, lane i taking the int8 scale sc[8h + 2r + (i % 8) / 4] of its row. */
@@ -475,11 +578,24 @@ DRIVER(q5_k, fe_q8k_stride)
 DRIVER(q6_k, fe_q8k_stride)
 
 /* Two rows (k45_tile2, q6_k_tile2): tiles of 8 tokens, then the rest. */
+#ifndef K2_LONG
+#define K2_LONG 1
+#endif
+#define LONG2_q4_k K2_LONG
+#define LONG2_q5_k K2_LONG
+#define LONG2_q6_k 0
+#define long2_q4_k(...) k45_rows2_long(__VA_ARGS__, 0)
+#define long2_q5_k(...) k45_rows2_long(__VA_ARGS__, 1)
+#define long2_q6_k(...) ((void)0)
 #define q4_k_tile2(...) k45_tile2(__VA_ARGS__, 0)
 #define q5_k_tile2(...) k45_tile2(__VA_ARGS__, 1)
 #define DRIVER2(fmt)                                                                                    \
     TGT static void rowdot2_vnni_##fmt(const uint8_t *row, size_t rb, int cols, const uint8_t *xq, int n, float *y, \
                                        size_t ys) {                                                           \
+        if (LONG2_##fmt && n > 8) {                                                                           \
+            long2_##fmt(row, rb, cols, xq, n, y, ys);                                                         \
+            return;                                                                                           \
+        }                                                                                                     \
         const size_t st = fe_q8k_stride(cols);                                                                \
         int t = 0;                                                                                            \
         for (; t + 8 <= n; t += 8) fmt##_tile2(row, rb, cols, xq + (size_t)t * st, st, y + (size_t)t * ys, ys, 8); \
