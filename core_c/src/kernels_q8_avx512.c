@@ -370,7 +370,7 @@ INL void q6_k_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, f
     for (int t = 0; t < nt; t++) y[(size_t)t * ys] = hsum8(acc[t]);
 }
 
-/* Over more than 8 tokens the tiles of k45_tile2 would each redo a super-
+/* Over more than 8 tokens the tiles of k45_tile2 (q6_k_tile2) would each redo a super-
  * block's set-up (scales unpacked, nibbles split, scale vectors permuted):
  * here it is done once per group of K2_GROUP tokens, K2_CHUNK super-blocks
  * at a time into k2_sb records in L1, which the tiles of 8 tokens then read;
@@ -410,8 +410,34 @@ INL void k45_decode2(const uint8_t *p0, const uint8_t *p1, const int five, k2_sb
     }
 }
 
-/* nt tokens over the decoded super-blocks c[0..nc) (super-blocks sb0..), their accumulators in a[0..nt). */
-INL void k45_tokens2(const k2_sb *c, int sb0, int nc, int cols, const uint8_t *xq, size_t st, __m512 *a, const int nt) {
+/* Q6_K's set-up of q6_k_tile2 into a record: w[4h + r] sub-block r of half h, s its scales, md the 16
+ * int8 scales of both rows as int16, dd the d of each row. */
+INL void q6_decode2(const uint8_t *p0, const uint8_t *p1, k2_sb *o) {
+    const __m512i m15 = _mm512_set1_epi8(15), m48 = _mm512_set1_epi8(48), lo16 = _mm512_set1_epi32(0xffff);
+    const __m512i quarter = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 16, 16, 16, 16, 17, 17, 17, 17);
+    const __m128i c0 = _mm_loadu_si128((const __m128i *)(p0 + 192)), c1 = _mm_loadu_si128((const __m128i *)(p1 + 192));
+    const __m512i s0 = _mm512_and_si512(_mm512_cvtepi8_epi32(c0), lo16), s1 = _mm512_and_si512(_mm512_cvtepi8_epi32(c1), lo16);
+    o->dd = _mm512_mask_blend_ps((__mmask16)0xff00, _mm512_set1_ps(f16_1(p0 + 208)), _mm512_set1_ps(f16_1(p1 + 208)));
+    o->dm = _mm512_setzero_ps();
+    o->md = _mm512_cvtepi8_epi16(_mm256_set_m128i(c1, c0));
+    for (int h = 0; h < 2; h++) {
+        const __m512i A = _mm512_inserti64x4(_mm512_castsi256_si512(ld(p0 + 64 * h)), ld(p1 + 64 * h), 1);
+        const __m512i B = _mm512_inserti64x4(_mm512_castsi256_si512(ld(p0 + 64 * h + 32)), ld(p1 + 64 * h + 32), 1);
+        const __m512i QH = _mm512_inserti64x4(_mm512_castsi256_si512(ld(p0 + 128 + 32 * h)), ld(p1 + 128 + 32 * h), 1);
+        o->w[4 * h] = _mm512_or_si512(_mm512_and_si512(A, m15), _mm512_and_si512(_mm512_slli_epi16(QH, 4), m48));
+        o->w[4 * h + 1] = _mm512_or_si512(_mm512_and_si512(B, m15), _mm512_and_si512(_mm512_slli_epi16(QH, 2), m48));
+        o->w[4 * h + 2] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(A, 4), m15), _mm512_and_si512(QH, m48));
+        o->w[4 * h + 3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(B, 4), m15),
+                                          _mm512_and_si512(_mm512_srli_epi16(QH, 2), m48));
+        for (int r = 0; r < 4; r++)
+            o->s[4 * h + r] = _mm512_permutex2var_epi32(s0, _mm512_add_epi32(quarter, _mm512_set1_epi32(8 * h + 2 * r)), s1);
+    }
+}
+
+/* nt tokens over the decoded super-blocks c[0..nc) (super-blocks sb0..), their accumulators in a[0..nt);
+ * six: Q6_K's fold (md its int16 scales), else Q4_K/Q5_K's. Sub-block k is values 32k..32k + 31. */
+INL void k2_tokens(const k2_sb *c, int sb0, int nc, int cols, const uint8_t *xq, size_t st, __m512 *a, const int nt,
+                   const int six) {
     const int nsb = cols / 256;
     __m512 acc[8];
     for (int t = 0; t < nt; t++) acc[t] = _mm512_load_ps((const float *)&a[t]);
@@ -428,16 +454,22 @@ INL void k45_tokens2(const k2_sb *c, int sb0, int nc, int cols, const uint8_t *x
         for (int t = 0; t < nt; t++) {
             const __m512 dx = _mm512_set1_ps(DX(t)[sb]);
             const __m512i M = _mm512_madd_epi16(d->md, ld2x(BS(t) + 16 * (size_t)sb));
-            acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d->dd, dx), _mm512_cvtepi32_ps(P[t]), acc[t]);
-            acc[t] = _mm512_fnmadd_ps(_mm512_mul_ps(d->dm, dx), _mm512_cvtepi32_ps(M), acc[t]);
+            if (six) { /* q6_k_tile2's offset and one multiply-add */
+                const __m512i P8 = _mm512_sub_epi32(P[t], _mm512_slli_epi32(M, 5));
+                acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d->dd, dx), _mm512_cvtepi32_ps(P8), acc[t]);
+            } else {
+                acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d->dd, dx), _mm512_cvtepi32_ps(P[t]), acc[t]);
+                acc[t] = _mm512_fnmadd_ps(_mm512_mul_ps(d->dm, dx), _mm512_cvtepi32_ps(M), acc[t]);
+            }
         }
     }
     for (int t = 0; t < nt; t++) _mm512_store_ps((float *)&a[t], acc[t]);
 }
 
-INL void k45_rows2_long(const uint8_t *row, size_t rb, int cols, const uint8_t *xq, int n, float *y, size_t ys,
-                        const int five) {
-    const int nsb = cols / 256, sbb = five ? 176 : 144;
+/* fmt: 0 Q4_K, 1 Q5_K, 2 Q6_K */
+INL void k2_rows_long(const uint8_t *row, size_t rb, int cols, const uint8_t *xq, int n, float *y, size_t ys,
+                      const int fmt) {
+    const int nsb = cols / 256, sbb = fmt == 2 ? 210 : fmt ? 176 : 144;
     const size_t st = fe_q8k_stride(cols);
     k2_sb c[K2_CHUNK];
     __m512 acc[K2_GROUP];
@@ -449,19 +481,22 @@ INL void k45_rows2_long(const uint8_t *row, size_t rb, int cols, const uint8_t *
             const int nc = nsb - sb0 < K2_CHUNK ? nsb - sb0 : K2_CHUNK;
             for (int j = 0; j < nc; j++) {
                 const uint8_t *p0 = row + (size_t)sbb * (sb0 + j);
-                k45_decode2(p0, p0 + rb, five, &c[j]);
+                if (fmt == 2)
+                    q6_decode2(p0, p0 + rb, &c[j]);
+                else
+                    k45_decode2(p0, p0 + rb, fmt, &c[j]);
             }
             int t = 0;
-            for (; t + 8 <= g; t += 8) k45_tokens2(c, sb0, nc, cols, x0 + (size_t)t * st, st, acc + t, 8);
+            for (; t + 8 <= g; t += 8) k2_tokens(c, sb0, nc, cols, x0 + (size_t)t * st, st, acc + t, 8, fmt == 2);
             const uint8_t *x = x0 + (size_t)t * st;
             switch (g - t) {
-            case 1: k45_tokens2(c, sb0, nc, cols, x, st, acc + t, 1); break;
-            case 2: k45_tokens2(c, sb0, nc, cols, x, st, acc + t, 2); break;
-            case 3: k45_tokens2(c, sb0, nc, cols, x, st, acc + t, 3); break;
-            case 4: k45_tokens2(c, sb0, nc, cols, x, st, acc + t, 4); break;
-            case 5: k45_tokens2(c, sb0, nc, cols, x, st, acc + t, 5); break;
-            case 6: k45_tokens2(c, sb0, nc, cols, x, st, acc + t, 6); break;
-            case 7: k45_tokens2(c, sb0, nc, cols, x, st, acc + t, 7); break;
+            case 1: k2_tokens(c, sb0, nc, cols, x, st, acc + t, 1, fmt == 2); break;
+            case 2: k2_tokens(c, sb0, nc, cols, x, st, acc + t, 2, fmt == 2); break;
+            case 3: k2_tokens(c, sb0, nc, cols, x, st, acc + t, 3, fmt == 2); break;
+            case 4: k2_tokens(c, sb0, nc, cols, x, st, acc + t, 4, fmt == 2); break;
+            case 5: k2_tokens(c, sb0, nc, cols, x, st, acc + t, 5, fmt == 2); break;
+            case 6: k2_tokens(c, sb0, nc, cols, x, st, acc + t, 6, fmt == 2); break;
+            case 7: k2_tokens(c, sb0, nc, cols, x, st, acc + t, 7, fmt == 2); break;
             default: break;
             }
         }
@@ -583,10 +618,10 @@ DRIVER(q6_k, fe_q8k_stride)
 #endif
 #define LONG2_q4_k K2_LONG
 #define LONG2_q5_k K2_LONG
-#define LONG2_q6_k 0
-#define long2_q4_k(...) k45_rows2_long(__VA_ARGS__, 0)
-#define long2_q5_k(...) k45_rows2_long(__VA_ARGS__, 1)
-#define long2_q6_k(...) ((void)0)
+#define LONG2_q6_k K2_LONG
+#define long2_q4_k(...) k2_rows_long(__VA_ARGS__, 0)
+#define long2_q5_k(...) k2_rows_long(__VA_ARGS__, 1)
+#define long2_q6_k(...) k2_rows_long(__VA_ARGS__, 2)
 #define q4_k_tile2(...) k45_tile2(__VA_ARGS__, 0)
 #define q5_k_tile2(...) k45_tile2(__VA_ARGS__, 1)
 #define DRIVER2(fmt)                                                                                    \
