@@ -375,7 +375,10 @@ INL void q6_k_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, f
  * here it is done once per group of K2_GROUP tokens, K2_CHUNK super-blocks
  * at a time into k2_sb records in L1, which the tiles of 8 tokens then read;
  * the accumulators wait in memory between chunks. Every lane's operations
- * and their order are k45_tile2's, so the bits are the same. */
+ * and their order are k45_tile2's, so the bits are the same. Over 8 tokens
+ * or fewer the records cost more than they save (0.74-0.98x the register
+ * tiles, docs/bench-log/2026-12-06.md, h8), so the drivers use them only
+ * above 8. */
 #define K2_CHUNK 4
 #define K2_GROUP 32
 typedef struct {
