@@ -265,8 +265,11 @@ fe_q8dot2_fn fe_q8_kernel2_for(const fe_q8_kernels *k, int fmt, int n) {
     return k->rowdot2[fmt];
 }
 
-void fe_q8_rows(fe_q8dot_fn one, fe_q8dot2_fn two, const uint8_t *w, uint64_t rb, int r0, int r1, int cols,
-                const uint8_t *xq, int n, float *y, size_t ys) {
+/* Rows [r0, r1) of a matrix (row stride rb) with kernel `one`, pairs with
+ * `two` where it is not NULL (as ops.c's product driver, without its
+ * prefetch); y + r for row r (ys apart per token). */
+static void q8_rows(fe_q8dot_fn one, fe_q8dot2_fn two, const uint8_t *w, uint64_t rb, int r0, int r1, int cols,
+                    const uint8_t *xq, int n, float *y, size_t ys) {
     int r = r0;
     if (two)
         for (; r + 2 <= r1; r += 2) two(w + (uint64_t)r * rb, (size_t)rb, cols, xq, n, y + r, ys);
@@ -285,7 +288,7 @@ int ferry_kernel_matmul_q8(int impl, int fmt, const void *w, int rows, int cols,
     uint8_t *xq = malloc(fe_q8_stride_kind(kind, cols) * (size_t)(n > 0 ? n : 1));
     if (!xq) return -1;
     k->quantize(kind, x, (size_t)cols, cols, n, xq);
-    fe_q8_rows(k->rowdot[fmt], fe_q8_kernel2_for(k, fmt, n), (const uint8_t *)w, rb, 0, rows, cols, xq, n, y, (size_t)rows);
+    q8_rows(k->rowdot[fmt], fe_q8_kernel2_for(k, fmt, n), (const uint8_t *)w, rb, 0, rows, cols, xq, n, y, (size_t)rows);
     free(xq);
     return 0;
 }

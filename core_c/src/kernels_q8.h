@@ -149,10 +149,6 @@ uint8_t *fe_q8_region(const fe_q8_ctx *q, int kind, int cols, int n);
 fe_q8dot_fn fe_q8_kernel_for(const fe_q8_ctx *q, int fmt, int cols, int n);
 /* Its two-row kernel for n tokens, or NULL (then rows go one at a time). */
 fe_q8dot2_fn fe_q8_kernel2_for(const fe_q8_kernels *k, int fmt, int n);
-/* Rows [r0, r1) of a matrix (row stride rb) with kernel `one`, pairs with
- * `two` where it is not NULL; y + r for row r (ys apart per token). */
-void fe_q8_rows(fe_q8dot_fn one, fe_q8dot2_fn two, const uint8_t *w, uint64_t rb, int r0, int r1, int cols,
-                const uint8_t *xq, int n, float *y, size_t ys);
 
 /* The row kernel rowdot_<prefix>_<fmt> of a SIMD set over the including
  * file's <fmt>_tile(row, cols, xq, stride, y, ys, nt): tiles of 4 tokens,
