@@ -11,8 +11,10 @@ Python, so settings load without the core.
   distribution by a mean KL of about 0.006, far below what the 4-bit weights
   themselves do (docs/QUANTIZATION.md, "8-bit activations"). Models with
   Kimi Delta Attention layers (Kimi-Linear, K3) stay exact under ``auto``:
-  on the tiny ones the distance was not far below their weights' own error,
-  so ``q8`` must be asked for there.
+  on the tiny ones the distance (mean KL 0.02-0.09) was above the 0.01 a
+  default may move, and keeping any one part (KDA, MLA, FFNs, latent
+  projections) exact did not bring it under, so ``q8`` must be asked for
+  there. q3_nl experts have no integer kernel and run exactly in every mode.
 - ``exact`` (alias ``f32``): the stored weights times the exact f32
   activations, for verification and the reference checks.
 - ``q8``: as ``auto``, but refused by a kernel set without integer products.

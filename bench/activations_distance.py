@@ -19,6 +19,14 @@ token by token (app.engine.compare, as `ferry eval --compare` does):
   figures say the arithmetic is right, not how a trained model fares.
 
     python bench/activations_distance.py [--models demo,k3,kimi_linear,deepseek] [--max-tokens 64] [--out FILE]
+                                         [--experts q4_0|q3_nl] [--exact-parts none,kda,mla,...]
+
+The tiny models are measured with 8-bit activations asked for by name
+("q8"), since ``auto`` keeps the models with KDA layers exact (the core's
+``auto_stays_exact``); ``default_runs`` says what the default runs.
+``--exact-parts`` repeats each tiny model with one group of its trunk
+matrices (PARTS) stored in f32, so that they run exactly in both modes and
+the distance left is the rest's: which part, if any, the distance comes from.
 
 Prints one JSON document (and writes it to --out).
 """
@@ -41,6 +49,17 @@ from app.activations import DEFAULT_ACTIVATIONS, EXACT  # noqa: E402
 from app.engine.compare import distance, read_prompts, run_mode  # noqa: E402
 
 PROMPTS = REPO / "bench" / "q8_prompts.txt"
+#: Groups of trunk matrices --exact-parts can keep exact (stored in f32).
+PARTS = {
+    "none": (),
+    "kda": ("kda_q", "kda_k", "kda_v", "kda_f_a", "kda_f_b", "kda_beta", "kda_g_a", "kda_g_b", "kda_g", "kda_output"),
+    "kda_qkv": ("kda_q", "kda_k", "kda_v"),
+    "kda_gates": ("kda_f_a", "kda_f_b", "kda_beta", "kda_g_a", "kda_g_b", "kda_g"),
+    "kda_output": ("kda_output",),
+    "mla": ("attn_q_a", "attn_q_b", "attn_kv_a_mqa", "attn_kv_b", "attn_output", "attn_gate"),
+    "ffn": ("ffn_gate", "ffn_up", "ffn_down", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"),
+    "latent": ("ffn_latent_down", "ffn_latent_up"),
+}
 
 
 def token_prompts(container: Path, prompts: list[str], max_tokens: int, chat: bool) -> list[list[int]]:
@@ -57,14 +76,17 @@ def token_prompts(container: Path, prompts: list[str], max_tokens: int, chat: bo
         model.close()
 
 
-def measure(name: str, container: Path, source: Path | None, ids, threads: int, source_note: str) -> dict:
+def measure(name: str, container: Path, source: Path | None, ids, threads: int, source_note: str,
+            mode: str = DEFAULT_ACTIVATIONS) -> dict:
+    """``mode`` against exact on ``container`` (the default's arithmetic: ``auto``, or ``q8`` where ``auto``
+    stays exact), and ``source`` against ``container`` both exact (the weights' own error)."""
     t0 = time.perf_counter()
     exact = run_mode(container, ids, activations=EXACT, threads=threads)
-    default = run_mode(container, ids, activations=DEFAULT_ACTIVATIONS, threads=threads)
+    default = run_mode(container, ids, activations=mode, threads=threads)
     from app.engine.binding import Engine
     with Engine(container, threads=1) as e:
         running = e.info.activations
-    row = {"model": name, "container": str(container), "default_runs": running,
+    row = {"model": name, "container": str(container), "default_runs": running, "measured": mode,
            "default_vs_exact": distance(exact, default)}
     if source is not None:
         ref = run_mode(source, ids, activations=EXACT, threads=threads)
@@ -80,9 +102,18 @@ def main(argv=None) -> int:
     ap.add_argument("--max-tokens", type=int, default=64, help="tokens of each prompt evaluated")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", help="also write the JSON here")
+    ap.add_argument("--experts", default="q4_0", choices=("q4_0", "q3_nl"), help="the tiny models' expert format")
+    ap.add_argument("--exact-parts", default="none",
+                    help="comma-separated groups of trunk matrices kept exact (f32), one run each: " + ", ".join(PARTS))
     a = ap.parse_args(argv)
     from app import demo
+    from app.convert import layout
     from app.convert.convert import convert
+
+    parts = a.exact_parts.split(",")
+    unknown = [p for p in parts if p not in PARTS]
+    if unknown:
+        ap.error(f"unknown --exact-parts {', '.join(unknown)} (choose from {', '.join(PARTS)})")
 
     prompts = read_prompts(a.prompts)
     rows = []
@@ -108,15 +139,27 @@ def main(argv=None) -> int:
             else:
                 tiny_kimi.build(name, ckpt)
             f32 = convert(ckpt, root / f"{name}-f32.ferry", trunk_format="f32", expert_format="f32")
-            quant = convert(ckpt, root / f"{name}-q.ferry", trunk_format="q8_0", expert_format="q4_0")
-            ids = token_prompts(quant, prompts, a.max_tokens, chat=False)
             label = {"k3": "tiny K3", "kimi_linear": "tiny Kimi-Linear", "deepseek": "tiny DeepSeek-V3"}[name]
-            rows.append(measure(f"{label} (random; q8_0 trunk, q4_0 experts)", quant, f32, ids, a.threads,
-                                "q8_0 trunk + q4_0 experts against the f32 weights, exact"))
-            print(json.dumps(rows[-1]), file=sys.stderr)
+            ids = None
+            for part in parts:
+                vectors = layout.VECTOR_SUFFIXES
+                layout.VECTOR_SUFFIXES = vectors + PARTS[part]  # the group stays f32: exact in both modes
+                try:
+                    quant = convert(ckpt, root / f"{name}-{part}-q.ferry", trunk_format="q8_0",
+                                    expert_format=a.experts)
+                finally:
+                    layout.VECTOR_SUFFIXES = vectors
+                if ids is None:
+                    ids = token_prompts(quant, prompts, a.max_tokens, chat=False)
+                kept = "" if part == "none" else f", {part} exact"
+                rows.append(measure(f"{label} (random; q8_0 trunk, {a.experts} experts{kept})", quant,
+                                    f32 if part == "none" else None, ids, a.threads,
+                                    f"q8_0 trunk + {a.experts} experts against the f32 weights, exact", mode="q8"))
+                rows[-1]["exact_part"] = part
+                print(json.dumps(rows[-1]), file=sys.stderr)
     doc = {"bench": "activations_distance", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "machine": platform.machine(), "prompts": len(prompts), "prompt_file": str(Path(a.prompts).name),
-           "max_tokens": a.max_tokens, "rows": rows}
+           "max_tokens": a.max_tokens, "experts": a.experts, "rows": rows}
     text = json.dumps(doc, indent=1)
     print(text)
     if a.out:

@@ -232,6 +232,8 @@ static const fe_q8_kernels SCALAR_Q8 = {
      [FE_Q4_K] = rowdot_q8ref_q4_k, [FE_Q5_K] = rowdot_q8ref_q5_k, [FE_Q6_K] = rowdot_q8ref_q6_k},
     quantize_scalar,
     NULL,
+    {NULL},
+    0,
 };
 
 const fe_q8_kernels *fe_q8_kernels_get(int impl) {
@@ -258,6 +260,22 @@ fe_q8dot_fn fe_q8_kernel_for(const fe_q8_ctx *q, int fmt, int cols, int n) {
     return q->k->rowdot[fmt];
 }
 
+fe_q8dot2_fn fe_q8_kernel2_for(const fe_q8_kernels *k, int fmt, int n) {
+    if (!k || fmt < 0 || fmt >= FE_N_FORMATS || n < k->rowdot2_min_tokens) return NULL;
+    return k->rowdot2[fmt];
+}
+
+/* Rows [r0, r1) of a matrix (row stride rb) with kernel `one`, pairs with
+ * `two` where it is not NULL (as ops.c's product driver, without its
+ * prefetch); y + r for row r (ys apart per token). */
+static void q8_rows(fe_q8dot_fn one, fe_q8dot2_fn two, const uint8_t *w, uint64_t rb, int r0, int r1, int cols,
+                    const uint8_t *xq, int n, float *y, size_t ys) {
+    int r = r0;
+    if (two)
+        for (; r + 2 <= r1; r += 2) two(w + (uint64_t)r * rb, (size_t)rb, cols, xq, n, y + r, ys);
+    for (; r < r1; r++) one(w + (uint64_t)r * rb, cols, xq, n, y + r, ys);
+}
+
 /* ----------------------------------------------------------- public API */
 
 int ferry_kernel_matmul_q8(int impl, int fmt, const void *w, int rows, int cols, const float *x, int n, float *y) {
@@ -270,8 +288,7 @@ int ferry_kernel_matmul_q8(int impl, int fmt, const void *w, int rows, int cols,
     uint8_t *xq = malloc(fe_q8_stride_kind(kind, cols) * (size_t)(n > 0 ? n : 1));
     if (!xq) return -1;
     k->quantize(kind, x, (size_t)cols, cols, n, xq);
-    for (int r = 0; r < rows; r++)
-        k->rowdot[fmt]((const uint8_t *)w + (uint64_t)r * rb, cols, xq, n, y + r, (size_t)rows);
+    q8_rows(k->rowdot[fmt], fe_q8_kernel2_for(k, fmt, n), (const uint8_t *)w, rb, 0, rows, cols, xq, n, y, (size_t)rows);
     free(xq);
     return 0;
 }

@@ -1,5 +1,6 @@
-/* kernels_q8.h — the opt-in 8-bit-activation matrix products
- * (ferry_open_options.activations = "q8"; off by default).
+/* kernels_q8.h — the 8-bit-activation matrix products
+ * (ferry_open_options.activations "auto", the default, and "q8"; see
+ * docs/ARCHITECTURE.md, "Kernels", for which models "auto" keeps exact).
  *
  * Each token's input vector is quantized once per product, in one of two
  * layouts chosen by the weight's format (fe_q8_kind):
@@ -12,8 +13,8 @@
  * AVX-512 VNNI set's FE_Q8_KIND_32Z, fe_q8_to_32z); the numbers are the same.
  * The row kernels take integer dot products of the stored weight integers
  * with q and scale them in float. This changes results slightly (the
- * activation's rounding error, ~0.2-0.4 % of each block's largest value), so
- * it is a mode the user asks for, never the default.
+ * activation's rounding error, ~0.2-0.4 % of each block's largest value);
+ * "exact" (f32 activations) is the mode for verification.
  *
  * The float arithmetic is defined once, by the scalar reference, and every
  * SIMD set repeats it operation for operation, so the sets are bit-identical
@@ -95,12 +96,19 @@ size_t fe_q8_buffer_bytes(int cols, int n);
 /* For t < n: y[t * ys] = the q8 dot of a stored weight row with token t's
  * quantized activations at xq + t * fe_q8_stride_kind(fe_q8_kind(fmt), cols). */
 typedef void (*fe_q8dot_fn)(const uint8_t *row, int cols, const uint8_t *xq, int n, float *y, size_t ys);
+/* Two consecutive rows at once (row and row + row_bytes): y[t * ys] and
+ * y[t * ys + 1], each bit for bit its rowdot's result (a set may lay the two
+ * rows side by side in a vector so that one float step serves both). */
+typedef void (*fe_q8dot2_fn)(const uint8_t *row, size_t row_bytes, int cols, const uint8_t *xq, int n, float *y,
+                             size_t ys);
 
 typedef struct fe_q8_kernels {
     const char *name;                   /* "scalar", "avx2", "neon", "avx512vnni" */
     fe_q8dot_fn rowdot[FE_N_FORMATS];   /* NULL: no integer kernel (f32, f16, bf16, q3_nl use the exact path) */
     fe_q8quant_fn quantize;             /* the quantizer (fe_q8_quantize's results) */
     int (*layout)(int fmt, int n);      /* the layout rowdot[fmt] reads over n tokens (NULL: fe_q8_kind(fmt)) */
+    fe_q8dot2_fn rowdot2[FE_N_FORMATS]; /* NULL: rows one at a time (rowdot) */
+    int rowdot2_min_tokens;             /* rowdot2 is used from this many tokens */
 } fe_q8_kernels;
 /* The layout set k's kernel for format fmt reads over n tokens. */
 int fe_q8_layout(const fe_q8_kernels *k, int fmt, int n);
@@ -139,6 +147,8 @@ uint8_t *fe_q8_region(const fe_q8_ctx *q, int kind, int cols, int n);
  * with this context, or NULL when the product must take the exact path (no
  * context, no integer kernel for the format, or too little buffer). */
 fe_q8dot_fn fe_q8_kernel_for(const fe_q8_ctx *q, int fmt, int cols, int n);
+/* Its two-row kernel for n tokens, or NULL (then rows go one at a time). */
+fe_q8dot2_fn fe_q8_kernel2_for(const fe_q8_kernels *k, int fmt, int n);
 
 /* The row kernel rowdot_<prefix>_<fmt> of a SIMD set over the including
  * file's <fmt>_tile(row, cols, xq, stride, y, ys, nt): tiles of 4 tokens,
@@ -198,6 +208,8 @@ fe_q8dot_fn fe_q8_kernel_for(const fe_q8_ctx *q, int fmt, int cols, int n);
          [FE_Q5_K] = rowdot_##prefix##_q5_k, [FE_Q6_K] = rowdot_##prefix##_q6_k},                           \
         quantize_##prefix,                                                                                  \
         NULL,                                                                                               \
+        {NULL},                                                                                             \
+        0,                                                                                                  \
     };
 
 /* The 8 6-bit scales and 8 6-bit minimums of a Q4_K/Q5_K super-block (its

@@ -25,6 +25,7 @@ typedef struct {
     fe_rowdot_fn dot[FE_MATMUL_MULTI_MAX]; /* the row kernel of each w's format (kernels.h) */
     fe_rowsdot_fn rows[FE_MATMUL_MULTI_MAX]; /* or its kernel of several rows at once, for a batch */
     fe_q8dot_fn q8dot[FE_MATMUL_MULTI_MAX]; /* or its 8-bit-activation kernel (kernels_q8.h), used instead */
+    fe_q8dot2_fn q8dot2[FE_MATMUL_MULTI_MAX]; /* and its two-row kernel (NULL: rows one at a time) */
     const uint8_t *xq[FE_MATMUL_MULTI_MAX]; /* x quantized for each q8 kernel (once per layout) */
     int first[FE_MATMUL_MULTI_MAX + 1];    /* item index of each matrix's row 0 */
     const float *x;     /* [n][cols] */
@@ -68,11 +69,16 @@ static void matmul_rows(void *p, int start, int end, int tid) {
         const uint8_t *end_bytes = w->data + (uint64_t)r1 * w->row_bytes;
         const uint8_t *pf = j->n > FE_PREFETCH_MAX_TOKENS ? end_bytes
             : (const uint8_t *)((uintptr_t)(w->data + (uint64_t)r0 * w->row_bytes) & ~(uintptr_t)63);
-        if (j->q8dot[i]) {
-            for (int r = r0; r < r1; r++) {
+        if (j->q8dot[i]) { /* rows in pairs where the set has a two-row kernel (the same bits) */
+            for (int r = r0; r < r1;) {
+                const int two = j->q8dot2[i] && r + 2 <= r1;
                 const uint8_t *row = w->data + (uint64_t)r * w->row_bytes;
-                prefetch_past(&pf, row, w->row_bytes, end_bytes);
-                j->q8dot[i](row, w->cols, j->xq[i], j->n, j->y[i] + r, (size_t)w->rows);
+                prefetch_past(&pf, row, (two ? 2 : 1) * w->row_bytes, end_bytes);
+                if (two)
+                    j->q8dot2[i](row, w->row_bytes, w->cols, j->xq[i], j->n, j->y[i] + r, (size_t)w->rows);
+                else
+                    j->q8dot[i](row, w->cols, j->xq[i], j->n, j->y[i] + r, (size_t)w->rows);
+                r += 1 + two;
             }
             continue;
         }
@@ -113,6 +119,7 @@ void fe_matmul_multi(const fe_ops *ops, const fe_mat *const *w, int count, const
         j.dot[j.count] = dot;
         j.rows[j.count] = n > 1 && ops->kernels ? ops->kernels->rowsdot[w[i]->fmt] : NULL;
         j.q8dot[j.count] = fe_q8_kernel_for(ops->q8, w[i]->fmt, w[i]->cols, n);
+        j.q8dot2[j.count] = j.q8dot[j.count] ? fe_q8_kernel2_for(ops->q8->k, w[i]->fmt, n) : NULL;
         if (j.q8dot[j.count]) { /* the matrices share cols: x is quantized once per layout */
             const int kind = fe_q8_layout(ops->q8->k, w[i]->fmt, n);
             if (!xq[kind]) {
