@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
 from app.chat.k3_format import forced_call_prefix, render_k3
-from app.chat.segments import Segment, content
-from app.chat.stream_parser import MarkerScanner, StreamParser, ToolCall
+from app.chat.segments import Segment, content, markup
+from app.chat.stream_parser import THINK_CLOSE, MarkerScanner, StreamParser, ToolCall
 from app.chat.template import TemplateRenderError
 from app.events import (Finished, LiveStats, Logprob, PromptProgress, Reasoning, Text, Token, TokenLogprob,
                         ToolCallMade, TurnDone, TurnEvent)
@@ -82,6 +82,9 @@ class TurnRequest:
     #: what a prompt that does not fit does: "error" refuses it (the server's: its clients decide), "drop_oldest"
     #: leaves the oldest turns out (the window and ``ferry chat``: a chat never dead-ends); see ``CONTEXT_POLICIES``
     context: str = "error"
+    #: the last message is an answer that stopped early (Stop, the length limit, a full context): the model
+    #: continues that same answer from where it stopped instead of writing a new one
+    continue_final: bool = False
 
 
 #: The context policies a ``TurnRequest`` can name.
@@ -154,11 +157,16 @@ class ChatFormat:
                             "tool_choice")
         if req.context not in CONTEXT_POLICIES:
             raise TurnError(f"context must be one of {', '.join(CONTEXT_POLICIES)}.", "context")
+        tail: list[Segment] = []
+        if req.continue_final:
+            req, tail = self._continued(req)
         segments, dialect, channel, hermes, llama3, prefill = self._render(req)
+        if tail:
+            segments, channel = segments + self._close_thinking(dialect, channel) + tail, "response"
         prompt = self.model.encode(segments)
         dropped = 0
         if req.context == "drop_oldest" and req.messages and not req.raw:
-            prompt, segments, dropped = self._fit(req, n_ctx, prompt, segments)
+            prompt, segments, dropped = self._fit(req, n_ctx, prompt, segments, tail)
         prefill_ids = self.model.tokenizer.encode_segments(prefill) if prefill else []
         prompt += prefill_ids
         if len(prompt) >= n_ctx:
@@ -189,8 +197,28 @@ class ChatFormat:
             return segments, "think_tags", channel, tooled and self.hermes, tooled and self.llama3, prefill
         return self.plain(req), "think_tags", "response", False, False, []
 
-    def _fit(self, req: TurnRequest, n_ctx: int, prompt: list[int], segments: list[Segment]
-             ) -> tuple[list[int], list[Segment], int]:
+    def _continued(self, req: TurnRequest) -> tuple[TurnRequest, list[Segment]]:
+        """``continue_final``: the request for a new answer after the conversation before the last message
+        (thinking off: the answer part is continued) and that message's text, which the prompt ends with
+        as if the model had just written it. The events that follow are only what it writes next."""
+        last = req.messages[-1] if req.messages else {}
+        text = text_of(last.get("content"))
+        if last.get("role") != "assistant" or not text or req.raw or req.tools:
+            raise TurnError("continue_final needs the conversation to end with an answer that has text "
+                            "(and no tools)", "messages")
+        return dataclasses.replace(req, messages=list(req.messages[:-1]), thinking=False, continue_final=False), \
+            [content(text)]
+
+    def _close_thinking(self, dialect: str, channel: str) -> list[Segment]:
+        """The markup that ends a thinking trace the generation prompt opened, before a continued answer."""
+        if channel != "thinking":
+            return []
+        if dialect != "think_tags":
+            raise TurnError("this model's chat format cannot continue an answer after its thinking", "messages")
+        return [markup(THINK_CLOSE)]
+
+    def _fit(self, req: TurnRequest, n_ctx: int, prompt: list[int], segments: list[Segment],
+             tail: list[Segment] = ()) -> tuple[list[int], list[Segment], int]:
         """The "drop_oldest" policy: when the prompt and room for an answer (the longest answer asked for,
         at most a quarter of the context) do not fit, whole turns are left out from the oldest on — the
         system prompt and the newest question always stay — until the prompt takes at most half the
@@ -204,7 +232,8 @@ class ChatFormat:
         users = [i for i, m in enumerate(messages) if i >= first and m.get("role") == "user"]
         for start in users[1:] if users and users[0] == first else users:
             trial = dataclasses.replace(req, messages=messages[:first] + messages[start:])
-            segments = self._render(trial)[0]
+            rendered = self._render(trial)
+            segments = rendered[0] + (self._close_thinking(rendered[1], rendered[2]) + list(tail) if tail else [])
             prompt = self.model.encode(segments)
             if len(prompt) <= n_ctx // 2:
                 return prompt, segments, start - first

@@ -192,6 +192,8 @@ class RemoteEngine:
             kwargs.setdefault("enable_thinking", False)
         if kwargs:
             body["chat_template_kwargs"] = kwargs
+        if request.continue_final:     # vLLM's pair (Ferry's server takes it too)
+            body.update(continue_final_message=True, add_generation_prompt=False)
         return body
 
     def generate(self, request: TurnRequest) -> Iterator[TurnEvent]:

@@ -191,6 +191,13 @@ def set_model_values(settings: Settings, model: str, values: dict | None) -> Set
     return s.validated()
 
 
+def active_preset(settings: Settings, model: str) -> str | None:
+    """The preset in effect for ``model``: the first (by name) whose every value is what the model uses."""
+    values = model_values(settings, model)
+    return next((name for name, p in sorted(settings.presets.items())
+                 if p and all(values.get(k) == v for k, v in p.items())), None)
+
+
 def save_preset(settings: Settings, name: str, values: dict) -> Settings:
     name = name.strip()
     if not name:

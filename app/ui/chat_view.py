@@ -10,7 +10,7 @@ from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPus
                                QSizePolicy, QTextBrowser, QToolButton, QVBoxLayout, QWidget)
 
 from app.chat import token_probs
-from app.chat.conversation import STREAMING, Chat
+from app.chat.conversation import STREAMING, UNFINISHED, Chat
 from app.controller.chat_controller import CONTEXT_FULL, WRITER, describe_writer, memory_start
 from app.store.history import MessageRecord
 from app.ui import theme
@@ -253,6 +253,8 @@ def tool_call_text(stats: dict | None) -> str:
 
 class MessageWidget(QFrame):
     regenerate = Signal(int)
+    resume = Signal(int)      #: Continue: an answer that stopped early, written on
+    fork = Signal(int)        #: a new chat with the conversation up to this message
     edit = Signal(int, str)
     switch = Signal(int)
     copied = Signal(str)
@@ -290,6 +292,13 @@ class MessageWidget(QFrame):
         else:
             self.action_btn = self._tool("Regenerate", "Write another answer")
             self.action_btn.clicked.connect(lambda: self.regenerate.emit(self.message_id))
+        self.continue_btn = self._tool("Continue", "Write on from where this answer stopped")
+        self.continue_btn.clicked.connect(lambda: self.resume.emit(self.message_id))
+        self.continue_btn.setVisible(False)
+        head.addWidget(self.continue_btn)
+        self.fork_btn = self._tool("Fork", "A new chat with the conversation up to here")
+        self.fork_btn.clicked.connect(lambda: self.fork.emit(self.message_id))
+        head.addWidget(self.fork_btn)
         head.addWidget(self.action_btn)
         outer.addLayout(head)
 
@@ -397,6 +406,10 @@ class MessageWidget(QFrame):
             self.prev_btn.setEnabled(i > 0 and not busy)
             self.next_btn.setEnabled(i < n - 1 and not busy)
         self.action_btn.setEnabled(not busy)
+        self.continue_btn.setVisible(record.role == "assistant" and record.status in UNFINISHED
+                                     and bool(record.content))
+        self.continue_btn.setEnabled(not busy)
+        self.fork_btn.setEnabled(not streaming)
         self.copy_btn.setEnabled(bool(record.content))
 
     def restyle(self) -> None:
@@ -450,6 +463,8 @@ class ChatView(QScrollArea):
     redraws the answer being written (the window calls it on a timer)."""
 
     regenerate = Signal(int)
+    resume = Signal(int)      #: Continue: an answer that stopped early, written on
+    fork = Signal(int)        #: a new chat with the conversation up to this message
     edit = Signal(int, str)
     switch = Signal(int)
     copied = Signal(str)
@@ -524,6 +539,8 @@ class ChatView(QScrollArea):
             w.author.setToolTip(describe_writer(wrote))
             w.cite.connect(self.cite)
             w.regenerate.connect(self.regenerate)
+            w.resume.connect(self.resume)
+            w.fork.connect(self.fork)
             w.edit.connect(self.edit)
             w.switch.connect(self.switch)
             w.copied.connect(self.copied)
