@@ -85,10 +85,17 @@ class TurnRequest:
     #: the last message is an answer that stopped early (Stop, the length limit, a full context): the model
     #: continues that same answer from where it stopped instead of writing a new one
     continue_final: bool = False
+    #: a summary of earlier turns that are no longer in ``messages`` ("summarise" policy,
+    #: ``app.chat.summary``): kept in the context after the system prompt
+    context_note: str = ""
 
 
-#: The context policies a ``TurnRequest`` can name.
-CONTEXT_POLICIES = ("error", "drop_oldest")
+#: The context policies a ``TurnRequest`` can name. "summarise" needs the model to write the summary
+#: (``app.chat.summary.summarise_to_fit``, run by the engine's caller before the turn); the prompt itself
+#: then falls back on "drop_oldest" should the summary not be enough.
+CONTEXT_POLICIES = ("error", "drop_oldest", "summarise")
+#: How the summary of earlier turns is put after the system prompt.
+NOTE_HEADING = "Summary of the earlier conversation (those turns are no longer shown in full):"
 
 
 @dataclass
@@ -115,6 +122,17 @@ class Prepared:
     client: str = "local"
     dropped: int = 0             #: messages (after the system prompt) left out to fit the context
     context_bound: bool = False  #: the answer's room is what the context leaves (a length stop is "context full")
+
+
+def with_note(req: TurnRequest) -> TurnRequest:
+    """``req`` with its ``context_note`` in the system message (one is added when there is none)."""
+    note = f"{NOTE_HEADING}\n{req.context_note.strip()}"
+    messages = [dict(m) for m in req.messages]
+    if messages and messages[0].get("role") in ("system", "developer"):
+        messages[0]["content"] = f"{text_of(messages[0].get('content'))}\n\n{note}".strip()
+    else:
+        messages.insert(0, {"role": "system", "content": note})
+    return dataclasses.replace(req, messages=messages, context_note="")
 
 
 class ChatFormat:
@@ -158,6 +176,8 @@ class ChatFormat:
         if req.context not in CONTEXT_POLICIES:
             raise TurnError(f"context must be one of {', '.join(CONTEXT_POLICIES)}.", "context")
         tail: list[Segment] = []
+        if req.context_note.strip():
+            req = with_note(req)
         if req.continue_final:
             req, tail = self._continued(req)
         segments, dialect, channel, hermes, llama3, prefill = self._render(req)
@@ -165,7 +185,7 @@ class ChatFormat:
             segments, channel = segments + self._close_thinking(dialect, channel) + tail, "response"
         prompt = self.model.encode(segments)
         dropped = 0
-        if req.context == "drop_oldest" and req.messages and not req.raw:
+        if req.context in ("drop_oldest", "summarise") and req.messages and not req.raw:
             prompt, segments, dropped = self._fit(req, n_ctx, prompt, segments, tail)
         prefill_ids = self.model.tokenizer.encode_segments(prefill) if prefill else []
         prompt += prefill_ids

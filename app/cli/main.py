@@ -112,7 +112,8 @@ def cmd_info(args) -> int:
     model = open_from_args(args)
     info = model.engine.info
     plan = model.engine.plan(args.ctx)
-    doc = {"path": str(model.path), "name": model.name, "model": model.manifest["model"],
+    doc = {"path": str(model.path), "name": model.name, "converted_from": model.source_name,
+           "model": model.manifest["model"],
            "info": info.__dict__, "activations_note": describe_activations(info.activations, model.engine.activations),
            "plan": {"n_ctx": args.ctx or info.max_ctx, **plan.__dict__},
            "files": model.manifest.get("files", []), "tokenizer": model.manifest.get("tokenizer")}
@@ -120,7 +121,8 @@ def cmd_info(args) -> int:
         print(json.dumps(doc, indent=1))
         return 0
     m = doc["model"]
-    print(f"{model.name}  ({m.get('source_arch')}, {info.n_layers} layers, dim {info.dim}, vocab {info.vocab})")
+    print(f"{model.name}  ({m.get('source_arch')}, {info.n_layers} layers, dim {info.dim}, vocab {info.vocab}; "
+          f"converted from {model.source_name})")
     print(f"  attention: {info.n_heads} heads, {info.n_kv_heads} KV heads of {info.head_dim}; "
           f"context {info.max_ctx}")
     if info.n_moe_layers:

@@ -38,6 +38,8 @@ from app.store.settings import Settings
 CONTEXT_FULL = "context_full"
 #: Its record's count of the oldest messages the context policy left out of its prompt.
 CONTEXT_DROPPED = "context_dropped"
+#: Its record's summary of the oldest turns ({"text", "covered": messages of the branch it stands for}).
+SUMMARY = "context_summary"
 #: Its record's count of the times Continue wrote on after it had stopped.
 CONTINUED = "continued"
 #: Its record's description of what wrote it (``writer``): model, format, sampling, routing.
@@ -98,6 +100,15 @@ def setup_note(effective: Settings, preset: str | None) -> tuple[str, str]:
     return " · ".join(parts), tip
 
 
+def latest_summary(records: list[MessageRecord]) -> dict | None:
+    """The newest summary of the oldest turns on a branch (root first), as an answer's record keeps it."""
+    for m in reversed(records):
+        kept = (m.stats or {}).get(SUMMARY) if m.role == "assistant" else None
+        if isinstance(kept, dict) and kept.get("text") and int(kept.get("covered") or 0) > 0:
+            return kept
+    return None
+
+
 def memory_start(records: list[MessageRecord]) -> int | None:
     """Where the model's memory begins on the branch ``records`` (root first): the index of the first message
     the newest answer's prompt still held, when the context policy left older ones out; else None."""
@@ -120,6 +131,9 @@ class TurnState:
     error: str = ""                                     #: the engine's message, when it failed
     started: float = 0.0
     continued: dict | None = None    #: a continued answer's record from before (None: a new answer)
+    skipped: int = 0                 #: messages of the branch an earlier summary stood for in its request
+    note: dict | None = None         #: that summary (``SUMMARY`` in the record)
+    summary: object = None           #: the app.chat.summary.ContextSummary written before this answer, if any
 
 
 class ChatController:
@@ -255,8 +269,18 @@ class ChatController:
         return start
 
     def request(self, start: TurnStart) -> TurnRequest:
+        """The turn's request. When an earlier answer on the branch summarised the oldest turns (the
+        "summarise" policy), the summary is sent in their place (``context_note``)."""
         s = self.settings()
-        return TurnRequest(messages=list(start.messages), max_tokens=int(s.max_tokens), thinking=bool(s.thinking),
+        messages, note = list(start.messages), ""
+        path = self.writing.tree.path(start.assistant_id) if self.writing is not None else []
+        summary = latest_summary(path if start.continued else path[:-1])
+        if summary is not None:
+            first = 1 if messages and messages[0]["role"] == "system" else 0
+            note, skipped = summary["text"], int(summary["covered"])
+            messages = messages[:first] + messages[first + skipped:]
+            self.turn.skipped, self.turn.note = skipped, summary
+        return TurnRequest(messages=messages, max_tokens=int(s.max_tokens), thinking=bool(s.thinking),
                            sampling=SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
                                                    min_p=s.min_p, seed=s.seed, frequency_penalty=s.frequency_penalty,
                                                    presence_penalty=s.presence_penalty),
@@ -265,8 +289,8 @@ class ChatController:
                            # issue 17's opt-in routing modes (None / 0: exact, the default)
                            experts_per_token=s.experts_per_token,
                            cache_aware_margin=float(s.cache_aware_margin or 0.0), client="window",
-                           context="drop_oldest",   # a full context leaves the oldest turns out, never dead-ends
-                           continue_final=start.continued)
+                           # a full context leaves the oldest turns out or summarises them: never a dead end
+                           context=s.context_policy, context_note=note, continue_final=start.continued)
 
     def turn_request(self, start: TurnStart) -> tuple[TurnRequest, PassageSearch | None]:
         """The request for ``start`` and, when the chat has documents, the search the engine's thread
@@ -291,6 +315,11 @@ class ChatController:
     def on_citations(self, gen_id: int, citations: list[Citation]) -> None:
         if self.busy and gen_id == self.turn.gen_id:
             self.turn.citations = list(citations)
+
+    def on_summary(self, gen_id: int, summary) -> None:
+        """The oldest turns were summarised before this answer (the "summarise" context policy)."""
+        if self.busy and gen_id == self.turn.gen_id:
+            self.turn.summary = summary
 
     def on_text(self, channel: str, text: str) -> bool:
         """More answer ("response") or thinking text; False when no answer is being written."""
@@ -329,8 +358,14 @@ class ChatController:
             record["tool_calls"] = [{"name": c.name, "arguments": c.arguments} for c in t.done.tool_calls]
         if t.citations:   # kept with the answer, so the links survive a restart
             record["citations"] = [c.as_dict() for c in t.citations]
-        if t.done is not None and t.done.dropped_messages:   # the chat view marks where the model's memory begins
-            record[CONTEXT_DROPPED] = t.done.dropped_messages
+        covered = t.skipped + (t.summary.covered if t.summary is not None else 0)
+        if t.summary is not None:     # the note the next turns send instead of the turns it covers
+            record[SUMMARY] = {"text": t.summary.text, "covered": covered}
+        elif t.note is not None:
+            record[SUMMARY] = t.note
+        dropped = covered + (t.done.dropped_messages if t.done is not None else 0)
+        if dropped:    # the chat view marks where the model's memory begins
+            record[CONTEXT_DROPPED] = dropped
         if reason == "length" and t.done is not None and t.done.context_full:
             reason = CONTEXT_FULL
         if t.continued is not None:   # its citations and writer stay; the figures are the last part's

@@ -28,6 +28,7 @@ DEFAULT_SERVE_PORT = 8000
 PRIVATE_FIELDS = frozenset({"system_prompt", "model_settings", "presets", "stop"})
 ENCRYPTED_KEY = "encrypted"
 MAX_SEED = (1 << 63) - 1
+CONTEXT_POLICIES = ("drop_oldest", "summarise")   #: the window's choices (app.chat.turn's, but "error")
 MAX_ALTERNATIVES = 20         #: = app.chat.turn.MAX_TOP_LOGPROBS
 MAX_STOPS, MAX_STOP_CHARS = 4, 256   #: = app.chat.turn's (kept here so settings load without the pipeline)
 _ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
@@ -89,6 +90,9 @@ class Settings:
     presence_penalty: float = 0.0    #: -2..2 (OpenAI's): once a token was already written
     export_folder: str = ""          #: where Export… saved last (its dialog opens there)
     models_defaulted: list[str] = field(default_factory=list)  #: models given SMALL_MODEL_DEFAULTS once (keys)
+    #: when the next turn would not fit the context: "drop_oldest" leaves the oldest turns out, "summarise"
+    #: has the model summarise them into a short note kept in the context (app/chat/summary.py)
+    context_policy: str = "drop_oldest"
 
     def validated(self) -> "Settings":
         """A copy with every value clamped into its legal range."""
@@ -122,6 +126,7 @@ class Settings:
         s.presence_penalty = min(max(-2.0, float(s.presence_penalty)), 2.0)
         s.token_alternatives = min(max(0, int(s.token_alternatives)), MAX_ALTERNATIVES)
         s.export_folder = str(s.export_folder or "")
+        s.context_policy = s.context_policy if s.context_policy in CONTEXT_POLICIES else "drop_oldest"
         s.models_defaulted = [str(x) for x in (s.models_defaulted if isinstance(s.models_defaulted, list) else [])]
         s.stop = [str(x)[:MAX_STOP_CHARS] for x in (s.stop if isinstance(s.stop, list) else []) if str(x)][:MAX_STOPS]
         s.model_settings = {str(k): _per_model(v) for k, v in dict(s.model_settings or {}).items()

@@ -11,7 +11,7 @@ from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPus
 
 from app.chat import token_probs
 from app.chat.conversation import STREAMING, UNFINISHED, Chat
-from app.controller.chat_controller import CONTEXT_FULL, WRITER, describe_writer, memory_start
+from app.controller.chat_controller import CONTEXT_FULL, WRITER, describe_writer, latest_summary, memory_start
 from app.store.history import MessageRecord
 from app.ui import theme
 from app.ui.elided import ElidedLabel
@@ -20,6 +20,7 @@ from app.ui.markdown import render
 STATUS_NOTES = {"cancelled": "Stopped", "error": "Ended by an error", "length": "Cut off at the length limit",
                 CONTEXT_FULL: "Stopped: the context is full"}
 MEMORY_MARK = "Earlier turns are outside the model's memory"
+SUMMARY_MARK = "The model keeps a summary of the turns above"
 
 
 class AutoBrowser(QTextBrowser):
@@ -525,12 +526,18 @@ class ChatView(QScrollArea):
         self.placeholder.setVisible(not records)
         busy = bool(chat and chat.busy)
         boundary = memory_start(records)
+        summary = latest_summary(records)
         for i, rec in enumerate(records):
             if i == boundary and i > 0:
-                self.memory_mark = QLabel(f"— {MEMORY_MARK} —", objectName="mutedLabel", accessibleName=MEMORY_MARK)
+                mark = SUMMARY_MARK if summary and int(summary["covered"]) == i else MEMORY_MARK
+                self.memory_mark = QLabel(f"— {mark} —", objectName="mutedLabel", accessibleName=mark)
                 self.memory_mark.setAlignment(Qt.AlignmentFlag.AlignCenter)
-                self.memory_mark.setToolTip("The context is full: the oldest turns were left out of the prompt. "
-                                            "The model no longer sees them; they stay here and in the history.")
+                self.memory_mark.setWordWrap(True)
+                self.memory_mark.setToolTip(
+                    f"The context was full: the model summarised the turns above; it keeps this note instead:\n\n"
+                    f"{summary['text']}" if mark == SUMMARY_MARK else
+                    "The context is full: the oldest turns were left out of the prompt. "
+                    "The model no longer sees them; they stay here and in the history.")
                 self.lay.insertWidget(self.lay.count() - 1, self.memory_mark)
             sibs = [m.id for m in chat.tree.siblings(rec.id)]
             wrote = (rec.stats or {}).get(WRITER) or {}

@@ -61,7 +61,7 @@ class MainWindow(QMainWindow):
         for signal, slot in ((w.response_text, lambda t: self._on_text("response", t)),
                              (w.thinking_text, lambda t: self._on_text("thinking", t)),
                              (w.token_probs, c.on_token_probs), (w.turn_done, c.on_turn_done),
-                             (w.citations, c.on_citations), (w.error, self._on_error)):
+                             (w.citations, c.on_citations), (w.summarised, c.on_summary), (w.error, self._on_error)):
             on_gui(signal, slot, self)
         w.prompt_progress.connect(self._on_prompt_progress)
         w.stats.connect(self._on_stats)

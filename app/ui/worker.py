@@ -29,6 +29,7 @@ from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from app.api import (EngineService, LiveStats, LoadOptions, LoadedModel, ModelLoaded, PromptProgress, Reasoning, Text,
                      ToolCallMade, TurnDone, TurnError, TurnRequest, open_model)
+from app.chat.summary import summarise_to_fit
 from app.chat.token_probs import compact
 from app.chat.turn import logprobs_content
 from app.documents.prompt import Estimate
@@ -54,6 +55,7 @@ class EngineWorker(QObject):
     started = Signal(int)            #: the generation id that began
     serving = Signal(str, str)       #: the server's URL ("" when off), and why it failed ("" if it did not)
     citations = Signal(int, object)  #: a turn's id and the passages its documents put in its prompt (Citation list)
+    summarised = Signal(int, object)  #: a turn's id and the app.chat.summary.ContextSummary its older turns became
 
     def __init__(self):
         super().__init__()
@@ -216,8 +218,25 @@ class EngineWorker(QObject):
             documents.close()
 
     def _local_events(self, gen_id: int, turn: TurnRequest):
-        """The service's events for one turn, read on this thread."""
-        stream = self.service.stream(self.service.prepare(turn))
+        """The service's events for one turn, read on this thread (the "summarise" context policy's
+        summary first, when the turn would not fit)."""
+        turn, summary = summarise_to_fit(self.service, turn, lambda p: self._summary_text(gen_id, p))
+        if summary is not None:
+            self.summarised.emit(gen_id, summary)
+        yield from self._local_stream(gen_id, self.service.prepare(turn))
+
+    def _summary_text(self, gen_id: int, prepared) -> str:
+        """The summary's text; "" when it was stopped or failed (the turns are then left out instead)."""
+        out = []
+        for ev in self._local_stream(gen_id, prepared):
+            if isinstance(ev, Text):
+                out.append(ev.text)
+            elif isinstance(ev, TurnDone) and ev.reason in ("cancelled", "error"):
+                return ""
+        return "".join(out)
+
+    def _local_stream(self, gen_id: int, prepared):
+        stream = self.service.stream(prepared)
         with self._lock:
             self._job = stream.job
             if self._stop_id == gen_id:

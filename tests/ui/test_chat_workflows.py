@@ -124,3 +124,47 @@ def test_the_documents_panel_attaches_shared_collections_and_shares_a_chats_file
     panel.refresh()
     assert panel.share_btn.isEnabled() and not panel.share("house") and "already" in panel.status.text()
     panel.close()
+
+
+def test_one_model_one_name_and_the_switcher_keeps_a_model_converted_elsewhere(qtbot, make_window, tiny_chat,
+                                                                               demo_container, demo_gguf):
+    from app.convert.validate import validate_source
+    from app.model import LoadedModel
+    from app.server.run import model_id_for
+    from app.ui.wizard.source_page import describe
+
+    m = LoadedModel(tiny_chat)        # converted from a folder "ckpt" into "chat.ferry"
+    try:
+        assert m.name == "chat" == model_id_for(m) and m.source_name == "ckpt"
+    finally:
+        m.close()
+    w = make_window(demo_container)   # neither model is in the library's folders
+    assert w.model_info.name == "smollm2" and w.model_combo.currentText() == "smollm2"
+    # the wizard converted a model into a folder of the user's: at its end the model opens, and the
+    # switcher keeps listing it after another model opens
+    with qtbot.waitSignal(w.model_loaded, timeout=LONG):
+        w.models._wizard_model_ready(str(tiny_chat), w.settings.ram_budget)
+    assert w.model_info.name == "chat" and str(tiny_chat.parent) in w.settings.model_folders
+    with qtbot.waitSignal(w.model_loaded, timeout=LONG):
+        w.switch_model(demo_container)
+    names = [w.model_combo.itemText(i) for i in range(w.model_combo.count())]
+    assert "chat" in names and w.model_combo.currentText() == "smollm2"
+    # the wizard names the demo by its own name, not "gguf:llama"
+    text = describe(validate_source(demo_gguf))
+    assert "gguf:" not in text and "SmolLM2-135M-Instruct.Q4_1 (llama)" in text
+
+
+def test_settings_offer_the_context_policy(make_window):
+    from app.ui.settings_dialog import SettingsDialog
+
+    w = make_window(None)
+    d = SettingsDialog(w.settings, None, w)
+    assert d.context_policy.currentData() == "drop_oldest"       # the default: leave the oldest turns out
+    d.context_policy.setCurrentIndex(d.context_policy.findData("summarise"))
+    s = d.result_settings()
+    assert s.context_policy == "summarise"
+    w.apply_settings(s)
+    start = w.controller.send("hello")
+    assert w.controller.request(start).context == "summarise"
+    w.controller.finish("cancelled")
+    d.close()
