@@ -217,7 +217,8 @@ def test_every_setting_that_can_hold_user_text_is_sealed_or_known_to_be_plain():
 
     plain = {"model_folders": "folder paths", "model_path": "a path", "engine": "a fixed choice", "activations": "a fixed choice",
              "remote_url": "a server address", "remote_model": "a model name",
-             "export_folder": "a folder path (as model_folders)", "models_defaulted": "model paths (as model_path)"}
+             "export_folder": "a folder path (as model_folders)", "models_defaulted": "model paths (as model_path)",
+             "context_policy": "a fixed choice"}
     hints = typing.get_type_hints(settings_mod.Settings)
     for f in dataclasses.fields(settings_mod.Settings):
         holds_text = "str" in str(hints[f.name]) or "dict" in str(hints[f.name]) or "list" in str(hints[f.name])
