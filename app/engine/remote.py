@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 from urllib.parse import urlsplit, urlunsplit
 
 from app.chat.stream_parser import StreamParser, ToolCall
-from app.chat.turn import TurnRequest
+from app.chat.turn import TurnRequest, with_note
 from app.events import (LiveStats, Logprob, PromptProgress, Reasoning, Text, TokenLogprob, ToolCallMade, TurnDone,
                         TurnEvent)
 
@@ -171,6 +171,8 @@ class RemoteEngine:
 
     def request_body(self, request: TurnRequest) -> dict[str, Any]:
         p = request.sampling
+        if request.context_note:    # a summary of earlier turns: in the system message, as the local pipeline puts it
+            request = with_note(request)
         body: dict[str, Any] = {
             "model": self.model, "messages": [dict(m) for m in request.messages], "stream": True,
             "stream_options": {"include_usage": True}, "max_tokens": int(request.max_tokens or 512),
