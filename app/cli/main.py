@@ -22,6 +22,7 @@ from app.convert.format_choices import RECOMMENDED
 from app.convert.layout import FORMAT_CHOICES
 from app.engine.binding import FerryError, verify
 from app.engine.remote import RemoteError
+from app.chat.summary import summarise_to_fit
 from app.chat.turn import logprobs_content
 from app.model import log_softmax
 from app.memory.plan import describe, plan_container
@@ -221,6 +222,7 @@ def cmd_chat(args) -> int:
     turn_request(args, [])   # bad options are refused before the model loads
     turns = Turns(args)
     messages: list[dict] = [{"role": "system", "content": args.system}] if args.system else []
+    note = ""   #: the summary that stands for the turns taken out of ``messages`` (--context summarise)
     where = f" on {turns.remote.url}" if turns.remote is not None else ""
     print(f"Chatting with {turns.name}{where}. Empty line, /quit or Ctrl-D to quit; /new starts over.", file=sys.stderr)
     tolerant_stdin()
@@ -238,11 +240,19 @@ def cmd_chat(args) -> int:
             if not line.strip() or line.strip() in ("/quit", "/exit"):
                 return 0
             if line.strip() == "/new":
-                messages = messages[:1] if args.system else []
+                messages, note = messages[:1] if args.system else [], ""
                 continue
             messages.append({"role": "user", "content": line})
             try:
-                end = _answer(turns, turn_request(args, list(messages), context="drop_oldest"), show=True)
+                request = turn_request(args, list(messages), context=args.context if turns.service else "drop_oldest")
+                request.context_note = note
+                if turns.service is not None:
+                    request, summary = summarise_to_fit(turns.service, request)
+                    if summary is not None:    # the oldest turns become the note, from now on
+                        first = 1 if args.system else 0
+                        messages, note = messages[:first] + messages[first + summary.covered:], summary.text
+                        print(f"  [the oldest {summary.covered} messages were summarised: {note}]", file=sys.stderr)
+                end = _answer(turns, request, show=True)
             except TurnError as exc:
                 end = TurnDone("error", error=exc.message)
             if end.reason in ("error", "cancelled"):
@@ -448,6 +458,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_options(p)
     add_server_model(p)
     add_sampling(p)
+    p.add_argument("--context", choices=("drop_oldest", "summarise"), default="drop_oldest",
+                   help="when the next turn would not fit the context: leave the oldest turns out (default), or "
+                        "have the model summarise them into a short note it keeps (a model on this computer)")
     p.set_defaults(fn=cmd_chat)
 
     p = sub.add_parser("eval", help="next-token log-probabilities after a prompt")
