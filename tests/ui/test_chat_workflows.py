@@ -168,3 +168,13 @@ def test_settings_offer_the_context_policy(make_window):
     assert w.controller.request(start).context == "summarise"
     w.controller.finish("cancelled")
     d.close()
+
+
+def test_the_switcher_elides_a_long_name_instead_of_cutting_it(make_window, demo_container):
+    w = make_window(demo_container)
+    combo = w.model_combo
+    assert combo.shown_text() == combo.currentText() == "smollm2" and "smollm2" in combo.toolTip()
+    combo.setItemText(combo.currentIndex(), "smollm2-135m-instruct-with-a-long-name")
+    combo.setFixedWidth(110)
+    assert combo.shown_text().endswith("…") and combo.shown_text() != combo.currentText()
+    combo.grab()      # paints without error
