@@ -139,6 +139,8 @@ class Library:
     def entries(self) -> list[ModelEntry]:
         """Every converted model, the most recently used first, then by name."""
         used = self._last_used()
+        if paths.models_dir().is_dir():     # one an older version made 0755 is narrowed to 0700
+            paths.private_models_dir()
         out = []
         for p in find_containers(self.model_folders):
             key = str(p.resolve())

@@ -188,6 +188,15 @@ class LoadedModel:
 
     @property
     def name(self) -> str:
+        """The model's one name: its folder's (the library's, the switcher's, the server's model id, the
+        CLI's), without a ``.ferry`` suffix; what it was converted from is ``source_name``."""
+        from app.library import display_name
+
+        return display_name(self.path.name)
+
+    @property
+    def source_name(self) -> str:
+        """The file or folder it was converted from (kept in its manifest)."""
         return self.manifest.get("source", {}).get("name", self.path.name)
 
     def new_session(self, n_ctx: int = 0) -> Session:

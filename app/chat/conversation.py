@@ -73,6 +73,11 @@ class TurnStart:
 
     assistant_id: int
     messages: list[dict[str, str]]   #: the conversation up to the answer, for the chat template
+    continued: bool = False          #: the last message is the answer itself, to be continued
+
+
+#: The statuses of an answer that stopped before its end: Continue picks it up where it stopped.
+UNFINISHED = ("cancelled", "length", "context_full")
 
 
 class Chat:
@@ -101,6 +106,7 @@ class Chat:
         self._dirty = False
         self._think_started: float | None = None
         self._think_ended: float | None = None
+        self._prefix = ("", "")     #: the text and thinking a continued answer had before it went on
 
     # ---- what is on screen
 
@@ -147,12 +153,46 @@ class Chat:
         uid = self._add(m.parent_id, "user", new_text)
         return self._start_answer(uid, system_prompt)
 
+    def continue_answer(self, assistant_id: int, system_prompt: str = "") -> TurnStart:
+        """The answer ``assistant_id``, stopped or cut off, written on from where it stopped: the same
+        message streams again; what comes is added to its text."""
+        self._idle_check()
+        m = self.tree.by_id[assistant_id]
+        if m.role != "assistant" or m.status not in UNFINISHED or not m.content:
+            raise ChatError("only an answer that stopped early (with some text) can be continued")
+        messages = self.prompt_messages(assistant_id, system_prompt)
+        self.tree.leaf_id = assistant_id
+        if self.id is not None:
+            self.store.set_leaf(self.id, assistant_id)
+        self._prefix = (m.content, m.thinking)
+        m.status = STREAMING
+        self.store.update_message(m.id, status=STREAMING)
+        self.streaming_id = assistant_id
+        self._think_started = self._think_ended = None
+        self._last_save = self.clock()
+        return TurnStart(assistant_id, messages, continued=True)
+
     def switch_to(self, message_id: int) -> None:
         """Show the branch through ``message_id`` (e.g. another sibling)."""
         self._idle_check()
         self.tree.leaf_id = self.tree.deepest(message_id)
         if self.id is not None:
             self.store.set_leaf(self.id, self.tree.leaf_id)
+
+    def fork(self, message_id: int) -> int:
+        """Fork: a new conversation holding a copy of the turns from the first message to ``message_id``
+        (text, thinking, status and each answer's record: its figures, citations, what wrote it), titled
+        after this one. Returns its id; this conversation is unchanged."""
+        path = self.tree.path(message_id)
+        if not path or path[-1].id != message_id or message_id == self.streaming_id:
+            raise ChatError("only a saved message of this chat can start a fork")
+        fid = self.store.create_conversation(f"{self.title} (fork)", model=self.first_model or self.model_name)
+        parent = None
+        for m in path:
+            parent = self.store.add_message(fid, parent, m.role, m.content, thinking=m.thinking, status=m.status)
+            if m.stats or m.thinking_seconds:
+                self.store.update_message(parent, thinking_seconds=m.thinking_seconds, stats=m.stats or None)
+        return fid
 
     def rename(self, title: str) -> None:
         title = title.strip() or "Untitled"
@@ -200,10 +240,11 @@ class Chat:
         """The answer is over: ``reason`` is the engine's ("stop", "length",
         "cancelled", "error"); ``text``/``thinking`` are the complete channels."""
         m = self._streaming()
+        before, thought = self._prefix      # a continued answer: what it had before
         if text is not None:
-            m.content = text
+            m.content = before + text
         if thinking is not None:
-            m.thinking = thinking
+            m.thinking = thought + thinking
         if m.thinking and self._think_started is not None and self._think_ended is None:
             m.thinking_seconds = self.clock() - self._think_started
         m.status = reason
@@ -211,6 +252,7 @@ class Chat:
         self.store.update_message(m.id, content=m.content, thinking=m.thinking, status=m.status,
                                   thinking_seconds=m.thinking_seconds, stats=m.stats)
         self.streaming_id = None
+        self._prefix = ("", "")
         return m
 
     # ---- output
@@ -235,6 +277,7 @@ class Chat:
         messages = self.prompt_messages(parent_id, system_prompt)
         aid = self._add(parent_id, "assistant", "", status=STREAMING)
         self.streaming_id = aid
+        self._prefix = ("", "")
         self._think_started = self._think_ended = None
         self._last_save = self.clock()
         return TurnStart(aid, messages)

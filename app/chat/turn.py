@@ -89,10 +89,20 @@ class TurnRequest:
     #: the prompt up to the last message's text is worth keeping (document passages before the question): a
     #: local engine with saved states restores it from disk, or reads it once and saves it (``Prepared.prefix_len``)
     keep_prefix: bool = False
+    #: the last message is an answer that stopped early (Stop, the length limit, a full context): the model
+    #: continues that same answer from where it stopped instead of writing a new one
+    continue_final: bool = False
+    #: a summary of earlier turns that are no longer in ``messages`` ("summarise" policy,
+    #: ``app.chat.summary``): kept in the context after the system prompt
+    context_note: str = ""
 
 
-#: The context policies a ``TurnRequest`` can name.
-CONTEXT_POLICIES = ("error", "drop_oldest")
+#: The context policies a ``TurnRequest`` can name. "summarise" needs the model to write the summary
+#: (``app.chat.summary.summarise_to_fit``, run by the engine's caller before the turn); the prompt itself
+#: then falls back on "drop_oldest" should the summary not be enough.
+CONTEXT_POLICIES = ("error", "drop_oldest", "summarise")
+#: How the summary of earlier turns is put after the system prompt.
+NOTE_HEADING = "Summary of the earlier conversation (those turns are no longer shown in full):"
 
 
 @dataclass
@@ -125,6 +135,17 @@ class Prepared:
     context_bound: bool = False  #: the answer's room is what the context leaves (a length stop is "context full")
     images: list = field(default_factory=list)  #: app.vision.image.PreparedImage, in prompt order
     prefix_len: int = 0          #: leading prompt tokens to keep as a saved state (``TurnRequest.keep_prefix``)
+
+
+def with_note(req: TurnRequest) -> TurnRequest:
+    """``req`` with its ``context_note`` in the system message (one is added when there is none)."""
+    note = f"{NOTE_HEADING}\n{req.context_note.strip()}"
+    messages = [dict(m) for m in req.messages]
+    if messages and messages[0].get("role") in ("system", "developer"):
+        messages[0]["content"] = f"{text_of(messages[0].get('content'))}\n\n{note}".strip()
+    else:
+        messages.insert(0, {"role": "system", "content": note})
+    return dataclasses.replace(req, messages=messages, context_note="")
 
 
 class ChatFormat:
@@ -177,11 +198,18 @@ class ChatFormat:
             if req.raw or self.kind != "k3" or self.model.vision_config is None:
                 raise TurnError(f"{self.model.name} cannot see images (it has no vision tower); remove the "
                                 "image or choose a model that has one", "messages")
+        tail: list[Segment] = []
+        if req.context_note.strip():
+            req = with_note(req)
+        if req.continue_final:
+            req, tail = self._continued(req)
         segments, dialect, channel, hermes, llama3, prefill = self._render(req)
+        if tail:
+            segments, channel = segments + self._close_thinking(dialect, channel) + tail, "response"
         prompt = self.model.encode(segments)
         dropped = 0
-        if req.context == "drop_oldest" and req.messages and not req.raw:
-            prompt, segments, dropped = self._fit(req, n_ctx, prompt, segments)
+        if req.context in ("drop_oldest", "summarise") and req.messages and not req.raw:
+            prompt, segments, dropped = self._fit(req, n_ctx, prompt, segments, tail)
         prefill_ids = self.model.tokenizer.encode_segments(prefill) if prefill else []
         budget = req.thinking_budget
         if budget is not None and budget < 1:
@@ -232,8 +260,28 @@ class ChatFormat:
             return segments, "think_tags", channel, tooled and self.hermes, tooled and self.llama3, prefill
         return self.plain(req), "think_tags", "response", False, False, []
 
-    def _fit(self, req: TurnRequest, n_ctx: int, prompt: list[int], segments: list[Segment]
-             ) -> tuple[list[int], list[Segment], int]:
+    def _continued(self, req: TurnRequest) -> tuple[TurnRequest, list[Segment]]:
+        """``continue_final``: the request for a new answer after the conversation before the last message
+        (thinking off: the answer part is continued) and that message's text, which the prompt ends with
+        as if the model had just written it. The events that follow are only what it writes next."""
+        last = req.messages[-1] if req.messages else {}
+        text = text_of(last.get("content"))
+        if last.get("role") != "assistant" or not text or req.raw or req.tools:
+            raise TurnError("continue_final needs the conversation to end with an answer that has text "
+                            "(and no tools)", "messages")
+        return dataclasses.replace(req, messages=list(req.messages[:-1]), thinking=False, continue_final=False), \
+            [content(text)]
+
+    def _close_thinking(self, dialect: str, channel: str) -> list[Segment]:
+        """The markup that ends a thinking trace the generation prompt opened, before a continued answer."""
+        if channel != "thinking":
+            return []
+        if dialect != "think_tags":
+            raise TurnError("this model's chat format cannot continue an answer after its thinking", "messages")
+        return [markup(THINK_CLOSE)]
+
+    def _fit(self, req: TurnRequest, n_ctx: int, prompt: list[int], segments: list[Segment],
+             tail: list[Segment] = ()) -> tuple[list[int], list[Segment], int]:
         """The "drop_oldest" policy: when the prompt and room for an answer (the longest answer asked for,
         at most a quarter of the context) do not fit, whole turns are left out from the oldest on — the
         system prompt and the newest question always stay — until the prompt takes at most half the
@@ -247,7 +295,8 @@ class ChatFormat:
         users = [i for i, m in enumerate(messages) if i >= first and m.get("role") == "user"]
         for start in users[1:] if users and users[0] == first else users:
             trial = dataclasses.replace(req, messages=messages[:first] + messages[start:])
-            segments = self._render(trial)[0]
+            rendered = self._render(trial)
+            segments = rendered[0] + (self._close_thinking(rendered[1], rendered[2]) + list(tail) if tail else [])
             prompt = self.model.encode(segments)
             if len(prompt) <= n_ctx // 2:
                 return prompt, segments, start - first

@@ -23,6 +23,7 @@ from app.convert.format_choices import RECOMMENDED
 from app.convert.layout import FORMAT_CHOICES
 from app.vision.image import DEFAULT_PATCH_BUDGET, MAX_PATCH_BUDGET, MIN_PATCH_BUDGET
 from app.tools.mcp import MAX_ROUNDS as MAX_TOOL_ROUNDS, tool_round
+from app.chat.summary import summarise_to_fit
 from app.memory.plan import describe, plan_container
 from app.text_input import not_text, text_argument_problem, tolerant_stdin
 
@@ -126,7 +127,8 @@ def cmd_info(args) -> int:
     model = open_from_args(args)
     info = model.engine.info
     plan = model.engine.plan(args.ctx)
-    doc = {"path": str(model.path), "name": model.name, "model": model.manifest["model"],
+    doc = {"path": str(model.path), "name": model.name, "converted_from": model.source_name,
+           "model": model.manifest["model"],
            "info": info.__dict__, "activations_note": describe_activations(info.activations, model.engine.activations),
            "plan": {"n_ctx": args.ctx or info.max_ctx, **plan.__dict__},
            "files": model.manifest.get("files", []), "tokenizer": model.manifest.get("tokenizer")}
@@ -134,7 +136,8 @@ def cmd_info(args) -> int:
         print(json.dumps(doc, indent=1))
         return 0
     m = doc["model"]
-    print(f"{model.name}  ({m.get('source_arch')}, {info.n_layers} layers, dim {info.dim}, vocab {info.vocab})")
+    print(f"{model.name}  ({m.get('source_arch')}, {info.n_layers} layers, dim {info.dim}, vocab {info.vocab}; "
+          f"converted from {model.source_name})")
     print(f"  attention: {info.n_heads} heads, {info.n_kv_heads} KV heads of {info.head_dim}; "
           f"context {info.max_ctx}")
     if info.n_moe_layers:
@@ -304,6 +307,7 @@ def cmd_chat(args) -> int:
     tools = hub.openai_tools() if hub is not None else None
     approve = _approver(args)
     messages: list[dict] = [{"role": "system", "content": args.system}] if args.system else []
+    note = ""   #: the summary that stands for the turns taken out of ``messages`` (--context summarise)
     where = f" on {turns.remote.url}" if turns.remote is not None else ""
     pending = image_parts(args.image)   # --image: attached to the first message
     print(f"Chatting with {turns.name}{where}. Empty line, /quit or Ctrl-D to quit; /new starts over; "
@@ -324,7 +328,7 @@ def cmd_chat(args) -> int:
             if not line.strip() or line.strip() in ("/quit", "/exit"):
                 return 0
             if line.strip() == "/new":
-                messages = messages[:1] if args.system else []
+                messages, note = messages[:1] if args.system else [], ""
                 pending = []
                 continue
             if line.strip().startswith("/image"):
@@ -344,8 +348,17 @@ def cmd_chat(args) -> int:
             rounds = 0
             while True:   # until an answer calls no tool (each round's calls and results join the conversation)
                 try:
-                    request = dataclasses.replace(turn_request(args, list(messages), context="drop_oldest"),
-                                                  tools=tools)
+                    policy = args.context if turns.model is not None else "drop_oldest"   # summaries: a local model
+                    request = dataclasses.replace(turn_request(args, list(messages), context=policy), tools=tools,
+                                                  context_note=note)
+                    if turns.model is not None:
+                        request, summary = summarise_to_fit(turns.engine, request)
+                        if summary is not None:    # the oldest turns become the note, from now on
+                            first = 1 if args.system else 0
+                            messages, note = messages[:first] + messages[first + summary.covered:], summary.text
+                            before = max(first, before - summary.covered)
+                            print(f"  [the oldest {summary.covered} messages were summarised: {note}]",
+                                  file=sys.stderr)
                     end = _answer(turns, request, show=True)
                 except TurnError as exc:
                     end = TurnDone("error", error=exc.message)
@@ -596,6 +609,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "streamable-HTTP URL; repeatable. Each call is shown and asked for first")
     p.add_argument("--trust-tools", action="store_true",
                    help="run the --mcp tools' calls without asking (they are still shown)")
+    p.add_argument("--context", choices=("drop_oldest", "summarise"), default="drop_oldest",
+                   help="when the next turn would not fit the context: leave the oldest turns out (default), or "
+                        "have the model summarise them into a short note it keeps (a model on this computer)")
     p.set_defaults(fn=cmd_chat)
 
     p = sub.add_parser("eval", help="next-token log-probabilities after a prompt")

@@ -29,7 +29,7 @@ from app.controller.passages import PassageSearch, link_markers, mark_citations
 from app.controller.tools import ToolSession
 from app.documents.ask import Citation
 from app.documents.library import drop_orphans, forget_conversation, reading_label
-from app.documents.store import DocumentError, DocumentStore, conversation_collection
+from app.documents.store import CONVERSATION_PREFIX, DocumentError, DocumentStore, conversation_collection
 from app.memory.stats import TurnFigures
 from app.store.history import HistoryStore, MessageRecord
 from app.store.settings import Settings
@@ -39,6 +39,10 @@ from app.store.settings import Settings
 CONTEXT_FULL = "context_full"
 #: Its record's count of the oldest messages the context policy left out of its prompt.
 CONTEXT_DROPPED = "context_dropped"
+#: Its record's summary of the oldest turns ({"text", "covered": messages of the branch it stands for}).
+SUMMARY = "context_summary"
+#: Its record's count of the times Continue wrote on after it had stopped.
+CONTINUED = "continued"
 #: Its record's description of what wrote it (``writer``): model, format, sampling, routing.
 WRITER = "model"
 
@@ -85,6 +89,27 @@ def describe_writer(w: dict) -> str:
     return " · ".join(p for p in parts if p)
 
 
+def setup_note(effective: Settings, preset: str | None) -> tuple[str, str]:
+    """The marker above the message box when a preset or a system prompt shapes the answers: a short line
+    ("Preset “Pirate” · System prompt: Talk like a pirate…") and its tooltip (the whole prompt); ("", "")
+    when neither is in effect."""
+    prompt = " ".join(effective.system_prompt.split())
+    parts = [f"Preset “{preset}”"] if preset else []
+    if prompt:
+        parts.append("System prompt: " + (prompt if len(prompt) <= 60 else prompt[:59].rstrip() + "…"))
+    tip = f"Every answer here starts from this system prompt:\n\n{effective.system_prompt.strip()}" if prompt else ""
+    return " · ".join(parts), tip
+
+
+def latest_summary(records: list[MessageRecord]) -> dict | None:
+    """The newest summary of the oldest turns on a branch (root first), as an answer's record keeps it."""
+    for m in reversed(records):
+        kept = (m.stats or {}).get(SUMMARY) if m.role == "assistant" else None
+        if isinstance(kept, dict) and kept.get("text") and int(kept.get("covered") or 0) > 0:
+            return kept
+    return None
+
+
 def memory_start(records: list[MessageRecord]) -> int | None:
     """Where the model's memory begins on the branch ``records`` (root first): the index of the first message
     the newest answer's prompt still held, when the context policy left older ones out; else None."""
@@ -106,6 +131,10 @@ class TurnState:
     done: TurnDone | None = None                        #: the pipeline's end of turn
     error: str = ""                                     #: the engine's message, when it failed
     started: float = 0.0
+    continued: dict | None = None    #: a continued answer's record from before (None: a new answer)
+    skipped: int = 0                 #: messages of the branch an earlier summary stood for in its request
+    note: dict | None = None         #: that summary (``SUMMARY`` in the record)
+    summary: object = None           #: the app.chat.summary.ContextSummary written before this answer, if any
 
 
 class ChatController:
@@ -119,10 +148,12 @@ class ChatController:
         self.clock = clock
         self.model_name = ""
         self.model = None       #: the open model's ModelLoaded (what writes the next answer)
-        self.chat = Chat(store)
+        self.chat = Chat(store)    #: the conversation on screen
+        self.writing: Chat | None = None   #: the conversation the answer streams into (on screen or not)
         self.citations: dict[int, list[Citation]] = {}   #: answer message id -> the passages it may cite
         self.turn = TurnState()
         self.tools = ToolSession()   #: MCP tools: the servers the window connected, trust, this answer's rounds
+        self._continued: dict = {}
         self._documents: DocumentStore | None = None
         self._watcher = None
 
@@ -130,7 +161,13 @@ class ChatController:
 
     @property
     def busy(self) -> bool:
-        return self.chat.busy
+        """Whether an answer is being written, in whichever conversation (the engine writes one at a time)."""
+        return self.writing is not None and self.writing.busy
+
+    @property
+    def on_screen(self) -> bool:
+        """Whether the answer being written is in the conversation on screen."""
+        return self.busy and self.writing is self.chat
 
     def set_model(self, name: str, model=None) -> None:
         """The model that writes the next answers (``model``: its ``ModelLoaded``)."""
@@ -138,34 +175,59 @@ class ChatController:
         self.model = model
 
     def new_chat(self) -> None:
-        self._idle()
+        """A new conversation on screen; an answer being written goes on in its own."""
         self.chat = Chat(self.store, model_name=self.model_name)
 
     def open(self, conversation_id: int) -> None:
-        self._idle()
-        self.chat = Chat(self.store, conversation_id, model_name=self.model_name)
+        """Show a conversation; the one an answer streams into is shown live (the same ``Chat``)."""
+        if self.busy and self.writing.id == conversation_id:
+            self.chat = self.writing
+        else:
+            self.chat = Chat(self.store, conversation_id, model_name=self.model_name)
         self.load_citations()
 
     def rename(self, conversation_id: int | None, title: str) -> None:
         cid = conversation_id if conversation_id is not None else self.chat.id
         if cid == self.chat.id:
             self.chat.rename(title)
+        elif self.writing is not None and cid == self.writing.id:
+            self.writing.rename(title)
         elif cid is not None:
             self.store.rename(cid, title.strip() or "Untitled")
 
     def delete(self, conversation_id: int) -> str:
         """Delete a conversation and its attached files; returns a warning to show ("" if none)."""
-        if self.busy and conversation_id == self.chat.id:
+        if self.busy and conversation_id == self.writing.id:
             return "Stop the answer first (Esc)"
         warning = ""
-        try:        # its attached files go with it
+        try:        # its attached files go with it (unless a fork searches them); shared collections stay
             forget_conversation(self.documents(), conversation_id)
         except Exception as exc:  # noqa: BLE001 - said; they are removed at the next open (drop_orphans)
             warning = f"The chat's documents could not be removed now: {exc}"
         self.store.delete_conversation(conversation_id)
+        if not warning:     # and the files of chats deleted before, that only this one's fork still searched
+            try:
+                drop_orphans(self.documents(), self.store.conversation_ids())
+            except Exception as exc:  # noqa: BLE001 - as above
+                warning = f"The chat's documents could not be removed now: {exc}"
         if conversation_id == self.chat.id:
             self.chat = Chat(self.store, model_name=self.model_name)
         return warning
+
+    def fork(self, message_id: int) -> int:
+        """Fork at ``message_id``: a new chat with a copy of the turns up to it, now on screen (its
+        documents are the same collections). An answer being written goes on in its own chat."""
+        source = self.chat
+        fid = source.fork(message_id)
+        try:     # the fork searches what its chat searched: the same collections, not copies
+            store = self.documents()
+            for name in self.collections():
+                if name in self._collection_names():
+                    store.attach(fid, name)
+        except DocumentError:
+            pass
+        self.open(fid)
+        return fid
 
     def ensure_saved(self) -> bool:
         """A new chat is stored (e.g. to attach files before the first question); True if it was new."""
@@ -180,21 +242,47 @@ class ChatController:
     # ------------------------------------------------------------ starting a turn
 
     def send(self, text: str) -> TurnStart:
+        self._idle()
         untitled = self.chat.id is not None and not self.chat.visible()   # saved by Attach… before any question
-        start = self.chat.send(text, self.settings().system_prompt)
+        start = self._writes(self.chat.send(text, self.settings().system_prompt))
         if untitled:
             self.chat.rename(_title_from(text))
         return start
 
     def regenerate(self, assistant_id: int) -> TurnStart:
-        return self.chat.regenerate(assistant_id, self.settings().system_prompt)
+        self._idle()
+        return self._writes(self.chat.regenerate(assistant_id, self.settings().system_prompt))
 
     def edit(self, user_id: int, text: str) -> TurnStart:
-        return self.chat.edit(user_id, text, self.settings().system_prompt)
+        self._idle()
+        return self._writes(self.chat.edit(user_id, text, self.settings().system_prompt))
+
+    def continue_answer(self, assistant_id: int) -> TurnStart:
+        """Continue: the stopped or cut-off answer ``assistant_id`` is written on from where it stopped."""
+        self._idle()
+        before = dict(self.chat.tree.by_id[assistant_id].stats or {})
+        start = self._writes(self.chat.continue_answer(assistant_id, self.settings().system_prompt))
+        self._continued = before
+        return start
+
+    def _writes(self, start: TurnStart) -> TurnStart:
+        """The conversation on screen is the one this answer streams into, wherever the user goes."""
+        self.writing = self.chat
+        return start
 
     def request(self, start: TurnStart) -> TurnRequest:
+        """The turn's request. When an earlier answer on the branch summarised the oldest turns (the
+        "summarise" policy), the summary is sent in their place (``context_note``)."""
         s = self.settings()
-        return TurnRequest(messages=list(start.messages), max_tokens=int(s.max_tokens), thinking=bool(s.thinking),
+        messages, note = list(start.messages), ""
+        path = self.writing.tree.path(start.assistant_id) if self.writing is not None else []
+        summary = latest_summary(path if start.continued else path[:-1])
+        if summary is not None:
+            first = 1 if messages and messages[0]["role"] == "system" else 0
+            note, skipped = summary["text"], int(summary["covered"])
+            messages = messages[:first] + messages[first + skipped:]
+            self.turn.skipped, self.turn.note = skipped, summary
+        return TurnRequest(messages=messages, max_tokens=int(s.max_tokens), thinking=bool(s.thinking),
                            sampling=SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
                                                    min_p=s.min_p, seed=s.seed, frequency_penalty=s.frequency_penalty,
                                                    presence_penalty=s.presence_penalty),
@@ -203,31 +291,38 @@ class ChatController:
                            # issue 17's opt-in routing modes (None / 0: exact, the default)
                            experts_per_token=s.experts_per_token,
                            cache_aware_margin=float(s.cache_aware_margin or 0.0), client="window",
-                           context="drop_oldest",   # a full context leaves the oldest turns out, never dead-ends
+                           # a full context leaves the oldest turns out or summarises them: never a dead end
+                           context=s.context_policy, context_note=note, continue_final=start.continued,
                            tools=self.tools.tools() if getattr(self.model, "takes_tools", False) else None)
 
     def turn_request(self, start: TurnStart) -> tuple[TurnRequest, PassageSearch | None]:
         """The request for ``start`` and, when the chat has documents, the search the engine's thread
         runs before it (its best passages go into the prompt; ``on_citations`` says which)."""
-        self.turn = TurnState(started=self.clock(), writer=writer(self.model, self.settings()))
+        self.turn = TurnState(started=self.clock(), writer=writer(self.model, self.settings()),
+                              continued=self._continued if start.continued else None)
         self.tools.start_answer(start.messages)
         search = None
         if self.chat.id is not None and self.has_documents():
-            search = PassageSearch(self.documents(), self.collection(), start.messages[-1]["content"])
+            search = PassageSearch(self.documents(), self.collections(), self._query(start))
         return self.request(start), search
 
     def tool_request(self) -> TurnRequest:
         """The request that continues the answer after a tool round (the calls and their results added)."""
-        m = self.chat.tree.by_id[self.chat.streaming_id]
+        m = self.writing.tree.by_id[self.writing.streaming_id]
         for channel, text in (("response", m.content), ("thinking", m.thinking)):
             if text and not text.endswith("\n"):   # the next round's text starts a paragraph of its own
-                self.chat.append(channel, "\n\n")
-        return self.request(TurnStart(self.chat.streaming_id, self.tools.continued()))
+                self.writing.append(channel, "\n\n")
+        return self.request(TurnStart(self.writing.streaming_id, self.tools.continued()))
 
     def show_tool_calls(self) -> None:
         """The answer being written shows its calls so far (kept with it when it is finished)."""
         if self.busy:
-            self.chat.tree.by_id[self.chat.streaming_id].stats = {"tool_calls": [dict(c) for c in self.tools.calls]}
+            self.writing.tree.by_id[self.writing.streaming_id].stats = {"tool_calls": [dict(c) for c in self.tools.calls]}
+
+    @staticmethod
+    def _query(start: TurnStart) -> str:
+        """What the documents are searched for: the turn's last question."""
+        return next((m["content"] for m in reversed(start.messages) if m["role"] == "user"), "")
 
     def started(self, gen_id: int) -> None:
         self.turn.gen_id = gen_id
@@ -238,11 +333,16 @@ class ChatController:
         if self.busy and gen_id == self.turn.gen_id:
             self.turn.citations = list(citations)
 
+    def on_summary(self, gen_id: int, summary) -> None:
+        """The oldest turns were summarised before this answer (the "summarise" context policy)."""
+        if self.busy and gen_id == self.turn.gen_id:
+            self.turn.summary = summary
+
     def on_text(self, channel: str, text: str) -> bool:
         """More answer ("response") or thinking text; False when no answer is being written."""
         if not self.busy:
             return False
-        self.chat.append(channel, text)
+        self.writing.append(channel, text)
         return True
 
     def on_token_probs(self, entries: list) -> None:
@@ -280,11 +380,22 @@ class ChatController:
             record["tool_calls"] = [{"name": c.name, "arguments": c.arguments} for c in t.done.tool_calls]
         if t.citations:   # kept with the answer, so the links survive a restart
             record["citations"] = [c.as_dict() for c in t.citations]
-        if t.done is not None and t.done.dropped_messages:   # the chat view marks where the model's memory begins
-            record[CONTEXT_DROPPED] = t.done.dropped_messages
+        covered = t.skipped + (t.summary.covered if t.summary is not None else 0)
+        if t.summary is not None:     # the note the next turns send instead of the turns it covers
+            record[SUMMARY] = {"text": t.summary.text, "covered": covered}
+        elif t.note is not None:
+            record[SUMMARY] = t.note
+        dropped = covered + (t.done.dropped_messages if t.done is not None else 0)
+        if dropped:    # the chat view marks where the model's memory begins
+            record[CONTEXT_DROPPED] = dropped
         if reason == "length" and t.done is not None and t.done.context_full:
             reason = CONTEXT_FULL
-        message = self.chat.finish(reason, text, thinking, stats=record)
+        if t.continued is not None:   # its citations and writer stay; the figures are the last part's
+            before = {k: v for k, v in t.continued.items() if k != token_probs.STATS_KEY}
+            record = {**before, **record, CONTINUED: int(before.get(CONTINUED, 0)) + 1}
+            t.citations = t.citations or self.citations.get(self.writing.streaming_id, [])
+        message = self.writing.finish(reason, text, thinking, stats=record)
+        self.writing = None
         if t.citations:
             self.citations[message.id] = t.citations
         return message
@@ -349,13 +460,47 @@ class ChatController:
             pass
 
     def collection(self) -> str:
+        """The chat's own collection: the files attached to it alone (Attach…)."""
         return conversation_collection(self.chat.id)
+
+    def collections(self) -> tuple[str, ...]:
+        """What the chat's questions search: its own files and the collections attached to it."""
+        if self.chat.id is None:
+            return ()
+        return (self.collection(), *self.documents().attached(self.chat.id))
 
     def has_documents(self) -> bool:
         try:
-            return bool(self.documents().files(self.collection()))
+            store = self.documents()
+            return any(store.files(name) for name in self.collections() if name in self._collection_names())
         except DocumentError:
             return False
+
+    def _collection_names(self) -> set[str]:
+        return {c.name for c in self.documents().collections()}
+
+    def shared_collections(self) -> list[tuple[str, bool]]:
+        """Every collection a chat can attach (the named ones, not another chat's own files), and whether
+        this chat has it attached."""
+        attached = set(self.documents().attached(self.chat.id)) if self.chat.id is not None else set()
+        return [(c.name, c.name in attached) for c in sorted(self.documents().collections(), key=lambda c: c.name)
+                if not c.name.startswith(CONVERSATION_PREFIX)]
+
+    def attach_collection(self, name: str, on: bool = True) -> None:
+        """Attach a collection to the chat on screen (a new chat is saved first), or detach it (``on``
+        False); the collection itself stays, for the other chats."""
+        self.ensure_saved()
+        if on:
+            self.documents().attach(self.chat.id, name)
+        else:
+            self.documents().detach(self.chat.id, name)
+
+    def share_files(self, name: str) -> None:
+        """The chat's own files become the collection ``name``, attached to this chat and attachable to
+        others (it outlives the chat)."""
+        store = self.documents()
+        store.rename_collection(self.collection(), name)
+        store.attach(self.chat.id, name)
 
     # ------------------------------------------------------------ export
 
@@ -391,4 +536,5 @@ class ChatController:
 
     def _idle(self) -> None:
         if self.busy:
-            raise ChatError("an answer is still being written")
+            where = "" if self.writing is self.chat else f" in “{self.writing.title}”"
+            raise ChatError(f"an answer is still being written{where}")

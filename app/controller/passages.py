@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from app.api import TurnRequest
 from app.documents.ask import Citation, _citation, cite
-from app.documents.prompt import Passage, passages_message, select_passages
+from app.documents.prompt import MAX_PASSAGES, Passage, passage_cost, passages_message, select_passages
 from app.documents.store import DocumentError, DocumentStore
 
 
@@ -25,24 +25,40 @@ class PassageSearch:
     that the engine thread keeps (its page cache stays warm from one question to the next)."""
 
     store: DocumentStore
-    collection: str
+    collection: str | tuple[str, ...]     #: the chat's collections: its own files and those attached to it
     question: str
 
     def attach(self, request: TurnRequest, store: DocumentStore, model) -> list[Citation]:
         return attach_passages(request, store, self.collection, model, self.question)
 
 
-def attach_passages(request: TurnRequest, store: DocumentStore, collection: str, model,
+def attach_passages(request: TurnRequest, store: DocumentStore, collection: str | tuple[str, ...], model,
                     question: str) -> list[Citation]:
-    """Put the collection's best passages for ``question`` into ``request.messages``
-    (in the system message, as content), within the collection's token budget counted
-    with ``model.tokenizer`` (the open model, or ``app.documents.prompt.Estimate``);
-    returns the numbered passages, for :func:`link_markers` and citations."""
-    try:
-        coll = store.collection(collection)
-    except DocumentError:
-        return []
-    chosen, _whole, _used = select_passages(model, store.index(collection), question, coll.budget)
+    """Put the best passages for ``question`` of one collection (or several: a chat's own files and the
+    collections attached to it) into ``request.messages`` (in the system message, as content), within
+    the token budget counted with ``model.tokenizer`` (the open model, or
+    ``app.documents.prompt.Estimate``): one collection's budget; for several, each collection's best
+    within its budget, then the highest-scoring of all within the largest budget. Returns the numbered
+    passages, for :func:`link_markers` and citations."""
+    names = [collection] if isinstance(collection, str) else list(collection)
+    found: list[tuple[object, float, int]] = []   # chunk, score, collection order
+    budget = 0
+    for order, name in enumerate(names):
+        try:
+            coll = store.collection(name)
+        except DocumentError:
+            continue
+        budget = max(budget, coll.budget)
+        found += [(c, s, order) for c, s in select_passages(model, store.index(name), question, coll.budget)[0]]
+    if len(names) > 1 and found:
+        kept, used = [], 0
+        for c, s, order in sorted(found, key=lambda x: -x[1]):
+            cost = passage_cost(model, c)
+            if used + cost <= budget and len(kept) < MAX_PASSAGES:
+                kept.append((c, s, order))
+                used += cost
+        found = sorted(kept, key=lambda x: (x[2], x[0].file_id, x[0].seq))
+    chosen = [(c, s) for c, s, _ in found]
     if not chosen:
         return []
     passages = [Passage(i + 1, c, s, 0) for i, (c, s) in enumerate(chosen)]

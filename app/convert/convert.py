@@ -36,6 +36,7 @@ from typing import Callable
 
 import numpy as np
 
+from app.store.private import private_dir
 from app.memory.units import size
 from app.convert import tokenizer_files
 from app.convert.errors import SourceError
@@ -509,7 +510,7 @@ class _Writer:
             self.bank_bytes[bank.layer] = bank.file_size
             self.finished(unit)
             return
-        final.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(final.parent)
         tmp = final.with_suffix(".tmp")
         experts = self.src.spec.experts[bank.layer]
         rs = bank.record_size
@@ -673,7 +674,7 @@ def convert(source: str | os.PathLike | Source, out: str | os.PathLike, *, trunk
         tok_section, tok_files = tokenizer_files.from_gguf(src.gguf.metadata, src.path.name)
     root = partial_dir(out)
     check_space(out, layout.total_bytes() - _already_written(root))
-    root.mkdir(exist_ok=True)
+    private_dir(root)     # the model's folder: 0700, as every folder Ferry writes
     writer = _Writer(src, layout, root, progress, control, threads, unit_done)
     try:
         writer.run()

@@ -35,6 +35,7 @@ class SourceReport:
     path: Path
     kind: str | None = None                 #: "hf" or "gguf"
     architecture: str | None = None         #: e.g. "DeepseekV3ForCausalLM", "gguf:llama"
+    name: str = ""                          #: the model's name: the GGUF file's (without .gguf) or the folder's
     problems: list[SourceError] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     source_bytes: int = 0                   #: the source files on disk
@@ -138,6 +139,7 @@ def plan_report(report: SourceReport, src: Source, tokenizer: dict, trunk_format
 
 def _check_hf(report: SourceReport, d: Path) -> tuple[Source | None, dict | None]:
     report.kind = "hf"
+    report.name = d.name
     config_path = d / "config.json"
     if not config_path.is_file():
         has_st = any(d.glob("*.safetensors"))
@@ -212,6 +214,7 @@ def _check_gguf(report: SourceReport, f: Path) -> tuple[Source | None, dict | No
     if gguf is None:
         return None, None
     report.architecture = f"gguf:{gguf.metadata.get('general.architecture', '?')}"
+    report.name = f.stem    # the file's name (a GGUF's general.name is often a converter's made-up one)
     src = _guard(report, f, GGUFSource, f)
     tok = _guard(report, f, tokenizer_files.from_gguf, gguf.metadata, f.name)
     if src is None or tok is None:

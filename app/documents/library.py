@@ -34,6 +34,7 @@ class CollectionRow:
     watched: int           #: watched folders
     sources: list[str]
     label: str = ""        #: what the page shows: the name, or for a chat's files "Chat “its title”"
+    chats: int = 0         #: the chats it is attached to (besides its own chat's, for a chat's files)
 
 
 def conversation_of(name: str) -> int | None:
@@ -51,17 +52,26 @@ def collection_label(name: str, titles: dict[int, str] | None = None) -> str:
 
 
 def forget_conversation(store: DocumentStore, conversation_id: int) -> None:
-    """A deleted chat's attached files go with it (SQLite may give a new chat the same id)."""
+    """A deleted chat's attached files go with it (SQLite may give a new chat the same id) — unless another
+    chat (a fork) searches them too; the collections attached to it stay (they are not the chat's)."""
+    store.detach(conversation_id)
+    own = conversation_collection(conversation_id)
     try:
-        store.delete_collection(conversation_collection(conversation_id))
+        if not store.attached_to(own):
+            store.delete_collection(own)
     except DocumentError:       # nothing was attached
         pass
 
 
 def drop_orphans(store: DocumentStore, conversation_ids: set[int]) -> list[str]:
-    """Remove the attached files of chats that no longer exist (deleted by a version that kept them);
-    returns the collections removed."""
-    gone = [c.name for c in store.collections() if conversation_of(c.name) not in (None, *conversation_ids)]
+    """Remove the attached files of chats that no longer exist (deleted by a version that kept them) and
+    their attachments; returns the collections removed."""
+    for name in {c.name for c in store.collections()}:
+        for cid in store.attached_to(name):
+            if cid not in conversation_ids:
+                store.detach(cid, name)
+    gone = [c.name for c in store.collections()
+            if conversation_of(c.name) not in (None, *conversation_ids) and not store.attached_to(c.name)]
     for name in gone:
         store.delete_collection(name)
     return gone
@@ -80,9 +90,11 @@ def collection_rows(store: DocumentStore, titles: dict[int, str] | None = None) 
     rows = []
     for c in store.collections():
         sources = store.sources(c.name)
+        chats = len(store.attached_to(c.name))
+        label = collection_label(c.name, titles)
         rows.append(CollectionRow(c.name, c.files, c.skipped, c.chunks, size(c.size), when(c.last_indexed),
                                   sum(s.watch for s in sources), [s.path for s in sources],
-                                  collection_label(c.name, titles)))
+                                  f"{label} · in {count(chats, 'chat')}" if chats else label, chats))
     return rows
 
 

@@ -89,10 +89,15 @@ def _overlaps(a: IndexedChunk, b: IndexedChunk) -> bool:
     return inter > 0.5 * min(a.end - a.start, b.end - b.start)
 
 
+def passage_cost(model, chunk: IndexedChunk) -> int:
+    """The tokens a passage takes in the prompt (counted with ``model.tokenizer``)."""
+    return len(model.tokenizer.encode_content(format_passage(99, chunk) + "\n\n"))
+
+
 def select_passages(model, index: FtsIndex, question: str, budget: int, mode: str = "hybrid"
                     ) -> tuple[list[tuple[IndexedChunk, float]], bool, int]:
     """(chunks with scores in prompt order, whole collection?, their tokens)."""
-    count = lambda c: len(model.tokenizer.encode_content(format_passage(99, c) + "\n\n"))  # noqa: E731
+    count = lambda c: passage_cost(model, c)  # noqa: E731
     hits = search(index, question, k=0, mode=mode)
     scores = {h.chunk.id: h.score for h in hits}
     costs = {}

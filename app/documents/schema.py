@@ -75,7 +75,15 @@ CREATE TABLE IF NOT EXISTS docs_gramvocab (
     term TEXT NOT NULL,
     PRIMARY KEY (collection_id, gram, term)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS docs_attached (
+    conversation_id INTEGER NOT NULL,
+    collection_id INTEGER NOT NULL REFERENCES docs_collections(id) ON DELETE CASCADE,
+    PRIMARY KEY (conversation_id, collection_id)
+) WITHOUT ROWID;
 """
+#: docs_attached: the collections a chat searches besides its own attached files (``conversation:<id>``):
+#: a collection is not owned by any chat and may be attached to many (GPT4All's LocalDocs). Added after
+#: the first release of this layout: ``CREATE TABLE IF NOT EXISTS`` adds it to an older database on open.
 
 #: docs_gramvocab: per collection, each 4-gram of each spelt word (stem, no digit) in its docs_df, written when the
 #: word first enters the collection (a few per file once the vocabulary has grown, where a

@@ -250,7 +250,50 @@ class DocumentStore:
             self._db.execute("DELETE FROM docs_gramvocab WHERE collection_id = ?", (coll.id,))
             self._db.execute("DELETE FROM docs_champ WHERE collection_id = ?", (coll.id,))
             self._db.execute("DELETE FROM docs_files WHERE collection_id = ?", (coll.id,))
+            self._db.execute("DELETE FROM docs_attached WHERE collection_id = ?", (coll.id,))
             self._db.execute("DELETE FROM docs_collections WHERE id = ?", (coll.id,))
+
+    def rename_collection(self, name: str, new: str) -> None:
+        """A collection under another name (its files, index and attachments stay)."""
+        new = new.strip()
+        if not new or new.startswith(CONVERSATION_PREFIX):
+            raise DocumentError(f"a collection needs a name (not starting with '{CONVERSATION_PREFIX}')")
+        coll = self.collection(name)
+        if new != coll.name and self._db.execute("SELECT 1 FROM docs_collections WHERE name = ?",
+                                                  (new,)).fetchone():
+            raise DocumentError(f"there is already a collection '{new}'")
+        with self._db:
+            self._db.execute("UPDATE docs_collections SET name = ? WHERE id = ?", (new, coll.id))
+
+    # ---- collections attached to chats (not owned by them)
+
+    def attach(self, conversation_id: int, name: str) -> None:
+        """Chat ``conversation_id`` searches the collection ``name`` too (it stays the collection's)."""
+        coll = self.collection(name)
+        with self._db:
+            self._db.execute("INSERT OR IGNORE INTO docs_attached(conversation_id, collection_id) VALUES (?, ?)",
+                             (int(conversation_id), coll.id))
+
+    def detach(self, conversation_id: int, name: str | None = None) -> None:
+        """The chat no longer searches ``name`` (None: any attached collection); the collection stays."""
+        with self._db:
+            if name is None:
+                self._db.execute("DELETE FROM docs_attached WHERE conversation_id = ?", (int(conversation_id),))
+            else:
+                self._db.execute("DELETE FROM docs_attached WHERE conversation_id = ? AND collection_id = "
+                                 "(SELECT id FROM docs_collections WHERE name = ?)", (int(conversation_id), name))
+
+    def attached(self, conversation_id: int) -> list[str]:
+        """The collections attached to a chat (besides its own files), by name."""
+        return [r[0] for r in self._db.execute(
+            "SELECT c.name FROM docs_attached a JOIN docs_collections c ON c.id = a.collection_id "
+            "WHERE a.conversation_id = ? ORDER BY c.name", (int(conversation_id),))]
+
+    def attached_to(self, name: str) -> list[int]:
+        """The chats a collection is attached to."""
+        return [r[0] for r in self._db.execute(
+            "SELECT a.conversation_id FROM docs_attached a JOIN docs_collections c ON c.id = a.collection_id "
+            "WHERE c.name = ? ORDER BY a.conversation_id", (name,))]
 
     # ---- sources (folders and files the user added; watched ones are kept in sync)
 
@@ -435,9 +478,13 @@ def forget_states() -> int:
     return n
 
 
+#: The name of a chat's own collection (the files attached to it alone) starts with this.
+CONVERSATION_PREFIX = "conversation:"
+
+
 def conversation_collection(conversation_id: int) -> str:
     """The collection that holds the files attached to one conversation."""
-    return f"conversation:{int(conversation_id)}"
+    return f"{CONVERSATION_PREFIX}{int(conversation_id)}"
 
 
 def copy_legacy(old: sqlite3.Connection, new, key: bytes) -> dict[str, int]:

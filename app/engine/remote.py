@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 from urllib.parse import urlsplit, urlunsplit
 
 from app.chat.stream_parser import StreamParser, ToolCall
-from app.chat.turn import TurnRequest
+from app.chat.turn import TurnRequest, with_note
 from app.events import (LiveStats, Logprob, PromptProgress, Reasoning, Text, TokenLogprob, ToolCallMade, TurnDone,
                         TurnEvent)
 
@@ -183,6 +183,8 @@ class RemoteEngine:
 
     def request_body(self, request: TurnRequest) -> dict[str, Any]:
         p = request.sampling
+        if request.context_note:    # a summary of earlier turns: in the system message, as the local pipeline puts it
+            request = with_note(request)
         body: dict[str, Any] = {
             "model": self.model, "messages": [dict(m) for m in request.messages], "stream": True,
             "stream_options": {"include_usage": True}, "max_tokens": int(request.max_tokens or 512),
@@ -204,6 +206,8 @@ class RemoteEngine:
             kwargs.setdefault("enable_thinking", False)
         if kwargs:
             body["chat_template_kwargs"] = kwargs
+        if request.continue_final:     # vLLM's pair (Ferry's server takes it too)
+            body.update(continue_final_message=True, add_generation_prompt=False)
         return body
 
     def submit(self, request: TurnRequest) -> "RemoteStream":

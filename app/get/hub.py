@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Callable
 from urllib.parse import quote
 
+from app.store.private import private_dir
 from app.untrusted import BadData, UnsafeName, check_name, join_inside, parse_json, shown
 
 KEYCHAIN_SERVICE = "ferry"
@@ -428,7 +429,7 @@ def download(repo: Repo, name: str, folder: Path, on_bytes: Callable[[int], None
         raise GetError(f"{shown(repo.repo_id)} {shown(name)} is listed with {f.size} bytes, more than the "
                        f"{SMALL_LIMIT} a small file may have")
     final = inside(folder, name, repo)
-    final.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(final.parent)
     data = _get_small(_file_url(repo, name), build_hf_headers(token=_token()), f.size, repo.repo_id, name)
     if len(data) != f.size:
         raise GetError(f"{shown(repo.repo_id)} {shown(name)}: received {len(data)} bytes, the hub lists {f.size}")
@@ -469,8 +470,8 @@ def download_weights(repo: Repo, f: RepoFile, folder: Path,
     from huggingface_hub.utils import build_hf_headers
 
     final, part = inside(folder, f.name, repo), _part(folder, f.name)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    part.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(final.parent)
+    private_dir(part.parent)
     url = _file_url(repo, f.name)
     failures = 0
     digest, hashed = hashlib.sha256(), 0

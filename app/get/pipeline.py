@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from app.store.private import private_dir
 from app.convert.convert import ConvertCancelled, ConvertControl, Journal, Progress, convert, partial_dir
 from app.convert.layout import plan_layout
 from app.get import hub
@@ -198,7 +199,7 @@ class Getter:
         hub.check_repo_id(self.repo_id)
         if self.out.exists():
             return self.out
-        self.into.mkdir(parents=True, exist_ok=True)
+        private_dir(self.into)
         self.statedir.mkdir(exist_ok=True)
         self._state = _State(self.statedir)
         st = self._state.data

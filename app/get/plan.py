@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from app.store.private import private_dir
 from app.get import hub
 from app.get.hub import GetError, Repo
 from app.untrusted import shown
@@ -95,8 +96,8 @@ def stage_hf(repo: Repo, folder: Path, state: Path, wait=None):
     from app.convert.config_check import load_config
     from app.get.staged import StagedSource
 
-    folder.mkdir(parents=True, exist_ok=True)
-    state.mkdir(parents=True, exist_ok=True)
+    private_dir(folder)
+    private_dir(state)
     for f in repo.small:
         path = hub.inside(folder, f.name, repo)
         if not path.is_file() or path.stat().st_size != f.size:
@@ -369,7 +370,7 @@ def _plan_gguf(repo: Repo, work: Path, file: str | None, t: str, e: str, memory,
     f = repo.file(file)
     plan.file = file
     state = work / f"{repo.name}.get"
-    state.mkdir(parents=True, exist_ok=True)
+    private_dir(state)
     path = hub.inside(state, Path(file).name, repo)     # the header, the rest sparse: a plan-only copy
     head = GGUF_HEAD
     while True:

@@ -43,6 +43,11 @@ def turn_request(req: ChatCompletionRequest, *, limits: Limits, client: str = "l
                       f"{req.n} requests instead, with different seeds.", "n", "unsupported_value")
     if req.top_logprobs is not None and not req.logprobs:
         raise invalid("top_logprobs needs logprobs set to true.", "top_logprobs")
+    if req.add_generation_prompt is False and not req.continue_final_message:
+        raise invalid("add_generation_prompt false is only for continue_final_message.", "add_generation_prompt")
+    if req.continue_final_message and req.add_generation_prompt:
+        raise invalid("continue_final_message continues the last answer: add_generation_prompt must not be true.",
+                      "add_generation_prompt")
     bias: list[tuple[int, float]] = []
     for key, value in (req.logit_bias or {}).items():
         if not re.fullmatch(r"[0-9]{1,10}", key.strip()):   # the vocabulary is checked by ChatFormat.prepare
@@ -67,7 +72,7 @@ def turn_request(req: ChatCompletionRequest, *, limits: Limits, client: str = "l
         parallel_tool_calls=req.parallel_tool_calls is not False,
         response_format=(req.response_format.model_dump(exclude_none=True, by_alias=True)
                          if req.response_format is not None else None),
-        chat_template_kwargs=req.chat_template_kwargs, stop=stops,
+        chat_template_kwargs=req.chat_template_kwargs, stop=stops, continue_final=bool(req.continue_final_message),
         top_logprobs=(req.top_logprobs or 0) if req.logprobs else None,
         experts_per_token=req.experts_per_token if req.experts_per_token is not None else limits.experts_per_token,
         cache_aware_margin=(req.cache_aware_margin if req.cache_aware_margin is not None

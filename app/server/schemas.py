@@ -140,6 +140,10 @@ class ChatCompletionRequest(Strict):
         default=None, description="'none' turns thinking off; other values set the effort where the format has one")
     chat_template_kwargs: dict[str, Any] | None = Field(
         default=None, description="extra variables for the model's Jinja chat template, e.g. enable_thinking")
+    continue_final_message: bool | None = Field(
+        default=None, description="the last message is an assistant's unfinished answer: continue it (as vLLM's)")
+    add_generation_prompt: bool | None = Field(
+        default=None, description="false with continue_final_message (vLLM's pair); a new answer needs true")
 
 
 # ---------------------------------------------------------------- responses

@@ -29,6 +29,7 @@ DEFAULT_SERVE_PORT = 8000
 PRIVATE_FIELDS = frozenset({"system_prompt", "model_settings", "presets", "stop", "mcp_servers", "trusted_tools"})
 ENCRYPTED_KEY = "encrypted"
 MAX_SEED = (1 << 63) - 1
+CONTEXT_POLICIES = ("drop_oldest", "summarise")   #: the window's choices (app.chat.turn's, but "error")
 MAX_ALTERNATIVES = 20         #: = app.chat.turn.MAX_TOP_LOGPROBS
 MAX_STOPS, MAX_STOP_CHARS = 4, 256   #: = app.chat.turn's (kept here so settings load without the pipeline)
 _ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
@@ -92,6 +93,9 @@ class Settings:
     models_defaulted: list[str] = field(default_factory=list)  #: models given SMALL_MODEL_DEFAULTS once (keys)
     mcp_servers: list[str] = field(default_factory=list)   #: MCP servers whose tools the model may call (commands/URLs)
     trusted_tools: list[str] = field(default_factory=list)  #: tools that run without asking ("tool (server)")
+    #: when the next turn would not fit the context: "drop_oldest" leaves the oldest turns out, "summarise"
+    #: has the model summarise them into a short note kept in the context (app/chat/summary.py)
+    context_policy: str = "drop_oldest"
 
     def validated(self) -> "Settings":
         """A copy with every value clamped into its legal range."""
@@ -125,6 +129,7 @@ class Settings:
         s.presence_penalty = min(max(-2.0, float(s.presence_penalty)), 2.0)
         s.token_alternatives = min(max(0, int(s.token_alternatives)), MAX_ALTERNATIVES)
         s.export_folder = str(s.export_folder or "")
+        s.context_policy = s.context_policy if s.context_policy in CONTEXT_POLICIES else "drop_oldest"
         s.models_defaulted = [str(x) for x in (s.models_defaulted if isinstance(s.models_defaulted, list) else [])]
         s.mcp_servers = list(dict.fromkeys(str(x).strip() for x in (s.mcp_servers if isinstance(s.mcp_servers, list)
                                                                        else []) if str(x).strip()))
@@ -196,6 +201,13 @@ def set_model_values(settings: Settings, model: str, values: dict | None) -> Set
     else:
         s.model_settings[model] = _per_model(values)
     return s.validated()
+
+
+def active_preset(settings: Settings, model: str) -> str | None:
+    """The preset in effect for ``model``: the first (by name) whose every value is what the model uses."""
+    values = model_values(settings, model)
+    return next((name for name, p in sorted(settings.presets.items())
+                 if p and all(values.get(k) == v for k, v in p.items())), None)
 
 
 def save_preset(settings: Settings, name: str, values: dict) -> Settings:

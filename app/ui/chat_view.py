@@ -10,8 +10,8 @@ from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPus
                                QSizePolicy, QTextBrowser, QToolButton, QVBoxLayout, QWidget)
 
 from app.chat import token_probs
-from app.chat.conversation import STREAMING, Chat
-from app.controller.chat_controller import CONTEXT_FULL, WRITER, describe_writer, memory_start
+from app.chat.conversation import STREAMING, UNFINISHED, Chat
+from app.controller.chat_controller import CONTEXT_FULL, WRITER, describe_writer, latest_summary, memory_start
 from app.store.history import MessageRecord
 from app.ui import theme
 from app.ui.elided import ElidedLabel
@@ -21,6 +21,7 @@ from app.ui.tool_calls import ToolCallsView
 STATUS_NOTES = {"cancelled": "Stopped", "error": "Ended by an error", "length": "Cut off at the length limit",
                 CONTEXT_FULL: "Stopped: the context is full"}
 MEMORY_MARK = "Earlier turns are outside the model's memory"
+SUMMARY_MARK = "The model keeps a summary of the turns above"
 
 
 class AutoBrowser(QTextBrowser):
@@ -247,6 +248,8 @@ def turn_figures(stats: dict | None) -> str:
 
 class MessageWidget(QFrame):
     regenerate = Signal(int)
+    resume = Signal(int)      #: Continue: an answer that stopped early, written on
+    fork = Signal(int)        #: a new chat with the conversation up to this message
     edit = Signal(int, str)
     switch = Signal(int)
     copied = Signal(str)
@@ -284,6 +287,13 @@ class MessageWidget(QFrame):
         else:
             self.action_btn = self._tool("Regenerate", "Write another answer")
             self.action_btn.clicked.connect(lambda: self.regenerate.emit(self.message_id))
+        self.continue_btn = self._tool("Continue", "Write on from where this answer stopped")
+        self.continue_btn.clicked.connect(lambda: self.resume.emit(self.message_id))
+        self.continue_btn.setVisible(False)
+        head.addWidget(self.continue_btn)
+        self.fork_btn = self._tool("Fork", "A new chat with the conversation up to here")
+        self.fork_btn.clicked.connect(lambda: self.fork.emit(self.message_id))
+        head.addWidget(self.fork_btn)
         head.addWidget(self.action_btn)
         outer.addLayout(head)
 
@@ -383,6 +393,10 @@ class MessageWidget(QFrame):
             self.prev_btn.setEnabled(i > 0 and not busy)
             self.next_btn.setEnabled(i < n - 1 and not busy)
         self.action_btn.setEnabled(not busy)
+        self.continue_btn.setVisible(record.role == "assistant" and record.status in UNFINISHED
+                                     and bool(record.content))
+        self.continue_btn.setEnabled(not busy)
+        self.fork_btn.setEnabled(not streaming)
         self.copy_btn.setEnabled(bool(record.content))
 
     def restyle(self) -> None:
@@ -436,6 +450,8 @@ class ChatView(QScrollArea):
     redraws the answer being written (the window calls it on a timer)."""
 
     regenerate = Signal(int)
+    resume = Signal(int)      #: Continue: an answer that stopped early, written on
+    fork = Signal(int)        #: a new chat with the conversation up to this message
     edit = Signal(int, str)
     switch = Signal(int)
     copied = Signal(str)
@@ -496,12 +512,18 @@ class ChatView(QScrollArea):
         self.placeholder.setVisible(not records)
         busy = bool(chat and chat.busy)
         boundary = memory_start(records)
+        summary = latest_summary(records)
         for i, rec in enumerate(records):
             if i == boundary and i > 0:
-                self.memory_mark = QLabel(f"— {MEMORY_MARK} —", objectName="mutedLabel", accessibleName=MEMORY_MARK)
+                mark = SUMMARY_MARK if summary and int(summary["covered"]) == i else MEMORY_MARK
+                self.memory_mark = QLabel(f"— {mark} —", objectName="mutedLabel", accessibleName=mark)
                 self.memory_mark.setAlignment(Qt.AlignmentFlag.AlignCenter)
-                self.memory_mark.setToolTip("The context is full: the oldest turns were left out of the prompt. "
-                                            "The model no longer sees them; they stay here and in the history.")
+                self.memory_mark.setWordWrap(True)
+                self.memory_mark.setToolTip(
+                    f"The context was full: the model summarised the turns above; it keeps this note instead:\n\n"
+                    f"{summary['text']}" if mark == SUMMARY_MARK else
+                    "The context is full: the oldest turns were left out of the prompt. "
+                    "The model no longer sees them; they stay here and in the history.")
                 self.lay.insertWidget(self.lay.count() - 1, self.memory_mark)
             sibs = [m.id for m in chat.tree.siblings(rec.id)]
             wrote = (rec.stats or {}).get(WRITER) or {}
@@ -510,6 +532,8 @@ class ChatView(QScrollArea):
             w.author.setToolTip(describe_writer(wrote))
             w.cite.connect(self.cite)
             w.regenerate.connect(self.regenerate)
+            w.resume.connect(self.resume)
+            w.fork.connect(self.fork)
             w.edit.connect(self.edit)
             w.switch.connect(self.switch)
             w.copied.connect(self.copied)

@@ -32,6 +32,12 @@ class ComposerBar(QFrame):
         prow.addWidget(self.prompt_bar, 1)
         self.prompt_row.setVisible(False)
         bl.addWidget(self.prompt_row)
+        self.setup_label = QLabel("")      #: the preset / system prompt in effect, when there is one
+        self.setup_label.setObjectName("setupNote")
+        self.setup_label.setAccessibleName("Preset and system prompt in effect")
+        self.setup_label.setTextFormat(Qt.TextFormat.PlainText)
+        self.setup_label.setVisible(False)
+        bl.addWidget(self.setup_label, 0, Qt.AlignmentFlag.AlignLeft)
         crow = QHBoxLayout()
         self.editor = QPlainTextEdit()
         self.editor.setAccessibleName("Message")
@@ -56,6 +62,12 @@ class ComposerBar(QFrame):
     def send_keys(self) -> str:
         return ("Enter sends, Shift+Enter for a new line" if self.enter_sends() else
                 "Shift+Enter sends, Enter for a new line")
+
+    def show_setup(self, text: str, tip: str) -> None:
+        """The marker of the preset / system prompt in effect ("" hides it)."""
+        self.setup_label.setText(f"⚙ {text}" if text else "")
+        self.setup_label.setToolTip(tip)
+        self.setup_label.setVisible(bool(text))
 
     def set_state(self, ready: bool, busy: bool) -> None:
         self.send_btn.setEnabled(ready and not busy)

@@ -13,6 +13,7 @@ from PySide6.QtWidgets import (QApplication, QFrame, QInputDialog, QLineEdit, QL
 
 
 DATE_ROLE = Qt.ItemDataRole.UserRole + 1   #: the conversation's last change, as shown at the row's right
+WRITING = "writing…"    #: at the right of the conversation an answer is being written in
 
 
 def when(t: float, now: float | None = None) -> str:
@@ -91,23 +92,20 @@ class ConversationList(QFrame):
         sl.addWidget(self.list, 1)
         self.setMinimumWidth(200)
 
-    def show_conversations(self, infos, current_id: int | None) -> None:
+    def show_conversations(self, infos, current_id: int | None, writing_id: int | None = None) -> None:
+        """``writing_id``: the conversation an answer is being written in (its date reads "writing…")."""
         self.list.blockSignals(True)
         self.list.clear()
         for info in infos:
             item = QListWidgetItem(info.title or "Untitled")
             item.setData(Qt.ItemDataRole.UserRole, info.id)
             item.setToolTip(time.strftime("%Y-%m-%d %H:%M", time.localtime(info.updated)))
-            item.setData(DATE_ROLE, when(info.updated))
+            item.setData(DATE_ROLE, WRITING if info.id == writing_id else when(info.updated))
             self.list.addItem(item)
             if info.id == current_id:
                 item.setSelected(True)
                 self.list.setCurrentItem(item)
         self.list.blockSignals(False)
-
-    def set_busy(self, busy: bool) -> None:
-        self.new_btn.setEnabled(not busy)
-        self.list.setEnabled(not busy)
 
     def ask_title(self, current: str) -> str | None:
         """Rename…: the new title typed, or None on Cancel."""

@@ -19,11 +19,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import (QDialog, QDialogButtonBox, QFileDialog, QHBoxLayout, QLabel, QListWidget,
-                               QProgressBar, QPushButton, QSpinBox, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QDialog, QDialogButtonBox, QFileDialog, QHBoxLayout, QInputDialog, QLabel,
+                               QListWidget, QListWidgetItem, QProgressBar, QPushButton, QSpinBox, QVBoxLayout,
+                               QWidget)
 
 from app.documents.library import count
-from app.documents.store import DocumentError, DocumentStore
+from app.documents.store import CONVERSATION_PREFIX, DocumentError, DocumentStore
 from app.documents.extract import SUFFIXES
 from app.ui.add_runner import AddRunner
 
@@ -48,9 +49,9 @@ class DocumentsPanel(QDialog):
     indexing_finished = Signal(object)   #: the AddReport as a dict
 
     def __init__(self, store: DocumentStore, collection: str, parent: QWidget | None = None,
-                 title: str | None = None):
+                 title: str | None = None, conversation_id: int | None = None):
         super().__init__(parent)
-        self.store, self.collection = store, collection
+        self.store, self.collection, self.conversation_id = store, collection, conversation_id
         self.setWindowTitle(f"Documents — {title or collection}")
         self.setAccessibleName("Documents")
         self.resize(560, 460)
@@ -77,6 +78,19 @@ class DocumentsPanel(QDialog):
         self.budget.valueChanged.connect(self._budget_changed)
         row.addWidget(self.budget)
         lay.addLayout(row)
+        self.share_btn = QPushButton("Share as a collection…")
+        self.share_btn.setAccessibleName("Make these files a collection other chats can use")
+        self.share_btn.setToolTip("These files become a named collection: attached to this chat, attachable to "
+                                  "others, kept when this chat is deleted")
+        self.share_btn.clicked.connect(lambda: self.share())
+        row.insertWidget(2, self.share_btn)
+        self.shared_label = QLabel("Also search these collections (shared with other chats):")
+        lay.addWidget(self.shared_label)
+        self.shared_list = QListWidget()
+        self.shared_list.setAccessibleName("Collections this chat searches")
+        self.shared_list.setMaximumHeight(110)
+        self.shared_list.itemChanged.connect(self._shared_toggled)
+        lay.addWidget(self.shared_list)
         self.progress, self.status = progress_widgets(lay)
         self.errors = QListWidget()
         self.errors.setAccessibleName("Files that could not be read")
@@ -94,6 +108,7 @@ class DocumentsPanel(QDialog):
 
     def refresh(self) -> None:
         self.files_list.clear()
+        self._show_shared()
         try:
             coll = self.store.collection(self.collection)
         except DocumentError:
@@ -110,6 +125,68 @@ class DocumentsPanel(QDialog):
                 continue            # listed under "could not be read" while adding, and on the documents page
             pages = f"{count(f.pages, 'page')}, " if f.kind == "pdf" else ""
             self.files_list.addItem(f"{f.name}  —  {f.kind}, {pages}{count(f.chunks, 'passage')}")
+
+    def _show_shared(self) -> None:
+        """The named collections, checked where this chat searches them (no chat: hidden)."""
+        shown = self.conversation_id is not None
+        self.shared_label.setVisible(shown)
+        self.shared_list.setVisible(shown)
+        self.share_btn.setVisible(shown)
+        if not shown:
+            return
+        self.share_btn.setEnabled(self._own_files())
+        attached = set(self.store.attached(self.conversation_id))
+        names = sorted(c.name for c in self.store.collections() if not c.name.startswith(CONVERSATION_PREFIX))
+        self.shared_list.blockSignals(True)
+        self.shared_list.clear()
+        for name in names:
+            chats = len(self.store.attached_to(name))
+            item = QListWidgetItem(f"{name}  —  {count(chats, 'chat')}" if chats else name)
+            item.setData(Qt.ItemDataRole.UserRole, name)
+            item.setFlags(item.flags() | Qt.ItemFlag.ItemIsUserCheckable)
+            item.setCheckState(Qt.CheckState.Checked if name in attached else Qt.CheckState.Unchecked)
+            self.shared_list.addItem(item)
+        if not names:
+            empty = QListWidgetItem("No collections yet: add one on the Documents page, or share these files.")
+            empty.setFlags(Qt.ItemFlag.NoItemFlags)
+            self.shared_list.addItem(empty)
+        self.shared_list.blockSignals(False)
+
+    def _own_files(self) -> bool:
+        try:
+            return bool(self.store.files(self.collection))
+        except DocumentError:
+            return False
+
+    def _shared_toggled(self, item: QListWidgetItem) -> None:
+        name = item.data(Qt.ItemDataRole.UserRole)
+        if name is None:
+            return
+        if item.checkState() == Qt.CheckState.Checked:
+            self.store.attach(self.conversation_id, name)
+        else:
+            self.store.detach(self.conversation_id, name)
+        self.refresh()
+
+    def share(self, name: str | None = None) -> bool:
+        """"Share as a collection…": this chat's own files become the collection ``name`` (asked when
+        None), still searched here and attachable to other chats."""
+        if not self._own_files():
+            self.status.setText("This chat has no files of its own to share: add files or a folder first.")
+            return False
+        if name is None:
+            name, ok = QInputDialog.getText(self, "Share as a collection", "Collection name:")
+            if not ok:
+                return False
+        try:
+            self.store.rename_collection(self.collection, name)
+            self.store.attach(self.conversation_id, name.strip())
+        except DocumentError as exc:
+            self.status.setText(str(exc))
+            return False
+        self.status.setText(f"These files are now the collection “{name.strip()}”.")
+        self.refresh()
+        return True
 
     def _budget_changed(self, value: int) -> None:
         try:
@@ -178,9 +255,10 @@ class DocumentsPanel(QDialog):
 # ---------------------------------------------------------------- the main window's calls
 
 def open_documents_panel(parent: QWidget | None, store: DocumentStore, collection: str,
-                         title: str | None = None) -> DocumentsPanel:
-    """``title``: what the dialog is called after (the chat's name), instead of the collection's id."""
-    panel = DocumentsPanel(store, collection, parent, title)
+                         title: str | None = None, conversation_id: int | None = None) -> DocumentsPanel:
+    """``title``: what the dialog is called after (the chat's name), instead of the collection's id;
+    ``conversation_id``: the chat, whose shared collections are listed to attach or detach."""
+    panel = DocumentsPanel(store, collection, parent, title, conversation_id)
     panel.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
     panel.show()
     return panel

@@ -15,7 +15,7 @@ from PySide6.QtWidgets import (QApplication, QFileDialog, QMainWindow, QMessageB
 
 from app.api import ModelLoaded
 from app.chat.conversation import ChatError, TurnStart
-from app.controller.chat_controller import ChatController
+from app.controller.chat_controller import ChatController, setup_note
 from app.memory.stats import StatsSample, StatsView
 from app.store import settings as settings_mod
 from app.store.history import HistoryStore
@@ -62,7 +62,7 @@ class MainWindow(QMainWindow):
         for signal, slot in ((w.response_text, lambda t: self._on_text("response", t)),
                              (w.thinking_text, lambda t: self._on_text("thinking", t)),
                              (w.token_probs, c.on_token_probs), (w.turn_done, c.on_turn_done),
-                             (w.citations, c.on_citations), (w.error, self._on_error)):
+                             (w.citations, c.on_citations), (w.summarised, c.on_summary), (w.error, self._on_error)):
             on_gui(signal, slot, self)
         w.prompt_progress.connect(self._on_prompt_progress)
         w.stats.connect(self._on_stats)
@@ -114,6 +114,8 @@ class MainWindow(QMainWindow):
         self.chat_view, self.composer_bar = page.view, page.composer
         bar = page.composer
         self.chat_view.regenerate.connect(self.regenerate)
+        self.chat_view.resume.connect(self.continue_answer)
+        self.chat_view.fork.connect(self.fork_at)
         self.chat_view.edit.connect(self.edit_and_resend)
         self.chat_view.switch.connect(self.switch_to)
         self.chat_view.copied.connect(lambda _t: self.statusBar().showMessage("Copied to the clipboard", 2000))
@@ -196,7 +198,10 @@ class MainWindow(QMainWindow):
 
     def send(self) -> None:
         text = self.composer.toPlainText().strip()
-        if self.busy or self.model_info is None or not text:
+        if self.busy and text:     # the engine writes one answer at a time; the draft stays in the box
+            where = "" if self.controller.on_screen else f" in “{self.controller.writing.title}”"
+            return self.statusBar().showMessage(f"Wait for the answer{where}, or stop it (Esc)", 4000)
+        if self.model_info is None or not text:
             return
         start = self.controller.send(text)
         self.composer.clear()
@@ -210,6 +215,28 @@ class MainWindow(QMainWindow):
         if not self.busy and self.model_info is not None:
             self._begin(self.controller.regenerate(assistant_id))
 
+    def continue_answer(self, assistant_id: int) -> None:
+        """Continue: the stopped or cut-off answer goes on from where it stopped, in the same message."""
+        if not self.busy and self.model_info is not None:
+            try:
+                start = self.controller.continue_answer(assistant_id)
+            except ChatError as exc:
+                return self.statusBar().showMessage(str(exc), 4000)
+            self._begin(start)
+
+    def fork_at(self, message_id: int) -> None:
+        """Fork: a new chat with the conversation up to ``message_id``, opened."""
+        try:
+            self.controller.fork(message_id)
+        except ChatError as exc:
+            return self.statusBar().showMessage(str(exc), 4000)
+        self.stack.setCurrentWidget(self.chat_page)
+        self._show_current()
+        self.refresh_list()
+        self._say_elsewhere()
+        self.statusBar().showMessage(f"Forked into “{self.chat.title}”", 4000)
+        self.composer.setFocus()
+
     def edit_and_resend(self, user_id: int, text: str) -> None:
         if self.busy or self.model_info is None:
             return
@@ -220,7 +247,7 @@ class MainWindow(QMainWindow):
         self._begin(start)
 
     def switch_to(self, message_id: int) -> None:
-        if not self.busy:
+        if not self.chat.busy:
             self.chat.switch_to(message_id)
             self._show_current()
 
@@ -232,23 +259,26 @@ class MainWindow(QMainWindow):
             self.worker.stop(self.controller.turn.gen_id)
             self.statusBar().showMessage("Stopping…")
 
-    def _if_idle(self) -> bool:
-        if self.busy:
-            self.statusBar().showMessage("Stop the answer first (Esc)", 3000)
-        return not self.busy
-
     def new_chat(self) -> None:
-        if self._if_idle():
-            self.controller.new_chat()
-            self._show_current()
-            self.conv_list.clearSelection()
-            self.composer.setFocus()
+        """A new chat on screen; an answer being written goes on in its own chat."""
+        self.controller.new_chat()
+        self._show_current()
+        self.conv_list.clearSelection()
+        self.composer.setFocus()
+        self._say_elsewhere()
 
     def open_conversation(self, conversation_id: int) -> None:
-        if self._if_idle():
-            self.controller.open(conversation_id)
-            self.stack.setCurrentWidget(self.chat_page)
-            self._show_current()
+        self.controller.open(conversation_id)
+        self.stack.setCurrentWidget(self.chat_page)
+        self._show_current()
+        self._say_elsewhere()
+
+    def _say_elsewhere(self) -> None:
+        """The chat on screen changed while an answer is being written: where it is, and how to stop it."""
+        if self.busy:
+            self._set_busy(True)
+            if not self.controller.on_screen:
+                self.statusBar().showMessage(f"Answering in “{self.controller.writing.title}” · Esc stops it")
 
     def rename_conversation(self, conversation_id: int | None = None, title: str | None = None) -> None:
         cid = conversation_id if conversation_id is not None else self.chat.id
@@ -261,8 +291,8 @@ class MainWindow(QMainWindow):
         self.title_label.set_full_text(self.chat.title)
 
     def delete_conversation(self, conversation_id: int) -> None:
-        if self.busy and conversation_id == self.chat.id:
-            return
+        if self.busy and conversation_id == self.controller.writing.id:
+            return self.statusBar().showMessage("Stop the answer first (Esc)", 3000)
         self.statusBar().showMessage(self.controller.delete(conversation_id), 6000)   # "" or a warning
         self._show_current()
         self.refresh_list()
@@ -302,7 +332,7 @@ class MainWindow(QMainWindow):
         if self.controller.ensure_saved():
             self.refresh_list()
         return open_documents_panel(self, self.controller.documents(), self.controller.collection(),
-                                    title=self.chat.title)
+                                    title=self.chat.title, conversation_id=self.chat.id)
 
     def show_citation(self, message_id: int, n: int):
         citation = self.controller.citation(message_id, n)
@@ -326,6 +356,7 @@ class MainWindow(QMainWindow):
         if new.mcp_servers != self._tool_servers:
             self._connect_tools()
         self.refresh_models()
+        self.show_setup()
         self.models.settings_changed(old, settings_mod.for_model(new, key))
 
     def _save_settings(self) -> None:
@@ -346,11 +377,12 @@ class MainWindow(QMainWindow):
         self.refresh_list()
 
     def _on_text(self, channel: str, text: str) -> None:
-        if self.controller.on_text(channel, text) and not self._repaint_timer.isActive():
+        if self.controller.on_text(channel, text) and self.controller.on_screen \
+                and not self._repaint_timer.isActive():
             self._repaint_timer.start()
 
     def _on_prompt_progress(self, done: int, total: int) -> None:
-        if self.busy:
+        if self.controller.on_screen:
             self.composer_bar.show_progress(done, total, self.controller.reading_line(done, total))
 
     def _on_stats(self, sample: StatsSample) -> None:
@@ -422,14 +454,20 @@ class MainWindow(QMainWindow):
             self.controller.tools.begin_round(self.controller.turn.done)   # the answer goes on after its tools
             self._tool_round()
             return
+        here = self.controller.on_screen
+        elsewhere = self.controller.writing.title if self.busy and not here else ""
         message = self.controller.finish(reason, text, thinking)
         if message is None:
             return
         self.prompt_row.setVisible(False)
         self._set_busy(False)
-        self._show_current()
+        if here:
+            self._show_current()
         self.refresh_list()
-        if line := self.controller.status_line(reason, message):
+        line = self.controller.status_line(reason, message)
+        if elsewhere:    # the chat on screen stays as the user left it (scrolled, selected)
+            line = f"The answer in “{elsewhere}” is done" + (f" · {line}" if line else "")
+        if line:
             self.statusBar().showMessage(line)
         self.answer_finished.emit(reason)
 
@@ -442,7 +480,6 @@ class MainWindow(QMainWindow):
     def _set_busy(self, busy: bool) -> None:
         ready = self.model_info is not None
         self.composer_bar.set_state(ready, busy)
-        self.sidebar.set_busy(busy)
         self.models.model_settings_action.setEnabled(bool(self.model_key()))
         self.chat_view.set_busy(busy)
         self.top.set_ready(ready)
@@ -453,11 +490,18 @@ class MainWindow(QMainWindow):
         self.controller.load_citations()
         name = self.model_info.name if self.model_info else None
         self.chat_page.show_chat(self.chat, name)
+        self.show_setup()
+        self.prompt_row.setVisible(self.controller.on_screen and self.prompt_row.isVisible())
+
+    def show_setup(self) -> None:
+        """The marker above the message box: the preset and system prompt in effect, if any."""
+        preset = settings_mod.active_preset(self.settings, self.model_key()) if self.model_key() else None
+        self.composer_bar.show_setup(*setup_note(self.effective(), preset))
 
     def refresh_list(self) -> None:
         q = self.search.text()
         self.sidebar.show_conversations(self.store.search(q) if q.strip() else self.store.conversations(),
-                                        self.chat.id)
+                                        self.chat.id, self.controller.writing.id if self.busy else None)
 
     # ------------------------------------------------------------ shutdown
 

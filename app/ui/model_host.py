@@ -14,7 +14,7 @@ from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import QLabel, QMessageBox, QProgressBar
 
 from app.api import ModelLoaded
-from app.library import Library, display_name, find_containers, folder_size, is_container, is_source
+from app.library import Library, display_name, find_containers, folder_size, is_container, is_source, roots
 from app.store import settings as settings_mod
 from app.ui.library_dialog import LibraryDialog
 from app.ui.model_picker import fill_model_menu
@@ -236,7 +236,11 @@ class ModelHost(QObject):
         return wiz
 
     def _wizard_model_ready(self, path: str, budget: int) -> None:
-        if budget != self.w.settings.ram_budget:
+        folder = Path(path).resolve().parent
+        known = {r.resolve() for r in roots(self.w.settings.model_folders)}
+        if folder not in known:    # converted elsewhere: its folder joins the library, so the switcher lists it
+            self.w.settings.model_folders = [*self.w.settings.model_folders, str(folder)]
+        if budget != self.w.settings.ram_budget or folder not in known:
             self.w.settings.ram_budget = budget
             self.w._save_settings()
         self.load(path)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from PySide6.QtCore import Signal
-from PySide6.QtWidgets import QComboBox, QMenu
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import QComboBox, QMenu, QStyle, QStyleOptionComboBox, QStylePainter
 
 
 def _same(entry, current: str | None) -> bool:
@@ -37,6 +37,25 @@ class ModelPicker(QComboBox):
         self.setCurrentIndex(idx)
         self.blockSignals(False)
         self.setVisible(self.count() > 0)
+        self.setToolTip(f"{self.currentText()}: the model answering; choose another to switch"
+                        if self.currentText() else "The model answering; choose another to switch")
+
+    def shown_text(self) -> str:
+        """The open model's name as it fits the box: ending in "…" when the bar is narrow, never cut
+        to what looks like another name ("smollm2" for "smollm2-135m-instruct")."""
+        opt = QStyleOptionComboBox()
+        self.initStyleOption(opt)
+        room = self.style().subControlRect(QStyle.ComplexControl.CC_ComboBox, opt,
+                                           QStyle.SubControl.SC_ComboBoxEditField, self).width()
+        return self.fontMetrics().elidedText(self.currentText(), Qt.TextElideMode.ElideRight, room)
+
+    def paintEvent(self, _event) -> None:
+        p = QStylePainter(self)
+        opt = QStyleOptionComboBox()
+        self.initStyleOption(opt)
+        p.drawComplexControl(QStyle.ComplexControl.CC_ComboBox, opt)
+        opt.currentText = self.shown_text()
+        p.drawControl(QStyle.ControlElement.CE_ComboBoxLabel, opt)
 
     def _activated(self, index: int) -> None:
         path = self.itemData(index)

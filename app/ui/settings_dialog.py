@@ -97,7 +97,15 @@ class SettingsDialog(QDialog):
         self.ctx.setSingleStep(1024)
         self.ctx.setSuffix(" tokens")
         self.ctx.setValue(settings.context_length)
-        form.addRow("Context length", self.ctx)
+        self.context_policy = QComboBox()
+        self.context_policy.setAccessibleName("When the context is full")
+        self.context_policy.addItem("leave the oldest turns out", "drop_oldest")
+        self.context_policy.addItem("summarise the oldest turns", "summarise")
+        self.context_policy.setToolTip("When the next question would not fit: leave the oldest turns out of the "
+                                       "prompt, or have the model summarise them into a short note it keeps "
+                                       "(a few seconds more when it happens). The chat itself keeps every turn.")
+        self.context_policy.setCurrentIndex(max(0, self.context_policy.findData(settings.context_policy)))
+        form.addRow("Context length", _row(self.ctx, QLabel("when full:"), self.context_policy))
 
         self.verify_reads = QCheckBox("Check each expert read from disk against its checksum")
         self.verify_reads.setAccessibleName("Verify expert reads")
@@ -331,6 +339,7 @@ class SettingsDialog(QDialog):
             self._settings, **self.tools_page.values(),
             model_folders=[self.folders.item(i).text() for i in range(self.folders.count())],
             ram_budget=self.budget.value() * MIB, threads=self.threads.value(), context_length=self.ctx.value(),
+            context_policy=self.context_policy.currentData(),
             temperature=self.temp.value(), top_p=self.top_p.value(), top_k=self.top_k.value(),
             min_p=self.min_p.value(), seed=None if self.seed.value() < 0 else self.seed.value(),
             token_probabilities=self.token_probs.isChecked(), token_alternatives=self.token_alternatives.value(),

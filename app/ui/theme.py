@@ -90,6 +90,8 @@ def window_stylesheet() -> str:
         QFrame#thinkingPanel {{ background: {c['thinking']}; border: 1px solid {c['border']};
                                 border-radius: 6px; }}
         QLabel#mutedLabel {{ color: {c['muted']}; }}
+        QLabel#setupNote {{ color: {c['muted']}; background: {c['user']}; border: 1px solid {c['border']};
+                            border-radius: 8px; padding: 2px 8px; }}
         QLabel#chatTitle {{ font-size: 13pt; font-weight: 600; }}
         QLabel#chatPlaceholder {{ color: {c['muted']}; font-size: 12pt; }}
         QLabel#gaugeValue {{ font-size: 15pt; font-weight: 600; }}

@@ -31,6 +31,7 @@ from PySide6.QtCore import QObject, QThread, Signal, Slot
 from app.api import (EngineService, LiveStats, LoadOptions, LoadedModel, MemoryPlan, ModelInfo, ModelLoaded,
                      PromptProgress, Reasoning, RemoteEngine, Text, ToolCallMade, TurnDone, TurnError, TurnRequest,
                      logprobs_content, open_model)
+from app.chat.summary import summarise_to_fit
 from app.chat.token_probs import compact
 from app.documents.prompt import Estimate
 from app.memory.stats import StatsSample, TurnFigures
@@ -54,6 +55,7 @@ class EngineWorker(QObject):
     started = Signal(int)            #: the generation id that began
     serving = Signal(str, str)       #: the server's URL ("" when off), and why it failed ("" if it did not)
     citations = Signal(int, object)  #: a turn's id and the passages its documents put in its prompt (Citation list)
+    summarised = Signal(int, object)  #: a turn's id and the app.chat.summary.ContextSummary its older turns became
 
     def __init__(self):
         super().__init__()
@@ -208,8 +210,27 @@ class EngineWorker(QObject):
             documents.close()
 
     def _events(self, gen_id: int, engine, turn: TurnRequest):
-        """The engine's events for one turn, read on this thread (a stop asked before it began: cancelled)."""
-        stream = engine.submit(turn)
+        """The engine's events for one turn, read on this thread (a stop asked before it began: cancelled).
+        On a local engine the "summarise" context policy's summary is written first, when the turn would
+        not fit (a remote engine's turn leaves the oldest turns out)."""
+        if isinstance(engine, EngineService):
+            turn, summary = summarise_to_fit(engine, turn, lambda ask: self._summary_text(gen_id, engine, ask))
+            if summary is not None:
+                self.summarised.emit(gen_id, summary)
+        yield from self._read(gen_id, engine.submit(turn))
+
+    def _summary_text(self, gen_id: int, engine, ask: TurnRequest) -> str:
+        """The summary's text; "" when it was stopped or failed (the turns are then left out instead)."""
+        out = []
+        for ev in self._read(gen_id, engine.submit(ask)):
+            if isinstance(ev, Text):
+                out.append(ev.text)
+            elif isinstance(ev, TurnDone) and ev.reason in ("cancelled", "error"):
+                return ""
+        return "".join(out)
+
+    def _read(self, gen_id: int, stream):
+        """``stream``'s events, the stream kept for a stop from the window's thread."""
         with self._lock:
             self._stream = stream
             if self._stop_id == gen_id:

@@ -106,16 +106,39 @@ def test_an_error_says_the_engines_message_and_no_answer_is_left_streaming(store
     assert c.status_line("cancelled", None) == "Stopped"
 
 
-def test_busy_refuses_switching_and_text_after_the_answer_is_ignored(store):
+def test_an_answer_streams_into_its_own_chat_while_the_user_reads_and_starts_others(store):
     c = controller(store)
+    c.send("older question")
+    c.finish("stop", "older answer")
+    older = c.chat.id
+    c.new_chat()
     c.turn_request(c.send("one"))
-    with pytest.raises(ChatError):
-        c.new_chat()
-    assert c.delete(c.chat.id) == "Stop the answer first (Esc)"
-    assert c.on_text("response", "Hi")
-    c.finish("stop")
+    writing = c.chat.id
+    assert c.busy and c.on_screen and c.on_text("response", "Hi")
+    c.new_chat()                                   # a new chat while the answer streams
+    assert c.busy and not c.on_screen and c.chat.id is None
+    with pytest.raises(ChatError, match="“one”"):   # one answer at a time; the draft waits
+        c.send("second question")
+    assert c.chat.id is None and store.conversation_ids() == {older, writing}
+    c.open(older)                                  # reading another chat
+    assert [m.content for m in c.chat.visible()] == ["older question", "older answer"]
+    assert c.on_text("response", " there")        # the stream keeps going into its own chat
+    assert c.delete(writing) == "Stop the answer first (Esc)"
+    c.rename(writing, "Renamed while writing")
+    c.open(writing)                                # back to it: the live answer, not a stale copy
+    assert c.on_screen and c.chat.visible()[-1].content == "Hi there"
+    c.open(older)
+    m = c.finish("cancelled")                      # Esc from another chat stops it; nothing lost
+    assert m.conversation_id == writing and m.status == "cancelled" and not c.busy
+    assert [x.content for x in c.chat.visible()] == ["older question", "older answer"]
     assert not c.on_text("response", "more")
-    assert c.chat.visible()[-1].content == "Hi"
+    kept = controller(store)
+    kept.open(writing)
+    assert kept.chat.title == "Renamed while writing"
+    assert [(x.role, x.content, x.status) for x in kept.chat.visible()] == [
+        ("user", "one", "done"), ("assistant", "Hi there", "cancelled")]
+    c.turn_request(c.send("now a question here"))  # the engine is free: the chat on screen answers
+    assert c.on_screen and c.writing.id == older
 
 
 def test_attach_first_then_the_first_question_names_the_chat(store):
@@ -136,3 +159,63 @@ def test_export_writes_the_branch_with_model_and_sampling(store, tmp_path):
     doc = json.loads(c.export(tmp_path / "chat.json").read_text())
     assert doc["model"] == "smollm2" and doc["sampling"]["temperature"] == 0.3
     assert [m["content"] for m in doc["messages"]] == ["Hi", "Hello."]
+
+
+def test_continue_writes_on_in_the_same_answer_and_fork_copies_the_turns(store, demo_container):
+    """Continue: an answer cut off at 8 tokens, continued for 8 more, is the answer written in one go
+    (greedy, the demo model); Fork: a new chat with the turns up to a message."""
+    model = open_model(demo_container)
+    session = model.new_session(512)
+    service = EngineService(model, session)
+    try:
+        whole = controller(store, max_tokens=16)
+        start = whole.send("Name three colours.")
+        request, _ = whole.turn_request(start)
+        done = run(whole, service, request)
+        once = whole.finish(done.reason, done.content, done.reasoning)
+        c = controller(store)
+        c.set_model("smollm2")
+        start = c.send("Name three colours.")
+        request, _ = c.turn_request(start)
+        done = run(c, service, request)
+        cut = c.finish(done.reason, done.content, done.reasoning)
+        assert cut.status == "length" and cut.content and len(once.content) > len(cut.content)
+        start = c.continue_answer(cut.id)
+        assert start.continued and start.assistant_id == cut.id and start.messages[-1]["content"] == cut.content
+        request, _ = c.turn_request(start)
+        assert request.continue_final and c.busy
+        done = run(c, service, request)
+        assert not done.content.startswith(cut.content[:4])      # only what comes next streams
+        went_on = c.finish(done.reason, done.content, done.reasoning)
+    finally:
+        service.close()
+        session.close()
+        model.close()
+    assert went_on.id == cut.id and went_on.content == once.content      # the same message, written on
+    assert went_on.stats["continued"] == 1 and went_on.stats["model"]["sampling"]["max_tokens"] == 8
+    assert [m.role for m in c.chat.visible()] == ["user", "assistant"]
+    with pytest.raises(ChatError):                 # only an answer that stopped early is continued
+        c.continue_answer(c.chat.visible()[0].id)
+    again = controller(store)
+    again.open(c.chat.id)
+    assert again.chat.visible()[-1].content == once.content
+    # Fork at the question: a new chat, on screen, with a copy of the question only
+    source = c.chat.id
+    fid = c.fork(c.chat.visible()[0].id)
+    assert fid != source and c.chat.id == fid and c.chat.title == "Name three colours. (fork)"
+    assert [(m.role, m.content) for m in c.chat.visible()] == [("user", "Name three colours.")]
+    original = again.chat.visible()
+    fid2 = again.fork(original[-1].id)     # at the answer: its record goes with it
+    copy = controller(store)
+    copy.open(fid2)
+    kept = copy.chat.visible()
+    assert [(m.role, m.content, m.status, m.stats) for m in kept] == [
+        (m.role, m.content, m.status, m.stats) for m in original]
+    assert {m.id for m in kept}.isdisjoint(m.id for m in original)
+    assert [m.content for m in controller_view(store, source)] == ["Name three colours.", once.content]
+
+
+def controller_view(store, cid):
+    c = controller(store)
+    c.open(cid)
+    return c.chat.visible()

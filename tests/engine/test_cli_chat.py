@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 import re
 
+import pytest
+
 from app.cli import main as ferry
 
 
@@ -38,3 +40,18 @@ def test_a_full_context_leaves_the_oldest_turns_out_and_the_chat_goes_on(demo_co
     assert "context holds" not in err and out.count("> ") == len(questions) + 1
     assert len(re.findall(r"\[\d+ tokens, \d+ prompt tokens evaluated", err)) == len(questions)
     assert "earlier turns are outside the model's memory" in err
+
+
+@pytest.mark.slow     # about a minute: eight turns and the summaries on the demo model
+def test_summarise_keeps_a_note_of_the_oldest_turns(demo_container, monkeypatch, capsys):
+    """`ferry chat --context summarise` at a 512-token context: the oldest turns become a note the model
+    writes, said on stderr, and every question gets an answer."""
+    questions = [f"Tell me one fact about the number {i}, and one about cats." for i in range(8)]
+    monkeypatch.setattr("sys.stdin", io.StringIO("\n".join(questions) + "\n\n"))
+    assert ferry(["chat", str(demo_container), "-n", "64", "--ctx", "512", "--threads", "2",
+                  "--context", "summarise"]) == 0
+    out, err = capsys.readouterr()
+    assert "context holds" not in err and out.count("> ") == len(questions) + 1
+    assert len(re.findall(r"\[\d+ tokens, \d+ prompt tokens evaluated", err)) == len(questions)
+    notes = re.findall(r"\[the oldest (\d+) messages were summarised: (.+)\]", err)
+    assert notes and all(int(n) % 2 == 0 and text.strip() for n, text in notes)

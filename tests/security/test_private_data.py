@@ -217,10 +217,33 @@ def test_every_setting_that_can_hold_user_text_is_sealed_or_known_to_be_plain():
 
     plain = {"model_folders": "folder paths", "model_path": "a path", "engine": "a fixed choice", "activations": "a fixed choice",
              "remote_url": "a server address", "remote_model": "a model name",
-             "export_folder": "a folder path (as model_folders)", "models_defaulted": "model paths (as model_path)"}
+             "export_folder": "a folder path (as model_folders)", "models_defaulted": "model paths (as model_path)",
+             "context_policy": "a fixed choice"}
     hints = typing.get_type_hints(settings_mod.Settings)
     for f in dataclasses.fields(settings_mod.Settings):
         holds_text = "str" in str(hints[f.name]) or "dict" in str(hints[f.name]) or "list" in str(hints[f.name])
         if holds_text:
             assert f.name in settings_mod.PRIVATE_FIELDS or f.name in plain, \
                 f"settings.{f.name} may hold user text: add it to PRIVATE_FIELDS"
+
+
+def test_the_models_folder_and_library_file_are_private(tmp_path, open_umask, monkeypatch):
+    """docs/SECURITY.md: the models folder 0700 and library.json 0600 — created so by the wizard, the
+    converter and `ferry get`, and an older 0755 folder is narrowed when the library lists it."""
+    from app import paths
+    from app.convert.convert import convert
+    from app.library import Library
+    from tests.tiny_models import build
+
+    monkeypatch.setenv("FERRY_HOME", str(tmp_path / "home"))
+    assert mode(paths.private_models_dir()) == 0o700 and mode(paths.data_dir()) == 0o700
+    build("llama", tmp_path / "ckpt", seed=5)
+    out = convert(tmp_path / "ckpt", paths.models_dir() / "tiny")
+    assert mode(out) == 0o700
+    lib = Library()
+    lib.mark_used(out)
+    assert mode(lib.state_file) == 0o600
+    os.chmod(paths.models_dir(), 0o755)          # as an older version left it
+    os.chmod(paths.data_dir(), 0o755)
+    assert [e.name for e in lib.entries()] == ["tiny"]
+    assert mode(paths.models_dir()) == 0o700 and mode(paths.data_dir()) == 0o700

@@ -216,3 +216,38 @@ def test_forced_call_prefill_and_a_single_call():
     assert [(c.name, json.loads(c.arguments)) for k, c in out if k == "tool_call"] == [("get_weather",
                                                                                        {"city": "Oslo"})]
     assert b.ended and not [v for k, v in out if k == "content"]
+
+
+@pytest.mark.parametrize("family", ["k3", "think_template", "jinja"])
+def test_continue_final_in_every_chat_format(family, tiny_k3, tiny_chat, demo_container):
+    """Continue (TurnRequest.continue_final) in each chat format: K3's own, a Jinja template that opens
+    <think> (closed before the answer goes on), and the demo's Jinja template. The prompt ends with the
+    answer so far as content, the stream continues the answer channel, and only new text streams."""
+    from app.api import EngineService, Reasoning, Text, TurnDone
+    from app.chat.segments import content
+    from app.chat.turn import ChatFormat, TurnError, TurnRequest
+    from app.model import LoadedModel
+
+    container, question, partial = {"k3": (tiny_k3, "Hello there", "The answer is"),
+                                     "think_template": (tiny_chat, "w10 w11", "w20 w21"),
+                                     "jinja": (demo_container, "Name three colours.", "1. Red")}[family]
+    model = LoadedModel(container)
+    session = model.new_session(256)
+    service = EngineService(model, session)
+    try:
+        req = TurnRequest([{"role": "user", "content": question}, {"role": "assistant", "content": partial}],
+                          max_tokens=4, continue_final=True)
+        p = ChatFormat(model).prepare(req, n_ctx=256)
+        tail = model.tokenizer.encode_segments([content(partial)])
+        assert p.channel == "response" and p.prompt[-len(tail):] == tail
+        events = list(service.stream(p))
+        assert not any(isinstance(e, Reasoning) for e in events)
+        assert isinstance(events[-1], TurnDone) and events[-1].reason in ("stop", "length")
+        assert not "".join(e.text for e in events if isinstance(e, Text)).startswith(partial)
+        with pytest.raises(TurnError, match="continue_final"):
+            ChatFormat(model).prepare(TurnRequest([{"role": "user", "content": question}], continue_final=True),
+                                      n_ctx=256)
+    finally:
+        service.close()
+        session.close()
+        model.close()

@@ -400,3 +400,17 @@ def _engine(engine: str, **fields):
     return ModelLoaded(path="m", name="m", n_ctx=0, info=_blank(ModelInfo), plan=_blank(MemoryPlan),
                        has_experts=True, chat_format="remote" if engine == "remote" else "jinja", engine=engine,
                        **fields)
+
+
+def test_a_remote_turn_carries_the_summary_note_and_continue():
+    """What the window's summarise policy and Continue send to a server: the note in the system message
+    (as the local pipeline puts it) and vLLM's continue_final_message pair."""
+    r = RemoteEngine("http://127.0.0.1:9/v1", "m")
+    body = r.request_body(TurnRequest([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "q"},
+                                       {"role": "assistant", "content": "The"}],
+                                      context_note="Ada has a cat called Turing.", continue_final=True))
+    assert body["messages"][0]["content"].startswith("Be brief.\n\nSummary of the earlier conversation")
+    assert body["messages"][0]["content"].endswith("Ada has a cat called Turing.") and len(body["messages"]) == 3
+    assert body["continue_final_message"] is True and body["add_generation_prompt"] is False
+    plain = r.request_body(TurnRequest([{"role": "user", "content": "q"}]))
+    assert "continue_final_message" not in plain and plain["messages"] == [{"role": "user", "content": "q"}]

@@ -187,3 +187,22 @@ def test_streamed_logprobs_ride_with_their_chunks(demo_server, sampling):
         assert model.tokenizer.decode(ids) == choice.delta.content
         assert "".join(t.token for t in choice.logprobs.content) == choice.delta.content   # the tokens' own text
     assert "".join(choice.delta.content for choice in with_text) == whole.choices[0].message.content
+
+
+def test_continue_final_message_writes_on_from_the_given_answer(demo_server):
+    """vLLM's continue_final_message (what the window's Continue sends to a remote engine): the answer
+    cut at 6 tokens, continued, is the greedy answer written in one go."""
+    _, server = demo_server
+    c = client(server)
+    once = c.chat.completions.create(model=server.model_id, messages=ASK, max_tokens=14, temperature=0).choices[0]
+    part = c.chat.completions.create(model=server.model_id, messages=ASK, max_tokens=6, temperature=0).choices[0]
+    assert part.finish_reason == "length" and once.message.content.startswith(part.message.content)
+    rest = c.chat.completions.create(
+        model=server.model_id, max_tokens=8, temperature=0,
+        messages=ASK + [{"role": "assistant", "content": part.message.content}],
+        extra_body={"continue_final_message": True, "add_generation_prompt": False}).choices[0]
+    assert part.message.content + rest.message.content == once.message.content
+    with pytest.raises(openai.BadRequestError, match="add_generation_prompt"):
+        c.chat.completions.create(model=server.model_id, messages=ASK, max_tokens=2, extra_body={"add_generation_prompt": False})
+    with pytest.raises(openai.BadRequestError, match="continue_final"):
+        c.chat.completions.create(model=server.model_id, messages=ASK, max_tokens=2, extra_body={"continue_final_message": True})

@@ -156,7 +156,7 @@ class DestinationPage(QWizardPage):
         if not folder.is_dir():
             made = folder.parent.is_dir() and folder == paths.models_dir()
             if made:
-                folder.mkdir(parents=True, exist_ok=True)
+                paths.private_models_dir()
             else:
                 self.space.setText(colour(f"The folder {esc(folder)} does not exist.", RED))
                 return

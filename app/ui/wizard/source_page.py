@@ -246,6 +246,11 @@ class SourcePage(QWizardPage):
             self.check()
 
 
+def plain_arch(architecture: str | None) -> str:
+    """The architecture as people read it: "llama" for a GGUF's "gguf:llama"."""
+    return (architecture or "unknown architecture").removeprefix("gguf:")
+
+
 def describe(r) -> str:
     """The check's result for people."""
     if r.problems:
@@ -257,7 +262,8 @@ def describe(r) -> str:
     experts = (f"{r.n_moe_layers} mixture-of-experts layers of {r.n_experts} experts, {r.top_k} used per token"
                if r.n_moe_layers else "a dense model (no experts to stream)")
     rows = [
-        ("Model", f"{esc(r.architecture)} · {r.n_layers} layers · {experts}"),
+        ("Model", f"{esc(r.name or r.path.name)} ({esc(plain_arch(r.architecture))}) · {r.n_layers} layers · "
+                  f"{experts}"),
         ("Source", f"{size(r.source_bytes)} in {len(r.files)} file{'s' if len(r.files) != 1 else ''}"),
         ("Converted model", f"{size(r.container_bytes)} on disk"),
         ("RAM it needs", f"at least {size(plan.floor)}; recommended on this computer {size(plan.recommended)}"),
