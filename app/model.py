@@ -273,6 +273,9 @@ class LoadedModel:
         if self.engine._ptr is not None:
             self.save_usage()
         self.engine.close()
+        holding = getattr(self, "holding", None)   # app.api.open_model's registry hold
+        if holding is not None:
+            holding.release()
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:

@@ -11,7 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
-from app.api import (ModelError, PromptProgress, Reasoning, Text, ToolCallMade, TurnDone, TurnError, TurnRequest,
+from app.api import (ModelError, ModelHeld, PromptProgress, Reasoning, Text, ToolCallMade, TurnDone, TurnError, TurnRequest,
                      describe_activations)
 from app.cli.common import (PromptMeter, Turns, UsageError, add_logprobs, add_model_options, add_routing, add_sampling,
                             add_server_model, logprobs_problem, open_from_args, parse_size, progress_printer,
@@ -373,7 +373,10 @@ def cmd_serve(args) -> int:
         warning = check_binding(args.host, key)
     except ServeError as exc:
         raise UsageError(str(exc)) from None
-    model = open_from_args(args)
+    try:
+        model = open_from_args(args)
+    except ModelHeld as held:       # another Ferry process has it open: serve its engine
+        return _serve_held(args, held, key, warning)
     session = model.new_session(args.ctx)
     if (args.experts_per_token is not None or args.cache_aware) and not hasattr(session, "set_routing"):
         raise UsageError("this engine build does not support --experts-per-token / --cache-aware")
@@ -383,7 +386,33 @@ def cmd_serve(args) -> int:
     if warning:
         print(f"ferry: {warning}", file=sys.stderr)
     print(f"ferry: serving {server.model_id} at {server.url} (Ctrl-C stops)", flush=True)
-    server.run()
+    try:
+        server.run()
+    except KeyboardInterrupt:   # Ctrl-C: uvicorn has shut down; no traceback
+        pass
+    finally:
+        model.close()           # lets other Ferry processes open it (app.engine.registry)
+    return 0
+
+
+def _serve_held(args, held: ModelHeld, key: str | None, warning: str | None) -> int:
+    """``ferry serve`` on a model another Ferry process holds: this address and key, its engine."""
+    from app.server.run import ProxyServer
+
+    if args.experts_per_token is not None or args.cache_aware:
+        raise UsageError(f"--experts-per-token / --cache-aware set up an engine; Ferry (pid {held.record.pid}) "
+                         f"already has the model open with its own (pass --no-share to open a second engine)")
+    held.attach()      # it answers (ModelError otherwise)
+    server = ProxyServer(held.record.url, held.record.key, held.record.name, host=args.host, port=args.port,
+                         api_key=key)
+    if warning:
+        print(f"ferry: {warning}", file=sys.stderr)
+    print(f"ferry: {held.notice}", file=sys.stderr)
+    print(f"ferry: serving {server.model_id} at {server.url} (Ctrl-C stops)", flush=True)
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass
     return 0
 
 

@@ -151,7 +151,9 @@ def cmd_search(args) -> int:
 
 
 def cmd_ask(args) -> int:
-    from app.cli.common import PromptMeter, Turns, is_server_url, logprobs_problem, open_from_args, turn_request
+    from app.api import ModelHeld
+    from app.cli.common import (PromptMeter, Turns, attach, is_server_url, logprobs_problem, open_from_args,
+                                turn_request)
     from app.documents.ask import Answer, DocumentChat, ask_remote
     from app.documents.states import StateCache
     from app.events import PromptProgress, Text
@@ -163,6 +165,7 @@ def cmd_ask(args) -> int:
         store.collection(args.collection)      # fail before loading the model
         answer = None
         request = turn_request(args, [])
+        model = None
         if is_server_url(args.model):
             # retrieval here; the passages chosen and the question go to the server the user named
             turns = Turns(args)
@@ -170,7 +173,14 @@ def cmd_ask(args) -> int:
                                 mode=args.mode, request=request)
             close = turns.close
         else:
-            model = open_from_args(args)
+            try:
+                model = open_from_args(args)
+            except ModelHeld as held:   # another Ferry process has the model open: retrieval here, its engine
+                remote = attach(held)
+                events = ask_remote(remote, store, args.collection, args.question, budget=args.context_tokens,
+                                    mode=args.mode, request=request)
+                close = remote.close
+        if model is not None:
             chat = DocumentChat(model, store, states=StateCache(store.keys.states), n_ctx=args.ctx)
             events = chat.ask(args.collection, args.question, budget=args.context_tokens, max_tokens=args.n,
                               mode=args.mode, request=request)
@@ -292,6 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "here, and the passages chosen (the documents' text) and the question are sent "
                                    "to that server, which writes the answer.")
     add_model_options(p)
+    p.set_defaults(holder="`ferry docs ask`")
     add_server_model(p)
     add_logprobs(p)
     add_sampling(p, system=False)     # the same sampling, thinking and routing options as `ferry run`

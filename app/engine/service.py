@@ -64,6 +64,9 @@ class EngineService:
         self.cancelled = 0
         self._thread = threading.Thread(target=self._run, name="ferry-engine", daemon=True)
         self._thread.start()
+        self._holding = getattr(model, "holding", None)   #: the model's registry hold (app.engine.registry)
+        if self._holding is not None:
+            self._holding.service_started(self)   # serves it to the other Ferry processes
 
     # ---- any thread
 
@@ -113,6 +116,8 @@ class EngineService:
         job.sink(TurnDone("cancelled", prompt_tokens=len(job.prepared.prompt)))
 
     def close(self, timeout: float = 10.0) -> None:
+        if self._holding is not None:   # other processes' answers finish first; then its server stops
+            self._holding.service_closed(self)
         with self._cv:
             self._closed = True
             waiting, self._waiting = list(self._waiting), deque()
