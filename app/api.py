@@ -73,6 +73,7 @@ class ModelLoaded:
     url: str | None = None      #: the remote server's URL
     provides: tuple[str, ...] = ()          #: the figures a remote server reports
     owned_by: str | None = None             #: the remote model card's owner
+    note: str = ""                          #: said when it opens ("using the model already open in Ferry...")
 
     @property
     def remote(self) -> bool:

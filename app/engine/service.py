@@ -62,6 +62,7 @@ class EngineService:
         self._closed = False
         self.served = 0
         self.cancelled = 0
+        self._answered: dict[str, int] = {}   #: answers given, by client
         self._thread = threading.Thread(target=self._run, name="ferry-engine", daemon=True)
         self._thread.start()
         self._holding = getattr(model, "holding", None)   #: the model's registry hold (app.engine.registry)
@@ -88,6 +89,17 @@ class EngineService:
         with self._cv:
             return {"busy": self._current is not None, "waiting": len(self._waiting), "served": self.served,
                     "cancelled": self.cancelled}
+
+    def clients(self) -> dict[str, Any]:
+        """Who the engine works for: ``answered`` (answers given, by client), ``running`` (the
+        client of the answer running, or None) and ``waiting`` (by client). The window shows
+        the requests of clients other than its own ("local") in its gauges."""
+        with self._cv:
+            waiting: dict[str, int] = {}
+            for job in self._waiting:
+                waiting[job.client] = waiting.get(job.client, 0) + 1
+            return {"answered": dict(self._answered), "waiting": waiting,
+                    "running": self._current.client if self._current is not None else None}
 
     def submit(self, prepared: Prepared, sink: Callable[[TurnEvent], None]) -> Job:
         job = Job(prepared, sink)
@@ -169,6 +181,7 @@ class EngineService:
                     self.cancelled += 1
                 else:
                     self.served += 1
+                    self._answered[job.client] = self._answered.get(job.client, 0) + 1
                 self.session.clear_cancel()
             job.sink(end)
 

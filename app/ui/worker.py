@@ -27,8 +27,8 @@ import time
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
-from app.api import (EngineService, LiveStats, LoadOptions, LoadedModel, ModelLoaded, PromptProgress, Reasoning, Text,
-                     ToolCallMade, TurnDone, TurnError, TurnRequest, open_model)
+from app.api import (EngineService, LiveStats, LoadOptions, LoadedModel, ModelHeld, ModelLoaded, PromptProgress,
+                     Reasoning, Text, ToolCallMade, TurnDone, TurnError, TurnRequest, open_model)
 from app.chat.token_probs import compact
 from app.chat.turn import logprobs_content
 from app.documents.prompt import Estimate
@@ -120,8 +120,12 @@ class EngineWorker(QObject):
         """Open ``path`` with ``options`` and say so (``loaded``); this is the model open now."""
         want = int(options.context_length)
         budget = int(options.ram_budget) or recommended
-        model = open_model(path, ram_budget=budget, threads=int(options.threads), n_ctx=want,
-                           verify_reads=bool(options.verify_reads), activations=options.activations)
+        try:
+            model = open_model(path, ram_budget=budget, threads=int(options.threads), n_ctx=want,
+                               verify_reads=bool(options.verify_reads), activations=options.activations,
+                               holder="the Ferry window")
+        except ModelHeld as held:   # another Ferry process has it open: its engine answers (app.engine.registry)
+            return self._use_remote(path, held.attach(), note=held.notice)
         info = model.engine.info
         n_ctx = min(want or info.max_ctx, info.max_ctx)
         session = model.new_session(n_ctx)
@@ -145,13 +149,22 @@ class EngineWorker(QObject):
             self.load_failed.emit(str(exc) or type(exc).__name__)
             return
         self._close()
+        self._use_remote(path, remote, owned_by=card.get("owned_by"))
+
+    def _use_remote(self, path: str, remote, *, owned_by: str | None = "ferry", note: str = "") -> None:
         with self._lock:
             self.remote = remote
         self.loaded.emit(ModelLoaded(path=str(path), name=remote.model, n_ctx=remote.n_ctx,
                                      info=_blank(ModelInfo, arch="remote", max_ctx=remote.n_ctx),
                                      plan=_blank(MemoryPlan), has_experts=remote.is_ferry, chat_format="remote",
                                      engine="remote", url=remote.url, provides=tuple(sorted(remote.provided)),
-                                     owned_by=card.get("owned_by")))
+                                     owned_by=owned_by, note=note))
+
+    def clients(self) -> dict | None:
+        """Who the local engine works for (``EngineService.clients``), or None; any thread."""
+        with self._lock:
+            service = self.service
+        return service.clients() if service is not None else None
 
     @Slot(int)
     def set_serving(self, port: int) -> None:
@@ -164,9 +177,11 @@ class EngineWorker(QObject):
             self.serving.emit("", "serving needs a model on this computer")
             return
         from app.server import Server
+        from app.store.settings import served_api_key
 
         try:
-            self.server = Server(self.model, host="127.0.0.1", port=int(port), service=self.service).start()
+            self.server = Server(self.model, host="127.0.0.1", port=int(port), service=self.service,
+                                 api_key=served_api_key()).start()
         except Exception as exc:  # e.g. the port is taken
             self.serving.emit("", f"cannot serve on 127.0.0.1:{port}: {exc}")
             return
