@@ -86,9 +86,9 @@ class ModelHeld(ModelError):
 
     def __init__(self, record):
         self.record = record
-        served = "" if record.port else ", which does not share it: close it first, or pass --no-share"
-        super().__init__(f"{Path(record.path).name} is already open in Ferry (pid {record.pid}, "
-                         f"{record.holder}){served}")
+        why = "" if record.port else ", which does not share it"
+        super().__init__(f"{Path(record.path).name} is already open in Ferry (pid {record.pid}, {record.holder})"
+                         f"{why}; to open it here as well, close it first or pass --no-share")
 
     @property
     def notice(self) -> str:

@@ -42,9 +42,9 @@ def _env(**extra) -> dict:
     return {**os.environ, "PYTHONPATH": str(REPO), **SHARED, **extra}
 
 
-def _ferry(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+def _ferry(*args: str, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "app.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=REPO, env=_env())
+                          timeout=timeout, cwd=REPO, env=_env(**(env or {})))
 
 
 def _records() -> list[registry.Record]:
@@ -148,7 +148,7 @@ def test_two_ferry_runs_share_one_engine(demo_container):
 
 
 @pytest.mark.slow
-def test_a_window_holder_serves_ferry_run_and_ferry_serve(demo_container):
+def test_a_window_holder_serves_ferry_run_docs_ask_and_ferry_serve(demo_container, tmp_path):
     want = _reference(demo_container, "Hi", 12)
     holder = _holder(demo_container)
     try:
@@ -161,6 +161,20 @@ def test_a_window_holder_serves_ferry_run_and_ferry_serve(demo_container):
                            headers={"Authorization": f"Bearer {owner.key}"}).json()
         assert status["served"] == 1
         assert httpx.get(owner.url + "/models").status_code == 401     # the holder's API needs its key
+        info = _ferry("info", str(demo_container))       # needs an engine of its own: refused, holder named
+        assert info.returncode == 1 and f"already open in Ferry (pid {holder.pid}, the Ferry window)" in info.stderr
+        assert "--no-share" in info.stderr and "Traceback" not in info.stderr
+        # `ferry docs ask`: the search here, the answer from the holder's engine
+        docs = tmp_path / "docs"
+        docs.mkdir()
+        (docs / "note.txt").write_text("The lighthouse keeper is named Ada Quill.")
+        env = {"FERRY_PASSPHRASE": "tractor violet harbour sonnet"}
+        assert _ferry("docs", "add", "notes", str(docs), env=env).returncode == 0
+        ask = _ferry("docs", "ask", str(demo_container), "notes", "Who keeps the lighthouse?", "-n", "12", "--json",
+                     env=env)
+        assert ask.returncode == 0, ask.stderr
+        assert f"using the model already open in Ferry (pid {holder.pid}" in ask.stderr
+        assert json.loads(ask.stdout)["citations"]
         # `ferry serve` on the held model: the user's port and key, the holder's engine
         serve = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", str(demo_container), "--port", "0",
                                   "--api-key", "user-key"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
