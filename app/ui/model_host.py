@@ -124,7 +124,10 @@ class ModelHost(QObject):
         self.w.show_model(info)
         if info.note:
             self.w.statusBar().showMessage(info.note[0].upper() + info.note[1:], 10000)
-        self.clients_timer.start() if not info.remote else self.clients_timer.stop()
+        if info.remote:
+            self.clients_timer.stop()
+        else:
+            self.clients_timer.start()
         self._show_clients()
 
     def _show_clients(self) -> None:
