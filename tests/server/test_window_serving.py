@@ -66,3 +66,26 @@ def test_a_second_window_uses_the_engine_another_ferry_process_holds(qtbot, make
     finally:
         holder.stdin.close()
         holder.wait(timeout=60)
+
+
+@pytest.mark.slow
+def test_ferry_run_uses_the_windows_engine_and_the_gauges_count_it(qtbot, make_window, demo_container, monkeypatch):
+    """The window holds the model it opened (app/engine/registry.py): `ferry run` on the same
+    container answers through the window's engine, and the window's gauges count that request."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+    from tests.server.conftest import engine_answer
+
+    monkeypatch.setenv("FERRY_SHARE", "1")
+    w = make_window(demo_container)
+    qtbot.waitUntil(lambda: w.worker.worker.clients() is not None, timeout=10000)
+    res = subprocess.run([sys.executable, "-m", "app.cli", "run", str(demo_container), "-n", "6", "--json",
+                          "Name a colour."], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert res.returncode == 0, res.stderr
+    assert "using the model already open in Ferry" in res.stderr and "the Ferry window" in res.stderr
+    assert json.loads(res.stdout)["text"] == engine_answer(demo_container,
+                                                           [{"role": "user", "content": "Name a colour."}], 6)
+    qtbot.waitUntil(lambda: w.gauges.clients.text() == "Other clients: 1 answer", timeout=5000)
