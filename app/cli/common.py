@@ -193,7 +193,7 @@ class Turns:
     that URL in the keychain)."""
 
     def __init__(self, args):
-        self.model = self.service = self.remote = None
+        self.model = self.service = self.remote = self.held = None
         if is_server_url(args.model):
             local = [flag for flag, used in (("--budget", args.budget), ("--kernels", getattr(args, "kernels", None)),
                                              ("--threads", args.threads), ("--ctx", args.ctx != CTX_DEFAULT),
@@ -211,19 +211,36 @@ class Turns:
             self.remote.check()                     # RemoteError: unreachable, wrong key, unknown model
             self.name = self.remote.model
         else:
-            from app.api import EngineService
+            self._open(args)
 
-            try:
-                self.model = open_from_args(args)
-            except ModelHeld as held:     # another Ferry process has it open: its engine answers
-                self.remote = attach(held)
-                self.name = self.remote.model
-                return
-            self.service = EngineService(self.model, self.model.new_session(args.ctx))
-            self.name = self.model.name
+    def _open(self, args) -> None:
+        from app.api import EngineService
+
+        self.args, self.held = args, None
+        try:
+            self.model = open_from_args(args)
+        except ModelHeld as held:     # another Ferry process has it open: its engine answers
+            self.remote, self.held = attach(held), held
+            self.name = self.remote.model
+            return
+        self.service = EngineService(self.model, self.model.new_session(args.ctx))
+        self.name = self.model.name
+
+    def _holder_left(self) -> bool:
+        """The process whose engine this one uses has closed the model (or is closing it)."""
+        from app.engine.registry import Identity, Registry
+
+        record = self.held.record
+        now = Registry().find(Identity(record.path, record.content_id))
+        return now is None or now.pid != record.pid or now.state != "serving"
 
     def stream(self, request: TurnRequest):
-        """(the turn's events, a function that cancels it)."""
+        """(the turn's events, a function that cancels it). A `ferry chat` whose model's holder
+        has closed it opens it again (itself, or through the process that holds it now)."""
+        if self.held is not None and self._holder_left():
+            self.remote.close()
+            self.remote = None
+            self._open(self.args)
         if self.remote is not None:
             self.remote.clear_cancel()
             return self.remote.generate(request), self.remote.cancel

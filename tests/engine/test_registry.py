@@ -7,6 +7,7 @@ with the holder named. The conftest turns sharing off for the rest of the suite
 from __future__ import annotations
 
 import json
+import re
 import os
 import shutil
 import signal
@@ -71,15 +72,16 @@ def _holder(path: Path, budget: int = 0) -> subprocess.Popen:
     return proc
 
 
-def _reference(path: Path, prompt: str, n: int, *, raw: bool = False) -> str:
-    """The answer of an engine of this process's own (greedy, as `ferry run`)."""
+def _reference(path: Path, prompt: str | list, n: int, *, raw: bool = False) -> str:
+    """The answer of an engine of this process's own (greedy, as `ferry run`) to a prompt (or messages)."""
     from app.api import EngineService, TurnRequest, collect, open_model
 
     model = open_model(path, share=False)
     service = EngineService(model, model.new_session(4096))
     try:
         return collect(service.stream(service.prepare(
-            TurnRequest([{"role": "user", "content": prompt}], max_tokens=n, raw=raw)))).content
+            TurnRequest([{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt, max_tokens=n,
+                        raw=raw)))).content
     finally:
         service.close()
         model.close()
@@ -239,3 +241,42 @@ def test_two_models_that_do_not_fit_together_are_refused(demo_container, tmp_pat
     finally:
         holder.stdin.close()
         holder.wait(timeout=60)
+
+
+@pytest.mark.slow
+def test_a_chat_goes_on_when_the_holder_closes(demo_container, monkeypatch, capsys):
+    """`ferry chat` attached to a holder that closes the model between two turns opens it itself."""
+    import io
+
+    from app.cli import main as ferry
+
+    monkeypatch.setenv("FERRY_SHARE", "1")
+    holder = _holder(demo_container)
+    _wait_serving(demo_container, holder)
+
+    class Lines(io.StringIO):
+        calls = 0
+
+        def readline(self, *a):
+            Lines.calls += 1
+            if Lines.calls == 2:       # after the first answer: the holder closes the model
+                holder.stdin.close()
+                holder.wait(timeout=60)
+            return super().readline(*a)
+
+    monkeypatch.setattr("sys.stdin", Lines("Hi\nHi\n\n"))
+    try:
+        assert ferry(["chat", str(demo_container), "-n", "6"]) == 0
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+    out, err = capsys.readouterr()
+    assert f"using the model already open in Ferry (pid {holder.pid}" in err
+    assert "ferry: RAM budget" in err        # the second turn: opened here
+    assert len(re.findall(r"\[\d+ tokens, \d+ prompt tokens evaluated", err)) == 2
+    answers = [a.strip() for a in out.split("> ") if a.strip()]
+    assert len(answers) == 2 and answers[0] == _reference(demo_container, "Hi", 6)
+    assert answers[1] == _reference(demo_container, [{"role": "user", "content": "Hi"},
+                                                     {"role": "assistant", "content": answers[0]},
+                                                     {"role": "user", "content": "Hi"}], 6)
+    assert _records() == []
