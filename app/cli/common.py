@@ -226,18 +226,12 @@ class Turns:
         self.service = EngineService(self.model, self.model.new_session(args.ctx))
         self.name = self.model.name
 
-    def _holder_left(self) -> bool:
-        """The process whose engine this one uses has closed the model (or is closing it)."""
-        from app.engine.registry import Identity, Registry
-
-        record = self.held.record
-        now = Registry().find(Identity(record.path, record.content_id))
-        return now is None or now.pid != record.pid or now.state != "serving"
-
     def stream(self, request: TurnRequest):
         """(the turn's events, a function that cancels it). A `ferry chat` whose model's holder
         has closed it opens it again (itself, or through the process that holds it now)."""
-        if self.held is not None and self._holder_left():
+        from app.engine.registry import holder_left
+
+        if self.held is not None and holder_left(self.held.record):
             self.remote.close()
             self.remote = None
             self._open(self.args)

@@ -257,6 +257,13 @@ class Registry:
             time.sleep(POLL_SECONDS)
 
 
+def holder_left(record: Record, registry: Registry | None = None) -> bool:
+    """The process of ``record`` no longer serves that model (it closed it, is closing it, or died):
+    a process attached to it opens the model again."""
+    now = (registry or Registry()).find(Identity(record.path, record.content_id))
+    return now is None or now.pid != record.pid or now.state != "serving"
+
+
 @dataclass(frozen=True)
 class Claim:
     holding: "Holding | None"       #: this process now holds the model: open it, then serve it

@@ -68,6 +68,7 @@ class EngineWorker(QObject):
         self._documents = None          #: this thread's own connection to the window's document store
         self._documents_of = None       #: ... and the store it is a clone of
         self._opened = None             #: (path, options, recommended budget, ModelLoaded) of the local model open
+        self._attached = None           #: (path, options, recommended budget, holder's record) when attached
 
     # ---- any thread
 
@@ -125,7 +126,9 @@ class EngineWorker(QObject):
                                verify_reads=bool(options.verify_reads), activations=options.activations,
                                holder="the Ferry window")
         except ModelHeld as held:   # another Ferry process has it open: its engine answers (app.engine.registry)
-            return self._use_remote(path, held.attach(), note=held.notice)
+            self._use_remote(path, held.attach(), note=held.notice)
+            self._attached = (path, options, recommended, held.record)
+            return
         info = model.engine.info
         n_ctx = min(want or info.max_ctx, info.max_ctx)
         session = model.new_session(n_ctx)
@@ -159,6 +162,11 @@ class EngineWorker(QObject):
                                      plan=_blank(MemoryPlan), has_experts=remote.is_ferry, chat_format="remote",
                                      engine="remote", url=remote.url, provides=tuple(sorted(remote.provided)),
                                      owned_by=owned_by, note=note))
+
+    def _holder_left(self) -> bool:
+        from app.engine.registry import holder_left
+
+        return holder_left(self._attached[3])
 
     def clients(self) -> dict | None:
         """Who the local engine works for (``EngineService.clients``), or None; any thread."""
@@ -197,6 +205,13 @@ class EngineWorker(QObject):
         """``turn``: the window's ``TurnRequest`` (built by the window, read-only here); ``search``: a
         ``PassageSearch`` when documents are attached (searched here; the passages go into a copy of
         ``turn``'s messages and ``citations`` says which)."""
+        if self._attached is not None and self._holder_left():   # the model's holder closed it: open it again
+            path, options, recommended, _record = self._attached
+            self._close()
+            try:
+                self._open(path, options, recommended)
+            except Exception as exc:   # noqa: BLE001 - said; no model is open
+                self.load_failed.emit(str(exc) or type(exc).__name__)
         if self.remote is None and self.service is None:
             self.error.emit("no model is loaded")
             self.finished.emit("error", "", "")
@@ -319,7 +334,7 @@ class EngineWorker(QObject):
             service, model, remote = self.service, self.model, self.remote
             self.service = self.model = None
             self.remote = None
-        self._opened = None
+        self._opened = self._attached = None
         if remote is not None:
             remote.close()
         if service is not None:
