@@ -19,8 +19,10 @@ pipeline produce them, the front ends consume them.
 """
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from app.activations import ACTIVATION_CHOICES, DEFAULT_ACTIVATIONS
 from app.activations import describe as describe_activations
@@ -44,7 +46,7 @@ __all__ = [
     "Finished", "LiveStats", "Logprob", "PromptProgress", "Reasoning", "Text", "Token", "TokenLogprob",
     "ToolCallDelta", "ToolCallMade", "TurnDone", "TurnEvent",
     # opening a model, and what the window's worker reports of it
-    "open_model", "LoadedModel", "ModelError", "LoadOptions", "ModelLoaded", "ModelInfo", "MemoryPlan",
+    "open_model", "LoadedModel", "ModelError", "LoadOptions", "ModelHeld", "ModelLoaded", "ModelInfo", "MemoryPlan",
     "ACTIVATION_CHOICES", "DEFAULT_ACTIVATIONS", "describe_activations", "KERNEL_CHOICES", "FerryError", "verify",
     # the pipeline's parts a front end shapes requests and answers with
     "ChatFormat", "Prepared", "MAX_STOPS", "MAX_STOP_CHARS", "MAX_TOP_LOGPROBS", "check_routing", "apply_routing",
@@ -87,21 +89,74 @@ class ModelLoaded:
     provides: tuple[str, ...] = ()          #: the figures a remote server reports
     owned_by: str | None = None             #: the remote model card's owner
     takes_tools: bool = False   #: its chat format can list tools (K3's, or a Jinja template that takes them)
+    note: str = ""                          #: said when it opens ("using the model already open in Ferry...")
 
     @property
     def remote(self) -> bool:
         return self.engine == "remote"
 
 
+class ModelHeld(ModelError):
+    """Another Ferry process holds this model open (one engine per model per machine,
+    ``app.engine.registry``): ``attach()`` reaches its engine through its loopback API."""
+
+    def __init__(self, record):
+        self.record = record
+        why = "" if record.port else ", which does not share it"
+        super().__init__(f"{Path(record.path).name} is already open in Ferry (pid {record.pid}, {record.holder})"
+                         f"{why}; to open it here as well, close it first or pass --no-share")
+
+    @property
+    def notice(self) -> str:
+        """What the user is told when a front end attaches."""
+        return f"using the model already open in Ferry (pid {self.record.pid}, {self.record.holder})"
+
+    def attach(self):
+        """The holder's engine as a ``RemoteEngine`` (checked); ModelError when it does not serve it."""
+        from app.engine.remote import RemoteEngine, RemoteError
+
+        if not self.record.port:
+            raise ModelError(str(self))
+        engine = RemoteEngine(self.record.url, self.record.name, self.record.key)
+        try:
+            engine.check()
+        except RemoteError as exc:
+            raise ModelError(f"the Ferry process holding {Path(self.record.path).name} (pid {self.record.pid}) "
+                             f"does not answer: {exc}") from None
+        return engine
+
+
 def open_model(path: str | os.PathLike, *, ram_budget: int = 0, threads: int = 0, n_ctx: int = 0,
-               **engine_options) -> LoadedModel:
+               share: bool | None = None, holder: str = "", **engine_options) -> LoadedModel:
     """Open a container. ``ram_budget`` 0 takes the recommended budget for this
     machine and context (the one budget rule, ``app.memory.plan``). A context the
-    model cannot hold is left to the core to choose."""
+    model cannot hold is left to the core to choose.
+
+    One engine per model per machine (``app.engine.registry``; ``share`` False or
+    ``FERRY_SHARE=0`` opts out): the model is registered with its budget, and the
+    first engine service run on it serves it on loopback with a random key for the
+    other Ferry processes. Raises ``ModelHeld`` when another process holds it (attach
+    to it), ``ModelError`` when it does not fit beside the models others hold.
+    ``holder``: who holds it, as other processes are told ("ferry run")."""
     if ram_budget <= 0:
         from app.memory.plan import plan_container
 
         ram_budget = plan_container(path, n_ctx, activations=engine_options.get("activations")).recommended
+    holding = _claim(path, ram_budget, share, holder)
+    try:
+        model = _open(path, ram_budget=ram_budget, threads=threads, n_ctx=n_ctx, **engine_options)
+    except BaseException:
+        if holding is not None:
+            holding.release()
+        raise
+    if holding is not None:
+        holding.serve = functools.partial(_serve_shared, model)
+        model.holding = holding
+        holding.opened()
+    return model
+
+
+def _open(path, *, ram_budget: int, threads: int, n_ctx: int, **engine_options) -> LoadedModel:
     try:
         return LoadedModel(path, ram_budget=ram_budget, threads=threads, n_ctx=n_ctx, **engine_options)
     except ModelError:
@@ -110,3 +165,34 @@ def open_model(path: str | os.PathLike, *, ram_budget: int = 0, threads: int = 0
         if not n_ctx:
             raise
         return LoadedModel(path, ram_budget=ram_budget, threads=threads, **engine_options)
+
+
+def _claim(path, budget: int, share: bool | None, holder: str):
+    """This process's ``Holding`` of the model (None: not shared, or already held here)."""
+    from app.engine import registry
+
+    if not registry.sharing_enabled(share):
+        return None
+    reg = registry.Registry()
+    ident = registry.identity(path)
+    while True:
+        try:
+            claim = reg.claim(ident, budget, holder=holder or "a Ferry process")
+        except registry.LedgerFull as exc:
+            raise ModelError(str(exc)) from None
+        if claim.held is None:
+            return claim.holding
+        try:
+            ready = reg.wait_ready(claim.held)
+        except TimeoutError as exc:
+            raise ModelError(str(exc)) from None
+        if ready is not None:
+            raise ModelHeld(ready)
+        # its owner let go of it meanwhile: claim it again
+
+
+def _serve_shared(model: LoadedModel, service: EngineService, key: str):
+    """The loopback server through which other Ferry processes use ``model``'s engine."""
+    from app.server import Server
+
+    return Server(model, host="127.0.0.1", port=0, api_key=key, service=service).start()

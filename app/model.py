@@ -382,6 +382,9 @@ class LoadedModel:
             self._vision.close()
             self._vision = None
         self.engine.close()
+        holding = getattr(self, "holding", None)   # app.api.open_model's registry hold
+        if holding is not None:
+            holding.release()
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:

@@ -17,8 +17,12 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(autouse=True)
 def _isolated_home(tmp_path_factory, monkeypatch):
-    """Never touch the user's real Ferry data directory."""
+    """Never touch the user's real Ferry data directory (nor its runtime folder, $FERRY_HOME/run).
+    Each test's engines are its own: one engine per model per machine (app.engine.registry) is
+    off unless a test turns it on (tests/engine/test_registry.py), so tests that open the same
+    model in several processes at once stay independent."""
     monkeypatch.setenv("FERRY_HOME", str(tmp_path_factory.getbasetemp() / "ferry-home"))
+    monkeypatch.setenv("FERRY_SHARE", "0")
 
 
 class MemoryKeyring(KeyringBackend):

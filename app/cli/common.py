@@ -9,8 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-from app.api import (ACTIVATION_CHOICES, DEFAULT_ACTIVATIONS, KERNEL_CHOICES, LoadedModel, SamplingParams, TurnRequest,
-                     open_model)
+from app.api import (ACTIVATION_CHOICES, DEFAULT_ACTIVATIONS, KERNEL_CHOICES, LoadedModel, ModelHeld, SamplingParams,
+                     TurnRequest, open_model)
 from app.convert.convert import Progress
 
 DEMO = "demo"
@@ -112,7 +112,10 @@ def progress_printer():
 
 
 def open_from_args(args) -> LoadedModel:
-    """The model named on the command line, with its --budget (or the recommended one)."""
+    """The model named on the command line, with its --budget (or the recommended one).
+    Raises ``ModelHeld`` when another Ferry process has it open (``attach``)."""
+    from app.memory.units import size
+
     quiet = getattr(args, "json", False)
     if is_server_url(args.model):
         raise UsageError(f"{args.model} is a server's URL: `ferry run`, `ferry chat` and `ferry docs ask` can use "
@@ -125,15 +128,25 @@ def open_from_args(args) -> LoadedModel:
     path = resolve_model(args.model)
     if not args.budget:
         from app.memory.plan import plan_container
-        from app.memory.units import size
 
         plan = plan_container(path, args.ctx, activations=getattr(args, "activations", None))
         budget = plan.recommended
-        if not quiet:
-            print(f"ferry: RAM budget {size(budget)} ({plan.reason})", file=sys.stderr)
-    return open_model(path, ram_budget=budget, threads=args.threads, n_ctx=args.ctx,
+    model = open_model(path, ram_budget=budget, threads=args.threads, n_ctx=args.ctx,
                       kernels=getattr(args, "kernels", None), verify_reads=bool(getattr(args, "verify_reads", False)),
-                      activations=getattr(args, "activations", None) or DEFAULT_ACTIVATIONS)
+                      activations=getattr(args, "activations", None) or DEFAULT_ACTIVATIONS,
+                      share=False if getattr(args, "no_share", False) else None,
+                      holder=getattr(args, "holder", None) or f"`ferry {args.command}`")
+    if not args.budget and not quiet:   # said once it is this process's budget (not when it attaches)
+        print(f"ferry: RAM budget {size(budget)} ({plan.reason})", file=sys.stderr)
+    return model
+
+
+def attach(held: ModelHeld):
+    """The engine of the Ferry process that holds the model (``open_from_args`` raised ``held``),
+    said on stderr: one engine per model per machine (``app.engine.registry``)."""
+    engine = held.attach()
+    print(f"ferry: {held.notice}", file=sys.stderr, flush=True)
+    return engine
 
 
 def is_server_url(model: str) -> bool:
@@ -180,7 +193,8 @@ class Turns:
     keychain)."""
 
     def __init__(self, args, *, states=None):
-        self.model = self.remote = None
+        self.model = self.remote = self.held = None
+        self.states = states
         if is_server_url(args.model):
             local = [flag for flag, used in (("--budget", args.budget), ("--kernels", getattr(args, "kernels", None)),
                                              ("--threads", args.threads), ("--ctx", args.ctx != CTX_DEFAULT),
@@ -197,15 +211,33 @@ class Turns:
                                        remote_api_key(args.model))
             self.remote.check()                     # RemoteError: unreachable, wrong key, unknown model
             self.engine = self.remote
+            self.name = self.engine.name
         else:
-            from app.api import EngineService
+            self._open(args)
 
+    def _open(self, args) -> None:
+        from app.api import EngineService
+
+        self.args, self.held = args, None
+        try:
             self.model = open_from_args(args)
-            self.engine = EngineService(self.model, self.model.new_session(args.ctx), states=states)
+        except ModelHeld as held:     # another Ferry process has it open: its engine answers
+            self.remote, self.held = attach(held), held
+            self.engine = self.remote
+            self.name = self.remote.model
+            return
+        self.engine = EngineService(self.model, self.model.new_session(args.ctx), states=self.states)
         self.name = self.engine.name
 
     def stream(self, request: TurnRequest):
-        """(the turn's events, a function that cancels it)."""
+        """(the turn's events, a function that cancels it). A `ferry chat` whose model's holder
+        has closed it opens it again (itself, or through the process that holds it now)."""
+        from app.engine.registry import holder_left
+
+        if self.held is not None and holder_left(self.held.record):
+            self.remote.close()
+            self.remote = None
+            self._open(self.args)
         stream = self.engine.submit(request)
         return stream, stream.cancel
 
@@ -234,6 +266,10 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
                         "f32 matrix products, for verification; q8: as auto, refused by a kernel set without "
                         "integer products")
     p.add_argument("--ctx", type=int, default=CTX_DEFAULT, help="context length of the session (default 4096)")
+    p.add_argument("--no-share", action="store_true",
+                   help="open the model in this process even when another Ferry process has it open, and do not "
+                        "share it with others (default: one engine per model per machine: docs/SERVER.md; "
+                        "FERRY_SHARE=0 does the same)")
     p.add_argument("--verify-reads", action="store_true",
                    help="check each expert record's CRC32 when it is first read from disk; a damaged record "
                         "ends that answer with an error naming it (costs CPU per GB read: docs/bench-log/2026-12-03.md)")

@@ -282,6 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "here, and the passages chosen (the documents' text) and the question are sent "
                                    "to that server, which writes the answer.")
     add_model_options(p)
+    p.set_defaults(holder="`ferry docs ask`")
     add_server_model(p)
     add_logprobs(p)
     add_sampling(p, system=False)     # the same sampling, thinking and routing options as `ferry run`

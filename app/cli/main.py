@@ -12,7 +12,7 @@ from typing import Sequence
 
 import numpy as np
 
-from app.api import (FerryError, ModelError, PromptProgress, Reasoning, RemoteError, Text, ToolCallMade, TurnDone,
+from app.api import (FerryError, ModelError, ModelHeld, PromptProgress, Reasoning, RemoteError, Text, ToolCallMade, TurnDone,
                      TurnError, TurnRequest, describe_activations, log_softmax, logprobs_content, verify)
 from app.cli.common import (PromptMeter, Turns, UsageError, add_images, add_logprobs, add_model_options, add_routing,
                             add_sampling, add_server_model, image_parts, logprobs_problem, open_from_args, parse_size,
@@ -522,7 +522,10 @@ def cmd_serve(args) -> int:
         raise UsageError(str(exc)) from None
     if args.image_budget is not None and not MIN_PATCH_BUDGET <= args.image_budget <= MAX_PATCH_BUDGET:
         raise UsageError(f"--image-budget must be between {MIN_PATCH_BUDGET} and {MAX_PATCH_BUDGET}")
-    model = open_from_args(args)
+    try:
+        model = open_from_args(args)
+    except ModelHeld as held:       # another Ferry process has it open: serve its engine
+        return _serve_held(args, held, key, warning)
     session = model.new_session(args.ctx)
     if (args.experts_per_token is not None or args.cache_aware) and not hasattr(session, "set_routing"):
         raise UsageError("this engine build does not support --experts-per-token / --cache-aware")
@@ -533,7 +536,33 @@ def cmd_serve(args) -> int:
     if warning:
         print(f"ferry: {warning}", file=sys.stderr)
     print(f"ferry: serving {server.model_id} at {server.url} (Ctrl-C stops)", flush=True)
-    server.run()
+    try:
+        server.run()
+    except KeyboardInterrupt:   # Ctrl-C: uvicorn has shut down; no traceback
+        pass
+    finally:
+        model.close()           # lets other Ferry processes open it (app.engine.registry)
+    return 0
+
+
+def _serve_held(args, held: ModelHeld, key: str | None, warning: str | None) -> int:
+    """``ferry serve`` on a model another Ferry process holds: this address and key, its engine."""
+    from app.server.run import ProxyServer
+
+    if args.experts_per_token is not None or args.cache_aware:
+        raise UsageError(f"--experts-per-token / --cache-aware set up an engine; Ferry (pid {held.record.pid}) "
+                         f"already has the model open with its own (pass --no-share to open a second engine)")
+    held.attach()      # it answers (ModelError otherwise)
+    server = ProxyServer(held.record.url, held.record.key, held.record.name, host=args.host, port=args.port,
+                         api_key=key)
+    if warning:
+        print(f"ferry: {warning}", file=sys.stderr)
+    print(f"ferry: {held.notice}", file=sys.stderr)
+    print(f"ferry: serving {server.model_id} at {server.url} (Ctrl-C stops)", flush=True)
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass
     return 0
 
 

@@ -80,8 +80,12 @@ class EngineService:
         self._closed = False
         self.served = 0
         self.cancelled = 0
+        self._answered: dict[str, int] = {}   #: answers given, by client
         self._thread = threading.Thread(target=self._run, name="ferry-engine", daemon=True)
         self._thread.start()
+        self._holding = getattr(model, "holding", None)   #: the model's registry hold (app.engine.registry)
+        if self._holding is not None:
+            self._holding.service_started(self)   # serves it to the other Ferry processes
 
     # ---- any thread
 
@@ -115,6 +119,17 @@ class EngineService:
             return {"busy": self._current is not None, "waiting": len(self._waiting), "served": self.served,
                     "cancelled": self.cancelled}
 
+    def clients(self) -> dict[str, Any]:
+        """Who the engine works for: ``answered`` (answers given, by client), ``running`` (the
+        client of the answer running, or None) and ``waiting`` (by client). The window shows
+        the requests of clients other than its own ("local") in its gauges."""
+        with self._cv:
+            waiting: dict[str, int] = {}
+            for job in self._waiting:
+                waiting[job.client] = waiting.get(job.client, 0) + 1
+            return {"answered": dict(self._answered), "waiting": waiting,
+                    "running": self._current.client if self._current is not None else None}
+
     def enqueue(self, prepared: Prepared, sink: Callable[[TurnEvent], None]) -> Job:
         """Queue a prepared turn whose events go to ``sink`` (on the engine's thread)."""
         job = Job(prepared, sink)
@@ -143,6 +158,8 @@ class EngineService:
         job.sink(TurnDone("cancelled", prompt_tokens=len(job.prepared.prompt)))
 
     def close(self, timeout: float = 10.0) -> None:
+        if self._holding is not None:   # other processes' answers finish first; then its server stops
+            self._holding.service_closed(self)
         with self._cv:
             self._closed = True
             waiting, self._waiting = list(self._waiting), deque()
@@ -185,6 +202,7 @@ class EngineService:
                     self.cancelled += 1
                 else:
                     self.served += 1
+                    self._answered[job.client] = self._answered.get(job.client, 0) + 1
                 self.session.clear_cancel()
             job.sink(end)
 

@@ -100,6 +100,21 @@ def machine_memory() -> MachineMemory:
     return MachineMemory(total, usable, source)
 
 
+def model_room(usable: int) -> int:
+    """What the models may take of ``usable`` bytes: a share of it, less the app's reserve."""
+    return int(max(0, usable - APP_RESERVE) * DEFAULT_SHARE)
+
+
+def ledger_room(memory: MachineMemory | None = None) -> int:
+    """What all of Ferry's engines on this machine may take together (the registry's ledger,
+    ``app.engine.registry``): the same share as one model's budget, of the machine's memory as if
+    no Ferry engine ran: RAM, or this process's memory limit where one applies (not what is
+    available now, which the engines already open have lowered)."""
+    memory = memory or machine_memory()
+    limit, _ = _cgroup_limit() if sys.platform != "darwin" else (None, "")
+    return model_room(min(memory.total, limit) if limit else memory.total)
+
+
 @dataclass(frozen=True)
 class BudgetChoice:
     budget: int
@@ -110,7 +125,7 @@ def auto_budget(floor: int, token_set: int, wanted_max: int, memory: MachineMemo
     """A safe budget: a share of usable memory, at most what the model can use
     (``wanted_max``), stepped down to floor + whole token working sets."""
     memory = memory or machine_memory()
-    room = int(max(0, memory.usable - APP_RESERVE) * DEFAULT_SHARE)
+    room = model_room(memory.usable)
     target = min(room, wanted_max)
     if target < floor:
         return BudgetChoice(floor, f"{size(memory.usable)} usable ({memory.source}) leaves less than the floor "

@@ -55,6 +55,11 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _uvicorn(app, log_level: str) -> uvicorn.Server:
+    return uvicorn.Server(uvicorn.Config(app, log_level=log_level, access_log=False, timeout_graceful_shutdown=2,
+                                         lifespan="off", ws="none", timeout_keep_alive=KEEP_ALIVE_SECONDS))
+
+
 class Server:
     """The API on one model and session, bound to ``host:port`` (0: any free port).
 
@@ -79,9 +84,7 @@ class Server:
         self.host, self.port = host, self.socket.getsockname()[1]
         app = create_app(self.queue, self.formatter, model_id=self.model_id, limits=limits, api_key=api_key,
                          loopback_only=is_loopback(host))
-        config = uvicorn.Config(app, log_level=log_level, access_log=False, timeout_graceful_shutdown=2,
-                                lifespan="off", ws="none", timeout_keep_alive=KEEP_ALIVE_SECONDS)
-        self._uvicorn = uvicorn.Server(config)
+        self._uvicorn = _uvicorn(app, log_level)
         self._thread: threading.Thread | None = None
 
     @property
@@ -115,3 +118,21 @@ class Server:
         self._uvicorn.should_exit = True
         if self._thread is not None:
             self._thread.join(timeout)
+
+
+class ProxyServer(Server):
+    """``ferry serve`` on a model another Ferry process holds (``app.server.proxy``): ``host:port``
+    with the user's ``api_key``, in front of the holder's loopback API (``url``, ``key``)."""
+
+    def __init__(self, upstream_url: str, key: str, model_id: str, *, host: str = "127.0.0.1", port: int = 8000,
+                 api_key: str | None = None, limits: Limits = Limits(), log_level: str = "warning"):
+        from app.server.proxy import create_proxy
+
+        self.warning = check_binding(host, api_key)
+        self.model_id = model_id
+        self._own_service = False
+        self.socket = bind(host, port)
+        self.host, self.port = host, self.socket.getsockname()[1]
+        upstream = upstream_url[:-len("/v1")] if upstream_url.endswith("/v1") else upstream_url
+        self._uvicorn = _uvicorn(create_proxy(upstream, key, api_key=api_key, host=host, limits=limits), log_level)
+        self._thread = None

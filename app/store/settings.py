@@ -264,6 +264,35 @@ def set_remote_api_key(url: str, key: str | None) -> None:
         raise RuntimeError(f"the keychain failed: {exc}") from exc
 
 
+#: The keychain entry of the key the window's server asks of its clients.
+SERVED_KEY_USER = "api-key served"
+_session_key: list[str] = []     #: without a usable keychain: a key for this session only
+
+
+def served_api_key() -> str:
+    """The API key the window's server (*Settings → Serve the loaded model*) asks of its clients:
+    kept in the keychain, made the first time it is needed. Without a usable keychain, a key for
+    this session only (shown in the settings, never written anywhere)."""
+    import secrets
+
+    from app.store.crypto import keychain_problem
+
+    if not keychain_problem():
+        try:
+            import keyring
+
+            key = keyring.get_password(KEYCHAIN_SERVICE, SERVED_KEY_USER)
+            if not key:
+                key = "ferry-" + secrets.token_urlsafe(24)
+                keyring.set_password(KEYCHAIN_SERVICE, SERVED_KEY_USER, key)
+            return key
+        except Exception:   # noqa: BLE001 - a keychain that fails: this session's key
+            pass
+    if not _session_key:
+        _session_key.append("ferry-" + secrets.token_urlsafe(24))
+    return _session_key[0]
+
+
 def settings_path() -> Path:
     return paths.config_dir() / FILE_NAME
 

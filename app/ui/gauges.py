@@ -178,6 +178,13 @@ class GaugePanel(QWidget):
         self.remote_note.setAccessibleName("What the remote engine reports")
         lay.addWidget(self.remote_note)
 
+        self.clients = QLabel("")
+        self.clients.setObjectName("mutedLabel")
+        self.clients.setWordWrap(True)
+        self.clients.setVisible(False)
+        self.clients.setAccessibleName("Requests from other clients")
+        lay.addWidget(self.clients)
+
         ram_title = QLabel("<b>Memory</b>")
         lay.addWidget(ram_title)
         self.ram = RamBar()
@@ -236,6 +243,13 @@ class GaugePanel(QWidget):
         self.hit_decode.set(_pct(v.hit_decode), f"since start {_pct(v.hit_decode_total)}", h["hit_decode"])
         self.hit_prefill.set(_pct(v.hit_prefill), f"since start {_pct(v.hit_prefill_total)}", h["hit_prefill"])
 
+    def show_clients(self, clients: dict | None, own: str = "local") -> None:
+        """The requests of clients other than the window (``EngineService.clients``): other Ferry
+        processes using this engine, and the window's server's clients."""
+        text = clients_summary(clients, own)
+        self.clients.setText(text)
+        self.clients.setVisible(bool(text))
+
     def show_model(self, info: ModelLoaded, ram_budget: int = 0) -> MemorySplit:
         """A newly opened model (``ram_budget``: the setting, when the engine reports none): its gauges
         and its memory split, which is returned."""
@@ -279,6 +293,23 @@ class GaugeDock(QScrollArea):
         self.setMinimumWidth(300)
         self.setMaximumWidth(420)
         self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+
+
+def clients_summary(clients: dict | None, own: str = "local") -> str:
+    """"Other clients: 3 answers · answering one now · 2 waiting" ("" when none ever asked)."""
+    if not clients:
+        return ""
+    answered = sum(n for c, n in clients.get("answered", {}).items() if c != own)
+    waiting = sum(n for c, n in clients.get("waiting", {}).items() if c != own)
+    running = clients.get("running") not in (None, own)
+    if not (answered or waiting or running):
+        return ""
+    parts = [f"{answered} answer{'' if answered == 1 else 's'}"]
+    if running:
+        parts.append("answering one now")
+    if waiting:
+        parts.append(f"{waiting} waiting")
+    return "Other clients: " + " · ".join(parts)
 
 
 def _rate(v: float | None, unit: str) -> str:

@@ -46,6 +46,8 @@ class ModelHost(QObject):
         window.worker.worker.loaded.connect(self._on_loaded)
         window.worker.worker.load_failed.connect(self._on_load_failed)
         window.worker.worker.serving.connect(self._on_serving)
+        self.clients_timer = QTimer(self, interval=1000)   # other clients' requests, for the gauges
+        self.clients_timer.timeout.connect(self._show_clients)
         window.setAcceptDrops(True)
         window.installEventFilter(self)    # a model dropped on the window
         self.menu = window.menuBar().addMenu("&Model")
@@ -120,6 +122,16 @@ class ModelHost(QObject):
             self.w._save_settings()
         self.refresh()
         self.w.show_model(info)
+        if info.note:
+            self.w.statusBar().showMessage(info.note[0].upper() + info.note[1:], 10000)
+        if info.remote:
+            self.clients_timer.stop()
+        else:
+            self.clients_timer.start()
+        self._show_clients()
+
+    def _show_clients(self) -> None:
+        self.w.gauges.show_clients(self.w.worker.worker.clients())
 
     def _on_load_failed(self, message: str) -> None:
         self.loading = None
@@ -145,7 +157,8 @@ class ModelHost(QObject):
         if error:
             self.w.statusBar().showMessage(f"Could not serve the model: {error}")
         elif url:
-            self.w.statusBar().showMessage(f"Serving the model at {url} (OpenAI-compatible)", 6000)
+            self.w.statusBar().showMessage(f"Serving the model at {url} (OpenAI and Anthropic APIs; the key is in "
+                                           f"Settings)", 6000)
 
     def eventFilter(self, obj, event) -> bool:
         """A container dropped on the window opens; a GGUF file or a checkpoint folder starts the wizard."""

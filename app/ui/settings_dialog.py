@@ -260,9 +260,23 @@ class SettingsDialog(QDialog):
         self.serve_port.setRange(1024, 65535)
         self.serve_port.setValue(max(1024, settings.serve_port))
         form.addRow("OpenAI API", _row(self.serve, self.serve_port))
+        self.copy_served_key = QPushButton("Copy its API key")
+        self.copy_served_key.setAccessibleName("Copy the served model's API key")
+        self.copy_served_key.setToolTip("Clients send it as 'Authorization: Bearer KEY' (OpenAI) or 'x-api-key: KEY' "
+                                        "(Anthropic). It is kept in the system keychain.")
+        self.copy_served_key.clicked.connect(self._copy_served_key)
+        form.addRow("", self.copy_served_key)
         self.engine.currentIndexChanged.connect(self._engine_changed)
         self.remote_url.textChanged.connect(lambda _t: self._show_key_state())
         self._engine_changed()
+
+    def _copy_served_key(self) -> None:
+        from PySide6.QtGui import QGuiApplication
+
+        from app.store.settings import served_api_key
+
+        QGuiApplication.clipboard().setText(served_api_key())
+        self.copy_served_key.setText("Copied")
 
     def _engine_changed(self, *_args) -> None:
         remote = self.engine.currentData() == "remote"
@@ -270,6 +284,7 @@ class SettingsDialog(QDialog):
             w.setEnabled(remote)
         self.serve.setEnabled(not remote)
         self.serve_port.setEnabled(not remote)
+        self.copy_served_key.setEnabled(not remote)
 
     def _show_key_state(self) -> None:
         stored = not self._key_forgotten and remote_api_key(self.remote_url.text()) is not None

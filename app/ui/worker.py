@@ -28,7 +28,7 @@ import time
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
-from app.api import (EngineService, LiveStats, LoadOptions, LoadedModel, MemoryPlan, ModelInfo, ModelLoaded,
+from app.api import (EngineService, LiveStats, LoadOptions, LoadedModel, MemoryPlan, ModelHeld, ModelInfo, ModelLoaded,
                      PromptProgress, Reasoning, RemoteEngine, Text, ToolCallMade, TurnDone, TurnError, TurnRequest,
                      logprobs_content, open_model)
 from app.chat.summary import summarise_to_fit
@@ -71,6 +71,7 @@ class EngineWorker(QObject):
         self._documents = None          #: this thread's own connection to the window's document store
         self._documents_of = None       #: ... and the store it is a clone of
         self._opened = None             #: (path, options, recommended budget, ModelLoaded) of the local model open
+        self._attached = None           #: (path, options, recommended budget, holder's record) when attached
 
     # ---- any thread
 
@@ -120,8 +121,14 @@ class EngineWorker(QObject):
         """Open ``path`` with ``options`` and say so (``loaded``); this is the model open now."""
         want = int(options.context_length)
         budget = int(options.ram_budget) or recommended
-        model = open_model(path, ram_budget=budget, threads=int(options.threads), n_ctx=want,
-                           verify_reads=bool(options.verify_reads), activations=options.activations)
+        try:
+            model = open_model(path, ram_budget=budget, threads=int(options.threads), n_ctx=want,
+                               verify_reads=bool(options.verify_reads), activations=options.activations,
+                               holder="the Ferry window")
+        except ModelHeld as held:   # another Ferry process has it open: its engine answers (app.engine.registry)
+            self._use_remote(path, held.attach(), note=held.notice)
+            self._attached = (path, options, recommended, held.record)
+            return
         info = model.engine.info
         n_ctx = min(want or info.max_ctx, info.max_ctx)
         session = model.new_session(n_ctx)
@@ -144,13 +151,27 @@ class EngineWorker(QObject):
             self.load_failed.emit(str(exc) or type(exc).__name__)
             return
         self._close()
+        self._use_remote(path, remote, owned_by=card.get("owned_by"))
+
+    def _use_remote(self, path: str, remote, *, owned_by: str | None = "ferry", note: str = "") -> None:
         with self._lock:
             self.remote = self.engine = remote
         self.loaded.emit(ModelLoaded(path=str(path), name=remote.model, n_ctx=remote.n_ctx,
                                      info=_blank(ModelInfo, arch="remote", max_ctx=remote.n_ctx),
                                      plan=_blank(MemoryPlan), has_experts=remote.is_ferry, chat_format="remote",
                                      engine="remote", url=remote.url, provides=tuple(sorted(remote.provided)),
-                                     owned_by=card.get("owned_by")))
+                                     owned_by=owned_by, note=note))
+
+    def _holder_left(self) -> bool:
+        from app.engine.registry import holder_left
+
+        return holder_left(self._attached[3])
+
+    def clients(self) -> dict | None:
+        """Who the local engine works for (``EngineService.clients``), or None; any thread."""
+        with self._lock:
+            service = self.service
+        return service.clients() if service is not None else None
 
     @Slot(int)
     def set_serving(self, port: int) -> None:
@@ -163,9 +184,11 @@ class EngineWorker(QObject):
             self.serving.emit("", "serving needs a model on this computer")
             return
         from app.server import Server
+        from app.store.settings import served_api_key
 
         try:
-            self.server = Server(self.model, host="127.0.0.1", port=int(port), service=self.service).start()
+            self.server = Server(self.model, host="127.0.0.1", port=int(port), service=self.service,
+                                 api_key=served_api_key()).start()
         except Exception as exc:  # e.g. the port is taken
             self.serving.emit("", f"cannot serve on 127.0.0.1:{port}: {exc}")
             return
@@ -181,6 +204,13 @@ class EngineWorker(QObject):
         """``turn``: the window's ``TurnRequest`` (built by the window, read-only here); ``search``: a
         ``PassageSearch`` when documents are attached (searched here; the passages go into a copy of
         ``turn``'s messages and ``citations`` says which)."""
+        if self._attached is not None and self._holder_left():   # the model's holder closed it: open it again
+            path, options, recommended, _record = self._attached
+            self._close()
+            try:
+                self._open(path, options, recommended)
+            except Exception as exc:   # noqa: BLE001 - said; no model is open
+                self.load_failed.emit(str(exc) or type(exc).__name__)
         if self.engine is None:
             self.error.emit("no model is loaded")
             self.finished.emit("error", "", "")
@@ -315,7 +345,7 @@ class EngineWorker(QObject):
             service, model, remote = self.service, self.model, self.remote
             self.service = self.model = None
             self.remote = self.engine = None
-        self._opened = None
+        self._opened = self._attached = None
         if remote is not None:
             remote.close()
         if service is not None:

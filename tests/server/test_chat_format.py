@@ -240,7 +240,7 @@ def test_continue_final_in_every_chat_format(family, tiny_k3, tiny_chat, demo_co
         p = ChatFormat(model).prepare(req, n_ctx=256)
         tail = model.tokenizer.encode_segments([content(partial)])
         assert p.channel == "response" and p.prompt[-len(tail):] == tail
-        events = list(service.stream(p))
+        events = list(service.submit(req))
         assert not any(isinstance(e, Reasoning) for e in events)
         assert isinstance(events[-1], TurnDone) and events[-1].reason in ("stop", "length")
         assert not "".join(e.text for e in events if isinstance(e, Text)).startswith(partial)

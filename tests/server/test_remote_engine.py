@@ -368,7 +368,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_the_app_serves_its_loaded_model(qtbot, make_window, demo_container):
+def test_the_app_serves_its_loaded_model(qtbot, make_window, demo_container, memory_keyring):
+    from app.store.settings import served_api_key
+
     port = _free_port()
     w = make_window(None, max_tokens=6)
     urls: list[tuple[str, str]] = []
@@ -377,7 +379,7 @@ def test_the_app_serves_its_loaded_model(qtbot, make_window, demo_container):
         w.worker.load(str(demo_container), load_options(quick_settings(serve_local=True, serve_port=port)))
     qtbot.waitUntil(lambda: bool(urls), timeout=10000)
     assert urls[-1] == (f"http://127.0.0.1:{port}/v1", "")
-    client = openai.OpenAI(base_url=urls[-1][0], api_key="unused", max_retries=0)
+    client = openai.OpenAI(base_url=urls[-1][0], api_key=served_api_key(), max_retries=0)
     messages = [{"role": "user", "content": "Name a colour."}]
     r = client.chat.completions.create(model=client.models.list().data[0].id, messages=messages, max_tokens=6,
                                        temperature=0)

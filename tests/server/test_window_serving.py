@@ -1,10 +1,12 @@
-"""The settings switch serves the window's loaded model on loopback."""
+"""The settings switch serves the window's loaded model on loopback, with the key kept in the
+keychain; the gauges count the requests of other clients."""
 from __future__ import annotations
 
 import dataclasses
 import socket
 
 import httpx
+import pytest
 
 
 def free_port() -> int:
@@ -13,7 +15,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_settings_switch_serves_the_loaded_model(qtbot, make_window, demo_container):
+def test_settings_switch_serves_the_loaded_model(qtbot, make_window, demo_container, memory_keyring):
+    from app.store.settings import KEYCHAIN_SERVICE, SERVED_KEY_USER
+
     w = make_window(demo_container)
     port = free_port()
     new = dataclasses.replace(w.settings, serve_local=True, serve_port=port)
@@ -21,8 +25,74 @@ def test_settings_switch_serves_the_loaded_model(qtbot, make_window, demo_contai
         w.apply_settings(new)
     url, error = sig.args
     assert error == "" and url.startswith("http://127.0.0.1:")
-    models = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).json()
+    key = memory_keyring.items[(KEYCHAIN_SERVICE, SERVED_KEY_USER)]     # made on first use, kept there
+    assert httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).status_code == 401
+    auth = {"Authorization": f"Bearer {key}"}
+    models = httpx.get(f"http://127.0.0.1:{port}/v1/models", headers=auth, timeout=10).json()
     assert models["data"] and models["data"][0]["id"]
+    assert not w.gauges.clients.isVisible() or not w.gauges.clients.text()
+    r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", headers=auth, timeout=60,
+                   json={"model": models["data"][0]["id"], "max_tokens": 3,
+                         "messages": [{"role": "user", "content": "Hi"}]})
+    assert r.status_code == 200
+    qtbot.waitUntil(lambda: w.gauges.clients.text() == "Other clients: 1 answer", timeout=5000)
     with qtbot.waitSignal(w.worker.worker.serving, timeout=30000) as sig:
         w.apply_settings(dataclasses.replace(new, serve_local=False))
     assert sig.args[0] == ""
+
+
+@pytest.mark.slow
+def test_a_second_window_uses_the_engine_another_ferry_process_holds(qtbot, make_window, demo_container,
+                                                                     monkeypatch):
+    """One engine per model per machine (app/engine/registry.py): a window asked for a model another
+    Ferry process holds attaches to that process's engine, and says so."""
+    from tests.engine.test_registry import _holder, _wait_serving
+    from tests.server.conftest import engine_answer
+
+    monkeypatch.setenv("FERRY_SHARE", "1")
+    holder = _holder(demo_container)
+    try:
+        owner = _wait_serving(demo_container, holder)
+        w = make_window(demo_container, max_tokens=6)
+        info = w.models.info
+        assert info.remote and info.url == owner.url
+        assert info.note == f"using the model already open in Ferry (pid {holder.pid}, the Ferry window)"
+        assert w.statusBar().currentMessage().startswith("Using the model already open in Ferry")
+        with qtbot.waitSignal(w.answer_finished, timeout=120000) as blocker:
+            w.send_text("Name a colour.")
+        assert blocker.args[0] in ("stop", "length")
+        first = w.chat.visible()[-1].content
+        assert first == engine_answer(demo_container, [{"role": "user", "content": "Name a colour."}], 6)
+        holder.stdin.close()       # the holder closes the model: the window opens it itself for its next turn
+        holder.wait(timeout=60)
+        with qtbot.waitSignal(w.answer_finished, timeout=120000) as blocker:
+            w.send_text("Name a colour.")
+        assert blocker.args[0] in ("stop", "length")
+        assert not w.models.info.remote and w.chat.visible()[-1].content
+    finally:
+        if holder.poll() is None:
+            holder.stdin.close()
+            holder.wait(timeout=60)
+
+
+@pytest.mark.slow
+def test_ferry_run_uses_the_windows_engine_and_the_gauges_count_it(qtbot, make_window, demo_container, monkeypatch):
+    """The window holds the model it opened (app/engine/registry.py): `ferry run` on the same
+    container answers through the window's engine, and the window's gauges count that request."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+    from tests.server.conftest import engine_answer
+
+    monkeypatch.setenv("FERRY_SHARE", "1")
+    w = make_window(demo_container)
+    qtbot.waitUntil(lambda: w.worker.worker.clients() is not None, timeout=10000)
+    res = subprocess.run([sys.executable, "-m", "app.cli", "run", str(demo_container), "-n", "6", "--json",
+                          "Name a colour."], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert res.returncode == 0, res.stderr
+    assert "using the model already open in Ferry" in res.stderr and "the Ferry window" in res.stderr
+    assert json.loads(res.stdout)["text"] == engine_answer(demo_container,
+                                                           [{"role": "user", "content": "Name a colour."}], 6)
+    qtbot.waitUntil(lambda: w.gauges.clients.text() == "Other clients: 1 answer", timeout=5000)
