@@ -31,6 +31,7 @@ from app.chat.turn import (MAX_STOP_CHARS, MAX_STOPS, MAX_TOP_LOGPROBS, ChatForm
                            apply_routing, check_routing, collect, logprobs_content, run_turn)
 from app.engine.binding import KERNEL_CHOICES, FerryError, MemoryPlan, ModelInfo, verify
 from app.engine.door import TurnEngine, TurnStream
+from app.engine.registry import holder_left
 from app.engine.remote import RemoteEngine, RemoteError
 from app.engine.service import EngineService, LocalStream, ServiceBusy, ServiceClosed
 from app.engine.states import StateCache, StateError
@@ -46,7 +47,7 @@ __all__ = [
     "Finished", "LiveStats", "Logprob", "PromptProgress", "Reasoning", "Text", "Token", "TokenLogprob",
     "ToolCallDelta", "ToolCallMade", "TurnDone", "TurnEvent",
     # opening a model, and what the window's worker reports of it
-    "open_model", "LoadedModel", "ModelError", "LoadOptions", "ModelHeld", "ModelLoaded", "ModelInfo", "MemoryPlan",
+    "open_model", "LoadedModel", "ModelError", "LoadOptions", "ModelHeld", "ModelLoaded", "holder_left", "ModelInfo", "MemoryPlan",
     "ACTIVATION_CHOICES", "DEFAULT_ACTIVATIONS", "describe_activations", "KERNEL_CHOICES", "FerryError", "verify",
     # the pipeline's parts a front end shapes requests and answers with
     "ChatFormat", "Prepared", "MAX_STOPS", "MAX_STOP_CHARS", "MAX_TOP_LOGPROBS", "check_routing", "apply_routing",
@@ -127,7 +128,7 @@ class ModelHeld(ModelError):
 
 
 def open_model(path: str | os.PathLike, *, ram_budget: int = 0, threads: int = 0, n_ctx: int = 0,
-               share: bool | None = None, holder: str = "", **engine_options) -> LoadedModel:
+               share: bool | None = None, holder: str = "", serve=None, **engine_options) -> LoadedModel:
     """Open a container. ``ram_budget`` 0 takes the recommended budget for this
     machine and context (the one budget rule, ``app.memory.plan``). A context the
     model cannot hold is left to the core to choose.
@@ -137,7 +138,9 @@ def open_model(path: str | os.PathLike, *, ram_budget: int = 0, threads: int = 0
     first engine service run on it serves it on loopback with a random key for the
     other Ferry processes. Raises ``ModelHeld`` when another process holds it (attach
     to it), ``ModelError`` when it does not fit beside the models others hold.
-    ``holder``: who holds it, as other processes are told ("ferry run")."""
+    ``holder``: who holds it, as other processes are told ("ferry run"); ``serve(model, service, key)``:
+    starts the loopback server the others attach through (``app.server.serve_shared``: the front end
+    passes it, the server being a layer above this one); without it the model is held, not shared."""
     if ram_budget <= 0:
         from app.memory.plan import plan_container
 
@@ -150,7 +153,7 @@ def open_model(path: str | os.PathLike, *, ram_budget: int = 0, threads: int = 0
             holding.release()
         raise
     if holding is not None:
-        holding.serve = functools.partial(_serve_shared, model)
+        holding.serve = functools.partial(serve, model) if serve is not None else None
         model.holding = holding
         holding.opened()
     return model
@@ -189,10 +192,3 @@ def _claim(path, budget: int, share: bool | None, holder: str):
         if ready is not None:
             raise ModelHeld(ready)
         # its owner let go of it meanwhile: claim it again
-
-
-def _serve_shared(model: LoadedModel, service: EngineService, key: str):
-    """The loopback server through which other Ferry processes use ``model``'s engine."""
-    from app.server import Server
-
-    return Server(model, host="127.0.0.1", port=0, api_key=key, service=service).start()

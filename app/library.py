@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app import paths
+from app.store.private import private_models_dir
 
 MANIFEST = "manifest.json"
 LAST_USED_FILE = "library.json"
@@ -140,7 +141,7 @@ class Library:
         """Every converted model, the most recently used first, then by name."""
         used = self._last_used()
         if paths.models_dir().is_dir():     # one an older version made 0755 is narrowed to 0700
-            paths.private_models_dir()
+            private_models_dir()
         out = []
         for p in find_containers(self.model_folders):
             key = str(p.resolve())

@@ -19,16 +19,6 @@ def models_dir() -> Path:
     return data_dir() / "models"
 
 
-def private_models_dir() -> Path:
-    """The models folder, created 0700 (and the data folder too when new), or narrowed to 0700 when an
-    older version left it 0755: it names the user's models (docs/SECURITY.md, "Private files")."""
-    from app.store.private import private_dir
-
-    if data_dir().is_dir():
-        private_dir(data_dir())
-    return private_dir(models_dir())
-
-
 def config_dir() -> Path:
     root = os.environ.get("FERRY_HOME")
     return Path(root) / "config" if root else Path(platformdirs.user_config_dir(APP, appauthor=False))

@@ -111,6 +111,15 @@ def progress_printer():
     return show
 
 
+
+def _serve_shared(model, service, key: str):
+    """``app.server.serve_shared``, imported when a model is first shared (the server's web stack is
+    not loaded before)."""
+    from app.server import serve_shared
+
+    return serve_shared(model, service, key)
+
+
 def open_from_args(args) -> LoadedModel:
     """The model named on the command line, with its --budget (or the recommended one).
     Raises ``ModelHeld`` when another Ferry process has it open (``attach``)."""
@@ -135,7 +144,7 @@ def open_from_args(args) -> LoadedModel:
                       kernels=getattr(args, "kernels", None), verify_reads=bool(getattr(args, "verify_reads", False)),
                       activations=getattr(args, "activations", None) or DEFAULT_ACTIVATIONS,
                       share=False if getattr(args, "no_share", False) else None,
-                      holder=getattr(args, "holder", None) or f"`ferry {args.command}`")
+                      holder=getattr(args, "holder", None) or f"`ferry {args.command}`", serve=_serve_shared)
     if not args.budget and not quiet:   # said once it is this process's budget (not when it attaches)
         print(f"ferry: RAM budget {size(budget)} ({plan.reason})", file=sys.stderr)
     return model
@@ -232,7 +241,7 @@ class Turns:
     def stream(self, request: TurnRequest):
         """(the turn's events, a function that cancels it). A `ferry chat` whose model's holder
         has closed it opens it again (itself, or through the process that holds it now)."""
-        from app.engine.registry import holder_left
+        from app.api import holder_left
 
         if self.held is not None and holder_left(self.held.record):
             self.remote.close()

@@ -132,3 +132,13 @@ def _narrow_fd(fd: int, mode: int) -> None:
     st = os.fstat(fd)
     if stat.S_IMODE(st.st_mode) & 0o077 and st.st_uid == os.getuid():
         os.fchmod(fd, mode)
+
+
+def private_models_dir() -> Path:
+    """The models folder, created 0700 (and the data folder too when new), or narrowed to 0700 when an
+    older version left it 0755: it names the user's models (docs/SECURITY.md, "Private files")."""
+    from app import paths
+
+    if paths.data_dir().is_dir():
+        private_dir(paths.data_dir())
+    return private_dir(paths.models_dir())

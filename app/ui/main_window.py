@@ -10,7 +10,7 @@ from pathlib import Path
 
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
-from PySide6.QtWidgets import (QApplication, QFileDialog, QMainWindow, QMessageBox, QSplitter,
+from PySide6.QtWidgets import (QApplication, QMainWindow, QSplitter,
                                QStackedWidget, QVBoxLayout, QWidget)
 
 from app.api import ModelLoaded
@@ -25,11 +25,11 @@ from app.ui.chat_page import ChatPage
 from app.ui.citation_dialog import show_citation
 from app.ui.conversation_list import ConversationList
 from app.ui.documents_panel import open_documents_panel
-from app.ui.export_dialog import ask_export_path
+from app.ui import export_dialog
 from app.ui.gauges import GaugeDock
 from app.ui.model_host import ModelHost
 from app.ui.settings_dialog import SettingsDialog
-from app.ui.tool_calls import ToolApproval, ToolTasks
+from app.ui.tool_rounds import ToolRounds
 from app.ui.top_bar import TopBar
 from app.ui.welcome import WelcomePage
 from app.ui.worker import WorkerThread, on_gui
@@ -77,7 +77,7 @@ class MainWindow(QMainWindow):
         self.refresh_models()
         self._show_current()
         self._set_busy(False)
-        self._connect_tools()
+        self.tools.connect_servers()
 
     # ------------------------------------------------------------ layout
 
@@ -126,12 +126,8 @@ class MainWindow(QMainWindow):
         bar.enter_sends = lambda: self.settings.enter_sends
         self.composer, self.send_btn, self.stop_btn = bar.editor, bar.send_btn, bar.stop_btn
         self.prompt_row, self.prompt_label, self.prompt_bar = bar.prompt_row, bar.prompt_label, bar.prompt_bar
-        self.tool_approval = ToolApproval()   # above the composer while a tool call waits for the user
-        self.tool_approval.decided.connect(self._on_tool_decision)
-        page.layout().insertWidget(page.layout().indexOf(page.composer), self.tool_approval)
-        self.tool_tasks = ToolTasks(self)
-        self.tool_tasks.connected.connect(self._on_tools_connected)
-        self.tool_tasks.call_done.connect(self._on_tool_result)
+        self.tools = ToolRounds(self, page)   # MCP tool calls between the parts of an answer
+        self.tool_approval = self.tools.approval
         self.stack.addWidget(self.chat_page)
         cl.addWidget(self.stack, 1)
         split.addWidget(center)
@@ -252,8 +248,7 @@ class MainWindow(QMainWindow):
             self._show_current()
 
     def stop(self) -> None:
-        if self.busy and self.controller.tools.in_round:   # between two rounds: nothing runs on the engine
-            self.tool_approval.setVisible(False)
+        if self.tools.stop():   # between two tool rounds: nothing runs on the engine
             self._on_finished("cancelled", None, None)
         elif self.busy:
             self.worker.stop(self.controller.turn.gen_id)
@@ -299,22 +294,7 @@ class MainWindow(QMainWindow):
 
     def export_chat(self, path: str | Path | None = None, fmt: str | None = None) -> Path | None:
         """Export… : the conversation as Markdown or JSON. Without ``path`` a save dialog asks."""
-        if not self.chat.visible():
-            self.statusBar().showMessage("Nothing to export yet", 3000)
-            return None
-        if path is None:
-            path, fmt = ask_export_path(self, self.chat.title, self.settings.export_folder)
-            if not path:
-                return None
-            self.settings.export_folder = str(Path(path).parent)   # the next export opens there
-            self._save_settings()
-        try:
-            out = self.controller.export(path, fmt)
-        except (OSError, ValueError) as exc:
-            QMessageBox.warning(self, "Could not export", str(exc))
-            return None
-        self.statusBar().showMessage(f"Exported to {out}", 4000)
-        return out
+        return export_dialog.export_chat(self, path, fmt)
 
     def focus_search(self) -> None:
         self.sidebar.focus_search()
@@ -352,9 +332,7 @@ class MainWindow(QMainWindow):
         key = self.model_key()
         old, self.settings = settings_mod.for_model(self.settings, key), new
         self._save_settings()
-        self.controller.tools.trusted = set(new.trusted_tools)
-        if new.mcp_servers != self._tool_servers:
-            self._connect_tools()
+        self.tools.settings_changed(new)
         self.refresh_models()
         self.show_setup()
         self.models.settings_changed(old, settings_mod.for_model(new, key))
@@ -391,68 +369,8 @@ class MainWindow(QMainWindow):
             self.last_stats = sample
         self.gauges.show_values(self.stats_view)
 
-    # ---- MCP tools (app/controller/tools.py has the rounds; app/ui/tool_calls.py the widgets)
-
-    def _connect_tools(self) -> None:
-        """(Re)connect to the MCP servers of the settings, in the background."""
-        self._tool_servers = list(self.settings.mcp_servers)
-        self.controller.tools.trusted = set(self.settings.trusted_tools)
-        old, self.controller.tools.hub = self.controller.tools.hub, None
-        if self._tool_servers or old is not None:
-            self.tool_tasks.connect_servers(self._tool_servers, old)
-
-    def _on_tools_connected(self, hub, problems: list) -> None:
-        if self.settings.mcp_servers != self._tool_servers:   # the settings changed meanwhile: a newer connect runs
-            if hub is not None:
-                hub.close()
-            return
-        self.controller.tools.hub, self.controller.tools.problems = hub, list(problems)
-        if problems:
-            self.statusBar().showMessage("Tools: " + "; ".join(problems))
-        elif hub is not None:
-            self.statusBar().showMessage(f"Tools ready: {', '.join(t.name for t in hub.tools) or 'none'}", 5000)
-
-    def _tool_round(self) -> None:
-        """The next step of a tool round: ask about a call, run one, or ask the model again."""
-        tools = self.controller.tools
-        self.controller.show_tool_calls()
-        self.chat_view.refresh_streaming()
-        if (i := tools.next_to_ask()) is not None:
-            self.composer_bar.start_reading(f"Waiting for your approval to run {tools.calls[i]['name']}…")
-            self.tool_approval.ask(tools.calls[i], tools.trust_key(tools.calls[i]["name"]))
-            return
-        self.tool_approval.setVisible(False)
-        if (i := tools.next_to_run()) is not None:
-            call = tools.running(i)
-            self.controller.show_tool_calls()
-            self.chat_view.refresh_streaming()
-            self.composer_bar.start_reading(f"Running the tool {call['name']}…")
-            self.tool_tasks.run_call(tools.hub, i, call["name"], call["arguments"])
-            return
-        if tools.round_over() and tools.in_round:
-            self.composer_bar.start_reading("Reading the tool results…")
-            self.controller.started(self.worker.generate(self.controller.tool_request()))
-
-    def _on_tool_decision(self, allow: bool, always: bool) -> None:
-        tools = self.controller.tools
-        i = tools.next_to_ask()
-        if i is None or not self.busy:
-            return
-        key = tools.decide(i, allow, always)
-        if key is not None and key not in self.settings.trusted_tools:   # remembered: Settings → Tools lists it
-            self.settings.trusted_tools = sorted({*self.settings.trusted_tools, key})
-            self._save_settings()
-        self._tool_round()
-
-    def _on_tool_result(self, index: int, result) -> None:
-        if self.busy and self.controller.tools.in_round:
-            self.controller.tools.ran(index, result)
-            self._tool_round()
-
     def _on_finished(self, reason: str, text: str, thinking: str) -> None:
-        if reason == "stop" and self.controller.tools.can_continue(self.controller.turn.done):
-            self.controller.tools.begin_round(self.controller.turn.done)   # the answer goes on after its tools
-            self._tool_round()
+        if self.tools.finished(reason):   # its tool calls run, and the answer goes on after them
             return
         here = self.controller.on_screen
         elsewhere = self.controller.writing.title if self.busy and not here else ""
@@ -510,9 +428,7 @@ class MainWindow(QMainWindow):
             self.worker.stop(self.controller.turn.gen_id)
             self.controller.finish("cancelled")
         self.models.shutdown()
-        if self.controller.tools.hub is not None:
-            self.controller.tools.hub.close()
-            self.controller.tools.hub = None
+        self.tools.close()
         self.controller.close()
         self.worker.close()
 

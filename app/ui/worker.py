@@ -39,6 +39,15 @@ from app.memory.stats import StatsSample, TurnFigures
 TEXT_INTERVAL = 0.05    #: seconds between text signals (20 a second at most)
 
 
+
+def _serve_shared(model, service, key: str):
+    """``app.server.serve_shared``, imported when a model is first shared (the server's web stack is
+    not loaded before)."""
+    from app.server import serve_shared
+
+    return serve_shared(model, service, key)
+
+
 class EngineWorker(QObject):
     # results
     loaded = Signal(object)            #: an app.api.ModelLoaded
@@ -124,7 +133,7 @@ class EngineWorker(QObject):
         try:
             model = open_model(path, ram_budget=budget, threads=int(options.threads), n_ctx=want,
                                verify_reads=bool(options.verify_reads), activations=options.activations,
-                               holder="the Ferry window")
+                               holder="the Ferry window", serve=_serve_shared)
         except ModelHeld as held:   # another Ferry process has it open: its engine answers (app.engine.registry)
             self._use_remote(path, held.attach(), note=held.notice)
             self._attached = (path, options, recommended, held.record)
@@ -163,7 +172,7 @@ class EngineWorker(QObject):
                                      owned_by=owned_by, note=note))
 
     def _holder_left(self) -> bool:
-        from app.engine.registry import holder_left
+        from app.api import holder_left
 
         return holder_left(self._attached[3])
 

@@ -29,7 +29,8 @@ SHARED = {"FERRY_SHARE": "1"}
 HOLDER = """
 import sys
 from app.api import EngineService, open_model
-model = open_model(sys.argv[1], ram_budget=int(sys.argv[2]), holder="the Ferry window")
+from app.server import serve_shared
+model = open_model(sys.argv[1], ram_budget=int(sys.argv[2]), holder="the Ferry window", serve=serve_shared)
 service = EngineService(model, model.new_session(2048))
 print("ready", flush=True)
 sys.stdin.read()

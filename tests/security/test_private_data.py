@@ -18,7 +18,7 @@ from app.store import settings as settings_mod
 from app.store.crypto import EphemeralKeys, KeychainKeys, PassphraseKeys, keychain_problem
 from app.store.history import HistoryStore, stored_key_kind
 from app.store.passphrase import LOST_PASSPHRASE_WARNING, passphrase_problem
-from app.store.private import is_private, private_dir, private_file, private_umask, write_private
+from app.store.private import is_private, private_dir, private_file, private_models_dir, private_umask, write_private
 from tests.conftest import REPO
 
 STRONG = "tractor violet harbour sonnet"
@@ -236,7 +236,7 @@ def test_the_models_folder_and_library_file_are_private(tmp_path, open_umask, mo
     from tests.tiny_models import build
 
     monkeypatch.setenv("FERRY_HOME", str(tmp_path / "home"))
-    assert mode(paths.private_models_dir()) == 0o700 and mode(paths.data_dir()) == 0o700
+    assert mode(private_models_dir()) == 0o700 and mode(paths.data_dir()) == 0o700
     build("llama", tmp_path / "ckpt", seed=5)
     out = convert(tmp_path / "ckpt", paths.models_dir() / "tiny")
     assert mode(out) == 0o700

@@ -11,6 +11,7 @@ from PySide6.QtWidgets import (QFileDialog, QFormLayout, QHBoxLayout, QLineEdit,
                                QVBoxLayout, QWizardPage)
 
 from app import paths
+from app.store.private import private_models_dir
 from app.convert.convert import JOURNAL, SPACE_MARGIN, _already_written, partial_dir
 from app.ui.wizard.common import GREEN, ORANGE, RED, Job, colour, esc, para, rate, size
 
@@ -156,7 +157,7 @@ class DestinationPage(QWizardPage):
         if not folder.is_dir():
             made = folder.parent.is_dir() and folder == paths.models_dir()
             if made:
-                paths.private_models_dir()
+                private_models_dir()
             else:
                 self.space.setText(colour(f"The folder {esc(folder)} does not exist.", RED))
                 return
