@@ -22,7 +22,6 @@ from app.convert.errors import SourceError
 from app.convert.format_choices import RECOMMENDED
 from app.convert.layout import FORMAT_CHOICES
 from app.vision.image import DEFAULT_PATCH_BUDGET, MAX_PATCH_BUDGET, MIN_PATCH_BUDGET
-from app.tools.mcp import MAX_ROUNDS as MAX_TOOL_ROUNDS, tool_round
 from app.chat.summary import summarise_to_fit
 from app.memory.plan import describe, plan_container
 from app.text_input import not_text, text_argument_problem, tolerant_stdin
@@ -305,6 +304,8 @@ def cmd_chat(args) -> int:
         turns.close()
         raise
     tools = hub.openai_tools() if hub is not None else None
+    if hub is not None:
+        from app.tools.mcp import MAX_ROUNDS as MAX_TOOL_ROUNDS, tool_round   # asyncio, ssl: only with --mcp
     approve = _approver(args)
     messages: list[dict] = [{"role": "system", "content": args.system}] if args.system else []
     note = ""   #: the summary that stands for the turns taken out of ``messages`` (--context summarise)
