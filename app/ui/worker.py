@@ -101,7 +101,7 @@ class EngineWorker(QObject):
         try:
             want = int(options.context_length)
             from app.memory.plan import plan_container
-            from app.memory.units import budget_problem
+            from app.units import budget_problem
 
             plan = plan_container(path, want, activations=options.activations)   # the one budget rule
             problem = budget_problem(int(options.ram_budget), plan.floor, plan.recommended)
