@@ -164,7 +164,8 @@ def test_a_circle_between_parts_is_caught(tmp_path, monkeypatch):
     (pkg / "engine" / "binding.py").write_text("")
     (pkg / "engine" / "service.py").write_text("def f():\n    from toyparts.model import load\n")
     (pkg / "model" / "load.py").write_text("from toyparts.engine import binding\n")
-    # a chain of three, no module in a circle: memory.plan -> get.speed -> engine.binding -> ...
+    # a chain of three parts, no module in a circle: memory.plan -> get.speed -> engine.binding, and
+    # engine.registry -> memory.units
     (pkg / "memory" / "plan.py").write_text("from toyparts.get import speed\n")
     (pkg / "get" / "speed.py").write_text("from toyparts.engine import binding\n")
     (pkg / "engine" / "registry.py").write_text("from toyparts.memory import units\n")
