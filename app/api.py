@@ -173,6 +173,7 @@ def _open(path, *, ram_budget: int, threads: int, n_ctx: int, **engine_options) 
 def _claim(path, budget: int, share: bool | None, holder: str):
     """This process's ``Holding`` of the model (None: not shared, or already held here)."""
     from app.engine import registry
+    from app.memory.budget import ledger_room
 
     if not registry.sharing_enabled(share):
         return None
@@ -180,7 +181,7 @@ def _claim(path, budget: int, share: bool | None, holder: str):
     ident = registry.identity(path)
     while True:
         try:
-            claim = reg.claim(ident, budget, holder=holder or "a Ferry process")
+            claim = reg.claim(ident, budget, holder=holder or "a Ferry process", room=ledger_room())
         except registry.LedgerFull as exc:
             raise ModelError(str(exc)) from None
         if claim.held is None:

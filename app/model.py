@@ -19,15 +19,13 @@ import numpy as np
 from app.chat.hf_tokenizer import HFTokenizer
 from app.chat.segments import Segment
 from app.chat.template import ChatTemplate
-from app.engine.binding import Cancelled, Engine, FerryError, Session
+from app.engine.binding import PROMPT_STEP, Cancelled, Engine, FerryError, Session
 from app.engine.container_files import (MAX_TEMPLATE_BYTES, MAX_TOKENIZER_BYTES, ContainerFileError,
                                          check_weight_files, contained_file, read_contained_text, read_manifest)
 from app.events import EngineEvent, Finished, PromptProgress, Token, TokenLogprob
 from app.sampling import Sampler, SamplingParams, top_order
 from app.store.private import write_private
 
-#: Tokens evaluated per call while processing a prompt (progress granularity).
-PROMPT_STEP = 32
 #: The learned hot list beside a container: uint32 expert use counts [layers, experts].
 USAGE_FILE = "usage.u32"
 # The expert-cache policy's learned state (docs/CACHE_POLICY.md), beside the hot list.

@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from app.convert import quant  # noqa: E402
 from app.engine._ferry_c import ffi, lib  # noqa: E402
 from app.engine.binding import FORMATS as CORE_FORMATS  # noqa: E402
-from app.get.speed import run_threads  # noqa: E402
+from app.engine.speed import run_threads  # noqa: E402
 
 #: Every format of the core's table (app.engine.binding.FORMATS).
 FORMATS = list(CORE_FORMATS)

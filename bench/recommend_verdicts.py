@@ -10,7 +10,7 @@ docs/DOWNLOAD.md, "Which format".
 - after: the fastest within a 4-bit format's error (app.convert.format_choices),
   estimated from the kernels in the default arithmetic (8-bit activations).
 
-Kernels are measured here (app.get.speed, all cores); the disk is taken as
+Kernels are measured here (app.engine.speed, all cores); the disk is taken as
 ``--disk-gbps`` (default 3 GB/s, an Apple SSD) so the rows do not depend on
 this machine's disk. The plans come from the catalogue's configs, so nothing
 is downloaded.
@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from app.convert import format_choices  # noqa: E402
 from app.get.catalogue import ENTRIES, plan_entry  # noqa: E402
-from app.get.speed import kernel_bytes_per_s  # noqa: E402
+from app.engine.speed import kernel_bytes_per_s  # noqa: E402
 from app.memory.budget import DEFAULT_SHARE, MachineMemory  # noqa: E402
 
 MODELS = ("OLMoE 1B-7B", "Qwen3-30B-A3B", "Mixtral 8x7B", "Kimi-Linear 48B-A3B")

@@ -57,7 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 
 from app.convert.convert import convert
 from app.engine.binding import Engine, container_plan
-from app.get.speed import run_threads
+from app.engine.speed import run_threads
 from bench.make_synthetic import make, parse
 
 PROMPT = 16

@@ -1,7 +1,8 @@
 """The architecture rules hold: those in .importlinter (import-linter, run in the suite: Qt only in
 app.ui, the window and the command line independent, the server below its callers, the window's
-controller below the window, the front ends on top of the door, reaching the engines only through
-app.api, the store a floor), no import circle between app's modules, and only app.engine.binding
+controller below the window, the layers from the front ends down to the engine, the binding the
+engine's floor, reaching the engines only through app.api, the store a floor), no import circle
+between app's modules nor between its top-level parts, and only app.engine.binding
 importing the compiled core (an extension module import-linter's graph cannot see). And each check
 does catch a broken rule."""
 from __future__ import annotations
@@ -93,6 +94,39 @@ def import_cycles(package: str) -> list[list[str]]:
     return cycles
 
 
+def package_cycles(package: str) -> list[list[str]]:
+    """The circles between ``package``'s top-level parts (``app.engine``, ``app.model``...): two parts
+    of which each imports the other, directly or through a chain of other parts, even where no two
+    modules make a circle. Each is a strongly connected group of the parts' graph, in which a part
+    imports another when any of its modules does (``if TYPE_CHECKING:`` imports left out)."""
+    import grimp
+
+    graph = grimp.build_graph(package, exclude_type_checking_imports=True)
+    depth = package.count(".") + 2
+
+    def part(module: str) -> str:
+        return ".".join(module.split(".")[:depth])
+
+    edges: dict[str, set[str]] = {}
+    for module in graph.modules:
+        if module == package:
+            continue
+        for other in graph.find_modules_directly_imported_by(module):
+            if other in graph.modules and other != package and part(other) != part(module):
+                edges.setdefault(part(module), set()).add(part(other))
+    reach = {p: set(targets) for p, targets in edges.items()}
+    changed = True
+    while changed:          # the transitive closure: the graph has a few dozen parts
+        changed = False
+        for targets in reach.values():
+            more = set().union(*(reach.get(t, set()) for t in targets)) - targets
+            if more:
+                targets |= more
+                changed = True
+    groups = {frozenset([p] + [q for q in reach[p] if p in reach.get(q, set())]) for p in reach if p in reach[p]}
+    return sorted(sorted(g) for g in groups)
+
+
 def core_importers(root: Path, package: str = "app") -> list[str]:
     """The modules under ``root`` that import the compiled core (``<package>.engine._ferry_c``),
     at any depth of the code, but its binding."""
@@ -113,6 +147,39 @@ def core_importers(root: Path, package: str = "app") -> list[str]:
 def test_no_import_circle_in_app(monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT))
     assert import_cycles("app") == []
+
+
+def test_no_two_parts_of_app_import_each_other(monkeypatch):
+    """Issue 33: the layers hold package by package, not only module by module (the engine does not
+    import the model that sits on it; convert, get, memory and the demo do not go round)."""
+    monkeypatch.syspath_prepend(str(ROOT))
+    assert package_cycles("app") == []
+
+
+def test_a_circle_between_parts_is_caught(tmp_path, monkeypatch):
+    pkg = tmp_path / "toyparts"
+    for d in ("", "engine", "model", "memory", "get"):
+        (pkg / d).mkdir(parents=True, exist_ok=True)
+        (pkg / d / "__init__.py").write_text("")
+    (pkg / "engine" / "binding.py").write_text("")
+    (pkg / "engine" / "service.py").write_text("def f():\n    from toyparts.model import load\n")
+    (pkg / "model" / "load.py").write_text("from toyparts.engine import binding\n")
+    # a chain of three parts, no module in a circle: memory.plan -> get.speed -> engine.binding, and
+    # engine.registry -> memory.units
+    (pkg / "memory" / "plan.py").write_text("from toyparts.get import speed\n")
+    (pkg / "get" / "speed.py").write_text("from toyparts.engine import binding\n")
+    (pkg / "engine" / "registry.py").write_text("from toyparts.memory import units\n")
+    (pkg / "memory" / "units.py").write_text("")
+    (pkg / "typed.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from toyparts import get\n")
+    (pkg / "get" / "cli.py").write_text("from toyparts import typed\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert import_cycles("toyparts") == []          # no module circle: only the parts go round
+    assert package_cycles("toyparts") == [["toyparts.engine", "toyparts.get", "toyparts.memory",
+                                           "toyparts.model"]]
+    (pkg / "engine" / "service.py").write_text("")
+    (pkg / "engine" / "registry.py").write_text("")
+    sys.modules.pop("toyparts", None)
+    assert package_cycles("toyparts") == []
 
 
 def test_only_the_binding_imports_the_compiled_core():

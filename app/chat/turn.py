@@ -87,7 +87,8 @@ class TurnRequest:
     #: leaves the oldest turns out (the window and ``ferry chat``: a chat never dead-ends); see ``CONTEXT_POLICIES``
     context: str = "error"
     #: the prompt up to the last message's text is worth keeping (document passages before the question): a
-    #: local engine with saved states restores it from disk, or reads it once and saves it (``Prepared.prefix_len``)
+    #: local engine with saved states restores it from disk, or reads it once and saves it (``Prepared.prefix_len``;
+    #: not for a prompt with images: the saved-prefix step reads tokens, not the vision tower's rows)
     keep_prefix: bool = False
     #: the last message is an answer that stopped early (Stop, the length limit, a full context): the model
     #: continues that same answer from where it stopped instead of writing a new one
@@ -233,7 +234,7 @@ class ChatFormat:
                         cache_aware_margin=req.cache_aware_margin, client=req.client, dropped=dropped,
                         context_bound=want >= room, images=list(self.images), thinking_budget=budget if close else None,
                         thinking_close=close,
-                        prefix_len=self._prefix_len(req, segments, prompt) if req.keep_prefix else 0)
+                        prefix_len=self._prefix_len(req, segments, prompt) if req.keep_prefix and not self.images else 0)
 
     def _prefix_len(self, req: TurnRequest, segments: list[Segment], prompt: list[int]) -> int:
         """How many tokens of ``prompt`` come before the last message's text, when they encode on their own

@@ -74,7 +74,7 @@ def check_budget(budget: int, memory=None) -> str | None:
     """Refuse a budget above the machine's RAM (UsageError, with the numbers);
     a warning (text) for one above the memory usable now; else None."""
     from app.memory.budget import machine_memory
-    from app.memory.units import size
+    from app.units import size
 
     memory = memory or machine_memory()
     if budget > memory.total:
@@ -123,7 +123,7 @@ def _serve_shared(model, service, key: str):
 def open_from_args(args) -> LoadedModel:
     """The model named on the command line, with its --budget (or the recommended one).
     Raises ``ModelHeld`` when another Ferry process has it open (``attach``)."""
-    from app.memory.units import size
+    from app.units import size
 
     quiet = getattr(args, "json", False)
     if is_server_url(args.model):

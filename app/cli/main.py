@@ -77,7 +77,7 @@ def cmd_check(args) -> int:
     plan and how the trunk and the experts could be stored."""
     from app.convert.format_choices import why
     from app.convert.validate import validate_source
-    from app.memory.units import size
+    from app.units import size
 
     report = validate_source(args.source, trunk_format=args.trunk_format, expert_format=args.expert_format)
     if args.json:
@@ -715,7 +715,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from app.cli.docs import main as documents_main
             return documents_main(argv[1:])
         if argv[:1] == ["plan"] and any(a == "--config" or a.startswith("--config=") for a in argv):
-            from app.memory.plan_config import main as plan_config_main
+            from app.convert.plan_config import main as plan_config_main
 
             return plan_config_main(argv[1:])
         args = build_parser().parse_args(argv)

@@ -6,13 +6,18 @@ engine thread, which searches there (through a connection of its own) and
 calls :func:`attach_passages` with the model it has open: passages are
 counted with that model's own tokenizer (a remote engine's: an estimate), the
 same count ``ferry docs ask`` makes. The GUI thread never waits for a search.
+
+As in ``ferry docs ask``, everything before the question (the passages) is marked
+as a prefix to keep (``TurnRequest.keep_prefix``), and the window's local engine
+is given the document store's saved prefix states (:func:`keep_prefixes`): the
+passages are read once, then held or restored for the next question on them.
 """
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 
-from app.api import TurnRequest
+from app.api import EngineService, StateCache, TurnRequest
 from app.documents.ask import Citation, _citation, cite
 from app.documents.prompt import MAX_PASSAGES, Passage, passage_cost, passages_message, select_passages
 from app.documents.store import DocumentError, DocumentStore
@@ -32,14 +37,23 @@ class PassageSearch:
         return attach_passages(request, store, self.collection, model, self.question)
 
 
+def keep_prefixes(engine, store: DocumentStore) -> None:
+    """Give a local engine (``EngineService``) without saved prefix states ``store``'s (its states key,
+    as ``ferry docs ask`` does), so a document question's passages are read once and restored for the
+    questions after it. A remote engine keeps prefixes its own way; an engine that has states keeps them."""
+    if isinstance(engine, EngineService) and engine.states is None:
+        engine.states = StateCache(store.keys.states)
+
+
 def attach_passages(request: TurnRequest, store: DocumentStore, collection: str | tuple[str, ...], model,
                     question: str) -> list[Citation]:
     """Put the best passages for ``question`` of one collection (or several: a chat's own files and the
     collections attached to it) into ``request.messages`` (in the system message, as content), within
     the token budget counted with ``model.tokenizer`` (the open model, or
     ``app.documents.prompt.Estimate``): one collection's budget; for several, each collection's best
-    within its budget, then the highest-scoring of all within the largest budget. Returns the numbered
-    passages, for :func:`link_markers` and citations."""
+    within its budget, then the highest-scoring of all within the largest budget; the request then
+    keeps its prefix (``keep_prefix``). Returns the numbered passages, for :func:`link_markers` and
+    citations."""
     names = [collection] if isinstance(collection, str) else list(collection)
     found: list[tuple[object, float, int]] = []   # chunk, score, collection order
     budget = 0
@@ -69,6 +83,7 @@ def attach_passages(request: TurnRequest, store: DocumentStore, collection: str 
     else:
         messages.insert(0, {"role": "system", "content": block})
     request.messages = messages
+    request.keep_prefix = True          # the passages before the question: read once, then kept
     return [_citation(p) for p in passages]
 
 

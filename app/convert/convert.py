@@ -37,7 +37,7 @@ from typing import Callable
 import numpy as np
 
 from app.store.private import private_dir
-from app.memory.units import size
+from app.units import size
 from app.convert import tokenizer_files
 from app.convert.errors import SourceError
 from app.convert.layout import (BANK_HEADER_BYTES, FORMAT_CODES, FORMAT_VERSION, RECORD_HEADER_BYTES,

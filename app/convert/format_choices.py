@@ -15,7 +15,7 @@ machine.
   recommendation is the fastest of those that fit whose measured weight
   error is at most a 4-bit format's (QUALITY_BOUND: q8_0 and q4_0 qualify,
   3-bit does not), by the decode speed estimated from this machine's
-  measured kernels (app.get.speed, in the default arithmetic); a choice
+  measured kernels (app.engine.speed, in the default arithmetic); a choice
   within SPEED_MARGIN of the fastest but more accurate wins, so noise in the
   measurement does not flip it. The exact choice (`--expert-format auto`)
   stays one flag away. When none fits, the one that reads the fewest bytes
@@ -106,7 +106,7 @@ def pick(fits: list[bool], sizes: list[int], speeds: list[float | None] | None =
     preferred ("speed"); else the first that fits ("accuracy"); when none
     fits, the smallest ("smallest") of those with an error at most
     STREAM_BOUND when ``errors`` are given and any is. `ferry plan --config`
-    (app.memory.plan_config) applies it to sizes costed from a bare config,
+    (app.convert.plan_config) applies it to sizes costed from a bare config,
     so its formats are the ones a conversion will be recommended."""
     if not any(fits):
         pool = [i for i in range(len(sizes)) if errors is None or errors[i] <= STREAM_BOUND] or range(len(sizes))
@@ -121,8 +121,8 @@ def pick(fits: list[bool], sizes: list[int], speeds: list[float | None] | None =
 
 def default_speed(fmt: str) -> float | None:
     """Weight bytes per second this machine's kernels go through in ``fmt``,
-    in the default arithmetic (measured once per process, app.get.speed)."""
-    from app.get.speed import kernel_bytes_per_s
+    in the default arithmetic (measured once per process, app.engine.speed)."""
+    from app.engine.speed import kernel_bytes_per_s
 
     return kernel_bytes_per_s(fmt)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.convert import tokenizer_files
 from app.convert.arch import spec_from_hf
@@ -25,6 +25,10 @@ from app.convert.layout import Layout, plan_layout
 from app.convert.safetensors_file import INDEX_NAME, Checkpoint
 from app.convert.sources import GGUFSource, HFSource, Source
 from app.untrusted import shown
+
+if TYPE_CHECKING:
+    from app.memory.budget import MachineMemory
+    from app.memory.plan import Plan
 
 #: The context the plan is made for (the engine's default).
 PLAN_CTX = 4096
@@ -108,7 +112,6 @@ def plan_report(report: SourceReport, src: Source, tokenizer: dict, trunk_format
     second by format for the speed rule (default: measured here)."""
     p = report.path
     from app.convert.format_choices import RECOMMENDED, expert_choices, recommended, trunk_choices
-    from app.memory.plan import plan_source
 
     t0 = "auto" if trunk_format == RECOMMENDED else trunk_format
     e0 = "auto" if expert_format == RECOMMENDED else expert_format
@@ -235,3 +238,18 @@ def _describe(report: SourceReport, src: Source, layout: Layout) -> None:
     report.top_k = int(moe.get("top_k", 0) or 0)
     report.record_bytes = max((b.record_size for b in layout.banks), default=0)
     report.cold_bytes_per_token = layout.cold_bytes_per_token(report.top_k)
+
+
+def plan_source(src, layout, tokenizer: dict, n_ctx: int = 4096, memory: MachineMemory | None = None) -> Plan:
+    """The plan of the container a source *will* become, before converting: the
+    C core plans a skeleton of it (the real manifest and bank headers, sparse
+    files), so the floor and the recommendation are the ones `ferry plan` will
+    print for the finished container."""
+    import tempfile
+
+    from app.convert.convert import write_skeleton
+    from app.memory.plan import plan_container
+
+    with tempfile.TemporaryDirectory(prefix="ferry-plan-") as tmp:
+        root = write_skeleton(src, layout, tokenizer, Path(tmp) / "plan.ferry")
+        return plan_container(root, min(n_ctx, int(layout.model.get("max_ctx", n_ctx))), memory)

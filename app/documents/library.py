@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 
 from app.documents.store import DocumentError, DocumentStore, conversation_collection
-from app.memory.units import size   # the one byte formatter
+from app.units import size   # the one byte formatter
 
 
 def when(t: float | None, now: float | None = None) -> str:

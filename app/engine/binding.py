@@ -71,6 +71,10 @@ class ModelInfo:
 #: Kernel sets an engine can be opened with (``Engine(kernels=...)``).
 #: "avx512vnni": AVX2's exact kernels with AVX-512 VNNI integer products in the
 #: q8 mode (what "auto" takes there on a CPU that has them).
+#: Tokens evaluated per call while processing a prompt (progress granularity; the pipeline's and
+#: the saved-prefix step's).
+PROMPT_STEP = 32
+
 KERNEL_CHOICES = ("auto", "scalar", "avx2", "avx512vnni", "neon")
 
 

@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-from app.memory.units import size
+from app.units import size
 
 RECORD_VERSION = 1
 #: How long a process waits for another one that is still opening the model it wants.
@@ -203,10 +203,11 @@ class Registry:
 
     # ---- claiming
 
-    def claim(self, ident: Identity, budget: int, *, holder: str, room: int | None = None) -> "Claim":
+    def claim(self, ident: Identity, budget: int, *, holder: str, room: int) -> "Claim":
         """Hold ``ident`` with ``budget`` (``Claim.holding``), or learn who holds it (``Claim.held``).
         Raises ``LedgerFull`` when the budgets of every live record and this one exceed ``room``
-        (default: ``app.memory.budget.ledger_room()``)."""
+        (the caller's ``app.memory.budget.ledger_room()``: the engine imports nothing of the memory
+        package above it)."""
         if ident.slot in _OWN:
             return Claim(None, None)        # this process holds it already: its own second open
         with self._ledger():
@@ -214,10 +215,6 @@ class Registry:
             mine = next((r for r in live if (r.path, r.content_id) == (ident.path, ident.content_id)), None)
             if mine is not None:
                 return Claim(None, mine)
-            if room is None:
-                from app.memory.budget import ledger_room
-
-                room = ledger_room()
             used = sum(r.budget for r in live)
             if live and used + budget > room:
                 held = "; ".join(r.describe() for r in live)

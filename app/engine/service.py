@@ -242,9 +242,8 @@ class EngineService:
         """Bring the job's prefix into the session: held already, restored from its saved state, or read
         (from the saved state sharing the longest beginning, if any) and saved. Progress goes to the
         job's sink; a cancel between chunks ends the turn (its ``TurnDone``)."""
-        from app.engine.binding import FerryError
+        from app.engine.binding import PROMPT_STEP, FerryError
         from app.engine.states import StateError, model_fingerprint, shared_prefix
-        from app.model import PROMPT_STEP
 
         started = time.monotonic()
         session, prompt = self.session, job.prepared.prompt

@@ -4,7 +4,7 @@ computed live (`ferry get --catalogue`, the wizard's download page).
 The plans come from the configs below (the fields of each release's
 config.json that size it: Kimi K3's is the spec's /work/shared k3-config,
 the others written down from the published files) through `ferry plan
---config` (app.memory.plan_config): the formats `ferry check` would recommend here,
+--config` (app.convert.plan_config): the formats `ferry check` would recommend here,
 the RAM floor, the recommended budget and the bytes per token; the demo is
 planned from its GGUF when installed. Nothing here uses the network: `ferry
 get REPO --plan` reads the real repository for the exact plan.
@@ -125,7 +125,7 @@ def plan_entry(e: Entry, memory, disk_bps: float | None, kernel_bps_of) -> Row:
     ``disk_bps`` and kernels measured by ``kernel_bps_of(format)``."""
     from app.memory.budget import auto_budget
     from app.get.plan import GetPlan, estimate, judge
-    from app.memory.plan_config import plan_from_config
+    from app.convert.plan_config import plan_from_config
 
     if e.config is None:
         return _demo_row(e, memory, disk_bps, kernel_bps_of)
@@ -183,13 +183,13 @@ def catalogue(memory=None, disk_bps: float | None = None, kernel_bps_of=None) ->
             folder = folder.parent
         disk_bps = _measure_disk(folder)
     if kernel_bps_of is None:
-        from app.get.speed import kernel_bytes_per_s
+        from app.engine.speed import kernel_bytes_per_s
         kernel_bps_of = kernel_bytes_per_s
     return [plan_entry(e, memory, disk_bps, kernel_bps_of) for e in ENTRIES]
 
 
 def describe_catalogue(rows: list[Row]) -> str:
-    from app.memory.units import size
+    from app.units import size
 
     lines = []
     for r in rows:

@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _printer(quiet: bool):
-    from app.memory.units import size
+    from app.units import size
 
     last = [0.0]
 

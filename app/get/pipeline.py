@@ -223,7 +223,7 @@ class Getter:
             free = plan.free_disk_bytes or 0
             need = plan.peak_disk_delete_bytes if self.delete_source else plan.peak_disk_bytes
             if need > free:
-                from app.memory.units import size
+                from app.units import size
                 hint = ("" if self.delete_source or plan.peak_disk_delete_bytes > free else
                         f"; with --delete-source it needs {size(plan.peak_disk_delete_bytes)}")
                 raise GetError(f"not enough disk in {self.into}: the download and conversion need {size(need)} at "

@@ -14,7 +14,7 @@ On top of that: the disk needed at the peak of the download and conversion
 (with --delete-source: the container plus the shards in flight, simulated
 shard by shard in the order the converter reads them), a tok/s estimate from
 this machine's measured disk read speed (app.memory.disk_probe) and kernel speed
-(app.get.speed), and a verdict: runs well, runs slowly, or does not fit.
+(app.engine.speed), and a verdict: runs well, runs slowly, or does not fit.
 """
 from __future__ import annotations
 
@@ -220,7 +220,7 @@ def estimate(plan: GetPlan, budget: int, everything: int, record: int, top_k: in
 
 def judge(plan: GetPlan, delete_source: bool | None = None) -> None:
     """The verdict and its reason, in words for people."""
-    from app.memory.units import size
+    from app.units import size
 
     if plan.problems:
         plan.verdict, plan.reason = "does not fit", "; ".join(plan.problems)
@@ -403,7 +403,7 @@ def finish_estimate(plan: GetPlan) -> None:
 
 def describe(plan: GetPlan) -> str:
     """The plan in words, as `ferry get --plan` prints it."""
-    from app.memory.units import size
+    from app.units import size
 
     lines = [f"{plan.repo_id} @ {plan.commit[:12]}" + (f" ({plan.file})" if plan.file else "")
              + (f": {plan.architecture}" if plan.architecture else "")]

@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.memory.units import size
+from app.units import size
 
 #: Left for the app itself, Python, Qt and the OS.
 APP_RESERVE = 1 << 30

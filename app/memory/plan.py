@@ -6,7 +6,7 @@ import os
 from dataclasses import asdict, dataclass, replace
 
 from app.memory.budget import BudgetChoice, MachineMemory, auto_budget, machine_memory
-from app.memory.units import size
+from app.units import size
 from app.activations import is_exact
 from app.engine.binding import MemoryPlan, container_plan
 
@@ -87,17 +87,3 @@ def describe(plan: Plan, budget: int | None = None) -> str:
         lines.append(f"a budget of {size(budget)} {verdict}")
     return "\n".join(lines)
 
-
-def plan_source(src, layout, tokenizer: dict, n_ctx: int = 4096, memory: MachineMemory | None = None) -> Plan:
-    """The plan of the container a source *will* become, before converting: the
-    C core plans a skeleton of it (the real manifest and bank headers, sparse
-    files), so the floor and the recommendation are the ones `ferry plan` will
-    print for the finished container."""
-    import tempfile
-    from pathlib import Path
-
-    from app.convert.convert import write_skeleton
-
-    with tempfile.TemporaryDirectory(prefix="ferry-plan-") as tmp:
-        root = write_skeleton(src, layout, tokenizer, Path(tmp) / "plan.ferry")
-        return plan_container(root, min(n_ctx, int(layout.model.get("max_ctx", n_ctx))), memory)

@@ -8,7 +8,7 @@ from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QScrollArea, QSizePol
 
 from app.api import ModelLoaded
 from app.memory.stats import GaugeValues, MemorySplit, StatsView, memory_split
-from app.memory.units import size
+from app.units import size
 from app.ui import theme
 
 NO_EXPERTS = "This model has no experts to stream, so there are no disk reads or cache hits to show."

@@ -9,7 +9,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QDialog, QHBoxLayout, QHeaderV
                                QMessageBox, QPushButton, QTableWidget, QTableWidgetItem, QVBoxLayout)
 
 from app.library import Library, LibraryError, ModelEntry, ago
-from app.memory.units import size
+from app.units import size
 
 COLUMNS = ("Name", "Size", "RAM floor", "Last used")
 

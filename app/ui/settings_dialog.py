@@ -8,7 +8,7 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, 
                                QPlainTextEdit, QPushButton, QSpinBox, QTabWidget, QVBoxLayout, QWidget)
 
 from app.memory.stats import MemorySplit
-from app.memory.units import budget_problem, size
+from app.units import budget_problem, size
 from app.ui.tool_calls import ToolsPage
 from app.store.settings import MAX_ALTERNATIVES, Settings, format_stops, parse_stops, remote_api_key, set_remote_api_key
 

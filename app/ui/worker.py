@@ -11,7 +11,8 @@ The window talks to it with queued signals (``load``, ``generate``) and calls
 A turn with attached documents comes with a ``PassageSearch``: the collection
 is searched here, before the turn, through a connection this thread keeps
 (``citations`` reports the passages chosen), so the window never waits on the
-database.
+database. The passages are kept as a saved prefix (``keep_prefixes``: the local
+engine gets the document store's states, as ``ferry docs ask``'s does).
 
 Text is coalesced here: the window gets at most ~20 text signals a second,
 however fast the engine runs. Stats are sampled a few times a second.
@@ -33,6 +34,7 @@ from app.api import (EngineService, LiveStats, LoadOptions, LoadedModel, MemoryP
                      logprobs_content, open_model)
 from app.chat.summary import summarise_to_fit
 from app.chat.token_probs import compact
+from app.controller.passages import keep_prefixes
 from app.documents.prompt import Estimate
 from app.memory.stats import StatsSample, TurnFigures
 
@@ -101,7 +103,7 @@ class EngineWorker(QObject):
         try:
             want = int(options.context_length)
             from app.memory.plan import plan_container
-            from app.memory.units import budget_problem
+            from app.units import budget_problem
 
             plan = plan_container(path, want, activations=options.activations)   # the one budget rule
             problem = budget_problem(int(options.ram_budget), plan.floor, plan.recommended)
@@ -226,6 +228,7 @@ class EngineWorker(QObject):
             return
         if search is not None:
             turn = dataclasses.replace(turn, messages=list(turn.messages))
+            keep_prefixes(self.engine, search.store)     # the passages are read once, then restored
             try:
                 found = search.attach(turn, self._documents_for(search.store), self.model or Estimate)
             except Exception as exc:   # a damaged or locked database: said, and no answer without its documents

@@ -84,7 +84,7 @@ def test_the_speed_rule_has_one_source_for_configs_and_sources():
     """`ferry plan --config` (the catalogue) recommends by the same rule: OLMoE-1B-7B from its bf16 release on a
     64 GB machine gets 4-bit experts with uniform kernels, 8-bit ones where 8-bit kernels go twice as fast."""
     from app.get.catalogue import ENTRIES
-    from app.memory.plan_config import recommended_formats
+    from app.convert.plan_config import recommended_formats
 
     olmoe = next(e for e in ENTRIES if e.name.startswith("OLMoE")).config
     assert recommended_formats(olmoe, ram=64 << 30, speed=UNIFORM.get)[1] == "q4_0"
@@ -155,7 +155,7 @@ def test_k3_on_a_64_gb_mac_gets_a_4_bit_trunk_and_3_bit_experts():
     """The arithmetic behind the recommendation for the real K3 (its config's
     trunk: 56.7 G weights, `ferry plan --config`): at q8_0 it would take 57 GiB
     of a 64 GB Mac's RAM, at 4 bits about 35-37 GB."""
-    from app.memory.plan_config import plan_from_config
+    from app.convert.plan_config import plan_from_config
 
     config = json.loads(open(k3_config_path()).read())
     q8 = plan_from_config(config, expert_bits=3, trunk_bits=8, ctx=4096)
@@ -181,7 +181,7 @@ def test_plan_config_recommends_what_check_recommends(tmp_path):
     planned from the bare config are the ones validate_source recommends."""
     from app.memory.budget import MachineMemory
     from app.convert.validate import validate_source
-    from app.memory.plan_config import recommended_formats
+    from app.convert.plan_config import recommended_formats
     from tests.kimi import tiny_k3
 
     src = tmp_path / "k3"
@@ -210,7 +210,7 @@ def test_plan_config_counts_the_cache_policy_state(tmp_path):
     ~146 MiB) is in its floor, and a tiny K3 plans the very bytes its
     container's engine plan reports."""
     from app.engine.binding import container_plan
-    from app.memory.plan_config import plan_from_config
+    from app.convert.plan_config import plan_from_config
     from tests.kimi import tiny_k3
 
     config = json.loads(open(k3_config_path()).read())

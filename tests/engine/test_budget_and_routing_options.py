@@ -107,7 +107,7 @@ def test_routing_bounds_come_from_the_model():
 
 
 def test_one_byte_formatter():
-    from app.memory.units import size
+    from app.units import size
 
     assert [size(n) for n in (0, 1023, 1536, 23.4 * 2**20, 118 * GIB, 2 * 2**40)] == \
         ["0 bytes", "1023 bytes", "1.50 KiB", "23.4 MiB", "118 GiB", "2.00 TiB"]

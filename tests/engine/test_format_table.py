@@ -12,7 +12,7 @@ from app.convert.format_choices import EXPERT_CANDIDATES, TRUNK_CANDIDATES
 from app.convert.sources import CORE_FORMATS
 from app.engine._ferry_c import ffi, lib
 from app.engine.binding import FORMATS, _profile_part
-from app.memory import plan_config
+from app.convert import plan_config
 
 
 def test_python_view_equals_the_c_table():

@@ -137,6 +137,20 @@ def test_tiny_k3_answers_about_an_image(k3v):
     assert again.token_ids == done.token_ids and other.token_ids != done.token_ids
 
 
+def test_a_prompt_with_an_image_keeps_no_prefix(k3v):
+    """The window keeps its document passages as a saved prefix (``keep_prefix``); the saved-prefix step
+    reads tokens, not the tower's rows, so a conversation with an image keeps none (read as it is)."""
+    fmt = ChatFormat(k3v)
+    system = {"role": "system", "content": "Passages: the boiler is serviced in October. " * 4}
+    looked = ask("What is this?", png(50, 30)).messages[0]
+    plain = [system, {"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Hi"},
+             {"role": "user", "content": "When is the boiler serviced?"}]
+    assert fmt.prepare(TurnRequest(plain, keep_prefix=True), n_ctx=512).prefix_len > 16
+    with_image = [system, looked, {"role": "assistant", "content": "A red square."}, plain[-1]]
+    p = fmt.prepare(TurnRequest(with_image, keep_prefix=True, image_patch_budget=64), n_ctx=512)
+    assert len(p.images) == 1 and p.prefix_len == 0
+
+
 def test_image_positions_are_keyed_by_the_image(k3v):
     fmt = ChatFormat(k3v)
     a = fmt.prepare(ask("x", png(50, 30)), n_ctx=512)

@@ -16,7 +16,7 @@ from app.convert.convert import convert
 from app.convert.errors import SourceError
 from app.convert.layout import plan_layout, trunk_class
 from app.convert.sources import open_source
-from app.memory.plan_config import plan_from_config
+from app.convert.plan_config import plan_from_config
 from tests.convert.test_format_choices import k3_config_path
 from tests.kimi import k3_reference as ref
 from tests.kimi import tiny_k3

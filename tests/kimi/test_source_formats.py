@@ -10,8 +10,8 @@ import pytest
 
 from app.convert import compressed
 from app.convert.safetensors_file import Checkpoint
-from app.memory.plan_config import main as plan_main
-from app.memory.plan_config import plan_from_config
+from app.convert.plan_config import main as plan_main
+from app.convert.plan_config import plan_from_config
 
 K3_CONFIG = "/work/shared/spec/k3-config.json"
 
@@ -107,7 +107,7 @@ def test_plan_main_without_ram_uses_this_machine(capsys):
     # usable RAM (app.memory.budget.machine_memory), the path that crashed with
     # "No module named 'app.budget'".
     from app.memory.budget import machine_memory
-    from app.memory.plan_config import recommended_formats
+    from app.convert.plan_config import recommended_formats
 
     assert plan_main(["--config", K3_CONFIG, "--json"]) == 0
     out = json.loads(capsys.readouterr().out)

@@ -290,7 +290,7 @@ def test_per_model_settings_reset_and_presets(qtbot, make_window, tiny_chat):
 
 def test_gauges_show_the_budget_actually_chosen(qtbot, make_window, tiny_chat):
     from app.memory.plan import plan_container
-    from app.memory.units import size
+    from app.units import size
 
     w = make_window(tiny_chat, context_length=2048)          # no budget set: the one budget rule chooses
     chosen = plan_container(tiny_chat, w.model_info.n_ctx).recommended

@@ -426,7 +426,8 @@ def _attach(qtbot, w, path: Path) -> None:
 @pytest.mark.parametrize("container", FAMILIES, indirect=True)
 def test_attached_documents_give_docs_asks_turn(container, capsys, qtbot, make_window, tmp_path, kr, monkeypatch):
     """A note attached in the window (Attach…) and the same note asked about
-    with `ferry docs ask`: the same prompt ids and answer; and the window on a
+    with `ferry docs ask`: the same prompt ids and answer, the window restoring
+    the passages' state `docs ask` saved; and the window on a
     remote engine (a Ferry server) with the note attached gives that answer
     too (its passages chosen here, sent to the server)."""
     family, path = container
@@ -444,6 +445,8 @@ def test_attached_documents_give_docs_asks_turn(container, capsys, qtbot, make_w
     assert [c.passage for c in w.controller.citations[w.chat.visible()[-1].id]] == [p["passage"] for p in docs["passages"]]
     assert mine.prompt_ids == docs["prompt_ids"] and mine.token_ids == docs["tokens"]
     assert (mine.content, mine.reasoning) == (docs["model_text"], docs["reasoning"])
+    # the one prefill path: the window restored the passages `docs ask` read and saved
+    assert docs["prefix_state"] == "saved" and mine.prefix_state == "restored"
     with _served(path, ctx) as (server, _client):
         there = _remote_window(qtbot, make_window, server.url, max_tokens=N)
         _attach(qtbot, there, note)

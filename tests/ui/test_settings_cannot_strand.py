@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from PySide6.QtWidgets import QMessageBox
 
-from app.memory.units import size
+from app.units import size
 
 MIB = 1 << 20
 

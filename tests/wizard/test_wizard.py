@@ -245,7 +245,7 @@ def test_an_interrupted_conversion_resumes_with_its_expert_format(qtbot, wizard,
     """The format chosen is part of the note of an unfinished conversion: resuming
     plans (and converts) with it, not with the recommendation of the day."""
     from app.convert.convert import JOURNAL
-    from app.get import speed
+    from app.engine import speed
     from app.ui.wizard import pending
 
     # The day's recommendation follows the kernels' measured speed; on a loaded machine q8_0 can come out

@@ -11,7 +11,7 @@ from typing import Any, Callable
 from PySide6.QtCore import QObject, Signal
 from PySide6.QtWidgets import QLabel
 
-from app.memory.units import size  # noqa: F401  (the pages take it from here)
+from app.units import size  # noqa: F401  (the pages take it from here)
 
 SOURCE_KINDS = ("hf", "gguf", "demo", "download")
 RED, ORANGE, GREEN = "#c9302c", "#b35c00", "#2e7d32"
