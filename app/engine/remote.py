@@ -103,6 +103,7 @@ class RemoteEngine:
         self.timeout = timeout
         self.is_ferry = False
         self.n_ctx = 0
+        self.takes_tools = False   #: the server's card lists "tool_use" (a Ferry server whose format takes tools)
         self._cancel = threading.Event()
         self._lock = threading.Lock()
         self._socket: socket.socket | None = None
@@ -146,6 +147,8 @@ class RemoteEngine:
             raise RemoteError(f"{self.url} does not serve '{self.model}' (it serves: {names})")
         self.is_ferry = card.get("owned_by") == "ferry"
         self.n_ctx = int(card.get("max_model_len") or 0)
+        caps = card.get("capabilities")
+        self.takes_tools = isinstance(caps, list) and "tool_use" in caps
         return card
 
     # ---- generation

@@ -157,7 +157,9 @@ def build_api(service: EngineService, formatter: ChatFormatter | None, *, model_
         return shaped(request, server_error("The server failed while handling this request."))
 
     def card() -> ModelCard:
-        return ModelCard(id=model_id, created=created, owned_by="ferry", max_model_len=queue.n_ctx)
+        tools = formatter is not None and formatter.format.takes_tools
+        return ModelCard(id=model_id, created=created, owned_by="ferry", max_model_len=queue.n_ctx,
+                         capabilities=["tool_use"] if tools else [])
 
     @api.get("/v1/models", response_model=ModelList, responses=_error_responses(401))
     async def list_models() -> ModelList:

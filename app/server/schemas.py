@@ -165,6 +165,8 @@ class ModelCard(Open):
     created: int
     owned_by: str
     max_model_len: int | None = Field(default=None, description="the context length (as vLLM names it)")
+    capabilities: list[str] | None = Field(default=None, description="what the model's chat format can do, as LM "
+                                           "Studio lists it: \"tool_use\" when it takes tools")
 
 
 class ModelList(Open):

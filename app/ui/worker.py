@@ -171,7 +171,7 @@ class EngineWorker(QObject):
                                      info=_blank(ModelInfo, arch="remote", max_ctx=remote.n_ctx),
                                      plan=_blank(MemoryPlan), has_experts=remote.is_ferry, chat_format="remote",
                                      engine="remote", url=remote.url, provides=tuple(sorted(remote.provided)),
-                                     owned_by=owned_by, note=note))
+                                     owned_by=owned_by, note=note, takes_tools=remote.takes_tools))
 
     def _holder_left(self) -> bool:
         from app.api import holder_left

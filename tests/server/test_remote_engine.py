@@ -416,3 +416,20 @@ def test_a_remote_turn_carries_the_summary_note_and_continue():
     assert body["continue_final_message"] is True and body["add_generation_prompt"] is False
     plain = r.request_body(TurnRequest([{"role": "user", "content": "q"}]))
     assert "continue_final_message" not in plain and plain["messages"] == [{"role": "user", "content": "q"}]
+
+
+def test_a_ferry_server_says_whether_its_model_takes_tools(demo_container, tool_templates):
+    """The model card lists "tool_use" (LM Studio's word) when the chat format takes tools, so the window
+    offers its MCP tools to a remote Ferry model that can call them, and not to one that cannot."""
+    from app.api import RemoteEngine
+    from tests.server.conftest import Live
+
+    for container, takes in ((tool_templates["hermes"], True), (demo_container, False)):
+        live = Live(container)
+        try:
+            remote = RemoteEngine(live.url, "", live.key)
+            card = remote.check()
+            assert remote.takes_tools is takes and ("tool_use" in card["capabilities"]) is takes
+            remote.close()
+        finally:
+            live.close()
