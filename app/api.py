@@ -91,6 +91,7 @@ class ModelLoaded:
     owned_by: str | None = None             #: the remote model card's owner
     takes_tools: bool = False   #: its chat format can list tools (K3's, or a Jinja template that takes them)
     note: str = ""                          #: said when it opens ("using the model already open in Ferry...")
+    vision: dict | None = None  #: its vision tower's shape (the manifest's ``model.vision``): None, it cannot see images
 
     @property
     def remote(self) -> bool:

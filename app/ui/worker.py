@@ -148,7 +148,8 @@ class EngineWorker(QObject):
         loaded = ModelLoaded(path=str(path), name=model.name, n_ctx=session.n_ctx, info=info,
                              plan=plan, has_experts=bool(info.n_moe_layers and info.n_experts),
                              chat_format=service.format.kind, engine="local", recommended_budget=recommended,
-                             takes_tools=service.format.takes_tools)
+                             takes_tools=service.format.takes_tools,
+                             vision=model.vision_config if service.format.kind == "k3" else None)
         self._opened = (path, options, recommended, loaded)
         self.loaded.emit(loaded)
 
