@@ -123,6 +123,19 @@ def test_an_image_goes_with_the_question_and_stays_with_it(store, k3v, tmp_path,
         assert msgs[-1]["content"][1]["image_url"]["url"] == p.url
         assert p.url.split(",")[1][:40].encode() not in (tmp_path / "history.sqlite3").read_bytes()
         assert sorted(x.name for x in tmp_path.iterdir() if x.is_file() and "png" in x.name) == []
+        # exports keep the images beside the chat, as files the Markdown and the JSON name
+        out = tmp_path / "out"
+        out.mkdir()
+        md = c2.export(out / "my chat.md").read_text()
+        qid = c2.chat.visible()[0].id
+        kept = out / f"my chat-{qid}-1.png"
+        assert kept.read_bytes() == png() and f"![red.png](<my chat-{qid}-1.png>)" in md
+        import json
+        doc = json.loads(c2.export(out / "chat.json").read_text())
+        assert doc["messages"][0]["images"] == [{"name": "red.png", "file": f"chat-{qid}-1.png"}]
+        assert (out / f"chat-{qid}-1.png").read_bytes() == png()
+        assert sorted(x.name for x in out.iterdir()) == sorted(["my chat.md", kept.name, "chat.json",
+                                                                f"chat-{qid}-1.png"])
         c2.delete(fid)
         c2.delete(cid)
         assert again._db.execute("SELECT COUNT(*) FROM message_images").fetchone()[0] == 0
