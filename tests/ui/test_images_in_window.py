@@ -83,13 +83,17 @@ def test_attach_drop_paste_send_and_the_thumbnail(qtbot, make_window, k3v, tmp_p
     # the sent message shows the images as thumbnails
     bubble = next(m for m in w.chat_view.findChildren(QLabel) if m.accessibleName() == "Image red.png")
     assert not bubble.pixmap().isNull() and bubble.pixmap().width() > 0
-    if os.environ.get("FERRY_SCREENSHOT_DIR"):
+    if os.environ.get("FERRY_SCREENSHOT_DIR"):     # docs/screenshots/image-message.png: sent and pending
+        import numpy as np
+
+        y, x = np.mgrid[0:300, 0:400]
+        photo = np.stack([x * 255 // 400, y * 255 // 300, 255 - x * 255 // 400], -1).astype(np.uint8)
+        Image.fromarray(photo).save(tmp_path / "photo.png")
+        w.images.add_file(tmp_path / "photo.png")
+        w.composer.setPlainText("And this one?")
         w.resize(1024, 700)
-        qtbot.wait(200)
+        qtbot.wait(300)
         w.grab().save(os.path.join(os.environ["FERRY_SCREENSHOT_DIR"], "image-message.png"))
-        w.images.add_file(red)
-        qtbot.wait(200)
-        w.grab().save(os.path.join(os.environ["FERRY_SCREENSHOT_DIR"], "image-pending.png"))
 
 
 def test_a_model_without_a_tower_disables_the_button(qtbot, make_window, tiny_chat, tmp_path):
