@@ -196,7 +196,7 @@ class MainWindow(QMainWindow):
 
     def send(self) -> None:
         text = self.composer.toPlainText().strip()
-        if self.busy and text:     # the engine writes one answer at a time; the draft stays in the box
+        if self.busy and (text or self.controller.pending_images):   # one answer at a time; the draft stays
             where = "" if self.controller.on_screen else f" in “{self.controller.writing.title}”"
             return self.statusBar().showMessage(f"Wait for the answer{where}, or stop it (Esc)", 4000)
         if self.model_info is None or not (text or self.controller.pending_images):
