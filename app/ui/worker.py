@@ -30,7 +30,7 @@ from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from app.api import (EngineService, LiveStats, LoadOptions, LoadedModel, MemoryPlan, ModelHeld, ModelInfo, ModelLoaded,
                      PromptProgress, Reasoning, RemoteEngine, Text, ToolCallMade, TurnDone, TurnError, TurnRequest,
-                     logprobs_content, open_model)
+                     logprobs_content, open_model, vision_of)
 from app.chat.summary import summarise_to_fit
 from app.chat.token_probs import compact
 from app.documents.prompt import Estimate
@@ -135,7 +135,7 @@ class EngineWorker(QObject):
                                verify_reads=bool(options.verify_reads), activations=options.activations,
                                holder="the Ferry window", serve=_serve_shared)
         except ModelHeld as held:   # another Ferry process has it open: its engine answers (app.engine.registry)
-            self._use_remote(path, held.attach(), note=held.notice)
+            self._use_remote(path, held.attach(), note=held.notice, vision=vision_of(path))
             self._attached = (path, options, recommended, held.record)
             return
         info = model.engine.info
@@ -163,14 +163,15 @@ class EngineWorker(QObject):
         self._close()
         self._use_remote(path, remote, owned_by=card.get("owned_by"))
 
-    def _use_remote(self, path: str, remote, *, owned_by: str | None = "ferry", note: str = "") -> None:
+    def _use_remote(self, path: str, remote, *, owned_by: str | None = "ferry", note: str = "",
+                    vision: dict | None = None) -> None:
         with self._lock:
             self.remote = self.engine = remote
         self.loaded.emit(ModelLoaded(path=str(path), name=remote.model, n_ctx=remote.n_ctx,
                                      info=_blank(ModelInfo, arch="remote", max_ctx=remote.n_ctx),
                                      plan=_blank(MemoryPlan), has_experts=remote.is_ferry, chat_format="remote",
                                      engine="remote", url=remote.url, provides=tuple(sorted(remote.provided)),
-                                     owned_by=owned_by, note=note))
+                                     owned_by=owned_by, note=note, vision=vision))
 
     def _holder_left(self) -> bool:
         from app.api import holder_left

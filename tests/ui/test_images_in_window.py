@@ -105,3 +105,39 @@ def test_a_model_without_a_tower_disables_the_button(qtbot, make_window, tiny_ch
     # a dropped image is refused the same way
     drop(w, tmp_path / "red.png")
     assert w.controller.pending_images == []
+
+
+@pytest.mark.slow
+def test_an_image_to_the_engine_another_ferry_process_holds(qtbot, make_window, k3v, tmp_path, monkeypatch):
+    """A window attached to the K3 engine another Ferry process holds (its loopback API) takes images too:
+    the container's manifest says the model has a tower; the answer is the held engine's own."""
+    from app.api import EngineService, TurnRequest, collect, open_model
+    from app.vision.image import data_url
+    from tests.engine.test_registry import _holder, _wait_serving
+
+    monkeypatch.setenv("FERRY_SHARE", "1")
+    holder = _holder(k3v)
+    try:
+        _wait_serving(k3v, holder)
+        w = make_window(k3v, max_tokens=4)
+        assert w.models.info.remote and w.composer_bar.image_btn.isEnabled()
+        red = png_file(tmp_path / "red.png")
+        assert w.images.add_file(red)
+        with qtbot.waitSignal(w.answer_finished, timeout=LONG) as blocker:
+            w.send_text("What is this?")
+        assert blocker.args[0] in ("stop", "length"), w.statusBar().currentMessage()
+        got = w.chat.visible()[-1]
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
+    model = open_model(k3v, share=False)
+    service = EngineService(model, model.new_session(2048))
+    try:
+        ref = collect(service.submit(TurnRequest([{"role": "user", "content": [
+            {"type": "text", "text": "What is this?"},
+            {"type": "image_url", "image_url": {"url": data_url(red.read_bytes())}}]}], max_tokens=4)))
+    finally:
+        service.close()
+        model.close()
+    assert ref.prompt_ids.count(tiny_k3.MEDIA_PAD) > 0
+    assert (got.content, got.thinking) == (ref.content, ref.reasoning)
