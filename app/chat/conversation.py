@@ -268,7 +268,7 @@ class Chat:
         for m in self.tree.path(upto_id):
             if m.role in ("user", "assistant"):
                 msgs.append(with_images({"role": m.role, "content": m.content},
-                                        [url_part(i["url"]) for i in m.images]))   # OpenAI's shape: a server takes it
+                                        [url_part(i["url"], i.get("name", "")) for i in m.images]))
         return msgs
 
     def to_markdown(self) -> str:

@@ -416,3 +416,13 @@ def test_a_remote_turn_carries_the_summary_note_and_continue():
     assert body["continue_final_message"] is True and body["add_generation_prompt"] is False
     plain = r.request_body(TurnRequest([{"role": "user", "content": "q"}]))
     assert "continue_final_message" not in plain and plain["messages"] == [{"role": "user", "content": "q"}]
+
+
+def test_image_parts_go_to_a_server_in_openais_shape():
+    """The front ends name their image parts (the file's name, for their own messages); a server gets
+    OpenAI's shape, as a strict one (Ferry's own) refuses keys it does not know."""
+    r = RemoteEngine("http://127.0.0.1:9/v1", "m")
+    part = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    body = r.request_body(TurnRequest([{"role": "user", "content": [
+        {"type": "text", "text": "q"}, {**part, "name": "red.png"}]}]))
+    assert body["messages"] == [{"role": "user", "content": [{"type": "text", "text": "q"}, part]}]
