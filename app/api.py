@@ -47,7 +47,7 @@ __all__ = [
     "Finished", "LiveStats", "Logprob", "PromptProgress", "Reasoning", "Text", "Token", "TokenLogprob",
     "ToolCallDelta", "ToolCallMade", "TurnDone", "TurnEvent",
     # opening a model, and what the window's worker reports of it
-    "open_model", "LoadedModel", "ModelError", "LoadOptions", "ModelHeld", "ModelLoaded", "holder_left", "ModelInfo", "MemoryPlan",
+    "open_model", "LoadedModel", "ModelError", "LoadOptions", "ModelHeld", "ModelLoaded", "holder_left", "vision_of", "ModelInfo", "MemoryPlan",
     "ACTIVATION_CHOICES", "DEFAULT_ACTIVATIONS", "describe_activations", "KERNEL_CHOICES", "FerryError", "verify",
     # the pipeline's parts a front end shapes requests and answers with
     "ChatFormat", "Prepared", "MAX_STOPS", "MAX_STOP_CHARS", "MAX_TOP_LOGPROBS", "check_routing", "apply_routing",
@@ -91,6 +91,7 @@ class ModelLoaded:
     owned_by: str | None = None             #: the remote model card's owner
     takes_tools: bool = False   #: its chat format can list tools (K3's, or a Jinja template that takes them)
     note: str = ""                          #: said when it opens ("using the model already open in Ferry...")
+    vision: dict | None = None  #: its vision tower's shape (the manifest's ``model.vision``): None, it cannot see images
 
     @property
     def remote(self) -> bool:
@@ -125,6 +126,19 @@ class ModelHeld(ModelError):
             raise ModelError(f"the Ferry process holding {Path(self.record.path).name} (pid {self.record.pid}) "
                              f"does not answer: {exc}") from None
         return engine
+
+
+def vision_of(container: str | os.PathLike) -> dict | None:
+    """The vision tower a container's manifest gives (``model.vision``; what ``LoadedModel.vision_config``
+    reads), without opening it: how the window knows that the engine another Ferry process holds for
+    it can see images. None: no tower, or no readable manifest."""
+    from app.engine.container_files import ContainerFileError, read_manifest
+
+    try:
+        v = (read_manifest(container).get("model") or {}).get("vision")
+    except (ContainerFileError, OSError, AttributeError):
+        return None
+    return v if isinstance(v, dict) else None
 
 
 def open_model(path: str | os.PathLike, *, ram_budget: int = 0, threads: int = 0, n_ctx: int = 0,

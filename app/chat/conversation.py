@@ -119,18 +119,19 @@ class Chat:
 
     # ---- starting a turn
 
-    def send(self, text: str, system_prompt: str = "") -> TurnStart:
-        """A new question after the branch on screen, and an empty answer to fill."""
+    def send(self, text: str, system_prompt: str = "", images: list[dict] | None = None) -> TurnStart:
+        """A new question after the branch on screen, and an empty answer to fill. ``images``
+        ({"name", "url"}: a data URL) go with the question: kept with it, in its prompt as image parts."""
         self._idle_check()
         text = text.strip()
-        if not text:
+        if not text and not images:
             raise ChatError("the message is empty")
         if self.id is None:
-            self.title = _title_from(text)
+            self.title = _title_from(text) if text else images[0].get("name") or "Image"
             self.id = self.store.create_conversation(self.title, model=self.model_name)
             self.first_model = self.model_name
         parent = self.tree.leaf_id
-        uid = self._add(parent, "user", text)
+        uid = self._add(parent, "user", text, images=images)
         return self._start_answer(uid, system_prompt)
 
     def regenerate(self, assistant_id: int, system_prompt: str = "") -> TurnStart:
@@ -148,9 +149,9 @@ class Chat:
         if m.role != "user":
             raise ChatError("only a question can be edited")
         new_text = new_text.strip()
-        if not new_text:
+        if not new_text and not m.images:
             raise ChatError("the message is empty")
-        uid = self._add(m.parent_id, "user", new_text)
+        uid = self._add(m.parent_id, "user", new_text, images=m.images)   # the question's images stay with it
         return self._start_answer(uid, system_prompt)
 
     def continue_answer(self, assistant_id: int, system_prompt: str = "") -> TurnStart:
@@ -181,7 +182,7 @@ class Chat:
 
     def fork(self, message_id: int) -> int:
         """Fork: a new conversation holding a copy of the turns from the first message to ``message_id``
-        (text, thinking, status and each answer's record: its figures, citations, what wrote it), titled
+        (text, thinking, status, a question's images and each answer's record: its figures, citations, what wrote it), titled
         after this one. Returns its id; this conversation is unchanged."""
         path = self.tree.path(message_id)
         if not path or path[-1].id != message_id or message_id == self.streaming_id:
@@ -189,7 +190,8 @@ class Chat:
         fid = self.store.create_conversation(f"{self.title} (fork)", model=self.first_model or self.model_name)
         parent = None
         for m in path:
-            parent = self.store.add_message(fid, parent, m.role, m.content, thinking=m.thinking, status=m.status)
+            parent = self.store.add_message(fid, parent, m.role, m.content, thinking=m.thinking, status=m.status,
+                                            images=m.images)
             if m.stats or m.thinking_seconds:
                 self.store.update_message(parent, thinking_seconds=m.thinking_seconds, stats=m.stats or None)
         return fid
@@ -258,11 +260,15 @@ class Chat:
     # ---- output
 
     def prompt_messages(self, upto_id: int, system_prompt: str = "") -> list[dict[str, str]]:
-        """The chat-template messages for the path ending at ``upto_id``."""
+        """The chat-template messages for the path ending at ``upto_id`` (a question's images as image
+        parts after its text)."""
+        from app.vision.image import url_part, with_images
+
         msgs = [{"role": "system", "content": system_prompt}] if system_prompt.strip() else []
         for m in self.tree.path(upto_id):
             if m.role in ("user", "assistant"):
-                msgs.append({"role": m.role, "content": m.content})
+                msgs.append(with_images({"role": m.role, "content": m.content},
+                                        [url_part(i["url"], i.get("name", "")) for i in m.images]))
         return msgs
 
     def to_markdown(self) -> str:
@@ -282,11 +288,13 @@ class Chat:
         self._last_save = self.clock()
         return TurnStart(aid, messages)
 
-    def _add(self, parent_id: int | None, role: str, text: str, status: str = "done") -> int:
+    def _add(self, parent_id: int | None, role: str, text: str, status: str = "done",
+             images: list[dict] | None = None) -> int:
         assert self.id is not None
-        mid = self.store.add_message(self.id, parent_id, role, text, status=status)
+        images = [{"name": i.get("name") or f"image {n + 1}", "url": i["url"]} for n, i in enumerate(images or ())]
+        mid = self.store.add_message(self.id, parent_id, role, text, status=status, images=images)
         self.tree.add(MessageRecord(id=mid, conversation_id=self.id, parent_id=parent_id, role=role,
-                                    content=text, status=status, created=time.time()))
+                                    content=text, status=status, created=time.time(), images=images))
         self.tree.leaf_id = mid
         return mid
 

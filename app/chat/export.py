@@ -2,7 +2,9 @@
 
 The JSON holds what is needed to audit or reproduce an answer: every message
 with its thinking, status, token counts and timing, the passages it could cite,
-the model and the sampling settings."""
+the model and the sampling settings. A question's images are written as files
+beside the export (``<name>-<message id>-<n>.png``) and referenced by that
+relative name from the Markdown and the JSON."""
 from __future__ import annotations
 
 import html
@@ -33,9 +35,32 @@ def _shown(m, shown: dict | None) -> tuple[str, list]:
     return text, list(cited)
 
 
+#: An exported image's file extension by the data URL's type.
+_IMAGE_EXT = {"png": ".png", "jpeg": ".jpg", "gif": ".gif", "webp": ".webp", "bmp": ".bmp", "tiff": ".tif"}
+
+
+def image_files(chat, path: str | Path) -> dict[tuple[int, int], str]:
+    """(message id, image index) -> the file name each image of the branch gets beside the export at
+    ``path``: derived from the export's name, never from the image's own (which could name any place)."""
+    stem = Path(path).stem
+    names = {}
+    for m in chat.visible():
+        for i, img in enumerate(m.images):
+            kind = str(img.get("url", ""))[len("data:image/"):].split(";", 1)[0].lower()
+            names[(m.id, i)] = f"{stem}-{m.id}-{i + 1}{_IMAGE_EXT.get(kind, '.img')}"
+    return names
+
+
+def _images(m, files: dict | None) -> list[dict]:
+    return [{"name": img.get("name", ""), **({"file": files[(m.id, i)]} if files and (m.id, i) in files else {})}
+            for i, img in enumerate(m.images)]
+
+
 def as_dict(chat, *, model: str = "", sampling: dict | None = None,
-            citations: dict[int, list] | None = None, shown: dict | None = None) -> dict:
-    """``citations``: message id -> the passages its prompt held; ``shown``: see ``_shown``."""
+            citations: dict[int, list] | None = None, shown: dict | None = None,
+            files: dict | None = None) -> dict:
+    """``citations``: message id -> the passages its prompt held; ``shown``: see ``_shown``; ``files``:
+    where the images were written (``image_files``)."""
     citations = citations or {}
     messages = []
     for m in chat.visible():
@@ -43,6 +68,8 @@ def as_dict(chat, *, model: str = "", sampling: dict | None = None,
         d = {"id": m.id, "parent_id": m.parent_id, "role": m.role, "content": text,
              "created": m.created, "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(m.created)),
              "status": m.status}
+        if m.images:                # the question's images: their names and the files beside the export
+            d["images"] = _images(m, files)
         if text != m.content:       # markers the window added where a sentence matches a passage
             d["model_content"] = m.content
         if m.thinking:
@@ -84,7 +111,7 @@ STATUS_NOTE = {"cancelled": "stopped", "error": "ended by an error", "length": "
                "context_full": "stopped: the context is full"}
 
 
-def to_markdown(chat, *, shown: dict | None = None, **_kw) -> str:
+def to_markdown(chat, *, shown: dict | None = None, files: dict | None = None, **_kw) -> str:
     """The branch on screen as Markdown: who wrote each message (and which model) and when, thinking
     (escaped) folded in ``<details>``, the text as shown with its ``[n]`` markers, and under each answer
     the sources it cites, each once."""
@@ -97,8 +124,11 @@ def to_markdown(chat, *, shown: dict | None = None, **_kw) -> str:
             secs = f" ({m.thinking_seconds:.0f} s)" if m.thinking_seconds else ""
             lines += [f"<details><summary>Thinking{secs}</summary>", "", "<pre>", html.escape(m.thinking.strip()),
                       "</pre>", "", "</details>", ""]
+        for img in _images(m, files):     # a question's images, as the files beside the export
+            alt = img["name"].replace("]", ")").replace("[", "(")
+            lines += [f"![{alt}](<{img['file']}>)" if img.get("file") else f"*[image: {alt}]*", ""]
         text, cited = _shown(m, shown)
-        lines += [text.strip() or "*(no answer)*", ""]
+        lines += [text.strip() or ("" if m.images else "*(no answer)*"), ""]
         if m.status in STATUS_NOTE:
             lines += [f"*({STATUS_NOTE[m.status]})*", ""]
         if cited:
@@ -116,10 +146,20 @@ def to_markdown(chat, *, shown: dict | None = None, **_kw) -> str:
 
 
 def write(chat, path: str | Path, fmt: str | None = None, **kw) -> Path:
-    """Write the conversation to ``path`` as ``fmt`` ("md" or "json"; by default from the suffix)."""
+    """Write the conversation to ``path`` as ``fmt`` ("md" or "json"; by default from the suffix), its
+    images as files beside it (``image_files``)."""
+    from app.vision.image import ImageError, data_url_bytes
+
     path = Path(path)
     fmt = fmt or ("json" if path.suffix.lower() == ".json" else "md")
     if fmt not in FORMATS:
         raise ValueError(f"unknown export format {fmt!r}: use md or json")
-    text = to_json(chat, **kw) if fmt == "json" else to_markdown(chat, **kw)
+    files = image_files(chat, path)
+    for m in chat.visible():
+        for i, img in enumerate(m.images):
+            try:
+                write_private(path.with_name(files[(m.id, i)]), data_url_bytes(img.get("url", ""), img.get("name")))
+            except ImageError:       # kept by another version in a form we cannot read: named, not written
+                files.pop((m.id, i))
+    text = to_json(chat, files=files, **kw) if fmt == "json" else to_markdown(chat, files=files, **kw)
     return write_private(path, text)   # a conversation in the clear: the user's eyes only

@@ -354,23 +354,16 @@ def add_images(p: argparse.ArgumentParser) -> None:
 
 def image_parts(paths) -> list[dict]:
     """The content parts of image files (data URLs), or a UsageError naming the bad one."""
-    from app.vision.image import ImageError, data_url, read_file
+    from app.vision.image import ImageError, data_url, read_file, url_part
 
     parts = []
     for path in paths or ():
         name = os.path.basename(path)
         try:
-            parts.append({"type": "image_url", "image_url": {"url": data_url(read_file(path), name)}, "name": name})
+            parts.append(url_part(data_url(read_file(path), name), name))
         except ImageError as exc:
             raise UsageError(str(exc)) from None
     return parts
-
-
-def with_images(message: dict, parts: list[dict]) -> dict:
-    """A user message with image parts after its text."""
-    if not parts:
-        return message
-    return {**message, "content": [{"type": "text", "text": message["content"]}, *parts]}
 
 
 def turn_request(args, messages: list[dict], *, raw: bool = False, client: str = "cli",

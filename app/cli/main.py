@@ -16,12 +16,12 @@ from app.api import (FerryError, ModelError, ModelHeld, PromptProgress, Reasonin
                      TurnError, TurnRequest, describe_activations, log_softmax, logprobs_content, verify)
 from app.cli.common import (PromptMeter, Turns, UsageError, add_images, add_logprobs, add_model_options, add_routing,
                             add_sampling, add_server_model, image_parts, logprobs_problem, open_from_args, parse_size,
-                            progress_printer, resolve_model, turn_request, number_argument_problem, with_images)
+                            progress_printer, resolve_model, turn_request, number_argument_problem)
 from app.convert.convert import ConvertError, convert
 from app.convert.errors import SourceError
 from app.convert.format_choices import RECOMMENDED
 from app.convert.layout import FORMAT_CHOICES
-from app.vision.image import DEFAULT_PATCH_BUDGET, MAX_PATCH_BUDGET, MIN_PATCH_BUDGET
+from app.vision.image import DEFAULT_PATCH_BUDGET, MAX_PATCH_BUDGET, MIN_PATCH_BUDGET, with_images
 from app.chat.summary import summarise_to_fit
 from app.memory.plan import describe, plan_container
 from app.text_input import not_text, text_argument_problem, tolerant_stdin
@@ -400,14 +400,13 @@ def _image_cost(turns: Turns, args, path: str) -> str:
     cfg = model.vision_config if model is not None else None
     if cfg is None:
         return ""
-    from app.vision.image import ImageError, read_file
+    from app.vision.image import ImageError, describe_cost, read_file
 
     try:
         img = model.prepare_image(read_file(path), os.path.basename(path), args.image_budget)
     except ImageError:
         return ""
-    g = img.grid
-    return f": {g.width} x {g.height} px, {g.patches} patches, {g.positions} prompt positions"
+    return ": " + describe_cost(img.grid)
 
 
 def _eval_request(args, prompt: str) -> TurnRequest:

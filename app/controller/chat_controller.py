@@ -33,6 +33,7 @@ from app.documents.store import CONVERSATION_PREFIX, DocumentError, DocumentStor
 from app.memory.stats import TurnFigures
 from app.store.history import HistoryStore, MessageRecord
 from app.store.settings import Settings
+from app.vision.image import DEFAULT_PATCH_BUDGET, Grid, data_url, describe_cost, preview
 
 
 #: An answer's status when the context, not the longest-answer setting, stopped it.
@@ -137,6 +138,20 @@ class TurnState:
     summary: object = None           #: the app.chat.summary.ContextSummary written before this answer, if any
 
 
+@dataclass
+class PendingImage:
+    """An image that goes with the next message (the composer shows its thumbnail and cost)."""
+
+    name: str
+    url: str                 #: a data: URL: how the message carries it (and the history keeps it)
+    grid: Grid               #: where it goes under the patch budget: its cost
+    thumbnail_png: bytes = field(default=b"", repr=False)
+
+    @property
+    def cost(self) -> str:
+        return describe_cost(self.grid)
+
+
 class ChatController:
     """``settings()``: the settings in effect for the open model (its own values over the general ones)."""
 
@@ -154,6 +169,7 @@ class ChatController:
         self.turn = TurnState()
         self.tools = ToolSession()   #: MCP tools: the servers the window connected, trust, this answer's rounds
         self._continued: dict = {}
+        self.pending_images: list[PendingImage] = []   #: the images the next message carries
         self._documents: DocumentStore | None = None
         self._watcher = None
 
@@ -242,12 +258,47 @@ class ChatController:
     # ------------------------------------------------------------ starting a turn
 
     def send(self, text: str) -> TurnStart:
+        """The question ``text`` with the pending images (``attach_image``), which it then keeps."""
         self._idle()
+        if self.pending_images and self.image_support():
+            raise ChatError(self.image_support())
         untitled = self.chat.id is not None and not self.chat.visible()   # saved by Attach… before any question
-        start = self._writes(self.chat.send(text, self.settings().system_prompt))
-        if untitled:
+        images = [{"name": p.name, "url": p.url} for p in self.pending_images]
+        start = self._writes(self.chat.send(text, self.settings().system_prompt, images))
+        self.pending_images = []
+        if untitled and text.strip():
             self.chat.rename(_title_from(text))
         return start
+
+    # ------------------------------------------------------------ images (a model with a vision tower)
+
+    def image_support(self) -> str:
+        """Why the open model cannot take an image ("" when it can: a local K3 with its vision tower)."""
+        m = self.model
+        if m is None:
+            return "Open a model first"
+        if getattr(m, "vision", None) is None:
+            if getattr(m, "remote", False):
+                return f"{m.name} is a remote model: images go to a local model with a vision tower (Kimi K3)"
+            return f"{m.name} cannot see images (it has no vision tower; Kimi K3 has one)"
+        return ""
+
+    def attach_image(self, data: bytes, name: str) -> PendingImage:
+        """An image for the next message, checked as the pipeline will (``ImageError``: one line naming it;
+        ``ChatError`` when the model cannot see images); nothing is kept when it is refused."""
+        why = self.image_support()
+        if why:
+            raise ChatError(why)
+        v = self.model.vision
+        grid, thumb = preview(data, name, patch_budget=DEFAULT_PATCH_BUDGET, patch=int(v.get("patch_size", 14)),
+                              merge=int(v.get("merge_h", 2)))
+        pending = PendingImage(name, data_url(data, name), grid, thumb)
+        self.pending_images.append(pending)
+        return pending
+
+    def remove_image(self, index: int) -> None:
+        if 0 <= index < len(self.pending_images):
+            del self.pending_images[index]
 
     def regenerate(self, assistant_id: int) -> TurnStart:
         self._idle()
@@ -321,8 +372,11 @@ class ChatController:
 
     @staticmethod
     def _query(start: TurnStart) -> str:
-        """What the documents are searched for: the turn's last question."""
-        return next((m["content"] for m in reversed(start.messages) if m["role"] == "user"), "")
+        """What the documents are searched for: the turn's last question (its text, not its images)."""
+        content = next((m["content"] for m in reversed(start.messages) if m["role"] == "user"), "")
+        if isinstance(content, list):
+            return " ".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+        return content
 
     def started(self, gen_id: int) -> None:
         self.turn.gen_id = gen_id

@@ -185,11 +185,12 @@ class RemoteEngine:
             client.close()
 
     def request_body(self, request: TurnRequest) -> dict[str, Any]:
+        """The chat completion request for ``request`` (OpenAI's fields, Ferry's extras when set)."""
         p = request.sampling
         if request.context_note:    # a summary of earlier turns: in the system message, as the local pipeline puts it
             request = with_note(request)
         body: dict[str, Any] = {
-            "model": self.model, "messages": [dict(m) for m in request.messages], "stream": True,
+            "model": self.model, "messages": [_wire(m) for m in request.messages], "stream": True,
             "stream_options": {"include_usage": True}, "max_tokens": int(request.max_tokens or 512),
             "temperature": float(p.temperature), "top_p": float(p.top_p)}
         optional = {"top_k": int(p.top_k), "min_p": float(p.min_p), "seed": p.seed,
@@ -482,3 +483,14 @@ def _error_message(r: httpx.Response) -> str:
     except (ValueError, AttributeError):
         pass
     return r.text[:300] or r.reason_phrase
+
+
+def _wire(message: dict) -> dict:
+    """A message as OpenAI's API spells it: an image part's file name (which the front ends keep for
+    their own messages) is left out, as a strict server refuses keys it does not know."""
+    m = dict(message)
+    if isinstance(m.get("content"), list):
+        m["content"] = [{k: v for k, v in part.items() if k != "name"}
+                        if isinstance(part, dict) and part.get("type") == "image_url" else part
+                        for part in m["content"]]
+    return m

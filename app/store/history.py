@@ -51,6 +51,13 @@ CREATE TABLE IF NOT EXISTS messages (
     stats TEXT NOT NULL DEFAULT '{}'
 );
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id);
+CREATE TABLE IF NOT EXISTS message_images (
+    message_id INTEGER NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
+    idx INTEGER NOT NULL,
+    name BLOB NOT NULL,
+    data BLOB NOT NULL,
+    PRIMARY KEY (message_id, idx)
+);
 """
 
 
@@ -103,6 +110,8 @@ class MessageRecord:
     status: str = "done"      #: "done", "streaming", "stop", "length", "cancelled", "error"
     created: float = 0.0
     stats: dict = field(default_factory=dict)
+    #: the images a question carries: {"name": file name, "url": a data: URL} (sealed like the body)
+    images: list[dict] = field(default_factory=list)
 
 
 class HistoryStore:
@@ -157,6 +166,8 @@ class HistoryStore:
 
     def delete_conversation(self, conversation_id: int) -> None:
         with self._db:
+            self._db.execute("DELETE FROM message_images WHERE message_id IN "
+                             "(SELECT id FROM messages WHERE conversation_id = ?)", (conversation_id,))
             self._db.execute("DELETE FROM messages WHERE conversation_id = ?", (conversation_id,))
             self._db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
 
@@ -188,14 +199,16 @@ class HistoryStore:
         found = []
         for info in self.conversations():
             if not q or q in info.title.casefold() or any(
-                    q in m.content.casefold() or q in m.thinking.casefold() for m in self.messages(info.id)):
+                    q in m.content.casefold() or q in m.thinking.casefold()
+                    for m in self.messages(info.id, images=False)):
                 found.append(info)
         return found
 
     # ---- messages
 
     def add_message(self, conversation_id: int, parent_id: int | None, role: str, content: str = "", *,
-                    thinking: str = "", status: str = "done") -> int:
+                    thinking: str = "", status: str = "done", images: list[dict] | None = None) -> int:
+        """A message; ``images`` ({"name", "url"}: a data URL) are kept with it, sealed like its body."""
         now = time.time()
         with self._db:
             cur = self._db.execute(
@@ -204,6 +217,10 @@ class HistoryStore:
             mid = int(cur.lastrowid)
             self._db.execute("UPDATE messages SET body = ?, thinking = ? WHERE id = ?",
                              (self._enc(content, mid, "body"), self._enc(thinking, mid, "thinking"), mid))
+            for i, img in enumerate(images or ()):
+                self._db.execute("INSERT INTO message_images(message_id, idx, name, data) VALUES (?, ?, ?, ?)",
+                                 (mid, i, self._enc(str(img.get("name") or f"image {i + 1}"), mid, f"image{i}.name"),
+                                  self._enc(str(img["url"]), mid, f"image{i}.data")))
             self._db.execute("UPDATE conversations SET updated = ?, leaf_id = ? WHERE id = ?",
                              (now, mid, conversation_id))
         return mid
@@ -234,14 +251,25 @@ class HistoryStore:
             self._db.execute("UPDATE conversations SET updated = ? WHERE id = "
                              "(SELECT conversation_id FROM messages WHERE id = ?)", (time.time(), message_id))
 
-    def messages(self, conversation_id: int) -> list[MessageRecord]:
+    def messages(self, conversation_id: int, *, images: bool = True) -> list[MessageRecord]:
+        """The conversation's messages, oldest first; ``images`` False leaves the images unread."""
         rows = self._db.execute(
             "SELECT id, conversation_id, parent_id, role, body, thinking, thinking_seconds, status, created, stats "
             "FROM messages WHERE conversation_id = ? ORDER BY id", (conversation_id,)).fetchall()
-        return [MessageRecord(id=r[0], conversation_id=r[1], parent_id=r[2], role=r[3],
-                              content=self._dec(r[4], r[0], "body"), thinking=self._dec(r[5], r[0], "thinking"),
-                              thinking_seconds=r[6], status=r[7], created=r[8], stats=json.loads(r[9] or "{}"))
-                for r in rows]
+        out = [MessageRecord(id=r[0], conversation_id=r[1], parent_id=r[2], role=r[3],
+                             content=self._dec(r[4], r[0], "body"), thinking=self._dec(r[5], r[0], "thinking"),
+                             thinking_seconds=r[6], status=r[7], created=r[8], stats=json.loads(r[9] or "{}"))
+               for r in rows]
+        if images and out:
+            by_id = {m.id: m for m in out}
+            for mid, idx, name, data in self._db.execute(
+                    "SELECT i.message_id, i.idx, i.name, i.data FROM message_images i JOIN messages m "
+                    "ON m.id = i.message_id WHERE m.conversation_id = ? ORDER BY i.message_id, i.idx",
+                    (conversation_id,)):
+                if mid in by_id:
+                    by_id[mid].images.append({"name": self._dec(name, mid, f"image{idx}.name"),
+                                              "url": self._dec(data, mid, f"image{idx}.data")})
+        return out
 
     def close(self) -> None:
         if self._db is not None:

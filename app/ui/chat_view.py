@@ -15,6 +15,7 @@ from app.controller.chat_controller import CONTEXT_FULL, WRITER, describe_writer
 from app.store.history import MessageRecord
 from app.ui import theme
 from app.ui.elided import ElidedLabel
+from app.ui.image_attach import message_images
 from app.ui.markdown import render
 from app.ui.tool_calls import ToolCallsView
 
@@ -300,6 +301,9 @@ class MessageWidget(QFrame):
         self.thinking = ThinkingPanel(self)
         self.thinking.setVisible(False)
         outer.addWidget(self.thinking)
+        self.images = message_images(record.images, self)   # a question's images, as thumbnails
+        if self.images is not None:
+            outer.addWidget(self.images)
         self.body = AutoBrowser(self)
         self.body.cite.connect(lambda n: self.cite.emit(self.message_id, n))
         self.body.setAccessibleName("Your message" if record.role == "user" else "Answer")

@@ -1,5 +1,6 @@
-"""The composer bar under the chat: the message box, Send and Stop, and the
-prompt-reading progress line above them. Enter (or Shift+Enter, as the
+"""The composer bar under the chat: the message box, Send and Stop, Attach
+image (app/ui/image_attach.py fills it and the row of pending images above
+the box), and the prompt-reading progress line above them. Enter (or Shift+Enter, as the
 settings say) sends; the other inserts a new line."""
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPro
 class ComposerBar(QFrame):
     send_requested = Signal()
     stop_requested = Signal()
+    cleared = Signal()     #: the message was sent: the box and the pending images are emptied
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -38,11 +40,14 @@ class ComposerBar(QFrame):
         self.setup_label.setTextFormat(Qt.TextFormat.PlainText)
         self.setup_label.setVisible(False)
         bl.addWidget(self.setup_label, 0, Qt.AlignmentFlag.AlignLeft)
+        self.images_row = QWidget()        #: the pending images' thumbnails and costs (image_attach.py)
+        self.images_row.setVisible(False)
+        bl.addWidget(self.images_row)
         crow = QHBoxLayout()
         self.editor = QPlainTextEdit()
         self.editor.setAccessibleName("Message")
         self.editor.installEventFilter(self)
-        self.editor.setFixedHeight(76)
+        self.editor.setFixedHeight(98)
         crow.addWidget(self.editor, 1)
         btns = QVBoxLayout()
         self.send_btn = QPushButton("Send")
@@ -54,10 +59,18 @@ class ComposerBar(QFrame):
         self.stop_btn.setAccessibleName("Stop")
         self.stop_btn.setToolTip("Stop the answer (Esc)")
         self.stop_btn.clicked.connect(self.stop_requested)
+        self.image_btn = QPushButton("Attach image…")
+        self.image_btn.setAccessibleName("Attach image")
         btns.addWidget(self.send_btn)
         btns.addWidget(self.stop_btn)
+        btns.addWidget(self.image_btn)
         crow.addLayout(btns)
         bl.addLayout(crow)
+
+    def clear(self) -> None:
+        """The message went: the box is emptied, and the images it carried leave the row."""
+        self.editor.clear()
+        self.cleared.emit()
 
     def send_keys(self) -> str:
         return ("Enter sends, Shift+Enter for a new line" if self.enter_sends() else

@@ -29,6 +29,7 @@ from app.ui import export_dialog
 from app.ui.gauges import GaugeDock
 from app.ui.model_host import ModelHost
 from app.ui.settings_dialog import SettingsDialog
+from app.ui.image_attach import ImageAttach
 from app.ui.tool_rounds import ToolRounds
 from app.ui.top_bar import TopBar
 from app.ui.welcome import WelcomePage
@@ -127,6 +128,7 @@ class MainWindow(QMainWindow):
         self.composer, self.send_btn, self.stop_btn = bar.editor, bar.send_btn, bar.stop_btn
         self.prompt_row, self.prompt_label, self.prompt_bar = bar.prompt_row, bar.prompt_label, bar.prompt_bar
         self.tools = ToolRounds(self, page)   # MCP tool calls between the parts of an answer
+        self.images = ImageAttach(self, page)   # images for the next message: attach, drop, paste
         self.tool_approval = self.tools.approval
         self.stack.addWidget(self.chat_page)
         cl.addWidget(self.stack, 1)
@@ -194,13 +196,13 @@ class MainWindow(QMainWindow):
 
     def send(self) -> None:
         text = self.composer.toPlainText().strip()
-        if self.busy and text:     # the engine writes one answer at a time; the draft stays in the box
+        if self.busy and (text or self.controller.pending_images):   # one answer at a time; the draft stays
             where = "" if self.controller.on_screen else f" in “{self.controller.writing.title}”"
             return self.statusBar().showMessage(f"Wait for the answer{where}, or stop it (Esc)", 4000)
-        if self.model_info is None or not text:
+        if self.model_info is None or not (text or self.controller.pending_images):
             return
         start = self.controller.send(text)
-        self.composer.clear()
+        self.composer_bar.clear()
         self._begin(start)
 
     def send_text(self, text: str) -> None:

@@ -31,7 +31,7 @@ from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from app.api import (EngineService, LiveStats, LoadOptions, LoadedModel, MemoryPlan, ModelHeld, ModelInfo, ModelLoaded,
                      PromptProgress, Reasoning, RemoteEngine, Text, ToolCallMade, TurnDone, TurnError, TurnRequest,
-                     logprobs_content, open_model)
+                     logprobs_content, open_model, vision_of)
 from app.chat.summary import summarise_to_fit
 from app.chat.token_probs import compact
 from app.controller.passages import keep_prefixes
@@ -137,7 +137,7 @@ class EngineWorker(QObject):
                                verify_reads=bool(options.verify_reads), activations=options.activations,
                                holder="the Ferry window", serve=_serve_shared)
         except ModelHeld as held:   # another Ferry process has it open: its engine answers (app.engine.registry)
-            self._use_remote(path, held.attach(), note=held.notice)
+            self._use_remote(path, held.attach(), note=held.notice, vision=vision_of(path))
             self._attached = (path, options, recommended, held.record)
             return
         info = model.engine.info
@@ -150,7 +150,8 @@ class EngineWorker(QObject):
         loaded = ModelLoaded(path=str(path), name=model.name, n_ctx=session.n_ctx, info=info,
                              plan=plan, has_experts=bool(info.n_moe_layers and info.n_experts),
                              chat_format=service.format.kind, engine="local", recommended_budget=recommended,
-                             takes_tools=service.format.takes_tools)
+                             takes_tools=service.format.takes_tools,
+                             vision=model.vision_config if service.format.kind == "k3" else None)
         self._opened = (path, options, recommended, loaded)
         self.loaded.emit(loaded)
 
@@ -164,14 +165,16 @@ class EngineWorker(QObject):
         self._close()
         self._use_remote(path, remote, owned_by=card.get("owned_by"))
 
-    def _use_remote(self, path: str, remote, *, owned_by: str | None = "ferry", note: str = "") -> None:
+    def _use_remote(self, path: str, remote, *, owned_by: str | None = "ferry", note: str = "",
+                    vision: dict | None = None) -> None:
         with self._lock:
             self.remote = self.engine = remote
         self.loaded.emit(ModelLoaded(path=str(path), name=remote.model, n_ctx=remote.n_ctx,
                                      info=_blank(ModelInfo, arch="remote", max_ctx=remote.n_ctx),
                                      plan=_blank(MemoryPlan), has_experts=remote.is_ferry, chat_format="remote",
                                      engine="remote", url=remote.url, provides=tuple(sorted(remote.provided)),
-                                     owned_by=owned_by, note=note, takes_tools=remote.takes_tools))
+                                     owned_by=owned_by, note=note, takes_tools=remote.takes_tools,
+                                     vision=vision))
 
     def _holder_left(self) -> bool:
         from app.api import holder_left

@@ -221,6 +221,19 @@ def from_pixels(pixels: np.ndarray, grid: Grid, name: str, *, patch: int = 14, t
     return PreparedImage(name=name, grid=grid, patches=np.ascontiguousarray(patches), key=key, thumbnail_png=thumb)
 
 
+def preview(data: bytes, name: str = "image", *, patch_budget: int = DEFAULT_PATCH_BUDGET, patch: int = 14,
+            merge: int = 2, thumbnail: int = 96) -> tuple[Grid, bytes]:
+    """What an image will cost before it is sent (its grid under the budget) and a small PNG of it;
+    ImageError (one line) for an image the pipeline would refuse."""
+    img = decode(data, name)
+    return plan_grid(img.width, img.height, patch_budget, patch, merge), _thumbnail(img, thumbnail)
+
+
+def describe_cost(grid: Grid) -> str:
+    """"800 x 600 px, 1,008 patches, 252 prompt positions": what an image costs, as front ends say it."""
+    return f"{grid.width} x {grid.height} px, {grid.patches:,} patches, {grid.positions:,} prompt positions"
+
+
 def _thumbnail(img, side: int) -> bytes:
     t = img.copy()
     t.thumbnail((side, side))
@@ -257,6 +270,20 @@ def part_url(part: dict) -> str:
     if isinstance(value, dict):
         value = value.get("url")
     return value if isinstance(value, str) else ""
+
+
+def with_images(message: dict, parts: list[dict]) -> dict:
+    """A user message with image parts (``{"type": "image_url", "image_url": {"url": ...}}``) after its
+    text: the one shape every front end hands a turn its images in."""
+    if not parts:
+        return message
+    return {**message, "content": [{"type": "text", "text": message["content"]}, *parts]}
+
+
+def url_part(url: str, name: str = "") -> dict:
+    """The content part of an image's data URL (``name``: what the user called it)."""
+    part = {"type": "image_url", "image_url": {"url": url}}
+    return {**part, "name": name} if name else part
 
 
 def data_url(data: bytes, name: str = "image") -> str:

@@ -433,3 +433,13 @@ def test_a_ferry_server_says_whether_its_model_takes_tools(demo_container, tool_
             remote.close()
         finally:
             live.close()
+
+
+def test_image_parts_go_to_a_server_in_openais_shape():
+    """The front ends name their image parts (the file's name, for their own messages); a server gets
+    OpenAI's shape, as a strict one (Ferry's own) refuses keys it does not know."""
+    r = RemoteEngine("http://127.0.0.1:9/v1", "m")
+    part = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    body = r.request_body(TurnRequest([{"role": "user", "content": [
+        {"type": "text", "text": "q"}, {**part, "name": "red.png"}]}]))
+    assert body["messages"] == [{"role": "user", "content": [{"type": "text", "text": "q"}, part]}]

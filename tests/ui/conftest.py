@@ -85,6 +85,25 @@ def on_gui(signal, fn) -> None:
     _relays.append(relay(signal, fn))
 
 
+def drop(target, path, at=(200, 200)):
+    """Drag ``path`` over ``target`` and drop it there (as the platform's drag and drop delivers it);
+    the drop event, or the drag-enter one when that was refused."""
+    from PySide6.QtCore import QMimeData, QPoint, QPointF, Qt, QUrl
+    from PySide6.QtGui import QDragEnterEvent, QDropEvent
+    from PySide6.QtWidgets import QApplication
+
+    mime = QMimeData()
+    mime.setUrls([QUrl.fromLocalFile(str(path))])
+    args = (Qt.DropAction.CopyAction, mime, Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier)
+    enter = QDragEnterEvent(QPoint(*at), *args)
+    QApplication.sendEvent(target, enter)
+    if not enter.isAccepted():
+        return enter
+    ev = QDropEvent(QPointF(*at), *args)
+    QApplication.sendEvent(target, ev)
+    return ev
+
+
 def quick_settings(**kw) -> Settings:
     return Settings(**{"temperature": 0.0, "max_tokens": 12, "context_length": 2048, **kw})
 

@@ -7,13 +7,12 @@ from __future__ import annotations
 import json
 import shutil
 
-from PySide6.QtCore import QMimeData, QPoint, QPointF, Qt, QUrl
-from PySide6.QtGui import QDragEnterEvent, QDropEvent
-from PySide6.QtWidgets import QApplication, QFileDialog, QMessageBox
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QFileDialog, QMessageBox
 
 from app.store.crypto import KeychainKeys
 from app.store.history import HistoryStore
-from tests.ui.conftest import close_window, on_gui, quick_settings
+from tests.ui.conftest import close_window, drop, on_gui, quick_settings
 from tests.ui.test_chat_window import LONG, send
 
 
@@ -90,17 +89,7 @@ def test_switch_model_during_a_streaming_answer(qtbot, make_window, demo_contain
 
 def _drop(w, path):
     """Drag ``path`` over the window and drop it (as the platform's drag and drop delivers it)."""
-    mime = QMimeData()
-    mime.setUrls([QUrl.fromLocalFile(str(path))])
-    enter = QDragEnterEvent(QPoint(200, 200), Qt.DropAction.CopyAction, mime, Qt.MouseButton.LeftButton,
-                            Qt.KeyboardModifier.NoModifier)
-    QApplication.sendEvent(w, enter)
-    if not enter.isAccepted():
-        return enter
-    ev = QDropEvent(QPointF(200, 200), Qt.DropAction.CopyAction, mime, Qt.MouseButton.LeftButton,
-                    Qt.KeyboardModifier.NoModifier)
-    QApplication.sendEvent(w, ev)
-    return ev
+    return drop(w, path)
 
 
 def test_dropping_a_gguf_starts_the_wizard_on_it(qtbot, make_window, demo_gguf, tiny_chat, tmp_path):
