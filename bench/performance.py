@@ -86,20 +86,22 @@ def _x(v: float) -> str:
 
 
 def rows_vs_llamacpp(out: dict) -> list[dict]:
-    """Ferry (its default) over llama.cpp per file: decode, prompt 128 and 1,024."""
-    rows = []
-    med = out.get("median", {})
-    for file, ratio in sorted(out.get("ferry_over_llama_cpp", {}).items()):
+    """Ferry (its default) over llama.cpp per file, as bench/vs_llamacpp.py --json writes it (``files`` ->
+    each file's ``median`` per engine and ``ferry_over_llama_cpp``): decode, prompt 128 and 1,024 with both
+    engines' speeds, and the peak memory."""
+    rows, rss = [], []
+    metrics = ("decode_tok_s", "prompt128_tok_s", "prompt1024_tok_s")
+    for file, result in out.get("files", {}).items():
+        ratio, med = result.get("ferry_over_llama_cpp"), result.get("median", {})
         if not ratio:
             continue
-        ferry = med.get("ferry", {}).get(file, {}) if isinstance(med.get("ferry"), dict) else {}
-        speeds = ""
-        if ferry:
-            speeds = " (Ferry %.1f / %.1f / %.1f tok/s)" % (
-                ferry["decode_tok_s"], ferry["prompt128_tok_s"], ferry["prompt1024_tok_s"])
+        speeds = "".join(" (%s %s tok/s)" % (name, " / ".join(f"{med[eng][m]:.1f}" for m in metrics))
+                         for eng, name in (("ferry", "Ferry"), ("llama_cpp", "llama.cpp")) if med.get(eng))
         rows.append({"figure": f"{file}: Ferry / llama.cpp, decode / prompt 128 / prompt 1,024",
-                     "value": " / ".join(_x(ratio[m]) for m in
-                                         ("decode_tok_s", "prompt128_tok_s", "prompt1024_tok_s")) + speeds})
+                     "value": " / ".join(_x(ratio[m]) for m in metrics) + speeds})
+        rss.append(f"{file} {ratio['peak_rss_bytes']:.2f}")
+    if rss:
+        rows.append({"figure": "peak RSS, Ferry / llama.cpp", "value": ", ".join(rss)})
     return rows
 
 

@@ -31,10 +31,11 @@ def test_every_result_names_command_machine_date_and_load():
 def test_record_and_render_a_vs_llamacpp_run(tmp_path, monkeypatch):
     monkeypatch.setattr(performance, "RESULTS", tmp_path)
     speeds = {"decode_tok_s": 30.0, "prompt128_tok_s": 120.0, "prompt1024_tok_s": 110.0}
-    out = {"median": {"ferry": {"1b-q4_k_m": speeds}},
-           "ferry_over_llama_cpp": {"1b-q4_k_m": {"decode_tok_s": 1.25, "prompt128_tok_s": 1.04,
-                                                  "prompt1024_tok_s": 0.981, "ttft_s": 1.1,
-                                                  "peak_rss_bytes": 0.6}}}
+    # the shape bench/vs_llamacpp.py --json writes: each file's medians per engine and the ratios
+    out = {"files": {"1b-q4_k_m": {"median": {"ferry": speeds},
+                                   "ferry_over_llama_cpp": {"decode_tok_s": 1.25, "prompt128_tok_s": 1.04,
+                                                            "prompt1024_tok_s": 0.981, "ttft_s": 1.1,
+                                                            "peak_rss_bytes": 0.6}}}}
     path = performance.record("vs_llamacpp", "python bench/vs_llamacpp.py --json", out)
     entry = json.loads(path.read_text())
     assert entry["machine"] and entry["date"].endswith("UTC") and "min" in entry["load"]
