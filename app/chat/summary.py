@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
 from app.chat.turn import TurnError, TurnRequest, text_of
-from app.events import Text
+from app.events import Text, TurnDone, TurnEvent
 from app.sampling import SamplingParams
 
 #: The longest summary (tokens): a short note, a small share of even a 512-token context.
@@ -45,16 +45,24 @@ def transcript(messages: list[dict], previous: str = "") -> str:
     return "\n\n".join(lines)
 
 
-def _collect(service, ask: TurnRequest) -> str:
-    return "".join(ev.text for ev in service.submit(ask) if isinstance(ev, Text))
+def _text(events) -> str:
+    """The summary's text; "" when it was stopped or failed (the turns are then left out instead)."""
+    out = []
+    for ev in events:
+        if isinstance(ev, Text):
+            out.append(ev.text)
+        elif isinstance(ev, TurnDone) and ev.reason in ("cancelled", "error"):
+            return ""
+    return "".join(out)
 
 
-def summarise_to_fit(service, turn: TurnRequest, run: Callable[[TurnRequest], str] | None = None
+def summarise_to_fit(service, turn: TurnRequest,
+                     read: Callable[[Iterable[TurnEvent]], Iterable[TurnEvent]] | None = None
                      ) -> tuple[TurnRequest, ContextSummary | None]:
     """``turn`` (context "summarise") as it fits the context: unchanged when it fits (or asks for another
-    policy); else with the turns that would be left out replaced by a summary the model writes (``run``
-    submits a request through the door (``app.engine.door``) and returns its text — the caller's, to make it cancellable — by default
-    on ``service``). The request returned asks for "drop_oldest", should the note not be enough."""
+    policy); else with the turns that would be left out replaced by a summary the model writes, submitted
+    through the door (``app.engine.door``) of ``service``; ``read`` (the caller's, to make it cancellable)
+    reads the summary's stream. The request returned asks for "drop_oldest", should the note not be enough."""
     if turn.context != "summarise" or turn.raw or not turn.messages:
         return turn, None
     fallback = dataclasses.replace(turn, context="drop_oldest")
@@ -68,7 +76,8 @@ def summarise_to_fit(service, turn: TurnRequest, run: Callable[[TurnRequest], st
     while not _fits(service, ask) and len(text) > 64:
         text = text[len(text) // 4:]     # a transcript longer than the context: its newest part
         ask = _summary_request(turn, "…" + text)
-    note = " ".join((run or (lambda a: _collect(service, a)))(ask).split())
+    stream = service.submit(ask)
+    note = " ".join(_text(read(stream) if read is not None else stream).split())
     if not note:        # nothing written (stopped, or the model ended at once): leave the turns out
         return fallback, None
     kept = dataclasses.replace(fallback, messages=list(turn.messages[:first]) + list(turn.messages[first + probe.dropped:]),

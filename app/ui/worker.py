@@ -259,20 +259,10 @@ class EngineWorker(QObject):
         On a local engine the "summarise" context policy's summary is written first, when the turn would
         not fit (a remote engine's turn leaves the oldest turns out)."""
         if isinstance(engine, EngineService):
-            turn, summary = summarise_to_fit(engine, turn, lambda ask: self._summary_text(gen_id, engine, ask))
+            turn, summary = summarise_to_fit(engine, turn, lambda stream: self._read(gen_id, stream))
             if summary is not None:
                 self.summarised.emit(gen_id, summary)
         yield from self._read(gen_id, engine.submit(turn))
-
-    def _summary_text(self, gen_id: int, engine, ask: TurnRequest) -> str:
-        """The summary's text; "" when it was stopped or failed (the turns are then left out instead)."""
-        out = []
-        for ev in self._read(gen_id, engine.submit(ask)):
-            if isinstance(ev, Text):
-                out.append(ev.text)
-            elif isinstance(ev, TurnDone) and ev.reason in ("cancelled", "error"):
-                return ""
-        return "".join(out)
 
     def _read(self, gen_id: int, stream):
         """``stream``'s events, the stream kept for a stop from the window's thread."""
