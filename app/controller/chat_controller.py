@@ -121,6 +121,11 @@ def memory_start(records: list[MessageRecord]) -> int | None:
     return None
 
 
+#: Who the window is to the engine (``TurnRequest.client``): its prefix reuse is its own, and its gauges count
+#: every other client's requests (``EngineService.clients``) but its own.
+WINDOW_CLIENT = "window"
+
+
 @dataclass
 class TurnState:
     """The answer being written: what comes back besides its text."""
@@ -341,7 +346,7 @@ class ChatController:
                            stop=list(s.stop),
                            # issue 17's opt-in routing modes (None / 0: exact, the default)
                            experts_per_token=s.experts_per_token,
-                           cache_aware_margin=float(s.cache_aware_margin or 0.0), client="window",
+                           cache_aware_margin=float(s.cache_aware_margin or 0.0), client=WINDOW_CLIENT,
                            # a full context leaves the oldest turns out or summarises them: never a dead end
                            context=s.context_policy, context_note=note, continue_final=start.continued,
                            tools=self.tools.tools() if getattr(self.model, "takes_tools", False) else None)

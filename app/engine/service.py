@@ -122,7 +122,7 @@ class EngineService:
     def clients(self) -> dict[str, Any]:
         """Who the engine works for: ``answered`` (answers given, by client), ``running`` (the
         client of the answer running, or None) and ``waiting`` (by client). The window shows
-        the requests of clients other than its own ("local") in its gauges."""
+        the requests of clients other than its own (``WINDOW_CLIENT``) in its gauges."""
         with self._cv:
             waiting: dict[str, int] = {}
             for job in self._waiting:

@@ -7,6 +7,7 @@ from PySide6.QtGui import QColor, QPainter, QPainterPath, QPalette, QPen
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QScrollArea, QSizePolicy, QVBoxLayout, QWidget
 
 from app.api import ModelLoaded
+from app.controller.chat_controller import WINDOW_CLIENT
 from app.memory.stats import GaugeValues, MemorySplit, StatsView, memory_split
 from app.units import size
 from app.ui import theme
@@ -243,7 +244,7 @@ class GaugePanel(QWidget):
         self.hit_decode.set(_pct(v.hit_decode), f"since start {_pct(v.hit_decode_total)}", h["hit_decode"])
         self.hit_prefill.set(_pct(v.hit_prefill), f"since start {_pct(v.hit_prefill_total)}", h["hit_prefill"])
 
-    def show_clients(self, clients: dict | None, own: str = "local") -> None:
+    def show_clients(self, clients: dict | None, own: str = WINDOW_CLIENT) -> None:
         """The requests of clients other than the window (``EngineService.clients``): other Ferry
         processes using this engine, and the window's server's clients."""
         text = clients_summary(clients, own)
@@ -295,7 +296,7 @@ class GaugeDock(QScrollArea):
         self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
 
 
-def clients_summary(clients: dict | None, own: str = "local") -> str:
+def clients_summary(clients: dict | None, own: str = WINDOW_CLIENT) -> str:
     """"Other clients: 3 answers · answering one now · 2 waiting" ("" when none ever asked)."""
     if not clients:
         return ""

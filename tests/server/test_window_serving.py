@@ -96,3 +96,15 @@ def test_ferry_run_uses_the_windows_engine_and_the_gauges_count_it(qtbot, make_w
     assert json.loads(res.stdout)["text"] == engine_answer(demo_container,
                                                            [{"role": "user", "content": "Name a colour."}], 6)
     qtbot.waitUntil(lambda: w.gauges.clients.text() == "Other clients: 1 answer", timeout=5000)
+
+
+def test_the_windows_own_answers_are_not_counted_as_another_clients():
+    """The gauges' "Other clients" line leaves out the window's own requests (its controller asks as
+    WINDOW_CLIENT); before, its own answer showed as "Other clients: 0 answers · answering one now"."""
+    from app.controller.chat_controller import WINDOW_CLIENT
+    from app.ui.gauges import clients_summary
+
+    own = {"answered": {WINDOW_CLIENT: 3}, "waiting": {}, "running": WINDOW_CLIENT}
+    assert clients_summary(own) == ""
+    other = {"answered": {WINDOW_CLIENT: 3, "127.0.0.1:5123": 2}, "waiting": {"k": 1}, "running": "k"}
+    assert clients_summary(other) == "Other clients: 2 answers · answering one now · 1 waiting"
