@@ -68,6 +68,7 @@ from app.convert import layout, quant3
 from app.convert.convert import convert, default_threads
 from app.convert.sources import open_source
 from bench.make_synthetic import make, parse
+from bench.procio import io_read_bytes
 
 BLOCK = 4 << 20
 
@@ -113,16 +114,6 @@ def evict(folder: Path) -> None:
             os.close(fd)
 
 
-def _io_read_bytes() -> int:
-    try:
-        for line in Path("/proc/self/io").read_text().splitlines():
-            if line.startswith("read_bytes:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return -1
-
-
 def drop_caches(*folders: Path) -> str:
     """Empty the page cache: all of it as root (what a cold start sees), else the
     files of ``folders``. Returns which was done."""
@@ -154,11 +145,11 @@ def _cpu() -> tuple[float, float]:
 
 def timed_convert(source: Path, out: Path, expert_format: str, threads: int) -> dict:
     """One conversion: wall, CPU (user, system) seconds, bytes written and read from the disk."""
-    io0, (u0, s0) = _io_read_bytes(), _cpu()
+    io0, (u0, s0) = io_read_bytes(), _cpu()
     t0 = time.perf_counter()
     convert(source, out, expert_format=expert_format, threads=threads)
     seconds = time.perf_counter() - t0
-    (u1, s1), io1 = _cpu(), _io_read_bytes()
+    (u1, s1), io1 = _cpu(), io_read_bytes()
     written = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     cpu = (u1 - u0) + (s1 - s0)
     return {"seconds": round(seconds, 2), "written_bytes": written, "bytes_per_s": written / seconds,

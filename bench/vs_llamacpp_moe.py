@@ -62,7 +62,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from anywhere
 
-from bench.convert import _io_read_bytes  # noqa: E402  (-1 where /proc/self/io is missing)
+from bench.procio import io_read_bytes  # noqa: E402  (stdlib only: llama.cpp's child runs in the bench venv)
 from bench.vs_llamacpp import LLAMA_CPP_VERSION, _peak_rss, _prompt, _rss_now, ensure_llama_cpp, log  # noqa: E402
 
 CGROUP_V1 = Path("/sys/fs/cgroup/memory")
@@ -76,7 +76,7 @@ N_CTX = 512
 def _mark() -> dict:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return {"t": time.perf_counter(), "user": r.ru_utime, "sys": r.ru_stime, "majflt": r.ru_majflt,
-            "read": _io_read_bytes()}
+            "read": io_read_bytes()}
 
 
 def _phase(a: dict, b: dict) -> dict:

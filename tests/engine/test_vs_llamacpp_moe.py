@@ -42,3 +42,17 @@ def test_summary_medians_ratios_and_failures():
     assert out["ratios"]["ferry_over_llama_cpp_mmap"]["decode_tok_s"] == pytest.approx(11.0 / 3.0)
     assert out["ratios"]["ferry_over_llama_cpp_mmap"]["prompt_tok_s"] == pytest.approx(10.0 / 15.0)
     assert "ferry_over_llama_cpp" not in out["ratios"]
+
+
+def test_the_llama_cpp_child_imports_nothing_of_ferry():
+    """llama.cpp's child runs in the bench venv, which has none of Ferry's
+    dependencies: importing the script must not pull in the app (it once did,
+    through bench/convert.py, and every llama.cpp run failed on `tokenizers`)."""
+    import subprocess
+
+    code = ("import sys; sys.path.insert(0, %r); import bench.vs_llamacpp_moe; "
+            "print(sorted(m for m in sys.modules if m == 'app' or m.startswith('app.')"
+            " or m in ('tokenizers', 'numpy')))" % str(REPO))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
