@@ -35,7 +35,7 @@ from app.engine.registry import holder_left
 from app.engine.remote import RemoteEngine, RemoteError
 from app.engine.service import EngineService, LocalStream, ServiceBusy, ServiceClosed
 from app.engine.states import StateCache, StateError
-from app.events import (Finished, LiveStats, Logprob, PromptProgress, Reasoning, Text, Token, TokenLogprob,
+from app.events import (Finished, ImageProgress, LiveStats, Logprob, PromptProgress, Reasoning, Text, Token, TokenLogprob,
                         ToolCallDelta, ToolCallMade, TurnDone, TurnEvent)
 from app.model import LoadedModel, ModelError, log_softmax
 from app.sampling import SamplingParams
@@ -44,7 +44,7 @@ __all__ = [
     # the door: both engines, what they take and what they give
     "TurnEngine", "TurnStream", "EngineService", "LocalStream", "RemoteEngine", "TurnRequest", "TurnError",
     "ServiceBusy", "ServiceClosed", "RemoteError", "SamplingParams", "ToolCall",
-    "Finished", "LiveStats", "Logprob", "PromptProgress", "Reasoning", "Text", "Token", "TokenLogprob",
+    "Finished", "ImageProgress", "LiveStats", "Logprob", "PromptProgress", "Reasoning", "Text", "Token", "TokenLogprob",
     "ToolCallDelta", "ToolCallMade", "TurnDone", "TurnEvent",
     # opening a model, and what the window's worker reports of it
     "open_model", "LoadedModel", "ModelError", "LoadOptions", "ModelHeld", "ModelLoaded", "holder_left", "vision_of", "ModelInfo", "MemoryPlan",

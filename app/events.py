@@ -5,9 +5,10 @@ local core, a remote OpenAI-compatible server) speak these types.
 
 Two layers:
 
-* the **engine stream** (``LoadedModel.generate``): ``PromptProgress`` per
-  prefill chunk, ``Token`` per generated token, then one ``Finished``;
-* the **turn stream** (``app.chat.turn``): ``PromptProgress``, ``Reasoning``
+* the **engine stream** (``LoadedModel.generate``): ``ImageProgress`` per
+  block of the vision tower (a prompt with images it has not read yet),
+  ``PromptProgress`` per prefill chunk, ``Token`` per generated token, then one ``Finished``;
+* the **turn stream** (``app.chat.turn``): ``ImageProgress``, ``PromptProgress``, ``Reasoning``
   (thinking-trace text), ``Text`` (answer text), ``ToolCallDelta`` (a call
   as it is written, where the format allows), ``ToolCallMade``,
   ``Logprob`` (one per generated token, when the request asked for
@@ -37,6 +38,25 @@ class PromptProgress:
 
     done: int
     total: int
+
+
+@dataclass(frozen=True)
+class ImageProgress:
+    """An image in the vision tower, before the prompt is read: ``block`` of its ``blocks``
+    transformer blocks done (0: it has started), for image ``image`` of the ``images`` this
+    prompt sends through the tower (1-based). An image the session or the tower's cache
+    already holds sends none."""
+
+    image: int
+    images: int
+    block: int
+    blocks: int
+
+    @property
+    def label(self) -> str:
+        """The front ends' line: "Reading the image: block 12 of 27"."""
+        what = "the image" if self.images == 1 else f"image {self.image} of {self.images}"
+        return f"Reading {what}: block {self.block} of {self.blocks}"
 
 
 @dataclass(frozen=True)
@@ -73,7 +93,7 @@ class Finished:
     ttft_s: float | None = None   #: seconds from the start to the first generated token
 
 
-EngineEvent = PromptProgress | Token | Finished
+EngineEvent = ImageProgress | PromptProgress | Token | Finished
 
 
 # ---------------------------------------------------------------- turn stream
@@ -162,4 +182,4 @@ class TurnDone:
     prefix_state: str = ""
 
 
-TurnEvent = PromptProgress | Reasoning | Text | ToolCallDelta | ToolCallMade | Logprob | LiveStats | TurnDone
+TurnEvent = ImageProgress | PromptProgress | Reasoning | Text | ToolCallDelta | ToolCallMade | Logprob | LiveStats | TurnDone

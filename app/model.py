@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import math
+import queue
+import threading
 import time
 from collections import deque
 from pathlib import Path
@@ -22,7 +24,7 @@ from app.chat.template import ChatTemplate
 from app.engine.binding import PROMPT_STEP, Cancelled, Engine, FerryError, Session
 from app.engine.container_files import (MAX_TEMPLATE_BYTES, MAX_TOKENIZER_BYTES, ContainerFileError,
                                          check_weight_files, contained_file, read_contained_text, read_manifest)
-from app.events import EngineEvent, Finished, PromptProgress, Token, TokenLogprob
+from app.events import EngineEvent, Finished, ImageProgress, PromptProgress, Token, TokenLogprob
 from app.sampling import Sampler, SamplingParams, top_order
 from app.store.private import write_private
 
@@ -30,6 +32,9 @@ from app.store.private import write_private
 USAGE_FILE = "usage.u32"
 # The expert-cache policy's learned state (docs/CACHE_POLICY.md), beside the hot list.
 POLICY_STATE_FILE = "usage.state"
+#: The largest session state a recurrent model keeps in RAM for the next turn to resume from
+#: (``LoadedModel.generate``'s ``resume_at``); a larger one is not kept (the next turn reads its prompt again).
+RESUME_STATE_MAX_BYTES = 1 << 30
 
 
 Event = EngineEvent
@@ -150,6 +155,13 @@ class LoadedModel:
         v = (self.manifest.get("model") or {}).get("vision")
         return v if isinstance(v, dict) else None
 
+    @property
+    def recurrent(self) -> bool:
+        """Whether the model has recurrent (KDA) layers: its session cannot rewind to a shorter prefix, so a
+        follow-up turn resumes from the state the previous turn kept (``generate``'s ``resume_at``)."""
+        kimi = (self.manifest.get("model") or {}).get("kimi") or {}
+        return "kda" in (kimi.get("layer_attn") or ())
+
     def prepare_image(self, data: bytes, name: str = "image", patch_budget: int | None = None):
         """Encoded image bytes -> a PreparedImage for this model's tower (ImageError on a bad image,
         ModelError when the model has no tower). The same bytes and budget give the cached result."""
@@ -222,16 +234,22 @@ class LoadedModel:
     def generate(self, session: Session, prompt: Sequence[int], params: SamplingParams | None = None, *,
                  max_tokens: int = 256, stop_ids: Sequence[int] | None = None, reuse_limit: int | None = None,
                  top_logprobs: int | None = None, images: Sequence[Any] = (),
-                 forced: deque[int] | None = None) -> Iterator[Event]:
+                 forced: deque[int] | None = None, resume_at: int = 0) -> Iterator[Event]:
         """Answer after ``prompt`` (the whole conversation's tokens); the session
         reuses whatever prefix of it it already holds, at most ``reuse_limit``
         tokens of it (0: evaluate the whole prompt). ``top_logprobs`` (0-20)
         attaches each token's log-probability and that many alternatives.
         ``images`` (PreparedImage, in prompt order) fill the prompt's image
         positions (the placeholder ids of their blocks) with the tower's rows;
-        an image already in the reused prefix is not run through the tower again.
+        an image already in the reused prefix is not run through the tower again,
+        and one that goes through it reports each block (``ImageProgress``).
         ``forced``: ids the caller may add while the answer streams; each is
-        the next token instead of a sampled one (a thinking budget's end)."""
+        the next token instead of a sampled one (a thinking budget's end).
+        ``resume_at`` (a recurrent model, ``Prepared.resume_len``): the session's
+        state after that many prompt tokens is kept (``Session.resume_point``), and
+        a later prompt that begins with them resumes from it instead of reading
+        them again, where the session cannot rewind to them (bit-identical:
+        the evaluation does not depend on where the prompt is cut)."""
         params = params or SamplingParams()
         sampler = Sampler(params)
         stops = set(stop_ids if stop_ids is not None else self.tokenizer.eos_ids)
@@ -246,40 +264,48 @@ class LoadedModel:
         except ModelError as exc:
             yield self._finished(session, "error", [], "", 0, 0, t0, str(exc))
             return
-        kept = session.sync(keys)
-        if reuse_limit is not None and kept > reuse_limit:
-            try:
-                session.truncate(max(0, reuse_limit))
-                kept = max(0, reuse_limit)
-            except FerryError:  # a recurrent state cannot rewind: start over
-                session.reset()
-                kept = 0
+        logits = None
+        resumed = self._resume(session, keys, reuse_limit)
+        if resumed is not None:
+            kept, logits = resumed
+        else:
+            kept = session.sync(keys)
+            if reuse_limit is not None and kept > reuse_limit:
+                try:
+                    session.truncate(max(0, reuse_limit))
+                    kept = max(0, reuse_limit)
+                except FerryError:  # a recurrent state cannot rewind: start over
+                    session.reset()
+                    kept = 0
+        keep_at = resume_at if self.recurrent and 0 < resume_at <= len(prompt) else 0
         todo = prompt[kept:]
         decoder = StreamDecoder(self.tokenizer)
         out: list[int] = []
         ttft = None
         try:
-            logits = None
             # The images this prompt still needs go through the tower first (a phase of its own: the
-            # progress starts at 0 of the prompt); those in the reused prefix are not run again.
-            for j in sorted({j for p, (j, _) in where.items() if p >= kept}):
-                yield PromptProgress(0, len(todo))
-                self.image_rows(images[j], lambda stage, rows: not session.take_cancel())
-            i = 0
-            while i < len(todo):
+            # progress starts at 0 of the prompt, then each block); those in the reused prefix are not run again.
+            yield from self._tower(session, images, sorted({j for p, (j, _) in where.items() if p >= kept}),
+                                   len(todo))
+            pos = kept
+            while pos < len(prompt):
+                hi = min(len(prompt), pos + PROMPT_STEP)
+                if pos < keep_at < hi:
+                    hi = keep_at        # a chunk ends where the next turn will resume
                 try:
-                    logits = self._eval_chunk(session, prompt, keys, where, images, kept + i,
-                                              min(len(prompt), kept + i + PROMPT_STEP))
+                    logits = self._eval_chunk(session, prompt, keys, where, images, pos, hi)
                 except FerryError as exc:
                     # A recurrent state (KDA) cannot rewind to a shorter prefix:
                     # the core says so, and the prompt is evaluated from the start.
-                    if exc.code != "FERRY_E_UNSUPPORTED" or i > 0 or kept == 0:
+                    if exc.code != "FERRY_E_UNSUPPORTED" or pos > kept or kept == 0:
                         raise
                     session.reset()
-                    kept, todo = 0, prompt
+                    kept, todo, pos = 0, prompt, 0
                     continue
-                i += PROMPT_STEP
-                yield PromptProgress(min(i, len(todo)), len(todo))
+                pos = hi
+                if pos == keep_at:
+                    self._keep_resume_point(session, logits if pos == len(prompt) else None)
+                yield PromptProgress(pos - kept, len(todo))
             reason = "length"
             for _ in range(max_tokens):
                 tok = forced.popleft() if forced else sampler(logits)
@@ -300,6 +326,82 @@ class LoadedModel:
             yield self._finished(session, "error", out, decoder.text, len(todo), kept, t0, str(exc), ttft=ttft)
             return
         yield self._finished(session, reason, out, decoder.text, len(todo), kept, t0, ttft=ttft)
+
+    def _resume(self, session: Session, keys: list[int], reuse_limit: int | None):
+        """(tokens kept, logits or None) after restoring the state an earlier turn kept
+        (``Session.resume_point``), when ``keys`` begin with its tokens and the session would otherwise
+        have to rewind (or read more); None: the session goes on as it is."""
+        point = getattr(session, "resume_point", None)
+        if point is None or not self.recurrent:
+            return None
+        state, logits = point
+        n = len(state.tokens)
+        if (reuse_limit is not None and n > reuse_limit) or n > len(keys) or keys[:n] != state.tokens \
+                or (n == len(keys) and logits is None):
+            return None
+        held = 0
+        for a, b in zip(session.tokens, keys):
+            if a != b:
+                break
+            held += 1
+        if held == len(session.tokens) and n <= held < len(keys):
+            return None         # it goes on from what it holds, which is as far or further
+        try:
+            session.import_state(state)
+        except FerryError:
+            return None
+        return n, (logits.copy() if n == len(keys) else None)
+
+    @staticmethod
+    def _keep_resume_point(session: Session, logits: np.ndarray | None) -> None:
+        """Keep the session's state (and the prompt's last logits when it ends there) for the next turn."""
+        session.resume_point = None
+        state = session.export_state()
+        if len(state.blob) <= RESUME_STATE_MAX_BYTES:
+            session.resume_point = (state, None if logits is None else logits.copy())
+
+    def _tower(self, session: Session, images: Sequence[Any], todo: list[int],
+               prompt_left: int) -> Iterator[ImageProgress | PromptProgress]:
+        """Run the images ``todo`` (indexes into ``images``) through the vision tower, one block's
+        ``ImageProgress`` at a time: the tower works on a thread of its own while this generator
+        reports; a cancel (``Session.cancel``) or closing the generator stops it between blocks."""
+        cache = self.__dict__.setdefault("_image_rows", {})
+        todo = [j for j in todo if images[j].key not in cache]
+        if not todo:
+            return
+        yield PromptProgress(0, prompt_left)
+        blocks = int(self.vision_config["layers"])
+        for n, j in enumerate(todo, 1):
+            marks: queue.SimpleQueue = queue.SimpleQueue()
+            stop = threading.Event()
+            failed: list[BaseException] = []
+
+            def observer(stage: int, rows) -> bool:
+                if stop.is_set() or session.take_cancel():
+                    return False
+                if 1 <= stage <= blocks:
+                    marks.put(stage)
+                return True
+
+            def work(image=images[j]) -> None:
+                try:
+                    self.image_rows(image, observer)
+                except BaseException as exc:   # handed to the generator's thread
+                    failed.append(exc)
+                finally:
+                    marks.put(None)
+
+            worker = threading.Thread(target=work, name="ferry-vision", daemon=True)
+            yield ImageProgress(n, len(todo), 0, blocks)
+            worker.start()
+            try:
+                while (stage := marks.get()) is not None:
+                    yield ImageProgress(n, len(todo), stage, blocks)
+            finally:
+                stop.set()
+                worker.join()
+            if failed:
+                raise failed[0]
 
     def _image_positions(self, prompt: list[int], images: Sequence[Any]) -> tuple[list[int], dict[int, tuple]]:
         """The session keys of the prompt (its ids, with each image position

@@ -32,7 +32,7 @@ from app.chat.k3_format import end_thinking, forced_call_prefix, render_k3
 from app.chat.segments import Segment, content, markup
 from app.chat.stream_parser import THINK_CLOSE, MarkerScanner, StreamParser, ToolCall
 from app.chat.template import TemplateRenderError
-from app.events import (Finished, LiveStats, Logprob, PromptProgress, Reasoning, Text, Token, TokenLogprob,
+from app.events import (Finished, ImageProgress, LiveStats, Logprob, PromptProgress, Reasoning, Text, Token, TokenLogprob,
                         ToolCallDelta, ToolCallMade, TurnDone, TurnEvent)
 from app.sampling import SamplingParams
 from app.vision.image import ImageError, data_url_bytes, image_markup, image_parts, part_url
@@ -136,6 +136,9 @@ class Prepared:
     context_bound: bool = False  #: the answer's room is what the context leaves (a length stop is "context full")
     images: list = field(default_factory=list)  #: app.vision.image.PreparedImage, in prompt order
     prefix_len: int = 0          #: leading prompt tokens to keep as a saved state (``TurnRequest.keep_prefix``)
+    #: a model that cannot rewind (recurrent KDA layers): how much of this prompt a follow-up turn shares (its
+    #: state there is kept in RAM, ``LoadedModel.generate``, so the next question does not read it again); 0: none
+    resume_len: int = 0
 
 
 def with_note(req: TurnRequest) -> TurnRequest:
@@ -234,7 +237,34 @@ class ChatFormat:
                         cache_aware_margin=req.cache_aware_margin, client=req.client, dropped=dropped,
                         context_bound=want >= room, images=list(self.images), thinking_budget=budget if close else None,
                         thinking_close=close,
-                        prefix_len=self._prefix_len(req, segments, prompt) if req.keep_prefix and not self.images else 0)
+                        prefix_len=self._prefix_len(req, segments, prompt) if req.keep_prefix and not self.images else 0,
+                        resume_len=self._resume_len(req, prompt) if tail == [] and self._recurrent else 0)
+
+    @property
+    def _recurrent(self) -> bool:
+        return bool(getattr(self.model, "recurrent", False))
+
+    def _resume_len(self, req: TurnRequest, prompt: list[int]) -> int:
+        """How many tokens of ``prompt`` the next turn's prompt begins with: the prompt of this conversation
+        with an answer and a new question after it, rendered and compared (the generation prompt may differ
+        from how the history shows an answer, e.g. an empty thinking block). 0 when it cannot be rendered."""
+        if req.raw or not req.messages:
+            return 0
+        images = self.images
+        probe = dataclasses.replace(req, messages=[*req.messages, {"role": "assistant", "content": "\u2026"},
+                                                   {"role": "user", "content": "\u2026"}])
+        try:
+            follow = self.model.encode(self._render(probe)[0])
+        except (TurnError, ValueError):
+            return 0
+        finally:
+            self.images = images
+        n = 0
+        for a, b in zip(prompt, follow):
+            if a != b:
+                break
+            n += 1
+        return n
 
     def _prefix_len(self, req: TurnRequest, segments: list[Segment], prompt: list[int]) -> int:
         """How many tokens of ``prompt`` come before the last message's text, when they encode on their own
@@ -844,10 +874,13 @@ def run_turn(model, session, prepared: Prepared, *, reuse_limit: int | None = No
     budget, thought = prepared.thinking_budget, 0
     events = model.generate(session, prepared.prompt, prepared.params, max_tokens=prepared.max_tokens,
                             reuse_limit=reuse_limit, top_logprobs=prepared.top_logprobs, images=prepared.images,
-                            **({"forced": forced} if budget is not None else {}))
+                            **({"forced": forced} if budget is not None else {}),
+                            **({"resume_at": prepared.resume_len} if prepared.resume_len else {}))
     try:
         for ev in events:
-            if isinstance(ev, PromptProgress):
+            if isinstance(ev, ImageProgress):
+                yield ev
+            elif isinstance(ev, PromptProgress):
                 yield ev
                 now = time.monotonic()
                 if now - last_stats >= STATS_INTERVAL or ev.done == ev.total:

@@ -166,7 +166,8 @@ def is_server_url(model: str) -> bool:
 class PromptMeter:
     """A long prompt's progress on a terminal's stderr, one line rewritten in
     place ("Reading the prompt: 96 of 480 tokens, about 12 s left", the
-    window's words) and erased when the answer starts. Silent when stderr is
+    window's words; before it an image's blocks in the vision tower,
+    "Reading the image: block 12 of 27") and erased when the answer starts. Silent when stderr is
     not a terminal (a pipe, a log) or the prompt is read in one chunk."""
 
     def __init__(self, passages: int = 0, stream=None):
@@ -186,6 +187,13 @@ class PromptMeter:
         self.shown = True
         if done >= total:
             self.clear()
+
+    def image(self, line: str) -> None:
+        """An image in the vision tower ("Reading the image: block 12 of 27", ``ImageProgress.label``)."""
+        if self.on:
+            self.stream.write(f"\r\033[K[{line}]")
+            self.stream.flush()
+            self.shown = True
 
     def clear(self) -> None:
         if self.shown:

@@ -12,7 +12,7 @@ from typing import Sequence
 
 import numpy as np
 
-from app.api import (FerryError, ModelError, ModelHeld, PromptProgress, Reasoning, RemoteError, Text, ToolCallMade, TurnDone,
+from app.api import (FerryError, ImageProgress, ModelError, ModelHeld, PromptProgress, Reasoning, RemoteError, Text, ToolCallMade, TurnDone,
                      TurnError, TurnRequest, describe_activations, log_softmax, logprobs_content, verify)
 from app.cli.common import (PromptMeter, Turns, UsageError, add_images, add_logprobs, add_model_options, add_routing,
                             add_sampling, add_server_model, image_parts, logprobs_problem, open_from_args, parse_size,
@@ -163,7 +163,9 @@ def _answer(turns: Turns, request: TurnRequest, *, show: bool) -> TurnDone:
     stream, cancel = turns.stream(request)
     try:
         for ev in stream:
-            if isinstance(ev, PromptProgress) and meter is not None:
+            if isinstance(ev, ImageProgress) and meter is not None:
+                meter.image(ev.label)
+            elif isinstance(ev, PromptProgress) and meter is not None:
                 meter.update(ev.done, ev.total)
             elif isinstance(ev, (Reasoning, Text, ToolCallMade, TurnDone)) and meter is not None:
                 meter.clear()   # the answer begins where the progress line was

@@ -33,7 +33,7 @@ from app.documents.store import CONVERSATION_PREFIX, DocumentError, DocumentStor
 from app.memory.stats import TurnFigures
 from app.store.history import HistoryStore, MessageRecord
 from app.store.settings import Settings
-from app.vision.image import DEFAULT_PATCH_BUDGET, Grid, data_url, describe_cost, preview
+from app.vision.image import DEFAULT_PATCH_BUDGET, Grid, data_url, describe_cost, plan_grid, preview
 
 
 #: An answer's status when the context, not the longest-answer setting, stopped it.
@@ -295,11 +295,24 @@ class ChatController:
         if why:
             raise ChatError(why)
         v = self.model.vision
-        grid, thumb = preview(data, name, patch_budget=DEFAULT_PATCH_BUDGET, patch=int(v.get("patch_size", 14)),
+        grid, thumb = preview(data, name, patch_budget=self.image_budget(), patch=int(v.get("patch_size", 14)),
                               merge=int(v.get("merge_h", 2)))
         pending = PendingImage(name, data_url(data, name), grid, thumb)
         self.pending_images.append(pending)
         return pending
+
+    def image_budget(self) -> int:
+        """The patch budget of the window's images: the setting, or the default every front end uses."""
+        return int(self.settings().image_patch_budget or DEFAULT_PATCH_BUDGET)
+
+    def rebudget_images(self) -> None:
+        """The pending images' cost under the patch budget now set (their grids planned again)."""
+        if self.model is None or getattr(self.model, "vision", None) is None:
+            return
+        v = self.model.vision
+        for p in self.pending_images:
+            p.grid = plan_grid(p.grid.width, p.grid.height, self.image_budget(), int(v.get("patch_size", 14)),
+                               int(v.get("merge_h", 2)))
 
     def remove_image(self, index: int) -> None:
         if 0 <= index < len(self.pending_images):
@@ -343,7 +356,7 @@ class ChatController:
                                                    min_p=s.min_p, seed=s.seed, frequency_penalty=s.frequency_penalty,
                                                    presence_penalty=s.presence_penalty),
                            top_logprobs=int(s.token_alternatives) if s.token_probabilities else None,
-                           stop=list(s.stop),
+                           stop=list(s.stop), image_patch_budget=self.image_budget(),
                            # issue 17's opt-in routing modes (None / 0: exact, the default)
                            experts_per_token=s.experts_per_token,
                            cache_aware_margin=float(s.cache_aware_margin or 0.0), client=WINDOW_CLIENT,

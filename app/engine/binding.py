@@ -438,6 +438,9 @@ class Session:
         self._observer_handle = None
         self.tokens: list[int] = []  # the tokens the session holds, in order
         self._cancel_asked = False   # cancel() seen by work outside the core's evaluation (the vision tower)
+        #: (SessionState, last logits or None) a recurrent model keeps for the next turn to resume from
+        #: (``app.model.LoadedModel.generate``: a state cannot rewind, so it is saved where a follow-up begins)
+        self.resume_point = None
 
     @property
     def position(self) -> int:

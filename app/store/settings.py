@@ -96,6 +96,9 @@ class Settings:
     #: when the next turn would not fit the context: "drop_oldest" leaves the oldest turns out, "summarise"
     #: has the model summarise them into a short note kept in the context (app/chat/summary.py)
     context_policy: str = "drop_oldest"
+    #: patches an attached image may have (its cost: a quarter as many prompt positions); 0 = the default every
+    #: front end uses (app.vision.image.DEFAULT_PATCH_BUDGET, as `ferry run --image-budget` and the server's)
+    image_patch_budget: int = 0
 
     def validated(self) -> "Settings":
         """A copy with every value clamped into its legal range."""
@@ -129,6 +132,7 @@ class Settings:
         s.presence_penalty = min(max(-2.0, float(s.presence_penalty)), 2.0)
         s.token_alternatives = min(max(0, int(s.token_alternatives)), MAX_ALTERNATIVES)
         s.export_folder = str(s.export_folder or "")
+        s.image_patch_budget = max(0, int(s.image_patch_budget or 0))   # the pipeline clamps it to its range
         s.context_policy = s.context_policy if s.context_policy in CONTEXT_POLICIES else "drop_oldest"
         s.models_defaulted = [str(x) for x in (s.models_defaulted if isinstance(s.models_defaulted, list) else [])]
         s.mcp_servers = list(dict.fromkeys(str(x).strip() for x in (s.mcp_servers if isinstance(s.mcp_servers, list)

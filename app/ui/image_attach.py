@@ -5,7 +5,10 @@ box, an image pasted from the clipboard. Each goes to the controller
 shows as a thumbnail above the message box with its cost (size, patches,
 prompt positions) and a remove button. A model without a vision tower: the
 button is disabled and its tooltip says why. A refused image: its one-line
-error in the status bar, nothing else. ``MainWindow`` owns one."""
+error in the status bar, nothing else. While an image goes through the
+vision tower, the composer's progress line says which block it is at. The
+patch budget (Settings → Answers → Images) sets each image's cost; the
+pending images' costs follow it. ``MainWindow`` owns one."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -40,6 +43,7 @@ class ImageAttach(QObject):
         self.bar.image_btn.clicked.connect(lambda: self.choose())
         self.bar.cleared.connect(self.refresh)
         window.model_loaded.connect(lambda _info: self.model_changed())
+        window.worker.worker.image_progress.connect(self.show_progress)   # an image in the vision tower
         window.installEventFilter(self)          # an image file dropped on the window (after the model drop)
         self.bar.editor.installEventFilter(self)  # an image pasted into the message box
         self.bar.editor.viewport().installEventFilter(self)   # ... or dropped on it
@@ -58,6 +62,17 @@ class ImageAttach(QObject):
             self.controller.pending_images = []
             self.w.statusBar().showMessage(f"The pending images were removed: {why}", 6000)
         self.refresh()
+
+    def settings_changed(self) -> None:
+        """The patch budget may have changed: the pending images show their cost under it."""
+        self.controller.rebudget_images()
+        self.refresh()
+
+    def show_progress(self, block: int, blocks: int, line: str) -> None:
+        """An image going through the vision tower: "Reading the image: block 12 of 27" with a bar, where
+        the prompt's progress shows (which follows once the tower is done)."""
+        if self.controller.on_screen:
+            self.bar.show_progress(block, blocks + 1, line)
 
     # ---- adding
 

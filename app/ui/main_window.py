@@ -38,6 +38,16 @@ from app.ui.worker import WorkerThread, on_gui
 REPAINT_INTERVAL_MS = 50   #: the answer is redrawn at most 20 times a second
 
 
+def install_shortcuts(w) -> None:
+    """The window's keyboard shortcuts (send, stop, new chat, search)."""
+    for keys, slot in ((("Ctrl+Return", "Ctrl+Enter"), w.send), (("Esc",), w.stop),
+                       (("Ctrl+N",), w.new_chat), (("Ctrl+F",), w.focus_search)):
+        for k in keys:
+            sc = QShortcut(QKeySequence(k), w)
+            sc.setContext(Qt.ShortcutContext.WindowShortcut)
+            sc.activated.connect(slot)
+
+
 class MainWindow(QMainWindow):
     model_loaded = Signal(object)
     answer_finished = Signal(str)     #: reason
@@ -71,7 +81,7 @@ class MainWindow(QMainWindow):
         self._repaint_timer = QTimer(self, singleShot=True, interval=REPAINT_INTERVAL_MS)
         self._repaint_timer.timeout.connect(lambda: self.chat_view.refresh_streaming())
         self._build()
-        self._shortcuts()
+        install_shortcuts(self)
         self.apply_theme()
         QApplication.instance().styleHints().colorSchemeChanged.connect(lambda *_: self.apply_theme(True))
         self.refresh_list()
@@ -143,14 +153,6 @@ class MainWindow(QMainWindow):
         split.setSizes([240, 640, 320])
         self.setCentralWidget(split)
         self.statusBar().showMessage("Ready")
-
-    def _shortcuts(self) -> None:
-        for keys, slot in ((("Ctrl+Return", "Ctrl+Enter"), self.send), (("Esc",), self.stop),
-                           (("Ctrl+N",), self.new_chat), (("Ctrl+F",), self.focus_search)):
-            for k in keys:
-                sc = QShortcut(QKeySequence(k), self)
-                sc.setContext(Qt.ShortcutContext.WindowShortcut)
-                sc.activated.connect(slot)
 
     def apply_theme(self, rerender: bool = False) -> None:
         theme.apply(QApplication.instance())
@@ -335,6 +337,7 @@ class MainWindow(QMainWindow):
         old, self.settings = settings_mod.for_model(self.settings, key), new
         self._save_settings()
         self.tools.settings_changed(new)
+        self.images.settings_changed()   # the pending images' cost under the patch budget
         self.refresh_models()
         self.show_setup()
         self.models.settings_changed(old, settings_mod.for_model(new, key))

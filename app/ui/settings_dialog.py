@@ -9,6 +9,7 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, 
 
 from app.memory.stats import MemorySplit
 from app.units import budget_problem, size
+from app.ui.image_budget import ImageBudget
 from app.ui.tool_calls import ToolsPage
 from app.store.settings import MAX_ALTERNATIVES, Settings, format_stops, parse_stops, remote_api_key, set_remote_api_key
 
@@ -186,6 +187,8 @@ class SettingsDialog(QDialog):
         self.token_probs.toggled.connect(self.token_alternatives.setEnabled)
         self.token_alternatives.setEnabled(settings.token_probabilities)
         form.addRow("Probabilities", _row(self.token_probs, self.token_alternatives))
+        self.image_budget = ImageBudget(settings.image_patch_budget)
+        form.addRow("Images", self.image_budget)
         self.enter_sends = QCheckBox("Enter sends, Shift+Enter starts a new line (off: the other way round)")
         self.enter_sends.setAccessibleName("Enter sends")
         self.enter_sends.setChecked(settings.enter_sends)
@@ -360,7 +363,7 @@ class SettingsDialog(QDialog):
             token_probabilities=self.token_probs.isChecked(), token_alternatives=self.token_alternatives.value(),
             max_tokens=self.max_tokens.value(), stop=parse_stops(self.stop.toPlainText()),
             frequency_penalty=self.frequency_penalty.value(), presence_penalty=self.presence_penalty.value(),
-            thinking=self.thinking.isChecked(),
+            thinking=self.thinking.isChecked(), image_patch_budget=self.image_budget.value(),
             enter_sends=self.enter_sends.isChecked(),
             system_prompt=self.system.toPlainText(), engine=self.engine.currentData(),
             remote_url=self.remote_url.text().strip(), remote_model=self.remote_model.text().strip(),

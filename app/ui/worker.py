@@ -29,7 +29,7 @@ import time
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
-from app.api import (EngineService, LiveStats, LoadOptions, LoadedModel, MemoryPlan, ModelHeld, ModelInfo, ModelLoaded,
+from app.api import (EngineService, ImageProgress, LiveStats, LoadOptions, LoadedModel, MemoryPlan, ModelHeld, ModelInfo, ModelLoaded,
                      PromptProgress, Reasoning, RemoteEngine, Text, ToolCallMade, TurnDone, TurnError, TurnRequest,
                      logprobs_content, open_model, vision_of)
 from app.chat.summary import summarise_to_fit
@@ -57,6 +57,7 @@ class EngineWorker(QObject):
     response_text = Signal(str)      #: coalesced answer text
     thinking_text = Signal(str)      #: coalesced thinking text
     prompt_progress = Signal(int, int)  #: prompt tokens read, total (one per prefill chunk)
+    image_progress = Signal(int, int, str)  #: an image in the vision tower: blocks done, blocks, the line to show
     stats = Signal(object)             #: an app.memory.stats.StatsSample (the last of a turn: final, its TurnFigures)
     tool_call = Signal(object)         #: an app.chat.stream_parser.ToolCall the model made
     finished = Signal(str, str, str)  #: reason, answer text, thinking text
@@ -303,6 +304,8 @@ class EngineWorker(QObject):
                 now = time.monotonic()
                 if isinstance(ev, PromptProgress):
                     self.prompt_progress.emit(ev.done, ev.total)
+                elif isinstance(ev, ImageProgress):
+                    self.image_progress.emit(ev.block, ev.blocks, ev.label)
                 elif isinstance(ev, (Reasoning, Text)):
                     phase = "decode"
                     channel = "thinking" if isinstance(ev, Reasoning) else "response"

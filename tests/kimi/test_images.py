@@ -103,15 +103,6 @@ def test_only_data_urls():
             vi.data_url_bytes(url)
 
 
-@pytest.fixture(scope="module")
-def k3v(tmp_path_factory):
-    root = tmp_path_factory.mktemp("k3img")
-    tiny_k3.build(root / "ckpt", vision=True)
-    model = LoadedModel(convert(root / "ckpt", root / "k3.ferry"))
-    yield model
-    model.close()
-
-
 def ask(text, *images, budget=64):
     parts = [{"type": "text", "text": text}]
     parts += [{"type": "image_url", "image_url": {"url": vi.data_url(data)}} for data in images]

@@ -141,3 +141,58 @@ def test_an_image_to_the_engine_another_ferry_process_holds(qtbot, make_window, 
         model.close()
     assert ref.prompt_ids.count(tiny_k3.MEDIA_PAD) > 0
     assert (got.content, got.thinking) == (ref.content, ref.reasoning)
+
+
+def test_the_patch_budget_setting_prices_the_image_and_the_tower_shows_its_blocks(qtbot, make_window, k3v,
+                                                                                 tmp_path):
+    """Settings → Answers → Images: the budget (default: the API's), kept in the settings; the pending
+    image's cost follows it before sending; the request carries it; the tower's blocks show in the
+    composer's progress line; a second question about the image resumes from the first prompt's state."""
+    from app.store import settings as settings_mod
+    from app.ui.image_budget import budget_note
+    from app.vision.image import DEFAULT_PATCH_BUDGET, plan_grid
+
+    w = make_window(k3v, max_tokens=3)
+    assert w.settings.image_patch_budget == 0 and w.controller.image_budget() == DEFAULT_PATCH_BUDGET
+    assert w.images.add_file(png_file(tmp_path / "photo.png", 400, 300))
+    p = w.controller.pending_images[0]
+    assert p.grid == plan_grid(400, 300, DEFAULT_PATCH_BUDGET, 4, 2)
+    d = w.open_settings()
+    box = d.image_budget
+    assert box.value() == 0 and box.spin.text().startswith(f"Default ({DEFAULT_PATCH_BUDGET:,}")
+    box.spin.setValue(64)
+    assert box.note.text() == budget_note(64) and "prompt positions" in box.note.text()
+    d.accept()
+    assert w.settings.image_patch_budget == 64 and w.controller.image_budget() == 64
+    p = w.controller.pending_images[0]
+    assert p.grid == plan_grid(400, 300, 64, 4, 2) and p.grid.patches < 64 + 32
+
+    def costs():
+        return [lb.text() for lb in w.composer_bar.images_row.findChildren(QLabel) if lb.accessibleName() == "Image cost"]
+    qtbot.waitUntil(lambda: costs() == [p.cost])   # the old tile is gone once the event loop deletes it
+    # kept like the other settings
+    settings_mod.save(w.settings, tmp_path / "s.json")
+    assert settings_mod.load(tmp_path / "s.json").image_patch_budget == 64
+    assert settings_mod.Settings(image_patch_budget=-5).validated().image_patch_budget == 0
+
+    blocks, shown = [], []
+    w.worker.worker.image_progress.connect(lambda b, n, line: blocks.append((b, n, line)), Qt.DirectConnection)
+    bar_progress = w.composer_bar.show_progress
+    w.composer_bar.show_progress = lambda done, total, line: (shown.append(line), bar_progress(done, total, line))
+    w.composer.setPlainText("What is this?")
+    with qtbot.waitSignal(w.answer_finished, timeout=LONG):
+        w.send()
+    layers = int(tiny_k3.vision_config()["vt_num_hidden_layers"])
+    assert [b for b, _, _ in blocks] == list(range(layers + 1))
+    assert blocks[-1][2] == f"Reading the image: block {layers} of {layers}"
+    first = w.chat.visible()[1].stats
+    assert first["turn_prompt_tokens"] > p.grid.positions
+    # the composer's progress line: the tower's blocks, then the prompt
+    images = [line for line in shown if line.startswith("Reading the image")]
+    assert images == [line for _, _, line in blocks] and shown.index(images[-1]) < len(shown) - 1
+    w.composer.setPlainText("And its colour?")
+    with qtbot.waitSignal(w.answer_finished, timeout=LONG):
+        w.send()
+    second = w.chat.visible()[3].stats
+    # the follow-up starts from the state after the first prompt, the image's positions in it
+    assert second["turn_reused_tokens"] >= first["turn_prompt_tokens"] > 0
