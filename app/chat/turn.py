@@ -238,18 +238,21 @@ class ChatFormat:
                         context_bound=want >= room, images=list(self.images), thinking_budget=budget if close else None,
                         thinking_close=close,
                         prefix_len=self._prefix_len(req, segments, prompt) if req.keep_prefix and not self.images else 0,
-                        resume_len=self._resume_len(req, prompt) if tail == [] and self._recurrent else 0)
+                        resume_len=self._resume_len(req, prompt, dropped) if tail == [] and self._recurrent else 0)
 
     @property
     def _recurrent(self) -> bool:
         return bool(getattr(self.model, "recurrent", False))
 
-    def _resume_len(self, req: TurnRequest, prompt: list[int]) -> int:
+    def _resume_len(self, req: TurnRequest, prompt: list[int], dropped: int = 0) -> int:
         """How many tokens of ``prompt`` the next turn's prompt begins with: the prompt of this conversation
         with an answer and a new question after it, rendered and compared (the generation prompt may differ
         from how the history shows an answer, e.g. an empty thinking block). 0 when it cannot be rendered."""
         if req.raw or not req.messages:
             return 0
+        if dropped:   # the turns the context policy left out are not in the prompt
+            first = 1 if req.messages[0].get("role") == "system" else 0
+            req = dataclasses.replace(req, messages=req.messages[:first] + req.messages[first + dropped:])
         images = self.images
         probe = dataclasses.replace(req, messages=[*req.messages, {"role": "assistant", "content": "\u2026"},
                                                    {"role": "user", "content": "\u2026"}])

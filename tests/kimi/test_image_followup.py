@@ -147,3 +147,20 @@ def test_ferry_chat_asks_about_an_image_twice_reading_it_once(k3v, tmp_path, mon
     assert len(figures) == 2 and figures[0][0] > 24 and figures[0][1] == 0
     # the second question starts from the state after the first prompt (the image's positions in it)
     assert figures[1][1] == figures[0][0]
+
+
+def test_the_resume_point_follows_the_turns_the_context_kept(k3v):
+    """With the oldest turns left out to fit the context, the follow-up still begins with this prompt."""
+    from app.chat.turn import ChatFormat
+
+    long = [{"role": "system", "content": "Be brief."}]
+    for i in range(12):
+        long += [{"role": "user", "content": f"Question {i}: " + "word " * 20},
+                 {"role": "assistant", "content": f"Answer {i}: " + "more " * 20}]
+    long.append({"role": "user", "content": "The last question?"})
+    p = ChatFormat(k3v).prepare(TurnRequest(long, context="drop_oldest", max_tokens=8), n_ctx=512)
+    assert p.dropped > 0 and p.resume_len == len(p.prompt)
+    follow = [*long[:1], *long[1 + p.dropped:], {"role": "assistant", "content": "Yes."},
+              {"role": "user", "content": "Next?"}]
+    again = ChatFormat(k3v).prepare(TurnRequest(follow, max_tokens=8), n_ctx=4096)
+    assert again.prompt[:p.resume_len] == p.prompt[:p.resume_len]

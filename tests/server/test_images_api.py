@@ -74,3 +74,25 @@ def test_serve_image_budget_reaches_the_turn():
         {"type": "text", "text": "x"}, {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]})
     assert turn_request(req, limits=Limits(image_patch_budget=256)).image_patch_budget == 256
     assert turn_request(req, limits=Limits()).image_patch_budget is None
+
+
+def test_a_clients_follow_up_resumes_after_the_image(k3_vision, live):
+    """The same client's second question about an image starts from the state after its first prompt
+    (cached_tokens), with the answer a fresh server gives reading the whole prompt."""
+    server = live(k3_vision)
+    client = server.openai()
+    first = [{"role": "user", "content": [{"type": "text", "text": "What is this?"},
+                                          {"type": "image_url", "image_url": {"url": "data:image/png;base64,"
+                                                                                     + png_b64()}}]}]
+
+    def ask(messages):
+        return client.chat.completions.create(model=server.id, max_tokens=5, extra_body=GREEDY, messages=messages)
+    one = ask(first)
+    follow = [*first, {"role": "assistant", "content": one.choices[0].message.content or ""},
+              {"role": "user", "content": "And its colour?"}]
+    two = ask(follow)
+    assert two.usage.prompt_tokens_details.cached_tokens == one.usage.prompt_tokens
+    fresh = live(k3_vision).openai().chat.completions.create(model=server.id, max_tokens=5, extra_body=GREEDY,
+                                                             messages=follow)
+    assert fresh.usage.prompt_tokens_details.cached_tokens == 0
+    assert fresh.choices[0].message.content == two.choices[0].message.content
