@@ -2,7 +2,8 @@
 another Ferry...) behind the same turn events as the local engine
 (``app.events``), so the app's worker drives either one.
 
-Events: ``PromptProgress`` (from a Ferry server's progress comments; else one
+Events: ``ImageProgress`` (a Ferry server's image in its vision tower, from its
+progress comments), ``PromptProgress`` (from a Ferry server's progress comments; else one
 when the first text arrives), ``Reasoning`` (the ``reasoning_content`` or
 ``reasoning`` delta field, or ``<think>`` tags in the content of a server that
 does not split them), ``Text`` (answer text), ``ToolCallMade`` (a tool call,
@@ -42,7 +43,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from app.chat.stream_parser import StreamParser, ToolCall
 from app.chat.turn import TurnRequest, with_note
-from app.events import (LiveStats, Logprob, PromptProgress, Reasoning, Text, TokenLogprob, ToolCallMade, TurnDone,
+from app.events import (ImageProgress, LiveStats, Logprob, PromptProgress, Reasoning, Text, TokenLogprob, ToolCallMade, TurnDone,
                         TurnEvent)
 
 if TYPE_CHECKING:   # httpx is imported where it is used: `ferry run` on a local model never loads it
@@ -247,6 +248,9 @@ class RemoteEngine:
                 if isinstance(progress, list) and len(progress) == 2:
                     acc.progress_seen = True
                     yield PromptProgress(int(progress[0]), int(progress[1]))
+                tower = value.get("image_progress")   # a Ferry server's image in its vision tower
+                if isinstance(tower, list) and len(tower) == 4 and all(isinstance(x, int) for x in tower):
+                    yield ImageProgress(*tower)
             elif kind == "chunk":
                 yield from acc.chunk(value)
             elif kind == "end":

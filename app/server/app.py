@@ -25,7 +25,7 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.chat.stream_parser import ToolCall
-from app.api import (EngineService, LiveStats, Logprob, PromptProgress, Reasoning, Text, ToolCallDelta, ToolCallMade,
+from app.api import (EngineService, ImageProgress, LiveStats, Logprob, PromptProgress, Reasoning, Text, ToolCallDelta, ToolCallMade,
                      TurnDone, logprobs_content)
 from app.server import anthropic
 from app.untrusted import is_loopback
@@ -371,6 +371,9 @@ async def _stream(job: AsyncJob, rid: str, stamp: int, model_id: str, include_us
             ev = await job.next()
             if isinstance(ev, PromptProgress):
                 yield ServerSentEvent(comment="ferry " + json.dumps({"prompt_progress": [ev.done, ev.total]}))
+            elif isinstance(ev, ImageProgress):   # an image in the vision tower, before the prompt
+                yield ServerSentEvent(comment="ferry " + json.dumps(
+                    {"image_progress": [ev.image, ev.images, ev.block, ev.blocks]}))
             elif isinstance(ev, LiveStats):
                 pending_stats = {**figures(ev.counters)}
             elif isinstance(ev, Logprob):

@@ -96,3 +96,19 @@ def test_a_clients_follow_up_resumes_after_the_image(k3_vision, live):
                                                              messages=follow)
     assert fresh.usage.prompt_tokens_details.cached_tokens == 0
     assert fresh.choices[0].message.content == two.choices[0].message.content
+
+
+def test_the_towers_progress_reaches_a_remote_engine(k3_vision, live):
+    """A Ferry server says where its vision tower is (progress comments); the window's remote engine
+    turns them back into ImageProgress events."""
+    from app.api import ImageProgress, RemoteEngine, TurnDone, TurnRequest
+
+    server = live(k3_vision)
+    messages = [{"role": "user", "content": [{"type": "text", "text": "What is this?"}, {
+        "type": "image_url", "image_url": {"url": "data:image/png;base64," + png_b64((9, 99, 199))}}]}]
+    remote = RemoteEngine(server.url, api_key=server.key)
+    remote.check()
+    events = list(remote.generate(TurnRequest(messages, max_tokens=3)))
+    blocks = [(ev.image, ev.images, ev.block, ev.blocks) for ev in events if isinstance(ev, ImageProgress)]
+    assert blocks == [(1, 1, b, 2) for b in range(3)] and isinstance(events[-1], TurnDone)
+    assert events[-1].reason in ("stop", "length")
