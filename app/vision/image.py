@@ -42,9 +42,10 @@ FORMATS = {"PNG": (".png",), "JPEG": (".jpg", ".jpeg", ".jpe", ".jfif"), "GIF": 
 MEAN, STD = 0.5, 0.5
 #: Patches a side at most (the release's patch_limit_on_one_side).
 SIDE_PATCHES = 512
-#: The default patch budget: 1,024 patches, at most 256 prompt positions an
-#: image (a 4:3 photo: 36 x 28 patches, 252 positions). See docs/KIMI.md for
-#: what one costs here and the projection for a Mac.
+#: The default patch budget of every front end (the API, ferry run/chat/serve
+#: --image-budget, the window's setting): 1,024 patches, about 256 prompt
+#: positions an image (a 4:3 photo: 38 x 28 patches after padding, 266
+#: positions). See docs/KIMI.md for what one costs here and the projection for a Mac.
 DEFAULT_PATCH_BUDGET = 1024
 #: The budget's range.
 MIN_PATCH_BUDGET, MAX_PATCH_BUDGET = 16, 65536
