@@ -488,13 +488,17 @@ def test_the_cli_shows_a_long_prompts_progress_on_a_terminal_only():
         def isatty(self):
             return True
 
+    from app.api import ImageProgress
+
     tty, pipe = Terminal(), io.StringIO()
     for stream in (tty, pipe):
         meter = PromptMeter(stream=stream)
+        meter.image(ImageProgress(1, 1, 12, 27).label)   # an image in the vision tower first
         for done in (32, 64, 96):
             meter.update(done, 96)
     assert pipe.getvalue() == ""
     out = tty.getvalue()
+    assert out.startswith("\r\x1b[K[Reading the image: block 12 of 27]")
     assert "[Reading the prompt: 32 of 96 tokens" in out and "64 of 96" in out and out.endswith("\r\x1b[K")
     short = Terminal()
     PromptMeter(stream=short).update(20, 20)        # read in one chunk: nothing shown
