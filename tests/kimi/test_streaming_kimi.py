@@ -200,3 +200,30 @@ def test_the_default_keeps_kda_models_exact(models, kind, runs):
         assert np.array_equal(default, exact)
         _, _, asked = run(models[kind, "q8"], tokens, activations="q8")
         assert asked.activations == "q8"
+
+
+@pytest.mark.parametrize("mode", list(RUNS))
+def test_a_kimi_linear_follow_up_resumes_from_the_kept_state(models, mode):
+    """Kimi-Linear's KDA layers cannot rewind either: the second turn of a conversation resumes from the
+    state the first kept (issue 38's follow-up), with the answer a fresh engine gives, bit for bit, in
+    the exact and the 8-bit paths."""
+    from app.api import EngineService, LoadedModel, SamplingParams, TurnRequest, collect
+
+    model = LoadedModel(models["kimi_linear"] if mode == "exact" else models["kimi_linear", "q8"])
+    service, fresh = EngineService(model, model.new_session(256)), EngineService(model, model.new_session(256))
+    try:
+        assert model.recurrent
+
+        def ask(engine, messages):
+            return collect(engine.submit(TurnRequest(messages, max_tokens=4, top_logprobs=2,
+                                                     sampling=SamplingParams(temperature=0.0))))
+        first = [{"role": "user", "content": "Tell me about boats " * 4}]
+        one = ask(service, first)
+        follow = [*first, {"role": "assistant", "content": one.content}, {"role": "user", "content": "And ships?"}]
+        two, want = ask(service, follow), ask(fresh, follow)
+        assert two.reused_tokens >= one.prompt_tokens - 8 > 0 and want.reused_tokens == 0
+        assert two.token_ids == want.token_ids and two.logprobs == want.logprobs
+    finally:
+        service.close()
+        fresh.close()
+        model.close()
