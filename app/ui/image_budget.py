@@ -23,6 +23,16 @@ def budget_note(budget: int) -> str:
             "Fewer patches: quicker, less detail seen.")
 
 
+class _Doubling(QSpinBox):
+    """A budget's arrows halve or double it (from the default when it shows "Default"); below the least
+    budget is "Default". Any value in the range can be typed."""
+
+    def stepBy(self, steps: int) -> None:
+        v = self.value() if self.value() >= MIN_PATCH_BUDGET else DEFAULT_PATCH_BUDGET
+        v = v << steps if steps > 0 else v >> -steps
+        self.setValue(self.minimum() if v < MIN_PATCH_BUDGET else min(v, MAX_PATCH_BUDGET))
+
+
 class ImageBudget(QWidget):
     """A spin box of patches (its lowest value is "Default") and the note of what a photo costs."""
 
@@ -30,10 +40,9 @@ class ImageBudget(QWidget):
         super().__init__(parent)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
-        self.spin = QSpinBox(accessibleName="Image patch budget")
+        self.spin = _Doubling(accessibleName="Image patch budget")
         # the lowest value stands for "the default": below the pipeline's least budget
         self.spin.setRange(MIN_PATCH_BUDGET - 1, MAX_PATCH_BUDGET)
-        self.spin.setSingleStep(256)
         self.spin.setSuffix(" patches")
         self.spin.setSpecialValueText(f"Default ({DEFAULT_PATCH_BUDGET:,} patches)")
         self.spin.setToolTip("The most 14 x 14 patches an attached image is resized to (four patches make one "

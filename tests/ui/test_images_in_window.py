@@ -160,6 +160,12 @@ def test_the_patch_budget_setting_prices_the_image_and_the_tower_shows_its_block
     d = w.open_settings()
     box = d.image_budget
     assert box.value() == 0 and box.spin.text().startswith(f"Default ({DEFAULT_PATCH_BUDGET:,}")
+    box.spin.stepBy(1)                              # the arrows double and halve, from the default
+    assert box.value() == 2 * DEFAULT_PATCH_BUDGET
+    box.spin.stepBy(-7)
+    assert box.value() == 16
+    box.spin.stepBy(-1)
+    assert box.value() == 0 and box.note.text() == budget_note(0)
     box.spin.setValue(64)
     assert box.note.text() == budget_note(64) and "prompt positions" in box.note.text()
     d.accept()
