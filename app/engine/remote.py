@@ -45,6 +45,7 @@ from app.chat.stream_parser import StreamParser, ToolCall
 from app.chat.turn import TurnRequest, with_note
 from app.events import (ImageProgress, LiveStats, Logprob, PromptProgress, Reasoning, Text, TokenLogprob, ToolCallMade, TurnDone,
                         TurnEvent)
+from app.vision.image import image_parts
 
 if TYPE_CHECKING:   # httpx is imported where it is used: `ferry run` on a local model never loads it
     import httpx
@@ -202,6 +203,8 @@ class RemoteEngine:
                     "experts_per_token": request.experts_per_token,
                     "cache_aware_margin": float(request.cache_aware_margin or 0.0)}
         body.update({k: v for k, v in optional.items() if v})   # defaults are left out: other servers may not know them
+        if request.image_patch_budget and self.is_ferry and image_parts(request.messages):
+            body["image_patch_budget"] = int(request.image_patch_budget)   # the window's budget, on a Ferry server
         if not request.parallel_tool_calls and request.tools:
             body["parallel_tool_calls"] = False
         if request.top_logprobs is not None:

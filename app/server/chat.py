@@ -77,7 +77,8 @@ def turn_request(req: ChatCompletionRequest, *, limits: Limits, client: str = "l
         experts_per_token=req.experts_per_token if req.experts_per_token is not None else limits.experts_per_token,
         cache_aware_margin=(req.cache_aware_margin if req.cache_aware_margin is not None
                             else limits.cache_aware_margin),
-        image_patch_budget=limits.image_patch_budget, client=client)
+        image_patch_budget=(req.image_patch_budget if req.image_patch_budget is not None
+                            else limits.image_patch_budget), client=client)
 
 
 class ChatFormatter:

@@ -132,6 +132,10 @@ class ChatCompletionRequest(Strict):
     cache_aware_margin: float | None = Field(default=None, ge=0, le=1000,
                                              description="Ferry extension: prefer cached experts within this "
                                                          "router-score margin (opt-in, inexact)")
+    image_patch_budget: int | None = Field(default=None, ge=16, le=65536,
+                                           description="Ferry extension: patches each image may have (its cost: "
+                                                       "a quarter as many prompt positions); default: the "
+                                                       "server's --image-budget")
     tools: list[Tool] | None = Field(default=None, max_length=MAX_TOOLS)
     tool_choice: Union[Literal["none", "auto", "required"], NamedToolChoice, None] = None
     parallel_tool_calls: bool | None = None

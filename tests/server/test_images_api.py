@@ -74,6 +74,10 @@ def test_serve_image_budget_reaches_the_turn():
         {"type": "text", "text": "x"}, {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]})
     assert turn_request(req, limits=Limits(image_patch_budget=256)).image_patch_budget == 256
     assert turn_request(req, limits=Limits()).image_patch_budget is None
+    own = ChatCompletionRequest.model_validate({**req.model_dump(exclude_none=True), "image_patch_budget": 64})
+    assert turn_request(own, limits=Limits(image_patch_budget=256)).image_patch_budget == 64   # the request's own
+    with pytest.raises(Exception, match="image_patch_budget"):
+        ChatCompletionRequest.model_validate({**req.model_dump(exclude_none=True), "image_patch_budget": 8})
 
 
 def test_a_clients_follow_up_resumes_after_the_image(k3_vision, live):
@@ -98,6 +102,13 @@ def test_a_clients_follow_up_resumes_after_the_image(k3_vision, live):
     assert fresh.choices[0].message.content == two.choices[0].message.content
 
 
+def ask_tokens(server, messages, budget):
+    """The prompt tokens the live server counts for ``messages`` with a patch budget of its own asking."""
+    done = server.openai().chat.completions.create(model=server.id, max_tokens=1, messages=messages,
+                                                   extra_body={"image_patch_budget": budget})
+    return done.usage.prompt_tokens
+
+
 def test_the_towers_progress_reaches_a_remote_engine(k3_vision, live):
     """A Ferry server says where its vision tower is (progress comments); the window's remote engine
     turns them back into ImageProgress events."""
@@ -108,7 +119,11 @@ def test_the_towers_progress_reaches_a_remote_engine(k3_vision, live):
         "type": "image_url", "image_url": {"url": "data:image/png;base64," + png_b64((9, 99, 199))}}]}]
     remote = RemoteEngine(server.url, api_key=server.key)
     remote.check()
-    events = list(remote.generate(TurnRequest(messages, max_tokens=3)))
+    events = list(remote.generate(TurnRequest(messages, max_tokens=3, image_patch_budget=16)))
     blocks = [(ev.image, ev.images, ev.block, ev.blocks) for ev in events if isinstance(ev, ImageProgress)]
     assert blocks == [(1, 1, b, 2) for b in range(3)] and isinstance(events[-1], TurnDone)
     assert events[-1].reason in ("stop", "length")
+    # the window's patch budget went with the request: 40 x 30 px (the tiny tower's patch 4) at 16 patches
+    # is 6 positions, at the server's default 20
+    assert remote.request_body(TurnRequest(messages, image_patch_budget=16))["image_patch_budget"] == 16
+    assert events[-1].prompt_tokens == ask_tokens(server, messages, 16) == ask_tokens(server, messages, 1024) - 14
