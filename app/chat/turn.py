@@ -12,7 +12,8 @@ with a ``TurnError`` what the format cannot do rather than ignoring it.
 ``run_turn`` generates on a local session and yields the typed events of
 ``app.events``; ``AnswerBuilder`` splits the generated tokens into thinking,
 answer and tool calls (``StreamParser``; ``<tool_call>`` JSON for
-Hermes-style templates) and ends the answer at a stop sequence. A remote
+Hermes-style templates and Llama 3.1's JSON calls, streamed as written by
+``JsonCallReader``) and ends the answer at a stop sequence. A remote
 engine (``app.engine.remote``) yields the same events.
 
 The routing options of a request (``experts_per_token``,
