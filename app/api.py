@@ -47,7 +47,7 @@ __all__ = [
     "Finished", "ImageProgress", "LiveStats", "Logprob", "PromptProgress", "Reasoning", "Text", "Token", "TokenLogprob",
     "ToolCallDelta", "ToolCallMade", "TurnDone", "TurnEvent",
     # opening a model, and what the window's worker reports of it
-    "open_model", "LoadedModel", "ModelError", "LoadOptions", "ModelHeld", "ModelLoaded", "holder_left", "vision_of", "ModelInfo", "MemoryPlan",
+    "open_model", "LoadedModel", "ModelError", "LoadOptions", "ModelHeld", "AttachedStream", "ModelLoaded", "holder_left", "vision_of", "ModelInfo", "MemoryPlan",
     "ACTIVATION_CHOICES", "DEFAULT_ACTIVATIONS", "describe_activations", "KERNEL_CHOICES", "FerryError", "verify",
     # the pipeline's parts a front end shapes requests and answers with
     "ChatFormat", "Prepared", "MAX_STOPS", "MAX_STOP_CHARS", "MAX_TOP_LOGPROBS", "check_routing", "apply_routing",
@@ -102,8 +102,9 @@ class ModelHeld(ModelError):
     """Another Ferry process holds this model open (one engine per model per machine,
     ``app.engine.registry``): ``attach()`` reaches its engine through its loopback API."""
 
-    def __init__(self, record):
+    def __init__(self, record, engine=None):
         self.record = record
+        self._engine = engine     #: the holder's engine, already checked (``open_model`` checks it answers)
         why = "" if record.port else ", which does not share it"
         super().__init__(f"{Path(record.path).name} is already open in Ferry (pid {record.pid}, {record.holder})"
                          f"{why}; to open it here as well, close it first or pass --no-share")
@@ -119,6 +120,8 @@ class ModelHeld(ModelError):
 
         if not self.record.port:
             raise ModelError(str(self))
+        if self._engine is not None:
+            return self._engine
         engine = RemoteEngine(self.record.url, self.record.name, self.record.key)
         try:
             engine.check()
@@ -126,6 +129,33 @@ class ModelHeld(ModelError):
             raise ModelError(f"the Ferry process holding {Path(self.record.path).name} (pid {self.record.pid}) "
                              f"does not answer: {exc}") from None
         return engine
+
+
+class AttachedStream:
+    """A turn sent to the engine of the Ferry process holding the model (``ModelHeld.attach``), as a
+    ``TurnStream``. That process may let go of the model just as the turn is sent (it was closing:
+    its server stopped, or its engine turned the turn away as it shut down); the turn then fails
+    before it began, and instead ``reopen()`` — the front end opening the model again, itself or
+    through whichever process holds it by then, and giving the engine it now uses — runs it. So no
+    turn fails because its holder closed."""
+
+    def __init__(self, engine: TurnEngine, request: TurnRequest, record, reopen):
+        self.request, self.record, self._reopen = request, record, reopen
+        self._stream = engine.submit(request)
+
+    def __iter__(self):
+        events = iter(self._stream)
+        first = next(events, None)
+        if isinstance(first, TurnDone) and first.reason == "error" and holder_left(self.record):
+            self._stream = self._reopen().submit(self.request)
+            yield from self._stream
+            return
+        if first is not None:
+            yield first
+        yield from events
+
+    def cancel(self) -> None:
+        self._stream.cancel()
 
 
 def vision_of(container: str | os.PathLike) -> dict | None:
@@ -204,6 +234,16 @@ def _claim(path, budget: int, share: bool | None, holder: str):
             ready = reg.wait_ready(claim.held)
         except TimeoutError as exc:
             raise ModelError(str(exc)) from None
-        if ready is not None:
+        if ready is not None and not ready.port:
             raise ModelHeld(ready)
+        if ready is not None:
+            engine = RemoteEngine(ready.url, ready.name, ready.key)
+            try:
+                engine.check()
+            except RemoteError as exc:
+                if not holder_left(ready):
+                    raise ModelError(f"the Ferry process holding {Path(ready.path).name} (pid {ready.pid}) "
+                                     f"does not answer: {exc}") from None
+                continue   # it closed the model just now: claim it again (waiting for it to let go)
+            raise ModelHeld(ready, engine)
         # its owner let go of it meanwhile: claim it again

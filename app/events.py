@@ -114,10 +114,13 @@ class Text:
 
 @dataclass(frozen=True)
 class ToolCallDelta:
-    """A tool call as the model writes it (formats that allow it: K3's): first
-    its name (``name`` set, ``arguments`` empty), then pieces of its JSON
-    arguments (``name`` None). The ``ToolCallMade`` with the same ``index``
-    follows with the whole call; its arguments start with the pieces joined."""
+    """A tool call as the model writes it (K3's markup, and the JSON calls of
+    Hermes/Qwen and Llama 3.1 templates written name first): first its name
+    (``name`` set, ``arguments`` empty), then pieces of its JSON arguments
+    (``name`` None), each leaving the pieces so far a valid JSON prefix. The
+    ``ToolCallMade`` with the same ``index`` follows with the whole call; its
+    arguments start with the pieces joined, unless the model's JSON went
+    another way after them (``app.chat.stream_parser.unsent_arguments``)."""
 
     index: int
     name: str | None

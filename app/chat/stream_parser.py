@@ -8,7 +8,9 @@ events as soon as they are certain:
 * ``("tool_call", ToolCall)``: a complete tool call (K3 dialect only);
   before it, as the call is written, ``("tool_call_start", (index, name))``
   and ``("tool_call_args", (index, text))``: pieces of its JSON arguments,
-  which joined are the call's ``arguments``;
+  which joined are the call's ``arguments``; each piece keeps what was sent
+  a valid JSON prefix (``unsent_arguments`` says what a consumer still has
+  to send when the call ends, or that the model's JSON broke);
 * ``("end", None)``: the turn is over (``<|end_of_msg|>``, or ``finish()``).
 
 Two dialects are understood:
@@ -34,6 +36,8 @@ import json
 import re
 from collections.abc import Iterable, Set
 from typing import Any, Literal, Protocol, TypeAlias
+
+import pydantic_core
 
 from app.events import ToolCall  # the tool-call type lives with the events that carry it
 
@@ -292,7 +296,7 @@ class _K3Machine:
             self._calls_made += 1
             builder, self._call = self._call, None
             call = builder.build(self._calls_made)
-            rest = builder.rest(call.arguments)
+            rest = builder.rest(call.arguments) if isinstance(_json_or_none(call.arguments), dict) else ""
             return ([("tool_call_args", (call.index, rest))] if rest else []) + [("tool_call", call)]
         return []
 
@@ -344,7 +348,7 @@ class _ToolCallBuilder:
         self._value = None
         if element == "json":
             self._raw = text
-            return self._send(text) if not self._sent else []
+            return self._send(text) if not self._sent and isinstance(_json_or_text(text), dict) else []
         self._arguments[key] = text if kind == "string" else _json_or_text(text)
         if self._raw is not None:
             return []
@@ -366,9 +370,132 @@ class _ToolCallBuilder:
         return ToolCall(self.name, index, arguments)
 
     def rest(self, arguments: str) -> str:
-        """What of ``arguments`` was not streamed yet (all of it if the stream went another way)."""
-        sent = "".join(self._sent)
-        return arguments[len(sent):] if arguments.startswith(sent) else ""
+        """What of ``arguments`` was not streamed yet ("" if the stream went another way)."""
+        return unsent_arguments("".join(self._sent), arguments) or ""
+
+
+def unsent_arguments(sent: str, arguments: str) -> str | None:
+    """What of a finished call's ``arguments`` is left to send after the
+    pieces ``sent`` while it was written; None when those pieces cannot become
+    them (the model's JSON broke after they were sent: they cannot be taken back)."""
+    return arguments[len(sent):] if arguments.startswith(sent) else None
+
+
+def json_prefix(text: str) -> bool:
+    """Whether ``text`` can begin a JSON document, as clients' partial parsers
+    read streamed tool arguments (pydantic_core's is jiter, which the
+    ``anthropic`` and ``openai`` SDKs use)."""
+    try:
+        pydantic_core.from_json(text, allow_partial=True)
+    except ValueError:
+        return False
+    return True
+
+
+#: A JSON tool call's head as Hermes/Qwen and Llama 3.1 templates ask for it: the name, then the
+#: arguments object (Llama 3.1's ``parameters``), from whose ``{`` the arguments stream.
+_JSON_CALL_HEAD = re.compile(r'[\s;]*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\{)')
+
+
+class JsonCallReader:
+    """One tool call written as JSON text (``{"name": ..., "arguments": {...}}``,
+    Hermes/Qwen and Llama 3.1), streamed as the model writes it: opened
+    (``tool_call_start``) once its name and the ``{`` of its arguments are
+    written, then the arguments' text in pieces (``tool_call_args``), each
+    sent only while everything sent is a valid JSON prefix. Text that breaks
+    the JSON stops the pieces (``broken``); ``arguments`` is then everything
+    the model wrote from the arguments on, for the client to see. A call
+    written another way (arguments first, or as a string) is not opened:
+    the caller reads it whole at its end."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.text = ""
+        self.name: str | None = None
+        self.broken = False
+        self._start = 0                  # where the arguments' text begins in ``text``
+        self._end: int | None = None     # ... and ends, once its closing brace is written
+        self._stop: int | None = None    # the end of the call object
+        self._scan = 0
+        self._depth = 0
+        self._string = self._escape = False
+        self._sent = 0
+
+    @property
+    def opened(self) -> bool:
+        return self.name is not None
+
+    @property
+    def complete(self) -> bool:
+        """The call object is closed (its text after that is ``tail``)."""
+        return self._stop is not None
+
+    @property
+    def tail(self) -> str:
+        return self.text[self._stop:] if self._stop is not None else ""
+
+    def feed(self, text: str) -> list[Event]:
+        if self._stop is not None:
+            self.text += text
+            return []
+        self.text += text
+        events: list[Event] = []
+        if self.name is None:
+            head = _JSON_CALL_HEAD.match(self.text)
+            try:
+                name = json.loads(head.group(1)) if head else None
+            except ValueError:
+                name = None
+            if name is None:
+                return []
+            self.name, self._start = name, head.end()
+            self._scan = self._start
+            events.append(("tool_call_start", (self.index, name)))
+        self._track()
+        return events + self._pieces()
+
+    def _track(self) -> None:
+        """Follows strings and brackets: depth 1 inside the arguments, 0 after them, -1 past the call."""
+        for i in range(self._scan, len(self.text)):
+            c = self.text[i]
+            if self._string:
+                if self._escape:
+                    self._escape = False
+                elif c == "\\":
+                    self._escape = True
+                elif c == '"':
+                    self._string = False
+            elif c == '"':
+                self._string = True
+            elif c in "{[":
+                self._depth += 1
+            elif c in "}]":
+                self._depth -= 1
+                if self._depth == 0 and self._end is None:
+                    self._end = i + 1
+                elif self._depth < 0:
+                    self._stop = i + 1
+                    break
+        self._scan = len(self.text) if self._stop is None else self._stop
+
+    def _pieces(self) -> list[Event]:
+        end = self._end if self._end is not None else len(self.text) if self._stop is None else self._stop
+        text = self.text[self._start:end]
+        if self.broken or len(text) <= self._sent:
+            return []
+        if not json_prefix(text) or (self._end is not None and not isinstance(_json_or_none(text), dict)):
+            self.broken = True
+            return []
+        piece, self._sent = text[self._sent:], len(text)
+        return [("tool_call_args", (self.index, piece))]
+
+    @property
+    def arguments(self) -> str:
+        """The arguments as written: the object's text when it is whole and valid, else the model's text from
+        its start (broken JSON, which a client can see and refuse)."""
+        if self._end is not None and not self.broken:
+            return self.text[self._start:self._end]
+        return self.text[self._start:self._stop].rstrip()
 
 
 def _parse_tag(tag: str) -> tuple[str, dict[str, str]]:
@@ -381,6 +508,13 @@ def _parse_tag(tag: str) -> tuple[str, dict[str, str]]:
 
 def _unescape(value: str) -> str:
     return value.replace("&quot;", '"').replace("&amp;", "&")
+
+
+def _json_or_none(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return None
 
 
 def _json_or_text(text: str) -> Any:

@@ -12,7 +12,8 @@ with a ``TurnError`` what the format cannot do rather than ignoring it.
 ``run_turn`` generates on a local session and yields the typed events of
 ``app.events``; ``AnswerBuilder`` splits the generated tokens into thinking,
 answer and tool calls (``StreamParser``; ``<tool_call>`` JSON for
-Hermes-style templates) and ends the answer at a stop sequence. A remote
+Hermes-style templates and Llama 3.1's JSON calls, streamed as written by
+``JsonCallReader``) and ends the answer at a stop sequence. A remote
 engine (``app.engine.remote``) yields the same events.
 
 The routing options of a request (``experts_per_token``,
@@ -30,7 +31,7 @@ from typing import Any, Iterator, Sequence
 
 from app.chat.k3_format import end_thinking, forced_call_prefix, render_k3
 from app.chat.segments import Segment, content, markup
-from app.chat.stream_parser import THINK_CLOSE, MarkerScanner, StreamParser, ToolCall
+from app.chat.stream_parser import THINK_CLOSE, JsonCallReader, MarkerScanner, StreamParser, ToolCall
 from app.chat.template import TemplateRenderError
 from app.events import (Finished, ImageProgress, LiveStats, Logprob, PromptProgress, Reasoning, Text, Token, TokenLogprob,
                         ToolCallDelta, ToolCallMade, TurnDone, TurnEvent)
@@ -620,10 +621,11 @@ class AnswerBuilder:
         self.hermes = MarkerScanner((HERMES_OPEN, HERMES_CLOSE)) if prepared.hermes_tools else None
         self.llama3 = prepared.llama3_tools
         self._l3: list[str] = []          # a Llama 3.1 answer held while it may be tool calls
-        self._l3_mode = "undecided"       # "undecided", "call" (held to the end) or "text"
+        self._l3_mode = "undecided"       # "undecided", "call" (read as calls to the end) or "text"
         self.single_call = not prepared.parallel_tool_calls
         self._in_call = False
         self._call_text: list[str] = []
+        self._reader: JsonCallReader | None = None   # the JSON call being written (Hermes, Llama 3.1)
         self._space = ""                  # whitespace held: it shows only if text follows (not a call)
         self.content: list[str] = []
         self.reasoning: list[str] = []
@@ -659,19 +661,30 @@ class AnswerBuilder:
         if self.hermes is not None:
             rest = self.hermes.flush()
             lead = "" if self.tool_calls else self._space   # space after the last call is not text
-            if self._in_call:  # an unclosed call is shown as the text it was
+            if self._in_call and self._reader is not None and self._reader.opened:
+                self._reader.feed(rest)   # an unclosed call already streamed stays a call
+                out += self._json_call()
+                self._in_call, rest = False, ""
+            elif self._in_call:  # an unclosed call is shown as the text it was
                 rest = HERMES_OPEN + "".join(self._call_text) + rest
                 self._in_call, lead = False, self._space
             self._space = ""
             out += self._content(lead + rest)
         if self.llama3 and self._l3:
-            held, self._l3 = "".join(self._l3), []
+            held, self._l3, reader = "".join(self._l3), [], self._reader
+            streamed = self._l3_mode == "call" and (bool(self.tool_calls) or (reader is not None and reader.opened))
+            if streamed:   # the calls streamed as written stay calls; what follows them is read on its own
+                held = reader.text if reader is not None and not reader.opened else ""
+                out += self._json_call()
+            self._reader = None
             calls = [] if self._l3_mode != "call" else _llama3_calls(held)
             if calls:
                 for name, args in calls[:1] if self.single_call else calls:
                     out.append(self.call(ToolCall(name, len(self.tool_calls) + 1, args)))
-            else:
+            elif not streamed:
                 out += self._content(held)
+            elif held.strip(" ;\n\t"):   # text after calls already streamed
+                out += self._content(held.lstrip(" ;\n\t"))
         tail = self.stop.flush()
         if tail:
             self.content.append(tail)
@@ -713,28 +726,43 @@ class AnswerBuilder:
             return self._content(text)
         self._l3.append(text)
         if self._l3_mode == "call":
-            return []
+            return self._llama3_read(text)
         start = "".join(self._l3).lstrip()
         if not start or LLAMA3_TAG.startswith(start):
             return []
         if start.startswith(("{", LLAMA3_TAG)):
             self._l3_mode = "call"
-            return []
+            return self._llama3_read(start.removeprefix(LLAMA3_TAG))
         self._l3_mode = "text"
         held, self._l3 = "".join(self._l3), []
         return self._content(held)
+
+    def _llama3_read(self, text: str) -> list[TurnEvent]:
+        """Llama 3.1 calls streamed as they are written, one after another (``;`` between them)."""
+        out: list[TurnEvent] = []
+        while text:
+            if self._reader is None:
+                self._reader = JsonCallReader(len(self.tool_calls) + 1)
+            out += self._route(self._reader.feed(text))
+            text = ""
+            if self._reader.complete:
+                text = self._reader.tail
+                out += self._json_call()
+        return out
 
     def _hermes(self, text: str) -> list[TurnEvent]:
         out: list[TurnEvent] = []
         for piece, is_marker in self.hermes.feed(text):
             if is_marker and piece == HERMES_OPEN:
                 self._in_call, self._call_text = True, []
+                self._reader = JsonCallReader(len(self.tool_calls) + 1)
             elif is_marker:
                 if self._in_call:
                     out += self._hermes_call("".join(self._call_text))
                 self._in_call = False
             elif self._in_call:
                 self._call_text.append(piece)
+                out += self._route(self._reader.feed(piece))
             elif not piece.strip():
                 self._space += piece
             else:
@@ -742,7 +770,18 @@ class AnswerBuilder:
                 self._space = ""
         return out
 
+    def _json_call(self) -> list[TurnEvent]:
+        """The call the reader streamed, as written (its arguments broken JSON if the model broke them)."""
+        reader, self._reader = self._reader, None
+        if reader is None or not reader.opened or (self.single_call and self.tool_calls):
+            return []
+        return [self.call(ToolCall(reader.name, reader.index, reader.arguments))]
+
     def _hermes_call(self, body: str) -> list[TurnEvent]:
+        if self._reader is not None and self._reader.opened:
+            self._space = ""
+            return self._json_call()
+        self._reader = None
         if self.single_call and self.tool_calls:
             return []
         try:

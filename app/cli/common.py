@@ -248,15 +248,24 @@ class Turns:
 
     def stream(self, request: TurnRequest):
         """(the turn's events, a function that cancels it). A `ferry chat` whose model's holder
-        has closed it opens it again (itself, or through the process that holds it now)."""
-        from app.api import holder_left
+        has closed it opens it again (itself, or through the process that holds it now); so does a
+        turn whose holder closes the model just as it is sent (``AttachedStream``)."""
+        from app.api import AttachedStream, holder_left
 
         if self.held is not None and holder_left(self.held.record):
-            self.remote.close()
-            self.remote = None
-            self._open(self.args)
-        stream = self.engine.submit(request)
+            self._reopen()
+        if self.held is not None:
+            stream = AttachedStream(self.engine, request, self.held.record, self._reopen)
+        else:
+            stream = self.engine.submit(request)
         return stream, stream.cancel
+
+    def _reopen(self):
+        """The model opened again after its holder let go of it: the engine turns now go to."""
+        self.remote.close()
+        self.remote = None
+        self._open(self.args)
+        return self.engine
 
     def close(self) -> None:
         self.engine.close()

@@ -22,8 +22,8 @@ from fastapi.responses import JSONResponse
 from pydantic import Field, field_validator
 from sse_starlette import ServerSentEvent
 
-from app.chat.stream_parser import ToolCall
-from app.events import PromptProgress, Reasoning, Text, ToolCallMade, TurnDone
+from app.chat.stream_parser import ToolCall, unsent_arguments
+from app.events import PromptProgress, Reasoning, Text, ToolCallDelta, ToolCallMade, TurnDone
 from app.server.errors import APIError, invalid
 from app.server.schemas import (MAX_STOP_CHARS, MAX_STOP_SEQUENCES, MAX_TOOLS, ChatCompletionRequest, Open,
                                 Strict)
@@ -321,11 +321,16 @@ def _assistant_message(blocks: list, where: str) -> dict[str, Any]:
 def tool_input(arguments: str) -> dict[str, Any]:
     """A call's JSON arguments as Anthropic's ``input`` object; arguments that
     are not a JSON object (a model's mistake) are kept as ``{"_raw_arguments": text}``."""
+    value = _object(arguments)
+    return value if value is not None else {"_raw_arguments": arguments}
+
+
+def _object(arguments: str) -> dict[str, Any] | None:
     try:
         value = json.loads(arguments) if arguments.strip() else {}
     except ValueError:
-        value = None
-    return value if isinstance(value, dict) else {"_raw_arguments": arguments}
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def tool_use_id(mid: str, call: ToolCall) -> str:
@@ -371,8 +376,21 @@ async def stream_events(job, mid: str, model_id: str, input_tokens: int, ferry):
     ``text_delta``, ``input_json_delta``) and ``content_block_stop``;
     ``message_delta`` with the stop reason and usage; ``message_stop``. Prompt
     progress rides in SSE comments, which clients ignore. ``ferry(TurnDone)``
-    gives Ferry's figures for the ``message_delta``."""
+    gives Ferry's figures for the ``message_delta``.
+
+    A tool call's input streams as the model writes it (``ToolCallDelta``:
+    the block opens with its name, each piece a valid JSON prefix); a call
+    read whole (or whose input breaks before any piece went) sends its input
+    in one delta, as the answer does. Pieces sent cannot be taken back: if
+    the model's JSON breaks after some, the block stops and an ``error``
+    event ends the stream (the SDKs raise it), so no client runs a call with
+    a cut input; the non-streamed answer keeps ``{"_raw_arguments": text}``."""
     index, open_kind = -1, None
+    streamed: dict[int, str] = {}   # a call being written: its index -> the input sent so far
+
+    def delta(text: str) -> ServerSentEvent:
+        return _event("content_block_delta", {"index": index, "delta": {"type": "input_json_delta",
+                                                                        "partial_json": text}})
 
     def close():
         nonlocal open_kind
@@ -408,12 +426,31 @@ async def stream_events(job, mid: str, model_id: str, input_tokens: int, ferry):
                     out += start("text", {"type": "text", "text": ""})
                 out.append(_event("content_block_delta", {"index": index,
                                                           "delta": {"type": "text_delta", "text": ev.text}}))
+            elif isinstance(ev, ToolCallDelta):
+                if ev.name is not None:
+                    out += start("tool_use", {"type": "tool_use", "id": tool_use_id(mid, ToolCall(ev.name, ev.index, "")),
+                                              "name": ev.name, "input": {}})
+                    streamed[ev.index] = ""
+                elif ev.index in streamed and ev.arguments:
+                    streamed[ev.index] += ev.arguments
+                    out.append(delta(ev.arguments))
             elif isinstance(ev, ToolCallMade):
-                out += start("tool_use", {"type": "tool_use", "id": tool_use_id(mid, ev.call), "name": ev.call.name,
-                                          "input": {}})
-                args = json.dumps(tool_input(ev.call.arguments), ensure_ascii=False)
-                out.append(_event("content_block_delta", {"index": index,
-                                                          "delta": {"type": "input_json_delta", "partial_json": args}}))
+                sent = streamed.pop(ev.call.index, None)
+                if sent:
+                    rest = unsent_arguments(sent, ev.call.arguments)
+                    if rest is None or _object(ev.call.arguments) is None:
+                        for sse in close():
+                            yield sse
+                        yield _event("error", {"error": {"type": "api_error", "message": (
+                            f"The model's call to {ev.call.name} is not valid JSON after part of its input was "
+                            f"streamed; it wrote: {ev.call.arguments[:2000]}")}})
+                        return
+                    out += [delta(rest)] if rest else []
+                else:   # read whole, or opened with nothing of its input sent yet: the input in one delta
+                    if sent is None:
+                        out += start("tool_use", {"type": "tool_use", "id": tool_use_id(mid, ev.call),
+                                                  "name": ev.call.name, "input": {}})
+                    out.append(delta(json.dumps(tool_input(ev.call.arguments), ensure_ascii=False)))
                 out += close()
             elif isinstance(ev, TurnDone):
                 if ev.reason in ("cancelled", "error"):

@@ -24,7 +24,7 @@ from pydantic import ValidationError
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.chat.stream_parser import ToolCall
+from app.chat.stream_parser import ToolCall, unsent_arguments
 from app.api import (EngineService, ImageProgress, LiveStats, Logprob, PromptProgress, Reasoning, Text, ToolCallDelta, ToolCallMade,
                      TurnDone, logprobs_content)
 from app.server import anthropic
@@ -398,7 +398,7 @@ async def _stream(job: AsyncJob, rid: str, stamp: int, model_id: str, include_us
             elif isinstance(ev, ToolCallMade):
                 if ev.call.index in streaming:   # written piece by piece: what was not sent yet, if anything
                     slot, sent = streaming.pop(ev.call.index)
-                    rest = ev.call.arguments[len(sent):] if ev.call.arguments.startswith(sent) else ""
+                    rest = unsent_arguments(sent, ev.call.arguments)   # the model's broken JSON too, as written
                     if rest:
                         yield chunk({"tool_calls": [{"index": slot, "function": {"arguments": rest}}]},
                                     logprobs=logprobs())

@@ -29,7 +29,7 @@ import time
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
-from app.api import (EngineService, ImageProgress, LiveStats, LoadOptions, LoadedModel, MemoryPlan, ModelHeld, ModelInfo, ModelLoaded,
+from app.api import (AttachedStream, EngineService, ImageProgress, LiveStats, LoadOptions, LoadedModel, MemoryPlan, ModelHeld, ModelInfo, ModelLoaded,
                      PromptProgress, Reasoning, RemoteEngine, Text, ToolCallMade, TurnDone, TurnError, TurnRequest,
                      logprobs_content, open_model, vision_of)
 from app.chat.summary import summarise_to_fit
@@ -177,6 +177,14 @@ class EngineWorker(QObject):
                                      owned_by=owned_by, note=note, takes_tools=remote.takes_tools,
                                      vision=vision))
 
+    def _reopen(self):
+        """The model opened again after the process whose engine it used let go of it (itself, or
+        through the process that holds it now): the engine turns now go to."""
+        path, options, recommended, _record = self._attached
+        self._close()
+        self._open(path, options, recommended)
+        return self.engine
+
     def _holder_left(self) -> bool:
         from app.api import holder_left
 
@@ -220,10 +228,8 @@ class EngineWorker(QObject):
         ``PassageSearch`` when documents are attached (searched here; the passages go into a copy of
         ``turn``'s messages and ``citations`` says which)."""
         if self._attached is not None and self._holder_left():   # the model's holder closed it: open it again
-            path, options, recommended, _record = self._attached
-            self._close()
             try:
-                self._open(path, options, recommended)
+                self._reopen()
             except Exception as exc:   # noqa: BLE001 - said; no model is open
                 self.load_failed.emit(str(exc) or type(exc).__name__)
         if self.engine is None:
@@ -263,7 +269,9 @@ class EngineWorker(QObject):
             turn, summary = summarise_to_fit(engine, turn, lambda stream: self._read(gen_id, stream))
             if summary is not None:
                 self.summarised.emit(gen_id, summary)
-        yield from self._read(gen_id, engine.submit(turn))
+        attached = self._attached
+        stream = AttachedStream(engine, turn, attached[3], self._reopen) if attached else engine.submit(turn)
+        yield from self._read(gen_id, stream)
 
     def _read(self, gen_id: int, stream):
         """``stream``'s events, the stream kept for a stop from the window's thread."""
@@ -337,7 +345,7 @@ class EngineWorker(QObject):
             self.error.emit(end.error)
         sample(end.totals or end.counters, final=True, turn=TurnFigures.of(end))
         if end.logprobs:   # the tokens spelled here, where the tokenizer is (a remote engine: the server's bytes)
-            self.token_probs.emit(compact(logprobs_content(end.logprobs, engine.tokenizer)))
+            self.token_probs.emit(compact(logprobs_content(end.logprobs, (self.engine or engine).tokenizer)))
         self.turn_done.emit(end)
         reason = "stop" if end.reason == "tool_calls" else end.reason
         self.finished.emit(reason, "".join(texts["response"]), "".join(texts["thinking"]))

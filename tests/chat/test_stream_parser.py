@@ -20,6 +20,8 @@ from app.chat.stream_parser import (
     MarkerScanner,
     StreamParser,
     ToolCall,
+    _json_or_none,
+    json_prefix,
 )
 from app.chat.tiktoken_tokenizer import K3Tokenizer
 
@@ -45,7 +47,8 @@ def run(parser: StreamParser, chunks: Iterable[str]) -> list[Event]:
 
 def merge_text(events: list[Event]) -> list[Event]:
     """Text events merged per channel run; a tool call's streamed pieces checked against the call
-    (its name first, its argument pieces joined are its arguments) and left out."""
+    (its name first, its argument pieces joined are its arguments, or for arguments that are not a
+    JSON object what of them was a valid prefix) and left out."""
     merged: list[Event] = []
     streamed: dict[int, list] = {}
     for kind, value in events:
@@ -56,8 +59,10 @@ def merge_text(events: list[Event]) -> list[Event]:
         if kind == "tool_call_args":
             streamed[value[0]][1] += value[1]
             continue
-        if kind == "tool_call":
-            assert streamed.pop(value.index) == [value.name, value.arguments]
+        if kind == "tool_call":   # the pieces stay a valid JSON prefix: arguments that are no JSON object are not sent
+            name, sent = streamed.pop(value.index)
+            assert name == value.name and value.arguments.startswith(sent) and (not sent or json_prefix(sent))
+            assert sent == value.arguments or not isinstance(_json_or_none(value.arguments), dict)
         if merged and kind in ("thinking", "response") and merged[-1][0] == kind:
             merged[-1] = (kind, merged[-1][1] + value)
         else:

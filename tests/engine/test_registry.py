@@ -281,3 +281,96 @@ def test_a_chat_goes_on_when_the_holder_closes(demo_container, monkeypatch, caps
                                                      {"role": "assistant", "content": answers[0]},
                                                      {"role": "user", "content": "Hi"}], 6)
     assert _records() == []
+
+
+#: A holder as HOLDER whose close can be held open: once its stdin closes it closes its engine service
+#: (the drain, then its server stops: state "closing"), says "drained", and lets go of the model (the
+#: record goes) only once the file argv[3] exists.
+SLOW_CLOSER = HOLDER.replace("service.close()\n", """service.close()
+print("drained", flush=True)
+import os, time
+while not os.path.exists(sys.argv[3]):
+    time.sleep(0.05)
+""")
+
+#: `ferry ARGS...` that stops just before its first turn goes out to the holder's engine (after it
+#: attached and saw the holder serving): it writes argv[1] and waits for the file argv[2] (a client
+#: that checked the record just before the holder closed).
+PAUSED_CLIENT = """
+import os, sys, time
+from app.engine.remote import RemoteEngine
+generate = RemoteEngine.generate
+def paused(self, request):
+    open(sys.argv[1], "w").close()
+    while not os.path.exists(sys.argv[2]):
+        time.sleep(0.05)
+    yield from generate(self, request)
+RemoteEngine.generate = paused
+from app.cli import main
+sys.exit(main(sys.argv[3:]))
+"""
+
+
+@pytest.mark.slow
+def test_a_turn_sent_as_the_holder_closes_is_answered(demo_container, tmp_path):
+    """The race of a client that attached just before its holder closed: the holder drains (nothing
+    to wait for), stops its server and is about to let go when the client's turn goes out. The turn
+    fails to reach it, so the client opens the model itself — waiting for the closing holder to let
+    go first — and answers; no turn fails."""
+    want = _reference(demo_container, "Hi", 8)
+    release, attached, go = tmp_path / "release", tmp_path / "attached", tmp_path / "go"
+    holder = subprocess.Popen([sys.executable, "-c", SLOW_CLOSER, str(demo_container), "0", str(release)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              cwd=REPO, env=_env())
+    client = None
+    try:
+        assert holder.stdout.readline().strip() == "ready", holder.stderr.read()
+        _wait_serving(demo_container, holder)
+        client = subprocess.Popen([sys.executable, "-c", PAUSED_CLIENT, str(attached), str(go), "run",
+                                   str(demo_container), "-n", "8", "--json", "Hi"], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, cwd=REPO, env=_env())
+        deadline = time.monotonic() + 120
+        while not attached.exists():
+            assert client.poll() is None and time.monotonic() < deadline, client.communicate()
+            time.sleep(0.05)
+        holder.stdin.close()                       # the holder closes: its drain ends at once, its server stops
+        assert holder.stdout.readline().strip() == "drained"
+        (record,) = _records()
+        assert record.state == "closing" and record.pid == holder.pid
+        go.touch()                                 # the client's turn goes out to the stopped server
+        time.sleep(1.0)                            # ... and it waits for the closing holder to let go
+        assert client.poll() is None and _records()[0].pid == holder.pid
+        release.touch()
+        out, err = client.communicate(timeout=300)
+        assert client.returncode == 0, err
+        assert f"using the model already open in Ferry (pid {holder.pid}" in err
+        assert "Traceback" not in err and "error" not in err
+        assert json.loads(out)["text"] == want and "server" not in json.loads(out)   # answered by its own engine
+    finally:
+        release.touch()
+        if client is not None and client.poll() is None:
+            client.kill()
+        holder.wait(timeout=60)
+    assert _records() == []
+
+
+@pytest.mark.slow
+def test_the_real_window_holds_the_model_for_ferry_run(demo_container, tmp_path, monkeypatch):
+    """The app itself (`python -m app --model`, offscreen), opening the demo as a user would, holds the
+    model: a `ferry run` on it uses the window's engine and answers as an engine of its own would."""
+    want = _reference(demo_container, "Hi", 12)
+    monkeypatch.setenv("FERRY_HOME", str(tmp_path / "home"))      # the window's history and settings: its own
+    env = _env(FERRY_PASSPHRASE="tractor violet harbour sonnet", QT_QPA_PLATFORM="offscreen")
+    window = subprocess.Popen([sys.executable, "-m", "app", "--model", str(demo_container)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, cwd=REPO, env=env)
+    try:
+        owner = _wait_serving(demo_container, window)
+        assert owner.pid == window.pid and owner.holder == "the Ferry window"
+        run = _ferry("run", str(demo_container), "-n", "12", "--json", "Hi")
+        assert f"using the model already open in Ferry (pid {window.pid}, the Ferry window)" in run.stderr
+        assert _text(run) == want and json.loads(run.stdout)["server"] == owner.url
+        assert len(_records()) == 1        # still the one engine
+    finally:
+        window.terminate()
+        window.communicate(timeout=60)
+    assert _records() == []                # the window's record went with it (stale, cleaned away)

@@ -45,13 +45,16 @@ class Served:
                 self.proc.wait()
 
 
-def start_ferry_serve(container: Path, tmp: Path, *args: str, env: dict | None = None) -> Served:
-    """`ferry serve CONTAINER --port 0 ...`; waits for the line that names the URL."""
+def start_ferry_serve(container: Path, tmp: Path, *args: str, env: dict | None = None,
+                      script: Path | None = None) -> Served:
+    """`ferry serve CONTAINER --port 0 ...`; waits for the line that names the URL. With ``script``
+    (tests/tools/scripted_ferry.py's SCRIPT.json) its sampler answers the script's ids."""
     log = tmp / "serve.log"
-    cmd = [sys.executable, "-m", "app.cli", "serve", str(container), "--port", "0", "--ctx", "2048", *args]
+    launch = [str(REPO / "tests" / "tools" / "scripted_ferry.py"), str(script)] if script else ["-m", "app.cli"]
+    cmd = [sys.executable, *launch, "serve", str(container), "--port", "0", "--ctx", "2048", *args]
     err = log.open("w")
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=err, text=True,
-                            env={**os.environ, **(env or {})})
+                            env={**os.environ, **({"PYTHONPATH": str(REPO)} if script else {}), **(env or {})})
     line = proc.stdout.readline()
     if " at http://" not in line:
         proc.kill()

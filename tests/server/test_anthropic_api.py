@@ -7,6 +7,7 @@ the same prompt: both go through the one turn pipeline."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import anthropic
 import httpx
@@ -14,7 +15,7 @@ import pytest
 
 from tests.scripted import script_ids, scripted_sampler
 from tests.server.conftest import start_ferry_serve
-from tests.server.test_tool_calls import CALLS, K3_END, SCRIPTS
+from tests.server.test_tool_calls import CALLS, K3_END, K3_THINK, SCRIPTS
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 GREEDY = {"temperature": 0}   # sampling settings this SDK no longer names travel in extra_body
@@ -238,7 +239,8 @@ def test_tool_use_round_trip(scripted_live, name):
         final = s.get_final_message()
     _well_formed(types)
     deltas = [e.delta.type for e in events if e.type == "content_block_delta"]
-    assert deltas.count("input_json_delta") == 2
+    pieces = Counter(e.index for e in events if e.type == "content_block_delta" and e.delta.type == "input_json_delta")
+    assert len(pieces) == 2 and min(pieces.values()) >= 3   # each input streams in pieces as it is written
     assert ("thinking_delta" in deltas and "text_delta" in deltas) == (name == "k3")
     assert [b.type for b in final.content] == kinds and final.stop_reason == "tool_use"
     assert [(b.name, b.input) for b in final.content if b.type == "tool_use"] == CALLS
@@ -354,3 +356,63 @@ def test_thinking_budget_tokens_caps_the_thinking(scripted_live, name):
     _well_formed(types)
     assert "".join(e.delta.thinking for e in events if e.type == "content_block_delta"
                    and e.delta.type == "thinking_delta") == thought
+
+
+#: A call whose input breaks after part of it streamed: Hermes JSON with a stray comma; in K3 a raw json
+#: element after a string argument had already streamed (the input went another way).
+BROKEN = {"hermes": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo",, }}\n</tool_call>',
+          "k3": K3_THINK + '<|open|>tools<|sep|><|open|>call tool="get_weather"<|sep|><|open|>argument key="city" '
+                'type="string"<|sep|>Oslo<|close|>argument<|sep|><|open|>json<|sep|>{"zone": "CET"}<|close|>json'
+                '<|sep|><|close|>call<|sep|><|close|>tools<|sep|>' + K3_END}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["k3", "hermes"])
+def test_tool_input_streams_in_pieces_from_a_live_ferry_serve(name, tool_templates, tiny_k3, tmp_path):
+    """`ferry serve` in its own process (its sampler scripted by tests/tools/scripted_ferry.py): the SDK's
+    stream helper gets each tool_use input in several input_json_delta events as the model writes it, and
+    accumulates them into the object the non-streamed answer has. A call whose JSON breaks after pieces went
+    (they cannot be taken back) ends the stream with an error event, which the SDK raises, so no client runs
+    a cut input; the non-streamed answer keeps what the model wrote."""
+    from app.model import LoadedModel
+
+    container = tiny_k3 if name == "k3" else tool_templates[name]
+    model = LoadedModel(container, threads=1, n_ctx=256)
+    try:
+        markers = ("<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>") if name == "k3" else ()
+        two, broken = (script_ids(model, t, markers) for t in (SCRIPTS[name]["two"], BROKEN[name]))
+        eos = min(model.tokenizer.eos_ids)
+    finally:
+        model.close()
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps({"eos": eos, "answers": [two, two, broken, broken], "log": str(tmp_path / "log")}))
+    served = start_ferry_serve(container, tmp_path, "--max-tokens", "400", script=script)
+    try:
+        client = _client(served)
+        ask = dict(model=served.model, max_tokens=400, messages=ASK, tools=[WEATHER, TIME], extra_body=GREEDY)
+        whole = client.messages.create(**ask)
+        with client.messages.stream(**ask) as s:
+            types, events = _events(s)
+            final = s.get_final_message()
+        _well_formed(types)
+        uses = [b for b in final.content if b.type == "tool_use"]
+        assert [(b.name, b.input) for b in uses] == CALLS == [(b.name, b.input) for b in whole.content
+                                                              if b.type == "tool_use"]
+        for block in (i for i, b in enumerate(final.content) if b.type == "tool_use"):
+            pieces = [e.delta.partial_json for e in events
+                      if e.type == "content_block_delta" and e.index == block and e.delta.type == "input_json_delta"]
+            assert len(pieces) >= 3 and json.loads("".join(pieces)) == final.content[block].input
+
+        kept = client.messages.create(**ask)
+        (use,) = [b for b in kept.content if b.type == "tool_use"]
+        assert use.input == ({"zone": "CET"} if name == "k3" else {"_raw_arguments": '{"city": "Oslo",, }}'})
+        seen = []
+        with pytest.raises(anthropic.APIStatusError) as info:
+            with client.messages.stream(**ask) as s:
+                for e in s:
+                    seen.append(e)
+        assert "get_weather is not valid JSON" in str(info.value)
+        assert [e.type for e in seen if e.type in RAW][-1] == "content_block_stop"   # the block was closed first
+        assert any(e.type == "content_block_delta" and e.delta.type == "input_json_delta" for e in seen)
+    finally:
+        served.stop()

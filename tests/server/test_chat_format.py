@@ -199,7 +199,8 @@ def _built(pieces, **prepared) -> tuple[list, AnswerBuilder]:
     (['<|python_tag|>{"name": "a", "parameters": {}}; ', '{"name": "b", "arguments": {"x": 1}}'],
      [("a", {}), ("b", {"x": 1})], ""),
     (["  ", '{"not": "a call"}'], [], '  {"not": "a call"}'),       # JSON that is no call is the answer
-    (['{"name": "a", "parameters": {}} and more'], [], '{"name": "a", "parameters": {}} and more'),
+    # a call streams as it is written, so it stays a call whatever follows; the rest is the answer
+    (['{"name": "a", "parameters": {}} and more'], [("a", {})], "and more"),
     (["Hello", ' {"name": "a"}'], [], 'Hello {"name": "a"}'),        # only an answer that starts with one
 ])
 def test_llama3_tool_calls_in_a_jinja_models_answer(pieces, calls, text):
@@ -251,3 +252,66 @@ def test_continue_final_in_every_chat_format(family, tiny_k3, tiny_chat, demo_co
         service.close()
         session.close()
         model.close()
+
+
+def _deltas(out, index):
+    """A call's streamed pieces: its name (from the opening delta) and its argument pieces."""
+    ds = [v for k, v in out if k == "tool_call_delta" and v[0] == index]
+    return (ds[0][1] if ds else None), [a for _, n, a in ds if n is None]
+
+
+@pytest.mark.parametrize("kind", ["hermes", "llama3"])
+def test_json_tool_calls_stream_as_written(kind):
+    """Hermes and Llama 3.1 calls (JSON the model writes as text) stream like K3's: the call opens once its
+    name and the arguments' brace are written, and the arguments follow in pieces (fed a character at a
+    time), each leaving a valid JSON prefix; joined they are the call's arguments, the model's own text."""
+    from app.chat.stream_parser import json_prefix
+
+    args = '{"city": "Oslo, \\"Norway\\"", "days": [1, 2.5e1], "deep": {"x": null}}'
+    key = "arguments" if kind == "hermes" else "parameters"
+    call = f'{{"name": "get_weather", "{key}": {args}}}'
+    text = (f"<tool_call>\n{call}\n</tool_call>" if kind == "hermes" else call + "; " + call)
+    out, _ = _built(list(text), **({"hermes_tools": True} if kind == "hermes" else {"llama3_tools": True}))
+    calls = [c for k, c in out if k == "tool_call"]
+    assert [(c.name, c.arguments) for c in calls] == [("get_weather", args)] * (1 if kind == "hermes" else 2)
+    for c in calls:
+        name, pieces = _deltas(out, c.index)
+        assert name == "get_weather" and "".join(pieces) == args and len(pieces) > 10
+        assert all(json_prefix("".join(pieces[:i + 1])) for i in range(len(pieces)))
+    first_call = next(i for i, (k, _) in enumerate(out) if k == "tool_call")
+    assert [k for k, _ in out[:first_call]] == ["tool_call_delta"] * first_call   # pieces before the call
+    assert not [v for k, v in out if k == "content"]
+
+
+def test_a_streamed_json_call_whose_json_breaks():
+    """Pieces sent cannot be taken back: once a call has opened it stays a call; the pieces stop where the
+    model's JSON breaks (all of them valid), and the call's arguments are what the model wrote, which a
+    client can see is not JSON. A call written another way (arguments as a string) is read whole."""
+    out, _ = _built(list('<tool_call>{"name": "a", "arguments": {"x": 1,, "y": 2}}</tool_call> ok'),
+                    hermes_tools=True)
+    (call,) = [c for k, c in out if k == "tool_call"]
+    assert call.name == "a" and call.arguments == '{"x": 1,, "y": 2}}'
+    assert "".join(_deltas(out, 1)[1]) == '{"x": 1,'
+    assert "".join(v for k, v in out if k == "content") == " ok"
+    # an unclosed call that already streamed stays a call (the answer ended inside it)
+    out, _ = _built(['<tool_call>{"name": "a", "arguments": {"x": "cut'], hermes_tools=True)
+    assert [(c.name, c.arguments) for k, c in out if k == "tool_call"] == [("a", '{"x": "cut')]
+    # before it opens, a call is read whole when it ends, as before
+    out, _ = _built(['<tool_call>{"name": "a", "arguments": "{\\"x\\": 1}"}</tool_call>'], hermes_tools=True)
+    assert [(c.name, c.arguments) for k, c in out if k == "tool_call"] == [("a", '{"x": 1}')]
+    assert not [v for k, v in out if k == "tool_call_delta"]
+    out, _ = _built(['<tool_call>{"name": "a", "argu'], hermes_tools=True)   # not opened: the text it was
+    assert [v for k, v in out if k == "content"] == ['<tool_call>{"name": "a", "argu']
+
+
+def test_k3_raw_json_arguments_stream_only_when_valid():
+    """A K3 call's raw ``json`` element is sent as one piece only when it is a JSON object; otherwise the
+    call ends with the text as written and no piece was sent."""
+    from app.chat.stream_parser import StreamParser
+
+    for raw, pieces in (('{"a": [1, 2]}', ['{"a": [1, 2]}']), ("{broken", [])):
+        p = StreamParser("k3", "response")
+        events = p.feed(f'<|open|>tools<|sep|><|open|>call tool="f"<|sep|><|open|>json<|sep|>{raw}'
+                        f'<|close|>json<|sep|><|close|>call<|sep|><|close|>tools<|sep|>')
+        assert [v[1] for k, v in events if k == "tool_call_args"] == pieces
+        assert [v.arguments for k, v in events if k == "tool_call"] == [raw]

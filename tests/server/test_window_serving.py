@@ -76,6 +76,38 @@ def test_a_second_window_uses_the_engine_another_ferry_process_holds(qtbot, make
 
 
 @pytest.mark.slow
+def test_a_window_whose_holder_closes_as_it_asks_still_answers(qtbot, make_window, demo_container, monkeypatch):
+    """The race of a window that checked its holder just before that process closed the model: the
+    question goes out to a server that has stopped, and is answered by the model the window opens
+    itself (``AttachedStream``), with no error shown."""
+    from tests.engine.test_registry import _holder, _wait_serving
+    from tests.server.conftest import engine_answer
+
+    monkeypatch.setenv("FERRY_SHARE", "1")
+    holder = _holder(demo_container)
+    try:
+        _wait_serving(demo_container, holder)
+        w = make_window(demo_container, max_tokens=6)
+        assert w.models.info.remote
+        holder.stdin.close()       # the holder closes the model and ends ...
+        holder.wait(timeout=60)
+        worker = w.worker.worker   # ... after the window's last look at it (the check before a turn)
+        monkeypatch.setattr(worker, "_holder_left", lambda: False)
+        errors = []
+        worker.error.connect(errors.append)
+        with qtbot.waitSignal(w.answer_finished, timeout=120000) as blocker:
+            w.send_text("Name a colour.")
+        assert blocker.args[0] in ("stop", "length") and errors == []
+        assert not w.models.info.remote
+        assert w.chat.visible()[-1].content == engine_answer(demo_container,
+                                                             [{"role": "user", "content": "Name a colour."}], 6)
+    finally:
+        if holder.poll() is None:
+            holder.stdin.close()
+            holder.wait(timeout=60)
+
+
+@pytest.mark.slow
 def test_ferry_run_uses_the_windows_engine_and_the_gauges_count_it(qtbot, make_window, demo_container, monkeypatch):
     """The window holds the model it opened (app/engine/registry.py): `ferry run` on the same
     container answers through the window's engine, and the window's gauges count that request."""

@@ -1,7 +1,8 @@
 """MCP tools in the window (pytest-qt): Settings → Tools adds a server; the
 window connects to it (the file-reading MCP server of tests/tools, over
-stdio, confined to one folder); the model (Hermes-style template on the demo
-model, its sampler scripted by tests/scripted.py so it calls the tools) sees
+stdio, confined to one folder); the model (Hermes-style and Llama 3.1
+templates on the demo model, and the tiny Kimi K3 with its own tool-call
+format; the sampler scripted by tests/scripted.py so it calls the tools) sees
 the tools; each call waits at the approval bar unless the tool is trusted,
 runs, is shown under the answer (name, arguments, result; collapsible) and
 its result goes back into the prompt, until the model answers."""
@@ -16,7 +17,8 @@ import pytest
 from app.tools.mcp import DECLINED
 from app.ui.worker import on_gui
 from tests.scripted import script_ids, scripted_sampler
-from tests.server.conftest import tool_templates  # noqa: F401 - the demo model with tool templates
+from tests.server.conftest import tiny_k3, tool_templates  # noqa: F401 - the models with tool formats
+from tests.tools.test_mcp import K3_ANSWER, K3_MARKERS, _k3
 
 SERVER = Path(__file__).resolve().parents[1] / "tools" / "file_server.py"
 LONG = 120_000
@@ -111,3 +113,57 @@ def test_the_window_runs_mcp_tools_with_approval(qtbot, make_window, tool_templa
         w.stop()
     assert not approval.isVisible() and not w.busy
     assert w.chat.visible()[-1].stats["tool_calls"][0]["status"] == "declined"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["k3", "llama31"])
+def test_mcp_tools_in_the_window_in_k3s_and_llama31s_formats(family, qtbot, make_window, tool_templates,  # noqa: F811
+                                                             tiny_k3, tmp_path, monkeypatch):  # noqa: F811
+    """K3's own tool-call markup and Llama 3.1's JSON calls in the window: the call waits at the approval
+    bar, runs once allowed (Allow is for this call only: the next one asks again), is shown under the
+    answer, its result goes back to the model in the model's own format, and the answer follows; a
+    denied call's refusal goes back the same way."""
+    share = tmp_path / "share"
+    share.mkdir()
+    (share / "note.txt").write_text("The boathouse key hangs in the shed.\n")
+    command = f"{sys.executable} {SERVER} {share}"
+    w = make_window(tiny_k3 if family == "k3" else tool_templates["llama31"], mcp_servers=[command],
+                    max_tokens=200, context_length=2048)
+    qtbot.waitUntil(lambda: w.controller.tools.hub is not None, timeout=LONG)
+    assert w.controller.tools.problems == []
+    model = w.worker.worker.model
+    script = scripted_sampler(monkeypatch, min(model.tokenizer.eos_ids))
+    if family == "k3":
+        call, answer, markers = _k3("read_file", {"path": "note.txt"}), K3_ANSWER, K3_MARKERS
+    else:
+        call, answer, markers = json.dumps({"name": "read_file", "parameters": {"path": "note.txt"}}), \
+            "The key hangs in the shed.", ()
+    script.queue = [script_ids(model, t, markers) for t in (call, answer, call, answer)]
+    done = []
+    on_gui(w.worker.worker.turn_done, done.append, w)
+
+    w.send_text("Where is the key?")
+    approval = w.tool_approval
+    qtbot.waitUntil(approval.isVisible, timeout=LONG)
+    assert "read_file" in approval.label.text() and '"path": "note.txt"' in approval.label.text()
+    assert len(done) == 1 and done[0].reason == "tool_calls"
+    with qtbot.waitSignal(w.answer_finished, timeout=LONG):
+        approval.allow_btn.click()
+    shown = w.chat.visible()[-1]
+    assert shown.content == "The key hangs in the shed."
+    calls = shown.stats["tool_calls"]
+    assert [(c["name"], c["status"], c["is_error"], c["trusted"]) for c in calls] == [("read_file", "done", False,
+                                                                                      False)]
+    assert calls[0]["result"] == "The boathouse key hangs in the shed.\n"
+    prompt = model.tokenizer.decode(done[-1].prompt_ids)
+    assert "The boathouse key hangs in the shed." in prompt and "list_files" in prompt
+    assert [r.header.text() for r in w.chat_view.widgets[-1].calls.rows] == ["Tool read_file — done"]
+    assert w.settings.trusted_tools == []
+
+    w.send_text("Look again?")
+    qtbot.waitUntil(approval.isVisible, timeout=LONG)     # allowed once: asked again
+    with qtbot.waitSignal(w.answer_finished, timeout=LONG):
+        approval.deny_btn.click()
+    shown = w.chat.visible()[-1]
+    assert [(c["name"], c["status"]) for c in shown.stats["tool_calls"]] == [("read_file", "declined")]
+    assert DECLINED in model.tokenizer.decode(done[-1].prompt_ids)
