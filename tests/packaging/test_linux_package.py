@@ -48,6 +48,7 @@ SNAPSHOT_ROOTS = ("/usr", "/etc", "/var", "/opt")
 DEMO_CONTAINER = "smollm2-135m-instruct.ferry"
 PASSPHRASE = "a first run of Ferry, offline"        # what the user types (strong enough for a new history)
 QUESTION = "What is the capital of France? Answer in one sentence."
+QUESTION_AGAIN = "What is the capital of Italy? Answer in one sentence."
 
 
 def _cache() -> Path:
@@ -175,15 +176,33 @@ def _first_run(x: XSession, app: subprocess.Popen, data: Path) -> None:
     x.shot("07-wizard-ready", quiet=3)
     x.press_until_gone("Convert a model", "Return", 120)           # Open a chat
 
-    # The chat: click into the message box, type, Enter sends.
-    window = x.wait_window("Ferry", 60, alive=alive)
     x.shot("08-chat-ready", quiet=3)
+    _ask_and_quit(x, app, QUESTION, "09-question", "10-answer")
+
+
+def _second_start(x: XSession, app: subprocess.Popen) -> None:
+    """The next start: the passphrase once, then straight to the demo model (no wizard)."""
+    alive = lambda: app.poll() is None   # noqa: E731
+    dialog = x.wait_window("Unlock your history", 120, alive=alive)
+    x.focus(dialog)
+    x.type(PASSPHRASE)
+    x.key("Return")
+    x.wait_gone("Unlock your history", 60)
+    x.shot("11-second-start", quiet=3)
+    assert x.window("Convert a model") is None, "the wizard opened again on the second start"
+    _ask_and_quit(x, app, QUESTION_AGAIN, None, "12-second-answer")
+
+
+def _ask_and_quit(x: XSession, app: subprocess.Popen, question: str, typed: str | None, answered: str) -> None:
+    """In the chat: click into the message box, type, Enter sends; then Ctrl+Q."""
+    window = x.wait_window("Ferry", 60, alive=lambda: app.poll() is None)
     wx, wy, ww, wh = x.geometry(window)
     x.click(wx + int(ww * 0.4), wy + wh - 60)
-    x.type(QUESTION)
-    x.shot("09-question", quiet=1)
+    x.type(question)
+    if typed:
+        x.shot(typed, quiet=1)
     x.key("Return")
-    x.shot("10-answer", quiet=5)            # the answer streamed and the gauges are still
+    x.shot(answered, quiet=5)               # the answer streamed and the gauges are still
     x.focus(window)
     x.key("ctrl+q")
     try:
@@ -242,29 +261,32 @@ def test_install_start_offline_answer_and_uninstall(deb):
                "/usr/bin/ferry"]
         log = base / "ferry.log"
         data = home / ".local" / "share" / "Ferry"
-        t1 = time.monotonic()
-        with open(log, "w") as out:
-            app = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd="/")
-        try:
-            _first_run(x, app, data)
-        except BaseException as exc:
-            x.grab().save(x.shots / "failed.png")
-            raise AssertionError(f"{exc}\n(FERRY_PACKAGE_SHOTS=DIR keeps the screenshots; the app said:\n"
-                                 f"{log.read_text()[-3000:]})") from exc
-        finally:
-            if app.poll() is None:
-                app.kill()
-                app.wait(30)
-            if os.environ.get("FERRY_PACKAGE_SHOTS"):
-                shutil.copytree(x.shots, os.environ["FERRY_PACKAGE_SHOTS"], dirs_exist_ok=True)
-        t_run = time.monotonic() - t1
-        assert app.returncode == 0, f"Ferry exited with {app.returncode}:\n{log.read_text()[-3000:]}"
+        times = []
+        for start in (lambda x, app: _first_run(x, app, data), _second_start):
+            t1 = time.monotonic()
+            with open(log, "w") as out:
+                app = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd="/")
+            try:
+                start(x, app)
+            except BaseException as exc:
+                x.grab().save(x.shots / "failed.png")
+                raise AssertionError(f"{exc}\n(FERRY_PACKAGE_SHOTS=DIR keeps the screenshots; the app said:\n"
+                                     f"{log.read_text()[-3000:]})") from exc
+            finally:
+                if app.poll() is None:
+                    app.kill()
+                    app.wait(30)
+                if os.environ.get("FERRY_PACKAGE_SHOTS"):
+                    shutil.copytree(x.shots, os.environ["FERRY_PACKAGE_SHOTS"], dirs_exist_ok=True)
+            times.append(time.monotonic() - t1)
+            assert app.returncode == 0, f"Ferry exited with {app.returncode}:\n{log.read_text()[-3000:]}"
         for png in x.taken:
             assert (x.shots / f"{png}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
         # The answer came from the demo model the package carries (greedy for a small model).
-        pairs = _answers(data)
-        assert [q for q, _ in pairs] == [QUESTION], pairs
-        assert "Paris" in pairs[0][1], f"the demo model's answer: {pairs[0][1]!r}"
+        answers = dict(_answers(data))
+        assert sorted(answers) == sorted([QUESTION, QUESTION_AGAIN]), answers
+        assert "Paris" in answers[QUESTION], f"the demo model's answer: {answers[QUESTION]!r}"
+        assert "Rome" in answers[QUESTION_AGAIN], f"the demo model's answer: {answers[QUESTION_AGAIN]!r}"
         # The demo came from the package, converted into the user's data folder (platformdirs),
         assert (data / "models" / DEMO_CONTAINER / "manifest.json").is_file()
         # and nothing was written anywhere else in the home.
@@ -288,4 +310,5 @@ def test_install_start_offline_answer_and_uninstall(deb):
     left = sorted({p for p in installed_files if p.startswith(under) and os.path.lexists(p) and p not in before}
                   | {p for p in after - before if "ferry" in p.lower()})
     assert not left, f"left behind after dpkg --purge: {left[:20]}"
-    print(f"dpkg -i {t_install:.0f} s, first run by keyboard and mouse {t_run:.0f} s, dpkg --purge {t_purge:.0f} s")
+    print(f"dpkg -i {t_install:.0f} s, first run by keyboard and mouse {times[0]:.0f} s, second start "
+          f"{times[1]:.0f} s, dpkg --purge {t_purge:.0f} s")
