@@ -41,6 +41,7 @@ class XSession:
         self.display = f":{number}"
         self.env = dict(os.environ, DISPLAY=self.display)
         self.taken: list[str] = []
+        self.titles_seen: set[str] = set()
 
     def close(self) -> None:
         self.server.terminate()
@@ -76,6 +77,10 @@ class XSession:
         """The visible top-level window with exactly this title, or None."""
         ids = self.xdotool("search", "--onlyvisible", "--name", f"^{title}$").split()
         return ids[-1] if ids else None
+
+    def visible_titles(self) -> set[str]:
+        ids = self.xdotool("search", "--onlyvisible", "--name", ".").split()
+        return {self.xdotool("getwindowname", i) for i in ids}
 
     def wait_window(self, title: str, timeout: float, alive=None) -> str:
         end = time.monotonic() + timeout
@@ -137,8 +142,7 @@ class XSession:
             pressed = time.monotonic()
             while time.monotonic() < min(end, pressed + (5 if retry else timeout)):
                 time.sleep(0.25)
-                box = ImageChops.difference(self.grab(wid), before).getbbox()
-                if box is not None and (box[2] - box[0]) * (box[3] - box[1]) > 4 * 24:
+                if not self.similar(self.grab(wid), before):
                     return
             if not retry or time.monotonic() >= end:
                 raise AssertionError(f"pressing {' '.join(keys)} changed nothing in {timeout:.0f} s")
@@ -151,8 +155,7 @@ class XSession:
         while time.monotonic() < end:
             time.sleep(0.25)
             now = self.grab()
-            box = ImageChops.difference(now, last).getbbox()
-            if box is None or (box[2] - box[0]) * (box[3] - box[1]) <= 4 * 24:
+            if self.similar(now, last):
                 if time.monotonic() - since >= quiet:
                     return now
             else:
@@ -160,7 +163,33 @@ class XSession:
         return self.grab()
 
     def shot(self, name: str, quiet: float = 1.5) -> Path:
+        """Wait for the screen to be still, save it, and note the windows then open."""
         path = self.shots / f"{name}.png"
         self.settle(quiet).save(path)
         self.taken.append(name)
+        self.titles_seen |= self.visible_titles()
         return path
+
+    @staticmethod
+    def similar(a: Image.Image, b: Image.Image) -> bool:
+        """The same picture, but for a blinking text cursor's few pixels."""
+        box = ImageChops.difference(a, b).getbbox()
+        return box is None or (box[2] - box[0]) * (box[3] - box[1]) <= 4 * 24
+
+    def wait_for(self, done, timeout: float, what: str) -> None:
+        end = time.monotonic() + timeout
+        while not done():
+            assert time.monotonic() < end, f"{what} (after {timeout:.0f} s)"
+            time.sleep(0.25)
+
+    def until(self, done, key: str, *, what: str, timeout: float = 120) -> None:
+        """Press ``key``, and again every few seconds, until ``done()``."""
+        end = time.monotonic() + timeout
+        while True:
+            self.key(key)
+            stop = time.monotonic() + 4
+            while time.monotonic() < stop:
+                time.sleep(0.25)
+                if done():
+                    return
+            assert time.monotonic() < end, f"{what} (pressed {key} for {timeout:.0f} s)"
