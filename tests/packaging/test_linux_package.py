@@ -235,15 +235,15 @@ def _answers(data: Path) -> list[tuple[str, str]]:
 
 def test_install_start_offline_answer_and_uninstall(deb):
     sudo = _root_prefix()
-    # The user's home and the screenshots: in a folder the unprivileged user can reach
-    # (pytest's tmp_path is under a 0700 folder of root's).
-    base = Path(tempfile.mkdtemp(prefix="ferry-package-"))
-    base.chmod(0o755)
     assert _control(deb, "Package") == "ferry"
     names = subprocess.run(["dpkg-deb", "-c", str(deb)], capture_output=True, text=True, check=True).stdout
     assert "./usr/lib/ferry/app/ferry/resources/SmolLM2-135M-Instruct.Q4_1.gguf" in names   # offline from the start
     assert "./usr/lib/ferry/app_packages/app/engine/_ferry_c" in names                      # the compiled core
     assert "/app_packages/pip/" not in names                                               # nothing to install with
+    # The user's home and the screenshots: in a folder the unprivileged user can reach
+    # (pytest's tmp_path is under a 0700 folder of root's); removed in the `finally` below.
+    base = Path(tempfile.mkdtemp(prefix="ferry-package-"))
+    base.chmod(0o755)
 
     before = _snapshot()
     t0 = time.monotonic()
