@@ -36,6 +36,10 @@ SYSPY=/usr/bin/python3
 die() { echo "build_linux: $*" >&2; exit 1; }
 [ -x "$SYSPY" ] || die "$SYSPY is missing: Briefcase's Linux system package is built with the system Python"
 mkdir -p "$CACHE"
+# One build at a time per cache: two at once (two test runs in one checkout) wrote
+# over each other's build folder and .deb, and a corrupt package stayed cached.
+exec 9>"$CACHE/.lock"
+flock 9
 
 # The pinned Briefcase, and a venv of the system Python holding it.
 mapfile -t PINS < <("$SYSPY" "$ROOT/packaging/briefcase_config.py" --packaging-requirements)
@@ -126,6 +130,6 @@ cd "$STAGE"
 DPKG_DEB_COMPRESSOR_TYPE="${DPKG_DEB_COMPRESSOR_TYPE:-zstd}" "$VENV/bin/briefcase" package linux system --no-input
 DEB="$(ls "$STAGE"/dist/*.deb)"
 # Keep only this package: one per checkout state would fill the disk (~210 MB each).
-rm -rf "$CACHE/debs" && mkdir -p "$DONE" && cp "$DEB" "$DONE/"
+rm -rf "$CACHE/debs" && mkdir -p "$DONE" && cp "$DEB" "$DONE/.partial" && mv "$DONE/.partial" "$DONE/$(basename "$DEB")"
 cp "$DEB" "$ROOT/dist/"
 ls "$ROOT/dist/$(basename "$DEB")"

