@@ -10,6 +10,7 @@ import pytest
 from PySide6.QtWidgets import QWizard
 
 from app.convert.convert import ConvertControl, convert, partial_dir
+from app.units import size
 from tests.wizard.conftest import T, convert_to_end, to_memory, to_source, tree_bytes
 
 
@@ -31,7 +32,9 @@ def test_demo_model_from_the_model_menu_to_a_chat(qtbot, make_window, demo_gguf,
     plan = wiz.state.report.plan
     assert wiz.memory_page.budget() == plan.recommended and wiz.state.budget == plan.recommended
     page = wiz.memory_page            # whole MiB, as the labels and the Settings dialog (issue 34)
-    assert page.spin.suffix() == " MiB" and page.spin.value() * (1 << 20) >= plan.recommended
+    assert page.spin.suffix() == " MiB" and page.spin.value() == round(plan.recommended / (1 << 20))
+    # The box shows the number the "Recommended" line shows (it once showed 274 beside "273 MiB").
+    assert f"<td>{page.spin.value()} MiB (" in page.facts.text() and size(plan.recommended).endswith(" MiB")
     out = convert_to_end(qtbot, wiz)
     assert out == tmp_path / "models" / "smollm2-135m-instruct.ferry"
     assert "The model is ready" in wiz.finish_page.message.text()

@@ -9,8 +9,11 @@ MIB = 2**20
 
 
 def _mib(n: int) -> int:
-    """Bytes as whole MiB, rounded up (a budget shown is never below the bytes it stands for)."""
-    return -(-int(n) // MIB)
+    """Bytes as whole MiB, rounded to the nearest as app.units.size rounds them, so the box and the
+    "Recommended" line above it show the same number (rounded up, 273.2 MiB read "273 MiB" beside a
+    box holding 274). budget() maps the recommendation's value back to its exact bytes and never
+    goes below the floor, so rounding down loses nothing."""
+    return round(int(n) / MIB)
 
 
 class MemoryPage(QWizardPage):
@@ -68,8 +71,8 @@ class MemoryPage(QWizardPage):
         self._changed()
 
     def budget(self) -> int:
-        """Bytes; never below the floor. The spin box shows whole MiB (rounded up): a value that shows
-        as the recommendation is the recommendation, exactly."""
+        """Bytes; never below the floor. The spin box shows whole MiB: a value that shows as the
+        recommendation is the recommendation, exactly."""
         if self.plan is None:
             return 0
         if self.spin.value() == _mib(self.plan.recommended):
