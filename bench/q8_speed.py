@@ -25,7 +25,9 @@ a checkout with its core built in place, each round one child process per
 build (alternating which goes first), best time per case, ratios base / new.
 Files: ``demo`` is the converted demo model (SmolLM2-135M-Instruct Q4_1),
 ``1b-*`` the synthetic Llama-shaped containers bench/vs_llamacpp.py makes in
-``--workdir`` (random weights: speed only).
+``--workdir`` (random weights: speed only), ``moe-q3_nl`` a synthetic
+Qwen3-MoE-shaped one (hidden 2048, 4 layers x 32 experts of 768, top 8) with
+q3_nl experts and a q8_0 trunk, made here on first use.
 """
 from __future__ import annotations
 
@@ -41,7 +43,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from anywhere
 
-FILES = ("demo", "1b-q4_k_m", "1b-q8_0", "3b-q4_k_m", "3b-q8_0")
+FILES = ("demo", "1b-q4_k_m", "1b-q8_0", "3b-q4_k_m", "3b-q8_0", "moe-q3_nl")
 MODES = ("f32", "q8")
 
 
@@ -49,6 +51,15 @@ def container(name: str, workdir: Path) -> Path:
     if name == "demo":
         from app import demo
         return _converted(demo.gguf_path(install=True), workdir)
+    if name == "moe-q3_nl":  # Qwen3-30B-A3B's expert widths, 4 layers x 32 experts, top 8: q3_nl experts, q8_0 trunk
+        out = workdir / "synthetic-moe-q3_nl.ferry"
+        if not (out / "manifest.json").exists():
+            from app.convert.convert import convert
+            from bench.make_synthetic import make, parse
+            ckpt = make(parse(["--out", str(workdir / "synthetic-moe-ckpt"), "--layers", "4", "--experts", "32",
+                               "--top-k", "8", "--dim", "2048", "--heads", "16", "--expert-ffn", "768"]))
+            convert(ckpt, out, trunk_format="q8_0", expert_format="q3_nl")
+        return out
     path = workdir / f"synthetic-{name}.ferry"
     if not (path / "manifest.json").exists():
         raise SystemExit(f"{path} is missing: run bench/vs_llamacpp.py --files {name} once to make it")

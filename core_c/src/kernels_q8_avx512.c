@@ -29,7 +29,13 @@
  * decoded weight block (32 vector registers); a token's arithmetic does not
  * depend on its tile. From 2 tokens the K-quants take two rows per call
  * (rowdot2: k45_tile2, q6_k_tile2), one row in each 256-bit half, so one zmm
- * fold serves both rows; each lane's arithmetic stays the reference's. */
+ * fold serves both rows; each lane's arithmetic stays the reference's.
+ *
+ * q3_nl (where the CPU also has AVX-512 VBMI; else AVX2's kernel): a zmm
+ * holds one 64-value group, its 3-bit indices turned into int8 grid levels by
+ * vpmultishiftqb + vpermb (q3_group_levels), vpdpbusd with the activations
+ * flipped to q + 128 (the accumulator starting at -128 times the lane's
+ * level sum, shared by the tile's tokens). */
 #include "kernels.h"
 #include "kernels_q8.h"
 
