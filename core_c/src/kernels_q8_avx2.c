@@ -261,14 +261,7 @@ INL float qrun(const float *v, int len, int8_t *q, int *sums) {
 
 /* Bits 12c .. 12c + 11 of each lane's 96-bit index number (the indices of
  * its values 32c + 8j + l, j = 0..3) at the bottom of the lane. */
-INL __m256i q3_fields12(__m256i w0, __m256i w1, __m256i w2, const int c) {
-    const int bit = 12 * c;
-    if (bit + 12 <= 32) return _mm256_srli_epi32(w0, bit);
-    if (bit < 32) return _mm256_or_si256(_mm256_srli_epi32(w0, bit), _mm256_slli_epi32(w1, 32 - bit));
-    if (bit + 12 <= 64) return _mm256_srli_epi32(w1, bit - 32);
-    if (bit < 64) return _mm256_or_si256(_mm256_srli_epi32(w1, bit - 32), _mm256_slli_epi32(w2, 64 - bit));
-    return _mm256_srli_epi32(w2, bit - 64);
-}
+INL __m256i q3_fields12(__m256i w0, __m256i w1, __m256i w2, const int c) { return fe_q3_bits(w0, w1, w2, 12 * c, 12); }
 
 /* The four 3-bit fields at bits 0, 3, 6, 9 of each lane into bytes 0..3 of
  * the lane (low 4 bits; bit 3 is the next field's, so the tables repeat
