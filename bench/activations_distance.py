@@ -19,7 +19,7 @@ token by token (app.engine.compare, as `ferry eval --compare` does):
   figures say the arithmetic is right, not how a trained model fares.
 
     python bench/activations_distance.py [--models demo,k3,kimi_linear,deepseek] [--max-tokens 64] [--out FILE]
-                                         [--experts q4_0|q3_nl] [--exact-parts none,kda,mla,...]
+                                         [--experts q4_0|q3_nl] [--exact-parts none,kda,mla,...] [--wide]
 
 The tiny models are measured with 8-bit activations asked for by name
 ("q8"), since ``auto`` keeps the models with KDA layers exact (the core's
@@ -27,6 +27,13 @@ The tiny models are measured with 8-bit activations asked for by name
 ``--exact-parts`` repeats each tiny model with one group of its trunk
 matrices (PARTS) stored in f32, so that they run exactly in both modes and
 the distance left is the rest's: which part, if any, the distance comes from.
+``--wide`` builds the tiny models with experts of 256 inputs and outputs
+(hidden 256, expert FFN 256: the tiny sizes are below q3_nl's 256-value rows,
+so its experts would stay f32) and also offers the other MoE families of
+tests/tiny_models.py (qwen3moe, mixtral, olmoe) at those widths, every
+matrix scaled by sqrt(64 / 256) so that each layer keeps the tiny model's
+gain (``--sharp``: not scaled, sharper distributions). ``--trunk f32`` keeps
+the trunk exact, so that only the experts' products differ between modes.
 
 Prints one JSON document (and writes it to --out).
 """
@@ -62,6 +69,28 @@ PARTS = {
 }
 
 
+#: --wide: the experts' inputs and outputs (a multiple of q3_nl's 256-value rows).
+WIDE = 256
+
+
+def keep_gain(ckpt: Path, factor: float) -> None:
+    """Every matrix of a checkpoint's safetensors times ``factor``: the tiny builders draw weights of a fixed
+    spread for 64-wide rows, so at WIDE each product would grow sqrt(WIDE / 64) times more per layer and the
+    random model's logits sharpen; scaled by sqrt(64 / WIDE) the wide model keeps the tiny one's gains."""
+    from safetensors.torch import load_file, save_file
+    for f in sorted(ckpt.glob("*.safetensors")):
+        tensors = load_file(str(f))
+        save_file({k: (v * factor).to(v.dtype) if v.ndim >= 2 else v for k, v in tensors.items()}, str(f),
+                  metadata={"format": "pt"})
+
+
+def expert_formats(container: Path) -> list[str]:
+    """The formats the container's routed experts are stored in (f32 where the format cannot hold a row)."""
+    from app.engine.container_files import read_manifest
+    banks = read_manifest(container).get("expert_banks") or []
+    return sorted({b[p]["dtype"] for b in banks for p in ("gate", "up", "down") if p in b})
+
+
 def token_prompts(container: Path, prompts: list[str], max_tokens: int, chat: bool) -> list[list[int]]:
     """The prompts as the model's tokens (its chat template, or the raw text), as `ferry eval` makes them."""
     from app.api import ChatFormat, TurnRequest
@@ -70,10 +99,18 @@ def token_prompts(container: Path, prompts: list[str], max_tokens: int, chat: bo
     model = LoadedModel(container, threads=1, activations=EXACT)
     try:
         fmt = ChatFormat(model)
-        return [fmt.prepare(TurnRequest(messages=[{"role": "user", "content": p}], raw=not chat),
-                            n_ctx=4096).prompt[:max_tokens] for p in prompts]
+        ids = [fmt.prepare(TurnRequest(messages=[{"role": "user", "content": p}], raw=not chat),
+                           n_ctx=4096).prompt[:max_tokens] for p in prompts]
     finally:
         model.close()
+    if len({t for p in ids for t in p}) <= 2:
+        # The tiny models' word-level vocabularies ("w0".."w95") read English as one unknown id throughout
+        # (before 2026-12-06 09:20 UTC every tiny DeepSeek-V3 / Kimi-Linear figure was over such constant
+        # sequences): the prompts' UTF-8 bytes folded into the ids above the three specials instead.
+        from app.engine.container_files import read_manifest
+        vocab = int(read_manifest(container)["model"]["vocab"])
+        ids = [[3 + b % (vocab - 3) for b in p.encode()][:max_tokens] for p in prompts]
+    return ids
 
 
 def measure(name: str, container: Path, source: Path | None, ids, threads: int, source_note: str,
@@ -103,6 +140,12 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", help="also write the JSON here")
     ap.add_argument("--experts", default="q4_0", choices=("q4_0", "q3_nl"), help="the tiny models' expert format")
+    ap.add_argument("--trunk", default="q8_0", choices=("q8_0", "f32"),
+                    help="the tiny models' trunk format (f32: only the experts' products differ between modes)")
+    ap.add_argument("--wide", action="store_true",
+                    help="experts of 256 inputs and outputs (q3_nl rows); also models qwen3moe, mixtral, olmoe")
+    ap.add_argument("--sharp", action="store_true",
+                    help="with --wide: keep the tiny builders' weight spread (each layer's gain grows with the width)")
     ap.add_argument("--exact-parts", default="none",
                     help="comma-separated groups of trunk matrices kept exact (f32), one run each: " + ", ".join(PARTS))
     a = ap.parse_args(argv)
@@ -132,34 +175,47 @@ def main(argv=None) -> int:
                                                  "what": "the Q4_1 values rounded once more to q4_0, exact"}
                 print(json.dumps(rows[-1]), file=sys.stderr)
                 continue
+            from tests import tiny_models
             from tests.kimi import tiny_k3, tiny_kimi
             ckpt = root / name
             if name == "k3":
-                tiny_k3.build(ckpt)
+                tiny_k3.build(ckpt, **(dict(moe_ffn=WIDE, latent=WIDE) if a.wide else {}))
+            elif name in tiny_models.ARCHS:
+                if not a.wide:
+                    ap.error(f"model {name} needs --wide")
+                extra = {"mixtral": {"intermediate_size": WIDE},   # their expert width
+                         "olmoe": {"intermediate_size": WIDE, "num_attention_heads": WIDE // 16}}.get(name, {})
+                tiny_models.build(name, ckpt, hidden_size=WIDE, moe_intermediate_size=WIDE, **extra)
             else:
-                tiny_kimi.build(name, ckpt)
+                tiny_kimi.build(name, ckpt, **(dict(hidden_size=WIDE, moe_intermediate_size=WIDE) if a.wide else {}))
+            if a.wide and not a.sharp:
+                keep_gain(ckpt, (64 / WIDE) ** 0.5)
             f32 = convert(ckpt, root / f"{name}-f32.ferry", trunk_format="f32", expert_format="f32")
-            label = {"k3": "tiny K3", "kimi_linear": "tiny Kimi-Linear", "deepseek": "tiny DeepSeek-V3"}[name]
+            label = {"k3": "tiny K3", "kimi_linear": "tiny Kimi-Linear", "deepseek": "tiny DeepSeek-V3",
+                     "qwen3moe": "tiny Qwen3-MoE", "mixtral": "tiny Mixtral", "olmoe": "tiny OLMoE"}[name]
+            label += ", experts 256 wide" if a.wide else ""
             ids = None
             for part in parts:
                 vectors = layout.VECTOR_SUFFIXES
                 layout.VECTOR_SUFFIXES = vectors + PARTS[part]  # the group stays f32: exact in both modes
                 try:
-                    quant = convert(ckpt, root / f"{name}-{part}-q.ferry", trunk_format="q8_0",
+                    quant = convert(ckpt, root / f"{name}-{part}-q.ferry", trunk_format=a.trunk,
                                     expert_format=a.experts)
                 finally:
                     layout.VECTOR_SUFFIXES = vectors
                 if ids is None:
                     ids = token_prompts(quant, prompts, a.max_tokens, chat=False)
                 kept = "" if part == "none" else f", {part} exact"
-                rows.append(measure(f"{label} (random; q8_0 trunk, {a.experts} experts{kept})", quant,
+                rows.append(measure(f"{label} (random; {a.trunk} trunk, {a.experts} experts{kept})", quant,
                                     f32 if part == "none" else None, ids, a.threads,
-                                    f"q8_0 trunk + {a.experts} experts against the f32 weights, exact", mode="q8"))
+                                    f"{a.trunk} trunk + {a.experts} experts against the f32 weights, exact",
+                                    mode="q8"))
                 rows[-1]["exact_part"] = part
+                rows[-1]["expert_formats"] = expert_formats(quant)
                 print(json.dumps(rows[-1]), file=sys.stderr)
     doc = {"bench": "activations_distance", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "machine": platform.machine(), "prompts": len(prompts), "prompt_file": str(Path(a.prompts).name),
-           "max_tokens": a.max_tokens, "experts": a.experts, "rows": rows}
+           "max_tokens": a.max_tokens, "experts": a.experts, "trunk": a.trunk, "wide": a.wide, "sharp": a.sharp, "rows": rows}
     text = json.dumps(doc, indent=1)
     print(text)
     if a.out:

@@ -32,6 +32,7 @@
 
 #include "../core_c/include/ferry_kernels.h"
 #include "../core_c/src/formats.h"
+#include "../core_c/src/kernels_avx2_util.h"
 
 #define TGT __attribute__((target("avx2,fma,f16c")))
 #define INL static inline __attribute__((always_inline, target("avx2,fma,f16c")))
@@ -76,14 +77,7 @@ static void quantize_x(const float *x, int cols, qx_t *out) {
 }
 
 /* Bits 12q .. 12q + 11 of each lane's 96-bit index number (fields 4q .. 4q + 3) at the bottom. */
-INL __m256i fields12(__m256i w0, __m256i w1, __m256i w2, const int q) {
-    const int bit = 12 * q;
-    if (bit + 12 <= 32) return _mm256_srli_epi32(w0, bit);
-    if (bit < 32) return _mm256_or_si256(_mm256_srli_epi32(w0, bit), _mm256_slli_epi32(w1, 32 - bit));
-    if (bit + 12 <= 64) return _mm256_srli_epi32(w1, bit - 32);
-    if (bit < 64) return _mm256_or_si256(_mm256_srli_epi32(w1, bit - 32), _mm256_slli_epi32(w2, 64 - bit));
-    return _mm256_srli_epi32(w2, bit - 64);
-}
+INL __m256i fields12(__m256i w0, __m256i w1, __m256i w2, const int q) { return fe_q3_bits(w0, w1, w2, 12 * q, 12); }
 
 INL float hsum4x8(const __m256 acc[4]) {
     __m256 s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));

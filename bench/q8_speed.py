@@ -11,7 +11,8 @@ q8 / f32 (above 1: q8 is faster), the share of greedy tokens on which the two
 engines agreed, and the 1-minute load average before and after each round.
 ``--kernels`` instead times one matrix product per format and shape on one
 thread (ferry_kernel_matmul against ferry_kernel_matmul_q8, the latter
-including quantizing x; best of ``--rounds`` x 5 calls, interleaved).
+including quantizing x; this thread's CPU time, best of ``--rounds`` x 5
+calls, interleaved; ``--formats q3_nl`` for some formats only).
 ``--sets avx2 avx512vnni`` compares two q8 engines with those kernel sets
 instead of f32 against q8 (with per-phase process CPU time: use --threads 1
 on a shared machine). ``--kernels --sets avx2 avx512vnni`` compares two q8 kernel sets of this
@@ -24,7 +25,9 @@ a checkout with its core built in place, each round one child process per
 build (alternating which goes first), best time per case, ratios base / new.
 Files: ``demo`` is the converted demo model (SmolLM2-135M-Instruct Q4_1),
 ``1b-*`` the synthetic Llama-shaped containers bench/vs_llamacpp.py makes in
-``--workdir`` (random weights: speed only).
+``--workdir`` (random weights: speed only), ``moe-q3_nl`` a synthetic
+Qwen3-MoE-shaped one (hidden 2048, 4 layers x 32 experts of 768, top 8) with
+q3_nl experts and a q8_0 trunk, made here on first use.
 """
 from __future__ import annotations
 
@@ -40,7 +43,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from anywhere
 
-FILES = ("demo", "1b-q4_k_m", "1b-q8_0", "3b-q4_k_m", "3b-q8_0")
+FILES = ("demo", "1b-q4_k_m", "1b-q8_0", "3b-q4_k_m", "3b-q8_0", "moe-q3_nl")
 MODES = ("f32", "q8")
 
 
@@ -48,6 +51,15 @@ def container(name: str, workdir: Path) -> Path:
     if name == "demo":
         from app import demo
         return _converted(demo.gguf_path(install=True), workdir)
+    if name == "moe-q3_nl":  # Qwen3-30B-A3B's expert widths, 4 layers x 32 experts, top 8: q3_nl experts, q8_0 trunk
+        out = workdir / "synthetic-moe-q3_nl.ferry"
+        if not (out / "manifest.json").exists():
+            from app.convert.convert import convert
+            from bench.make_synthetic import make, parse
+            ckpt = make(parse(["--out", str(workdir / "synthetic-moe-ckpt"), "--layers", "4", "--experts", "32",
+                               "--top-k", "8", "--dim", "2048", "--heads", "16", "--expert-ffn", "768"]))
+            convert(ckpt, out, trunk_format="q8_0", expert_format="q3_nl")
+        return out
     path = workdir / f"synthetic-{name}.ferry"
     if not (path / "manifest.json").exists():
         raise SystemExit(f"{path} is missing: run bench/vs_llamacpp.py --files {name} once to make it")
@@ -118,18 +130,26 @@ def bench_file(path: Path, a) -> dict:
 
 KERNEL_SHAPES = (("q4_1", 1536, 576), ("q4_1", 576, 1536), ("q8_0", 49152, 576), ("q8_0", 2048, 2048),
                  ("q4_0", 2048, 2048), ("q4_k", 8192, 2048), ("q4_k", 2048, 8192), ("q5_k", 2048, 2048),
-                 ("q6_k", 2048, 8192))
+                 ("q6_k", 2048, 8192),
+                 # q3_nl experts: Qwen3-30B-A3B's gate/up and down, a K3-sized one
+                 ("q3_nl", 768, 2048), ("q3_nl", 2048, 768), ("q3_nl", 3072, 3584))
 
 
-def kernel_cases(lib, ffi):
+def kernel_cases(lib, ffi, formats=()):
     """(format, rows, cols, tokens, code, weights, x) for every timed product, the same data each run."""
     import numpy as np
     rng = np.random.default_rng(0)
     for fmt, rows, cols in KERNEL_SHAPES:
+        if formats and fmt not in formats:
+            continue
         code = lib.ferry_format_code(fmt.encode())
         nbytes = lib.ferry_format_row_bytes(code, cols) * rows
         w = rng.integers(0, 256, nbytes, dtype=np.uint8)
-        if fmt in ("q8_0", "q4_0", "q4_1"):  # real scales: quantize random values
+        if fmt == "q3_nl":  # real blocks: Ferry's quantizer on Gaussian values
+            src = rng.standard_normal(rows * cols).astype(np.float32)
+            lib.ferry_q3_quantize_f32(ffi.from_buffer("float[]", src), rows, cols, ffi.NULL,
+                                      ffi.from_buffer("uint8_t[]", w))
+        elif fmt in ("q8_0", "q4_0", "q4_1"):  # real scales: quantize random values
             src = rng.standard_normal(rows * cols).astype(np.float32)
             lib.ferry_quantize_blocks(code, ffi.from_buffer("float[]", src), rows * cols, ffi.from_buffer("uint8_t[]", w))
         else:  # random blocks with small f16 scales in every 256-value block
@@ -163,7 +183,7 @@ def bench_kernels(a) -> list[dict]:
     impl = lib.ferry_kernels_best()
     q8_impl = q8_auto(lib, ffi, impl)   # the q8 set the engine's "auto" takes (AVX-512 VNNI where it runs)
     out = []
-    for fmt, rows, cols, n, code, w, x in kernel_cases(lib, ffi):
+    for fmt, rows, cols, n, code, w, x in kernel_cases(lib, ffi, a.formats):
         y = np.zeros(n * rows, np.float32)
         args = (code, ffi.from_buffer("uint8_t[]", w), rows, cols, ffi.from_buffer("float[]", x), n,
                 ffi.from_buffer("float[]", y))
@@ -171,11 +191,11 @@ def bench_kernels(a) -> list[dict]:
         for _ in range(a.rounds):
             for name, fn, i in (("f32", lib.ferry_kernel_matmul, impl), ("q8", lib.ferry_kernel_matmul_q8, q8_impl)):
                 for _ in range(5):
-                    t0 = time.perf_counter()
+                    t0 = time.thread_time_ns()   # this thread's CPU time: robust to other processes' load
                     fn(i, *args)
-                    best[name] = min(best[name], time.perf_counter() - t0)
+                    best[name] = min(best[name], (time.thread_time_ns() - t0) / 1e9)
         out.append({"format": fmt, "rows": rows, "cols": cols, "tokens": n, "f32_ms": best["f32"] * 1e3,
-                    "q8_ms": best["q8"] * 1e3, "q8_speedup": best["f32"] / best["q8"],
+                    "q8_ms": best["q8"] * 1e3, "q8_speedup": best["f32"] / best["q8"], "clock": "thread_cpu",
                     "q8_set": ffi.string(lib.ferry_q8_kernels_name(q8_impl)).decode()})
         print(json.dumps(out[-1]), file=sys.stderr, flush=True)
     return out
@@ -192,7 +212,7 @@ def compare_sets(a) -> dict:
             raise SystemExit(f"q8 kernel set {s!r} is not available on this CPU/build")
         impls.append(names[s])
     out = []
-    for fmt, rows, cols, n, code, w, x in kernel_cases(lib, ffi):
+    for fmt, rows, cols, n, code, w, x in kernel_cases(lib, ffi, a.formats):
         ys = [np.zeros(n * rows, np.float32) for _ in impls]
         best = [float("inf")] * len(impls)
         wb, xb = ffi.from_buffer("uint8_t[]", w), ffi.from_buffer("float[]", x)
@@ -246,6 +266,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sets", nargs=2, metavar=("OLD", "NEW"),
                     help="compare two q8 kernel sets of this build (e.g. avx2 avx512vnni): with --kernels single "
                          "products, else engines on --files (ratios NEW over OLD: above 1 NEW is faster)")
+    ap.add_argument("--formats", nargs="+", default=(), metavar="FMT",
+                    help="with --kernels: only these weight formats (e.g. q3_nl)")
     ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     load_before = os.getloadavg()[0]

@@ -37,13 +37,14 @@ def write_tokenizer(out: Path, vocab: int = VOCAB) -> None:
     (out / "tokenizer_config.json").write_text(json.dumps({"add_bos_token": False, "eos_token": "w2"}))
 
 
-def build(name: str, out: Path, *, seed: int = 0, shard_size: str | None = None, dtype=None):
-    """Write a random checkpoint of architecture ``name`` to ``out``; returns the torch model."""
+def build(name: str, out: Path, *, seed: int = 0, shard_size: str | None = None, dtype=None, **overrides):
+    """Write a random checkpoint of architecture ``name`` to ``out``; returns the torch model. ``overrides``
+    replace entries of the config (e.g. wider experts for a benchmark)."""
     import torch
     import transformers
 
     cfg_cls, model_cls, extra = ARCHS[name]
-    cfg = getattr(transformers, cfg_cls)(**{**COMMON, **extra})
+    cfg = getattr(transformers, cfg_cls)(**{**COMMON, **extra, **overrides})
     torch.manual_seed(seed)
     model = getattr(transformers, model_cls)(cfg)
     with torch.no_grad():

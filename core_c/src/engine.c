@@ -99,8 +99,9 @@ static ferry_status choose_activations(const char *want, int q8_impl, const fe_q
  * products: a model with Kimi Delta Attention layers (Kimi-Linear, K3). On
  * the tiny random Kimi-Linear and K3 the 8-bit activations moved the
  * next-token distribution as far as or further than their own weight formats
- * do (mean KL 0.022 and 0.086 over bench/q8_prompts.txt; 0.018 and 0.076
- * with q3_nl experts, which stay exact), against the issue's bound of 0.01.
+ * do (mean KL 0.022 and 0.086 over bench/q8_prompts.txt; a 256-wide tiny
+ * Kimi-Linear whose q3_nl experts take 8-bit activations too: 0.0097, h2),
+ * against the issue's bound of 0.01.
  * No one part is the cause, so no part can be kept exact to fix it: keeping
  * KDA (q/k/v, gates, output), MLA, the dense/shared FFNs or the latent
  * projections exact one group at a time gave 0.003-0.021 (Kimi-Linear, not

@@ -322,14 +322,7 @@ PAIR(q6_k) {
 /* q3_nl (formats.h): per 64-value group, the grid times the group scale is
  * one 8-float table; each index vector then costs a shift and a vpermps
  * (which reads only the low 3 bits of each lane). */
-INL __m256i q3_field(__m256i w0, __m256i w1, __m256i w2, const int s) {
-    const int bit = 3 * s;
-    if (bit + 3 <= 32) return _mm256_srli_epi32(w0, bit);
-    if (bit < 32) return _mm256_or_si256(_mm256_srli_epi32(w0, bit), _mm256_slli_epi32(w1, 32 - bit));
-    if (bit + 3 <= 64) return _mm256_srli_epi32(w1, bit - 32);
-    if (bit < 64) return _mm256_or_si256(_mm256_srli_epi32(w1, bit - 32), _mm256_slli_epi32(w2, 64 - bit));
-    return _mm256_srli_epi32(w2, bit - 64);
-}
+INL __m256i q3_field(__m256i w0, __m256i w1, __m256i w2, const int s) { return fe_q3_bits(w0, w1, w2, 3 * s, 3); }
 
 PAIR(q3_nl) {
     acc2 A;

@@ -1,6 +1,7 @@
 /* kernels_avx2_util.h — the small AVX2 helpers both AVX2 kernel files use
  * (kernels_avx2.c, kernels_q8_avx2.c): one horizontal sum in one fixed
- * order, and one f16 value. x86-64 only; include after <immintrin.h>. */
+ * order, one f16 value, and a q3_nl block's index bits. x86-64 only;
+ * include after <immintrin.h>. */
 #ifndef FERRY_KERNELS_AVX2_UTIL_H
 #define FERRY_KERNELS_AVX2_UTIL_H
 
@@ -19,6 +20,19 @@ static inline __attribute__((always_inline, target("avx2,fma,f16c"))) float f16_
     uint16_t h;
     memcpy(&h, p, 2);
     return _cvtsh_ss(h);
+}
+
+/* q3_nl (formats.h): bits `bit` .. bit + width - 1 (width <= 32) of each
+ * lane's 96-bit index number (words w0, w1, w2 of the block's three rows) at
+ * the bottom of the lane, garbage above; `bit` and `width` constants. */
+static inline __attribute__((always_inline, target("avx2,fma,f16c"))) __m256i fe_q3_bits(__m256i w0, __m256i w1,
+                                                                                        __m256i w2, const int bit,
+                                                                                        const int width) {
+    if (bit + width <= 32) return _mm256_srli_epi32(w0, bit);
+    if (bit < 32) return _mm256_or_si256(_mm256_srli_epi32(w0, bit), _mm256_slli_epi32(w1, 32 - bit));
+    if (bit + width <= 64) return _mm256_srli_epi32(w1, bit - 32);
+    if (bit < 64) return _mm256_or_si256(_mm256_srli_epi32(w1, bit - 32), _mm256_slli_epi32(w2, 64 - bit));
+    return _mm256_srli_epi32(w2, bit - 64);
 }
 
 #endif

@@ -20,15 +20,29 @@ size_t fe_q8k_stride(int cols) {
 
 size_t fe_q8_stride_kind(int kind, int cols) { return kind == FE_Q8_KIND_256 ? fe_q8k_stride(cols) : fe_q8_stride(cols); }
 
-int fe_q8_kind(int fmt) { return fmt == FE_Q4_K || fmt == FE_Q5_K || fmt == FE_Q6_K ? FE_Q8_KIND_256 : FE_Q8_KIND_32; }
+int fe_q8_kind(int fmt) {
+    return fmt == FE_Q4_K || fmt == FE_Q5_K || fmt == FE_Q6_K ? FE_Q8_KIND_256 : fmt == FE_Q3_NL ? FE_Q8_KIND_32T : FE_Q8_KIND_32;
+}
 
 int fe_q8_layout(const fe_q8_kernels *k, int fmt, int n) { return k->layout ? k->layout(fmt, n) : fe_q8_kind(fmt); }
 
-size_t fe_q8_buffer_bytes(int cols, int n) { return (size_t)n * (2 * fe_q8_stride(cols) + fe_q8k_stride(cols)); }
+size_t fe_q8_buffer_bytes(int cols, int n) { return (size_t)n * (3 * fe_q8_stride(cols) + fe_q8k_stride(cols)); }
 
+/* The regions in order: KIND_32, KIND_256, KIND_32Z, KIND_32T. */
 uint8_t *fe_q8_region(const fe_q8_ctx *q, int kind, int cols, int n) {
-    const size_t a = (size_t)n * fe_q8_stride(cols);
-    return q->buf + (kind == FE_Q8_KIND_256 ? a : kind == FE_Q8_KIND_32Z ? a + (size_t)n * fe_q8k_stride(cols) : 0);
+    const size_t a = (size_t)n * fe_q8_stride(cols), k = (size_t)n * fe_q8k_stride(cols);
+    return q->buf + (kind == FE_Q8_KIND_256 ? a : kind == FE_Q8_KIND_32Z ? a + k : kind == FE_Q8_KIND_32T ? 2 * a + k : 0);
+}
+
+void fe_q8_to_32t(uint8_t *xq, int cols, int n) {
+    const size_t st = fe_q8_stride(cols);
+    for (int t = 0; t < n; t++)
+        for (int b = 0; b < cols / FE_Q8_BLOCK; b++) {
+            uint8_t tmp[FE_Q8_BLOCK], *p = xq + (size_t)t * st + (size_t)b * FE_Q8_BLOCK;
+            for (int l = 0; l < 8; l++)
+                for (int j = 0; j < 4; j++) tmp[4 * l + j] = p[8 * j + l];
+            memcpy(p, tmp, sizeof tmp);
+        }
 }
 
 void fe_q8_to_32z(uint8_t *xq, int cols, int n) {
@@ -214,6 +228,32 @@ static void rowdot_ref(int fmt, const uint8_t *row, int cols, const uint8_t *xq,
     }
 }
 
+/* q3_nl (kernels_q8.h): FE_Q8_KIND_32T activations. */
+static void rowdot_q8ref_q3_nl(const uint8_t *row, int cols, const uint8_t *xq, int n, float *y, size_t ys) {
+    static const int8_t G[8] = FE_Q3_Q8_GRID;
+    const size_t st = fe_q8_stride(cols);
+    for (int t = 0; t < n; t++) {
+        const int8_t *qx = (const int8_t *)(xq + (size_t)t * st);
+        const float *dx = (const float *)(xq + (size_t)t * st + (size_t)cols);
+        float acc[2][8] = {{0}};
+        for (int b = 0; b < cols / FE_Q3_BLOCK; b++) {
+            const uint8_t *p = row + FE_Q3_BYTES * (size_t)b;
+            for (int c = 0; c < 8; c++) {
+                const float a = fe_q3_q8_scale(p, c >> 1) * dx[8 * b + c];
+                const int8_t *x = qx + FE_Q3_BLOCK * (size_t)b + 32 * c;
+                for (int l = 0; l < 8; l++) {
+                    int32_t P = 0;
+                    for (int j = 0; j < 4; j++) P += G[fe_q3_index(p, 32 * c + 8 * j + l)] * x[4 * l + j];
+                    acc[c & 1][l] = fmaf(a, (float)P, acc[c & 1][l]);
+                }
+            }
+        }
+        float both[8];
+        for (int l = 0; l < 8; l++) both[l] = acc[0][l] + acc[1][l];
+        y[(size_t)t * ys] = fe_q8_hsum8(both);
+    }
+}
+
 #define REF(F, CODE)                                                                                      \
     static void rowdot_q8ref_##F(const uint8_t *row, int cols, const uint8_t *xq, int n, float *y, size_t ys) { \
         rowdot_ref(CODE, row, cols, xq, n, y, ys);                                                        \
@@ -229,7 +269,8 @@ REF(q6_k, FE_Q6_K)
 static const fe_q8_kernels SCALAR_Q8 = {
     "scalar",
     {[FE_Q8_0] = rowdot_q8ref_q8_0, [FE_Q4_0] = rowdot_q8ref_q4_0, [FE_Q4_1] = rowdot_q8ref_q4_1,
-     [FE_Q4_K] = rowdot_q8ref_q4_k, [FE_Q5_K] = rowdot_q8ref_q5_k, [FE_Q6_K] = rowdot_q8ref_q6_k},
+     [FE_Q4_K] = rowdot_q8ref_q4_k, [FE_Q5_K] = rowdot_q8ref_q5_k, [FE_Q6_K] = rowdot_q8ref_q6_k,
+     [FE_Q3_NL] = rowdot_q8ref_q3_nl},
     quantize_scalar,
     NULL,
     {NULL},
@@ -255,7 +296,7 @@ int fe_q8_best(int impl) {
 
 fe_q8dot_fn fe_q8_kernel_for(const fe_q8_ctx *q, int fmt, int cols, int n) {
     if (!q || !q->k || fmt < 0 || fmt >= FE_N_FORMATS || cols <= 0 || cols % FE_Q8_BLOCK) return NULL;
-    if (fe_q8_kind(fmt) == FE_Q8_KIND_256 && cols % FE_Q8K_BLOCK) return NULL;
+    if ((fe_q8_kind(fmt) == FE_Q8_KIND_256 || fmt == FE_Q3_NL) && cols % FE_Q8K_BLOCK) return NULL;
     if (fe_q8_buffer_bytes(cols, n) > q->bytes) return NULL;
     return q->k->rowdot[fmt];
 }
@@ -282,7 +323,7 @@ int ferry_kernel_matmul_q8(int impl, int fmt, const void *w, int rows, int cols,
     const fe_q8_kernels *k = fe_q8_kernels_get(impl);
     uint64_t rb = fe_row_bytes(fmt, (uint64_t)(cols > 0 ? cols : 0));
     if (!k || fmt < 0 || fmt >= FE_N_FORMATS || !k->rowdot[fmt] || !w || !x || !y || rows < 0 || n < 0 || rb == 0 ||
-        cols % FE_Q8_BLOCK)
+        cols % FE_Q8_BLOCK || ((fe_q8_kind(fmt) == FE_Q8_KIND_256 || fmt == FE_Q3_NL) && cols % FE_Q8K_BLOCK))
         return -1;
     const int kind = fe_q8_layout(k, fmt, n);
     uint8_t *xq = malloc(fe_q8_stride_kind(kind, cols) * (size_t)(n > 0 ? n : 1));

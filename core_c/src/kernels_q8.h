@@ -53,6 +53,16 @@
  * nearest even (cvtdq2ps, scvtf and C's conversion in the default rounding
  * mode alike), a relative 2^-24, far below the activations' own rounding.
  *
+ * q3_nl, per token, block b of 256 values (weight block p) and its 32-value
+ * chunk c = 0..7 (activation scale d_c of FE_Q8_KIND_32T, whose byte
+ * 32c + 4l + j is the q of value 32c + 8j + l):
+ *   P[l] = sum_{j=0}^{3} G[index(32c + 8j + l)] * qx[32c + 8j + l]   exact int32
+ *          (G = FE_Q3_Q8_GRID, |P| <= 4 * 123 * 127)
+ *   acc[c % 2][l] = fma(fe_q3_q8_scale(p, c / 2) * d_c, (float)P[l], acc[c % 2][l])
+ * and the result h(acc[0] + acc[1]) as for the 32-value formats. Beside the
+ * activations' rounding this replaces each grid level by G / 56 (at most
+ * 0.9 % away, the smallest levels; docs/QUANTIZATION.md, "8-bit activations").
+ *
  * A token's arithmetic never depends on the others in the call, so a batch is
  * bit-identical to single tokens. */
 #ifndef FERRY_KERNELS_Q8_H
@@ -69,8 +79,10 @@
 
 /* The activation layout a weight format's q8 kernel reads. FE_Q8_KIND_32Z
  * is FE_Q8_KIND_32 rearranged for AVX-512 (fe_q8_to_32z), read only by that
- * set's Q8_0 and Q4_0 kernels over 4 tokens or more (its table's `layout`). */
-enum { FE_Q8_KIND_32 = 0, FE_Q8_KIND_256 = 1, FE_Q8_KIND_32Z = 2, FE_Q8_KINDS = 3 };
+ * set's Q8_0 and Q4_0 kernels over 4 tokens or more (its table's `layout`).
+ * FE_Q8_KIND_32T is FE_Q8_KIND_32 in q3_nl's index order (fe_q8_to_32t),
+ * read by every set's q3_nl kernel. */
+enum { FE_Q8_KIND_32 = 0, FE_Q8_KIND_256 = 1, FE_Q8_KIND_32Z = 2, FE_Q8_KIND_32T = 3, FE_Q8_KINDS = 4 };
 int fe_q8_kind(int fmt);
 
 /* One token's quantized activations of `cols` values, per 32 (cols a
@@ -90,6 +102,11 @@ typedef void (*fe_q8quant_fn)(int kind, const float *x, size_t x_stride, int col
  * of block 2p, then bytes 4l..4l+3 of block 2p + 1, for l = 0..7); a last
  * odd block is only flipped. d and s are unchanged. */
 void fe_q8_to_32z(uint8_t *xq, int cols, int n);
+/* FE_Q8_KIND_32 quantized activations of n tokens turned into FE_Q8_KIND_32T
+ * in place: within each 32-value block, byte 4l + j becomes the q of value
+ * 8j + l (l = 0..7, j = 0..3), the order in which a q3_nl block's lane l
+ * holds its indices (formats.h); d and s are unchanged. */
+void fe_q8_to_32t(uint8_t *xq, int cols, int n);
 /* Room for n tokens of `cols` values in every layout (a fe_q8_ctx buffer). */
 size_t fe_q8_buffer_bytes(int cols, int n);
 
@@ -104,7 +121,7 @@ typedef void (*fe_q8dot2_fn)(const uint8_t *row, size_t row_bytes, int cols, con
 
 typedef struct fe_q8_kernels {
     const char *name;                   /* "scalar", "avx2", "neon", "avx512vnni" */
-    fe_q8dot_fn rowdot[FE_N_FORMATS];   /* NULL: no integer kernel (f32, f16, bf16, q3_nl use the exact path) */
+    fe_q8dot_fn rowdot[FE_N_FORMATS];   /* NULL: no integer kernel (f32, f16, bf16, q2_vq use the exact path) */
     fe_q8quant_fn quantize;             /* the quantizer (fe_q8_quantize's results) */
     int (*layout)(int fmt, int n);      /* the layout rowdot[fmt] reads over n tokens (NULL: fe_q8_kind(fmt)) */
     fe_q8dot2_fn rowdot2[FE_N_FORMATS]; /* NULL: rows one at a time (rowdot) */
@@ -190,9 +207,10 @@ fe_q8dot2_fn fe_q8_kernel2_for(const fe_q8_kernels *k, int fmt, int n);
             }                                                                                               \
         }                                                                                                   \
         if (kind == FE_Q8_KIND_32Z) fe_q8_to_32z(out, cols, n);                                             \
+        if (kind == FE_Q8_KIND_32T) fe_q8_to_32t(out, cols, n);                                             \
     }
 
-/* A whole SIMD set: the drivers of the six formats, its quantizer
+/* A whole SIMD set: the drivers of the seven formats, its quantizer
  * quantize_<prefix> (FE_Q8_QUANTIZER) and its table `name`. */
 #define FE_Q8_SET(name, prefix, attr)                                                                       \
     FE_Q8_DRIVER(prefix, attr, q8_0, fe_q8_stride)                                                          \
@@ -201,11 +219,13 @@ fe_q8dot2_fn fe_q8_kernel2_for(const fe_q8_kernels *k, int fmt, int n);
     FE_Q8_DRIVER(prefix, attr, q4_k, fe_q8k_stride)                                                         \
     FE_Q8_DRIVER(prefix, attr, q5_k, fe_q8k_stride)                                                         \
     FE_Q8_DRIVER(prefix, attr, q6_k, fe_q8k_stride)                                                         \
+    FE_Q8_DRIVER(prefix, attr, q3_nl, fe_q8_stride)                                                         \
     static const fe_q8_kernels name = {                                                                     \
         #prefix,                                                                                            \
         {[FE_Q8_0] = rowdot_##prefix##_q8_0, [FE_Q4_0] = rowdot_##prefix##_q4_0,                            \
          [FE_Q4_1] = rowdot_##prefix##_q4_1, [FE_Q4_K] = rowdot_##prefix##_q4_k,                            \
-         [FE_Q5_K] = rowdot_##prefix##_q5_k, [FE_Q6_K] = rowdot_##prefix##_q6_k},                           \
+         [FE_Q5_K] = rowdot_##prefix##_q5_k, [FE_Q6_K] = rowdot_##prefix##_q6_k,                            \
+         [FE_Q3_NL] = rowdot_##prefix##_q3_nl},                                                             \
         quantize_##prefix,                                                                                  \
         NULL,                                                                                               \
         {NULL},                                                                                             \
@@ -224,6 +244,12 @@ static inline void fe_q8_k4_scales(const uint8_t *s, uint8_t out[16]) {
     a[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | ((u[1] >> 6) & 0x03030303u) << 4;  /* m 4-7 */
     memcpy(out, a, 16);
 }
+
+/* q3_nl (kernels_q8.h's top comment, "q3_nl"): the grid as int8 levels
+ * FE_Q3_Q8_GRID (round(56 * fe_q3_levels), at most 0.9 % from each level,
+ * 0.3 % rms), and a group's float scale s_g / 56. */
+#define FE_Q3_Q8_GRID {-123, -74, -40, -12, 13, 40, 74, 123}
+static inline float fe_q3_q8_scale(const uint8_t *block, int g) { return fe_q3_group_scale(block, g) * (1.0f / 56.0f); }
 
 /* Shared by the SIMD sets: 8 lanes summed in the order h() above. */
 static inline float fe_q8_hsum8(const float v[8]) {

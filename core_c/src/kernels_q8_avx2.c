@@ -257,6 +257,55 @@ INL float qrun(const float *v, int len, int8_t *q, int *sums) {
     return amax / 127.0f;
 }
 
+/* ------------------------------------------------------------------ q3_nl */
+
+/* Bits 12c .. 12c + 11 of each lane's 96-bit index number (the indices of
+ * its values 32c + 8j + l, j = 0..3) at the bottom of the lane. */
+INL __m256i q3_fields12(__m256i w0, __m256i w1, __m256i w2, const int c) { return fe_q3_bits(w0, w1, w2, 12 * c, 12); }
+
+/* The four 3-bit fields at bits 0, 3, 6, 9 of each lane into bytes 0..3 of
+ * the lane (low 4 bits; bit 3 is the next field's, so the tables repeat
+ * after 8 entries): 16-bit halves from bits 0 and 6, then byte 1 of each
+ * half from the half shifted left by 5. */
+INL __m256i q3_spread(__m256i t) {
+    __m256i v = _mm256_blend_epi16(t, _mm256_slli_epi32(t, 10), 0xAA);
+    __m256i u = _mm256_blendv_epi8(v, _mm256_slli_epi16(v, 5), _mm256_set1_epi32((int)0xFF00FF00u));
+    return _mm256_and_si256(u, _mm256_set1_epi8(15));
+}
+
+/* Per 32-value chunk: the grid levels' magnitudes by vpshufb, their signs put
+ * on the token's activations (vpsignb; no level is 0), maddubs + madd: lane l
+ * = the reference's P[l] (pairs at most 2 * 123 * 127: no int16 saturation). */
+INL void q3_nl_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, float *y, size_t ys, const int nt) {
+#define G8 -123, -74, -40, -12, 13, 40, 74, 123 /* FE_Q3_Q8_GRID */
+    static const int8_t g16[16] = {G8, G8};
+#undef G8
+    const __m256i tl = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)g16));
+    const __m256i ta = _mm256_abs_epi8(tl), ones = _mm256_set1_epi16(1);
+    __m256 acc[TILE][2];
+    for (int t = 0; t < nt; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+    for (int b = 0; b < cols / FE_Q3_BLOCK; b++) {
+        const uint8_t *p = row + FE_Q3_BYTES * (size_t)b;
+        const __m256i w0 = ld(p), w1 = ld(p + 32), w2 = ld(p + 64);
+        float sg = 0.0f;
+#define Q3_CHUNK(c)                                                                                           \
+        do {                                                                                                  \
+            if (((c) & 1) == 0) sg = fe_q3_q8_scale(p, (c) >> 1);                                             \
+            const __m256i idx = q3_spread(q3_fields12(w0, w1, w2, (c)));                                      \
+            const __m256i aw = _mm256_shuffle_epi8(ta, idx), sw = _mm256_shuffle_epi8(tl, idx);               \
+            for (int t = 0; t < nt; t++) {                                                                    \
+                const __m256i x = ld(QX(t) + FE_Q3_BLOCK * (size_t)b + 32 * (c));                             \
+                const __m256i pr = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, sw)), ones); \
+                acc[t][(c) & 1] = fold(acc[t][(c) & 1], sg * DX(t)[8 * b + (c)], pr);                          \
+            }                                                                                                 \
+        } while (0)
+        Q3_CHUNK(0); Q3_CHUNK(1); Q3_CHUNK(2); Q3_CHUNK(3);
+        Q3_CHUNK(4); Q3_CHUNK(5); Q3_CHUNK(6); Q3_CHUNK(7);
+#undef Q3_CHUNK
+    }
+    for (int t = 0; t < nt; t++) y[(size_t)t * ys] = done2(acc[t][0], acc[t][1]);
+}
+
 FE_Q8_QUANTIZER(quantize_avx2, TGT, qrun)
 
 FE_Q8_SET(AVX2_Q8, avx2, TGT)

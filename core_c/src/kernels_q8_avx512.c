@@ -29,7 +29,13 @@
  * decoded weight block (32 vector registers); a token's arithmetic does not
  * depend on its tile. From 2 tokens the K-quants take two rows per call
  * (rowdot2: k45_tile2, q6_k_tile2), one row in each 256-bit half, so one zmm
- * fold serves both rows; each lane's arithmetic stays the reference's. */
+ * fold serves both rows; each lane's arithmetic stays the reference's.
+ *
+ * q3_nl (where the CPU also has AVX-512 VBMI; else AVX2's kernel): a zmm
+ * holds one 64-value group, its 3-bit indices turned into int8 grid levels by
+ * vpmultishiftqb + vpermb (q3_group_levels), vpdpbusd with the activations
+ * flipped to q + 128 (the accumulator starting at -128 times the lane's
+ * level sum, shared by the tile's tokens). */
 #include "kernels.h"
 #include "kernels_q8.h"
 
@@ -654,6 +660,82 @@ DRIVER2(q4_k)
 DRIVER2(q5_k)
 DRIVER2(q6_k)
 
+/* ---------------------------------------------- q3_nl (AVX-512 VBMI as well) */
+
+#define ISA_VBMI ISA ",avx512vbmi"
+#define INLV static inline __attribute__((always_inline, target(ISA_VBMI)))
+#define TGTV __attribute__((target(ISA_VBMI)))
+
+static int cpu_has_avx512vbmi(void) {
+    unsigned a, b, c, d;
+    if (!fe_cpu_has_avx512vnni()) return 0;
+    __cpuid_count(7, 0, a, b, c, d);
+    return (c >> 1) & 1;
+}
+
+/* A group g (values 64g..64g+63, chunks 2g and 2g + 1) of a block: bits
+ * 24g..24g+23 of every lane's 96-bit index number, in the lane's low 24 bits
+ * (and garbage above), in both 256-bit halves; vpmultishiftqb takes each
+ * index's byte (the low half: fields 0-3 of the window, chunk 2g; the high
+ * half: fields 4-7, chunk 2g + 1) and vpermb looks the levels up in the grid
+ * repeated 8 times (it reads the low 6 bits of each byte). The bytes land in
+ * FE_Q8_KIND_32T's order, 64 activations apart per group. vpdpbusd needs one
+ * unsigned operand: the activations flipped to q + 128 (q ^ 0x80), and the
+ * lane starts at -128 * (the sum of its 4 levels), made once per group and
+ * shared by the tile's tokens. The zmm's low half is the reference's even
+ * chunk's accumulator, the high half the odd one's. */
+INLV __m512i q3_group_levels(__m256i w0, __m256i w1, __m256i w2, const int g, __m512i table) {
+    __m256i v;
+    switch (g) {
+    case 0: v = w0; break;
+    case 1: v = _mm256_or_si256(_mm256_srli_epi32(w0, 24), _mm256_slli_epi32(w1, 8)); break;
+    case 2: v = _mm256_or_si256(_mm256_srli_epi32(w1, 16), _mm256_slli_epi32(w2, 16)); break;
+    default: v = _mm256_srli_epi32(w2, 8); break;
+    }
+    const __m512i ctrl = _mm512_set_epi64(0x35322f2c15120f0cLL, 0x35322f2c15120f0cLL, 0x35322f2c15120f0cLL,
+                                          0x35322f2c15120f0cLL, 0x2926232009060300LL, 0x2926232009060300LL,
+                                          0x2926232009060300LL, 0x2926232009060300LL);
+    return _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(ctrl, _mm512_broadcast_i64x4(v)), table);
+}
+
+INLV void q3_nl_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, float *y, size_t ys, const int nt) {
+#define G8 -123, -74, -40, -12, 13, 40, 74, 123 /* FE_Q3_Q8_GRID */
+    static const int8_t g64[64] = {G8, G8, G8, G8, G8, G8, G8, G8};
+#undef G8
+    const __m512i table = ld512(g64), flip = _mm512_set1_epi8((char)0x80);
+    const __m512i halves = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    __m512 acc[TILE];
+    for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
+    for (int b = 0; b < cols / FE_Q3_BLOCK; b++) {
+        const uint8_t *p = row + FE_Q3_BYTES * (size_t)b;
+        const __m256i w0 = ld(p), w1 = ld(p + 32), w2 = ld(p + 64);
+#define Q3_GROUP(g)                                                                                           \
+        do {                                                                                                  \
+            const __m512i w = q3_group_levels(w0, w1, w2, (g), table);                                        \
+            const __m512i c0 = _mm512_sub_epi32(_mm512_setzero_si512(),                                       \
+                                                _mm512_dpbusd_epi32(_mm512_setzero_si512(), flip, w));        \
+            const __m512 sg = _mm512_set1_ps(fe_q3_q8_scale(p, (g)));                                         \
+            for (int t = 0; t < nt; t++) {                                                                    \
+                const __m512i x = _mm512_xor_si512(ld512(QX(t) + FE_Q3_BLOCK * (size_t)b + 64 * (g)), flip);  \
+                const __m128 dx2 = _mm_castpd_ps(_mm_load_sd((const double *)(DX(t) + 8 * b + 2 * (g))));      \
+                const __m512 d = _mm512_mul_ps(sg, _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(dx2))); \
+                acc[t] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(c0, x, w)), acc[t]);       \
+            }                                                                                                 \
+        } while (0)
+        Q3_GROUP(0); Q3_GROUP(1); Q3_GROUP(2); Q3_GROUP(3);
+#undef Q3_GROUP
+    }
+    for (int t = 0; t < nt; t++)
+        y[(size_t)t * ys] = hsum8(_mm256_add_ps(_mm512_castps512_ps256(acc[t]), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[t]), 1))));
+}
+
+FE_Q8_DRIVER(vbmi, TGTV, q3_nl, fe_q8_stride)
+
+/* Without VBMI: AVX2's q3_nl kernel (the same bits). */
+static void rowdot_vnni_q3_nl(const uint8_t *row, int cols, const uint8_t *xq, int n, float *y, size_t ys) {
+    fe_q8_kernels_avx2()->rowdot[FE_Q3_NL](row, cols, xq, n, y, ys);
+}
+
 /* The table's `layout`: what the drivers above read over n tokens. */
 static int vnni_layout(int fmt, int n) {
     return (fmt == FE_Q8_0 || fmt == FE_Q4_0) && n >= Z_TOKENS ? FE_Q8_KIND_32Z : fe_q8_kind(fmt);
@@ -671,17 +753,22 @@ static void quantize_vnni(int kind, const float *x, size_t xs, int cols, int n, 
     fe_q8_kernels_avx2()->quantize(kind, x, xs, cols, n, out);
 }
 
-static const fe_q8_kernels VNNI_Q8 = {
-    "avx512vnni",
-    {[FE_Q8_0] = rowdot_vnni_q8_0, [FE_Q4_0] = rowdot_vnni_q4_0, [FE_Q4_1] = rowdot_vnni_q4_1,
-     [FE_Q4_K] = rowdot_vnni_q4_k, [FE_Q5_K] = rowdot_vnni_q5_k, [FE_Q6_K] = rowdot_vnni_q6_k},
-    quantize_vnni,
-    vnni_layout,
-    {[FE_Q4_K] = rowdot2_vnni_q4_k, [FE_Q5_K] = rowdot2_vnni_q5_k, [FE_Q6_K] = rowdot2_vnni_q6_k},
-    Q8_ROWDOT2_MIN_TOKENS,
-};
+#define VNNI_SET(name, q3)                                                                                  \
+    static const fe_q8_kernels name = {                                                                     \
+        "avx512vnni",                                                                                       \
+        {[FE_Q8_0] = rowdot_vnni_q8_0, [FE_Q4_0] = rowdot_vnni_q4_0, [FE_Q4_1] = rowdot_vnni_q4_1,          \
+         [FE_Q4_K] = rowdot_vnni_q4_k, [FE_Q5_K] = rowdot_vnni_q5_k, [FE_Q6_K] = rowdot_vnni_q6_k,          \
+         [FE_Q3_NL] = q3},                                                                                  \
+        quantize_vnni,                                                                                      \
+        vnni_layout,                                                                                        \
+        {[FE_Q4_K] = rowdot2_vnni_q4_k, [FE_Q5_K] = rowdot2_vnni_q5_k, [FE_Q6_K] = rowdot2_vnni_q6_k},      \
+        Q8_ROWDOT2_MIN_TOKENS,                                                                              \
+    };
+VNNI_SET(VNNI_Q8, rowdot_vbmi_q3_nl)
+VNNI_SET(VNNI_Q8_NO_VBMI, rowdot_vnni_q3_nl)
 
-const fe_q8_kernels *fe_q8_kernels_avx512vnni(void) { return &VNNI_Q8; }
+/* With VBMI (Ice Lake and later, Zen 4 and later) the q3_nl kernel above. */
+const fe_q8_kernels *fe_q8_kernels_avx512vnni(void) { return cpu_has_avx512vbmi() ? &VNNI_Q8 : &VNNI_Q8_NO_VBMI; }
 
 #else
 

@@ -12,6 +12,7 @@
 #if defined(__aarch64__)
 #include <arm_neon.h>
 #include <math.h>
+#include <string.h>
 
 
 #define INL static inline __attribute__((always_inline))
@@ -271,6 +272,57 @@ INL float qrun(const float *v, int len, int8_t *q, int *sums) {
         vst1q_s8(q + i, vcombine_s8(vmovn_s16(a16), vmovn_s16(b16)));
     }
     return amax / 127.0f;
+}
+
+/* ------------------------------------------------------------------ q3_nl */
+
+/* Bits 12c .. 12c + 11 of each of 4 lanes' 96-bit index numbers at the bottom. */
+INL uint32x4_t q3_fields12(uint32x4_t w0, uint32x4_t w1, uint32x4_t w2, const int c) {
+    const int bit = 12 * c;
+    if (bit + 12 <= 32) return vshlq_u32(w0, vdupq_n_s32(-bit));
+    if (bit < 32) return vorrq_u32(vshlq_u32(w0, vdupq_n_s32(-bit)), vshlq_u32(w1, vdupq_n_s32(32 - bit)));
+    if (bit + 12 <= 64) return vshlq_u32(w1, vdupq_n_s32(-(bit - 32)));
+    if (bit < 64) return vorrq_u32(vshlq_u32(w1, vdupq_n_s32(-(bit - 32))), vshlq_u32(w2, vdupq_n_s32(64 - bit)));
+    return vshlq_u32(w2, vdupq_n_s32(-(bit - 64)));
+}
+
+/* The fields at bits 0, 3, 6, 9 of each lane into bytes 0..3 (0..7 each). */
+INL uint8x16_t q3_spread(uint32x4_t t) {
+    const uint32x4_t m = vdupq_n_u32(7);
+    uint32x4_t u = vandq_u32(t, m);
+    u = vorrq_u32(u, vshlq_n_u32(vandq_u32(vshrq_n_u32(t, 3), m), 8));
+    u = vorrq_u32(u, vshlq_n_u32(vandq_u32(vshrq_n_u32(t, 6), m), 16));
+    u = vorrq_u32(u, vshlq_n_u32(vandq_u32(vshrq_n_u32(t, 9), m), 24));
+    return vreinterpretq_u8_u32(u);
+}
+
+/* Per 32-value chunk the grid's int8 levels by tbl (lanes 0-3, then 4-7),
+ * dot16 with the token's FE_Q8_KIND_32T bytes: the reference's P[l]. */
+INL void q3_nl_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, float *y, size_t ys, const int nt) {
+    static const int8_t G[16] = FE_Q3_Q8_GRID;
+    const int8x16_t grid = vld1q_s8(G); /* entries 8..15 are never read */
+    v8 A[TILE], B[TILE];
+    for (int t = 0; t < nt; t++) A[t] = B[t] = v8_zero();
+    for (int b = 0; b < cols / FE_Q3_BLOCK; b++) {
+        const uint8_t *p = row + FE_Q3_BYTES * (size_t)b;
+        uint32_t wl[24];
+        memcpy(wl, p, 96);
+        const uint32x4_t w0l = vld1q_u32(wl), w0h = vld1q_u32(wl + 4), w1l = vld1q_u32(wl + 8),
+                         w1h = vld1q_u32(wl + 12), w2l = vld1q_u32(wl + 16), w2h = vld1q_u32(wl + 20);
+        float sg = 0.0f;
+        for (int c = 0; c < 8; c++) {
+            if ((c & 1) == 0) sg = fe_q3_q8_scale(p, c >> 1);
+            const int8x16_t lo = vqtbl1q_s8(grid, q3_spread(q3_fields12(w0l, w1l, w2l, c)));
+            const int8x16_t hi = vqtbl1q_s8(grid, q3_spread(q3_fields12(w0h, w1h, w2h, c)));
+            for (int t = 0; t < nt; t++) {
+                const int8_t *x = QX(t) + FE_Q3_BLOCK * (size_t)b + 32 * c;
+                const int32x4_t plo = dot16(lo, vld1q_s8(x)), phi = dot16(hi, vld1q_s8(x + 16));
+                if (c & 1) B[t] = fold(B[t], sg * DX(t)[8 * b + c], plo, phi);
+                else A[t] = fold(A[t], sg * DX(t)[8 * b + c], plo, phi);
+            }
+        }
+    }
+    for (int t = 0; t < nt; t++) y[(size_t)t * ys] = done2(A[t], B[t]);
 }
 
 FE_Q8_QUANTIZER(quantize_neon, , qrun)

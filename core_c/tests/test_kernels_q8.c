@@ -62,6 +62,7 @@ static void random_row(int fmt, uint8_t *row, int cols) {
         if (fmt == FE_Q4_1) set_f16(p + 2, 0.05f * frand());
         if (fmt == FE_Q4_K || fmt == FE_Q5_K) set_f16(p + 2, 0.005f + 0.02f * fabsf(frand()));
         if (fmt == FE_Q8_0 && b % 3 == 0) p[2 + b % 32] = 0x80; /* -128 */
+        if (fmt == FE_Q3_NL) p[96] = b % 5 == 3 ? 0 : (uint8_t)(150 + rnd() % 24); /* e = 0: a zero block */
     }
 }
 
@@ -74,7 +75,19 @@ static void random_x(float *x, int count, int kind) {
     }
 }
 
-static const int FORMATS[] = {FE_Q8_0, FE_Q4_0, FE_Q4_1, FE_Q4_K, FE_Q5_K, FE_Q6_K};
+static const int FORMATS[] = {FE_Q8_0, FE_Q4_0, FE_Q4_1, FE_Q4_K, FE_Q5_K, FE_Q6_K, FE_Q3_NL};
+
+/* q3_nl's weights as its q8 kernel sees them: s_g * G[index] / 56 (kernels_q8.h). */
+static void q3_q8_weights(const uint8_t *w, int rows, int cols, float *out) {
+    static const int8_t G[8] = FE_Q3_Q8_GRID;
+    const uint64_t rb = fe_row_bytes(FE_Q3_NL, (uint64_t)cols);
+    for (int r = 0; r < rows; r++)
+        for (int b = 0; b < cols / FE_Q3_BLOCK; b++) {
+            const uint8_t *p = w + (size_t)r * rb + FE_Q3_BYTES * (size_t)b;
+            for (int i = 0; i < FE_Q3_BLOCK; i++)
+                out[(size_t)r * cols + FE_Q3_BLOCK * b + i] = fe_q3_group_scale(p, i / 64) * (float)G[fe_q3_index(p, i)] / 56.0f;
+        }
+}
 
 static void test_format(int fmt, int cols, int n, int xkind, int rows) {
     const char *name = fe_format_get(fmt)->name;
@@ -84,12 +97,17 @@ static void test_format(int fmt, int cols, int n, int xkind, int rows) {
     float *wf = malloc(sizeof(float) * (size_t)cols * rows);
     float *ref = malloc(sizeof(float) * (size_t)rows * (size_t)n), *exact = malloc(sizeof(float) * (size_t)rows * (size_t)n);
     float *got = malloc(sizeof(float) * (size_t)rows * (size_t)n), *one = malloc(sizeof(float) * (size_t)rows);
-    const int kind = fe_q8_kind(fmt), len = kind == FE_Q8_KIND_256 ? FE_Q8K_BLOCK : FE_Q8_BLOCK;
+    /* the values in their natural order (q3_nl's FE_Q8_KIND_32T is FE_Q8_KIND_32 rearranged) */
+    const int kind = fe_q8_kind(fmt) == FE_Q8_KIND_32T ? FE_Q8_KIND_32 : fe_q8_kind(fmt);
+    const int len = kind == FE_Q8_KIND_256 ? FE_Q8K_BLOCK : FE_Q8_BLOCK;
+    float *w8 = malloc(sizeof(float) * (size_t)cols * rows); /* the weights the integer kernel multiplies */
     const size_t st = fe_q8_stride_kind(kind, cols);
     uint8_t *xq = malloc(st * (size_t)n);
     for (int r = 0; r < rows; r++) random_row(fmt, w + (size_t)r * rb, cols);
     random_x(x, cols * n, xkind);
     ferry_dequantize(fmt, w, rows, cols, wf);
+    if (fmt == FE_Q3_NL) q3_q8_weights(w, rows, cols, w8);
+    else memcpy(w8, wf, sizeof(float) * (size_t)cols * rows);
     check(ferry_kernel_matmul_q8(FERRY_KERNELS_SCALAR, fmt, w, rows, cols, x, n, ref) == 0, name, 0, cols, n, "call");
     check(ferry_kernel_matmul(FERRY_KERNELS_SCALAR, fmt, w, rows, cols, x, n, exact) == 0, name, 0, cols, n, "f32");
     fe_q8_quantize(kind, x, (size_t)cols, cols, n, xq);
@@ -102,8 +120,9 @@ static void test_format(int fmt, int cols, int n, int xkind, int rows) {
         for (int r = 0; r < rows; r++) {
             double bound = 0.0, mag = 0.0;
             for (int i = 0; i < cols; i++) {
-                double xi = x[(size_t)t * cols + i], wi = wf[(size_t)r * cols + i];
-                bound += fabs(wi) * fabs(xi - (double)d[i / len] * q[i]);
+                double xi = x[(size_t)t * cols + i], wi = wf[(size_t)r * cols + i], vi = w8[(size_t)r * cols + i];
+                /* the activation's rounding, and q3_nl's int8 grid (0 for the other formats) */
+                bound += fabs(vi) * fabs(xi - (double)d[i / len] * q[i]) + fabs(wi - vi) * fabs(xi);
                 mag += fabs(wi * xi);
             }
             double err = fabs((double)ref[(size_t)t * rows + r] - (double)exact[(size_t)t * rows + r]);
@@ -113,7 +132,7 @@ static void test_format(int fmt, int cols, int n, int xkind, int rows) {
     }
     check(bound_ok, name, 0, cols, n, "error above the activation rounding bound");
     /* an outlier 40x the rest coarsens its block's other values (kind 1) */
-    check(rel_sum / (rows * n) < (xkind == 1 ? 0.03 : 0.01), name, 0, cols, n, "mean error / sum|w x| too large");
+    check(rel_sum / (rows * n) < (xkind == 1 ? 0.03 : fmt == FE_Q3_NL ? 0.015 : 0.01), name, 0, cols, n, "mean error / sum|w x| too large");
     /* (1) every implementation bit-identical to the reference; (2) batch invariance */
     for (int impl = 0; impl <= FERRY_KERNELS_AVX512VNNI; impl++) {
         if (!ferry_q8_kernels_available(impl)) continue;
@@ -126,7 +145,7 @@ static void test_format(int fmt, int cols, int n, int xkind, int rows) {
                   "a token alone differs from the same token in a batch");
         }
     }
-    free(w), free(x), free(wf), free(ref), free(exact), free(got), free(one), free(xq);
+    free(w8), free(w), free(x), free(wf), free(ref), free(exact), free(got), free(one), free(xq);
 }
 
 static void test_quantizer(void) {
@@ -155,8 +174,18 @@ static void test_quantizer(void) {
     check(ok, "quantizer", 0, cols, 1, "invariants");
     check(ferry_kernel_matmul_q8(FERRY_KERNELS_SCALAR, FE_F16, buf, 1, 32, x, 1, x) == -1, "f16", 0, 32, 1,
           "a format without an integer kernel is refused");
-    check(ferry_q8_activations_supported(FE_Q4_K) && !ferry_q8_activations_supported(FE_Q3_NL), "supported", 0, 0, 0,
-          "the supported formats");
+    check(ferry_q8_activations_supported(FE_Q4_K) && ferry_q8_activations_supported(FE_Q3_NL) &&
+              !ferry_q8_activations_supported(FE_Q2_VQ) && !ferry_q8_activations_supported(FE_BF16),
+          "supported", 0, 0, 0, "the supported formats");
+    /* FE_Q8_KIND_32T: FE_Q8_KIND_32 with byte 4l + j of each block holding value 8j + l */
+    uint8_t a32[256], a32t[256];
+    fe_q8_quantize(FE_Q8_KIND_32, x, cols, cols, 1, a32);
+    fe_q8_quantize(FE_Q8_KIND_32T, x, cols, cols, 1, a32t);
+    int t_ok = memcmp(a32 + cols, a32t + cols, 8 * 3) == 0;
+    for (int b = 0; b < 3; b++)
+        for (int l = 0; l < 8; l++)
+            for (int j = 0; j < 4; j++) t_ok &= a32t[32 * b + 4 * l + j] == a32[32 * b + 8 * j + l];
+    check(t_ok, "quantizer 32t", 0, cols, 1, "the q3_nl layout is not the 32-value one in index order");
 }
 
 /* Every set's quantizer gives the scalar reference's bytes, every layout,
@@ -178,7 +207,7 @@ static void test_quantizers(void) {
             if (!k) continue;
             memset(got, 0, bytes);
             k->quantize(kind, x, cols, cols, n, got);
-            check(memcmp(got, ref, bytes) == 0, kind == 1 ? "quantizer 256" : kind ? "quantizer 32z" : "quantizer 32", impl, cols, n,
+            check(memcmp(got, ref, bytes) == 0, kind == 1 ? "quantizer 256" : kind == 2 ? "quantizer 32z" : kind == 3 ? "quantizer 32t" : "quantizer 32", impl, cols, n,
                   "not bit-identical to the scalar quantizer");
         }
         free(ref), free(got);

@@ -84,6 +84,26 @@ def test_every_mechanism_on_or_off_gives_identical_logits(placed):
         assert stats.hits + stats.misses > 0
 
 
+@pytest.fixture(scope="module")
+def moe_q3(moe_ckpt):
+    """The same with q3_nl experts (256-value rows: the synthetic's widths)."""
+    return convert(moe_ckpt, moe_ckpt.parent / "moe-q3.ferry", expert_format="q3_nl")
+
+
+@pytest.mark.parametrize("activations", ["exact", "q8"])
+def test_q3_nl_experts_placement_never_changes_logits(moe_q3, activations):
+    """q3_nl experts in both arithmetics (q8: their integer kernel, kernels_q8.h): the cache, overlap,
+    lookahead and one-chunk or token-by-token prefill give the same bits."""
+    reference, _, info = run(moe_q3, cache=False, overlap=False, lookahead=False, activations=activations)
+    assert info.activations == ("f32" if activations == "exact" else "q8")
+    for name, opts in {"all on": {}, "small cache": {"cache_slots": 24}, "no overlap": {"overlap": False},
+                       "lookahead gate off, small cache": {"lookahead_gate": False, "cache_slots": 24}}.items():
+        logits, _, _ = run(moe_q3, activations=activations, **opts)
+        assert np.array_equal(logits, reference), name
+    stepwise, _, _ = run(moe_q3, prompt=TOKENS[:1], steps=TOKENS[1:], activations=activations)
+    assert np.array_equal(stepwise, reference), "prefill in one chunk against token by token"
+
+
 def test_chunked_prefill_reads_each_distinct_expert_once(placed):
     moe_model, activations = placed
     _, chunked, _ = run(moe_model, prompt=TOKENS[:32], steps=[], cache=False, activations=activations)
