@@ -178,7 +178,8 @@ def child_ferry(a) -> dict:
         tok = int(np.argmax(s.eval([tok])))
     out["decode_tok_s"] = a.tokens / (time.perf_counter() - t0)
     if a.profile:
-        out["profile_decode"] = s.profile()["decode"]
+        prof = s.profile()
+        out["profile_decode"], out["profile_prompt128"] = prof["decode"], prof["prompt"]
         s.set_profiling(True)
     s.reset()
     p = _prompt(vocab, 1024, 2)

@@ -121,8 +121,16 @@ def assert_prefill_equals_single_steps(container, tokens, threads: int = 2) -> N
             steps = np.stack([s.eval([t]) for t in tokens])
             s2 = engine.session(64)
             mixed = np.concatenate([s2.eval(tokens[:5], all_logits=True), s2.eval(tokens[5:], all_logits=True)])
+            # over several chunks, with only the last token's logits asked for (the core then
+            # computes the last layer's output for that row alone, or none in earlier chunks)
+            long = list(tokens) * 3
+            every = engine.session(128).eval(long, all_logits=True)
+            s3 = engine.session(128)
+            part, last = s3.eval(long[:40]), s3.eval(long[40:])
         assert np.array_equal(batch, steps), activations
         assert np.array_equal(batch, mixed), activations
+        assert np.array_equal(every[:len(tokens)], batch), activations
+        assert np.array_equal(part, every[39]) and np.array_equal(last, every[-1]), activations
 
 
 def dequantized_reference_model(container: Path, work: Path):

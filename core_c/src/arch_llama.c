@@ -246,6 +246,7 @@ typedef struct {
     ferry_session *s;
     const chunk_bufs *b;
     int layer, n;       /* layer and tokens in the chunk */
+    int first;          /* the first token whose attention output is needed */
     int tb, hb;         /* tokens and query heads per item */
     int hblocks;        /* items per KV head and token block: group / hb */
 } attn_job;
@@ -271,7 +272,7 @@ static void attn_items(void *p, int start, int end, int tid) {
     for (int it = start; it < end; it++) {
         /* items in order of token block fastest: a thread's run of items
          * reads one head's K and V */
-        const int tblocks = (j->n + j->tb - 1) / j->tb, t0 = it % tblocks * j->tb;
+        const int tblocks = (j->n - j->first + j->tb - 1) / j->tb, t0 = j->first + it % tblocks * j->tb;
         const int hblk = it / tblocks % j->hblocks, kvh = it / tblocks / j->hblocks;
         const int t1 = t0 + j->tb < j->n ? t0 + j->tb : j->n; /* tokens [t0, t1) */
         const int h0 = kvh * group + hblk * hb;                 /* heads [h0, h0 + hb) */
@@ -290,7 +291,11 @@ static void attn_items(void *p, int start, int end, int tid) {
     }
 }
 
-static void attention(ferry_session *s, const chunk_bufs *b, int l, int n) {
+/* Attention of layer l for a chunk of n tokens: every token's K and V go
+ * into the caches, but the output (and the residual stream) is computed for
+ * tokens [first, n) only: those before are not read again (the last layer
+ * of a chunk whose logits are not asked for, see llama_forward). */
+static void attention(ferry_session *s, const chunk_bufs *b, int l, int n, int first) {
     const fe_hparams *hp = &s->e->c.hp;
     const fe_layer *L = &MODEL(s->e)->layers[l];
     const int hd = hp->head_dim, qd = hp->n_heads * hd, kvd = hp->n_kv_heads * hd, d = hp->dim;
@@ -334,17 +339,21 @@ static void attention(ferry_session *s, const chunk_bufs *b, int l, int n) {
     /* Items: blocks of ATT_TOKENS tokens x the query heads of one KV head;
      * when that leaves too few items to keep every thread busy (decode), one
      * token and one head each. */
-    const int group = hp->n_heads / hp->n_kv_heads, threads = fe_pool_threads(s->pool);
-    attn_job j = {s, b, l, n, ATT_TOKENS, group, 1};
-    if ((n + ATT_TOKENS - 1) / ATT_TOKENS * hp->n_kv_heads < 4 * threads) {
-        j.tb = 1;
-        if (n * hp->n_kv_heads < 4 * threads) j.hb = 1, j.hblocks = group;
+    const int group = hp->n_heads / hp->n_kv_heads, threads = fe_pool_threads(s->pool), nt = n - first;
+    if (nt <= 0) {
+        PROF_ADD(s, attention_seconds, t0);
+        return;
     }
-    fe_pool_run(s->pool, attn_items, &j, (n + j.tb - 1) / j.tb * hp->n_kv_heads * j.hblocks);
+    attn_job j = {s, b, l, n, first, ATT_TOKENS, group, 1};
+    if ((nt + ATT_TOKENS - 1) / ATT_TOKENS * hp->n_kv_heads < 4 * threads) {
+        j.tb = 1;
+        if (nt * hp->n_kv_heads < 4 * threads) j.hb = 1, j.hblocks = group;
+    }
+    fe_pool_run(s->pool, attn_items, &j, (nt + j.tb - 1) / j.tb * hp->n_kv_heads * j.hblocks);
     PROF_ADD(s, attention_seconds, t0);
-    matmul(s, b, &L->wo, b->att, n, b->y);
+    matmul(s, b, &L->wo, b->att + (size_t)first * qd, nt, b->y + (size_t)first * d);
     t0 = prof_t0(s);
-    for (int t = 0; t < n; t++)
+    for (int t = first; t < n; t++)
         for (int i = 0; i < d; i++) b->x[(size_t)t * d + i] += b->y[(size_t)t * d + i] + (L->bo ? L->bo[i] : 0.0f);
     PROF_ADD(s, elementwise_seconds, t0);
 }
@@ -380,7 +389,8 @@ static void moe_expert(void *p, int l, const uint8_t *rec, const float *in, int 
     swiglu(c->s, c->b, &gm, &um, &dm, in, m, out);
 }
 
-static ferry_status moe(ferry_session *s, const chunk_bufs *b, int l, int n, ferry_error *err) {
+/* The MoE layer for rows [first, n) of the chunk. */
+static ferry_status moe(ferry_session *s, const chunk_bufs *b, int l, int n, int first, ferry_error *err) {
     moe_ctx c = {s, b};
     fe_moe_arch a = {.ctx = &c, .kind = FE_ROUTE_SOFTMAX, .ed = s->e->c.hp.dim,
                      .ops = {s->pool, b->rows, fe_rows_stride(max_cols(&s->e->c.hp)), s->e->kernels, s->prof_cur, fe_session_q8(s)},
@@ -388,20 +398,24 @@ static ferry_status moe(ferry_session *s, const chunk_bufs *b, int l, int n, fer
                      .router_at = offsetof(fe_layer, router), .norm_at = offsetof(fe_layer, ffn_norm),
                      .expert = moe_expert};
     /* the weighted expert outputs are added straight into the residual stream */
-    return fe_moe_layer(s, &a, &b->moe, l, n, b->xb, b->xb, b->x, b->x, err);
+    const size_t o = (size_t)first * (size_t)s->e->c.hp.dim;
+    return fe_moe_layer(s, &a, &b->moe, l, n - first, b->xb + o, b->xb + o, b->x + o, b->x + o, err);
 }
 
-static ferry_status ffn(ferry_session *s, const chunk_bufs *b, int l, int n, ferry_error *err) {
+/* The feed-forward block of layer l for rows [first, n) of the chunk. */
+static ferry_status ffn(ferry_session *s, const chunk_bufs *b, int l, int n, int first, ferry_error *err) {
     const fe_hparams *hp = &s->e->c.hp;
     const fe_layer *L = &MODEL(s->e)->layers[l];
     const int d = hp->dim;
+    if (first >= n) return FERRY_OK;
     double t0 = prof_t0(s);
-    for (int t = 0; t < n; t++) fe_rmsnorm(b->xb + (size_t)t * d, b->x + (size_t)t * d, L->ffn_norm, d, hp->norm_eps);
+    for (int t = first; t < n; t++) fe_rmsnorm(b->xb + (size_t)t * d, b->x + (size_t)t * d, L->ffn_norm, d, hp->norm_eps);
     PROF_ADD(s, norm_seconds, t0);
-    if (hp->layer_is_moe[l]) return moe(s, b, l, n, err); /* profiled in moe.c */
-    swiglu(s, b, &L->w_gate, &L->w_up, &L->w_down, b->xb, n, b->y);
+    if (hp->layer_is_moe[l]) return moe(s, b, l, n, first, err); /* profiled in moe.c */
+    const size_t o = (size_t)first * (size_t)d;
+    swiglu(s, b, &L->w_gate, &L->w_up, &L->w_down, b->xb + o, n - first, b->y + o);
     t0 = prof_t0(s);
-    for (size_t i = 0; i < (size_t)n * d; i++) b->x[i] += b->y[i];
+    for (size_t i = o; i < (size_t)n * d; i++) b->x[i] += b->y[i];
     PROF_ADD(s, elementwise_seconds, t0);
     return FERRY_OK;
 }
@@ -422,16 +436,24 @@ static ferry_status llama_forward(ferry_session *s, const int32_t *tokens, int n
     fe_embed_override(s, n, b.x);
     PROF_ADD(s, elementwise_seconds, t0);
     fe_stage(s, 0, n, b.x);
+    /* The last layer's output is read only by the logits (and an observer):
+     * rows after its K and V are stored are computed for the tokens whose
+     * logits are asked for only (the last one, or none in a prompt's earlier
+     * chunks), as each row's result is the same whatever rows share the
+     * chunk (kernels.h). */
+    const int keep = s->stage_fn || (logits && all_logits) ? n : (logits ? 1 : 0);
     for (int l = 0; l < hp->n_layers; l++) {
         if (atomic_exchange(&s->cancel, 0))
             return fe_fail(err, FERRY_E_CANCELLED, "cancelled at layer %d", l);
-        attention(s, &b, l, n);
-        ferry_status st = ffn(s, &b, l, n, err);
+        const int first = l == hp->n_layers - 1 ? n - keep : 0;
+        attention(s, &b, l, n, first);
+        ferry_status st = ffn(s, &b, l, n, first, err);
         if (st) return st;
         fe_stage(s, l + 1, n, b.x);
     }
     t0 = prof_t0(s);
-    for (int t = 0; t < n; t++) fe_rmsnorm(b.xb + (size_t)t * d, b.x + (size_t)t * d, m->output_norm, d, hp->norm_eps);
+    for (int t = n - keep; t < n; t++)
+        fe_rmsnorm(b.xb + (size_t)t * d, b.x + (size_t)t * d, m->output_norm, d, hp->norm_eps);
     PROF_ADD(s, norm_seconds, t0);
     fe_stage(s, hp->n_layers + 1, n, b.xb);
     if (logits) {
