@@ -708,7 +708,8 @@ def true_shape_main(a) -> int:
         plan = container_plan(container, 256)
         share = k3_cache_share() if a.cache_share is None else a.cache_share
         budget = plan.floor_bytes + int(share * plan.expert_bytes)
-        with Engine(container, n_ctx=256, threads=1) as probe:
+        # (at the bench's budget: the default one would cache ~75 % of RAM of K3's records)
+        with Engine(container, n_ctx=256, threads=1, ram_budget=budget) as probe:
             info = probe.info
         rng = np.random.default_rng(5)
         tokens = [int(t) for t in rng.integers(3, info.vocab, TRUE_PROMPT + a.tokens)]
