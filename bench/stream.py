@@ -63,21 +63,22 @@ from bench.make_synthetic import make, parse
 PROMPT = 16
 
 
-def decode_run(container: Path, tokens: list[int], routing: tuple | None = None, **opts) -> dict:
+def decode_run(container: Path, tokens: list[int], routing: tuple | None = None, prompt: int = PROMPT,
+               **opts) -> dict:
     with Engine(container, n_ctx=256, **opts) as engine:
         s = engine.session(256)
         if routing:
             s.set_routing(*routing)
-        s.eval(tokens[:PROMPT])
+        s.eval(tokens[:prompt])
         s.set_profiling(True)  # the decode's dispatch time per MoE layer
         before = s.stats()
         t0 = time.perf_counter()
-        for t in tokens[PROMPT:]:
+        for t in tokens[prompt:]:
             s.eval([t])
         seconds = time.perf_counter() - t0
         after = s.stats()
         prof = s.profile()["decode"]
-        n = len(tokens) - PROMPT
+        n = len(tokens) - prompt
         d = lambda k: getattr(after, k) - getattr(before, k)  # noqa: E731
         uses = d("decode_hits") + d("decode_misses")
         return {
@@ -97,6 +98,11 @@ def decode_run(container: Path, tokens: list[int], routing: tuple | None = None,
             "swap_rate": d("routed_swaps") / d("routed_choices") if d("routed_choices") else None,
             "cache_slots": engine.info.cache_slots, "direct_io": engine.info.direct_io,
             "io_note": engine.info.io_note,
+            # where the decode's time went (the session profile), per token
+            "profile_s_per_token": {k: prof[k] / n for k in ("expert_ffn_seconds", "expert_wait_seconds",
+                                                             "dispatch_seconds", "attention_seconds",
+                                                             "pool_wait_seconds", "other_seconds")},
+            "matmul_s_per_token": {f: m["seconds"] / n for f, m in prof["matmul"].items()},
         }
 
 
@@ -190,6 +196,135 @@ def prepare_kimi(a, where: Path) -> Path:
     return container
 
 
+#: K3's routed experts as released (/work/shared/spec/k3-config.json:
+#: routed_expert_hidden_size 3584, moe_intermediate_size 3072, num_experts
+#: 896, num_experts_per_token 16; sigmoid router with its correction bias,
+#: 2 shared experts: tests/kimi/tiny_k3 writes those from the same config).
+K3_LATENT, K3_FFN, K3_EXPERTS, K3_TOP_K = 3584, 3072, 896, 16
+#: --true-shape: free space left on the disk beyond the container (other users of it).
+TRUE_SHAPE_MARGIN = 6 << 30
+#: --true-shape: rows of real encoded values each record's rows are drawn from.
+POOL_ROWS = 64
+
+
+def true_shape_banks(moe_layers: int, fmt: str):
+    """The expert banks of --true-shape: layers 1..moe_layers (layer 0 is K3's
+    dense layer), 896 records each of K3's gate/up [3072, 3584] and down
+    [3584, 3072] in ``fmt``, laid out as the converter lays them out."""
+    from app.convert.layout import bank_layout
+
+    shapes = {"gate": (K3_FFN, K3_LATENT), "up": (K3_FFN, K3_LATENT), "down": (K3_LATENT, K3_FFN)}
+    return [bank_layout(layer, K3_EXPERTS, {p: (fmt, sh) for p, sh in shapes.items()})
+            for layer in range(1, moe_layers + 1)]
+
+
+def true_shape_need(moe_layers: int, fmt: str) -> int:
+    """Bytes --true-shape writes: its banks, the tiny trunk and the small banks
+    the converter writes first (rewritten, one layer at a time)."""
+    banks = true_shape_banks(moe_layers, fmt)
+    return sum(b.file_size for b in banks) + (64 << 20) + 2 * K3_EXPERTS * 3 * 32 * K3_LATENT
+
+
+def check_true_shape_space(where: Path, moe_layers: int, fmt: str) -> int:
+    """The bytes --true-shape needs, or SystemExit with one line when the disk
+    holding ``where`` has less free than that plus TRUE_SHAPE_MARGIN."""
+    need = true_shape_need(moe_layers, fmt)
+    probe = where
+    while not probe.exists():
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if free < need + TRUE_SHAPE_MARGIN:
+        raise SystemExit(f"stream.py --true-shape: {moe_layers} K3 layers at {fmt} need {need / 2**30:.1f} GiB "
+                         f"+ {TRUE_SHAPE_MARGIN >> 30} GiB margin on {probe}, only {free / 2**30:.1f} GiB is free "
+                         f"(use fewer --moe-layers or another --workdir)")
+    return need
+
+
+def _pool(fmt: str, cols: int, rng) -> np.ndarray:
+    """POOL_ROWS rows of ``cols`` Gaussian values encoded in ``fmt`` (valid
+    blocks with realistic scales), as [POOL_ROWS, row bytes]."""
+    from app.convert import quant2, quant3
+
+    enc = {"q3_nl": quant3.quantize, "q2_vq": quant2.quantize}[fmt]
+    w = (0.02 * rng.standard_normal((POOL_ROWS, cols))).astype(np.float32)
+    return enc(w).reshape(POOL_ROWS, -1)
+
+
+def write_true_bank(path: Path, bank, seed: int) -> None:
+    """One bank of --true-shape: its header, then every record with rows drawn
+    at random from a pool of encoded rows (written directly, not quantized
+    from floats: a K3 bank is ~29 G values), whole records with direct I/O."""
+    from app.convert.convert import _part_view, _Prefetch, _record_into, _RecordWriter, bank_header
+
+    rng = np.random.default_rng(seed)
+    pools = {p: _pool(info["dtype"], info["shape"][1], rng) for p, info in bank.parts.items()}
+    rs = bank.record_size
+
+    def make(e: int, buf) -> None:
+        r = np.random.default_rng([seed, e])
+        payloads = {}
+        for p, info in bank.parts.items():
+            view = _part_view(buf, info).reshape(info["shape"][0], -1)
+            np.take(pools[p], r.integers(0, POOL_ROWS, info["shape"][0]), axis=0, out=view)
+            payloads[p] = _part_view(buf, info)
+        _record_into(buf, bank, e, payloads)
+
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    out = _RecordWriter(fd, path)
+    ahead = _Prefetch(make, range(bank.n_experts), rs, threads=2)
+    try:
+        os.ftruncate(fd, bank.file_size)
+        head = mmap.mmap(-1, 4096)
+        head[:] = bank_header(bank)
+        out.write(head, 0)
+        for e in range(bank.n_experts):
+            buf = ahead.next(e)
+            out.write(buf, 4096 + e * rs)
+            ahead.give_back(buf)
+        os.fsync(fd)
+    finally:
+        ahead.close()
+        out.close()
+        os.close(fd)
+
+
+def prepare_true_shape(a, where: Path) -> Path:
+    """A K3 container whose MoE layers have K3's real experts: the trunk of a
+    tiny K3 (tests/kimi/tiny_k3: width 64, sigmoid router with correction
+    bias over 896 experts, top 16, 2 shared experts, the latent path on
+    K3's 3584-wide latent) converted by `ferry convert` with throwaway 32-wide
+    experts, then each bank replaced by K3's real records (bank_layout) and
+    the manifest updated to them."""
+    from app.convert.convert import _write_file
+
+    tag = f"k3-true-{a.moe_layers}x{K3_EXPERTS}-{a.expert_format}"
+    container = where / f"{tag}.ferry"
+    if (container / "manifest.json").exists() and (where / f"{tag}.done").exists():
+        return container
+    check_true_shape_space(where, a.moe_layers, a.expert_format)
+    shutil.rmtree(container, ignore_errors=True)
+    ckpt = where / f"{tag}-ckpt"
+    from tests.kimi import tiny_k3
+    tiny_k3.build(ckpt, moe_ffn=32, latent=K3_LATENT, experts=K3_EXPERTS, top_k=K3_TOP_K, layers=a.moe_layers + 1)
+    convert(ckpt, container, expert_format="q8_0")
+    shutil.rmtree(ckpt, ignore_errors=True)
+    doc = json.loads((container / "manifest.json").read_text())
+    banks = {b.layer: b for b in true_shape_banks(a.moe_layers, a.expert_format)}
+    assert sorted(banks) == [e["layer"] for e in doc["expert_banks"]], "the tiny K3's MoE layers changed"
+    for b in banks.values():
+        (container / b.file).unlink()            # the small bank first: the disk holds one layer at a time
+        write_true_bank(container / b.file, b, seed=b.layer)
+    doc["model"]["moe"]["expert_ffn_dim"] = K3_FFN
+    doc["expert_banks"] = [{"layer": b.layer, "file": b.file, "n_experts": b.n_experts, "record_size": b.record_size,
+                            "payload_size": b.payload_size, **b.parts} for b in banks.values()]
+    sizes = {b.file: b.file_size for b in banks.values()}
+    doc["files"] = [{**f, "size": sizes.get(f["name"], f["size"])} for f in doc["files"]]
+    doc["conversion"]["expert_format"] = a.expert_format
+    _write_file(container / "manifest.json", json.dumps(doc, indent=1).encode())
+    (where / f"{tag}.done").write_text("written\n")
+    return container
+
+
 def routing_modes(top_k: int, margins: list[float]) -> dict:
     """Opt-in routing: top-k, 3k/4, k/2, k/4 experts per token (16/12/8/4 on
     K3), and cache-aware margins at the model's k (margin 0 is exact routing
@@ -255,6 +390,161 @@ def stream_modes(a, container: Path, plan, tokens: list[int], budget: int, top_k
         "rounds_speedup_vs_overlap_only": [y["s_per_token"] / x["s_per_token"]
                                            for x, y in zip(runs["streaming"], runs["no_lookahead"])],
     }
+
+
+#: --true-shape: prompt tokens before the timed decode (each prompt token of K3
+#: reads up to 16 records of 12 MiB a layer: a short prompt keeps the run short).
+TRUE_PROMPT = 2
+
+
+def k3_cache_share(ram: int = 64 << 30) -> float:
+    """The share of K3's experts its recommended budget caches on a machine
+    with ``ram`` (what `ferry plan --config k3-config.json --ram 64G` plans:
+    recommended minus floor over every expert record; about 1.8 %)."""
+    from app.convert.plan_config import plan_from_config
+    from app.get.catalogue import ENTRIES
+
+    c = plan_from_config(next(e.config for e in ENTRIES if e.name == "Kimi K3"), ram=ram)
+    return (c["recommended_bytes"] - c["floor_bytes"]) / c["experts_total_bytes"]
+
+
+def true_shape_modes(a, container: Path, plan, tokens: list[int], budget: int, info) -> dict:
+    """K3's real expert records streamed at the 64 GB Mac's cache share, for
+    each reader count (the engine's queue depth: each reader thread has one
+    whole-record read in flight), in interleaved rounds, each beside the
+    disk's own ceiling at that record size and queue depth (random whole
+    records, direct I/O). Per reader count: tok/s, bytes read per token, the
+    achieved read bandwidth over the whole decode and its share of the
+    ceiling, the compute's wait for reads, the share of the read time (at
+    the ceiling) hidden behind compute, the session profile, and the speed
+    model's prediction (app.engine.speed.token_seconds) from the ceiling,
+    the measured hit rate and the kernels' measured speed."""
+    from app.engine.speed import kernel_bytes_per_s, token_seconds
+
+    sweep = [int(r) for r in a.readers_sweep.split(",") if r]
+    runs: dict[int, list[dict]] = {r: [] for r in sweep}
+    ceilings: dict[int, list[float]] = {r: [] for r in sweep}
+    load = []
+    for rnd in range(max(1, a.rounds)):
+        order = sweep[rnd % len(sweep):] + sweep[:rnd % len(sweep)]
+        for r in order:
+            load.append(os.getloadavg()[0])
+            runs[r].append(decode_run(container, tokens, prompt=TRUE_PROMPT, ram_budget=budget, readers=r))
+            ceilings[r].append(disk_bandwidth(container, plan.record_bytes, r, seconds=a.ceiling_seconds)["bytes_per_s"])
+    fmt = a.expert_format
+    kernel_bps = kernel_bytes_per_s(fmt, activations="exact")   # K3 runs exact (KDA layers: app.activations)
+    experts_per_token = info.top_k * info.n_moe_layers * plan.record_bytes
+    out = {}
+    for r in sweep:
+        m = median_run(runs[r])
+        ceiling = float(max(ceilings[r]))
+        bpt, spt = m["bytes_per_token"], m["s_per_token"]
+        read_at_ceiling = bpt / ceiling
+        # the trunk's own compute: the decode less the experts' part (their products and their wait)
+        trunk_s = max(0.0, spt - m["profile_s_per_token"]["expert_ffn_seconds"]
+                      - m["profile_s_per_token"]["expert_wait_seconds"])
+        predicted = token_seconds(trunk_s * kernel_bps, experts_per_token, bpt, kernel_bps, ceiling)
+        ffn_s = m["profile_s_per_token"]["expert_ffn_seconds"]
+        in_run = token_seconds(trunk_s, experts_per_token, bpt, experts_per_token / ffn_s, ceiling,
+                               trunk_kernel_bps=1.0)
+        out[str(r)] = {
+            **m,
+            "disk_ceiling_bytes_per_s": ceiling, "disk_ceiling_rounds": ceilings[r],
+            "achieved_read_bytes_per_s": bpt / spt,
+            "share_of_ceiling": bpt / spt / ceiling,
+            "read_s_per_token_at_ceiling": read_at_ceiling,
+            "hidden_read_fraction": (max(0.0, min(1.0, 1.0 - m["stall_s_per_token"] / read_at_ceiling))
+                                     if read_at_ceiling else None),
+            "compute_s_per_token": spt - m["stall_s_per_token"],
+            "model": {"trunk_s": trunk_s, "experts_s": experts_per_token / kernel_bps, "read_s": read_at_ceiling,
+                      "s_per_token": predicted, "tok_per_s": 1.0 / predicted,
+                      "error": predicted / spt - 1.0},
+            # the same model with the experts' compute this decode measured (its own profile): on a
+            # loaded machine the kernels' speed moves between the separate measurement and the decode
+            "model_in_run": {"experts_s": ffn_s, "s_per_token": in_run, "error": in_run / spt - 1.0},
+        }
+    best = max(out, key=lambda k: out[k]["tok_per_s"])
+    return {"rounds_load_1min": load, "readers": out, "best_readers": int(best),
+            "kernel_bytes_per_s": kernel_bps, "kernel_format": fmt, "kernel_activations": "exact",
+            "expert_bytes_computed_per_token": experts_per_token}
+
+
+#: The reference machine of issue 36, a 64 GB MacBook Pro M5 Pro, by published
+#: figures: 18 CPU cores (6 "super" + 12 performance cores) and 307 GB/s of
+#: memory bandwidth (Apple's M5 Pro announcement, as reported e.g. at
+#: mikeshouts.com/apple-m5-pro-m5-max and allyoucantech.com); SSD reads from
+#: 6.3 GB/s (M5 MacBook Pro, Blackmagic Disk Speed Test by Max Tech, reported
+#: by 9to5Mac / worldnl.com) to 13.6 GB/s (sustained, 16-inch M5 Max with 4 TB,
+#: The Verge): Apple states "up to 2x" the M4 Pro's for the M5 Pro, no figure.
+MAC = {"name": "MacBook Pro M5 Pro, 64 GB", "ram": 64 << 30, "cores": 18, "memory_bytes_per_s": 307e9,
+       "ssd_bytes_per_s": {"low": 6.3e9, "high": 13.6e9}}
+#: The public streaming engine on that Mac (issue 36): 0.45-0.62 tok/s with a
+#: 17.6 GB cache at a 38 % hit rate, 0.89 tok/s with 8 experts per token.
+PUBLIC_ENGINE = {"tok_per_s": [0.45, 0.62], "cache_bytes": 17.6e9, "hit_rate": 0.38, "tok_per_s_top8": 0.89}
+
+
+def mac_prediction(one_core_bps) -> dict:
+    """K3 on MAC by the speed model (app.engine.speed.token_seconds): the
+    floor, cache and bytes `ferry plan --config` costs for 64 GB (q4_0
+    trunk; q3_nl or q2_vq experts), the cache the budget rule leaves
+    (app.memory.budget.model_room less the floor), the SSD at both published
+    figures, exact routing (16 experts) and 8 experts per token, the hits of
+    a uniform spread over the cache (the estimator's assumption) and the
+    public engine's measured 38 %, and two compute assumptions: "memory"
+    (the kernels at MAC's memory bandwidth: what an engine whose compute
+    keeps up with memory gets) and "cores_as_here" (one core of this machine
+    at ``one_core_bps(fmt)``, exact activations as K3 runs, times MAC's
+    cores, at most its memory bandwidth: Ferry's CPU kernels if an M5 core
+    were as fast as this one); with the lookahead's bound beside each (every
+    read behind compute). Also the catalogue's row for K3 on that Mac
+    (app.get.catalogue.plan_entry: the one estimator, at the low SSD figure
+    and the "cores_as_here" kernels)."""
+    from app.convert.plan_config import plan_from_config
+    from app.engine.speed import token_seconds
+    from app.get.catalogue import ENTRIES, plan_entry
+    from app.memory.budget import MachineMemory, model_room
+
+    k3 = next(e for e in ENTRIES if e.name == "Kimi K3")
+    one = {}
+
+    def cores(fmt: str) -> float:
+        if fmt not in one:
+            one[fmt] = one_core_bps(fmt)
+        return min(MAC["memory_bytes_per_s"], MAC["cores"] * one[fmt])
+
+    kernels = {"memory": lambda fmt: MAC["memory_bytes_per_s"], "cores_as_here": cores}
+    out = {"machine": MAC, "public_engine": PUBLIC_ENGINE, "formats": {}}
+    for fmt in ("q3_nl", "q2_vq"):
+        c = plan_from_config(k3.config, ram=MAC["ram"], trunk_format="q4_0", expert_format=fmt)
+        cache = max(0, model_room(MAC["ram"]) - c["floor_bytes"])
+        n_records = c["experts_per_layer"] * c["moe_layers"]
+        uniform = min(1.0, (cache // c["expert_record_bytes"] + c["top_k"]) / n_records)
+        trunk = c["trunk_bytes"] - c["embedding_bytes"]
+        rows = {}
+        for compute, kernel in kernels.items():
+            for k in (c["top_k"], c["top_k"] // 2):
+                experts = c["cold_bytes_per_token"] * k // c["top_k"]
+                for hits, h in (("uniform", uniform), ("published_38pct", PUBLIC_ENGINE["hit_rate"])):
+                    for ssd, bps in MAC["ssd_bytes_per_s"].items():
+                        read = experts * (1 - h)
+                        args = (trunk, experts, read, kernel(fmt), bps)
+                        t = token_seconds(*args, trunk_kernel_bps=kernel("q4_0"))
+                        la = token_seconds(*args, trunk_kernel_bps=kernel("q4_0"), lookahead=True)
+                        rows[f"{compute}/top{k}/{hits}/ssd_{ssd}"] = {
+                            "hit_rate": h, "read_bytes_per_token": read, "trunk_s": trunk / kernel("q4_0"),
+                            "experts_s": experts / kernel(fmt), "read_s": read / bps,
+                            "tok_per_s": 1 / t, "tok_per_s_lookahead_bound": 1 / la}
+        out["formats"][fmt] = {"floor_bytes": c["floor_bytes"], "cache_bytes": cache, "trunk_compute_bytes": trunk,
+                               "cold_bytes_per_token": c["cold_bytes_per_token"], "uniform_hit_rate": uniform,
+                               "predictions": rows}
+    mem = MachineMemory(MAC["ram"], MAC["ram"], "a 64 GB Mac")
+    row = plan_entry(k3, mem, MAC["ssd_bytes_per_s"]["low"], cores)
+    out["catalogue_row"] = {"verdict": row.verdict, "reason": row.reason, "tok_per_s": row.tok_per_s,
+                            "expert_format": row.expert_format, "trunk_format": row.trunk_format,
+                            "recommended_budget": row.recommended_budget, "floor_bytes": row.floor_bytes}
+    out["one_core_kernel_bytes_per_s"] = dict(one)
+    out["load_1min"] = os.getloadavg()[0]
+    return out
 
 
 #: Tokens of the prompt chunk the dispatch is timed on (one chunk: FE_CHUNK).
@@ -329,8 +619,24 @@ def main(argv=None) -> int:
     ap.add_argument("--baseline", default=None,
                     help="the revision to compare the dispatch with (default: the commit before core_c/src/moe.c)")
     ap.add_argument("--no-stream", action="store_true", help="with --dispatch: skip the streaming modes")
+    ap.add_argument("--true-shape", action="store_true",
+                    help="with --family k3: K3's real experts (896 of 3584 -> 3072 -> 3584, top 16) on --moe-layers "
+                         "layers at the cache share a 64 GB Mac leaves K3, against the disk's ceiling, for each "
+                         "--readers-sweep; the container (10.7 GiB a layer at q3_nl) is deleted unless --keep")
+    ap.add_argument("--moe-layers", type=int, default=2, help="--true-shape: MoE layers written (default 2)")
+    ap.add_argument("--expert-format", choices=["q3_nl", "q2_vq"], default="q3_nl",
+                    help="--true-shape: the experts' format")
+    ap.add_argument("--readers-sweep", default="1,2,4,8", help="--true-shape: reader threads to measure")
+    ap.add_argument("--cache-share", type=float, default=None,
+                    help="--true-shape: the share of the experts cached (default: what K3's plan on 64 GB leaves)")
+    ap.add_argument("--ceiling-seconds", type=float, default=4.0,
+                    help="--true-shape: seconds of each disk-ceiling measurement")
+    ap.add_argument("--keep", action="store_true", help="--true-shape: keep the written container (in --workdir)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
+    check_args(ap, a)
+    if a.true_shape:
+        return true_shape_main(a)
     if a.workdir:
         Path(a.workdir).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=a.workdir) as tmp:
@@ -357,6 +663,76 @@ def main(argv=None) -> int:
         if a.dispatch:
             result["dispatch"] = dispatch_compare(a, container, plan, info.vocab, budget)
         result["load_1min_at_end"] = os.getloadavg()[0]
+    print(json.dumps(result, indent=None if a.json else 1))
+    return 0
+
+
+def check_args(ap, a) -> None:
+    """Refuse options that do not go together (ap.error: one line, exit 2)."""
+    if not a.true_shape:
+        for opt, bad in (("--keep", a.keep), ("--cache-share", a.cache_share is not None),
+                         ("--moe-layers", a.moe_layers != 2), ("--expert-format", a.expert_format != "q3_nl")):
+            if bad:
+                ap.error(f"{opt} goes with --true-shape")
+        return
+    if a.family != "k3":
+        ap.error("--true-shape is K3's expert shape: use it with --family k3")
+    if a.routing or a.dispatch or a.no_stream:
+        ap.error("--true-shape measures exact routing alone: leave out --routing, --dispatch and --no-stream")
+    if not 1 <= a.moe_layers <= 92:
+        ap.error("--moe-layers must be 1 to 92 (K3 has 92 MoE layers)")
+    try:
+        sweep = [int(r) for r in a.readers_sweep.split(",") if r]
+    except ValueError:
+        sweep = []
+    if not sweep or any(not 1 <= r <= 64 for r in sweep):
+        ap.error("--readers-sweep must be reader counts from 1 to 64, separated by commas (e.g. 1,2,4,8)")
+    if a.cache_share is not None and not 0.0 <= a.cache_share < 1.0:
+        ap.error("--cache-share must be a fraction from 0 to 1 (e.g. 0.018)")
+    if a.tokens < 1 or a.rounds < 1:
+        ap.error("--tokens and --rounds must be at least 1")
+
+
+def true_shape_main(a) -> int:
+    """bench/stream.py --true-shape: write, measure, delete (unless --keep), print JSON."""
+    where_root = Path(a.workdir) if a.workdir else Path(tempfile.gettempdir())
+    if not a.keep or not a.workdir:
+        # refuse before any work (prepare_true_shape checks again when it writes)
+        check_true_shape_space(where_root, a.moe_layers, a.expert_format)
+    where_root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="ferry-true-shape-", dir=where_root)) if not a.keep else where_root
+    try:
+        t0 = time.perf_counter()
+        container = prepare_true_shape(a, tmp)
+        prep = time.perf_counter() - t0
+        plan = container_plan(container, 256)
+        share = k3_cache_share() if a.cache_share is None else a.cache_share
+        budget = plan.floor_bytes + int(share * plan.expert_bytes)
+        # (at the bench's budget: the default one would cache ~75 % of RAM of K3's records)
+        with Engine(container, n_ctx=256, threads=1, ram_budget=budget) as probe:
+            info = probe.info
+        rng = np.random.default_rng(5)
+        tokens = [int(t) for t in rng.integers(3, info.vocab, TRUE_PROMPT + a.tokens)]
+        result = {
+            "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+            "machine": {"arch": platform.machine(), "cpus": os.cpu_count()}, "load_1min_at_start": os.getloadavg()[0],
+            "family": "k3", "true_shape": True, "expert_format": a.expert_format,
+            "expert_shape": {"latent": K3_LATENT, "ffn": K3_FFN}, "experts": info.n_experts, "top_k": info.top_k,
+            "moe_layers": info.n_moe_layers, "record_bytes": plan.record_bytes,
+            "model_bytes": sum(p.stat().st_size for p in container.rglob("*.bin")),
+            "cache_share": share, "budget_bytes": budget, "floor_bytes": plan.floor_bytes,
+            "cache_records_beyond_floor": int(share * plan.expert_bytes) // plan.record_bytes,
+            "cold_bytes_per_token": info.top_k * info.n_moe_layers * plan.record_bytes,
+            "tokens": a.tokens, "prompt_tokens": TRUE_PROMPT, "rounds": a.rounds, "prepare_seconds": round(prep, 1),
+        }
+        result.update(true_shape_modes(a, container, plan, tokens, budget, info))
+        from app.engine.speed import kernel_bytes_per_s
+        result["mac_64gb"] = mac_prediction(lambda f: kernel_bytes_per_s(f, 1, "exact"))
+        result["load_1min_at_end"] = os.getloadavg()[0]
+    finally:
+        if not a.keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+    result["kept"] = str(container) if a.keep else None
     print(json.dumps(result, indent=None if a.json else 1))
     return 0
 

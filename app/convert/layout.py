@@ -248,17 +248,28 @@ def plan_layout(src: Source, trunk_format: str = "auto", expert_format: str = "a
 
 
 def _plan_bank(src: Source, layer: int, experts: list[dict[str, str]], wanted: str) -> BankLayout:
-    parts, offset = {}, RECORD_HEADER_BYTES
     first = experts[0]
+    formats = {}
     for part in ("gate", "up", "down"):
         shape = src.shape(first[part])
-        fmt = choose_format(src.stored_format(first[part]), wanted, shape, vector=False)
+        formats[part] = (choose_format(src.stored_format(first[part]), wanted, shape, vector=False), shape)
+    return bank_layout(layer, len(experts), formats)
+
+
+def bank_layout(layer: int, n_experts: int, parts_of: dict[str, tuple[str, tuple[int, ...]]]) -> BankLayout:
+    """The bank of ``n_experts`` records whose gate, up and down are stored as
+    ``parts_of[part] = (format, shape)``: the parts' offsets in a record and
+    the record's size (what the converter writes; bench/stream.py
+    --true-shape writes K3's real records by it)."""
+    parts, offset = {}, RECORD_HEADER_BYTES
+    for part in ("gate", "up", "down"):
+        fmt, shape = parts_of[part]
         offset = _align(offset, TENSOR_ALIGN)
         nbytes = stored_bytes(fmt, shape)
         parts[part] = {"dtype": fmt, "shape": list(shape), "offset": offset, "nbytes": nbytes}
         offset += nbytes
     payload = offset - RECORD_HEADER_BYTES
-    return BankLayout(layer=layer, file=f"experts/layer_{layer:03d}.bin", n_experts=len(experts), parts=parts,
+    return BankLayout(layer=layer, file=f"experts/layer_{layer:03d}.bin", n_experts=n_experts, parts=parts,
                       payload_size=payload, record_size=_align(offset, RECORD_ALIGN))
 
 

@@ -69,3 +69,31 @@ def kernel_bytes_per_s(fmt: str, threads: int | None = None, activations: str | 
     run_threads(work, threads)   # warm up
     best = min(run_threads(work, threads) for _ in range(3))
     return per * threads * row / best
+
+
+def token_seconds(trunk_bytes: float, expert_bytes: float, read_bytes: float, kernel_bps: float | None,
+                  disk_bps: float | None, trunk_kernel_bps: float | None = None,
+                  lookahead: bool = False) -> float | None:
+    """Seconds per decoded token of a streamed mixture-of-experts model: THE
+    speed model (`ferry get --plan`, the catalogue, `ferry check`'s choices
+    through app.get.plan.estimate; checked against the engine on K3's real
+    expert shape by bench/stream.py --true-shape, docs/KIMI.md "Speed model").
+
+    ``trunk_bytes`` go through the kernels with the disk idle (the router of
+    a layer must run before its misses are known); the layers'
+    ``expert_bytes`` go through the kernels while their ``read_bytes`` (the
+    misses) come from the disk, each record computed as it arrives, so the
+    larger of the two counts: trunk / kernel + max(experts / kernel, read /
+    disk). ``lookahead``: every miss read while the layers before it compute
+    (a perfect prediction): max(trunk + experts, read), the bound of that
+    lever. ``kernel_bps``: weight bytes per second of the experts' kernels
+    (``trunk_kernel_bps`` the trunk's, default the same); ``disk_bps``: the
+    disk's direct-read bandwidth at the engine's record size and reader
+    count. None when a rate that is needed is unknown."""
+    trunk_kernel_bps = trunk_kernel_bps or kernel_bps
+    if (trunk_bytes and not trunk_kernel_bps) or (expert_bytes and not kernel_bps) or (read_bytes and not disk_bps):
+        return None
+    trunk = trunk_bytes / trunk_kernel_bps if trunk_bytes else 0.0
+    experts = expert_bytes / kernel_bps if expert_bytes else 0.0
+    read = read_bytes / disk_bps if read_bytes else 0.0
+    return max(trunk + experts, read) if lookahead else trunk + max(experts, read)

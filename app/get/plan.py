@@ -204,17 +204,19 @@ def estimate(plan: GetPlan, budget: int, everything: int, record: int, top_k: in
     """Expected read per token and tok/s at ``budget``: the cache holds
     (budget - floor) / record + top_k records of n_records (hits assumed
     spread uniformly, a pessimistic guess for real routing); each token
-    computes over the trunk and its experts and reads its misses from disk."""
+    computes over the trunk and its experts and reads its misses from disk,
+    the reads overlapped with the experts' compute (app.engine.speed.token_seconds,
+    the speed model checked on K3's real expert shape)."""
+    from app.engine.speed import token_seconds
+
     if n_records and record:
         cached = min(n_records, max(0, (budget - plan.floor_bytes) // record + top_k))
         hit = cached / n_records if budget < everything else 1.0
         plan.expected_read_per_token = int(plan.cold_bytes_per_token * (1 - hit))
-    seconds = 0.0
-    if kernel_bps:
-        seconds += plan.compute_bytes_per_token / kernel_bps
-    if disk_bps and plan.expected_read_per_token:
-        seconds += plan.expected_read_per_token / disk_bps
-    if seconds > 0 and (kernel_bps or not plan.expected_read_per_token):
+    experts = min(plan.cold_bytes_per_token, plan.compute_bytes_per_token)
+    seconds = token_seconds(plan.compute_bytes_per_token - experts, experts, plan.expected_read_per_token,
+                            kernel_bps, disk_bps)
+    if seconds:
         plan.tok_per_s = 1.0 / seconds
 
 

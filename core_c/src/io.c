@@ -21,22 +21,38 @@ struct fe_io {
     pthread_t *readers;         /* their handles */
 };
 
-static void run_job(fe_io_job *job) {
-    double t0 = fe_now();
+/* Read `len` bytes of `job` from `from` into its buffer; returns 0, an errno,
+ * or -1 for a short read, and the bytes read in *got. */
+static int read_piece(const fe_io_job *job, uint64_t from, uint64_t len, uint64_t *got) {
     uint64_t done = 0;
-    int err_no = 0;
-    while (done < job->size) {
-        ssize_t r = pread(job->fd, job->buf + done, job->size - done, (off_t)(job->offset + done));
+    while (done < len) {
+        ssize_t r = pread(job->fd, job->buf + from + done, len - done, (off_t)(job->offset + from + done));
         if (r < 0 && errno == EINTR) continue;
-        if (r < 0) { err_no = errno; break; }
-        if (r == 0) { err_no = -1; break; }
+        if (r < 0) { *got = done; return errno; }
+        if (r == 0) { *got = done; return -1; }
         done += (uint64_t)r;
     }
-    job->got = done;
-    job->err_no = err_no;
-    if (!err_no && job->crc_len && job->crc_from + job->crc_len <= done)
-        job->crc = fe_crc32(0, job->buf + job->crc_from, job->crc_len);
-    job->seconds = fe_now() - t0;
+    *got = done;
+    return 0;
+}
+
+/* Take the next piece of the head job (io->mu held): the job leaves the
+ * queue once its last piece is taken. */
+static fe_io_job *take_piece(fe_io *io, uint64_t *from, uint64_t *len) {
+    fe_io_job *job = io->head;
+    if (job->claimed == 0) job->started = fe_now();
+    *from = job->claimed;
+    uint64_t left = job->size - job->claimed;
+    /* one reader: whole jobs (one read of a record lets the kernel queue all of it at once) */
+    *len = left < FE_IO_CHUNK || io->n_readers == 1 ? left : FE_IO_CHUNK;
+    job->claimed += *len;
+    job->inflight++;
+    if (job->claimed >= job->size) {
+        io->head = job->next;
+        if (!io->head) io->tail = NULL;
+        if (io->last_urgent == job) io->last_urgent = NULL;
+    }
+    return job;
 }
 
 static void *reader_main(void *arg) {
@@ -45,13 +61,23 @@ static void *reader_main(void *arg) {
     while (1) {
         while (!io->shutdown && !io->head) pthread_cond_wait(&io->work, &io->mu);
         if (io->shutdown && !io->head) break;
-        fe_io_job *job = io->head;
-        io->head = job->next;
-        if (!io->head) io->tail = NULL;
-        if (io->last_urgent == job) io->last_urgent = NULL;
+        uint64_t from, len, got = 0;
+        fe_io_job *job = take_piece(io, &from, &len);
+        if (io->head) pthread_cond_signal(&io->work); /* more pieces: another reader */
         pthread_mutex_unlock(&io->mu);
-        run_job(job);
+        int err_no = read_piece(job, from, len, &got);
         pthread_mutex_lock(&io->mu);
+        job->got += got;
+        if (err_no && !job->err_no) job->err_no = err_no;
+        job->inflight--;
+        if (job->claimed < job->size || job->inflight > 0) continue; /* other pieces still out */
+        /* the last piece: no other reader touches the job now */
+        if (!job->err_no && job->crc_len && job->crc_from + job->crc_len <= job->got) {
+            pthread_mutex_unlock(&io->mu);
+            job->crc = fe_crc32(0, job->buf + job->crc_from, job->crc_len);
+            pthread_mutex_lock(&io->mu);
+        }
+        job->seconds = fe_now() - job->started;
         job->done = 1;
         io->completions++;
         pthread_cond_broadcast(&io->finished);
@@ -106,6 +132,9 @@ void fe_io_submit(fe_io *io, fe_io_job *job, int urgent) {
     job->got = 0;
     job->next = NULL;
     job->urgent = 0;
+    job->claimed = 0;
+    job->inflight = 0;
+    job->seconds = 0.0;
     pthread_mutex_lock(&io->mu);
     if (urgent) { /* after the urgent ones already queued, before the rest */
         link_urgent(io, job);
@@ -123,7 +152,7 @@ void fe_io_promote(fe_io *io, fe_io_job *job) {
     fe_io_job *prev = NULL;
     for (fe_io_job *j = io->head; j; prev = j, j = j->next) {
         if (j != job) continue;
-        if (j->urgent) break;
+        if (j->urgent || j->claimed) break; /* (a job being read is at the head already) */
         if (prev) prev->next = j->next;
         else io->head = j->next;
         if (io->tail == j) io->tail = prev;
@@ -139,6 +168,7 @@ int fe_io_cancel(fe_io *io, fe_io_job *job) {
     int taken = 0;
     for (fe_io_job *j = io->head; j; prev = j, j = j->next) {
         if (j != job) continue;
+        if (j->claimed) break; /* being read: wait for it */
         if (prev) prev->next = j->next;
         else io->head = j->next;
         if (io->tail == j) io->tail = prev;

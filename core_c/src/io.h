@@ -4,7 +4,16 @@
  *
  * A job reads `size` bytes at `offset` of `fd` into `buf`. Jobs are queued
  * with fe_io_submit and waited for with fe_io_wait; all of one engine's jobs
- * share one queue and one completion signal. */
+ * share one queue and one completion signal.
+ *
+ * The readers share the job at the head of the queue in pieces of
+ * FE_IO_CHUNK bytes (a K3 record is 12.18 MiB: three pieces and a bit), so
+ * jobs complete in the order they were queued, each as soon as the disk has
+ * brought its bytes at the full queue depth, instead of every reader
+ * finishing its own whole record at about the same time, n_readers records
+ * late: the compute starts on the first record of a layer after one
+ * record's read, not n_readers records' (bench/stream.py --true-shape).
+ * A single reader reads whole jobs. */
 #ifndef FERRY_IO_H
 #define FERRY_IO_H
 
@@ -27,7 +36,13 @@ typedef struct fe_io_job {
     uint64_t crc_len;        /* the CRC32 of buf[crc_from, crc_from + crc_len) into crc, */
     uint32_t crc;            /* so a record's check runs on its reader, beside the compute */
     struct fe_io_job *next;  /* queue link */
+    uint64_t claimed;        /* bytes handed to readers so far (guarded by the io mutex) */
+    int inflight;            /* pieces being read (guarded by the io mutex) */
+    double started;          /* when its first piece was taken */
 } fe_io_job;
+
+/* Bytes of a job one reader reads at a time (a multiple of 4096, as direct I/O needs). */
+#define FE_IO_CHUNK ((uint64_t)4 << 20)
 
 typedef struct fe_io fe_io;
 

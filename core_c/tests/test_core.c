@@ -14,10 +14,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../include/ferry.h"
 #include "../src/common.h"
 #include "../src/formats.h"
+#include "../src/io.h"
 #include "../src/json.h"
 #include "../src/moe.h"
 #include "../src/pool.h"
@@ -414,11 +416,59 @@ static void test_routing(void) {
     CHECK(total_swaps[0] > 0 && total_swaps[1] > 0); /* the margins above do move some choices */
 }
 
+/* The readers share each job in FE_IO_CHUNK pieces: jobs of several pieces
+ * (and a last partial one) come back whole and right, with the CRC the last
+ * piece's reader computes; a job cut short by the end of the file says so;
+ * a job being read cannot be taken back. */
+static void test_io_pieces(void) {
+    char path[] = "/tmp/ferry-test-io-XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    if (fd < 0) return;
+    const uint64_t size = 2 * FE_IO_CHUNK + 12288, n = 3, total = n * size;
+    uint8_t *src = malloc(total);
+    CHECK(src != NULL);
+    for (uint64_t i = 0; i < total; i++) src[i] = (uint8_t)(i * 2654435761u >> 13);
+    CHECK(pwrite(fd, src, total, 0) == (ssize_t)total);
+    for (int readers = 1; readers <= 4; readers += 3) {
+        fe_io *io = fe_io_new(readers);
+        CHECK(io != NULL);
+        fe_io_job jobs[4];
+        memset(jobs, 0, sizeof jobs);
+        uint8_t *bufs[4];
+        for (uint64_t j = 0; j < 4; j++) {
+            bufs[j] = malloc(size);
+            jobs[j].fd = fd;
+            jobs[j].buf = bufs[j];
+            jobs[j].size = size;
+            jobs[j].offset = j == 3 ? 2 * size + 4096 : j * size; /* the last one runs past the end */
+            jobs[j].crc_from = 64;
+            jobs[j].crc_len = j == 1 ? size - 64 : 0;
+            fe_io_submit(io, &jobs[j], j == 2);
+        }
+        for (uint64_t j = 0; j < 4; j++) fe_io_wait(io, &jobs[j]);
+        for (uint64_t j = 0; j < 3; j++) {
+            CHECK(jobs[j].err_no == 0 && jobs[j].got == size);
+            CHECK(memcmp(bufs[j], src + j * size, size) == 0);
+            CHECK(jobs[j].claimed == size && jobs[j].inflight == 0 && jobs[j].seconds >= 0.0);
+        }
+        CHECK(jobs[1].crc == fe_crc32(0, src + size + 64, size - 64));
+        CHECK(jobs[3].err_no == -1 && jobs[3].got == size - 4096);
+        CHECK(fe_io_cancel(io, &jobs[0]) == 0); /* done: not in the queue */
+        fe_io_free(io);
+        for (int j = 0; j < 4; j++) free(bufs[j]);
+    }
+    free(src);
+    close(fd);
+    unlink(path);
+}
+
 int main(int argc, char **argv) {
     test_crc32();
     test_json();
     test_formats();
     test_pool();
+    test_io_pieces();
     test_routing();
     test_routing_ties();
     if (argc > 1) test_good_container(argv[1]);

@@ -74,8 +74,10 @@ def vision_tensors(rng, c: dict | None = None) -> dict:
     return v
 
 
-def text_config(moe_ffn: int = MOE_FFN, latent: int = LATENT, experts: int = EXPERTS, top_k: int = TOPK) -> dict:
-    full = [4, 7]
+def text_config(moe_ffn: int = MOE_FFN, latent: int = LATENT, experts: int = EXPERTS, top_k: int = TOPK,
+                layers: int = LAYERS) -> dict:
+    # MLA at 1-based layers 4 and 7; a shorter model (bench/stream.py --true-shape) keeps its last layer MLA
+    full = [i for i in (4, 7) if i <= layers] or [layers]
     return {
         "activation_situ_beta": 4.0, "activation_situ_linear_beta": 25.0,
         "architectures": ["KimiLinearForCausalLM"], "attn_res_block_size": BLOCK,
@@ -83,13 +85,13 @@ def text_config(moe_ffn: int = MOE_FFN, latent: int = LATENT, experts: int = EXP
         "first_k_dense_replace": 1, "hidden_act": "situ", "hidden_size": HIDDEN,
         "intermediate_size": DENSE_FFN, "kv_lora_rank": KVLORA, "latent_moe_use_norm": True,
         "linear_attn_config": {"full_attn_layers": full, "gate_lower_bound": -5.0, "head_dim": HEAD_DIM,
-                               "kda_layers": [i for i in range(1, LAYERS + 1) if i not in full],
+                               "kda_layers": [i for i in range(1, layers + 1) if i not in full],
                                "num_heads": HEADS, "short_conv_kernel_size": 4, "use_full_rank_gate": True},
         "max_position_embeddings": 4096, "mla_use_nope": True, "mla_use_output_gate": True,
         "model_type": "kimi_linear", "moe_intermediate_size": moe_ffn, "moe_layer_freq": 1,
         "moe_renormalize": True, "moe_router_activation_func": "sigmoid", "num_attention_heads": HEADS,
         "num_expert_group": 1, "num_experts": experts, "num_experts_per_token": top_k,
-        "num_hidden_layers": LAYERS, "num_key_value_heads": HEADS, "num_nextn_predict_layers": 0,
+        "num_hidden_layers": layers, "num_key_value_heads": HEADS, "num_nextn_predict_layers": 0,
         "num_shared_experts": SHARED, "q_lora_rank": QLORA, "qk_nope_head_dim": NOPE, "qk_rope_head_dim": ROPE,
         "quantization_config": {
             "config_groups": {"group_0": {"format": "mxfp4-pack-quantized", "targets": ["Linear"],
@@ -107,18 +109,19 @@ def text_config(moe_ffn: int = MOE_FFN, latent: int = LATENT, experts: int = EXP
 
 
 def config(moe_ffn: int = MOE_FFN, latent: int = LATENT, experts: int = EXPERTS, top_k: int = TOPK,
-           vision: bool | dict = False) -> dict:
+           vision: bool | dict = False, layers: int = LAYERS) -> dict:
     return {"architectures": ["KimiK3ForConditionalGeneration"], "model_type": "kimi_k3",
             "bos_token_id": BASE_VOCAB, "eos_token_id": BASE_VOCAB + 2, "pad_token_id": VOCAB - 1,
             "image_placeholder": "<|kimi_image_placeholder|>", "media_placeholder_token_id": MEDIA_PAD,
-            "text_config": text_config(moe_ffn, latent, experts, top_k), "tie_word_embeddings": False,
+            "text_config": text_config(moe_ffn, latent, experts, top_k, layers), "tie_word_embeddings": False,
             "vision_config": vision_config(**vision) if isinstance(vision, dict) else vision_config() if vision
             else {"vt_hidden_size": 16}}
 
 
 def build(out: Path, seed: int = 3, moe_ffn: int = MOE_FFN, latent: int = LATENT, experts: int = EXPERTS,
-          top_k: int = TOPK, vision: bool | dict = False) -> None:
-    """``vision``: True for the tiny tower, or a dict of vision_config sizes to override (a bench's tower)."""
+          top_k: int = TOPK, vision: bool | dict = False, layers: int = LAYERS) -> None:
+    """``vision``: True for the tiny tower, or a dict of vision_config sizes to override (a bench's tower).
+    ``layers``: fewer than LAYERS (layer 0 dense, the rest MoE) for a bench of few, large expert layers."""
     import torch
     from safetensors.torch import save_file
 
@@ -142,9 +145,9 @@ def build(out: Path, seed: int = 3, moe_ffn: int = MOE_FFN, latent: int = LATENT
     P = "language_model.model."
     mat(P + "embed_tokens.weight", VOCAB, HIDDEN, 1.0)
     HD = HEADS * HEAD_DIM
-    cfg = text_config(moe_ffn, latent, experts, top_k)
+    cfg = text_config(moe_ffn, latent, experts, top_k, layers)
     kda = {i - 1 for i in cfg["linear_attn_config"]["kda_layers"]}
-    for i in range(LAYERS):
+    for i in range(layers):
         L = P + f"layers.{i}."
         a = L + "self_attn."
         norm(L + "input_layernorm.weight", HIDDEN)
@@ -214,7 +217,7 @@ def build(out: Path, seed: int = 3, moe_ffn: int = MOE_FFN, latent: int = LATENT
         save_file({n: src[n].contiguous() for n in group}, str(out / fname), metadata={"format": "pt"})
         weight_map.update({n: fname for n in group})
     (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    (out / "config.json").write_text(json.dumps(config(moe_ffn, latent, experts, top_k, vision=vision), indent=1))
+    (out / "config.json").write_text(json.dumps(config(moe_ffn, latent, experts, top_k, vision=vision, layers=layers), indent=1))
     (out / "tiktoken.model").write_text("".join(f"{base64.b64encode(bytes([b])).decode()} {b}\n"
                                                 for b in range(BASE_VOCAB)))
     (out / "tokenizer_config.json").write_text(json.dumps({"bos_token": "[BOS]", "eos_token": "[EOS]",

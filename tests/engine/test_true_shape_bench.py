@@ -1,0 +1,155 @@
+"""bench/stream.py --true-shape (K3's real expert records against the disk's
+ceiling) and the speed model it checks (app.engine.speed.token_seconds, used
+by app.get.plan.estimate): option parsing and the disk refusal, the records
+it writes, and the model's arithmetic. Tiny sizes only: nothing here writes
+a real K3 bank."""
+from __future__ import annotations
+
+import importlib.util
+import struct
+import zlib
+from collections import namedtuple
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from app.convert import quant2, quant3
+from app.convert.layout import bank_layout
+from app.engine.speed import token_seconds
+from app.get.plan import GetPlan, estimate
+
+ROOT = Path(__file__).resolve().parents[2]
+# Loaded from its file: bench/ never goes on sys.path.
+_spec = importlib.util.spec_from_file_location("ferry_bench_stream", ROOT / "bench" / "stream.py")
+stream = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(stream)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--true-shape"], "use it with --family k3"),
+    (["--family", "k3", "--true-shape", "--readers-sweep", "0"], "--readers-sweep"),
+    (["--family", "k3", "--true-shape", "--readers-sweep", "2,x"], "--readers-sweep"),
+    (["--family", "k3", "--true-shape", "--moe-layers", "0"], "--moe-layers"),
+    (["--family", "k3", "--true-shape", "--moe-layers", "93"], "--moe-layers"),
+    (["--family", "k3", "--true-shape", "--cache-share", "1.5"], "--cache-share"),
+    (["--family", "k3", "--true-shape", "--routing"], "exact routing alone"),
+    (["--keep"], "--keep goes with --true-shape"),
+    (["--moe-layers", "1"], "--moe-layers goes with --true-shape"),
+])
+def test_options_that_do_not_go_together_are_refused_in_one_line(argv, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        stream.main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_the_true_shape_is_k3s_record():
+    """K3's expert at q3_nl: 12.18 MiB a record, 10.66 GiB a layer (the issue's figures)."""
+    (bank,) = stream.true_shape_banks(1, "q3_nl")
+    assert bank.n_experts == 896 and bank.layer == 1
+    assert bank.parts["gate"]["shape"] == [3072, 3584] and bank.parts["down"]["shape"] == [3584, 3072]
+    assert bank.record_size == 12775424 and bank.record_size % 4096 == 0
+    assert abs(bank.file_size / 2**30 - 10.66) < 0.01
+    two = stream.true_shape_banks(2, "q2_vq")
+    assert [b.layer for b in two] == [1, 2] and two[0].record_size < bank.record_size
+
+
+def test_too_little_disk_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+    Usage = namedtuple("Usage", "total used free")
+    need = stream.true_shape_need(2, "q3_nl")
+    monkeypatch.setattr(stream.shutil, "disk_usage", lambda p: Usage(1 << 40, 0, need + (5 << 30)))
+    with pytest.raises(SystemExit) as exc:
+        stream.check_true_shape_space(tmp_path / "not" / "yet", 2, "q3_nl")
+    msg = str(exc.value.code)
+    assert "\n" not in msg and "GiB is free" in msg and "--moe-layers" in msg
+    monkeypatch.setattr(stream.shutil, "disk_usage", lambda p: Usage(1 << 40, 0, need + (6 << 30)))
+    assert stream.check_true_shape_space(tmp_path, 2, "q3_nl") == need
+    # the whole command refuses the same way, before writing anything
+    monkeypatch.setattr(stream.shutil, "disk_usage", lambda p: Usage(1 << 40, 0, 1 << 30))
+    with pytest.raises(SystemExit) as exc:
+        stream.main(["--family", "k3", "--true-shape", "--workdir", str(tmp_path / "w")])
+    assert "GiB is free" in str(exc.value.code)
+    assert not (tmp_path / "w").exists()
+
+
+@pytest.mark.parametrize("fmt, decode", [("q3_nl", quant3.dequantize), ("q2_vq", quant2.dequantize)])
+def test_records_written_directly_are_valid(tmp_path, fmt, decode):
+    """The bank writer's records: the converter's header and record layout,
+    a payload CRC that checks, and blocks that decode to finite values of a
+    real weight's size (drawn from encoded Gaussian rows)."""
+    from app.convert.convert import bank_header
+
+    bank = bank_layout(3, 5, {"gate": (fmt, (8, 512)), "up": (fmt, (8, 512)), "down": (fmt, (512, 256))})
+    path = tmp_path / "layer_003.bin"
+    stream.write_true_bank(path, bank, seed=1)
+    data = path.read_bytes()
+    assert len(data) == bank.file_size and data[:4096] == bank_header(bank)
+    for e in range(bank.n_experts):
+        rec = data[4096 + e * bank.record_size: 4096 + (e + 1) * bank.record_size]
+        assert rec[:4] == b"FXPR" and struct.unpack_from("<II", rec, 8) == (3, e)
+        assert struct.unpack_from("<I", rec, 56)[0] == zlib.crc32(rec[64:64 + bank.payload_size])
+        for part in ("gate", "up", "down"):
+            info = bank.parts[part]
+            raw = np.frombuffer(rec, np.uint8, info["nbytes"], info["offset"])
+            w = decode(raw, info["shape"][0] * info["shape"][1])
+            assert np.isfinite(w).all() and 0.005 < float(np.abs(w).mean()) < 0.05
+    # experts differ (rows drawn at random), and the same seed writes the same bytes
+    assert data[4096:4096 + bank.record_size][64:] != data[4096 + bank.record_size:4096 + 2 * bank.record_size][64:]
+    again = tmp_path / "again.bin"
+    stream.write_true_bank(again, bank, seed=1)
+    assert again.read_bytes() == data
+
+
+def test_speed_model_arithmetic():
+    # trunk 100 B at 10 B/s = 10 s; experts 50 B at 10 B/s = 5 s beside a read of 200 B at 20 B/s = 10 s
+    assert token_seconds(100, 50, 200, 10, 20) == pytest.approx(20.0)
+    # compute-bound layers: the read hides behind the experts' compute
+    assert token_seconds(100, 300, 200, 10, 20) == pytest.approx(40.0)
+    # the trunk's own kernels, and the lookahead's bound max(trunk + experts, read)
+    assert token_seconds(100, 50, 200, 10, 20, trunk_kernel_bps=50) == pytest.approx(12.0)
+    assert token_seconds(100, 50, 400, 10, 20, lookahead=True) == pytest.approx(20.0)
+    assert token_seconds(100, 50, 200, 10, 20, lookahead=True) == pytest.approx(15.0)
+    # nothing read: compute alone; an unknown rate that is needed: unknown
+    assert token_seconds(100, 50, 0, 10, None) == pytest.approx(15.0)
+    assert token_seconds(100, 50, 200, 10, None) is None
+    assert token_seconds(100, 50, 0, None, 20) is None
+
+
+def test_the_estimator_uses_the_model():
+    """app.get.plan.estimate (ferry get --plan, the catalogue): uniform hits
+    over the cache, then token_seconds on trunk, experts and misses."""
+    plan = GetPlan("r", "c", "hf", floor_bytes=1000, cold_bytes_per_token=400, compute_bytes_per_token=1400)
+    # the cache holds (1600 - 1000) // 100 + 4 = 10 of 40 records: a quarter of the reads hit
+    estimate(plan, budget=1600, everything=5000, record=100, top_k=4, n_records=40, disk_bps=30.0,
+             kernel_bps=100.0)
+    assert plan.expected_read_per_token == 300
+    # trunk 1000 / 100 = 10 s, then max(experts 400 / 100 = 4 s, read 300 / 30 = 10 s)
+    assert plan.tok_per_s == pytest.approx(1 / 20.0)
+    everything = GetPlan("r", "c", "hf", floor_bytes=1000, cold_bytes_per_token=400, compute_bytes_per_token=1400)
+    estimate(everything, budget=5000, everything=5000, record=100, top_k=4, n_records=40, disk_bps=None,
+             kernel_bps=100.0)
+    assert everything.expected_read_per_token == 0 and everything.tok_per_s == pytest.approx(1 / 14.0)
+
+
+def test_k3_cache_share_is_what_64_gb_leaves():
+    """About 1.8 % of K3's experts: recommended minus floor of its 64 GB plan."""
+    assert 0.015 < stream.k3_cache_share() < 0.021
+
+
+def test_mac_prediction_is_the_model_on_published_figures():
+    one_core = {"q3_nl": 2e9, "q2_vq": 1e9, "q4_0": 2.5e9}
+    out = stream.mac_prediction(one_core.__getitem__)
+    q3 = out["formats"]["q3_nl"]
+    row = q3["predictions"]["memory/top16/published_38pct/ssd_low"]
+    expect = token_seconds(q3["trunk_compute_bytes"], q3["cold_bytes_per_token"],
+                           q3["cold_bytes_per_token"] * 0.62, 307e9, 6.3e9)
+    assert row["tok_per_s"] == pytest.approx(1 / expect)
+    # fewer experts or fewer bits per weight read less: never slower
+    p = out["formats"]["q2_vq"]["predictions"]
+    assert p["memory/top8/published_38pct/ssd_low"]["tok_per_s"] > row["tok_per_s"]
+    assert p["memory/top16/published_38pct/ssd_low"]["tok_per_s"] > row["tok_per_s"]
+    cores = q3["predictions"]["cores_as_here/top16/uniform/ssd_low"]
+    assert cores["trunk_s"] == pytest.approx(q3["trunk_compute_bytes"] / (18 * 2.5e9))
+    assert out["catalogue_row"]["tok_per_s"] and out["catalogue_row"]["expert_format"]
