@@ -53,3 +53,14 @@ def test_models_that_fit_get_the_fastest_format_within_a_4_bit_error():
     unknown = {r.name: r for r in catalogue(MAC64, disk_bps=5e9, kernel_bps_of=lambda fmt: None)}
     assert unknown["OLMoE 1B-7B"].expert_format == "bf16"
     assert rows["OLMoE 1B-7B"].container_bytes < unknown["OLMoE 1B-7B"].container_bytes / 3
+
+
+def test_k3_on_a_64_gb_mac_gets_an_expert_cache():
+    """The budget rule once stepped the cache down to whole token working sets (17.5 GiB for
+    K3): 16 GiB of room above the floor became no cache at all, and the catalogue showed
+    K3 reading every expert from the disk."""
+    rows = catalogue(MAC64, disk_bps=6.3e9, kernel_bps_of=lambda fmt: 50e9)
+    k3 = next(r for r in rows if r.name == "Kimi K3")
+    cache = k3.recommended_budget - k3.floor_bytes
+    assert cache > 10 << 30, cache                          # most of the room, not 0
+    assert k3.expected_read_per_token < k3.cold_bytes_per_token
