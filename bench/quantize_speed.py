@@ -1,6 +1,14 @@
 """q3_nl quantizer throughput against the disk, all in one run.
 
     python bench/quantize_speed.py --json [--rows 768] [--reference REV] [--disk-gb 2] [--workdir DIR]
+    python bench/quantize_speed.py --json --q2-only [--q2-rows 64] [--q2-reference REV]
+
+--q2-only times the q2_vq quantizer alone (one thread, CPU seconds from
+time.process_time, so other load on the box does not count) on the same K3-shaped
+matrices' f32 values: this tree's (app/convert/quant2.py, tables made once)
+and, with --q2-reference REV, core_c/src/quant2.c as it was at REV built
+beside today's support files, the two interleaved round by round; q3_nl's
+quantizer on the same values for scale.
 
 Matrices: K3's expert shapes (w1/w3 [rows of 3584], w2 [rows of 3072]), the
 first --rows rows of each, weights as in bench/quant_quality.py (Student-t(5),
@@ -82,6 +90,68 @@ def reference_lib(rev: str, folder: Path) -> ctypes.CDLL:
     return lib
 
 
+def q2_reference_lib(rev: str, folder: Path) -> ctypes.CDLL:
+    """The q2_vq quantizer of revision `rev` (ferry_q2_quantize_f32), built beside today's support files."""
+    src = folder / "quant2_ref.c"
+    src.write_text(subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:core_c/src/quant2.c"],
+                                  check=True, capture_output=True, text=True).stdout)
+    so = folder / "quant2_ref.so"
+    support = [str(ROOT / "core_c" / "src" / f) for f in ("formats.c", "kernels.c", "kernels_avx2.c", "kernels_neon.c",
+                                                         "kernels_q2vq.c")]
+    cc = shutil.which("cc") or shutil.which("gcc") or "cc"
+    subprocess.run([cc, "-std=c11", "-O3", "-ffp-contract=off", "-shared", "-fPIC", "-pthread", "-I",
+                    str(ROOT / "core_c" / "include"), "-I", str(ROOT / "core_c" / "src"), str(src), *support,
+                    "-o", str(so), "-lm"], check=True, capture_output=True, text=True)
+    lib = ctypes.CDLL(str(so))
+    lib.ferry_q2_quantize_f32.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+    lib.ferry_q2_quantize_f32.restype = ctypes.c_int
+    return lib
+
+
+def cpu_seconds(fn) -> float:
+    t = time.process_time()
+    fn()
+    return time.process_time() - t
+
+
+def q2_speed(rows: int, repeats: int, reference: str) -> dict:
+    """q2_vq's quantizer, one thread, in weights per CPU second (millions)."""
+    from app.convert import quant2
+    mats = [np.ascontiguousarray(m["f32"]) for m in matrices(rows)]
+    n = sum(m.size for m in mats)
+    runs = {"this_tree": lambda: [quant2.quantize(m, threads=1) for m in mats],
+            "q3_nl": lambda: [quant3.quantize(m, threads=1) for m in mats]}
+    same = None
+    with tempfile.TemporaryDirectory() as d:
+        if reference:
+            lib = q2_reference_lib(reference, Path(d))
+
+            def ref() -> list:
+                outs = []
+                for m in mats:
+                    out = np.zeros(m.size // 256 * 73, np.uint8)
+                    assert lib.ferry_q2_quantize_f32(m.ctypes.data, m.shape[0], m.shape[1], None, out.ctypes.data) == 0
+                    outs.append(out)
+                return outs
+            runs["reference"] = ref
+        for fn in runs.values():
+            fn()  # warm up (this tree's tables are made here, once per process)
+        best = {k: float("inf") for k in runs}
+        for _ in range(repeats):  # interleaved: every build sees the same load
+            for k, fn in runs.items():
+                best[k] = min(best[k], cpu_seconds(fn))
+        if reference:
+            same = all(np.array_equal(a, b) for a, b in zip(runs["this_tree"](), runs["reference"]()))
+    res = {"weights": n, "unit": "millions of weights per CPU second, one thread",
+           **{k: round(n / v / 1e6, 2) for k, v in best.items()}}
+    if reference:
+        res["reference_revision"] = reference
+        res["speedup"] = round(best["reference"] / best["this_tree"], 1)
+        res["same_bytes_as_reference"] = same
+    res["q3_nl_over_q2_vq"] = round(best["this_tree"] / best["q3_nl"], 1)
+    return res
+
+
 def best_time(fn, repeats: int) -> float:
     best = float("inf")
     for _ in range(repeats):
@@ -118,8 +188,16 @@ def main(argv=None) -> int:
     ap.add_argument("--reference", default="", help="git revision whose quant3.c to time alongside")
     ap.add_argument("--disk-gb", type=float, default=2.0, help="0 skips the disk measurement")
     ap.add_argument("--workdir", default="", help="folder on the disk to measure (default: a temp dir under /tmp)")
+    ap.add_argument("--q2-only", action="store_true", help="only the q2_vq quantizer (CPU time, one thread)")
+    ap.add_argument("--q2-rows", type=int, default=64, help="rows of each K3-shaped matrix for --q2-only")
+    ap.add_argument("--q2-reference", default="", help="git revision whose quant2.c to time alongside")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
+    if a.q2_only:
+        res = {"date": time.strftime("%Y-%m-%d"), "machine": platform.machine(), "cpus": os.cpu_count(),
+               "load_average": os.getloadavg()[0], "q2_vq": q2_speed(a.q2_rows, a.repeats, a.q2_reference)}
+        print(json.dumps(res, indent=1) if a.json else res)
+        return 0
     mats = matrices(a.rows)
     n = sum(m["f32"].size for m in mats)
     src_bytes = {"f32": 4, "bf16": 2, "mxfp4": 17 / 32}

@@ -20,11 +20,28 @@ NAME = "q2_vq"
 BLOCK, BLOCK_BYTES = FORMATS[NAME].block_elems, FORMATS[NAME].block_bytes
 
 
+_QUANTIZER: list = []  # the core's search tables, made once per process (read only, shared by threads)
+
+
+def _quantizer():
+    """The core's q2_vq search tables (ferry_q2_quantizer_new: ~1.2 MB, a few ms),
+    made on first use and kept: every call after the first skips making them."""
+    if not _QUANTIZER:
+        ffi, lib = _lib()
+        q = lib.ferry_q2_quantizer_new()
+        if q == ffi.NULL:
+            raise MemoryError("not enough memory for the q2_vq quantizer's tables")
+        _QUANTIZER.append(ffi.gc(q, lib.ferry_q2_quantizer_free))
+    return _QUANTIZER[0]
+
+
 def quantize(values: np.ndarray, importance: np.ndarray | None = None, threads: int | None = None,
              out: np.ndarray | None = None) -> np.ndarray:
     """float32 [..., cols] -> q2_vq bytes (uint8, flat; into ``out`` if given).
-    ``importance``: None or ``cols`` non-negative weights per input column."""
+    ``importance``: None or ``cols`` non-negative weights per input column.
+    The bytes do not depend on ``threads`` (blocks are quantized independently)."""
     ffi, lib = _lib()
+    tables = _quantizer()
     src = np.ascontiguousarray(values, dtype=np.float32)
     cols = src.shape[-1] if src.ndim else 0
     rows = src.size // cols if cols else 0
@@ -36,8 +53,8 @@ def quantize(values: np.ndarray, importance: np.ndarray | None = None, threads: 
     rb = cols // BLOCK * BLOCK_BYTES
 
     def part(r0: int, r1: int) -> None:
-        rc = lib.ferry_q2_quantize_f32(ffi.from_buffer("float[]", flat[r0:r1]), r1 - r0, cols, imp_ptr,
-                                       ffi.from_buffer(out[r0 * rb:r1 * rb]))
+        rc = lib.ferry_q2_quantize_with(tables, ffi.from_buffer("float[]", flat[r0:r1]), r1 - r0, cols, imp_ptr,
+                                        ffi.from_buffer(out[r0 * rb:r1 * rb]))
         if rc != 0:
             raise ValueError("cannot quantize non-finite values (or bad importance) to q2_vq")
 

@@ -130,9 +130,23 @@ int ferry_q3_quantize(int impl, int source, const void *src, const uint8_t *mxfp
 /* Quantize rows x cols values (cols a multiple of FERRY_Q2_BLOCK) to q2_vq,
  * writing rows * cols / 256 * 73 bytes to dst. importance: NULL, or `cols`
  * non-negative finite weights the codeword and scale search minimises the
- * weighted error for. One portable implementation. Returns 0, or -1 for bad
- * arguments, non-finite input or no memory. */
+ * weighted error for. Every implementation (portable, AVX2, AVX-512, NEON:
+ * the best this CPU runs is used) writes the same bytes, and so does any
+ * split of the rows between calls. Returns 0, or -1 for bad arguments,
+ * non-finite input or no memory. */
 int ferry_q2_quantize_f32(const float *src, int rows, int cols, const float *importance, void *dst);
+
+/* The q2_vq search's tables (the codebook's neighbour lists, ~1.2 MB, a few
+ * ms to make): ferry_q2_quantize_f32 makes them on every call; a caller
+ * quantizing many matrices makes them once here and passes them to
+ * ferry_q2_quantize_with (read only: one quantizer serves any number of
+ * threads at once). Same bytes as ferry_q2_quantize_f32. new returns NULL
+ * when out of memory; free(NULL) does nothing. */
+typedef struct ferry_q2_quantizer ferry_q2_quantizer;
+ferry_q2_quantizer *ferry_q2_quantizer_new(void);
+void ferry_q2_quantizer_free(ferry_q2_quantizer *q);
+int ferry_q2_quantize_with(const ferry_q2_quantizer *q, const float *src, int rows, int cols, const float *importance,
+                           void *dst);
 
 #ifdef __cplusplus
 }

@@ -282,6 +282,9 @@ int fe_q2vq_variant(int impl);
 /* The q2_vq quantizer (quant2.c) with a chosen implementation: FE_KERNELS_AVX2 or FE_KERNELS_NEON (when
  * built in and this CPU has it; -1 otherwise) or FE_KERNELS_SCALAR, the portable path; all write the same bytes. */
 int fe_q2_quantize_impl(int impl, const float *src, int rows, int cols, const float *importance, void *dst);
+/* ... or with chosen scans: 0 portable, 1 AVX2 (x86-64) / NEON (aarch64), 2 AVX-512 (-1 when this CPU
+ * lacks them); every choice writes the same bytes (core_c/tests/test_kernels.c). */
+int fe_q2_quantize_scans(int scans, const float *src, int rows, int cols, const float *importance, void *dst);
 
 /* Tables built in by kernels_avx2.c / kernels_neon.c (NULL elsewhere). */
 const fe_kernels *fe_kernels_avx2_table(void);

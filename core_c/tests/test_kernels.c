@@ -493,17 +493,38 @@ static void test_q2_quantizer(void) {
     check(ferry_q2_quantize_f32(src, rows, cols, NULL, q) == -1, "q2 refuses NaN");
     src[7] = 0.0f;
     check(ferry_q2_quantize_f32(src, rows, 100, NULL, q) == -1, "q2 refuses cols % 256");
-    /* the AVX2 or NEON scans write the portable path's bytes, with and without importance */
-    const int simd = ferry_kernels_best();
-    if (simd != FERRY_KERNELS_SCALAR) {
-        uint8_t *q2 = malloc((size_t)rows * cols / 256 * 73);
+    /* every scan this CPU runs (portable, AVX2 or NEON, AVX-512) writes the
+     * portable path's bytes, with and without importance; so do shared
+     * tables (ferry_q2_quantize_with) and any split of the rows */
+    {
+        const size_t nb = (size_t)rows * cols / 256 * 73;
+        uint8_t *q2 = malloc(nb);
         for (int i = 0; i < rows * cols; i++) src[i] = i % 97 == 5 ? 0.3f : 0.02f * (frand() + frand() + frand());
+        ferry_q2_quantizer *tables = ferry_q2_quantizer_new();
+        check(tables != NULL, "q2 quantizer tables");
         for (int with = 0; with < 2; with++) {
-            check(fe_q2_quantize_impl(FE_KERNELS_SCALAR, src, rows, cols, with ? h : NULL, q) == 0, "q2 portable");
-            check(fe_q2_quantize_impl(simd, src, rows, cols, with ? h : NULL, q2) == 0, "q2 simd");
-            check(memcmp(q, q2, (size_t)rows * cols / 256 * 73) == 0, with ? "q2 simd = portable bytes, importance"
-                                                                             : "q2 simd = portable bytes");
+            const float *hw = with ? h : NULL;
+            check(fe_q2_quantize_scans(0, src, rows, cols, hw, q) == 0, "q2 portable");
+            int ran = 0;
+            for (int scans = 1; scans <= 2; scans++) {
+                memset(q2, 0, nb);
+                if (fe_q2_quantize_scans(scans, src, rows, cols, hw, q2) != 0) continue;
+                ran++;
+                check(memcmp(q, q2, nb) == 0, scans == 2 ? "q2 AVX-512 scans = portable bytes" : "q2 AVX2/NEON scans = portable bytes");
+            }
+            printf("q2_vq quantizer: %d SIMD scan set(s) = portable bytes (%s importance)\n", ran, with ? "with" : "no");
+            memset(q2, 0, nb);
+            check(ferry_q2_quantize_with(tables, src, rows, cols, hw, q2) == 0 && memcmp(q, q2, nb) == 0,
+                  "q2 shared tables = the same bytes");
+            memset(q2, 0, nb);
+            check(ferry_q2_quantize_with(tables, src, 2, cols, hw, q2) == 0 &&
+                      ferry_q2_quantize_with(tables, src + 2 * cols, rows - 2, cols, hw, q2 + nb / rows * 2) == 0 &&
+                      memcmp(q, q2, nb) == 0,
+                  "q2 rows split between calls = the same bytes");
         }
+        check(ferry_q2_quantize_with(NULL, src, rows, cols, NULL, q2) == -1, "q2 refuses NULL tables");
+        ferry_q2_quantizer_free(tables);
+        ferry_q2_quantizer_free(NULL);
         free(q2);
     }
     h[3] = -1.0f;
