@@ -382,6 +382,13 @@ static int landed(fe_ecache *c, int i) {
     return job->buf && fe_io_is_done(c->io, (fe_io_job *)job);
 }
 
+int fe_experts_all_landed(ferry_session *s) {
+    fe_ecache *c = s->e->cache;
+    for (int i = 0; i < c->n; i++)
+        if (!c->visit.given[i] && !landed(c, i)) return 0;
+    return 1;
+}
+
 /* Bring item i's record into its slot (reading or waiting as needed) and check it. */
 static ferry_status settle(ferry_session *s, int i, ferry_error *err) {
     fe_ecache *c = s->e->cache;
