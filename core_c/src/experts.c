@@ -225,7 +225,8 @@ ferry_status fe_ecache_policy_state(const fe_ecache *c, void *buf, size_t n, siz
 
 /* ---------------------------------------------------------------- reads */
 
-/* Start reading (layer, expert) into `slot`; urgent when the compute waits for it. */
+/* Start reading (layer, expert) into `slot`; urgent (1) when the compute
+ * waits for it, 0 for a prefetch, FE_IO_BACKGROUND for the fill (io.h). */
 static void submit(fe_ecache *c, int slot, int layer, int expert, int urgent) {
     const fe_bank *b = &c->e->c.banks[layer];
     fe_io_job *job = &c->slot_job[slot];
@@ -241,9 +242,9 @@ static void submit(fe_ecache *c, int slot, int layer, int expert, int urgent) {
 /* The fill. When the cache holds every expert of the model (the budget
  * allows it; the default when the model fits in RAM), every record is queued
  * for reading as soon as the cache exists, layer by layer in file order (the
- * order a forward pass first needs them), behind any read a visit waits for:
- * the reader threads stream the banks at disk speed while the caller goes
- * on, and a visit finds each record resident or landing (its read is then
+ * order a forward pass first needs them), behind any read a visit waits for
+ * and as background reads (io.h: one sequential stream that pauses while
+ * such a read runs): the banks stream in while the caller goes on, and a visit finds each record resident or landing (its read is then
  * promoted), never a miss. A filled slot is checked, accounted and marked
  * valid when a visit first settles it, exactly as a read on demand; so the
  * fill changes when bytes arrive, never which bytes a product reads. Off
@@ -263,7 +264,7 @@ static void fill(fe_ecache *c) {
             int slot = fe_cache_policy_preload(c->policy, l, x, &already);
             if (slot < 0) return; /* cannot happen when everything fits: the fill just stops */
             if (already) continue;
-            submit(c, slot, l, x, 0);
+            submit(c, slot, l, x, FE_IO_BACKGROUND);
         }
     }
 }
