@@ -249,7 +249,8 @@ static void submit(fe_ecache *c, int slot, int layer, int expert, int urgent) {
  * valid when a visit first settles it, exactly as a read on demand; so the
  * fill changes when bytes arrive, never which bytes a product reads. Off
  * with FERRY_NO_CACHE or FERRY_NO_OVERLAP (nothing overlaps there) and when
- * the cache is smaller than the model (what to keep is the policy's call). */
+ * the cache is smaller than the model (what to keep is the policy's call).
+ * A filled cache runs no lookahead (nothing to read ahead). */
 static void fill(fe_ecache *c) {
     const fe_container *ct = &c->e->c;
     if (c->cfg.flags & (FERRY_NO_CACHE | FERRY_NO_OVERLAP | FERRY_NO_FILL)) return;
@@ -267,6 +268,9 @@ static void fill(fe_ecache *c) {
             submit(c, slot, l, x, FE_IO_BACKGROUND);
         }
     }
+    /* Every expert is resident or landing: the lookahead has nothing to read,
+     * so its router product (one per MoE layer and decode step) is not run. */
+    c->lookahead = 0;
 }
 
 /* Wait for a slot's read, account it, and check the record it brought. */

@@ -191,8 +191,10 @@ def test_a_cache_that_holds_every_expert_is_filled_at_open(moe_model):
     _, filled, info = run(moe_model)
     assert info.cache_slots == 6 * 32
     assert filled.misses == 0 and filled.hits > 0
+    assert filled.lookahead_predicted == 0  # nothing to read ahead: the next layer's router is not run
     _, lazy, _ = run(moe_model, fill=False)
     assert lazy.misses > 0 and lazy.hits + lazy.misses == filled.hits
+    assert lazy.lookahead_predicted > 0
     # a cache smaller than the model is not filled: what to keep is the policy's call
     assert run(moe_model, cache_slots=48)[1].misses > 0
     # closing while the fill is still queued takes the queued reads back
