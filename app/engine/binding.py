@@ -222,7 +222,7 @@ class Engine:
     def __init__(self, path: str | os.PathLike, *, ram_budget: int = 0, threads: int = 0,
                  verify_reads: bool = False, n_ctx: int = 0, cache_slots: int = 0, readers: int = 0,
                  direct_io: bool = True, overlap: bool = True, lookahead: bool = True, cache: bool = True,
-                 lookahead_gate: bool = True, embedding_reads: bool = True,
+                 lookahead_gate: bool = True, embedding_reads: bool = True, fill: bool = True,
                  usage_counts: np.ndarray | None = None, kernels: str | None = None, trunk_check: bool = True,
                  policy_state: bytes | bytearray | None = None, activations: str = DEFAULT_ACTIVATIONS):
         """Open a container. ``n_ctx`` is the context the RAM budget must leave
@@ -232,7 +232,9 @@ class Engine:
         every lookahead prediction however often its layer's predictions
         miss, for measuring the gate only; ``embedding_reads=False`` keeps
         an untied token embedding table in RAM instead of reading each
-        token's row from trunk.bin, the same output). ``verify_reads`` checks each
+        token's row from trunk.bin, the same output; ``fill=False`` reads each
+        expert on its first use instead of streaming every expert into a
+        cache that holds them all right after opening). ``verify_reads`` checks each
         expert record's CRC32 as its read completes. ``kernels`` is one of :data:`KERNEL_CHOICES`
         (None: :func:`default_kernels`); a set this CPU cannot run raises
         FerryError (``FERRY_E_UNSUPPORTED``). ``policy_state`` is what
@@ -254,7 +256,8 @@ class Engine:
                       | (0 if lookahead else lib.FERRY_NO_LOOKAHEAD) | (0 if cache else lib.FERRY_NO_CACHE)
                       | (0 if trunk_check else lib.FERRY_NO_TRUNK_CHECK)
                       | (0 if lookahead_gate else lib.FERRY_NO_LOOKAHEAD_GATE)
-                      | (0 if embedding_reads else lib.FERRY_NO_EMBEDDING_READS))
+                      | (0 if embedding_reads else lib.FERRY_NO_EMBEDDING_READS)
+                      | (0 if fill else lib.FERRY_NO_FILL))
         counts = None
         if usage_counts is not None:
             counts = np.ascontiguousarray(usage_counts, dtype=np.uint32)

@@ -34,7 +34,10 @@ FILES = {"demo": BENCH / "SmolLM2-135M-Instruct.Q4_1.ferry",
          "1b-q4_k_m": BENCH / "synthetic-1b-q4_k_m.ferry",
          "1b-q8_0": BENCH / "synthetic-1b-q8_0.ferry",
          "3b-q4_k_m": BENCH / "synthetic-3b-q4_k_m.ferry",
-         "3b-q8_0": BENCH / "synthetic-3b-q8_0.ferry"}
+         "3b-q8_0": BENCH / "synthetic-3b-q8_0.ferry",
+         # the in-RAM mixture-of-experts file of bench/vs_llamacpp_moe.py (--layers 16 / 4)
+         "moe-16l-q4_0": BENCH / "synthetic-qwen3moe-16l-q4_0.ferry",
+         "moe-4l-q4_0": BENCH / "synthetic-qwen3moe-4l-q4_0.ferry"}
 METRICS = ("decode_tok_s", "prompt128_tok_s", "prompt_long_tok_s", "ttft_s", "peak_rss_bytes",
            "decode_cpu_ms_per_token", "prompt_long_cpu_ms_per_token")
 LOWER_IS_BETTER = ("ttft_s", "peak_rss_bytes", "decode_cpu_ms_per_token", "prompt_long_cpu_ms_per_token")

@@ -65,6 +65,7 @@ typedef struct ferry_error {
 /* By default a token embedding table the output head does not share stays on
  * disk: each token's row is read from trunk.bin (docs/ARCHITECTURE.md, "Memory"). */
 #define FERRY_NO_EMBEDDING_READS 64 /* keep the token embedding table in RAM */
+#define FERRY_NO_FILL 128 /* do not read every expert into a cache that holds them all at open (read on first use) */
 
 /* Options for ferry_engine_open. Initialise with ferry_open_options_init. */
 typedef struct ferry_open_options {

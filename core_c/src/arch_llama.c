@@ -389,6 +389,32 @@ static void moe_expert(void *p, int l, const uint8_t *rec, const float *in, int 
     swiglu(c->s, c->b, &gm, &um, &dm, in, m, out);
 }
 
+/* n experts on one token: gate and up of all in one job, their SwiGLU, then
+ * the down projections in one job; each product as swiglu computes it with
+ * m = 1 (the same kernels, the same quantized input). */
+static void moe_experts1(void *p, int l, const uint8_t *const *rec, int n, const float *in, float *const *out) {
+    moe_ctx *c = p;
+    ferry_session *s = c->s;
+    const chunk_bufs *b = c->b;
+    const fe_bank *bk = &s->e->c.banks[l];
+    fe_mat m[3][FE_MOE_BATCH];
+    const fe_mat *w[FE_MATMUL_MULTI_MAX];
+    float *y[FE_MATMUL_MULTI_MAX];
+    const size_t f = (size_t)bk->part[0].rows;
+    for (int i = 0; i < n; i++) {
+        for (int part = 0; part < 3; part++) m[part][i] = fe_expert_mat(bk, part, rec[i]);
+        w[2 * i] = &m[0][i], w[2 * i + 1] = &m[1][i];
+        y[2 * i] = b->h1 + (size_t)i * f, y[2 * i + 1] = b->h2 + (size_t)i * f;
+    }
+    fe_ops ops = ops_of(s, b);
+    fe_matmul_multi(&ops, w, 2 * n, in, 1, y);
+    double t0 = prof_t0(s);
+    fe_silu_mul(s->pool, b->h1, b->h2, (size_t)n * f);
+    PROF_ADD(s, elementwise_seconds, t0);
+    for (int i = 0; i < n; i++) w[i] = &m[2][i];
+    fe_matmul_each(&ops, w, n, b->h1, f, out);
+}
+
 /* The MoE layer for rows [first, n) of the chunk. */
 static ferry_status moe(ferry_session *s, const chunk_bufs *b, int l, int n, int first, ferry_error *err) {
     moe_ctx c = {s, b};
@@ -396,7 +422,7 @@ static ferry_status moe(ferry_session *s, const chunk_bufs *b, int l, int n, int
                      .ops = {s->pool, b->rows, fe_rows_stride(max_cols(&s->e->c.hp)), s->e->kernels, s->prof_cur, fe_session_q8(s)},
                      .layers = MODEL(s->e)->layers, .layer_size = sizeof(fe_layer),
                      .router_at = offsetof(fe_layer, router), .norm_at = offsetof(fe_layer, ffn_norm),
-                     .expert = moe_expert};
+                     .expert = moe_expert, .experts1 = moe_experts1};
     /* the weighted expert outputs are added straight into the residual stream */
     const size_t o = (size_t)first * (size_t)s->e->c.hp.dim;
     return fe_moe_layer(s, &a, &b->moe, l, n - first, b->xb + o, b->xb + o, b->x + o, b->x + o, err);

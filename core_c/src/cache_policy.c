@@ -774,6 +774,22 @@ int fe_cache_policy_prefetch(fe_cache_policy *p, int layer, int expert, int *alr
     return slot;
 }
 
+int fe_cache_policy_preload(fe_cache_policy *p, int layer, int expert, int *already)
+{
+    *already = 0;
+    if (p->open) return FERRY_CACHE_ESTATE;
+    if (layer < 0 || layer >= p->n_layers || expert < 0 || expert >= p->n_experts) return FERRY_CACHE_EINVAL;
+    int32_t key = layer * p->n_experts + expert;
+    if (p->key_slot[key] != NONE) {
+        *already = 1;
+        return p->key_slot[key];
+    }
+    if (p->n_free < 1) return FERRY_CACHE_ESTATE;
+    int slot = p->free_slots[p->n_free - 1];
+    slot_map(p, key, slot);
+    return slot;
+}
+
 int fe_cache_policy_set_next_use(fe_cache_policy *p, int layer, int expert, uint64_t next_use)
 {
     if (p->kind != FE_CACHE_POLICY_OPT) return FERRY_CACHE_EINVAL;

@@ -130,6 +130,14 @@ int fe_cache_policy_insert(fe_cache_policy *p, int layer, int expert,
 int fe_cache_policy_prefetch(fe_cache_policy *p, int layer, int expert,
                              int *already);
 
+/* Fill ahead of any request, with no visit open: makes (layer, expert)
+ * resident in a free slot and returns it (*already = 1 and its slot if it is
+ * resident). Never evicts: FERRY_CACHE_ESTATE when no slot is free or a
+ * visit is open. No request is counted. For filling a cache that holds every
+ * expert right after it is created (experts.c). */
+int fe_cache_policy_preload(fe_cache_policy *p, int layer, int expert,
+                            int *already);
+
 /* FE_CACHE_POLICY_OPT only: the visit number (0-based count of
  * begin_layer calls) at which (layer, expert), a key of the open visit,
  * is requested next; UINT64_MAX for never. Unset keys count as never. */

@@ -93,6 +93,8 @@ static ferry_status open_record_fds(fe_ecache *c, ferry_error *err) {
     return FERRY_OK;
 }
 
+static void fill(fe_ecache *c);
+
 ferry_status fe_ecache_new(ferry_engine *e, const fe_ecache_config *cfg, fe_ecache **out, ferry_error *err) {
     const fe_hparams *hp = &e->c.hp;
     *out = NULL;
@@ -159,6 +161,7 @@ ferry_status fe_ecache_new(ferry_engine *e, const fe_ecache_config *cfg, fe_ecac
         fe_ecache_free(c);
         return st;
     }
+    fill(c);
     *out = c;
     return FERRY_OK;
 }
@@ -174,7 +177,10 @@ static void quiesce(fe_ecache *c, int slot) {
 void fe_ecache_free(fe_ecache *c) {
     if (!c) return;
     if (c->io)
-        for (int i = 0; i < c->cfg.n_slots; i++) quiesce(c, i);
+        for (int i = 0; i < c->cfg.n_slots; i++) { /* a fill still queued is taken back, not waited for */
+            if (c->slot_job[i].buf && fe_io_cancel(c->io, &c->slot_job[i])) c->slot_job[i].buf = NULL;
+            quiesce(c, i);
+        }
     fe_io_free(c->io);
     if (c->record_fd)
         for (int l = 0; l < c->e->c.hp.n_layers; l++)
@@ -219,7 +225,8 @@ ferry_status fe_ecache_policy_state(const fe_ecache *c, void *buf, size_t n, siz
 
 /* ---------------------------------------------------------------- reads */
 
-/* Start reading (layer, expert) into `slot`; urgent when the compute waits for it. */
+/* Start reading (layer, expert) into `slot`; urgent (1) when the compute
+ * waits for it, 0 for a prefetch, FE_IO_BACKGROUND for the fill (io.h). */
 static void submit(fe_ecache *c, int slot, int layer, int expert, int urgent) {
     const fe_bank *b = &c->e->c.banks[layer];
     fe_io_job *job = &c->slot_job[slot];
@@ -230,6 +237,40 @@ static void submit(fe_ecache *c, int slot, int layer, int expert, int urgent) {
     job->crc_from = FE_RECORD_HEADER_BYTES; /* --verify-reads: the reader computes the payload's CRC */
     job->crc_len = c->cfg.verify_reads ? b->payload_size : 0;
     fe_io_submit(c->io, job, urgent);
+}
+
+/* The fill. When the cache holds every expert of the model (the budget
+ * allows it; the default when the model fits in RAM), every record is queued
+ * for reading as soon as the cache exists, layer by layer in file order (the
+ * order a forward pass first needs them), behind any read a visit waits for
+ * and as background reads (io.h: one sequential stream that pauses while
+ * such a read runs): the banks stream in while the caller goes on, and a visit finds each record resident or landing (its read is then
+ * promoted), never a miss. A filled slot is checked, accounted and marked
+ * valid when a visit first settles it, exactly as a read on demand; so the
+ * fill changes when bytes arrive, never which bytes a product reads. Off
+ * with FERRY_NO_CACHE or FERRY_NO_OVERLAP (nothing overlaps there) and when
+ * the cache is smaller than the model (what to keep is the policy's call).
+ * A filled cache runs no lookahead (nothing to read ahead). */
+static void fill(fe_ecache *c) {
+    const fe_container *ct = &c->e->c;
+    if (c->cfg.flags & (FERRY_NO_CACHE | FERRY_NO_OVERLAP | FERRY_NO_FILL)) return;
+    long records = 0;
+    for (int l = 0; l < ct->hp.n_layers; l++)
+        if (c->record_fd[l] >= 0) records += ct->banks[l].n_experts;
+    if (records > c->cfg.n_slots) return;
+    for (int l = 0; l < ct->hp.n_layers; l++) {
+        if (c->record_fd[l] < 0) continue;
+        for (int x = 0; x < (int)ct->banks[l].n_experts; x++) {
+            int already = 0;
+            int slot = fe_cache_policy_preload(c->policy, l, x, &already);
+            if (slot < 0) return; /* cannot happen when everything fits: the fill just stops */
+            if (already) continue;
+            submit(c, slot, l, x, FE_IO_BACKGROUND);
+        }
+    }
+    /* Every expert is resident or landing: the lookahead has nothing to read,
+     * so its router product (one per MoE layer and decode step) is not run. */
+    c->lookahead = 0;
 }
 
 /* Wait for a slot's read, account it, and check the record it brought. */
@@ -344,6 +385,13 @@ static int landed(fe_ecache *c, int i) {
     if (v->ready[i]) return 1;
     const fe_io_job *job = &c->slot_job[v->slot[i]];
     return job->buf && fe_io_is_done(c->io, (fe_io_job *)job);
+}
+
+int fe_experts_all_landed(ferry_session *s) {
+    fe_ecache *c = s->e->cache;
+    for (int i = 0; i < c->n; i++)
+        if (!c->visit.given[i] && !landed(c, i)) return 0;
+    return 1;
 }
 
 /* Bring item i's record into its slot (reading or waiting as needed) and check it. */

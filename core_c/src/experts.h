@@ -49,6 +49,8 @@ ferry_status fe_experts_begin(struct ferry_session *s, int layer, const int *ids
 /* The next record ready to compute: *which indexes ids, or -1 when all were
  * handed out. On an error the visit must still be ended. */
 ferry_status fe_experts_next(struct ferry_session *s, int *which, const uint8_t **record, ferry_error *err);
+/* Has every record of the open visit landed (next hands each out without waiting)? */
+int fe_experts_all_landed(struct ferry_session *s);
 /* Close the visit; waits for any read still in flight. */
 void fe_experts_end(struct ferry_session *s);
 /* Hint, during an open visit of another layer: the next visit of `layer`

@@ -18,6 +18,8 @@ struct fe_io {
     unsigned completions;       /* jobs completed so far (wraps) */
     int shutdown;               /* readers should exit */
     int n_readers;              /* threads started */
+    int running_background;     /* background jobs being read now */
+    int running_urgent;         /* urgent jobs being read now */
     pthread_t *readers;         /* their handles */
 };
 
@@ -55,18 +57,34 @@ static fe_io_job *take_piece(fe_io *io, uint64_t *from, uint64_t *len) {
     return job;
 }
 
+/* May a reader start the queue's head now (io->mu held)? A background job
+ * only when no other one and no urgent job is being read: the fill is one
+ * sequential stream that gives the disk to any read the compute waits for
+ * (with one reader, it just runs). */
+static int takeable(const fe_io *io) {
+    const fe_io_job *h = io->head;
+    return h && (!h->background || io->n_readers < 2 || (io->running_background == 0 && io->running_urgent == 0));
+}
+
 static void *reader_main(void *arg) {
     fe_io *io = arg;
     pthread_mutex_lock(&io->mu);
     while (1) {
-        while (!io->shutdown && !io->head) pthread_cond_wait(&io->work, &io->mu);
+        while (!io->shutdown && !takeable(io)) pthread_cond_wait(&io->work, &io->mu);
         if (io->shutdown && !io->head) break;
         uint64_t from, len, got = 0;
         fe_io_job *job = take_piece(io, &from, &len);
-        if (io->head) pthread_cond_signal(&io->work); /* more pieces: another reader */
+        /* counted per piece: a background job is read one piece at a time, as one stream */
+        const int background = job->background, urgent = job->urgent;
+        io->running_background += background;
+        io->running_urgent += urgent;
+        if (takeable(io)) pthread_cond_signal(&io->work); /* more pieces: another reader */
         pthread_mutex_unlock(&io->mu);
         int err_no = read_piece(job, from, len, &got);
         pthread_mutex_lock(&io->mu);
+        io->running_background -= background;
+        io->running_urgent -= urgent;
+        if (background || urgent) pthread_cond_broadcast(&io->work); /* a held-back background job may start */
         job->got += got;
         if (err_no && !job->err_no) job->err_no = err_no;
         job->inflight--;
@@ -119,6 +137,7 @@ void fe_io_free(fe_io *io) {
 /* Put a job into the urgent part of the queue (io->mu held). */
 static void link_urgent(fe_io *io, fe_io_job *job) {
     job->urgent = 1;
+    job->background = 0;
     fe_io_job **at = io->last_urgent ? &io->last_urgent->next : &io->head;
     job->next = *at;
     *at = job;
@@ -135,8 +154,9 @@ void fe_io_submit(fe_io *io, fe_io_job *job, int urgent) {
     job->claimed = 0;
     job->inflight = 0;
     job->seconds = 0.0;
+    job->background = urgent == FE_IO_BACKGROUND;
     pthread_mutex_lock(&io->mu);
-    if (urgent) { /* after the urgent ones already queued, before the rest */
+    if (urgent > 0) { /* after the urgent ones already queued, before the rest */
         link_urgent(io, job);
     } else {
         if (io->tail) io->tail->next = job;
@@ -152,11 +172,16 @@ void fe_io_promote(fe_io *io, fe_io_job *job) {
     fe_io_job *prev = NULL;
     for (fe_io_job *j = io->head; j; prev = j, j = j->next) {
         if (j != job) continue;
-        if (j->urgent || j->claimed) break; /* (a job being read is at the head already) */
+        if (j->urgent) break;
+        if (j->claimed) { /* being read, so at the queue's front already: its pieces no longer wait */
+            if (j->background) { j->background = 0; pthread_cond_signal(&io->work); }
+            break;
+        }
         if (prev) prev->next = j->next;
         else io->head = j->next;
         if (io->tail == j) io->tail = prev;
         link_urgent(io, j);
+        pthread_cond_signal(&io->work); /* a reader may be held back by the background limit */
         break;
     }
     pthread_mutex_unlock(&io->mu);

@@ -32,6 +32,7 @@ typedef struct fe_io_job {
     uint64_t got;            /* bytes actually read */
     double seconds;          /* time the read took */
     int urgent;              /* queued ahead of non-urgent jobs (guarded by the io mutex) */
+    int background;          /* a background job (FE_IO_BACKGROUND), not urgent (guarded by the io mutex) */
     uint64_t crc_from;       /* with crc_len > 0: after a complete read the reader computes */
     uint64_t crc_len;        /* the CRC32 of buf[crc_from, crc_from + crc_len) into crc, */
     uint32_t crc;            /* so a record's check runs on its reader, beside the compute */
@@ -51,8 +52,13 @@ fe_io *fe_io_new(int n_readers);
 void fe_io_free(fe_io *io);
 
 /* Queue a job (the caller owns it and must not touch it until it is done).
- * An urgent job (a read the compute is about to wait for) goes ahead of
- * every queued non-urgent one (speculative prefetches). */
+ * An urgent job (urgent > 0: a read the compute is about to wait for) goes
+ * ahead of every queued non-urgent one (speculative prefetches). A
+ * background job (urgent = FE_IO_BACKGROUND: the cache's fill) queues as a
+ * non-urgent one but starts only while no other background job and no
+ * urgent one is being read: one sequential stream that leaves the disk to
+ * the reads the compute waits for (with one reader thread it just runs). */
+#define FE_IO_BACKGROUND (-1)
 void fe_io_submit(fe_io *io, fe_io_job *job, int urgent);
 /* Make a queued non-urgent job urgent (the compute now needs it); no effect
  * once a reader has taken it. */

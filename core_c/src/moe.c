@@ -299,6 +299,24 @@ static ferry_status moe_layer(ferry_session *s, const fe_moe_arch *a, const fe_m
         if (g == 0 && n == 1) lookahead(s, a, b, layer, x, clk); /* a prompt chunk reads each expert once anyway */
         int which;
         const uint8_t *rec;
+        if (n == 1 && a->experts1 && cnt <= FE_MOE_BATCH && fe_experts_all_landed(s)) {
+            /* decode in RAM: the visit's experts together, in a few jobs; each
+             * token-expert pair's output lands in its slot as below */
+            const uint8_t *recs[FE_MOE_BATCH];
+            float *outs[FE_MOE_BATCH];
+            while ((st = fe_experts_next(s, &which, &rec, err)) == FERRY_OK && which >= 0) {
+                recs[which] = rec;
+                outs[which] = b->slots + (size_t)b->rows[b->first[g + which]] * ed;
+            }
+            if (!st) {
+                double t0 = clk ? fe_now() : 0.0;
+                a->experts1(a->ctx, layer, recs, cnt, z, outs);
+                if (clk) clk->ffn += fe_now() - t0;
+            }
+            fe_experts_end(s);
+            if (st) return st;
+            continue;
+        }
         while ((st = fe_experts_next(s, &which, &rec, err)) == FERRY_OK && which >= 0) {
             int i = g + which, m = b->first[i + 1] - b->first[i];
             const int *rows = b->rows + b->first[i];

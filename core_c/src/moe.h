@@ -44,7 +44,16 @@ typedef struct fe_moe_arch {
     size_t layer_size, router_at, norm_at, bias_at;
     /* One expert's feed-forward on m rows of in [m][ed] into out [m][ed]. */
     void (*expert)(void *ctx, int layer, const uint8_t *record, const float *in, int m, float *out);
+    /* Optional (NULL: `expert` one at a time): for a single token, the
+     * feed-forward of n <= FE_MOE_BATCH experts on the same input in [ed],
+     * expert i's from record[i] into out[i] [ed], each exactly as `expert`
+     * computes it with m = 1, in a few parallel jobs instead of a few per
+     * expert. Used when every record of the visit is in RAM (decode in RAM). */
+    void (*experts1)(void *ctx, int layer, const uint8_t *const *record, int n, const float *in, float *const *out);
 } fe_moe_arch;
+
+/* Most experts one experts1 call takes (two matrices each in one product job). */
+#define FE_MOE_BATCH (FE_MATMUL_MULTI_MAX / 2)
 
 /* The loop's scratch, carved by the architecture among its own buffers. */
 typedef struct fe_moe_bufs {

@@ -28,7 +28,7 @@ typedef struct {
     fe_q8dot2_fn q8dot2[FE_MATMUL_MULTI_MAX]; /* and its two-row kernel (NULL: rows one at a time) */
     const uint8_t *xq[FE_MATMUL_MULTI_MAX]; /* x quantized for each q8 kernel (once per layout) */
     int first[FE_MATMUL_MULTI_MAX + 1];    /* item index of each matrix's row 0 */
-    const float *x;     /* [n][cols] */
+    const float *x[FE_MATMUL_MULTI_MAX]; /* each matrix's input [n][cols] (one x for all in fe_matmul_multi) */
     int n;              /* tokens */
 } matmul_job;
 
@@ -87,7 +87,7 @@ static void matmul_rows(void *p, int start, int end, int tid) {
                 const int nr = r1 - r < FE_ROWS_PER_CALL ? r1 - r : FE_ROWS_PER_CALL;
                 const uint8_t *row = w->data + (uint64_t)r * w->row_bytes;
                 prefetch_past(&pf, row, nr * w->row_bytes, end_bytes);
-                j->rows[i](row, w->row_bytes, nr, w->cols, j->x, (size_t)w->cols, j->n, j->y[i] + r,
+                j->rows[i](row, w->row_bytes, nr, w->cols, j->x[i], (size_t)w->cols, j->n, j->y[i] + r,
                            (size_t)w->rows, buf);
             }
             continue;
@@ -95,9 +95,48 @@ static void matmul_rows(void *p, int start, int end, int tid) {
         for (int r = r0; r < r1; r++) {
             const uint8_t *row = w->data + (uint64_t)r * w->row_bytes;
             prefetch_past(&pf, row, w->row_bytes, end_bytes);
-            j->dot[i](row, w->cols, j->x, (size_t)w->cols, j->n, j->y[i] + r, (size_t)w->rows, buf);
+            j->dot[i](row, w->cols, j->x[i], (size_t)w->cols, j->n, j->y[i] + r, (size_t)w->rows, buf);
         }
     }
+}
+
+/* Run a set-up job on the pool and account its time to the profile. One job
+ * may mix formats (e.g. Q4_K beside Q6_K): its time is shared among them by
+ * the bytes each read. */
+static void run_job(const fe_ops *ops, matmul_job *j, double t0) {
+    if (!j->count) return;
+    fe_pool_run(ops->pool, matmul_rows, j, j->first[j->count]);
+    ferry_profile_part *P = ops->prof;
+    if (!P) return;
+    double dt = fe_now() - t0, total = 0.0;
+    for (int i = 0; i < j->count; i++) total += (double)j->w[i]->row_bytes * j->w[i]->rows;
+    for (int i = 0; i < j->count; i++) {
+        int f = j->w[i]->fmt;
+        if (f < 0 || f >= FERRY_PROFILE_FORMATS) continue;
+        double bytes = (double)j->w[i]->row_bytes * j->w[i]->rows;
+        P->matmul_seconds[f] += total > 0 ? dt * bytes / total : dt / j->count;
+        P->matmul_calls[f]++;
+        P->matmul_bytes[f] += (uint64_t)bytes;
+    }
+}
+
+/* Matrix w with its kernels over n tokens of x into y, as item j->count of
+ * the job; 0 when its format has no kernel (it is left out). */
+static int add_matrix(const fe_ops *ops, matmul_job *j, const fe_mat *w, const float *x, int n, float *y) {
+    fe_rowdot_fn dot = fe_kernel_for(ops->kernels, w->fmt);
+    if (!dot) return 0;
+    const int c = j->count;
+    j->w[c] = w;
+    j->y[c] = y;
+    j->x[c] = x;
+    j->dot[c] = dot;
+    j->rows[c] = n > 1 && ops->kernels ? ops->kernels->rowsdot[w->fmt] : NULL;
+    j->q8dot[c] = fe_q8_kernel_for(ops->q8, w->fmt, w->cols, n);
+    j->q8dot2[c] = j->q8dot[c] ? fe_q8_kernel2_for(ops->q8->k, w->fmt, n) : NULL;
+    j->xq[c] = NULL;
+    j->first[c + 1] = j->first[c] + w->rows;
+    j->count++;
+    return 1;
 }
 
 void fe_matmul_multi(const fe_ops *ops, const fe_mat *const *w, int count, const float *x, int n,
@@ -105,48 +144,49 @@ void fe_matmul_multi(const fe_ops *ops, const fe_mat *const *w, int count, const
     matmul_job j;
     j.ops = ops;
     j.count = 0;
-    j.x = x;
     j.n = n;
     j.first[0] = 0;
     const uint8_t *xq[FE_Q8_KINDS] = {NULL};
-    ferry_profile_part *P = ops->prof;
-    double t0 = P ? fe_now() : 0.0; /* a q8 product's time includes quantizing x */
+    double t0 = ops->prof ? fe_now() : 0.0; /* a q8 product's time includes quantizing x */
     for (int i = 0; i < count && i < FE_MATMUL_MULTI_MAX; i++) {
-        fe_rowdot_fn dot = fe_kernel_for(ops->kernels, w[i]->fmt);
-        if (!dot) continue;
-        j.w[j.count] = w[i];
-        j.y[j.count] = y[i];
-        j.dot[j.count] = dot;
-        j.rows[j.count] = n > 1 && ops->kernels ? ops->kernels->rowsdot[w[i]->fmt] : NULL;
-        j.q8dot[j.count] = fe_q8_kernel_for(ops->q8, w[i]->fmt, w[i]->cols, n);
-        j.q8dot2[j.count] = j.q8dot[j.count] ? fe_q8_kernel2_for(ops->q8->k, w[i]->fmt, n) : NULL;
-        if (j.q8dot[j.count]) { /* the matrices share cols: x is quantized once per layout */
+        if (!add_matrix(ops, &j, w[i], x, n, y[i])) continue;
+        const int c = j.count - 1;
+        if (j.q8dot[c]) { /* the matrices share cols: x is quantized once per layout */
             const int kind = fe_q8_layout(ops->q8->k, w[i]->fmt, n);
             if (!xq[kind]) {
                 uint8_t *buf = fe_q8_region(ops->q8, kind, w[i]->cols, n);
                 ops->q8->k->quantize(kind, x, (size_t)w[i]->cols, w[i]->cols, n, buf);
                 xq[kind] = buf;
             }
-            j.xq[j.count] = xq[kind];
+            j.xq[c] = xq[kind];
         }
-        j.first[j.count + 1] = j.first[j.count] + w[i]->rows;
-        j.count++;
     }
-    if (!j.count) return;
-    fe_pool_run(ops->pool, matmul_rows, &j, j.first[j.count]);
-    if (!P) return;
-    /* One job may mix formats (e.g. Q4_K beside Q6_K): its time is shared
-     * among them by the bytes each read. */
-    double dt = fe_now() - t0, total = 0.0;
-    for (int i = 0; i < j.count; i++) total += (double)j.w[i]->row_bytes * j.w[i]->rows;
-    for (int i = 0; i < j.count; i++) {
-        int f = j.w[i]->fmt;
-        if (f < 0 || f >= FERRY_PROFILE_FORMATS) continue;
-        double bytes = (double)j.w[i]->row_bytes * j.w[i]->rows;
-        P->matmul_seconds[f] += total > 0 ? dt * bytes / total : dt / j.count;
-        P->matmul_calls[f]++;
-        P->matmul_bytes[f] += (uint64_t)bytes;
+    run_job(ops, &j, t0);
+}
+
+void fe_matmul_each(const fe_ops *ops, const fe_mat *const *w, int count, const float *x, size_t xs,
+                    float *const *y) {
+    int alike = count <= FE_MATMUL_MULTI_MAX;
+    for (int i = 1; i < count && alike; i++) alike = w[i]->fmt == w[0]->fmt && w[i]->cols == w[0]->cols;
+    if (!alike) { /* not a case any caller has: one product at a time, the same outputs */
+        for (int i = 0; i < count; i++) fe_matmul(ops, w[i], x + (size_t)i * xs, 1, y[i]);
+        return;
     }
+    matmul_job j;
+    j.ops = ops;
+    j.count = 0;
+    j.n = 1;
+    j.first[0] = 0;
+    double t0 = ops->prof ? fe_now() : 0.0;
+    for (int i = 0; i < count; i++) add_matrix(ops, &j, w[i], x + (size_t)i * xs, 1, y[i]);
+    if (j.count && j.q8dot[0]) { /* the inputs quantized at once: the quantizer treats each token alone, so
+                                  * each is what fe_matmul makes of it */
+        const int kind = fe_q8_layout(ops->q8->k, w[0]->fmt, 1), cols = w[0]->cols;
+        uint8_t *buf = fe_q8_region(ops->q8, kind, cols, j.count);
+        ops->q8->k->quantize(kind, x, xs, cols, j.count, buf);
+        for (int c = 0; c < j.count; c++) j.xq[c] = buf + (size_t)c * fe_q8_stride_kind(kind, cols);
+    }
+    run_job(ops, &j, t0);
 }
 
 void fe_matmul(const fe_ops *ops, const fe_mat *w, const float *x, int n, float *y) {

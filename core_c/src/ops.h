@@ -47,8 +47,15 @@ void fe_matmul(const fe_ops *ops, const fe_mat *w, const float *x, int n, float 
 /* fe_matmul of `count` matrices with the same cols over the same x, as one
  * parallel job over all their rows (one dispatch instead of `count`):
  * y[i] = w[i] x. Each output is computed exactly as fe_matmul computes it. */
-#define FE_MATMUL_MULTI_MAX 4
+#define FE_MATMUL_MULTI_MAX 16
 void fe_matmul_multi(const fe_ops *ops, const fe_mat *const *w, int count, const float *x, int n, float *const *y);
+
+/* One token each: y[i] = w[i] (x + i xs) for up to FE_MATMUL_MULTI_MAX
+ * matrices (a decode step's experts' down projections, each over its own
+ * input), as one parallel job. Each output is computed exactly as
+ * fe_matmul(w[i], x + i xs, 1) computes it (matrices of different formats
+ * or widths, which no caller has, run one product at a time). */
+void fe_matmul_each(const fe_ops *ops, const fe_mat *const *w, int count, const float *x, size_t xs, float *const *y);
 
 /* out = w * x / rms(x) over n values (out may alias x). */
 void fe_rmsnorm(float *out, const float *x, const float *w, int n, float eps);

@@ -69,6 +69,7 @@ def test_every_mechanism_on_or_off_gives_identical_logits(placed):
     assert info.activations == RUNS[activations]
     variants = {
         "all on": {},
+        "no fill": {"fill": False},
         "small cache (12.5%)": {"cache_slots": 24},
         "tiny cache (one layer's set)": {"cache_slots": 4},
         "no cache": {"cache": False},
@@ -202,6 +203,23 @@ def test_cache_hits_and_lookahead_are_reported(moe_model):
     assert 0 < st.lookahead_correct <= st.lookahead_predicted
     assert st.prefetch_issued >= st.prefetch_used + st.prefetch_wasted
     assert st.bytes_read == st.expert_reads * info.expert_bytes
+
+
+def test_a_cache_that_holds_every_expert_is_filled_at_open(moe_model):
+    """With no budget every expert fits: the engine streams them all into the cache
+    right after opening, so no visit misses; without the fill each first use misses."""
+    _, filled, info = run(moe_model)
+    assert info.cache_slots == 6 * 32
+    assert filled.misses == 0 and filled.hits > 0
+    assert filled.lookahead_predicted == 0  # nothing to read ahead: the next layer's router is not run
+    _, lazy, _ = run(moe_model, fill=False)
+    assert lazy.misses > 0 and lazy.hits + lazy.misses == filled.hits
+    assert lazy.lookahead_predicted > 0
+    # a cache smaller than the model is not filled: what to keep is the policy's call
+    assert run(moe_model, cache_slots=48)[1].misses > 0
+    # closing while the fill is still queued takes the queued reads back
+    with Engine(moe_model, threads=2, n_ctx=64):
+        pass
 
 
 def test_direct_io_is_detected_and_reported(moe_model, tmp_path):
