@@ -2,11 +2,29 @@
 keychain; the gauges count the requests of other clients."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import socket
 
 import httpx
 import pytest
+
+
+@contextlib.contextmanager
+def held_model(container, monkeypatch):
+    """Another Ferry process holding ``container`` (tests/engine/test_registry.py's holder), with
+    sharing on; yields (process, its registry record), and closes the model at the end if the
+    test has not."""
+    from tests.engine.test_registry import _holder, _wait_serving
+
+    monkeypatch.setenv("FERRY_SHARE", "1")
+    holder = _holder(container)
+    try:
+        yield holder, _wait_serving(container, holder)
+    finally:
+        if holder.poll() is None:
+            holder.stdin.close()
+            holder.wait(timeout=60)
 
 
 def free_port() -> int:
@@ -46,13 +64,9 @@ def test_a_second_window_uses_the_engine_another_ferry_process_holds(qtbot, make
                                                                      monkeypatch):
     """One engine per model per machine (app/engine/registry.py): a window asked for a model another
     Ferry process holds attaches to that process's engine, and says so."""
-    from tests.engine.test_registry import _holder, _wait_serving
     from tests.server.conftest import engine_answer
 
-    monkeypatch.setenv("FERRY_SHARE", "1")
-    holder = _holder(demo_container)
-    try:
-        owner = _wait_serving(demo_container, holder)
+    with held_model(demo_container, monkeypatch) as (holder, owner):
         w = make_window(demo_container, max_tokens=6)
         info = w.models.info
         assert info.remote and info.url == owner.url
@@ -69,10 +83,6 @@ def test_a_second_window_uses_the_engine_another_ferry_process_holds(qtbot, make
             w.send_text("Name a colour.")
         assert blocker.args[0] in ("stop", "length")
         assert not w.models.info.remote and w.chat.visible()[-1].content
-    finally:
-        if holder.poll() is None:
-            holder.stdin.close()
-            holder.wait(timeout=60)
 
 
 @pytest.mark.slow
@@ -80,13 +90,9 @@ def test_a_window_whose_holder_closes_as_it_asks_still_answers(qtbot, make_windo
     """The race of a window that checked its holder just before that process closed the model: the
     question goes out to a server that has stopped, and is answered by the model the window opens
     itself (``AttachedStream``), with no error shown."""
-    from tests.engine.test_registry import _holder, _wait_serving
     from tests.server.conftest import engine_answer
 
-    monkeypatch.setenv("FERRY_SHARE", "1")
-    holder = _holder(demo_container)
-    try:
-        _wait_serving(demo_container, holder)
+    with held_model(demo_container, monkeypatch) as (holder, _):
         w = make_window(demo_container, max_tokens=6)
         assert w.models.info.remote
         holder.stdin.close()       # the holder closes the model and ends ...
@@ -101,10 +107,6 @@ def test_a_window_whose_holder_closes_as_it_asks_still_answers(qtbot, make_windo
         assert not w.models.info.remote
         assert w.chat.visible()[-1].content == engine_answer(demo_container,
                                                              [{"role": "user", "content": "Name a colour."}], 6)
-    finally:
-        if holder.poll() is None:
-            holder.stdin.close()
-            holder.wait(timeout=60)
 
 
 @pytest.mark.slow
