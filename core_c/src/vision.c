@@ -203,24 +203,30 @@ static float gelu_tanh(float x) {
 
 static float gelu_erf(float x) { return (float)(0.5 * x * (1.0 + erf((double)x * 0.7071067811865476))); }
 
-/* The position table resized to gh x gw: bilinear, half-pixel centres, no
- * antialiasing, negative source coordinates clamped to 0. */
+/* One axis of the bilinear resize: output index i of n from a table of n0,
+ * half-pixel centres, no antialiasing, a negative source coordinate clamped
+ * to 0; the two source indices and the weight of the second. */
+static void bilinear_axis(int i, int n, int n0, int *i0, int *i1, double *w) {
+    double src = (i + 0.5) * ((double)n0 / n) - 0.5;
+    if (src < 0) src = 0;
+    int lo = (int)src;
+    if (lo > n0 - 1) lo = n0 - 1;
+    *i0 = lo;
+    *i1 = lo + 1 < n0 ? lo + 1 : n0 - 1;
+    *w = src - lo;
+}
+
+/* The position table resized to gh x gw (bilinear_axis on both axes). */
 static void positions(const ferry_vision *v, int gh, int gw, float *out) {
     const int D = v->cfg.hidden, H0 = v->cfg.pos_h, W0 = v->cfg.pos_w;
     for (int y = 0; y < gh; y++) {
-        double sy = (y + 0.5) * ((double)H0 / gh) - 0.5;
-        if (sy < 0) sy = 0;
-        int y0 = (int)sy;
-        if (y0 > H0 - 1) y0 = H0 - 1;
-        int y1 = y0 + 1 < H0 ? y0 + 1 : H0 - 1;
-        double ly = sy - y0;
+        int y0, y1;
+        double ly;
+        bilinear_axis(y, gh, H0, &y0, &y1, &ly);
         for (int x = 0; x < gw; x++) {
-            double sx = (x + 0.5) * ((double)W0 / gw) - 0.5;
-            if (sx < 0) sx = 0;
-            int x0 = (int)sx;
-            if (x0 > W0 - 1) x0 = W0 - 1;
-            int x1 = x0 + 1 < W0 ? x0 + 1 : W0 - 1;
-            double lx = sx - x0;
+            int x0, x1;
+            double lx;
+            bilinear_axis(x, gw, W0, &x0, &x1, &lx);
             const float *a = v->pos + ((size_t)y0 * W0 + x0) * D, *b = v->pos + ((size_t)y0 * W0 + x1) * D;
             const float *c = v->pos + ((size_t)y1 * W0 + x0) * D, *d = v->pos + ((size_t)y1 * W0 + x1) * D;
             float *o = out + ((size_t)y * gw + x) * D;
