@@ -91,26 +91,7 @@ fi
 [ -f "$GGUF" ] || die "the demo model $GGUF is missing"
 
 # The cache key: every input of the package.
-KEY="$("$VENV/bin/python" - "$ROOT" "$BRIEFCASE_VERSION" "$TEMPLATE_ID" "$GGUF" "${DPKG_DEB_COMPRESSOR_TYPE:-zstd}" <<'EOF'
-import hashlib, os, sys
-from pathlib import Path
-root = Path(sys.argv[1])
-h = hashlib.sha256("\0".join(sys.argv[2:]).encode())
-st = os.stat(sys.argv[4])
-h.update(f"{st.st_size}:{st.st_mtime_ns}".encode())
-inputs = ["app", "core_c", "setup.py", "pyproject.toml", "README.md", "briefcase.toml", "resources",
-          "packaging/briefcase", "packaging/briefcase_config.py", "packaging/build_wheels.sh", "packaging/build_linux.sh"]
-skip_dirs = {"__pycache__", "build"}
-for name in inputs:
-    p = root / name
-    files = [p] if p.is_file() else sorted(f for f in p.rglob("*") if f.is_file()
-                                          and not skip_dirs & set(f.relative_to(root).parts)
-                                          and f.suffix not in (".so", ".o", ".pyc", ".pyd"))
-    for f in files:
-        h.update(str(f.relative_to(root)).encode() + b"\0" + hashlib.sha256(f.read_bytes()).digest())
-print(h.hexdigest()[:16])
-EOF
-)"
+KEY="$("$VENV/bin/python" "$ROOT/packaging/package_key.py" "$ROOT" "$BRIEFCASE_VERSION" "$TEMPLATE_ID" "$GGUF" "${DPKG_DEB_COMPRESSOR_TYPE:-zstd}")"
 DONE="$CACHE/debs/$KEY"
 mkdir -p "$ROOT/dist"
 if [ -z "${FERRY_REBUILD:-}" ] && compgen -G "$DONE/*.deb" >/dev/null; then
