@@ -696,6 +696,33 @@ static void moe_expert(void *p, int l, const uint8_t *rec, const float *in, int 
     mlp(c->s, c->b, KQ8_EXPERTS, &g, &u, &dn, in, m, out);
 }
 
+/* n experts on one token (decode with every record in RAM): gate and up of
+ * all of them in one parallel job, the activation, then the down projections
+ * in one job, instead of three jobs per expert; each product as moe_expert
+ * computes it with m = 1 (the same kernels, the same quantized input). */
+static void moe_experts1(void *p, int l, const uint8_t *const *rec, int n, const float *in, float *const *out) {
+    moe_ctx *c = p;
+    ferry_session *s = c->s;
+    const kbufs *b = c->b;
+    const fe_kimi_hparams *k = KH(&s->e->c.hp);
+    const fe_bank *bk = &s->e->c.banks[l];
+    fe_mat m[3][FE_MOE_BATCH];
+    const fe_mat *w[FE_MATMUL_MULTI_MAX];
+    float *y[FE_MATMUL_MULTI_MAX];
+    const size_t f = (size_t)bk->part[0].rows;
+    for (int i = 0; i < n; i++) {
+        for (int part = 0; part < 3; part++) m[part][i] = fe_expert_mat(bk, part, rec[i]);
+        w[2 * i] = &m[0][i], w[2 * i + 1] = &m[1][i];
+        y[2 * i] = b->h1 + (size_t)i * f, y[2 * i + 1] = b->h2 + (size_t)i * f;
+    }
+    kdims d = dims_of(&s->e->c.hp);
+    fe_ops ops = {s->pool, b->rows, fe_rows_stride(max_cols(&d)), s->e->kernels, s->prof_cur, q8_for(s, KQ8_EXPERTS)};
+    fe_matmul_multi(&ops, w, 2 * n, in, 1, y);
+    for (size_t i = 0; i < (size_t)n * f; i++) b->h1[i] = act_fn(k, b->h1[i], b->h2[i]);
+    for (int i = 0; i < n; i++) w[i] = &m[2][i];
+    fe_matmul_each(&ops, w, n, b->h1, f, out);
+}
+
 static ferry_status moe(ferry_session *s, const kbufs *b, int l, int n, ferry_error *err) {
     const fe_hparams *hp = &s->e->c.hp;
     const fe_kimi_hparams *k = KH(hp);
@@ -711,7 +738,8 @@ static ferry_status moe(ferry_session *s, const kbufs *b, int l, int n, ferry_er
                      .ops = {s->pool, b->rows, fe_rows_stride(max_cols(&d)), s->e->kernels, s->prof_cur, q8_for(s, KQ8_ROUTER)},
                      .layers = MODEL(s->e)->layers, .layer_size = sizeof(kimi_layer),
                      .router_at = offsetof(kimi_layer, router), .norm_at = offsetof(kimi_layer, ffn_norm),
-                     .bias_at = offsetof(kimi_layer, router_bias), .expert = moe_expert};
+                     .bias_at = offsetof(kimi_layer, router_bias), .expert = moe_expert,
+                     .experts1 = moe_experts1};
     ferry_status st = fe_moe_layer(s, &a, &b->moe, l, n, b->xb, b->z, b->x, b->u, err);
     if (st) return st;
     if (k->latent_dim) {
