@@ -30,11 +30,12 @@ routing, narrow matrices: KIMI_SHAPES), converts it with `ferry convert`
   engine's own pattern (random whole records, direct I/O, the same number of
   reader threads).
 
-With --activations (a list of activation modes) it measures those instead
-of the placement modes: decode at the budget (streaming), with every expert
+With --activations (a list of activation modes; --before-tree adds another
+checkout at its defaults, "before") it measures those instead of the
+placement modes, each round of each in fresh processes: decode at the budget (streaming), with every expert
 in RAM (wall time, the engine's threads) and with every expert in RAM on one
-thread (the process's CPU time per token, which a loaded machine disturbs
-least), each mode in the same interleaved rounds, with each round's ratio to
+thread (the process's CPU time per token, best of 5 passes, which a loaded
+machine disturbs least), each mode in the same interleaved rounds, with each round's ratio to
 the first mode. --dim, --trunk-format and --expert-format shape the Kimi
 synthetic (--dim 256 lets q3_nl experts' 256-value rows fit).
 
@@ -64,6 +65,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+if os.environ.get("FERRY_BENCH_TREE"):  # --before-tree's worker: that tree's app and core measured by this code
+    sys.path.insert(0, os.environ["FERRY_BENCH_TREE"])
 
 from app.convert.convert import convert
 from app.activations import ACTIVATION_CHOICES
@@ -117,21 +120,25 @@ def decode_run(container: Path, tokens: list[int], routing: tuple | None = None,
         }
 
 
-def compute_floor(container: Path, tokens: list[int], **opts) -> dict:
-    """Every expert in RAM: decode the same tokens twice, time the second pass."""
+def compute_floor(container: Path, tokens: list[int], passes: int = 1, **opts) -> dict:
+    """Every expert in RAM: decode the same tokens, then time `passes` more passes (the best one)."""
     with Engine(container, n_ctx=256, **opts) as engine:
         s = engine.session(256)
         s.eval(tokens[:PROMPT])
         for t in tokens[PROMPT:]:
             s.eval([t])
-        s.reset()  # (not truncate: a recurrent model such as Kimi-Linear or K3 cannot rewind)
-        s.eval(tokens[:PROMPT])
-        t0, c0 = time.perf_counter(), time.process_time()
-        for t in tokens[PROMPT:]:
-            s.eval([t])
-        n = len(tokens) - PROMPT
-        # (the process's CPU time: with one thread, the compute's own, whatever else the machine runs)
-        return {"s_per_token": (time.perf_counter() - t0) / n, "cpu_s_per_token": (time.process_time() - c0) / n}
+        best = None
+        for _ in range(passes):
+            s.reset()  # (not truncate: a recurrent model such as Kimi-Linear or K3 cannot rewind)
+            s.eval(tokens[:PROMPT])
+            t0, c0 = time.perf_counter(), time.process_time()
+            for t in tokens[PROMPT:]:
+                s.eval([t])
+            n = len(tokens) - PROMPT
+            # (the process's CPU time: with one thread, the compute's own, whatever else the machine runs)
+            run = {"s_per_token": (time.perf_counter() - t0) / n, "cpu_s_per_token": (time.process_time() - c0) / n}
+            best = run if best is None or run["cpu_s_per_token"] < best["cpu_s_per_token"] else best
+        return best
 
 
 def disk_bandwidth(container: Path, record: int, readers: int, seconds: float = 3.0) -> dict:
@@ -429,21 +436,21 @@ def activation_modes(a, container: Path, tokens: list[int], budget: int) -> dict
     expert in RAM (the compute floor's second pass) under each activation
     mode, in interleaved rounds (each round starting one mode later); medians
     and each round's ratio of every mode to the first."""
-    acts = [m for m in a.activations.split(",") if m]
+    acts = [m for m in a.activations.split(",") if m] + (["before"] if a.before_tree else [])
     runs: dict[str, dict[str, list]] = {m: {"streaming": [], "cached": [], "cached_cpu_1thread": []} for m in acts}
     load, running = [], {}
     for r in range(max(1, a.rounds)):
         load.append(os.getloadavg()[0])
         for m in acts[r % len(acts):] + acts[:r % len(acts)]:
-            runs[m]["streaming"].append(decode_run(container, tokens, ram_budget=budget, readers=a.readers,
-                                                   activations=m))
-            runs[m]["cached"].append(compute_floor(container, tokens, activations=m)["s_per_token"])
-            # one compute thread's CPU time per token: the compute alone, robust to a loaded machine
-            runs[m]["cached_cpu_1thread"].append(
-                compute_floor(container, tokens, activations=m, threads=1)["cpu_s_per_token"])
-            if m not in running:
-                with Engine(container, n_ctx=256, threads=1, activations=m) as probe:
-                    running[m] = probe.info.activations
+            job = {"container": str(container), "tokens": tokens, "budget": budget, "readers": a.readers,
+                   "activations": None if m == "before" else m}
+            env = {**os.environ, "FERRY_BENCH_TREE": str(Path(a.before_tree).resolve())} if m == "before" else None
+            done = subprocess.run([sys.executable, __file__, "--worker", json.dumps(job)], env=env, check=True,
+                                  capture_output=True, text=True)
+            out = json.loads(done.stdout)
+            for k in runs[m]:
+                runs[m][k].append(out[k])
+            running[m] = out["engine_reports"]
     out: dict = {"rounds_load_1min": load, "activations": {}}
     first = acts[0]
     for m in acts:
@@ -467,6 +474,21 @@ def activation_modes(a, container: Path, tokens: list[int], budget: int) -> dict
                 out["activations"][m][where]["speedup_vs_" + first] = float(np.median(ratios))
                 out["activations"][m][where]["rounds_speedup_vs_" + first] = ratios
     return out
+
+
+def activation_worker(job: dict) -> dict:
+    """One round of one mode of --activations, in a fresh process (with --before-tree's mode, another tree's
+    app and core): decode at the budget, in RAM, and in RAM on one thread (CPU time)."""
+    opts = {"activations": job["activations"]} if job["activations"] else {}
+    container, tokens = Path(job["container"]), job["tokens"]
+    with Engine(container, n_ctx=256, threads=1, **opts) as probe:
+        reports = probe.info.activations
+    return {"engine_reports": reports,
+            "streaming": decode_run(container, tokens, ram_budget=job["budget"], readers=job["readers"], **opts),
+            "cached": compute_floor(container, tokens, **opts)["s_per_token"],
+            # one compute thread's CPU time per token, the best of 5 passes: the compute alone, what a loaded
+            # machine disturbs least
+            "cached_cpu_1thread": compute_floor(container, tokens, passes=5, threads=1, **opts)["cpu_s_per_token"]}
 
 
 #: --true-shape: prompt tokens before the timed decode (each prompt token of K3
@@ -718,8 +740,15 @@ def main(argv=None) -> int:
     ap.add_argument("--ceiling-seconds", type=float, default=4.0,
                     help="--true-shape: seconds of each disk-ceiling measurement")
     ap.add_argument("--keep", action="store_true", help="--true-shape: keep the written container (in --workdir)")
+    ap.add_argument("--before-tree", default=None,
+                    help="with --activations: also measure another checkout (its app and built core, at its default "
+                         "activations) as mode 'before', in the same rounds, each round in fresh processes")
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
+    if a.worker:
+        print(json.dumps(activation_worker(json.loads(a.worker))))
+        return 0
     check_args(ap, a)
     if a.true_shape:
         return true_shape_main(a)
@@ -761,6 +790,8 @@ def check_args(ap, a) -> None:
     """Refuse options that do not go together (ap.error: one line, exit 2)."""
     if a.activations and any(m not in ACTIVATION_CHOICES for m in a.activations.split(",") if m):
         ap.error(f"--activations takes modes from {', '.join(ACTIVATION_CHOICES)}, separated by commas")
+    if a.before_tree and not (a.activations and (Path(a.before_tree) / "app" / "engine").is_dir()):
+        ap.error("--before-tree goes with --activations and names a checkout with a built core (app/engine)")
     if a.dim is not None and (a.family == "qwen3moe" or a.dim < 64 or a.dim % 64):
         ap.error("--dim goes with --family k3 or kimi_linear and must be a multiple of 64")
     if not a.true_shape:
