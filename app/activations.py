@@ -9,14 +9,17 @@ Python, so settings load without the core.
   llama.cpp does; other weights stay exact, and a model without such weights
   runs the exact path. On the real demo weights this moves the next-token
   distribution by a mean KL of about 0.006, far below what the 4-bit weights
-  themselves do (docs/QUANTIZATION.md, "8-bit activations"). Models with
-  Kimi Delta Attention layers (Kimi-Linear, K3) stay exact under ``auto``:
-  on the tiny ones the distance (mean KL 0.02-0.09) was above the 0.01 a
-  default may move, and keeping any one part (KDA, MLA, FFNs, latent
-  projections) exact did not bring it under, so ``q8`` must be asked for
-  there. q3_nl experts take 8-bit activations too (their grid as int8
-  levels; on the tiny random MoE models with q3_nl experts the default's
-  mean KL from exact rose by at most 0.0002, to 0.0001-0.004).
+  themselves do (docs/QUANTIZATION.md, "8-bit activations"). On models
+  with Kimi Delta Attention layers (Kimi-Linear, K3) ``auto`` takes 8-bit
+  activations only on the classes of products whose measured distance from
+  exact stayed at most 5 % of the weight formats' own error when switched
+  alone (docs/QUANTIZATION.md, "8-bit activations on the Kimi path"):
+  Kimi-Linear's routed experts, MLA, KDA's gates and the output head; K3's
+  MLA and output head; the rest (KDA's q/k/v and output, the dense and
+  shared FFNs, K3's latent projections and experts) run exact. q3_nl
+  experts take 8-bit activations too (their grid as int8 levels; on the
+  tiny random MoE models with q3_nl experts the default's mean KL from
+  exact rose by at most 0.0002, to 0.0001-0.004).
 - ``exact`` (alias ``f32``): the stored weights times the exact f32
   activations, for verification and the reference checks.
 - ``q8``: as ``auto``, but refused by a kernel set without integer products.

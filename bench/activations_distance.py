@@ -19,14 +19,18 @@ token by token (app.engine.compare, as `ferry eval --compare` does):
   figures say the arithmetic is right, not how a trained model fares.
 
     python bench/activations_distance.py [--models demo,k3,kimi_linear,deepseek] [--max-tokens 64] [--out FILE]
-                                         [--experts q4_0|q3_nl] [--exact-parts none,kda,mla,...] [--wide]
+                                         [--experts q4_0|q3_nl] [--exact-parts none,kda,only:mla,...] [--wide]
+                                         [--mode q8|auto]
 
-The tiny models are measured with 8-bit activations asked for by name
-("q8"), since ``auto`` keeps the models with KDA layers exact (the core's
-``auto_stays_exact``); ``default_runs`` says what the default runs.
-``--exact-parts`` repeats each tiny model with one group of its trunk
+The tiny models are measured with 8-bit activations on every class of
+product, asked for by name ("q8"; ``--mode auto``: what the default runs,
+which on the models with KDA layers keeps some classes exact, the core's
+KIMI_LINEAR_AUTO_Q8 / K3_AUTO_Q8); ``default_runs`` says what the default
+runs. ``--exact-parts`` repeats each tiny model with one group of its trunk
 matrices (PARTS) stored in f32, so that they run exactly in both modes and
-the distance left is the rest's: which part, if any, the distance comes from.
+the distance left is the rest's; ``only:GROUP`` stores every other group in
+f32 (and the experts, unless GROUP is ``experts``), so that only GROUP's
+products take 8-bit activations: the distance each class makes alone.
 ``--wide`` builds the tiny models with experts of 256 inputs and outputs
 (hidden 256, expert FFN 256: the tiny sizes are below q3_nl's 256-value rows,
 so its experts would stay f32) and also offers the other MoE families of
@@ -63,10 +67,23 @@ PARTS = {
     "kda_qkv": ("kda_q", "kda_k", "kda_v"),
     "kda_gates": ("kda_f_a", "kda_f_b", "kda_beta", "kda_g_a", "kda_g_b", "kda_g"),
     "kda_output": ("kda_output",),
-    "mla": ("attn_q_a", "attn_q_b", "attn_kv_a_mqa", "attn_kv_b", "attn_output", "attn_gate"),
+    "mla": ("attn_q", "attn_q_a", "attn_q_b", "attn_kv_a_mqa", "attn_kv_b", "attn_output", "attn_gate"),
     "ffn": ("ffn_gate", "ffn_up", "ffn_down", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"),
     "latent": ("ffn_latent_down", "ffn_latent_up"),
+    "output": ("output",),
 }
+#: ``--exact-parts only:GROUP``: 8-bit activations on that one group alone (a group of PARTS, or ``experts``):
+#: every other group of trunk matrices stored in f32 and, unless GROUP is ``experts``, the experts too.
+ONLY = "only:"
+
+
+def kept_exact(part: str) -> tuple[tuple[str, ...], bool]:
+    """The trunk matrix suffixes ``part`` stores in f32, and whether the experts are stored in f32 too."""
+    if not part.startswith(ONLY):
+        return PARTS[part], False
+    group = part[len(ONLY):]
+    own = set(PARTS.get(group, ()))
+    return tuple(sorted({s for names in PARTS.values() for s in names} - own)), group != "experts"
 
 
 #: --wide: the experts' inputs and outputs (a multiple of q3_nl's 256-value rows).
@@ -146,15 +163,18 @@ def main(argv=None) -> int:
                     help="experts of 256 inputs and outputs (q3_nl rows); also models qwen3moe, mixtral, olmoe")
     ap.add_argument("--sharp", action="store_true",
                     help="with --wide: keep the tiny builders' weight spread (each layer's gain grows with the width)")
+    ap.add_argument("--mode", default="q8", choices=("q8", DEFAULT_ACTIVATIONS),
+                    help="the tiny models' arithmetic measured against exact (auto: what the default runs on them)")
     ap.add_argument("--exact-parts", default="none",
-                    help="comma-separated groups of trunk matrices kept exact (f32), one run each: " + ", ".join(PARTS))
+                    help="comma-separated groups of trunk matrices kept exact (f32), one run each: " + ", ".join(PARTS)
+                    + "; only:GROUP (a group or experts): everything but GROUP kept exact")
     a = ap.parse_args(argv)
     from app import demo
     from app.convert import layout
     from app.convert.convert import convert
 
     parts = a.exact_parts.split(",")
-    unknown = [p for p in parts if p not in PARTS]
+    unknown = [p for p in parts if p not in PARTS and not (p.startswith(ONLY) and p[len(ONLY):] in (*PARTS, "experts"))]
     if unknown:
         ap.error(f"unknown --exact-parts {', '.join(unknown)} (choose from {', '.join(PARTS)})")
 
@@ -197,19 +217,21 @@ def main(argv=None) -> int:
             ids = None
             for part in parts:
                 vectors = layout.VECTOR_SUFFIXES
-                layout.VECTOR_SUFFIXES = vectors + PARTS[part]  # the group stays f32: exact in both modes
+                suffixes, experts_f32 = kept_exact(part)
+                layout.VECTOR_SUFFIXES = vectors + suffixes  # the group stays f32: exact in both modes
                 try:
-                    quant = convert(ckpt, root / f"{name}-{part}-q.ferry", trunk_format=a.trunk,
-                                    expert_format=a.experts)
+                    quant = convert(ckpt, root / f"{name}-{part.replace(':', '-')}-q.ferry", trunk_format=a.trunk,
+                                    expert_format="f32" if experts_f32 else a.experts)
                 finally:
                     layout.VECTOR_SUFFIXES = vectors
                 if ids is None:
                     ids = token_prompts(quant, prompts, a.max_tokens, chat=False)
-                kept = "" if part == "none" else f", {part} exact"
+                kept = ("" if part == "none" else f", 8-bit on {part[len(ONLY):]} only" if part.startswith(ONLY)
+                        else f", {part} exact")
                 rows.append(measure(f"{label} (random; {a.trunk} trunk, {a.experts} experts{kept})", quant,
                                     f32 if part == "none" else None, ids, a.threads,
                                     f"{a.trunk} trunk + {a.experts} experts against the f32 weights, exact",
-                                    mode="q8"))
+                                    mode=a.mode))
                 rows[-1]["exact_part"] = part
                 rows[-1]["expert_formats"] = expert_formats(quant)
                 print(json.dumps(rows[-1]), file=sys.stderr)

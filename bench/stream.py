@@ -2,6 +2,8 @@
 
     python bench/stream.py --json [--size-gb 2] [--budget-frac 0.25] [--tokens 24] [--rounds 3]
     python bench/stream.py --json --family k3 --routing [--margins 0,0.02,0.1] [--dispatch]
+    python bench/stream.py --json --family kimi_linear --dim 256 --trunk-format q4_0 --expert-format q3_nl \
+                           --activations exact,auto,q8 [--rounds 9] [--tokens 32]
 
 Writes a deterministic Qwen3-MoE-shaped checkpoint (bench/make_synthetic.py;
 --family k3 or kimi_linear: those releases' layouts, expert counts, top-k and
@@ -27,6 +29,15 @@ routing, narrow matrices: KIMI_SHAPES), converts it with `ferry convert`
   at this budget), over the best bandwidth the disk gave in any round to the
   engine's own pattern (random whole records, direct I/O, the same number of
   reader threads).
+
+With --activations (a list of activation modes; --before-tree adds another
+checkout at its defaults, "before") it measures those instead of the
+placement modes, each round of each in fresh processes: decode at the budget (streaming), with every expert
+in RAM (wall time, the engine's threads) and with every expert in RAM on one
+thread (the process's CPU time per token, best of 5 passes, which a loaded
+machine disturbs least), each mode in the same interleaved rounds, with each round's ratio to
+the first mode. --dim, --trunk-format and --expert-format shape the Kimi
+synthetic (--dim 256 lets q3_nl experts' 256-value rows fit).
 
 The modes run in interleaved rounds (streaming, synchronous, overlap without
 lookahead, the routing modes, compute floor, disk bandwidth; then again, each
@@ -54,8 +65,11 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+if os.environ.get("FERRY_BENCH_TREE"):  # --before-tree's worker: that tree's app and core measured by this code
+    sys.path.insert(0, os.environ["FERRY_BENCH_TREE"])
 
 from app.convert.convert import convert
+from app.activations import ACTIVATION_CHOICES
 from app.engine.binding import Engine, container_plan
 from app.engine.speed import run_threads
 from bench.make_synthetic import make, parse
@@ -106,20 +120,25 @@ def decode_run(container: Path, tokens: list[int], routing: tuple | None = None,
         }
 
 
-def compute_floor(container: Path, tokens: list[int]) -> dict:
-    """Every expert in RAM: decode the same tokens twice, time the second pass."""
-    with Engine(container, n_ctx=256) as engine:
+def compute_floor(container: Path, tokens: list[int], passes: int = 1, **opts) -> dict:
+    """Every expert in RAM: decode the same tokens, then time `passes` more passes (the best one)."""
+    with Engine(container, n_ctx=256, **opts) as engine:
         s = engine.session(256)
         s.eval(tokens[:PROMPT])
         for t in tokens[PROMPT:]:
             s.eval([t])
-        s.reset()  # (not truncate: a recurrent model such as Kimi-Linear or K3 cannot rewind)
-        s.eval(tokens[:PROMPT])
-        t0 = time.perf_counter()
-        for t in tokens[PROMPT:]:
-            s.eval([t])
-        n = len(tokens) - PROMPT
-        return {"s_per_token": (time.perf_counter() - t0) / n}
+        best = None
+        for _ in range(passes):
+            s.reset()  # (not truncate: a recurrent model such as Kimi-Linear or K3 cannot rewind)
+            s.eval(tokens[:PROMPT])
+            t0, c0 = time.perf_counter(), time.process_time()
+            for t in tokens[PROMPT:]:
+                s.eval([t])
+            n = len(tokens) - PROMPT
+            # (the process's CPU time: with one thread, the compute's own, whatever else the machine runs)
+            run = {"s_per_token": (time.perf_counter() - t0) / n, "cpu_s_per_token": (time.process_time() - c0) / n}
+            best = run if best is None or run["cpu_s_per_token"] < best["cpu_s_per_token"] else best
+        return best
 
 
 def disk_bandwidth(container: Path, record: int, readers: int, seconds: float = 3.0) -> dict:
@@ -157,14 +176,16 @@ def prepare(a, where: Path) -> Path:
     """Write and convert the synthetic model, or reuse the one a run with the same flags left."""
     if a.family != "qwen3moe":
         return prepare_kimi(a, where)
-    tag = f"synth-{a.size_gb:g}gb-{'corr' if a.correlated else 'rand'}"
+    f = synth_formats(a)
+    tag = (f"synth-{a.size_gb:g}gb-{'corr' if a.correlated else 'rand'}"
+           + ("" if f == {"expert_format": "q4_1"} else "-" + "-".join(f.values())))
     container = where / f"{tag}.ferry"
     if (container / "manifest.json").exists() and (where / f"{tag}.done").exists():
         return container
     ckpt = make(parse(["--out", str(where / f"{tag}-ckpt"), "--layers", "8", "--dim", "1024", "--expert-ffn", "512",
                        "--top-k", "8", "--heads", "8", "--vocab", "2048", "--size-gb", str(a.size_gb)]
                       + (["--same-router"] if a.correlated else [])))
-    convert(ckpt, container, expert_format="q4_1")
+    convert(ckpt, container, **f)
     shutil.rmtree(ckpt, ignore_errors=True)
     (where / f"{tag}.done").write_text("converted\n")
     return container
@@ -184,13 +205,31 @@ KIMI_SHAPES = {
 }
 
 
+def kimi_shape(a) -> list[str]:
+    """KIMI_SHAPES[family], its width replaced by --dim when given."""
+    shape = list(KIMI_SHAPES[a.family])
+    if a.dim:
+        if "--dim" in shape:
+            shape[shape.index("--dim") + 1] = str(a.dim)
+        else:
+            shape += ["--dim", str(a.dim)]
+    return shape
+
+
+def synth_formats(a) -> dict:
+    """The converter's formats for the synthetic families: q4_1 experts and its default trunk unless asked."""
+    return {"expert_format": a.expert_format or "q4_1", **({"trunk_format": a.trunk_format} if a.trunk_format else {})}
+
+
 def prepare_kimi(a, where: Path) -> Path:
-    tag = f"synth-{a.family}-" + "-".join(KIMI_SHAPES[a.family][1::2])
+    f = synth_formats(a)
+    tag = (f"synth-{a.family}-" + "-".join(kimi_shape(a)[1::2])
+           + ("" if f == {"expert_format": "q4_1"} else "-" + "-".join(f.values())))
     container = where / f"{tag}.ferry"
     if (container / "manifest.json").exists() and (where / f"{tag}.done").exists():
         return container
-    ckpt = make(parse(["--out", str(where / f"{tag}-ckpt"), "--family", a.family, *KIMI_SHAPES[a.family]]))
-    convert(ckpt, container, expert_format="q4_1")
+    ckpt = make(parse(["--out", str(where / f"{tag}-ckpt"), "--family", a.family, *kimi_shape(a)]))
+    convert(ckpt, container, **f)
     shutil.rmtree(ckpt, ignore_errors=True)
     (where / f"{tag}.done").write_text("converted\n")
     return container
@@ -390,6 +429,66 @@ def stream_modes(a, container: Path, plan, tokens: list[int], budget: int, top_k
         "rounds_speedup_vs_overlap_only": [y["s_per_token"] / x["s_per_token"]
                                            for x, y in zip(runs["streaming"], runs["no_lookahead"])],
     }
+
+
+def activation_modes(a, container: Path, tokens: list[int], budget: int) -> dict:
+    """--activations: decode at the bench's budget (streaming) and with every
+    expert in RAM (the compute floor's second pass) under each activation
+    mode, in interleaved rounds (each round starting one mode later); medians
+    and each round's ratio of every mode to the first."""
+    acts = [m for m in a.activations.split(",") if m] + (["before"] if a.before_tree else [])
+    runs: dict[str, dict[str, list]] = {m: {"streaming": [], "cached": [], "cached_cpu_1thread": []} for m in acts}
+    load, running = [], {}
+    for r in range(max(1, a.rounds)):
+        load.append(os.getloadavg()[0])
+        for m in acts[r % len(acts):] + acts[:r % len(acts)]:
+            job = {"container": str(container), "tokens": tokens, "budget": budget, "readers": a.readers,
+                   "activations": None if m == "before" else m}
+            env = {**os.environ, "FERRY_BENCH_TREE": str(Path(a.before_tree).resolve())} if m == "before" else None
+            done = subprocess.run([sys.executable, __file__, "--worker", json.dumps(job)], env=env, check=True,
+                                  capture_output=True, text=True)
+            out = json.loads(done.stdout)
+            for k in runs[m]:
+                runs[m][k].append(out[k])
+            running[m] = out["engine_reports"]
+    out: dict = {"rounds_load_1min": load, "activations": {}}
+    first = acts[0]
+    for m in acts:
+        st = median_run(runs[m]["streaming"])
+        cached = runs[m]["cached"]
+        out["activations"][m] = {
+            "engine_reports": running[m],
+            "streaming": {k: st[k] for k in ("tok_per_s", "s_per_token", "rounds_s_per_token", "hit_rate",
+                                             "bytes_per_token", "stall_s_per_token", "profile_s_per_token",
+                                             "matmul_s_per_token")},
+            "cached": {"tok_per_s": 1.0 / float(np.median(cached)), "s_per_token": float(np.median(cached)),
+                       "rounds_s_per_token": cached},
+            "cached_cpu_1thread": {"cpu_s_per_token": float(np.median(runs[m]["cached_cpu_1thread"])),
+                                   "rounds_cpu_s_per_token": runs[m]["cached_cpu_1thread"]},
+        }
+        if m != first:
+            for where in ("streaming", "cached", "cached_cpu_1thread"):
+                mine = [x["s_per_token"] if where == "streaming" else x for x in runs[m][where]]
+                base = [x["s_per_token"] if where == "streaming" else x for x in runs[first][where]]
+                ratios = [b / x for b, x in zip(base, mine)]
+                out["activations"][m][where]["speedup_vs_" + first] = float(np.median(ratios))
+                out["activations"][m][where]["rounds_speedup_vs_" + first] = ratios
+    return out
+
+
+def activation_worker(job: dict) -> dict:
+    """One round of one mode of --activations, in a fresh process (with --before-tree's mode, another tree's
+    app and core): decode at the budget, in RAM, and in RAM on one thread (CPU time)."""
+    opts = {"activations": job["activations"]} if job["activations"] else {}
+    container, tokens = Path(job["container"]), job["tokens"]
+    with Engine(container, n_ctx=256, threads=1, **opts) as probe:
+        reports = probe.info.activations
+    return {"engine_reports": reports,
+            "streaming": decode_run(container, tokens, ram_budget=job["budget"], readers=job["readers"], **opts),
+            "cached": compute_floor(container, tokens, **opts)["s_per_token"],
+            # one compute thread's CPU time per token, the best of 5 passes: the compute alone, what a loaded
+            # machine disturbs least
+            "cached_cpu_1thread": compute_floor(container, tokens, passes=5, threads=1, **opts)["cpu_s_per_token"]}
 
 
 #: --true-shape: prompt tokens before the timed decode (each prompt token of K3
@@ -624,16 +723,32 @@ def main(argv=None) -> int:
                          "layers at the cache share a 64 GB Mac leaves K3, against the disk's ceiling, for each "
                          "--readers-sweep; the container (10.7 GiB a layer at q3_nl) is deleted unless --keep")
     ap.add_argument("--moe-layers", type=int, default=2, help="--true-shape: MoE layers written (default 2)")
-    ap.add_argument("--expert-format", choices=["q3_nl", "q2_vq"], default="q3_nl",
-                    help="--true-shape: the experts' format")
+    ap.add_argument("--expert-format", choices=["q3_nl", "q2_vq", "q4_0", "q4_1", "q8_0"], default=None,
+                    help="the experts' format (--true-shape: q3_nl, the default, or q2_vq; the synthetic models: "
+                         "q4_1 unless given)")
+    ap.add_argument("--trunk-format", choices=["q4_0", "q4_1", "q8_0", "f32"], default=None,
+                    help="the synthetic models' trunk format (default: the converter's)")
+    ap.add_argument("--dim", type=int, default=None,
+                    help="k3 / kimi_linear: the model's width instead of KIMI_SHAPES' (e.g. 256, so that q3_nl "
+                         "experts' 256-value rows fit)")
+    ap.add_argument("--activations", default=None,
+                    help="compare activation modes instead of the placement modes, e.g. exact,auto: decode at the "
+                         "budget and with every expert in RAM under each, in interleaved rounds")
     ap.add_argument("--readers-sweep", default="1,2,4,8", help="--true-shape: reader threads to measure")
     ap.add_argument("--cache-share", type=float, default=None,
                     help="--true-shape: the share of the experts cached (default: what K3's plan on 64 GB leaves)")
     ap.add_argument("--ceiling-seconds", type=float, default=4.0,
                     help="--true-shape: seconds of each disk-ceiling measurement")
     ap.add_argument("--keep", action="store_true", help="--true-shape: keep the written container (in --workdir)")
+    ap.add_argument("--before-tree", default=None,
+                    help="with --activations: also measure another checkout (its app and built core, at its default "
+                         "activations) as mode 'before', in the same rounds, each round in fresh processes")
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
+    if a.worker:
+        print(json.dumps(activation_worker(json.loads(a.worker))))
+        return 0
     check_args(ap, a)
     if a.true_shape:
         return true_shape_main(a)
@@ -658,7 +773,11 @@ def main(argv=None) -> int:
             "budget_frac": a.budget_frac, "record_bytes": plan.record_bytes, "rounds": max(1, a.rounds),
             "tokens": a.tokens, "prepare_seconds": round(prep, 1),
         }
-        if not a.no_stream:
+        if a.activations:
+            result["formats"] = synth_formats(a)
+            result["dim"] = info.dim
+            result.update(activation_modes(a, container, tokens, budget))
+        elif not a.no_stream:
             result.update(stream_modes(a, container, plan, tokens, budget, info.top_k))
         if a.dispatch:
             result["dispatch"] = dispatch_compare(a, container, plan, info.vocab, budget)
@@ -669,12 +788,22 @@ def main(argv=None) -> int:
 
 def check_args(ap, a) -> None:
     """Refuse options that do not go together (ap.error: one line, exit 2)."""
+    if a.activations and any(m not in ACTIVATION_CHOICES for m in a.activations.split(",") if m):
+        ap.error(f"--activations takes modes from {', '.join(ACTIVATION_CHOICES)}, separated by commas")
+    if a.before_tree and not (a.activations and (Path(a.before_tree) / "app" / "engine").is_dir()):
+        ap.error("--before-tree goes with --activations and names a checkout with a built core (app/engine)")
+    if a.dim is not None and (a.family == "qwen3moe" or a.dim < 64 or a.dim % 64):
+        ap.error("--dim goes with --family k3 or kimi_linear and must be a multiple of 64")
     if not a.true_shape:
         for opt, bad in (("--keep", a.keep), ("--cache-share", a.cache_share is not None),
-                         ("--moe-layers", a.moe_layers != 2), ("--expert-format", a.expert_format != "q3_nl")):
+                         ("--moe-layers", a.moe_layers != 2)):
             if bad:
                 ap.error(f"{opt} goes with --true-shape")
         return
+    if a.expert_format is None:
+        a.expert_format = "q3_nl"
+    if a.expert_format not in ("q3_nl", "q2_vq") or a.trunk_format or a.dim or a.activations:
+        ap.error("--true-shape takes --expert-format q3_nl or q2_vq, and no --trunk-format, --dim or --activations")
     if a.family != "k3":
         ap.error("--true-shape is K3's expert shape: use it with --family k3")
     if a.routing or a.dispatch or a.no_stream:

@@ -97,10 +97,13 @@ typedef struct ferry_open_options {
     /* How matrix products treat their input vectors. NULL, "" or "auto"
      * (the default): each token's input is quantized to 8 bits per block of
      * 32 values (per 256 for K-quant weights; a float scale per block) once
-     * per product, and q8_0, q4_0, q4_1, q4_k, q5_k and q6_k weights are
+     * per product, and q8_0, q4_0, q4_1, q4_k, q5_k, q6_k and q3_nl weights are
      * multiplied with integer dot products (other formats stay exact), when
      * the kernel set has those products and the model has such weights;
-     * otherwise the exact path. "exact" (alias "f32"): the stored weights
+     * otherwise the exact path. On models with KDA layers (Kimi-Linear,
+     * K3) "auto" takes them on the classes of products measured safe only
+     * and runs the others exact (arch_kimi.c, KIMI_LINEAR_AUTO_Q8 /
+     * K3_AUTO_Q8). "exact" (alias "f32"): the stored weights
      * times the exact f32 activations. "q8": as auto, but a kernel set
      * without integer products is refused (FERRY_E_UNSUPPORTED). Outputs of
      * the 8-bit mode differ slightly from exact (docs/QUANTIZATION.md); every

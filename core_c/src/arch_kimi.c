@@ -356,9 +356,52 @@ static void kimi_sizes(const ferry_engine *e, int n_ctx, int n_threads, fe_sessi
 
 /* ------------------------------------------------------------- primitives */
 
-static void matmul(ferry_session *s, const kbufs *b, const fe_mat *w, const float *x, int n, float *y) {
+/* The classes of products, for which of them take 8-bit activations. */
+enum {
+    KQ8_KDA_QKV = 1 << 0,   /* KDA's q, k, v projections (the recurrent state's inputs) */
+    KQ8_KDA_GATES = 1 << 1, /* KDA's forget gate (f_a, f_b), beta and output gate (g_a, g_b or g) */
+    KQ8_KDA_OUT = 1 << 2,   /* KDA's output projection */
+    KQ8_MLA = 1 << 3,       /* MLA's q / kv projections, output gate and output */
+    KQ8_FFN = 1 << 4,       /* the dense and shared-expert FFNs */
+    KQ8_LATENT = 1 << 5,    /* K3's latent down / up projections around the routed experts */
+    KQ8_EXPERTS = 1 << 6,   /* the routed experts */
+    KQ8_OUTPUT = 1 << 7,    /* the output head (logits) */
+    KQ8_ROUTER = 1 << 8,    /* the MoE router (stored as released, bf16/f16/f32: exact in every mode so far) */
+    KQ8_ALL = 0x1ff
+};
+
+/* The classes that take 8-bit activations under "auto" on a model with KDA
+ * layers; the others run exact. Chosen by switching 8-bit activations on one
+ * class at a time (the rest exact) on the tiny random Kimi-Linear and K3 and
+ * measuring the next-token distribution's distance from exact over the 54
+ * prompts of bench/q8_prompts.txt (bench/activations_distance.py
+ * --exact-parts only:GROUP): a class takes them where its own distance is at
+ * most 5 % of the weight formats' own error (q8_0 trunk + q3_nl experts
+ * against f32), so that the classes together stay under a tenth of it, the
+ * bar the other families' default meets (docs/QUANTIZATION.md, "8-bit
+ * activations on the Kimi path"). Kimi-Linear (weights' own error KL 0.070):
+ * MLA 0.0001, the output head 0.00001, KDA's gates 0.0007, the routed experts
+ * 0.0027 take them; KDA's q/k/v (0.0059), its output projection (0.0042) and
+ * the dense / shared FFNs (0.0076) stay exact. K3 (0.22): MLA 0.002 and the
+ * output head 0.00001 take them; KDA (0.021-0.038), the FFNs (0.025), the
+ * latent projections (0.020) and the routed experts (0.026) stay exact.
+ * "q8" runs every class on the q8 kernels; models without KDA (DeepSeek-V3 /
+ * Kimi-K2) run every class 8-bit under "auto" as the other families do. */
+#define KIMI_LINEAR_AUTO_Q8 (KQ8_MLA | KQ8_OUTPUT | KQ8_KDA_GATES | KQ8_EXPERTS)
+#define K3_AUTO_Q8 (KQ8_MLA | KQ8_OUTPUT)
+
+/* The 8-bit-activation context of a product of class `cls`, or NULL: exact. */
+static const fe_q8_ctx *q8_for(const ferry_session *s, unsigned cls) {
+    const fe_q8_ctx *q8 = fe_session_q8(s);
+    const fe_kimi_hparams *k = KH(&s->e->c.hp);
+    if (!q8 || !s->e->q8_auto || k->n_kda == 0) return q8;
+    const unsigned classes = k->latent_dim ? K3_AUTO_Q8 : KIMI_LINEAR_AUTO_Q8; /* K3: the latent MoE */
+    return (classes & cls) ? q8 : NULL;
+}
+
+static void matmul(ferry_session *s, const kbufs *b, unsigned cls, const fe_mat *w, const float *x, int n, float *y) {
     kdims d = dims_of(&s->e->c.hp);
-    fe_ops ops = {s->pool, b->rows, fe_rows_stride(max_cols(&d)), s->e->kernels, s->prof_cur, fe_session_q8(s)};
+    fe_ops ops = {s->pool, b->rows, fe_rows_stride(max_cols(&d)), s->e->kernels, s->prof_cur, q8_for(s, cls)};
     fe_matmul(&ops, w, x, n, y);
 }
 
@@ -391,14 +434,14 @@ static float act_fn(const fe_kimi_hparams *k, float g, float u) {
 }
 
 /* out = down(act(gate x, up x)) for n rows of x. */
-static void mlp(ferry_session *s, const kbufs *b, const fe_mat *g, const fe_mat *u, const fe_mat *dn, const float *x,
-                int n, float *out) {
+static void mlp(ferry_session *s, const kbufs *b, unsigned cls, const fe_mat *g, const fe_mat *u, const fe_mat *dn,
+                const float *x, int n, float *out) {
     const fe_kimi_hparams *k = KH(&s->e->c.hp);
-    matmul(s, b, g, x, n, b->h1);
-    matmul(s, b, u, x, n, b->h2);
+    matmul(s, b, cls, g, x, n, b->h1);
+    matmul(s, b, cls, u, x, n, b->h2);
     size_t m = (size_t)n * g->rows;
     for (size_t i = 0; i < m; i++) b->h1[i] = act_fn(k, b->h1[i], b->h2[i]);
-    matmul(s, b, dn, b->h1, n, out);
+    matmul(s, b, cls, dn, b->h1, n, out);
 }
 
 /* ------------------------------------------------------ Attention Residuals */
@@ -497,14 +540,14 @@ static void mla_attention(ferry_session *s, const kbufs *b, int l, int n) {
     const kimi_layer *L = &MODEL(s->e)->layers[l];
     kdims d = dims_of(hp);
     if (d.qlr) {
-        matmul(s, b, &L->q_a, b->xb, n, b->qa);
+        matmul(s, b, KQ8_MLA, &L->q_a, b->xb, n, b->qa);
         for (int t = 0; t < n; t++)
             fe_rmsnorm(b->qa + (size_t)t * d.qlr, b->qa + (size_t)t * d.qlr, L->q_a_norm, d.qlr, k->latent_eps);
-        matmul(s, b, &L->q_b, b->qa, n, b->q);
+        matmul(s, b, KQ8_MLA, &L->q_b, b->qa, n, b->q);
     } else {
-        matmul(s, b, &L->q, b->xb, n, b->q);
+        matmul(s, b, KQ8_MLA, &L->q, b->xb, n, b->q);
     }
-    matmul(s, b, &L->kv_a, b->xb, n, b->kva);
+    matmul(s, b, KQ8_MLA, &L->kv_a, b->xb, n, b->kva);
     float *cache = mla_cache(s, &d, L->cache_index);
     for (int t = 0; t < n; t++) {
         float *kv = b->kva + (size_t)t * d.kvw, *dst = cache + (size_t)(s->pos + t) * d.kvw;
@@ -521,10 +564,10 @@ static void mla_attention(ferry_session *s, const kbufs *b, int l, int n) {
     while (j.hb > 1 && n * ((d.H + j.hb - 1) / j.hb) < 4 * fe_pool_threads(s->pool)) j.hb /= 2;
     fe_pool_run(s->pool, mla_items, &j, n * ((d.H + j.hb - 1) / j.hb));
     if (k->mla_out_gate) {
-        matmul(s, b, &L->g, b->xb, n, b->gate);
+        matmul(s, b, KQ8_MLA, &L->g, b->xb, n, b->gate);
         for (size_t i = 0; i < (size_t)n * d.H * d.vd; i++) b->att[i] *= fe_sigmoid(b->gate[i]);
     }
-    matmul(s, b, &L->o, b->att, n, b->y);
+    matmul(s, b, KQ8_MLA, &L->o, b->att, n, b->y);
 }
 
 /* ------------------------------------------------------------------ KDA */
@@ -617,22 +660,22 @@ static void kda_attention(ferry_session *s, const kbufs *b, int l, int n) {
     const fe_kimi_hparams *k = KH(hp);
     const kimi_layer *L = &MODEL(s->e)->layers[l];
     kdims d = dims_of(hp);
-    matmul(s, b, &L->kq, b->xb, n, b->kq);
-    matmul(s, b, &L->kk, b->xb, n, b->kk);
-    matmul(s, b, &L->kv, b->xb, n, b->kv);
-    matmul(s, b, &L->f_a, b->xb, n, b->fa);
-    matmul(s, b, &L->f_b, b->fa, n, b->fz);
-    matmul(s, b, &L->b, b->xb, n, b->beta);
+    matmul(s, b, KQ8_KDA_QKV, &L->kq, b->xb, n, b->kq);
+    matmul(s, b, KQ8_KDA_QKV, &L->kk, b->xb, n, b->kk);
+    matmul(s, b, KQ8_KDA_QKV, &L->kv, b->xb, n, b->kv);
+    matmul(s, b, KQ8_KDA_GATES, &L->f_a, b->xb, n, b->fa);
+    matmul(s, b, KQ8_KDA_GATES, &L->f_b, b->fa, n, b->fz);
+    matmul(s, b, KQ8_KDA_GATES, &L->b, b->xb, n, b->beta);
     if (k->kda_full_gate) {
-        matmul(s, b, &L->g_full, b->xb, n, b->gate);
+        matmul(s, b, KQ8_KDA_GATES, &L->g_full, b->xb, n, b->gate);
     } else {
-        matmul(s, b, &L->g_a, b->xb, n, b->ga);
-        matmul(s, b, &L->g_b, b->ga, n, b->gate);
+        matmul(s, b, KQ8_KDA_GATES, &L->g_a, b->xb, n, b->ga);
+        matmul(s, b, KQ8_KDA_GATES, &L->g_b, b->ga, n, b->gate);
     }
     float *S = kda_state(s, &d, L->cache_index);
     kda_job j = {s, b, L, S, S + kda_s_floats(&d), n};
     fe_pool_run(s->pool, kda_heads, &j, d.KH_);
-    matmul(s, b, &L->ko, b->att, n, b->y);
+    matmul(s, b, KQ8_KDA_OUT, &L->ko, b->att, n, b->y);
 }
 
 /* ---------------------------------------------------------- feed-forward */
@@ -650,7 +693,34 @@ static void moe_expert(void *p, int l, const uint8_t *rec, const float *in, int 
     moe_ctx *c = p;
     const fe_bank *bk = &c->s->e->c.banks[l];
     fe_mat g = fe_expert_mat(bk, 0, rec), u = fe_expert_mat(bk, 1, rec), dn = fe_expert_mat(bk, 2, rec);
-    mlp(c->s, c->b, &g, &u, &dn, in, m, out);
+    mlp(c->s, c->b, KQ8_EXPERTS, &g, &u, &dn, in, m, out);
+}
+
+/* n experts on one token (decode with every record in RAM): gate and up of
+ * all of them in one parallel job, the activation, then the down projections
+ * in one job, instead of three jobs per expert; each product as moe_expert
+ * computes it with m = 1 (the same kernels, the same quantized input). */
+static void moe_experts1(void *p, int l, const uint8_t *const *rec, int n, const float *in, float *const *out) {
+    moe_ctx *c = p;
+    ferry_session *s = c->s;
+    const kbufs *b = c->b;
+    const fe_kimi_hparams *k = KH(&s->e->c.hp);
+    const fe_bank *bk = &s->e->c.banks[l];
+    fe_mat m[3][FE_MOE_BATCH];
+    const fe_mat *w[FE_MATMUL_MULTI_MAX];
+    float *y[FE_MATMUL_MULTI_MAX];
+    const size_t f = (size_t)bk->part[0].rows;
+    for (int i = 0; i < n; i++) {
+        for (int part = 0; part < 3; part++) m[part][i] = fe_expert_mat(bk, part, rec[i]);
+        w[2 * i] = &m[0][i], w[2 * i + 1] = &m[1][i];
+        y[2 * i] = b->h1 + (size_t)i * f, y[2 * i + 1] = b->h2 + (size_t)i * f;
+    }
+    kdims d = dims_of(&s->e->c.hp);
+    fe_ops ops = {s->pool, b->rows, fe_rows_stride(max_cols(&d)), s->e->kernels, s->prof_cur, q8_for(s, KQ8_EXPERTS)};
+    fe_matmul_multi(&ops, w, 2 * n, in, 1, y);
+    for (size_t i = 0; i < (size_t)n * f; i++) b->h1[i] = act_fn(k, b->h1[i], b->h2[i]);
+    for (int i = 0; i < n; i++) w[i] = &m[2][i];
+    fe_matmul_each(&ops, w, n, b->h1, f, out);
 }
 
 static ferry_status moe(ferry_session *s, const kbufs *b, int l, int n, ferry_error *err) {
@@ -660,26 +730,27 @@ static ferry_status moe(ferry_session *s, const kbufs *b, int l, int n, ferry_er
     kdims d = dims_of(hp);
     const int ed = d.ed;
     /* the latent path: experts run on a down-projection of the normed input */
-    if (k->latent_dim) matmul(s, b, &L->lat_down, b->xb, n, b->z);
+    if (k->latent_dim) matmul(s, b, KQ8_LATENT, &L->lat_down, b->xb, n, b->z);
     else memcpy(b->z, b->xb, (size_t)n * ed * sizeof(float));
     memset(b->u, 0, (size_t)n * ed * sizeof(float));
     moe_ctx c = {s, b};
     fe_moe_arch a = {.ctx = &c, .kind = FE_ROUTE_SIGMOID_GROUPED, .ed = ed,
-                     .ops = {s->pool, b->rows, fe_rows_stride(max_cols(&d)), s->e->kernels, s->prof_cur, fe_session_q8(s)},
+                     .ops = {s->pool, b->rows, fe_rows_stride(max_cols(&d)), s->e->kernels, s->prof_cur, q8_for(s, KQ8_ROUTER)},
                      .layers = MODEL(s->e)->layers, .layer_size = sizeof(kimi_layer),
                      .router_at = offsetof(kimi_layer, router), .norm_at = offsetof(kimi_layer, ffn_norm),
-                     .bias_at = offsetof(kimi_layer, router_bias), .expert = moe_expert};
+                     .bias_at = offsetof(kimi_layer, router_bias), .expert = moe_expert,
+                     .experts1 = moe_experts1};
     ferry_status st = fe_moe_layer(s, &a, &b->moe, l, n, b->xb, b->z, b->x, b->u, err);
     if (st) return st;
     if (k->latent_dim) {
         for (int t = 0; t < n; t++) fe_rmsnorm(b->u + (size_t)t * ed, b->u + (size_t)t * ed, L->lat_norm, ed, hp->norm_eps);
-        matmul(s, b, &L->lat_up, b->u, n, b->y);
+        matmul(s, b, KQ8_LATENT, &L->lat_up, b->u, n, b->y);
     } else {
         memcpy(b->y, b->u, (size_t)n * d.dim * sizeof(float));
     }
     if (d.shf) {
         float *sh = b->h; /* free once xb is formed */
-        mlp(s, b, &L->sh_gate, &L->sh_up, &L->sh_down, b->xb, n, sh);
+        mlp(s, b, KQ8_FFN, &L->sh_gate, &L->sh_up, &L->sh_down, b->xb, n, sh);
         for (size_t i = 0; i < (size_t)n * d.dim; i++) b->y[i] += sh[i];
     }
     return FERRY_OK;
@@ -689,7 +760,7 @@ static ferry_status ffn(ferry_session *s, const kbufs *b, int l, int n, ferry_er
     const fe_hparams *hp = &s->e->c.hp;
     const kimi_layer *L = &MODEL(s->e)->layers[l];
     if (hp->layer_is_moe[l]) return moe(s, b, l, n, err);
-    mlp(s, b, &L->w_gate, &L->w_up, &L->w_down, b->xb, n, b->y);
+    mlp(s, b, KQ8_FFN, &L->w_gate, &L->w_up, &L->w_down, b->xb, n, b->y);
     return FERRY_OK;
 }
 
@@ -777,8 +848,8 @@ static ferry_status kimi_forward(ferry_session *s, const int32_t *tokens, int n,
     }
     fe_stage(s, hp->n_layers + 1, n, b.xb);
     if (logits) {
-        if (all_logits) matmul(s, &b, &m->output, b.xb, n, logits);
-        else matmul(s, &b, &m->output, b.xb + (size_t)(n - 1) * d, 1, logits);
+        if (all_logits) matmul(s, &b, KQ8_OUTPUT, &m->output, b.xb, n, logits);
+        else matmul(s, &b, KQ8_OUTPUT, &m->output, b.xb + (size_t)(n - 1) * d, 1, logits);
     }
     if (k->n_kda) hdr->kda_pos = s->pos + n;
     return FERRY_OK;

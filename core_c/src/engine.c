@@ -95,25 +95,6 @@ static ferry_status choose_activations(const char *want, int q8_impl, const fe_q
 /* Whether any matrix of the container is stored in a format the 8-bit-
  * activation mode multiplies with integer products (without one, that mode
  * is the exact path and the engine reports it as such). */
-/* Whether "auto" keeps this model exact although its weights have integer
- * products: a model with Kimi Delta Attention layers (Kimi-Linear, K3). On
- * the tiny random Kimi-Linear and K3 the 8-bit activations moved the
- * next-token distribution as far as or further than their own weight formats
- * do (mean KL 0.022 and 0.086 over bench/q8_prompts.txt; a 256-wide tiny
- * Kimi-Linear whose q3_nl experts take 8-bit activations too: 0.0097, h2),
- * against the issue's bound of 0.01.
- * No one part is the cause, so no part can be kept exact to fix it: keeping
- * KDA (q/k/v, gates, output), MLA, the dense/shared FFNs or the latent
- * projections exact one group at a time gave 0.003-0.021 (Kimi-Linear, not
- * monotone: all of KDA exact 0.021, its q/k/v alone 0.003) and 0.056-0.084
- * (K3): a random model's sensitivity, not the arithmetic of one part
- * (docs/QUANTIZATION.md, "8-bit activations"; docs/bench-log/2026-12-06.md,
- * h8). Until real weights show otherwise they run exact unless asked for
- * "q8". */
-static int auto_stays_exact(const fe_container *c) {
-    return c->hp.kimi && c->hp.kimi->n_kda > 0;
-}
-
 static int has_q8_weights(const fe_container *c) {
     for (int i = 0; i < c->n_tensors; i++)
         if (c->tensors[i].n_dims == 2 && ferry_q8_activations_supported(c->tensors[i].fmt)) return 1;
@@ -260,7 +241,7 @@ ferry_status ferry_engine_open(const char *path, const ferry_open_options *opts,
     s = fe_container_open(&e->c, path, err);
     if (s) { pthread_mutex_destroy(&e->lock); free(e); return s; }
     if (e->q8 && !has_q8_weights(&e->c)) e->q8 = NULL; /* no integer products: the exact path, reported so */
-    if (e->q8 && automatic && auto_stays_exact(&e->c)) e->q8 = NULL;
+    e->q8_auto = automatic; /* a model with KDA layers keeps classes of products exact under "auto" (arch_kimi.c) */
     if (e->q8) e->q8_bytes = q8_buffer_bytes(&e->c);
     const int max_ctx = e->c.hp.max_ctx;
     if (e->opts.n_ctx <= 0) e->opts.n_ctx = max_ctx < DEFAULT_CTX ? max_ctx : DEFAULT_CTX;
