@@ -202,20 +202,23 @@ def simulate_peak(order, reads, unit_bytes, shard_bytes: dict[str, int], ahead: 
 def estimate(plan: GetPlan, budget: int, everything: int, record: int, top_k: int, n_records: int,
              disk_bps: float | None, kernel_bps: float | None) -> None:
     """Expected read per token and tok/s at ``budget``: the cache holds
-    (budget - floor) / record + top_k records of n_records (hits assumed
-    spread uniformly, a pessimistic guess for real routing); each token
-    computes over the trunk and its experts and reads its misses from disk,
-    the reads overlapped with the experts' compute (app.engine.speed.token_seconds,
-    the speed model checked on K3's real expert shape)."""
-    from app.engine.speed import token_seconds
+    (budget - floor) / record + top_k records of n_records, and hits at the
+    rate real routing gives that many (app.engine.speed.expected_hit_rate:
+    the engine's policy on a real routing trace, by the cache's size in
+    token working sets); each token computes over the trunk and its experts
+    and reads its misses from disk, the reads overlapped with the experts'
+    compute (app.engine.speed.token_seconds, the speed model checked on K3's
+    real expert shape)."""
+    from app.engine.speed import expected_hit_rate, token_seconds
 
+    moe_layers = round(plan.cold_bytes_per_token / (top_k * record)) if top_k and record else 0   # a token visits each
     if n_records and record:
         cached = min(n_records, max(0, (budget - plan.floor_bytes) // record + top_k))
-        hit = cached / n_records if budget < everything else 1.0
+        hit = expected_hit_rate(cached, top_k, moe_layers, n_records) if budget < everything else 1.0
         plan.expected_read_per_token = int(plan.cold_bytes_per_token * (1 - hit))
     experts = min(plan.cold_bytes_per_token, plan.compute_bytes_per_token)
     seconds = token_seconds(plan.compute_bytes_per_token - experts, experts, plan.expected_read_per_token,
-                            kernel_bps, disk_bps)
+                            kernel_bps, disk_bps, record_bytes=record, layers=moe_layers)
     if seconds:
         plan.tok_per_s = 1.0 / seconds
 
