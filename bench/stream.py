@@ -438,6 +438,46 @@ def k3_cache_share(ram: int = 64 << 30) -> float:
     return (c["recommended_bytes"] - c["floor_bytes"]) / c["experts_total_bytes"]
 
 
+class BusyKernels:
+    """The exact kernels of ``fmt`` in a loop on every core while the block
+    runs (a 96 MiB matrix of random blocks, as app.engine.speed measures
+    them): the CPU as a decode keeps it, for the disk's ceiling beside busy
+    cores (the readers then wait for a core to issue each next read)."""
+
+    def __init__(self, fmt: str, threads: int | None = None):
+        import threading
+
+        from app.engine.binding import ffi, lib
+        from app.engine.speed import COLS, MATRIX_BYTES
+
+        self.threads = max(1, threads or os.cpu_count() or 1)
+        code = lib.ferry_format_code(fmt.encode())
+        row = lib.ferry_format_row_bytes(code, COLS)
+        per = max(8, MATRIX_BYTES // row // self.threads)
+        w = np.random.default_rng(0).integers(0, 256, size=per * self.threads * row, dtype=np.uint8)
+        x = np.random.default_rng(1).standard_normal(COLS).astype(np.float32)
+        self.stop = threading.Event()
+
+        def work(i: int) -> None:
+            y = np.zeros(per, dtype=np.float32)
+            part = ffi.from_buffer(w[i * per * row:(i + 1) * per * row])
+            while not self.stop.is_set():
+                lib.ferry_kernel_matmul(lib.ferry_kernels_best(), code, part, per, COLS,
+                                        ffi.from_buffer("float[]", x), 1, ffi.from_buffer("float[]", y))
+
+        self.workers = [threading.Thread(target=work, args=(i,)) for i in range(self.threads)]
+
+    def __enter__(self):
+        for t in self.workers:
+            t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        for t in self.workers:
+            t.join()
+
+
 def disk_sectors() -> dict[str, int] | None:
     """Bytes read and written so far by every process on the machine's whole
     disks (/proc/diskstats, the devices of /sys/block but loop and RAM ones;
@@ -457,22 +497,26 @@ def disk_sectors() -> dict[str, int] | None:
 
 
 def _model_round(run: dict, ceiling: float, kernel_bps: float, experts_per_token: int, record: int,
-                 layers: int) -> dict:
+                 layers: int, busy: float | None) -> dict:
     """The speed model (app.engine.speed.token_seconds, per-layer record
     pipeline) for one decode from the rates measured beside it: the disk's
-    ceiling in the engine's pattern and the kernels' speed, with the bytes the
-    decode read (its hit rate) and the trunk's own time (the decode less its
-    experts' products and waits)."""
+    ceiling in the engine's pattern, idle and beside busy cores, and the
+    kernels' speed, with the bytes the decode read (its hit rate) and the
+    trunk's own time (the decode less its experts' products and waits).
+    Beside it, the model without the busy rate and the aggregate form (the
+    model before 2026-12-06's session 16) with the same inputs."""
     from app.engine.speed import token_seconds
 
     bpt, spt = run["bytes_per_token"], run["s_per_token"]
     prof = run["profile_s_per_token"]
     trunk_s = max(0.0, spt - prof["expert_ffn_seconds"] - prof["expert_wait_seconds"])
-    predicted = token_seconds(trunk_s, experts_per_token, bpt, kernel_bps, ceiling, trunk_kernel_bps=1.0,
-                              record_bytes=record, layers=layers)
-    aggregate = token_seconds(trunk_s, experts_per_token, bpt, kernel_bps, ceiling, trunk_kernel_bps=1.0)
+    args = (trunk_s, experts_per_token, bpt, kernel_bps, ceiling)
+    predicted = token_seconds(*args, trunk_kernel_bps=1.0, record_bytes=record, layers=layers, busy_disk_bps=busy)
+    idle = token_seconds(*args, trunk_kernel_bps=1.0, record_bytes=record, layers=layers)
+    aggregate = token_seconds(*args, trunk_kernel_bps=1.0)
     return {"trunk_s": trunk_s, "experts_s": experts_per_token / kernel_bps, "read_s": bpt / ceiling,
-            "s_per_token": predicted, "error": predicted / spt - 1.0, "aggregate_error": aggregate / spt - 1.0}
+            "s_per_token": predicted, "error": predicted / spt - 1.0, "idle_disk_error": idle / spt - 1.0,
+            "aggregate_error": aggregate / spt - 1.0}
 
 
 #: --true-shape: a decode during which other processes moved more than this
@@ -496,10 +540,12 @@ def true_shape_modes(a, container: Path, plan, tokens: list[int], budget: int, i
     rates move between measurements: just before it the kernels' speed (the
     exact products K3 runs, every core) and the disk's ceiling in the
     engine's own pattern (direct reads of random whole records shared by the
-    readers in 4 MiB pieces, core_c/src/io.c), just after it the ceiling
-    again (the model takes their mean); the whole-record ceiling of the
-    earlier bench beside it; the load and the bytes other processes moved on
-    the disk during the decode. Per reader count: tok/s, bytes read per
+    readers in 4 MiB pieces, core_c/src/io.c), and that ceiling again with
+    the kernels busy on every core (BusyKernels: the readers then wait for a
+    core to issue each next read); just after it the idle ceiling again (the
+    model takes the mean of the two idle ones); the whole-record ceiling of
+    the earlier bench beside it; the load and the bytes other processes
+    moved on the disk during the decode. Per reader count: tok/s, bytes read per
     token, the achieved read bandwidth and its share of the ceiling, the
     compute's wait for reads, the share of the read time hidden behind
     compute, the session profile, and the speed model's prediction for each
@@ -520,13 +566,15 @@ def true_shape_modes(a, container: Path, plan, tokens: list[int], budget: int, i
             kernel = measure_kernel(fmt, None, "exact")   # K3 runs exact (KDA layers: app.activations)
             whole = disk_bandwidth(container, record, r, seconds=a.ceiling_seconds / 2)["bytes_per_s"]
             before = disk_bandwidth(container, record, r, seconds=a.ceiling_seconds / 2, pieces=True)["bytes_per_s"]
+            with BusyKernels(fmt):
+                busy = disk_bandwidth(container, record, r, seconds=a.ceiling_seconds / 2, pieces=True)["bytes_per_s"]
             run = decode_run(container, tokens, prompt=TRUE_PROMPT, ram_budget=budget, readers=r)
             after = disk_bandwidth(container, record, r, seconds=a.ceiling_seconds / 2, pieces=True)["bytes_per_s"]
             ceiling = (before + after) / 2
             rounds[r].append({**run, "round": rnd, "load_1min": load, "kernel_bytes_per_s": kernel,
                               "ceiling_bytes_per_s": ceiling, "ceiling_before_after": [before, after],
-                              "ceiling_whole_records_bytes_per_s": whole,
-                              "model": _model_round(run, ceiling, kernel, experts_per_token, record, layers)})
+                              "ceiling_busy_bytes_per_s": busy, "ceiling_whole_records_bytes_per_s": whole,
+                              "model": _model_round(run, ceiling, kernel, experts_per_token, record, layers, busy)})
     out = {}
     for r in sweep:
         rs = rounds[r]
@@ -542,6 +590,7 @@ def true_shape_modes(a, container: Path, plan, tokens: list[int], budget: int, i
             "s_per_token": spt, "tok_per_s": 1.0 / spt,
             "disk_ceiling_bytes_per_s": ceiling, "disk_ceiling_rounds": [x["ceiling_bytes_per_s"] for x in rs],
             "disk_ceiling_whole_records_rounds": [x["ceiling_whole_records_bytes_per_s"] for x in rs],
+            "disk_ceiling_busy_rounds": [x["ceiling_busy_bytes_per_s"] for x in rs],
             "kernel_bytes_per_s_rounds": [x["kernel_bytes_per_s"] for x in rs],
             "load_rounds": [x["load_1min"] for x in rs],
             "disk_others_rounds": [x["disk_others_bytes_per_s"] for x in rs],
@@ -551,21 +600,24 @@ def true_shape_modes(a, container: Path, plan, tokens: list[int], budget: int, i
             "hidden_read_fraction": (max(0.0, min(1.0, 1.0 - m["stall_s_per_token"] / read_at_ceiling))
                                      if read_at_ceiling else None),
             "compute_s_per_token": m["s_per_token"] - m["stall_s_per_token"],
-            "model": {"s_per_token": pred, "tok_per_s": 1.0 / pred, "error": pred / spt - 1.0,
+            # error: the median of the rounds' errors (each round's prediction from its own inputs)
+            "model": {"s_per_token": pred, "tok_per_s": 1.0 / pred,
+                      "error": float(np.median([x["model"]["error"] for x in rs])),
                       "rounds_error": [x["model"]["error"] for x in rs],
                       # the rounds in which other processes moved less than SHARED_DISK of the ceiling
                       # on the disk during the decode (the model is for a disk of one's own)
                       "error_unshared_rounds": _median_or_none([x["model"]["error"] for x in rs
                                                                 if not _disk_shared(x)]),
                       "unshared_rounds": sum(not _disk_shared(x) for x in rs),
+                      "rounds_idle_disk_error": [x["model"]["idle_disk_error"] for x in rs],
                       "rounds_aggregate_error": [x["model"]["aggregate_error"] for x in rs],
                       "trunk_s": m["model"]["trunk_s"], "experts_s": m["model"]["experts_s"],
                       "read_s": m["model"]["read_s"]},
             # the experts' compute as this decode's own profile measured it (a diagnostic: under load
             # the kernels' speed moves even between the measurement beside the decode and the decode)
             "model_in_run": {"experts_s": ffn_s, "error": (_model_round(
-                m, m["ceiling_bytes_per_s"], experts_per_token / ffn_s, experts_per_token, record, layers)["error"]
-                if ffn_s else None)},
+                m, m["ceiling_bytes_per_s"], experts_per_token / ffn_s, experts_per_token, record, layers,
+                m["ceiling_busy_bytes_per_s"])["error"] if ffn_s else None)},
         }
     best = max(out, key=lambda k: out[k]["tok_per_s"])
     return {"readers": out, "best_readers": int(best), "kernel_format": fmt, "kernel_activations": "exact",

@@ -112,7 +112,8 @@ def expected_hit_rate(slots: float, top_k: int, moe_layers: int, n_records: int)
 
 def token_seconds(trunk_bytes: float, expert_bytes: float, read_bytes: float, kernel_bps: float | None,
                   disk_bps: float | None, trunk_kernel_bps: float | None = None,
-                  lookahead: bool = False, record_bytes: float = 0, layers: int = 0) -> float | None:
+                  lookahead: bool = False, record_bytes: float = 0, layers: int = 0,
+                  busy_disk_bps: float | None = None) -> float | None:
     """Seconds per decoded token of a streamed mixture-of-experts model: THE
     speed model (`ferry get --plan`, the catalogue, `ferry check`'s choices
     through app.get.plan.estimate; checked against the engine on K3's real
@@ -123,30 +124,44 @@ def token_seconds(trunk_bytes: float, expert_bytes: float, read_bytes: float, ke
     ``expert_bytes`` go through the kernels while their ``read_bytes`` (the
     misses) come from the disk, each record computed as it arrives, so the
     larger of the two counts: trunk / kernel + max(experts / kernel, read /
-    disk). With ``record_bytes`` and ``layers`` (the MoE layers a token
-    visits) each layer is a pipeline of whole records: its cached experts are
-    computed while the first miss is read, each miss is computed once it has
-    landed, so a layer takes the larger of max(hits' compute, one record's
-    read) + the misses' compute and the misses' read + the last record's
-    compute (the fill and drain the aggregate form leaves out).
-    ``lookahead``: every miss read while the layers before it compute (a
-    perfect prediction): max(trunk + experts, read), the bound of that lever.
-    ``kernel_bps``: weight bytes per second of the experts' kernels
-    (``trunk_kernel_bps`` the trunk's, default the same); ``disk_bps``: the
-    disk's direct-read bandwidth at the engine's record size, pieces and
-    reader count. None when a rate that is needed is unknown."""
+    disk). ``disk_bps``: the disk's direct-read bandwidth at the engine's
+    record size, pieces and reader count; ``busy_disk_bps``: the same while
+    the kernels run on every core (default: the same figure; on a machine
+    with few cores the readers wait for a core to issue each next read, and
+    at one or two readers the disk then gives far less): reads that overlap
+    the experts' compute go at that rate, the rest at ``disk_bps``. With
+    ``record_bytes`` and ``layers`` (the MoE layers a token visits) each
+    layer is a pipeline of whole records: its cached experts are computed
+    while the first miss is read, each miss is computed once it has landed,
+    so a layer takes the larger of max(hits' compute, one record's read) +
+    the misses' compute and the misses' read + the last record's compute
+    (the fill and drain the aggregate form leaves out). ``lookahead``: every
+    miss read while the layers before it compute (a perfect prediction):
+    max(trunk + experts, read), the bound of that lever. ``kernel_bps``:
+    weight bytes per second of the experts' kernels (``trunk_kernel_bps``
+    the trunk's, default the same). None when a rate that is needed is
+    unknown."""
     trunk_kernel_bps = trunk_kernel_bps or kernel_bps
     if (trunk_bytes and not trunk_kernel_bps) or (expert_bytes and not kernel_bps) or (read_bytes and not disk_bps):
         return None
+    busy = min(busy_disk_bps or disk_bps or 0.0, disk_bps or 0.0)
+
+    def read_time(nbytes: float, overlapped_s: float) -> float:
+        """Reading ``nbytes`` beside ``overlapped_s`` of compute: at the busy rate while it lasts."""
+        if not nbytes:
+            return 0.0
+        during = min(nbytes, busy * overlapped_s)
+        return during / busy + (nbytes - during) / disk_bps
+
     trunk = trunk_bytes / trunk_kernel_bps if trunk_bytes else 0.0
     experts = expert_bytes / kernel_bps if expert_bytes else 0.0
-    read = read_bytes / disk_bps if read_bytes else 0.0
     if lookahead:
-        return max(trunk + experts, read)
+        return max(trunk + experts, read_time(read_bytes, trunk + experts))
     if not (record_bytes and layers and read_bytes):
-        return trunk + max(experts, read)
+        return trunk + max(experts, read_time(read_bytes, experts))
     c_rec, d_rec = record_bytes / kernel_bps, record_bytes / disk_bps
     missed = min(read_bytes, expert_bytes)   # (reads beyond the experts computed: wrong guesses, not computed)
     hits = (expert_bytes - missed) / kernel_bps / layers
-    misses, reads = missed / kernel_bps / layers, read / layers
+    misses = missed / kernel_bps / layers
+    reads = read_time(read_bytes / layers, hits + misses)
     return trunk + layers * max(max(hits, d_rec) + misses, reads + c_rec)

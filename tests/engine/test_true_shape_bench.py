@@ -138,6 +138,20 @@ def test_speed_model_record_pipeline():
     assert token_seconds(10, 16, 20, 1, 1, record_bytes=2, layers=2) == pytest.approx(10 + 2 * (10 + 2))
 
 
+def test_speed_model_reads_beside_busy_cores():
+    """busy_disk_bps: the disk's rate while the kernels hold every core;
+    reads overlapping the experts' compute go at it, the rest at disk_bps."""
+    # experts 10 s; 10 B read at 0.5 B/s during those 10 s gives 5 B, the other 5 B at 2 B/s: 12.5 s
+    assert token_seconds(0, 10, 10, 1, 2, busy_disk_bps=0.5) == pytest.approx(12.5)
+    # fast enough beside the compute: hidden (10 B at 1 B/s within the 10 s)
+    assert token_seconds(0, 10, 10, 1, 2, busy_disk_bps=1) == pytest.approx(10.0)
+    # the default is the same rate busy or not, and a busy rate above it changes nothing
+    assert token_seconds(0, 10, 30, 1, 2) == token_seconds(0, 10, 30, 1, 2, busy_disk_bps=5) == pytest.approx(15.0)
+    # per layer, the same rule beside each layer's compute (2 layers, records of 1 B)
+    assert token_seconds(0, 10, 10, 1, 2, busy_disk_bps=0.5, record_bytes=1, layers=2) == \
+        pytest.approx(2 * (5 + 1.25 + 1))
+
+
 def test_expected_hit_rate_is_the_trace_curve_never_below_uniform():
     """app.engine.speed.expected_hit_rate: HIT_CURVE at the cache's size in
     token working sets, at least the share cached, 1.0 when all is cached."""
