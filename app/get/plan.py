@@ -65,7 +65,7 @@ class GetPlan:
     n_records: int = 0                      #: expert records in all
     top_k: int = 0
     kernel_format: str = ""                 #: what the per-token matrices are stored as (the speed measured)
-    expected_read_per_token: int = 0        #: at the recommended budget (cache hits assumed uniform)
+    expected_read_per_token: int = 0        #: at the recommended budget (app.engine.speed.expected_hit_rate)
     compute_bytes_per_token: int = 0        #: weights the kernels go through per token
     disk_read_bytes_per_s: float | None = None
     kernel_bytes_per_s: float | None = None
