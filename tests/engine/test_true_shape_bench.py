@@ -220,3 +220,43 @@ def test_mac_prediction_is_the_model_on_published_figures():
     cores = q3["predictions"]["cores_as_here/top16/uniform/ssd_low"]
     assert cores["trunk_s"] == pytest.approx(q3["trunk_compute_bytes"] / (18 * 2.5e9))
     assert out["catalogue_row_cores_as_here"]["tok_per_s"] < out["catalogue_row"]["tok_per_s"]
+
+
+@pytest.mark.slow
+def test_true_shape_measurement_runs_on_a_tiny_k3(tmp_path):
+    """The bench's measurement loop end to end at a tiny size (a tiny K3 with
+    q3_nl experts, 1 round, 1 and 2 readers, short ceilings): each decode
+    beside its kernels' speed, its idle, busy-cores and whole-record
+    ceilings and the others' disk traffic, a prediction and an error per
+    reader count."""
+    from argparse import Namespace
+
+    from app.convert import quant3
+    from app.convert.convert import convert
+    from app.engine.binding import Engine, container_plan
+    from tests.kimi import tiny_k3
+
+    tiny_k3.build(tmp_path / "ckpt", moe_ffn=256, latent=256, layers=2)   # q3_nl blocks: 256 values
+    container = tmp_path / "k3.ferry"
+    convert(tmp_path / "ckpt", container, trunk_format="f32", expert_format=quant3.NAME)
+    plan = container_plan(container, 256)
+    assert {p["dtype"] for p in plan_parts(container)} == {"q3_nl"}
+    budget = plan.floor_bytes + 2 * plan.record_bytes
+    with Engine(container, n_ctx=256, threads=1, ram_budget=budget) as probe:
+        info = probe.info
+    tokens = [5 + i for i in range(stream.TRUE_PROMPT + 3)]
+    a = Namespace(readers_sweep="1,2", rounds=1, expert_format="q3_nl", ceiling_seconds=0.2, tokens=3)
+    out = stream.true_shape_modes(a, container, plan, tokens, budget, info)
+    assert set(out["readers"]) == {"1", "2"} and set(out["model_error_by_readers"]) == {"1", "2"}
+    for r in out["readers"].values():
+        assert r["bytes_per_token"] > 0 and r["disk_ceiling_rounds"][0] > 0 and r["disk_ceiling_busy_rounds"][0] > 0
+        assert r["kernel_bytes_per_s_rounds"][0] > 0 and np.isfinite(r["model"]["error"])
+        assert len(r["model"]["rounds_error"]) == 1 and r["load_rounds"]
+    assert isinstance(out["model_within_15pct"], bool)
+
+
+def plan_parts(container: Path) -> list[dict]:
+    import json
+
+    doc = json.loads((container / "manifest.json").read_text())
+    return [bank[p] for bank in doc["expert_banks"] for p in ("gate", "up", "down")]
