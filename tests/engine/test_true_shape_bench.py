@@ -188,6 +188,11 @@ def test_the_estimator_uses_the_model():
     assert hit == pytest.approx(0.522) and plan.expected_read_per_token == int(800 * (1 - hit))
     assert plan.tok_per_s == pytest.approx(1 / token_seconds(1000, 800, plan.expected_read_per_token, 100.0, 30.0,
                                                              record_bytes=100, layers=2))
+    # the trunk through its own format's kernels when they differ
+    estimate(plan, budget=1600, everything=9000, record=100, top_k=4, n_records=80, disk_bps=30.0,
+             kernel_bps=100.0, trunk_kernel_bps=200.0)
+    assert plan.tok_per_s == pytest.approx(1 / token_seconds(1000, 800, plan.expected_read_per_token, 100.0, 30.0,
+                                                             trunk_kernel_bps=200.0, record_bytes=100, layers=2))
     everything = GetPlan("r", "c", "hf", floor_bytes=1000, cold_bytes_per_token=800, compute_bytes_per_token=1800)
     estimate(everything, budget=9000, everything=9000, record=100, top_k=4, n_records=80, disk_bps=None,
              kernel_bps=100.0)
@@ -220,6 +225,9 @@ def test_mac_prediction_is_the_model_on_published_figures():
     cores = q3["predictions"]["cores_as_here/top16/uniform/ssd_low"]
     assert cores["trunk_s"] == pytest.approx(q3["trunk_compute_bytes"] / (18 * 2.5e9))
     assert out["catalogue_row_cores_as_here"]["tok_per_s"] < out["catalogue_row"]["tok_per_s"]
+    # with kernels that differ by format the catalogue runs the trunk at its own format's (q4_0) speed, as the table
+    assert out["catalogue_row_cores_as_here"]["tok_per_s"] == \
+        pytest.approx(q3["predictions"]["cores_as_here/top16/ferry/ssd_low"]["tok_per_s"], rel=1e-3)
 
 
 @pytest.mark.slow
