@@ -22,6 +22,9 @@ Prints one JSON object:
                cache that knows the next h tokens' routing exactly (Belady
                inside that horizon, fewest requests so far beyond it), for
                h = 1, 2, 4, 8, at the headline sizes
+  curve        the engine's policy, cold, whole trace, by the cache's size in
+               token working sets (slots / 128): app.engine.speed.HIT_CURVE,
+               the hit rate the speed model expects (ferry get --plan)
   timing       seconds per request / layer visit / token of each policy on a
                synthetic Zipf-routed trace: 92 MoE layers x 896 experts,
                top 16, 2000 slots (hit rates there mean nothing)
@@ -47,6 +50,8 @@ EXPERTS = 64
 HEADLINE = (61, 128, 256)
 SMALL = (32, 61, 96, 128, 256)
 SWEEP = (16, 32, 61, 96, 128, 192, 256, 384, 512, 768)
+#: "curve": cache sizes in token working sets (app.engine.speed.HIT_CURVE's points).
+CURVE = (0.0625, 0.125, 0.1875, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0)
 K3 = {"tokens": 200, "layers": 92, "experts": 896, "top_k": 16, "slots": 2000, "zipf_s": 0.8}
 
 
@@ -239,6 +244,10 @@ def main(argv=None) -> int:
         "halves": halves_table(cachesim, trace, lib),
         "horizon": horizon_table(trace),
         "timing": timing(cachesim, lib),
+        # the engine's policy, cold, by the cache's size in token working sets (slots / (16 layers x top 8)):
+        # app.engine.speed.HIT_CURVE, the hit rate the speed model expects
+        "curve": {str(r): round(cachesim.simulate(trace, EXPERTS, round(r * 128), lib=lib)["hit_rate"], 3)
+                  for r in CURVE},
     }
     if a.json:
         print(json.dumps(result, indent=1))

@@ -86,10 +86,12 @@ def decode_run(container: Path, tokens: list[int], routing: tuple | None = None,
         s.eval(tokens[:prompt])
         s.set_profiling(True)  # the decode's dispatch time per MoE layer
         before = s.stats()
+        disk0 = disk_sectors()
         t0 = time.perf_counter()
         for t in tokens[prompt:]:
             s.eval([t])
         seconds = time.perf_counter() - t0
+        disk1 = disk_sectors()
         after = s.stats()
         prof = s.profile()["decode"]
         n = len(tokens) - prompt
@@ -117,6 +119,10 @@ def decode_run(container: Path, tokens: list[int], routing: tuple | None = None,
                                                              "dispatch_seconds", "attention_seconds",
                                                              "pool_wait_seconds", "other_seconds")},
             "matmul_s_per_token": {f: m["seconds"] / n for f, m in prof["matmul"].items()},
+            # every process's disk traffic less this decode's reads, while it ran (a shared machine)
+            "disk_others_bytes_per_s": ({"read": max(0.0, disk1["read"] - disk0["read"] - d("bytes_read")) / seconds,
+                                         "written": (disk1["written"] - disk0["written"]) / seconds}
+                                        if disk0 and disk1 else None),
         }
 
 
@@ -141,27 +147,51 @@ def compute_floor(container: Path, tokens: list[int], passes: int = 1, **opts) -
         return best
 
 
-def disk_bandwidth(container: Path, record: int, readers: int, seconds: float = 3.0) -> dict:
-    """Random whole-record direct reads with `readers` threads, like the engine's."""
+#: The piece the engine's readers share a record in (FE_IO_CHUNK, core_c/src/io.h).
+IO_PIECE = 4 << 20
+
+
+def disk_bandwidth(container: Path, record: int, readers: int, seconds: float = 3.0, pieces: bool = False) -> dict:
+    """Random whole-record direct reads with `readers` threads, like the
+    engine's. ``pieces``: the engine's own pattern (core_c/src/io.c): the
+    readers share the record at the head of the queue in IO_PIECE pieces,
+    records one after another (one reader reads whole records)."""
+    import threading
+
     banks = sorted((container / "experts").glob("layer_*.bin"))
     flags = os.O_RDONLY | getattr(os, "O_DIRECT", 0)
     fds = [os.open(b, flags) for b in banks]
     n_records = (banks[0].stat().st_size - 4096) // record
     done = [0] * readers
     stop = time.perf_counter() + seconds
+    piece = IO_PIECE if pieces and readers > 1 else record
+    rng = np.random.default_rng(readers)
+    lock = threading.Lock()
+    head = {"fd": 0, "off": 0, "left": 0}
+
+    def take() -> tuple[int, int, int]:
+        with lock:
+            if not head["left"]:
+                head.update(fd=fds[rng.integers(len(fds))], off=4096 + int(rng.integers(n_records)) * record,
+                            left=record)
+            n = min(piece, head["left"])
+            out = (head["fd"], head["off"], n)
+            head["off"] += n
+            head["left"] -= n
+            return out
 
     def work(i: int) -> None:
-        rng = np.random.default_rng(i)
-        buf = mmap.mmap(-1, record)  # page-aligned, as direct I/O needs
+        buf = mmap.mmap(-1, piece)  # page-aligned, as direct I/O needs
+        view = memoryview(buf)
         while time.perf_counter() < stop:
-            fd = fds[rng.integers(len(fds))]
-            off = 4096 + int(rng.integers(n_records)) * record
-            done[i] += os.preadv(fd, [buf], off)
+            fd, off, n = take()
+            done[i] += os.preadv(fd, [view[:n]], off)
 
     elapsed = run_threads(work, readers)
     for fd in fds:
         os.close(fd)
-    return {"bytes_per_s": sum(done) / elapsed, "readers": readers, "direct": bool(getattr(os, "O_DIRECT", 0))}
+    return {"bytes_per_s": sum(done) / elapsed, "readers": readers, "direct": bool(getattr(os, "O_DIRECT", 0)),
+            "piece": piece}
 
 
 def median_run(runs: list[dict]) -> dict:
@@ -507,65 +537,200 @@ def k3_cache_share(ram: int = 64 << 30) -> float:
     return (c["recommended_bytes"] - c["floor_bytes"]) / c["experts_total_bytes"]
 
 
+class BusyKernels:
+    """The exact kernels of ``fmt`` in a loop on every core while the block
+    runs (a 96 MiB matrix of random blocks, as app.engine.speed measures
+    them): the CPU as a decode keeps it, for the disk's ceiling beside busy
+    cores (the readers then wait for a core to issue each next read)."""
+
+    def __init__(self, fmt: str, threads: int | None = None):
+        import threading
+
+        from app.engine.binding import ffi, lib
+        from app.engine.speed import COLS, MATRIX_BYTES
+
+        self.threads = max(1, threads or os.cpu_count() or 1)
+        code = lib.ferry_format_code(fmt.encode())
+        row = lib.ferry_format_row_bytes(code, COLS)
+        per = max(8, MATRIX_BYTES // row // self.threads)
+        w = np.random.default_rng(0).integers(0, 256, size=per * self.threads * row, dtype=np.uint8)
+        x = np.random.default_rng(1).standard_normal(COLS).astype(np.float32)
+        self.stop = threading.Event()
+
+        def work(i: int) -> None:
+            y = np.zeros(per, dtype=np.float32)
+            part = ffi.from_buffer(w[i * per * row:(i + 1) * per * row])
+            while not self.stop.is_set():
+                lib.ferry_kernel_matmul(lib.ferry_kernels_best(), code, part, per, COLS,
+                                        ffi.from_buffer("float[]", x), 1, ffi.from_buffer("float[]", y))
+
+        self.workers = [threading.Thread(target=work, args=(i,)) for i in range(self.threads)]
+
+    def __enter__(self):
+        for t in self.workers:
+            t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        for t in self.workers:
+            t.join()
+
+
+def disk_sectors() -> dict[str, int] | None:
+    """Bytes read and written so far by every process on the machine's whole
+    disks (/proc/diskstats, the devices of /sys/block but loop and RAM ones;
+    None elsewhere): what others did to the disk while a decode ran (the
+    machine may be shared)."""
+    try:
+        disks = {d for d in os.listdir("/sys/block") if not d.startswith(("loop", "ram", "zram"))}
+        lines = Path("/proc/diskstats").read_text().splitlines()
+    except OSError:
+        return None
+    out = {"read": 0, "written": 0}
+    for f in (line.split() for line in lines):
+        if len(f) > 9 and f[2] in disks:
+            out["read"] += int(f[5]) * 512
+            out["written"] += int(f[9]) * 512
+    return out
+
+
+def _model_round(run: dict, ceiling: float, kernel_bps: float, experts_per_token: int, record: int,
+                 layers: int, busy: float | None) -> dict:
+    """The speed model (app.engine.speed.token_seconds, per-layer record
+    pipeline) for one decode from the rates measured beside it: the disk's
+    ceiling in the engine's pattern, idle and beside busy cores, and the
+    kernels' speed, with the bytes the decode read (its hit rate) and the
+    trunk's own time (the decode less its experts' products and waits).
+    Beside it, the model without the busy rate and the aggregate form (the
+    model before 2026-12-06's session 16) with the same inputs."""
+    from app.engine.speed import token_seconds
+
+    bpt, spt = run["bytes_per_token"], run["s_per_token"]
+    prof = run["profile_s_per_token"]
+    trunk_s = max(0.0, spt - prof["expert_ffn_seconds"] - prof["expert_wait_seconds"])
+    args = (trunk_s, experts_per_token, bpt, kernel_bps, ceiling)
+    predicted = token_seconds(*args, trunk_kernel_bps=1.0, record_bytes=record, layers=layers, busy_disk_bps=busy)
+    idle = token_seconds(*args, trunk_kernel_bps=1.0, record_bytes=record, layers=layers)
+    aggregate = token_seconds(*args, trunk_kernel_bps=1.0)
+    return {"trunk_s": trunk_s, "experts_s": experts_per_token / kernel_bps, "read_s": bpt / ceiling,
+            "s_per_token": predicted, "error": predicted / spt - 1.0, "idle_disk_error": idle / spt - 1.0,
+            "aggregate_error": aggregate / spt - 1.0}
+
+
+#: --true-shape: a decode during which other processes moved more than this
+#: share of the ceiling on the disk ran on a shared disk (its error is reported apart).
+SHARED_DISK = 0.10
+
+
+def _disk_shared(run: dict) -> bool:
+    o = run.get("disk_others_bytes_per_s")
+    return bool(o) and o["read"] + o["written"] > SHARED_DISK * run["ceiling_bytes_per_s"]
+
+
+def _median_or_none(xs: list[float]) -> float | None:
+    return float(np.median(xs)) if xs else None
+
+
 def true_shape_modes(a, container: Path, plan, tokens: list[int], budget: int, info) -> dict:
     """K3's real expert records streamed at the 64 GB Mac's cache share, for
-    each reader count (the engine's queue depth: each reader thread has one
-    whole-record read in flight), in interleaved rounds, each beside the
-    disk's own ceiling at that record size and queue depth (random whole
-    records, direct I/O). Per reader count: tok/s, bytes read per token, the
-    achieved read bandwidth over the whole decode and its share of the
-    ceiling, the compute's wait for reads, the share of the read time (at
-    the ceiling) hidden behind compute, the session profile, and the speed
-    model's prediction (app.engine.speed.token_seconds) from the ceiling,
-    the measured hit rate and the kernels' measured speed."""
-    from app.engine.speed import kernel_bytes_per_s, token_seconds
+    each reader count (the engine's queue depth), in interleaved rounds. Each
+    decode is measured beside its own inputs, since on a shared machine the
+    rates move between measurements: just before it the kernels' speed (the
+    exact products K3 runs, every core) and the disk's ceiling in the
+    engine's own pattern (direct reads of random whole records shared by the
+    readers in 4 MiB pieces, core_c/src/io.c), and that ceiling again with
+    the kernels busy on every core (BusyKernels: the readers then wait for a
+    core to issue each next read); just after it the idle ceiling again (the
+    model takes the mean of the two idle ones); the whole-record ceiling of
+    the earlier bench beside it; the load and the bytes other processes
+    moved on the disk during the decode. Per reader count: tok/s, bytes read per
+    token, the achieved read bandwidth and its share of the ceiling, the
+    compute's wait for reads, the share of the read time hidden behind
+    compute, the session profile, and the speed model's prediction for each
+    round (app.engine.speed.token_seconds with the per-layer record
+    pipeline) and its error, the median over rounds beside it."""
+    from app.engine.speed import kernel_bytes_per_s
 
     sweep = [int(r) for r in a.readers_sweep.split(",") if r]
-    runs: dict[int, list[dict]] = {r: [] for r in sweep}
-    ceilings: dict[int, list[float]] = {r: [] for r in sweep}
-    load = []
+    rounds: dict[int, list[dict]] = {r: [] for r in sweep}
+    fmt = a.expert_format
+    experts_per_token = info.top_k * info.n_moe_layers * plan.record_bytes
+    record, layers = plan.record_bytes, info.n_moe_layers
+    measure_kernel = kernel_bytes_per_s.__wrapped__   # measured again each time, not the process's cached figure
     for rnd in range(max(1, a.rounds)):
         order = sweep[rnd % len(sweep):] + sweep[:rnd % len(sweep)]
         for r in order:
-            load.append(os.getloadavg()[0])
-            runs[r].append(decode_run(container, tokens, prompt=TRUE_PROMPT, ram_budget=budget, readers=r))
-            ceilings[r].append(disk_bandwidth(container, plan.record_bytes, r, seconds=a.ceiling_seconds)["bytes_per_s"])
-    fmt = a.expert_format
-    kernel_bps = kernel_bytes_per_s(fmt, activations="exact")   # K3 runs exact (KDA layers: app.activations)
-    experts_per_token = info.top_k * info.n_moe_layers * plan.record_bytes
+            load = os.getloadavg()[0]
+            kernel = measure_kernel(fmt, None, "exact")   # K3 runs exact (KDA layers: app.activations)
+            whole = disk_bandwidth(container, record, r, seconds=a.ceiling_seconds / 2)["bytes_per_s"]
+            before = disk_bandwidth(container, record, r, seconds=a.ceiling_seconds / 2, pieces=True)["bytes_per_s"]
+            with BusyKernels(fmt):
+                busy = disk_bandwidth(container, record, r, seconds=a.ceiling_seconds / 2, pieces=True)["bytes_per_s"]
+            run = decode_run(container, tokens, prompt=TRUE_PROMPT, ram_budget=budget, readers=r)
+            after = disk_bandwidth(container, record, r, seconds=a.ceiling_seconds / 2, pieces=True)["bytes_per_s"]
+            ceiling = (before + after) / 2
+            rounds[r].append({**run, "round": rnd, "load_1min": load, "kernel_bytes_per_s": kernel,
+                              "ceiling_bytes_per_s": ceiling, "ceiling_before_after": [before, after],
+                              "ceiling_busy_bytes_per_s": busy, "ceiling_whole_records_bytes_per_s": whole,
+                              "model": _model_round(run, ceiling, kernel, experts_per_token, record, layers, busy)})
     out = {}
     for r in sweep:
-        m = median_run(runs[r])
-        ceiling = float(max(ceilings[r]))
-        bpt, spt = m["bytes_per_token"], m["s_per_token"]
+        rs = rounds[r]
+        m = median_run(rs)
+        spt = float(np.median([x["s_per_token"] for x in rs]))
+        pred = float(np.median([x["model"]["s_per_token"] for x in rs]))
+        ceiling = float(np.median([x["ceiling_bytes_per_s"] for x in rs]))
+        bpt = m["bytes_per_token"]
         read_at_ceiling = bpt / ceiling
-        # the trunk's own compute: the decode less the experts' part (their products and their wait)
-        trunk_s = max(0.0, spt - m["profile_s_per_token"]["expert_ffn_seconds"]
-                      - m["profile_s_per_token"]["expert_wait_seconds"])
-        predicted = token_seconds(trunk_s * kernel_bps, experts_per_token, bpt, kernel_bps, ceiling)
         ffn_s = m["profile_s_per_token"]["expert_ffn_seconds"]
-        in_run = token_seconds(trunk_s, experts_per_token, bpt, experts_per_token / ffn_s, ceiling,
-                               trunk_kernel_bps=1.0)
         out[str(r)] = {
-            **m,
-            "disk_ceiling_bytes_per_s": ceiling, "disk_ceiling_rounds": ceilings[r],
+            **{k: v for k, v in m.items() if k not in ("model",)},
+            "s_per_token": spt, "tok_per_s": 1.0 / spt,
+            "disk_ceiling_bytes_per_s": ceiling, "disk_ceiling_rounds": [x["ceiling_bytes_per_s"] for x in rs],
+            "disk_ceiling_whole_records_rounds": [x["ceiling_whole_records_bytes_per_s"] for x in rs],
+            "disk_ceiling_busy_rounds": [x["ceiling_busy_bytes_per_s"] for x in rs],
+            "kernel_bytes_per_s_rounds": [x["kernel_bytes_per_s"] for x in rs],
+            "load_rounds": [x["load_1min"] for x in rs],
+            "disk_others_rounds": [x["disk_others_bytes_per_s"] for x in rs],
             "achieved_read_bytes_per_s": bpt / spt,
             "share_of_ceiling": bpt / spt / ceiling,
             "read_s_per_token_at_ceiling": read_at_ceiling,
             "hidden_read_fraction": (max(0.0, min(1.0, 1.0 - m["stall_s_per_token"] / read_at_ceiling))
                                      if read_at_ceiling else None),
-            "compute_s_per_token": spt - m["stall_s_per_token"],
-            "model": {"trunk_s": trunk_s, "experts_s": experts_per_token / kernel_bps, "read_s": read_at_ceiling,
-                      "s_per_token": predicted, "tok_per_s": 1.0 / predicted,
-                      "error": predicted / spt - 1.0},
-            # the same model with the experts' compute this decode measured (its own profile): on a
-            # loaded machine the kernels' speed moves between the separate measurement and the decode
-            "model_in_run": {"experts_s": ffn_s, "s_per_token": in_run, "error": in_run / spt - 1.0},
+            "compute_s_per_token": m["s_per_token"] - m["stall_s_per_token"],
+            # error: the median of the rounds' errors (each round's prediction from its own inputs)
+            "model": {"s_per_token": pred, "tok_per_s": 1.0 / pred,
+                      "error": float(np.median([x["model"]["error"] for x in rs])),
+                      "rounds_error": [x["model"]["error"] for x in rs],
+                      # the rounds in which other processes moved less than SHARED_DISK of the ceiling
+                      # on the disk during the decode (the model is for a disk of one's own)
+                      "error_unshared_rounds": _median_or_none([x["model"]["error"] for x in rs
+                                                                if not _disk_shared(x)]),
+                      "unshared_rounds": sum(not _disk_shared(x) for x in rs),
+                      "rounds_idle_disk_error": [x["model"]["idle_disk_error"] for x in rs],
+                      "rounds_aggregate_error": [x["model"]["aggregate_error"] for x in rs],
+                      "trunk_s": m["model"]["trunk_s"], "experts_s": m["model"]["experts_s"],
+                      "read_s": m["model"]["read_s"]},
+            # the experts' compute as this decode's own profile measured it (a diagnostic: under load
+            # the kernels' speed moves even between the measurement beside the decode and the decode)
+            "model_in_run": {"experts_s": ffn_s, "error": (_model_round(
+                m, m["ceiling_bytes_per_s"], experts_per_token / ffn_s, experts_per_token, record, layers,
+                m["ceiling_busy_bytes_per_s"])["error"] if ffn_s else None)},
         }
     best = max(out, key=lambda k: out[k]["tok_per_s"])
-    return {"rounds_load_1min": load, "readers": out, "best_readers": int(best),
-            "kernel_bytes_per_s": kernel_bps, "kernel_format": fmt, "kernel_activations": "exact",
-            "expert_bytes_computed_per_token": experts_per_token}
+    return {"readers": out, "best_readers": int(best), "kernel_format": fmt, "kernel_activations": "exact",
+            "expert_bytes_computed_per_token": experts_per_token,
+            "model_error_by_readers": {k: round(v["model"]["error"], 4) for k, v in out.items()},
+            "model_error_unshared_by_readers": {k: (round(v["model"]["error_unshared_rounds"], 4)
+                                                    if v["model"]["error_unshared_rounds"] is not None else None)
+                                                for k, v in out.items()},
+            "model_within_15pct": all(abs(v["model"]["error"]) <= 0.15 for v in out.values()),
+            # the model with the experts' compute of the decode's own profile (the median round):
+            # what is left when the kernels' speed measured beside the decode is taken out
+            "model_in_run_error_by_readers": {k: (round(v["model_in_run"]["error"], 4)
+                                                  if v["model_in_run"]["error"] is not None else None)
+                                              for k, v in out.items()}}
 
 
 #: The reference machine of issue 36, a 64 GB MacBook Pro M5 Pro, by published
@@ -583,27 +748,31 @@ PUBLIC_ENGINE = {"tok_per_s": [0.45, 0.62], "cache_bytes": 17.6e9, "hit_rate": 0
 
 
 def mac_prediction(one_core_bps) -> dict:
-    """K3 on MAC by the speed model (app.engine.speed.token_seconds): the
-    floor, cache and bytes `ferry plan --config` costs for 64 GB (q4_0
-    trunk; q3_nl or q2_vq experts), the cache the budget rule leaves
-    (app.memory.budget.model_room less the floor), the SSD at both published
-    figures, exact routing (16 experts) and 8 experts per token, the hits of
-    a uniform spread over the cache (the estimator's assumption) and the
-    public engine's measured 38 %, and two compute assumptions: "memory"
-    (the kernels at MAC's memory bandwidth: what an engine whose compute
-    keeps up with memory gets) and "cores_as_here" (one core of this machine
-    at ``one_core_bps(fmt)``, exact activations as K3 runs, times MAC's
-    cores, at most its memory bandwidth: Ferry's CPU kernels if an M5 core
-    were as fast as this one); with the lookahead's bound beside each (every
-    read behind compute). Also the catalogue's row for K3 on that Mac
-    (app.get.catalogue.plan_entry: the one estimator, at the low SSD figure
-    and the "cores_as_here" kernels)."""
+    """K3 on MAC by the one estimator (app.engine.speed.token_seconds with
+    the per-layer record pipeline, as app.get.plan.estimate runs it for
+    `ferry get --plan` and the catalogue): the floor, bytes and recommended
+    budget the catalogue plans for 64 GB (q4_0 trunk; q3_nl or q2_vq
+    experts), the SSD at both published figures, exact routing (16 experts)
+    and 8 experts per token, three hit rates for the cache that budget
+    leaves: "ferry" (app.engine.speed.expected_hit_rate: the engine's policy
+    on the real OLMoE trace at the cache's size in token working sets, what
+    the catalogue uses), the public engine's measured 38 % and a uniform
+    spread; two compute assumptions: "memory" (the kernels at MAC's memory
+    bandwidth: what an engine whose compute keeps up with memory gets) and
+    "cores_as_here" (one core of this machine at ``one_core_bps(fmt)``,
+    exact activations as K3 runs, times MAC's cores, at most its memory
+    bandwidth: Ferry's CPU kernels if an M5 core were as fast as this one);
+    with the lookahead's bound beside each (every read behind compute). Also
+    the catalogue's rows for K3 on that Mac (app.get.catalogue.plan_entry)
+    at the low SSD figure with both compute assumptions: the "memory" one is
+    the "memory/top16/ferry/ssd_low" row of its format."""
     from app.convert.plan_config import plan_from_config
-    from app.engine.speed import token_seconds
+    from app.engine.speed import expected_hit_rate, token_seconds
     from app.get.catalogue import ENTRIES, plan_entry
-    from app.memory.budget import MachineMemory, model_room
+    from app.memory.budget import MachineMemory, auto_budget
 
     k3 = next(e for e in ENTRIES if e.name == "Kimi K3")
+    mem = MachineMemory(MAC["ram"], MAC["ram"], "a 64 GB Mac")
     one = {}
 
     def cores(fmt: str) -> float:
@@ -611,36 +780,49 @@ def mac_prediction(one_core_bps) -> dict:
             one[fmt] = one_core_bps(fmt)
         return min(MAC["memory_bytes_per_s"], MAC["cores"] * one[fmt])
 
-    kernels = {"memory": lambda fmt: MAC["memory_bytes_per_s"], "cores_as_here": cores}
+    def memory(fmt: str) -> float:
+        return MAC["memory_bytes_per_s"]
+
+    kernels = {"memory": memory, "cores_as_here": cores}
     out = {"machine": MAC, "public_engine": PUBLIC_ENGINE, "formats": {}}
     for fmt in ("q3_nl", "q2_vq"):
         c = plan_from_config(k3.config, ram=MAC["ram"], trunk_format="q4_0", expert_format=fmt)
-        cache = max(0, model_room(MAC["ram"]) - c["floor_bytes"])
-        n_records = c["experts_per_layer"] * c["moe_layers"]
-        uniform = min(1.0, (cache // c["expert_record_bytes"] + c["top_k"]) / n_records)
-        trunk = c["trunk_bytes"] - c["embedding_bytes"]
-        rows = {}
+        everything = (c["trunk_bytes"] + c["state_bytes"] + c["scratch_bytes"] + c["experts_total_bytes"]
+                      + c["policy_all_bytes"])
+        budget = auto_budget(c["floor_bytes"], c["cold_bytes_per_token"], everything, mem).budget
+        record, layers, top_k = c["expert_record_bytes"], c["moe_layers"], c["top_k"]
+        n_records = c["experts_per_layer"] * layers
+        slots = min(n_records, max(0, (budget - c["floor_bytes"]) // record + top_k))
+        trunk = c["trunk_bytes"]      # resident, computed per token (the embedding row is read, not computed)
+        rows, hit_rates = {}, {}
         for compute, kernel in kernels.items():
-            for k in (c["top_k"], c["top_k"] // 2):
-                experts = c["cold_bytes_per_token"] * k // c["top_k"]
-                for hits, h in (("uniform", uniform), ("published_38pct", PUBLIC_ENGINE["hit_rate"])):
+            for k in (top_k, top_k // 2):
+                experts = c["cold_bytes_per_token"] * k // top_k
+                hit_rates[f"top{k}"] = hits_by = {"ferry": expected_hit_rate(slots, k, layers, n_records),
+                                                   "published_38pct": PUBLIC_ENGINE["hit_rate"],
+                                                   "uniform": slots / n_records}
+                for hits, h in hits_by.items():
                     for ssd, bps in MAC["ssd_bytes_per_s"].items():
-                        read = experts * (1 - h)
+                        read = int(experts * (1 - h))
                         args = (trunk, experts, read, kernel(fmt), bps)
-                        t = token_seconds(*args, trunk_kernel_bps=kernel("q4_0"))
+                        t = token_seconds(*args, trunk_kernel_bps=kernel("q4_0"), record_bytes=record, layers=layers)
                         la = token_seconds(*args, trunk_kernel_bps=kernel("q4_0"), lookahead=True)
                         rows[f"{compute}/top{k}/{hits}/ssd_{ssd}"] = {
                             "hit_rate": h, "read_bytes_per_token": read, "trunk_s": trunk / kernel("q4_0"),
                             "experts_s": experts / kernel(fmt), "read_s": read / bps,
                             "tok_per_s": 1 / t, "tok_per_s_lookahead_bound": 1 / la}
-        out["formats"][fmt] = {"floor_bytes": c["floor_bytes"], "cache_bytes": cache, "trunk_compute_bytes": trunk,
-                               "cold_bytes_per_token": c["cold_bytes_per_token"], "uniform_hit_rate": uniform,
-                               "predictions": rows}
-    mem = MachineMemory(MAC["ram"], MAC["ram"], "a 64 GB Mac")
-    row = plan_entry(k3, mem, MAC["ssd_bytes_per_s"]["low"], cores)
-    out["catalogue_row"] = {"verdict": row.verdict, "reason": row.reason, "tok_per_s": row.tok_per_s,
-                            "expert_format": row.expert_format, "trunk_format": row.trunk_format,
-                            "recommended_budget": row.recommended_budget, "floor_bytes": row.floor_bytes}
+        out["formats"][fmt] = {"floor_bytes": c["floor_bytes"], "budget_bytes": budget,
+                               "cache_bytes": budget - c["floor_bytes"], "cache_slots": slots,
+                               "cache_working_sets": slots / (top_k * layers), "cache_share": slots / n_records,
+                               "trunk_compute_bytes": trunk, "cold_bytes_per_token": c["cold_bytes_per_token"],
+                               "hit_rates": hit_rates, "predictions": rows}
+    for name, kernel in kernels.items():
+        row = plan_entry(k3, mem, MAC["ssd_bytes_per_s"]["low"], kernel)
+        out["catalogue_row" if name == "memory" else f"catalogue_row_{name}"] = {
+            "verdict": row.verdict, "reason": row.reason, "tok_per_s": row.tok_per_s,
+            "expert_format": row.expert_format, "trunk_format": row.trunk_format,
+            "recommended_budget": row.recommended_budget, "floor_bytes": row.floor_bytes,
+            "expected_read_per_token": row.expected_read_per_token}
     out["one_core_kernel_bytes_per_s"] = dict(one)
     out["load_1min"] = os.getloadavg()[0]
     return out

@@ -146,8 +146,10 @@ def plan_entry(e: Entry, memory, disk_bps: float | None, kernel_bps_of) -> Row:
     plan.disk_read_bytes_per_s = disk_bps
     fmt = c["expert_format"] if c["moe_layers"] else c["trunk_format"]
     plan.kernel_bytes_per_s = kernel_bps_of(fmt)
+    if c["moe_layers"] and c["trunk_format"] != fmt:     # the trunk through its own format's kernels
+        plan.trunk_kernel_bytes_per_s = kernel_bps_of(c["trunk_format"])
     estimate(plan, plan.recommended_budget, everything, plan.record_bytes, plan.top_k, plan.n_records, disk_bps,
-             plan.kernel_bytes_per_s)
+             plan.kernel_bytes_per_s, plan.trunk_kernel_bytes_per_s)
     judge(plan)
     return _row_from_plan(e, plan)
 

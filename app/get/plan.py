@@ -65,10 +65,12 @@ class GetPlan:
     n_records: int = 0                      #: expert records in all
     top_k: int = 0
     kernel_format: str = ""                 #: what the per-token matrices are stored as (the speed measured)
-    expected_read_per_token: int = 0        #: at the recommended budget (cache hits assumed uniform)
+    trunk_kernel_format: str = ""           #: the trunk's matrices, by bytes (a MoE model's trunk speed)
+    expected_read_per_token: int = 0        #: at the recommended budget (app.engine.speed.expected_hit_rate)
     compute_bytes_per_token: int = 0        #: weights the kernels go through per token
     disk_read_bytes_per_s: float | None = None
     kernel_bytes_per_s: float | None = None
+    trunk_kernel_bytes_per_s: float | None = None   #: the trunk's kernels (None: kernel_bytes_per_s)
     tok_per_s: float | None = None
     verdict: str = ""                       #: "runs well" | "runs slowly" | "does not fit"
     reason: str = ""
@@ -200,22 +202,27 @@ def simulate_peak(order, reads, unit_bytes, shard_bytes: dict[str, int], ahead: 
 # ----------------------------------------------------------- the estimate
 
 def estimate(plan: GetPlan, budget: int, everything: int, record: int, top_k: int, n_records: int,
-             disk_bps: float | None, kernel_bps: float | None) -> None:
+             disk_bps: float | None, kernel_bps: float | None, trunk_kernel_bps: float | None = None) -> None:
     """Expected read per token and tok/s at ``budget``: the cache holds
-    (budget - floor) / record + top_k records of n_records (hits assumed
-    spread uniformly, a pessimistic guess for real routing); each token
-    computes over the trunk and its experts and reads its misses from disk,
-    the reads overlapped with the experts' compute (app.engine.speed.token_seconds,
-    the speed model checked on K3's real expert shape)."""
-    from app.engine.speed import token_seconds
+    (budget - floor) / record + top_k records of n_records, and hits at the
+    rate real routing gives that many (app.engine.speed.expected_hit_rate:
+    the engine's policy on a real routing trace, by the cache's size in
+    token working sets); each token computes over the trunk and its experts
+    and reads its misses from disk, the reads overlapped with the experts'
+    compute (app.engine.speed.token_seconds, the speed model checked on K3's
+    real expert shape); the trunk at ``trunk_kernel_bps`` (default the
+    experts' ``kernel_bps``)."""
+    from app.engine.speed import expected_hit_rate, token_seconds
 
+    moe_layers = round(plan.cold_bytes_per_token / (top_k * record)) if top_k and record else 0   # a token visits each
     if n_records and record:
         cached = min(n_records, max(0, (budget - plan.floor_bytes) // record + top_k))
-        hit = cached / n_records if budget < everything else 1.0
+        hit = expected_hit_rate(cached, top_k, moe_layers, n_records) if budget < everything else 1.0
         plan.expected_read_per_token = int(plan.cold_bytes_per_token * (1 - hit))
     experts = min(plan.cold_bytes_per_token, plan.compute_bytes_per_token)
     seconds = token_seconds(plan.compute_bytes_per_token - experts, experts, plan.expected_read_per_token,
-                            kernel_bps, disk_bps)
+                            kernel_bps, disk_bps, trunk_kernel_bps=trunk_kernel_bps, record_bytes=record,
+                            layers=moe_layers)
     if seconds:
         plan.tok_per_s = 1.0 / seconds
 
@@ -290,6 +297,8 @@ def plan_repo(repo_id: str, revision: str | None = None, into: str | os.PathLike
         if kernel_bps is None:
             from app.convert.format_choices import default_speed
             kernel_bps = (speed or default_speed)(plan.kernel_format)
+            if plan.trunk_kernel_format and plan.trunk_kernel_format != plan.kernel_format:
+                plan.trunk_kernel_bytes_per_s = (speed or default_speed)(plan.trunk_kernel_format)
         plan.disk_read_bytes_per_s, plan.kernel_bytes_per_s = disk_bps, kernel_bps
         finish_estimate(plan)
     judge(plan)
@@ -330,13 +339,11 @@ def _fill(plan: GetPlan, report, memory) -> None:
     embd = sum(t.nbytes for t in layout.trunk if t.name == "token_embd")
     plan.compute_bytes_per_token = layout.trunk_size - embd + report.cold_bytes_per_token
     plan.record_bytes, plan.top_k = report.record_bytes, report.top_k
-    if layout.banks:
-        plan.kernel_format = layout.banks[0].parts["gate"]["dtype"]
-    else:
-        by: dict[str, int] = {}
-        for t in layout.trunk:
-            by[t.fmt] = by.get(t.fmt, 0) + t.nbytes
-        plan.kernel_format = max(by, key=by.get)
+    by: dict[str, int] = {}
+    for t in layout.trunk:
+        by[t.fmt] = by.get(t.fmt, 0) + t.nbytes
+    plan.trunk_kernel_format = max(by, key=by.get) if by else ""
+    plan.kernel_format = layout.banks[0].parts["gate"]["dtype"] if layout.banks else plan.trunk_kernel_format
     plan.n_records = sum(b.n_experts for b in layout.banks)
 
 
@@ -400,7 +407,7 @@ def finish_estimate(plan: GetPlan) -> None:
     if plan.problems or not plan.floor_bytes:
         return
     estimate(plan, plan.recommended_budget, plan.everything_bytes, plan.record_bytes, plan.top_k,
-             plan.n_records, plan.disk_read_bytes_per_s, plan.kernel_bytes_per_s)
+             plan.n_records, plan.disk_read_bytes_per_s, plan.kernel_bytes_per_s, plan.trunk_kernel_bytes_per_s)
 
 
 def describe(plan: GetPlan) -> str:

@@ -302,3 +302,17 @@ def test_bounds_noisy_predictor_reaches_the_one_token_oracle_at_full_accuracy(tr
     online = cache_bounds.replay(part, 61, cache_bounds.markov_prob(sets, 16, online=True), EXPERTS)
     fitted = cache_bounds.replay(part, 61, cache_bounds.markov_prob(sets, 16, online=False), EXPERTS)
     assert online < fitted < rates[-1]
+
+
+def test_the_speed_models_hit_curve_is_the_engine_policy_on_the_trace(trace):
+    """app.engine.speed.HIT_CURVE (the hit rate `ferry get --plan` and the
+    catalogue expect, by the cache's size in token working sets) is the
+    engine's policy replayed cold on the real OLMoE trace, to 0.001."""
+    from app.engine.speed import HIT_CURVE
+
+    working_set = trace.shape[1] * trace.shape[2]
+    for ratio, hit in HIT_CURVE:
+        slots = round(ratio * working_set)
+        got = cachesim.simulate(trace, EXPERTS, slots)["hit_rate"] if slots else 0.0
+        assert got == pytest.approx(hit, abs=0.001), (ratio, got)
+

@@ -117,20 +117,86 @@ def test_speed_model_arithmetic():
     assert token_seconds(100, 50, 0, None, 20) is None
 
 
+def test_speed_model_record_pipeline():
+    """With the record size and the layers, each layer is a pipeline of
+    records: the last miss's compute follows its read (disk-bound), the
+    first miss's read comes before the misses' compute when the hits are
+    computed sooner (compute-bound); never less than the aggregate form,
+    which it approaches as records get small."""
+    # 2 layers, each 8 B of experts at 1 B/s, of which 6 B missed, read at 1 B/s; records of 2 B:
+    # per layer max(max(hits 2 s, one record's read 2 s) + misses 6 s, read 6 s + one record 2 s) = 8 s
+    assert token_seconds(0, 16, 12, 1, 1, record_bytes=2, layers=2) == pytest.approx(16.0)
+    # disk-bound: read at 0.5 B/s: 12 s a layer + the last record's compute 2 s
+    assert token_seconds(0, 16, 12, 1, 0.5, record_bytes=2, layers=2) == pytest.approx(28.0)
+    assert token_seconds(0, 16, 12, 1, 0.5) == pytest.approx(24.0)
+    # compute-bound, nothing cached: the first record's read (1 s) before the misses' compute (8 s)
+    assert token_seconds(0, 16, 16, 1, 4, record_bytes=4, layers=2) == pytest.approx(2 * (1 + 8))
+    assert token_seconds(0, 16, 16, 1, 4) == pytest.approx(16.0)
+    assert token_seconds(0, 160, 100, 10, 5, record_bytes=1e-6, layers=4) == \
+        pytest.approx(token_seconds(0, 160, 100, 10, 5), rel=1e-6)
+    # reads beyond the experts (wrong guesses) are read, not computed; the trunk adds
+    assert token_seconds(10, 16, 20, 1, 1, record_bytes=2, layers=2) == pytest.approx(10 + 2 * (10 + 2))
+
+
+def test_speed_model_reads_beside_busy_cores():
+    """busy_disk_bps: the disk's rate while the kernels hold every core;
+    reads overlapping the experts' compute go at it, the rest at disk_bps."""
+    # experts 10 s; 10 B read at 0.5 B/s during those 10 s gives 5 B, the other 5 B at 2 B/s: 12.5 s
+    assert token_seconds(0, 10, 10, 1, 2, busy_disk_bps=0.5) == pytest.approx(12.5)
+    # fast enough beside the compute: hidden (10 B at 1 B/s within the 10 s)
+    assert token_seconds(0, 10, 10, 1, 2, busy_disk_bps=1) == pytest.approx(10.0)
+    # the default is the same rate busy or not, and a busy rate above it changes nothing
+    assert token_seconds(0, 10, 30, 1, 2) == token_seconds(0, 10, 30, 1, 2, busy_disk_bps=5) == pytest.approx(15.0)
+    # per layer, the same rule beside each layer's compute (2 layers, records of 1 B)
+    assert token_seconds(0, 10, 10, 1, 2, busy_disk_bps=0.5, record_bytes=1, layers=2) == \
+        pytest.approx(2 * (5 + 1.25 + 1))
+
+
+def test_expected_hit_rate_is_the_trace_curve_never_below_uniform():
+    """app.engine.speed.expected_hit_rate: HIT_CURVE at the cache's size in
+    token working sets, at least the share cached, 1.0 when all is cached."""
+    from app.engine.speed import HIT_CURVE, expected_hit_rate
+
+    # OLMoE's own shape (16 layers, top 8 of 64): the curve's points
+    assert expected_hit_rate(128, 8, 16, 1024) == pytest.approx(dict(HIT_CURVE)[1.0])
+    assert expected_hit_rate(64, 8, 16, 1024) == pytest.approx(dict(HIT_CURVE)[0.5])
+    assert expected_hit_rate(1024, 8, 16, 1024) == 1.0 and expected_hit_rate(0, 8, 16, 1024) == 0.0
+    # K3 on a 64 GB Mac: 1,384 slots of 82,432 records, 0.94 of a token's 1,472: 45 %
+    # (the public engine measures 38 % there; a uniform spread would give 1.7 %)
+    k3 = expected_hit_rate(1384, 16, 92, 896 * 92)
+    assert 0.44 < k3 < 0.46
+    # monotone in the cache, never below uniform, up to 1.0 at every record (Mixtral: 8 experts, top 2)
+    rates = [expected_hit_rate(s, 2, 32, 256) for s in range(0, 257, 8)]
+    assert rates == sorted(rates) and rates[-1] == 1.0
+    assert all(r >= s / 256 for r, s in zip(rates, range(0, 257, 8)))
+    rates = [expected_hit_rate(s, 16, 92, 82432) for s in range(0, 82433, 2048)]
+    assert rates == sorted(rates)
+
+
 def test_the_estimator_uses_the_model():
-    """app.get.plan.estimate (ferry get --plan, the catalogue): uniform hits
-    over the cache, then token_seconds on trunk, experts and misses."""
-    plan = GetPlan("r", "c", "hf", floor_bytes=1000, cold_bytes_per_token=400, compute_bytes_per_token=1400)
-    # the cache holds (1600 - 1000) // 100 + 4 = 10 of 40 records: a quarter of the reads hit
-    estimate(plan, budget=1600, everything=5000, record=100, top_k=4, n_records=40, disk_bps=30.0,
+    """app.get.plan.estimate (ferry get --plan, the catalogue): the hit rate
+    real routing gives the cache (expected_hit_rate), then token_seconds on
+    trunk, experts and misses with the layers' record pipeline."""
+    from app.engine.speed import expected_hit_rate
+
+    plan = GetPlan("r", "c", "hf", floor_bytes=1000, cold_bytes_per_token=800, compute_bytes_per_token=1800)
+    # 2 layers of top 4, records of 100 B: the cache holds (1600 - 1000) // 100 + 4 = 10 of 80 records,
+    # 1.25 token working sets
+    estimate(plan, budget=1600, everything=9000, record=100, top_k=4, n_records=80, disk_bps=30.0,
              kernel_bps=100.0)
-    assert plan.expected_read_per_token == 300
-    # trunk 1000 / 100 = 10 s, then max(experts 400 / 100 = 4 s, read 300 / 30 = 10 s)
-    assert plan.tok_per_s == pytest.approx(1 / 20.0)
-    everything = GetPlan("r", "c", "hf", floor_bytes=1000, cold_bytes_per_token=400, compute_bytes_per_token=1400)
-    estimate(everything, budget=5000, everything=5000, record=100, top_k=4, n_records=40, disk_bps=None,
+    hit = expected_hit_rate(10, 4, 2, 80)
+    assert hit == pytest.approx(0.522) and plan.expected_read_per_token == int(800 * (1 - hit))
+    assert plan.tok_per_s == pytest.approx(1 / token_seconds(1000, 800, plan.expected_read_per_token, 100.0, 30.0,
+                                                             record_bytes=100, layers=2))
+    # the trunk through its own format's kernels when they differ
+    estimate(plan, budget=1600, everything=9000, record=100, top_k=4, n_records=80, disk_bps=30.0,
+             kernel_bps=100.0, trunk_kernel_bps=200.0)
+    assert plan.tok_per_s == pytest.approx(1 / token_seconds(1000, 800, plan.expected_read_per_token, 100.0, 30.0,
+                                                             trunk_kernel_bps=200.0, record_bytes=100, layers=2))
+    everything = GetPlan("r", "c", "hf", floor_bytes=1000, cold_bytes_per_token=800, compute_bytes_per_token=1800)
+    estimate(everything, budget=9000, everything=9000, record=100, top_k=4, n_records=80, disk_bps=None,
              kernel_bps=100.0)
-    assert everything.expected_read_per_token == 0 and everything.tok_per_s == pytest.approx(1 / 14.0)
+    assert everything.expected_read_per_token == 0 and everything.tok_per_s == pytest.approx(1 / 18.0)
 
 
 def test_k3_cache_share_is_what_64_gb_leaves():
@@ -144,12 +210,61 @@ def test_mac_prediction_is_the_model_on_published_figures():
     q3 = out["formats"]["q3_nl"]
     row = q3["predictions"]["memory/top16/published_38pct/ssd_low"]
     expect = token_seconds(q3["trunk_compute_bytes"], q3["cold_bytes_per_token"],
-                           q3["cold_bytes_per_token"] * 0.62, 307e9, 6.3e9)
+                           int(q3["cold_bytes_per_token"] * 0.62), 307e9, 6.3e9,
+                           record_bytes=q3["cold_bytes_per_token"] // (16 * 92), layers=92)
     assert row["tok_per_s"] == pytest.approx(1 / expect)
+    # the catalogue shows the "ferry" hit rate's row: the same estimator, not a second one
+    ferry = q3["predictions"]["memory/top16/ferry/ssd_low"]
+    assert out["catalogue_row"]["expert_format"] == "q3_nl"
+    assert out["catalogue_row"]["tok_per_s"] == pytest.approx(ferry["tok_per_s"], rel=1e-3)
+    assert 0.44 < q3["hit_rates"]["top16"]["ferry"] < 0.46 and q3["hit_rates"]["top16"]["uniform"] < 0.02
     # fewer experts or fewer bits per weight read less: never slower
     p = out["formats"]["q2_vq"]["predictions"]
     assert p["memory/top8/published_38pct/ssd_low"]["tok_per_s"] > row["tok_per_s"]
     assert p["memory/top16/published_38pct/ssd_low"]["tok_per_s"] > row["tok_per_s"]
     cores = q3["predictions"]["cores_as_here/top16/uniform/ssd_low"]
     assert cores["trunk_s"] == pytest.approx(q3["trunk_compute_bytes"] / (18 * 2.5e9))
-    assert out["catalogue_row"]["tok_per_s"] and out["catalogue_row"]["expert_format"]
+    assert out["catalogue_row_cores_as_here"]["tok_per_s"] < out["catalogue_row"]["tok_per_s"]
+    # with kernels that differ by format the catalogue runs the trunk at its own format's (q4_0) speed, as the table
+    assert out["catalogue_row_cores_as_here"]["tok_per_s"] == \
+        pytest.approx(q3["predictions"]["cores_as_here/top16/ferry/ssd_low"]["tok_per_s"], rel=1e-3)
+
+
+@pytest.mark.slow
+def test_true_shape_measurement_runs_on_a_tiny_k3(tmp_path):
+    """The bench's measurement loop end to end at a tiny size (a tiny K3 with
+    q3_nl experts, 1 round, 1 and 2 readers, short ceilings): each decode
+    beside its kernels' speed, its idle, busy-cores and whole-record
+    ceilings and the others' disk traffic, a prediction and an error per
+    reader count."""
+    from argparse import Namespace
+
+    from app.convert import quant3
+    from app.convert.convert import convert
+    from app.engine.binding import Engine, container_plan
+    from tests.kimi import tiny_k3
+
+    tiny_k3.build(tmp_path / "ckpt", moe_ffn=256, latent=256, layers=2)   # q3_nl blocks: 256 values
+    container = tmp_path / "k3.ferry"
+    convert(tmp_path / "ckpt", container, trunk_format="f32", expert_format=quant3.NAME)
+    plan = container_plan(container, 256)
+    assert {p["dtype"] for p in plan_parts(container)} == {"q3_nl"}
+    budget = plan.floor_bytes + 2 * plan.record_bytes
+    with Engine(container, n_ctx=256, threads=1, ram_budget=budget) as probe:
+        info = probe.info
+    tokens = [5 + i for i in range(stream.TRUE_PROMPT + 3)]
+    a = Namespace(readers_sweep="1,2", rounds=1, expert_format="q3_nl", ceiling_seconds=0.2, tokens=3)
+    out = stream.true_shape_modes(a, container, plan, tokens, budget, info)
+    assert set(out["readers"]) == {"1", "2"} and set(out["model_error_by_readers"]) == {"1", "2"}
+    for r in out["readers"].values():
+        assert r["bytes_per_token"] > 0 and r["disk_ceiling_rounds"][0] > 0 and r["disk_ceiling_busy_rounds"][0] > 0
+        assert r["kernel_bytes_per_s_rounds"][0] > 0 and np.isfinite(r["model"]["error"])
+        assert len(r["model"]["rounds_error"]) == 1 and r["load_rounds"]
+    assert isinstance(out["model_within_15pct"], bool)
+
+
+def plan_parts(container: Path) -> list[dict]:
+    import json
+
+    doc = json.loads((container / "manifest.json").read_text())
+    return [bank[p] for bank in doc["expert_banks"] for p in ("gate", "up", "down")]

@@ -64,3 +64,22 @@ def test_k3_on_a_64_gb_mac_gets_an_expert_cache():
     cache = k3.recommended_budget - k3.floor_bytes
     assert cache > 10 << 30, cache                          # most of the room, not 0
     assert k3.expected_read_per_token < k3.cold_bytes_per_token
+
+
+def test_k3_on_a_64_gb_mac_expects_the_hits_of_real_routing():
+    """The catalogue's K3 row reads what the engine's policy hits on real
+    routing at that cache (app.engine.speed.expected_hit_rate: 45 % at 0.94
+    token working sets; the public engine measures 38 % there), not a
+    uniform spread over 82,432 records (1.7 %); its tok/s is the one
+    estimator's (tests/engine/test_true_shape_bench.py checks the same row
+    against bench/stream.py's 64 GB Mac table; docs/KIMI.md, "Speed model")."""
+    from app.engine.speed import expected_hit_rate
+
+    rows = catalogue(MAC64, disk_bps=6.3e9, kernel_bps_of=lambda fmt: 307e9)
+    k3 = next(r for r in rows if r.name == "Kimi K3")
+    record = k3.cold_bytes_per_token // (16 * 92)
+    slots = (k3.recommended_budget - k3.floor_bytes) // record + 16
+    hit = expected_hit_rate(slots, 16, 92, 896 * 92)
+    assert 0.44 < hit < 0.46
+    assert k3.expected_read_per_token == int(k3.cold_bytes_per_token * (1 - hit))
+    assert 0.5 < k3.tok_per_s < 0.65     # the public engine measures 0.45-0.62 tok/s on that Mac
