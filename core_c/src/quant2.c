@@ -24,12 +24,18 @@
  * scale, each sub-block's 4-bit code j the nearest on the log grid or up to
  * Q2_STEPS steps either side, whichever gives the least error with its
  * codewords picked again at the stored scale. h = 1, or the caller's
- * per-column importance. The products and scans have an AVX2 form (x86-64,
- * picked at run time) and a NEON form (aarch64) doing the same float
- * operations in the same order as the portable ones, so every path writes
- * the same bytes (core_c/tests/test_kernels.c, natively and under
- * qemu-aarch64), and blocks are independent, so any split of the rows
- * between threads writes the same bytes too. */
+ * per-column importance.
+ *
+ * Speed: the block search (quant2_search.h) is compiled once per instruction
+ * set (portable; AVX2 and AVX-512 on x86-64, picked at run time; NEON on
+ * aarch64) with that set's products and scans inlined; a block's 32
+ * shortlists are made pass by pass (all seeds, then all neighbour steps), so
+ * the vectors' independent scans overlap. Every set does the same float
+ * operations in the same order as the portable one and a scan's result is
+ * defined (the first least value), so every path writes the same bytes
+ * (core_c/tests/test_kernels.c, natively and under qemu-aarch64), and
+ * blocks are independent, so any split of the rows between threads writes
+ * the same bytes too. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -189,6 +195,18 @@ Q2_AVX512_INL const float *q2_prod_avx512(const float *t, int stride, int count,
 Q2_AVX512_INL int q2_argmin_avx512(const float *D2, const float *N, int count, float s) {
     const __m512 sv = _mm512_set1_ps(s);
 #define Q2_E16(c) _mm512_sub_ps(_mm512_mul_ps(sv, _mm512_loadu_ps(N + (c))), _mm512_loadu_ps(D2 + (c)))
+    if (count == 64) { /* the lists' size: the least value left in every lane, four masks unpacked into one */
+        const __m512 e0 = Q2_E16(0), e1 = Q2_E16(16), e2 = Q2_E16(32), e3 = Q2_E16(48);
+        __m512 m = _mm512_min_ps(_mm512_min_ps(e0, e1), _mm512_min_ps(e2, e3));
+        m = _mm512_min_ps(m, _mm512_shuffle_f32x4(m, m, _MM_SHUFFLE(1, 0, 3, 2)));
+        m = _mm512_min_ps(m, _mm512_shuffle_f32x4(m, m, _MM_SHUFFLE(2, 3, 0, 1)));
+        m = _mm512_min_ps(m, _mm512_permute_ps(m, _MM_SHUFFLE(1, 0, 3, 2)));
+        m = _mm512_min_ps(m, _mm512_permute_ps(m, _MM_SHUFFLE(2, 3, 0, 1)));
+        const __mmask32 lo = _mm512_kunpackw(_mm512_cmp_ps_mask(e1, m, _CMP_EQ_OQ), _mm512_cmp_ps_mask(e0, m, _CMP_EQ_OQ));
+        const __mmask32 hi = _mm512_kunpackw(_mm512_cmp_ps_mask(e3, m, _CMP_EQ_OQ), _mm512_cmp_ps_mask(e2, m, _CMP_EQ_OQ));
+        const uint64_t mask = (uint64_t)_mm512_kunpackd(hi, lo);
+        return mask ? __builtin_ctzll(mask) : 0;
+    }
     __m512 m = Q2_E16(0);
     for (int c = 16; c < count; c += 16) m = _mm512_min_ps(m, Q2_E16(c));
     m = _mm512_set1_ps(_mm512_reduce_min_ps(m));
