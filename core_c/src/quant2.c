@@ -119,6 +119,25 @@ Q2_INLINE const float *q2_prod_c(const float *t, int stride, int count, const fl
     return N;
 }
 
+/* q2_signs_*: a block's magnitudes aa = |x|, importances hh (1 without
+ * h), products ha = h |x|, and per 8 values the sign bits with even parity
+ * (when an odd number are negative, the value with the least h x^2, the
+ * first of equals, gives its sign up). */
+Q2_INLINE void q2_signs_c(const float *x, const float *h, float *aa, float *hh, float *ha, int *sgn) {
+    for (int k = 0; k < 32; k++) {
+        int bits = 0, cheapest = 0;
+        float cost = INFINITY;
+        for (int i = 0; i < 8; i++) {
+            const float v = x[8 * k + i], w = h ? h[8 * k + i] : 1.0f;
+            aa[8 * k + i] = fabsf(v), hh[8 * k + i] = w, ha[8 * k + i] = w * fabsf(v);
+            if (v < 0.0f) bits |= 1 << i;
+            if (w * v * v < cost) cost = w * v * v, cheapest = i;
+        }
+        if (__builtin_popcount((unsigned)bits) & 1) bits ^= 1 << cheapest;
+        sgn[k] = bits;
+    }
+}
+
 Q2_INLINE int q2_argmin_c(const float *D2, const float *N, int count, float s) {
     int bi = 0;
     float be = s * N[0] - D2[0];
@@ -190,6 +209,28 @@ Q2_AVX512_INL const float *q2_prod_avx512(const float *t, int stride, int count,
         }
     }
     return h ? N : n0;
+}
+
+/* Two 8-vectors per register: the least h x^2 of each half left in its
+ * lanes by in-register swaps, then its first position from a compare mask
+ * (q2_safe blocks only: every cost is finite). */
+Q2_AVX512_INL void q2_signs_avx512(const float *x, const float *h, float *aa, float *hh, float *ha, int *sgn) {
+    for (int k = 0; k < 32; k += 2) {
+        const __m512 v = _mm512_loadu_ps(x + 8 * k), w = h ? _mm512_loadu_ps(h + 8 * k) : _mm512_set1_ps(1.0f);
+        const __m512 a = _mm512_abs_ps(v), cost = _mm512_mul_ps(_mm512_mul_ps(w, v), v);
+        _mm512_storeu_ps(aa + 8 * k, a), _mm512_storeu_ps(hh + 8 * k, w), _mm512_storeu_ps(ha + 8 * k, _mm512_mul_ps(w, a));
+        __m512 m = _mm512_min_ps(cost, _mm512_shuffle_f32x4(cost, cost, _MM_SHUFFLE(2, 3, 0, 1)));
+        m = _mm512_min_ps(m, _mm512_permute_ps(m, _MM_SHUFFLE(1, 0, 3, 2)));
+        m = _mm512_min_ps(m, _mm512_permute_ps(m, _MM_SHUFFLE(2, 3, 0, 1)));
+        const unsigned neg = _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_LT_OQ);
+        const unsigned eq = _mm512_cmp_ps_mask(cost, m, _CMP_EQ_OQ);
+        for (int q = 0; q < 2; q++) {
+            int bits = (int)(neg >> (8 * q)) & 0xFF;
+            const unsigned e = (eq >> (8 * q)) & 0xFFu;
+            if (__builtin_popcount((unsigned)bits) & 1) bits ^= 1 << (e ? __builtin_ctz(e) : 0);
+            sgn[k + q] = bits;
+        }
+    }
 }
 
 Q2_AVX512_INL int q2_argmin_avx512(const float *D2, const float *N, int count, float s) {
@@ -276,6 +317,8 @@ typedef struct {
     float D[32][Q2_LIST], D2[32][Q2_LIST], N[32][Q2_LIST];
 } q2_work;
 
+#define q2_signs_avx2 q2_signs_c /* the portable form */
+#define q2_signs_neon q2_signs_c
 #define Q2_ISA c
 #define Q2_TARGET
 #include "quant2_search.h"

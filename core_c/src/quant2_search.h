@@ -43,18 +43,7 @@ static Q2_TARGET void Q2_FN(q2_block_)(const q2_lists *L, const float *x, const 
     const short *ids[32];
     const float *N[32];
     int sgn[32];
-    for (int k = 0; k < 32; k++) {
-        int bits = 0, cheapest = 0;
-        float cost = INFINITY;
-        for (int i = 0; i < 8; i++) {
-            const float v = x[8 * k + i], w = h ? h[8 * k + i] : 1.0f;
-            aa[8 * k + i] = fabsf(v), hh[8 * k + i] = w, ha[8 * k + i] = w * fabsf(v);
-            if (v < 0.0f) bits |= 1 << i;
-            if (w * v * v < cost) cost = w * v * v, cheapest = i;
-        }
-        if (__builtin_popcount((unsigned)bits) & 1) bits ^= 1 << cheapest;
-        sgn[k] = bits;
-    }
+    Q2_FN(q2_signs_)(x, h, aa, hh, ha, sgn);
     float sub[16], ams[16], units[16], sref[16];
     for (int g = 0; g < 16; g++) {
         float am = 0.0f;
