@@ -1,14 +1,16 @@
 """q3_nl quantizer throughput against the disk, all in one run.
 
     python bench/quantize_speed.py --json [--rows 768] [--reference REV] [--disk-gb 2] [--workdir DIR]
-    python bench/quantize_speed.py --json --q2-only [--q2-rows 64] [--q2-reference REV]
+    python bench/quantize_speed.py --json --q2-only [--q2-rows 64] [--q2-reference REV ...]
 
 --q2-only times the q2_vq quantizer alone (one thread, CPU seconds from
 time.process_time, so other load on the box does not count) on the same K3-shaped
 matrices' f32 values: this tree's (app/convert/quant2.py, tables made once)
-and, with --q2-reference REV, core_c/src/quant2.c as it was at REV built
-beside today's support files, the two interleaved round by round; q3_nl's
-quantizer on the same values for scale.
+and, with --q2-reference REV (repeatable), core_c/src/quant2.c as it was at
+REV built beside today's support files (its tables made once where it has
+ferry_q2_quantizer_new), all interleaved round by round, with each one's
+speedup and whether this tree writes its bytes; q3_nl's quantizer on the same
+values for scale.
 
 Matrices: K3's expert shapes (w1/w3 [rows of 3584], w2 [rows of 3072]), the
 first --rows rows of each, weights as in bench/quant_quality.py (Student-t(5),
@@ -91,21 +93,49 @@ def reference_lib(rev: str, folder: Path) -> ctypes.CDLL:
 
 
 def q2_reference_lib(rev: str, folder: Path) -> ctypes.CDLL:
-    """The q2_vq quantizer of revision `rev` (ferry_q2_quantize_f32), built beside today's support files."""
+    """The q2_vq quantizer of revision `rev` (ferry_q2_quantize_f32), built beside today's support files
+    (and that revision's quant2_search.h where it has one)."""
+    folder.mkdir(parents=True, exist_ok=True)
     src = folder / "quant2_ref.c"
-    src.write_text(subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:core_c/src/quant2.c"],
-                                  check=True, capture_output=True, text=True).stdout)
+    for name in ("quant2.c", "quant2_search.h"):
+        shown = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:core_c/src/{name}"], capture_output=True,
+                               text=True)
+        if shown.returncode == 0:
+            (src if name == "quant2.c" else folder / name).write_text(shown.stdout)
     so = folder / "quant2_ref.so"
     support = [str(ROOT / "core_c" / "src" / f) for f in ("formats.c", "kernels.c", "kernels_avx2.c", "kernels_neon.c",
                                                          "kernels_q2vq.c")]
     cc = shutil.which("cc") or shutil.which("gcc") or "cc"
-    subprocess.run([cc, "-std=c11", "-O3", "-ffp-contract=off", "-shared", "-fPIC", "-pthread", "-I",
-                    str(ROOT / "core_c" / "include"), "-I", str(ROOT / "core_c" / "src"), str(src), *support,
+    subprocess.run([cc, "-std=c11", "-O3", "-ffp-contract=off", "-shared", "-fPIC", "-pthread", "-I", str(folder),
+                    "-I", str(ROOT / "core_c" / "include"), "-I", str(ROOT / "core_c" / "src"), str(src), *support,
                     "-o", str(so), "-lm"], check=True, capture_output=True, text=True)
     lib = ctypes.CDLL(str(so))
-    lib.ferry_q2_quantize_f32.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+    vp = ctypes.c_void_p
+    lib.ferry_q2_quantize_f32.argtypes = [vp, ctypes.c_int, ctypes.c_int, vp, vp]
     lib.ferry_q2_quantize_f32.restype = ctypes.c_int
+    if hasattr(lib, "ferry_q2_quantizer_new"):  # tables made once, as this tree's wrapper does
+        lib.ferry_q2_quantizer_new.restype = vp
+        lib.ferry_q2_quantize_with.argtypes = [vp, vp, ctypes.c_int, ctypes.c_int, vp, vp]
+        lib.ferry_q2_quantize_with.restype = ctypes.c_int
     return lib
+
+
+def q2_reference_run(lib: ctypes.CDLL, mats: list):
+    """A function quantizing `mats` with a reference build (its tables made once when it has them)."""
+    tables = lib.ferry_q2_quantizer_new() if hasattr(lib, "ferry_q2_quantizer_new") else None
+
+    def run() -> list:
+        outs = []
+        for m in mats:
+            out = np.zeros(m.size // 256 * 73, np.uint8)
+            if tables:
+                rc = lib.ferry_q2_quantize_with(tables, m.ctypes.data, m.shape[0], m.shape[1], None, out.ctypes.data)
+            else:
+                rc = lib.ferry_q2_quantize_f32(m.ctypes.data, m.shape[0], m.shape[1], None, out.ctypes.data)
+            assert rc == 0
+            outs.append(out)
+        return outs
+    return run
 
 
 def cpu_seconds(fn) -> float:
@@ -114,40 +144,31 @@ def cpu_seconds(fn) -> float:
     return time.process_time() - t
 
 
-def q2_speed(rows: int, repeats: int, reference: str) -> dict:
-    """q2_vq's quantizer, one thread, in weights per CPU second (millions)."""
+def q2_speed(rows: int, repeats: int, references: list[str]) -> dict:
+    """q2_vq's quantizer, one thread, in weights per CPU second (millions); each
+    reference revision's build timed in the same rounds, interleaved."""
     from app.convert import quant2
     mats = [np.ascontiguousarray(m["f32"]) for m in matrices(rows)]
     n = sum(m.size for m in mats)
     runs = {"this_tree": lambda: [quant2.quantize(m, threads=1) for m in mats],
             "q3_nl": lambda: [quant3.quantize(m, threads=1) for m in mats]}
-    same = None
     with tempfile.TemporaryDirectory() as d:
-        if reference:
-            lib = q2_reference_lib(reference, Path(d))
-
-            def ref() -> list:
-                outs = []
-                for m in mats:
-                    out = np.zeros(m.size // 256 * 73, np.uint8)
-                    assert lib.ferry_q2_quantize_f32(m.ctypes.data, m.shape[0], m.shape[1], None, out.ctypes.data) == 0
-                    outs.append(out)
-                return outs
-            runs["reference"] = ref
+        for i, rev in enumerate(references):
+            runs[f"ref:{rev}"] = q2_reference_run(q2_reference_lib(rev, Path(d) / str(i)), mats)
         for fn in runs.values():
-            fn()  # warm up (this tree's tables are made here, once per process)
+            fn()  # warm up (tables are made here, once per process)
         best = {k: float("inf") for k in runs}
         for _ in range(repeats):  # interleaved: every build sees the same load
             for k, fn in runs.items():
                 best[k] = min(best[k], cpu_seconds(fn))
-        if reference:
-            same = all(np.array_equal(a, b) for a, b in zip(runs["this_tree"](), runs["reference"]()))
+        mine = runs["this_tree"]()
+        same = {rev: all(np.array_equal(a, b) for a, b in zip(mine, runs[f"ref:{rev}"]())) for rev in references}
     res = {"weights": n, "unit": "millions of weights per CPU second, one thread",
-           **{k: round(n / v / 1e6, 2) for k, v in best.items()}}
-    if reference:
-        res["reference_revision"] = reference
-        res["speedup"] = round(best["reference"] / best["this_tree"], 1)
-        res["same_bytes_as_reference"] = same
+           "this_tree": round(n / best["this_tree"] / 1e6, 2), "q3_nl": round(n / best["q3_nl"] / 1e6, 2)}
+    if references:
+        res["references"] = {rev: {"speed": round(n / best[f"ref:{rev}"] / 1e6, 2),
+                                   "speedup": round(best[f"ref:{rev}"] / best["this_tree"], 2),
+                                   "same_bytes": same[rev]} for rev in references}
     res["q3_nl_over_q2_vq"] = round(best["this_tree"] / best["q3_nl"], 1)
     return res
 
@@ -190,7 +211,8 @@ def main(argv=None) -> int:
     ap.add_argument("--workdir", default="", help="folder on the disk to measure (default: a temp dir under /tmp)")
     ap.add_argument("--q2-only", action="store_true", help="only the q2_vq quantizer (CPU time, one thread)")
     ap.add_argument("--q2-rows", type=int, default=64, help="rows of each K3-shaped matrix for --q2-only")
-    ap.add_argument("--q2-reference", default="", help="git revision whose quant2.c to time alongside")
+    ap.add_argument("--q2-reference", action="append", default=[],
+                    help="git revision whose quant2.c to time alongside (repeatable)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     if a.q2_only:

@@ -24,12 +24,18 @@
  * scale, each sub-block's 4-bit code j the nearest on the log grid or up to
  * Q2_STEPS steps either side, whichever gives the least error with its
  * codewords picked again at the stored scale. h = 1, or the caller's
- * per-column importance. The products and scans have an AVX2 form (x86-64,
- * picked at run time) and a NEON form (aarch64) doing the same float
- * operations in the same order as the portable ones, so every path writes
- * the same bytes (core_c/tests/test_kernels.c, natively and under
- * qemu-aarch64), and blocks are independent, so any split of the rows
- * between threads writes the same bytes too. */
+ * per-column importance.
+ *
+ * Speed: the block search (quant2_search.h) is compiled once per instruction
+ * set (portable; AVX2 and AVX-512 on x86-64, picked at run time; NEON on
+ * aarch64) with that set's products and scans inlined; a block's 32
+ * shortlists are made pass by pass (all seeds, then all neighbour steps), so
+ * the vectors' independent scans overlap. Every set does the same float
+ * operations in the same order as the portable one and a scan's result is
+ * defined (the first least value), so every path writes the same bytes
+ * (core_c/tests/test_kernels.c, natively and under qemu-aarch64), and
+ * blocks are independent, so any split of the rows between threads writes
+ * the same bytes too. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -83,219 +89,41 @@ struct ferry_q2_quantizer {
 };
 typedef struct ferry_q2_quantizer q2_lists;
 
-typedef struct {
-    const q2_lists *L;
-    int simd; /* 1: the AVX2 or NEON scans, 2: AVX-512 (the same results: same operations, same order) */
-} q2_tables;
-
-/* D (and N when h is given, else the list's norms n0) of one 8-vector
+/* The search's primitives, one set per instruction set (portable, AVX2,
+ * AVX-512, NEON), inlined into that set's copy of the block search
+ * (quant2_search.h, included once per set below):
+ *
+ * q2_prod_*: D = sum_i ha_i t_ic (sums over i in order, no fused
+ * multiply-adds), D2 = 2 D (exact) and N = sum_i h_i t_ic^2 of one 8-vector
  * (ha = h * a) for the `count` codewords of a transposed list t (row stride
- * `stride`): sums over i in order, no fused multiply-adds. */
-static void q2_products_c(const float *t, int stride, int count, const float *n0, const float ha[8], const float *h,
-                          float *D, float *N) {
+ * `stride`); returns N, or the list's norms n0 when h is NULL (h = 1).
+ *
+ * q2_argmin_*: the first position minimising s N_c - D2_c (= s N_c - 2 D_c:
+ * the doubling is exact). The SIMD forms take the least value, then the
+ * first position holding it; the portable form scans in order. Every form
+ * computes each value the same way, so they agree wherever no value is
+ * infinite or NaN, which q2_safe below guarantees (blocks it refuses take
+ * the portable search on every path). */
+#define Q2_INLINE static inline __attribute__((always_inline))
+
+Q2_INLINE const float *q2_prod_c(const float *t, int stride, int count, const float *n0, const float ha[8],
+                                 const float *h, float *D, float *D2, float *N) {
     for (int c = 0; c < count; c++) D[c] = 0.0f;
     for (int i = 0; i < 8; i++)
         for (int c = 0; c < count; c++) D[c] += ha[i] * t[i * stride + c];
-    if (!h) {
-        memcpy(N, n0, sizeof(float) * (size_t)count);
-        return;
-    }
+    for (int c = 0; c < count; c++) D2[c] = 2.0f * D[c];
+    if (!h) return n0;
     for (int c = 0; c < count; c++) N[c] = 0.0f;
     for (int i = 0; i < 8; i++)
         for (int c = 0; c < count; c++) N[c] += h[i] * (t[i * stride + c] * t[i * stride + c]);
+    return N;
 }
 
-/* The position minimising s N_c - 2 D_c (s >= 0); ties to the lower position. */
-static int q2_nearest_c(const float *D, const float *N, int count, float s) {
-    int bi = 0;
-    float be = s * N[0] - 2.0f * D[0];
-    for (int c = 1; c < count; c++) {
-        const float e = s * N[c] - 2.0f * D[c];
-        if (e < be) be = e, bi = c;
-    }
-    return bi;
-}
-
-#ifdef Q2_X86
-#define Q2_AVX2 __attribute__((target("avx2")))
-Q2_AVX2 static void q2_products_avx2(const float *t, int stride, int count, const float *n0, const float ha[8],
-                                     const float *h, float *D, float *N) {
-    for (int c = 0; c < count; c += 8) {
-        __m256 d = _mm256_setzero_ps();
-        for (int i = 0; i < 8; i++)
-            d = _mm256_add_ps(d, _mm256_mul_ps(_mm256_set1_ps(ha[i]), _mm256_loadu_ps(t + i * stride + c)));
-        _mm256_storeu_ps(D + c, d);
-        if (h) {
-            __m256 n = _mm256_setzero_ps();
-            for (int i = 0; i < 8; i++) {
-                const __m256 v = _mm256_loadu_ps(t + i * stride + c);
-                n = _mm256_add_ps(n, _mm256_mul_ps(_mm256_set1_ps(h[i]), _mm256_mul_ps(v, v)));
-            }
-            _mm256_storeu_ps(N + c, n);
-        }
-    }
-    if (!h) memcpy(N, n0, sizeof(float) * (size_t)count);
-}
-
-/* Lane l keeps the first minimum of the positions c = l mod 8; the lanes'
- * minima then give the overall first minimum (ties to the lower position). */
-Q2_AVX2 static int q2_nearest_avx2(const float *D, const float *N, int count, float s) {
-    const __m256 sv = _mm256_set1_ps(s), two = _mm256_set1_ps(2.0f), eight = _mm256_set1_ps(8.0f);
-    __m256 best = _mm256_sub_ps(_mm256_mul_ps(sv, _mm256_loadu_ps(N)), _mm256_mul_ps(two, _mm256_loadu_ps(D)));
-    __m256 idx = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7), bidx = idx;
-    for (int c = 8; c < count; c += 8) {
-        idx = _mm256_add_ps(idx, eight);
-        const __m256 e = _mm256_sub_ps(_mm256_mul_ps(sv, _mm256_loadu_ps(N + c)), _mm256_mul_ps(two, _mm256_loadu_ps(D + c)));
-        const __m256 lt = _mm256_cmp_ps(e, best, _CMP_LT_OQ);
-        best = _mm256_blendv_ps(best, e, lt);
-        bidx = _mm256_blendv_ps(bidx, idx, lt);
-    }
-    /* the least value, then the least position among the lanes holding it */
-    __m256 m = _mm256_min_ps(best, _mm256_permute2f128_ps(best, best, 1));
-    m = _mm256_min_ps(m, _mm256_shuffle_ps(m, m, _MM_SHUFFLE(1, 0, 3, 2)));
-    m = _mm256_min_ps(m, _mm256_shuffle_ps(m, m, _MM_SHUFFLE(2, 3, 0, 1)));
-    __m256 p = _mm256_blendv_ps(_mm256_set1_ps((float)count), bidx, _mm256_cmp_ps(best, m, _CMP_EQ_OQ));
-    p = _mm256_min_ps(p, _mm256_permute2f128_ps(p, p, 1));
-    p = _mm256_min_ps(p, _mm256_shuffle_ps(p, p, _MM_SHUFFLE(1, 0, 3, 2)));
-    p = _mm256_min_ps(p, _mm256_shuffle_ps(p, p, _MM_SHUFFLE(2, 3, 0, 1)));
-    return (int)_mm_cvtss_f32(_mm256_castps256_ps128(p));
-}
-
-/* AVX-512 (F): the same sums and comparisons in 16 lanes (lists are
- * multiples of 16 when this runs: Q2_LIST and Q2_SEEDS, checked below). */
-#define Q2_AVX512 __attribute__((target("avx512f")))
-Q2_AVX512 static void q2_products_avx512(const float *t, int stride, int count, const float *n0, const float ha[8],
-                                         const float *h, float *D, float *N) {
-    for (int c = 0; c < count; c += 16) {
-        __m512 d = _mm512_setzero_ps();
-        for (int i = 0; i < 8; i++)
-            d = _mm512_add_ps(d, _mm512_mul_ps(_mm512_set1_ps(ha[i]), _mm512_loadu_ps(t + i * stride + c)));
-        _mm512_storeu_ps(D + c, d);
-        if (h) {
-            __m512 n = _mm512_setzero_ps();
-            for (int i = 0; i < 8; i++) {
-                const __m512 v = _mm512_loadu_ps(t + i * stride + c);
-                n = _mm512_add_ps(n, _mm512_mul_ps(_mm512_set1_ps(h[i]), _mm512_mul_ps(v, v)));
-            }
-            _mm512_storeu_ps(N + c, n);
-        }
-    }
-    if (!h) memcpy(N, n0, sizeof(float) * (size_t)count);
-}
-
-Q2_AVX512 static int q2_nearest_avx512(const float *D, const float *N, int count, float s) {
-    const __m512 sv = _mm512_set1_ps(s), two = _mm512_set1_ps(2.0f), sixteen = _mm512_set1_ps(16.0f);
-    __m512 best = _mm512_sub_ps(_mm512_mul_ps(sv, _mm512_loadu_ps(N)), _mm512_mul_ps(two, _mm512_loadu_ps(D)));
-    __m512 idx = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), bidx = idx;
-    for (int c = 16; c < count; c += 16) {
-        idx = _mm512_add_ps(idx, sixteen);
-        const __m512 e = _mm512_sub_ps(_mm512_mul_ps(sv, _mm512_loadu_ps(N + c)), _mm512_mul_ps(two, _mm512_loadu_ps(D + c)));
-        const __mmask16 lt = _mm512_cmp_ps_mask(e, best, _CMP_LT_OQ);
-        best = _mm512_mask_mov_ps(best, lt, e);
-        bidx = _mm512_mask_mov_ps(bidx, lt, idx);
-    }
-    const float m = _mm512_reduce_min_ps(best);
-    const __mmask16 eq = _mm512_cmp_ps_mask(best, _mm512_set1_ps(m), _CMP_EQ_OQ);
-    return (int)_mm512_reduce_min_ps(_mm512_mask_mov_ps(_mm512_set1_ps((float)count), eq, bidx));
-}
-#endif
-
-#ifdef Q2_NEON
-static void q2_products_neon(const float *t, int stride, int count, const float *n0, const float ha[8],
-                             const float *h, float *D, float *N) {
-    for (int c = 0; c < count; c += 4) {
-        float32x4_t d = vdupq_n_f32(0.0f);
-        for (int i = 0; i < 8; i++) d = vaddq_f32(d, vmulq_f32(vdupq_n_f32(ha[i]), vld1q_f32(t + i * stride + c)));
-        vst1q_f32(D + c, d);
-        if (h) {
-            float32x4_t n = vdupq_n_f32(0.0f);
-            for (int i = 0; i < 8; i++) {
-                const float32x4_t v = vld1q_f32(t + i * stride + c);
-                n = vaddq_f32(n, vmulq_f32(vdupq_n_f32(h[i]), vmulq_f32(v, v)));
-            }
-            vst1q_f32(N + c, n);
-        }
-    }
-    if (!h) memcpy(N, n0, sizeof(float) * (size_t)count);
-}
-
-/* As the AVX2 scan, in 4 lanes. */
-static int q2_nearest_neon(const float *D, const float *N, int count, float s) {
-    const float32x4_t sv = vdupq_n_f32(s), two = vdupq_n_f32(2.0f), four = vdupq_n_f32(4.0f);
-    static const float first[4] = {0, 1, 2, 3};
-    float32x4_t best = vsubq_f32(vmulq_f32(sv, vld1q_f32(N)), vmulq_f32(two, vld1q_f32(D)));
-    float32x4_t idx = vld1q_f32(first), bidx = idx;
-    for (int c = 4; c < count; c += 4) {
-        idx = vaddq_f32(idx, four);
-        const float32x4_t e = vsubq_f32(vmulq_f32(sv, vld1q_f32(N + c)), vmulq_f32(two, vld1q_f32(D + c)));
-        const uint32x4_t lt = vcltq_f32(e, best);
-        best = vbslq_f32(lt, e, best);
-        bidx = vbslq_f32(lt, idx, bidx);
-    }
-    float b[4], bi[4];
-    vst1q_f32(b, best);
-    vst1q_f32(bi, bidx);
-    int k = 0;
-    for (int l = 1; l < 4; l++)
-        if (b[l] < b[k] || (b[l] == b[k] && bi[l] < bi[k])) k = l;
-    return (int)bi[k];
-}
-#endif
-
-static void q2_products(const q2_tables *T, const float *t, int stride, int count, const float *n0, const float ha[8],
-                        const float *h, float *D, float *N) {
-#ifdef Q2_X86
-    if (T->simd == 2) {
-        q2_products_avx512(t, stride, count, n0, ha, h, D, N);
-        return;
-    }
-    if (T->simd) {
-        q2_products_avx2(t, stride, count, n0, ha, h, D, N);
-        return;
-    }
-#elif defined(Q2_NEON)
-    if (T->simd) {
-        q2_products_neon(t, stride, count, n0, ha, h, D, N);
-        return;
-    }
-#endif
-    (void)T;
-    q2_products_c(t, stride, count, n0, ha, h, D, N);
-}
-
-static int q2_nearest(const q2_tables *T, const float *D, const float *N, int count, float s) {
-#ifdef Q2_X86
-    if (T->simd == 2) return q2_nearest_avx512(D, N, count, s);
-    if (T->simd) return q2_nearest_avx2(D, N, count, s);
-#elif defined(Q2_NEON)
-    if (T->simd) return q2_nearest_neon(D, N, count, s);
-#endif
-    (void)T;
-    return q2_nearest_c(D, N, count, s);
-}
-
-/* The shortlist of one 8-vector (ha = h * a, hk = h or NULL) at scale s:
- * its codeword indices (ids) and their D and N. */
-static void q2_shortlist(const q2_tables *T, const float ha[8], const float *hk, float s, const short **ids, float *D,
-                         float *N) {
-    float sd[Q2_SEEDS], sn[Q2_SEEDS];
-    q2_products(T, &T->L->seed_t[0][0], Q2_SEEDS, Q2_SEEDS, T->L->seed_n, ha, hk, sd, sn);
-    int w = T->L->seed_id[q2_nearest(T, sd, sn, Q2_SEEDS, s)];
-    q2_products(T, &T->L->nb_t[w][0][0], Q2_LIST, Q2_LIST, T->L->nb_n[w], ha, hk, D, N);
-    const int p = q2_nearest(T, D, N, Q2_LIST, s);
-    if (p) { /* position 0 is w itself: its list's D and N are made already */
-        w = T->L->nb_id[w][p];
-        q2_products(T, &T->L->nb_t[w][0][0], Q2_LIST, Q2_LIST, T->L->nb_n[w], ha, hk, D, N);
-    }
-    *ids = T->L->nb_id[w];
-}
-
-/* One 256-value block x (importance h) to 73 bytes at out; D and N hold
- * 32 * Q2_LIST floats each. */
-static void q2_block(const q2_tables *T, const float *x, const float *h, float *D, float *N, uint8_t *out) {
-    float ha[256], hh[256], aa[256];
-    const short *ids[32];
-    int sgn[32];
+/* q2_signs_*: a block's magnitudes aa = |x|, importances hh (1 without
+ * h), products ha = h |x|, and per 8 values the sign bits with even parity
+ * (when an odd number are negative, the value with the least h x^2, the
+ * first of equals, gives its sign up). */
+Q2_INLINE void q2_signs_c(const float *x, const float *h, float *aa, float *hh, float *ha, int *sgn) {
     for (int k = 0; k < 32; k++) {
         int bits = 0, cheapest = 0;
         float cost = INFINITY;
@@ -308,62 +136,222 @@ static void q2_block(const q2_tables *T, const float *x, const float *h, float *
         if (__builtin_popcount((unsigned)bits) & 1) bits ^= 1 << cheapest;
         sgn[k] = bits;
     }
-    float sub[16];
-    float smax = 0.0f;
-    for (int g = 0; g < 16; g++) {
-        float am = 0.0f;
-        for (int i = 0; i < 16; i++) am = aa[16 * g + i] > am ? aa[16 * g + i] : am;
-        const float unit = am / T->L->cmax;
-        for (int k = 2 * g; k < 2 * g + 2; k++)
-            q2_shortlist(T, ha + 8 * k, h ? hh + 8 * k : NULL, unit * Q2_REF, &ids[k], D + Q2_LIST * k, N + Q2_LIST * k);
-        sub[g] = 0.0f;
-        if (am == 0.0f) continue;
-        float best = INFINITY;
-        for (int t = 0; t < Q2_TRIALS; t++) {
-            const float s = unit * (Q2_F0 + Q2_FSTEP * (float)t);
-            float sd = 0.0f, sn = 0.0f;
-            for (int k = 2 * g; k < 2 * g + 2; k++) {
-                const int c = q2_nearest(T, D + Q2_LIST * k, N + Q2_LIST * k, Q2_LIST, s);
-                sd += D[Q2_LIST * k + c], sn += N[Q2_LIST * k + c];
-            }
-            const float s2 = sn > 0.0f ? sd / sn : s;
-            const float err = s2 * s2 * sn - 2.0f * s2 * sd; /* + sum h a^2, the same for every trial */
-            if (err < best) best = err, sub[g] = s2;
-        }
-        smax = sub[g] > smax ? sub[g] : smax;
+}
+
+Q2_INLINE int q2_argmin_c(const float *D2, const float *N, int count, float s) {
+    int bi = 0;
+    float be = s * N[0] - D2[0];
+    for (int c = 1; c < count; c++) {
+        const float e = s * N[c] - D2[c];
+        if (e < be) be = e, bi = c;
     }
-    memset(out, 0, FE_Q2_BYTES);
-    if (!(smax > 0.0f)) return; /* e = 0: the block is zero */
-    int e = (int)ceilf(8.0f * log2f(smax)) + 160;
-    e = e < 1 ? 1 : e > 255 ? 255 : e;
-    while (e > 1 && fe_log_scale(e - 1, 0) >= smax) e--;
-    while (e < 255 && fe_log_scale(e, 0) < smax) e++;
-    out[64] = (uint8_t)e;
-    const float top = fe_log_scale(e, 0);
-    for (int g = 0; g < 16; g++) {
-        int j0 = sub[g] > 0.0f ? (int)lrintf(8.0f * log2f(top / sub[g])) : 15;
-        j0 = j0 < 0 ? 0 : j0 > 15 ? 15 : j0;
-        int bj = j0, bidx[2] = {0, 0};
-        float best = INFINITY;
-        for (int j = j0 - Q2_STEPS; j <= j0 + Q2_STEPS; j++) {
-            if (j < 0 || j > 15) continue;
-            const float s = fe_log_scale(e, j);
-            float err = 0.0f;
-            int idx[2];
-            for (int q = 0; q < 2; q++) {
-                const int k = 2 * g + q;
-                idx[q] = q2_nearest(T, D + Q2_LIST * k, N + Q2_LIST * k, Q2_LIST, s);
-                err += s * s * N[Q2_LIST * k + idx[q]] - 2.0f * s * D[Q2_LIST * k + idx[q]];
+    return bi;
+}
+
+#ifdef Q2_X86
+#define Q2_AVX2_INL Q2_INLINE __attribute__((target("avx2")))
+Q2_AVX2_INL const float *q2_prod_avx2(const float *t, int stride, int count, const float *n0, const float ha[8],
+                                      const float *h, float *D, float *D2, float *N) {
+    for (int c = 0; c < count; c += 8) {
+        __m256 d = _mm256_setzero_ps();
+        for (int i = 0; i < 8; i++)
+            d = _mm256_add_ps(d, _mm256_mul_ps(_mm256_set1_ps(ha[i]), _mm256_loadu_ps(t + i * stride + c)));
+        _mm256_storeu_ps(D + c, d);
+        _mm256_storeu_ps(D2 + c, _mm256_mul_ps(_mm256_set1_ps(2.0f), d));
+        if (h) {
+            __m256 n = _mm256_setzero_ps();
+            for (int i = 0; i < 8; i++) {
+                const __m256 v = _mm256_loadu_ps(t + i * stride + c);
+                n = _mm256_add_ps(n, _mm256_mul_ps(_mm256_set1_ps(h[i]), _mm256_mul_ps(v, v)));
             }
-            if (err < best) best = err, bj = j, bidx[0] = idx[0], bidx[1] = idx[1];
+            _mm256_storeu_ps(N + c, n);
         }
-        out[65 + (g >> 1)] |= (uint8_t)(bj << (4 * (g & 1)));
+    }
+    return h ? N : n0;
+}
+
+/* The least value over all lanes, then a 64-bit mask of the positions
+ * holding it per group of 64 (count is a multiple of 16). */
+Q2_AVX2_INL int q2_argmin_avx2(const float *D2, const float *N, int count, float s) {
+    const __m256 sv = _mm256_set1_ps(s);
+#define Q2_E8(c) _mm256_sub_ps(_mm256_mul_ps(sv, _mm256_loadu_ps(N + (c))), _mm256_loadu_ps(D2 + (c)))
+    __m256 m = Q2_E8(0);
+    for (int c = 8; c < count; c += 8) m = _mm256_min_ps(m, Q2_E8(c));
+    m = _mm256_min_ps(m, _mm256_permute2f128_ps(m, m, 1));
+    m = _mm256_min_ps(m, _mm256_shuffle_ps(m, m, _MM_SHUFFLE(1, 0, 3, 2)));
+    m = _mm256_min_ps(m, _mm256_shuffle_ps(m, m, _MM_SHUFFLE(2, 3, 0, 1)));
+    for (int g = 0; g < count; g += 64) {
+        uint64_t mask = 0;
+        for (int c = g; c < g + 64 && c < count; c += 8)
+            mask |= (uint64_t)(unsigned)_mm256_movemask_ps(_mm256_cmp_ps(Q2_E8(c), m, _CMP_EQ_OQ)) << (c - g);
+        if (mask) return g + __builtin_ctzll(mask);
+    }
+#undef Q2_E8
+    return 0;
+}
+
+#define Q2_AVX512_INL Q2_INLINE __attribute__((target("avx512f,avx512bw")))
+Q2_AVX512_INL const float *q2_prod_avx512(const float *t, int stride, int count, const float *n0, const float ha[8],
+                                          const float *h, float *D, float *D2, float *N) {
+    for (int c = 0; c < count; c += 16) {
+        __m512 d = _mm512_setzero_ps();
+        for (int i = 0; i < 8; i++)
+            d = _mm512_add_ps(d, _mm512_mul_ps(_mm512_set1_ps(ha[i]), _mm512_loadu_ps(t + i * stride + c)));
+        _mm512_storeu_ps(D + c, d);
+        _mm512_storeu_ps(D2 + c, _mm512_mul_ps(_mm512_set1_ps(2.0f), d));
+        if (h) {
+            __m512 n = _mm512_setzero_ps();
+            for (int i = 0; i < 8; i++) {
+                const __m512 v = _mm512_loadu_ps(t + i * stride + c);
+                n = _mm512_add_ps(n, _mm512_mul_ps(_mm512_set1_ps(h[i]), _mm512_mul_ps(v, v)));
+            }
+            _mm512_storeu_ps(N + c, n);
+        }
+    }
+    return h ? N : n0;
+}
+
+/* Two 8-vectors per register: the least h x^2 of each half left in its
+ * lanes by in-register swaps, then its first position from a compare mask
+ * (q2_safe blocks only: every cost is finite). */
+Q2_AVX512_INL void q2_signs_avx512(const float *x, const float *h, float *aa, float *hh, float *ha, int *sgn) {
+    for (int k = 0; k < 32; k += 2) {
+        const __m512 v = _mm512_loadu_ps(x + 8 * k), w = h ? _mm512_loadu_ps(h + 8 * k) : _mm512_set1_ps(1.0f);
+        const __m512 a = _mm512_abs_ps(v), cost = _mm512_mul_ps(_mm512_mul_ps(w, v), v);
+        _mm512_storeu_ps(aa + 8 * k, a), _mm512_storeu_ps(hh + 8 * k, w), _mm512_storeu_ps(ha + 8 * k, _mm512_mul_ps(w, a));
+        __m512 m = _mm512_min_ps(cost, _mm512_shuffle_f32x4(cost, cost, _MM_SHUFFLE(2, 3, 0, 1)));
+        m = _mm512_min_ps(m, _mm512_permute_ps(m, _MM_SHUFFLE(1, 0, 3, 2)));
+        m = _mm512_min_ps(m, _mm512_permute_ps(m, _MM_SHUFFLE(2, 3, 0, 1)));
+        const unsigned neg = _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_LT_OQ);
+        const unsigned eq = _mm512_cmp_ps_mask(cost, m, _CMP_EQ_OQ);
         for (int q = 0; q < 2; q++) {
-            const int k = 2 * g + q;
-            const unsigned word = (unsigned)ids[k][bidx[q]] | (unsigned)(sgn[k] & 127) << 9;
-            out[2 * k] = (uint8_t)word, out[2 * k + 1] = (uint8_t)(word >> 8);
+            int bits = (int)(neg >> (8 * q)) & 0xFF;
+            const unsigned e = (eq >> (8 * q)) & 0xFFu;
+            if (__builtin_popcount((unsigned)bits) & 1) bits ^= 1 << (e ? __builtin_ctz(e) : 0);
+            sgn[k + q] = bits;
         }
     }
+}
+
+Q2_AVX512_INL int q2_argmin_avx512(const float *D2, const float *N, int count, float s) {
+    const __m512 sv = _mm512_set1_ps(s);
+#define Q2_E16(c) _mm512_sub_ps(_mm512_mul_ps(sv, _mm512_loadu_ps(N + (c))), _mm512_loadu_ps(D2 + (c)))
+    if (count == 64) { /* the lists' size: the least value left in every lane, four masks unpacked into one */
+        const __m512 e0 = Q2_E16(0), e1 = Q2_E16(16), e2 = Q2_E16(32), e3 = Q2_E16(48);
+        __m512 m = _mm512_min_ps(_mm512_min_ps(e0, e1), _mm512_min_ps(e2, e3));
+        m = _mm512_min_ps(m, _mm512_shuffle_f32x4(m, m, _MM_SHUFFLE(1, 0, 3, 2)));
+        m = _mm512_min_ps(m, _mm512_shuffle_f32x4(m, m, _MM_SHUFFLE(2, 3, 0, 1)));
+        m = _mm512_min_ps(m, _mm512_permute_ps(m, _MM_SHUFFLE(1, 0, 3, 2)));
+        m = _mm512_min_ps(m, _mm512_permute_ps(m, _MM_SHUFFLE(2, 3, 0, 1)));
+        const __mmask32 lo = _mm512_kunpackw(_mm512_cmp_ps_mask(e1, m, _CMP_EQ_OQ), _mm512_cmp_ps_mask(e0, m, _CMP_EQ_OQ));
+        const __mmask32 hi = _mm512_kunpackw(_mm512_cmp_ps_mask(e3, m, _CMP_EQ_OQ), _mm512_cmp_ps_mask(e2, m, _CMP_EQ_OQ));
+        const uint64_t mask = (uint64_t)_mm512_kunpackd(hi, lo);
+        return mask ? __builtin_ctzll(mask) : 0;
+    }
+    __m512 m = Q2_E16(0);
+    for (int c = 16; c < count; c += 16) m = _mm512_min_ps(m, Q2_E16(c));
+    m = _mm512_set1_ps(_mm512_reduce_min_ps(m));
+    for (int g = 0; g < count; g += 64) {
+        uint64_t mask = 0;
+        for (int c = g; c < g + 64 && c < count; c += 16)
+            mask |= (uint64_t)_mm512_cmp_ps_mask(Q2_E16(c), m, _CMP_EQ_OQ) << (c - g);
+        if (mask) return g + __builtin_ctzll(mask);
+    }
+#undef Q2_E16
+    return 0;
+}
+#endif
+
+#ifdef Q2_NEON
+Q2_INLINE const float *q2_prod_neon(const float *t, int stride, int count, const float *n0, const float ha[8],
+                                    const float *h, float *D, float *D2, float *N) {
+    for (int c = 0; c < count; c += 4) {
+        float32x4_t d = vdupq_n_f32(0.0f);
+        for (int i = 0; i < 8; i++) d = vaddq_f32(d, vmulq_f32(vdupq_n_f32(ha[i]), vld1q_f32(t + i * stride + c)));
+        vst1q_f32(D + c, d);
+        vst1q_f32(D2 + c, vmulq_f32(vdupq_n_f32(2.0f), d));
+        if (h) {
+            float32x4_t n = vdupq_n_f32(0.0f);
+            for (int i = 0; i < 8; i++) {
+                const float32x4_t v = vld1q_f32(t + i * stride + c);
+                n = vaddq_f32(n, vmulq_f32(vdupq_n_f32(h[i]), vmulq_f32(v, v)));
+            }
+            vst1q_f32(N + c, n);
+        }
+    }
+    return h ? N : n0;
+}
+
+/* The least value (vminvq), then the least position holding it. */
+Q2_INLINE int q2_argmin_neon(const float *D2, const float *N, int count, float s) {
+    const float32x4_t sv = vdupq_n_f32(s);
+#define Q2_E4(c) vsubq_f32(vmulq_f32(sv, vld1q_f32(N + (c))), vld1q_f32(D2 + (c)))
+    float32x4_t m = Q2_E4(0);
+    for (int c = 4; c < count; c += 4) m = vminq_f32(m, Q2_E4(c));
+    const float32x4_t mv = vdupq_n_f32(vminvq_f32(m));
+    static const uint32_t first[4] = {0, 1, 2, 3};
+    const uint32x4_t none = vdupq_n_u32((uint32_t)count), four = vdupq_n_u32(4);
+    uint32x4_t idx = vld1q_u32(first), best = none;
+    for (int c = 0; c < count; c += 4, idx = vaddq_u32(idx, four))
+        best = vminq_u32(best, vbslq_u32(vceqq_f32(Q2_E4(c), mv), idx, none));
+#undef Q2_E4
+    const uint32_t p = vminvq_u32(best);
+    return p < (uint32_t)count ? (int)p : 0;
+}
+
+#endif
+
+/* Whether no value of a block's search can overflow (|x| and h below 2^40:
+ * then every product, sum and scale is far inside float's range), so the
+ * SIMD searches give the portable one's result. */
+static int q2_safe(const float *x, const float *h) {
+    const float lim = 1099511627776.0f; /* 2^40 */
+    int ok = 1;
+    for (int i = 0; i < FE_Q2_BLOCK; i++) ok &= fabsf(x[i]) < lim && (!h || h[i] < lim);
+    return ok;
+}
+
+/* The work space of one q2_quantize call: per 8-vector of a block, its
+ * shortlist's D, 2D and N. */
+typedef struct {
+    float D[32][Q2_LIST], D2[32][Q2_LIST], N[32][Q2_LIST];
+} q2_work;
+
+#define q2_signs_avx2 q2_signs_c /* the portable form */
+#define q2_signs_neon q2_signs_c
+#define Q2_ISA c
+#define Q2_TARGET
+#include "quant2_search.h"
+#ifdef Q2_X86
+#define Q2_ISA avx2
+#define Q2_TARGET __attribute__((target("avx2")))
+#include "quant2_search.h"
+#define Q2_ISA avx512
+#define Q2_TARGET __attribute__((target("avx512f,avx512bw")))
+#include "quant2_search.h"
+#elif defined(Q2_NEON)
+#define Q2_ISA neon
+#define Q2_TARGET
+#include "quant2_search.h"
+#endif
+
+/* One block with the search `simd` picks (q2_scans); blocks q2_safe refuses
+ * take the portable one. */
+static void q2_block(const q2_lists *L, int simd, const float *x, const float *h, q2_work *W, uint8_t *out) {
+#ifdef Q2_X86
+    if (simd && q2_safe(x, h)) {
+        if (simd == 2) q2_block_avx512(L, x, h, W, out);
+        else q2_block_avx2(L, x, h, W, out);
+        return;
+    }
+#elif defined(Q2_NEON)
+    if (simd && q2_safe(x, h)) {
+        q2_block_neon(L, x, h, W, out);
+        return;
+    }
+#endif
+    (void)simd;
+    q2_block_c(L, x, h, W, out);
 }
 
 /* The codebook's neighbour lists and seeds (the same on every platform:
@@ -479,15 +467,14 @@ static int q2_quantize(const q2_lists *L, int scans, const float *src, int rows,
     if (importance)
         for (int i = 0; i < cols; i++)
             if (!(importance[i] >= 0.0f) || !isfinite(importance[i])) return -1;
-    float *D = malloc(sizeof(float) * Q2_LIST * 32 * 2);
-    if (!D) return -1;
-    const q2_tables T = {L, scans};
+    q2_work *W = malloc(sizeof *W);
+    if (!W) return -1;
     uint8_t *out = dst;
     for (int r = 0; r < rows; r++)
         for (int b = 0; b < cols / FE_Q2_BLOCK; b++, out += FE_Q2_BYTES)
-            q2_block(&T, src + (size_t)r * (size_t)cols + (size_t)FE_Q2_BLOCK * (size_t)b,
-                     importance ? importance + FE_Q2_BLOCK * b : NULL, D, D + Q2_LIST * 32, out);
-    free(D);
+            q2_block(L, scans, src + (size_t)r * (size_t)cols + (size_t)FE_Q2_BLOCK * (size_t)b,
+                     importance ? importance + FE_Q2_BLOCK * b : NULL, W, out);
+    free(W);
     return 0;
 }
 

@@ -522,6 +522,21 @@ static void test_q2_quantizer(void) {
                       memcmp(q, q2, nb) == 0,
                   "q2 rows split between calls = the same bytes");
         }
+        /* values and importance far outside a weight's range (the SIMD searches hand such blocks to the
+         * portable one, whose scans may meet infinities): still the portable path's bytes */
+        {
+            float hb[512];
+            for (int i = 0; i < cols; i++) hb[i] = i % 5 == 0 ? 3e30f : 1.0f;
+            for (int i = 0; i < rows * cols; i++) src[i] = i % 7 == 1 ? 3e38f : i % 11 == 2 ? -2e12f : src[i];
+            for (int with = 0; with < 2; with++) {
+                check(fe_q2_quantize_scans(0, src, rows, cols, with ? hb : NULL, q) == 0, "q2 portable, huge values");
+                for (int scans = 1; scans <= 2; scans++) {
+                    memset(q2, 0, nb);
+                    if (fe_q2_quantize_scans(scans, src, rows, cols, with ? hb : NULL, q2) != 0) continue;
+                    check(memcmp(q, q2, nb) == 0, "q2 SIMD scans = portable bytes on huge values");
+                }
+            }
+        }
         check(ferry_q2_quantize_with(NULL, src, rows, cols, NULL, q2) == -1, "q2 refuses NULL tables");
         ferry_q2_quantizer_free(tables);
         ferry_q2_quantizer_free(NULL);
