@@ -43,8 +43,8 @@ struct fe_ecache {
     float *gate;              /* [n_layers][top_k]: per layer and lookahead rank, the running share of
                                  cold predictions the real router then chose (the lookahead gate) */
     int gated;                /* reads are gated (not FERRY_NO_LOOKAHEAD_GATE) */
-    int *idle;                /* [n_layers]: the layer's lookaheads running that found every prediction
-                                 in RAM or landing (nothing to read), reset by a decode miss there */
+    int *idle;                /* [n_layers]: the layer's lookaheads running that had nothing to read (every
+                                 prediction in RAM, landing or gated), reset by a decode miss there */
     int *probe;               /* [n_layers]: decode steps since an idle layer's lookahead last ran */
     int layer;                /* the open visit's layer, -1 when none is open */
     int n;                    /* experts it asked for */
@@ -68,13 +68,14 @@ struct fe_ecache {
 #define LOOKAHEAD_MIN 0.5f      /* read a prediction only at or above this running precision */
 #define LOOKAHEAD_DECAY 0.9f    /* weight of the past in the running precision */
 
-/* An idle lookahead. When a layer's lookahead has found every prediction
- * already in RAM or landing LOOKAHEAD_IDLE times running (the cache holds
- * what the routing keeps choosing there: the common case when the cache is
- * most of the model), its router product buys nothing; it then runs only
- * every LOOKAHEAD_PROBE-th decode step of that layer, as a probe, until a
- * probe finds a prediction to read or a decode visit of the layer misses,
- * when it runs every step again. On the 16-layer Qwen3-30B-A3B-shaped file at
+/* An idle lookahead. When a layer's lookahead has had nothing to read
+ * LOOKAHEAD_IDLE times running (every prediction already in RAM or landing,
+ * or left unread by the gate: the cache holds what the routing keeps
+ * choosing there, the common case when the cache is most of the model, or
+ * the layer predicts poorly), its router product buys nothing; it then runs
+ * only every LOOKAHEAD_PROBE-th decode step of that layer, as a probe (which
+ * also scores the gate), until a probe finds a prediction to read or a
+ * decode visit of the layer misses, when it runs every step again. On the 16-layer Qwen3-30B-A3B-shaped file at
  * 50 % of its size that is 15 router products (16 MB of f32 rows and 15 pool
  * jobs) a token. Reads only, so output never changes. */
 #define LOOKAHEAD_IDLE 4
@@ -474,13 +475,13 @@ void fe_experts_prefetch(ferry_session *s, int layer, const int *ids, int n) {
     int keep = n < k ? n : k;
     memcpy(c->predicted + layer * k, ids, (size_t)keep * sizeof(int));
     c->n_predicted[layer] = keep;
-    int cold = 0;
+    int wanted = 0; /* predictions to read: not in RAM and their (layer, rank) gate open */
     for (int i = 0; i < keep; i++) {
         int slot = fe_cache_policy_lookup(c->policy, layer, ids[i]);
         c->predicted_cold[layer * k + i] = slot < 0;
-        cold += slot < 0;
+        wanted += slot < 0 && !(c->gated && c->gate[layer * k + i] < LOOKAHEAD_MIN);
     }
-    if (cold) c->idle[layer] = 0;
+    if (wanted) c->idle[layer] = 0;
     else if (c->idle[layer] < LOOKAHEAD_IDLE) c->idle[layer]++;
     for (int i = 0; i < keep; i++) {
         if (!c->predicted_cold[layer * k + i]) continue; /* in RAM or landing: nothing to read */

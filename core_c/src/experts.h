@@ -62,8 +62,8 @@ void fe_experts_prefetch(struct ferry_session *s, int layer, const int *ids, int
 /* Is the record of (layer, expert) in RAM or already being read into it? */
 int fe_experts_cached(const struct ferry_session *s, int layer, int expert);
 /* Should the lookahead of `layer` run this decode step? No when the
- * lookahead is off, or idle there (its predictions were all in RAM lately,
- * and this is not a probe step): counted in stats.lookahead_skipped. */
+ * lookahead is off, or idle there (it had nothing to read lately) and this
+ * is not a probe step: counted in stats.lookahead_skipped. */
 int fe_experts_lookahead_wanted(struct ferry_session *s, int layer);
 /* Are misses read while the compute goes on (not FERRY_NO_OVERLAP)? */
 int fe_experts_overlap_on(const struct ferry_session *s);
