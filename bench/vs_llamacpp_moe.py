@@ -1,7 +1,7 @@
 """Ferry against llama.cpp on a mixture-of-experts GGUF, in RAM and beyond it.
 
     python bench/vs_llamacpp.py --moe --json [--layers 16] [--type q4_0] [--rounds 3] [--limits 0.5 0.25]
-        [--prompt 128] [--tokens 64] [--threads 2] [--workdir DIR] [--venv DIR] [--skip-ram]
+        [--prompt 128] [--tokens 64] [--threads 2] [--workdir DIR] [--venv DIR] [--skip-ram] [--ferry-only]
 
 (the same as ``python bench/vs_llamacpp_moe.py ...``). The file is a qwen3moe
 GGUF with random zero-mean weights at Qwen3-30B-A3B widths (hidden 2048, 128
@@ -44,7 +44,10 @@ system CPU seconds, major page faults; for Ferry also its own counters
 (expert bytes read, read and stall seconds, cache hits and misses) and its
 per-stage decode profile. Prints one JSON object: every run, then medians
 per setting and engine and the ratios Ferry / llama.cpp (decode and prompt),
-with the 1-minute load average before and after each run.
+with the 1-minute load average before and after each run; and Ferry's decode
+beyond RAM over its own in RAM (``ferry_decode_over_in_ram``, median over
+median). ``--ferry-only`` runs Ferry alone (no cross-check, no llama.cpp):
+for iterating on Ferry's own in-RAM against in-cgroup speed.
 """
 from __future__ import annotations
 
@@ -340,6 +343,14 @@ def summarize(runs: list[dict]) -> dict:
         for eng, m in med.items():
             if eng.startswith("llama") and "decode_tok_s" in m and "decode_tok_s" in med.get("ferry", {}):
                 ratios[f"ferry_over_{eng}"] = {k: med["ferry"][k] / m[k] for k in ("decode_tok_s", "prompt_tok_s")}
+        ram = [r for r in runs if r["setting"] == "in_ram" and r["engine"] == "ferry" and "error" not in r]
+        mine = [r for r in runs if r["setting"] == setting and r["engine"] == "ferry" and "error" not in r]
+        if setting != "in_ram" and ram and mine:   # Ferry against itself in RAM: median over median, and per round
+            ratios["ferry_decode_over_in_ram"] = (statistics.median(r["decode_tok_s"] for r in mine)
+                                                  / statistics.median(r["decode_tok_s"] for r in ram))
+            by_round = {r["round"]: r["decode_tok_s"] for r in ram}
+            ratios["ferry_decode_over_in_ram_by_round"] = [r["decode_tok_s"] / by_round[r["round"]] for r in mine
+                                                           if r["round"] in by_round]
         out[setting] = {"median": med, "ratios": ratios}
     return out
 
@@ -370,6 +381,8 @@ def main(argv=None) -> int:
     ap.add_argument("--slack", type=int, default=16 << 20,
                     help="bytes of the limit Ferry's budget leaves free besides its Python process")
     ap.add_argument("--skip-ram", action="store_true", help="only the runs beyond RAM")
+    ap.add_argument("--ferry-only", action="store_true",
+                    help="only Ferry's runs: no llama.cpp, no cross-check (to iterate on Ferry's own ratios)")
     ap.add_argument("--no-warmup", dest="warmup", action="store_false",
                     help="measure the first prompt after loading (default: a warm-up prompt first, as llama-bench)")
     ap.add_argument("--timeout", type=float, default=3600, help="seconds a child may take")
@@ -385,24 +398,28 @@ def main(argv=None) -> int:
         print(json.dumps(child_ferry(a) if a.child == "ferry" else child_llama(a)))
         return 0
     a.workdir.mkdir(parents=True, exist_ok=True)
-    llama_py = ensure_llama_cpp(a.venv)
+    llama_py = None if a.ferry_only else ensure_llama_cpp(a.venv)
     gguf = gguf_file(a)
     from bench.vs_llamacpp import container
     ferry_model = container(gguf, a.workdir)
     size = gguf.stat().st_size
     me = Path(sys.executable)
-    log("cross-check: greedy tokens, Ferry exact")
-    check = {"ferry": run_child(me, "ferry", ferry_model, a, "check"),
-             "llama_cpp": run_child(llama_py, "llama_cpp", gguf, a, "check")}
+    check = None
+    if not a.ferry_only:
+        log("cross-check: greedy tokens, Ferry exact")
+        check = {"ferry": run_child(me, "ferry", ferry_model, a, "check"),
+                 "llama_cpp": run_child(llama_py, "llama_cpp", gguf, a, "check")}
     settings = ([] if a.skip_ram else [("in_ram", 0)]) + [(f"limit_{share:g}", int(size * share))
                                                           for share in a.limits]
     runs = []
     n = 0
     for r in range(a.rounds):
-        for setting, limit in settings:
+        for setting, limit in (settings if r % 2 == 0 else settings[::-1]):   # in RAM first, then last
             engines = [("ferry", me, ferry_model, "default"), ("llama_cpp", llama_py, gguf, "default")]
             if limit:
                 engines.append(("llama_cpp_mmap", llama_py, gguf, "mmap"))
+            if a.ferry_only:
+                engines = engines[:1]
             k = r % len(engines)
             for name, py, model, variant in engines[k:] + engines[:k]:   # each engine leads in turn
                 n += 1
@@ -423,7 +440,7 @@ def main(argv=None) -> int:
            "gguf": {"path": str(gguf), "bytes": size, "layers": a.layers, "type": a.type},
            "container_bytes": sum(p.stat().st_size for p in ferry_model.rglob("*") if p.is_file()),
            "prompt": a.prompt, "tokens": a.tokens, "rounds": a.rounds,
-           "crosscheck": crosscheck(check["ferry"], check["llama_cpp"]), "crosscheck_runs": check,
+           "crosscheck": crosscheck(check["ferry"], check["llama_cpp"]) if check else None, "crosscheck_runs": check,
            "runs": runs, "summary": summarize(runs)}
     print(json.dumps(out, indent=None if a.json else 1))
     return 0

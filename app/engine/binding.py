@@ -125,6 +125,7 @@ class Stats:
     routed_choices: int = 0
     routed_swaps: int = 0
     prefetch_gated: int = 0  #: predictions not in RAM left unread: their layer and rank predicted poorly
+    lookahead_skipped: int = 0  #: layer steps whose lookahead did not run: it had nothing to read lately
 
     def as_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -160,6 +160,8 @@ typedef struct ferry_stats {
     uint64_t routed_swaps;    /* of those, choices cache-aware routing moved to an expert in RAM */
     uint64_t prefetch_gated;  /* lookahead predictions not in RAM that were not read: their layer and
                                  rank's recent precision was too low (ferry_engine_lookahead_gate) */
+    uint64_t lookahead_skipped; /* decode steps x layers whose lookahead did not run: idle there (it had
+                                   nothing to read lately: predictions in RAM or gated), between probes */
 } ferry_stats;
 
 /* Where an evaluation's time went, per stage (opt-in per session with

@@ -51,6 +51,8 @@ ferry_status fe_experts_begin(struct ferry_session *s, int layer, const int *ids
 ferry_status fe_experts_next(struct ferry_session *s, int *which, const uint8_t **record, ferry_error *err);
 /* Has every record of the open visit landed (next hands each out without waiting)? */
 int fe_experts_all_landed(struct ferry_session *s);
+/* Has a record of the open visit not handed out yet landed (next hands it out without waiting)? */
+int fe_experts_any_landed(struct ferry_session *s);
 /* Close the visit; waits for any read still in flight. */
 void fe_experts_end(struct ferry_session *s);
 /* Hint, during an open visit of another layer: the next visit of `layer`
@@ -59,8 +61,12 @@ void fe_experts_prefetch(struct ferry_session *s, int layer, const int *ids, int
 
 /* Is the record of (layer, expert) in RAM or already being read into it? */
 int fe_experts_cached(const struct ferry_session *s, int layer, int expert);
-/* Does the cache read the lookahead's predictions (not switched off)? */
-int fe_experts_lookahead_on(const struct ferry_session *s);
+/* Should the lookahead of `layer` run this decode step? No when the
+ * lookahead is off, or idle there (it had nothing to read lately) and this
+ * is not a probe step: counted in stats.lookahead_skipped. */
+int fe_experts_lookahead_wanted(struct ferry_session *s, int layer);
+/* Are misses read while the compute goes on (not FERRY_NO_OVERLAP)? */
+int fe_experts_overlap_on(const struct ferry_session *s);
 /* The lookahead gate's running precision per [layer][rank] (n_layers * top_k floats). */
 void fe_ecache_lookahead_gate(const fe_ecache *c, float *precision);
 

@@ -236,7 +236,7 @@ static void lookahead(ferry_session *s, const fe_moe_arch *a, const fe_moe_bufs 
     const fe_hparams *hp = &s->e->c.hp;
     int next = layer + 1;
     while (next < hp->n_layers && !hp->layer_is_moe[next]) next++;
-    if (next >= hp->n_layers || !fe_experts_lookahead_on(s)) return;
+    if (next >= hp->n_layers || !fe_experts_lookahead_wanted(s, next)) return;
     fe_rmsnorm(b->look_in, x, *(const float *const *)layer_field(a, next, a->norm_at), hp->dim, hp->norm_eps);
     float *logits = b->logits + (size_t)hp->n_experts; /* row 1: free in a single-token step */
     router(a, next, b->look_in, 1, logits, clk);
@@ -299,18 +299,24 @@ static ferry_status moe_layer(ferry_session *s, const fe_moe_arch *a, const fe_m
         if (g == 0 && n == 1) lookahead(s, a, b, layer, x, clk); /* a prompt chunk reads each expert once anyway */
         int which;
         const uint8_t *rec;
-        if (n == 1 && a->experts1 && cnt <= FE_MOE_BATCH && fe_experts_all_landed(s)) {
-            /* decode in RAM: the visit's experts together, in a few jobs; each
-             * token-expert pair's output lands in its slot as below */
-            const uint8_t *recs[FE_MOE_BATCH];
-            float *outs[FE_MOE_BATCH];
-            while ((st = fe_experts_next(s, &which, &rec, err)) == FERRY_OK && which >= 0) {
-                recs[which] = rec;
-                outs[which] = b->slots + (size_t)b->rows[b->first[g + which]] * ed;
-            }
-            if (!st) {
+        if (n == 1 && a->experts1 && cnt <= FE_MOE_BATCH && (fe_experts_overlap_on(s) || fe_experts_all_landed(s))) {
+            /* a single token: the records in RAM together, in a few jobs;
+             * with misses, those landed first, then each later batch as it
+             * lands (the read of a miss overlaps the others' products). No
+             * overlap (reads one at a time) and a miss: one at a time below.
+             * Each token-expert pair's output lands in its slot as below. */
+            while (!st) {
+                const uint8_t *recs[FE_MOE_BATCH];
+                float *outs[FE_MOE_BATCH];
+                int got = 0;
+                do { /* the next record (waiting for one if none has landed), then every other landed one */
+                    if ((st = fe_experts_next(s, &which, &rec, err)) != FERRY_OK || which < 0) break;
+                    recs[got] = rec;
+                    outs[got++] = b->slots + (size_t)b->rows[b->first[g + which]] * ed;
+                } while (fe_experts_any_landed(s));
+                if (st || !got) break;
                 double t0 = clk ? fe_now() : 0.0;
-                a->experts1(a->ctx, layer, recs, cnt, z, outs);
+                a->experts1(a->ctx, layer, recs, got, z, outs);
                 if (clk) clk->ffn += fe_now() - t0;
             }
             fe_experts_end(s);

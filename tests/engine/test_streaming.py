@@ -148,7 +148,9 @@ def test_lookahead_gate_changes_reads_never_logits(placed):
     assert np.array_equal(gated, reference) and np.array_equal(ungated, reference)
     if activations != "exact":
         return   # the gate's figures below are checked once, on the exact run's container (bf16 records)
-    assert st.lookahead_predicted == ust.lookahead_predicted == 16 * 5 * 4
+    # each decode step's lookahead of every MoE layer but the first ran or was skipped as idle (predicting
+    # (layer, rank)s whose gate is closed and in-RAM experts only); ungated, each had cold guesses to read
+    assert st.lookahead_predicted + 4 * st.lookahead_skipped == ust.lookahead_predicted == 16 * 5 * 4
     assert st.prefetch_gated > 0 and ust.prefetch_gated == 0
     assert ust.prefetch_issued > st.prefetch_issued
     assert st.prefetch_used / st.prefetch_issued > ust.prefetch_used / ust.prefetch_issued  # what it reads pays more often
@@ -174,15 +176,23 @@ def _route_every_token_alike(container_dir):
                     f.write(bytes(end - begin))
 
 
-def test_a_perfectly_predicting_lookahead_keeps_reading(tmp_path):
-    """When the lookahead is always right, the gate opens after two steps and
-    stays open: its reads are issued and used, and the logits are unchanged."""
-    ckpt = make(parse(["--out", str(tmp_path / "ckpt"), "--layers", "4", "--experts", "8", "--top-k", "2",
+@pytest.fixture(scope="module")
+def alike(tmp_path_factory):
+    """A model whose every token routes alike (4 layers x 8 experts, top 2), 24 tokens,
+    and the logits of 8 prompt tokens then 16 steps with no cache and no lookahead."""
+    root = tmp_path_factory.mktemp("alike")
+    ckpt = make(parse(["--out", str(root / "ckpt"), "--layers", "4", "--experts", "8", "--top-k", "2",
                        "--dim", "64", "--expert-ffn", "64", "--vocab", "64", "--shards", "1"]))
     _route_every_token_alike(ckpt)
-    model = convert(ckpt, tmp_path / "fixed.ferry")
+    model = convert(ckpt, root / "fixed.ferry")
     tokens = [int(t) for t in np.random.default_rng(5).integers(3, 64, 24)]
-    reference, _, _ = run(model, tokens[:8], tokens[8:], cache=False, lookahead=False)
+    return model, tokens, run(model, tokens[:8], tokens[8:], cache=False, lookahead=False)[0]
+
+
+def test_a_perfectly_predicting_lookahead_keeps_reading(alike):
+    """When the lookahead is always right, the gate opens after two steps and
+    stays open: its reads are issued and used, and the logits are unchanged."""
+    model, tokens, reference = alike
     # 4 cache slots against a working set of 4 layers x 2 experts: every prediction is cold
     with Engine(model, threads=2, n_ctx=64, cache_slots=4) as engine:
         s = engine.session(64)
@@ -195,11 +205,28 @@ def test_a_perfectly_predicting_lookahead_keeps_reading(tmp_path):
     assert np.all(gate[1:] > 0.5)  # from the prior towards 1
 
 
+def test_an_idle_lookahead_runs_only_as_a_probe(alike):
+    """Every token routes alike and the cache (smaller than the model, so not
+    filled) holds the routed set: each layer's lookahead finds its predictions
+    in RAM, so after four such steps it runs only every eighth step (a probe),
+    and the logits stay those of no lookahead at all."""
+    model, tokens, reference = alike
+    logits, st, info = run(model, tokens[:8], tokens[8:], cache_slots=12)
+    assert info.cache_slots == 12 and np.array_equal(logits, reference)
+    assert st.decode_misses == 0 and st.prefetch_issued == 0
+    # 16 steps x 3 predicted layers: each runs at steps 1-4 and the probe at step 12, skips the other 11
+    assert st.lookahead_predicted == 5 * 3 * 2 and st.lookahead_skipped == 11 * 3
+    # all cold (4 slots for a working set of 8): it never idles
+    _, cold, _ = run(model, tokens[:8], tokens[8:], cache_slots=4)
+    assert cold.lookahead_skipped == 0 and cold.lookahead_predicted == 16 * 3 * 2
+
+
 def test_cache_hits_and_lookahead_are_reported(moe_model):
     _, st, info = run(moe_model, cache_slots=48)
     assert info.cache_slots == 48
     assert st.hits > 0 and st.misses > 0 and st.decode_hits + st.decode_misses == 16 * 6 * 4
-    assert st.lookahead_predicted == 16 * 5 * 4  # every decode step, every MoE layer but the first
+    # every decode step, every MoE layer but the first: run (4 predictions) or skipped as idle
+    assert st.lookahead_predicted + 4 * st.lookahead_skipped == 16 * 5 * 4
     assert 0 < st.lookahead_correct <= st.lookahead_predicted
     assert st.prefetch_issued >= st.prefetch_used + st.prefetch_wasted
     assert st.bytes_read == st.expert_reads * info.expert_bytes

@@ -44,6 +44,16 @@ def test_summary_medians_ratios_and_failures():
     assert "ferry_over_llama_cpp" not in out["ratios"]
 
 
+def test_summary_ferry_beyond_ram_over_its_own_in_ram():
+    runs = [dict(_run(setting, "ferry", decode), round=r)
+            for r, setting, decode in ((1, "in_ram", 20.0), (1, "limit_0.5", 18.0), (2, "limit_0.5", 9.0),
+                                       (2, "in_ram", 10.0), (3, "in_ram", 16.0))]
+    out = moe.summarize(runs)
+    assert out["limit_0.5"]["ratios"]["ferry_decode_over_in_ram"] == pytest.approx(13.5 / 16.0)
+    assert out["limit_0.5"]["ratios"]["ferry_decode_over_in_ram_by_round"] == pytest.approx([0.9, 0.9])
+    assert "ferry_decode_over_in_ram" not in out["in_ram"]["ratios"]
+
+
 def test_the_llama_cpp_child_imports_nothing_of_ferry():
     """llama.cpp's child runs in the bench venv, which has none of Ferry's
     dependencies: importing the script must not pull in the app (it once did,
