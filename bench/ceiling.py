@@ -101,6 +101,12 @@ def shape(path: Path) -> dict:
             "macs": sum(f["macs"] for f in by_fmt.values()), "bytes": sum(f["bytes"] for f in by_fmt.values())}
 
 
+def memory_read_gb_s(threads: int) -> float:
+    """The memory read of `threads` threads (bench/kernel_speed.py's loop over 256 MB a thread): the best of 1
+    and 4 streams, twice. Wall-clock: a busy machine lowers it."""
+    return max(kbench.bandwidth(threads, 256, st) for st in (1, 4, 1, 4))
+
+
 def attention_macs(s: dict, context: float) -> float:
     """Scores and weighted sum of one token over `context` positions, every layer and head."""
     return 2.0 * s["layers"] * s["heads"] * s["head_dim"] * context
@@ -215,7 +221,7 @@ def main() -> None:
     except (OSError, StopIteration):
         pass
     out["peaks_macs_per_s"] = peaks(a.threads)
-    out["memory_read_gb_s_measured"] = max(kbench.bandwidth(a.threads, 256, st) for st in (1, 4, 1, 4))
+    out["memory_read_gb_s_measured"] = memory_read_gb_s(a.threads)
     out["memory_read_gb_s"] = a.memory_gb_s or out["memory_read_gb_s_measured"]
     shapes = {n: shape(gguf_file(n, a.workdir)) for n in a.files}
     fmts = {KERNEL_FORMATS[f] for s in shapes.values() for f in s["by_format"] if f in KERNEL_FORMATS}

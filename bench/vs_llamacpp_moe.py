@@ -35,6 +35,22 @@ interleaved and the engines take turns going first.
    the limit less the child's Python process (its RSS before opening) less
    ``--slack`` bytes.
 
+Ferry's child waits for the fill before its warm-up (``--no-fill-wait``: it
+does not): when the expert cache holds every expert, the records stream into
+it in the background after open (docs/ARCHITECTURE.md, "The fill"), and a
+prompt run meanwhile waits on the disk for the records not yet in. The wait
+is reported apart (``fill``: wall seconds and bytes read), beside the load;
+llama.cpp's load reads and repacks the whole file before it returns.
+
+The memory-bandwidth bound of decode, measured in the same run: the memory
+read of ``--threads`` threads (bench/ceiling.py's ``memory_read_gb_s``) before
+and after the rounds, the best of the two taken (a busy machine lowers it);
+the weight bytes a decoded token reads (from the GGUF: every 2-D matrix but a
+token embedding the output does not share, and top-k / n-experts of each
+stacked expert tensor; beside it Ferry's own count of the bytes its decode
+products read); and, in RAM, each engine's decode tok/s x those bytes /
+the read: its share of the bound (``summary.in_ram.memory_bound``).
+
 Per run: load seconds, prompt and decode tok/s, bytes read from the disk per
 decoded token (/proc/self/io ``read_bytes``: page faults, readahead and
 direct reads alike), the cgroup's peak usage (``memory.max_usage_in_bytes``
@@ -135,6 +151,27 @@ def _drive(eval_fn, reset_fn, vocab: int, a) -> dict:
     return out
 
 
+def _wait_fill(info) -> dict:
+    """Until the fill (every expert streamed into a cache that holds them all) has read every record: the
+    process's disk reads reach the records' bytes, or stop growing for 3 s; at most 600 s."""
+    n_records = info.n_moe_layers * info.n_experts
+    expected = info.expert_bytes * n_records if info.cache_slots >= n_records else 0
+    m0 = _mark()
+    start, last, still, t0 = m0["read"], m0["read"], time.perf_counter(), time.perf_counter()
+    while expected and start >= 0 and time.perf_counter() - t0 < 600:
+        time.sleep(0.05)
+        now = io_read_bytes()
+        if now - start >= 0.999 * expected:
+            break
+        if now != last:
+            last, still = now, time.perf_counter()
+        elif time.perf_counter() - still > 3.0:
+            break
+    out = _phase(m0, _mark())
+    out["expected_bytes"] = expected
+    return out
+
+
 def child_ferry(a) -> dict:
     before = _rss_now()
     from app.engine.binding import Engine
@@ -152,6 +189,8 @@ def child_ferry(a) -> dict:
     out = {"rss_before_import_bytes": before, "rss_python_bytes": python_rss, "ram_budget": budget,
            "load": _phase(m0, m1), "rss_after_open_bytes": _rss_now(), "activations": eng.info.activations,
            "kernels": eng.info.kernels, "cache_slots": eng.info.cache_slots, "trunk_bytes": eng.info.trunk_bytes}
+    if a.mode == "speed" and a.fill_wait:
+        out["fill"] = _wait_fill(eng.info)
     s = eng.session(N_CTX)
     keys = ("bytes_read", "expert_reads", "read_seconds", "stall_seconds", "compute_seconds", "hits", "misses",
             "decode_hits", "decode_misses", "decode_tokens", "prefetch_issued", "prefetch_used", "prefetch_wasted")
@@ -167,6 +206,9 @@ def child_ferry(a) -> dict:
     out.update(_drive(lambda toks: s.eval(toks), reset, eng.info.vocab, a))
     if a.mode == "speed":
         out["profile_decode"] = s.profile()["decode"]
+        prof = out["profile_decode"]
+        out["decode_weight_bytes_per_token"] = (sum(m["bytes"] for m in prof["matmul"].values())
+                                                / max(1, prof["tokens"]))
         st = s.stats()
         out["ferry_stats"] = {k: getattr(st, k) - start.get(k, 0) for k in keys}   # prompt and decode
     out["peak_rss_bytes"] = _peak_rss()
@@ -287,7 +329,7 @@ def run_child(python: Path, engine: str, model: Path, a, mode: str, limit: int =
     cmd = [str(python), str(Path(__file__).resolve()), "--child", engine, "--model", str(model), "--mode", mode,
            "--threads", str(a.threads), "--tokens", str(a.tokens), "--prompt", str(a.prompt),
            "--check-tokens", str(a.check_tokens), "--limit", str(limit), "--slack", str(a.slack),
-           "--variant", variant] + ([] if a.warmup else ["--no-warmup"])
+           "--variant", variant] + ([] if a.warmup else ["--no-warmup"]) + ([] if a.fill_wait else ["--no-fill-wait"])
     cg = MemoryLimit(limit, f"ferry-bench-{os.getpid()}-{tag}") if limit else None
     res = {"cache": drop_caches() if limit else "kept", "load1_before": os.getloadavg()[0]}
     try:
@@ -355,6 +397,33 @@ def summarize(runs: list[dict]) -> dict:
     return out
 
 
+def weight_bytes_per_token(gguf_path: Path) -> int:
+    """The weight bytes one decoded token reads: every 2-D matrix (a token embedding is a row lookup unless the
+    output shares it) and top-k / n-experts of each stacked (3-D) expert tensor."""
+    from app.convert.gguf_file import GGUFFile   # (Ferry's reader: the gguf package's parses a tokenizer slowly)
+    g = GGUFFile(gguf_path)
+    arch = g.metadata["general.architecture"]
+    k, e = (int(g.metadata[f"{arch}.{key}"]) for key in ("expert_used_count", "expert_count"))
+    total = 0
+    for name, t in g.tensors.items():
+        if name == "token_embd.weight" and "output.weight" in g.tensors:
+            continue
+        if len(t.dims) == 2:
+            total += int(t.nbytes)
+        elif len(t.dims) == 3:
+            total += int(t.nbytes) * k // e
+    return total
+
+
+def memory_bound(summary: dict, read_gb_s: float, weight_bytes: int) -> dict:
+    """Decode's bound by the memory read (tok/s = read / weight bytes per token) and each engine's median
+    decode as a share of it, in RAM."""
+    bound = read_gb_s * 1e9 / weight_bytes
+    med = summary.get("in_ram", {}).get("median", {})
+    return {"memory_read_gb_s": read_gb_s, "weight_bytes_per_token": weight_bytes, "decode_tok_s_bound": bound,
+            "decode_share": {eng: m["decode_tok_s"] / bound for eng, m in med.items() if m.get("decode_tok_s")}}
+
+
 def gguf_file(a) -> Path:
     path = a.workdir / f"synthetic-qwen3moe-{a.layers}l-{a.type}.gguf"
     if not path.exists():
@@ -385,6 +454,9 @@ def main(argv=None) -> int:
                     help="only Ferry's runs: no llama.cpp, no cross-check (to iterate on Ferry's own ratios)")
     ap.add_argument("--no-warmup", dest="warmup", action="store_false",
                     help="measure the first prompt after loading (default: a warm-up prompt first, as llama-bench)")
+    ap.add_argument("--no-fill-wait", dest="fill_wait", action="store_false",
+                    help="Ferry's child starts its warm-up right after open, while the fill may still be reading "
+                         "(default: it waits for the fill and reports the wait apart)")
     ap.add_argument("--timeout", type=float, default=3600, help="seconds a child may take")
     ap.add_argument("--venv", type=Path, default=ROOT / ".bench-venv")
     ap.add_argument("--workdir", type=Path, default=Path.home() / ".cache" / "ferry-bench")
@@ -404,6 +476,8 @@ def main(argv=None) -> int:
     ferry_model = container(gguf, a.workdir)
     size = gguf.stat().st_size
     me = Path(sys.executable)
+    from bench.ceiling import memory_read_gb_s
+    read_before = memory_read_gb_s(a.threads)
     check = None
     if not a.ferry_only:
         log("cross-check: greedy tokens, Ferry exact")
@@ -429,6 +503,11 @@ def main(argv=None) -> int:
                 res.update(round=r + 1, setting=setting, engine=name)
                 runs.append(res)
                 log(json.dumps({k: v for k, v in res.items() if k not in ("profile_decode",)}))
+    read_after = memory_read_gb_s(a.threads)
+    summary = summarize(runs)
+    if not a.skip_ram:
+        summary["in_ram"]["memory_bound"] = memory_bound(summary, max(read_before, read_after),
+                                                         weight_bytes_per_token(gguf))
     cpu = ""
     try:
         cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
@@ -441,7 +520,8 @@ def main(argv=None) -> int:
            "container_bytes": sum(p.stat().st_size for p in ferry_model.rglob("*") if p.is_file()),
            "prompt": a.prompt, "tokens": a.tokens, "rounds": a.rounds,
            "crosscheck": crosscheck(check["ferry"], check["llama_cpp"]) if check else None, "crosscheck_runs": check,
-           "runs": runs, "summary": summarize(runs)}
+           "memory_read_gb_s": {"before": read_before, "after": read_after, "threads": a.threads},
+           "runs": runs, "summary": summary}
     print(json.dumps(out, indent=None if a.json else 1))
     return 0
 

@@ -275,6 +275,8 @@ static const fe_q8_kernels SCALAR_Q8 = {
     NULL,
     {NULL},
     0,
+    {NULL},
+    0,
 };
 
 const fe_q8_kernels *fe_q8_kernels_get(int impl) {
@@ -306,12 +308,19 @@ fe_q8dot2_fn fe_q8_kernel2_for(const fe_q8_kernels *k, int fmt, int n) {
     return k->rowdot2[fmt];
 }
 
-/* Rows [r0, r1) of a matrix (row stride rb) with kernel `one`, pairs with
- * `two` where it is not NULL (as ops.c's product driver, without its
- * prefetch); y + r for row r (ys apart per token). */
-static void q8_rows(fe_q8dot_fn one, fe_q8dot2_fn two, const uint8_t *w, uint64_t rb, int r0, int r1, int cols,
-                    const uint8_t *xq, int n, float *y, size_t ys) {
+fe_q8dot2_fn fe_q8_kernel4_for(const fe_q8_kernels *k, int fmt, int n) {
+    if (!k || fmt < 0 || fmt >= FE_N_FORMATS || n > k->rowdot4_max_tokens) return NULL;
+    return k->rowdot4[fmt];
+}
+
+/* Rows [r0, r1) of a matrix (row stride rb) with kernel `one`, fours with
+ * `four` and pairs with `two` where they are not NULL (as ops.c's product
+ * driver, without its prefetch); y + r for row r (ys apart per token). */
+static void q8_rows(fe_q8dot_fn one, fe_q8dot2_fn two, fe_q8dot2_fn four, const uint8_t *w, uint64_t rb, int r0,
+                    int r1, int cols, const uint8_t *xq, int n, float *y, size_t ys) {
     int r = r0;
+    if (four)
+        for (; r + 4 <= r1; r += 4) four(w + (uint64_t)r * rb, (size_t)rb, cols, xq, n, y + r, ys);
     if (two)
         for (; r + 2 <= r1; r += 2) two(w + (uint64_t)r * rb, (size_t)rb, cols, xq, n, y + r, ys);
     for (; r < r1; r++) one(w + (uint64_t)r * rb, cols, xq, n, y + r, ys);
@@ -329,7 +338,8 @@ int ferry_kernel_matmul_q8(int impl, int fmt, const void *w, int rows, int cols,
     uint8_t *xq = malloc(fe_q8_stride_kind(kind, cols) * (size_t)(n > 0 ? n : 1));
     if (!xq) return -1;
     k->quantize(kind, x, (size_t)cols, cols, n, xq);
-    q8_rows(k->rowdot[fmt], fe_q8_kernel2_for(k, fmt, n), (const uint8_t *)w, rb, 0, rows, cols, xq, n, y, (size_t)rows);
+    q8_rows(k->rowdot[fmt], fe_q8_kernel2_for(k, fmt, n), fe_q8_kernel4_for(k, fmt, n), (const uint8_t *)w, rb, 0,
+            rows, cols, xq, n, y, (size_t)rows);
     free(xq);
     return 0;
 }

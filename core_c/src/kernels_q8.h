@@ -126,6 +126,10 @@ typedef struct fe_q8_kernels {
     int (*layout)(int fmt, int n);      /* the layout rowdot[fmt] reads over n tokens (NULL: fe_q8_kind(fmt)) */
     fe_q8dot2_fn rowdot2[FE_N_FORMATS]; /* NULL: rows one at a time (rowdot) */
     int rowdot2_min_tokens;             /* rowdot2 is used from this many tokens */
+    fe_q8dot2_fn rowdot4[FE_N_FORMATS]; /* four consecutive rows at once (row + i * row_bytes into
+                                         * y[t * ys + i], i < 4), each bit for bit its rowdot's result;
+                                         * NULL: none (then pairs or single rows) */
+    int rowdot4_max_tokens;             /* rowdot4 is used up to this many tokens */
 } fe_q8_kernels;
 /* The layout set k's kernel for format fmt reads over n tokens. */
 int fe_q8_layout(const fe_q8_kernels *k, int fmt, int n);
@@ -166,6 +170,8 @@ uint8_t *fe_q8_region(const fe_q8_ctx *q, int kind, int cols, int n);
 fe_q8dot_fn fe_q8_kernel_for(const fe_q8_ctx *q, int fmt, int cols, int n);
 /* Its two-row kernel for n tokens, or NULL (then rows go one at a time). */
 fe_q8dot2_fn fe_q8_kernel2_for(const fe_q8_kernels *k, int fmt, int n);
+/* Its four-row kernel for n tokens, or NULL (then pairs or single rows). */
+fe_q8dot2_fn fe_q8_kernel4_for(const fe_q8_kernels *k, int fmt, int n);
 
 /* The row kernel rowdot_<prefix>_<fmt> of a SIMD set over the including
  * file's <fmt>_tile(row, cols, xq, stride, y, ys, nt): tiles of 4 tokens,
@@ -228,6 +234,8 @@ fe_q8dot2_fn fe_q8_kernel2_for(const fe_q8_kernels *k, int fmt, int n);
          [FE_Q3_NL] = rowdot_##prefix##_q3_nl},                                                             \
         quantize_##prefix,                                                                                  \
         NULL,                                                                                               \
+        {NULL},                                                                                             \
+        0,                                                                                                  \
         {NULL},                                                                                             \
         0,                                                                                                  \
     };

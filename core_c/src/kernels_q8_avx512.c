@@ -22,8 +22,10 @@
  * zmm holds both) and the accumulator starts at -128 * (sum of the lane's 4
  * weights), computed once per block pair and shared by the tile's tokens.
  * The per-block float scales D_b * d_b are multiplied 16 blocks at a time
- * (the same single IEEE products). Q4_1, and fewer than 4 tokens of Q8_0
- * and Q4_0, use the AVX2 set's kernels (faster there: see the drivers).
+ * (the same single IEEE products). Q4_0 over 1-3 tokens takes four rows a
+ * call (q4_0_tile_r4, the table's rowdot4; a last 1-3 rows of a thread's
+ * share, and Q4_1 and Q8_0 under 4 tokens, use the AVX2 set's kernels,
+ * faster there: see the drivers).
  *
  * Tokens run in tiles of up to 16 (Q8_0, Q4_0) or 8 (K-quants) sharing each
  * decoded weight block (32 vector registers); a token's arithmetic does not
@@ -142,6 +144,86 @@ INL void tile32z(const uint8_t *row, int cols, const uint8_t *xq, size_t st, flo
     for (int t = 0; t < nt; t++) { /* acc[0] + acc[1] lane by lane, then the reference's sum of 8 */
         const __m512 ab = _mm512_add_ps(Z[t], _mm512_permute_ps(Z[t], 0xb1));
         y[(size_t)t * ys] = hsum8(_mm512_castps512_ps256(_mm512_permutexvar_ps(evens, ab)));
+    }
+}
+
+/* Q4_0 over 1-3 tokens, four rows at a time (rowdot4: row i at row + i rb).
+ * A zmm holds the four rows' block b, one row per 128-bit lane: W = the rows'
+ * 16 nibble bytes, W & 15 = values 0-15 (the reference's lanes 0-3) and
+ * W >> 4 = values 16-31 (lanes 4-7), each multiplied by the token's 16
+ * matching activations broadcast to all four lanes (vpdpbusd: the nibbles
+ * unsigned, 0..15, and the lane started at -8 * (its 4 activations summed),
+ * computed once per block and token for the four rows, so p = sum (w - 8) x
+ * exactly). The scales D_b of 4 blocks x 4 rows come in one gather, and
+ * D_b * d_b is one product per row and block, as in the reference; lanes of
+ * even and odd blocks go to separate accumulators (acc[b % 2]), so every
+ * lane takes the reference's multiply-adds in its order, and the end is the
+ * reference's sum: acc[0] + acc[1], then ((v0 + v4) + (v2 + v6)) +
+ * ((v1 + v5) + (v3 + v7)) within each row's lane. The x work and the gather
+ * are shared by the four rows: the one-row kernel spends most of its time
+ * per 32 weights on them (h8's profile, docs/bench-log/2026-12-06.md). */
+#define R4_TOKENS 3
+
+/* Block b0 + j of the four rows for nt tokens: S[t] holds D_b d_b of block
+ * b0 + j' and row i at element 4j' + i. (Eight rows a call, two groups of
+ * four sharing the x work, measured no faster: 0.93-1.05x from L2.) */
+INL void r4_block(const uint8_t *row, size_t rb, const uint8_t *xq, size_t st, int b0, const int j, const int nt,
+                  const __m512 S[R4_TOKENS], __m512 lo[R4_TOKENS][2], __m512 hi[R4_TOKENS][2]) {
+    const size_t b = (size_t)b0 + (size_t)j;
+    const __m512i m15 = _mm512_set1_epi8(15), eight = _mm512_set1_epi8(8);
+    const __m512i pick = _mm512_setr_epi32(4 * j, 4 * j, 4 * j, 4 * j, 4 * j + 1, 4 * j + 1, 4 * j + 1, 4 * j + 1,
+                                           4 * j + 2, 4 * j + 2, 4 * j + 2, 4 * j + 2, 4 * j + 3, 4 * j + 3, 4 * j + 3,
+                                           4 * j + 3);
+    const uint8_t *q = row + 18 * b + 2;
+    const __m512i W = _mm512_inserti32x4(
+        _mm512_inserti32x4(_mm512_inserti32x4(_mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)q)),
+                                              _mm_loadu_si128((const __m128i *)(q + rb)), 1),
+                           _mm_loadu_si128((const __m128i *)(q + 2 * rb)), 2),
+        _mm_loadu_si128((const __m128i *)(q + 3 * rb)), 3);
+    const __m512i wl = _mm512_and_si512(W, m15), wh = _mm512_and_si512(_mm512_srli_epi16(W, 4), m15);
+    for (int t = 0; t < nt; t++) {
+        /* x's 16-value halves in every lane, the lanes started at -8 * their 4 values' sum */
+        const __m512i xl = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(QX(t) + 32 * b)));
+        const __m512i xh = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(QX(t) + 32 * b + 16)));
+        const __m512i zl = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), eight, xl));
+        const __m512i zh = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), eight, xh));
+        const __m512 sc = _mm512_permutexvar_ps(pick, S[t]);
+        lo[t][j & 1] = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zl, wl, xl)), lo[t][j & 1]);
+        hi[t][j & 1] = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zh, wh, xh)), hi[t][j & 1]);
+    }
+}
+
+INL void q4_0_tile_r4(const uint8_t *row, size_t rb, int cols, const uint8_t *xq, size_t st, float *y, size_t ys,
+                      const int nt) {
+    const int nb = cols / 32;
+    const int r1 = (int)rb, r2 = 2 * (int)rb, r3 = 3 * (int)rb;
+    /* element 4j + i: block j's scale of row i */
+    const __m512i gidx = _mm512_setr_epi32(0, r1, r2, r3, 18, 18 + r1, 18 + r2, 18 + r3, 36, 36 + r1, 36 + r2,
+                                           36 + r3, 54, 54 + r1, 54 + r2, 54 + r3);
+    const __m512i rep4 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    __m512 lo[R4_TOKENS][2], hi[R4_TOKENS][2];
+    for (int t = 0; t < nt; t++) lo[t][0] = lo[t][1] = hi[t][0] = hi[t][1] = _mm512_setzero_ps();
+    for (int b0 = 0; b0 < nb; b0 += 4) {
+        const int m = nb - b0 < 4 ? nb - b0 : 4;
+        const __m512i sg = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), (__mmask16)((1u << (4 * m)) - 1), gidx,
+                                                       row + 18 * (size_t)b0, 1);
+        const __m512 D = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(sg));
+        __m512 S[R4_TOKENS]; /* the reference's D_b * d_b, element 4j + i */
+        for (int t = 0; t < nt; t++)
+            S[t] = _mm512_mul_ps(D, _mm512_permutexvar_ps(rep4, _mm512_castps128_ps512(_mm_maskz_loadu_ps(
+                                                                    (__mmask8)((1u << m) - 1), DX(t) + b0))));
+        r4_block(row, rb, xq, st, b0, 0, nt, S, lo, hi);
+        if (m > 1) r4_block(row, rb, xq, st, b0, 1, nt, S, lo, hi);
+        if (m > 2) r4_block(row, rb, xq, st, b0, 2, nt, S, lo, hi);
+        if (m > 3) r4_block(row, rb, xq, st, b0, 3, nt, S, lo, hi);
+    }
+    for (int t = 0; t < nt; t++) { /* per row (128-bit lane): both = acc[0] + acc[1], then h(both) */
+        const __m512 T = _mm512_add_ps(_mm512_add_ps(lo[t][0], lo[t][1]), _mm512_add_ps(hi[t][0], hi[t][1]));
+        const __m512 U = _mm512_add_ps(T, _mm512_permute_ps(T, 0x4e)); /* (t0 + t2, t1 + t3, ...) */
+        const __m512 V = _mm512_add_ps(U, _mm512_permute_ps(U, 0xb1));
+        float out[16];
+        _mm512_storeu_ps(out, V);
+        for (int i = 0; i < 4; i++) y[(size_t)t * ys + (size_t)i] = out[4 * i];
     }
 }
 
@@ -660,6 +742,21 @@ DRIVER2(q4_k)
 DRIVER2(q5_k)
 DRIVER2(q6_k)
 
+/* Four rows (q4_0_tile_r4) over up to R4_TOKENS tokens a tile. */
+TGT static void rowdot4_vnni_q4_0(const uint8_t *row, size_t rb, int cols, const uint8_t *xq, int n, float *y,
+                                  size_t ys) {
+    const size_t st = fe_q8_stride(cols);
+    for (int t = 0; t < n; t += R4_TOKENS) {
+        const uint8_t *x = xq + (size_t)t * st;
+        float *o = y + (size_t)t * ys;
+        switch (n - t) {
+        case 1: q4_0_tile_r4(row, rb, cols, x, st, o, ys, 1); break;
+        case 2: q4_0_tile_r4(row, rb, cols, x, st, o, ys, 2); break;
+        default: q4_0_tile_r4(row, rb, cols, x, st, o, ys, 3); break;
+        }
+    }
+}
+
 /* ---------------------------------------------- q3_nl (AVX-512 VBMI as well) */
 
 #define ISA_VBMI ISA ",avx512vbmi"
@@ -763,6 +860,8 @@ static void quantize_vnni(int kind, const float *x, size_t xs, int cols, int n, 
         vnni_layout,                                                                                        \
         {[FE_Q4_K] = rowdot2_vnni_q4_k, [FE_Q5_K] = rowdot2_vnni_q5_k, [FE_Q6_K] = rowdot2_vnni_q6_k},      \
         Q8_ROWDOT2_MIN_TOKENS,                                                                              \
+        {[FE_Q4_0] = rowdot4_vnni_q4_0},                                                                    \
+        Z_TOKENS - 1,                                                                                       \
     };
 VNNI_SET(VNNI_Q8, rowdot_vbmi_q3_nl)
 VNNI_SET(VNNI_Q8_NO_VBMI, rowdot_vnni_q3_nl)
