@@ -75,6 +75,7 @@ def damaged_copies(good: Path, tmp: Path, n_random: int = 60) -> list[Path]:
     return out
 
 
+@pytest.mark.slow   # the whole core compiled with the sanitizers: about a minute of CPU
 def test_c_core_under_sanitizers(tiny_moe, tmp_path):
     exe = build(tmp_path)
     bad = damaged_copies(tiny_moe[1], tmp_path)
