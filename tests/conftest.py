@@ -15,6 +15,24 @@ from tests.tiny_models import build
 REPO = Path(__file__).resolve().parents[1]
 
 
+def pytest_configure(config):
+    # pytest-xdist's --dist loadfile hands out whole files in the order of the collection below
+    # (not re-sorted by their number of tests, which put the one-test files, the longest, last).
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The files with slow tests first, the most slow tests first (each file keeps its own order).
+    With two workers and whole files per worker, a long file started last is the run's tail (the
+    other worker idle meanwhile); started first, the many short files even the workers out."""
+    files: dict[str, list] = {}
+    for item in items:
+        files.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
+    order = sorted(files.values(), key=lambda its: -sum(1 for it in its if it.get_closest_marker("slow")))
+    items[:] = [it for its in order for it in its]
+
+
 @pytest.fixture(autouse=True)
 def _isolated_home(tmp_path_factory, monkeypatch):
     """Never touch the user's real Ferry data directory (nor its runtime folder, $FERRY_HOME/run).

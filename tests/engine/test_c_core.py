@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -17,15 +18,26 @@ CORE = REPO / "core_c"
 SANITIZE = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer"]
 
 
-def build(tmp: Path) -> Path:
+def build(tmp: Path, jobs: int = 2) -> Path:
+    """The test program with the sanitizers: each source compiled on its own, ``jobs`` at a time (the
+    same flags as one command line; the compiler is otherwise this worker's only process), then linked."""
     cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
     if cc is None:
         pytest.fail("no C compiler found: install gcc or clang (Xcode command line tools on a Mac)")
     exe = tmp / "test_core"
-    sources = [str(p) for p in sorted((CORE / "src").glob("*.c"))] + [str(CORE / "tests" / "test_core.c")]
-    cmd = [cc, "-std=c11", "-O1", "-g", "-Wall", "-Wextra", "-Werror", "-pthread", *SANITIZE,
-           "-I", str(CORE / "include"), *sources, "-o", str(exe), "-lm"]
-    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    flags = ["-std=c11", "-O1", "-g", "-Wall", "-Wextra", "-Werror", "-pthread", *SANITIZE, "-I", str(CORE / "include")]
+    sources = sorted((CORE / "src").glob("*.c")) + [CORE / "tests" / "test_core.c"]
+    (tmp / "obj").mkdir()
+    objs = [tmp / "obj" / f"{src.stem}.o" for src in sources]
+
+    def compile_one(src_obj):
+        src, obj = src_obj
+        res = subprocess.run([cc, *flags, "-c", str(src), "-o", str(obj)], capture_output=True, text=True)
+        assert res.returncode == 0, f"cannot compile {src.name} with the sanitizers:\n{res.stderr}"
+
+    with ThreadPoolExecutor(jobs) as pool:
+        list(pool.map(compile_one, zip(sources, objs)))
+    subprocess.run([cc, *flags, *map(str, objs), "-o", str(exe), "-lm"], check=True, capture_output=True, text=True)
     return exe
 
 
@@ -75,6 +87,7 @@ def damaged_copies(good: Path, tmp: Path, n_random: int = 60) -> list[Path]:
     return out
 
 
+@pytest.mark.slow   # the whole core compiled with the sanitizers: about a minute of CPU
 def test_c_core_under_sanitizers(tiny_moe, tmp_path):
     exe = build(tmp_path)
     bad = damaged_copies(tiny_moe[1], tmp_path)

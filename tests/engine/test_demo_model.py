@@ -21,6 +21,7 @@ def test_capital_of_france_via_cli(demo_container):
         assert key in out
 
 
+@pytest.mark.slow
 def test_logits_match_transformers_reading_the_same_gguf(demo_gguf, demo_container):
     """transformers dequantizes the GGUF to f32; the engine computes on the
     blocks as stored. Measured 2026-12-03: relative L2 2.4e-6, max |diff| 1.1e-4."""

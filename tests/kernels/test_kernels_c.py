@@ -43,6 +43,7 @@ def test_native_kernels_match_scalar(tmp_path: Path):
         assert "testing neon against scalar" in out
 
 
+@pytest.mark.slow
 def test_native_kernels_under_sanitizers(tmp_path: Path):
     cc = shutil.which("gcc") or shutil.which("clang") or shutil.which("cc")
     exe = tmp_path / "test_kernels_asan"
@@ -65,6 +66,7 @@ def aarch64_toolchain(native_note: str) -> tuple[str, str]:
     return cross, qemu
 
 
+@pytest.mark.slow
 def test_neon_kernels_under_qemu(tmp_path: Path):
     cross, qemu = aarch64_toolchain("native aarch64: the native test already runs the NEON kernels")
     exe = tmp_path / "test_kernels_aarch64"

@@ -37,6 +37,7 @@ def wheel(tmp_path_factory) -> Path:
     return wheels[0]
 
 
+@pytest.mark.slow
 def test_wheel_holds_the_compiled_core(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     ext = [n for n in names if n.startswith("app/engine/_ferry_c") and n.endswith((".so", ".pyd"))]
@@ -50,6 +51,7 @@ def test_wheel_holds_the_compiled_core(wheel):
     assert entry and "ferry = app.cli:main" in zipfile.ZipFile(wheel).read(entry[0]).decode()
 
 
+@pytest.mark.slow
 def test_extension_loads_from_the_wheel(wheel, tmp_path):
     zipfile.ZipFile(wheel).extractall(tmp_path / "site")
     code = ("import sys; sys.path.insert(0, sys.argv[1]); import app.engine._ferry_c as c; "

@@ -52,6 +52,7 @@ def _colours(img: QImage, step: int = 3) -> int:
     return len(seen)
 
 
+@pytest.mark.slow
 def test_screenshots_under_xvfb(xvfb, demo_container, tmp_path):
     out = tmp_path / "shots"
     env = {k: v for k, v in os.environ.items() if k != "QT_QPA_PLATFORM"}

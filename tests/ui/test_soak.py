@@ -28,7 +28,9 @@ def _answer(qtbot, w, start) -> str:
 
 @pytest.mark.slow
 def test_two_minutes_of_streaming_keeps_the_window_alive(qtbot, make_window, demo_container):
-    w = make_window(demo_container, max_tokens=160, temperature=0.8)
+    # One compute thread: the soak is bounded by time, not work (it streams for SOAK_S whatever the
+    # speed), so a second thread only takes a core from the other test worker.
+    w = make_window(demo_container, max_tokens=160, temperature=0.8, threads=1)
     chunks = [0]
     on_gui(w.worker.worker.response_text, lambda _t: chunks.__setitem__(0, chunks[0] + 1))
     none_before = sys.getrefcount(None)
