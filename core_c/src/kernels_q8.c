@@ -306,15 +306,19 @@ fe_q8dot2_fn fe_q8_kernel2_for(const fe_q8_kernels *k, int fmt, int n) {
     return k->rowdot2[fmt];
 }
 
-/* Rows [r0, r1) of a matrix (row stride rb) with kernel `one`, pairs with
- * `two` where it is not NULL (as ops.c's product driver, without its
+/* Rows [r0, r1) of a matrix (row stride rb) with kernel `one`, 4 or 2 at a
+ * time with `two` where it is not NULL (as ops.c's product driver, without its
  * prefetch); y + r for row r (ys apart per token). */
 static void q8_rows(fe_q8dot_fn one, fe_q8dot2_fn two, const uint8_t *w, uint64_t rb, int r0, int r1, int cols,
                     const uint8_t *xq, int n, float *y, size_t ys) {
-    int r = r0;
-    if (two)
-        for (; r + 2 <= r1; r += 2) two(w + (uint64_t)r * rb, (size_t)rb, cols, xq, n, y + r, ys);
-    for (; r < r1; r++) one(w + (uint64_t)r * rb, cols, xq, n, y + r, ys);
+    for (int r = r0; r < r1;) {
+        const int nr = two ? fe_q8_rows_per_call(r1 - r) : 1;
+        if (nr > 1)
+            two(w + (uint64_t)r * rb, (size_t)rb, nr, cols, xq, n, y + r, ys);
+        else
+            one(w + (uint64_t)r * rb, cols, xq, n, y + r, ys);
+        r += nr;
+    }
 }
 
 /* ----------------------------------------------------------- public API */

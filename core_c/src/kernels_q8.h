@@ -113,11 +113,15 @@ size_t fe_q8_buffer_bytes(int cols, int n);
 /* For t < n: y[t * ys] = the q8 dot of a stored weight row with token t's
  * quantized activations at xq + t * fe_q8_stride_kind(fe_q8_kind(fmt), cols). */
 typedef void (*fe_q8dot_fn)(const uint8_t *row, int cols, const uint8_t *xq, int n, float *y, size_t ys);
-/* Two consecutive rows at once (row and row + row_bytes): y[t * ys] and
- * y[t * ys + 1], each bit for bit its rowdot's result (a set may lay the two
- * rows side by side in a vector so that one float step serves both). */
-typedef void (*fe_q8dot2_fn)(const uint8_t *row, size_t row_bytes, int cols, const uint8_t *xq, int n, float *y,
-                             size_t ys);
+/* nr consecutive rows at once (nr = 2 or 4: row + i * row_bytes, i < nr):
+ * y[t * ys + i], each bit for bit its rowdot's result (a set may lay two
+ * rows side by side in a vector so that one float step serves both, and
+ * share each activation load among the nr rows). */
+typedef void (*fe_q8dot2_fn)(const uint8_t *row, size_t row_bytes, int nr, int cols, const uint8_t *xq, int n,
+                             float *y, size_t ys);
+#define FE_Q8_ROWS_MAX 4
+/* How many of `left` rows one call takes: 4, 2 (a rowdot2 call) or 1 (rowdot). */
+static inline int fe_q8_rows_per_call(int left) { return left >= 4 ? 4 : left >= 2 ? 2 : 1; }
 
 typedef struct fe_q8_kernels {
     const char *name;                   /* "scalar", "avx2", "neon", "avx512vnni" */

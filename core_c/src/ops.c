@@ -25,7 +25,7 @@ typedef struct {
     fe_rowdot_fn dot[FE_MATMUL_MULTI_MAX]; /* the row kernel of each w's format (kernels.h) */
     fe_rowsdot_fn rows[FE_MATMUL_MULTI_MAX]; /* or its kernel of several rows at once, for a batch */
     fe_q8dot_fn q8dot[FE_MATMUL_MULTI_MAX]; /* or its 8-bit-activation kernel (kernels_q8.h), used instead */
-    fe_q8dot2_fn q8dot2[FE_MATMUL_MULTI_MAX]; /* and its two-row kernel (NULL: rows one at a time) */
+    fe_q8dot2_fn q8dot2[FE_MATMUL_MULTI_MAX]; /* and its multi-row kernel (NULL: rows one at a time) */
     const uint8_t *xq[FE_MATMUL_MULTI_MAX]; /* x quantized for each q8 kernel (once per layout) */
     int first[FE_MATMUL_MULTI_MAX + 1];    /* item index of each matrix's row 0 */
     const float *x[FE_MATMUL_MULTI_MAX]; /* each matrix's input [n][cols] (one x for all in fe_matmul_multi) */
@@ -69,16 +69,16 @@ static void matmul_rows(void *p, int start, int end, int tid) {
         const uint8_t *end_bytes = w->data + (uint64_t)r1 * w->row_bytes;
         const uint8_t *pf = j->n > FE_PREFETCH_MAX_TOKENS ? end_bytes
             : (const uint8_t *)((uintptr_t)(w->data + (uint64_t)r0 * w->row_bytes) & ~(uintptr_t)63);
-        if (j->q8dot[i]) { /* rows in pairs where the set has a two-row kernel (the same bits) */
+        if (j->q8dot[i]) { /* rows 4 or 2 at a time where the set has a multi-row kernel (the same bits) */
             for (int r = r0; r < r1;) {
-                const int two = j->q8dot2[i] && r + 2 <= r1;
+                const int nr = j->q8dot2[i] ? fe_q8_rows_per_call(r1 - r) : 1;
                 const uint8_t *row = w->data + (uint64_t)r * w->row_bytes;
-                prefetch_past(&pf, row, (two ? 2 : 1) * w->row_bytes, end_bytes);
-                if (two)
-                    j->q8dot2[i](row, w->row_bytes, w->cols, j->xq[i], j->n, j->y[i] + r, (size_t)w->rows);
+                prefetch_past(&pf, row, (uint64_t)nr * w->row_bytes, end_bytes);
+                if (nr > 1)
+                    j->q8dot2[i](row, w->row_bytes, nr, w->cols, j->xq[i], j->n, j->y[i] + r, (size_t)w->rows);
                 else
                     j->q8dot[i](row, w->cols, j->xq[i], j->n, j->y[i] + r, (size_t)w->rows);
-                r += 1 + two;
+                r += nr;
             }
             continue;
         }
