@@ -1,7 +1,7 @@
 """Matrix-vector and small-batch kernel speed against memory bandwidth.
 
     python bench/kernel_speed.py [--mb 96] [--batch 1 8 32] [--threads 1 2] [--impl scalar avx2] [--int8-experiment] --json
-    python bench/kernel_speed.py --baseline <commit> [--formats q4_k q8_0] [--batch 1 4 64] [--rounds 3] --json
+    python bench/kernel_speed.py --baseline <commit> [--formats q4_k q8_0] [--batch 1 4 64] [--rounds 3] [--q8 --cols 2048] --json
 
 Measures, in one run: single-core and all-core memory read bandwidth
 (ferry_memory_read over a 256 MB buffer per thread, far larger than the L3, as
@@ -25,7 +25,12 @@ threads) runs on both in interleaved rounds (old, new, old, new, ...; the best
 time of each), reporting weight GB/s and GFLOP/s of both and new/old, by the
 wall clock and by each thread's CPU time (the slowest thread's; on a shared
 machine the CPU time shows the kernel's own speed when other processes take
-turns on the cores, the wall clock what a user would see).
+turns on the cores, the wall clock what a user would see). With --q8 the same compares the
+8-bit-activation products (ferry_kernel_matmul_q8, including quantizing x;
+the q8 set the default takes: AVX-512 VNNI where it runs, else AVX2's), and
+reports whether old and new gave the same bits; --cols sets the matrix's
+columns (prompt-shaped: --batch 32, a prompt chunk's tokens, and --cols 2048
+or 8192, a 1B model's widths).
 """
 from __future__ import annotations
 
@@ -56,12 +61,12 @@ COLS = 3584
 SCALE_OFFSETS = {"q8_0": [0], "q4_0": [0], "q4_1": [0, 2], "q4_k": [0, 2], "q5_k": [0, 2], "q6_k": [208]}
 
 
-def random_matrix(fmt: str, rows: int, rng) -> np.ndarray:
+def random_matrix(fmt: str, rows: int, rng, cols: int = COLS) -> np.ndarray:
     elems, nbytes = CORE_FORMATS[fmt].block_elems, CORE_FORMATS[fmt].block_bytes
     scales = SCALE_OFFSETS.get(fmt, [])
-    nb = rows * COLS // elems
+    nb = rows * cols // elems
     if fmt in ("f32", "f16", "bf16"):
-        w = (rng.standard_normal(rows * COLS) * 0.05).astype(np.float32)
+        w = (rng.standard_normal(rows * cols) * 0.05).astype(np.float32)
         return {"f32": w.view(np.uint8), "f16": quant.f32_to_f16_bits(w).view(np.uint8),
                 "bf16": quant.f32_to_bf16_bits(w).view(np.uint8)}[fmt]
     b = rng.integers(0, 256, size=(nb, nbytes), dtype=np.uint8)
@@ -161,16 +166,20 @@ def bench_kernel(impl: int, fmt: str, n: int, threads: int, mb: float, rng, cach
 KERNEL_FILES = ("include/ferry_kernels.h", "src/formats.h", "src/formats.c", "src/kernels.h", "src/kernels.c",
                 "src/kernels_avx2.c", "src/kernels_avx2_util.h", "src/kernels_neon.c", "src/kernels_q2vq.c", "src/quant3.c", "src/quant_blocks.c",
                 "src/common.h")
+#: With --q8: the 8-bit-activation kernels as well (ferry_kernel_matmul_q8).
+Q8_FILES = ("include/ferry.h", "src/kernels_q8.h", "src/kernels_q8.c", "src/kernels_q8_avx2.c", "src/kernels_q8_avx512.c",
+            "src/kernels_q8_neon.c")
 
 
-def build_kernels(rev: str | None, folder: Path):
-    """ferry_kernel_matmul of revision `rev` (None: the working tree), built alone into a shared library."""
+def build_kernels(rev: str | None, folder: Path, q8: bool = False):
+    """ferry_kernel_matmul (and with q8 ferry_kernel_matmul_q8) of revision `rev` (None: the working tree),
+    built alone into a shared library."""
     import ctypes
     root = Path(__file__).resolve().parents[1]
     (folder / "include").mkdir(parents=True, exist_ok=True)
     (folder / "src").mkdir(exist_ok=True)
     srcs = []
-    for f in KERNEL_FILES:
+    for f in KERNEL_FILES + (Q8_FILES if q8 else ()):
         if rev is None:
             if not (root / "core_c" / f).exists():
                 continue
@@ -191,6 +200,9 @@ def build_kernels(rev: str | None, folder: Path):
     vp, ci = ctypes.c_void_p, ctypes.c_int
     lib_.ferry_kernel_matmul.argtypes = [ci, ci, vp, ci, ci, vp, ci, vp]
     lib_.ferry_kernel_matmul.restype = ci
+    if q8:
+        lib_.ferry_kernel_matmul_q8.argtypes = [ci, ci, vp, ci, ci, vp, ci, vp]
+        lib_.ferry_kernel_matmul_q8.restype = ci
     return lib_
 
 
@@ -198,16 +210,21 @@ def compare(a, rng) -> list[dict]:
     """Old (a.baseline) against new (the working tree) kernels, interleaved rounds, best time of each."""
     res = []
     impl = lib.FERRY_KERNELS_AVX2 if lib.ferry_kernels_available(lib.FERRY_KERNELS_AVX2) else lib.ferry_kernels_best()
+    if a.q8:  # the q8 set the engine's default takes (q8_speed.q8_auto: AVX-512 VNNI where it runs)
+        impl = next((i for i in range(8) if ffi.string(lib.ferry_q8_kernels_name(i)) == b"avx512vnni"
+                     and lib.ferry_q8_kernels_available(i)), impl)
+    cols = a.cols
     with tempfile.TemporaryDirectory() as tmp:
-        libs = {"old": build_kernels(a.baseline, Path(tmp) / "old"), "new": build_kernels(None, Path(tmp) / "new")}
+        libs = {"old": build_kernels(a.baseline, Path(tmp) / "old", a.q8),
+                "new": build_kernels(None, Path(tmp) / "new", a.q8)}
         for fmt in a.formats:
             code = lib.ferry_format_code(fmt.encode())
-            row_bytes = lib.ferry_format_row_bytes(code, COLS)
+            row_bytes = lib.ferry_format_row_bytes(code, cols)
             for n in a.batch:
                 mb = a.mb if n == 1 else a.mb / 8
                 rows_all = int(mb * 2**20 // row_bytes) // 16 * 16
-                w = random_matrix(fmt, rows_all, rng)
-                x = rng.standard_normal((n, COLS)).astype(np.float32)
+                w = random_matrix(fmt, rows_all, rng, cols)
+                x = rng.standard_normal((n, cols)).astype(np.float32)
                 for t in a.threads:
                     per = rows_all // t
                     y = np.zeros((t, n, per), dtype=np.float32)
@@ -216,8 +233,9 @@ def compare(a, rng) -> list[dict]:
 
                     def work(i: int, L=None) -> None:
                         c0 = time.thread_time()
-                        L.ferry_kernel_matmul(impl, code, w[i * per * row_bytes:].ctypes.data, per, COLS,
-                                              x.ctypes.data, n, y[i].ctypes.data)
+                        fn = L.ferry_kernel_matmul_q8 if a.q8 else L.ferry_kernel_matmul
+                        fn(impl, code, w[i * per * row_bytes:].ctypes.data, per, cols, x.ctypes.data, n,
+                           y[i].ctypes.data)
                         cpu[i] = time.thread_time() - c0
                     best = {"old": float("inf"), "new": float("inf")}
                     best_cpu = dict(best)
@@ -229,17 +247,18 @@ def compare(a, rng) -> list[dict]:
                             best[k] = min(best[k], run_threads(lambda i, L=libs[k]: work(i, L), t))
                             best_cpu[k] = min(best_cpu[k], max(cpu))
                     wbytes = per * t * row_bytes
-                    r = {"format": fmt, "n": n, "threads": t, "rows": per * t, "cols": COLS,
-                         "weight_mb": round(wbytes / 2**20, 1)}
+                    r = {"format": fmt, "n": n, "threads": t, "rows": per * t, "cols": cols,
+                         "weight_mb": round(wbytes / 2**20, 1), "activations": "q8" if a.q8 else "f32"}
                     for k in best:
                         r[f"{k}_weight_gb_s"] = round(wbytes / best[k] / 1e9, 2)
-                        r[f"{k}_gflop_s"] = round(2 * per * t * COLS * n / best[k] / 1e9, 2)
+                        r[f"{k}_gflop_s"] = round(2 * per * t * cols * n / best[k] / 1e9, 2)
                         r[f"{k}_weight_gb_s_cpu"] = round(wbytes / best_cpu[k] / 1e9, 2)
-                        r[f"{k}_gflop_s_cpu"] = round(2 * per * t * COLS * n / best_cpu[k] / 1e9, 2)
+                        r[f"{k}_gflop_s_cpu"] = round(2 * per * t * cols * n / best_cpu[k] / 1e9, 2)
                     r["new_over_old_cpu"] = round(best_cpu["old"] / best_cpu["new"], 3)
                     r["new_over_old"] = round(best["old"] / best["new"], 3)
                     d = np.abs(outs["new"] - outs["old"]).max()
                     r["max_abs_diff_new_old"] = float(d)
+                    r["bit_identical"] = bool(np.array_equal(outs["new"].view(np.uint32), outs["old"].view(np.uint32)))
                     res.append(r)
                     if not a.json:
                         print(r, flush=True)
@@ -280,6 +299,9 @@ def main(argv=None) -> int:
                     help="also build and run bench/q3_int8.c (int8-activation q3_nl kernel, x86-64 AVX2 only)")
     ap.add_argument("--baseline", default=None, help="compare the kernels of this commit (old) with the working tree")
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds per case with --baseline")
+    ap.add_argument("--q8", action="store_true",
+                    help="with --baseline: compare the 8-bit-activation kernels (the default's q8 set) instead")
+    ap.add_argument("--cols", type=int, default=COLS, help="with --baseline: the matrix's columns")
     a = ap.parse_args(argv)
     names = {ffi.string(lib.ferry_kernels_name(i)).decode(): i for i in range(3)}
     impls = [names[i] for i in a.impl] if a.impl else [i for i in range(3) if lib.ferry_kernels_available(i)]

@@ -308,22 +308,27 @@ fe_q8dot2_fn fe_q8_kernel2_for(const fe_q8_kernels *k, int fmt, int n) {
     return k->rowdot2[fmt];
 }
 
-fe_q8dot2_fn fe_q8_kernel4_for(const fe_q8_kernels *k, int fmt, int n) {
+fe_q8dot4_fn fe_q8_kernel4_for(const fe_q8_kernels *k, int fmt, int n) {
     if (!k || fmt < 0 || fmt >= FE_N_FORMATS || n > k->rowdot4_max_tokens) return NULL;
     return k->rowdot4[fmt];
 }
 
-/* Rows [r0, r1) of a matrix (row stride rb) with kernel `one`, fours with
- * `four` and pairs with `two` where they are not NULL (as ops.c's product
- * driver, without its prefetch); y + r for row r (ys apart per token). */
-static void q8_rows(fe_q8dot_fn one, fe_q8dot2_fn two, fe_q8dot2_fn four, const uint8_t *w, uint64_t rb, int r0,
+/* Rows [r0, r1) of a matrix (row stride rb) with kernel `one`, in fours with
+ * `four` (1-3 tokens) or 4 or 2 at a time with `two` where they are not NULL
+ * (as ops.c's product driver, without its prefetch); y + r for row r (ys
+ * apart per token). */
+static void q8_rows(fe_q8dot_fn one, fe_q8dot2_fn two, fe_q8dot4_fn four, const uint8_t *w, uint64_t rb, int r0,
                     int r1, int cols, const uint8_t *xq, int n, float *y, size_t ys) {
-    int r = r0;
-    if (four)
-        for (; r + 4 <= r1; r += 4) four(w + (uint64_t)r * rb, (size_t)rb, cols, xq, n, y + r, ys);
-    if (two)
-        for (; r + 2 <= r1; r += 2) two(w + (uint64_t)r * rb, (size_t)rb, cols, xq, n, y + r, ys);
-    for (; r < r1; r++) one(w + (uint64_t)r * rb, cols, xq, n, y + r, ys);
+    for (int r = r0; r < r1;) {
+        const int nr = four ? (r + 4 <= r1 ? 4 : 1) : two ? fe_q8_rows_per_call(r1 - r) : 1;
+        if (nr == 4 && four)
+            four(w + (uint64_t)r * rb, (size_t)rb, cols, xq, n, y + r, ys);
+        else if (nr > 1)
+            two(w + (uint64_t)r * rb, (size_t)rb, nr, cols, xq, n, y + r, ys);
+        else
+            one(w + (uint64_t)r * rb, cols, xq, n, y + r, ys);
+        r += nr;
+    }
 }
 
 /* ----------------------------------------------------------- public API */

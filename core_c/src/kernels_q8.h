@@ -113,10 +113,19 @@ size_t fe_q8_buffer_bytes(int cols, int n);
 /* For t < n: y[t * ys] = the q8 dot of a stored weight row with token t's
  * quantized activations at xq + t * fe_q8_stride_kind(fe_q8_kind(fmt), cols). */
 typedef void (*fe_q8dot_fn)(const uint8_t *row, int cols, const uint8_t *xq, int n, float *y, size_t ys);
-/* Two consecutive rows at once (row and row + row_bytes): y[t * ys] and
- * y[t * ys + 1], each bit for bit its rowdot's result (a set may lay the two
- * rows side by side in a vector so that one float step serves both). */
-typedef void (*fe_q8dot2_fn)(const uint8_t *row, size_t row_bytes, int cols, const uint8_t *xq, int n, float *y,
+/* nr consecutive rows at once (nr = 2 or 4: row + i * row_bytes, i < nr):
+ * y[t * ys + i], each bit for bit its rowdot's result (a set may lay two
+ * rows side by side in a vector so that one float step serves both, and
+ * share each activation load among the nr rows). */
+typedef void (*fe_q8dot2_fn)(const uint8_t *row, size_t row_bytes, int nr, int cols, const uint8_t *xq, int n,
+                             float *y, size_t ys);
+#define FE_Q8_ROWS_MAX 4
+/* How many of `left` rows one call takes: 4, 2 (a rowdot2 call) or 1 (rowdot). */
+static inline int fe_q8_rows_per_call(int left) { return left >= 4 ? 4 : left >= 2 ? 2 : 1; }
+/* Exactly four consecutive rows over 1-3 tokens (row + i * row_bytes into
+ * y[t * ys + i], i < 4), each bit for bit its rowdot's result: a decode
+ * kernel that shares each activation load among the four rows. */
+typedef void (*fe_q8dot4_fn)(const uint8_t *row, size_t row_bytes, int cols, const uint8_t *xq, int n, float *y,
                              size_t ys);
 
 typedef struct fe_q8_kernels {
@@ -126,7 +135,7 @@ typedef struct fe_q8_kernels {
     int (*layout)(int fmt, int n);      /* the layout rowdot[fmt] reads over n tokens (NULL: fe_q8_kind(fmt)) */
     fe_q8dot2_fn rowdot2[FE_N_FORMATS]; /* NULL: rows one at a time (rowdot) */
     int rowdot2_min_tokens;             /* rowdot2 is used from this many tokens */
-    fe_q8dot2_fn rowdot4[FE_N_FORMATS]; /* four consecutive rows at once (row + i * row_bytes into
+    fe_q8dot4_fn rowdot4[FE_N_FORMATS]; /* four consecutive rows at once (row + i * row_bytes into
                                          * y[t * ys + i], i < 4), each bit for bit its rowdot's result;
                                          * NULL: none (then pairs or single rows) */
     int rowdot4_max_tokens;             /* rowdot4 is used up to this many tokens */
@@ -171,7 +180,7 @@ fe_q8dot_fn fe_q8_kernel_for(const fe_q8_ctx *q, int fmt, int cols, int n);
 /* Its two-row kernel for n tokens, or NULL (then rows go one at a time). */
 fe_q8dot2_fn fe_q8_kernel2_for(const fe_q8_kernels *k, int fmt, int n);
 /* Its four-row kernel for n tokens, or NULL (then pairs or single rows). */
-fe_q8dot2_fn fe_q8_kernel4_for(const fe_q8_kernels *k, int fmt, int n);
+fe_q8dot4_fn fe_q8_kernel4_for(const fe_q8_kernels *k, int fmt, int n);
 
 /* The row kernel rowdot_<prefix>_<fmt> of a SIMD set over the including
  * file's <fmt>_tile(row, cols, xq, stride, y, ys, nt): tiles of 4 tokens,

@@ -29,9 +29,10 @@
  *
  * Tokens run in tiles of up to 16 (Q8_0, Q4_0) or 8 (K-quants) sharing each
  * decoded weight block (32 vector registers); a token's arithmetic does not
- * depend on its tile. From 2 tokens the K-quants take two rows per call
- * (rowdot2: k45_tile2, q6_k_tile2), one row in each 256-bit half, so one zmm
- * fold serves both rows; each lane's arithmetic stays the reference's.
+ * depend on its tile. From 2 tokens the K-quants take two or four rows per
+ * call (rowdot2: k2_tile, k2_rows_long), a row pair per zmm, one row in each
+ * 256-bit half, so one zmm fold serves both rows, and four rows share each
+ * activation load; each lane's arithmetic stays the reference's.
  *
  * q3_nl (where the CPU also has AVX-512 VBMI; else AVX2's kernel): a zmm
  * holds one 64-value group, its 3-bit indices turned into int8 grid levels by
@@ -295,67 +296,6 @@ INL void k45_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, fl
     for (int t = 0; t < nt; t++) y[(size_t)t * ys] = hsum8(acc[t]);
 }
 
-/* Two rows at once (row and row + rb): the low 256 bits of every vector hold
- * row 0's eight lanes, the high 256 bits row 1's, so each lane takes exactly
- * the one-row tile's integer sums and float steps (the reference's), while
- * one zmm fold (convert, two multiply-adds, the minimums' madd) serves both
- * rows: the one-row tile spends about a third of its time on that fold for
- * one row in a ymm (docs/bench-log/2026-12-05.md, "what the q8 Q4_K tile
- * spends its time on"). A zmm of weights is sub-block k of both rows, the
- * activations the token's sub-block k in both halves (one broadcast load). */
-INL void k45_tile2(const uint8_t *row, size_t rb, int cols, const uint8_t *xq, size_t st, float *y, size_t ys,
-                   const int nt, const int five) {
-    const int nsb = cols / 256, sbb = five ? 176 : 144, qo = five ? 48 : 16;
-    const __m512i m15 = _mm512_set1_epi8(15), sixteen = _mm512_set1_epi8(16);
-    __m512 acc[8];
-    for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
-    for (int sb = 0; sb < nsb; sb++) {
-        const uint8_t *p0 = row + (size_t)sbb * sb, *p1 = p0 + rb;
-        uint8_t sm0[16], sm1[16];
-        fe_q8_k4_scales(p0 + 4, sm0);
-        fe_q8_k4_scales(p1 + 4, sm1);
-        const __m128i a = _mm_loadu_si128((const __m128i *)sm0), b = _mm_loadu_si128((const __m128i *)sm1);
-        /* sc of row 0 (lanes 0-7), of row 1 (lanes 8-15), as int32: (S, 0) pairs for vpdpwssd */
-        const __m512i s32 = _mm512_cvtepu8_epi32(_mm_unpacklo_epi64(a, b));
-        /* m_l twice as int16, row 0 then row 1 */
-        const __m128i m = _mm_unpackhi_epi64(a, b);
-        const __m512i md = _mm512_cvtepu8_epi16(_mm256_set_m128i(_mm_unpackhi_epi8(m, m), _mm_unpacklo_epi8(m, m)));
-        const __m512 dd = _mm512_mask_blend_ps((__mmask16)0xff00, _mm512_set1_ps(f16_1(p0)), _mm512_set1_ps(f16_1(p1)));
-        const __m512 dm = _mm512_mask_blend_ps((__mmask16)0xff00, _mm512_set1_ps(f16_1(p0 + 2)),
-                                               _mm512_set1_ps(f16_1(p1 + 2)));
-        __m512i hb = _mm512_setzero_si512();
-        if (five) hb = _mm512_inserti64x4(_mm512_castsi256_si512(ld(p0 + 16)), ld(p1 + 16), 1);
-        __m512i P[8];
-        for (int t = 0; t < nt; t++) P[t] = _mm512_setzero_si512();
-        for (int k = 0; k < 8; k += 2) {
-            /* bytes 16k.. of both rows: sub-block k in the low nibbles, k + 1 in the high ones */
-            const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(ld(p0 + qo + 16 * k)), ld(p1 + qo + 16 * k), 1);
-            __m512i w0 = _mm512_and_si512(q, m15), w1 = _mm512_and_si512(_mm512_srli_epi16(q, 4), m15);
-            if (five) {
-                w0 = _mm512_mask_add_epi8(w0, _mm512_test_epi8_mask(hb, _mm512_set1_epi8((char)(1 << k))), w0, sixteen);
-                w1 = _mm512_mask_add_epi8(w1, _mm512_test_epi8_mask(hb, _mm512_set1_epi8((char)(2 << k))), w1, sixteen);
-            }
-            const __m512i s0 = _mm512_permutexvar_epi32(pair_idx(k, 8 + k), s32);
-            const __m512i s1 = _mm512_permutexvar_epi32(pair_idx(k + 1, 9 + k), s32);
-            const size_t off = 256 * (size_t)sb + 32 * (size_t)k;
-            for (int t = 0; t < nt; t++) {
-                P[t] = dp(P[t], w0, ld2x(QX(t) + off), s0);
-                P[t] = dp(P[t], w1, ld2x(QX(t) + off + 32), s1);
-            }
-        }
-        for (int t = 0; t < nt; t++) { /* the reference's two multiply-adds, lane by lane */
-            const __m512 dx = _mm512_set1_ps(DX(t)[sb]);
-            const __m512i M = _mm512_madd_epi16(md, ld2x(BS(t) + 16 * (size_t)sb));
-            acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dd, dx), _mm512_cvtepi32_ps(P[t]), acc[t]);
-            acc[t] = _mm512_fnmadd_ps(_mm512_mul_ps(dm, dx), _mm512_cvtepi32_ps(M), acc[t]);
-        }
-    }
-    for (int t = 0; t < nt; t++) {
-        y[(size_t)t * ys] = hsum8(_mm512_castps512_ps256(acc[t]));
-        y[(size_t)t * ys + 1] = hsum8(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[t]), 1)));
-    }
-}
-
 /* The same with one 32-value sub-block per ymm: the scale in every lane
  * (vpdpwssd with (S, 0) pairs), no permutes and no half-sums. Faster than
  * the zmm version above from 2 tokens up on Zen 4, which runs a zmm
@@ -458,22 +398,41 @@ INL void q6_k_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, f
     for (int t = 0; t < nt; t++) y[(size_t)t * ys] = hsum8(acc[t]);
 }
 
-/* Over more than 8 tokens the tiles of k45_tile2 (q6_k_tile2) would each redo a super-
- * block's set-up (scales unpacked, nibbles split, scale vectors permuted):
- * here it is done once per group of K2_GROUP tokens, K2_CHUNK super-blocks
- * at a time into k2_sb records in L1, which the tiles of 8 tokens then read;
- * the accumulators wait in memory between chunks. Every lane's operations
- * and their order are k45_tile2's, so the bits are the same. Over 8 tokens
- * or fewer the records cost more than they save (0.74-0.98x the register
- * tiles, docs/bench-log/2026-12-06.md, h8), so the drivers use them only
- * above 8. */
+/* Two rows at once (row and row + rb): the low 256 bits of every vector hold
+ * row 0's eight lanes, the high 256 bits row 1's, so each lane takes exactly
+ * the one-row tile's integer sums and float steps (the reference's), while
+ * one zmm fold (convert, two multiply-adds, the minimums' madd) serves both
+ * rows: the one-row tile spends about a third of its time on that fold for
+ * one row in a ymm (docs/bench-log/2026-12-05.md, "what the q8 Q4_K tile
+ * spends its time on"). A super-block's set-up for the pair (scales
+ * unpacked, nibbles split, scale vectors permuted) goes into a k2_sb record
+ * (k45_decode2, q6_decode2) that the token tiles read (k2_tokens): a zmm of
+ * weights is sub-block k of both rows, the activations the token's sub-block
+ * k in both halves (one broadcast load, shared by the call's row pairs).
+ * Up to 8 tokens (k2_tile) a record per super-block, the accumulators in
+ * registers; over more than 8 (k2_rows_long) the set-up is made once per
+ * group of K2_GROUP tokens, K2_CHUNK super-blocks at a time into records in
+ * L1, which the tiles of 8 tokens then read, the accumulators waiting in
+ * memory between chunks (over 8 tokens or fewer that costs more than it
+ * saves: 0.74-0.98x, docs/bench-log/2026-12-06.md, h8). */
 #define K2_CHUNK 4
 #define K2_GROUP 32
 typedef struct {
-    __m512i w[8], s[8], md;
+    __m512i w[8], s[8], md; /* s: the scale in both int16 halves of each lane (twice16) */
     __m512 dd, dm;
 } k2_sb;
 
+/* (S, 0) int16 pairs as (S, S) */
+INL __m512i twice16(__m512i s) { return _mm512_or_si512(s, _mm512_slli_epi32(s, 16)); }
+
+/* P += S * (the 4-value sums of w . x), lane by lane, s holding S in both int16 halves: vpmaddubsw's
+ * 2-value sums (at most 2 * 63 * 127, no saturation) into vpdpwssd, the same integers as dp(). */
+INL __m512i dp2(__m512i P, __m512i w, __m512i x, __m512i s) {
+    return _mm512_dpwssd_epi32(P, _mm512_maddubs_epi16(w, x), s);
+}
+
+/* Q4_K/Q5_K's set-up into a record: w[k] sub-block k of both rows (values 0..15, Q5_K 0..31), s[k] its
+ * 6-bit scales, md the minimums m_l twice as int16 (row 0, then row 1), dd and dm each row's d and dmin. */
 INL void k45_decode2(const uint8_t *p0, const uint8_t *p1, const int five, k2_sb *o) {
     const int qo = five ? 48 : 16;
     const __m512i m15 = _mm512_set1_epi8(15), sixteen = _mm512_set1_epi8(16);
@@ -481,7 +440,7 @@ INL void k45_decode2(const uint8_t *p0, const uint8_t *p1, const int five, k2_sb
     fe_q8_k4_scales(p0 + 4, sm0);
     fe_q8_k4_scales(p1 + 4, sm1);
     const __m128i a = _mm_loadu_si128((const __m128i *)sm0), b = _mm_loadu_si128((const __m128i *)sm1);
-    const __m512i s32 = _mm512_cvtepu8_epi32(_mm_unpacklo_epi64(a, b));
+    const __m512i s32 = twice16(_mm512_cvtepu8_epi32(_mm_unpacklo_epi64(a, b))); /* (S, S) int16 pairs */
     const __m128i m = _mm_unpackhi_epi64(a, b);
     o->md = _mm512_cvtepu8_epi16(_mm256_set_m128i(_mm_unpackhi_epi8(m, m), _mm_unpacklo_epi8(m, m)));
     o->dd = _mm512_mask_blend_ps((__mmask16)0xff00, _mm512_set1_ps(f16_1(p0)), _mm512_set1_ps(f16_1(p1)));
@@ -501,13 +460,16 @@ INL void k45_decode2(const uint8_t *p0, const uint8_t *p1, const int five, k2_sb
     }
 }
 
-/* Q6_K's set-up of q6_k_tile2 into a record: w[4h + r] sub-block r of half h, s its scales, md the 16
- * int8 scales of both rows as int16, dd the d of each row. */
+/* Q6_K's set-up into a record (half h of a super-block as q6_k_tile's comment
+ * says, row 0 in the low 256 bits, row 1 in the high): w[4h + r] sub-block r of
+ * half h, lane i taking the int8 scale sc[8h + 2r + (i % 8) / 4] of its row in
+ * s, md the 16 int8 scales of both rows as int16, dd the d of each row. */
 INL void q6_decode2(const uint8_t *p0, const uint8_t *p1, k2_sb *o) {
     const __m512i m15 = _mm512_set1_epi8(15), m48 = _mm512_set1_epi8(48), lo16 = _mm512_set1_epi32(0xffff);
     const __m512i quarter = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 16, 16, 16, 16, 17, 17, 17, 17);
     const __m128i c0 = _mm_loadu_si128((const __m128i *)(p0 + 192)), c1 = _mm_loadu_si128((const __m128i *)(p1 + 192));
-    const __m512i s0 = _mm512_and_si512(_mm512_cvtepi8_epi32(c0), lo16), s1 = _mm512_and_si512(_mm512_cvtepi8_epi32(c1), lo16);
+    const __m512i s0 = twice16(_mm512_and_si512(_mm512_cvtepi8_epi32(c0), lo16)),
+                  s1 = twice16(_mm512_and_si512(_mm512_cvtepi8_epi32(c1), lo16));
     o->dd = _mm512_mask_blend_ps((__mmask16)0xff00, _mm512_set1_ps(f16_1(p0 + 208)), _mm512_set1_ps(f16_1(p1 + 208)));
     o->dm = _mm512_setzero_ps();
     o->md = _mm512_cvtepi8_epi16(_mm256_set_m128i(c1, c0));
@@ -525,120 +487,107 @@ INL void q6_decode2(const uint8_t *p0, const uint8_t *p1, k2_sb *o) {
     }
 }
 
-/* nt tokens over the decoded super-blocks c[0..nc) (super-blocks sb0..), their accumulators in a[0..nt);
- * six: Q6_K's fold (md its int16 scales), else Q4_K/Q5_K's. Sub-block k is values 32k..32k + 31. */
+/* nt tokens over the decoded super-blocks of np row pairs (c[K2_CHUNK * q + j]: pair q's super-block sb0 + j,
+ * j < nc), their accumulators in a[K2_GROUP * q + t]; six: Q6_K's fold (md its int16 scales), else
+ * Q4_K/Q5_K's. Sub-block k is values 32k..32k + 31. Each activation load serves the np pairs. */
 INL void k2_tokens(const k2_sb *c, int sb0, int nc, int cols, const uint8_t *xq, size_t st, __m512 *a, const int nt,
-                   const int six) {
+                   const int six, const int np) {
     const int nsb = cols / 256;
-    __m512 acc[8];
-    for (int t = 0; t < nt; t++) acc[t] = _mm512_load_ps((const float *)&a[t]);
     for (int j = 0; j < nc; j++) {
-        const k2_sb *d = c + j;
         const int sb = sb0 + j;
-        __m512i P[8];
-        for (int t = 0; t < nt; t++) P[t] = _mm512_setzero_si512();
+        __m512i P[2][8];
+        for (int q = 0; q < np; q++)
+            for (int t = 0; t < nt; t++) P[q][t] = _mm512_setzero_si512();
         for (int k = 0; k < 8; k++) {
-            const __m512i w = _mm512_load_si512(&d->w[k]), sc = _mm512_load_si512(&d->s[k]);
             const size_t off = 256 * (size_t)sb + 32 * (size_t)k;
-            for (int t = 0; t < nt; t++) P[t] = dp(P[t], w, ld2x(QX(t) + off), sc);
+            for (int t = 0; t < nt; t++) {
+                const __m512i x = ld2x(QX(t) + off);
+                for (int q = 0; q < np; q++)
+                    P[q][t] = dp2(P[q][t], _mm512_load_si512(&c[K2_CHUNK * q + j].w[k]), x,
+                                 _mm512_load_si512(&c[K2_CHUNK * q + j].s[k]));
+            }
         }
         for (int t = 0; t < nt; t++) {
             const __m512 dx = _mm512_set1_ps(DX(t)[sb]);
-            const __m512i M = _mm512_madd_epi16(d->md, ld2x(BS(t) + 16 * (size_t)sb));
-            if (six) { /* q6_k_tile2's offset and one multiply-add */
-                const __m512i P8 = _mm512_sub_epi32(P[t], _mm512_slli_epi32(M, 5));
-                acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d->dd, dx), _mm512_cvtepi32_ps(P8), acc[t]);
-            } else {
-                acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d->dd, dx), _mm512_cvtepi32_ps(P[t]), acc[t]);
-                acc[t] = _mm512_fnmadd_ps(_mm512_mul_ps(d->dm, dx), _mm512_cvtepi32_ps(M), acc[t]);
+            const __m512i bs = ld2x(BS(t) + 16 * (size_t)sb);
+            for (int q = 0; q < np; q++) {
+                const k2_sb *d = c + K2_CHUNK * q + j;
+                __m512 acc = _mm512_load_ps((const float *)&a[K2_GROUP * q + t]);
+                const __m512i M = _mm512_madd_epi16(d->md, bs);
+                if (six) { /* Q6_K's offset 32 * (sc[2l] * bs[2l] + sc[2l+1] * bs[2l+1]), one multiply-add */
+                    const __m512i P8 = _mm512_sub_epi32(P[q][t], _mm512_slli_epi32(M, 5));
+                    acc = _mm512_fmadd_ps(_mm512_mul_ps(d->dd, dx), _mm512_cvtepi32_ps(P8), acc);
+                } else {
+                    acc = _mm512_fmadd_ps(_mm512_mul_ps(d->dd, dx), _mm512_cvtepi32_ps(P[q][t]), acc);
+                    acc = _mm512_fnmadd_ps(_mm512_mul_ps(d->dm, dx), _mm512_cvtepi32_ps(M), acc);
+                }
+                _mm512_store_ps((float *)&a[K2_GROUP * q + t], acc);
             }
         }
     }
-    for (int t = 0; t < nt; t++) _mm512_store_ps((float *)&a[t], acc[t]);
 }
 
-/* fmt: 0 Q4_K, 1 Q5_K, 2 Q6_K */
+/* np (1 or 2) row pairs: rows row + i * rb, i < 2 * np. fmt: 0 Q4_K, 1 Q5_K, 2 Q6_K */
 INL void k2_rows_long(const uint8_t *row, size_t rb, int cols, const uint8_t *xq, int n, float *y, size_t ys,
-                      const int fmt) {
+                      const int fmt, const int np) {
     const int nsb = cols / 256, sbb = fmt == 2 ? 210 : fmt ? 176 : 144;
     const size_t st = fe_q8k_stride(cols);
-    k2_sb c[K2_CHUNK];
-    __m512 acc[K2_GROUP];
+    k2_sb c[2 * K2_CHUNK];
+    __m512 acc[2 * K2_GROUP];
     for (int t0 = 0; t0 < n; t0 += K2_GROUP) {
         const int g = n - t0 < K2_GROUP ? n - t0 : K2_GROUP;
         const uint8_t *x0 = xq + (size_t)t0 * st;
-        for (int t = 0; t < g; t++) acc[t] = _mm512_setzero_ps();
+        for (int q = 0; q < np; q++)
+            for (int t = 0; t < g; t++) acc[K2_GROUP * q + t] = _mm512_setzero_ps();
         for (int sb0 = 0; sb0 < nsb; sb0 += K2_CHUNK) {
             const int nc = nsb - sb0 < K2_CHUNK ? nsb - sb0 : K2_CHUNK;
-            for (int j = 0; j < nc; j++) {
-                const uint8_t *p0 = row + (size_t)sbb * (sb0 + j);
-                if (fmt == 2)
-                    q6_decode2(p0, p0 + rb, &c[j]);
-                else
-                    k45_decode2(p0, p0 + rb, fmt, &c[j]);
-            }
+            for (int q = 0; q < np; q++)
+                for (int j = 0; j < nc; j++) {
+                    const uint8_t *p0 = row + 2 * rb * q + (size_t)sbb * (sb0 + j);
+                    if (fmt == 2)
+                        q6_decode2(p0, p0 + rb, &c[K2_CHUNK * q + j]);
+                    else
+                        k45_decode2(p0, p0 + rb, fmt, &c[K2_CHUNK * q + j]);
+                }
             int t = 0;
-            for (; t + 8 <= g; t += 8) k2_tokens(c, sb0, nc, cols, x0 + (size_t)t * st, st, acc + t, 8, fmt == 2);
+            for (; t + 8 <= g; t += 8) k2_tokens(c, sb0, nc, cols, x0 + (size_t)t * st, st, acc + t, 8, fmt == 2, np);
             const uint8_t *x = x0 + (size_t)t * st;
             switch (g - t) {
-            case 1: k2_tokens(c, sb0, nc, cols, x, st, acc + t, 1, fmt == 2); break;
-            case 2: k2_tokens(c, sb0, nc, cols, x, st, acc + t, 2, fmt == 2); break;
-            case 3: k2_tokens(c, sb0, nc, cols, x, st, acc + t, 3, fmt == 2); break;
-            case 4: k2_tokens(c, sb0, nc, cols, x, st, acc + t, 4, fmt == 2); break;
-            case 5: k2_tokens(c, sb0, nc, cols, x, st, acc + t, 5, fmt == 2); break;
-            case 6: k2_tokens(c, sb0, nc, cols, x, st, acc + t, 6, fmt == 2); break;
-            case 7: k2_tokens(c, sb0, nc, cols, x, st, acc + t, 7, fmt == 2); break;
+            case 1: k2_tokens(c, sb0, nc, cols, x, st, acc + t, 1, fmt == 2, np); break;
+            case 2: k2_tokens(c, sb0, nc, cols, x, st, acc + t, 2, fmt == 2, np); break;
+            case 3: k2_tokens(c, sb0, nc, cols, x, st, acc + t, 3, fmt == 2, np); break;
+            case 4: k2_tokens(c, sb0, nc, cols, x, st, acc + t, 4, fmt == 2, np); break;
+            case 5: k2_tokens(c, sb0, nc, cols, x, st, acc + t, 5, fmt == 2, np); break;
+            case 6: k2_tokens(c, sb0, nc, cols, x, st, acc + t, 6, fmt == 2, np); break;
+            case 7: k2_tokens(c, sb0, nc, cols, x, st, acc + t, 7, fmt == 2, np); break;
             default: break;
             }
         }
-        for (int t = 0; t < g; t++) {
-            float *o = y + (size_t)(t0 + t) * ys;
-            o[0] = hsum8(_mm512_castps512_ps256(acc[t]));
-            o[1] = hsum8(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[t]), 1)));
-        }
+        for (int q = 0; q < np; q++)
+            for (int t = 0; t < g; t++) {
+                float *o = y + (size_t)(t0 + t) * ys + 2 * q;
+                const __m512 v = acc[K2_GROUP * q + t];
+                o[0] = hsum8(_mm512_castps512_ps256(v));
+                o[1] = hsum8(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+            }
     }
 }
 
-/* Q6_K, two rows at once as k45_tile2 lays them (row 0 in the low 256 bits,
- * row 1 in the high): a zmm of weights is sub-block r (0..3) of half h of
- * both rows, lane i taking the int8 scale sc[8h + 2r + (i % 8) / 4] of its row. */
-INL void q6_k_tile2(const uint8_t *row, size_t rb, int cols, const uint8_t *xq, size_t st, float *y, size_t ys,
-                    const int nt) {
-    const int nsb = cols / 256;
-    const __m512i m15 = _mm512_set1_epi8(15), m48 = _mm512_set1_epi8(48), lo16 = _mm512_set1_epi32(0xffff);
-    const __m512i quarter = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 16, 16, 16, 16, 17, 17, 17, 17);
+/* Up to 8 tokens over a row pair (fmt as k2_rows_long's), a super-block at a time: its record (k45_decode2,
+ * q6_decode2) then k2_tokens, the accumulators in registers. */
+INL void k2_tile(const uint8_t *row, size_t rb, int cols, const uint8_t *xq, size_t st, float *y, size_t ys,
+                 const int nt, const int fmt) {
+    const int sbb = fmt == 2 ? 210 : fmt ? 176 : 144;
     __m512 acc[8];
     for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
-    for (int sb = 0; sb < nsb; sb++) {
-        const uint8_t *p0 = row + 210 * (size_t)sb, *p1 = p0 + rb;
-        const __m128i c0 = _mm_loadu_si128((const __m128i *)(p0 + 192)), c1 = _mm_loadu_si128((const __m128i *)(p1 + 192));
-        const __m512i s0 = _mm512_and_si512(_mm512_cvtepi8_epi32(c0), lo16), s1 = _mm512_and_si512(_mm512_cvtepi8_epi32(c1), lo16);
-        const __m512 dd = _mm512_mask_blend_ps((__mmask16)0xff00, _mm512_set1_ps(f16_1(p0 + 208)), _mm512_set1_ps(f16_1(p1 + 208)));
-        __m512i P[8];
-        for (int t = 0; t < nt; t++) P[t] = _mm512_setzero_si512();
-        for (int h = 0; h < 2; h++) {
-            const __m512i A = _mm512_inserti64x4(_mm512_castsi256_si512(ld(p0 + 64 * h)), ld(p1 + 64 * h), 1);
-            const __m512i B = _mm512_inserti64x4(_mm512_castsi256_si512(ld(p0 + 64 * h + 32)), ld(p1 + 64 * h + 32), 1);
-            const __m512i QH = _mm512_inserti64x4(_mm512_castsi256_si512(ld(p0 + 128 + 32 * h)), ld(p1 + 128 + 32 * h), 1);
-            __m512i w[4];
-            w[0] = _mm512_or_si512(_mm512_and_si512(A, m15), _mm512_and_si512(_mm512_slli_epi16(QH, 4), m48));
-            w[1] = _mm512_or_si512(_mm512_and_si512(B, m15), _mm512_and_si512(_mm512_slli_epi16(QH, 2), m48));
-            w[2] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(A, 4), m15), _mm512_and_si512(QH, m48));
-            w[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(B, 4), m15),
-                                   _mm512_and_si512(_mm512_srli_epi16(QH, 2), m48));
-            for (int r = 0; r < 4; r++) {
-                const __m512i sc = _mm512_permutex2var_epi32(s0, _mm512_add_epi32(quarter, _mm512_set1_epi32(8 * h + 2 * r)), s1);
-                const size_t off = 256 * (size_t)sb + 128 * (size_t)h + 32 * (size_t)r;
-                for (int t = 0; t < nt; t++) P[t] = dp(P[t], w[r], ld2x(QX(t) + off), sc);
-            }
-        }
-        /* the offset: 32 * (sc[2l] * bs[2l] + sc[2l+1] * bs[2l+1]) in lane l of each row */
-        const __m512i sc16 = _mm512_cvtepi8_epi16(_mm256_set_m128i(c1, c0));
-        for (int t = 0; t < nt; t++) {
-            const __m512i O = _mm512_madd_epi16(sc16, ld2x(BS(t) + 16 * (size_t)sb));
-            const __m512i P8 = _mm512_sub_epi32(P[t], _mm512_slli_epi32(O, 5));
-            acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dd, _mm512_set1_ps(DX(t)[sb])), _mm512_cvtepi32_ps(P8), acc[t]);
-        }
+    for (int sb = 0; sb < cols / 256; sb++) {
+        k2_sb c;
+        const uint8_t *p0 = row + (size_t)sbb * sb;
+        if (fmt == 2)
+            q6_decode2(p0, p0 + rb, &c);
+        else
+            k45_decode2(p0, p0 + rb, fmt, &c);
+        k2_tokens(&c, sb, 1, cols, xq, st, acc, nt, fmt == 2, 1);
     }
     for (int t = 0; t < nt; t++) {
         y[(size_t)t * ys] = hsum8(_mm512_castps512_ps256(acc[t]));
@@ -703,39 +652,48 @@ DRIVER(q4_k, fe_q8k_stride)
 DRIVER(q5_k, fe_q8k_stride)
 DRIVER(q6_k, fe_q8k_stride)
 
-/* Two rows (k45_tile2, q6_k_tile2): tiles of 8 tokens, then the rest. */
+/* Two or four rows: up to 8 tokens k2_tile on each pair (tiles of 8 tokens,
+ * then the rest), over more than K2_LONG_MIN (8) k2_rows_long over all of
+ * them, the two pairs of a 4-row call sharing each activation load (Q6_K
+ * 1.05-1.13x, Q4_K 1.0-1.06x at 32 tokens; docs/bench-log/2026-12-06.md, h7). */
+#ifndef K2_LONG_MIN
+#define K2_LONG_MIN 8
+#endif
 #ifndef K2_LONG
 #define K2_LONG 1
 #endif
 #define LONG2_q4_k K2_LONG
 #define LONG2_q5_k K2_LONG
 #define LONG2_q6_k K2_LONG
-#define long2_q4_k(...) k2_rows_long(__VA_ARGS__, 0)
-#define long2_q5_k(...) k2_rows_long(__VA_ARGS__, 1)
-#define long2_q6_k(...) k2_rows_long(__VA_ARGS__, 2)
-#define q4_k_tile2(...) k45_tile2(__VA_ARGS__, 0)
-#define q5_k_tile2(...) k45_tile2(__VA_ARGS__, 1)
+#define long2_q4_k(r, rb, nr, ...) (nr == 4 ? k2_rows_long(r, rb, __VA_ARGS__, 0, 2) : k2_rows_long(r, rb, __VA_ARGS__, 0, 1))
+#define long2_q5_k(r, rb, nr, ...) (nr == 4 ? k2_rows_long(r, rb, __VA_ARGS__, 1, 2) : k2_rows_long(r, rb, __VA_ARGS__, 1, 1))
+#define long2_q6_k(r, rb, nr, ...) (nr == 4 ? k2_rows_long(r, rb, __VA_ARGS__, 2, 2) : k2_rows_long(r, rb, __VA_ARGS__, 2, 1))
+#define q4_k_tile2(...) k2_tile(__VA_ARGS__, 0)
+#define q5_k_tile2(...) k2_tile(__VA_ARGS__, 1)
+#define q6_k_tile2(...) k2_tile(__VA_ARGS__, 2)
 #define DRIVER2(fmt)                                                                                    \
-    TGT static void rowdot2_vnni_##fmt(const uint8_t *row, size_t rb, int cols, const uint8_t *xq, int n, float *y, \
-                                       size_t ys) {                                                           \
-        if (LONG2_##fmt && n > 8) {                                                                           \
-            long2_##fmt(row, rb, cols, xq, n, y, ys);                                                         \
+    TGT static void rowdot2_vnni_##fmt(const uint8_t *row, size_t rb, int nr, int cols, const uint8_t *xq, int n, \
+                                       float *y, size_t ys) {                                                 \
+        if (LONG2_##fmt && n > K2_LONG_MIN) {                                                                         \
+            long2_##fmt(row, rb, nr, cols, xq, n, y, ys);                                                     \
             return;                                                                                           \
         }                                                                                                     \
         const size_t st = fe_q8k_stride(cols);                                                                \
-        int t = 0;                                                                                            \
-        for (; t + 8 <= n; t += 8) fmt##_tile2(row, rb, cols, xq + (size_t)t * st, st, y + (size_t)t * ys, ys, 8); \
-        const uint8_t *x = xq + (size_t)t * st;                                                               \
-        float *o = y + (size_t)t * ys;                                                                        \
-        switch (n - t) {                                                                                      \
-        case 1: fmt##_tile2(row, rb, cols, x, st, o, ys, 1); break;                                       \
-        case 2: fmt##_tile2(row, rb, cols, x, st, o, ys, 2); break;                                       \
-        case 3: fmt##_tile2(row, rb, cols, x, st, o, ys, 3); break;                                       \
-        case 4: fmt##_tile2(row, rb, cols, x, st, o, ys, 4); break;                                       \
-        case 5: fmt##_tile2(row, rb, cols, x, st, o, ys, 5); break;                                       \
-        case 6: fmt##_tile2(row, rb, cols, x, st, o, ys, 6); break;                                       \
-        case 7: fmt##_tile2(row, rb, cols, x, st, o, ys, 7); break;                                       \
-        default: break;                                                                                       \
+        for (int q = 0; q < nr; q += 2, row += 2 * rb, y += 2) {                                              \
+            int t = 0;                                                                                        \
+            for (; t + 8 <= n; t += 8) fmt##_tile2(row, rb, cols, xq + (size_t)t * st, st, y + (size_t)t * ys, ys, 8); \
+            const uint8_t *x = xq + (size_t)t * st;                                                           \
+            float *o = y + (size_t)t * ys;                                                                    \
+            switch (n - t) {                                                                                  \
+            case 1: fmt##_tile2(row, rb, cols, x, st, o, ys, 1); break;                                   \
+            case 2: fmt##_tile2(row, rb, cols, x, st, o, ys, 2); break;                                   \
+            case 3: fmt##_tile2(row, rb, cols, x, st, o, ys, 3); break;                                   \
+            case 4: fmt##_tile2(row, rb, cols, x, st, o, ys, 4); break;                                   \
+            case 5: fmt##_tile2(row, rb, cols, x, st, o, ys, 5); break;                                   \
+            case 6: fmt##_tile2(row, rb, cols, x, st, o, ys, 6); break;                                   \
+            case 7: fmt##_tile2(row, rb, cols, x, st, o, ys, 7); break;                                   \
+            default: break;                                                                                   \
+            }                                                                                                 \
         }                                                                                                     \
     }
 DRIVER2(q4_k)

@@ -25,8 +25,8 @@ typedef struct {
     fe_rowdot_fn dot[FE_MATMUL_MULTI_MAX]; /* the row kernel of each w's format (kernels.h) */
     fe_rowsdot_fn rows[FE_MATMUL_MULTI_MAX]; /* or its kernel of several rows at once, for a batch */
     fe_q8dot_fn q8dot[FE_MATMUL_MULTI_MAX]; /* or its 8-bit-activation kernel (kernels_q8.h), used instead */
-    fe_q8dot2_fn q8dot2[FE_MATMUL_MULTI_MAX]; /* and its two-row kernel (NULL: rows one at a time) */
-    fe_q8dot2_fn q8dot4[FE_MATMUL_MULTI_MAX]; /* and its four-row kernel (NULL: pairs or single rows) */
+    fe_q8dot2_fn q8dot2[FE_MATMUL_MULTI_MAX]; /* and its multi-row kernel (NULL: rows one at a time) */
+    fe_q8dot4_fn q8dot4[FE_MATMUL_MULTI_MAX]; /* and its four-row kernel of 1-3 tokens (NULL: none) */
     const uint8_t *xq[FE_MATMUL_MULTI_MAX]; /* x quantized for each q8 kernel (once per layout) */
     int first[FE_MATMUL_MULTI_MAX + 1];    /* item index of each matrix's row 0 */
     const float *x[FE_MATMUL_MULTI_MAX]; /* each matrix's input [n][cols] (one x for all in fe_matmul_multi) */
@@ -70,18 +70,19 @@ static void matmul_rows(void *p, int start, int end, int tid) {
         const uint8_t *end_bytes = w->data + (uint64_t)r1 * w->row_bytes;
         const uint8_t *pf = j->n > FE_PREFETCH_MAX_TOKENS ? end_bytes
             : (const uint8_t *)((uintptr_t)(w->data + (uint64_t)r0 * w->row_bytes) & ~(uintptr_t)63);
-        if (j->q8dot[i]) { /* rows in fours or pairs where the set has such kernels (the same bits) */
+        if (j->q8dot[i]) { /* rows in fours (1-3 tokens), or 4 or 2 at a time, where the set has such kernels
+                            * (the same bits) */
             for (int r = r0; r < r1;) {
-                const int step = j->q8dot4[i] && r + 4 <= r1 ? 4 : j->q8dot2[i] && r + 2 <= r1 ? 2 : 1;
+                const int nr = j->q8dot4[i] ? (r + 4 <= r1 ? 4 : 1) : j->q8dot2[i] ? fe_q8_rows_per_call(r1 - r) : 1;
                 const uint8_t *row = w->data + (uint64_t)r * w->row_bytes;
-                prefetch_past(&pf, row, (uint64_t)step * w->row_bytes, end_bytes);
-                if (step == 4)
+                prefetch_past(&pf, row, (uint64_t)nr * w->row_bytes, end_bytes);
+                if (nr == 4 && j->q8dot4[i])
                     j->q8dot4[i](row, w->row_bytes, w->cols, j->xq[i], j->n, j->y[i] + r, (size_t)w->rows);
-                else if (step == 2)
-                    j->q8dot2[i](row, w->row_bytes, w->cols, j->xq[i], j->n, j->y[i] + r, (size_t)w->rows);
+                else if (nr > 1)
+                    j->q8dot2[i](row, w->row_bytes, nr, w->cols, j->xq[i], j->n, j->y[i] + r, (size_t)w->rows);
                 else
                     j->q8dot[i](row, w->cols, j->xq[i], j->n, j->y[i] + r, (size_t)w->rows);
-                r += step;
+                r += nr;
             }
             continue;
         }
