@@ -240,7 +240,7 @@ def compare_builds(a) -> dict:
     for r in range(a.rounds):
         for build in (("base", "new") if r % 2 == 0 else ("new", "base")):
             cmd = [sys.executable, str(Path(__file__).resolve()), "--kernels", "--rounds", "1", "--json",
-                   "--child", str(trees[build])]
+                   "--child", str(trees[build])] + (["--formats", *a.formats] if a.formats else [])
             res = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
             for k in res["kernels"]:
                 key = (k["format"], k["rows"], k["cols"], k["tokens"])

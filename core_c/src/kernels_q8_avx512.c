@@ -35,10 +35,11 @@
  * activation load; each lane's arithmetic stays the reference's.
  *
  * q3_nl (where the CPU also has AVX-512 VBMI; else AVX2's kernel): a zmm
- * holds one 64-value group, its 3-bit indices turned into int8 grid levels by
- * vpmultishiftqb + vpermb (q3_group_levels), vpdpbusd with the activations
- * flipped to q + 128 (the accumulator starting at -128 times the lane's
- * level sum, shared by the tile's tokens). */
+ * holds one 64-value group, its 3-bit indices turned into grid levels + 128
+ * (unsigned) by at most one vpermb gathering the group's bytes, then
+ * vpmultishiftqb + vpermb (q3_levels), vpdpbusd with the activations as
+ * stored (the accumulator starting at -128 times the token's lane sum of q);
+ * a block's 8 float factors in one ymm product. */
 #include "kernels.h"
 #include "kernels_q8.h"
 
@@ -728,57 +729,81 @@ static int cpu_has_avx512vbmi(void) {
     return (c >> 1) & 1;
 }
 
-/* A group g (values 64g..64g+63, chunks 2g and 2g + 1) of a block: bits
- * 24g..24g+23 of every lane's 96-bit index number, in the lane's low 24 bits
- * (and garbage above), in both 256-bit halves; vpmultishiftqb takes each
- * index's byte (the low half: fields 0-3 of the window, chunk 2g; the high
- * half: fields 4-7, chunk 2g + 1) and vpermb looks the levels up in the grid
- * repeated 8 times (it reads the low 6 bits of each byte). The bytes land in
- * FE_Q8_KIND_32T's order, 64 activations apart per group. vpdpbusd needs one
- * unsigned operand: the activations flipped to q + 128 (q ^ 0x80), and the
- * lane starts at -128 * (the sum of its 4 levels), made once per group and
- * shared by the tile's tokens. The zmm's low half is the reference's even
- * chunk's accumulator, the high half the odd one's. */
-INLV __m512i q3_group_levels(__m256i w0, __m256i w1, __m256i w2, const int g, __m512i table) {
-    __m256i v;
-    switch (g) {
-    case 0: v = w0; break;
-    case 1: v = _mm256_or_si256(_mm256_srli_epi32(w0, 24), _mm256_slli_epi32(w1, 8)); break;
-    case 2: v = _mm256_or_si256(_mm256_srli_epi32(w1, 16), _mm256_slli_epi32(w2, 16)); break;
-    default: v = _mm256_srli_epi32(w2, 8); break;
-    }
+/* A group g (values 64g..64g+63, chunks 2g and 2g + 1) of a block is bits
+ * 24g..24g+23 of every lane's 96-bit index number, i.e. three whole bytes of
+ * each lane's words (formats.h): group 0 bytes 0-2 of word (0, l), group 3
+ * bytes 1-3 of word (2, l) (both read by a 32-byte broadcast load, the
+ * shift folded into the control below), groups 1 and 2 straddling two words
+ * (one vpermb of 64 loaded bytes gathers them, in both 256-bit halves).
+ * vpmultishiftqb takes each index's byte (the low half: fields 0-3 of the
+ * lane's window, chunk 2g; the high half: fields 4-7, chunk 2g + 1) and
+ * vpermb looks up the grid levels plus 128 (5..251, unsigned: vpdpbusd's
+ * unsigned operand), in the grid repeated 8 times (it reads the low 6 bits
+ * of each byte). The bytes land in FE_Q8_KIND_32T's order, 64 activations
+ * apart per group. A lane's sum (G + 128) . q - 128 * (the sum of its 4 q)
+ * is the reference's exact P: the accumulator starts at -128 times the
+ * token's lane sum of q. The zmm's low half is the reference's even chunk's
+ * accumulator, the high half the odd one's; the block's 8 float factors
+ * s_{c/2} * d_c are made at once (the reference's two roundings, lane by
+ * lane: fe_q3_q8_scale's vectorised, times d_c) and spread per group by one
+ * vpermps. */
+INLV __m512i q3_levels(__m512i fields, const int shifted, __m512i table) {
     const __m512i ctrl = _mm512_set_epi64(0x35322f2c15120f0cLL, 0x35322f2c15120f0cLL, 0x35322f2c15120f0cLL,
                                           0x35322f2c15120f0cLL, 0x2926232009060300LL, 0x2926232009060300LL,
                                           0x2926232009060300LL, 0x2926232009060300LL);
-    return _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(ctrl, _mm512_broadcast_i64x4(v)), table);
+    const __m512i c = shifted ? _mm512_add_epi8(ctrl, _mm512_set1_epi8(8)) : ctrl;
+    return _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(c, fields), table);
+}
+
+/* fe_q3_q8_scale(p, c / 2) for the block's chunks c = 0..7, the same float steps. */
+INLV __m256 q3_chunk_scales(const uint8_t *p) {
+    if (p[96] == 0) return _mm256_setzero_ps();
+    const __m256i j = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(p[97] | p[98] << 8),
+                                                         _mm256_setr_epi32(0, 0, 4, 4, 8, 8, 12, 12)),
+                                       _mm256_set1_epi32(15));
+    const __m256i v = _mm256_sub_epi32(_mm256_set1_epi32(p[96] + 16), j); /* 2..270 */
+    const __m256 pw = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_srli_epi32(v, 3), _mm256_set1_epi32(105)), 23));
+    const __m256 f = _mm256_permutevar8x32_ps(_mm256_loadu_ps(fe_q3_frac), v); /* fe_q3_frac[v & 7] */
+    return _mm256_mul_ps(_mm256_mul_ps(f, pw), _mm256_set1_ps(1.0f / 56.0f));
 }
 
 INLV void q3_nl_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, float *y, size_t ys, const int nt) {
-#define G8 -123, -74, -40, -12, 13, 40, 74, 123 /* FE_Q3_Q8_GRID */
-    static const int8_t g64[64] = {G8, G8, G8, G8, G8, G8, G8, G8};
+#define G8 5, 54, 88, 116, 141, 168, 202, 251 /* FE_Q3_Q8_GRID + 128 */
+    static const uint8_t g64[64] = {G8, G8, G8, G8, G8, G8, G8, G8};
 #undef G8
-    const __m512i table = ld512(g64), flip = _mm512_set1_epi8((char)0x80);
-    const __m512i halves = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512i table = ld512(g64), c80 = _mm512_set1_epi8((char)0x80);
+    /* group 1: bytes 3 of word (0, l) and 0-1 of word (1, l) of p; group 2: bytes 2-3 of word (1, l) and 0 of
+       word (2, l) of p + 32; lane l's three bytes at 4l (the fourth repeats one: multishift never reads it) */
+    const __m512i pick1 = _mm512_set_epi32(0x22212003 + 0x1c1c1c1c, 0x22212003 + 0x18181818, 0x22212003 + 0x14141414,
+                                           0x22212003 + 0x10101010, 0x22212003 + 0x0c0c0c0c, 0x22212003 + 0x08080808,
+                                           0x22212003 + 0x04040404, 0x22212003, 0x22212003 + 0x1c1c1c1c,
+                                           0x22212003 + 0x18181818, 0x22212003 + 0x14141414, 0x22212003 + 0x10101010,
+                                           0x22212003 + 0x0c0c0c0c, 0x22212003 + 0x08080808, 0x22212003 + 0x04040404,
+                                           0x22212003);
+    const __m512i pick2 = _mm512_sub_epi32(pick1, _mm512_set1_epi32(0x22212003 - 0x21200302)); /* 4l + 2, 4l + 3, 32 + 4l */
     __m512 acc[TILE];
     for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
     for (int b = 0; b < cols / FE_Q3_BLOCK; b++) {
         const uint8_t *p = row + FE_Q3_BYTES * (size_t)b;
-        const __m256i w0 = ld(p), w1 = ld(p + 32), w2 = ld(p + 64);
-#define Q3_GROUP(g)                                                                                           \
-        do {                                                                                                  \
-            const __m512i w = q3_group_levels(w0, w1, w2, (g), table);                                        \
-            const __m512i c0 = _mm512_sub_epi32(_mm512_setzero_si512(),                                       \
-                                                _mm512_dpbusd_epi32(_mm512_setzero_si512(), flip, w));        \
-            const __m512 sg = _mm512_set1_ps(fe_q3_q8_scale(p, (g)));                                         \
-            for (int t = 0; t < nt; t++) {                                                                    \
-                const __m512i x = _mm512_xor_si512(ld512(QX(t) + FE_Q3_BLOCK * (size_t)b + 64 * (g)), flip);  \
-                const __m128 dx2 = _mm_castpd_ps(_mm_load_sd((const double *)(DX(t) + 8 * b + 2 * (g))));      \
-                const __m512 d = _mm512_mul_ps(sg, _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(dx2))); \
-                acc[t] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(c0, x, w)), acc[t]);       \
-            }                                                                                                 \
-        } while (0)
-        Q3_GROUP(0); Q3_GROUP(1); Q3_GROUP(2); Q3_GROUP(3);
-#undef Q3_GROUP
+        const __m256 sc = q3_chunk_scales(p);
+        const __m512i w[4] = {
+            q3_levels(ld2x(p), 0, table),
+            q3_levels(_mm512_permutexvar_epi8(pick1, ld512(p)), 0, table),
+            q3_levels(_mm512_permutexvar_epi8(pick2, ld512(p + 32)), 0, table),
+            q3_levels(ld2x(p + 64), 1, table),
+        };
+        for (int t = 0; t < nt; t++) {
+            const __m512 s = _mm512_castps256_ps512(_mm256_mul_ps(sc, _mm256_loadu_ps(DX(t) + 8 * b)));
+            for (int g = 0; g < 4; g++) {
+                const __m512i x = ld512(QX(t) + FE_Q3_BLOCK * (size_t)b + 64 * g);
+                const __m512i c0 = _mm512_sub_epi32(_mm512_setzero_si512(),
+                                                    _mm512_dpbusd_epi32(_mm512_setzero_si512(), c80, x));
+                const __m512 d = _mm512_permutexvar_ps(_mm512_set_epi32(2 * g + 1, 2 * g + 1, 2 * g + 1, 2 * g + 1,
+                                                                        2 * g + 1, 2 * g + 1, 2 * g + 1, 2 * g + 1,
+                                                                        2 * g, 2 * g, 2 * g, 2 * g, 2 * g, 2 * g, 2 * g, 2 * g), s);
+                acc[t] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(c0, w[g], x)), acc[t]);
+            }
+        }
     }
     for (int t = 0; t < nt; t++)
         y[(size_t)t * ys] = hsum8(_mm256_add_ps(_mm512_castps512_ps256(acc[t]), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[t]), 1))));
