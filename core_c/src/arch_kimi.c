@@ -696,6 +696,12 @@ static void moe_expert(void *p, int l, const uint8_t *rec, const float *in, int 
     mlp(c->s, c->b, KQ8_EXPERTS, &g, &u, &dn, in, m, out);
 }
 
+/* The expert activation of n experts' gate and up (fe_moe_gated1's act). */
+static void expert_act(void *p, float *h1, const float *h2, size_t len) {
+    const fe_kimi_hparams *k = p;
+    for (size_t i = 0; i < len; i++) h1[i] = act_fn(k, h1[i], h2[i]);
+}
+
 /* n experts on one token (decode with every record in RAM): gate and up of
  * all of them in one parallel job, the activation, then the down projections
  * in one job, instead of three jobs per expert; each product as moe_expert
@@ -704,23 +710,9 @@ static void moe_experts1(void *p, int l, const uint8_t *const *rec, int n, const
     moe_ctx *c = p;
     ferry_session *s = c->s;
     const kbufs *b = c->b;
-    const fe_kimi_hparams *k = KH(&s->e->c.hp);
-    const fe_bank *bk = &s->e->c.banks[l];
-    fe_mat m[3][FE_MOE_BATCH];
-    const fe_mat *w[FE_MATMUL_MULTI_MAX];
-    float *y[FE_MATMUL_MULTI_MAX];
-    const size_t f = (size_t)bk->part[0].rows;
-    for (int i = 0; i < n; i++) {
-        for (int part = 0; part < 3; part++) m[part][i] = fe_expert_mat(bk, part, rec[i]);
-        w[2 * i] = &m[0][i], w[2 * i + 1] = &m[1][i];
-        y[2 * i] = b->h1 + (size_t)i * f, y[2 * i + 1] = b->h2 + (size_t)i * f;
-    }
     kdims d = dims_of(&s->e->c.hp);
     fe_ops ops = {s->pool, b->rows, fe_rows_stride(max_cols(&d)), s->e->kernels, s->prof_cur, q8_for(s, KQ8_EXPERTS)};
-    fe_matmul_multi(&ops, w, 2 * n, in, 1, y);
-    for (size_t i = 0; i < (size_t)n * f; i++) b->h1[i] = act_fn(k, b->h1[i], b->h2[i]);
-    for (int i = 0; i < n; i++) w[i] = &m[2][i];
-    fe_matmul_each(&ops, w, n, b->h1, f, out);
+    fe_moe_gated1(&ops, &s->e->c.banks[l], rec, n, in, b->h1, b->h2, expert_act, (void *)KH(&s->e->c.hp), out);
 }
 
 static ferry_status moe(ferry_session *s, const kbufs *b, int l, int n, ferry_error *err) {

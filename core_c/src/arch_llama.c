@@ -389,6 +389,15 @@ static void moe_expert(void *p, int l, const uint8_t *rec, const float *in, int 
     swiglu(c->s, c->b, &gm, &um, &dm, in, m, out);
 }
 
+/* SwiGLU of n experts' gate and up (fe_moe_gated1's act), timed as swiglu
+ * times its own. */
+static void silu_mul_act(void *p, float *h1, const float *h2, size_t len) {
+    ferry_session *s = p;
+    double t0 = prof_t0(s);
+    fe_silu_mul(s->pool, h1, h2, len);
+    PROF_ADD(s, elementwise_seconds, t0);
+}
+
 /* n experts on one token: gate and up of all in one job, their SwiGLU, then
  * the down projections in one job; each product as swiglu computes it with
  * m = 1 (the same kernels, the same quantized input). */
@@ -396,23 +405,8 @@ static void moe_experts1(void *p, int l, const uint8_t *const *rec, int n, const
     moe_ctx *c = p;
     ferry_session *s = c->s;
     const chunk_bufs *b = c->b;
-    const fe_bank *bk = &s->e->c.banks[l];
-    fe_mat m[3][FE_MOE_BATCH];
-    const fe_mat *w[FE_MATMUL_MULTI_MAX];
-    float *y[FE_MATMUL_MULTI_MAX];
-    const size_t f = (size_t)bk->part[0].rows;
-    for (int i = 0; i < n; i++) {
-        for (int part = 0; part < 3; part++) m[part][i] = fe_expert_mat(bk, part, rec[i]);
-        w[2 * i] = &m[0][i], w[2 * i + 1] = &m[1][i];
-        y[2 * i] = b->h1 + (size_t)i * f, y[2 * i + 1] = b->h2 + (size_t)i * f;
-    }
     fe_ops ops = ops_of(s, b);
-    fe_matmul_multi(&ops, w, 2 * n, in, 1, y);
-    double t0 = prof_t0(s);
-    fe_silu_mul(s->pool, b->h1, b->h2, (size_t)n * f);
-    PROF_ADD(s, elementwise_seconds, t0);
-    for (int i = 0; i < n; i++) w[i] = &m[2][i];
-    fe_matmul_each(&ops, w, n, b->h1, f, out);
+    fe_moe_gated1(&ops, &s->e->c.banks[l], rec, n, in, b->h1, b->h2, silu_mul_act, s, out);
 }
 
 /* The MoE layer for rows [first, n) of the chunk. */

@@ -365,3 +365,21 @@ ferry_status fe_moe_layer(ferry_session *s, const fe_moe_arch *a, const fe_moe_b
     P->moe_layers++;
     return st;
 }
+
+void fe_moe_gated1(const fe_ops *ops, const fe_bank *bk, const uint8_t *const *rec, int n, const float *in,
+                   float *h1, float *h2, void (*act)(void *act_ctx, float *h1, const float *h2, size_t len),
+                   void *act_ctx, float *const *out) {
+    fe_mat m[3][FE_MOE_BATCH];
+    const fe_mat *w[FE_MATMUL_MULTI_MAX];
+    float *y[FE_MATMUL_MULTI_MAX];
+    const size_t f = (size_t)bk->part[0].rows;
+    for (int i = 0; i < n; i++) {
+        for (int part = 0; part < 3; part++) m[part][i] = fe_expert_mat(bk, part, rec[i]);
+        w[2 * i] = &m[0][i], w[2 * i + 1] = &m[1][i];
+        y[2 * i] = h1 + (size_t)i * f, y[2 * i + 1] = h2 + (size_t)i * f;
+    }
+    fe_matmul_multi(ops, w, 2 * n, in, 1, y);
+    act(act_ctx, h1, h2, (size_t)n * f);
+    for (int i = 0; i < n; i++) w[i] = &m[2][i];
+    fe_matmul_each(ops, w, n, h1, f, out);
+}

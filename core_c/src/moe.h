@@ -76,6 +76,17 @@ typedef struct fe_moe_bufs {
     uint8_t *in_ram;    /* [E] cache-aware routing: the layer's experts in RAM */
 } fe_moe_bufs;
 
+/* What an architecture's experts1 does for gated experts: the gate and up
+ * projections of n <= FE_MOE_BATCH experts of bank bk (records rec[i]) on
+ * one token's input `in`, all in one product job, into h1 and h2 (expert i
+ * at i * f, f its hidden width); then act(act_ctx, h1, h2, n * f) leaves
+ * the down projections' input in h1; then the n downs into out[i] in one
+ * job. Each product as the expert's own m = 1 feed-forward computes it
+ * (the same kernels, the same quantized input). */
+void fe_moe_gated1(const fe_ops *ops, const fe_bank *bk, const uint8_t *const *rec, int n, const float *in,
+                   float *h1, float *h2, void (*act)(void *act_ctx, float *h1, const float *h2, size_t len),
+                   void *act_ctx, float *const *out);
+
 /* Bytes of the scratch for a model whose experts are ed wide (carve with
  * base NULL measures). */
 uint64_t fe_moe_carve(const fe_hparams *hp, int ed, uint8_t *base, fe_moe_bufs *b);
