@@ -370,8 +370,8 @@ void fe_moe_gated1(const fe_ops *ops, const fe_bank *bk, const uint8_t *const *r
                    float *h1, float *h2, void (*act)(void *act_ctx, float *h1, const float *h2, size_t len),
                    void *act_ctx, float *const *out) {
     fe_mat m[3][FE_MOE_BATCH];
-    const fe_mat *w[FE_MATMUL_MULTI_MAX];
-    float *y[FE_MATMUL_MULTI_MAX];
+    const fe_mat *w[FE_MATMUL_MULTI_MAX] = {0};
+    float *y[FE_MATMUL_MULTI_MAX] = {0};
     const size_t f = (size_t)bk->part[0].rows;
     for (int i = 0; i < n; i++) {
         for (int part = 0; part < 3; part++) m[part][i] = fe_expert_mat(bk, part, rec[i]);
