@@ -320,7 +320,7 @@ fe_q8dot4_fn fe_q8_kernel4_for(const fe_q8_kernels *k, int fmt, int n) {
 static void q8_rows(fe_q8dot_fn one, fe_q8dot2_fn two, fe_q8dot4_fn four, const uint8_t *w, uint64_t rb, int r0,
                     int r1, int cols, const uint8_t *xq, int n, float *y, size_t ys) {
     for (int r = r0; r < r1;) {
-        const int nr = four ? (r + 4 <= r1 ? 4 : 1) : two ? fe_q8_rows_per_call(r1 - r) : 1;
+        const int nr = fe_q8_rows_next(four != NULL, two != NULL, r1 - r);
         if (nr == 4 && four)
             four(w + (uint64_t)r * rb, (size_t)rb, cols, xq, n, y + r, ys);
         else if (nr > 1)

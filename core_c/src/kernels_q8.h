@@ -122,6 +122,12 @@ typedef void (*fe_q8dot2_fn)(const uint8_t *row, size_t row_bytes, int nr, int c
 #define FE_Q8_ROWS_MAX 4
 /* How many of `left` rows one call takes: 4, 2 (a rowdot2 call) or 1 (rowdot). */
 static inline int fe_q8_rows_per_call(int left) { return left >= 4 ? 4 : left >= 2 ? 2 : 1; }
+/* How many of `left` rows the next call takes when the set has a four-row
+ * kernel of few tokens (`four`: 4 while 4 are left, else 1 row) or a
+ * multi-row one (`two`: fe_q8_rows_per_call); 1 (rowdot) without either. */
+static inline int fe_q8_rows_next(int four, int two, int left) {
+    return four ? (left >= 4 ? 4 : 1) : two ? fe_q8_rows_per_call(left) : 1;
+}
 /* Exactly four consecutive rows over 1-3 tokens (row + i * row_bytes into
  * y[t * ys + i], i < 4), each bit for bit its rowdot's result: a decode
  * kernel that shares each activation load among the four rows. */

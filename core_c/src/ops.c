@@ -73,7 +73,7 @@ static void matmul_rows(void *p, int start, int end, int tid) {
         if (j->q8dot[i]) { /* rows in fours (1-3 tokens), or 4 or 2 at a time, where the set has such kernels
                             * (the same bits) */
             for (int r = r0; r < r1;) {
-                const int nr = j->q8dot4[i] ? (r + 4 <= r1 ? 4 : 1) : j->q8dot2[i] ? fe_q8_rows_per_call(r1 - r) : 1;
+                const int nr = fe_q8_rows_next(j->q8dot4[i] != NULL, j->q8dot2[i] != NULL, r1 - r);
                 const uint8_t *row = w->data + (uint64_t)r * w->row_bytes;
                 prefetch_past(&pf, row, (uint64_t)nr * w->row_bytes, end_bytes);
                 if (nr == 4 && j->q8dot4[i])
