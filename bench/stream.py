@@ -123,6 +123,8 @@ def decode_run(container: Path, tokens: list[int], routing: tuple | None = None,
             "disk_others_bytes_per_s": ({"read": max(0.0, disk1["read"] - disk0["read"] - d("bytes_read")) / seconds,
                                          "written": (disk1["written"] - disk0["written"]) / seconds}
                                         if disk0 and disk1 else None),
+            # the disk's mean read request during the decode (its buffers' contiguity: record_slots)
+            **disk_requests(disk0, disk1, seconds),
         }
 
 
@@ -151,47 +153,107 @@ def compute_floor(container: Path, tokens: list[int], passes: int = 1, **opts) -
 IO_PIECE = 4 << 20
 
 
-def disk_bandwidth(container: Path, record: int, readers: int, seconds: float = 3.0, pieces: bool = False) -> dict:
+#: Transparent huge pages: one 2 MiB page is physically contiguous.
+HUGE_PAGE = 2 << 20
+
+
+def record_slots(n: int, record: int, contiguous: bool = False) -> list[tuple[mmap.mmap, memoryview]]:
+    """``n`` page-aligned buffers of one record each, private anonymous
+    memory zeroed in order when made, as the engine makes its expert-cache
+    slots (core_c/src/common.c: fe_alloc_pages, posix_memalign + memset);
+    ``contiguous``: backed by transparent huge pages where the system gives
+    them (Linux, MADV_HUGEPAGE; elsewhere the same as not). Why it matters
+    (docs/KIMI.md, "Speed model"): on a virtio disk the block layer makes
+    one request of at most 128 physically separate pieces of memory, so a
+    direct read into scattered 4 KiB pages goes to the disk as ~0.5 MiB
+    requests and into huge pages as 4 MiB ones, and the disk's rate follows
+    the request's size (this VM: 0.9-1.1 against 1.3-1.9 GB/s). (Python's
+    own mmap(-1, n) is shared memory, never huge pages: not used.)"""
+    flags = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
+    advice = getattr(mmap, "MADV_HUGEPAGE", None) if contiguous else None
+    out = []
+    for _ in range(n):
+        m = mmap.mmap(-1, record + (HUGE_PAGE if advice else 0), flags=flags)
+        start = 0
+        if advice is not None:
+            a = np.frombuffer(m, dtype=np.uint8)
+            start = -a.ctypes.data % HUGE_PAGE
+            del a
+            m.madvise(advice, start, record)
+        np.frombuffer(m, dtype=np.uint8)[start:start + record].fill(0)
+        out.append((m, memoryview(m)[start:start + record]))
+    return out
+
+
+def ceiling_at_request(size: float | None, probes: list[tuple[float | None, float]]) -> float:
+    """The disk's rate for reads that reach it as requests of ``size`` bytes,
+    from probes [(mean request bytes, bytes/s)] at different sizes: each
+    request costs a fixed time plus its bytes at a rate (seconds a byte =
+    t0 / size + 1 / rate), the line through the smallest and largest
+    requests probed, ``size`` held within them (so the result is between
+    their rates). Without sizes: the best probe's rate."""
+    known = sorted((q, r) for q, r in probes if q)
+    if size is None or len(known) < 2 or known[-1][0] - known[0][0] < 1:
+        return max(r for _, r in probes)
+    (s1, r1), (s2, r2) = known[0], known[-1]
+    x = 1.0 / min(max(size, s1), s2)
+    t0 = (1.0 / r1 - 1.0 / r2) / (1.0 / s1 - 1.0 / s2)
+    return 1.0 / (1.0 / r2 + t0 * (x - 1.0 / s2))
+
+
+def disk_bandwidth(container: Path, record: int, readers: int, seconds: float = 3.0, pieces: bool = False,
+                   contiguous: bool = False) -> dict:
     """Random whole-record direct reads with `readers` threads, like the
-    engine's. ``pieces``: the engine's own pattern (core_c/src/io.c): the
-    readers share the record at the head of the queue in IO_PIECE pieces,
-    records one after another (one reader reads whole records)."""
+    engine's, each record into the next of a few record-sized buffers made
+    as the engine makes its cache's slots (record_slots; ``contiguous``: in
+    huge pages). ``pieces``: the engine's own pattern (core_c/src/io.c):
+    the readers share the record at the head of the queue in IO_PIECE
+    pieces, records one after another (one reader reads whole records).
+    With the disk's mean read request and its busy share meanwhile
+    (/proc/diskstats, every process's)."""
     import threading
 
     banks = sorted((container / "experts").glob("layer_*.bin"))
     flags = os.O_RDONLY | getattr(os, "O_DIRECT", 0)
     fds = [os.open(b, flags) for b in banks]
     n_records = (banks[0].stat().st_size - 4096) // record
+    piece = min(IO_PIECE, record) if pieces and readers > 1 else record
+    # more buffers than records in flight (each reader on its own record, or the readers on the head's pieces)
+    slots = record_slots((readers if piece == record else -(-readers * piece // record)) + 2, record, contiguous)
     done = [0] * readers
-    stop = time.perf_counter() + seconds
-    piece = IO_PIECE if pieces and readers > 1 else record
     rng = np.random.default_rng(readers)
     lock = threading.Lock()
-    head = {"fd": 0, "off": 0, "left": 0}
+    head = {"fd": 0, "off": 0, "left": 0, "slot": 0, "at": 0, "n": 0}
 
-    def take() -> tuple[int, int, int]:
+    def take() -> tuple[int, int, memoryview]:
         with lock:
             if not head["left"]:
                 head.update(fd=fds[rng.integers(len(fds))], off=4096 + int(rng.integers(n_records)) * record,
-                            left=record)
+                            left=record, slot=head["n"] % len(slots), at=0, n=head["n"] + 1)
             n = min(piece, head["left"])
-            out = (head["fd"], head["off"], n)
+            out = (head["fd"], head["off"], slots[head["slot"]][1][head["at"]:head["at"] + n])
             head["off"] += n
+            head["at"] += n
             head["left"] -= n
             return out
 
+    disk0 = disk_sectors()
+    stop = time.perf_counter() + seconds
+
     def work(i: int) -> None:
-        buf = mmap.mmap(-1, piece)  # page-aligned, as direct I/O needs
-        view = memoryview(buf)
         while time.perf_counter() < stop:
-            fd, off, n = take()
-            done[i] += os.preadv(fd, [view[:n]], off)
+            fd, off, into = take()
+            done[i] += os.preadv(fd, [into], off)
 
     elapsed = run_threads(work, readers)
+    disk1 = disk_sectors()
     for fd in fds:
         os.close(fd)
+    for m, view in slots:
+        view.release()
+        m.close()
     return {"bytes_per_s": sum(done) / elapsed, "readers": readers, "direct": bool(getattr(os, "O_DIRECT", 0)),
-            "piece": piece}
+            "piece": piece, "contiguous": contiguous, **disk_requests(disk0, disk1, elapsed)}
 
 
 def median_run(runs: list[dict]) -> dict:
@@ -580,19 +642,33 @@ class BusyKernels:
 def disk_sectors() -> dict[str, int] | None:
     """Bytes read and written so far by every process on the machine's whole
     disks (/proc/diskstats, the devices of /sys/block but loop and RAM ones;
-    None elsewhere): what others did to the disk while a decode ran (the
-    machine may be shared)."""
+    None elsewhere), with the read requests completed and the milliseconds
+    the disks had requests in flight: what others did to the disk while a
+    decode ran (the machine may be shared), and the requests' size."""
     try:
         disks = {d for d in os.listdir("/sys/block") if not d.startswith(("loop", "ram", "zram"))}
         lines = Path("/proc/diskstats").read_text().splitlines()
     except OSError:
         return None
-    out = {"read": 0, "written": 0}
+    out = {"read": 0, "written": 0, "read_requests": 0, "busy_ms": 0}
     for f in (line.split() for line in lines):
-        if len(f) > 9 and f[2] in disks:
+        if len(f) > 12 and f[2] in disks:
             out["read"] += int(f[5]) * 512
             out["written"] += int(f[9]) * 512
+            out["read_requests"] += int(f[3])
+            out["busy_ms"] = max(out["busy_ms"], int(f[12]))
     return out
+
+
+def disk_requests(disk0: dict | None, disk1: dict | None, seconds: float) -> dict:
+    """Between two disk_sectors(): the mean read request's size in bytes and
+    the share of the time the disk had requests in flight (None without
+    /proc/diskstats)."""
+    if not (disk0 and disk1) or seconds <= 0:
+        return {"disk_request_bytes": None, "disk_busy_share": None}
+    n = disk1["read_requests"] - disk0["read_requests"]
+    return {"disk_request_bytes": (disk1["read"] - disk0["read"]) / n if n > 0 else None,
+            "disk_busy_share": min(1.0, (disk1["busy_ms"] - disk0["busy_ms"]) / 1000 / seconds)}
 
 
 def _model_round(run: dict, ceiling: float, kernel_bps: float, experts_per_token: int, record: int,
@@ -663,17 +739,32 @@ def true_shape_modes(a, container: Path, plan, tokens: list[int], budget: int, i
         for r in order:
             load = os.getloadavg()[0]
             kernel = measure_kernel(fmt, None, "exact")   # K3 runs exact (KDA layers: app.activations)
-            whole = disk_bandwidth(container, record, r, seconds=a.ceiling_seconds / 2)["bytes_per_s"]
-            before = disk_bandwidth(container, record, r, seconds=a.ceiling_seconds / 2, pieces=True)["bytes_per_s"]
+            probe = lambda **kw: disk_bandwidth(container, record, r, seconds=a.ceiling_seconds / 2,  # noqa: E731
+                                                pieces=True, **kw)
+            pages0, huge0 = probe(), probe(contiguous=True)
             with BusyKernels(fmt):
-                busy = disk_bandwidth(container, record, r, seconds=a.ceiling_seconds / 2, pieces=True)["bytes_per_s"]
+                busy_huge = probe(contiguous=True)["bytes_per_s"]
             run = decode_run(container, tokens, prompt=TRUE_PROMPT, ram_budget=budget, readers=r)
-            after = disk_bandwidth(container, record, r, seconds=a.ceiling_seconds / 2, pieces=True)["bytes_per_s"]
-            ceiling = (before + after) / 2
+            huge1, pages1 = probe(contiguous=True), probe()
+            # the disk's rate at the requests this decode made (its slots' pages decide their size: record_slots),
+            # between the probes into scattered pages and into huge pages, each the mean of before and after
+            mean = lambda p, q, k: (p[k] + q[k]) / 2 if p[k] and q[k] else None  # noqa: E731
+            pages = (mean(pages0, pages1, "disk_request_bytes"), mean(pages0, pages1, "bytes_per_s"))
+            huge = (mean(huge0, huge1, "disk_request_bytes"), mean(huge0, huge1, "bytes_per_s"))
+            ceiling = ceiling_at_request(run["disk_request_bytes"], [pages, huge])
+            busy = busy_huge * ceiling / huge[1]
             rounds[r].append({**run, "round": rnd, "load_1min": load, "kernel_bytes_per_s": kernel,
-                              "ceiling_bytes_per_s": ceiling, "ceiling_before_after": [before, after],
-                              "ceiling_busy_bytes_per_s": busy, "ceiling_whole_records_bytes_per_s": whole,
-                              "model": _model_round(run, ceiling, kernel, experts_per_token, record, layers, busy)})
+                              "ceiling_bytes_per_s": ceiling,
+                              "ceiling_pages_bytes_per_s": pages[1], "ceiling_contiguous_bytes_per_s": huge[1],
+                              "ceiling_before_after": {"pages": [pages0["bytes_per_s"], pages1["bytes_per_s"]],
+                                                       "contiguous": [huge0["bytes_per_s"], huge1["bytes_per_s"]]},
+                              "ceiling_request_bytes": {"pages": pages[0], "contiguous": huge[0]},
+                              "ceiling_busy_bytes_per_s": busy, "ceiling_busy_contiguous_bytes_per_s": busy_huge,
+                              "model": _model_round(run, ceiling, kernel, experts_per_token, record, layers, busy),
+                              # the model with either probe alone (what the request size changes)
+                              "model_error_at": {k: _model_round(run, c, kernel, experts_per_token, record, layers,
+                                                                 busy_huge * c / huge[1])["error"]
+                                                 for k, c in (("pages", pages[1]), ("contiguous", huge[1]))}})
     out = {}
     for r in sweep:
         rs = rounds[r]
@@ -685,11 +776,15 @@ def true_shape_modes(a, container: Path, plan, tokens: list[int], budget: int, i
         read_at_ceiling = bpt / ceiling
         ffn_s = m["profile_s_per_token"]["expert_ffn_seconds"]
         out[str(r)] = {
-            **{k: v for k, v in m.items() if k not in ("model",)},
+            **{k: v for k, v in m.items() if k not in ("model", "model_error_at")},
             "s_per_token": spt, "tok_per_s": 1.0 / spt,
             "disk_ceiling_bytes_per_s": ceiling, "disk_ceiling_rounds": [x["ceiling_bytes_per_s"] for x in rs],
-            "disk_ceiling_whole_records_rounds": [x["ceiling_whole_records_bytes_per_s"] for x in rs],
             "disk_ceiling_busy_rounds": [x["ceiling_busy_bytes_per_s"] for x in rs],
+            # the probes into scattered pages and into huge pages, and the mean read request of each and the decode's
+            "disk_ceiling_pages_rounds": [x["ceiling_pages_bytes_per_s"] for x in rs],
+            "disk_ceiling_contiguous_rounds": [x["ceiling_contiguous_bytes_per_s"] for x in rs],
+            "disk_request_bytes_rounds": [{**x["ceiling_request_bytes"], "decode": x["disk_request_bytes"]}
+                                          for x in rs],
             "kernel_bytes_per_s_rounds": [x["kernel_bytes_per_s"] for x in rs],
             "load_rounds": [x["load_1min"] for x in rs],
             "disk_others_rounds": [x["disk_others_bytes_per_s"] for x in rs],
@@ -710,6 +805,8 @@ def true_shape_modes(a, container: Path, plan, tokens: list[int], budget: int, i
                       "unshared_rounds": sum(not _disk_shared(x) for x in rs),
                       "rounds_idle_disk_error": [x["model"]["idle_disk_error"] for x in rs],
                       "rounds_aggregate_error": [x["model"]["aggregate_error"] for x in rs],
+                      "rounds_error_at_pages": [x["model_error_at"]["pages"] for x in rs],
+                      "rounds_error_at_contiguous": [x["model_error_at"]["contiguous"] for x in rs],
                       "trunk_s": m["model"]["trunk_s"], "experts_s": m["model"]["experts_s"],
                       "read_s": m["model"]["read_s"]},
             # the experts' compute as this decode's own profile measured it (a diagnostic: under load

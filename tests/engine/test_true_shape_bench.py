@@ -152,6 +152,44 @@ def test_speed_model_reads_beside_busy_cores():
         pytest.approx(2 * (5 + 1.25 + 1))
 
 
+def test_the_disk_ceiling_at_the_decodes_request_size():
+    """The disk's rate read at the decode's mean request: a fixed cost per
+    request plus its bytes at a rate, through the probes at the smallest and
+    largest requests, held within them; without sizes, the best probe."""
+    small, large = (512e3, 1.0e9), (3e6, 1.8e9)
+    assert stream.ceiling_at_request(3e6, [small, large]) == pytest.approx(1.8e9)
+    assert stream.ceiling_at_request(512e3, [large, small]) == pytest.approx(1.0e9)
+    assert stream.ceiling_at_request(8e6, [small, large]) == pytest.approx(1.8e9)     # held within the probes
+    t0 = (1 / 1.0e9 - 1 / 1.8e9) / (1 / 512e3 - 1 / 3e6)                            # seconds a request
+    assert stream.ceiling_at_request(1.5e6, [small, large]) == pytest.approx(1 / (t0 / 1.5e6 + 1 / 1.8e9 - t0 / 3e6))
+    assert 1.0e9 < stream.ceiling_at_request(1.5e6, [small, large]) < 1.8e9
+    # noise (the larger requests slower): still between the two
+    assert 1.0e9 < stream.ceiling_at_request(1.5e6, [(512e3, 1.8e9), (3e6, 1.0e9)]) < 1.8e9
+    assert stream.ceiling_at_request(None, [small, large]) == 1.8e9
+    assert stream.ceiling_at_request(1e6, [(None, 1.2e9), large]) == 1.8e9
+
+
+def test_the_probe_reads_into_buffers_made_as_the_engines_slots(tmp_path):
+    """record_slots: page-aligned private buffers of one record, zeroed (huge
+    pages asked for: 2 MiB-aligned); disk_bandwidth reads random records of
+    a bank into them in the engine's pieces and reports the disk's requests."""
+    for contiguous in (False, True):
+        slots = stream.record_slots(2, 3 * 4096, contiguous)
+        for m, view in slots:
+            addr = np.frombuffer(view, dtype=np.uint8).ctypes.data
+            assert len(view) == 3 * 4096 and not any(view) and addr % 4096 == 0
+            if contiguous and hasattr(stream.mmap, "MADV_HUGEPAGE"):
+                assert addr % stream.HUGE_PAGE == 0
+    record = 64 << 10
+    bank = tmp_path / "experts" / "layer_001.bin"
+    bank.parent.mkdir()
+    bank.write_bytes(bytes(4096 + 8 * record))
+    for contiguous in (False, True):
+        out = stream.disk_bandwidth(tmp_path, record, 2, seconds=0.05, pieces=True, contiguous=contiguous)
+        assert out["bytes_per_s"] > 0 and out["piece"] == record and out["contiguous"] is contiguous
+        assert {"disk_request_bytes", "disk_busy_share"} <= set(out)
+
+
 def test_expected_hit_rate_is_the_trace_curve_never_below_uniform():
     """app.engine.speed.expected_hit_rate: HIT_CURVE at the cache's size in
     token working sets, at least the share cached, 1.0 when all is cached."""
@@ -260,6 +298,10 @@ def test_true_shape_measurement_runs_on_a_tiny_k3(tmp_path):
         assert r["bytes_per_token"] > 0 and r["disk_ceiling_rounds"][0] > 0 and r["disk_ceiling_busy_rounds"][0] > 0
         assert r["kernel_bytes_per_s_rounds"][0] > 0 and np.isfinite(r["model"]["error"])
         assert len(r["model"]["rounds_error"]) == 1 and r["load_rounds"]
+        # the ceiling at the decode's request size lies between the probes into scattered and huge pages
+        lo, hi = sorted((r["disk_ceiling_pages_rounds"][0], r["disk_ceiling_contiguous_rounds"][0]))
+        assert lo - 1 <= r["disk_ceiling_rounds"][0] <= hi + 1
+        assert np.isfinite(r["model"]["rounds_error_at_pages"][0]) and len(r["disk_request_bytes_rounds"]) == 1
     assert isinstance(out["model_within_15pct"], bool)
 
 
