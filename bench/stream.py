@@ -715,12 +715,16 @@ def true_shape_modes(a, container: Path, plan, tokens: list[int], budget: int, i
     rates move between measurements: just before it the kernels' speed (the
     exact products K3 runs, every core) and the disk's ceiling in the
     engine's own pattern (direct reads of random whole records shared by the
-    readers in 4 MiB pieces, core_c/src/io.c), and that ceiling again with
-    the kernels busy on every core (BusyKernels: the readers then wait for a
-    core to issue each next read); just after it the idle ceiling again (the
-    model takes the mean of the two idle ones); the whole-record ceiling of
-    the earlier bench beside it; the load and the bytes other processes
-    moved on the disk during the decode. Per reader count: tok/s, bytes read per
+    readers in 4 MiB pieces, core_c/src/io.c) into buffers made as the
+    engine's slots, once in 4 KiB pages and once in huge pages, the latter
+    again with the kernels busy on every core (BusyKernels: the readers then
+    wait for a core to issue each next read); just after it both idle
+    ceilings again (each the mean of before and after). The disk's rate
+    follows its requests' size, which the buffers' physical contiguity
+    sets (record_slots), so the model takes the ceiling at the decode's own
+    mean request (ceiling_at_request, between the two probes) and the busy
+    one scaled alike; with the load and the bytes other processes moved on
+    the disk during the decode. Per reader count: tok/s, bytes read per
     token, the achieved read bandwidth and its share of the ceiling, the
     compute's wait for reads, the share of the read time hidden behind
     compute, the session profile, and the speed model's prediction for each

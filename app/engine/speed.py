@@ -125,7 +125,9 @@ def token_seconds(trunk_bytes: float, expert_bytes: float, read_bytes: float, ke
     misses) come from the disk, each record computed as it arrives, so the
     larger of the two counts: trunk / kernel + max(experts / kernel, read /
     disk). ``disk_bps``: the disk's direct-read bandwidth at the engine's
-    record size, pieces and reader count; ``busy_disk_bps``: the same while
+    record size, pieces and reader count, and at the size of the requests
+    its reads make (on a virtio disk the buffers' physical contiguity sets
+    it: bench/stream.py record_slots); ``busy_disk_bps``: the same while
     the kernels run on every core (default: the same figure; on a machine
     with few cores the readers wait for a core to issue each next read, and
     at one or two readers the disk then gives far less): reads that overlap
