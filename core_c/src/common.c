@@ -43,33 +43,12 @@ void *fe_alloc(size_t nbytes) {
     return p;
 }
 
-/* Page-aligned, zeroed memory for the expert cache's slots (the buffers the
- * readers fill with direct I/O). On Linux a slot of 2 MiB or more starts on a
- * 2 MiB boundary and asks for transparent huge pages over its whole 2 MiB
- * extents (its tail, less than 2 MiB, is kept on small pages, so a slot never
- * holds more RAM than its size rounded to 4 KiB). Why: a direct read is split
- * into disk requests by the physical pieces of its buffer; into scattered
- * 4 KiB pages a virtio disk got ~0.5 MiB requests and 0.94-1.53 GB/s, into
- * huge pages up to 4 MiB requests and 1.51-2.82 GB/s, and a decode's wait for
- * reads fell about 40 % (bench log 2026-12-06, "Session 17, h4"). Where huge
- * pages are unavailable or refused, the memory is the same, on small pages. */
 void *fe_alloc_pages(size_t nbytes) {
     if (nbytes == 0) nbytes = 4096;
-    if (nbytes > SIZE_MAX - FE_HUGE_PAGE) return NULL;
+    if (nbytes > SIZE_MAX - 4096) return NULL;
     size_t size = FE_ALIGN_UP(nbytes, 4096);
-    size_t align = 4096;
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-    if (size >= FE_HUGE_PAGE) align = FE_HUGE_PAGE;
-#endif
     void *p = NULL;
-    if (posix_memalign(&p, align, size) != 0) return NULL;
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-    if (align == FE_HUGE_PAGE) {
-        size_t whole = size / FE_HUGE_PAGE * FE_HUGE_PAGE;
-        (void)madvise(p, whole, MADV_HUGEPAGE);                   /* advice only: refusal is harmless */
-        if (whole < size) (void)madvise((char *)p + whole, size - whole, MADV_NOHUGEPAGE);
-    }
-#endif
+    if (posix_memalign(&p, 4096, size) != 0) return NULL;
     memset(p, 0, size);
     return p;
 }

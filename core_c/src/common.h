@@ -37,6 +37,5 @@ ferry_status fe_pread_full(int fd, void *buf, size_t n, uint64_t offset,
                            const char *what, ferry_error *err);
 
 #define FE_ALIGN_UP(x, a) (((x) + ((a) - 1)) / (a) * (a))
-#define FE_HUGE_PAGE ((size_t)2 << 20) /* a transparent huge page (x86-64 and arm64 Linux) */
 
 #endif

@@ -11,7 +11,6 @@
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <time.h>
-#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -464,52 +463,12 @@ static void test_io_pieces(void) {
     unlink(path);
 }
 
-/* The expert cache's slots: zeroed, page-aligned; on Linux a slot of 2 MiB or
- * more starts on a huge-page boundary (so its direct reads go out as large disk
- * requests); the slots together hold about their own size in RAM, whatever
- * pages back them (the tail of each is kept off huge pages). */
-static long resident_pages(void) {
-    long size = 0, resident = -1;
-    FILE *f = fopen("/proc/self/statm", "r");
-    if (!f) return -1;
-    if (fscanf(f, "%ld %ld", &size, &resident) != 2) resident = -1;
-    fclose(f);
-    return resident;
-}
-
-static void test_alloc_pages(void) {
-    const size_t small = 5000, big = FE_HUGE_PAGE + 12288;
-    unsigned char *a = fe_alloc_pages(small);
-    CHECK(a != NULL && (uintptr_t)a % 4096 == 0 && a[0] == 0 && a[small - 1] == 0);
-    fe_free(a);
-    enum { N = 8 };
-    unsigned char *slots[N];
-    long before = resident_pages();
-    for (int i = 0; i < N; i++) {
-        slots[i] = fe_alloc_pages(big);
-        CHECK(slots[i] != NULL);
-        if (!slots[i]) return;
-        CHECK(slots[i][0] == 0 && slots[i][big - 1] == 0);
-#ifdef __linux__
-        CHECK((uintptr_t)slots[i] % FE_HUGE_PAGE == 0);
-#endif
-    }
-    long after = resident_pages();
-    if (before >= 0 && after >= 0) {
-        double grown = (double)(after - before) * (double)sysconf(_SC_PAGESIZE);
-        /* the slots' own bytes, with room for a sanitizer's shadow (1/8) and the allocator's headers */
-        CHECK(grown <= 1.3 * N * (double)big + (double)(2 << 20));
-    }
-    for (int i = 0; i < N; i++) fe_free(slots[i]);
-}
-
 int main(int argc, char **argv) {
     test_crc32();
     test_json();
     test_formats();
     test_pool();
     test_io_pieces();
-    test_alloc_pages();
     test_routing();
     test_routing_ties();
     if (argc > 1) test_good_container(argv[1]);
