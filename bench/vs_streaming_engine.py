@@ -13,7 +13,9 @@ this repository.
 The checkpoint: bench/make_synthetic.py --family kimi_linear in bench/stream.py's Kimi-Linear shape
 (KIMI_SHAPES: 8 layers, 3 KDA : 1 MLA, 7 MoE layers of 256 experts, top 8, expert FFN 512, one shared
 expert) at width ``--dim`` (256, so that q3_nl's 256-value blocks fit), with the safetensors index a
-release ships (the peer's converter reads the tensor map from it). Ferry converts it with a q4_0 trunk
+release ships (the peer's converter reads the tensor map from it) and a tiktoken.model beside the
+tokenizer.json (the peer's engine reads only the former): token i is the byte 0x20 + i, so both engines
+see the same vocabulary. Ferry converts it with a q4_0 trunk
 and q3_nl experts; the peer with its converter's defaults (VQ3R experts at 3 bits/weight, a Q4G trunk).
 Both containers and the checkpoint stay in ``--workdir`` and are reused by the next run.
 
@@ -26,9 +28,10 @@ Decode, both engines at their defaults (threads, readers, activations), each run
   set, a first ``run --learn`` writing its hotlist, then the timed run of the same prompt, which opens
   warm from it (greedy both times, so it routes the same).
 
-Ferry decodes ``--tokens`` teacher-forced random tokens after a 16-token prompt (bench/stream.py's
-decode_run); the peer generates ``--tokens`` greedy tokens after a prompt of 16 words (its CLI takes
-text, not token ids) and may stop early at its end-of-text token. The peer's decode speed is what its
+Both decode ``--tokens`` greedy tokens after the same 16-token prompt (random ids; the peer gets them as
+text, one character a token, and may stop early at its end-of-text token). Ferry's greedy continuation
+is computed once (every expert in RAM), and each timed run replays prompt and continuation
+(bench/stream.py's decode_run): the same tokens, and the same expert choices, as its greedy decode. The peer's decode speed is what its
 ``run`` prints (tokens over the sum of its per-token step times: the prompt excluded, as in Ferry's),
 its hit rate its own counts, and its bytes per token its misses times its record size. Rounds are
 interleaved, the engine that goes first alternating; each figure is the median round, and the ratio
@@ -39,6 +42,7 @@ Prints one JSON object (``--json``: on one line, for bench/performance.py record
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import platform
@@ -88,6 +92,24 @@ def write_index(ckpt: Path) -> None:
         json.dumps({"metadata": {"total_size": st.stat().st_size}, "weight_map": weight_map}))
 
 
+#: The synthetic vocabulary as bytes for the peer's tokenizer (tiktoken's rank file, which its converter copies
+#: and its engine reads; Ferry reads tokenizer.json): token i is the one byte 0x20 + i, so the synthetic's
+#: 96 tokens are the printable ASCII characters and a prompt of token ids is a string of as many characters.
+BYTE0 = 0x20
+
+
+def write_byte_tokenizer(ckpt: Path, vocab: int) -> None:
+    """tiktoken.model for the synthetic: one single-byte token per id (no merges), as the release ships one."""
+    if vocab > 256 - BYTE0:
+        raise SystemExit(f"vs_streaming_engine: a vocabulary of {vocab} has no one-byte spelling")
+    (ckpt / "tiktoken.model").write_text("".join(f"{base64.b64encode(bytes([BYTE0 + i])).decode()} {i}\n"
+                                                 for i in range(vocab)))
+
+
+def as_text(ids) -> str:
+    return "".join(chr(BYTE0 + int(i)) for i in ids)
+
+
 def shape_args(dim: int) -> list[str]:
     shape = list(KIMI_SHAPES["kimi_linear"])
     shape[shape.index("--dim") + 1] = str(dim)
@@ -105,6 +127,7 @@ def prepare(a, work: Path, peer: Path) -> dict:
     if not (ckpt / "model.safetensors.index.json").exists():
         shutil.rmtree(ckpt, ignore_errors=True)
         make(parse(["--out", str(ckpt), "--family", "kimi_linear", *shape_args(a.dim)]))
+        write_byte_tokenizer(ckpt, json.loads((ckpt / "config.json").read_text())["vocab_size"])
         write_index(ckpt)
     if not (work / f"{tag}.ferry.done").exists():
         shutil.rmtree(ferry, ignore_errors=True)
@@ -125,8 +148,8 @@ def prepare(a, work: Path, peer: Path) -> dict:
     return {"checkpoint": ckpt, "ferry": ferry, "peer": theirs, "convert_seconds": seconds}
 
 
-def peer_cmd(peer: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([str(peer / "waste"), *args], capture_output=True, text=True)
+def peer_cmd(peer: Path, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([str(peer / "waste"), *args], capture_output=True, text=True, input=stdin)
 
 
 def peer_facts(peer: Path, container: Path) -> dict:
@@ -136,17 +159,23 @@ def peer_facts(peer: Path, container: Path) -> dict:
     banks = sorted(container.glob("experts-L*.bin"))
     expert_bytes = sum(b.stat().st_size for b in banks)
     n_experts = int(info.get("n_experts") or info.get("experts"))
-    return {"version": peer_cmd(peer, "version").stdout.strip(), "floor_bytes": plan["floor_bytes"],
+    # (its bench prints a banner, then the JSON line)
+    bench = json.loads(peer_cmd(peer, "bench", str(container), "-n", "1", "--ctx", str(N_CTX),
+                                "--json").stdout.strip().splitlines()[-1])
+    return {"version": peer_cmd(peer, "version").stdout.strip(), "direct_io": bench["direct_io"],
+            "floor_bytes": plan["floor_bytes"],
             "min_expert_cache": plan["min_expert_cache"], "expert_bytes": expert_bytes,
             "record_bytes": expert_bytes / (len(banks) * n_experts), "moe_layers": len(banks),
             "experts": n_experts, "info": info}
 
 
 def peer_run(peer: Path, container: Path, prompt: str, tokens: int, budget: int, learn: bool = False) -> dict:
-    """One `waste run` (greedy), its decode figures from the summary line it prints."""
-    args = ["run", str(container), prompt, "-n", str(tokens), "--temp", "0", "--ctx", str(N_CTX),
+    """One `waste run` (greedy, raw: the synthetic has no chat markup), its decode figures from the summary
+    line it prints."""
+    # the prompt on standard input ("-": it may start with a dash)
+    args = ["run", str(container), "-", "--raw", "-n", str(tokens), "--temp", "0", "--ctx", str(N_CTX),
             "--budget", str(budget)] + (["--learn"] if learn else [])
-    done = peer_cmd(peer, *args)
+    done = peer_cmd(peer, *args, stdin=prompt)
     m = PEER_STATS.search(done.stderr)
     if done.returncode or not m:
         raise SystemExit("vs_streaming_engine: the peer's run failed: "
@@ -183,6 +212,21 @@ def ferry_worker(job: dict) -> dict:
     r = compute_floor(container, tokens, passes=1)
     return {"tok_per_s": 1.0 / r["s_per_token"], "s_per_token": r["s_per_token"], "hit_rate": r["hit_rate"],
             "bytes_per_token": r["bytes_per_token"], "budget_bytes": 0}
+
+
+def ferry_greedy(container: Path, prompt: list[int], n: int) -> list[int]:
+    """The prompt and Ferry's greedy continuation of it (its default activations, every expert in RAM): what
+    its decode then replays is exactly what a greedy decode computes (placement never changes output)."""
+    from app.engine.binding import Engine
+
+    with Engine(container, n_ctx=N_CTX) as engine:
+        s = engine.session(N_CTX)
+        out = list(prompt)
+        logits = s.eval(out)
+        for _ in range(n):
+            out.append(int(np.argmax(logits)))
+            logits = s.eval(out[-1:])
+    return out
 
 
 def ferry_run(container: Path, tokens: list[int], mode: str, budget: int) -> dict:
@@ -260,9 +304,9 @@ def main(argv=None) -> int:
     facts = peer_facts(peer, made["peer"])
     with Engine(made["ferry"], n_ctx=N_CTX, threads=1) as probe:
         vocab = probe.info.vocab
-    rng = np.random.default_rng(5)
-    tokens = [int(t) for t in rng.integers(3, vocab, PROMPT + a.tokens)]
-    prompt = " ".join(f"w{int(t)}" for t in rng.integers(3, vocab, PROMPT))
+    ids = [int(t) for t in np.random.default_rng(5).integers(3, min(vocab, 95), PROMPT)]  # (not 0x7f, DEL)
+    prompt = as_text(ids)
+    tokens = ferry_greedy(made["ferry"], ids, a.tokens)
     ferry_tight = plan.floor_bytes + int(a.cache_share * plan.expert_bytes)
     runs = {m: {"ferry": [], "peer": []} for m in a.modes}
     load = []
@@ -281,7 +325,8 @@ def main(argv=None) -> int:
         "containers": {
             "ferry": {"floor_bytes": plan.floor_bytes, "expert_bytes": plan.expert_bytes,
                       "record_bytes": plan.record_bytes},
-            "peer": {k: facts[k] for k in ("floor_bytes", "min_expert_cache", "expert_bytes", "record_bytes")}},
+            "peer": {k: facts[k] for k in ("floor_bytes", "min_expert_cache", "expert_bytes", "record_bytes",
+                                           "direct_io")}},
         "record_bytes_peer_over_ferry": facts["record_bytes"] / plan.record_bytes,
         "convert_seconds": made["convert_seconds"], "prepare_seconds": round(time.perf_counter() - t0, 1),
         "cache_share": a.cache_share, "tokens": a.tokens, "rounds": a.rounds,
