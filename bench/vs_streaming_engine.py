@@ -33,7 +33,9 @@ text, one character a token, and may stop early at its end-of-text token). Ferry
 is computed once (every expert in RAM), and each timed run replays prompt and continuation
 (bench/stream.py's decode_run): the same tokens, and the same expert choices, as its greedy decode. The peer's decode speed is what its
 ``run`` prints (tokens over the sum of its per-token step times: the prompt excluded, as in Ferry's),
-its hit rate its own counts, and its bytes per token its misses times its record size. Rounds are
+its hit rate its own counts, and its bytes per token what its process read from the disk (getrusage)
+less what a one-token run of the same prompt read, over the tokens between (its lookahead's reads are
+not misses: its misses times its record size is reported beside, ``misses_bytes_per_token``). Rounds are
 interleaved, the engine that goes first alternating; each figure is the median round, and the ratio
 is the median of the rounds' ratios (a shared machine slows both alike within a round).
 
@@ -47,6 +49,7 @@ import json
 import os
 import platform
 import re
+import resource
 import shutil
 import struct
 import subprocess
@@ -149,7 +152,12 @@ def prepare(a, work: Path, peer: Path) -> dict:
 
 
 def peer_cmd(peer: Path, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([str(peer / "waste"), *args], capture_output=True, text=True, input=stdin)
+    """One `waste` command; ``read_bytes`` on the result: what it read from the block device (direct reads
+    included: getrusage's ru_inblock of the finished child, 512-byte units)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_inblock
+    done = subprocess.run([str(peer / "waste"), *args], capture_output=True, text=True, input=stdin)
+    done.read_bytes = 512 * (resource.getrusage(resource.RUSAGE_CHILDREN).ru_inblock - before)
+    return done
 
 
 def peer_facts(peer: Path, container: Path) -> dict:
@@ -182,22 +190,28 @@ def peer_run(peer: Path, container: Path, prompt: str, tokens: int, budget: int,
                          + (done.stderr.strip().splitlines() or ["(no message)"])[-1])
     n, _, tps, hits, misses = int(m[1]), float(m[2]), float(m[3]), int(m[4]), int(m[5])
     return {"tokens": n, "tok_per_s": tps, "s_per_token": 1.0 / tps,
-            "hit_rate": hits / (hits + misses) if hits + misses else None, "misses": misses}
+            "hit_rate": hits / (hits + misses) if hits + misses else None, "misses": misses,
+            "read_bytes": done.read_bytes}
 
 
 def peer_mode(peer: Path, facts: dict, container: Path, prompt: str, tokens: int, mode: str, share: float) -> dict:
+    """The peer's decode at the tight budget or every expert cached. Bytes per token: what the run read
+    less what the same run stopped after its first token read (opening, the prompt), over the tokens
+    between; its lookahead's reads count (its miss count leaves them out: `misses_bytes_per_token`)."""
     usage = container / "usage.waste"
     usage.unlink(missing_ok=True)
     if mode == "tight":
         cache = int(share * facts["expert_bytes"])
         budget = max(facts["floor_bytes"], facts["floor_bytes"] - facts["min_expert_cache"] + cache)
-        run = peer_run(peer, container, prompt, tokens, budget)
     else:
         budget = facts["floor_bytes"] + facts["expert_bytes"]
         peer_run(peer, container, prompt, tokens, budget, learn=True)  # writes usage.waste: the next open is warm
-        run = peer_run(peer, container, prompt, tokens, budget)
-        usage.unlink(missing_ok=True)
-    run["bytes_per_token"] = run.pop("misses") * facts["record_bytes"] / run["tokens"]
+    base = peer_run(peer, container, prompt, 1, budget)
+    run = peer_run(peer, container, prompt, tokens, budget)
+    usage.unlink(missing_ok=True)
+    steps = max(1, run["tokens"] - base["tokens"])
+    run["bytes_per_token"] = max(0, run.pop("read_bytes") - base["read_bytes"]) / steps
+    run["misses_bytes_per_token"] = run.pop("misses") * facts["record_bytes"] / run["tokens"]
     run["budget_bytes"] = budget
     return run
 
@@ -244,7 +258,7 @@ def summarize(runs: dict[str, list[dict]]) -> dict:
         med = median_run(runs[eng])
         out[eng] = {k: med[k] for k in ("tok_per_s", "s_per_token", "rounds_s_per_token", "hit_rate",
                                         "bytes_per_token", "budget_bytes") if k in med}
-        for k in ("profile_s_per_token", "cache_slots", "direct_io", "tokens"):
+        for k in ("profile_s_per_token", "cache_slots", "direct_io", "tokens", "misses_bytes_per_token"):
             if k in med:
                 out[eng][k] = med[k]
     ratios = [p["s_per_token"] / f["s_per_token"] for f, p in zip(runs["ferry"], runs["peer"])]
