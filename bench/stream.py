@@ -139,12 +139,17 @@ def compute_floor(container: Path, tokens: list[int], passes: int = 1, **opts) -
         for _ in range(passes):
             s.reset()  # (not truncate: a recurrent model such as Kimi-Linear or K3 cannot rewind)
             s.eval(tokens[:PROMPT])
+            before = s.stats()
             t0, c0 = time.perf_counter(), time.process_time()
             for t in tokens[PROMPT:]:
                 s.eval([t])
             n = len(tokens) - PROMPT
+            after = s.stats()
+            hits, misses = (after.decode_hits - before.decode_hits), (after.decode_misses - before.decode_misses)
             # (the process's CPU time: with one thread, the compute's own, whatever else the machine runs)
-            run = {"s_per_token": (time.perf_counter() - t0) / n, "cpu_s_per_token": (time.process_time() - c0) / n}
+            run = {"s_per_token": (time.perf_counter() - t0) / n, "cpu_s_per_token": (time.process_time() - c0) / n,
+                   "hit_rate": hits / (hits + misses) if hits + misses else None,
+                   "bytes_per_token": (after.bytes_read - before.bytes_read) / n}
             best = run if best is None or run["cpu_s_per_token"] < best["cpu_s_per_token"] else best
         return best
 
