@@ -767,41 +767,67 @@ INLV __m256 q3_chunk_scales(const uint8_t *p) {
     return _mm256_mul_ps(_mm256_mul_ps(f, pw), _mm256_set1_ps(1.0f / 56.0f));
 }
 
-INLV void q3_nl_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, float *y, size_t ys, const int nt) {
+/* A block's decoding constants: the grid + 128 repeated 8 times (q3_levels'
+ * table) and the byte picks of groups 1 and 2 (group 1: bytes 3 of word
+ * (0, l) and 0-1 of word (1, l) of p; group 2: bytes 2-3 of word (1, l) and
+ * 0 of word (2, l) of p + 32; lane l's three bytes at 4l, the fourth
+ * repeating one: multishift never reads it). */
+typedef struct q3_consts {
+    __m512i table, pick1, pick2;
+} q3_consts;
+
+INLV q3_consts q3_consts_make(void) {
 #define G8 5, 54, 88, 116, 141, 168, 202, 251 /* FE_Q3_Q8_GRID + 128 */
     static const uint8_t g64[64] = {G8, G8, G8, G8, G8, G8, G8, G8};
 #undef G8
-    const __m512i table = ld512(g64), c80 = _mm512_set1_epi8((char)0x80);
-    /* group 1: bytes 3 of word (0, l) and 0-1 of word (1, l) of p; group 2: bytes 2-3 of word (1, l) and 0 of
-       word (2, l) of p + 32; lane l's three bytes at 4l (the fourth repeats one: multishift never reads it) */
-    const __m512i pick1 = _mm512_set_epi32(0x22212003 + 0x1c1c1c1c, 0x22212003 + 0x18181818, 0x22212003 + 0x14141414,
-                                           0x22212003 + 0x10101010, 0x22212003 + 0x0c0c0c0c, 0x22212003 + 0x08080808,
-                                           0x22212003 + 0x04040404, 0x22212003, 0x22212003 + 0x1c1c1c1c,
-                                           0x22212003 + 0x18181818, 0x22212003 + 0x14141414, 0x22212003 + 0x10101010,
-                                           0x22212003 + 0x0c0c0c0c, 0x22212003 + 0x08080808, 0x22212003 + 0x04040404,
-                                           0x22212003);
-    const __m512i pick2 = _mm512_sub_epi32(pick1, _mm512_set1_epi32(0x22212003 - 0x21200302)); /* 4l + 2, 4l + 3, 32 + 4l */
+    q3_consts c;
+    c.table = ld512(g64);
+    c.pick1 = _mm512_set_epi32(0x22212003 + 0x1c1c1c1c, 0x22212003 + 0x18181818, 0x22212003 + 0x14141414,
+                               0x22212003 + 0x10101010, 0x22212003 + 0x0c0c0c0c, 0x22212003 + 0x08080808,
+                               0x22212003 + 0x04040404, 0x22212003, 0x22212003 + 0x1c1c1c1c, 0x22212003 + 0x18181818,
+                               0x22212003 + 0x14141414, 0x22212003 + 0x10101010, 0x22212003 + 0x0c0c0c0c,
+                               0x22212003 + 0x08080808, 0x22212003 + 0x04040404, 0x22212003);
+    c.pick2 = _mm512_sub_epi32(c.pick1, _mm512_set1_epi32(0x22212003 - 0x21200302)); /* 4l + 2, 4l + 3, 32 + 4l */
+    return c;
+}
+
+/* The four groups of the block at p as levels + 128, in FE_Q8_KIND_32T's order. */
+INLV void q3_block_levels(const uint8_t *p, const q3_consts *c, __m512i w[4]) {
+    w[0] = q3_levels(ld2x(p), 0, c->table);
+    w[1] = q3_levels(_mm512_permutexvar_epi8(c->pick1, ld512(p)), 0, c->table);
+    w[2] = q3_levels(_mm512_permutexvar_epi8(c->pick2, ld512(p + 32)), 0, c->table);
+    w[3] = q3_levels(ld2x(p + 64), 1, c->table);
+}
+
+/* A group's lane start: -128 times the token's lane sums of its 64 activations x. */
+INLV __m512i q3_start(__m512i x) {
+    return _mm512_sub_epi32(_mm512_setzero_si512(),
+                            _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8((char)0x80), x));
+}
+
+/* Group g's float factors from the block's 8 (chunk c's in element c of s):
+ * chunk 2g's in the low 8 lanes, 2g + 1's in the high ones. */
+INLV __m512 q3_group_factors(__m512 s, const int g) {
+    return _mm512_permutexvar_ps(_mm512_set_epi32(2 * g + 1, 2 * g + 1, 2 * g + 1, 2 * g + 1, 2 * g + 1, 2 * g + 1,
+                                                  2 * g + 1, 2 * g + 1, 2 * g, 2 * g, 2 * g, 2 * g, 2 * g, 2 * g, 2 * g,
+                                                  2 * g), s);
+}
+
+INLV void q3_nl_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, float *y, size_t ys, const int nt) {
+    const q3_consts qc = q3_consts_make();
     __m512 acc[TILE];
     for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
     for (int b = 0; b < cols / FE_Q3_BLOCK; b++) {
         const uint8_t *p = row + FE_Q3_BYTES * (size_t)b;
         const __m256 sc = q3_chunk_scales(p);
-        const __m512i w[4] = {
-            q3_levels(ld2x(p), 0, table),
-            q3_levels(_mm512_permutexvar_epi8(pick1, ld512(p)), 0, table),
-            q3_levels(_mm512_permutexvar_epi8(pick2, ld512(p + 32)), 0, table),
-            q3_levels(ld2x(p + 64), 1, table),
-        };
+        __m512i w[4];
+        q3_block_levels(p, &qc, w);
         for (int t = 0; t < nt; t++) {
             const __m512 s = _mm512_castps256_ps512(_mm256_mul_ps(sc, _mm256_loadu_ps(DX(t) + 8 * b)));
             for (int g = 0; g < 4; g++) {
                 const __m512i x = ld512(QX(t) + FE_Q3_BLOCK * (size_t)b + 64 * g);
-                const __m512i c0 = _mm512_sub_epi32(_mm512_setzero_si512(),
-                                                    _mm512_dpbusd_epi32(_mm512_setzero_si512(), c80, x));
-                const __m512 d = _mm512_permutexvar_ps(_mm512_set_epi32(2 * g + 1, 2 * g + 1, 2 * g + 1, 2 * g + 1,
-                                                                        2 * g + 1, 2 * g + 1, 2 * g + 1, 2 * g + 1,
-                                                                        2 * g, 2 * g, 2 * g, 2 * g, 2 * g, 2 * g, 2 * g, 2 * g), s);
-                acc[t] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(c0, w[g], x)), acc[t]);
+                acc[t] = _mm512_fmadd_ps(q3_group_factors(s, g), _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(q3_start(x), w[g], x)),
+                                         acc[t]);
             }
         }
     }
@@ -823,44 +849,25 @@ FE_Q8_DRIVER(vbmi, TGTV, q3_nl, fe_q8_stride)
  * spent as much on its call, set-up and final sum as on the block. */
 INLV void q3_nl_tile_r4(const uint8_t *row, size_t rb, int cols, const uint8_t *xq, size_t st, float *y, size_t ys,
                         const int nt) {
-#define G8 5, 54, 88, 116, 141, 168, 202, 251 /* FE_Q3_Q8_GRID + 128 */
-    static const uint8_t g64[64] = {G8, G8, G8, G8, G8, G8, G8, G8};
-#undef G8
-    const __m512i table = ld512(g64), c80 = _mm512_set1_epi8((char)0x80);
-    const __m512i pick1 = _mm512_set_epi32(0x22212003 + 0x1c1c1c1c, 0x22212003 + 0x18181818, 0x22212003 + 0x14141414,
-                                           0x22212003 + 0x10101010, 0x22212003 + 0x0c0c0c0c, 0x22212003 + 0x08080808,
-                                           0x22212003 + 0x04040404, 0x22212003, 0x22212003 + 0x1c1c1c1c,
-                                           0x22212003 + 0x18181818, 0x22212003 + 0x14141414, 0x22212003 + 0x10101010,
-                                           0x22212003 + 0x0c0c0c0c, 0x22212003 + 0x08080808, 0x22212003 + 0x04040404,
-                                           0x22212003);
-    const __m512i pick2 = _mm512_sub_epi32(pick1, _mm512_set1_epi32(0x22212003 - 0x21200302));
+    const q3_consts qc = q3_consts_make();
     __m512 acc[R4_TOKENS][4];
     for (int t = 0; t < nt; t++) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = _mm512_setzero_ps();
     for (int b = 0; b < cols / FE_Q3_BLOCK; b++) {
         __m512i c0[R4_TOKENS][4];
         for (int t = 0; t < nt; t++)
             for (int g = 0; g < 4; g++)
-                c0[t][g] = _mm512_sub_epi32(_mm512_setzero_si512(),
-                                            _mm512_dpbusd_epi32(_mm512_setzero_si512(), c80,
-                                                                ld512(QX(t) + FE_Q3_BLOCK * (size_t)b + 64 * g)));
+                c0[t][g] = q3_start(ld512(QX(t) + FE_Q3_BLOCK * (size_t)b + 64 * g));
         for (int i = 0; i < 4; i++) {
             const uint8_t *p = row + (size_t)i * rb + FE_Q3_BYTES * (size_t)b;
             const __m256 sc = q3_chunk_scales(p);
-            const __m512i w[4] = {
-                q3_levels(ld2x(p), 0, table),
-                q3_levels(_mm512_permutexvar_epi8(pick1, ld512(p)), 0, table),
-                q3_levels(_mm512_permutexvar_epi8(pick2, ld512(p + 32)), 0, table),
-                q3_levels(ld2x(p + 64), 1, table),
-            };
+            __m512i w[4];
+            q3_block_levels(p, &qc, w);
             for (int t = 0; t < nt; t++) {
                 const __m512 s = _mm512_castps256_ps512(_mm256_mul_ps(sc, _mm256_loadu_ps(DX(t) + 8 * b)));
                 for (int g = 0; g < 4; g++) {
                     const __m512i x = ld512(QX(t) + FE_Q3_BLOCK * (size_t)b + 64 * g);
-                    const __m512 d = _mm512_permutexvar_ps(_mm512_set_epi32(2 * g + 1, 2 * g + 1, 2 * g + 1, 2 * g + 1,
-                                                                            2 * g + 1, 2 * g + 1, 2 * g + 1, 2 * g + 1,
-                                                                            2 * g, 2 * g, 2 * g, 2 * g, 2 * g, 2 * g,
-                                                                            2 * g, 2 * g), s);
-                    acc[t][i] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(c0[t][g], w[g], x)), acc[t][i]);
+                    acc[t][i] = _mm512_fmadd_ps(q3_group_factors(s, g),
+                                                _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(c0[t][g], w[g], x)), acc[t][i]);
                 }
             }
         }
