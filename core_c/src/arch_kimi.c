@@ -399,10 +399,24 @@ static const fe_q8_ctx *q8_for(const ferry_session *s, unsigned cls) {
     return (classes & cls) ? q8 : NULL;
 }
 
-static void matmul(ferry_session *s, const kbufs *b, unsigned cls, const fe_mat *w, const float *x, int n, float *y) {
+static fe_ops ops_for(const ferry_session *s, const kbufs *b, unsigned cls) {
     kdims d = dims_of(&s->e->c.hp);
     fe_ops ops = {s->pool, b->rows, fe_rows_stride(max_cols(&d)), s->e->kernels, s->prof_cur, q8_for(s, cls)};
+    return ops;
+}
+
+static void matmul(ferry_session *s, const kbufs *b, unsigned cls, const fe_mat *w, const float *x, int n, float *y) {
+    fe_ops ops = ops_for(s, b, cls);
     fe_matmul(&ops, w, x, n, y);
+}
+
+/* The products of `count` matrices of one class over the same x (same cols)
+ * as one parallel job, x quantized once (fe_matmul_multi): each output as
+ * matmul computes it, one pool dispatch instead of `count`. */
+static void matmul_same_x(ferry_session *s, const kbufs *b, unsigned cls, const fe_mat *const *w, int count,
+                          const float *x, int n, float *const *y) {
+    fe_ops ops = ops_for(s, b, cls);
+    fe_matmul_multi(&ops, w, count, x, n, y);
 }
 
 /* One row of a matrix as floats: a pointer into it (f32) or into buf. */
@@ -433,14 +447,25 @@ static float act_fn(const fe_kimi_hparams *k, float g, float u) {
     return fe_silu(g) * u;
 }
 
+/* h1[i] = act_fn(h1[i], h2[i]) for i < len: SiLU through fe_silu_mul (the
+ * same operations, without a call through the PLT per value, and on the
+ * pool's threads for a prompt chunk's width). */
+static void act_rows(const ferry_session *s, float *h1, const float *h2, size_t len) {
+    const fe_kimi_hparams *k = KH(&s->e->c.hp);
+    if (k->act == FE_KIMI_ACT_SILU) {
+        fe_silu_mul(s->pool, h1, h2, len);
+        return;
+    }
+    for (size_t i = 0; i < len; i++) h1[i] = act_fn(k, h1[i], h2[i]);
+}
+
 /* out = down(act(gate x, up x)) for n rows of x. */
 static void mlp(ferry_session *s, const kbufs *b, unsigned cls, const fe_mat *g, const fe_mat *u, const fe_mat *dn,
                 const float *x, int n, float *out) {
-    const fe_kimi_hparams *k = KH(&s->e->c.hp);
-    matmul(s, b, cls, g, x, n, b->h1);
-    matmul(s, b, cls, u, x, n, b->h2);
-    size_t m = (size_t)n * g->rows;
-    for (size_t i = 0; i < m; i++) b->h1[i] = act_fn(k, b->h1[i], b->h2[i]);
+    const fe_mat *gu[2] = {g, u};
+    float *const hh[2] = {b->h1, b->h2};
+    matmul_same_x(s, b, cls, gu, 2, x, n, hh);
+    act_rows(s, b->h1, b->h2, (size_t)n * g->rows);
     matmul(s, b, cls, dn, b->h1, n, out);
 }
 
@@ -539,15 +564,16 @@ static void mla_attention(ferry_session *s, const kbufs *b, int l, int n) {
     const fe_kimi_hparams *k = KH(hp);
     const kimi_layer *L = &MODEL(s->e)->layers[l];
     kdims d = dims_of(hp);
+    { /* q (or its low-rank half), the kv latent and the output gate all read xb: one job */
+        const fe_mat *w[3] = {d.qlr ? &L->q_a : &L->q, &L->kv_a, &L->g};
+        float *const y[3] = {d.qlr ? b->qa : b->q, b->kva, b->gate};
+        matmul_same_x(s, b, KQ8_MLA, w, k->mla_out_gate ? 3 : 2, b->xb, n, y);
+    }
     if (d.qlr) {
-        matmul(s, b, KQ8_MLA, &L->q_a, b->xb, n, b->qa);
         for (int t = 0; t < n; t++)
             fe_rmsnorm(b->qa + (size_t)t * d.qlr, b->qa + (size_t)t * d.qlr, L->q_a_norm, d.qlr, k->latent_eps);
         matmul(s, b, KQ8_MLA, &L->q_b, b->qa, n, b->q);
-    } else {
-        matmul(s, b, KQ8_MLA, &L->q, b->xb, n, b->q);
     }
-    matmul(s, b, KQ8_MLA, &L->kv_a, b->xb, n, b->kva);
     float *cache = mla_cache(s, &d, L->cache_index);
     for (int t = 0; t < n; t++) {
         float *kv = b->kva + (size_t)t * d.kvw, *dst = cache + (size_t)(s->pos + t) * d.kvw;
@@ -564,7 +590,6 @@ static void mla_attention(ferry_session *s, const kbufs *b, int l, int n) {
     while (j.hb > 1 && n * ((d.H + j.hb - 1) / j.hb) < 4 * fe_pool_threads(s->pool)) j.hb /= 2;
     fe_pool_run(s->pool, mla_items, &j, n * ((d.H + j.hb - 1) / j.hb));
     if (k->mla_out_gate) {
-        matmul(s, b, KQ8_MLA, &L->g, b->xb, n, b->gate);
         for (size_t i = 0; i < (size_t)n * d.H * d.vd; i++) b->att[i] *= fe_sigmoid(b->gate[i]);
     }
     matmul(s, b, KQ8_MLA, &L->o, b->att, n, b->y);
@@ -660,18 +685,15 @@ static void kda_attention(ferry_session *s, const kbufs *b, int l, int n) {
     const fe_kimi_hparams *k = KH(hp);
     const kimi_layer *L = &MODEL(s->e)->layers[l];
     kdims d = dims_of(hp);
-    matmul(s, b, KQ8_KDA_QKV, &L->kq, b->xb, n, b->kq);
-    matmul(s, b, KQ8_KDA_QKV, &L->kk, b->xb, n, b->kk);
-    matmul(s, b, KQ8_KDA_QKV, &L->kv, b->xb, n, b->kv);
-    matmul(s, b, KQ8_KDA_GATES, &L->f_a, b->xb, n, b->fa);
+    /* the products of xb, one job per class: q, k, v; then the gates' first halves and beta */
+    const fe_mat *qkv[3] = {&L->kq, &L->kk, &L->kv};
+    float *const qkv_y[3] = {b->kq, b->kk, b->kv};
+    matmul_same_x(s, b, KQ8_KDA_QKV, qkv, 3, b->xb, n, qkv_y);
+    const fe_mat *gates[3] = {&L->f_a, &L->b, k->kda_full_gate ? &L->g_full : &L->g_a};
+    float *const gates_y[3] = {b->fa, b->beta, k->kda_full_gate ? b->gate : b->ga};
+    matmul_same_x(s, b, KQ8_KDA_GATES, gates, 3, b->xb, n, gates_y);
     matmul(s, b, KQ8_KDA_GATES, &L->f_b, b->fa, n, b->fz);
-    matmul(s, b, KQ8_KDA_GATES, &L->b, b->xb, n, b->beta);
-    if (k->kda_full_gate) {
-        matmul(s, b, KQ8_KDA_GATES, &L->g_full, b->xb, n, b->gate);
-    } else {
-        matmul(s, b, KQ8_KDA_GATES, &L->g_a, b->xb, n, b->ga);
-        matmul(s, b, KQ8_KDA_GATES, &L->g_b, b->ga, n, b->gate);
-    }
+    if (!k->kda_full_gate) matmul(s, b, KQ8_KDA_GATES, &L->g_b, b->ga, n, b->gate);
     float *S = kda_state(s, &d, L->cache_index);
     kda_job j = {s, b, L, S, S + kda_s_floats(&d), n};
     fe_pool_run(s->pool, kda_heads, &j, d.KH_);
@@ -697,10 +719,7 @@ static void moe_expert(void *p, int l, const uint8_t *rec, const float *in, int 
 }
 
 /* The expert activation of n experts' gate and up (fe_moe_gated1's act). */
-static void expert_act(void *p, float *h1, const float *h2, size_t len) {
-    const fe_kimi_hparams *k = p;
-    for (size_t i = 0; i < len; i++) h1[i] = act_fn(k, h1[i], h2[i]);
-}
+static void expert_act(void *p, float *h1, const float *h2, size_t len) { act_rows(p, h1, h2, len); }
 
 /* n experts on one token (decode with every record in RAM): gate and up of
  * all of them in one parallel job, the activation, then the down projections
@@ -712,7 +731,7 @@ static void moe_experts1(void *p, int l, const uint8_t *const *rec, int n, const
     const kbufs *b = c->b;
     kdims d = dims_of(&s->e->c.hp);
     fe_ops ops = {s->pool, b->rows, fe_rows_stride(max_cols(&d)), s->e->kernels, s->prof_cur, q8_for(s, KQ8_EXPERTS)};
-    fe_moe_gated1(&ops, &s->e->c.banks[l], rec, n, in, b->h1, b->h2, expert_act, (void *)KH(&s->e->c.hp), out);
+    fe_moe_gated1(&ops, &s->e->c.banks[l], rec, n, in, b->h1, b->h2, expert_act, s, out);
 }
 
 static ferry_status moe(ferry_session *s, const kbufs *b, int l, int n, ferry_error *err) {

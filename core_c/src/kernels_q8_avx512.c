@@ -767,41 +767,67 @@ INLV __m256 q3_chunk_scales(const uint8_t *p) {
     return _mm256_mul_ps(_mm256_mul_ps(f, pw), _mm256_set1_ps(1.0f / 56.0f));
 }
 
-INLV void q3_nl_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, float *y, size_t ys, const int nt) {
+/* A block's decoding constants: the grid + 128 repeated 8 times (q3_levels'
+ * table) and the byte picks of groups 1 and 2 (group 1: bytes 3 of word
+ * (0, l) and 0-1 of word (1, l) of p; group 2: bytes 2-3 of word (1, l) and
+ * 0 of word (2, l) of p + 32; lane l's three bytes at 4l, the fourth
+ * repeating one: multishift never reads it). */
+typedef struct q3_consts {
+    __m512i table, pick1, pick2;
+} q3_consts;
+
+INLV q3_consts q3_consts_make(void) {
 #define G8 5, 54, 88, 116, 141, 168, 202, 251 /* FE_Q3_Q8_GRID + 128 */
     static const uint8_t g64[64] = {G8, G8, G8, G8, G8, G8, G8, G8};
 #undef G8
-    const __m512i table = ld512(g64), c80 = _mm512_set1_epi8((char)0x80);
-    /* group 1: bytes 3 of word (0, l) and 0-1 of word (1, l) of p; group 2: bytes 2-3 of word (1, l) and 0 of
-       word (2, l) of p + 32; lane l's three bytes at 4l (the fourth repeats one: multishift never reads it) */
-    const __m512i pick1 = _mm512_set_epi32(0x22212003 + 0x1c1c1c1c, 0x22212003 + 0x18181818, 0x22212003 + 0x14141414,
-                                           0x22212003 + 0x10101010, 0x22212003 + 0x0c0c0c0c, 0x22212003 + 0x08080808,
-                                           0x22212003 + 0x04040404, 0x22212003, 0x22212003 + 0x1c1c1c1c,
-                                           0x22212003 + 0x18181818, 0x22212003 + 0x14141414, 0x22212003 + 0x10101010,
-                                           0x22212003 + 0x0c0c0c0c, 0x22212003 + 0x08080808, 0x22212003 + 0x04040404,
-                                           0x22212003);
-    const __m512i pick2 = _mm512_sub_epi32(pick1, _mm512_set1_epi32(0x22212003 - 0x21200302)); /* 4l + 2, 4l + 3, 32 + 4l */
+    q3_consts c;
+    c.table = ld512(g64);
+    c.pick1 = _mm512_set_epi32(0x22212003 + 0x1c1c1c1c, 0x22212003 + 0x18181818, 0x22212003 + 0x14141414,
+                               0x22212003 + 0x10101010, 0x22212003 + 0x0c0c0c0c, 0x22212003 + 0x08080808,
+                               0x22212003 + 0x04040404, 0x22212003, 0x22212003 + 0x1c1c1c1c, 0x22212003 + 0x18181818,
+                               0x22212003 + 0x14141414, 0x22212003 + 0x10101010, 0x22212003 + 0x0c0c0c0c,
+                               0x22212003 + 0x08080808, 0x22212003 + 0x04040404, 0x22212003);
+    c.pick2 = _mm512_sub_epi32(c.pick1, _mm512_set1_epi32(0x22212003 - 0x21200302)); /* 4l + 2, 4l + 3, 32 + 4l */
+    return c;
+}
+
+/* The four groups of the block at p as levels + 128, in FE_Q8_KIND_32T's order. */
+INLV void q3_block_levels(const uint8_t *p, const q3_consts *c, __m512i w[4]) {
+    w[0] = q3_levels(ld2x(p), 0, c->table);
+    w[1] = q3_levels(_mm512_permutexvar_epi8(c->pick1, ld512(p)), 0, c->table);
+    w[2] = q3_levels(_mm512_permutexvar_epi8(c->pick2, ld512(p + 32)), 0, c->table);
+    w[3] = q3_levels(ld2x(p + 64), 1, c->table);
+}
+
+/* A group's lane start: -128 times the token's lane sums of its 64 activations x. */
+INLV __m512i q3_start(__m512i x) {
+    return _mm512_sub_epi32(_mm512_setzero_si512(),
+                            _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8((char)0x80), x));
+}
+
+/* Group g's float factors from the block's 8 (chunk c's in element c of s):
+ * chunk 2g's in the low 8 lanes, 2g + 1's in the high ones. */
+INLV __m512 q3_group_factors(__m512 s, const int g) {
+    return _mm512_permutexvar_ps(_mm512_set_epi32(2 * g + 1, 2 * g + 1, 2 * g + 1, 2 * g + 1, 2 * g + 1, 2 * g + 1,
+                                                  2 * g + 1, 2 * g + 1, 2 * g, 2 * g, 2 * g, 2 * g, 2 * g, 2 * g, 2 * g,
+                                                  2 * g), s);
+}
+
+INLV void q3_nl_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, float *y, size_t ys, const int nt) {
+    const q3_consts qc = q3_consts_make();
     __m512 acc[TILE];
     for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
     for (int b = 0; b < cols / FE_Q3_BLOCK; b++) {
         const uint8_t *p = row + FE_Q3_BYTES * (size_t)b;
         const __m256 sc = q3_chunk_scales(p);
-        const __m512i w[4] = {
-            q3_levels(ld2x(p), 0, table),
-            q3_levels(_mm512_permutexvar_epi8(pick1, ld512(p)), 0, table),
-            q3_levels(_mm512_permutexvar_epi8(pick2, ld512(p + 32)), 0, table),
-            q3_levels(ld2x(p + 64), 1, table),
-        };
+        __m512i w[4];
+        q3_block_levels(p, &qc, w);
         for (int t = 0; t < nt; t++) {
             const __m512 s = _mm512_castps256_ps512(_mm256_mul_ps(sc, _mm256_loadu_ps(DX(t) + 8 * b)));
             for (int g = 0; g < 4; g++) {
                 const __m512i x = ld512(QX(t) + FE_Q3_BLOCK * (size_t)b + 64 * g);
-                const __m512i c0 = _mm512_sub_epi32(_mm512_setzero_si512(),
-                                                    _mm512_dpbusd_epi32(_mm512_setzero_si512(), c80, x));
-                const __m512 d = _mm512_permutexvar_ps(_mm512_set_epi32(2 * g + 1, 2 * g + 1, 2 * g + 1, 2 * g + 1,
-                                                                        2 * g + 1, 2 * g + 1, 2 * g + 1, 2 * g + 1,
-                                                                        2 * g, 2 * g, 2 * g, 2 * g, 2 * g, 2 * g, 2 * g, 2 * g), s);
-                acc[t] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(c0, w[g], x)), acc[t]);
+                acc[t] = _mm512_fmadd_ps(q3_group_factors(s, g), _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(q3_start(x), w[g], x)),
+                                         acc[t]);
             }
         }
     }
@@ -810,6 +836,75 @@ INLV void q3_nl_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st,
 }
 
 FE_Q8_DRIVER(vbmi, TGTV, q3_nl, fe_q8_stride)
+
+/* Four rows of q3_nl over 1-3 tokens (the table's rowdot4): q3_nl_tile's
+ * arithmetic row by row, lane by lane, in its order; the activation loads and
+ * each group's -128 * (lane sum of q) start are shared by the four rows, the
+ * four rows' chains of multiply-adds are independent (one row's chain of 4
+ * per block is the one-row kernel's limit at decode), and the four sums are
+ * taken together: per row v = acc's low half + high half, then
+ * ((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7)) as hsum8, the rows side
+ * by side in the 128-bit lanes of two ymm. A decode token's experts are
+ * mostly these products over 1-2 blocks a row, where the one-row kernel
+ * spent as much on its call, set-up and final sum as on the block. */
+INLV void q3_nl_tile_r4(const uint8_t *row, size_t rb, int cols, const uint8_t *xq, size_t st, float *y, size_t ys,
+                        const int nt) {
+    const q3_consts qc = q3_consts_make();
+    __m512 acc[R4_TOKENS][4];
+    for (int t = 0; t < nt; t++) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = _mm512_setzero_ps();
+    for (int b = 0; b < cols / FE_Q3_BLOCK; b++) {
+        __m512i c0[R4_TOKENS][4];
+        for (int t = 0; t < nt; t++)
+            for (int g = 0; g < 4; g++)
+                c0[t][g] = q3_start(ld512(QX(t) + FE_Q3_BLOCK * (size_t)b + 64 * g));
+        for (int i = 0; i < 4; i++) {
+            const uint8_t *p = row + (size_t)i * rb + FE_Q3_BYTES * (size_t)b;
+            const __m256 sc = q3_chunk_scales(p);
+            __m512i w[4];
+            q3_block_levels(p, &qc, w);
+            for (int t = 0; t < nt; t++) {
+                const __m512 s = _mm512_castps256_ps512(_mm256_mul_ps(sc, _mm256_loadu_ps(DX(t) + 8 * b)));
+                for (int g = 0; g < 4; g++) {
+                    const __m512i x = ld512(QX(t) + FE_Q3_BLOCK * (size_t)b + 64 * g);
+                    acc[t][i] = _mm512_fmadd_ps(q3_group_factors(s, g),
+                                                _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(c0[t][g], w[g], x)), acc[t][i]);
+                }
+            }
+        }
+    }
+    for (int t = 0; t < nt; t++) {
+        __m256 v[4];
+        for (int i = 0; i < 4; i++)
+            v[i] = _mm256_add_ps(_mm512_castps512_ps256(acc[t][i]),
+                                 _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[t][i]), 1)));
+        /* u = (v0 + v4, v1 + v5, v2 + v6, v3 + v7): rows 0 | 1 and 2 | 3 in the 128-bit lanes */
+        const __m256 u01 = _mm256_add_ps(_mm256_permute2f128_ps(v[0], v[1], 0x20), _mm256_permute2f128_ps(v[0], v[1], 0x31));
+        const __m256 u23 = _mm256_add_ps(_mm256_permute2f128_ps(v[2], v[3], 0x20), _mm256_permute2f128_ps(v[2], v[3], 0x31));
+        /* (u0 + u2, u1 + u3) of rows 0, 2 | 1, 3 */
+        const __m256 h = _mm256_add_ps(_mm256_shuffle_ps(u01, u23, 0x44), _mm256_shuffle_ps(u01, u23, 0xee));
+        /* rows 0, 2, 0, 2 | 1, 3, 1, 3 */
+        const __m256 r = _mm256_add_ps(_mm256_shuffle_ps(h, h, 0x88), _mm256_shuffle_ps(h, h, 0xdd));
+        float out[8];
+        _mm256_storeu_ps(out, r);
+        float *o = y + (size_t)t * ys;
+        o[0] = out[0], o[1] = out[4], o[2] = out[1], o[3] = out[5];
+    }
+}
+
+/* Four rows (q3_nl_tile_r4) over up to R4_TOKENS tokens a tile. */
+TGTV static void rowdot4_vbmi_q3_nl(const uint8_t *row, size_t rb, int cols, const uint8_t *xq, int n, float *y,
+                                   size_t ys) {
+    const size_t st = fe_q8_stride(cols);
+    for (int t = 0; t < n; t += R4_TOKENS) {
+        const uint8_t *x = xq + (size_t)t * st;
+        float *o = y + (size_t)t * ys;
+        switch (n - t) {
+        case 1: q3_nl_tile_r4(row, rb, cols, x, st, o, ys, 1); break;
+        case 2: q3_nl_tile_r4(row, rb, cols, x, st, o, ys, 2); break;
+        default: q3_nl_tile_r4(row, rb, cols, x, st, o, ys, 3); break;
+        }
+    }
+}
 
 /* Without VBMI: AVX2's q3_nl kernel (the same bits). */
 static void rowdot_vnni_q3_nl(const uint8_t *row, int cols, const uint8_t *xq, int n, float *y, size_t ys) {
@@ -833,7 +928,7 @@ static void quantize_vnni(int kind, const float *x, size_t xs, int cols, int n, 
     fe_q8_kernels_avx2()->quantize(kind, x, xs, cols, n, out);
 }
 
-#define VNNI_SET(name, q3)                                                                                  \
+#define VNNI_SET(name, q3, q3r4)                                                                            \
     static const fe_q8_kernels name = {                                                                     \
         "avx512vnni",                                                                                       \
         {[FE_Q8_0] = rowdot_vnni_q8_0, [FE_Q4_0] = rowdot_vnni_q4_0, [FE_Q4_1] = rowdot_vnni_q4_1,          \
@@ -843,11 +938,11 @@ static void quantize_vnni(int kind, const float *x, size_t xs, int cols, int n, 
         vnni_layout,                                                                                        \
         {[FE_Q4_K] = rowdot2_vnni_q4_k, [FE_Q5_K] = rowdot2_vnni_q5_k, [FE_Q6_K] = rowdot2_vnni_q6_k},      \
         Q8_ROWDOT2_MIN_TOKENS,                                                                              \
-        {[FE_Q4_0] = rowdot4_vnni_q4_0},                                                                    \
+        {[FE_Q4_0] = rowdot4_vnni_q4_0, [FE_Q3_NL] = q3r4},                                                 \
         Z_TOKENS - 1,                                                                                       \
     };
-VNNI_SET(VNNI_Q8, rowdot_vbmi_q3_nl)
-VNNI_SET(VNNI_Q8_NO_VBMI, rowdot_vnni_q3_nl)
+VNNI_SET(VNNI_Q8, rowdot_vbmi_q3_nl, rowdot4_vbmi_q3_nl)
+VNNI_SET(VNNI_Q8_NO_VBMI, rowdot_vnni_q3_nl, NULL)
 
 /* With VBMI (Ice Lake and later, Zen 4 and later) the q3_nl kernel above. */
 const fe_q8_kernels *fe_q8_kernels_avx512vnni(void) { return cpu_has_avx512vbmi() ? &VNNI_Q8 : &VNNI_Q8_NO_VBMI; }
