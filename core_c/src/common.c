@@ -66,6 +66,22 @@ void *fe_alloc_lazy(size_t nbytes) {
     return p == MAP_FAILED ? NULL : p;
 }
 
+void *fe_alloc_huge(size_t nbytes) {
+    if (nbytes == 0) nbytes = 4096;
+    if (nbytes > SIZE_MAX - 2 * FE_HUGE_PAGE) return NULL;
+    const size_t size = FE_ALIGN_UP(nbytes, 4096), span = size + FE_HUGE_PAGE;
+    uint8_t *p = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return NULL;
+    /* keep the aligned part of the span (mmap gives 4 KiB alignment) */
+    uint8_t *a = p + (FE_HUGE_PAGE - (uintptr_t)p % FE_HUGE_PAGE) % FE_HUGE_PAGE;
+    if (a > p) munmap(p, (size_t)(a - p));
+    if (p + span > a + size) munmap(a + size, (size_t)(p + span - (a + size)));
+#ifdef MADV_HUGEPAGE
+    (void)madvise(a, size, MADV_HUGEPAGE); /* a request: without it the pages are 4 KiB, the same bytes */
+#endif
+    return a;
+}
+
 void fe_free_lazy(void *p, size_t nbytes) {
     if (!p) return;
     munmap(p, FE_ALIGN_UP(nbytes ? nbytes : 4096, 4096));

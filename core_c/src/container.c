@@ -550,7 +550,8 @@ ferry_status fe_container_load_trunk(fe_container *c, int check_threads, ferry_e
         return fe_fail(err, FERRY_E_FORMAT, "trunk.bin changed size while the model was opened");
     }
     uint64_t resident = fe_container_resident_bytes(c);
-    c->trunk = fe_alloc(resident ? resident : 1);
+    c->trunk_alloc = (size_t)(resident ? resident : 1);
+    c->trunk = fe_alloc_huge(c->trunk_alloc); /* zero, 2 MiB pages where the OS gives them (common.h) */
     if (!c->trunk) {
         close(fd);
         return fe_fail(err, FERRY_E_NOMEM, "cannot allocate %llu bytes for the trunk", (unsigned long long)resident);
@@ -665,7 +666,7 @@ void fe_container_close(fe_container *c) {
     free(c->tensors);
     free(c->hp.layer_is_moe);
     fe_kimi_free(c->hp.kimi);
-    fe_free(c->trunk);
+    if (c->trunk) fe_free_lazy(c->trunk, c->trunk_alloc);
     if (c->trunk_fd_open) close(c->trunk_fd);
     memset(c, 0, sizeof *c);
 }

@@ -87,6 +87,7 @@ typedef struct fe_container {
     uint64_t trunk_size;    /* size of trunk.bin */
     fe_bank *banks;         /* n_layers entries; banks[l].fd < 0 for dense layers */
     uint8_t *trunk;         /* trunk.bin in RAM without its on-demand tensors, or NULL when not loaded */
+    size_t trunk_alloc;     /* its allocation's bytes (fe_alloc_huge) */
     int trunk_fd;           /* trunk.bin, kept open for on-demand reads when trunk_fd_open */
     int trunk_fd_open;
     uint64_t fingerprint;   /* identity of this exact container: CRC-32 of the manifest, and its length */

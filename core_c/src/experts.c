@@ -28,7 +28,9 @@ struct fe_ecache {
     struct ferry_engine *e;   /* the engine (borrowed) */
     fe_ecache_config cfg;     /* sizes and switches */
     fe_cache_policy *policy;  /* which slot holds what, and what to evict */
-    uint8_t **slot_buf;       /* n_slots record buffers */
+    uint8_t **slot_buf;       /* n_slots record buffers, slot_stride apart in slot_mem */
+    uint8_t *slot_mem;        /* one huge-page allocation (fe_alloc_huge) of n_slots x slot_stride bytes */
+    size_t slot_stride;       /* the largest record rounded up to 4 KiB (direct reads) */
     uint8_t *slot_valid;      /* the slot's bytes are the checked record the policy says it holds */
     uint8_t *slot_prefetched; /* filled by the lookahead and not yet requested */
     fe_io_job *slot_job;      /* a read into each slot; job.buf != NULL while in flight */
@@ -144,12 +146,13 @@ ferry_status fe_ecache_new(ferry_engine *e, const fe_ecache_config *cfg, fe_ecac
     v->ready = (uint8_t *)(v->slot + n);
     v->given = v->ready + n;
     for (int l = 0; l < hp->n_layers; l++) c->record_fd[l] = -1;
-    for (int i = 0; i < n; i++)
-        if (!(c->slot_buf[i] = fe_alloc_pages(rec))) {
-            fe_ecache_free(c);
-            return fe_fail(err, FERRY_E_NOMEM, "cannot allocate %d expert cache slots of %llu bytes", n,
-                           (unsigned long long)rec);
-        }
+    c->slot_stride = FE_ALIGN_UP((size_t)rec, 4096);
+    if (n > 0 && (c->slot_stride > SIZE_MAX / (size_t)n || !(c->slot_mem = fe_alloc_huge(c->slot_stride * (size_t)n)))) {
+        fe_ecache_free(c);
+        return fe_fail(err, FERRY_E_NOMEM, "cannot allocate %d expert cache slots of %llu bytes", n,
+                       (unsigned long long)rec);
+    }
+    for (int i = 0; i < n; i++) c->slot_buf[i] = c->slot_mem + (size_t)i * c->slot_stride;
     int perr = 0;
     c->policy = fe_cache_policy_create(n, hp->n_layers, hp->n_experts, FERRY_CACHE_POLICY_ENGINE, &perr);
     if (!c->policy) {
@@ -203,8 +206,7 @@ void fe_ecache_free(fe_ecache *c) {
     if (c->record_fd)
         for (int l = 0; l < c->e->c.hp.n_layers; l++)
             if (c->record_fd[l] >= 0) close(c->record_fd[l]);
-    if (c->slot_buf)
-        for (int i = 0; i < c->cfg.n_slots; i++) fe_free(c->slot_buf[i]);
+    if (c->slot_mem) fe_free_lazy(c->slot_mem, c->slot_stride * (size_t)c->cfg.n_slots);
     fe_cache_policy_destroy(c->policy);
     free(c->slot_buf);
     free(c->slot_valid);
