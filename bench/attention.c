@@ -2,7 +2,9 @@
  *
  *     attention HEAD_DIM POSITIONS QUERIES REPS
  *
- * For every kernel set this build and CPU run (scalar, avx2, neon), times
+ * For every kernel set this build and CPU run (scalar, avx2, neon; on a CPU
+ * with AVX-512 the AVX2 set's zmm attention, avx2_zmm, and its ymm one,
+ * avx2_ymm), times
  * att_scores, att_wsum and att_softmax over POSITIONS cached positions of
  * one KV head for QUERIES heads, by the thread's CPU clock, in two states:
  * "cached" (the same K and V again, in L2 when they fit) and "cold" (a 64 MB
@@ -43,7 +45,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     const int hd = atoi(argv[1]), np = atoi(argv[2]), nq = atoi(argv[3]), reps = atoi(argv[4]);
-    if (hd < 1 || np < 1 || nq < 1 || nq > FE_ATT_Q || reps < 1) {
+    if (hd < 1 || np < 1 || nq < 1 || nq > 16 || reps < 1) {
         fprintf(stderr, "bad arguments\n");
         return 2;
     }
@@ -58,13 +60,23 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < (size_t)np * (size_t)hd; i++) v[i] = frand();
     printf("{\"head_dim\": %d, \"positions\": %d, \"queries\": %d, \"reps\": %d, \"sets\": {", hd, np, nq, reps);
     int first = 1;
+    /* the sets, and the AVX2 set's ymm attention where its own runs in zmm (on CPUs with AVX-512) */
+    const fe_kernels *sets[FE_KERNELS_N + 1];
+    const char *names[FE_KERNELS_N + 1];
+    int n_sets = 0;
     for (int impl = 0; impl < FE_KERNELS_N; impl++) {
         if (!ferry_kernels_available(impl)) continue;
-        const fe_kernels *K = fe_kernels_get(impl);
+        sets[n_sets] = fe_kernels_get(impl);
+        names[n_sets++] = impl == FE_KERNELS_AVX2 && fe_cpu_has_avx512() ? "avx2_zmm" : fe_kernels_get(impl)->name;
+        if (impl == FE_KERNELS_AVX2 && fe_cpu_has_avx512())
+            sets[n_sets] = fe_kernels_avx2_ymm_table(), names[n_sets++] = "avx2_ymm";
+    }
+    for (int set = 0; set < n_sets; set++) {
+        const fe_kernels *K = sets[set];
         /* weights: the softmax of scores with a real spread (scale 1 / sqrt(hd) x 3) */
         K->att_scores(q, nq, kt, hd, np, 3.0f, pw, os);
         for (int r = 0; r < nq; r++) K->att_softmax(pw + (size_t)r * os, np);
-        printf("%s\"%s\": {", first ? "" : ", ", K->name);
+        printf("%s\"%s\": {", first ? "" : ", ", names[set]);
         first = 0;
         for (int cold = 0; cold < 2; cold++) {
             double ts = 0, tw = 0, tx = 0;

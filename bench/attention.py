@@ -42,7 +42,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--positions", type=int, nargs="+", default=[256, 1024, 4096])
-    ap.add_argument("--queries", type=int, default=4, help="heads sharing the KV head in one call (1-4)")
+    ap.add_argument("--queries", type=int, default=4, help="queries in one call (1-16): the heads sharing a KV head, times the tokens of a prompt block")
     ap.add_argument("--reps", type=int, default=None, help="calls per measurement (default: ~4 M MACs' worth)")
     ap.add_argument("--json", action="store_true", help="one line of JSON (default: indented)")
     a = ap.parse_args()

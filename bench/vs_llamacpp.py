@@ -30,6 +30,20 @@ of ``activations="auto"`` on quantized weights, as llama.cpp computes).
 exact activations (``activations="exact"``, the default before), in the same
 rotation, with its ratios to llama.cpp and to default Ferry.
 
+The memory-bandwidth bound of decode, measured in the same run (as the
+``--moe`` mode does): the memory read of ``--threads`` threads
+(bench/ceiling.py's ``memory_read_gb_s``) before and after the rounds, the
+best of the two (``memory_read_gb_s``); per file (``files.NAME.memory_bound``)
+the weight bytes a decoded token reads, from the GGUF
+(``weight_bytes_per_token``: every matrix once, the output head, the
+embedding's row, the norms; ``weight_bytes`` has the parts), the decode
+tok/s the read allows (``decode_tok_s_bound``) and each engine's median
+decode as a share of it (``decode_share``). The KV cache is counted apart:
+the bytes a decoded token reads from it at the decode's mean context (128
+plus half the decoded tokens; f32 in Ferry, f16 in llama.cpp:
+``kv_bytes_per_token``) and each engine's share of the bound of weights and
+KV cache together (``decode_share_with_kv``).
+
 ``--moe`` measures a mixture-of-experts file instead, in RAM and in memory
 cgroups smaller than the model: bench/vs_llamacpp_moe.py (its docstring says
 what it runs and prints; the arguments after ``--moe`` are its own).
@@ -229,6 +243,61 @@ def child_llama(a) -> dict:
     return out
 
 
+# ---------------------------------------------------------------- the memory-bandwidth bound of decode
+
+
+#: bytes of one value in each engine's KV cache: Ferry's holds f32, llama.cpp's default f16
+KV_VALUE_BYTES = {"ferry": 4, "ferry_exact": 4, "llama_cpp": 2}
+
+
+def weight_bytes_per_token(gguf_path: Path) -> dict:
+    """The weight bytes one decoded token reads, from the GGUF's stored sizes: ``matrices``: every 2-D matrix
+    once, the output head included (a token embedding only when the output shares it), and top-k / n-experts
+    of each stacked (3-D) expert tensor: what Ferry's decode products read; ``embedding_row``: the token's row
+    of the embedding; ``vectors``: the 1-D tensors (norms, biases); ``total``: their sum. Beside them, not in
+    the total: ``kv_values_per_position``, the K and V values one cached position holds over all layers (the
+    rows of every ``attn_k`` and ``attn_v``), which a decoded token reads at each position before it."""
+    from app.convert.gguf_file import GGUFFile   # (Ferry's reader: the gguf package's parses a tokenizer slowly)
+    g = GGUFFile(gguf_path)
+    arch = g.metadata["general.architecture"]
+    n_used, n_experts = (int(g.metadata.get(f"{arch}.{key}", 1)) for key in ("expert_used_count", "expert_count"))
+    out = {"matrices": 0, "embedding_row": 0, "vectors": 0, "kv_values_per_position": 0}
+    for name, t in g.tensors.items():
+        if name == "token_embd.weight":
+            out["embedding_row"] = int(t.nbytes) // int(t.dims[1])
+            if "output.weight" in g.tensors:
+                continue
+        if len(t.dims) == 1:
+            out["vectors"] += int(t.nbytes)
+        elif len(t.dims) == 2:
+            out["matrices"] += int(t.nbytes)
+            if name.endswith((".attn_k.weight", ".attn_v.weight")):
+                out["kv_values_per_position"] += int(t.dims[1])
+        elif len(t.dims) == 3:
+            out["matrices"] += int(t.nbytes) * n_used // n_experts
+    out["total"] = out["matrices"] + out["embedding_row"] + out["vectors"]
+    return out
+
+
+def memory_bound(medians: dict, read_gb_s: float, weights: dict, context: float | None = None) -> dict:
+    """Decode's bound by the memory read (tok/s = read / the weight bytes a token reads) and each engine's
+    median decode (``medians``: engine -> its medians) as a share of it. With ``context`` (the decode's mean
+    number of cached positions), each engine's KV-cache bytes a token reads there too (KV_VALUE_BYTES) and its
+    share of the bound of weights and KV cache together."""
+    bound = read_gb_s * 1e9 / weights["total"]
+    out = {"memory_read_gb_s": read_gb_s, "weight_bytes_per_token": weights["total"], "weight_bytes": weights,
+           "decode_tok_s_bound": bound,
+           "decode_share": {eng: m["decode_tok_s"] / bound for eng, m in medians.items() if m.get("decode_tok_s")}}
+    if context is not None:
+        kv = {eng: weights["kv_values_per_position"] * context * KV_VALUE_BYTES[eng] for eng in out["decode_share"]
+              if eng in KV_VALUE_BYTES}
+        out["kv_context"] = context
+        out["kv_bytes_per_token"] = kv
+        out["decode_share_with_kv"] = {eng: medians[eng]["decode_tok_s"] * (weights["total"] + b) / (read_gb_s * 1e9)
+                                       for eng, b in kv.items()}
+    return out
+
+
 # ---------------------------------------------------------------- driver
 
 
@@ -307,6 +376,8 @@ def main(argv=None) -> int:
     results = {}
     for name in a.files:
         results[name] = {"gguf_bytes": models[name]["gguf_bytes"], "rounds": []}
+    from bench.ceiling import memory_read_gb_s
+    read_before = memory_read_gb_s(a.threads)
     engines = list(ENGINES if a.ferry_exact else ENGINES[:2])
     for r in range(a.rounds):
         for name in a.files:
@@ -321,8 +392,12 @@ def main(argv=None) -> int:
                     rnd[eng] = run_child(llama_py, "llama_cpp", models[name]["gguf"], a)
                 log(json.dumps({"round": r + 1, "file": name, "engine": eng, **rnd[eng]}))  # partial results
             results[name]["rounds"].append(rnd)
+    read_after = memory_read_gb_s(a.threads)
     for name in a.files:
         results[name].update(summarize(results[name]["rounds"]))
+        results[name]["memory_bound"] = memory_bound(results[name]["median"], max(read_before, read_after),
+                                                     weight_bytes_per_token(models[name]["gguf"]),
+                                                     context=128 + (a.tokens - 1) / 2)
     cpu = ""
     try:
         cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
@@ -330,7 +405,8 @@ def main(argv=None) -> int:
         pass
     out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": platform.machine(), "cpu": cpu,
            "cores": os.cpu_count(), "threads": a.threads, "tokens": a.tokens, "rounds": a.rounds,
-           "llama_cpp_python": LLAMA_CPP_VERSION, "files": results}
+           "llama_cpp_python": LLAMA_CPP_VERSION,
+           "memory_read_gb_s": {"before": read_before, "after": read_after, "threads": a.threads}, "files": results}
     print(json.dumps(out, indent=None if a.json else 1))
     return 0
 

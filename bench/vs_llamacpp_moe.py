@@ -45,11 +45,14 @@ llama.cpp's load reads and repacks the whole file before it returns.
 The memory-bandwidth bound of decode, measured in the same run: the memory
 read of ``--threads`` threads (bench/ceiling.py's ``memory_read_gb_s``) before
 and after the rounds, the best of the two taken (a busy machine lowers it);
-the weight bytes a decoded token reads (from the GGUF: every 2-D matrix but a
-token embedding the output does not share, and top-k / n-experts of each
-stacked expert tensor; beside it Ferry's own count of the bytes its decode
-products read); and, in RAM, each engine's decode tok/s x those bytes /
-the read: its share of the bound (``summary.in_ram.memory_bound``).
+the weight bytes a decoded token reads (bench/vs_llamacpp.py's
+``weight_bytes_per_token``, from the GGUF: every 2-D matrix but a token
+embedding the output does not share, top-k / n-experts of each stacked
+expert tensor, the embedding row and the norms; beside it Ferry's own count
+of the bytes its decode products read); and, in RAM, each engine's decode
+tok/s x those bytes / the read: its share of the bound
+(``summary.in_ram.memory_bound``; the KV cache a token reads is counted
+apart, as in the dense mode).
 
 Per run: load seconds, prompt and decode tok/s, bytes read from the disk per
 decoded token (/proc/self/io ``read_bytes``: page faults, readahead and
@@ -82,7 +85,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from anywhere
 
 from bench.procio import io_read_bytes  # noqa: E402  (stdlib only: llama.cpp's child runs in the bench venv)
-from bench.vs_llamacpp import LLAMA_CPP_VERSION, _peak_rss, _prompt, _rss_now, ensure_llama_cpp, log  # noqa: E402
+from bench.vs_llamacpp import (LLAMA_CPP_VERSION, _peak_rss, _prompt, _rss_now, ensure_llama_cpp, log,  # noqa: E402
+                               memory_bound, weight_bytes_per_token)
 
 CGROUP_V1 = Path("/sys/fs/cgroup/memory")
 CGROUP_V2 = Path("/sys/fs/cgroup")
@@ -397,33 +401,6 @@ def summarize(runs: list[dict]) -> dict:
     return out
 
 
-def weight_bytes_per_token(gguf_path: Path) -> int:
-    """The weight bytes one decoded token reads: every 2-D matrix (a token embedding is a row lookup unless the
-    output shares it) and top-k / n-experts of each stacked (3-D) expert tensor."""
-    from app.convert.gguf_file import GGUFFile   # (Ferry's reader: the gguf package's parses a tokenizer slowly)
-    g = GGUFFile(gguf_path)
-    arch = g.metadata["general.architecture"]
-    k, e = (int(g.metadata[f"{arch}.{key}"]) for key in ("expert_used_count", "expert_count"))
-    total = 0
-    for name, t in g.tensors.items():
-        if name == "token_embd.weight" and "output.weight" in g.tensors:
-            continue
-        if len(t.dims) == 2:
-            total += int(t.nbytes)
-        elif len(t.dims) == 3:
-            total += int(t.nbytes) * k // e
-    return total
-
-
-def memory_bound(summary: dict, read_gb_s: float, weight_bytes: int) -> dict:
-    """Decode's bound by the memory read (tok/s = read / weight bytes per token) and each engine's median
-    decode as a share of it, in RAM."""
-    bound = read_gb_s * 1e9 / weight_bytes
-    med = summary.get("in_ram", {}).get("median", {})
-    return {"memory_read_gb_s": read_gb_s, "weight_bytes_per_token": weight_bytes, "decode_tok_s_bound": bound,
-            "decode_share": {eng: m["decode_tok_s"] / bound for eng, m in med.items() if m.get("decode_tok_s")}}
-
-
 def gguf_file(a) -> Path:
     path = a.workdir / f"synthetic-qwen3moe-{a.layers}l-{a.type}.gguf"
     if not path.exists():
@@ -506,8 +483,9 @@ def main(argv=None) -> int:
     read_after = memory_read_gb_s(a.threads)
     summary = summarize(runs)
     if not a.skip_ram:
-        summary["in_ram"]["memory_bound"] = memory_bound(summary, max(read_before, read_after),
-                                                         weight_bytes_per_token(gguf))
+        summary["in_ram"]["memory_bound"] = memory_bound(summary["in_ram"]["median"], max(read_before, read_after),
+                                                         weight_bytes_per_token(gguf),
+                                                         context=a.prompt + (a.tokens - 1) / 2)
     cpu = ""
     try:
         cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))

@@ -107,7 +107,8 @@ typedef struct chunk_bufs {
     float *y;        /* [C][dim] sub-block output */
     fe_moe_bufs moe; /* the MoE loop's scratch (moe.h) */
     float *rows;     /* [threads][max cols] dequantized weight rows */
-    float *scores;   /* [threads][group][n_ctx rounded up to FE_KT] attention scores (one token's heads) */
+    float *scores;   /* [threads][ATT_TOKENS x group][n_ctx rounded up to FE_KT] attention scores (an item's rows) */
+    float *qrows;    /* [threads][ATT_TOKENS x group][head_dim] an item's queries side by side */
 } chunk_bufs;
 
 static int max_cols(const fe_hparams *hp) {
@@ -149,7 +150,8 @@ static uint64_t carve(const fe_hparams *hp, int n_ctx, int n_threads, uint8_t *b
     }
     TAKE(rows, float, (uint64_t)n_threads * (uint64_t)fe_rows_stride(max_cols(hp)));
     TAKE(scores, float,
-         (uint64_t)n_threads * (uint64_t)(hp->n_heads / hp->n_kv_heads) * (uint64_t)FE_KT_PAD(n_ctx));
+         (uint64_t)n_threads * (uint64_t)(ATT_TOKENS * (hp->n_heads / hp->n_kv_heads)) * (uint64_t)FE_KT_PAD(n_ctx));
+    TAKE(qrows, float, (uint64_t)n_threads * (uint64_t)(ATT_TOKENS * (hp->n_heads / hp->n_kv_heads)) * (uint64_t)hp->head_dim);
 #undef TAKE
     return off;
 }
@@ -253,22 +255,26 @@ typedef struct {
 
 /* Causal softmax attention over the cache. One item is a block of up to tb
  * tokens and hb query heads that share one KV head (grouped-query
- * attention); each token's heads go through the kernels FE_ATT_Q at a time,
- * so one load of a K tile or a V row serves all of them, and the item's K
- * and V (at most n_ctx x hd floats each) stay in L2 while its tokens go over
- * them. Every (token, head) row is still computed exactly as alone
- * (kernels.h: each score, weight and output is its own chain in a fixed
- * order), so the split changes the memory traffic, never a bit. */
+ * attention): the block's tb x hb queries go through att_scores in one call,
+ * side by side, so one load of a K tile serves all of them (a token's scores
+ * past its own position, up to the block's last token's, are computed and
+ * not read: those K rows are this chunk's, already stored), then each token's
+ * softmax and weighted sum over its own positions; the item's K and V (at
+ * most n_ctx x hd floats each) stay in L2 while its tokens go over them.
+ * Every (token, head) row is still computed exactly as alone (kernels.h:
+ * each score, weight and output is its own chain in a fixed order), so the
+ * split changes the memory traffic, never a bit. */
 static void attn_items(void *p, int start, int end, int tid) {
     attn_job *j = p;
     ferry_session *s = j->s;
     const fe_hparams *hp = &s->e->c.hp;
     const int hd = hp->head_dim, qd = hp->n_heads * hd;
     const int group = hp->n_heads / hp->n_kv_heads, hb = j->hb;
-    const size_t os = (size_t)FE_KT_PAD(s->n_ctx);
+    const size_t os = (size_t)FE_KT_PAD(s->n_ctx), rows = (size_t)ATT_TOKENS * (size_t)group;
     const float scale = 1.0f / sqrtf((float)hd);
     const fe_kernels *K = s->e->kernels; /* the same bits in every set (kernels.h) */
-    float *scores = j->b->scores + (size_t)tid * (size_t)group * os;
+    float *scores = j->b->scores + (size_t)tid * rows * os;
+    float *qg = j->b->qrows + (size_t)tid * rows * (size_t)hd;
     for (int it = start; it < end; it++) {
         /* items in order of token block fastest: a thread's run of items
          * reads one head's K and V */
@@ -277,16 +283,15 @@ static void attn_items(void *p, int start, int end, int tid) {
         const int t1 = t0 + j->tb < j->n ? t0 + j->tb : j->n; /* tokens [t0, t1) */
         const int h0 = kvh * group + hblk * hb;                 /* heads [h0, h0 + hb) */
         const float *kt = kv_head(k_cache(s), s, j->layer, kvh), *vc = kv_head(v_cache(s), s, j->layer, kvh);
+        for (int t = t0; t < t1; t++) /* the block's queries, token by token, heads side by side */
+            memcpy(qg + (size_t)(t - t0) * (size_t)hb * (size_t)hd, j->b->q + (size_t)t * (size_t)qd + (size_t)h0 * (size_t)hd,
+                   sizeof(float) * (size_t)hb * (size_t)hd);
+        K->att_scores(qg, (t1 - t0) * hb, kt, hd, s->pos + t1, scale, scores, os);
         for (int t = t0; t < t1; t++) {
             const int seen = s->pos + t + 1; /* token t sees positions 0 .. pos + t */
-            for (int hh = 0; hh < hb; hh += FE_ATT_Q) {
-                const int nq = hb - hh < FE_ATT_Q ? hb - hh : FE_ATT_Q;
-                const size_t off = (size_t)t * (size_t)qd + (size_t)(h0 + hh) * (size_t)hd;
-                float *row = scores + (size_t)hh * os;
-                K->att_scores(j->b->q + off, nq, kt, hd, seen, scale, row, os);
-                for (int x = 0; x < nq; x++) K->att_softmax(row + (size_t)x * os, seen);
-                K->att_wsum(j->b->att + off, nq, row, os, vc, (size_t)hd, seen, hd);
-            }
+            float *row = scores + (size_t)(t - t0) * (size_t)hb * os;
+            for (int x = 0; x < hb; x++) K->att_softmax(row + (size_t)x * os, seen);
+            K->att_wsum(j->b->att + (size_t)t * (size_t)qd + (size_t)h0 * (size_t)hd, hb, row, os, vc, (size_t)hd, seen, hd);
         }
     }
 }

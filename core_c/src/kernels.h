@@ -41,7 +41,10 @@ typedef void (*fe_axpy_fn)(float *y, float w, const float *x, int n);
  * - att_wsum, for r < nq, c < hd: out[r * hd + c] = a, where a starts at 0
  *   and a = fma(p[r * ps + i], v[i * vs + c], a) for i = 0 .. np-1 in order.
  * - att_softmax: fe_att_softmax's steps (below), vectorised.
- * nq is at most FE_ATT_Q: the heads of one token that share a KV head. */
+ * nq is any count: the heads of one token that share a KV head, or (a
+ * prompt's scores) those of a block of tokens side by side. The kernels
+ * take FE_ATT_Q queries a pass over K or V (more in the AVX2 set's zmm
+ * scores: kernels_avx2.c). */
 #define FE_KT 16
 #define FE_ATT_Q 4
 #define FE_KT_PAD(n) (((n) + FE_KT - 1) / FE_KT * FE_KT)
@@ -286,10 +289,16 @@ int fe_q2_quantize_impl(int impl, const float *src, int rows, int cols, const fl
  * lacks them); every choice writes the same bytes (core_c/tests/test_kernels.c). */
 int fe_q2_quantize_scans(int scans, const float *src, int rows, int cols, const float *importance, void *dst);
 
-/* Tables built in by kernels_avx2.c / kernels_neon.c (NULL elsewhere). */
+/* Tables built in by kernels_avx2.c / kernels_neon.c (NULL elsewhere). The
+ * AVX2 set's attention runs in zmm registers on CPUs with AVX-512 (the same
+ * bits); fe_kernels_avx2_ymm_table is the set with its AVX2 attention
+ * kernels whatever the CPU (for the tests). */
 const fe_kernels *fe_kernels_avx2_table(void);
+const fe_kernels *fe_kernels_avx2_ymm_table(void);
 const fe_kernels *fe_kernels_neon_table(void);
 int fe_cpu_has_avx2(void);
+/* AVX-512 F, BW and VL with their register state saved by the OS (and AVX2). */
+int fe_cpu_has_avx512(void);
 /* The q3_nl quantizer (quant3.c) with a chosen implementation: FE_KERNELS_AVX2 (when this CPU has it)
  * or any other value for the portable path; both give identical bytes. kind: FE_Q3_SRC_*; scales only
  * for MXFP4. The public ferry_q3_quantize_* use ferry_kernels_best(); ferry_q3_quantize names one. */

@@ -503,6 +503,166 @@ INL void wsum_cols_avx2(float *out, const float *p, size_t ps, const float *v, s
 
 FE_ATT_DRIVERS(avx2, TGT, 8, 8)
 
+/* The same attention kernels in zmm registers, for CPUs with AVX-512
+ * (fe_cpu_has_avx512): one vector is a whole K tile column (FE_KT = 16
+ * positions) or 16 columns of a V row, and 32 registers hold up to 16
+ * (scores) or 24 (weighted sums) chains side by side: the scores of up to
+ * 16 queries (a prompt's block of tokens, each with its heads) per pass over
+ * K, three queries' weighted sums in one pass over V. Every output is still
+ * its own chain of fused multiply-adds in the reference's order: the same
+ * bits as fe_att_scores_f32 / fe_att_wsum_f32 (and as the AVX2 ones).
+ * Prompts of many tokens spend a growing share of their time here (each
+ * token's attention reads its whole context). */
+#define ISA5 "avx512f,avx512bw,avx512vl,avx2,fma,f16c"
+#define TGT5 __attribute__((target(ISA5)))
+#define INL5 static inline __attribute__((always_inline, target(ISA5)))
+/* Accumulator chains side by side (of 32 zmm registers). */
+#ifndef WSUM_CHAINS
+#define WSUM_CHAINS 24
+#endif
+
+int fe_cpu_has_avx512(void) {
+    unsigned a, b, c, d;
+    if (!fe_cpu_has_avx2() || __get_cpuid_max(0, NULL) < 7) return 0;
+    __cpuid_count(7, 0, a, b, c, d);
+    if (!(((b >> 16) & 1) && ((b >> 30) & 1) && ((b >> 31) & 1))) return 0;
+    unsigned lo, hi;
+    __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    (void)hi;
+    return (lo & 0xe6) == 0xe6; /* XMM, YMM, opmask and both ZMM halves */
+}
+
+/* NQ queries x NT tiles (NQ NT <= 16 chains): per column, each tile's 16
+ * values are loaded once for all the queries (each query's value broadcast
+ * from memory). */
+INL5 void scores_tiles_avx512(const float *q, int hd, const float *t, float scale, float *out, size_t os,
+                              const int NQ, const int NT) {
+    __m512 a[16];
+    const size_t ts = (size_t)hd * FE_KT;
+#pragma GCC unroll 16
+    for (int x = 0; x < NQ * NT; x++) a[x] = _mm512_setzero_ps();
+    for (int c = 0; c < hd; c++) {
+        const float *col = t + (size_t)c * FE_KT;
+#pragma GCC unroll 2
+        for (int j = 0; j < NT; j++) {
+            __builtin_prefetch(col + (size_t)j * ts + 8 * FE_KT); /* 8 columns ahead (speed only) */
+            const __m512 k = _mm512_loadu_ps(col + (size_t)j * ts);
+#pragma GCC unroll 16
+            for (int r = 0; r < NQ; r++)
+                a[r * NT + j] = _mm512_fmadd_ps(_mm512_set1_ps(q[(size_t)r * (size_t)hd + (size_t)c]), k, a[r * NT + j]);
+        }
+    }
+    const __m512 sc = _mm512_set1_ps(scale);
+#pragma GCC unroll 16
+    for (int r = 0; r < NQ; r++)
+#pragma GCC unroll 2
+        for (int j = 0; j < NT; j++)
+            _mm512_storeu_ps(out + (size_t)r * os + (size_t)j * FE_KT, _mm512_mul_ps(a[r * NT + j], sc));
+}
+
+/* One pass of NQ = 5..16 queries over all tiles: two tiles at a time up to
+ * 8 queries (beside their broadcasts), else one. */
+INL5 void scores_q_avx512(const float *q, const float *kt, int hd, int tiles, float scale, float *out, size_t os,
+                          const int NQ) {
+    const int NT = NQ <= 8 ? 2 : 1;
+    const size_t ts = (size_t)hd * FE_KT;
+    int j = 0;
+    for (; j + NT <= tiles; j += NT) scores_tiles_avx512(q, hd, kt + j * ts, scale, out + (size_t)j * FE_KT, os, NQ, NT);
+    if (NT > 1)
+        for (; j < tiles; j++) scores_tiles_avx512(q, hd, kt + j * ts, scale, out + (size_t)j * FE_KT, os, NQ, 1);
+}
+
+/* Up to SCORES_QUERIES queries a pass over K (a prompt's block of tokens
+ * and heads: each K line loaded once for all of them); 4 or fewer (one
+ * token's heads in decode) go through the AVX2 kernel, faster there
+ * (measured: docs/bench-log/2026-12-06.md, session 17, h2). */
+#define SCORES_QUERIES 16
+#define SCORES_CASE(M) case M: scores_q_avx512(qr, kt, hd, tiles, scale, o, os, M); break;
+TGT5 static void att_scores_avx512(const float *q, int nq, const float *kt, int hd, int nk, float scale, float *out,
+                                   size_t os) {
+    const int tiles = (nk + FE_KT - 1) / FE_KT;
+    for (int r0 = 0; r0 < nq; r0 += SCORES_QUERIES) {
+        const int m = nq - r0 < SCORES_QUERIES ? nq - r0 : SCORES_QUERIES;
+        const float *qr = q + (size_t)r0 * (size_t)hd;
+        float *o = out + (size_t)r0 * os;
+        if (m <= 4) {
+            att_scores_avx2(qr, m, kt, hd, nk, scale, o, os);
+            continue;
+        }
+        switch (m) {
+            SCORES_CASE(5) SCORES_CASE(6)
+            SCORES_CASE(7) SCORES_CASE(8) SCORES_CASE(9) SCORES_CASE(10) SCORES_CASE(11) SCORES_CASE(12)
+            SCORES_CASE(13) SCORES_CASE(14) SCORES_CASE(15) default: scores_q_avx512(qr, kt, hd, tiles, scale, o, os, 16);
+        }
+    }
+}
+#undef SCORES_CASE
+
+/* Columns [c0, c0 + 16 CB) of NQ queries' weighted sums (NQ CB <= 24
+ * chains): each V row's columns loaded once for all the queries. */
+INL5 void wsum_cols_avx512(float *out, const float *p, size_t ps, const float *v, size_t vs, int np, int hd, int c0,
+                           const int NQ, const int CB) {
+    __m512 a[24];
+#pragma GCC unroll 24
+    for (int x = 0; x < NQ * CB; x++) a[x] = _mm512_setzero_ps();
+    const float *row = v + c0;
+    for (int i = 0; i < np; i++, row += vs) {
+        if (c0 == 0 && i + WSUM_AHEAD < np) /* the first pass: the whole row WSUM_AHEAD ahead (speed only) */
+            for (int b = 0; b < hd; b += 16) __builtin_prefetch(row + WSUM_AHEAD * vs + b);
+        __m512 w[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < NQ; r++) w[r] = _mm512_set1_ps(p[(size_t)r * ps + (size_t)i]);
+#pragma GCC unroll 8
+        for (int b = 0; b < CB; b++) {
+            const __m512 x = _mm512_loadu_ps(row + 16 * b);
+#pragma GCC unroll 4
+            for (int r = 0; r < NQ; r++) a[r * CB + b] = _mm512_fmadd_ps(w[r], x, a[r * CB + b]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < NQ; r++)
+#pragma GCC unroll 8
+        for (int b = 0; b < CB; b++) _mm512_storeu_ps(out + (size_t)r * (size_t)hd + (size_t)c0 + 16 * (size_t)b, a[r * CB + b]);
+}
+
+/* NQ queries' weighted sums: passes of up to WSUM_CHAINS / NQ vectors of
+ * columns (8, 6, 4, 2, 1 at a time: up to three queries' 128 columns in one
+ * pass over V), the last hd % 16 columns in the AVX2 kernel (the same bits,
+ * kernels.h). */
+INL5 void wsum_q_avx512(float *out, const float *p, size_t ps, const float *v, size_t vs, int np, int hd,
+                        const int NQ) {
+    const int CB = WSUM_CHAINS / NQ;
+    int c = 0;
+    if (CB >= 8)
+        for (; c + 16 * 8 <= hd; c += 16 * 8) wsum_cols_avx512(out, p, ps, v, vs, np, hd, c, NQ, 8);
+    if (CB >= 6)
+        for (; c + 16 * 6 <= hd; c += 16 * 6) wsum_cols_avx512(out, p, ps, v, vs, np, hd, c, NQ, 6);
+    if (CB >= 4)
+        for (; c + 16 * 4 <= hd; c += 16 * 4) wsum_cols_avx512(out, p, ps, v, vs, np, hd, c, NQ, 4);
+    for (; c + 16 * 2 <= hd; c += 16 * 2) wsum_cols_avx512(out, p, ps, v, vs, np, hd, c, NQ, 2);
+    for (; c + 16 <= hd; c += 16) wsum_cols_avx512(out, p, ps, v, vs, np, hd, c, NQ, 1);
+    if (c < hd) { /* the rest through the AVX2 kernel's column passes: the same chains */
+        float tail[FE_ATT_Q * 16];
+        const int rest = hd - c;
+        att_wsum_avx2(tail, NQ, p, ps, v + c, vs, np, rest);
+        for (int r = 0; r < NQ; r++)
+            memcpy(out + (size_t)r * (size_t)hd + (size_t)c, tail + (size_t)r * (size_t)rest, sizeof(float) * (size_t)rest);
+    }
+}
+
+TGT5 static void att_wsum_avx512(float *out, int nq, const float *p, size_t ps, const float *v, size_t vs, int np,
+                                 int hd) {
+    for (int r0 = 0; r0 < nq; r0 += FE_ATT_Q) {
+        const int m = nq - r0 < FE_ATT_Q ? nq - r0 : FE_ATT_Q;
+        float *o = out + (size_t)r0 * (size_t)hd;
+        const float *pr = p + (size_t)r0 * ps;
+        if (m == 4) wsum_q_avx512(o, pr, ps, v, vs, np, hd, 4);
+        else if (m == 3) wsum_q_avx512(o, pr, ps, v, vs, np, hd, 3);
+        else if (m == 2) wsum_q_avx512(o, pr, ps, v, vs, np, hd, 2);
+        else wsum_q_avx512(o, pr, ps, v, vs, np, hd, 1);
+    }
+}
+
 /* e^x for x <= 0 (arguments below -87.3 as -87.3): x = n ln2 + r with
  * |r| <= ln2/2 (ln2 in two parts), e^r by a degree-6 polynomial (the
  * classic single-precision minimax coefficients), times 2^n built in the
@@ -574,7 +734,15 @@ TGT static void att_softmax_avx2(float *x, int n) {
 
 FE_SIMD_KERNELS_ROWS(AVX2_TABLE, avx2, TGT);
 
-const fe_kernels *fe_kernels_avx2_table(void) { return &AVX2_TABLE; }
+/* The AVX2 set with the zmm attention kernels (the same bits), for CPUs with AVX-512. */
+static const fe_kernels AVX2_TABLE_ZMM_ATTENTION = {
+    "avx2", FE_PER_FORMAT(rowdot, avx2), dot_avx2, axpy_avx2, att_scores_avx512, att_wsum_avx512,
+    att_softmax_avx2, FE_PER_FORMAT(rowsdot, avx2)};
+
+const fe_kernels *fe_kernels_avx2_table(void) {
+    return fe_cpu_has_avx512() ? &AVX2_TABLE_ZMM_ATTENTION : &AVX2_TABLE;
+}
+const fe_kernels *fe_kernels_avx2_ymm_table(void) { return &AVX2_TABLE; }
 
 TGT static uint64_t read_avx2(const void *p, size_t nbytes, int reps, int streams) {
     __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
@@ -601,7 +769,9 @@ uint64_t fe_memory_read_simd(const void *p, size_t nbytes, int reps, int streams
 #else /* not x86-64 */
 
 int fe_cpu_has_avx2(void) { return 0; }
+int fe_cpu_has_avx512(void) { return 0; }
 const fe_kernels *fe_kernels_avx2_table(void) { return 0; }
+const fe_kernels *fe_kernels_avx2_ymm_table(void) { return 0; }
 uint64_t fe_memory_read_simd(const void *p, size_t nbytes, int reps, int streams) {
     (void)p, (void)nbytes, (void)reps, (void)streams;
     return 0;

@@ -30,18 +30,6 @@ static inline unsigned q2_word(const uint8_t *p, int k) { return (unsigned)p[2 *
 #define TGT5 __attribute__((target(ISA5)))
 #define INL5 static inline __attribute__((always_inline, target(ISA5)))
 
-/* AVX-512 F, BW and VL with their register state saved by the OS. */
-static int cpu_has_avx512(void) {
-    unsigned a, b, c, d;
-    if (!fe_cpu_has_avx2() || __get_cpuid_max(0, NULL) < 7) return 0;
-    __cpuid_count(7, 0, a, b, c, d);
-    if (!(((b >> 16) & 1) && ((b >> 30) & 1) && ((b >> 31) & 1))) return 0;
-    unsigned lo, hi;
-    __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    (void)hi;
-    return (lo & 0xe6) == 0xe6; /* XMM, YMM, opmask and both ZMM halves */
-}
-
 /* ------------------------------------------------------------- AVX2 */
 
 /* The 8 weights of word k: the codebook row, the sign bits xor-ed in, times s. */
@@ -119,7 +107,7 @@ FE_ROWDOT_PAIRS(x86, TGT5, q2vq_avx512)
 fe_rowdot_fn fe_q2vq_kernel(int variant) {
     switch (variant) {
     case FE_Q2VQ_AVX2: return fe_cpu_has_avx2() ? rowdot_x86_q2vq_avx2 : NULL;
-    case FE_Q2VQ_AVX512: return cpu_has_avx512() ? rowdot_x86_q2vq_avx512 : NULL;
+    case FE_Q2VQ_AVX512: return fe_cpu_has_avx512() ? rowdot_x86_q2vq_avx512 : NULL;
     default: return NULL;
     }
 }

@@ -1,0 +1,87 @@
+"""bench/vs_llamacpp.py's memory-bandwidth bound of decode (dense and --moe):
+the weight bytes a decoded token reads (counted from the GGUF, checked
+against what Ferry's decode products read and the embedding row it looks
+up) and each engine's share of the bound, the KV cache counted apart."""
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from tests.conftest import REPO
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("vs_llamacpp_under_test", REPO / "bench" / "vs_llamacpp.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _decode_matmul_bytes(container) -> float:
+    from app.engine.binding import Engine
+    with Engine(container, threads=1) as eng:
+        s = eng.session(64)
+        s.eval([1, 2, 3])
+        s.set_profiling(True)
+        for tok in (4, 5):
+            s.eval([tok])
+        dec = s.profile()["decode"]
+        s.close()
+    return sum(m["bytes"] for m in dec["matmul"].values()) / dec["tokens"]
+
+
+def test_dense_weight_bytes_per_token_are_what_ferrys_decode_reads(tmp_path):
+    """Every matrix once with the output head (what Ferry's products read a
+    token), plus the token's embedding row and the norms; the KV values per
+    position from the tiny shape (2 layers x K and V x 2 KV heads of 64)."""
+    from app.convert.convert import convert
+    from app.convert.gguf_file import GGUFFile
+
+    vs = _bench()
+    make = importlib.util.spec_from_file_location("make_gguf_llama_under_test", REPO / "bench" / "make_gguf_llama.py")
+    mk = importlib.util.module_from_spec(make)
+    make.loader.exec_module(mk)
+    gguf = mk.write(tmp_path / "tiny.gguf", "tiny", "q4_k_m")
+    got = vs.weight_bytes_per_token(gguf)
+    g = GGUFFile(gguf)
+    emb = g.tensors["token_embd.weight"]
+    assert got["embedding_row"] == emb.nbytes // emb.dims[1] > 0
+    assert got["vectors"] == (2 * 2 + 1) * 256 * 4          # attn_norm, ffn_norm a layer, output_norm: f32
+    assert got["kv_values_per_position"] == 2 * 2 * 2 * 64
+    assert got["total"] == got["matrices"] + got["embedding_row"] + got["vectors"]
+    assert got["matrices"] == _decode_matmul_bytes(convert(gguf, tmp_path / "tiny.ferry"))
+
+
+def test_moe_weight_bytes_count_top_k_of_each_expert_tensor(tmp_path):
+    """Top-k of n experts of each stacked tensor, no token embedding matrix:
+    what Ferry's decode products read a token."""
+    from app.convert.convert import convert
+
+    vs = _bench()
+    spec = importlib.util.spec_from_file_location("make_gguf_moe_under_test", REPO / "bench" / "make_gguf_moe.py")
+    mk = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mk)
+    gguf = mk.write(tmp_path / "tiny.gguf", "q4_0", size="tiny")
+    assert vs.weight_bytes_per_token(gguf)["matrices"] == _decode_matmul_bytes(convert(gguf, tmp_path / "tiny.ferry"))
+
+
+def test_tied_output_counts_the_embedding_as_the_head_and_its_row(demo_gguf, demo_container):
+    """The demo's output shares the token embedding: the head reads the whole
+    matrix (in `matrices`, as Ferry's products do) and the lookup its row."""
+    vs = _bench()
+    got = vs.weight_bytes_per_token(demo_gguf)
+    assert got["matrices"] == _decode_matmul_bytes(demo_container)
+    assert got["embedding_row"] > 0 and got["total"] > got["matrices"]
+
+
+def test_memory_bound_shares_with_and_without_the_kv_cache():
+    vs = _bench()
+    weights = {"total": 600_000_000, "kv_values_per_position": 1000}
+    medians = {"ferry": {"decode_tok_s": 12.0}, "llama_cpp": {"decode_tok_s": 8.0}, "failed": {}}
+    out = vs.memory_bound(medians, 24.0, weights, context=100)
+    assert out["decode_tok_s_bound"] == pytest.approx(40.0)
+    assert out["decode_share"] == {"ferry": pytest.approx(0.3), "llama_cpp": pytest.approx(0.2)}
+    assert out["kv_bytes_per_token"] == {"ferry": 400_000, "llama_cpp": 200_000}   # f32 / f16 values
+    assert out["decode_share_with_kv"]["ferry"] == pytest.approx(12.0 * 600_400_000 / 24e9)
+    assert "kv_bytes_per_token" not in vs.memory_bound(medians, 24.0, weights)
