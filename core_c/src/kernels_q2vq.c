@@ -31,7 +31,7 @@ static inline unsigned q2_word(const uint8_t *p, int k) { return (unsigned)p[2 *
 #define INL5 static inline __attribute__((always_inline, target(ISA5)))
 
 /* AVX-512 F, BW and VL with their register state saved by the OS. */
-static int cpu_has_avx512(void) {
+int fe_cpu_has_avx512(void) {
     unsigned a, b, c, d;
     if (!fe_cpu_has_avx2() || __get_cpuid_max(0, NULL) < 7) return 0;
     __cpuid_count(7, 0, a, b, c, d);
@@ -119,7 +119,7 @@ FE_ROWDOT_PAIRS(x86, TGT5, q2vq_avx512)
 fe_rowdot_fn fe_q2vq_kernel(int variant) {
     switch (variant) {
     case FE_Q2VQ_AVX2: return fe_cpu_has_avx2() ? rowdot_x86_q2vq_avx2 : NULL;
-    case FE_Q2VQ_AVX512: return cpu_has_avx512() ? rowdot_x86_q2vq_avx512 : NULL;
+    case FE_Q2VQ_AVX512: return fe_cpu_has_avx512() ? rowdot_x86_q2vq_avx512 : NULL;
     default: return NULL;
     }
 }
@@ -165,16 +165,14 @@ static inline void q2vq_neon_pair(const uint8_t *row, int cols, const float *xa,
 FE_ROWDOT_PAIRS(arm, , q2vq_neon)
 
 fe_rowdot_fn fe_q2vq_kernel(int variant) { return variant == FE_Q2VQ_NEON ? rowdot_arm_q2vq_neon : NULL; }
+int fe_cpu_has_avx512(void) { return 0; }
 
 #else
 fe_rowdot_fn fe_q2vq_kernel(int variant) {
     (void)variant;
     return NULL;
 }
+int fe_cpu_has_avx512(void) { return 0; }
 #endif
 
-int fe_q2vq_variant(int impl) {
-    if (impl == FE_KERNELS_AVX2) return fe_q2vq_kernel(FE_Q2VQ_AVX512) ? FE_Q2VQ_AVX512 : FE_Q2VQ_AVX2;
-    if (impl == FE_KERNELS_NEON) return FE_Q2VQ_NEON;
-    return FE_Q2VQ_SCALAR;
-}
+int fe_q2vq_variant(int impl) { return fe_simd_variant(impl); }
