@@ -116,6 +116,8 @@ uint64_t fe_row_bytes(int fmt, uint64_t cols);
 void fe_dequant_row(int fmt, const void *row, float *out, int cols);
 
 float fe_f16_to_f32(uint16_t h);
+/* f32 -> IEEE half, round to nearest even, overflow to inf (as numpy's astype(float16); quant_blocks.c). */
+uint16_t fe_f32_to_f16(float f);
 float fe_bf16_to_f32(uint16_t h);
 
 /* iq4_xs: ggml's IQ4_XS layout (GGUF type 23; docs/FORMAT.md), 4.25 bits
