@@ -32,11 +32,12 @@ sys.path.insert(0, str(_HERE.parent))
 
 
 def _load_quant_quality():
+    """bench/quant_quality.py, through bench/quant2_quality.py's loader (bench/ stays off sys.path)."""
     import importlib.util
-    spec = importlib.util.spec_from_file_location("quant_quality", _HERE / "quant_quality.py")
+    spec = importlib.util.spec_from_file_location("quant2_quality", _HERE / "quant2_quality.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod
+    return mod._qq
 
 
 def main(argv=None) -> int:

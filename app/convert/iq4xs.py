@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from app.convert.quant3 import _importance, _lib, _out, _run_rows
+from app.convert.quant3 import _lib, quantize_rows
 from app.engine.binding import FORMATS
 
 NAME = "iq4_xs"
@@ -25,22 +25,5 @@ def quantize(values: np.ndarray, importance: np.ndarray | None = None, threads: 
     """float32 [..., cols] -> iq4_xs bytes (uint8, flat; into ``out`` if given).
     ``importance``: None or ``cols`` non-negative weights per input column.
     The bytes do not depend on ``threads`` (blocks are quantized independently)."""
-    ffi, lib = _lib()
-    src = np.ascontiguousarray(values, dtype=np.float32)
-    cols = src.shape[-1] if src.ndim else 0
-    rows = src.size // cols if cols else 0
-    if cols == 0 or cols % BLOCK:
-        raise ValueError(f"iq4_xs needs rows of a multiple of {BLOCK} values, got {cols}")
-    out = _out(out, rows * (cols // BLOCK) * BLOCK_BYTES)
-    imp_ptr, _keep = _importance(importance, cols)
-    flat = src.reshape(rows, cols)
-    rb = cols // BLOCK * BLOCK_BYTES
-
-    def part(r0: int, r1: int) -> None:
-        rc = lib.ferry_iq4xs_quantize_f32(ffi.from_buffer("float[]", flat[r0:r1]), r1 - r0, cols, imp_ptr,
-                                          ffi.from_buffer(out[r0 * rb:r1 * rb]))
-        if rc != 0:
-            raise ValueError("cannot quantize non-finite values (or bad importance) to iq4_xs")
-
-    _run_rows(rows, part, threads)
-    return out
+    _, lib = _lib()
+    return quantize_rows(NAME, BLOCK, BLOCK_BYTES, lib.ferry_iq4xs_quantize_f32, values, importance, threads, out)

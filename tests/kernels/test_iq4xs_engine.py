@@ -20,14 +20,9 @@ import pytest
 from app.convert import iq4xs, quant
 from app.engine.binding import Engine
 from tests.conftest import run_ferry
+from tests.kernels.test_q2vq_engine import _heavy_tailed
 from tests.kernels.test_q3_engine import build_moe256, run_engine, tokens  # noqa: F401 (a fixture)
 from tests.tiny_models import dequantized_reference_model, reference, rel_l2
-
-
-def _heavy_tailed(rows=64, cols=768, seed=3):
-    rng = np.random.default_rng(seed)
-    w = rng.standard_t(5, (rows, cols)) * np.exp(0.5 * rng.standard_normal((rows, 1)))
-    return (0.02 * w).astype(np.float32)
 
 
 def test_quantizer_beats_q4_0_and_gguf_py_reads_its_bytes():
