@@ -44,8 +44,9 @@ INL2 void iq4xs_avx2_pair(const uint8_t *row, int cols, const float *xa, const f
     for (int i = 0; i < 4; i++) a[i] = b[i] = _mm256_setzero_ps();
     for (int blk = 0; blk < cols / FE_IQ4_BLOCK; blk++) {
         const uint8_t *p = row + (size_t)FE_IQ4_BYTES * (size_t)blk;
+        const float d = f16_1(p); /* fe_iq4xs_scale's d, by F16C */
         for (int ib = 0; ib < 8; ib++) {
-            const __m256 s = _mm256_set1_ps(fe_iq4xs_scale(p, ib));
+            const __m256 s = _mm256_set1_ps(d * (float)(fe_iq4xs_code(p, ib) - 32));
             const __m256i l = fe_iq4xs_levels(p + 8 + 16 * ib);
             const float *x0 = xa + FE_IQ4_BLOCK * blk + 32 * ib, *x1 = xb + FE_IQ4_BLOCK * blk + 32 * ib;
             for (int i = 0; i < 4; i++) {
@@ -69,8 +70,9 @@ INL5 void iq4xs_avx512_pair(const uint8_t *row, int cols, const float *xa, const
     for (int i = 0; i < 4; i++) a[i] = b[i] = _mm512_setzero_ps();
     for (int blk = 0; blk < cols / FE_IQ4_BLOCK; blk++) {
         const uint8_t *p = row + (size_t)FE_IQ4_BYTES * (size_t)blk;
+        const float d = f16_1(p);
         for (int ib = 0; ib < 8; ib++) {
-            const __m512 s = _mm512_set1_ps(fe_iq4xs_scale(p, ib));
+            const __m512 s = _mm512_set1_ps(d * (float)(fe_iq4xs_code(p, ib) - 32));
             const __m256i l = fe_iq4xs_levels(p + 8 + 16 * ib);
             const __m512 w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(l))), s);
             const __m512 w1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(l, 1))), s);
@@ -123,8 +125,9 @@ INL void iq4xs_neon_pair(const uint8_t *row, int cols, const float *xa, const fl
     for (int i = 0; i < 4; i++) a[i] = b[i] = vdupq_n_f32(0.0f);
     for (int blk = 0; blk < cols / FE_IQ4_BLOCK; blk++) {
         const uint8_t *p = row + (size_t)FE_IQ4_BYTES * (size_t)blk;
+        const float d = fe_f16_to_f32((uint16_t)(p[0] | p[1] << 8));
         for (int ib = 0; ib < 8; ib++) {
-            const float32x4_t s = vdupq_n_f32(fe_iq4xs_scale(p, ib));
+            const float32x4_t s = vdupq_n_f32(d * (float)(fe_iq4xs_code(p, ib) - 32));
             int8x16_t l[2];
             fe_iq4xs_levels(p + 8 + 16 * ib, &l[0], &l[1]);
             const float *x0 = xa + FE_IQ4_BLOCK * blk + 32 * ib, *x1 = xb + FE_IQ4_BLOCK * blk + 32 * ib;

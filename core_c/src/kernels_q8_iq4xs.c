@@ -39,58 +39,43 @@ INL2 __m256 fold2(__m256 acc, float a, __m256i p) {
     return _mm256_fmadd_ps(_mm256_set1_ps(a), _mm256_cvtepi32_ps(p), acc);
 }
 
-/* Block b (32 values: super-block b / 8, sub-block b % 8) into acc[t]. */
-INL2 void q8_block_avx2(const uint8_t *row, int cols, const uint8_t *xq, size_t st, int b, const int nt,
-                        __m256 *acc) {
-    const uint8_t *p = row + (size_t)FE_IQ4_BYTES * (size_t)(b >> 3);
-    const float D = fe_iq4xs_scale(p, b & 7);
-    const __m256i w = fe_iq4xs_levels(p + 8 + 16 * (b & 7)), aw = _mm256_sign_epi8(w, w);
-    for (int t = 0; t < nt; t++) {
-        const __m256i x = _mm256_loadu_si256((const __m256i *)(XQ(t) + 32 * (size_t)b));
-        const __m256i pr = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w)), _mm256_set1_epi16(1));
-        acc[t] = fold2(acc[t], D * DX(t)[b], pr);
-    }
-}
+/* The lanes' 4-product integer sums of |w| (unsigned) and x signed by w: AVX2's maddubs then madd
+ * with ones, or AVX-512 VNNI's vpdpbusd: the same integers. */
+#define PRODUCT_AVX2(aw, xs) _mm256_madd_epi16(_mm256_maddubs_epi16(aw, xs), _mm256_set1_epi16(1))
+#define PRODUCT_VNNI(aw, xs) _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, xs)
 
-INL2 void iq4xs_avx2_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, float *y, size_t ys,
-                          const int nt) {
-    const int nb = cols / 32;
-    __m256 A[4], B[4];
-    for (int t = 0; t < nt; t++) A[t] = B[t] = _mm256_setzero_ps();
-    for (int b = 0; b < nb; b += 2) { /* nb is a multiple of 8 */
-        q8_block_avx2(row, cols, xq, st, b, nt, A);
-        q8_block_avx2(row, cols, xq, st, b + 1, nt, B);
-    }
-    for (int t = 0; t < nt; t++) y[(size_t)t * ys] = hsum8(_mm256_add_ps(A[t], B[t]));
-}
-FE_Q8_DRIVER(q8x86, TGT2, iq4xs_avx2, fe_q8_stride)
+/* A set's block and tile over PRODUCT, and its driver rowdot_q8x86_iq4xs_<name>:
+ * q8_block_<name> puts block b (32 values: sub-block b % 8 of super-block p, whose d is
+ * given) into acc[t]; even blocks go to A, odd ones to B (kernels_q8.h). */
+#define X86_SET(name, INLA, TGTA, PRODUCT)                                                                   \
+    INLA void q8_block_##name(const uint8_t *p, float d, int cols, const uint8_t *xq, size_t st, int b,      \
+                              const int nt, __m256 *acc) {                                                   \
+        const float D = d * (float)(fe_iq4xs_code(p, b & 7) - 32); /* fe_iq4xs_scale */                     \
+        const __m256i w = fe_iq4xs_levels(p + 8 + 16 * (b & 7)), aw = _mm256_sign_epi8(w, w);               \
+        for (int t = 0; t < nt; t++) {                                                                       \
+            const __m256i x = _mm256_loadu_si256((const __m256i *)(XQ(t) + 32 * (size_t)b));                 \
+            acc[t] = fold2(acc[t], D * DX(t)[b], PRODUCT(aw, _mm256_sign_epi8(x, w)));                       \
+        }                                                                                                    \
+    }                                                                                                        \
+    INLA void iq4xs_##name##_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, float *y,     \
+                                  size_t ys, const int nt) {                                                 \
+        const int nb = cols / 32;                                                                            \
+        __m256 A[4], B[4];                                                                                   \
+        for (int t = 0; t < nt; t++) A[t] = B[t] = _mm256_setzero_ps();                                      \
+        for (int j = 0; j < nb / 8; j++) { /* super-blocks: nb is a multiple of 8 */                         \
+            const uint8_t *p = row + (size_t)FE_IQ4_BYTES * (size_t)j;                                       \
+            const float d = f16_1(p);                                                                        \
+            for (int b = 8 * j; b < 8 * j + 8; b += 2) {                                                     \
+                q8_block_##name(p, d, cols, xq, st, b, nt, A);                                               \
+                q8_block_##name(p, d, cols, xq, st, b + 1, nt, B);                                           \
+            }                                                                                                \
+        }                                                                                                    \
+        for (int t = 0; t < nt; t++) y[(size_t)t * ys] = hsum8(_mm256_add_ps(A[t], B[t]));                   \
+    }                                                                                                        \
+    FE_Q8_DRIVER(q8x86, TGTA, iq4xs_##name, fe_q8_stride)
 
-/* --------------------------------------------------- q8, AVX-512 VNNI */
-
-INLV void q8_block_vnni(const uint8_t *row, int cols, const uint8_t *xq, size_t st, int b, const int nt,
-                        __m256 *acc) {
-    const uint8_t *p = row + (size_t)FE_IQ4_BYTES * (size_t)(b >> 3);
-    const float D = fe_iq4xs_scale(p, b & 7);
-    const __m256i w = fe_iq4xs_levels(p + 8 + 16 * (b & 7)), aw = _mm256_sign_epi8(w, w);
-    for (int t = 0; t < nt; t++) {
-        const __m256i x = _mm256_loadu_si256((const __m256i *)(XQ(t) + 32 * (size_t)b));
-        const __m256i pr = _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, _mm256_sign_epi8(x, w));
-        acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(D * DX(t)[b]), _mm256_cvtepi32_ps(pr), acc[t]);
-    }
-}
-
-INLV void iq4xs_vnni_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, float *y, size_t ys,
-                          const int nt) {
-    const int nb = cols / 32;
-    __m256 A[4], B[4];
-    for (int t = 0; t < nt; t++) A[t] = B[t] = _mm256_setzero_ps();
-    for (int b = 0; b < nb; b += 2) {
-        q8_block_vnni(row, cols, xq, st, b, nt, A);
-        q8_block_vnni(row, cols, xq, st, b + 1, nt, B);
-    }
-    for (int t = 0; t < nt; t++) y[(size_t)t * ys] = hsum8(_mm256_add_ps(A[t], B[t]));
-}
-FE_Q8_DRIVER(q8x86, TGTV, iq4xs_vnni, fe_q8_stride)
+X86_SET(avx2, INL2, TGT2, PRODUCT_AVX2)
+X86_SET(vnni, INLV, TGTV, PRODUCT_VNNI)
 
 fe_q8dot_fn fe_iq4xs_q8_kernel(int impl) {
     switch (impl) {
@@ -120,9 +105,8 @@ INL int32x4_t dot16(int8x16_t a, int8x16_t b) {
 
 typedef struct { float32x4_t lo, hi; } v8;
 
-INL void q8_block_neon(const uint8_t *row, int cols, const uint8_t *xq, size_t st, int b, const int nt, v8 *acc) {
-    const uint8_t *p = row + (size_t)FE_IQ4_BYTES * (size_t)(b >> 3);
-    const float D = fe_iq4xs_scale(p, b & 7);
+INL void q8_block_neon(const uint8_t *p, float d, int cols, const uint8_t *xq, size_t st, int b, const int nt, v8 *acc) {
+    const float D = d * (float)(fe_iq4xs_code(p, b & 7) - 32); /* fe_iq4xs_scale */
     int8x16_t lo, hi;
     fe_iq4xs_levels(p + 8 + 16 * (b & 7), &lo, &hi);
     for (int t = 0; t < nt; t++) {
@@ -138,9 +122,13 @@ INL void iq4xs_neon_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t
     const int nb = cols / 32;
     v8 A[4], B[4];
     for (int t = 0; t < nt; t++) A[t].lo = A[t].hi = B[t].lo = B[t].hi = vdupq_n_f32(0.0f);
-    for (int b = 0; b < nb; b += 2) {
-        q8_block_neon(row, cols, xq, st, b, nt, A);
-        q8_block_neon(row, cols, xq, st, b + 1, nt, B);
+    for (int j = 0; j < nb / 8; j++) { /* super-blocks: nb is a multiple of 8 */
+        const uint8_t *p = row + (size_t)FE_IQ4_BYTES * (size_t)j;
+        const float d = fe_f16_to_f32((uint16_t)(p[0] | p[1] << 8));
+        for (int b = 8 * j; b < 8 * j + 8; b += 2) {
+            q8_block_neon(p, d, cols, xq, st, b, nt, A);
+            q8_block_neon(p, d, cols, xq, st, b + 1, nt, B);
+        }
     }
     for (int t = 0; t < nt; t++) { /* ((v0+v4)+(v2+v6)) + ((v1+v5)+(v3+v7)) */
         const float32x4_t s = vaddq_f32(vaddq_f32(A[t].lo, B[t].lo), vaddq_f32(A[t].hi, B[t].hi));
