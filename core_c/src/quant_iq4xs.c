@@ -6,7 +6,9 @@
  * 1. Each 32-value sub-block's best float scale on the non-linear grid: the
  *    value of largest magnitude xm is put on a grid level near either end
  *    (xm / L for L = -127 - 8 .. -127 + 8 and 113 - 8 .. 113 + 8, in steps
- *    of 1); for each candidate every value takes its nearest level, and the
+ *    of 4: steps of 1 gave the same error to 5 digits on the demo and K3
+ *    stand-in matrices at 2.6x the time); for each candidate every value
+ *    takes its nearest level, and the
  *    least-squares scale for those levels, s = sum(w x l) / sum(w l^2), is
  *    scored by the error it leaves (sum(w x^2) - sum(w x l)^2 / sum(w l^2));
  *    the best is kept.
@@ -48,7 +50,7 @@ static float best_scale(const float *x, const float *w) {
     if (amax == 0.0f) return 0.0f;
     float best = 0.0f, best_score = -1.0f;
     for (int end = 0; end < 2; end++)
-        for (int k = -8; k <= 8; k++) {
+        for (int k = -8; k <= 8; k += 4) {
             const float inv = (float)((end ? 113 : -127) + k) / xm;
             float sxl = 0.0f, sll = 0.0f;
             for (int i = 0; i < SUB; i++) {
