@@ -5,7 +5,7 @@ Python, so settings load without the core.
 
 - ``auto`` (the default): each token's input is rounded to 8 bits (per 32
   values; per 256 for K-quant weights) and quantized weights (q8_0, q4_0,
-  q4_1, q4_k, q5_k, q6_k, q3_nl) are multiplied with integer dot products, as
+  q4_1, q4_k, q5_k, q6_k, q3_nl, iq4_xs) are multiplied with integer dot products, as
   llama.cpp does; other weights stay exact, and a model without such weights
   runs the exact path. On the real demo weights this moves the next-token
   distribution by a mean KL of about 0.006, far below what the 4-bit weights

@@ -25,7 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = [ROOT / "core_c" / "src" / f for f in ("formats.c", "kernels.c", "kernels_avx2.c", "kernels_neon.c", "kernels_q2vq.c",
-                                                  "quant3.c", "quant_blocks.c")]
+                                                  "quant3.c", "quant_blocks.c", "kernels_iq4xs.c")]
 
 
 def build(tmp: Path) -> Path:

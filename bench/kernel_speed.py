@@ -165,10 +165,10 @@ def bench_kernel(impl: int, fmt: str, n: int, threads: int, mb: float, rng, cach
 
 KERNEL_FILES = ("include/ferry_kernels.h", "src/formats.h", "src/formats.c", "src/kernels.h", "src/kernels.c",
                 "src/kernels_avx2.c", "src/kernels_avx2_util.h", "src/kernels_neon.c", "src/kernels_q2vq.c", "src/quant3.c", "src/quant_blocks.c",
-                "src/common.h")
+                "src/common.h", "src/kernels_iq4xs.c", "src/kernels_iq4xs.h")
 #: With --q8: the 8-bit-activation kernels as well (ferry_kernel_matmul_q8).
 Q8_FILES = ("include/ferry.h", "src/kernels_q8.h", "src/kernels_q8.c", "src/kernels_q8_avx2.c", "src/kernels_q8_avx512.c",
-            "src/kernels_q8_neon.c")
+            "src/kernels_q8_neon.c", "src/kernels_q8_iq4xs.c")
 
 
 def build_kernels(rev: str | None, folder: Path, q8: bool = False):
@@ -275,7 +275,8 @@ def int8_experiment(mb: float) -> list[dict]:
         return [{"error": "no C compiler"}]
     core = root / "core_c"
     srcs = [root / "bench" / "q3_int8.c"] + [core / "src" / f for f in
-                                             ("formats.c", "kernels.c", "kernels_avx2.c", "kernels_neon.c", "kernels_q2vq.c", "quant3.c")]
+                                             ("formats.c", "kernels.c", "kernels_avx2.c", "kernels_neon.c", "kernels_q2vq.c", "quant3.c",
+                                              "kernels_iq4xs.c", "quant_blocks.c")]
     res = []
     with tempfile.TemporaryDirectory() as tmp:
         for ablk in (32, 64):

@@ -27,7 +27,7 @@ SHAPES = {  # dim, layers, ffn, heads, kv heads
     "3b": (3072, 28, 8192, 24, 8),
     "tiny": (256, 2, 512, 4, 2),  # for tests
 }
-TYPES = ("q4_k_m", "q8_0")
+TYPES = ("q4_k_m", "q8_0", "iq4_xs")
 
 
 def _f16(values: np.ndarray) -> np.ndarray:
@@ -35,7 +35,7 @@ def _f16(values: np.ndarray) -> np.ndarray:
 
 
 def random_blocks(rng: np.random.Generator, rows: int, cols: int, qtype: str) -> np.ndarray:
-    """[rows, row_bytes] of random Q4_0 / Q8_0 / Q4_K / Q6_K blocks."""
+    """[rows, row_bytes] of random Q4_0 / Q8_0 / Q4_K / Q6_K / IQ4_XS blocks."""
     if qtype == "Q4_0":
         # nibbles 1..15: values (q - 8) d are symmetric about zero (std 4.32 d)
         nb = rows * cols // 32
@@ -59,6 +59,15 @@ def random_blocks(rng: np.random.Generator, rows: int, cols: int, qtype: str) ->
         out = rng.integers(0, 256, (nb, 210), dtype=np.uint8)
         out[:, 192:208] = rng.integers(1, 32, (nb, 16), dtype=np.uint8)  # positive int8 scales
         out[:, 208:210] = _f16(np.full(nb, 0.02 / (16 * 18), np.float32))
+    elif qtype == "IQ4_XS":
+        # 6-bit codes 40..56 (sub-block scales 8..24 d), random indices (levels' std about 64)
+        nb = rows * cols // 256
+        out = rng.integers(0, 256, (nb, 136), dtype=np.uint8)
+        out[:, 0:2] = _f16(np.full(nb, 0.02 / (64 * 16), np.float32))
+        ls = rng.integers(40, 57, (nb, 8)).astype(np.uint16)
+        out[:, 4:8] = ((ls[:, 0::2] & 15) | ((ls[:, 1::2] & 15) << 4)).astype(np.uint8)
+        hi = sum(((ls[:, j] >> 4) & 3) << (2 * j) for j in range(8)).astype("<u2")
+        out[:, 2:4] = hi.view(np.uint8).reshape(nb, 2)
     else:
         raise ValueError(qtype)
     return out.reshape(rows, -1)
@@ -113,12 +122,12 @@ def write(out: Path, size: str, qtype: str, seed: int = 0) -> Path:
     w.add_rope_freq_base(500000.0)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_dimension_count(head)
-    w.add_file_type(15 if qtype == "q4_k_m" else 7)  # llama.cpp's LLAMA_FTYPE_MOSTLY_Q4_K_M / Q8_0
+    w.add_file_type({"q4_k_m": 15, "q8_0": 7, "iq4_xs": 30}[qtype])  # llama.cpp's LLAMA_FTYPE_MOSTLY_*
     add_tokenizer(w, tok)
 
     def kind(name: str, layer: int) -> str:
-        if qtype == "q8_0":
-            return "Q8_0"
+        if qtype in ("q8_0", "iq4_xs"):
+            return qtype.upper()
         # Q4_K_M: Q6_K for the output and for attn_v / ffn_down in some layers.
         if name == "output":
             return "Q6_K"

@@ -853,11 +853,16 @@ MAC = {"name": "MacBook Pro M5 Pro, 64 GB", "ram": 64 << 30, "cores": 18, "memor
 PUBLIC_ENGINE = {"tok_per_s": [0.45, 0.62], "cache_bytes": 17.6e9, "hit_rate": 0.38, "tok_per_s_top8": 0.89}
 
 
+#: K3's trunk format on a 64 GB Mac: what `ferry check` / the catalogue recommend there (format_choices'
+#: rule; tests/get/test_catalogue.py checks the catalogue row says the same).
+K3_TRUNK = "iq4_xs"
+
+
 def mac_prediction(one_core_bps) -> dict:
     """K3 on MAC by the one estimator (app.engine.speed.token_seconds with
     the per-layer record pipeline, as app.get.plan.estimate runs it for
     `ferry get --plan` and the catalogue): the floor, bytes and recommended
-    budget the catalogue plans for 64 GB (q4_0 trunk; q3_nl or q2_vq
+    budget the catalogue plans for 64 GB (K3_TRUNK trunk; q3_nl or q2_vq
     experts), the SSD at both published figures, exact routing (16 experts)
     and 8 experts per token, three hit rates for the cache that budget
     leaves: "ferry" (app.engine.speed.expected_hit_rate: the engine's policy
@@ -892,7 +897,7 @@ def mac_prediction(one_core_bps) -> dict:
     kernels = {"memory": memory, "cores_as_here": cores}
     out = {"machine": MAC, "public_engine": PUBLIC_ENGINE, "formats": {}}
     for fmt in ("q3_nl", "q2_vq"):
-        c = plan_from_config(k3.config, ram=MAC["ram"], trunk_format="q4_0", expert_format=fmt)
+        c = plan_from_config(k3.config, ram=MAC["ram"], trunk_format=K3_TRUNK, expert_format=fmt)
         everything = (c["trunk_bytes"] + c["state_bytes"] + c["scratch_bytes"] + c["experts_total_bytes"]
                       + c["policy_all_bytes"])
         budget = auto_budget(c["floor_bytes"], c["cold_bytes_per_token"], everything, mem).budget
@@ -911,10 +916,10 @@ def mac_prediction(one_core_bps) -> dict:
                     for ssd, bps in MAC["ssd_bytes_per_s"].items():
                         read = int(experts * (1 - h))
                         args = (trunk, experts, read, kernel(fmt), bps)
-                        t = token_seconds(*args, trunk_kernel_bps=kernel("q4_0"), record_bytes=record, layers=layers)
-                        la = token_seconds(*args, trunk_kernel_bps=kernel("q4_0"), lookahead=True)
+                        t = token_seconds(*args, trunk_kernel_bps=kernel(K3_TRUNK), record_bytes=record, layers=layers)
+                        la = token_seconds(*args, trunk_kernel_bps=kernel(K3_TRUNK), lookahead=True)
                         rows[f"{compute}/top{k}/{hits}/ssd_{ssd}"] = {
-                            "hit_rate": h, "read_bytes_per_token": read, "trunk_s": trunk / kernel("q4_0"),
+                            "hit_rate": h, "read_bytes_per_token": read, "trunk_s": trunk / kernel(K3_TRUNK),
                             "experts_s": experts / kernel(fmt), "read_s": read / bps,
                             "tok_per_s": 1 / t, "tok_per_s_lookahead_bound": 1 / la}
         out["formats"][fmt] = {"floor_bytes": c["floor_bytes"], "budget_bytes": budget,

@@ -286,7 +286,7 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--activations", choices=ACTIVATION_CHOICES, default=DEFAULT_ACTIVATIONS,
                    help="auto (default): each token's input is rounded to 8 bits (per 32 values; per 256 for K-quant "
                         "weights) and multiplied with integer dot products where the weights are q8_0, q4_0, q4_1, "
-                        "q4_k, q5_k, q6_k or q3_nl, as llama.cpp does (other weights stay exact; on Kimi-Linear and K3 "
+                        "q4_k, q5_k, q6_k, q3_nl or iq4_xs, as llama.cpp does (other weights stay exact; on Kimi-Linear and K3 "
                         "only the parts measured safe): faster, and the next-token "
                         "distribution moves far less than the weights' own quantization moves it "
                         "(docs/QUANTIZATION.md; `ferry eval --compare FILE` measures it); exact (alias f32): exact "

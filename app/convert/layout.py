@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from app.convert import quant, quant2, quant3
+from app.convert import iq4xs, quant, quant2, quant3
 from app.convert.compressed import MXFP4
 from app.convert.arch import LAYER_TENSORS, VECTOR_SUFFIXES
 from app.convert.errors import SourceError
@@ -29,7 +29,11 @@ BANK_HEADER_BYTES = 4096
 #: record headers), from the core's own table.
 FORMAT_CODES = {name: f.code for name, f in FORMATS.items()}
 #: Formats the converter can encode floats into.
-ENCODABLE = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", quant3.NAME, quant2.NAME)
+ENCODABLE = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", iq4xs.NAME, quant3.NAME, quant2.NAME)
+#: A format whose 256-value blocks a row's length does not divide stores that
+#: row in this one instead when it can (as llama.cpp does for IQ4_XS): the
+#: 32-value q4_0, the nearest in bits, rather than the source's floats.
+ROW_FALLBACK = {iq4xs.NAME: "q4_0"}
 #: Accepted values of --trunk-format / --expert-format.
 FORMAT_CHOICES = ("auto",) + ENCODABLE
 #: What trunk format 'auto' stores a trunk converted from floats in (every
@@ -73,6 +77,16 @@ def trunk_auto_format(matrix_formats: list[str]) -> str:
     return "auto"
 
 
+def row_format(fmt: str, cols: int) -> str | None:
+    """The format a matrix with rows of ``cols`` values is stored in when
+    ``fmt`` is asked: ``fmt`` when its blocks divide the rows, else its
+    ROW_FALLBACK when that one's do, else None (the caller keeps the source's)."""
+    for f in (fmt, ROW_FALLBACK.get(fmt)):
+        if f is not None and (f not in FORMATS or cols % FORMATS[f].block_elems == 0):
+            return f
+    return None
+
+
 def choose_format(source_fmt: str, wanted: str, shape: tuple[int, ...], vector: bool) -> str:
     """The stored format of one tensor: vectors are f32; 'auto' keeps the source's
     format when the core computes with it (lossless), otherwise widens to f32."""
@@ -84,9 +98,10 @@ def choose_format(source_fmt: str, wanted: str, shape: tuple[int, ...], vector: 
         # e2m1 x 2^k has two significant bits and bf16 has f32's exponents: MXFP4
         # is exact in bf16 at half f32's bytes (docs/KIMI.md). Other codes widen to f32.
         return "bf16" if source_fmt == MXFP4 else "f32"
-    if wanted in FORMATS and shape[-1] % FORMATS[wanted].block_elems:
+    stored = row_format(wanted, shape[-1])
+    if stored is None:
         return "f32" if source_fmt not in CORE_FORMATS else source_fmt
-    return wanted
+    return stored
 
 
 #: Trunk matrix classes whose format can differ from the trunk's (`ferry convert --trunk-class CLASS=F`,
@@ -307,6 +322,10 @@ def encode(src: Source, name: str, fmt: str, threads: int | None = None, out: np
         if not np.isfinite(values).all():
             raise SourceError(name, "cannot quantize non-finite values to q2_vq")
         return quant2.quantize(values, threads=threads, out=out)
+    if fmt == iq4xs.NAME:
+        if not np.isfinite(values).all():
+            raise SourceError(name, "cannot quantize non-finite values to iq4_xs")
+        return iq4xs.quantize(values, threads=threads, out=out)
     raise SourceError(name, f"cannot encode into {fmt}")
 
 

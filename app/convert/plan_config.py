@@ -65,6 +65,8 @@ def _width_formats() -> dict[int, str]:
 
 
 _BY_WIDTH = _width_formats()
+#: The 4.25-bit iq4_xs (not a q<B>_* name): a column of the trunk class table beside q4_0.
+IQ4 = "iq4_xs"
 
 
 def _fmt_of(bits: float, role: str, scheme: str) -> tuple[str, float, bool]:
@@ -101,11 +103,14 @@ class _Acc:
     64-byte aligned; and by tensor class, so the plan can show what each class
     costs at every format (``classes``)."""
 
-    def __init__(self, bpw: float, overrides: dict[str, tuple[str, float]] | None = None, fallback: float = 32.0):
+    def __init__(self, bpw: float, overrides: dict[str, tuple[str, float]] | None = None, fallback: float = 32.0,
+                 fmt: str | None = None):
         """``overrides``: {plan class: (format, bits per weight)} stored instead of the trunk format
-        (``--trunk-class``); a matrix whose rows that format's blocks cannot hold is costed at
-        ``fallback`` bits (the source's float format, as the converter keeps it)."""
+        ``fmt`` (``--trunk-class``); a matrix whose rows a format's blocks cannot hold is costed as
+        the converter stores it (app.convert.layout.row_format): in the format's ROW_FALLBACK
+        (iq4_xs: q4_0), else at ``fallback`` bits (the source's float format)."""
         self.bpw = bpw
+        self.fmt = fmt
         self.over = overrides or {}
         self.fallback = fallback
         self.bytes = 0
@@ -119,30 +124,33 @@ class _Acc:
         n = rows * cols
         fixed = 32.0 if f32 else fixed_bpw
         bpw = fixed or self.bpw
-        if not fixed and cls in self.over:
-            fmt, bpw = self.over[cls]
-            from app.convert.layout import block_values
-            if cols % block_values(fmt):   # a row that is not a whole number of blocks keeps the source's format
-                bpw = self.fallback
+        if not fixed and (cls in self.over or self.fmt):
+            bpw = self._row_bpw(self.over[cls][0] if cls in self.over else self.fmt, cols)
         nbytes = count * _align(n * bpw / 8, 64)
         self.bytes += nbytes
         self.params += count * n
-        self.cls.setdefault(cls, []).append((n, count, fixed))
+        self.cls.setdefault(cls, []).append((n, count, fixed, cols))
         self.cls_bytes[cls] = self.cls_bytes.get(cls, 0) + nbytes
+
+    def _row_bpw(self, fmt: str, cols: int) -> float:
+        """Bits per weight of a matrix with rows of ``cols`` values asked in ``fmt``, as stored."""
+        from app.convert.layout import row_format
+        stored = row_format(fmt, cols)
+        return _BPW[stored] if stored in _BPW else self.fallback
 
     def vec(self, n: int, count: int = 1, cls: str = "norms and vectors") -> None:
         self.mat(1, n, count, f32=True, cls=cls)
 
-    def classes(self, formats: dict[str, float]) -> dict[str, dict[str, Any]]:
+    def classes(self, formats: list[str]) -> dict[str, dict[str, Any]]:
         """{class: {"params", "bytes" (at the trunk format), "bytes_at": {format: bytes}}}."""
         out = {}
         for name, items in self.cls.items():
-            def at(bpw: float) -> int:
-                return sum(c * _align(n * (fx or bpw) / 8, 64) for n, c, fx in items)
-            out[name] = {"params": sum(n * c for n, c, _ in items), "bytes": self.cls_bytes[name],
+            def at(fmt: str) -> int:
+                return sum(c * _align(n * (fx or self._row_bpw(fmt, cols)) / 8, 64) for n, c, fx, cols in items)
+            out[name] = {"params": sum(n * c for n, c, _, _ in items), "bytes": self.cls_bytes[name],
                          "format": self.over[name][0] if name in self.over else None,
-                         "bytes_at": {f: at(b) for f, b in formats.items()},
-                         "fixed_format": next((("f32" if fx == 32 else "bf16") for _, _, fx in items if fx), None)}
+                         "bytes_at": {f: at(f) for f in formats},
+                         "fixed_format": next((("f32" if fx == 32 else "bf16") for _, _, fx, _ in items if fx), None)}
         return out
 
 
@@ -262,7 +270,7 @@ def plan_from_config(config: dict, expert_bits: float | None = None, trunk_bits:
             raise ValueError(f"unknown trunk class '{group}' (known: {', '.join(CLASS_GROUPS)})")
         for name in CLASS_GROUPS[group]:
             overrides[name] = _format(fmt)[:2]
-    trunk = _Acc(t_bpw, overrides, 16.0 if dtype in ("bfloat16", "float16") else 32.0)
+    trunk = _Acc(t_bpw, overrides, 16.0 if dtype in ("bfloat16", "float16") else 32.0, t_name if t_ok else None)
     trunk.mat(vocab, dim, cls="embeddings (tied: also the head)" if tied else "embeddings")
     if not tied:
         trunk.mat(vocab, dim, cls="lm_head")
@@ -383,7 +391,7 @@ def plan_from_config(config: dict, expert_bits: float | None = None, trunk_bits:
         policy_all = policy_bytes(L, E, E * n_moe)
     # The engine reads an untied embedding table's rows per token from
     # trunk.bin (docs/ARCHITECTURE.md, "Memory"): it is not resident.
-    classes = trunk.classes({f: _BPW[f] for f in _BY_WIDTH.values()})
+    classes = trunk.classes(list(_BY_WIDTH.values())[:3] + [IQ4] + list(_BY_WIDTH.values())[3:])
     embedding = 0 if tied else classes["embeddings"]["bytes"]
     resident = trunk.bytes - embedding
     floor = resident + state + scratch + K * record + policy_floor

@@ -168,6 +168,25 @@ def _decode_q4_0(blocks: np.ndarray) -> np.ndarray:
     return q * d
 
 
+#: IQ4_XS's (and IQ4_NL's) fixed non-linear levels.
+IQ4_LEVELS = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.int8)
+
+
+def _decode_iq4_xs(blocks: np.ndarray) -> np.ndarray:
+    """IQ4_XS: f16 d, u16 high scale bits, 4 bytes of low scale bits, 128
+    bytes of indices; sub-block j of 32 has scale d * (ls_j - 32) with the
+    6-bit ls_j, values 0-15 in its 16 bytes' low nibbles, 16-31 in the high
+    ones. Each value d * (ls - 32) * level is exact in float32."""
+    d = _f16_field(blocks, 0)
+    hi = blocks[:, 2].astype(np.uint16) | (blocks[:, 3].astype(np.uint16) << np.uint16(8))
+    j = np.arange(8)
+    low = (blocks[:, 4 + j // 2] >> (4 * (j % 2)).astype(np.uint8)) & 15
+    ls = low.astype(np.int32) | (((hi[:, None] >> (2 * j).astype(np.uint16)) & 3).astype(np.int32) << 4)
+    scale = d * (ls - 32).astype(np.float32)                        # (n, 8)
+    q = _nibbles(blocks[:, 8:].reshape(-1, 8, 16))                  # (n, 8, 32)
+    return (scale[:, :, None] * IQ4_LEVELS[q].astype(np.float32)).reshape(-1, 256)
+
+
 def _decode_q4_1(blocks: np.ndarray) -> np.ndarray:
     d, m = _f16_field(blocks, 0), _f16_field(blocks, 2)
     return _nibbles(blocks[:, 4:20]) * d + m
@@ -321,6 +340,7 @@ _DECODERS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "Q5_K": _decode_q5_k,
     "Q6_K": _decode_q6_k,
     "Q8_K": _decode_q8_k,
+    "IQ4_XS": _decode_iq4_xs,
 }
 
 

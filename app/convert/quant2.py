@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from app.convert.quant3 import _importance, _lib, _out, _run_rows
+from app.convert.quant3 import _lib, quantize_rows
 from app.engine.binding import FORMATS
 
 NAME = "q2_vq"
@@ -40,26 +40,10 @@ def quantize(values: np.ndarray, importance: np.ndarray | None = None, threads: 
     """float32 [..., cols] -> q2_vq bytes (uint8, flat; into ``out`` if given).
     ``importance``: None or ``cols`` non-negative weights per input column.
     The bytes do not depend on ``threads`` (blocks are quantized independently)."""
-    ffi, lib = _lib()
+    _, lib = _lib()
     tables = _quantizer()
-    src = np.ascontiguousarray(values, dtype=np.float32)
-    cols = src.shape[-1] if src.ndim else 0
-    rows = src.size // cols if cols else 0
-    if cols == 0 or cols % BLOCK:
-        raise ValueError(f"q2_vq needs rows of a multiple of {BLOCK} values, got {cols}")
-    out = _out(out, rows * (cols // BLOCK) * BLOCK_BYTES)
-    imp_ptr, _keep = _importance(importance, cols)
-    flat = src.reshape(rows, cols)
-    rb = cols // BLOCK * BLOCK_BYTES
-
-    def part(r0: int, r1: int) -> None:
-        rc = lib.ferry_q2_quantize_with(tables, ffi.from_buffer("float[]", flat[r0:r1]), r1 - r0, cols, imp_ptr,
-                                        ffi.from_buffer(out[r0 * rb:r1 * rb]))
-        if rc != 0:
-            raise ValueError("cannot quantize non-finite values (or bad importance) to q2_vq")
-
-    _run_rows(rows, part, threads)
-    return out
+    return quantize_rows(NAME, BLOCK, BLOCK_BYTES, lambda *a: lib.ferry_q2_quantize_with(tables, *a), values,
+                         importance, threads, out)
 
 
 def dequantize(raw: np.ndarray, n_elements: int) -> np.ndarray:

@@ -92,6 +92,31 @@ def _run_rows(rows: int, fn, threads: int | None) -> None:
             f.result()
 
 
+def quantize_rows(name: str, block: int, block_bytes: int, call, values: np.ndarray,
+                  importance: np.ndarray | None, threads: int | None, out: np.ndarray | None) -> np.ndarray:
+    """float32 [..., cols] -> the bytes of a block format whose C quantizer is
+    ``call(src, rows, cols, importance pointer, dst) -> 0 or -1``, rows split over
+    ``threads`` (blocks are independent: the bytes do not depend on the split)."""
+    ffi, _ = _lib()
+    src = np.ascontiguousarray(values, dtype=np.float32)
+    cols = src.shape[-1] if src.ndim else 0
+    rows = src.size // cols if cols else 0
+    if cols == 0 or cols % block:
+        raise ValueError(f"{name} needs rows of a multiple of {block} values, got {cols}")
+    out = _out(out, rows * (cols // block) * block_bytes)
+    imp_ptr, _keep = _importance(importance, cols)
+    flat = src.reshape(rows, cols)
+    rb = cols // block * block_bytes
+
+    def part(r0: int, r1: int) -> None:
+        if call(ffi.from_buffer("float[]", flat[r0:r1]), r1 - r0, cols, imp_ptr,
+                ffi.from_buffer(out[r0 * rb:r1 * rb])) != 0:
+            raise ValueError(f"cannot quantize non-finite values (or bad importance) to {name}")
+
+    _run_rows(rows, part, threads)
+    return out
+
+
 def _impl() -> int:
     """The kernel implementation to quantize with: the engines' default
     (FERRY_KERNELS, else the best this CPU runs). Every one writes the same bytes."""

@@ -53,6 +53,8 @@ def kernel_bytes_per_s(fmt: str, threads: int | None = None, activations: str | 
     w = rng.integers(0, 256, size=rows * row, dtype=np.uint8)
     if fmt in ("q8_0", "q4_0", "q4_1"):   # sane f16 scales: no inf/nan slowing anything
         w.reshape(-1, 2)[:, 1] &= 0x1F
+    if fmt == "iq4_xs":                   # its f16 d leads each 136-byte block
+        w.reshape(-1, 136)[:, 1] &= 0x1F
     x = rng.standard_normal(COLS).astype(np.float32)
     y = np.zeros((threads, per), dtype=np.float32)
     impl = lib.ferry_kernels_best()

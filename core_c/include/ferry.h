@@ -97,7 +97,7 @@ typedef struct ferry_open_options {
     /* How matrix products treat their input vectors. NULL, "" or "auto"
      * (the default): each token's input is quantized to 8 bits per block of
      * 32 values (per 256 for K-quant weights; a float scale per block) once
-     * per product, and q8_0, q4_0, q4_1, q4_k, q5_k, q6_k and q3_nl weights are
+     * per product, and q8_0, q4_0, q4_1, q4_k, q5_k, q6_k, q3_nl and iq4_xs weights are
      * multiplied with integer dot products (other formats stay exact), when
      * the kernel set has those products and the model has such weights;
      * otherwise the exact path. On models with KDA layers (Kimi-Linear,

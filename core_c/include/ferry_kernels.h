@@ -8,7 +8,7 @@
  *
  * Formats are the container's codes (docs/FORMAT.md): 0 f32, 1 f16, 2 bf16,
  * 3 q8_0, 4 q4_0, 5 q4_1, 6 q4_k, 7 q6_k, 8 q3_nl, 9 q5_k,
- * 10 q2_vq; ferry_formats lists them all.
+ * 10 q2_vq, 11 iq4_xs; ferry_formats lists them all.
  */
 #ifndef FERRY_KERNELS_H_PUBLIC
 #define FERRY_KERNELS_H_PUBLIC
@@ -35,6 +35,10 @@ extern "C" {
 /* The q2_vq format: 256 values in 73 bytes (2.28125 bits per value). */
 #define FERRY_Q2_BLOCK 256
 #define FERRY_Q2_BLOCK_BYTES 73
+
+/* The iq4_xs format (ggml's IQ4_XS): 256 values in 136 bytes (4.25 bits per value). */
+#define FERRY_IQ4_BLOCK 256
+#define FERRY_IQ4_BLOCK_BYTES 136
 
 /* "scalar", "avx2", "neon" (or "unknown"). */
 const char *ferry_kernels_name(int impl);
@@ -147,6 +151,13 @@ ferry_q2_quantizer *ferry_q2_quantizer_new(void);
 void ferry_q2_quantizer_free(ferry_q2_quantizer *q);
 int ferry_q2_quantize_with(const ferry_q2_quantizer *q, const float *src, int rows, int cols, const float *importance,
                            void *dst);
+
+/* Quantize rows x cols values (cols a multiple of FERRY_IQ4_BLOCK) to
+ * iq4_xs, writing rows * cols / 256 * 136 bytes to dst. importance: NULL, or
+ * `cols` non-negative finite weights of the squared error the scale search
+ * minimises. Portable; blocks are independent. Returns 0, or -1 for bad
+ * arguments or non-finite input. */
+int ferry_iq4xs_quantize_f32(const float *src, int rows, int cols, const float *importance, void *dst);
 
 #ifdef __cplusplus
 }

@@ -8,8 +8,11 @@ static const fe_format_info FORMATS[FE_N_FORMATS] = {
     [FE_Q8_0] = {"q8_0", 32, 34}, [FE_Q4_0] = {"q4_0", 32, 18}, [FE_Q4_1] = {"q4_1", 32, 20},
     [FE_Q4_K] = {"q4_k", 256, 144}, [FE_Q6_K] = {"q6_k", 256, 210},
     [FE_Q3_NL] = {"q3_nl", FE_Q3_BLOCK, FE_Q3_BYTES}, [FE_Q5_K] = {"q5_k", 256, 176},
-    [FE_Q2_VQ] = {"q2_vq", FE_Q2_BLOCK, FE_Q2_BYTES},
+    [FE_Q2_VQ] = {"q2_vq", FE_Q2_BLOCK, FE_Q2_BYTES}, [FE_IQ4_XS] = {"iq4_xs", FE_IQ4_BLOCK, FE_IQ4_BYTES},
 };
+
+/* IQ4_XS's (and IQ4_NL's) fixed non-linear levels: part of ggml's format. */
+const int8_t fe_iq4_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
 /* Trained once (docs/QUANTIZATION.md) and frozen: part of the format. */
 const float fe_q3_levels[8] = {-2.1959f, -1.3138f, -0.7133f, -0.2161f, 0.2301f, 0.7209f, 1.3177f, 2.1983f};
@@ -698,6 +701,18 @@ static void dequant_q2_vq(const uint8_t *b, float *out, int nb) {
         }
 }
 
+static void dequant_iq4_xs(const uint8_t *b, float *out, int nb) {
+    for (int i = 0; i < nb; i++, b += FE_IQ4_BYTES)
+        for (int ib = 0; ib < 8; ib++, out += 32) {
+            const float s = fe_iq4xs_scale(b, ib);
+            const uint8_t *q = b + 8 + 16 * ib;
+            for (int l = 0; l < 16; l++) {
+                out[l] = s * (float)fe_iq4_values[q[l] & 15];
+                out[l + 16] = s * (float)fe_iq4_values[q[l] >> 4];
+            }
+        }
+}
+
 void fe_dequant_row(int fmt, const void *row, float *out, int cols) {
     const uint8_t *b = (const uint8_t *)row;
     switch (fmt) {
@@ -716,6 +731,7 @@ void fe_dequant_row(int fmt, const void *row, float *out, int cols) {
     case FE_Q6_K: dequant_q6_k(b, out, cols / 256); break;
     case FE_Q3_NL: dequant_q3_nl(b, out, cols / FE_Q3_BLOCK); break;
     case FE_Q2_VQ: dequant_q2_vq(b, out, cols / FE_Q2_BLOCK); break;
+    case FE_IQ4_XS: dequant_iq4_xs(b, out, cols / FE_IQ4_BLOCK); break;
     default: memset(out, 0, (size_t)cols * 4); break;
     }
 }

@@ -12,7 +12,8 @@
 
 typedef enum {
     FE_F32 = 0, FE_F16 = 1, FE_BF16 = 2, FE_Q8_0 = 3, FE_Q4_0 = 4, FE_Q4_1 = 5,
-    FE_Q4_K = 6, FE_Q6_K = 7, FE_Q3_NL = 8, FE_Q5_K = 9, FE_Q2_VQ = 10, FE_N_FORMATS = 11
+    FE_Q4_K = 6, FE_Q6_K = 7, FE_Q3_NL = 8, FE_Q5_K = 9, FE_Q2_VQ = 10, FE_IQ4_XS = 11,
+    FE_N_FORMATS = 12
 } fe_format;
 
 /* q3_nl: Ferry's 3-bit expert format (docs/FORMAT.md, docs/QUANTIZATION.md).
@@ -115,7 +116,31 @@ uint64_t fe_row_bytes(int fmt, uint64_t cols);
 void fe_dequant_row(int fmt, const void *row, float *out, int cols);
 
 float fe_f16_to_f32(uint16_t h);
+/* f32 -> IEEE half, round to nearest even, overflow to inf (as numpy's astype(float16); quant_blocks.c). */
+uint16_t fe_f32_to_f16(float f);
 float fe_bf16_to_f32(uint16_t h);
+
+/* iq4_xs: ggml's IQ4_XS layout (GGUF type 23; docs/FORMAT.md), 4.25 bits
+ * per value. A block of 256 values is 136 bytes: f16 d (bytes 0-1), a
+ * little-endian u16 of high scale bits (2-3), 4 bytes of low scale bits
+ * (4-7), then 128 bytes of 4-bit indices (8-135). Sub-block ib (0..7) holds
+ * values 32ib..32ib+31 with the 6-bit code ls = (low nibble ib % 2 of byte
+ * 4 + ib / 2) | (bits 2ib, 2ib+1 of the u16) << 4 and the scale
+ * d * (ls - 32); its 16 index bytes 8 + 16ib.. hold values 0-15 in their low
+ * nibbles and 16-31 in their high ones; an index i selects fe_iq4_values[i].
+ * Every decoded value d * (ls - 32) * fe_iq4_values[i] is exact in float
+ * (11 + 5 + 7 significant bits), whatever the order of the products. */
+#define FE_IQ4_BLOCK 256
+#define FE_IQ4_BYTES 136
+extern const int8_t fe_iq4_values[16];
+static inline int fe_iq4xs_code(const uint8_t *block, int ib) {
+    const unsigned h = (unsigned)block[2] | (unsigned)block[3] << 8;
+    return (int)(((block[4 + (ib >> 1)] >> (4 * (ib & 1))) & 15u) | ((h >> (2 * ib)) & 3u) << 4);
+}
+/* The float scale d * (ls - 32) of sub-block ib (exact). */
+static inline float fe_iq4xs_scale(const uint8_t *block, int ib) {
+    return fe_f16_to_f32((uint16_t)(block[0] | block[1] << 8)) * (float)(fe_iq4xs_code(block, ib) - 32);
+}
 
 /* Dot product of n floats, summed in a fixed order (8 lanes, then pairwise). */
 float fe_dot_f32(const float *a, const float *b, int n);

@@ -37,6 +37,7 @@ SCALAR(q5_k, FE_Q5_K)
 SCALAR(q6_k, FE_Q6_K)
 SCALAR(q3_nl, FE_Q3_NL)
 SCALAR(q2_vq, FE_Q2_VQ)
+SCALAR(iq4_xs, FE_IQ4_XS)
 #undef SCALAR
 
 void fe_axpy_f32(float *y, float w, const float *x, int n) {
@@ -131,8 +132,18 @@ int fe_kernels_by_name(const char *name) {
     return -1;
 }
 
+int fe_simd_variant(int impl) {
+    if (impl == FE_KERNELS_AVX2) return fe_cpu_has_avx512() ? FE_SIMD_AVX512 : FE_SIMD_AVX2;
+    if (impl == FE_KERNELS_NEON) return FE_SIMD_NEON;
+    return FE_SIMD_SCALAR;
+}
+
 fe_rowdot_fn fe_kernel_for(const fe_kernels *k, int fmt) {
     if (fmt < 0 || fmt >= FE_N_FORMATS) return NULL;
+    if (fmt == FE_IQ4_XS) { /* kept outside the tables (kernels.h) */
+        fe_rowdot_fn f = k ? fe_iq4xs_kernel(fe_simd_variant(fe_kernels_by_name(k->name))) : NULL;
+        return f ? f : rowdot_scalar_iq4_xs;
+    }
     if (fmt == FE_Q2_VQ) { /* kept outside the tables (kernels.h) */
         fe_rowdot_fn f = k ? fe_q2vq_kernel(fe_q2vq_variant(fe_kernels_by_name(k->name))) : NULL;
         return f ? f : rowdot_scalar_q2_vq;

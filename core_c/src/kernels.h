@@ -289,6 +289,20 @@ int fe_q2_quantize_impl(int impl, const float *src, int rows, int cols, const fl
  * lacks them); every choice writes the same bytes (core_c/tests/test_kernels.c). */
 int fe_q2_quantize_scans(int scans, const float *src, int rows, int cols, const float *importance, void *dst);
 
+/* The row-kernel variants of the formats kept outside the tables (q2_vq,
+ * iq4_xs; FE_SIMD_* = FE_Q2VQ_*): fe_simd_variant(impl) is the one an
+ * exact set runs (the AVX2 set AVX-512 on CPUs with AVX-512 F, BW and VL:
+ * fe_cpu_has_avx512, with the OS saving their state). */
+enum { FE_SIMD_SCALAR = 0, FE_SIMD_AVX2 = 1, FE_SIMD_NEON = 2, FE_SIMD_AVX512 = 3, FE_SIMD_VARIANTS = 4 };
+int fe_simd_variant(int impl);
+/* iq4_xs's SIMD row kernels (kernels_iq4xs.c), outside the tables like
+ * q2_vq's: fe_iq4xs_kernel(variant) is the exact one (NULL when not built in
+ * or this CPU lacks it: then kernels.c's scalar reference), and
+ * fe_iq4xs_q8_kernel(impl) the 8-bit-activation one of a q8 set
+ * (FE_KERNELS_AVX2, FE_KERNELS_NEON or FE_Q8_AVX512VNNI; NULL otherwise: then
+ * kernels_q8.c's scalar reference). */
+fe_rowdot_fn fe_iq4xs_kernel(int variant);
+
 /* Tables built in by kernels_avx2.c / kernels_neon.c (NULL elsewhere). The
  * AVX2 set's attention runs in zmm registers on CPUs with AVX-512 (the same
  * bits); fe_kernels_avx2_ymm_table is the set with its AVX2 attention

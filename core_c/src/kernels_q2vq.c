@@ -161,8 +161,4 @@ fe_rowdot_fn fe_q2vq_kernel(int variant) {
 }
 #endif
 
-int fe_q2vq_variant(int impl) {
-    if (impl == FE_KERNELS_AVX2) return fe_q2vq_kernel(FE_Q2VQ_AVX512) ? FE_Q2VQ_AVX512 : FE_Q2VQ_AVX2;
-    if (impl == FE_KERNELS_NEON) return FE_Q2VQ_NEON;
-    return FE_Q2VQ_SCALAR;
-}
+int fe_q2vq_variant(int impl) { return fe_simd_variant(impl); }

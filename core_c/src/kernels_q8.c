@@ -145,6 +145,14 @@ static void decode_block(int fmt, const uint8_t *row, int b, int qw[32], int S[2
         for (int l = 0; l < 32; l++)
             qw[l] = (int)(((r >> 1) ? ql[l] >> 4 : ql[l] & 15) | ((qh[l] >> (2 * r)) & 3) << 4) - 32;
     } break;
+    case FE_IQ4_XS: {
+        const uint8_t *p = row + FE_IQ4_BYTES * (size_t)(b >> 3), *q = p + 8 + 16 * (b & 7);
+        *D = fe_iq4xs_scale(p, b & 7);
+        for (int i = 0; i < 16; i++) {
+            qw[i] = fe_iq4_values[q[i] & 15];
+            qw[i + 16] = fe_iq4_values[q[i] >> 4];
+        }
+    } break;
     default: memset(qw, 0, 32 * sizeof *qw); *D = 0.0f; break;
     }
 }
@@ -264,13 +272,14 @@ REF(q4_1, FE_Q4_1)
 REF(q4_k, FE_Q4_K)
 REF(q5_k, FE_Q5_K)
 REF(q6_k, FE_Q6_K)
+REF(iq4_xs, FE_IQ4_XS)
 #undef REF
 
 static const fe_q8_kernels SCALAR_Q8 = {
     "scalar",
     {[FE_Q8_0] = rowdot_q8ref_q8_0, [FE_Q4_0] = rowdot_q8ref_q4_0, [FE_Q4_1] = rowdot_q8ref_q4_1,
      [FE_Q4_K] = rowdot_q8ref_q4_k, [FE_Q5_K] = rowdot_q8ref_q5_k, [FE_Q6_K] = rowdot_q8ref_q6_k,
-     [FE_Q3_NL] = rowdot_q8ref_q3_nl},
+     [FE_Q3_NL] = rowdot_q8ref_q3_nl, [FE_IQ4_XS] = rowdot_q8ref_iq4_xs},
     quantize_scalar,
     NULL,
     {NULL},
@@ -296,11 +305,21 @@ int fe_q8_best(int impl) {
     return impl == FE_KERNELS_AVX2 && fe_q8_kernels_get(FE_Q8_AVX512VNNI) ? FE_Q8_AVX512VNNI : impl;
 }
 
+fe_q8dot_fn fe_q8_rowdot(const fe_q8_kernels *k, int fmt) {
+    if (!k || fmt < 0 || fmt >= FE_N_FORMATS) return NULL;
+    if (fmt == FE_IQ4_XS && k != &SCALAR_Q8) {
+        const int impl = strcmp(k->name, "avx512vnni") == 0 ? FE_Q8_AVX512VNNI : fe_kernels_by_name(k->name);
+        fe_q8dot_fn f = fe_iq4xs_q8_kernel(impl);
+        return f ? f : SCALAR_Q8.rowdot[fmt];
+    }
+    return k->rowdot[fmt];
+}
+
 fe_q8dot_fn fe_q8_kernel_for(const fe_q8_ctx *q, int fmt, int cols, int n) {
     if (!q || !q->k || fmt < 0 || fmt >= FE_N_FORMATS || cols <= 0 || cols % FE_Q8_BLOCK) return NULL;
-    if ((fe_q8_kind(fmt) == FE_Q8_KIND_256 || fmt == FE_Q3_NL) && cols % FE_Q8K_BLOCK) return NULL;
+    if ((fe_q8_kind(fmt) == FE_Q8_KIND_256 || fmt == FE_Q3_NL || fmt == FE_IQ4_XS) && cols % FE_Q8K_BLOCK) return NULL;
     if (fe_q8_buffer_bytes(cols, n) > q->bytes) return NULL;
-    return q->k->rowdot[fmt];
+    return fe_q8_rowdot(q->k, fmt);
 }
 
 fe_q8dot2_fn fe_q8_kernel2_for(const fe_q8_kernels *k, int fmt, int n) {
@@ -336,14 +355,14 @@ static void q8_rows(fe_q8dot_fn one, fe_q8dot2_fn two, fe_q8dot4_fn four, const 
 int ferry_kernel_matmul_q8(int impl, int fmt, const void *w, int rows, int cols, const float *x, int n, float *y) {
     const fe_q8_kernels *k = fe_q8_kernels_get(impl);
     uint64_t rb = fe_row_bytes(fmt, (uint64_t)(cols > 0 ? cols : 0));
-    if (!k || fmt < 0 || fmt >= FE_N_FORMATS || !k->rowdot[fmt] || !w || !x || !y || rows < 0 || n < 0 || rb == 0 ||
-        cols % FE_Q8_BLOCK || ((fe_q8_kind(fmt) == FE_Q8_KIND_256 || fmt == FE_Q3_NL) && cols % FE_Q8K_BLOCK))
+    if (!k || fmt < 0 || fmt >= FE_N_FORMATS || !fe_q8_rowdot(k, fmt) || !w || !x || !y || rows < 0 || n < 0 || rb == 0 ||
+        cols % FE_Q8_BLOCK || ((fe_q8_kind(fmt) == FE_Q8_KIND_256 || fmt == FE_Q3_NL || fmt == FE_IQ4_XS) && cols % FE_Q8K_BLOCK))
         return -1;
     const int kind = fe_q8_layout(k, fmt, n);
     uint8_t *xq = malloc(fe_q8_stride_kind(kind, cols) * (size_t)(n > 0 ? n : 1));
     if (!xq) return -1;
     k->quantize(kind, x, (size_t)cols, cols, n, xq);
-    q8_rows(k->rowdot[fmt], fe_q8_kernel2_for(k, fmt, n), fe_q8_kernel4_for(k, fmt, n), (const uint8_t *)w, rb, 0,
+    q8_rows(fe_q8_rowdot(k, fmt), fe_q8_kernel2_for(k, fmt, n), fe_q8_kernel4_for(k, fmt, n), (const uint8_t *)w, rb, 0,
             rows, cols, xq, n, y, (size_t)rows);
     free(xq);
     return 0;

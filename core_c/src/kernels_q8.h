@@ -4,7 +4,7 @@
  *
  * Each token's input vector is quantized once per product, in one of two
  * layouts chosen by the weight's format (fe_q8_kind):
- *  - per 32 values (Q8_0, Q4_0, Q4_1): d = max|x| / 127, q = round-to-
+ *  - per 32 values (Q8_0, Q4_0, Q4_1, IQ4_XS): d = max|x| / 127, q = round-to-
  *    nearest-even(x / d) in -127..127, and s = d * sum(q) (for Q4_1's minimum);
  *  - per 256 values (Q4_K, Q5_K, Q6_K: their super-blocks, as llama.cpp's
  *    Q8_K): the same rounding with one d per 256 values, and the exact int16
@@ -26,7 +26,8 @@
  *   acc[b % 2][l] = fma(D_b * d_b, (float)p[l], acc[b % 2][l])   (one rounding: fmaf / FMA;
  *                   two sets, even and odd blocks, halve the chain of dependent adds)
  *   Q4_1:      m1[b % 2] = fma(M_b, s_b, m1[b % 2])              (M = m)
- * with D_b the weight block's float scale; the result is
+ * with D_b the weight block's float scale (IQ4_XS: its sub-block's exact
+ * d * (ls - 32), qw the int8 levels); the result is
  *   h(acc[0] + acc[1], lane by lane) [+ (m1[0] + m1[1]) for Q4_1],
  *   h(v) = ((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7)).
  * Every integer is below 2^24 in magnitude, so each conversion is exact.
@@ -134,6 +135,9 @@ static inline int fe_q8_rows_next(int four, int two, int left) {
 typedef void (*fe_q8dot4_fn)(const uint8_t *row, size_t row_bytes, int cols, const uint8_t *xq, int n, float *y,
                              size_t ys);
 
+/* iq4_xs's SIMD q8 row kernel of set impl (kernels.h: fe_iq4xs_kernel), or NULL. */
+fe_q8dot_fn fe_iq4xs_q8_kernel(int impl);
+
 typedef struct fe_q8_kernels {
     const char *name;                   /* "scalar", "avx2", "neon", "avx512vnni" */
     fe_q8dot_fn rowdot[FE_N_FORMATS];   /* NULL: no integer kernel (f32, f16, bf16, q2_vq use the exact path) */
@@ -153,6 +157,10 @@ int fe_q8_layout(const fe_q8_kernels *k, int fmt, int n);
  * (kernels_q8_avx512.c); its exact (f32) kernels are AVX2's. */
 #define FE_Q8_AVX512VNNI 3
 #define FE_Q8_IMPLS 4
+
+/* Set k's q8 row kernel of format fmt (NULL: none, the exact path): its
+ * table's entry, or iq4_xs's kernel kept outside the tables. */
+fe_q8dot_fn fe_q8_rowdot(const fe_q8_kernels *k, int fmt);
 
 /* The q8 set of a kernel implementation (FE_KERNELS_* or FE_Q8_AVX512VNNI),
  * or NULL when it is not built in or this CPU cannot run it. */

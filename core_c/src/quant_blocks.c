@@ -13,8 +13,7 @@
 
 #define QB 32 /* values per block */
 
-/* f32 -> IEEE half, round to nearest even, overflow to inf (as numpy's astype(float16)). */
-static uint16_t f32_to_f16(float f) {
+uint16_t fe_f32_to_f16(float f) {
     uint32_t x;
     memcpy(&x, &f, 4);
     uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
@@ -39,7 +38,7 @@ static uint16_t f32_to_f16(float f) {
 }
 
 static void put_f16(uint8_t *p, float v) {
-    uint16_t h = f32_to_f16(v);
+    uint16_t h = fe_f32_to_f16(v);
     p[0] = (uint8_t)(h & 0xff);
     p[1] = (uint8_t)(h >> 8);
 }

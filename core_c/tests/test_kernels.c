@@ -71,6 +71,7 @@ static void random_row(int fmt, uint8_t *row, int cols) {
         case FE_Q6_K: put16(p + 208, f16_bits(0.001f + 0.01f * fabsf(frand()))); break;
         case FE_Q3_NL: p[96] = (uint8_t)(b % 7 == 3 ? 0 : 120 + rnd() % 60); break;
         case FE_Q2_VQ: p[64] = (uint8_t)(b % 7 == 3 ? 0 : 120 + rnd() % 60); break;
+        case FE_IQ4_XS: put16(p, f16_bits(b % 7 == 3 ? 0.0f : 0.0005f + 0.003f * fabsf(frand()))); break;
         default: break;
         }
     }
@@ -419,29 +420,31 @@ static void test_attention_reference(void) {
     check(ok, "fe_exp_neg within 4 ulps of exp() on [-87, 0]");
 }
 
-/* Every q2_vq SIMD variant this CPU runs (on x86 both AVX2 and AVX-512,
- * whichever the AVX2 set picks) against the scalar reference, row by row,
- * and single tokens against pairs, bit for bit. */
-static void test_q2vq_variants(void) {
-    static const char *names[FE_Q2VQ_VARIANTS] = {"scalar", "avx2", "neon", "avx512"};
+/* Every SIMD variant this CPU runs of a format kept outside the tables
+ * (q2_vq, iq4_xs: on x86 both AVX2 and AVX-512, whichever the AVX2 set
+ * picks) against the scalar reference, row by row, and single tokens
+ * against pairs, bit for bit. */
+static void test_simd_variants(int fmt, fe_rowdot_fn (*kernel)(int)) {
+    static const char *names[FE_SIMD_VARIANTS] = {"scalar", "avx2", "neon", "avx512"};
+    const char *name = fe_format_get(fmt)->name;
     const int cols = 768, rows = 5, n = 5;
-    uint64_t rb = fe_row_bytes(FE_Q2_VQ, (uint64_t)cols);
+    uint64_t rb = fe_row_bytes(fmt, (uint64_t)cols);
     uint8_t *w = malloc(rb * rows);
     float *x = malloc(sizeof(float) * cols * n), *scratch = malloc(sizeof(float) * cols), *dq = malloc(sizeof(float) * cols);
-    for (int r = 0; r < rows; r++) random_row(FE_Q2_VQ, w + r * rb, cols);
+    for (int r = 0; r < rows; r++) random_row(fmt, w + r * rb, cols);
     for (int i = 0; i < cols * n; i++) x[i] = frand() * (i % 17 == 0 ? 8.0f : 1.0f);
     int ran = 0;
-    for (int v = 1; v < FE_Q2VQ_VARIANTS; v++) {
-        fe_rowdot_fn f = fe_q2vq_kernel(v);
+    for (int v = 1; v < FE_SIMD_VARIANTS; v++) {
+        fe_rowdot_fn f = kernel(v);
         if (!f) continue;
         ran++;
-        printf("testing q2_vq %s against scalar\n", names[v]);
+        printf("testing %s %s against scalar\n", name, names[v]);
         int ok = 1, same = 1;
         for (int r = 0; r < rows; r++) {
             float ref[5], got[5], one;
-            fe_kernel_for(fe_kernels_get(FE_KERNELS_SCALAR), FE_Q2_VQ)(w + r * rb, cols, x, cols, n, ref, 1, scratch);
+            fe_kernel_for(fe_kernels_get(FE_KERNELS_SCALAR), fmt)(w + r * rb, cols, x, cols, n, ref, 1, scratch);
             f(w + r * rb, cols, x, cols, n, got, 1, scratch);
-            fe_dequant_row(FE_Q2_VQ, w + r * rb, dq, cols);
+            fe_dequant_row(fmt, w + r * rb, dq, cols);
             for (int t = 0; t < n; t++) {
                 double mag = 0;
                 for (int i = 0; i < cols; i++) mag += fabs((double)dq[i] * x[t * cols + i]);
@@ -451,13 +454,13 @@ static void test_q2vq_variants(void) {
             }
         }
         char what[96];
-        snprintf(what, sizeof what, "q2_vq %s within the tolerance of scalar", names[v]);
+        snprintf(what, sizeof what, "%s %s within the tolerance of scalar", name, names[v]);
         check(ok, what);
-        snprintf(what, sizeof what, "q2_vq %s batch bit-identical", names[v]);
+        snprintf(what, sizeof what, "%s %s batch bit-identical", name, names[v]);
         check(same, what);
     }
 #if defined(__x86_64__) || defined(__aarch64__)
-    check(ran > 0 || ferry_kernels_best() == FERRY_KERNELS_SCALAR, "a q2_vq SIMD variant ran");
+    check(ran > 0 || ferry_kernels_best() == FERRY_KERNELS_SCALAR, "a SIMD variant ran");
 #endif
     free(w), free(x), free(scratch), free(dq);
 }
@@ -550,6 +553,50 @@ static void test_q2_quantizer(void) {
 /* fe_q4k_scales_mins (all eight scales and mins of a block at once, used by
  * the SIMD K-quant kernels) gives fe_q4k_scale_min's values: every byte value
  * in every one of the 12 positions, and random blocks. */
+/* The iq4_xs quantizer: a bell-shaped matrix round-trips with a smaller error
+ * than q4_0 gives it (the 4.5-bit format it replaces), an all-zero row stays
+ * zero, importance lowers the weighted error, bad input is refused. */
+static void test_iq4xs_quantizer(void) {
+    const int rows = 6, cols = 512;
+    float *src = malloc(sizeof(float) * rows * cols), *back = malloc(sizeof(float) * rows * cols), h[512];
+    uint8_t *q = malloc((size_t)rows * cols / 256 * 136), *q4 = malloc((size_t)rows * cols / 32 * 18);
+    for (int i = 0; i < rows * cols; i++) src[i] = (i / cols == 2) ? 0.0f : 0.02f * (frand() + frand() + frand());
+    for (int i = 0; i < cols; i++) h[i] = i % 4 == 0 ? 16.0f : 1.0f;
+    check(ferry_iq4xs_quantize_f32(src, rows, cols, NULL, q) == 0, "iq4_xs quantize");
+    check(ferry_dequantize(FE_IQ4_XS, q, rows, cols, back) == 0, "iq4_xs dequantize");
+    double num = 0, den = 0, wnum = 0, wden = 0, num4 = 0;
+    for (int i = 0; i < rows * cols; i++) {
+        double d = (double)src[i] - back[i];
+        num += d * d, den += (double)src[i] * src[i], wnum += h[i % cols] * d * d, wden += h[i % cols] * (double)src[i] * src[i];
+    }
+    check(ferry_quantize_blocks(FE_Q4_0, src, rows * cols, q4) == 0, "q4_0 quantize");
+    ferry_dequantize(FE_Q4_0, q4, rows, cols, back);
+    for (int i = 0; i < rows * cols; i++) num4 += ((double)src[i] - back[i]) * ((double)src[i] - back[i]);
+    printf("iq4_xs round trip: relative error %.4f (q4_0 %.4f)\n", sqrt(num / den), sqrt(num4 / den));
+    check(num < num4, "iq4_xs round trip error below q4_0's");
+    ferry_dequantize(FE_IQ4_XS, q, rows, cols, back);
+    int zero = 1;
+    for (int i = 2 * cols; i < 3 * cols; i++) zero &= back[i] == 0.0f;
+    check(zero, "iq4_xs all-zero row stays zero");
+    check(ferry_iq4xs_quantize_f32(src, rows, cols, h, q) == 0, "iq4_xs quantize with importance");
+    ferry_dequantize(FE_IQ4_XS, q, rows, cols, back);
+    double inum = 0;
+    for (int i = 0; i < rows * cols; i++) inum += h[i % cols] * ((double)src[i] - back[i]) * ((double)src[i] - back[i]);
+    check(inum < wnum, "iq4_xs importance lowers the weighted error");
+    /* rows quantized apart give the same bytes as all at once */
+    uint8_t *q2 = malloc((size_t)rows * cols / 256 * 136);
+    for (int r = 0; r < rows; r++)
+        ferry_iq4xs_quantize_f32(src + (size_t)r * cols, 1, cols, h, q2 + (size_t)r * cols / 256 * 136);
+    check(memcmp(q, q2, (size_t)rows * cols / 256 * 136) == 0, "iq4_xs bytes independent of the row split");
+    src[7] = NAN;
+    check(ferry_iq4xs_quantize_f32(src, rows, cols, NULL, q) == -1, "iq4_xs refuses NaN");
+    src[7] = 0.0f;
+    check(ferry_iq4xs_quantize_f32(src, rows, 100, NULL, q) == -1, "iq4_xs refuses cols % 256");
+    h[3] = -1.0f;
+    check(ferry_iq4xs_quantize_f32(src, rows, cols, h, q) == -1, "iq4_xs refuses negative importance");
+    free(src), free(back), free(q), free(q4), free(q2);
+}
+
 static void test_q4k_scales_mins(void) {
     int ok = 1;
     uint8_t s[12];
@@ -596,7 +643,9 @@ int main(void) {
           (fe_kernels_get(FE_KERNELS_AVX2) != fe_kernels_avx2_ymm_table()), "avx2 attention in zmm where AVX-512 is");
     printf("simd implementations tested: %d (best: %s)\n", impls, ferry_kernels_name(ferry_kernels_best()));
     check(impls > 0 || ferry_kernels_best() == FERRY_KERNELS_SCALAR, "the best implementation is one tested");
-    test_q2vq_variants();
+    test_simd_variants(FE_Q2_VQ, fe_q2vq_kernel);
+    test_simd_variants(FE_IQ4_XS, fe_iq4xs_kernel);
+    test_iq4xs_quantizer();
     test_quantizer();
     test_q2_quantizer();
     test_quantizer_paths();

@@ -63,6 +63,7 @@ static void random_row(int fmt, uint8_t *row, int cols) {
         if (fmt == FE_Q4_K || fmt == FE_Q5_K) set_f16(p + 2, 0.005f + 0.02f * fabsf(frand()));
         if (fmt == FE_Q8_0 && b % 3 == 0) p[2 + b % 32] = 0x80; /* -128 */
         if (fmt == FE_Q3_NL) p[96] = b % 5 == 3 ? 0 : (uint8_t)(150 + rnd() % 24); /* e = 0: a zero block */
+        if (fmt == FE_IQ4_XS) set_f16(p, b % 5 == 3 ? 0.0f : 0.0005f + 0.003f * fabsf(frand())); /* d = 0: a zero block */
     }
 }
 
@@ -75,7 +76,7 @@ static void random_x(float *x, int count, int kind) {
     }
 }
 
-static const int FORMATS[] = {FE_Q8_0, FE_Q4_0, FE_Q4_1, FE_Q4_K, FE_Q5_K, FE_Q6_K, FE_Q3_NL};
+static const int FORMATS[] = {FE_Q8_0, FE_Q4_0, FE_Q4_1, FE_Q4_K, FE_Q5_K, FE_Q6_K, FE_Q3_NL, FE_IQ4_XS};
 
 /* q3_nl's weights as its q8 kernel sees them: s_g * G[index] / 56 (kernels_q8.h). */
 static void q3_q8_weights(const uint8_t *w, int rows, int cols, float *out) {
@@ -175,7 +176,8 @@ static void test_quantizer(void) {
     check(ferry_kernel_matmul_q8(FERRY_KERNELS_SCALAR, FE_F16, buf, 1, 32, x, 1, x) == -1, "f16", 0, 32, 1,
           "a format without an integer kernel is refused");
     check(ferry_q8_activations_supported(FE_Q4_K) && ferry_q8_activations_supported(FE_Q3_NL) &&
-              !ferry_q8_activations_supported(FE_Q2_VQ) && !ferry_q8_activations_supported(FE_BF16),
+              ferry_q8_activations_supported(FE_IQ4_XS) && !ferry_q8_activations_supported(FE_Q2_VQ) &&
+              !ferry_q8_activations_supported(FE_BF16),
           "supported", 0, 0, 0, "the supported formats");
     /* FE_Q8_KIND_32T: FE_Q8_KIND_32 with byte 4l + j of each block holding value 8j + l */
     uint8_t a32[256], a32t[256];

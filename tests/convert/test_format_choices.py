@@ -121,17 +121,17 @@ def test_ferry_check_and_convert_recommended(moe, tmp_path, monkeypatch, capsys)
     assert ferry(["check", str(moe), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["ok"] and [c["format"] for c in doc["expert_choices"] if c["recommended"]] == ["q3_nl"]
-    assert doc["trunk_format"] == "q4_0" and doc["expert_format"] == "q3_nl"
+    assert doc["trunk_format"] == "iq4_xs" and doc["expert_format"] == "q3_nl"
     assert ferry(["check", str(moe)]) == 0
     text = capsys.readouterr().out
     assert "* q3_nl" in text and "recommended: --expert-format q3_nl" in text
     assert "q2_vq" in text and "* q2_vq" not in text          # offered (nothing fits), not recommended
-    assert "* q4_0" in text and "recommended: --trunk-format q4_0" in text
+    assert "* iq4_xs" in text and "recommended: --trunk-format iq4_xs" in text
     assert ferry(["convert", str(moe), str(tmp_path / "rec.ferry"), "--trunk-format", "recommended",
                   "--expert-format", "recommended", "--quiet"]) == 0
     manifest = json.loads((tmp_path / "rec.ferry" / "manifest.json").read_text())
     assert manifest["expert_banks"][0]["gate"]["dtype"] == "q3_nl"
-    assert {t["dtype"] for t in manifest["tensors"] if len(t["shape"]) > 1} == {"q4_0"}
+    assert {t["dtype"] for t in manifest["tensors"] if len(t["shape"]) > 1} == {"iq4_xs"}
     assert ferry(["check", str(tmp_path / "missing")]) == 1
     assert "does not exist" in capsys.readouterr().out
 
@@ -139,16 +139,18 @@ def test_ferry_check_and_convert_recommended(moe, tmp_path, monkeypatch, capsys)
 def test_the_trunk_leaves_half_the_ram_to_the_expert_cache(moe):
     src = open_source(moe)
     every = {c.format: c for c in trunk_choices(src, "auto", WORKING, 1 << 40)}
-    assert list(every) == ["auto", "q4_0"] and every["auto"].stored == "q8_0" and every["auto"].recommended
-    assert not every["auto"].exact and every["q4_0"].nbytes < every["auto"].nbytes
-    assert round(every["auto"].bits_per_weight, 2) == 8.5 and round(every["q4_0"].bits_per_weight, 2) == 4.5
+    assert list(every) == ["auto", "iq4_xs", "q4_0"] and every["auto"].stored == "q8_0" and every["auto"].recommended
+    assert every["iq4_xs"].nbytes < every["q4_0"].nbytes and every["iq4_xs"].error < every["q4_0"].error
+    assert not every["auto"].exact and every["iq4_xs"].nbytes < every["auto"].nbytes
+    assert every["iq4_xs"].stored == "iq4_xs" and every["iq4_xs"].label == "4-bit (iq4_xs)"
+    assert round(every["auto"].bits_per_weight, 2) == 8.5 and round(every["iq4_xs"].bits_per_weight, 2) == 4.25
 
     def pick(usable):
         return recommended(trunk_choices(open_source(moe), "auto", WORKING, usable))
 
     assert pick(2 * (every["auto"].nbytes + WORKING)) == "auto"
-    assert pick(2 * (every["auto"].nbytes + WORKING) - 2) == "q4_0"
-    assert pick(WORKING) == "q4_0"                    # nothing leaves half: the smallest
+    assert pick(2 * (every["auto"].nbytes + WORKING) - 2) == "iq4_xs"
+    assert pick(WORKING) == "iq4_xs"                  # nothing leaves half: the smallest
 
 
 def test_k3_on_a_64_gb_mac_gets_a_4_bit_trunk_and_3_bit_experts():

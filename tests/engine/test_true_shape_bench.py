@@ -243,7 +243,7 @@ def test_k3_cache_share_is_what_64_gb_leaves():
 
 
 def test_mac_prediction_is_the_model_on_published_figures():
-    one_core = {"q3_nl": 2e9, "q2_vq": 1e9, "q4_0": 2.5e9}
+    one_core = {"q3_nl": 2e9, "q2_vq": 1e9, stream.K3_TRUNK: 2.5e9}
     out = stream.mac_prediction(one_core.__getitem__)
     q3 = out["formats"]["q3_nl"]
     row = q3["predictions"]["memory/top16/published_38pct/ssd_low"]
@@ -255,7 +255,7 @@ def test_mac_prediction_is_the_model_on_published_figures():
     ferry = q3["predictions"]["memory/top16/ferry/ssd_low"]
     assert out["catalogue_row"]["expert_format"] == "q3_nl"
     assert out["catalogue_row"]["tok_per_s"] == pytest.approx(ferry["tok_per_s"], rel=1e-3)
-    assert 0.44 < q3["hit_rates"]["top16"]["ferry"] < 0.46 and q3["hit_rates"]["top16"]["uniform"] < 0.02
+    assert 0.46 < q3["hit_rates"]["top16"]["ferry"] < 0.49 and q3["hit_rates"]["top16"]["uniform"] < 0.02
     # fewer experts or fewer bits per weight read less: never slower
     p = out["formats"]["q2_vq"]["predictions"]
     assert p["memory/top8/published_38pct/ssd_low"]["tok_per_s"] > row["tok_per_s"]
@@ -263,7 +263,7 @@ def test_mac_prediction_is_the_model_on_published_figures():
     cores = q3["predictions"]["cores_as_here/top16/uniform/ssd_low"]
     assert cores["trunk_s"] == pytest.approx(q3["trunk_compute_bytes"] / (18 * 2.5e9))
     assert out["catalogue_row_cores_as_here"]["tok_per_s"] < out["catalogue_row"]["tok_per_s"]
-    # with kernels that differ by format the catalogue runs the trunk at its own format's (q4_0) speed, as the table
+    # with kernels that differ by format the catalogue runs the trunk at its own format's (iq4_xs) speed, as the table
     assert out["catalogue_row_cores_as_here"]["tok_per_s"] == \
         pytest.approx(q3["predictions"]["cores_as_here/top16/ferry/ssd_low"]["tok_per_s"], rel=1e-3)
 

@@ -21,9 +21,9 @@ def test_every_entry_is_planned_on_a_64_gb_mac_without_the_network(monkeypatch):
     assert [r.name for r in rows] == [e.name for e in ENTRIES]
     by = {r.name: r for r in rows}
     k3 = by["Kimi K3"]
-    assert (k3.trunk_format, k3.expert_format) == ("q4_0", "q3_nl")    # what `ferry check` recommends there
+    assert (k3.trunk_format, k3.expert_format) == ("iq4_xs", "q3_nl")  # what `ferry check` recommends there
     assert 1.3e12 < k3.download_bytes < 1.6e12 and k3.verdict == "runs slowly"
-    assert 30 < k3.floor_bytes / 2**30 < 36
+    assert 28 < k3.floor_bytes / 2**30 < 36
     assert by["OLMoE 1B-7B"].verdict == "runs well"
     assert all(r.verdict in ("runs well", "runs slowly", "does not fit", "unknown") and r.reason for r in rows)
     assert "Kimi-Linear" in describe_catalogue(rows)
@@ -68,7 +68,7 @@ def test_k3_on_a_64_gb_mac_gets_an_expert_cache():
 
 def test_k3_on_a_64_gb_mac_expects_the_hits_of_real_routing():
     """The catalogue's K3 row reads what the engine's policy hits on real
-    routing at that cache (app.engine.speed.expected_hit_rate: 45 % at 0.94
+    routing at that cache (app.engine.speed.expected_hit_rate: 47.6 % at 1.0
     token working sets; the public engine measures 38 % there), not a
     uniform spread over 82,432 records (1.7 %); its tok/s is the one
     estimator's (tests/engine/test_true_shape_bench.py checks the same row
@@ -80,6 +80,6 @@ def test_k3_on_a_64_gb_mac_expects_the_hits_of_real_routing():
     record = k3.cold_bytes_per_token // (16 * 92)
     slots = (k3.recommended_budget - k3.floor_bytes) // record + 16
     hit = expected_hit_rate(slots, 16, 92, 896 * 92)
-    assert 0.44 < hit < 0.46
+    assert 0.46 < hit < 0.49    # the iq4_xs trunk leaves 1.6 GiB more to the cache than q4_0 did (45 %)
     assert k3.expected_read_per_token == int(k3.cold_bytes_per_token * (1 - hit))
     assert 0.5 < k3.tok_per_s < 0.65     # the public engine measures 0.45-0.62 tok/s on that Mac

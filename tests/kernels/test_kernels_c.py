@@ -14,7 +14,7 @@ from tests.conftest import REPO
 
 CORE = REPO / "core_c"
 SOURCES = [CORE / "src" / f for f in ("formats.c", "kernels.c", "kernels_avx2.c", "kernels_neon.c", "kernels_q2vq.c", "quant3.c",
-                                              "quant_blocks.c", "quant2.c")]
+                                              "quant_blocks.c", "quant2.c", "kernels_iq4xs.c", "quant_iq4xs.c")]
 FLAGS = ["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-ffp-contract=off", "-I", str(CORE / "include")]
 
 

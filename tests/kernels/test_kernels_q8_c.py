@@ -16,7 +16,7 @@ import pytest
 from tests.kernels.test_kernels_c import CORE, FLAGS, SOURCES, aarch64_toolchain, run_program
 
 Q8_SOURCES = [*SOURCES, *(CORE / "src" / f for f in ("kernels_q8.c", "kernels_q8_avx2.c", "kernels_q8_neon.c",
-                                                                   "kernels_q8_avx512.c"))]
+                                                                   "kernels_q8_avx512.c", "kernels_q8_iq4xs.c"))]
 PROGRAM = CORE / "tests" / "test_kernels_q8.c"
 
 

@@ -103,3 +103,36 @@ def test_k3_floor_by_trunk_class():
     assert ffn3["trunk_classes"]["shared experts"]["format"] == "q3_nl"
     assert ffn3["trunk_classes"]["shared experts"]["bytes"] == ffn3["trunk_classes"]["shared experts"]["bytes_at"]["q3_nl"]
     assert base["floor_gib"] > 30.9 and 27.5 < ffn3["floor_gib"] < 28.5 and both["floor_gib"] < 27.0
+
+
+def test_k3_with_an_iq4_xs_trunk_runs_exactly_and_the_plan_costs_its_layout(tmp_path):
+    """The 4-bit trunk `ferry check` recommends for K3 (iq4_xs): rows of 256 values (the latent
+    projections' 256 columns here) are iq4_xs, shorter ones its q4_0 fallback; the engine runs the
+    container's own values exactly, and `ferry plan --config` costs the very bytes laid out."""
+    tiny_k3.build(tmp_path / "ckpt", latent=256)
+    out = convert(tmp_path / "ckpt", tmp_path / "k3iq4.ferry", trunk_format="iq4_xs", expert_format="f32")
+    manifest = json.loads((out / "manifest.json").read_text())
+    spec = open_source(tmp_path / "ckpt").spec
+    trunk = np.fromfile(out / "trunk.bin", dtype=np.uint8)
+    cfg, tensors = ref.load_release(tmp_path / "ckpt")
+    own, seen = dict(tensors), set()
+    for t in manifest["tensors"]:
+        if len(t["shape"]) < 2 or t["dtype"] in ("f32", "bf16"):
+            continue
+        seen.add(t["dtype"])
+        assert t["dtype"] == ("iq4_xs" if t["shape"][-1] % 256 == 0 else "q4_0"), t
+        raw = trunk[t["offset"]:t["offset"] + t["nbytes"]]
+        values = quant.dequantize(raw, t["dtype"].upper(), int(np.prod(t["shape"]))).reshape(t["shape"])
+        source = spec.trunk[t["name"]]
+        own[source] = values.astype(np.float64).reshape(np.shape(tensors[source]))
+    assert seen == {"iq4_xs", "q4_0"}
+    rng = np.random.default_rng(5)
+    tokens = [int(t) for t in rng.integers(0, tiny_k3.VOCAB, 8 + 3)]
+    stages, logits, n_layers = run_engine(out, tokens, 8)
+    stages_own, logits_own = ref.K3Reference(cfg, own).forward(np.array(tokens))
+    errs = [rel_l2(stages[s], stages_own[s]) for s in range(n_layers + 2)] + [rel_l2(logits, logits_own)]
+    assert max(errs) < 1e-5, errs
+    config = json.loads((tmp_path / "ckpt" / "config.json").read_text())
+    plan = plan_from_config(config, trunk_format="iq4_xs", expert_format="f32")
+    layout = plan_layout(open_source(tmp_path / "ckpt"), "iq4_xs", "f32")
+    assert plan["trunk_bytes"] + plan["embedding_bytes"] == layout.trunk_size

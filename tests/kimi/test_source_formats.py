@@ -99,7 +99,7 @@ def test_plan_main_json(capsys):
     # No formats asked: the ones `ferry check` recommends on a 64 GB Mac (format_choices' rule).
     assert plan_main(["--config", K3_CONFIG, "--ram", "64G", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert (out["trunk_format"], out["expert_format"], out["formats_recommended"]) == ("q4_0", "q3_nl", True)
+    assert (out["trunk_format"], out["expert_format"], out["formats_recommended"]) == ("iq4_xs", "q3_nl", True)
 
 
 def test_plan_main_without_ram_uses_this_machine(capsys):

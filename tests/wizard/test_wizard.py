@@ -209,9 +209,9 @@ def test_a_model_larger_than_ram_gets_3_bit_experts_and_the_user_can_choose(qtbo
     assert not experts.isHidden() and experts.combo.currentData() == "q3_nl"
     assert "fewest bytes per token" in experts.note.text()
     out = convert_to_end(qtbot, wiz)
-    assert wiz.state.trunk_format == "q4_0" and report.trunk_format == "q4_0"   # the smaller trunk, too
+    assert wiz.state.trunk_format == "iq4_xs" and report.trunk_format == "iq4_xs"   # the smaller trunk, too
     assert "smallest" in page.choosers["trunk"].note.text()
-    reference = convert(synthetic, folder(tmp_path / "ref") / out.name, trunk_format="q4_0", expert_format="q3_nl")
+    reference = convert(synthetic, folder(tmp_path / "ref") / out.name, trunk_format="iq4_xs", expert_format="q3_nl")
     assert tree_bytes(out) == tree_bytes(reference)
 
     other = wizard(remember=False)
@@ -241,7 +241,7 @@ def test_a_model_that_fits_gets_the_fastest_experts_within_a_4_bit_error(qtbot, 
     assert "whole model fits in this computer" in note and "fastest" in note
     trunk = wiz.source_page.choosers["trunk"]
     assert wiz.state.trunk_format == "auto" and trunk.combo.currentData() == "auto"
-    assert [c.format for c in report.trunk_choices] == ["auto", "q4_0"] and report.trunk_choices[0].recommended
+    assert [c.format for c in report.trunk_choices] == ["auto", "iq4_xs", "q4_0"] and report.trunk_choices[0].recommended
 
 
 def test_an_interrupted_conversion_resumes_with_its_expert_format(qtbot, wizard, synthetic, tmp_path, monkeypatch):
