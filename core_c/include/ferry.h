@@ -68,8 +68,11 @@ typedef struct ferry_error {
 #define FERRY_NO_FILL 128 /* do not read every expert into a cache that holds them all at open (read on first use) */
 
 /* The expert readers' queue depth when n_readers is 0 (the disk probe,
- * app/memory/disk_probe.py, reads with the same number of threads). */
-#define FERRY_DEFAULT_READERS 4
+ * app/memory/disk_probe.py, reads with the same number of threads). 8: an
+ * Apple SSD needs a deep queue (8 threads of direct reads gave the public
+ * streaming engine its 12.78 GiB/s on an M5 Pro), and on the 2-core test
+ * machine 8 decoded no slower than 4 (docs/bench-log/2026-12-06.md, session 17). */
+#define FERRY_DEFAULT_READERS 8
 
 /* Options for ferry_engine_open. Initialise with ferry_open_options_init. */
 typedef struct ferry_open_options {
