@@ -77,6 +77,10 @@ PROMPT_STEP = 32
 
 KERNEL_CHOICES = ("auto", "scalar", "avx2", "avx512vnni", "neon")
 
+#: Reader threads an engine reads expert records with when ``readers`` is 0 (the
+#: core's queue depth; the disk probe, app.memory.disk_probe, reads with as many).
+DEFAULT_READERS = int(lib.FERRY_DEFAULT_READERS)
+
 
 def default_kernels() -> str:
     """The kernel set engines open with when none is given: the environment

@@ -67,6 +67,13 @@ typedef struct ferry_error {
 #define FERRY_NO_EMBEDDING_READS 64 /* keep the token embedding table in RAM */
 #define FERRY_NO_FILL 128 /* do not read every expert into a cache that holds them all at open (read on first use) */
 
+/* The expert readers' queue depth when n_readers is 0 (the disk probe,
+ * app/memory/disk_probe.py, reads with the same number of threads). 8: an
+ * Apple SSD needs a deep queue (8 threads of direct reads gave the public
+ * streaming engine its 12.78 GiB/s on an M5 Pro), and on the 2-core test
+ * machine 8 decoded no slower than 4 (docs/bench-log/2026-12-06.md, session 17). */
+#define FERRY_DEFAULT_READERS 8
+
 /* Options for ferry_engine_open. Initialise with ferry_open_options_init. */
 typedef struct ferry_open_options {
     uint64_t ram_budget;  /* bytes the core may allocate in all; 0 = unlimited */
@@ -78,7 +85,7 @@ typedef struct ferry_open_options {
                            * always checked on open. */
     int n_ctx;            /* context the budget must leave room for; 0 = min(4096, max_ctx) */
     int cache_slots;      /* expert records to cache; 0 = as many as the budget allows */
-    int n_readers;        /* reader threads; 0 = 4 */
+    int n_readers;        /* reader threads; 0 = FERRY_DEFAULT_READERS */
     int flags;            /* FERRY_NO_* switches */
     const uint32_t *usage_counts; /* hot list from ferry_engine_usage of an earlier run, or NULL */
     size_t n_usage_counts;        /* its length: n_layers * n_experts */

@@ -125,7 +125,6 @@ static void session_sizes(const ferry_engine *e, int n_ctx, int n_threads, fe_se
 }
 
 #define DEFAULT_CTX 4096
-#define DEFAULT_READERS 4
 
 static int n_moe_layers(const fe_hparams *hp) {
     int n = 0;
@@ -237,7 +236,7 @@ ferry_status ferry_engine_open(const char *path, const ferry_open_options *opts,
     e->opts.activations = NULL; /* borrowed only for the call */
     e->q8 = q8;
     e->opts.n_threads = resolve_threads(e->opts.n_threads);
-    if (e->opts.n_readers <= 0) e->opts.n_readers = DEFAULT_READERS;
+    if (e->opts.n_readers <= 0) e->opts.n_readers = FERRY_DEFAULT_READERS;
     s = fe_container_open(&e->c, path, err);
     if (s) { pthread_mutex_destroy(&e->lock); free(e); return s; }
     if (e->q8 && !has_q8_weights(&e->c)) e->q8 = NULL; /* no integer products: the exact path, reported so */

@@ -10,6 +10,7 @@ import pytest
 from PySide6.QtWidgets import QWizard
 
 from app.convert.convert import ConvertControl, convert, partial_dir
+from app.engine.binding import DEFAULT_READERS
 from app.units import size
 from tests.wizard.conftest import T, convert_to_end, to_memory, to_source, tree_bytes
 
@@ -55,6 +56,7 @@ def test_deepseek_release_layout_converts_to_the_same_bytes(qtbot, wizard, deeps
     assert "3 files" in text
     speed = wiz.destination_page.speed.text()
     assert "tokens per second" in speed and wiz.state.speed.read_bytes_per_s > 0
+    assert f"from {DEFAULT_READERS} readers, as the engine does" in speed and wiz.state.speed.readers == DEFAULT_READERS
     assert wiz.destination_page.name_edit.text() == "deepseek-v3-tiny.ferry"
     out = convert_to_end(qtbot, wiz)
     reference = convert(deepseek_ckpt, folder(tmp_path / "ref") / out.name, trunk_format=wiz.state.trunk_format,

@@ -261,8 +261,10 @@ class DestinationPage(QWizardPage):
 def describe_speed(speed, report) -> str:
     from app.memory.disk_probe import tok_s_bound
 
-    how = "bypassing the cache, as Ferry reads experts" if speed.direct else esc(speed.note)
-    text = (f"<b>This disk reads {rate(speed.read_bytes_per_s)}</b> in {size(speed.block)} blocks ({how}); "
+    how = "bypassing the cache" if speed.direct else esc(speed.note)
+    readers = f"{speed.readers} readers" if speed.readers > 1 else "one reader"
+    text = (f"<b>This disk reads {rate(speed.read_bytes_per_s)}</b> in {size(speed.block)} pieces from {readers}, "
+            f"as the engine does ({how}); "
             f"it wrote {rate(speed.write_bytes_per_s)}.")
     bound = tok_s_bound(speed.read_bytes_per_s, report.cold_bytes_per_token if report else 0)
     if bound is None:
