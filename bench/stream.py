@@ -846,6 +846,10 @@ def true_shape_modes(a, container: Path, plan, tokens: list[int], budget: int, i
 #: 6.3 GB/s (M5 MacBook Pro, Blackmagic Disk Speed Test by Max Tech, reported
 #: by 9to5Mac / worldnl.com) to 13.6 GB/s (sustained, 16-inch M5 Max with 4 TB,
 #: The Verge): Apple states "up to 2x" the M4 Pro's for the M5 Pro, no figure.
+#: The high figure is the one that machine measures in Ferry's read pattern:
+#: the public streaming engine's diskbench on the 64 GB M5 Pro itself, random
+#: 12 MiB direct reads from 8 threads, 12.78 GiB/s = 13.7 GB/s (its docs/GATES.md,
+#: Gate H; docs/KIMI.md); the low one is a base M5's sequential test.
 MAC = {"name": "MacBook Pro M5 Pro, 64 GB", "ram": 64 << 30, "cores": 18, "memory_bytes_per_s": 307e9,
        "ssd_bytes_per_s": {"low": 6.3e9, "high": 13.6e9}}
 #: The public streaming engine on that Mac (issue 36): 0.45-0.62 tok/s with a

@@ -17,7 +17,7 @@ round), engines alternating which goes first, rounds interleaved; each
 child: loads the model, evaluates a 128-token prompt (prompt tok/s and time
 to first token: the prompt's evaluation plus choosing the first token),
 decodes ``--tokens`` tokens greedily one at a time (decode tok/s), then a
-fresh 1024-token prompt, and reports its peak RSS (ru_maxrss) and, for
+fresh 1024-token prompt, and reports its peak RSS (VmHWM on Linux, ru_maxrss elsewhere) and, for
 Ferry, the RSS of the Python process before the model is opened. Both
 engines are driven the same way: token ids in, logits out, argmax in numpy;
 prompts are the same random token ids. The 1-minute load average is
@@ -157,6 +157,17 @@ def _rss_now() -> int:
 
 
 def _peak_rss() -> int:
+    """This process's peak resident set. On Linux the memory map's own high-water
+    mark (VmHWM), not ru_maxrss: a child keeps ru_maxrss across exec, so a child
+    started by a parent holding 581 MB reported 581 MB whatever it held (both
+    engines on the demo, 2026-12-06)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024
 

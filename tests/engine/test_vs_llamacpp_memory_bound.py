@@ -85,3 +85,20 @@ def test_memory_bound_shares_with_and_without_the_kv_cache():
     assert out["kv_bytes_per_token"] == {"ferry": 400_000, "llama_cpp": 200_000}   # f32 / f16 values
     assert out["decode_share_with_kv"]["ferry"] == pytest.approx(12.0 * 600_400_000 / 24e9)
     assert "kv_bytes_per_token" not in vs.memory_bound(medians, 24.0, weights)
+
+
+def test_an_engine_childs_peak_rss_is_its_own_not_its_parents():
+    """Each engine runs in a child process; its peak RSS must be what that child held. ru_maxrss
+    survives exec, so a child of a parent holding 581 MB reported 581 MB for both engines on the
+    demo (2026-12-06); VmHWM is the child's own (Linux)."""
+    import subprocess
+    import sys
+
+    held = bytearray(256 << 20)
+    held[::4096] = b"\x01" * len(range(0, len(held), 4096))   # make the pages resident
+    code = ("import importlib.util, sys; spec = importlib.util.spec_from_file_location('b', sys.argv[1]); "
+            "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); print(m._peak_rss())")
+    out = subprocess.run([sys.executable, "-c", code, str(REPO / "bench" / "vs_llamacpp.py")],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    assert held[4096] == 1
+    assert 0 < int(out) < 200 << 20
