@@ -220,7 +220,10 @@ def test_model_library_rename_and_remove(qtbot, make_window, tiny_chat, tmp_path
     monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: QMessageBox.StandardButton.Yes)
     freed = d.remove_selected()
     assert freed > 0 and not (folder / "kept copy").exists() and "freed" in d.note.text()
-    assert [w.model_combo.itemText(i) for i in range(w.model_combo.count())] == ["chat"]
+    # the removed model leaves the model menu; the open one stays (tiny_chat's folder is shared with other
+    # session fixtures, which may hold other models: only these two names are checked)
+    listed = [w.model_combo.itemText(i) for i in range(w.model_combo.count())]
+    assert "chat" in listed and not any(n in ("spare", "kept copy") for n in listed)
     d.close()
     # Open switches to the chosen model; Convert a model… opens the wizard
     shutil.copytree(tiny_chat, folder / "second")
