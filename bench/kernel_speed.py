@@ -168,7 +168,7 @@ KERNEL_FILES = ("include/ferry_kernels.h", "src/formats.h", "src/formats.c", "sr
                 "src/common.h", "src/kernels_iq4xs.c", "src/kernels_iq4xs.h")
 #: With --q8: the 8-bit-activation kernels as well (ferry_kernel_matmul_q8).
 Q8_FILES = ("include/ferry.h", "src/kernels_q8.h", "src/kernels_q8.c", "src/kernels_q8_avx2.c", "src/kernels_q8_avx512.c",
-            "src/kernels_q8_neon.c", "src/kernels_q8_iq4xs.c")
+            "src/kernels_q8_neon.c", "src/kernels_q8_neon_util.h", "src/kernels_q8_iq4xs.c")
 
 
 def build_kernels(rev: str | None, folder: Path, q8: bool = False):

@@ -1,6 +1,6 @@
 /* kernels_avx2_util.h — the small AVX2 helpers both AVX2 kernel files use
  * (kernels_avx2.c, kernels_q8_avx2.c): one horizontal sum in one fixed
- * order, one f16 value, and a q3_nl block's index bits. x86-64 only;
+ * order (and its four-zmm form), one f16 value, and a q3_nl block's index bits. x86-64 only;
  * include after <immintrin.h>. */
 #ifndef FERRY_KERNELS_AVX2_UTIL_H
 #define FERRY_KERNELS_AVX2_UTIL_H
@@ -20,6 +20,14 @@ static inline __attribute__((always_inline, target("avx2,fma,f16c"))) float f16_
     uint16_t h;
     memcpy(&h, p, 2);
     return _cvtsh_ss(h);
+}
+
+/* Four 16-lane accumulators to one sum: (a0+a1)+(a2+a3), its two 256-bit
+ * halves added, then hsum8 (the AVX-512 row kernels of q2_vq and iq4_xs). */
+static inline __attribute__((always_inline, target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) float
+fe_hsum_zmm4(const __m512 *a) {
+    const __m512 s = _mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3]));
+    return hsum8(_mm256_add_ps(_mm512_castps512_ps256(s), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s), 1))));
 }
 
 /* q3_nl (formats.h): bits `bit` .. bit + width - 1 (width <= 32) of each

@@ -86,13 +86,8 @@ INL5 void iq4xs_avx512_pair(const uint8_t *row, int cols, const float *xa, const
             }
         }
     }
-    const __m512 sa = _mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3]));
-    *ya = hsum8(_mm256_add_ps(_mm512_castps512_ps256(sa), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(sa), 1))));
-    if (two) {
-        const __m512 sb = _mm512_add_ps(_mm512_add_ps(b[0], b[1]), _mm512_add_ps(b[2], b[3]));
-        *yb = hsum8(_mm256_add_ps(_mm512_castps512_ps256(sb),
-                                  _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(sb), 1))));
-    }
+    *ya = fe_hsum_zmm4(a);
+    if (two) *yb = fe_hsum_zmm4(b);
 }
 FE_ROWDOT_PAIRS(x86, TGT5, iq4xs_avx512)
 

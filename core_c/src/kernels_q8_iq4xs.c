@@ -88,22 +88,14 @@ fe_q8dot_fn fe_iq4xs_q8_kernel(int impl) {
 #elif defined(__aarch64__) && defined(__ARM_NEON)
 #include <arm_neon.h>
 
+#include "kernels_q8_neon_util.h"
+
 #include "kernels_iq4xs.h"
 
 #define INL static inline __attribute__((always_inline))
 
 /* ---------------------------------------------------------- q8, NEON */
 
-INL int32x4_t dot16(int8x16_t a, int8x16_t b) {
-#if defined(__ARM_FEATURE_DOTPROD)
-    return vdotq_s32(vdupq_n_s32(0), a, b);
-#else
-    int16x8_t lo = vmull_s8(vget_low_s8(a), vget_low_s8(b)), hi = vmull_high_s8(a, b);
-    return vpaddq_s32(vpaddlq_s16(lo), vpaddlq_s16(hi));
-#endif
-}
-
-typedef struct { float32x4_t lo, hi; } v8;
 
 INL void q8_block_neon(const uint8_t *p, float d, int cols, const uint8_t *xq, size_t st, int b, const int nt, v8 *acc) {
     const float D = d * (float)(fe_iq4xs_code(p, b & 7) - 32); /* fe_iq4xs_scale */

@@ -14,21 +14,12 @@
 #include <math.h>
 #include <string.h>
 
+#include "kernels_q8_neon_util.h"
+
 
 #define INL static inline __attribute__((always_inline))
 #define TILE 4 /* tokens sharing a decoded weight block (FE_Q8_DRIVER) */
 
-INL int32x4_t dot16(int8x16_t a, int8x16_t b) {
-#if defined(__ARM_FEATURE_DOTPROD)
-    return vdotq_s32(vdupq_n_s32(0), a, b);
-#else
-    int16x8_t lo = vmull_s8(vget_low_s8(a), vget_low_s8(b)), hi = vmull_high_s8(a, b);
-    return vpaddq_s32(vpaddlq_s16(lo), vpaddlq_s16(hi));
-#endif
-}
-
-/* Two 4-lane halves of the reference's 8 lanes. */
-typedef struct { float32x4_t lo, hi; } v8;
 
 INL v8 v8_zero(void) { v8 r = {vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)}; return r; }
 
