@@ -6,39 +6,22 @@ import json
 import os
 import shutil
 import subprocess
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests import cbuild
 from tests.conftest import REPO
 
 CORE = REPO / "core_c"
-SANITIZE = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer"]
 
 
-def build(tmp: Path, jobs: int = 2) -> Path:
-    """The test program with the sanitizers: each source compiled on its own, ``jobs`` at a time (the
-    same flags as one command line; the compiler is otherwise this worker's only process), then linked."""
-    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if cc is None:
-        pytest.fail("no C compiler found: install gcc or clang (Xcode command line tools on a Mac)")
-    exe = tmp / "test_core"
-    flags = ["-std=c11", "-O1", "-g", "-Wall", "-Wextra", "-Werror", "-pthread", *SANITIZE, "-I", str(CORE / "include")]
-    sources = sorted((CORE / "src").glob("*.c")) + [CORE / "tests" / "test_core.c"]
-    (tmp / "obj").mkdir()
-    objs = [tmp / "obj" / f"{src.stem}.o" for src in sources]
-
-    def compile_one(src_obj):
-        src, obj = src_obj
-        res = subprocess.run([cc, *flags, "-c", str(src), "-o", str(obj)], capture_output=True, text=True)
-        assert res.returncode == 0, f"cannot compile {src.name} with the sanitizers:\n{res.stderr}"
-
-    with ThreadPoolExecutor(jobs) as pool:
-        list(pool.map(compile_one, zip(sources, objs)))
-    subprocess.run([cc, *flags, *map(str, objs), "-o", str(exe), "-lm"], check=True, capture_output=True, text=True)
-    return exe
+def build(tmp_path_factory, tmp: Path) -> Path:
+    """The test program with the sanitizers, from this run's sanitizer objects of the core (tests/cbuild.py:
+    the kernel programs' sanitizer builds share them)."""
+    sources = [*sorted((CORE / "src").glob("*.c")), CORE / "tests" / "test_core.c"]
+    return cbuild.program(tmp_path_factory, tmp / "test_core", cbuild.host_cc(), cbuild.SANITIZE, sources)
 
 
 def damaged_copies(good: Path, tmp: Path, n_random: int = 60) -> list[Path]:
@@ -88,8 +71,8 @@ def damaged_copies(good: Path, tmp: Path, n_random: int = 60) -> list[Path]:
 
 
 @pytest.mark.slow   # the whole core compiled with the sanitizers: about a minute of CPU
-def test_c_core_under_sanitizers(tiny_moe, tmp_path):
-    exe = build(tmp_path)
+def test_c_core_under_sanitizers(tiny_moe, tmp_path, tmp_path_factory):
+    exe = build(tmp_path_factory, tmp_path)
     bad = damaged_copies(tiny_moe[1], tmp_path)
     res = subprocess.run([str(exe), str(tiny_moe[1]), *map(str, bad)], capture_output=True, text=True,
                          timeout=600, env={"ASAN_OPTIONS": "detect_leaks=1:abort_on_error=1",

@@ -10,12 +10,15 @@ from pathlib import Path
 
 import pytest
 
+from tests import cbuild
 from tests.conftest import REPO
 
 CORE = REPO / "core_c"
 SOURCES = [CORE / "src" / f for f in ("formats.c", "kernels.c", "kernels_avx2.c", "kernels_neon.c", "kernels_q2vq.c", "quant3.c",
                                               "quant_blocks.c", "quant2.c", "kernels_iq4xs.c", "quant_iq4xs.c")]
 FLAGS = ["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-ffp-contract=off", "-I", str(CORE / "include")]
+#: The aarch64 builds name the base architecture (the cross compiler's default), as the q8 program's do.
+NEON_FLAGS = [*FLAGS, "-march=armv8-a"]
 
 
 def run_program(cmd: list[str]) -> str:
@@ -26,13 +29,9 @@ def run_program(cmd: list[str]) -> str:
     return res.stdout
 
 
-def test_native_kernels_match_scalar(tmp_path: Path):
-    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if cc is None:
-        pytest.fail("no C compiler found")
-    exe = tmp_path / "test_kernels"
-    subprocess.run([cc, *FLAGS, *map(str, SOURCES), str(CORE / "tests" / "test_kernels.c"), "-o", str(exe), "-lm"],
-                   check=True, capture_output=True, text=True)
+def test_native_kernels_match_scalar(tmp_path: Path, tmp_path_factory):
+    exe = cbuild.program(tmp_path_factory, tmp_path / "test_kernels", cbuild.host_cc(), FLAGS,
+                         [*SOURCES, CORE / "tests" / "test_kernels.c"])
     out = run_program([str(exe)])
     machine = platform.machine().lower()
     if machine in ("x86_64", "amd64"):
@@ -44,12 +43,9 @@ def test_native_kernels_match_scalar(tmp_path: Path):
 
 
 @pytest.mark.slow
-def test_native_kernels_under_sanitizers(tmp_path: Path):
-    cc = shutil.which("gcc") or shutil.which("clang") or shutil.which("cc")
-    exe = tmp_path / "test_kernels_asan"
-    cmd = [cc, *FLAGS, "-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
-           *map(str, SOURCES), str(CORE / "tests" / "test_kernels.c"), "-o", str(exe), "-lm"]
-    subprocess.run(cmd, check=True, capture_output=True, text=True)
+def test_native_kernels_under_sanitizers(tmp_path: Path, tmp_path_factory):
+    exe = cbuild.program(tmp_path_factory, tmp_path / "test_kernels_asan", cbuild.host_cc(), cbuild.SANITIZE,
+                         [*SOURCES, CORE / "tests" / "test_kernels.c"])
     run_program([str(exe)])
 
 
@@ -67,10 +63,9 @@ def aarch64_toolchain(native_note: str) -> tuple[str, str]:
 
 
 @pytest.mark.slow
-def test_neon_kernels_under_qemu(tmp_path: Path):
+def test_neon_kernels_under_qemu(tmp_path: Path, tmp_path_factory):
     cross, qemu = aarch64_toolchain("native aarch64: the native test already runs the NEON kernels")
-    exe = tmp_path / "test_kernels_aarch64"
-    subprocess.run([cross, *FLAGS, "-static", *map(str, SOURCES), str(CORE / "tests" / "test_kernels.c"),
-                    "-o", str(exe), "-lm"], check=True, capture_output=True, text=True)
+    exe = cbuild.program(tmp_path_factory, tmp_path / "test_kernels_aarch64", cross, NEON_FLAGS,
+                         [*SOURCES, CORE / "tests" / "test_kernels.c"], link=("-static",))
     out = run_program([qemu, str(exe)])
     assert "testing neon against scalar" in out

@@ -7,12 +7,11 @@ extension (SDOT, as on Apple Silicon)."""
 from __future__ import annotations
 
 import platform
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
+from tests import cbuild
 from tests.kernels.test_kernels_c import CORE, FLAGS, SOURCES, aarch64_toolchain, run_program
 
 Q8_SOURCES = [*SOURCES, *(CORE / "src" / f for f in ("kernels_q8.c", "kernels_q8_avx2.c", "kernels_q8_neon.c",
@@ -20,16 +19,15 @@ Q8_SOURCES = [*SOURCES, *(CORE / "src" / f for f in ("kernels_q8.c", "kernels_q8
 PROGRAM = CORE / "tests" / "test_kernels_q8.c"
 
 
-def build(cc: str, exe: Path, *extra: str) -> None:
-    subprocess.run([cc, *FLAGS, *extra, *map(str, Q8_SOURCES), str(PROGRAM), "-o", str(exe), "-lm"],
-                   check=True, capture_output=True, text=True)
+def build(tmp_path_factory, cc: str, exe: Path, flags: list[str], link: tuple[str, ...] = ()) -> None:
+    cbuild.program(tmp_path_factory, exe, cc, flags, [*Q8_SOURCES, PROGRAM], link=link)
 
 
 @pytest.fixture(scope="module")
 def native_output(tmp_path_factory) -> str:
     """The test program built for this machine and run (it fails on any mismatch)."""
     exe = tmp_path_factory.mktemp("q8") / "t"
-    build(shutil.which("cc") or shutil.which("gcc") or shutil.which("clang"), exe)
+    build(tmp_path_factory, cbuild.host_cc(), exe, FLAGS)
     return run_program([str(exe)])
 
 
@@ -54,16 +52,15 @@ def test_avx512vnni_q8_set_bit_identical(native_output: str):
 
 
 @pytest.mark.slow
-def test_q8_kernels_under_sanitizers(tmp_path: Path):
-    cc = shutil.which("gcc") or shutil.which("clang") or shutil.which("cc")
-    build(cc, tmp_path / "t", "-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all")
+def test_q8_kernels_under_sanitizers(tmp_path: Path, tmp_path_factory):
+    build(tmp_path_factory, cbuild.host_cc(), tmp_path / "t", cbuild.SANITIZE)
     run_program([str(tmp_path / "t")])
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("march", ["armv8-a", "armv8.2-a+dotprod"])
-def test_neon_q8_kernels_under_qemu(tmp_path: Path, march: str):
+def test_neon_q8_kernels_under_qemu(tmp_path: Path, tmp_path_factory, march: str):
     cross, qemu = aarch64_toolchain("native aarch64: the native test already runs the NEON q8 kernels")
-    build(cross, tmp_path / "t", "-static", f"-march={march}")
+    build(tmp_path_factory, cross, tmp_path / "t", [*FLAGS, f"-march={march}"], link=("-static",))
     out = run_program([qemu, str(tmp_path / "t")])
     assert "testing neon q8 against scalar" in out
