@@ -30,14 +30,7 @@ _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 sys.path.insert(0, str(_HERE.parent))
 
-
-def _load_quant_quality():
-    """bench/quant_quality.py, through bench/quant2_quality.py's loader (bench/ stays off sys.path)."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("quant2_quality", _HERE / "quant2_quality.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod._qq
+from bench import quant_quality as qq  # noqa: E402  (the same sets and error definitions as quant2_quality)
 
 
 def main(argv=None) -> int:
@@ -46,7 +39,6 @@ def main(argv=None) -> int:
     ap.add_argument("--k3-rows", type=int, default=384, help="rows of each K3 matrix (0 = all)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
-    qq = _load_quant_quality()
     from app.convert import iq4xs, quant
     from app.convert.layout import row_format
 

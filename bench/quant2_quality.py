@@ -47,24 +47,13 @@ from pathlib import Path
 
 import numpy as np
 
-# bench/ is kept off the path (a bench script named like a package would shadow
-# it, as bench/kernels.py once did `kernels`); quant_quality is loaded from its file.
+# The repository's root on the path, bench/ kept off it (a bench script named like a package would shadow
+# it, as bench/kernels.py once did `kernels`): the shared measurement is bench.quant_quality.
 _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 sys.path.insert(0, str(_HERE.parent))
 
-
-def _load_quant_quality():
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("quant_quality", _HERE / "quant_quality.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-_qq = _load_quant_quality()
-demo_set, errors, f16, k3_set, measure, nuq, summarize = (_qq.demo_set, _qq.errors, _qq.f16, _qq.k3_set, _qq.measure,
-                                                         _qq.nuq, _qq.summarize)
+from bench.quant_quality import demo_set, f16, k3_set, measure, nuq, summarize  # noqa: E402
 
 
 # ------------------------------------------------------------------ Q2_K
