@@ -12,17 +12,15 @@ iq4_xs`, run by the engine:
 """
 from __future__ import annotations
 
-import json
 
 import numpy as np
 import pytest
 
 from app.convert import iq4xs, quant
-from app.engine.binding import Engine
-from tests.conftest import run_ferry
 from tests.kernels.test_q2vq_engine import _heavy_tailed
-from tests.kernels.test_q3_engine import build_moe256, run_engine, tokens  # noqa: F401 (a fixture)
-from tests.tiny_models import dequantized_reference_model, reference, rel_l2
+from tests.kernels.test_q3_engine import (assert_expert_banks, converted_moe256, engine_matches_stored_values,
+                                         prefill_equals_steps, tokens)  # noqa: F401 (a fixture)
+from tests.tiny_models import rel_l2
 
 
 def test_quantizer_beats_q4_0_and_gguf_py_reads_its_bytes():
@@ -55,30 +53,16 @@ def test_quantizer_beats_q4_0_and_gguf_py_reads_its_bytes():
 
 @pytest.fixture(scope="module")
 def iq4_container(tmp_path_factory):
-    root = tmp_path_factory.mktemp("iq4moe")
-    model = build_moe256(root / "ckpt")
-    res = run_ferry("convert", str(root / "ckpt"), str(root / "moe.ferry"), "--trunk-format", "iq4_xs",
-                    "--expert-format", "iq4_xs")
-    assert res.returncode == 0, res.stderr
-    return root, root / "moe.ferry", model
+    return converted_moe256(tmp_path_factory.mktemp("iq4moe"), "iq4_xs", trunk_format="iq4_xs")
 
 
 def test_qwen3_moe_in_iq4_xs(iq4_container, tokens):
     root, container, model = iq4_container
-    doc = json.loads((container / "manifest.json").read_text())
-    for bank in doc["expert_banks"]:
-        assert {bank[p]["dtype"] for p in ("gate", "up", "down")} == {"iq4_xs"}
-        assert bank["gate"]["nbytes"] == 256 * 256 // 256 * 136
+    doc = assert_expert_banks(container, "iq4_xs", 136)
     mats = {t["name"]: t["dtype"] for t in doc["tensors"] if len(t["shape"]) > 1}
     # rows of 256 values are iq4_xs; the router (4 experts x 256) too; no row falls back here
     assert set(mats.values()) == {"iq4_xs"}, mats
-    stages, logits, n_layers = run_engine(container, tokens)
-    stored = dequantized_reference_model(container, root / "dequantized")
-    hidden, ref_logits = reference(stored, tokens)
-    errs = [rel_l2(stages[i], hidden[i]) for i in range(n_layers)]
-    errs += [rel_l2(stages[n_layers + 1], hidden[n_layers]), rel_l2(logits, ref_logits)]
-    print("iq4_xs model vs transformers on stored values:", ", ".join(f"{e:.2e}" for e in errs))
-    assert max(errs) < 1e-5, errs
+    _, stored = engine_matches_stored_values(root, container, tokens, "iq4_xs model")
     src = dict(model.named_parameters())
     got = dict(stored.named_parameters())
     names = [n for n in src if src[n].ndim > 1 and "embed" not in n]
@@ -92,15 +76,8 @@ def test_qwen3_moe_in_iq4_xs(iq4_container, tokens):
 
 def test_iq4_xs_prefill_kernel_sets_and_8_bit_activations(iq4_container, tokens):
     _, container, _ = iq4_container
-    outs = {}
-    for kernels in ("scalar", "auto"):
-        for act in ("exact", "auto"):
-            with Engine(container, threads=2, kernels=kernels, activations=act) as engine:
-                batch = engine.session(64).eval(tokens, all_logits=True)
-                s = engine.session(64)
-                steps = np.stack([s.eval([t]) for t in tokens])
-                assert np.array_equal(batch, steps), (kernels, act)
-                outs[kernels, act] = batch
+    outs = {(kernels, act): prefill_equals_steps(container, tokens, kernels=kernels, activations=act)
+            for kernels in ("scalar", "auto") for act in ("exact", "auto")}
     exact = rel_l2(outs["auto", "exact"], outs["scalar", "exact"])
     q8 = rel_l2(outs["auto", "auto"], outs["scalar", "auto"])
     dist = rel_l2(outs["auto", "auto"], outs["auto", "exact"])

@@ -12,19 +12,18 @@ a tiny Qwen3-MoE (rows of 256 values) converted by `ferry convert
 """
 from __future__ import annotations
 
-import json
 
 import numpy as np
 import pytest
 
 from app.convert import quant2
 from app.convert.convert import convert
-from app.engine.binding import Engine
-from tests.kernels.test_q3_engine import converted_moe256, run_engine, tokens  # noqa: F401 (a fixture)
+from tests.kernels.test_q3_engine import (assert_expert_banks, converted_moe256, engine_matches_stored_values,
+                                         prefill_equals_steps, tokens)  # noqa: F401 (a fixture)
 from tests.kimi import k3_reference as ref
 from tests.kimi import tiny_k3
 from tests.kimi.test_k3_q3 import container_experts
-from tests.tiny_models import dequantized_reference_model, reference, rel_l2
+from tests.tiny_models import reference, rel_l2
 from tests.tiny_models import run_engine as run_engine_k3
 
 #: The format's relative weight error on Gaussian-like and heavy-tailed matrices lies in this range
@@ -68,17 +67,8 @@ def q2_container(tmp_path_factory):
 
 def test_qwen3_moe_with_q2_vq_experts(q2_container, tokens):
     root, container, model = q2_container
-    doc = json.loads((container / "manifest.json").read_text())
-    for bank in doc["expert_banks"]:
-        assert {bank[p]["dtype"] for p in ("gate", "up", "down")} == {"q2_vq"}
-        assert bank["gate"]["nbytes"] == 256 * 256 // 256 * 73
-    stages, logits, n_layers = run_engine(container, tokens)
-    stored = dequantized_reference_model(container, root / "dequantized")
-    hidden, ref_logits = reference(stored, tokens)
-    errs = [rel_l2(stages[i], hidden[i]) for i in range(n_layers)]
-    errs += [rel_l2(stages[n_layers + 1], hidden[n_layers]), rel_l2(logits, ref_logits)]
-    print("q2_vq experts vs transformers on stored values:", ", ".join(f"{e:.2e}" for e in errs))
-    assert max(errs) < 1e-5, errs
+    assert_expert_banks(container, "q2_vq", 73)
+    logits, stored = engine_matches_stored_values(root, container, tokens, "q2_vq experts")
     # The stored experts against the source's: the format's own error.
     src = dict(model.named_parameters())
     got = dict(stored.named_parameters())
@@ -92,14 +82,7 @@ def test_qwen3_moe_with_q2_vq_experts(q2_container, tokens):
 
 def test_q2_vq_prefill_equals_single_steps_and_kernel_sets_agree(q2_container, tokens):
     _, container, _ = q2_container
-    outs = {}
-    for mode in ("scalar", "auto"):
-        with Engine(container, threads=2, kernels=mode, activations="exact") as engine:
-            batch = engine.session(64).eval(tokens, all_logits=True)
-            s = engine.session(64)
-            steps = np.stack([s.eval([t]) for t in tokens])
-            assert np.array_equal(batch, steps), mode
-            outs[mode] = batch
+    outs = {mode: prefill_equals_steps(container, tokens, kernels=mode) for mode in ("scalar", "auto")}
     err = rel_l2(outs["auto"], outs["scalar"])
     print(f"q2_vq kernels auto vs scalar: logits rel L2 {err:.2e}")
     assert err < 1e-5

@@ -42,12 +42,23 @@ def build_moe256(out):
     return model
 
 
-def converted_moe256(root, expert_format: str):
-    """(root, container, torch model): build_moe256 converted by `ferry convert --expert-format F`."""
+def converted_moe256(root, expert_format: str, trunk_format: str | None = None):
+    """(root, container, torch model): build_moe256 converted by `ferry convert --expert-format F`
+    (and `--trunk-format T` when given)."""
     model = build_moe256(root / "ckpt")
-    res = run_ferry("convert", str(root / "ckpt"), str(root / "moe.ferry"), "--expert-format", expert_format)
-    assert res.returncode == 0
+    trunk = ["--trunk-format", trunk_format] if trunk_format else []
+    res = run_ferry("convert", str(root / "ckpt"), str(root / "moe.ferry"), *trunk, "--expert-format", expert_format)
+    assert res.returncode == 0, res.stderr
     return root, root / "moe.ferry", model
+
+
+def assert_expert_banks(container, fmt: str, block_bytes: int) -> dict:
+    """Every expert bank of build_moe256's container holds ``fmt`` (``block_bytes`` per 256 values); the manifest."""
+    doc = json.loads((container / "manifest.json").read_text())
+    for bank in doc["expert_banks"]:
+        assert {bank[p]["dtype"] for p in ("gate", "up", "down")} == {fmt}
+        assert bank["gate"]["nbytes"] == 256 * 256 // 256 * block_bytes
+    return doc
 
 
 @pytest.fixture(scope="module")
@@ -71,23 +82,37 @@ def run_engine(container, tokens):
     return {k: np.concatenate(v) for k, v in stages.items()}, np.concatenate(logits), n_layers
 
 
-def test_manifest_uses_q3_nl(q3_container):
-    _, container, _ = q3_container
-    doc = json.loads((container / "manifest.json").read_text())
-    for bank in doc["expert_banks"]:
-        assert {bank[p]["dtype"] for p in ("gate", "up", "down")} == {"q3_nl"}
-        assert bank["gate"]["nbytes"] == 256 * 256 // 256 * 99
-
-
-def test_engine_matches_transformers_on_stored_values(q3_container, tokens):
-    root, container, model = q3_container
+def engine_matches_stored_values(root, container, tokens, label: str):
+    """The engine (exact activations) against transformers running the container's own dequantized values:
+    every stage and the logits within 1e-5. (the engine's logits, the dequantized torch model)"""
     stages, logits, n_layers = run_engine(container, tokens)
     stored = dequantized_reference_model(container, root / "dequantized")
     hidden, ref_logits = reference(stored, tokens)
     errs = [rel_l2(stages[i], hidden[i]) for i in range(n_layers)]
     errs += [rel_l2(stages[n_layers + 1], hidden[n_layers]), rel_l2(logits, ref_logits)]
-    print("q3_nl experts vs transformers on stored values:", ", ".join(f"{e:.2e}" for e in errs))
+    print(f"{label} vs transformers on stored values:", ", ".join(f"{e:.2e}" for e in errs))
     assert max(errs) < 1e-5, errs
+    return logits, stored
+
+
+def prefill_equals_steps(container, tokens, kernels: str | None = None, activations: str = "exact",
+                         threads: int = 2) -> np.ndarray:
+    """One engine's logits for ``tokens`` as one prompt, asserted bit-identical to the same tokens one by one."""
+    with Engine(container, threads=threads, kernels=kernels, activations=activations) as engine:
+        batch = engine.session(64).eval(tokens, all_logits=True)
+        s = engine.session(64)
+        steps = np.stack([s.eval([t]) for t in tokens])
+    assert np.array_equal(batch, steps), (kernels, activations)
+    return batch
+
+
+def test_manifest_uses_q3_nl(q3_container):
+    assert_expert_banks(q3_container[1], "q3_nl", 99)
+
+
+def test_engine_matches_transformers_on_stored_values(q3_container, tokens):
+    root, container, model = q3_container
+    logits, _ = engine_matches_stored_values(root, container, tokens, "q3_nl experts")
     # And against the original float model: what 3 bits cost here.
     _, src_logits = reference(model, tokens)
     print(f"q3_nl experts vs the f32 source: logits rel L2 {rel_l2(logits, src_logits):.3f}")
@@ -97,11 +122,7 @@ def test_engine_matches_transformers_on_stored_values(q3_container, tokens):
 def test_prefill_equals_single_steps(q3_container, tokens):
     _, container, _ = q3_container
     for activations in ("exact", "auto"):
-        with Engine(container, threads=2, activations=activations) as engine:
-            batch = engine.session(64).eval(tokens, all_logits=True)
-            s = engine.session(64)
-            steps = np.stack([s.eval([t]) for t in tokens])
-        assert np.array_equal(batch, steps), activations
+        prefill_equals_steps(container, tokens, activations=activations)
 
 
 @pytest.mark.parametrize("which", ["scalar", "auto"])
