@@ -22,6 +22,13 @@ def pytest_configure(config):
         config.option.loadscopereorder = False
 
 
+#: The two files whose length is set by the clock, not by their work, handed out first, side by side: the
+#: fuzz targets (FERRY_FUZZ_SECONDS each, two at a time) and the window soak (streams for 125 s on one
+#: compute thread). Together they fill both cores for their ~2 minutes; apart, each shared the cores with
+#: fixed work from the other worker, and that work waited for them.
+WALL_BOUND = ("tests/fuzz/test_fuzz.py", "tests/ui/test_soak.py")
+
+
 def pytest_collection_modifyitems(session, config, items):
     """The files with slow tests first, the most slow tests first (each file keeps its own order).
     With two workers and whole files per worker, a long file started last is the run's tail (the
@@ -29,7 +36,8 @@ def pytest_collection_modifyitems(session, config, items):
     files: dict[str, list] = {}
     for item in items:
         files.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
-    order = sorted(files.values(), key=lambda its: -sum(1 for it in its if it.get_closest_marker("slow")))
+    order = sorted(files.values(), key=lambda its: (its[0].nodeid.split("::", 1)[0] not in WALL_BOUND,
+                                                    -sum(1 for it in its if it.get_closest_marker("slow"))))
     items[:] = [it for its in order for it in its]
 
 
