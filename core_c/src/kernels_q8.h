@@ -9,8 +9,9 @@
  *  - per 256 values (Q4_K, Q5_K, Q6_K: their super-blocks, as llama.cpp's
  *    Q8_K): the same rounding with one d per 256 values, and the exact int16
  *    sums of q per 16 values ("bsums", for the minimums and Q6_K's offset).
- * A set may read the first layout rearranged (its table's `layout`: the
- * AVX-512 VNNI set's FE_Q8_KIND_32Z, fe_q8_to_32z); the numbers are the same.
+ * A set may read the first layout rearranged or extended (its table's
+ * `layout`: the AVX-512 VNNI set's FE_Q8_KIND_32Z, fe_q8_to_32z, and
+ * FE_Q8_KIND_32S, fe_q8_add_sums); the numbers are the same.
  * The row kernels take integer dot products of the stored weight integers
  * with q and scale them in float. This changes results slightly (the
  * activation's rounding error, ~0.2-0.4 % of each block's largest value);
@@ -82,8 +83,12 @@
  * is FE_Q8_KIND_32 rearranged for AVX-512 (fe_q8_to_32z), read only by that
  * set's Q8_0 and Q4_0 kernels over 4 tokens or more (its table's `layout`).
  * FE_Q8_KIND_32T is FE_Q8_KIND_32 in q3_nl's index order (fe_q8_to_32t),
- * read by every set's q3_nl kernel. */
-enum { FE_Q8_KIND_32 = 0, FE_Q8_KIND_256 = 1, FE_Q8_KIND_32Z = 2, FE_Q8_KIND_32T = 3, FE_Q8_KINDS = 4 };
+ * read by every set's q3_nl kernel. FE_Q8_KIND_32S is FE_Q8_KIND_32 with
+ * each token's record followed by Q4_0's offset term precomputed
+ * (fe_q8_add_sums): read by the AVX-512 VNNI set's Q4_0 kernels under 4
+ * tokens (its four-row kernel; the one-row one reads the record as
+ * FE_Q8_KIND_32, token by token). */
+enum { FE_Q8_KIND_32 = 0, FE_Q8_KIND_256 = 1, FE_Q8_KIND_32Z = 2, FE_Q8_KIND_32T = 3, FE_Q8_KIND_32S = 4, FE_Q8_KINDS = 5 };
 int fe_q8_kind(int fmt);
 
 /* One token's quantized activations of `cols` values, per 32 (cols a
@@ -91,7 +96,10 @@ int fe_q8_kind(int fmt);
 size_t fe_q8_stride(int cols);
 /* Per 256 (cols a multiple of 256): int8 q[cols], float d[cols/256], int16 bs[cols/16]. */
 size_t fe_q8k_stride(int cols);
+/* FE_Q8_KIND_32S: fe_q8_stride(cols) bytes of FE_Q8_KIND_32, then int32
+ * c[cols/4] (cols bytes, rounded up to 64): fe_q8_sums_offset(cols). */
 size_t fe_q8_stride_kind(int kind, int cols);
+static inline size_t fe_q8_sums_offset(int cols) { return fe_q8_stride(cols); }
 /* Quantize n tokens x[t * x_stride .. + cols) into out + t * fe_q8_stride_kind(kind, cols):
  * the scalar reference; each SIMD set has its own, bit-identical (the table's
  * `quantize`). */
@@ -108,6 +116,13 @@ void fe_q8_to_32z(uint8_t *xq, int cols, int n);
  * 8j + l (l = 0..7, j = 0..3), the order in which a q3_nl block's lane l
  * holds its indices (formats.h); d and s are unchanged. */
 void fe_q8_to_32t(uint8_t *xq, int cols, int n);
+/* FE_Q8_KIND_32 quantized activations of n tokens (at fe_q8_stride_kind(
+ * FE_Q8_KIND_32S, cols) apart) given FE_Q8_KIND_32S's sums: for each token,
+ * c[i] = -8 * (q[4i] + q[4i+1] + q[4i+2] + q[4i+3]) at fe_q8_sums_offset(cols)
+ * (exact: |c| <= 4064), the start of a Q4_0 lane whose nibbles are taken
+ * unsigned (sum (w - 8) x = sum w x - 8 sum x), once per token instead of
+ * once per row. q, d and s are unchanged. */
+void fe_q8_add_sums(uint8_t *xq, int cols, int n);
 /* Room for n tokens of `cols` values in every layout (a fe_q8_ctx buffer). */
 size_t fe_q8_buffer_bytes(int cols, int n);
 
@@ -237,6 +252,7 @@ fe_q8dot4_fn fe_q8_kernel4_for(const fe_q8_kernels *k, int fmt, int n);
         }                                                                                                   \
         if (kind == FE_Q8_KIND_32Z) fe_q8_to_32z(out, cols, n);                                             \
         if (kind == FE_Q8_KIND_32T) fe_q8_to_32t(out, cols, n);                                             \
+        if (kind == FE_Q8_KIND_32S) fe_q8_add_sums(out, cols, n);                                           \
     }
 
 /* A whole SIMD set: the drivers of the seven formats, its quantizer

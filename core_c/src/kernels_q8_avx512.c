@@ -23,7 +23,8 @@
  * weights), computed once per block pair and shared by the tile's tokens.
  * The per-block float scales D_b * d_b are multiplied 16 blocks at a time
  * (the same single IEEE products). Q4_0 over 1-3 tokens takes four rows a
- * call (q4_0_tile_r4, the table's rowdot4; a last 1-3 rows of a thread's
+ * call (q4_0_tile_r4, the table's rowdot4, on FE_Q8_KIND_32S: the lanes'
+ * -8 x-sum starts precomputed per token; a last 1-3 rows of a thread's
  * share, and Q4_1 and Q8_0 under 4 tokens, use the AVX2 set's kernels,
  * faster there: see the drivers).
  *
@@ -75,6 +76,7 @@ INL __m512i ld2x(const void *p) { return _mm512_broadcast_i64x4(ld(p)); }
 #define QX(t) ((const uint8_t *)(xq + (size_t)(t) * st))
 #define DX(t) ((const float *)(xq + (size_t)(t) * st + (size_t)cols))
 #define BS(t) ((const int16_t *)(DX(t) + nsb))
+#define CX(t) ((const int32_t *)(xq + (size_t)(t) * st + so)) /* so: fe_q8_sums_offset(cols) */
 
 /* P += S * (the 4-value sums of w . x), lane by lane. */
 INL __m512i dp(__m512i P, __m512i w, __m512i x, __m512i s) {
@@ -155,24 +157,26 @@ INL void tile32z(const uint8_t *row, int cols, const uint8_t *xq, size_t st, flo
  * W >> 4 = values 16-31 (lanes 4-7), each multiplied by the token's 16
  * matching activations broadcast to all four lanes (vpdpbusd: the nibbles
  * unsigned, 0..15, and the lane started at -8 * (its 4 activations summed),
- * computed once per block and token for the four rows, so p = sum (w - 8) x
- * exactly). The scales D_b of 4 blocks x 4 rows come in one gather, and
- * D_b * d_b is one product per row and block, as in the reference; lanes of
+ * precomputed once per token by the quantizer: FE_Q8_KIND_32S, so
+ * p = sum (w - 8) x exactly). The scales D_b of 4 blocks x 4 rows come from
+ * four masked 56-byte loads and two word permutes (a gather of the 16 was
+ * 0.86-0.94x as fast), and D_b * d_b is one product per row and block, as
+ * in the reference; lanes of
  * even and odd blocks go to separate accumulators (acc[b % 2]), so every
  * lane takes the reference's multiply-adds in its order, and the end is the
  * reference's sum: acc[0] + acc[1], then ((v0 + v4) + (v2 + v6)) +
- * ((v1 + v5) + (v3 + v7)) within each row's lane. The x work and the gather
- * are shared by the four rows: the one-row kernel spends most of its time
+ * ((v1 + v5) + (v3 + v7)) within each row's lane. The x work and the scales'
+ * set-up are shared by the four rows: the one-row kernel spends most of its time
  * per 32 weights on them (h8's profile, docs/bench-log/2026-12-06.md). */
 #define R4_TOKENS 3
 
 /* Block b0 + j of the four rows for nt tokens: S[t] holds D_b d_b of block
  * b0 + j' and row i at element 4j' + i. (Eight rows a call, two groups of
  * four sharing the x work, measured no faster: 0.93-1.05x from L2.) */
-INL void r4_block(const uint8_t *row, size_t rb, const uint8_t *xq, size_t st, int b0, const int j, const int nt,
+INL void r4_block(const uint8_t *row, size_t rb, size_t so, const uint8_t *xq, size_t st, int b0, const int j, const int nt,
                   const __m512 S[R4_TOKENS], __m512 lo[R4_TOKENS][2], __m512 hi[R4_TOKENS][2]) {
     const size_t b = (size_t)b0 + (size_t)j;
-    const __m512i m15 = _mm512_set1_epi8(15), eight = _mm512_set1_epi8(8);
+    const __m512i m15 = _mm512_set1_epi8(15);
     const __m512i pick = _mm512_setr_epi32(4 * j, 4 * j, 4 * j, 4 * j, 4 * j + 1, 4 * j + 1, 4 * j + 1, 4 * j + 1,
                                            4 * j + 2, 4 * j + 2, 4 * j + 2, 4 * j + 2, 4 * j + 3, 4 * j + 3, 4 * j + 3,
                                            4 * j + 3);
@@ -184,11 +188,11 @@ INL void r4_block(const uint8_t *row, size_t rb, const uint8_t *xq, size_t st, i
         _mm_loadu_si128((const __m128i *)(q + 3 * rb)), 3);
     const __m512i wl = _mm512_and_si512(W, m15), wh = _mm512_and_si512(_mm512_srli_epi16(W, 4), m15);
     for (int t = 0; t < nt; t++) {
-        /* x's 16-value halves in every lane, the lanes started at -8 * their 4 values' sum */
+        /* x's 16-value halves in every lane, the lanes started at -8 * their 4 values' sum (FE_Q8_KIND_32S) */
         const __m512i xl = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(QX(t) + 32 * b)));
         const __m512i xh = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(QX(t) + 32 * b + 16)));
-        const __m512i zl = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), eight, xl));
-        const __m512i zh = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), eight, xh));
+        const __m512i zl = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(CX(t) + 8 * b)));
+        const __m512i zh = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(CX(t) + 8 * b + 4)));
         const __m512 sc = _mm512_permutexvar_ps(pick, S[t]);
         lo[t][j & 1] = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zl, wl, xl)), lo[t][j & 1]);
         hi[t][j & 1] = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zh, wh, xh)), hi[t][j & 1]);
@@ -198,26 +202,33 @@ INL void r4_block(const uint8_t *row, size_t rb, const uint8_t *xq, size_t st, i
 INL void q4_0_tile_r4(const uint8_t *row, size_t rb, int cols, const uint8_t *xq, size_t st, float *y, size_t ys,
                       const int nt) {
     const int nb = cols / 32;
-    const int r1 = (int)rb, r2 = 2 * (int)rb, r3 = 3 * (int)rb;
-    /* element 4j + i: block j's scale of row i */
-    const __m512i gidx = _mm512_setr_epi32(0, r1, r2, r3, 18, 18 + r1, 18 + r2, 18 + r3, 36, 36 + r1, 36 + r2,
-                                           36 + r3, 54, 54 + r1, 54 + r2, 54 + r3);
+    const size_t so = fe_q8_sums_offset(cols);
+    /* word 4j + i of the scales: rows 0 and 1 from (R0, R1), rows 2 and 3 from (R2, R3) (word 9j of each) */
+    const __m512i w01 = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 32 + 27, 27, 0, 0,
+                                         32 + 18, 18, 0, 0, 32 + 9, 9, 0, 0, 32, 0);
+    const __m512i w23 = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 32 + 27, 27, 0, 0, 32 + 18,
+                                         18, 0, 0, 32 + 9, 9, 0, 0, 32, 0, 0, 0);
     const __m512i rep4 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     __m512 lo[R4_TOKENS][2], hi[R4_TOKENS][2];
     for (int t = 0; t < nt; t++) lo[t][0] = lo[t][1] = hi[t][0] = hi[t][1] = _mm512_setzero_ps();
     for (int b0 = 0; b0 < nb; b0 += 4) {
         const int m = nb - b0 < 4 ? nb - b0 : 4;
-        const __m512i sg = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), (__mmask16)((1u << (4 * m)) - 1), gidx,
-                                                       row + 18 * (size_t)b0, 1);
-        const __m512 D = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(sg));
+        /* the 4 rows' next 56 bytes (at most m blocks: masked, no read past the matrix), word 4j + i of
+         * the scales = row i's word 9j (block j's f16 scale) */
+        const __mmask64 lm = m == 4 ? ~(__mmask64)0 >> 8 : ((__mmask64)1 << (18 * m)) - 1;
+        const uint8_t *p = row + 18 * (size_t)b0;
+        const __m512i A = _mm512_permutex2var_epi16(_mm512_maskz_loadu_epi8(lm, p), w01, _mm512_maskz_loadu_epi8(lm, p + rb));
+        const __m512i B = _mm512_permutex2var_epi16(_mm512_maskz_loadu_epi8(lm, p + 2 * rb), w23,
+                                                    _mm512_maskz_loadu_epi8(lm, p + 3 * rb));
+        const __m512 D = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_mask_mov_epi16(A, (__mmask32)0xccccccccu, B)));
         __m512 S[R4_TOKENS]; /* the reference's D_b * d_b, element 4j + i */
         for (int t = 0; t < nt; t++)
             S[t] = _mm512_mul_ps(D, _mm512_permutexvar_ps(rep4, _mm512_castps128_ps512(_mm_maskz_loadu_ps(
                                                                     (__mmask8)((1u << m) - 1), DX(t) + b0))));
-        r4_block(row, rb, xq, st, b0, 0, nt, S, lo, hi);
-        if (m > 1) r4_block(row, rb, xq, st, b0, 1, nt, S, lo, hi);
-        if (m > 2) r4_block(row, rb, xq, st, b0, 2, nt, S, lo, hi);
-        if (m > 3) r4_block(row, rb, xq, st, b0, 3, nt, S, lo, hi);
+        r4_block(row, rb, so, xq, st, b0, 0, nt, S, lo, hi);
+        if (m > 1) r4_block(row, rb, so, xq, st, b0, 1, nt, S, lo, hi);
+        if (m > 2) r4_block(row, rb, so, xq, st, b0, 2, nt, S, lo, hi);
+        if (m > 3) r4_block(row, rb, so, xq, st, b0, 3, nt, S, lo, hi);
     }
     for (int t = 0; t < nt; t++) { /* per row (128-bit lane): both = acc[0] + acc[1], then h(both) */
         const __m512 T = _mm512_add_ps(_mm512_add_ps(lo[t][0], lo[t][1]), _mm512_add_ps(hi[t][0], hi[t][1]));
@@ -642,11 +653,22 @@ INL void k2_tile(const uint8_t *row, size_t rb, int cols, const uint8_t *xq, siz
 #define DRIVER32Z(fmt)                                                                                       \
     TGT static void rowdot_vnni_##fmt(const uint8_t *row, int cols, const uint8_t *xq, int n, float *y, size_t ys) { \
         if (n < Z_TOKENS) {                                                                                  \
-            fe_q8_kernels_avx2()->rowdot[FE_##fmt](row, cols, xq, n, y, ys);                                 \
+            few_##fmt(row, cols, xq, n, y, ys);                                                              \
             return;                                                                                          \
         }                                                                                                    \
         TILES(fmt##_ztile, 16, fe_q8_stride)                                                                  \
     }
+/* Under Z_TOKENS: Q8_0 on FE_Q8_KIND_32, Q4_0 on FE_Q8_KIND_32S (its four-row
+ * kernel's layout), whose records AVX2's kernel reads as FE_Q8_KIND_32 one
+ * token at a time (a token's arithmetic is the same alone or in a tile; these
+ * are a thread's last 1-3 rows of a product). */
+static void few_q8_0(const uint8_t *row, int cols, const uint8_t *xq, int n, float *y, size_t ys) {
+    fe_q8_kernels_avx2()->rowdot[FE_Q8_0](row, cols, xq, n, y, ys);
+}
+static void few_q4_0(const uint8_t *row, int cols, const uint8_t *xq, int n, float *y, size_t ys) {
+    const size_t st = fe_q8_stride_kind(FE_Q8_KIND_32S, cols);
+    for (int t = 0; t < n; t++) fe_q8_kernels_avx2()->rowdot[FE_Q4_0](row, cols, xq + (size_t)t * st, 1, y + (size_t)t * ys, ys);
+}
 DRIVER32Z(q8_0)
 DRIVER32Z(q4_0)
 DRIVER(q4_k, fe_q8k_stride)
@@ -704,7 +726,7 @@ DRIVER2(q6_k)
 /* Four rows (q4_0_tile_r4) over up to R4_TOKENS tokens a tile. */
 TGT static void rowdot4_vnni_q4_0(const uint8_t *row, size_t rb, int cols, const uint8_t *xq, int n, float *y,
                                   size_t ys) {
-    const size_t st = fe_q8_stride(cols);
+    const size_t st = fe_q8_stride_kind(FE_Q8_KIND_32S, cols);
     for (int t = 0; t < n; t += R4_TOKENS) {
         const uint8_t *x = xq + (size_t)t * st;
         float *o = y + (size_t)t * ys;
@@ -913,7 +935,9 @@ static void rowdot_vnni_q3_nl(const uint8_t *row, int cols, const uint8_t *xq, i
 
 /* The table's `layout`: what the drivers above read over n tokens. */
 static int vnni_layout(int fmt, int n) {
-    return (fmt == FE_Q8_0 || fmt == FE_Q4_0) && n >= Z_TOKENS ? FE_Q8_KIND_32Z : fe_q8_kind(fmt);
+    return (fmt == FE_Q8_0 || fmt == FE_Q4_0) && n >= Z_TOKENS ? FE_Q8_KIND_32Z
+           : fmt == FE_Q4_0                                    ? FE_Q8_KIND_32S
+                                                               : fe_q8_kind(fmt);
 }
 
 /* Q4_1 (the demo model's format) keeps AVX2's kernel: this file's version was
