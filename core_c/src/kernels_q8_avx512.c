@@ -39,7 +39,7 @@
  * holds one 64-value group, its 3-bit indices turned into grid levels + 128
  * (unsigned) by at most one vpermb gathering the group's bytes, then
  * vpmultishiftqb + vpermb (q3_levels), vpdpbusd with the activations as
- * stored (the accumulator starting at -128 times the token's lane sum of q);
+ * stored (the accumulator starting at -128 times the token's lane sum of q, precomputed per token: FE_Q8_KIND_32TS);
  * a block's 8 float factors in one ymm product. */
 #include "kernels.h"
 #include "kernels_q8.h"
@@ -764,7 +764,7 @@ static int cpu_has_avx512vbmi(void) {
  * of each byte). The bytes land in FE_Q8_KIND_32T's order, 64 activations
  * apart per group. A lane's sum (G + 128) . q - 128 * (the sum of its 4 q)
  * is the reference's exact P: the accumulator starts at -128 times the
- * token's lane sum of q. The zmm's low half is the reference's even chunk's
+ * token's lane sum of q (FE_Q8_KIND_32TS, made once per token). The zmm's low half is the reference's even chunk's
  * accumulator, the high half the odd one's; the block's 8 float factors
  * s_{c/2} * d_c are made at once (the reference's two roundings, lane by
  * lane: fe_q3_q8_scale's vectorised, times d_c) and spread per group by one
@@ -821,12 +821,6 @@ INLV void q3_block_levels(const uint8_t *p, const q3_consts *c, __m512i w[4]) {
     w[3] = q3_levels(ld2x(p + 64), 1, c->table);
 }
 
-/* A group's lane start: -128 times the token's lane sums of its 64 activations x. */
-INLV __m512i q3_start(__m512i x) {
-    return _mm512_sub_epi32(_mm512_setzero_si512(),
-                            _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8((char)0x80), x));
-}
-
 /* Group g's float factors from the block's 8 (chunk c's in element c of s):
  * chunk 2g's in the low 8 lanes, 2g + 1's in the high ones. */
 INLV __m512 q3_group_factors(__m512 s, const int g) {
@@ -837,6 +831,7 @@ INLV __m512 q3_group_factors(__m512 s, const int g) {
 
 INLV void q3_nl_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, float *y, size_t ys, const int nt) {
     const q3_consts qc = q3_consts_make();
+    const size_t so = fe_q8_sums_offset(cols);
     __m512 acc[TILE];
     for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
     for (int b = 0; b < cols / FE_Q3_BLOCK; b++) {
@@ -847,8 +842,9 @@ INLV void q3_nl_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st,
         for (int t = 0; t < nt; t++) {
             const __m512 s = _mm512_castps256_ps512(_mm256_mul_ps(sc, _mm256_loadu_ps(DX(t) + 8 * b)));
             for (int g = 0; g < 4; g++) {
-                const __m512i x = ld512(QX(t) + FE_Q3_BLOCK * (size_t)b + 64 * g);
-                acc[t] = _mm512_fmadd_ps(q3_group_factors(s, g), _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(q3_start(x), w[g], x)),
+                const size_t v = FE_Q3_BLOCK * (size_t)b + 64 * (size_t)g;
+                acc[t] = _mm512_fmadd_ps(q3_group_factors(s, g),
+                                         _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(ld512(CX(t) + v / 4), w[g], ld512(QX(t) + v))),
                                          acc[t]);
             }
         }
@@ -857,11 +853,12 @@ INLV void q3_nl_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st,
         y[(size_t)t * ys] = hsum8(_mm256_add_ps(_mm512_castps512_ps256(acc[t]), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[t]), 1))));
 }
 
-FE_Q8_DRIVER(vbmi, TGTV, q3_nl, fe_q8_stride)
+static size_t stride_32ts(int cols) { return fe_q8_stride_kind(FE_Q8_KIND_32TS, cols); }
+FE_Q8_DRIVER(vbmi, TGTV, q3_nl, stride_32ts)
 
 /* Four rows of q3_nl over 1-3 tokens (the table's rowdot4): q3_nl_tile's
  * arithmetic row by row, lane by lane, in its order; the activation loads and
- * each group's -128 * (lane sum of q) start are shared by the four rows, the
+ * each group's -128 * (lane sum of q) start (FE_Q8_KIND_32TS) are shared by the four rows, the
  * four rows' chains of multiply-adds are independent (one row's chain of 4
  * per block is the one-row kernel's limit at decode), and the four sums are
  * taken together: per row v = acc's low half + high half, then
@@ -872,13 +869,13 @@ FE_Q8_DRIVER(vbmi, TGTV, q3_nl, fe_q8_stride)
 INLV void q3_nl_tile_r4(const uint8_t *row, size_t rb, int cols, const uint8_t *xq, size_t st, float *y, size_t ys,
                         const int nt) {
     const q3_consts qc = q3_consts_make();
+    const size_t so = fe_q8_sums_offset(cols);
     __m512 acc[R4_TOKENS][4];
     for (int t = 0; t < nt; t++) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = _mm512_setzero_ps();
     for (int b = 0; b < cols / FE_Q3_BLOCK; b++) {
         __m512i c0[R4_TOKENS][4];
         for (int t = 0; t < nt; t++)
-            for (int g = 0; g < 4; g++)
-                c0[t][g] = q3_start(ld512(QX(t) + FE_Q3_BLOCK * (size_t)b + 64 * g));
+            for (int g = 0; g < 4; g++) c0[t][g] = ld512(CX(t) + (FE_Q3_BLOCK * (size_t)b + 64 * (size_t)g) / 4);
         for (int i = 0; i < 4; i++) {
             const uint8_t *p = row + (size_t)i * rb + FE_Q3_BYTES * (size_t)b;
             const __m256 sc = q3_chunk_scales(p);
@@ -916,7 +913,7 @@ INLV void q3_nl_tile_r4(const uint8_t *row, size_t rb, int cols, const uint8_t *
 /* Four rows (q3_nl_tile_r4) over up to R4_TOKENS tokens a tile. */
 TGTV static void rowdot4_vbmi_q3_nl(const uint8_t *row, size_t rb, int cols, const uint8_t *xq, int n, float *y,
                                    size_t ys) {
-    const size_t st = fe_q8_stride(cols);
+    const size_t st = stride_32ts(cols);
     for (int t = 0; t < n; t += R4_TOKENS) {
         const uint8_t *x = xq + (size_t)t * st;
         float *o = y + (size_t)t * ys;
@@ -933,12 +930,14 @@ static void rowdot_vnni_q3_nl(const uint8_t *row, int cols, const uint8_t *xq, i
     fe_q8_kernels_avx2()->rowdot[FE_Q3_NL](row, cols, xq, n, y, ys);
 }
 
-/* The table's `layout`: what the drivers above read over n tokens. */
+/* The table's `layout`: what the drivers above read over n tokens (with
+ * VBMI q3_nl reads FE_Q8_KIND_32TS; without, AVX2's kernel FE_Q8_KIND_32T). */
 static int vnni_layout(int fmt, int n) {
     return (fmt == FE_Q8_0 || fmt == FE_Q4_0) && n >= Z_TOKENS ? FE_Q8_KIND_32Z
            : fmt == FE_Q4_0                                    ? FE_Q8_KIND_32S
                                                                : fe_q8_kind(fmt);
 }
+static int vbmi_layout(int fmt, int n) { return fmt == FE_Q3_NL ? FE_Q8_KIND_32TS : vnni_layout(fmt, n); }
 
 /* Q4_1 (the demo model's format) keeps AVX2's kernel: this file's version was
  * 0.63-0.79x as fast (its minimum's scalar chain; bench/q8_speed.py). */
@@ -952,21 +951,21 @@ static void quantize_vnni(int kind, const float *x, size_t xs, int cols, int n, 
     fe_q8_kernels_avx2()->quantize(kind, x, xs, cols, n, out);
 }
 
-#define VNNI_SET(name, q3, q3r4)                                                                            \
+#define VNNI_SET(name, q3, q3r4, layout)                                                                    \
     static const fe_q8_kernels name = {                                                                     \
         "avx512vnni",                                                                                       \
         {[FE_Q8_0] = rowdot_vnni_q8_0, [FE_Q4_0] = rowdot_vnni_q4_0, [FE_Q4_1] = rowdot_vnni_q4_1,          \
          [FE_Q4_K] = rowdot_vnni_q4_k, [FE_Q5_K] = rowdot_vnni_q5_k, [FE_Q6_K] = rowdot_vnni_q6_k,          \
          [FE_Q3_NL] = q3},                                                                                  \
         quantize_vnni,                                                                                      \
-        vnni_layout,                                                                                        \
+        layout,                                                                                             \
         {[FE_Q4_K] = rowdot2_vnni_q4_k, [FE_Q5_K] = rowdot2_vnni_q5_k, [FE_Q6_K] = rowdot2_vnni_q6_k},      \
         Q8_ROWDOT2_MIN_TOKENS,                                                                              \
         {[FE_Q4_0] = rowdot4_vnni_q4_0, [FE_Q3_NL] = q3r4},                                                 \
         Z_TOKENS - 1,                                                                                       \
     };
-VNNI_SET(VNNI_Q8, rowdot_vbmi_q3_nl, rowdot4_vbmi_q3_nl)
-VNNI_SET(VNNI_Q8_NO_VBMI, rowdot_vnni_q3_nl, NULL)
+VNNI_SET(VNNI_Q8, rowdot_vbmi_q3_nl, rowdot4_vbmi_q3_nl, vbmi_layout)
+VNNI_SET(VNNI_Q8_NO_VBMI, rowdot_vnni_q3_nl, NULL, vnni_layout)
 
 /* With VBMI (Ice Lake and later, Zen 4 and later) the q3_nl kernel above. */
 const fe_q8_kernels *fe_q8_kernels_avx512vnni(void) { return cpu_has_avx512vbmi() ? &VNNI_Q8 : &VNNI_Q8_NO_VBMI; }

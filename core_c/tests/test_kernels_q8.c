@@ -201,6 +201,15 @@ static void test_quantizer(void) {
         s_ok &= c[i] == -8 * sum;
     }
     check(s_ok, "quantizer 32s", 0, cols, 1, "the Q4_0 sums layout is not the 32-value one with -8 x its 4-value sums");
+    /* FE_Q8_KIND_32TS: FE_Q8_KIND_32T's record, then -128 x its stored 4-byte sums */
+    fe_q8_quantize(FE_Q8_KIND_32TS, x, cols, cols, 1, a32s);
+    s_ok = fe_q8_stride_kind(FE_Q8_KIND_32TS, cols) == s_st && memcmp(a32t, a32s, cols + 8 * 3) == 0;
+    for (int i = 0; i < cols / 4; i++) {
+        int sum = 0;
+        for (int j = 0; j < 4; j++) sum += (int8_t)a32t[4 * i + j];
+        s_ok &= c[i] == -128 * sum;
+    }
+    check(s_ok, "quantizer 32ts", 0, cols, 1, "the q3_nl sums layout is not the 32t one with -128 x its 4-byte sums");
 }
 
 /* Every set's quantizer gives the scalar reference's bytes, every layout,
@@ -222,7 +231,7 @@ static void test_quantizers(void) {
             if (!k) continue;
             memset(got, 0, bytes);
             k->quantize(kind, x, cols, cols, n, got);
-            check(memcmp(got, ref, bytes) == 0, kind == 1 ? "quantizer 256" : kind == 2 ? "quantizer 32z" : kind == 3 ? "quantizer 32t" : kind == 4 ? "quantizer 32s" : "quantizer 32", impl, cols, n,
+            check(memcmp(got, ref, bytes) == 0, kind == 1 ? "quantizer 256" : kind == 2 ? "quantizer 32z" : kind == 3 ? "quantizer 32t" : kind == 4 ? "quantizer 32s" : kind == 5 ? "quantizer 32ts" : "quantizer 32", impl, cols, n,
                   "not bit-identical to the scalar quantizer");
         }
         free(ref), free(got);
