@@ -723,20 +723,22 @@ DRIVER2(q4_k)
 DRIVER2(q5_k)
 DRIVER2(q6_k)
 
-/* Four rows (q4_0_tile_r4) over up to R4_TOKENS tokens a tile. */
-TGT static void rowdot4_vnni_q4_0(const uint8_t *row, size_t rb, int cols, const uint8_t *xq, int n, float *y,
-                                  size_t ys) {
-    const size_t st = fe_q8_stride_kind(FE_Q8_KIND_32S, cols);
-    for (int t = 0; t < n; t += R4_TOKENS) {
-        const uint8_t *x = xq + (size_t)t * st;
-        float *o = y + (size_t)t * ys;
-        switch (n - t) {
-        case 1: q4_0_tile_r4(row, rb, cols, x, st, o, ys, 1); break;
-        case 2: q4_0_tile_r4(row, rb, cols, x, st, o, ys, 2); break;
-        default: q4_0_tile_r4(row, rb, cols, x, st, o, ys, 3); break;
-        }
+/* The four-row kernel `name` over `tile` (Q4_0's above, q3_nl's below):
+ * up to R4_TOKENS tokens a tile, on layout `kind` (each nt a constant). */
+#define DRIVER4(attr, name, tile, kind)                                                                      \
+    attr static void name(const uint8_t *row, size_t rb, int cols, const uint8_t *xq, int n, float *y, size_t ys) { \
+        const size_t st = fe_q8_stride_kind(kind, cols);                                                     \
+        for (int t = 0; t < n; t += R4_TOKENS) {                                                             \
+            const uint8_t *x = xq + (size_t)t * st;                                                          \
+            float *o = y + (size_t)t * ys;                                                                   \
+            switch (n - t) {                                                                                 \
+            case 1: tile(row, rb, cols, x, st, o, ys, 1); break;                                             \
+            case 2: tile(row, rb, cols, x, st, o, ys, 2); break;                                             \
+            default: tile(row, rb, cols, x, st, o, ys, 3); break;                                            \
+            }                                                                                                \
+        }                                                                                                    \
     }
-}
+DRIVER4(TGT, rowdot4_vnni_q4_0, q4_0_tile_r4, FE_Q8_KIND_32S)
 
 /* ---------------------------------------------- q3_nl (AVX-512 VBMI as well) */
 
@@ -910,20 +912,7 @@ INLV void q3_nl_tile_r4(const uint8_t *row, size_t rb, int cols, const uint8_t *
     }
 }
 
-/* Four rows (q3_nl_tile_r4) over up to R4_TOKENS tokens a tile. */
-TGTV static void rowdot4_vbmi_q3_nl(const uint8_t *row, size_t rb, int cols, const uint8_t *xq, int n, float *y,
-                                   size_t ys) {
-    const size_t st = stride_32ts(cols);
-    for (int t = 0; t < n; t += R4_TOKENS) {
-        const uint8_t *x = xq + (size_t)t * st;
-        float *o = y + (size_t)t * ys;
-        switch (n - t) {
-        case 1: q3_nl_tile_r4(row, rb, cols, x, st, o, ys, 1); break;
-        case 2: q3_nl_tile_r4(row, rb, cols, x, st, o, ys, 2); break;
-        default: q3_nl_tile_r4(row, rb, cols, x, st, o, ys, 3); break;
-        }
-    }
-}
+DRIVER4(TGTV, rowdot4_vbmi_q3_nl, q3_nl_tile_r4, FE_Q8_KIND_32TS)
 
 /* Without VBMI: AVX2's q3_nl kernel (the same bits). */
 static void rowdot_vnni_q3_nl(const uint8_t *row, int cols, const uint8_t *xq, int n, float *y, size_t ys) {
