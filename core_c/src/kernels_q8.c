@@ -18,7 +18,11 @@ size_t fe_q8k_stride(int cols) {
     return FE_ALIGN_UP((size_t)cols + 4 * (size_t)(cols / FE_Q8K_BLOCK) + 2 * (size_t)(cols / 16), 64);
 }
 
-size_t fe_q8_stride_kind(int kind, int cols) { return kind == FE_Q8_KIND_256 ? fe_q8k_stride(cols) : fe_q8_stride(cols); }
+size_t fe_q8_stride_kind(int kind, int cols) {
+    return kind == FE_Q8_KIND_256 ? fe_q8k_stride(cols)
+           : kind == FE_Q8_KIND_32S || kind == FE_Q8_KIND_32TS ? fe_q8_stride(cols) + FE_ALIGN_UP((size_t)cols, 64)
+                                    : fe_q8_stride(cols);
+}
 
 int fe_q8_kind(int fmt) {
     return fmt == FE_Q4_K || fmt == FE_Q5_K || fmt == FE_Q6_K ? FE_Q8_KIND_256 : fmt == FE_Q3_NL ? FE_Q8_KIND_32T : FE_Q8_KIND_32;
@@ -26,16 +30,30 @@ int fe_q8_kind(int fmt) {
 
 int fe_q8_layout(const fe_q8_kernels *k, int fmt, int n) { return k->layout ? k->layout(fmt, n) : fe_q8_kind(fmt); }
 
-size_t fe_q8_buffer_bytes(int cols, int n) { return (size_t)n * (3 * fe_q8_stride(cols) + fe_q8k_stride(cols)); }
-
-/* The regions in order: KIND_32, KIND_256, KIND_32Z, KIND_32T. */
-uint8_t *fe_q8_region(const fe_q8_ctx *q, int kind, int cols, int n) {
-    const size_t a = (size_t)n * fe_q8_stride(cols), k = (size_t)n * fe_q8k_stride(cols);
-    return q->buf + (kind == FE_Q8_KIND_256 ? a : kind == FE_Q8_KIND_32Z ? a + k : kind == FE_Q8_KIND_32T ? 2 * a + k : 0);
+size_t fe_q8_buffer_bytes(int cols, int n) {
+    return (size_t)n * (3 * fe_q8_stride(cols) + fe_q8k_stride(cols) + 2 * fe_q8_stride_kind(FE_Q8_KIND_32S, cols));
 }
 
-void fe_q8_to_32t(uint8_t *xq, int cols, int n) {
-    const size_t st = fe_q8_stride(cols);
+/* The regions in order: KIND_32, KIND_256, KIND_32Z, KIND_32T, KIND_32S, KIND_32TS. */
+uint8_t *fe_q8_region(const fe_q8_ctx *q, int kind, int cols, int n) {
+    const size_t a = (size_t)n * fe_q8_stride(cols), k = (size_t)n * fe_q8k_stride(cols);
+    return q->buf + (kind == FE_Q8_KIND_256 ? a
+                     : kind == FE_Q8_KIND_32Z ? a + k
+                     : kind == FE_Q8_KIND_32T ? 2 * a + k
+                     : kind == FE_Q8_KIND_32S ? 3 * a + k
+                     : kind == FE_Q8_KIND_32TS ? 3 * a + k + (size_t)n * fe_q8_stride_kind(FE_Q8_KIND_32S, cols)
+                                              : 0);
+}
+
+static void add_sums(uint8_t *xq, int cols, int n, size_t st, int k) {
+    for (int t = 0; t < n; t++) {
+        const int8_t *q = (const int8_t *)(xq + (size_t)t * st);
+        int32_t *c = (int32_t *)(xq + (size_t)t * st + fe_q8_sums_offset(cols));
+        for (int i = 0; i < cols / 4; i++) c[i] = k * (q[4 * i] + q[4 * i + 1] + q[4 * i + 2] + q[4 * i + 3]);
+    }
+}
+
+static void to_32t(uint8_t *xq, int cols, int n, size_t st) {
     for (int t = 0; t < n; t++)
         for (int b = 0; b < cols / FE_Q8_BLOCK; b++) {
             uint8_t tmp[FE_Q8_BLOCK], *p = xq + (size_t)t * st + (size_t)b * FE_Q8_BLOCK;
@@ -45,8 +63,7 @@ void fe_q8_to_32t(uint8_t *xq, int cols, int n) {
         }
 }
 
-void fe_q8_to_32z(uint8_t *xq, int cols, int n) {
-    const size_t st = fe_q8_stride(cols);
+static void to_32z(uint8_t *xq, int cols, int n, size_t st) {
     const int nb = cols / FE_Q8_BLOCK;
     for (int t = 0; t < n; t++) {
         uint8_t *q = xq + (size_t)t * st;
@@ -60,6 +77,13 @@ void fe_q8_to_32z(uint8_t *xq, int cols, int n) {
             memcpy(p, tmp, sizeof tmp);
         }
     }
+}
+
+void fe_q8_finish(int kind, uint8_t *out, int cols, int n) {
+    const size_t st = fe_q8_stride_kind(kind, cols);
+    if (kind == FE_Q8_KIND_32Z) to_32z(out, cols, n, st);
+    if (kind == FE_Q8_KIND_32T || kind == FE_Q8_KIND_32TS) to_32t(out, cols, n, st);
+    if (kind == FE_Q8_KIND_32S || kind == FE_Q8_KIND_32TS) add_sums(out, cols, n, st, kind == FE_Q8_KIND_32S ? -8 : -128);
 }
 
 /* Round to nearest, ties to even, for |v| < 2^22 (the default rounding mode

@@ -9,8 +9,9 @@
  *  - per 256 values (Q4_K, Q5_K, Q6_K: their super-blocks, as llama.cpp's
  *    Q8_K): the same rounding with one d per 256 values, and the exact int16
  *    sums of q per 16 values ("bsums", for the minimums and Q6_K's offset).
- * A set may read the first layout rearranged (its table's `layout`: the
- * AVX-512 VNNI set's FE_Q8_KIND_32Z, fe_q8_to_32z); the numbers are the same.
+ * A set may read the first layout rearranged or extended (its table's
+ * `layout`: the AVX-512 VNNI set's FE_Q8_KIND_32Z, FE_Q8_KIND_32S and
+ * FE_Q8_KIND_32TS: fe_q8_finish); the numbers are the same.
  * The row kernels take integer dot products of the stored weight integers
  * with q and scale them in float. This changes results slightly (the
  * activation's rounding error, ~0.2-0.4 % of each block's largest value);
@@ -79,11 +80,17 @@
 #define FE_Q8K_BLOCK 256
 
 /* The activation layout a weight format's q8 kernel reads. FE_Q8_KIND_32Z
- * is FE_Q8_KIND_32 rearranged for AVX-512 (fe_q8_to_32z), read only by that
+ * is FE_Q8_KIND_32 rearranged for AVX-512 (fe_q8_finish), read only by that
  * set's Q8_0 and Q4_0 kernels over 4 tokens or more (its table's `layout`).
- * FE_Q8_KIND_32T is FE_Q8_KIND_32 in q3_nl's index order (fe_q8_to_32t),
- * read by every set's q3_nl kernel. */
-enum { FE_Q8_KIND_32 = 0, FE_Q8_KIND_256 = 1, FE_Q8_KIND_32Z = 2, FE_Q8_KIND_32T = 3, FE_Q8_KINDS = 4 };
+ * FE_Q8_KIND_32T is FE_Q8_KIND_32 in q3_nl's index order (fe_q8_finish),
+ * read by every set's q3_nl kernel. FE_Q8_KIND_32S is FE_Q8_KIND_32 with
+ * each token's record followed by Q4_0's offset term precomputed
+ * (fe_q8_finish): read by the AVX-512 VNNI set's Q4_0 kernels under 4
+ * tokens (its four-row kernel; the one-row one reads the record as
+ * FE_Q8_KIND_32, token by token). FE_Q8_KIND_32TS is FE_Q8_KIND_32T with
+ * q3_nl's offset term precomputed the same way (read by the AVX-512 VBMI
+ * q3_nl kernels). */
+enum { FE_Q8_KIND_32 = 0, FE_Q8_KIND_256 = 1, FE_Q8_KIND_32Z = 2, FE_Q8_KIND_32T = 3, FE_Q8_KIND_32S = 4, FE_Q8_KIND_32TS = 5, FE_Q8_KINDS = 6 };
 int fe_q8_kind(int fmt);
 
 /* One token's quantized activations of `cols` values, per 32 (cols a
@@ -91,23 +98,32 @@ int fe_q8_kind(int fmt);
 size_t fe_q8_stride(int cols);
 /* Per 256 (cols a multiple of 256): int8 q[cols], float d[cols/256], int16 bs[cols/16]. */
 size_t fe_q8k_stride(int cols);
+/* FE_Q8_KIND_32S (FE_Q8_KIND_32TS): fe_q8_stride(cols) bytes of FE_Q8_KIND_32
+ * (FE_Q8_KIND_32T), then int32 c[cols/4] (cols bytes, rounded up to 64) at
+ * fe_q8_sums_offset(cols). */
 size_t fe_q8_stride_kind(int kind, int cols);
+static inline size_t fe_q8_sums_offset(int cols) { return fe_q8_stride(cols); }
 /* Quantize n tokens x[t * x_stride .. + cols) into out + t * fe_q8_stride_kind(kind, cols):
  * the scalar reference; each SIMD set has its own, bit-identical (the table's
  * `quantize`). */
 void fe_q8_quantize(int kind, const float *x, size_t x_stride, int cols, int n, uint8_t *out);
 typedef void (*fe_q8quant_fn)(int kind, const float *x, size_t x_stride, int cols, int n, uint8_t *out);
-/* FE_Q8_KIND_32 quantized activations of n tokens turned into FE_Q8_KIND_32Z
- * in place: each q byte flipped to q + 128 (as uint8: q ^ 0x80), and the
- * bytes of blocks 2p and 2p + 1 interleaved four at a time (bytes 4l..4l+3
- * of block 2p, then bytes 4l..4l+3 of block 2p + 1, for l = 0..7); a last
- * odd block is only flipped. d and s are unchanged. */
-void fe_q8_to_32z(uint8_t *xq, int cols, int n);
-/* FE_Q8_KIND_32 quantized activations of n tokens turned into FE_Q8_KIND_32T
- * in place: within each 32-value block, byte 4l + j becomes the q of value
- * 8j + l (l = 0..7, j = 0..3), the order in which a q3_nl block's lane l
- * holds its indices (formats.h); d and s are unchanged. */
-void fe_q8_to_32t(uint8_t *xq, int cols, int n);
+/* The quantizers' last step: n tokens quantized as FE_Q8_KIND_32 into out +
+ * t * fe_q8_stride_kind(kind, cols) turned into layout `kind` in place:
+ *  - FE_Q8_KIND_32Z: each q byte flipped to q + 128 (as uint8: q ^ 0x80),
+ *    and the bytes of blocks 2p and 2p + 1 interleaved four at a time
+ *    (bytes 4l..4l+3 of block 2p, then bytes 4l..4l+3 of block 2p + 1, for
+ *    l = 0..7); a last odd block is only flipped;
+ *  - FE_Q8_KIND_32T (and 32TS): within each 32-value block, byte 4l + j
+ *    becomes the q of value 8j + l (l = 0..7, j = 0..3), the order in which a
+ *    q3_nl block's lane l holds its indices (formats.h);
+ *  - FE_Q8_KIND_32S (32TS): c[i] = k * (the stored q bytes 4i..4i+3 summed)
+ *    at fe_q8_sums_offset(cols), exact, with k = -8 (32S) or -128 (32TS):
+ *    the start of a lane whose weights are taken unsigned, offset by -k
+ *    (Q4_0's nibbles: sum (w - 8) x = sum w x - 8 sum x; q3_nl's levels +
+ *    128), made once per token instead of once per row.
+ * d and s are unchanged; FE_Q8_KIND_32 and FE_Q8_KIND_256 are left as they are. */
+void fe_q8_finish(int kind, uint8_t *out, int cols, int n);
 /* Room for n tokens of `cols` values in every layout (a fe_q8_ctx buffer). */
 size_t fe_q8_buffer_bytes(int cols, int n);
 
@@ -235,8 +251,7 @@ fe_q8dot4_fn fe_q8_kernel4_for(const fe_q8_kernels *k, int fmt, int n);
                     s[b] = d[b] * (float)(sums[0] + sums[1]);                                               \
             }                                                                                               \
         }                                                                                                   \
-        if (kind == FE_Q8_KIND_32Z) fe_q8_to_32z(out, cols, n);                                             \
-        if (kind == FE_Q8_KIND_32T) fe_q8_to_32t(out, cols, n);                                             \
+        fe_q8_finish(kind, out, cols, n);                                                                   \
     }
 
 /* A whole SIMD set: the drivers of the seven formats, its quantizer

@@ -23,7 +23,8 @@
  * weights), computed once per block pair and shared by the tile's tokens.
  * The per-block float scales D_b * d_b are multiplied 16 blocks at a time
  * (the same single IEEE products). Q4_0 over 1-3 tokens takes four rows a
- * call (q4_0_tile_r4, the table's rowdot4; a last 1-3 rows of a thread's
+ * call (q4_0_tile_r4, the table's rowdot4, on FE_Q8_KIND_32S: the lanes'
+ * -8 x-sum starts precomputed per token; a last 1-3 rows of a thread's
  * share, and Q4_1 and Q8_0 under 4 tokens, use the AVX2 set's kernels,
  * faster there: see the drivers).
  *
@@ -38,7 +39,7 @@
  * holds one 64-value group, its 3-bit indices turned into grid levels + 128
  * (unsigned) by at most one vpermb gathering the group's bytes, then
  * vpmultishiftqb + vpermb (q3_levels), vpdpbusd with the activations as
- * stored (the accumulator starting at -128 times the token's lane sum of q);
+ * stored (the accumulator starting at -128 times the token's lane sum of q, precomputed per token: FE_Q8_KIND_32TS);
  * a block's 8 float factors in one ymm product. */
 #include "kernels.h"
 #include "kernels_q8.h"
@@ -75,6 +76,7 @@ INL __m512i ld2x(const void *p) { return _mm512_broadcast_i64x4(ld(p)); }
 #define QX(t) ((const uint8_t *)(xq + (size_t)(t) * st))
 #define DX(t) ((const float *)(xq + (size_t)(t) * st + (size_t)cols))
 #define BS(t) ((const int16_t *)(DX(t) + nsb))
+#define CX(t) ((const int32_t *)(xq + (size_t)(t) * st + so)) /* so: fe_q8_sums_offset(cols) */
 
 /* P += S * (the 4-value sums of w . x), lane by lane. */
 INL __m512i dp(__m512i P, __m512i w, __m512i x, __m512i s) {
@@ -155,24 +157,26 @@ INL void tile32z(const uint8_t *row, int cols, const uint8_t *xq, size_t st, flo
  * W >> 4 = values 16-31 (lanes 4-7), each multiplied by the token's 16
  * matching activations broadcast to all four lanes (vpdpbusd: the nibbles
  * unsigned, 0..15, and the lane started at -8 * (its 4 activations summed),
- * computed once per block and token for the four rows, so p = sum (w - 8) x
- * exactly). The scales D_b of 4 blocks x 4 rows come in one gather, and
- * D_b * d_b is one product per row and block, as in the reference; lanes of
+ * precomputed once per token by the quantizer: FE_Q8_KIND_32S, so
+ * p = sum (w - 8) x exactly). The scales D_b of 4 blocks x 4 rows come from
+ * four masked 56-byte loads and two word permutes (a gather of the 16 was
+ * 0.86-0.94x as fast), and D_b * d_b is one product per row and block, as
+ * in the reference; lanes of
  * even and odd blocks go to separate accumulators (acc[b % 2]), so every
  * lane takes the reference's multiply-adds in its order, and the end is the
  * reference's sum: acc[0] + acc[1], then ((v0 + v4) + (v2 + v6)) +
- * ((v1 + v5) + (v3 + v7)) within each row's lane. The x work and the gather
- * are shared by the four rows: the one-row kernel spends most of its time
+ * ((v1 + v5) + (v3 + v7)) within each row's lane. The x work and the scales'
+ * set-up are shared by the four rows: the one-row kernel spends most of its time
  * per 32 weights on them (h8's profile, docs/bench-log/2026-12-06.md). */
 #define R4_TOKENS 3
 
 /* Block b0 + j of the four rows for nt tokens: S[t] holds D_b d_b of block
  * b0 + j' and row i at element 4j' + i. (Eight rows a call, two groups of
  * four sharing the x work, measured no faster: 0.93-1.05x from L2.) */
-INL void r4_block(const uint8_t *row, size_t rb, const uint8_t *xq, size_t st, int b0, const int j, const int nt,
+INL void r4_block(const uint8_t *row, size_t rb, size_t so, const uint8_t *xq, size_t st, int b0, const int j, const int nt,
                   const __m512 S[R4_TOKENS], __m512 lo[R4_TOKENS][2], __m512 hi[R4_TOKENS][2]) {
     const size_t b = (size_t)b0 + (size_t)j;
-    const __m512i m15 = _mm512_set1_epi8(15), eight = _mm512_set1_epi8(8);
+    const __m512i m15 = _mm512_set1_epi8(15);
     const __m512i pick = _mm512_setr_epi32(4 * j, 4 * j, 4 * j, 4 * j, 4 * j + 1, 4 * j + 1, 4 * j + 1, 4 * j + 1,
                                            4 * j + 2, 4 * j + 2, 4 * j + 2, 4 * j + 2, 4 * j + 3, 4 * j + 3, 4 * j + 3,
                                            4 * j + 3);
@@ -184,11 +188,11 @@ INL void r4_block(const uint8_t *row, size_t rb, const uint8_t *xq, size_t st, i
         _mm_loadu_si128((const __m128i *)(q + 3 * rb)), 3);
     const __m512i wl = _mm512_and_si512(W, m15), wh = _mm512_and_si512(_mm512_srli_epi16(W, 4), m15);
     for (int t = 0; t < nt; t++) {
-        /* x's 16-value halves in every lane, the lanes started at -8 * their 4 values' sum */
+        /* x's 16-value halves in every lane, the lanes started at -8 * their 4 values' sum (FE_Q8_KIND_32S) */
         const __m512i xl = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(QX(t) + 32 * b)));
         const __m512i xh = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(QX(t) + 32 * b + 16)));
-        const __m512i zl = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), eight, xl));
-        const __m512i zh = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), eight, xh));
+        const __m512i zl = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(CX(t) + 8 * b)));
+        const __m512i zh = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(CX(t) + 8 * b + 4)));
         const __m512 sc = _mm512_permutexvar_ps(pick, S[t]);
         lo[t][j & 1] = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zl, wl, xl)), lo[t][j & 1]);
         hi[t][j & 1] = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zh, wh, xh)), hi[t][j & 1]);
@@ -198,26 +202,33 @@ INL void r4_block(const uint8_t *row, size_t rb, const uint8_t *xq, size_t st, i
 INL void q4_0_tile_r4(const uint8_t *row, size_t rb, int cols, const uint8_t *xq, size_t st, float *y, size_t ys,
                       const int nt) {
     const int nb = cols / 32;
-    const int r1 = (int)rb, r2 = 2 * (int)rb, r3 = 3 * (int)rb;
-    /* element 4j + i: block j's scale of row i */
-    const __m512i gidx = _mm512_setr_epi32(0, r1, r2, r3, 18, 18 + r1, 18 + r2, 18 + r3, 36, 36 + r1, 36 + r2,
-                                           36 + r3, 54, 54 + r1, 54 + r2, 54 + r3);
+    const size_t so = fe_q8_sums_offset(cols);
+    /* word 4j + i of the scales: rows 0 and 1 from (R0, R1), rows 2 and 3 from (R2, R3) (word 9j of each) */
+    const __m512i w01 = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 32 + 27, 27, 0, 0,
+                                         32 + 18, 18, 0, 0, 32 + 9, 9, 0, 0, 32, 0);
+    const __m512i w23 = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 32 + 27, 27, 0, 0, 32 + 18,
+                                         18, 0, 0, 32 + 9, 9, 0, 0, 32, 0, 0, 0);
     const __m512i rep4 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     __m512 lo[R4_TOKENS][2], hi[R4_TOKENS][2];
     for (int t = 0; t < nt; t++) lo[t][0] = lo[t][1] = hi[t][0] = hi[t][1] = _mm512_setzero_ps();
     for (int b0 = 0; b0 < nb; b0 += 4) {
         const int m = nb - b0 < 4 ? nb - b0 : 4;
-        const __m512i sg = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), (__mmask16)((1u << (4 * m)) - 1), gidx,
-                                                       row + 18 * (size_t)b0, 1);
-        const __m512 D = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(sg));
+        /* the 4 rows' next 56 bytes (at most m blocks: masked, no read past the matrix), word 4j + i of
+         * the scales = row i's word 9j (block j's f16 scale) */
+        const __mmask64 lm = m == 4 ? ~(__mmask64)0 >> 8 : ((__mmask64)1 << (18 * m)) - 1;
+        const uint8_t *p = row + 18 * (size_t)b0;
+        const __m512i A = _mm512_permutex2var_epi16(_mm512_maskz_loadu_epi8(lm, p), w01, _mm512_maskz_loadu_epi8(lm, p + rb));
+        const __m512i B = _mm512_permutex2var_epi16(_mm512_maskz_loadu_epi8(lm, p + 2 * rb), w23,
+                                                    _mm512_maskz_loadu_epi8(lm, p + 3 * rb));
+        const __m512 D = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_mask_mov_epi16(A, (__mmask32)0xccccccccu, B)));
         __m512 S[R4_TOKENS]; /* the reference's D_b * d_b, element 4j + i */
         for (int t = 0; t < nt; t++)
             S[t] = _mm512_mul_ps(D, _mm512_permutexvar_ps(rep4, _mm512_castps128_ps512(_mm_maskz_loadu_ps(
                                                                     (__mmask8)((1u << m) - 1), DX(t) + b0))));
-        r4_block(row, rb, xq, st, b0, 0, nt, S, lo, hi);
-        if (m > 1) r4_block(row, rb, xq, st, b0, 1, nt, S, lo, hi);
-        if (m > 2) r4_block(row, rb, xq, st, b0, 2, nt, S, lo, hi);
-        if (m > 3) r4_block(row, rb, xq, st, b0, 3, nt, S, lo, hi);
+        r4_block(row, rb, so, xq, st, b0, 0, nt, S, lo, hi);
+        if (m > 1) r4_block(row, rb, so, xq, st, b0, 1, nt, S, lo, hi);
+        if (m > 2) r4_block(row, rb, so, xq, st, b0, 2, nt, S, lo, hi);
+        if (m > 3) r4_block(row, rb, so, xq, st, b0, 3, nt, S, lo, hi);
     }
     for (int t = 0; t < nt; t++) { /* per row (128-bit lane): both = acc[0] + acc[1], then h(both) */
         const __m512 T = _mm512_add_ps(_mm512_add_ps(lo[t][0], lo[t][1]), _mm512_add_ps(hi[t][0], hi[t][1]));
@@ -642,11 +653,22 @@ INL void k2_tile(const uint8_t *row, size_t rb, int cols, const uint8_t *xq, siz
 #define DRIVER32Z(fmt)                                                                                       \
     TGT static void rowdot_vnni_##fmt(const uint8_t *row, int cols, const uint8_t *xq, int n, float *y, size_t ys) { \
         if (n < Z_TOKENS) {                                                                                  \
-            fe_q8_kernels_avx2()->rowdot[FE_##fmt](row, cols, xq, n, y, ys);                                 \
+            few_##fmt(row, cols, xq, n, y, ys);                                                              \
             return;                                                                                          \
         }                                                                                                    \
         TILES(fmt##_ztile, 16, fe_q8_stride)                                                                  \
     }
+/* Under Z_TOKENS: Q8_0 on FE_Q8_KIND_32, Q4_0 on FE_Q8_KIND_32S (its four-row
+ * kernel's layout), whose records AVX2's kernel reads as FE_Q8_KIND_32 one
+ * token at a time (a token's arithmetic is the same alone or in a tile; these
+ * are a thread's last 1-3 rows of a product). */
+static void few_q8_0(const uint8_t *row, int cols, const uint8_t *xq, int n, float *y, size_t ys) {
+    fe_q8_kernels_avx2()->rowdot[FE_Q8_0](row, cols, xq, n, y, ys);
+}
+static void few_q4_0(const uint8_t *row, int cols, const uint8_t *xq, int n, float *y, size_t ys) {
+    const size_t st = fe_q8_stride_kind(FE_Q8_KIND_32S, cols);
+    for (int t = 0; t < n; t++) fe_q8_kernels_avx2()->rowdot[FE_Q4_0](row, cols, xq + (size_t)t * st, 1, y + (size_t)t * ys, ys);
+}
 DRIVER32Z(q8_0)
 DRIVER32Z(q4_0)
 DRIVER(q4_k, fe_q8k_stride)
@@ -701,20 +723,22 @@ DRIVER2(q4_k)
 DRIVER2(q5_k)
 DRIVER2(q6_k)
 
-/* Four rows (q4_0_tile_r4) over up to R4_TOKENS tokens a tile. */
-TGT static void rowdot4_vnni_q4_0(const uint8_t *row, size_t rb, int cols, const uint8_t *xq, int n, float *y,
-                                  size_t ys) {
-    const size_t st = fe_q8_stride(cols);
-    for (int t = 0; t < n; t += R4_TOKENS) {
-        const uint8_t *x = xq + (size_t)t * st;
-        float *o = y + (size_t)t * ys;
-        switch (n - t) {
-        case 1: q4_0_tile_r4(row, rb, cols, x, st, o, ys, 1); break;
-        case 2: q4_0_tile_r4(row, rb, cols, x, st, o, ys, 2); break;
-        default: q4_0_tile_r4(row, rb, cols, x, st, o, ys, 3); break;
-        }
+/* The four-row kernel `name` over `tile` (Q4_0's above, q3_nl's below):
+ * up to R4_TOKENS tokens a tile, on layout `kind` (each nt a constant). */
+#define DRIVER4(attr, name, tile, kind)                                                                      \
+    attr static void name(const uint8_t *row, size_t rb, int cols, const uint8_t *xq, int n, float *y, size_t ys) { \
+        const size_t st = fe_q8_stride_kind(kind, cols);                                                     \
+        for (int t = 0; t < n; t += R4_TOKENS) {                                                             \
+            const uint8_t *x = xq + (size_t)t * st;                                                          \
+            float *o = y + (size_t)t * ys;                                                                   \
+            switch (n - t) {                                                                                 \
+            case 1: tile(row, rb, cols, x, st, o, ys, 1); break;                                             \
+            case 2: tile(row, rb, cols, x, st, o, ys, 2); break;                                             \
+            default: tile(row, rb, cols, x, st, o, ys, 3); break;                                            \
+            }                                                                                                \
+        }                                                                                                    \
     }
-}
+DRIVER4(TGT, rowdot4_vnni_q4_0, q4_0_tile_r4, FE_Q8_KIND_32S)
 
 /* ---------------------------------------------- q3_nl (AVX-512 VBMI as well) */
 
@@ -742,7 +766,7 @@ static int cpu_has_avx512vbmi(void) {
  * of each byte). The bytes land in FE_Q8_KIND_32T's order, 64 activations
  * apart per group. A lane's sum (G + 128) . q - 128 * (the sum of its 4 q)
  * is the reference's exact P: the accumulator starts at -128 times the
- * token's lane sum of q. The zmm's low half is the reference's even chunk's
+ * token's lane sum of q (FE_Q8_KIND_32TS, made once per token). The zmm's low half is the reference's even chunk's
  * accumulator, the high half the odd one's; the block's 8 float factors
  * s_{c/2} * d_c are made at once (the reference's two roundings, lane by
  * lane: fe_q3_q8_scale's vectorised, times d_c) and spread per group by one
@@ -799,12 +823,6 @@ INLV void q3_block_levels(const uint8_t *p, const q3_consts *c, __m512i w[4]) {
     w[3] = q3_levels(ld2x(p + 64), 1, c->table);
 }
 
-/* A group's lane start: -128 times the token's lane sums of its 64 activations x. */
-INLV __m512i q3_start(__m512i x) {
-    return _mm512_sub_epi32(_mm512_setzero_si512(),
-                            _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8((char)0x80), x));
-}
-
 /* Group g's float factors from the block's 8 (chunk c's in element c of s):
  * chunk 2g's in the low 8 lanes, 2g + 1's in the high ones. */
 INLV __m512 q3_group_factors(__m512 s, const int g) {
@@ -815,6 +833,7 @@ INLV __m512 q3_group_factors(__m512 s, const int g) {
 
 INLV void q3_nl_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st, float *y, size_t ys, const int nt) {
     const q3_consts qc = q3_consts_make();
+    const size_t so = fe_q8_sums_offset(cols);
     __m512 acc[TILE];
     for (int t = 0; t < nt; t++) acc[t] = _mm512_setzero_ps();
     for (int b = 0; b < cols / FE_Q3_BLOCK; b++) {
@@ -825,8 +844,9 @@ INLV void q3_nl_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st,
         for (int t = 0; t < nt; t++) {
             const __m512 s = _mm512_castps256_ps512(_mm256_mul_ps(sc, _mm256_loadu_ps(DX(t) + 8 * b)));
             for (int g = 0; g < 4; g++) {
-                const __m512i x = ld512(QX(t) + FE_Q3_BLOCK * (size_t)b + 64 * g);
-                acc[t] = _mm512_fmadd_ps(q3_group_factors(s, g), _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(q3_start(x), w[g], x)),
+                const size_t v = FE_Q3_BLOCK * (size_t)b + 64 * (size_t)g;
+                acc[t] = _mm512_fmadd_ps(q3_group_factors(s, g),
+                                         _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(ld512(CX(t) + v / 4), w[g], ld512(QX(t) + v))),
                                          acc[t]);
             }
         }
@@ -835,11 +855,12 @@ INLV void q3_nl_tile(const uint8_t *row, int cols, const uint8_t *xq, size_t st,
         y[(size_t)t * ys] = hsum8(_mm256_add_ps(_mm512_castps512_ps256(acc[t]), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[t]), 1))));
 }
 
-FE_Q8_DRIVER(vbmi, TGTV, q3_nl, fe_q8_stride)
+static size_t stride_32ts(int cols) { return fe_q8_stride_kind(FE_Q8_KIND_32TS, cols); }
+FE_Q8_DRIVER(vbmi, TGTV, q3_nl, stride_32ts)
 
 /* Four rows of q3_nl over 1-3 tokens (the table's rowdot4): q3_nl_tile's
  * arithmetic row by row, lane by lane, in its order; the activation loads and
- * each group's -128 * (lane sum of q) start are shared by the four rows, the
+ * each group's -128 * (lane sum of q) start (FE_Q8_KIND_32TS) are shared by the four rows, the
  * four rows' chains of multiply-adds are independent (one row's chain of 4
  * per block is the one-row kernel's limit at decode), and the four sums are
  * taken together: per row v = acc's low half + high half, then
@@ -850,13 +871,13 @@ FE_Q8_DRIVER(vbmi, TGTV, q3_nl, fe_q8_stride)
 INLV void q3_nl_tile_r4(const uint8_t *row, size_t rb, int cols, const uint8_t *xq, size_t st, float *y, size_t ys,
                         const int nt) {
     const q3_consts qc = q3_consts_make();
+    const size_t so = fe_q8_sums_offset(cols);
     __m512 acc[R4_TOKENS][4];
     for (int t = 0; t < nt; t++) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = _mm512_setzero_ps();
     for (int b = 0; b < cols / FE_Q3_BLOCK; b++) {
         __m512i c0[R4_TOKENS][4];
         for (int t = 0; t < nt; t++)
-            for (int g = 0; g < 4; g++)
-                c0[t][g] = q3_start(ld512(QX(t) + FE_Q3_BLOCK * (size_t)b + 64 * g));
+            for (int g = 0; g < 4; g++) c0[t][g] = ld512(CX(t) + (FE_Q3_BLOCK * (size_t)b + 64 * (size_t)g) / 4);
         for (int i = 0; i < 4; i++) {
             const uint8_t *p = row + (size_t)i * rb + FE_Q3_BYTES * (size_t)b;
             const __m256 sc = q3_chunk_scales(p);
@@ -891,30 +912,21 @@ INLV void q3_nl_tile_r4(const uint8_t *row, size_t rb, int cols, const uint8_t *
     }
 }
 
-/* Four rows (q3_nl_tile_r4) over up to R4_TOKENS tokens a tile. */
-TGTV static void rowdot4_vbmi_q3_nl(const uint8_t *row, size_t rb, int cols, const uint8_t *xq, int n, float *y,
-                                   size_t ys) {
-    const size_t st = fe_q8_stride(cols);
-    for (int t = 0; t < n; t += R4_TOKENS) {
-        const uint8_t *x = xq + (size_t)t * st;
-        float *o = y + (size_t)t * ys;
-        switch (n - t) {
-        case 1: q3_nl_tile_r4(row, rb, cols, x, st, o, ys, 1); break;
-        case 2: q3_nl_tile_r4(row, rb, cols, x, st, o, ys, 2); break;
-        default: q3_nl_tile_r4(row, rb, cols, x, st, o, ys, 3); break;
-        }
-    }
-}
+DRIVER4(TGTV, rowdot4_vbmi_q3_nl, q3_nl_tile_r4, FE_Q8_KIND_32TS)
 
 /* Without VBMI: AVX2's q3_nl kernel (the same bits). */
 static void rowdot_vnni_q3_nl(const uint8_t *row, int cols, const uint8_t *xq, int n, float *y, size_t ys) {
     fe_q8_kernels_avx2()->rowdot[FE_Q3_NL](row, cols, xq, n, y, ys);
 }
 
-/* The table's `layout`: what the drivers above read over n tokens. */
+/* The table's `layout`: what the drivers above read over n tokens (with
+ * VBMI q3_nl reads FE_Q8_KIND_32TS; without, AVX2's kernel FE_Q8_KIND_32T). */
 static int vnni_layout(int fmt, int n) {
-    return (fmt == FE_Q8_0 || fmt == FE_Q4_0) && n >= Z_TOKENS ? FE_Q8_KIND_32Z : fe_q8_kind(fmt);
+    return (fmt == FE_Q8_0 || fmt == FE_Q4_0) && n >= Z_TOKENS ? FE_Q8_KIND_32Z
+           : fmt == FE_Q4_0                                    ? FE_Q8_KIND_32S
+                                                               : fe_q8_kind(fmt);
 }
+static int vbmi_layout(int fmt, int n) { return fmt == FE_Q3_NL ? FE_Q8_KIND_32TS : vnni_layout(fmt, n); }
 
 /* Q4_1 (the demo model's format) keeps AVX2's kernel: this file's version was
  * 0.63-0.79x as fast (its minimum's scalar chain; bench/q8_speed.py). */
@@ -928,21 +940,21 @@ static void quantize_vnni(int kind, const float *x, size_t xs, int cols, int n, 
     fe_q8_kernels_avx2()->quantize(kind, x, xs, cols, n, out);
 }
 
-#define VNNI_SET(name, q3, q3r4)                                                                            \
+#define VNNI_SET(name, q3, q3r4, layout)                                                                    \
     static const fe_q8_kernels name = {                                                                     \
         "avx512vnni",                                                                                       \
         {[FE_Q8_0] = rowdot_vnni_q8_0, [FE_Q4_0] = rowdot_vnni_q4_0, [FE_Q4_1] = rowdot_vnni_q4_1,          \
          [FE_Q4_K] = rowdot_vnni_q4_k, [FE_Q5_K] = rowdot_vnni_q5_k, [FE_Q6_K] = rowdot_vnni_q6_k,          \
          [FE_Q3_NL] = q3},                                                                                  \
         quantize_vnni,                                                                                      \
-        vnni_layout,                                                                                        \
+        layout,                                                                                             \
         {[FE_Q4_K] = rowdot2_vnni_q4_k, [FE_Q5_K] = rowdot2_vnni_q5_k, [FE_Q6_K] = rowdot2_vnni_q6_k},      \
         Q8_ROWDOT2_MIN_TOKENS,                                                                              \
         {[FE_Q4_0] = rowdot4_vnni_q4_0, [FE_Q3_NL] = q3r4},                                                 \
         Z_TOKENS - 1,                                                                                       \
     };
-VNNI_SET(VNNI_Q8, rowdot_vbmi_q3_nl, rowdot4_vbmi_q3_nl)
-VNNI_SET(VNNI_Q8_NO_VBMI, rowdot_vnni_q3_nl, NULL)
+VNNI_SET(VNNI_Q8, rowdot_vbmi_q3_nl, rowdot4_vbmi_q3_nl, vbmi_layout)
+VNNI_SET(VNNI_Q8_NO_VBMI, rowdot_vnni_q3_nl, NULL, vnni_layout)
 
 /* With VBMI (Ice Lake and later, Zen 4 and later) the q3_nl kernel above. */
 const fe_q8_kernels *fe_q8_kernels_avx512vnni(void) { return cpu_has_avx512vbmi() ? &VNNI_Q8 : &VNNI_Q8_NO_VBMI; }

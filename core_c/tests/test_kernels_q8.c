@@ -188,6 +188,28 @@ static void test_quantizer(void) {
         for (int l = 0; l < 8; l++)
             for (int j = 0; j < 4; j++) t_ok &= a32t[32 * b + 4 * l + j] == a32[32 * b + 8 * j + l];
     check(t_ok, "quantizer 32t", 0, cols, 1, "the q3_nl layout is not the 32-value one in index order");
+    /* FE_Q8_KIND_32S: FE_Q8_KIND_32's record, then c[i] = -8 * (q[4i] + ... + q[4i + 3]) */
+    uint8_t a32s[512];
+    const size_t s_st = fe_q8_stride_kind(FE_Q8_KIND_32S, cols);
+    check(s_st <= sizeof a32s && s_st == fe_q8_stride(cols) + 128, "quantizer 32s", 0, cols, 1, "its stride");
+    fe_q8_quantize(FE_Q8_KIND_32S, x, cols, cols, 1, a32s);
+    int s_ok = memcmp(a32, a32s, cols + 8 * 3) == 0;
+    const int32_t *c = (const int32_t *)(a32s + fe_q8_sums_offset(cols));
+    for (int i = 0; i < cols / 4; i++) {
+        int sum = 0;
+        for (int j = 0; j < 4; j++) sum += (int8_t)a32[4 * i + j];
+        s_ok &= c[i] == -8 * sum;
+    }
+    check(s_ok, "quantizer 32s", 0, cols, 1, "the Q4_0 sums layout is not the 32-value one with -8 x its 4-value sums");
+    /* FE_Q8_KIND_32TS: FE_Q8_KIND_32T's record, then -128 x its stored 4-byte sums */
+    fe_q8_quantize(FE_Q8_KIND_32TS, x, cols, cols, 1, a32s);
+    s_ok = fe_q8_stride_kind(FE_Q8_KIND_32TS, cols) == s_st && memcmp(a32t, a32s, cols + 8 * 3) == 0;
+    for (int i = 0; i < cols / 4; i++) {
+        int sum = 0;
+        for (int j = 0; j < 4; j++) sum += (int8_t)a32t[4 * i + j];
+        s_ok &= c[i] == -128 * sum;
+    }
+    check(s_ok, "quantizer 32ts", 0, cols, 1, "the q3_nl sums layout is not the 32t one with -128 x its 4-byte sums");
 }
 
 /* Every set's quantizer gives the scalar reference's bytes, every layout,
@@ -209,7 +231,7 @@ static void test_quantizers(void) {
             if (!k) continue;
             memset(got, 0, bytes);
             k->quantize(kind, x, cols, cols, n, got);
-            check(memcmp(got, ref, bytes) == 0, kind == 1 ? "quantizer 256" : kind == 2 ? "quantizer 32z" : kind == 3 ? "quantizer 32t" : "quantizer 32", impl, cols, n,
+            check(memcmp(got, ref, bytes) == 0, kind == 1 ? "quantizer 256" : kind == 2 ? "quantizer 32z" : kind == 3 ? "quantizer 32t" : kind == 4 ? "quantizer 32s" : kind == 5 ? "quantizer 32ts" : "quantizer 32", impl, cols, n,
                   "not bit-identical to the scalar quantizer");
         }
         free(ref), free(got);
