@@ -101,25 +101,11 @@ INL __m256i w32(const uint8_t *row, int b, const int four) {
     return four ? _mm256_sub_epi8(nibbles(row + 18 * (size_t)b + 2), _mm256_set1_epi8(8)) : ld(row + 34 * (size_t)b + 2);
 }
 
-/* The int32 -> float conversion of a lane's sum p, off port 0: a lane
- * started at Z_MAGIC (the bits of the float Z_MAGIC_F = 1.5 * 2^23) ends at
- * Z_MAGIC + p, the bits of the float Z_MAGIC_F + p while |p| < 2^22 (the
- * float's unit in the last place is 1 there), and (Z_MAGIC_F + p) - Z_MAGIC_F
- * is p exactly, the value vcvtdq2ps gives (0 as +0). A lane holds four
- * products of the activations (|x| <= 128) and Q4_0 (|w| <= 8) or Q8_0
- * (|w| <= 128) weights: |p| <= 65536. A vsubps runs on ports 0 and 5,
- * vcvtdq2ps zmm on port 0 only, beside the vpdpbusd: at 4+ tokens port 0
- * was the limit. Measured: docs/bench-log/2026-12-06.md, session 18, h5. */
-#define Z_MAGIC 0x4B400000
-#define Z_MAGIC_F 12582912.0f
-
 INL void tile32z(const uint8_t *row, int cols, const uint8_t *xq, size_t st, float *y, size_t ys, const int nt,
                  const int four) {
     const int nb = cols / 32, bb = four ? 18 : 34;
     const __m512i pairs = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
     const __m512i c80 = _mm512_set1_epi8((char)0x80);
-    const __m512i magic = _mm512_set1_epi32(Z_MAGIC);
-    const __m512 magic_f = _mm512_set1_ps(Z_MAGIC_F);
     __m512 Z[TILE];
     for (int t = 0; t < nt; t++) Z[t] = _mm512_setzero_ps();
     for (int b0 = 0; b0 < nb; b0 += 16) {
@@ -135,15 +121,13 @@ INL void tile32z(const uint8_t *row, int cols, const uint8_t *xq, size_t st, flo
             const int b = b0 + i;
             const __m512i w = _mm512_permutex2var_epi32(_mm512_castsi256_si512(w32(row, b, four)), pairs,
                                                         _mm512_castsi256_si512(w32(row, b + 1, four)));
-            /* -128 * (the lane's 4 weights summed): (x + 128) . w - 128 * sum w = x . w; plus
-             * Z_MAGIC, so the lane's int32 is the bits of the float Z_MAGIC_F + x . w (below) */
-            const __m512i init = _mm512_sub_epi32(magic, _mm512_dpbusd_epi32(_mm512_setzero_si512(), c80, w));
+            /* -128 * (the lane's 4 weights summed): (x + 128) . w - 128 * sum w = x . w */
+            const __m512i init = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), c80, w));
             for (int t = 0; t < nt; t++) {
                 const __m512i p = _mm512_dpbusd_epi32(init, ld512(QX(t) + 32 * (size_t)b), w);
                 double s2;
                 memcpy(&s2, &sc[t][i], sizeof s2); /* D_b d_b and D_b+1 d_b+1, alternating */
-                const __m512 f = _mm512_sub_ps(_mm512_castsi512_ps(p), magic_f); /* = (float)(x . w), exactly */
-                Z[t] = _mm512_fmadd_ps(_mm512_castpd_ps(_mm512_set1_pd(s2)), f, Z[t]);
+                Z[t] = _mm512_fmadd_ps(_mm512_castpd_ps(_mm512_set1_pd(s2)), _mm512_cvtepi32_ps(p), Z[t]);
             }
         }
         if (i < m) { /* the row's last block, even, alone */
