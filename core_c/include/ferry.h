@@ -120,7 +120,7 @@ typedef struct ferry_open_options {
     /* Tokens of a prompt one forward pass evaluates together; 0 = the core's
      * choice: 128 for a model with mixture-of-experts layers (each distinct
      * expert a chunk routes to is read once and multiplied with all of its
-     * tokens together), 32 otherwise; at most 512 (larger values are
+     * tokens together: fewer rereads when the cache is small), 32 otherwise; at most 512 (larger values are
      * clamped). Outputs do not depend on it; a larger chunk takes more
      * session scratch (ferry_memory_plan.scratch_bytes).
      * ferry_model_info.prompt_chunk says what is in force. */

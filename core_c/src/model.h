@@ -14,10 +14,10 @@
 
 #define FE_CHUNK 32     /* tokens a prompt's forward pass evaluates together: the default */
 /* ... in a model with MoE layers: a chunk visits each distinct expert it
- * routes to once and multiplies all of that expert's rows together, so a
- * larger chunk reads fewer expert weight bytes per token and gives each
- * expert's product more tokens (the multi-token kernels' tiles). Measured on
- * the Qwen3-30B-A3B-shaped file: docs/bench-log/2026-12-06.md, session 18, h5. */
+ * routes to once and multiplies all of that expert's rows together, so with
+ * a cache smaller than a prompt's experts a larger chunk rereads fewer of
+ * them (in RAM it measured neutral). docs/bench-log/2026-12-06.md, session
+ * 18, h5. */
 #define FE_MOE_CHUNK 128
 #define FE_MAX_CHUNK 512 /* the largest ferry_open_options.prompt_chunk taken (larger ones are clamped) */
 
