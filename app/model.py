@@ -21,7 +21,7 @@ import numpy as np
 from app.chat.hf_tokenizer import HFTokenizer
 from app.chat.segments import Segment
 from app.chat.template import ChatTemplate
-from app.engine.binding import PROMPT_STEP, Cancelled, Engine, FerryError, Session
+from app.engine.binding import Cancelled, Engine, FerryError, Session
 from app.engine.container_files import (MAX_TEMPLATE_BYTES, MAX_TOKENIZER_BYTES, ContainerFileError,
                                          check_weight_files, contained_file, read_contained_text, read_manifest)
 from app.events import EngineEvent, Finished, ImageProgress, PromptProgress, Token, TokenLogprob
@@ -289,7 +289,7 @@ class LoadedModel:
                                    len(todo))
             pos = kept
             while pos < len(prompt):
-                hi = min(len(prompt), pos + PROMPT_STEP)
+                hi = min(len(prompt), pos + session.prompt_step)
                 if pos < keep_at < hi:
                     hi = keep_at        # a chunk ends where the next turn will resume
                 try:

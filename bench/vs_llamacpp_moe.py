@@ -59,7 +59,8 @@ decoded token (/proc/self/io ``read_bytes``: page faults, readahead and
 direct reads alike), the cgroup's peak usage (``memory.max_usage_in_bytes``
 or ``memory.peak``: RSS plus page cache) and whether it was OOM-killed, the
 process's peak RSS, and where the time went: for each phase wall, user and
-system CPU seconds, major page faults; for Ferry also its own counters
+system CPU seconds, major page faults; for Ferry also its prompt chunk
+(``prompt_chunk``: tokens a forward pass takes), its own counters
 (expert bytes read, read and stall seconds, cache hits and misses) and its
 per-stage decode profile. Prints one JSON object: every run, then medians
 per setting and engine and the ratios Ferry / llama.cpp (decode and prompt),
@@ -192,7 +193,8 @@ def child_ferry(a) -> dict:
     m1 = _mark()
     out = {"rss_before_import_bytes": before, "rss_python_bytes": python_rss, "ram_budget": budget,
            "load": _phase(m0, m1), "rss_after_open_bytes": _rss_now(), "activations": eng.info.activations,
-           "kernels": eng.info.kernels, "cache_slots": eng.info.cache_slots, "trunk_bytes": eng.info.trunk_bytes}
+           "kernels": eng.info.kernels, "cache_slots": eng.info.cache_slots, "trunk_bytes": eng.info.trunk_bytes,
+           "prompt_chunk": eng.info.prompt_chunk}
     if a.mode == "speed" and a.fill_wait:
         out["fill"] = _wait_fill(eng.info)
     s = eng.session(N_CTX)

@@ -110,10 +110,11 @@ def compare(stages, logits, n_layers, hidden, ref_logits) -> dict[str, float]:
 def assert_prefill_equals_single_steps(container, tokens, threads: int = 2,
                                       modes: tuple[str, ...] = ("exact", "q8")) -> None:
     """A prompt evaluated at once, token by token, and in chunks that do not
-    line up with the core's 32-token chunks gives bit-identical logits, in
-    each arithmetic mode of ``modes`` (exact, and 8-bit activations asked for
-    by name; the models with KDA layers add "auto", whose default keeps some
-    classes of their products exact)."""
+    line up with the core's prompt chunks (32 tokens, 128 on a model with
+    experts; and an engine opened with chunks of 7) gives bit-identical
+    logits, in each arithmetic mode of ``modes`` (exact, and 8-bit
+    activations asked for by name; the models with KDA layers add "auto",
+    whose default keeps some classes of their products exact)."""
     from app.engine.binding import Engine
 
     for activations in modes:
@@ -129,10 +130,14 @@ def assert_prefill_equals_single_steps(container, tokens, threads: int = 2,
             every = engine.session(128).eval(long, all_logits=True)
             s3 = engine.session(128)
             part, last = s3.eval(long[:40]), s3.eval(long[40:])
+        with Engine(container, threads=threads, activations=activations, prompt_chunk=7) as small:
+            assert small.info.prompt_chunk == 7
+            sevens = small.session(128).eval(long, all_logits=True)
         assert np.array_equal(batch, steps), activations
         assert np.array_equal(batch, mixed), activations
         assert np.array_equal(every[:len(tokens)], batch), activations
         assert np.array_equal(part, every[39]) and np.array_equal(last, every[-1]), activations
+        assert np.array_equal(sevens, every), activations
 
 
 def dequantized_reference_model(container: Path, work: Path):

@@ -66,15 +66,12 @@ class ModelInfo:
     ram_budget: int
     kernels: str  # the kernel set matrix products use: "scalar", "avx2" or "neon"; in the q8 mode its integer set's (e.g. "avx512vnni")
     activations: str = "f32"  # the path that runs: "f32" (exact) or "q8" (8-bit activations; app.activations)
+    prompt_chunk: int = 32  # tokens a prompt's forward pass evaluates together (Engine's prompt_chunk)
 
 
 #: Kernel sets an engine can be opened with (``Engine(kernels=...)``).
 #: "avx512vnni": AVX2's exact kernels with AVX-512 VNNI integer products in the
 #: q8 mode (what "auto" takes there on a CPU that has them).
-#: Tokens evaluated per call while processing a prompt (progress granularity; the pipeline's and
-#: the saved-prefix step's).
-PROMPT_STEP = 32
-
 KERNEL_CHOICES = ("auto", "scalar", "avx2", "avx512vnni", "neon")
 
 #: Reader threads an engine reads expert records with when ``readers`` is 0 (the
@@ -229,7 +226,8 @@ class Engine:
                  direct_io: bool = True, overlap: bool = True, lookahead: bool = True, cache: bool = True,
                  lookahead_gate: bool = True, embedding_reads: bool = True, fill: bool = True,
                  usage_counts: np.ndarray | None = None, kernels: str | None = None, trunk_check: bool = True,
-                 policy_state: bytes | bytearray | None = None, activations: str = DEFAULT_ACTIVATIONS):
+                 policy_state: bytes | bytearray | None = None, activations: str = DEFAULT_ACTIVATIONS,
+                 prompt_chunk: int = 0):
         """Open a container. ``n_ctx`` is the context the RAM budget must leave
         room for; the switches exist to measure each mechanism (they change
         speed, never output; ``trunk_check=False`` skips the trunk's CRC check
@@ -247,7 +245,10 @@ class Engine:
         expert cache then starts from what that run learned); one that does
         not fit raises FerryError (``FERRY_E_ARG``). ``activations`` is one of
         :data:`ACTIVATION_CHOICES` (default "auto": 8-bit activations on quantized weights;
-        "exact" for exact products; ``info.activations`` says which path runs)."""
+        "exact" for exact products; ``info.activations`` says which path runs). ``prompt_chunk``: tokens of
+        a prompt one forward pass evaluates together (0: the core's choice, 128 on a model with experts,
+        32 otherwise; ``info.prompt_chunk`` says what is in force); it changes speed and scratch RAM, never
+        output."""
         self.path = Path(path)
         opts = ffi.new("ferry_open_options *")
         lib.ferry_open_options_init(opts)
@@ -257,6 +258,7 @@ class Engine:
         opts.n_ctx = int(n_ctx)
         opts.cache_slots = int(cache_slots)
         opts.n_readers = int(readers)
+        opts.prompt_chunk = int(prompt_chunk)
         opts.flags = ((0 if direct_io else lib.FERRY_NO_DIRECT_IO) | (0 if overlap else lib.FERRY_NO_OVERLAP)
                       | (0 if lookahead else lib.FERRY_NO_LOOKAHEAD) | (0 if cache else lib.FERRY_NO_CACHE)
                       | (0 if trunk_check else lib.FERRY_NO_TRUNK_CHECK)
@@ -457,6 +459,13 @@ class Session:
     @property
     def n_ctx(self) -> int:
         return lib.ferry_session_context(self._live())
+
+    @property
+    def prompt_step(self) -> int:
+        """Tokens to evaluate per call while processing a prompt (the progress granularity of the
+        pipeline and the saved-prefix step): the core's prompt chunk, so each call is one forward pass
+        (a model with experts multiplies each expert's tokens of a chunk together: 128 there)."""
+        return self.engine.info.prompt_chunk
 
     def eval(self, tokens: Sequence[int], *, all_logits: bool = False, embeds: np.ndarray | None = None,
              use: Sequence[bool] | None = None, keys: Sequence[int] | None = None) -> np.ndarray:

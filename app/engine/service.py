@@ -242,7 +242,7 @@ class EngineService:
         """Bring the job's prefix into the session: held already, restored from its saved state, or read
         (from the saved state sharing the longest beginning, if any) and saved. Progress goes to the
         job's sink; a cancel between chunks ends the turn (its ``TurnDone``)."""
-        from app.engine.binding import PROMPT_STEP, FerryError
+        from app.engine.binding import FerryError
         from app.engine.states import StateError, model_fingerprint, shared_prefix
 
         started = time.monotonic()
@@ -270,16 +270,17 @@ class EngineService:
         kept = session.sync(prefix)
         todo = prefix[kept:]
         total = len(prompt) - kept
-        for i in range(0, len(todo), PROMPT_STEP):
+        step = session.prompt_step
+        for i in range(0, len(todo), step):
             if job.cancelled:
                 return TurnDone("cancelled", prompt_tokens=len(prompt))
             try:
-                session.eval(todo[i:i + PROMPT_STEP])
+                session.eval(todo[i:i + step])
             except FerryError:
                 if job.cancelled:   # Session.cancel stopped it between layers
                     return TurnDone("cancelled", prompt_tokens=len(prompt))
                 raise
-            job.sink(PromptProgress(min(i + PROMPT_STEP, len(todo)), total))
+            job.sink(PromptProgress(min(i + step, len(todo)), total))
         self.states.save(fingerprint, session.export_state())
         if not state.startswith("refused"):
             state = "partial" if state == "partial" and kept else "saved"

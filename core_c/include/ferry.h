@@ -117,6 +117,14 @@ typedef struct ferry_open_options {
      * kernel set gives bit-identical results in each mode. Unknown names:
      * FERRY_E_ARG. ferry_model_info.activations says which path runs. */
     const char *activations;
+    /* Tokens of a prompt one forward pass evaluates together; 0 = the core's
+     * choice: 128 for a model with mixture-of-experts layers (each distinct
+     * expert a chunk routes to is read once and multiplied with all of its
+     * tokens together: fewer rereads when the cache is small), 32 otherwise; at most 512 (larger values are
+     * clamped). Outputs do not depend on it; a larger chunk takes more
+     * session scratch (ferry_memory_plan.scratch_bytes).
+     * ferry_model_info.prompt_chunk says what is in force. */
+    int prompt_chunk;
 } ferry_open_options;
 
 /* What a loaded model is. Filled by ferry_engine_info. */
@@ -141,6 +149,7 @@ typedef struct ferry_model_info {
     uint64_t ram_budget;      /* the budget in force (0 = unlimited) */
     char kernels[16];         /* the kernel set in use: "scalar", "avx2" or "neon"; in the q8 mode its integer products' ("avx512vnni" on an AVX-512 VNNI CPU) */
     char activations[8];      /* the path that runs: "f32" (exact) or "q8" (8-bit activations; ferry_open_options.activations) */
+    int prompt_chunk;         /* tokens a prompt's forward pass evaluates together (ferry_open_options.prompt_chunk) */
 } ferry_model_info;
 
 /* Counters of one session. Times are wall-clock seconds. */
@@ -180,7 +189,7 @@ typedef struct ferry_stats {
  * also counts on its own. */
 #define FERRY_PROFILE_FORMATS 16
 typedef struct ferry_profile_part {
-    uint64_t evals;               /* forward passes (chunks of at most 32 tokens) */
+    uint64_t evals;               /* forward passes (chunks of at most ferry_model_info.prompt_chunk tokens) */
     uint64_t tokens;              /* tokens they evaluated */
     double total_seconds;         /* wall time of those passes */
     double matmul_seconds[16]; /* = FERRY_PROFILE_FORMATS: matrix products by weight format (ferry_format_code) */

@@ -271,9 +271,9 @@ typedef struct kbufs {
 
 static int tmp_stride(const kdims *d) { return imax(2 * d->kvl * MLA_HEADS, 5 * d->hd) + 16; }
 
-static uint64_t carve(const fe_hparams *hp, int n_ctx, int n_threads, uint8_t *base, kbufs *b) {
+static uint64_t carve(const fe_hparams *hp, int chunk, int n_ctx, int n_threads, uint8_t *base, kbufs *b) {
     kdims d = dims_of(hp);
-    uint64_t off = 0, C = FE_CHUNK;
+    uint64_t off = 0, C = (uint64_t)chunk;
     uint64_t attw = (uint64_t)imax(d.H * d.vd, d.HD), ffw = (uint64_t)imax(imax(d.ffn, d.eff), d.shf);
 #define TAKE(field, type, count)                                                                      \
     do {                                                                                              \
@@ -302,8 +302,8 @@ static uint64_t carve(const fe_hparams *hp, int n_ctx, int n_threads, uint8_t *b
     TAKE(z, float, C * d.ed);
     TAKE(u, float, C * d.ed);
     if (d.E) {
-        uint64_t m = fe_moe_carve(hp, d.ed, NULL, NULL);
-        if (base) fe_moe_carve(hp, d.ed, base + off, &b->moe);
+        uint64_t m = fe_moe_carve(hp, chunk, d.ed, NULL, NULL);
+        if (base) fe_moe_carve(hp, chunk, d.ed, base + off, &b->moe);
         off += FE_ALIGN_UP(m, 64);
     }
     TAKE(rows, float, (uint64_t)n_threads * (uint64_t)fe_rows_stride(max_cols(&d)));
@@ -351,7 +351,7 @@ static float *kda_state(const ferry_session *s, const kdims *d, int j) {
 static void kimi_sizes(const ferry_engine *e, int n_ctx, int n_threads, fe_session_sizes *out) {
     const fe_hparams *hp = &e->c.hp;
     out->state = state_bytes(hp, n_ctx);
-    out->scratch = carve(hp, n_ctx, n_threads, NULL, NULL);
+    out->scratch = carve(hp, e->chunk, n_ctx, n_threads, NULL, NULL);
 }
 
 /* ------------------------------------------------------------- primitives */
@@ -801,7 +801,7 @@ static ferry_status kimi_forward(ferry_session *s, const int32_t *tokens, int n,
     if ((uint64_t)B && k->n_res_blocks > 1024)
         return fe_fail(err, FERRY_E_UNSUPPORTED, "too many AttnRes blocks");
     kbufs b;
-    carve(hp, s->n_ctx, fe_pool_threads(s->pool), s->scratch, &b);
+    carve(hp, s->e->chunk, s->n_ctx, fe_pool_threads(s->pool), s->scratch, &b);
     ferry_status es = fe_embed(e, &m->tok_embd, tokens, n, b.x, b.h, err);
     if (es) {
         if (k->n_kda) hdr->kda_pos = s->pos; /* nothing evaluated: the state is still whole */

@@ -123,9 +123,9 @@ static int max_cols(const fe_hparams *hp) {
 #define ATT_TOKENS 4
 
 /* Lay out (or just measure, when base is NULL) the chunk buffers. */
-static uint64_t carve(const fe_hparams *hp, int n_ctx, int n_threads, uint8_t *base, chunk_bufs *b) {
+static uint64_t carve(const fe_hparams *hp, int chunk, int n_ctx, int n_threads, uint8_t *base, chunk_bufs *b) {
     uint64_t off = 0;
-    const uint64_t C = FE_CHUNK, dim = (uint64_t)hp->dim;
+    const uint64_t C = (uint64_t)chunk, dim = (uint64_t)hp->dim;
     const uint64_t qd = (uint64_t)hp->n_heads * hp->head_dim, kvd = (uint64_t)hp->n_kv_heads * hp->head_dim;
     uint64_t ffn = (uint64_t)(hp->ffn_dim > hp->expert_ffn_dim ? hp->ffn_dim : hp->expert_ffn_dim);
     uint64_t E = (uint64_t)hp->n_experts;
@@ -144,8 +144,8 @@ static uint64_t carve(const fe_hparams *hp, int n_ctx, int n_threads, uint8_t *b
     TAKE(h2, float, C * ffn);
     TAKE(y, float, C * dim);
     if (E) {
-        uint64_t m = fe_moe_carve(hp, hp->dim, NULL, NULL);
-        if (base) fe_moe_carve(hp, hp->dim, base + off, &b->moe);
+        uint64_t m = fe_moe_carve(hp, chunk, hp->dim, NULL, NULL);
+        if (base) fe_moe_carve(hp, chunk, hp->dim, base + off, &b->moe);
         off += FE_ALIGN_UP(m, 64);
     }
     TAKE(rows, float, (uint64_t)n_threads * (uint64_t)fe_rows_stride(max_cols(hp)));
@@ -164,7 +164,7 @@ static uint64_t kv_floats(const fe_hparams *hp, int n_ctx) {
 static void llama_sizes(const ferry_engine *e, int n_ctx, int n_threads, fe_session_sizes *out) {
     const fe_hparams *hp = &e->c.hp;
     out->state = 2 * FE_ALIGN_UP(kv_floats(hp, n_ctx) * sizeof(float), 64);
-    out->scratch = carve(hp, n_ctx, n_threads, NULL, NULL);
+    out->scratch = carve(hp, e->chunk, n_ctx, n_threads, NULL, NULL);
 }
 
 /* The caches are laid out by [layer][kv head] first, so what attention reads
@@ -454,7 +454,7 @@ static ferry_status llama_forward(ferry_session *s, const int32_t *tokens, int n
     const fe_hparams *hp = &e->c.hp;
     const int d = hp->dim;
     chunk_bufs b;
-    carve(hp, s->n_ctx, fe_pool_threads(s->pool), s->scratch, &b);
+    carve(hp, s->e->chunk, s->n_ctx, fe_pool_threads(s->pool), s->scratch, &b);
     double t0 = prof_t0(s);
     ferry_status es = fe_embed(e, &m->tok_embd, tokens, n, b.x, b.xb, err);
     if (es) return es;

@@ -106,7 +106,7 @@ static int has_q8_weights(const fe_container *c) {
 
 /* A session's buffer for the q8 kernels: one chunk of tokens at the widest
  * input of any matrix in the container (0 in the exact mode). */
-static uint64_t q8_buffer_bytes(const fe_container *c) {
+static uint64_t q8_buffer_bytes(const fe_container *c, int chunk) {
     uint64_t cols = 0;
     for (int i = 0; i < c->n_tensors; i++)
         if (c->tensors[i].n_dims == 2 && c->tensors[i].shape[1] > cols) cols = c->tensors[i].shape[1];
@@ -115,7 +115,7 @@ static uint64_t q8_buffer_bytes(const fe_container *c) {
             if (c->banks[l].part[p].cols > cols) cols = c->banks[l].part[p].cols;
     if (!has_q8_weights(c)) return 0; /* the mode has nothing to do */
     if (cols > (1u << 24)) cols = 1u << 24; /* the manifest bounds shapes well below this */
-    return fe_q8_buffer_bytes((int)(cols / FE_Q8_BLOCK * FE_Q8_BLOCK), FE_CHUNK);
+    return fe_q8_buffer_bytes((int)(cols / FE_Q8_BLOCK * FE_Q8_BLOCK), chunk);
 }
 
 /* The architecture's session sizes plus the q8 buffer at the end of scratch. */
@@ -125,6 +125,13 @@ static void session_sizes(const ferry_engine *e, int n_ctx, int n_threads, fe_se
 }
 
 #define DEFAULT_CTX 4096
+
+static int n_moe_layers(const fe_hparams *hp);
+
+int fe_prompt_chunk(const fe_hparams *hp, int asked) {
+    if (asked > 0) return asked < FE_MAX_CHUNK ? asked : FE_MAX_CHUNK;
+    return n_moe_layers(hp) ? FE_MOE_CHUNK : FE_CHUNK;
+}
 
 static int n_moe_layers(const fe_hparams *hp) {
     int n = 0;
@@ -239,9 +246,10 @@ ferry_status ferry_engine_open(const char *path, const ferry_open_options *opts,
     if (e->opts.n_readers <= 0) e->opts.n_readers = FERRY_DEFAULT_READERS;
     s = fe_container_open(&e->c, path, err);
     if (s) { pthread_mutex_destroy(&e->lock); free(e); return s; }
+    e->chunk = fe_prompt_chunk(&e->c.hp, e->opts.prompt_chunk);
     if (e->q8 && !has_q8_weights(&e->c)) e->q8 = NULL; /* no integer products: the exact path, reported so */
     e->q8_auto = automatic; /* a model with KDA layers keeps classes of products exact under "auto" (arch_kimi.c) */
-    if (e->q8) e->q8_bytes = q8_buffer_bytes(&e->c);
+    if (e->q8) e->q8_bytes = q8_buffer_bytes(&e->c, e->chunk);
     const int max_ctx = e->c.hp.max_ctx;
     if (e->opts.n_ctx <= 0) e->opts.n_ctx = max_ctx < DEFAULT_CTX ? max_ctx : DEFAULT_CTX;
     if (e->opts.n_ctx > max_ctx) e->opts.n_ctx = max_ctx;
@@ -295,6 +303,7 @@ void ferry_engine_info(const ferry_engine *e, ferry_model_info *info) {
     info->expert_bytes = fe_max_record(&e->c);
     info->cache_slots = e->cache_slots;
     info->ram_budget = e->opts.ram_budget;
+    info->prompt_chunk = e->chunk;
     /* in the q8 mode, the set of its integer products (e.g. "avx512vnni"; the exact ones are AVX2's) */
     snprintf(info->kernels, sizeof info->kernels, "%s", e->q8 ? e->q8->name : e->kernels->name);
     snprintf(info->activations, sizeof info->activations, "%s", e->q8 ? "q8" : "f32");
@@ -320,7 +329,7 @@ void ferry_engine_plan(const ferry_engine *e, int n_ctx, ferry_memory_plan *plan
     plan->policy_floor_bytes = policy_bytes(hp, min_slots(hp));
     plan->floor_bytes =
         plan->trunk_bytes + plan->state_bytes + plan->scratch_bytes + min_cache + plan->policy_floor_bytes;
-    plan->q8_bytes = q8_buffer_bytes(&e->c);
+    plan->q8_bytes = q8_buffer_bytes(&e->c, e->chunk);
 }
 
 ferry_status ferry_container_plan(const char *path, int n_ctx, int n_threads, ferry_memory_plan *plan,
@@ -337,6 +346,7 @@ ferry_status ferry_container_plan(const char *path, int n_ctx, int n_threads, fe
     } else {
         embeddings_on_demand(&e);
         vision_on_demand(&e);
+        e.chunk = fe_prompt_chunk(&e.c.hp, 0);
         e.cache_slots = n_moe_layers(&e.c.hp) * e.c.hp.n_experts;
         e.cache_bytes = (uint64_t)e.cache_slots * fe_max_record(&e.c);
         ferry_engine_plan(&e, n_ctx, plan);
@@ -490,7 +500,8 @@ static ferry_status eval_impl(ferry_session *s, const int32_t *tokens, const flo
     }
     ferry_status st = FERRY_OK;
     for (int done = 0; done < n && st == FERRY_OK;) {
-        int m = n - done < FE_CHUNK ? n - done : FE_CHUNK;
+        const int chunk = s->e->chunk;
+        int m = n - done < chunk ? n - done : chunk;
         int last = done + m == n;
         float *out = NULL;
         if (logits && all_logits) out = logits + (size_t)done * vocab;

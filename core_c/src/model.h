@@ -12,7 +12,14 @@
 #include "ops.h"
 #include "pool.h"
 
-#define FE_CHUNK 32     /* tokens evaluated together in a prompt */
+#define FE_CHUNK 32     /* tokens a prompt's forward pass evaluates together: the default */
+/* ... in a model with MoE layers: a chunk visits each distinct expert it
+ * routes to once and multiplies all of that expert's rows together, so with
+ * a cache smaller than a prompt's experts a larger chunk rereads fewer of
+ * them (in RAM it measured neutral). docs/bench-log/2026-12-06.md, session
+ * 18, h5. */
+#define FE_MOE_CHUNK 128
+#define FE_MAX_CHUNK 512 /* the largest ferry_open_options.prompt_chunk taken (larger ones are clamped) */
 
 /* What a session of some context length needs, in bytes; computed by the
  * same code that carves the buffers, so the plan is what gets allocated. */
@@ -32,7 +39,7 @@ typedef struct fe_arch {
     void (*unbind)(struct ferry_engine *e);              /* free e->arch_data */
     /* Session sizes from the manifest alone (called before bind, without a trunk). */
     void (*sizes)(const struct ferry_engine *e, int n_ctx, int n_threads, fe_session_sizes *out);
-    /* Evaluate n <= FE_CHUNK tokens at s->pos (logits as ferry_session_eval). */
+    /* Evaluate n <= e->chunk tokens at s->pos (logits as ferry_session_eval). */
     ferry_status (*forward)(struct ferry_session *s, const int32_t *tokens, int n, float *logits,
                             int all_logits, ferry_error *err);
     /* The state of the first `pos` tokens as one contiguous blob (for save and
@@ -46,6 +53,11 @@ typedef struct fe_arch {
 /* The architecture named by a manifest, or NULL. */
 const fe_arch *fe_arch_find(const char *name);
 
+/* The prompt chunk of a model: `asked` (ferry_open_options.prompt_chunk)
+ * clamped to 1..FE_MAX_CHUNK, or when 0 FE_MOE_CHUNK for a model with MoE
+ * layers and FE_CHUNK otherwise. Outputs do not depend on it. */
+int fe_prompt_chunk(const fe_hparams *hp, int asked);
+
 extern const fe_arch fe_arch_llama;  /* arch_llama.c */
 extern const fe_arch fe_arch_kimi;   /* arch_kimi.c */
 
@@ -57,6 +69,7 @@ struct ferry_engine {
     const struct fe_kernels *kernels; /* the matrix-product kernels chosen at open (kernels.h) */
     const fe_q8_kernels *q8;      /* the 8-bit-activation kernels (activations "q8"), or NULL: exact f32 */
     uint64_t q8_bytes;            /* a session's buffer for them: one chunk at the widest matrix input */
+    int chunk;                    /* tokens a prompt's forward pass evaluates together (fe_prompt_chunk) */
     int q8_auto;                  /* activations "auto": an architecture may keep classes of its products exact
                                      (arch_kimi.c, KIMI_AUTO_Q8) where "q8" runs them all on the q8 kernels */
     fe_ecache *cache;             /* expert records in RAM, or NULL for dense models */

@@ -10,9 +10,9 @@
 #include "model.h"
 #include "ops.h"
 
-uint64_t fe_moe_carve(const fe_hparams *hp, int ed, uint8_t *base, fe_moe_bufs *b) {
+uint64_t fe_moe_carve(const fe_hparams *hp, int chunk, int ed, uint8_t *base, fe_moe_bufs *b) {
     uint64_t off = 0;
-    const uint64_t C = FE_CHUNK, E = (uint64_t)hp->n_experts, K = (uint64_t)hp->top_k;
+    const uint64_t C = (uint64_t)chunk, E = (uint64_t)hp->n_experts, K = (uint64_t)hp->top_k;
     const uint64_t dim = (uint64_t)hp->dim, w = (uint64_t)ed;
 #define TAKE(field, type, count)                                                                      \
     do {                                                                                              \

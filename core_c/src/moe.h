@@ -87,9 +87,9 @@ void fe_moe_gated1(const fe_ops *ops, const fe_bank *bk, const uint8_t *const *r
                    float *h1, float *h2, void (*act)(void *act_ctx, float *h1, const float *h2, size_t len),
                    void *act_ctx, float *const *out);
 
-/* Bytes of the scratch for a model whose experts are ed wide (carve with
- * base NULL measures). */
-uint64_t fe_moe_carve(const fe_hparams *hp, int ed, uint8_t *base, fe_moe_bufs *b);
+/* Bytes of the scratch for chunks of `chunk` tokens of a model whose experts
+ * are ed wide (carve with base NULL measures). */
+uint64_t fe_moe_carve(const fe_hparams *hp, int chunk, int ed, uint8_t *base, fe_moe_bufs *b);
 
 /* One MoE layer for the n rows of the chunk:
  *   xb   [n][dim] the router input,

@@ -227,7 +227,7 @@ static void silu_items(void *p, int start, int end, int tid) {
 
 void fe_silu_mul(fe_pool *pool, float *a, const float *b, size_t m) {
     silu_job j = {a, b, m};
-    const int items = (int)((m + SILU_BLOCK - 1) / SILU_BLOCK); /* m <= FE_CHUNK x a row count */
+    const int items = (int)((m + SILU_BLOCK - 1) / SILU_BLOCK); /* m <= a prompt chunk x a row count */
     if (items < 4) silu_items(&j, 0, items, 0);                 /* decode: not worth a job */
     else fe_pool_run(pool, silu_items, &j, items);
 }

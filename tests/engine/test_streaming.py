@@ -77,6 +77,7 @@ def test_every_mechanism_on_or_off_gives_identical_logits(placed):
         "no lookahead": {"lookahead": False},
         "lookahead gate off, small cache": {"lookahead_gate": False, "cache_slots": 24},
         "no direct I/O": {"direct_io": False},
+        "prompt chunks of 5 tokens": {"prompt_chunk": 5},
         "one reader": {"readers": 1},
     }
     for name, opts in variants.items():
@@ -111,6 +112,20 @@ def test_chunked_prefill_reads_each_distinct_expert_once(placed):
     _, stepwise, _ = run(moe_model, prompt=TOKENS[:1], steps=TOKENS[1:32], cache=False, activations=activations)
     # 32 tokens x 6 layers x 4 experts = 768 uses; a chunk reads at most 32 per layer.
     assert chunked.expert_reads <= 6 * 32 < stepwise.expert_reads == 32 * 6 * 4
+
+
+def test_a_prompt_chunk_reads_each_distinct_expert_once(moe_model, demo_container):
+    """A model with experts takes prompts in chunks of 128 (a dense one, 32) (each expert a chunk routes to is read
+    once and multiplied with all its tokens together); smaller chunks read more; the app evaluates a
+    prompt a chunk per call (Session.prompt_step); chunks are clamped to 512."""
+    _, big, info = run(moe_model, prompt=TOKENS[:40], steps=[], cache=False)
+    _, small, small_info = run(moe_model, prompt=TOKENS[:40], steps=[], cache=False, prompt_chunk=8)
+    assert (info.prompt_chunk, small_info.prompt_chunk) == (128, 8)
+    assert big.expert_reads <= 6 * 32 < small.expert_reads
+    with Engine(moe_model, threads=1, n_ctx=64, prompt_chunk=100_000) as engine:
+        assert engine.info.prompt_chunk == 512 and engine.session(64).prompt_step == 512
+    with Engine(demo_container, threads=1, n_ctx=64) as engine:
+        assert engine.info.prompt_chunk == 32
 
 
 @pytest.fixture(scope="module")
