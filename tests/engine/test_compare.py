@@ -62,7 +62,7 @@ def test_compare_with_cache_aware_routing_under_a_small_budget(capsys, model, pr
         opened(self, *args, **kwargs)
 
     monkeypatch.setattr(Engine, "__init__", reading_every_prediction)
-    out = compare(capsys, model, prompts, "--cache-aware", "1.0", "--budget", "12M")
+    out = compare(capsys, model, prompts, "--cache-aware", "1.0", "--budget", "13.5M")
     assert out["mode"]["cache_aware_margin"] == 1.0
     assert out["compared"]["routed_swaps"] > 0
     assert out["compared"]["hit_rate"] >= out["exact"]["hit_rate"]
