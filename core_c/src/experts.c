@@ -436,6 +436,31 @@ static ferry_status settle(ferry_session *s, int i, ferry_error *err) {
     return st;
 }
 
+/* Nothing of the visit has landed: wait for whichever of its reads lands
+ * first (they run concurrently and finish in any order; waiting for the
+ * first in visiting order left a landed record idle behind a slower read).
+ * Returns its index, or -1 when none of the visit's records has a read in
+ * flight. The wait is a stall, as in finish_read. */
+static int wait_landed(ferry_session *s) {
+    fe_ecache *c = s->e->cache;
+    const visit *v = &c->visit;
+    double t0 = fe_now();
+    int pick = -1;
+    while (pick < 0) {
+        unsigned seen = fe_io_completions(c->io);
+        int in_flight = 0;
+        for (int i = 0; i < c->n && pick < 0; i++) {
+            if (v->given[i]) continue;
+            if (landed(c, i)) pick = i;
+            else in_flight += c->slot_job[v->slot[i]].buf != NULL;
+        }
+        if (pick >= 0 || !in_flight) break;
+        fe_io_wait_any(c->io, &seen);
+    }
+    s->stats.stall_seconds += fe_now() - t0;
+    return pick;
+}
+
 ferry_status fe_experts_next(ferry_session *s, int *which, const uint8_t **record, ferry_error *err) {
     fe_ecache *c = s->e->cache;
     visit *v = &c->visit;
@@ -448,7 +473,8 @@ ferry_status fe_experts_next(ferry_session *s, int *which, const uint8_t **recor
         if (!overlap || landed(c, i)) pick = i;
     }
     if (first < 0) return FERRY_OK;     /* every record was handed out */
-    if (pick < 0) pick = first;         /* nothing has landed: wait for the first, in order */
+    if (pick < 0 && overlap) pick = wait_landed(s);
+    if (pick < 0) pick = first;         /* no read in flight: read the first, in order */
     v->given[pick] = 1;
     ferry_status st = settle(s, pick, err);
     if (st) return st;
