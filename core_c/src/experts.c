@@ -321,13 +321,22 @@ static ferry_status finish_read(ferry_session *s, int slot, int layer, int exper
 
 /* A slot is being given to another key: a read still queued into it is taken
  * back, one already running is waited for (as a stall); a lookahead that was
- * never used is accounted. */
+ * never used is accounted, and so is its read when it was not taken back
+ * (it came from the disk: expert_reads and bytes_read count every record
+ * read, the unused lookaheads' too). */
 static void reuse_slot(ferry_session *s, int slot) {
     fe_ecache *c = s->e->cache;
-    if (c->slot_job[slot].buf && fe_io_cancel(c->io, &c->slot_job[slot])) c->slot_job[slot].buf = NULL;
+    fe_io_job *job = &c->slot_job[slot];
+    if (job->buf && fe_io_cancel(c->io, job)) job->buf = NULL;
+    const int was_read = job->buf != NULL && c->slot_prefetched[slot];
     double t0 = fe_now();
     quiesce(c, slot);
     s->stats.stall_seconds += fe_now() - t0;
+    if (was_read) {
+        s->stats.read_seconds += job->seconds;
+        s->stats.bytes_read += job->got;
+        s->stats.expert_reads++;
+    }
     if (c->slot_prefetched[slot]) s->stats.prefetch_wasted++;
     c->slot_prefetched[slot] = 0;
     c->slot_valid[slot] = 0;
