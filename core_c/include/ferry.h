@@ -158,7 +158,7 @@ typedef struct ferry_stats {
     uint64_t decode_tokens;   /* tokens evaluated one at a time */
     double prompt_seconds;    /* time spent on prompt_tokens */
     double decode_seconds;    /* time spent on decode_tokens */
-    uint64_t expert_reads;    /* expert records read from disk */
+    uint64_t expert_reads;    /* expert records read from disk (unused lookahead reads included) */
     uint64_t bytes_read;      /* bytes of those reads */
     double read_seconds;      /* time spent inside those reads */
     double compute_seconds;   /* time in eval not spent reading */

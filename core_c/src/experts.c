@@ -321,13 +321,22 @@ static ferry_status finish_read(ferry_session *s, int slot, int layer, int exper
 
 /* A slot is being given to another key: a read still queued into it is taken
  * back, one already running is waited for (as a stall); a lookahead that was
- * never used is accounted. */
+ * never used is accounted, and so is its read when it was not taken back
+ * (it came from the disk: expert_reads and bytes_read count every record
+ * read, the unused lookaheads' too). */
 static void reuse_slot(ferry_session *s, int slot) {
     fe_ecache *c = s->e->cache;
-    if (c->slot_job[slot].buf && fe_io_cancel(c->io, &c->slot_job[slot])) c->slot_job[slot].buf = NULL;
+    fe_io_job *job = &c->slot_job[slot];
+    if (job->buf && fe_io_cancel(c->io, job)) job->buf = NULL;
+    const int was_read = job->buf != NULL && c->slot_prefetched[slot];
     double t0 = fe_now();
     quiesce(c, slot);
     s->stats.stall_seconds += fe_now() - t0;
+    if (was_read) {
+        s->stats.read_seconds += job->seconds;
+        s->stats.bytes_read += job->got;
+        s->stats.expert_reads++;
+    }
     if (c->slot_prefetched[slot]) s->stats.prefetch_wasted++;
     c->slot_prefetched[slot] = 0;
     c->slot_valid[slot] = 0;
@@ -436,6 +445,31 @@ static ferry_status settle(ferry_session *s, int i, ferry_error *err) {
     return st;
 }
 
+/* Nothing of the visit has landed: wait for whichever of its reads lands
+ * first (they run concurrently and finish in any order; waiting for the
+ * first in visiting order left a landed record idle behind a slower read).
+ * Returns its index, or -1 when none of the visit's records has a read in
+ * flight. The wait is a stall, as in finish_read. */
+static int wait_landed(ferry_session *s) {
+    fe_ecache *c = s->e->cache;
+    const visit *v = &c->visit;
+    double t0 = fe_now();
+    int pick = -1;
+    while (pick < 0) {
+        unsigned seen = fe_io_completions(c->io);
+        int in_flight = 0;
+        for (int i = 0; i < c->n && pick < 0; i++) {
+            if (v->given[i]) continue;
+            if (landed(c, i)) pick = i;
+            else in_flight += c->slot_job[v->slot[i]].buf != NULL;
+        }
+        if (pick >= 0 || !in_flight) break;
+        fe_io_wait_any(c->io, &seen);
+    }
+    s->stats.stall_seconds += fe_now() - t0;
+    return pick;
+}
+
 ferry_status fe_experts_next(ferry_session *s, int *which, const uint8_t **record, ferry_error *err) {
     fe_ecache *c = s->e->cache;
     visit *v = &c->visit;
@@ -448,7 +482,8 @@ ferry_status fe_experts_next(ferry_session *s, int *which, const uint8_t **recor
         if (!overlap || landed(c, i)) pick = i;
     }
     if (first < 0) return FERRY_OK;     /* every record was handed out */
-    if (pick < 0) pick = first;         /* nothing has landed: wait for the first, in order */
+    if (pick < 0 && overlap) pick = wait_landed(s);
+    if (pick < 0) pick = first;         /* no read in flight: read the first, in order */
     v->given[pick] = 1;
     ferry_status st = settle(s, pick, err);
     if (st) return st;

@@ -84,7 +84,11 @@ static void *reader_main(void *arg) {
         pthread_mutex_lock(&io->mu);
         io->running_background -= background;
         io->running_urgent -= urgent;
-        if (background || urgent) pthread_cond_broadcast(&io->work); /* a held-back background job may start */
+        /* A background job held back while this piece ran may start now: one
+         * reader is woken for it (a broadcast here woke every idle reader on
+         * every completion, to find nothing to do: on two cores those
+         * wake-ups took the compute threads' time). */
+        if ((background || urgent) && takeable(io)) pthread_cond_signal(&io->work);
         job->got += got;
         if (err_no && !job->err_no) job->err_no = err_no;
         job->inflight--;
@@ -216,6 +220,13 @@ int fe_io_is_done(fe_io *io, fe_io_job *job) {
     int d = job->done;
     pthread_mutex_unlock(&io->mu);
     return d;
+}
+
+unsigned fe_io_completions(fe_io *io) {
+    pthread_mutex_lock(&io->mu);
+    unsigned n = io->completions;
+    pthread_mutex_unlock(&io->mu);
+    return n;
 }
 
 void fe_io_wait_any(fe_io *io, unsigned *seen) {

@@ -72,6 +72,10 @@ void fe_io_wait(fe_io *io, fe_io_job *job);
  * if `job` is already done. */
 int fe_io_is_done(fe_io *io, fe_io_job *job);
 void fe_io_wait_any(fe_io *io, unsigned *seen_completions);
+/* Jobs completed so far (wraps): the snapshot fe_io_wait_any takes, read
+ * before checking which jobs are done, so a completion after the check is
+ * not missed. */
+unsigned fe_io_completions(fe_io *io);
 
 /* Open `path` for reading expert records bypassing the page cache
  * (O_DIRECT on Linux, F_NOCACHE on macOS), checked with one aligned read of

@@ -247,6 +247,33 @@ def test_cache_hits_and_lookahead_are_reported(moe_model):
     assert st.bytes_read == st.expert_reads * info.expert_bytes
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="getrusage's block reads count direct reads on Linux")
+def test_bytes_read_counts_the_unused_lookaheads_reads_too(moe_model):
+    """expert_reads / bytes_read are every record read from the disk: a lookahead read that the
+    next layer did not use is counted too (they were left out, and bytes per token came out
+    below what the process read). Checked against the process's own block reads (direct I/O)."""
+    import resource
+    tokens = TOKENS[:24] + TOKENS[24:] * 3
+    with Engine(moe_model, threads=2, n_ctx=128, cache_slots=24, lookahead_gate=False, direct_io=True,
+                embedding_reads=False) as engine:
+        if not engine.info.direct_io:
+            pytest.skip(f"no direct reads here ({engine.info.io_note})")
+        s = engine.session(128)
+        s.eval(tokens[:24])
+        before, blocks0 = s.stats(), resource.getrusage(resource.RUSAGE_SELF).ru_inblock
+        for t in tokens[24:]:
+            s.eval([t])
+        after, blocks1 = s.stats(), resource.getrusage(resource.RUSAGE_SELF).ru_inblock
+        record = engine.info.expert_bytes
+    read = after.bytes_read - before.bytes_read
+    assert after.prefetch_wasted - before.prefetch_wasted > 20  # unused lookaheads, most of them read
+    assert read == (after.expert_reads - before.expert_reads) * record
+    # what the process read from the disk meanwhile: these reads, and lookahead reads not yet
+    # counted (their records are still in the cache's 24 slots, unused; blocks are 512 bytes).
+    # The old accounting left out about 320 records here.
+    assert read <= 512 * (blocks1 - blocks0) <= read + 24 * record
+
+
 def test_a_cache_that_holds_every_expert_is_filled_at_open(moe_model):
     """With no budget every expert fits: the engine streams them all into the cache
     right after opening, so no visit misses; without the fill each first use misses."""
