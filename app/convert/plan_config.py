@@ -13,7 +13,7 @@ figures follow the engine's own accounting (core_c/src/arch_kimi.c):
 * state at ``ctx``: the MLA latent cache (kv_lora + rope floats per token per
   MLA layer), the KDA f32 state and conv inputs (context independent), or the
   llama K/V caches;
-* scratch: the engine's per-chunk buffers (32 tokens) for ``threads`` threads;
+* scratch: the engine's per-chunk buffers (32 tokens a chunk, 128 for a model with experts) for ``threads`` threads;
 * cache policy: the expert cache's replacement state (the C core's own
   count, ferry_cache_policy_bytes: for Kimi K3 mostly the successor table of
   layers x experts^2 x 2 bytes), inside every budget;
@@ -47,7 +47,10 @@ from app.convert.layout import ENCODABLE
 from app.engine.binding import FORMATS
 
 GIB = 1024 ** 3
+#: Tokens a prompt's forward pass evaluates together, as the engine chooses
+#: them (core_c/src/model.h FE_CHUNK / FE_MOE_CHUNK, engine.c fe_prompt_chunk).
 CHUNK = 32
+MOE_CHUNK = 128
 #: Bits per weight of the formats the converter writes (the C core's table).
 _BPW = {name: FORMATS[name].bits_per_weight for name in ENCODABLE}
 
@@ -353,7 +356,8 @@ def plan_from_config(config: dict, expert_bits: float | None = None, trunk_bits:
         att_w = max(H * vd, HD)
         nb = -(-L // block) if block else 0
         cols = max(dim, qlr, kvl, H * vd, HD, hd, ffn, eff, shf, ed)
-        floats = CHUNK * (4 * dim + nb * dim + qlr + H * (nope + rope) + kvl + rope + 2 * att_w + 4 * HD
+        chunk = MOE_CHUNK if n_moe else CHUNK
+        floats = chunk * (4 * dim + nb * dim + qlr + H * (nope + rope) + kvl + rope + 2 * att_w + 4 * HD
                           + 2 * hd + KH + 2 * max(ffn, eff, shf) + 2 * E + 2 * K + K * ed + 3 * ed) + E
         floats += threads * (cols + ctx + max(2 * kvl, 5 * hd) + 16)
         scratch = int(floats * 4) + 64 * 36
@@ -375,7 +379,8 @@ def plan_from_config(config: dict, expert_bits: float | None = None, trunk_bits:
                 trunk.mat(dim, ffn, cls="dense FFN layers")
         state = 2 * _align(L * ctx * kvh * hd * 4, 64)
         cols = max(dim, H * hd, ffn, eff)
-        scratch = int((CHUNK * (3 * dim + 2 * H * hd + 2 * kvh * hd + 2 * max(ffn, eff) + E + 2 * K + K * dim + dim)
+        chunk = MOE_CHUNK if n_moe else CHUNK
+        scratch = int((chunk * (3 * dim + 2 * H * hd + 2 * kvh * hd + 2 * max(ffn, eff) + E + 2 * K + K * dim + dim)
                        + threads * (cols + ctx)) * 4)
     record = 0
     if n_moe:
