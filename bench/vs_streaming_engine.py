@@ -321,7 +321,7 @@ def main(argv=None) -> int:
     ids = [int(t) for t in np.random.default_rng(5).integers(3, min(vocab, 95), PROMPT)]  # (not 0x7f, DEL)
     prompt = as_text(ids)
     tokens = ferry_greedy(made["ferry"], ids, a.tokens)
-    ferry_tight = plan.floor_bytes + int(a.cache_share * plan.expert_bytes)
+    ferry_tight = plan.floor_bytes + plan.q8_bytes + int(a.cache_share * plan.expert_bytes)  # q8: the default's scratch
     runs = {m: {"ferry": [], "peer": []} for m in a.modes}
     load = []
     for r in range(a.rounds):

@@ -204,12 +204,14 @@ static void test_good_container(const char *path) {
     ferry_open_options_init(&opts);
     opts.n_threads = 2;
     opts.verify_reads = 1;
+    opts.prompt_chunk = 32; /* (a model with experts would take 128 a chunk) */
     ferry_engine *e = NULL;
     ferry_error err;
     CHECK(ferry_engine_open(path, &opts, &e, &err) == FERRY_OK);
     if (!e) { fprintf(stderr, "open failed: %s\n", err.message); return; }
     ferry_model_info info;
     ferry_engine_info(e, &info);
+    CHECK(info.prompt_chunk == 32);
     ferry_session *s = NULL;
     CHECK(ferry_session_new(e, 48, &s, &err) == FERRY_OK);
     int32_t toks[40];

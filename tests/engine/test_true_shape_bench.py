@@ -287,7 +287,7 @@ def test_true_shape_measurement_runs_on_a_tiny_k3(tmp_path):
     convert(tmp_path / "ckpt", container, trunk_format="f32", expert_format=quant3.NAME)
     plan = container_plan(container, 256)
     assert {p["dtype"] for p in plan_parts(container)} == {"q3_nl"}
-    budget = plan.floor_bytes + 2 * plan.record_bytes
+    budget = plan.floor_bytes + plan.q8_bytes + 2 * plan.record_bytes   # the default's 8-bit activations
     with Engine(container, n_ctx=256, threads=1, ram_budget=budget) as probe:
         info = probe.info
     tokens = [5 + i for i in range(stream.TRUE_PROMPT + 3)]

@@ -200,7 +200,10 @@ def test_the_window_on_a_remote_engine_gives_the_same_turn(container, qtbot, mak
     mine, _ = _window_turn(qtbot, local, QUESTION)
     assert stats[-1].final and stats[-1].turn.ttft_s == mine.ttft_s
     assert progress and progress[-1][0] == progress[-1][1] == len(mine.prompt_ids)
-    assert len(progress) == -(-len(mine.prompt_ids) // 32)        # one event per prefill chunk
+    from app.engine.binding import Engine
+    with Engine(path, n_ctx=ctx, threads=1) as engine:
+        chunk = engine.info.prompt_chunk                               # 128 with experts, else 32
+    assert len(progress) == -(-len(mine.prompt_ids) // chunk)     # one event per prefill chunk
     assert mine.ttft_s is not None and 0 < mine.ttft_s <= mine.seconds
 
     model = LoadedModel(path, threads=2, n_ctx=ctx)
