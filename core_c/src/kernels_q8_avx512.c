@@ -701,6 +701,111 @@ DRIVER2(q4_k)
 DRIVER2(q5_k)
 DRIVER2(q6_k)
 
+/* The K-quants' decode (one token), four rows a call (the table's rowdot4):
+ * k45_tile's / q6_k_tile's arithmetic for each row, lane by lane, in their
+ * order, with the rows' chains side by side. The one-row tile waits on its
+ * super-block's chain (4 dependent vpdpwssd, the half-sum, the conversion,
+ * two multiply-adds: perf showed most of its samples on the fold), and a
+ * 2,048-wide row has only 8 super-blocks to overlap, so its rate from L2 was
+ * about that of memory (docs/bench-log/2026-12-06.md, session 18, h2). Here
+ * the four rows' integer chains are independent, each activation load serves
+ * the four rows, and the fold takes two rows per zmm (row 2q in the low 256
+ * bits, row 2q + 1 in the high: the half-sums of both in one add, one
+ * conversion and one multiply-add per step for both; each lane's operations
+ * are the one-row tile's). fmt: 0 Q4_K, 1 Q5_K, 2 Q6_K. */
+INL void k_tile_r4(const uint8_t *row, size_t rb, int cols, const uint8_t *xq, size_t st, float *y, const int fmt) {
+    const int nsb = cols / 256;
+    const __m512i m15 = _mm512_set1_epi8(15), sixteen = _mm512_set1_epi8(16), m48 = _mm512_set1_epi8(48),
+                  lo16 = _mm512_set1_epi32(0xffff);
+    const __m512i sh01 = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+    const __m512i sh23 = _mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1);
+    const __m512i quarter = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    const float *dxs = DX(0);
+    const int16_t *bss = BS(0);
+    __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (int sb = 0; sb < nsb; sb++) {
+        __m512i P[4];
+        __m256i md[4]; /* Q4_K/Q5_K: m_k twice as int16; Q6_K: the 16 int8 scales as int16 */
+        float d[4], dmin[4];
+        const size_t off = 256 * (size_t)sb;
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) {
+            P[i] = _mm512_setzero_si512();
+            if (fmt != 2) {
+                uint8_t sm[16];
+                const uint8_t *p = k45_head(row + (size_t)i * rb, sb, fmt, &d[i], &dmin[i], sm, &md[i]);
+                const __m512i s32 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)sm));
+                const __m512i hb = fmt ? ld2x(p + 16) : _mm512_setzero_si512();
+#pragma GCC unroll 4
+                for (int k = 0; k < 8; k += 2) {
+                    const __m512i qb = ld2x(p + (fmt ? 48 : 16) + 16 * k);
+                    __m512i w = _mm512_and_si512(_mm512_mask_srli_epi16(qb, (__mmask32)0xffff0000u, qb, 4), m15);
+                    if (fmt) {
+                        const __m512i bit = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << k)),
+                                                               _mm256_set1_epi8((char)(2 << k)), 1);
+                        w = _mm512_mask_add_epi8(w, _mm512_test_epi8_mask(hb, bit), w, sixteen);
+                    }
+                    P[i] = dp(P[i], w, ld512(QX(0) + off + 32 * (size_t)k), _mm512_permutexvar_epi32(pair_idx(k, k + 1), s32));
+                }
+            } else {
+                const uint8_t *p = row + (size_t)i * rb + 210 * (size_t)sb;
+                const __m128i sc = _mm_loadu_si128((const __m128i *)(p + 192));
+                d[i] = f16_1(p + 208);
+                md[i] = _mm256_cvtepi8_epi16(sc);
+                const __m512i s32 = _mm512_and_si512(_mm512_cvtepi8_epi32(sc), lo16);
+#pragma GCC unroll 2
+                for (int h = 0; h < 2; h++) {
+                    const __m512i L = ld512(p + 64 * h), QH = ld2x(p + 128 + 32 * h);
+                    const __m512i w01 = _mm512_or_si512(_mm512_and_si512(L, m15),
+                                                        _mm512_and_si512(_mm512_sllv_epi16(QH, sh01), m48));
+                    const __m512i w23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(L, 4), m15),
+                                                        _mm512_and_si512(_mm512_srlv_epi16(QH, sh23), m48));
+                    const __m512i base = _mm512_add_epi32(quarter, _mm512_set1_epi32(8 * h));
+                    const __m512i s01 = _mm512_permutexvar_epi32(base, s32);
+                    const __m512i s23 = _mm512_permutexvar_epi32(_mm512_add_epi32(base, _mm512_set1_epi32(4)), s32);
+                    P[i] = dp(P[i], w01, ld512(QX(0) + off + 128 * (size_t)h), s01);
+                    P[i] = dp(P[i], w23, ld512(QX(0) + off + 128 * (size_t)h + 64), s23);
+                }
+            }
+        }
+        const __m512 dx = _mm512_set1_ps(dxs[sb]);
+        const __m512i bs = ld2x(bss + 16 * (size_t)sb);
+        for (int q = 0; q < 2; q++) {
+            const int a = 2 * q, b = 2 * q + 1;
+            /* row a's half-sum (low 256 + high 256 of P[a]) in the low half, row b's in the high */
+            __m512i P8 = _mm512_add_epi32(_mm512_shuffle_i64x2(P[a], P[b], 0x44), _mm512_shuffle_i64x2(P[a], P[b], 0xee));
+            const __m512i M = _mm512_madd_epi16(_mm512_inserti64x4(_mm512_castsi256_si512(md[a]), md[b], 1), bs);
+            const __m512 dd = _mm512_mask_blend_ps((__mmask16)0xff00, _mm512_set1_ps(d[a]), _mm512_set1_ps(d[b]));
+            if (fmt == 2) { /* Q6_K's offset 32 * (sc[2l] * bs[2l] + sc[2l+1] * bs[2l+1]) */
+                P8 = _mm512_sub_epi32(P8, _mm512_slli_epi32(M, 5));
+                acc[q] = _mm512_fmadd_ps(_mm512_mul_ps(dd, dx), _mm512_cvtepi32_ps(P8), acc[q]);
+            } else {
+                const __m512 dm = _mm512_mask_blend_ps((__mmask16)0xff00, _mm512_set1_ps(dmin[a]), _mm512_set1_ps(dmin[b]));
+                acc[q] = _mm512_fmadd_ps(_mm512_mul_ps(dd, dx), _mm512_cvtepi32_ps(P8), acc[q]);
+                acc[q] = _mm512_fnmadd_ps(_mm512_mul_ps(dm, dx), _mm512_cvtepi32_ps(M), acc[q]);
+            }
+        }
+    }
+    for (int q = 0; q < 2; q++) {
+        y[2 * q] = hsum8(_mm512_castps512_ps256(acc[q]));
+        y[2 * q + 1] = hsum8(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[q]), 1)));
+    }
+}
+
+/* Four rows: one token k_tile_r4, 2-3 tokens the row pairs of rowdot2 (k2_tile). */
+#define DRIVER4K(fmt, id)                                                                                     \
+    TGT static void rowdot4_vnni_##fmt(const uint8_t *row, size_t rb, int cols, const uint8_t *xq, int n, float *y, \
+                                       size_t ys) {                                                           \
+        if (n == 1) {                                                                                         \
+            k_tile_r4(row, rb, cols, xq, fe_q8k_stride(cols), y, id);                                     \
+            return;                                                                                           \
+        }                                                                                                     \
+        rowdot2_vnni_##fmt(row, rb, 4, cols, xq, n, y, ys);                                                   \
+    }
+DRIVER4K(q4_k, 0)
+DRIVER4K(q5_k, 1)
+DRIVER4K(q6_k, 2)
+
 /* Four rows (q4_0_tile_r4) over up to R4_TOKENS tokens a tile. */
 TGT static void rowdot4_vnni_q4_0(const uint8_t *row, size_t rb, int cols, const uint8_t *xq, int n, float *y,
                                   size_t ys) {
@@ -938,7 +1043,8 @@ static void quantize_vnni(int kind, const float *x, size_t xs, int cols, int n, 
         vnni_layout,                                                                                        \
         {[FE_Q4_K] = rowdot2_vnni_q4_k, [FE_Q5_K] = rowdot2_vnni_q5_k, [FE_Q6_K] = rowdot2_vnni_q6_k},      \
         Q8_ROWDOT2_MIN_TOKENS,                                                                              \
-        {[FE_Q4_0] = rowdot4_vnni_q4_0, [FE_Q3_NL] = q3r4},                                                 \
+        {[FE_Q4_0] = rowdot4_vnni_q4_0, [FE_Q3_NL] = q3r4, [FE_Q4_K] = rowdot4_vnni_q4_k,                \
+         [FE_Q5_K] = rowdot4_vnni_q5_k, [FE_Q6_K] = rowdot4_vnni_q6_k},                                                 \
         Z_TOKENS - 1,                                                                                       \
     };
 VNNI_SET(VNNI_Q8, rowdot_vbmi_q3_nl, rowdot4_vbmi_q3_nl)
