@@ -713,8 +713,20 @@ DRIVER2(q6_k)
  * bits, row 2q + 1 in the high: the half-sums of both in one add, one
  * conversion and one multiply-add per step for both; each lane's operations
  * are the one-row tile's). fmt: 0 Q4_K, 1 Q5_K, 2 Q6_K. */
+/* The 6-bit scales and minimums of a Q4_K/Q5_K super-block (12 bytes at s,
+ * read as 16: the block continues past them) as bytes 0-7 and 8-15:
+ * fe_q8_k4_scales' four words, computed in one xmm. */
+INL __m128i k4_scales_v(const uint8_t *s) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)s);             /* u0, u1, u2, (u3) */
+    const __m128i lo = _mm_and_si128(v, _mm_set1_epi8(0x3f));            /* a0 = u0 & 3f.., a2 = u1 & 3f.. */
+    const __m128i u2 = _mm_srlv_epi32(_mm_shuffle_epi32(v, 0xaa), _mm_setr_epi32(0, 4, 0, 0)); /* u2, u2 >> 4 */
+    const __m128i top = _mm_slli_epi32(_mm_and_si128(_mm_srli_epi32(v, 6), _mm_set1_epi8(3)), 4); /* (u0, u1 >> 6) & 3.. << 4 */
+    const __m128i hi = _mm_or_si128(_mm_and_si128(u2, _mm_set1_epi8(15)), top); /* a1, a3 */
+    return _mm_unpacklo_epi32(lo, hi);                                   /* a0, a1, a2, a3 */
+}
+
 INL void k_tile_r4(const uint8_t *row, size_t rb, int cols, const uint8_t *xq, size_t st, float *y, const int fmt) {
-    const int nsb = cols / 256;
+    const int nsb = cols / 256, sbb = fmt == 2 ? 210 : fmt ? 176 : 144;
     const __m512i m15 = _mm512_set1_epi8(15), sixteen = _mm512_set1_epi8(16), m48 = _mm512_set1_epi8(48),
                   lo16 = _mm512_set1_epi32(0xffff);
     const __m512i sh01 = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
@@ -724,47 +736,57 @@ INL void k_tile_r4(const uint8_t *row, size_t rb, int cols, const uint8_t *xq, s
     const int16_t *bss = BS(0);
     __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
     for (int sb = 0; sb < nsb; sb++) {
+        const uint8_t *p[4];
+        for (int i = 0; i < 4; i++) p[i] = row + (size_t)i * rb + (size_t)sbb * sb;
         __m512i P[4];
         __m256i md[4]; /* Q4_K/Q5_K: m_k twice as int16; Q6_K: the 16 int8 scales as int16 */
-        float d[4], dmin[4];
+        /* the rows' f16 factors as floats: Q4_K/Q5_K d_i, dmin_i at 2i, 2i + 1; Q6_K d_i at 2i */
+        uint32_t h[4];
+        for (int i = 0; i < 4; i++) {
+            if (fmt == 2) {
+                uint16_t d16;
+                memcpy(&d16, p[i] + 208, 2);
+                h[i] = d16;
+            } else
+                memcpy(&h[i], p[i], 4);
+        }
+        const __m512 D = _mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h)));
         const size_t off = 256 * (size_t)sb;
 #pragma GCC unroll 4
         for (int i = 0; i < 4; i++) {
             P[i] = _mm512_setzero_si512();
             if (fmt != 2) {
-                uint8_t sm[16];
-                const uint8_t *p = k45_head(row + (size_t)i * rb, sb, fmt, &d[i], &dmin[i], sm, &md[i]);
-                const __m512i s32 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)sm));
-                const __m512i hb = fmt ? ld2x(p + 16) : _mm512_setzero_si512();
+                const __m128i sm = k4_scales_v(p[i] + 4);
+                md[i] = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(sm, sm));
+                const __m512i s32 = twice16(_mm512_cvtepu8_epi32(sm)); /* (S, S) int16 pairs */
+                const __m512i hb = fmt ? ld2x(p[i] + 16) : _mm512_setzero_si512();
 #pragma GCC unroll 4
                 for (int k = 0; k < 8; k += 2) {
-                    const __m512i qb = ld2x(p + (fmt ? 48 : 16) + 16 * k);
+                    const __m512i qb = ld2x(p[i] + (fmt ? 48 : 16) + 16 * k);
                     __m512i w = _mm512_and_si512(_mm512_mask_srli_epi16(qb, (__mmask32)0xffff0000u, qb, 4), m15);
                     if (fmt) {
                         const __m512i bit = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << k)),
                                                                _mm256_set1_epi8((char)(2 << k)), 1);
                         w = _mm512_mask_add_epi8(w, _mm512_test_epi8_mask(hb, bit), w, sixteen);
                     }
-                    P[i] = dp(P[i], w, ld512(QX(0) + off + 32 * (size_t)k), _mm512_permutexvar_epi32(pair_idx(k, k + 1), s32));
+                    P[i] = dp2(P[i], w, ld512(QX(0) + off + 32 * (size_t)k), _mm512_permutexvar_epi32(pair_idx(k, k + 1), s32));
                 }
             } else {
-                const uint8_t *p = row + (size_t)i * rb + 210 * (size_t)sb;
-                const __m128i sc = _mm_loadu_si128((const __m128i *)(p + 192));
-                d[i] = f16_1(p + 208);
+                const __m128i sc = _mm_loadu_si128((const __m128i *)(p[i] + 192));
                 md[i] = _mm256_cvtepi8_epi16(sc);
-                const __m512i s32 = _mm512_and_si512(_mm512_cvtepi8_epi32(sc), lo16);
+                const __m512i s32 = twice16(_mm512_and_si512(_mm512_cvtepi8_epi32(sc), lo16));
 #pragma GCC unroll 2
-                for (int h = 0; h < 2; h++) {
-                    const __m512i L = ld512(p + 64 * h), QH = ld2x(p + 128 + 32 * h);
+                for (int hh = 0; hh < 2; hh++) {
+                    const __m512i L = ld512(p[i] + 64 * hh), QH = ld2x(p[i] + 128 + 32 * hh);
                     const __m512i w01 = _mm512_or_si512(_mm512_and_si512(L, m15),
                                                         _mm512_and_si512(_mm512_sllv_epi16(QH, sh01), m48));
                     const __m512i w23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(L, 4), m15),
                                                         _mm512_and_si512(_mm512_srlv_epi16(QH, sh23), m48));
-                    const __m512i base = _mm512_add_epi32(quarter, _mm512_set1_epi32(8 * h));
+                    const __m512i base = _mm512_add_epi32(quarter, _mm512_set1_epi32(8 * hh));
                     const __m512i s01 = _mm512_permutexvar_epi32(base, s32);
                     const __m512i s23 = _mm512_permutexvar_epi32(_mm512_add_epi32(base, _mm512_set1_epi32(4)), s32);
-                    P[i] = dp(P[i], w01, ld512(QX(0) + off + 128 * (size_t)h), s01);
-                    P[i] = dp(P[i], w23, ld512(QX(0) + off + 128 * (size_t)h + 64), s23);
+                    P[i] = dp2(P[i], w01, ld512(QX(0) + off + 128 * (size_t)hh), s01);
+                    P[i] = dp2(P[i], w23, ld512(QX(0) + off + 128 * (size_t)hh + 64), s23);
                 }
             }
         }
@@ -775,12 +797,13 @@ INL void k_tile_r4(const uint8_t *row, size_t rb, int cols, const uint8_t *xq, s
             /* row a's half-sum (low 256 + high 256 of P[a]) in the low half, row b's in the high */
             __m512i P8 = _mm512_add_epi32(_mm512_shuffle_i64x2(P[a], P[b], 0x44), _mm512_shuffle_i64x2(P[a], P[b], 0xee));
             const __m512i M = _mm512_madd_epi16(_mm512_inserti64x4(_mm512_castsi256_si512(md[a]), md[b], 1), bs);
-            const __m512 dd = _mm512_mask_blend_ps((__mmask16)0xff00, _mm512_set1_ps(d[a]), _mm512_set1_ps(d[b]));
+            /* d of row a in the low 8 lanes, of row b in the high 8 (dmin: the next element) */
+            const __m512 dd = _mm512_permutexvar_ps(pair_idx(2 * a, 2 * b), D);
             if (fmt == 2) { /* Q6_K's offset 32 * (sc[2l] * bs[2l] + sc[2l+1] * bs[2l+1]) */
                 P8 = _mm512_sub_epi32(P8, _mm512_slli_epi32(M, 5));
                 acc[q] = _mm512_fmadd_ps(_mm512_mul_ps(dd, dx), _mm512_cvtepi32_ps(P8), acc[q]);
             } else {
-                const __m512 dm = _mm512_mask_blend_ps((__mmask16)0xff00, _mm512_set1_ps(dmin[a]), _mm512_set1_ps(dmin[b]));
+                const __m512 dm = _mm512_permutexvar_ps(pair_idx(2 * a + 1, 2 * b + 1), D);
                 acc[q] = _mm512_fmadd_ps(_mm512_mul_ps(dd, dx), _mm512_cvtepi32_ps(P8), acc[q]);
                 acc[q] = _mm512_fnmadd_ps(_mm512_mul_ps(dm, dx), _mm512_cvtepi32_ps(M), acc[q]);
             }
