@@ -22,10 +22,11 @@
  * zmm holds both) and the accumulator starts at -128 * (sum of the lane's 4
  * weights), computed once per block pair and shared by the tile's tokens.
  * The per-block float scales D_b * d_b are multiplied 16 blocks at a time
- * (the same single IEEE products). Q4_0 over 1-3 tokens takes four rows a
- * call (q4_0_tile_r4, the table's rowdot4; a last 1-3 rows of a thread's
- * share, and Q4_1 and Q8_0 under 4 tokens, use the AVX2 set's kernels,
- * faster there: see the drivers).
+ * (the same single IEEE products). Q4_0 and Q8_0 over 1-3 tokens take four
+ * rows a call (q4_0_tile_r4, q8_0_tile_r4: the table's rowdot4; a last 1-3
+ * rows of a thread's share, and Q4_1 under 4 tokens, use the AVX2 set's
+ * kernels, faster there: see the drivers). One token of the K-quants takes
+ * four rows a call too (k_tile_r4).
  *
  * Tokens run in tiles of up to 16 (Q8_0, Q4_0) or 8 (K-quants) sharing each
  * decoded weight block (32 vector registers); a token's arithmetic does not
