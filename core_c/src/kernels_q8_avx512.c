@@ -753,6 +753,12 @@ INL void k_tile_r4(const uint8_t *row, size_t rb, int cols, const uint8_t *xq, s
         }
         const __m512 D = _mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h)));
         const size_t off = 256 * (size_t)sb;
+        __m512i xv[4]; /* Q4_K/Q5_K: sub-blocks (0, 2), (1, 3), (4, 6), (5, 7) of the token's activations */
+        if (fmt != 2)
+            for (int v = 0; v < 4; v++) {
+                const uint8_t *x0 = QX(0) + off + 32 * (size_t)(4 * (v / 2) + v % 2);
+                xv[v] = _mm512_inserti64x4(_mm512_castsi256_si512(ld(x0)), ld(x0 + 64), 1);
+            }
 #pragma GCC unroll 4
         for (int i = 0; i < 4; i++) {
             P[i] = _mm512_setzero_si512();
@@ -761,16 +767,23 @@ INL void k_tile_r4(const uint8_t *row, size_t rb, int cols, const uint8_t *xq, s
                 md[i] = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(sm, sm));
                 const __m512i s32 = twice16(_mm512_cvtepu8_epi32(sm)); /* (S, S) int16 pairs */
                 const __m512i hb = fmt ? ld2x(p[i] + 16) : _mm512_setzero_si512();
-#pragma GCC unroll 4
-                for (int k = 0; k < 8; k += 2) {
-                    const __m512i qb = ld2x(p[i] + (fmt ? 48 : 16) + 16 * k);
-                    __m512i w = _mm512_and_si512(_mm512_mask_srli_epi16(qb, (__mmask32)0xffff0000u, qb, 4), m15);
-                    if (fmt) {
-                        const __m512i bit = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << k)),
-                                                               _mm256_set1_epi8((char)(2 << k)), 1);
-                        w = _mm512_mask_add_epi8(w, _mm512_test_epi8_mask(hb, bit), w, sixteen);
+                /* 64 bytes of nibbles at a time: their low nibbles are sub-blocks 4j (bytes 0-31) and
+                 * 4j + 2 (32-63), their high ones 4j + 1 and 4j + 3, against xv[2j], xv[2j + 1] (the
+                 * low half the even sub-blocks, as in the one-row tile: the same lane sums) */
+#pragma GCC unroll 2
+                for (int j = 0; j < 2; j++) {
+                    const __m512i qb = ld512(p[i] + (fmt ? 48 : 16) + 64 * j);
+                    __m512i w[2] = {_mm512_and_si512(qb, m15), _mm512_and_si512(_mm512_srli_epi16(qb, 4), m15)};
+#pragma GCC unroll 2
+                    for (int e = 0; e < 2; e++) {
+                        const int k0 = 4 * j + e, k1 = 4 * j + e + 2; /* the sub-blocks in the low, high half */
+                        if (fmt) {
+                            const __m512i bit = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << k0)),
+                                                                   _mm256_set1_epi8((char)(1 << k1)), 1);
+                            w[e] = _mm512_mask_add_epi8(w[e], _mm512_test_epi8_mask(hb, bit), w[e], sixteen);
+                        }
+                        P[i] = dp2(P[i], w[e], xv[2 * j + e], _mm512_permutexvar_epi32(pair_idx(k0, k1), s32));
                     }
-                    P[i] = dp2(P[i], w, ld512(QX(0) + off + 32 * (size_t)k), _mm512_permutexvar_epi32(pair_idx(k, k + 1), s32));
                 }
             } else {
                 const __m128i sc = _mm_loadu_si128((const __m128i *)(p[i] + 192));
