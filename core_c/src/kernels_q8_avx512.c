@@ -25,8 +25,7 @@
  * (the same single IEEE products). Q4_0 and Q8_0 over 1-3 tokens take four
  * rows a call (q4_0_tile_r4, q8_0_tile_r4: the table's rowdot4; a last 1-3
  * rows of a thread's share, and Q4_1 under 4 tokens, use the AVX2 set's
- * kernels, faster there: see the drivers). One token of the K-quants takes
- * four rows a call too (k_tile_r4).
+ * kernels, faster there: see the drivers).
  *
  * Tokens run in tiles of up to 16 (Q8_0, Q4_0) or 8 (K-quants) sharing each
  * decoded weight block (32 vector registers); a token's arithmetic does not
@@ -702,133 +701,6 @@ DRIVER2(q4_k)
 DRIVER2(q5_k)
 DRIVER2(q6_k)
 
-/* The K-quants' decode (one token), four rows a call (the table's rowdot4):
- * k45_tile's / q6_k_tile's arithmetic for each row, lane by lane, in their
- * order, with the rows' chains side by side. The one-row tile waits on its
- * super-block's chain (4 dependent vpdpwssd, the half-sum, the conversion,
- * two multiply-adds: perf showed most of its samples on the fold), and a
- * 2,048-wide row has only 8 super-blocks to overlap, so its rate from L2 was
- * about that of memory (docs/bench-log/2026-12-06.md, session 18, h2). Here
- * the four rows' integer chains are independent, each activation load serves
- * the four rows, and the fold takes two rows per zmm (row 2q in the low 256
- * bits, row 2q + 1 in the high: the half-sums of both in one add, one
- * conversion and one multiply-add per step for both; each lane's operations
- * are the one-row tile's). fmt: 0 Q4_K, 1 Q5_K, 2 Q6_K. */
-/* The 6-bit scales and minimums of a Q4_K/Q5_K super-block (12 bytes at s,
- * read as 16: the block continues past them) as bytes 0-7 and 8-15:
- * fe_q8_k4_scales' four words, computed in one xmm. */
-INL __m128i k4_scales_v(const uint8_t *s) {
-    const __m128i v = _mm_loadu_si128((const __m128i *)s);             /* u0, u1, u2, (u3) */
-    const __m128i lo = _mm_and_si128(v, _mm_set1_epi8(0x3f));            /* a0 = u0 & 3f.., a2 = u1 & 3f.. */
-    const __m128i u2 = _mm_srlv_epi32(_mm_shuffle_epi32(v, 0xaa), _mm_setr_epi32(0, 4, 0, 0)); /* u2, u2 >> 4 */
-    const __m128i top = _mm_slli_epi32(_mm_and_si128(_mm_srli_epi32(v, 6), _mm_set1_epi8(3)), 4); /* (u0, u1 >> 6) & 3.. << 4 */
-    const __m128i hi = _mm_or_si128(_mm_and_si128(u2, _mm_set1_epi8(15)), top); /* a1, a3 */
-    return _mm_unpacklo_epi32(lo, hi);                                   /* a0, a1, a2, a3 */
-}
-
-INL void k_tile_r4(const uint8_t *row, size_t rb, int cols, const uint8_t *xq, size_t st, float *y, const int fmt) {
-    const int nsb = cols / 256, sbb = fmt == 2 ? 210 : fmt ? 176 : 144;
-    const __m512i m15 = _mm512_set1_epi8(15), sixteen = _mm512_set1_epi8(16), m48 = _mm512_set1_epi8(48),
-                  lo16 = _mm512_set1_epi32(0xffff);
-    const __m512i sh01 = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
-    const __m512i sh23 = _mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1);
-    const __m512i quarter = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-    const float *dxs = DX(0);
-    const int16_t *bss = BS(0);
-    __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
-    for (int sb = 0; sb < nsb; sb++) {
-        const uint8_t *p[4];
-        for (int i = 0; i < 4; i++) p[i] = row + (size_t)i * rb + (size_t)sbb * sb;
-        __m512i P[4];
-        __m256i md[4]; /* Q4_K/Q5_K: m_k twice as int16; Q6_K: the 16 int8 scales as int16 */
-        /* the rows' f16 factors as floats: Q4_K/Q5_K d_i, dmin_i at 2i, 2i + 1; Q6_K d_i at 2i */
-        uint32_t h[4];
-        for (int i = 0; i < 4; i++) {
-            if (fmt == 2) {
-                uint16_t d16;
-                memcpy(&d16, p[i] + 208, 2);
-                h[i] = d16;
-            } else
-                memcpy(&h[i], p[i], 4);
-        }
-        const __m512 D = _mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h)));
-        const size_t off = 256 * (size_t)sb;
-        __m512i xv[4]; /* Q4_K/Q5_K: sub-blocks (0, 2), (1, 3), (4, 6), (5, 7) of the token's activations */
-        if (fmt != 2)
-            for (int v = 0; v < 4; v++) {
-                const uint8_t *x0 = QX(0) + off + 32 * (size_t)(4 * (v / 2) + v % 2);
-                xv[v] = _mm512_inserti64x4(_mm512_castsi256_si512(ld(x0)), ld(x0 + 64), 1);
-            }
-#pragma GCC unroll 4
-        for (int i = 0; i < 4; i++) {
-            P[i] = _mm512_setzero_si512();
-            if (fmt != 2) {
-                const __m128i sm = k4_scales_v(p[i] + 4);
-                md[i] = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(sm, sm));
-                const __m512i s32 = twice16(_mm512_cvtepu8_epi32(sm)); /* (S, S) int16 pairs */
-                const __m512i hb = fmt ? ld2x(p[i] + 16) : _mm512_setzero_si512();
-                /* 64 bytes of nibbles at a time: their low nibbles are sub-blocks 4j (bytes 0-31) and
-                 * 4j + 2 (32-63), their high ones 4j + 1 and 4j + 3, against xv[2j], xv[2j + 1] (the
-                 * low half the even sub-blocks, as in the one-row tile: the same lane sums) */
-#pragma GCC unroll 2
-                for (int j = 0; j < 2; j++) {
-                    const __m512i qb = ld512(p[i] + (fmt ? 48 : 16) + 64 * j);
-                    __m512i w[2] = {_mm512_and_si512(qb, m15), _mm512_and_si512(_mm512_srli_epi16(qb, 4), m15)};
-#pragma GCC unroll 2
-                    for (int e = 0; e < 2; e++) {
-                        const int k0 = 4 * j + e, k1 = 4 * j + e + 2; /* the sub-blocks in the low, high half */
-                        if (fmt) {
-                            const __m512i bit = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << k0)),
-                                                                   _mm256_set1_epi8((char)(1 << k1)), 1);
-                            w[e] = _mm512_mask_add_epi8(w[e], _mm512_test_epi8_mask(hb, bit), w[e], sixteen);
-                        }
-                        P[i] = dp2(P[i], w[e], xv[2 * j + e], _mm512_permutexvar_epi32(pair_idx(k0, k1), s32));
-                    }
-                }
-            } else {
-                const __m128i sc = _mm_loadu_si128((const __m128i *)(p[i] + 192));
-                md[i] = _mm256_cvtepi8_epi16(sc);
-                const __m512i s32 = twice16(_mm512_and_si512(_mm512_cvtepi8_epi32(sc), lo16));
-#pragma GCC unroll 2
-                for (int hh = 0; hh < 2; hh++) {
-                    const __m512i L = ld512(p[i] + 64 * hh), QH = ld2x(p[i] + 128 + 32 * hh);
-                    const __m512i w01 = _mm512_or_si512(_mm512_and_si512(L, m15),
-                                                        _mm512_and_si512(_mm512_sllv_epi16(QH, sh01), m48));
-                    const __m512i w23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(L, 4), m15),
-                                                        _mm512_and_si512(_mm512_srlv_epi16(QH, sh23), m48));
-                    const __m512i base = _mm512_add_epi32(quarter, _mm512_set1_epi32(8 * hh));
-                    const __m512i s01 = _mm512_permutexvar_epi32(base, s32);
-                    const __m512i s23 = _mm512_permutexvar_epi32(_mm512_add_epi32(base, _mm512_set1_epi32(4)), s32);
-                    P[i] = dp2(P[i], w01, ld512(QX(0) + off + 128 * (size_t)hh), s01);
-                    P[i] = dp2(P[i], w23, ld512(QX(0) + off + 128 * (size_t)hh + 64), s23);
-                }
-            }
-        }
-        const __m512 dx = _mm512_set1_ps(dxs[sb]);
-        const __m512i bs = ld2x(bss + 16 * (size_t)sb);
-        for (int q = 0; q < 2; q++) {
-            const int a = 2 * q, b = 2 * q + 1;
-            /* row a's half-sum (low 256 + high 256 of P[a]) in the low half, row b's in the high */
-            __m512i P8 = _mm512_add_epi32(_mm512_shuffle_i64x2(P[a], P[b], 0x44), _mm512_shuffle_i64x2(P[a], P[b], 0xee));
-            const __m512i M = _mm512_madd_epi16(_mm512_inserti64x4(_mm512_castsi256_si512(md[a]), md[b], 1), bs);
-            /* d of row a in the low 8 lanes, of row b in the high 8 (dmin: the next element) */
-            const __m512 dd = _mm512_permutexvar_ps(pair_idx(2 * a, 2 * b), D);
-            if (fmt == 2) { /* Q6_K's offset 32 * (sc[2l] * bs[2l] + sc[2l+1] * bs[2l+1]) */
-                P8 = _mm512_sub_epi32(P8, _mm512_slli_epi32(M, 5));
-                acc[q] = _mm512_fmadd_ps(_mm512_mul_ps(dd, dx), _mm512_cvtepi32_ps(P8), acc[q]);
-            } else {
-                const __m512 dm = _mm512_permutexvar_ps(pair_idx(2 * a + 1, 2 * b + 1), D);
-                acc[q] = _mm512_fmadd_ps(_mm512_mul_ps(dd, dx), _mm512_cvtepi32_ps(P8), acc[q]);
-                acc[q] = _mm512_fnmadd_ps(_mm512_mul_ps(dm, dx), _mm512_cvtepi32_ps(M), acc[q]);
-            }
-        }
-    }
-    for (int q = 0; q < 2; q++) {
-        y[2 * q] = hsum8(_mm512_castps512_ps256(acc[q]));
-        y[2 * q + 1] = hsum8(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[q]), 1)));
-    }
-}
-
 /* Q8_0 over 1-3 tokens, four rows a call (the table's rowdot4; FE_Q8_KIND_32
  * activations, signed). A zmm holds a row's blocks b (low 256 bits: the
  * reference's even accumulator acc[0]) and b + 1 (high: acc[1]); the signed
@@ -909,19 +781,6 @@ TGT static void rowdot4_vnni_q8_0(const uint8_t *row, size_t rb, int cols, const
     }
 }
 
-/* Four rows: one token k_tile_r4, 2-3 tokens the row pairs of rowdot2 (k2_tile). */
-#define DRIVER4K(fmt, id)                                                                                     \
-    TGT static void rowdot4_vnni_##fmt(const uint8_t *row, size_t rb, int cols, const uint8_t *xq, int n, float *y, \
-                                       size_t ys) {                                                           \
-        if (n == 1) {                                                                                         \
-            k_tile_r4(row, rb, cols, xq, fe_q8k_stride(cols), y, id);                                     \
-            return;                                                                                           \
-        }                                                                                                     \
-        rowdot2_vnni_##fmt(row, rb, 4, cols, xq, n, y, ys);                                                   \
-    }
-DRIVER4K(q4_k, 0)
-DRIVER4K(q5_k, 1)
-DRIVER4K(q6_k, 2)
 
 /* Four rows (q4_0_tile_r4) over up to R4_TOKENS tokens a tile. */
 TGT static void rowdot4_vnni_q4_0(const uint8_t *row, size_t rb, int cols, const uint8_t *xq, int n, float *y,
@@ -1160,8 +1019,7 @@ static void quantize_vnni(int kind, const float *x, size_t xs, int cols, int n, 
         vnni_layout,                                                                                        \
         {[FE_Q4_K] = rowdot2_vnni_q4_k, [FE_Q5_K] = rowdot2_vnni_q5_k, [FE_Q6_K] = rowdot2_vnni_q6_k},      \
         Q8_ROWDOT2_MIN_TOKENS,                                                                              \
-        {[FE_Q8_0] = rowdot4_vnni_q8_0, [FE_Q4_0] = rowdot4_vnni_q4_0, [FE_Q3_NL] = q3r4, [FE_Q4_K] = rowdot4_vnni_q4_k,                \
-         [FE_Q5_K] = rowdot4_vnni_q5_k, [FE_Q6_K] = rowdot4_vnni_q6_k},                                                 \
+        {[FE_Q8_0] = rowdot4_vnni_q8_0, [FE_Q4_0] = rowdot4_vnni_q4_0, [FE_Q3_NL] = q3r4},                  \
         Z_TOKENS - 1,                                                                                       \
     };
 VNNI_SET(VNNI_Q8, rowdot_vbmi_q3_nl, rowdot4_vbmi_q3_nl)
