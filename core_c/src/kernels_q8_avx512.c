@@ -22,11 +22,11 @@
  * zmm holds both) and the accumulator starts at -128 * (sum of the lane's 4
  * weights), computed once per block pair and shared by the tile's tokens.
  * The per-block float scales D_b * d_b are multiplied 16 blocks at a time
- * (the same single IEEE products). Q4_0 over 1-3 tokens takes four rows a
- * call (q4_0_tile_r4, the table's rowdot4, on FE_Q8_KIND_32S: the lanes'
- * -8 x-sum starts precomputed per token; a last 1-3 rows of a thread's
- * share, and Q4_1 and Q8_0 under 4 tokens, use the AVX2 set's kernels,
- * faster there: see the drivers).
+ * (the same single IEEE products). Q4_0 and Q8_0 over 1-3 tokens take four
+ * rows a call (the table's rowdot4: q4_0_tile_r4 on FE_Q8_KIND_32S, the lanes'
+ * -8 x-sum starts precomputed per token; q8_0_tile_r4 on FE_Q8_KIND_32); a
+ * last 1-3 rows of a thread's share, and Q4_1 under 4 tokens, use the AVX2
+ * set's kernels, faster there: see the drivers.
  *
  * Tokens run in tiles of up to 16 (Q8_0, Q4_0) or 8 (K-quants) sharing each
  * decoded weight block (32 vector registers); a token's arithmetic does not
@@ -738,6 +738,74 @@ DRIVER2(q6_k)
             }                                                                                                \
         }                                                                                                    \
     }
+
+/* Q8_0 over 1-3 tokens, four rows a call (the table's rowdot4; FE_Q8_KIND_32
+ * activations, signed). A zmm holds a row's blocks b (low 256 bits: the
+ * reference's even accumulator acc[0]) and b + 1 (high: acc[1]); the signed
+ * weights go to vpdpbusd as |w| (unsigned; |-128| = 128) against x with w's
+ * sign (x is never -128: the quantizer's range), so each lane's p is the
+ * reference's exact sum. The scales D_b of 16 blocks come in one gather per
+ * row, D_b * d_b one product each, spread per pair by one vpermps; a last
+ * odd block (even: acc[0]) adds to the low 8 lanes only. The end is the
+ * reference's: acc[0] + acc[1] lane by lane (the two halves), then hsum8. The
+ * AVX2 set's one-row kernel, used at 1-3 tokens before, ran a row's blocks as
+ * one chain; here the four rows' chains are independent and the float steps
+ * take two blocks per instruction. */
+INL void q8_0_tile_r4(const uint8_t *row, size_t rb, int cols, const uint8_t *xq, size_t st, float *y, size_t ys,
+                      const int nt) {
+    const int nb = cols / 32;
+    const __m512i gidx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32(34));
+    __m512 acc[R4_TOKENS][4];
+    for (int t = 0; t < nt; t++) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = _mm512_setzero_ps();
+    for (int b0 = 0; b0 < nb; b0 += 16) {
+        const int m = nb - b0 < 16 ? nb - b0 : 16;
+        const __mmask16 k = (__mmask16)((1u << m) - 1);
+        __m512 X[R4_TOKENS];
+        for (int t = 0; t < nt; t++) X[t] = _mm512_maskz_loadu_ps(k, DX(t) + b0);
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) {
+            const uint8_t *r = row + (size_t)i * rb + 34 * (size_t)b0;
+            const __m512 D = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(
+                _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), k, gidx, r, 1)));
+            __m512 S[R4_TOKENS]; /* the reference's D_b * d_b, element j for block b0 + j */
+            for (int t = 0; t < nt; t++) S[t] = _mm512_mul_ps(D, X[t]);
+            int j = 0;
+            for (; j + 2 <= m; j += 2) {
+                const uint8_t *q = r + 34 * (size_t)j + 2;
+                const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(ld(q)), ld(q + 34), 1);
+                const __m512i u = _mm512_abs_epi8(w);
+                const __mmask64 neg = _mm512_movepi8_mask(w);
+                const __m512i pj = pair_idx(j, j + 1);
+                for (int t = 0; t < nt; t++) {
+                    const __m512i x = ld512(QX(t) + 32 * (size_t)(b0 + j));
+                    const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u,
+                                                          _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x));
+                    acc[t][i] = _mm512_fmadd_ps(_mm512_permutexvar_ps(pj, S[t]), _mm512_cvtepi32_ps(p), acc[t][i]);
+                }
+            }
+            if (j < m) { /* the row's last block, even, alone */
+                const __m256i w = ld(r + 34 * (size_t)j + 2);
+                const __m256i u = _mm256_abs_epi8(w);
+                const __mmask32 neg = _mm256_movepi8_mask(w);
+                for (int t = 0; t < nt; t++) {
+                    const __m256i x = ld(QX(t) + 32 * (size_t)(b0 + j));
+                    const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u,
+                                                          _mm256_mask_sub_epi8(x, neg, _mm256_setzero_si256(), x));
+                    acc[t][i] = _mm512_mask3_fmadd_ps(_mm512_permutexvar_ps(_mm512_set1_epi32(j), S[t]),
+                                                      _mm512_cvtepi32_ps(_mm512_castsi256_si512(p)), acc[t][i],
+                                                      (__mmask16)0x00ff);
+                }
+            }
+        }
+    }
+    for (int t = 0; t < nt; t++)
+        for (int i = 0; i < 4; i++)
+            y[(size_t)t * ys + (size_t)i] = hsum8(_mm256_add_ps(_mm512_castps512_ps256(acc[t][i]),
+                                                                _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[t][i]), 1))));
+}
+
+DRIVER4(TGT, rowdot4_vnni_q8_0, q8_0_tile_r4, FE_Q8_KIND_32)
 DRIVER4(TGT, rowdot4_vnni_q4_0, q4_0_tile_r4, FE_Q8_KIND_32S)
 
 /* ---------------------------------------------- q3_nl (AVX-512 VBMI as well) */
@@ -950,7 +1018,7 @@ static void quantize_vnni(int kind, const float *x, size_t xs, int cols, int n, 
         layout,                                                                                             \
         {[FE_Q4_K] = rowdot2_vnni_q4_k, [FE_Q5_K] = rowdot2_vnni_q5_k, [FE_Q6_K] = rowdot2_vnni_q6_k},      \
         Q8_ROWDOT2_MIN_TOKENS,                                                                              \
-        {[FE_Q4_0] = rowdot4_vnni_q4_0, [FE_Q3_NL] = q3r4},                                                 \
+        {[FE_Q8_0] = rowdot4_vnni_q8_0, [FE_Q4_0] = rowdot4_vnni_q4_0, [FE_Q3_NL] = q3r4},                  \
         Z_TOKENS - 1,                                                                                       \
     };
 VNNI_SET(VNNI_Q8, rowdot_vbmi_q3_nl, rowdot4_vbmi_q3_nl, vbmi_layout)
