@@ -145,7 +145,7 @@ fe_rowdot_fn fe_kernel_for(const fe_kernels *k, int fmt) {
         return f ? f : rowdot_scalar_iq4_xs;
     }
     if (fmt == FE_Q2_VQ) { /* kept outside the tables (kernels.h) */
-        fe_rowdot_fn f = k ? fe_q2vq_kernel(fe_q2vq_variant(fe_kernels_by_name(k->name))) : NULL;
+        fe_rowdot_fn f = k ? fe_q2vq_kernel(fe_simd_variant(fe_kernels_by_name(k->name))) : NULL;
         return f ? f : rowdot_scalar_q2_vq;
     }
     if (k && k->rowdot[fmt]) return k->rowdot[fmt];

@@ -275,13 +275,10 @@ enum { FE_ONE = 0, FE_TWO = 1, FE_STORE = 2 };
     FE_KERNEL_TABLE_WITH(table, prefix, FE_PER_FORMAT(rowsdot, prefix))
 
 /* q2_vq's SIMD row kernels (kernels_q2vq.c), kept outside the per-format
- * tables: fe_kernel_for gives a set's q2_vq kernel through fe_q2vq_variant
- * (the AVX2 set runs the AVX-512 variant on CPUs that have AVX-512 F, BW and
- * VL). fe_q2vq_kernel(variant) is NULL when it is not built in or this CPU
- * lacks it (FE_Q2VQ_SCALAR: always NULL, the reference is kernels.c's). */
-enum { FE_Q2VQ_SCALAR = 0, FE_Q2VQ_AVX2 = 1, FE_Q2VQ_NEON = 2, FE_Q2VQ_AVX512 = 3, FE_Q2VQ_VARIANTS = 4 };
+ * tables: fe_kernel_for gives a set's q2_vq kernel through fe_simd_variant
+ * (below). fe_q2vq_kernel(variant) is NULL when it is not built in or this
+ * CPU lacks it (FE_SIMD_SCALAR: always NULL, the reference is kernels.c's). */
 fe_rowdot_fn fe_q2vq_kernel(int variant);
-int fe_q2vq_variant(int impl);
 /* The q2_vq quantizer (quant2.c) with a chosen implementation: FE_KERNELS_AVX2 or FE_KERNELS_NEON (when
  * built in and this CPU has it; -1 otherwise) or FE_KERNELS_SCALAR, the portable path; all write the same bytes. */
 int fe_q2_quantize_impl(int impl, const float *src, int rows, int cols, const float *importance, void *dst);
@@ -290,7 +287,7 @@ int fe_q2_quantize_impl(int impl, const float *src, int rows, int cols, const fl
 int fe_q2_quantize_scans(int scans, const float *src, int rows, int cols, const float *importance, void *dst);
 
 /* The row-kernel variants of the formats kept outside the tables (q2_vq,
- * iq4_xs; FE_SIMD_* = FE_Q2VQ_*): fe_simd_variant(impl) is the one an
+ * iq4_xs): fe_simd_variant(impl) is the one an
  * exact set runs (the AVX2 set AVX-512 on CPUs with AVX-512 F, BW and VL:
  * fe_cpu_has_avx512, with the OS saving their state). */
 enum { FE_SIMD_SCALAR = 0, FE_SIMD_AVX2 = 1, FE_SIMD_NEON = 2, FE_SIMD_AVX512 = 3, FE_SIMD_VARIANTS = 4 };

@@ -100,8 +100,8 @@ FE_ROWDOT_PAIRS(x86, TGT5, q2vq_avx512)
 
 fe_rowdot_fn fe_q2vq_kernel(int variant) {
     switch (variant) {
-    case FE_Q2VQ_AVX2: return fe_cpu_has_avx2() ? rowdot_x86_q2vq_avx2 : NULL;
-    case FE_Q2VQ_AVX512: return fe_cpu_has_avx512() ? rowdot_x86_q2vq_avx512 : NULL;
+    case FE_SIMD_AVX2: return fe_cpu_has_avx2() ? rowdot_x86_q2vq_avx2 : NULL;
+    case FE_SIMD_AVX512: return fe_cpu_has_avx512() ? rowdot_x86_q2vq_avx512 : NULL;
     default: return NULL;
     }
 }
@@ -146,7 +146,7 @@ static inline void q2vq_neon_pair(const uint8_t *row, int cols, const float *xa,
 }
 FE_ROWDOT_PAIRS(arm, , q2vq_neon)
 
-fe_rowdot_fn fe_q2vq_kernel(int variant) { return variant == FE_Q2VQ_NEON ? rowdot_arm_q2vq_neon : NULL; }
+fe_rowdot_fn fe_q2vq_kernel(int variant) { return variant == FE_SIMD_NEON ? rowdot_arm_q2vq_neon : NULL; }
 
 #else
 fe_rowdot_fn fe_q2vq_kernel(int variant) {
@@ -155,4 +155,3 @@ fe_rowdot_fn fe_q2vq_kernel(int variant) {
 }
 #endif
 
-int fe_q2vq_variant(int impl) { return fe_simd_variant(impl); }

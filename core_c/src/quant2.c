@@ -450,7 +450,7 @@ static int q2_scans(int impl) {
     if (!fe_kernels_get(impl)) return -1;
 #ifdef Q2_X86
     /* AVX2's set runs the AVX-512 scans where the CPU has them (as its q2_vq kernels do) */
-    return impl != FE_KERNELS_AVX2 ? 0 : fe_q2vq_variant(impl) == FE_Q2VQ_AVX512 ? 2 : 1;
+    return impl != FE_KERNELS_AVX2 ? 0 : fe_simd_variant(impl) == FE_SIMD_AVX512 ? 2 : 1;
 #elif defined(Q2_NEON)
     return impl == FE_KERNELS_NEON;
 #else
