@@ -121,11 +121,13 @@ def test_a_prompt_chunk_reads_each_distinct_expert_once(moe_model, demo_containe
     _, big, info = run(moe_model, prompt=TOKENS[:40], steps=[], cache=False)
     _, small, small_info = run(moe_model, prompt=TOKENS[:40], steps=[], cache=False, prompt_chunk=8)
     assert (info.prompt_chunk, small_info.prompt_chunk) == (128, 8)
+    from app.convert.plan_config import CHUNK, MOE_CHUNK    # `ferry plan --config` plans the same chunks
+    assert info.prompt_chunk == MOE_CHUNK
     assert big.expert_reads <= 6 * 32 < small.expert_reads
     with Engine(moe_model, threads=1, n_ctx=64, prompt_chunk=100_000) as engine:
         assert engine.info.prompt_chunk == 512 and engine.session(64).prompt_step == 512
     with Engine(demo_container, threads=1, n_ctx=64) as engine:
-        assert engine.info.prompt_chunk == 32
+        assert engine.info.prompt_chunk == 32 == CHUNK
 
 
 @pytest.fixture(scope="module")
