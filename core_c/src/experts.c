@@ -295,6 +295,14 @@ static void fill(fe_ecache *c) {
     c->lookahead = 0;
 }
 
+/* A record read from the disk, in the session's counters: every one counts,
+ * an unused lookahead's too (reuse_slot). */
+static void count_read(ferry_session *s, const fe_io_job *job) {
+    s->stats.read_seconds += job->seconds;
+    s->stats.bytes_read += job->got;
+    s->stats.expert_reads++;
+}
+
 /* Wait for a slot's read, account it, and check the record it brought. */
 static ferry_status finish_read(ferry_session *s, int slot, int layer, int expert, ferry_error *err) {
     fe_ecache *c = s->e->cache;
@@ -304,9 +312,7 @@ static ferry_status finish_read(ferry_session *s, int slot, int layer, int exper
     s->stats.stall_seconds += fe_now() - t0;
     job->buf = NULL;
     const fe_bank *b = &s->e->c.banks[layer];
-    s->stats.read_seconds += job->seconds;
-    s->stats.bytes_read += job->got;
-    s->stats.expert_reads++;
+    count_read(s, job);
     if (job->err_no > 0)
         return fe_fail(err, FERRY_E_IO, "reading expert %d of layer %d from %s failed: %s", expert, layer, b->rel,
                        strerror(job->err_no));
@@ -332,11 +338,7 @@ static void reuse_slot(ferry_session *s, int slot) {
     double t0 = fe_now();
     quiesce(c, slot);
     s->stats.stall_seconds += fe_now() - t0;
-    if (was_read) {
-        s->stats.read_seconds += job->seconds;
-        s->stats.bytes_read += job->got;
-        s->stats.expert_reads++;
-    }
+    if (was_read) count_read(s, job);
     if (c->slot_prefetched[slot]) s->stats.prefetch_wasted++;
     c->slot_prefetched[slot] = 0;
     c->slot_valid[slot] = 0;
