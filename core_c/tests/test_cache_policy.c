@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cache_policy.h"
+#include "../src/cache_policy.h"
 #include "ferry_cachesim.h"
 
 static int check_failures; /* failed CHECKs in the running test */

@@ -8,7 +8,6 @@ import importlib.util
 import itertools
 import json
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -18,12 +17,12 @@ from cffi import FFI
 
 from app.engine import cachesim
 from core_c import build_ferry
+from tests import cbuild
 from tests.conftest import REPO
 
 CORE = REPO / "core_c"
 TRACE = Path("/work/shared/data/traces/olmoe-1b-7b_299tok.jsonl")
 EXPERTS = 64
-SANITIZE = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all"]
 # Engine-policy hit rate / OPT measured on the full trace, cold (docs/CACHE_POLICY.md),
 # minus a 0.01 margin. The 0.90 target is not reached; these pin what is.
 ENGINE_RATIO_FLOOR = {61: 0.761, 128: 0.775, 256: 0.815}
@@ -57,15 +56,9 @@ def trace():
     return cachesim.load_trace(TRACE)
 
 
-def test_c_unit_tests_pass_under_sanitizers(tmp_path):
-    cc = shutil.which("gcc") or shutil.which("cc") or shutil.which("clang")
-    if cc is None:
-        pytest.fail("no C compiler found: install gcc or clang")
-    exe = tmp_path / "test_cache_policy"
+def test_c_unit_tests_pass_under_sanitizers(tmp_path, tmp_path_factory):
     sources = [CORE / "tests" / "test_cache_policy.c", *CACHE_SOURCES]
-    subprocess.run([cc, "-std=c11", "-Wall", "-Wextra", "-Werror", "-O1", "-g", *SANITIZE,
-                    "-I", str(CORE / "include"), "-I", str(CORE / "src"), *map(str, sources),
-                    "-o", str(exe), "-lm"], check=True, capture_output=True, text=True)
+    exe = cbuild.program(tmp_path_factory, tmp_path / "test_cache_policy", cbuild.host_cc(), cbuild.SANITIZE, sources)
     run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
     last = run.stdout.strip().splitlines()[-1]
     assert run.returncode == 0, run.stdout + run.stderr

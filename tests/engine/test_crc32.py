@@ -3,10 +3,10 @@ its bytewise definition: the portable slicing-by-8 path natively, and the
 ARMv8 CRC-instruction path (Apple Silicon's) under qemu."""
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
+from tests import cbuild
 from tests.conftest import REPO
 from tests.kernels.test_kernels_c import aarch64_toolchain
 
@@ -19,11 +19,8 @@ def _run(cmd: list[str]) -> None:
     assert res.returncode == 0 and "crc32 ok" in res.stdout, res.stdout + res.stderr
 
 
-def test_crc32_native_under_sanitizers(tmp_path: Path):
-    cc = shutil.which("gcc") or shutil.which("clang") or shutil.which("cc")
-    exe = tmp_path / "test_crc32"
-    subprocess.run([cc, "-std=c11", "-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
-                    *SOURCES, "-o", str(exe)], check=True, capture_output=True, text=True)
+def test_crc32_native_under_sanitizers(tmp_path: Path, tmp_path_factory):
+    exe = cbuild.program(tmp_path_factory, tmp_path / "test_crc32", cbuild.host_cc(), cbuild.SANITIZE, list(map(Path, SOURCES)))
     _run([str(exe)])
 
 

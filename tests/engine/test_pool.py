@@ -3,21 +3,19 @@ every item of every job computed exactly once, with the threads spinning,
 asleep, and beside busy threads that make it back off (core_c/tests/test_pool.c)."""
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from tests import cbuild
 from tests.conftest import REPO
 
 CORE = REPO / "core_c"
 
 
 def test_pool_under_thread_sanitizer(tmp_path: Path):
-    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if cc is None:
-        pytest.fail("no C compiler found: install gcc or clang (Xcode command line tools on a Mac)")
+    cc = cbuild.host_cc()
     exe = tmp_path / "test_pool"
     cmd = [cc, "-std=c11", "-O1", "-g", "-Wall", "-Wextra", "-Werror", "-pthread", "-fsanitize=thread",
            str(CORE / "src" / "pool.c"), str(CORE / "tests" / "test_pool.c"), "-o", str(exe)]
