@@ -169,12 +169,14 @@ INL void tile32z(const uint8_t *row, int cols, const uint8_t *xq, size_t st, flo
  * set-up are shared by the four rows: the one-row kernel spends most of its time
  * per 32 weights on them (h8's profile, docs/bench-log/2026-12-06.md). */
 #define R4_TOKENS 3
+/* vgf2p8affineqb's matrix for x >> 4 in every byte: output bit i (i < 4) is input bit i + 4, row i in byte 7 - i */
+#define HI_NIBBLE 0x1020408000000000LL
 
 /* Block b0 + j of the four rows for nt tokens: S[t] holds D_b d_b of block
  * b0 + j' and row i at element 4j' + i. (Eight rows a call, two groups of
  * four sharing the x work, measured no faster: 0.93-1.05x from L2.) */
 INL void r4_block(const uint8_t *row, size_t rb, size_t so, const uint8_t *xq, size_t st, int b0, const int j, const int nt,
-                  const __m512 S[R4_TOKENS], __m512 lo[R4_TOKENS][2], __m512 hi[R4_TOKENS][2]) {
+                  const __m512 S[R4_TOKENS], __m512 lo[R4_TOKENS][2], __m512 hi[R4_TOKENS][2], const int gfni) {
     const size_t b = (size_t)b0 + (size_t)j;
     const __m512i m15 = _mm512_set1_epi8(15);
     const __m512i pick = _mm512_setr_epi32(4 * j, 4 * j, 4 * j, 4 * j, 4 * j + 1, 4 * j + 1, 4 * j + 1, 4 * j + 1,
@@ -186,7 +188,12 @@ INL void r4_block(const uint8_t *row, size_t rb, size_t so, const uint8_t *xq, s
                                               _mm_loadu_si128((const __m128i *)(q + rb)), 1),
                            _mm_loadu_si128((const __m128i *)(q + 2 * rb)), 2),
         _mm_loadu_si128((const __m128i *)(q + 3 * rb)), 3);
-    const __m512i wl = _mm512_and_si512(W, m15), wh = _mm512_and_si512(_mm512_srli_epi16(W, 4), m15);
+    const __m512i wl = _mm512_and_si512(W, m15);
+    __m512i wh;
+    if (gfni) /* each byte's high nibble in one instruction (the CPU has GFNI: fe_q8_kernels_avx512vnni) */
+        __asm__("vgf2p8affineqb $0, %[a], %[w], %[h]" : [h] "=v"(wh) : [w] "v"(W), [a] "v"(_mm512_set1_epi64(HI_NIBBLE)));
+    else
+        wh = _mm512_and_si512(_mm512_srli_epi16(W, 4), m15);
     for (int t = 0; t < nt; t++) {
         /* x's 16-value halves in every lane, the lanes started at -8 * their 4 values' sum (FE_Q8_KIND_32S) */
         const __m512i xl = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(QX(t) + 32 * b)));
@@ -200,7 +207,7 @@ INL void r4_block(const uint8_t *row, size_t rb, size_t so, const uint8_t *xq, s
 }
 
 INL void q4_0_tile_r4(const uint8_t *row, size_t rb, int cols, const uint8_t *xq, size_t st, float *y, size_t ys,
-                      const int nt) {
+                      const int nt, const int gfni) {
     const int nb = cols / 32;
     const size_t so = fe_q8_sums_offset(cols);
     /* word 4j + i of the scales: rows 0 and 1 from (R0, R1), rows 2 and 3 from (R2, R3) (word 9j of each) */
@@ -225,10 +232,10 @@ INL void q4_0_tile_r4(const uint8_t *row, size_t rb, int cols, const uint8_t *xq
         for (int t = 0; t < nt; t++)
             S[t] = _mm512_mul_ps(D, _mm512_permutexvar_ps(rep4, _mm512_castps128_ps512(_mm_maskz_loadu_ps(
                                                                     (__mmask8)((1u << m) - 1), DX(t) + b0))));
-        r4_block(row, rb, so, xq, st, b0, 0, nt, S, lo, hi);
-        if (m > 1) r4_block(row, rb, so, xq, st, b0, 1, nt, S, lo, hi);
-        if (m > 2) r4_block(row, rb, so, xq, st, b0, 2, nt, S, lo, hi);
-        if (m > 3) r4_block(row, rb, so, xq, st, b0, 3, nt, S, lo, hi);
+        r4_block(row, rb, so, xq, st, b0, 0, nt, S, lo, hi, gfni);
+        if (m > 1) r4_block(row, rb, so, xq, st, b0, 1, nt, S, lo, hi, gfni);
+        if (m > 2) r4_block(row, rb, so, xq, st, b0, 2, nt, S, lo, hi, gfni);
+        if (m > 3) r4_block(row, rb, so, xq, st, b0, 3, nt, S, lo, hi, gfni);
     }
     for (int t = 0; t < nt; t++) { /* per row (128-bit lane): both = acc[0] + acc[1], then h(both) */
         const __m512 T = _mm512_add_ps(_mm512_add_ps(lo[t][0], lo[t][1]), _mm512_add_ps(hi[t][0], hi[t][1]));
@@ -806,7 +813,10 @@ INL void q8_0_tile_r4(const uint8_t *row, size_t rb, int cols, const uint8_t *xq
 }
 
 DRIVER4(TGT, rowdot4_vnni_q8_0, q8_0_tile_r4, FE_Q8_KIND_32)
-DRIVER4(TGT, rowdot4_vnni_q4_0, q4_0_tile_r4, FE_Q8_KIND_32S)
+#define q4_0_tile_r4_and(...) q4_0_tile_r4(__VA_ARGS__, 0)
+#define q4_0_tile_r4_gfni(...) q4_0_tile_r4(__VA_ARGS__, 1)
+DRIVER4(TGT, rowdot4_vnni_q4_0, q4_0_tile_r4_and, FE_Q8_KIND_32S)
+DRIVER4(TGT, rowdot4_gfni_q4_0, q4_0_tile_r4_gfni, FE_Q8_KIND_32S)
 
 /* ---------------------------------------------- q3_nl (AVX-512 VBMI as well) */
 
@@ -1008,7 +1018,7 @@ static void quantize_vnni(int kind, const float *x, size_t xs, int cols, int n, 
     fe_q8_kernels_avx2()->quantize(kind, x, xs, cols, n, out);
 }
 
-#define VNNI_SET(name, q3, q3r4, layout)                                                                    \
+#define VNNI_SET(name, q3, q3r4, q4r4, layout)                                                                  \
     static const fe_q8_kernels name = {                                                                     \
         "avx512vnni",                                                                                       \
         {[FE_Q8_0] = rowdot_vnni_q8_0, [FE_Q4_0] = rowdot_vnni_q4_0, [FE_Q4_1] = rowdot_vnni_q4_1,          \
@@ -1018,14 +1028,25 @@ static void quantize_vnni(int kind, const float *x, size_t xs, int cols, int n, 
         layout,                                                                                             \
         {[FE_Q4_K] = rowdot2_vnni_q4_k, [FE_Q5_K] = rowdot2_vnni_q5_k, [FE_Q6_K] = rowdot2_vnni_q6_k},      \
         Q8_ROWDOT2_MIN_TOKENS,                                                                              \
-        {[FE_Q8_0] = rowdot4_vnni_q8_0, [FE_Q4_0] = rowdot4_vnni_q4_0, [FE_Q3_NL] = q3r4},                  \
+        {[FE_Q8_0] = rowdot4_vnni_q8_0, [FE_Q4_0] = q4r4, [FE_Q3_NL] = q3r4},                                  \
         Z_TOKENS - 1,                                                                                       \
     };
-VNNI_SET(VNNI_Q8, rowdot_vbmi_q3_nl, rowdot4_vbmi_q3_nl, vbmi_layout)
-VNNI_SET(VNNI_Q8_NO_VBMI, rowdot_vnni_q3_nl, NULL, vnni_layout)
+VNNI_SET(VNNI_Q8_GFNI, rowdot_vbmi_q3_nl, rowdot4_vbmi_q3_nl, rowdot4_gfni_q4_0, vbmi_layout)
+VNNI_SET(VNNI_Q8, rowdot_vbmi_q3_nl, rowdot4_vbmi_q3_nl, rowdot4_vnni_q4_0, vbmi_layout)
+VNNI_SET(VNNI_Q8_NO_VBMI, rowdot_vnni_q3_nl, NULL, rowdot4_vnni_q4_0, vnni_layout)
 
-/* With VBMI (Ice Lake and later, Zen 4 and later) the q3_nl kernel above. */
-const fe_q8_kernels *fe_q8_kernels_avx512vnni(void) { return cpu_has_avx512vbmi() ? &VNNI_Q8 : &VNNI_Q8_NO_VBMI; }
+static int cpu_has_gfni(void) {
+    unsigned a, b, c, d;
+    __cpuid_count(7, 0, a, b, c, d);
+    return (c >> 8) & 1;
+}
+
+/* With VBMI (Ice Lake and later, Zen 4 and later) the q3_nl kernel above,
+ * and with GFNI too (the same CPUs) Q4_0's four-row kernel takes the high
+ * nibbles with one vgf2p8affineqb (bench-log 2026-12-06, session 19 h1). */
+const fe_q8_kernels *fe_q8_kernels_avx512vnni(void) {
+    return !cpu_has_avx512vbmi() ? &VNNI_Q8_NO_VBMI : cpu_has_gfni() ? &VNNI_Q8_GFNI : &VNNI_Q8;
+}
 
 #else
 
