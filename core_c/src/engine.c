@@ -121,7 +121,9 @@ static uint64_t q8_buffer_bytes(const fe_container *c, const fe_q8_kernels *k, i
             if (c->banks[l].part[p].fmt >= 0 && c->banks[l].part[p].fmt < FE_N_FORMATS) fmts[c->banks[l].part[p].fmt] = 1;
         }
     if (cols > (1u << 24)) cols = 1u << 24; /* the manifest bounds shapes well below this */
-    return fe_q8_plan_bytes(k, fmts, (int)cols, chunk, kinds);
+    /* at least FE_MATMUL_MULTI_MAX tokens: fe_matmul_each quantizes up to that many one-token inputs
+     * (a decode token's experts) at once, whatever the prompt chunk */
+    return fe_q8_plan_bytes(k, fmts, (int)cols, chunk > FE_MATMUL_MULTI_MAX ? chunk : FE_MATMUL_MULTI_MAX, kinds);
 }
 
 /* The architecture's session sizes plus the q8 buffer at the end of scratch. */
