@@ -24,9 +24,10 @@
  * The per-block float scales D_b * d_b are multiplied 16 blocks at a time
  * (the same single IEEE products). Q4_0 and Q8_0 over 1-3 tokens take four
  * rows a call (the table's rowdot4: q4_0_tile_r4 on FE_Q8_KIND_32S, the lanes'
- * -8 x-sum starts precomputed per token; q8_0_tile_r4 on FE_Q8_KIND_32); a
- * last 1-3 rows of a thread's share, and Q4_1 under 4 tokens, use the AVX2
- * set's kernels, faster there: see the drivers.
+ * -8 x-sum starts precomputed per token; q8_0_tile_r4 on FE_Q8_KIND_32), and
+ * so does Q4_1 (q4_1_tile_r4 on FE_Q8_KIND_32); a last 1-3 rows of a
+ * thread's share, and Q4_1 from 4 tokens, use the AVX2 set's kernels,
+ * faster there: see the drivers.
  *
  * Tokens run in tiles of up to 16 (Q8_0, Q4_0) or 8 (K-quants) sharing each
  * decoded weight block (32 vector registers); a token's arithmetic does not
@@ -1063,8 +1064,10 @@ static int vnni_layout(int fmt, int n) {
 }
 static int vbmi_layout(int fmt, int n) { return fmt == FE_Q3_NL ? FE_Q8_KIND_32TS : vnni_layout(fmt, n); }
 
-/* Q4_1 (the demo model's format) keeps AVX2's kernel: this file's version was
- * 0.63-0.79x as fast (its minimum's scalar chain; bench/q8_speed.py). */
+/* Q4_1's one-row kernel (a thread's last 1-3 rows; 4 tokens or more) is
+ * AVX2's: this file's one-row version was 0.63-0.79x as fast (its minimum's
+ * scalar chain; bench/q8_speed.py); 1-3 tokens take q4_1_tile_r4 four rows
+ * at a time (the table's rowdot4). */
 static void rowdot_vnni_q4_1(const uint8_t *row, int cols, const uint8_t *xq, int n, float *y, size_t ys) {
     fe_q8_kernels_avx2()->rowdot[FE_Q4_1](row, cols, xq, n, y, ys);
 }
