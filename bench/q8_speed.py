@@ -128,7 +128,7 @@ def bench_file(path: Path, a) -> dict:
             "greedy_agree_median": statistics.median(r["greedy_agree"] for r in rounds)}
 
 
-KERNEL_SHAPES = (("q4_1", 1536, 576), ("q4_1", 576, 1536), ("q8_0", 49152, 576), ("q8_0", 2048, 2048),
+KERNEL_SHAPES = (("q4_1", 1536, 576), ("q4_1", 576, 1536), ("q4_1", 576, 576), ("q8_0", 49152, 576), ("q8_0", 2048, 2048),
                  ("q4_0", 2048, 2048), ("q4_k", 8192, 2048), ("q4_k", 2048, 8192), ("q5_k", 2048, 2048),
                  ("q6_k", 2048, 8192),
                  # q3_nl experts: Qwen3-30B-A3B's gate/up and down, a K3-sized one

@@ -13,7 +13,9 @@ figures follow the engine's own accounting (core_c/src/arch_kimi.c):
 * state at ``ctx``: the MLA latent cache (kv_lora + rope floats per token per
   MLA layer), the KDA f32 state and conv inputs (context independent), or the
   llama K/V caches;
-* scratch: the engine's per-chunk buffers (32 tokens a chunk, 128 for a model with experts) for ``threads`` threads;
+* scratch: the engine's per-chunk buffers (32 tokens a chunk, 128 for a model with experts) for ``threads`` threads,
+  with the default 8-bit activations' buffer (``q8_bytes``: the layouts this CPU's kernels read for
+  the stored formats, the engine's rule);
 * cache policy: the expert cache's replacement state (the C core's own
   count, ferry_cache_policy_bytes: for Kimi K3 mostly the successor table of
   layers x experts^2 x 2 bytes), inside every budget;
@@ -44,7 +46,7 @@ import sys
 from typing import Any
 
 from app.convert.layout import ENCODABLE
-from app.engine.binding import FORMATS
+from app.engine.binding import FORMATS, q8_buffer_bytes
 
 GIB = 1024 ** 3
 #: Tokens a prompt's forward pass evaluates together, as the engine chooses
@@ -118,6 +120,7 @@ class _Acc:
         self.fallback = fallback
         self.bytes = 0
         self.params = 0
+        self.formats: set[str] = set()   #: the formats matrices are stored in (not the fixed ones)
         self.cls: dict[str, list[tuple[int, int, float | None]]] = {}
         self.cls_bytes: dict[str, int] = {}
 
@@ -128,7 +131,12 @@ class _Acc:
         fixed = 32.0 if f32 else fixed_bpw
         bpw = fixed or self.bpw
         if not fixed and (cls in self.over or self.fmt):
-            bpw = self._row_bpw(self.over[cls][0] if cls in self.over else self.fmt, cols)
+            asked = self.over[cls][0] if cls in self.over else self.fmt
+            bpw = self._row_bpw(asked, cols)
+            from app.convert.layout import row_format
+            stored = row_format(asked, cols)
+            if stored:
+                self.formats.add(stored)
         nbytes = count * _align(n * bpw / 8, 64)
         self.bytes += nbytes
         self.params += count * n
@@ -382,6 +390,12 @@ def plan_from_config(config: dict, expert_bits: float | None = None, trunk_bits:
         chunk = MOE_CHUNK if n_moe else CHUNK
         scratch = int((chunk * (3 * dim + 2 * H * hd + 2 * kvh * hd + 2 * max(ffn, eff) + E + 2 * K + K * dim + dim)
                        + threads * (cols + ctx)) * 4)
+    # The default's 8-bit activations: one prompt chunk in the layouts this CPU's kernels read for
+    # the stored formats (the engine's own rule: ferry_q8_buffer_bytes), in scratch as `ferry plan` counts it.
+    from app.convert.layout import row_format
+    stored = {row_format(e_name, c) for c in (ed, eff)} if n_moe and e_ok else set()
+    q8 = q8_buffer_bytes(sorted(trunk.formats | (stored - {None})), cols, chunk)
+    scratch += q8
     record = 0
     if n_moe:
         off = 64
@@ -414,6 +428,7 @@ def plan_from_config(config: dict, expert_bits: float | None = None, trunk_bits:
         "trunk_class_formats": dict(trunk_classes or {}),
         "state_bytes": state,
         "scratch_bytes": scratch,
+        "q8_bytes": q8,
         "moe_layers": n_moe, "experts_per_layer": E, "top_k": K,
         "expert_params": expert_params,
         "expert_record_bytes": record,

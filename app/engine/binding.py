@@ -648,6 +648,15 @@ def container_plan(path: str | os.PathLike, n_ctx: int = 0, threads: int = 0) ->
     return _struct_to(MemoryPlan, c)
 
 
+def q8_buffer_bytes(formats: Sequence[str], cols: int, chunk: int) -> int:
+    """The scratch a session's 8-bit activations (the default's, with this CPU's
+    kernel set) take for matrices stored in ``formats`` whose widest input is
+    ``cols`` values, at prompt chunks of ``chunk`` tokens: the engine's own rule
+    (``ferry_q8_buffer_bytes``; 0 when no format has integer kernels)."""
+    codes = [FORMATS[f].code for f in formats if f in FORMATS]
+    return int(lib.ferry_q8_buffer_bytes(ffi.new("int[]", codes or [0]), len(codes), int(cols), int(chunk)))
+
+
 def verify(path: str | os.PathLike, progress: Callable[[int, int], bool | None] | None = None) -> None:
     """Check every checksum of a container; raises FerryError naming the first bad item."""
     err = ffi.new("ferry_error *")

@@ -83,6 +83,13 @@ int ferry_kernel_matmul_q8(int impl, int fmt, const void *w, int rows, int cols,
 /* Nonzero for the formats the 8-bit-activation mode computes with integer
  * kernels: q8_0, q4_0, q4_1, q4_k, q5_k, q6_k (the others stay exact). */
 int ferry_q8_activations_supported(int fmt);
+/* The bytes of a session's 8-bit-activation buffer with the set the default
+ * ("auto") takes on this CPU, for a model whose matrices are stored in the n
+ * format codes fmts[] (widest matrix input `cols`, prompt chunks of `chunk`
+ * tokens): the engine's own rule (ferry_memory_plan.q8_bytes), a region only
+ * for each layout that set reads for those formats. 0 when none of them has
+ * integer kernels. */
+uint64_t ferry_q8_buffer_bytes(const int *fmts, int n, int cols, int chunk);
 /* Nonzero when the 8-bit-activation set `impl` (FERRY_KERNELS_*, including
  * FERRY_KERNELS_AVX512VNNI) is built in and this CPU can run it; its name
  * ("scalar", "avx2", "neon", "avx512vnni", or "unknown"). */

@@ -104,18 +104,26 @@ static int has_q8_weights(const fe_container *c) {
     return 0;
 }
 
-/* A session's buffer for the q8 kernels: one chunk of tokens at the widest
- * input of any matrix in the container (0 in the exact mode). */
-static uint64_t q8_buffer_bytes(const fe_container *c, int chunk) {
+/* A session's buffer for set k's q8 kernels (fe_q8_plan_bytes): one chunk
+ * of tokens at the widest input of any matrix in the container, in the
+ * layouts k reads for the container's formats only (*kinds: those layouts). */
+static uint64_t q8_buffer_bytes(const fe_container *c, const fe_q8_kernels *k, int chunk, unsigned *kinds) {
     uint64_t cols = 0;
+    unsigned char fmts[FE_N_FORMATS] = {0};
     for (int i = 0; i < c->n_tensors; i++)
-        if (c->tensors[i].n_dims == 2 && c->tensors[i].shape[1] > cols) cols = c->tensors[i].shape[1];
+        if (c->tensors[i].n_dims == 2) {
+            if (c->tensors[i].shape[1] > cols) cols = c->tensors[i].shape[1];
+            if (c->tensors[i].fmt >= 0 && c->tensors[i].fmt < FE_N_FORMATS) fmts[c->tensors[i].fmt] = 1;
+        }
     for (int l = 0; c->banks && l < c->hp.n_layers; l++)
-        for (int p = 0; c->banks[l].fd >= 0 && p < 3; p++)
+        for (int p = 0; c->banks[l].fd >= 0 && p < 3; p++) {
             if (c->banks[l].part[p].cols > cols) cols = c->banks[l].part[p].cols;
-    if (!has_q8_weights(c)) return 0; /* the mode has nothing to do */
+            if (c->banks[l].part[p].fmt >= 0 && c->banks[l].part[p].fmt < FE_N_FORMATS) fmts[c->banks[l].part[p].fmt] = 1;
+        }
     if (cols > (1u << 24)) cols = 1u << 24; /* the manifest bounds shapes well below this */
-    return fe_q8_buffer_bytes((int)(cols / FE_Q8_BLOCK * FE_Q8_BLOCK), chunk);
+    /* at least FE_MATMUL_MULTI_MAX tokens: fe_matmul_each quantizes up to that many one-token inputs
+     * (a decode token's experts) at once, whatever the prompt chunk */
+    return fe_q8_plan_bytes(k, fmts, (int)cols, chunk > FE_MATMUL_MULTI_MAX ? chunk : FE_MATMUL_MULTI_MAX, kinds);
 }
 
 /* The architecture's session sizes plus the q8 buffer at the end of scratch. */
@@ -249,7 +257,7 @@ ferry_status ferry_engine_open(const char *path, const ferry_open_options *opts,
     e->chunk = fe_prompt_chunk(&e->c.hp, e->opts.prompt_chunk);
     if (e->q8 && !has_q8_weights(&e->c)) e->q8 = NULL; /* no integer products: the exact path, reported so */
     e->q8_auto = automatic; /* a model with KDA layers keeps classes of products exact under "auto" (arch_kimi.c) */
-    if (e->q8) e->q8_bytes = q8_buffer_bytes(&e->c, e->chunk);
+    if (e->q8) e->q8_bytes = q8_buffer_bytes(&e->c, e->q8, e->chunk, &e->q8_kinds);
     const int max_ctx = e->c.hp.max_ctx;
     if (e->opts.n_ctx <= 0) e->opts.n_ctx = max_ctx < DEFAULT_CTX ? max_ctx : DEFAULT_CTX;
     if (e->opts.n_ctx > max_ctx) e->opts.n_ctx = max_ctx;
@@ -329,7 +337,9 @@ void ferry_engine_plan(const ferry_engine *e, int n_ctx, ferry_memory_plan *plan
     plan->policy_floor_bytes = policy_bytes(hp, min_slots(hp));
     plan->floor_bytes =
         plan->trunk_bytes + plan->state_bytes + plan->scratch_bytes + min_cache + plan->policy_floor_bytes;
-    plan->q8_bytes = q8_buffer_bytes(&e->c, e->chunk);
+    unsigned kinds; /* the engine's q8 set, or (exact mode, a container's plan) the one "auto" takes here */
+    plan->q8_bytes = q8_buffer_bytes(&e->c, e->q8 ? e->q8 : fe_q8_kernels_get(fe_q8_best(fe_kernels_best())), e->chunk,
+                                     &kinds);
 }
 
 ferry_status ferry_container_plan(const char *path, int n_ctx, int n_threads, ferry_memory_plan *plan,
@@ -427,6 +437,7 @@ ferry_status ferry_session_new(ferry_engine *e, int n_ctx, ferry_session **out, 
     if (e->q8) { /* the last q8_bytes of scratch, after the architecture's buffers */
         s->q8.k = e->q8;
         s->q8.bytes = e->q8_bytes;
+        s->q8.kinds = e->q8_kinds;
         s->q8.buf = s->scratch + s->sizes.scratch - e->q8_bytes;
     }
     *out = s;

@@ -30,19 +30,31 @@ int fe_q8_kind(int fmt) {
 
 int fe_q8_layout(const fe_q8_kernels *k, int fmt, int n) { return k->layout ? k->layout(fmt, n) : fe_q8_kind(fmt); }
 
-size_t fe_q8_buffer_bytes(int cols, int n) {
-    return (size_t)n * (3 * fe_q8_stride(cols) + fe_q8k_stride(cols) + 2 * fe_q8_stride_kind(FE_Q8_KIND_32S, cols));
+unsigned fe_q8_kinds(const fe_q8_kernels *k, const unsigned char fmts[FE_N_FORMATS], int n_max) {
+    unsigned kinds = 0;
+    for (int f = 0; k && f < FE_N_FORMATS; f++)
+        if (fmts[f] && fe_q8_rowdot(k, f))
+            for (int n = 1; n <= n_max; n++) kinds |= 1u << fe_q8_layout(k, f, n);
+    return kinds;
 }
 
-/* The regions in order: KIND_32, KIND_256, KIND_32Z, KIND_32T, KIND_32S, KIND_32TS. */
+size_t fe_q8_buffer_bytes(unsigned kinds, int cols, int n) {
+    size_t bytes = 0;
+    for (int kind = 0; kind < FE_Q8_KINDS; kind++)
+        if (kinds >> kind & 1u) bytes += (size_t)n * fe_q8_stride_kind(kind, cols);
+    return bytes;
+}
+
+size_t fe_q8_plan_bytes(const fe_q8_kernels *k, const unsigned char fmts[FE_N_FORMATS], int cols, int chunk,
+                        unsigned *kinds_out) {
+    const unsigned kinds = cols > 0 && chunk > 0 ? fe_q8_kinds(k, fmts, chunk) : 0;
+    if (kinds_out) *kinds_out = kinds;
+    return kinds ? fe_q8_buffer_bytes(kinds, cols / FE_Q8_BLOCK * FE_Q8_BLOCK, chunk) : 0;
+}
+
+/* The regions of q->kinds side by side in the enum's order. */
 uint8_t *fe_q8_region(const fe_q8_ctx *q, int kind, int cols, int n) {
-    const size_t a = (size_t)n * fe_q8_stride(cols), k = (size_t)n * fe_q8k_stride(cols);
-    return q->buf + (kind == FE_Q8_KIND_256 ? a
-                     : kind == FE_Q8_KIND_32Z ? a + k
-                     : kind == FE_Q8_KIND_32T ? 2 * a + k
-                     : kind == FE_Q8_KIND_32S ? 3 * a + k
-                     : kind == FE_Q8_KIND_32TS ? 3 * a + k + (size_t)n * fe_q8_stride_kind(FE_Q8_KIND_32S, cols)
-                                              : 0);
+    return q->buf + fe_q8_buffer_bytes(q->kinds & ((1u << kind) - 1u), cols, n);
 }
 
 static void add_sums(uint8_t *xq, int cols, int n, size_t st, int k) {
@@ -342,7 +354,7 @@ fe_q8dot_fn fe_q8_rowdot(const fe_q8_kernels *k, int fmt) {
 fe_q8dot_fn fe_q8_kernel_for(const fe_q8_ctx *q, int fmt, int cols, int n) {
     if (!q || !q->k || fmt < 0 || fmt >= FE_N_FORMATS || cols <= 0 || cols % FE_Q8_BLOCK) return NULL;
     if ((fe_q8_kind(fmt) == FE_Q8_KIND_256 || fmt == FE_Q3_NL || fmt == FE_IQ4_XS) && cols % FE_Q8K_BLOCK) return NULL;
-    if (fe_q8_buffer_bytes(cols, n) > q->bytes) return NULL;
+    if (!(q->kinds >> fe_q8_layout(q->k, fmt, n) & 1u) || fe_q8_buffer_bytes(q->kinds, cols, n) > q->bytes) return NULL;
     return fe_q8_rowdot(q->k, fmt);
 }
 
@@ -397,6 +409,13 @@ int ferry_q8_kernels_available(int impl) { return fe_q8_kernels_get(impl) != NUL
 const char *ferry_q8_kernels_name(int impl) {
     const fe_q8_kernels *k = impl == FE_Q8_AVX512VNNI ? fe_q8_kernels_avx512vnni() : fe_q8_kernels_get(impl);
     return k ? k->name : impl >= 0 && impl < FE_KERNELS_N ? ferry_kernels_name(impl) : "unknown";
+}
+
+uint64_t ferry_q8_buffer_bytes(const int *fmts, int n, int cols, int chunk) {
+    unsigned char used[FE_N_FORMATS] = {0};
+    for (int i = 0; fmts && i < n; i++)
+        if (fmts[i] >= 0 && fmts[i] < FE_N_FORMATS) used[fmts[i]] = 1;
+    return fe_q8_plan_bytes(fe_q8_kernels_get(fe_q8_best(fe_kernels_best())), used, cols, chunk, NULL);
 }
 
 int ferry_q8_activations_supported(int fmt) {

@@ -124,8 +124,8 @@ typedef void (*fe_q8quant_fn)(int kind, const float *x, size_t x_stride, int col
  *    128), made once per token instead of once per row.
  * d and s are unchanged; FE_Q8_KIND_32 and FE_Q8_KIND_256 are left as they are. */
 void fe_q8_finish(int kind, uint8_t *out, int cols, int n);
-/* Room for n tokens of `cols` values in every layout (a fe_q8_ctx buffer). */
-size_t fe_q8_buffer_bytes(int cols, int n);
+/* Room for n tokens of `cols` values in each layout of `kinds` (a fe_q8_ctx buffer). */
+size_t fe_q8_buffer_bytes(unsigned kinds, int cols, int n);
 
 /* For t < n: y[t * ys] = the q8 dot of a stored weight row with token t's
  * quantized activations at xq + t * fe_q8_stride_kind(fe_q8_kind(fmt), cols). */
@@ -168,6 +168,15 @@ typedef struct fe_q8_kernels {
 } fe_q8_kernels;
 /* The layout set k's kernel for format fmt reads over n tokens. */
 int fe_q8_layout(const fe_q8_kernels *k, int fmt, int n);
+/* The layouts (bit `kind` set for each) set k's kernels read for the formats
+ * with fmts[fmt] != 0 over 1..n_max tokens: the regions a buffer needs. */
+unsigned fe_q8_kinds(const fe_q8_kernels *k, const unsigned char fmts[FE_N_FORMATS], int n_max);
+/* THE rule for a session's buffer (the engine's plan and ferry_q8_buffer_bytes):
+ * prompt chunks of `chunk` tokens at the widest input `cols` (rounded down to
+ * whole blocks) in the layouts set k reads for those formats (*kinds_out,
+ * when not NULL); 0 without a set or any format it multiplies. */
+size_t fe_q8_plan_bytes(const fe_q8_kernels *k, const unsigned char fmts[FE_N_FORMATS], int cols, int chunk,
+                        unsigned *kinds_out);
 
 /* The q8-only set after the FE_KERNELS_* ids: AVX-512 VNNI integer products
  * (kernels_q8_avx512.c); its exact (f32) kernels are AVX2's. */
@@ -196,16 +205,18 @@ typedef struct fe_q8_ctx {
     const fe_q8_kernels *k; /* the engine's set */
     uint8_t *buf;           /* quantized activations of one product: fe_q8_buffer_bytes */
     size_t bytes;           /* its size */
+    unsigned kinds;         /* the layouts it has a region for (fe_q8_kinds) */
 } fe_q8_ctx;
 
 /* Where a product of n tokens over `cols` keeps the activations of layout
- * `kind` in q->buf (the layouts side by side, so a job mixing formats
- * quantizes x once per layout). */
+ * `kind` (one of q->kinds) in q->buf (the layouts side by side, so a job
+ * mixing formats quantizes x once per layout). */
 uint8_t *fe_q8_region(const fe_q8_ctx *q, int kind, int cols, int n);
 
 /* The q8 kernel for a matrix of format fmt and `cols` columns over n tokens
  * with this context, or NULL when the product must take the exact path (no
- * context, no integer kernel for the format, or too little buffer). */
+ * context, no integer kernel for the format, no region for its layout, or
+ * too little buffer). */
 fe_q8dot_fn fe_q8_kernel_for(const fe_q8_ctx *q, int fmt, int cols, int n);
 /* Its two-row kernel for n tokens, or NULL (then rows go one at a time). */
 fe_q8dot2_fn fe_q8_kernel2_for(const fe_q8_kernels *k, int fmt, int n);

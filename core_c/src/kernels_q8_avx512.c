@@ -24,9 +24,10 @@
  * The per-block float scales D_b * d_b are multiplied 16 blocks at a time
  * (the same single IEEE products). Q4_0 and Q8_0 over 1-3 tokens take four
  * rows a call (the table's rowdot4: q4_0_tile_r4 on FE_Q8_KIND_32S, the lanes'
- * -8 x-sum starts precomputed per token; q8_0_tile_r4 on FE_Q8_KIND_32); a
- * last 1-3 rows of a thread's share, and Q4_1 under 4 tokens, use the AVX2
- * set's kernels, faster there: see the drivers.
+ * -8 x-sum starts precomputed per token; q8_0_tile_r4 on FE_Q8_KIND_32), and
+ * so does Q4_1 (q4_1_tile_r4 on FE_Q8_KIND_32); a last 1-3 rows of a
+ * thread's share, and Q4_1 from 4 tokens, use the AVX2 set's kernels,
+ * faster there: see the drivers.
  *
  * Tokens run in tiles of up to 16 (Q8_0, Q4_0) or 8 (K-quants) sharing each
  * decoded weight block (32 vector registers); a token's arithmetic does not
@@ -175,15 +176,21 @@ INL void tile32z(const uint8_t *row, int cols, const uint8_t *xq, size_t st, flo
 
 /* Block b0 + j of the four rows for nt tokens: S[t] holds D_b d_b of block
  * b0 + j' and row i at element 4j' + i. (Eight rows a call, two groups of
- * four sharing the x work, measured no faster: 0.93-1.05x from L2.) */
-INL void r4_block(const uint8_t *row, size_t rb, size_t so, const uint8_t *xq, size_t st, int b0, const int j, const int nt,
-                  const __m512 S[R4_TOKENS], __m512 lo[R4_TOKENS][2], __m512 hi[R4_TOKENS][2], const int gfni) {
+ * four sharing the x work, measured no faster: 0.93-1.05x from L2.)
+ * one = 0: Q4_0 (18-byte blocks, the lanes started at the token's -8 x-sums
+ * at byte so of its record, FE_Q8_KIND_32S); one = 1: Q4_1 (20-byte blocks,
+ * unsigned nibbles as stored, the lanes started at 0, and the minimum's
+ * chain mn[t][b % 2] = fma(M_b, s_b, .) in every element of row i's lane,
+ * M_b at element 4j' + i of *M, s_b the token's float at byte so + 4b). */
+INL void r4_nib(const uint8_t *row, size_t rb, size_t so, const uint8_t *xq, size_t st, int b0, const int j, const int nt,
+                const int one, const __m512 S[R4_TOKENS], const __m512 *M, __m512 lo[R4_TOKENS][2],
+                __m512 hi[R4_TOKENS][2], __m512 mn[R4_TOKENS][2], const int gfni) {
     const size_t b = (size_t)b0 + (size_t)j;
     const __m512i m15 = _mm512_set1_epi8(15);
     const __m512i pick = _mm512_setr_epi32(4 * j, 4 * j, 4 * j, 4 * j, 4 * j + 1, 4 * j + 1, 4 * j + 1, 4 * j + 1,
                                            4 * j + 2, 4 * j + 2, 4 * j + 2, 4 * j + 2, 4 * j + 3, 4 * j + 3, 4 * j + 3,
                                            4 * j + 3);
-    const uint8_t *q = row + 18 * b + 2;
+    const uint8_t *q = row + (one ? 20 : 18) * b + (one ? 4 : 2);
     const __m512i W = _mm512_inserti32x4(
         _mm512_inserti32x4(_mm512_inserti32x4(_mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)q)),
                                               _mm_loadu_si128((const __m128i *)(q + rb)), 1),
@@ -195,16 +202,22 @@ INL void r4_block(const uint8_t *row, size_t rb, size_t so, const uint8_t *xq, s
         __asm__("vgf2p8affineqb $0, %[a], %[w], %[h]" : [h] "=v"(wh) : [w] "v"(W), [a] "v"(_mm512_set1_epi64(HI_NIBBLE)));
     else
         wh = _mm512_and_si512(_mm512_srli_epi16(W, 4), m15);
+    const __m512 mj = one ? _mm512_permutexvar_ps(pick, *M) : _mm512_setzero_ps();
     for (int t = 0; t < nt; t++) {
-        /* x's 16-value halves in every lane, the lanes started at -8 * their 4 values' sum (FE_Q8_KIND_32S) */
+        /* x's 16-value halves in every lane, the lanes started at -8 * their 4 values' sum (FE_Q8_KIND_32S) or 0 */
         const __m512i xl = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(QX(t) + 32 * b)));
         const __m512i xh = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(QX(t) + 32 * b + 16)));
-        const __m512i zl = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(CX(t) + 8 * b)));
-        const __m512i zh = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(CX(t) + 8 * b + 4)));
+        const __m512i zl = one ? _mm512_setzero_si512() : _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(CX(t) + 8 * b)));
+        const __m512i zh = one ? _mm512_setzero_si512() : _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(CX(t) + 8 * b + 4)));
         const __m512 sc = _mm512_permutexvar_ps(pick, S[t]);
         lo[t][j & 1] = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zl, wl, xl)), lo[t][j & 1]);
         hi[t][j & 1] = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zh, wh, xh)), hi[t][j & 1]);
+        if (one) mn[t][j & 1] = _mm512_fmadd_ps(mj, _mm512_set1_ps(((const float *)CX(t))[b]), mn[t][j & 1]);
     }
+}
+INL void r4_block(const uint8_t *row, size_t rb, size_t so, const uint8_t *xq, size_t st, int b0, const int j, const int nt,
+                  const __m512 S[R4_TOKENS], __m512 lo[R4_TOKENS][2], __m512 hi[R4_TOKENS][2], const int gfni) {
+    r4_nib(row, rb, so, xq, st, b0, j, nt, 0, S, NULL, lo, hi, NULL, gfni);
 }
 
 INL void q4_0_tile_r4(const uint8_t *row, size_t rb, int cols, const uint8_t *xq, size_t st, float *y, size_t ys,
@@ -242,6 +255,60 @@ INL void q4_0_tile_r4(const uint8_t *row, size_t rb, int cols, const uint8_t *xq
         const __m512 T = _mm512_add_ps(_mm512_add_ps(lo[t][0], lo[t][1]), _mm512_add_ps(hi[t][0], hi[t][1]));
         const __m512 U = _mm512_add_ps(T, _mm512_permute_ps(T, 0x4e)); /* (t0 + t2, t1 + t3, ...) */
         const __m512 V = _mm512_add_ps(U, _mm512_permute_ps(U, 0xb1));
+        float out[16];
+        _mm512_storeu_ps(out, V);
+        for (int i = 0; i < 4; i++) y[(size_t)t * ys + (size_t)i] = out[4 * i];
+    }
+}
+
+/* Q4_1 over 1-3 tokens, four rows at a time (rowdot4), on FE_Q8_KIND_32:
+ * q4_0_tile_r4's scheme (r4_nib) with the nibbles unsigned as stored (the
+ * lanes start at 0: p = sum w x exactly) and the minimum's term, the
+ * reference's scalar chain m1[b % 2] = fma(M_b, s_b, m1[b % 2]) (s_b = d_b *
+ * sum q, the record's), run for the four rows at once, one per 128-bit lane.
+ * A block's d and m are its first 4 bytes, so one 64-byte load per row holds
+ * both for 4 blocks (bytes 20j..20j+3), and two word permutes put row i's d
+ * of block j at word 4j + i and its m at word 16 + 4j + i. The result is the
+ * reference's: h(acc[0] + acc[1]) + (m1[0] + m1[1]). The one-row kernel (a
+ * thread's last 1-3 rows, and 4 tokens or more) stays AVX2's: its minimum is
+ * the same chain, one row at a time, which was this file's weak point. */
+INL void q4_1_tile_r4(const uint8_t *row, size_t rb, int cols, const uint8_t *xq, size_t st, float *y, size_t ys,
+                      const int nt) {
+    const int nb = cols / 32;
+    const size_t so = (size_t)cols + 4 * (size_t)nb; /* the record's s[] (kernels_q8.h) */
+    /* words 4j + i (d) and 16 + 4j + i (m) of rows 0, 1 from (R0, R1) and of rows 2, 3 from (R2, R3) */
+    static const uint16_t I01[32] = {0, 32, 0, 0, 10, 42, 0, 0, 20, 52, 0, 0, 30, 62, 0, 0,
+                                     1, 33, 0, 0, 11, 43, 0, 0, 21, 53, 0, 0, 31, 63, 0, 0};
+    static const uint16_t I23[32] = {0, 0, 0, 32, 0, 0, 10, 42, 0, 0, 20, 52, 0, 0, 30, 62,
+                                     0, 0, 1, 33, 0, 0, 11, 43, 0, 0, 21, 53, 0, 0, 31, 63};
+    const __m512i w01 = _mm512_loadu_si512(I01), w23 = _mm512_loadu_si512(I23);
+    const __m512i rep4 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    __m512 lo[R4_TOKENS][2], hi[R4_TOKENS][2], mn[R4_TOKENS][2];
+    for (int t = 0; t < nt; t++) lo[t][0] = lo[t][1] = hi[t][0] = hi[t][1] = mn[t][0] = mn[t][1] = _mm512_setzero_ps();
+    for (int b0 = 0; b0 < nb; b0 += 4) {
+        const int m = nb - b0 < 4 ? nb - b0 : 4;
+        /* the 4 rows' next 64 bytes (at most 20m: masked, no read past the matrix) */
+        const __mmask64 lm = m == 4 ? ~(__mmask64)0 : ((__mmask64)1 << (20 * m)) - 1;
+        const uint8_t *p = row + 20 * (size_t)b0;
+        const __m512i A = _mm512_permutex2var_epi16(_mm512_maskz_loadu_epi8(lm, p), w01, _mm512_maskz_loadu_epi8(lm, p + rb));
+        const __m512i B = _mm512_permutex2var_epi16(_mm512_maskz_loadu_epi8(lm, p + 2 * rb), w23,
+                                                    _mm512_maskz_loadu_epi8(lm, p + 3 * rb));
+        const __m512i DM = _mm512_mask_mov_epi16(A, (__mmask32)0xccccccccu, B);
+        const __m512 D = _mm512_cvtph_ps(_mm512_castsi512_si256(DM));
+        const __m512 M = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(DM, 1));
+        __m512 S[R4_TOKENS]; /* the reference's D_b * d_b, element 4j + i */
+        for (int t = 0; t < nt; t++)
+            S[t] = _mm512_mul_ps(D, _mm512_permutexvar_ps(rep4, _mm512_castps128_ps512(_mm_maskz_loadu_ps(
+                                                                    (__mmask8)((1u << m) - 1), DX(t) + b0))));
+        r4_nib(row, rb, so, xq, st, b0, 0, nt, 1, S, &M, lo, hi, mn, 0);
+        if (m > 1) r4_nib(row, rb, so, xq, st, b0, 1, nt, 1, S, &M, lo, hi, mn, 0);
+        if (m > 2) r4_nib(row, rb, so, xq, st, b0, 2, nt, 1, S, &M, lo, hi, mn, 0);
+        if (m > 3) r4_nib(row, rb, so, xq, st, b0, 3, nt, 1, S, &M, lo, hi, mn, 0);
+    }
+    for (int t = 0; t < nt; t++) { /* per row (128-bit lane): h(acc[0] + acc[1]) as Q4_0's, then + (m1[0] + m1[1]) */
+        const __m512 T = _mm512_add_ps(_mm512_add_ps(lo[t][0], lo[t][1]), _mm512_add_ps(hi[t][0], hi[t][1]));
+        const __m512 U = _mm512_add_ps(T, _mm512_permute_ps(T, 0x4e));
+        const __m512 V = _mm512_add_ps(_mm512_add_ps(U, _mm512_permute_ps(U, 0xb1)), _mm512_add_ps(mn[t][0], mn[t][1]));
         float out[16];
         _mm512_storeu_ps(out, V);
         for (int i = 0; i < 4; i++) y[(size_t)t * ys + (size_t)i] = out[4 * i];
@@ -818,6 +885,7 @@ DRIVER4(TGT, rowdot4_vnni_q8_0, q8_0_tile_r4, FE_Q8_KIND_32)
 #define q4_0_tile_r4_gfni(...) q4_0_tile_r4(__VA_ARGS__, 1)
 DRIVER4(TGT, rowdot4_vnni_q4_0, q4_0_tile_r4_and, FE_Q8_KIND_32S)
 DRIVER4(TGT, rowdot4_gfni_q4_0, q4_0_tile_r4_gfni, FE_Q8_KIND_32S)
+DRIVER4(TGT, rowdot4_vnni_q4_1, q4_1_tile_r4, FE_Q8_KIND_32)
 
 /* ---------------------------------------------- q3_nl (AVX-512 VBMI as well) */
 
@@ -1007,8 +1075,10 @@ static int vnni_layout(int fmt, int n) {
 }
 static int vbmi_layout(int fmt, int n) { return fmt == FE_Q3_NL ? FE_Q8_KIND_32TS : vnni_layout(fmt, n); }
 
-/* Q4_1 (the demo model's format) keeps AVX2's kernel: this file's version was
- * 0.63-0.79x as fast (its minimum's scalar chain; bench/q8_speed.py). */
+/* Q4_1's one-row kernel (a thread's last 1-3 rows; 4 tokens or more) is
+ * AVX2's: this file's one-row version was 0.63-0.79x as fast (its minimum's
+ * scalar chain; bench/q8_speed.py); 1-3 tokens take q4_1_tile_r4 four rows
+ * at a time (the table's rowdot4). */
 static void rowdot_vnni_q4_1(const uint8_t *row, int cols, const uint8_t *xq, int n, float *y, size_t ys) {
     fe_q8_kernels_avx2()->rowdot[FE_Q4_1](row, cols, xq, n, y, ys);
 }
@@ -1029,7 +1099,7 @@ static void quantize_vnni(int kind, const float *x, size_t xs, int cols, int n, 
         layout,                                                                                             \
         {[FE_Q4_K] = rowdot2_vnni_q4_k, [FE_Q5_K] = rowdot2_vnni_q5_k, [FE_Q6_K] = rowdot2_vnni_q6_k},      \
         Q8_ROWDOT2_MIN_TOKENS,                                                                              \
-        {[FE_Q8_0] = rowdot4_vnni_q8_0, [FE_Q4_0] = q4r4, [FE_Q3_NL] = q3r4},                                  \
+        {[FE_Q8_0] = rowdot4_vnni_q8_0, [FE_Q4_0] = q4r4, [FE_Q4_1] = rowdot4_vnni_q4_1, [FE_Q3_NL] = q3r4},    \
         Z_TOKENS - 1,                                                                                       \
     };
 VNNI_SET(VNNI_Q8_GFNI, rowdot_vbmi_q3_nl, rowdot4_vbmi_q3_nl, rowdot4_gfni_q4_0, vbmi_layout)

@@ -69,6 +69,7 @@ struct ferry_engine {
     const struct fe_kernels *kernels; /* the matrix-product kernels chosen at open (kernels.h) */
     const fe_q8_kernels *q8;      /* the 8-bit-activation kernels (activations "q8"), or NULL: exact f32 */
     uint64_t q8_bytes;            /* a session's buffer for them: one chunk at the widest matrix input */
+    unsigned q8_kinds;            /* its layouts' regions (fe_q8_kinds) */
     int chunk;                    /* tokens a prompt's forward pass evaluates together (fe_prompt_chunk) */
     int q8_auto;                  /* activations "auto": an architecture may keep classes of its products exact
                                      (arch_kimi.c, KIMI_AUTO_Q8) where "q8" runs them all on the q8 kernels */

@@ -239,6 +239,56 @@ static void test_quantizers(void) {
     free(x);
 }
 
+/* A session buffer holds a region only for the layouts its set reads for the
+ * model's formats (fe_q8_kinds): every product of 1..N tokens still finds its
+ * kernel and a region inside the buffer, the regions do not overlap, a
+ * buffer without a layout's region takes the exact path, and the AVX-512 VNNI
+ * set's Q4_1 (the demo model) needs only FE_Q8_KIND_32. */
+static void test_buffer_regions(void) {
+    enum { N = 40 };
+    const int cols = 1536;
+    for (int impl = 0; impl <= FERRY_KERNELS_AVX512VNNI; impl++) {
+        const fe_q8_kernels *k = fe_q8_kernels_get(impl);
+        if (!k) continue;
+        for (int only = -1; only < FE_N_FORMATS; only++) { /* each format alone, then (-1) all of them */
+            unsigned char fmts[FE_N_FORMATS];
+            for (int f = 0; f < FE_N_FORMATS; f++) fmts[f] = only < 0 || f == only;
+            const unsigned kinds = fe_q8_kinds(k, fmts, N);
+            const size_t bytes = fe_q8_buffer_bytes(kinds, cols, N);
+            uint8_t *buf = malloc(bytes ? bytes : 1);
+            fe_q8_ctx q = {k, buf, bytes, kinds};
+            int ok = buf != NULL;
+            for (int f = 0; f < FE_N_FORMATS; f++) {
+                if (!fmts[f] || !fe_q8_rowdot(k, f)) continue;
+                for (int n = 1; n <= N; n++) {
+                    const int kind = fe_q8_layout(k, f, n);
+                    const size_t at = (size_t)(fe_q8_region(&q, kind, cols, n) - buf);
+                    ok &= fe_q8_kernel_for(&q, f, cols, n) != NULL && (kinds >> kind & 1u) &&
+                          at + (size_t)n * fe_q8_stride_kind(kind, cols) <= q.bytes;
+                    for (int o = 0; o < FE_Q8_KINDS; o++) /* another region starts at or past this one's end, or ends before it */
+                        if (o != kind && (kinds >> o & 1u)) {
+                            const size_t ao = (size_t)(fe_q8_region(&q, o, cols, n) - buf);
+                            ok &= ao >= at + (size_t)n * fe_q8_stride_kind(kind, cols) ||
+                                  ao + (size_t)n * fe_q8_stride_kind(o, cols) <= at;
+                        }
+                    fe_q8_ctx without = q;
+                    without.kinds &= ~(1u << kind);
+                    ok &= fe_q8_kernel_for(&without, f, cols, n) == NULL;
+                }
+            }
+            free(buf);
+            check(ok, only < 0 ? "all formats" : fe_format_get(only)->name, impl, cols, N, "q8 buffer regions");
+        }
+        if (impl == FERRY_KERNELS_AVX512VNNI) {
+            unsigned char fmts[FE_N_FORMATS] = {0};
+            fmts[FE_Q4_1] = 1;
+            check(fe_q8_kinds(k, fmts, 128) == 1u << FE_Q8_KIND_32 &&
+                      fe_q8_buffer_bytes(1u << FE_Q8_KIND_32, cols, 128) == 128 * fe_q8_stride(cols),
+                  "q4_1", impl, cols, 128, "the q8 buffer holds only the plain layout");
+        }
+    }
+}
+
 int main(void) {
     for (int impl = 1; impl <= FERRY_KERNELS_AVX512VNNI; impl++)
         if (ferry_q8_kernels_available(impl)) printf("testing %s q8 against scalar\n", ferry_q8_kernels_name(impl));
@@ -248,6 +298,7 @@ int main(void) {
 #endif
     test_quantizer();
     test_quantizers();
+    test_buffer_regions();
     /* token counts around the SIMD tiles (4 and 8 tokens) and their remainders */
     static const int NS[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 16, 24, 31, 33}; /* tiles of 16, 8, rests */
     for (size_t f = 0; f < sizeof FORMATS / sizeof FORMATS[0]; f++) {

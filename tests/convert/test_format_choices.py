@@ -228,3 +228,24 @@ def test_plan_config_counts_the_cache_policy_state(tmp_path):
     real = container_plan(convert(src, tmp_path / "k3.ferry", trunk_format="f32", expert_format="f32"), 4096)
     assert tiny["policy_bytes"] == real.policy_floor_bytes > 0
     assert tiny["policy_all_bytes"] == real.policy_bytes
+
+
+def test_plan_config_counts_the_q8_buffer_the_engine_takes(tmp_path):
+    """`ferry plan --config` counts the default 8-bit activations' buffer by the
+    engine's own rule (a region only for the layouts this CPU's kernels read
+    for the stored formats): a tiny K3 with a quantized trunk and q3_nl
+    experts plans the very bytes its container's engine plan reports, and a
+    float model none."""
+    from app.engine.binding import container_plan
+    from app.convert.plan_config import plan_from_config
+    from tests.kimi import tiny_k3
+
+    src = tmp_path / "k3"
+    tiny_k3.build(src, moe_ffn=256, latent=256)   # experts of 256-value rows: q3_nl holds them
+    config = json.loads((src / "config.json").read_text())
+    for trunk, experts in (("iq4_xs", "q3_nl"), ("f32", "f32")):
+        planned = plan_from_config(config, trunk_format=trunk, expert_format=experts, ctx=4096)
+        real = container_plan(convert(src, tmp_path / f"k3-{trunk}.ferry", trunk_format=trunk,
+                                      expert_format=experts), 4096)
+        assert planned["q8_bytes"] == real.q8_bytes, (trunk, experts)
+        assert (real.q8_bytes > 0) == (trunk != "f32")

@@ -202,6 +202,12 @@ def test_q8_reaches_the_experts_of_a_moe_model(tiny_moe, tmp_path):
             s = engine.session(64)
             assert np.array_equal(np.stack([s.eval([t]) for t in tokens]), out[mode])
     assert 0 < rel_l2(out["q8"], out["exact"]) < 0.05
+    # a decode token's experts are quantized together (up to 16 one-token inputs): the q8 buffer
+    # holds them whatever the prompt chunk, and the chunk changes no output
+    with Engine(container, threads=2, activations="q8", prompt_chunk=1) as one, \
+            Engine(container, threads=2, activations="q8", prompt_chunk=16) as sixteen:
+        assert one.plan(64).q8_bytes == sixteen.plan(64).q8_bytes > 0
+        assert np.array_equal(one.session(64).eval(tokens, all_logits=True), out["q8"])
 
 
 @pytest.mark.slow
