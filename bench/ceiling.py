@@ -159,6 +159,36 @@ def huge_page_share(a: np.ndarray) -> float | None:
     return min(1.0, huge / a.nbytes)
 
 
+def timed_threads(works: list) -> tuple[float, list[float]]:
+    """Each of `works` (callables, the core's calls releasing the GIL) on its own thread, all released at
+    once: the wall seconds from the release to the last one's end, and each thread's CPU seconds."""
+    import threading
+    cpu = [0.0] * len(works)
+    start = threading.Barrier(len(works) + 1)
+
+    def run(i: int) -> None:
+        start.wait()
+        c0 = time.thread_time()
+        works[i]()
+        cpu[i] = time.thread_time() - c0
+
+    ts = [threading.Thread(target=run, args=(i,)) for i in range(len(works))]
+    for t in ts:
+        t.start()
+    start.wait()
+    t0 = time.perf_counter()
+    for t in ts:
+        t.join()
+    return time.perf_counter() - t0, cpu
+
+
+def rates(wall: float, cpu: list[float], per_thread_bytes: int) -> dict:
+    """A probe's figures: GB/s of all threads by the wall clock and summed over each thread's CPU time."""
+    return {"gb_s": round(len(cpu) * per_thread_bytes / wall / 1e9, 2),
+            "cpu_gb_s": round(sum(per_thread_bytes / c for c in cpu) / 1e9, 2), "seconds": round(wall, 3),
+            "load1": os.getloadavg()[0], "at": time.strftime("%H:%M:%S", time.gmtime())}
+
+
 class ReadProbe:
     """What a decode on `threads` threads could read from memory now, measured the way a decode reads its
     weights: `threads` threads at once, each streaming its own contiguous part (as each of the pool's threads
@@ -179,35 +209,16 @@ class ReadProbe:
         self._read(1)  # first pass: TLB and caches settle
 
     def _read(self, passes: int, streams: int = 1, threads: int | None = None) -> tuple[float, list[float]]:
-        import threading
         lib, ffi = kbench.lib, kbench.ffi
-        n = threads or self.threads
-        cpu = [0.0] * n
-        start = threading.Barrier(n + 1)
 
-        def run(i: int) -> None:
+        def read(i: int):
             buf = self._maps[i][1]
-            start.wait()
-            c0 = time.thread_time()
-            lib.ferry_memory_read(ffi.from_buffer(buf), buf.nbytes, passes, streams)
-            cpu[i] = time.thread_time() - c0
+            return lambda: lib.ferry_memory_read(ffi.from_buffer(buf), buf.nbytes, passes, streams)
 
-        ts = [threading.Thread(target=run, args=(i,)) for i in range(n)]
-        for t in ts:
-            t.start()
-        start.wait()
-        t0 = time.perf_counter()
-        for t in ts:
-            t.join()
-        return time.perf_counter() - t0, cpu
+        return timed_threads([read(i) for i in range(threads or self.threads)])
 
     def measure(self, streams: int = 1, threads: int | None = None) -> dict:
-        n = threads or self.threads
-        wall, cpu = self._read(self.passes, streams, n)
-        per = self.passes * self._maps[0][1].nbytes
-        return {"gb_s": round(n * per / wall / 1e9, 2), "cpu_gb_s": round(sum(per / c for c in cpu) / 1e9, 2),
-                "seconds": round(wall, 3), "load1": os.getloadavg()[0],
-                "at": time.strftime("%H:%M:%S", time.gmtime())}
+        return rates(*self._read(self.passes, streams, threads), self.passes * self._maps[0][1].nbytes)
 
     def describe(self) -> dict:
         return {"threads": self.threads, "buffer_bytes": self.nbytes, "llc_bytes": llc_bytes(),
@@ -231,8 +242,9 @@ def memory_read_gb_s(threads: int, probes: int = 3) -> float:
 
 def probe_study(threads: int, rounds: int = 5) -> dict:
     """The evidence for ReadProbe's choices: the probe and its variants (a buffer inside the last-level
-    cache, twice the size, 4 streams a thread, 4 KiB pages, one thread), `rounds` times each in a shuffled
-    order, every figure (wall and CPU-time GB/s) and their medians."""
+    cache, twice the size, 4 streams a thread, 4 KiB pages, one thread) and the engine's Q8_0 and Q4_K
+    decode products over as many bytes (KernelProduct), `rounds` times each in a shuffled order, every
+    figure (wall and CPU-time GB/s) and their medians."""
     import random
     big = probe_bytes()
     variants = {"probe": (ReadProbe(threads, big), 1, threads),
@@ -242,6 +254,9 @@ def probe_study(threads: int, rounds: int = 5) -> dict:
     variants["4 streams a thread"] = (variants["probe"][0], 4, threads)
     if threads > 1:
         variants["1 thread"] = (variants["probe"][0], 1, 1)
+    products = {fmt: KernelProduct(threads, fmt, big) for fmt in ("q8_0", "q4_k")}
+    for fmt, prod in products.items():
+        variants[f"{fmt} matrix-vector product (8-bit activations)"] = (prod, 1, threads)
     figs: dict[str, list[dict]] = {k: [] for k in variants}
     order = list(variants)
     for _ in range(rounds):
@@ -256,6 +271,41 @@ def probe_study(threads: int, rounds: int = 5) -> dict:
                   "cpu_gb_s_median": statistics.median(r["cpu_gb_s"] for r in rs),
                   "buffer_bytes": probe.nbytes, "huge_page_share": probe.huge_page_share, "probes": rs}
     return out
+
+
+class KernelProduct:
+    """The engine's own decode product as a reader, to check the probe against: `threads` threads at once,
+    each running the engine's 8-bit-activation kernels (ferry_kernel_matmul_q8 with the set its "auto"
+    takes, AVX-512 VNNI where it runs; n = 1) over its contiguous half of the
+    rows of a random `fmt` matrix of about `nbytes` ([rows, 3584]); weight bytes / wall seconds, as
+    ReadProbe.measure gives them. A kernel that reads near the probe's rate means the probe is a bound
+    decode can approach; one far below it is limited by its own compute."""
+
+    def __init__(self, threads: int, fmt: str, nbytes: int, passes: int = 2):
+        lib = kbench.lib
+        self.threads, self.passes, self.fmt = threads, passes, fmt
+        self.code = lib.ferry_format_code(fmt.encode())
+        self.row_bytes = lib.ferry_format_row_bytes(self.code, kbench.COLS)
+        self.rows = nbytes // self.row_bytes // threads
+        rng = np.random.default_rng(1)
+        self.w = [kbench.random_matrix(fmt, self.rows, rng) for _ in range(threads)]
+        self.nbytes = threads * self.rows * self.row_bytes
+        self.huge_page_share = huge_page_share(self.w[0])
+        self.x = rng.standard_normal(kbench.COLS).astype(np.float32)
+        self.y = [np.zeros(self.rows, dtype=np.float32) for _ in range(threads)]
+
+    def measure(self, streams: int = 1, threads: int | None = None) -> dict:
+        from bench.q8_speed import q8_auto
+        lib, ffi = kbench.lib, kbench.ffi
+        impl = q8_auto(lib, ffi, lib.ferry_kernels_best())   # the engine's q8 set
+
+        def product(i: int):
+            args = (impl, self.code, ffi.from_buffer(self.w[i]), self.rows, kbench.COLS,
+                    ffi.from_buffer("float[]", self.x), 1, ffi.from_buffer("float[]", self.y[i]))
+            return lambda: [lib.ferry_kernel_matmul_q8(*args) for _ in range(self.passes)]
+
+        wall, cpu = timed_threads([product(i) for i in range(threads or self.threads)])
+        return rates(wall, cpu, self.passes * self.rows * self.row_bytes)
 
 
 def attention_macs(s: dict, context: float) -> float:
