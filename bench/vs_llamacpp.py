@@ -36,7 +36,10 @@ threads at once, each streaming its own part of a resident buffer of at least
 1 GiB and twice the last-level cache, in 2 MiB pages, as a decode's threads
 stream their rows of the weights; wall-clock), probed once before every
 engine child and once after the last (every probe in
-``memory_read_gb_s.probes``); per file (``files.NAME.memory_bound``) the
+``memory_read_gb_s.probes``, with its rate by the threads' CPU time beside
+the wall-clock one; ``memory_read_gb_s.ran_share``, the median ratio of the
+two, is about 1.0 on a quiet machine and well below it when other processes
+held the cores); per file (``files.NAME.memory_bound``) the
 weight bytes a decoded token reads, from the GGUF (``weight_bytes_per_token``:
 every matrix once, the output head, the embedding's row, the norms;
 ``weight_bytes`` has the parts). Each child's decode is held against the mean
@@ -362,9 +365,14 @@ class BesideProbes:
         self._waiting.append((run, self.probes[-1]["gb_s"]))
 
     def record(self) -> dict:
+        """Every probe, their median, range and ``ran_share``: the median of each probe's wall-clock over
+        CPU-time rate, the share of the probe's time its threads ran (about 1.0 on a quiet machine; well
+        below it, other processes held the cores and both the probes and the decodes beside them are
+        slowed by the scheduler, not the memory)."""
         figs = [p["gb_s"] for p in self.probes]
+        ran = statistics.median(p["gb_s"] / p["cpu_gb_s"] for p in self.probes if p.get("cpu_gb_s"))
         return {"method": self.method, **self.probe.describe(), "median": statistics.median(figs),
-                "min": min(figs), "max": max(figs), "probes": self.probes}
+                "min": min(figs), "max": max(figs), "ran_share": round(ran, 3), "probes": self.probes}
 
 
 # ---------------------------------------------------------------- driver
@@ -467,7 +475,8 @@ def main(argv=None) -> int:
         results[name].update(summarize(results[name]["rounds"]))
         rounds = results[name]["rounds"]
         reads = [rnd[eng]["read_gb_s"] for rnd in rounds for eng in rnd["order"] if "read_gb_s" in rnd[eng]]
-        results[name]["memory_bound"] = memory_bound(results[name]["median"], statistics.median(reads),
+        read = statistics.median(reads) if reads else probes.record()["median"]   # (no run decoded)
+        results[name]["memory_bound"] = memory_bound(results[name]["median"], read,
                                                      weight_bytes_per_token(models[name]["gguf"]),
                                                      context=128 + (a.tokens - 1) / 2, rounds=rounds)
         mb = results[name]["memory_bound"]

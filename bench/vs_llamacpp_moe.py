@@ -492,7 +492,8 @@ def main(argv=None) -> int:
         ram = [r for r in runs if r.get("setting") == "in_ram"]
         rounds = [{r["engine"]: r for r in ram if r["round"] == k} for k in sorted({r["round"] for r in ram})]
         reads = [r["read_gb_s"] for r in ram if "read_gb_s" in r]
-        summary["in_ram"]["memory_bound"] = memory_bound(summary["in_ram"]["median"], statistics.median(reads),
+        read = statistics.median(reads) if reads else probes.record()["median"]   # (no run decoded)
+        summary["in_ram"]["memory_bound"] = memory_bound(summary["in_ram"]["median"], read,
                                                          weight_bytes_per_token(gguf),
                                                          context=a.prompt + (a.tokens - 1) / 2, rounds=rounds)
     cpu = ""

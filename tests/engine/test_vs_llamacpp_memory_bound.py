@@ -159,6 +159,7 @@ def test_the_probes_beside_a_run_are_the_ones_just_before_and_after_it(monkeypat
     rec = probes.record()
     assert [p["before"] for p in rec["probes"]] == ["a", "b", "end"]
     assert rec["median"] == 20.0 and rec["min"] == 10.0 and "2 threads" in rec["method"]
+    assert rec["ran_share"] == 0.5   # 20 GB/s by the wall clock against 40 by the threads' CPU time
 
 
 def test_the_read_probe_reads_memory_the_way_a_decode_does():
