@@ -39,7 +39,9 @@ engine child and once after the last (every probe in
 ``memory_read_gb_s.probes``, with its rate by the threads' CPU time beside
 the wall-clock one; ``memory_read_gb_s.ran_share``, the median ratio of the
 two, is about 1.0 on a quiet machine and well below it when other processes
-held the cores); per file (``files.NAME.memory_bound``) the
+held the cores; ``gb_s_4_streams``, taken right after each probe, reads 4
+interleaved streams a thread, a pattern no decode here uses, for comparison
+only); per file (``files.NAME.memory_bound``) the
 weight bytes a decoded token reads, from the GGUF (``weight_bytes_per_token``:
 every matrix once, the output head, the embedding's row, the norms;
 ``weight_bytes`` has the parts). Each child's decode is held against the mean
@@ -354,7 +356,9 @@ class BesideProbes:
 
     def take(self, label: str) -> float:
         res = self.probe.measure()
-        self.probes.append({"before": label, **res})
+        four = self.probe.measure(streams=4)   # beside it, not in the bound: 4 streams a thread, not a decode's 1
+        self.probes.append({"before": label, **res, "gb_s_4_streams": four["gb_s"],
+                            "cpu_gb_s_4_streams": four["cpu_gb_s"]})
         for run, prev in self._waiting:
             run["read_gb_s"] = (prev + res["gb_s"]) / 2
             run["read_gb_s_before_after"] = [prev, res["gb_s"]]
@@ -371,8 +375,10 @@ class BesideProbes:
         slowed by the scheduler, not the memory)."""
         figs = [p["gb_s"] for p in self.probes]
         ran = statistics.median(p["gb_s"] / p["cpu_gb_s"] for p in self.probes if p.get("cpu_gb_s"))
+        four = [p["gb_s_4_streams"] for p in self.probes if "gb_s_4_streams" in p]
         return {"method": self.method, **self.probe.describe(), "median": statistics.median(figs),
-                "min": min(figs), "max": max(figs), "ran_share": round(ran, 3), "probes": self.probes}
+                "min": min(figs), "max": max(figs), "ran_share": round(ran, 3),
+                "median_4_streams": statistics.median(four) if four else None, "probes": self.probes}
 
 
 # ---------------------------------------------------------------- driver

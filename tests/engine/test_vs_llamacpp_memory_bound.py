@@ -133,13 +133,13 @@ def test_the_probes_beside_a_run_are_the_ones_just_before_and_after_it(monkeypat
     spec = importlib.util.spec_from_file_location("ceiling_under_test", REPO / "bench" / "ceiling.py")
     ceiling = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ceiling)
-    figures = iter([20.0, 30.0, 10.0])
+    figures = iter([20.0, 22.0, 30.0, 33.0, 10.0, 11.0])   # each probe, then its 4-stream comparison
 
     class Probe:
         def __init__(self, threads):
             self.threads = threads
 
-        def measure(self):
+        def measure(self, streams=1):
             return {"gb_s": next(figures), "cpu_gb_s": 40.0, "seconds": 0.5, "load1": 0.1, "at": "00:00:00"}
 
         def describe(self):
@@ -160,6 +160,7 @@ def test_the_probes_beside_a_run_are_the_ones_just_before_and_after_it(monkeypat
     assert [p["before"] for p in rec["probes"]] == ["a", "b", "end"]
     assert rec["median"] == 20.0 and rec["min"] == 10.0 and "2 threads" in rec["method"]
     assert rec["ran_share"] == 0.5   # 20 GB/s by the wall clock against 40 by the threads' CPU time
+    assert rec["median_4_streams"] == 22.0 and rec["probes"][0]["gb_s_4_streams"] == 22.0
 
 
 def test_the_read_probe_reads_memory_the_way_a_decode_does():
