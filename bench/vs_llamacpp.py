@@ -368,6 +368,15 @@ class BesideProbes:
     def beside(self, run: dict) -> None:
         self._waiting.append((run, self.probes[-1]["gb_s"]))
 
+    def finish(self) -> None:
+        """The last probe; says on stderr when the probes' threads ran under 80 % of their time (a busy
+        machine: the bound and the decodes beside it are the scheduler's then, not the memory's)."""
+        self.take("end")
+        ran = self.record()["ran_share"]
+        if ran < 0.8:
+            log(f"the read probes' threads ran {ran:.0%} of the time: a busy machine; the shares of the "
+                "memory-read bound are not a quiet-machine figure")
+
     def record(self) -> dict:
         """Every probe, their median, range and ``ran_share``: the median of each probe's wall-clock over
         CPU-time rate, the share of the probe's time its threads ran (about 1.0 on a quiet machine; well
@@ -476,7 +485,7 @@ def main(argv=None) -> int:
                 probes.beside(rnd[eng])
                 log(json.dumps({"round": r + 1, "file": name, "engine": eng, **rnd[eng]}))  # partial results
             results[name]["rounds"].append(rnd)
-    probes.take("end")
+    probes.finish()
     for name in a.files:
         results[name].update(summarize(results[name]["rounds"]))
         rounds = results[name]["rounds"]

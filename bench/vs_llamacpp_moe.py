@@ -486,7 +486,7 @@ def main(argv=None) -> int:
                 res.update(round=r + 1, setting=setting, engine=name)
                 runs.append(res)
                 log(json.dumps({k: v for k, v in res.items() if k not in ("profile_decode",)}))
-    probes.take("end")
+    probes.finish()
     summary = summarize(runs)
     if not a.skip_ram:
         ram = [r for r in runs if r.get("setting") == "in_ram"]

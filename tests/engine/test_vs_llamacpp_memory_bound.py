@@ -126,7 +126,7 @@ def test_each_round_is_held_against_the_read_probed_beside_it():
     assert out["decode_share_with_kv"]["ferry"] == pytest.approx(10.0 * 1_000_400_000 / 20e9)
 
 
-def test_the_probes_beside_a_run_are_the_ones_just_before_and_after_it(monkeypatch):
+def test_the_probes_beside_a_run_are_the_ones_just_before_and_after_it(monkeypatch, capsys):
     """BesideProbes gives each run the mean of the probe taken before it and the next one (before the
     next run, or the last), and records every probe with what came next."""
     vs = _bench()
@@ -153,7 +153,7 @@ def test_the_probes_beside_a_run_are_the_ones_just_before_and_after_it(monkeypat
     probes.beside(a)
     probes.take("b")
     probes.beside(b)
-    probes.take("end")
+    probes.finish()
     assert a["read_gb_s"] == 25.0 and a["read_gb_s_before_after"] == [20.0, 30.0]
     assert b["read_gb_s"] == 20.0
     rec = probes.record()
@@ -161,6 +161,7 @@ def test_the_probes_beside_a_run_are_the_ones_just_before_and_after_it(monkeypat
     assert rec["median"] == 20.0 and rec["min"] == 10.0 and "2 threads" in rec["method"]
     assert rec["ran_share"] == 0.5   # 20 GB/s by the wall clock against 40 by the threads' CPU time
     assert rec["median_4_streams"] == 22.0 and rec["probes"][0]["gb_s_4_streams"] == 22.0
+    assert "ran 50% of the time: a busy machine" in capsys.readouterr().err
 
 
 def test_the_read_probe_reads_memory_the_way_a_decode_does():
