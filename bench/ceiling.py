@@ -1,14 +1,15 @@
 """The exact (f32-activation) path's ceiling on this CPU, against llama.cpp.
 
     python bench/ceiling.py [--files demo 1b-q4_k_m 1b-q8_0] [--threads 2] [--vs VS.json] [--memory-gb-s 24.5] --json
+    python bench/ceiling.py --probe-study 5 [--threads 2]   (the read probe against its variants)
 
 Measures, in one run:
 - this CPU's peak multiply-accumulate rates (bench/ceiling.c, built here with
   cc): f32 FMA (what an exact kernel needs at least once per weight and
   token) and int8 (vpmaddubsw/vpmaddwd on AVX2, vpdpbusd with AVX512-VNNI:
   what llama.cpp's kernels use), on one thread and on ``--threads`` at once;
-- the memory read of ``--threads`` threads (bench/kernel_speed.py's loop, 256 MB a
-  thread; the best of 1 and 4 streams, twice);
+- the memory read of ``--threads`` threads (``ReadProbe``: what a decode on that
+  many threads could read from memory; the median of 3 probes);
 - each exact kernel of the files' formats from cache (ferry_kernel_matmul on
   a [rows, 3584] matrix that fits in L2, one thread, by its CPU clock: n = 1
   as in decode, n = 64 as in a prompt), i.e. the kernel's own compute rate;
@@ -36,9 +37,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import mmap
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -101,10 +104,208 @@ def shape(path: Path) -> dict:
             "macs": sum(f["macs"] for f in by_fmt.values()), "bytes": sum(f["bytes"] for f in by_fmt.values())}
 
 
-def memory_read_gb_s(threads: int) -> float:
-    """The memory read of `threads` threads (bench/kernel_speed.py's loop over 256 MB a thread): the best of 1
-    and 4 streams, twice. Wall-clock: a busy machine lowers it."""
-    return max(kbench.bandwidth(threads, 256, st) for st in (1, 4, 1, 4))
+GIB = 2**30
+
+
+def llc_bytes() -> int:
+    """The largest CPU cache the OS reports (Linux sysfs, macOS sysctl), 0 if none is reported."""
+    sizes = []
+    for f in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        txt = f.read_text().strip()
+        mult = {"K": 2**10, "M": 2**20, "G": 2**30}.get(txt[-1:], 1)
+        sizes.append(int(txt.rstrip("KMG")) * mult)
+    if not sizes and sys.platform == "darwin":
+        for key in ("hw.l3cachesize", "hw.l2cachesize"):
+            out = subprocess.run(["sysctl", "-n", key], capture_output=True, text=True).stdout.strip()
+            if out.isdigit():
+                sizes.append(int(out))
+    return max(sizes, default=0)
+
+
+def probe_bytes() -> int:
+    """The read probe's buffer: at least twice the last-level cache and at least 1 GiB, as a decode's weights
+    (the 1B files read 0.7-1.2 GB a token), so that it reads memory, not a cache."""
+    return max(GIB, 2 * llc_bytes()) // (2 * 2**20) * (2 * 2**20)
+
+
+def _anonymous(nbytes: int, huge: bool) -> tuple[mmap.mmap, np.ndarray]:
+    """`nbytes` of anonymous memory, 2 MiB pages requested (as the engine's trunk: fe_alloc_huge) or refused,
+    every byte written (resident: a never-written page reads the shared zero page, from cache)."""
+    private = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
+    m = mmap.mmap(-1, nbytes, flags=private) if private else mmap.mmap(-1, nbytes)   # (shared: shmem pages)
+    advice = getattr(mmap, "MADV_HUGEPAGE" if huge else "MADV_NOHUGEPAGE", None)
+    if advice is not None:
+        m.madvise(advice)
+    a = np.frombuffer(m, dtype=np.uint64)
+    a[:] = 1
+    return m, a
+
+
+def huge_page_share(a: np.ndarray) -> float | None:
+    """The share of `a`'s bytes in transparent huge pages (Linux /proc/self/smaps; None elsewhere)."""
+    lo, hi = a.ctypes.data, a.ctypes.data + a.nbytes
+    try:
+        text = Path("/proc/self/smaps").read_text()
+    except OSError:
+        return None
+    huge, inside = 0, False
+    for line in text.splitlines():
+        head = line.split(" ", 1)[0]
+        if "-" in head and not head.endswith(":"):
+            start, end = (int(x, 16) for x in head.split("-"))
+            inside = start < hi and end > lo
+        elif inside and line.startswith("AnonHugePages:"):
+            huge += int(line.split()[1]) * 1024
+    return min(1.0, huge / a.nbytes)
+
+
+def timed_threads(works: list) -> tuple[float, list[float]]:
+    """Each of `works` (callables, the core's calls releasing the GIL) on its own thread, all released at
+    once: the wall seconds from the release to the last one's end, and each thread's CPU seconds."""
+    import threading
+    cpu = [0.0] * len(works)
+    start = threading.Barrier(len(works) + 1)
+
+    def run(i: int) -> None:
+        start.wait()
+        c0 = time.thread_time()
+        works[i]()
+        cpu[i] = time.thread_time() - c0
+
+    ts = [threading.Thread(target=run, args=(i,)) for i in range(len(works))]
+    for t in ts:
+        t.start()
+    start.wait()
+    t0 = time.perf_counter()
+    for t in ts:
+        t.join()
+    return time.perf_counter() - t0, cpu
+
+
+def rates(wall: float, cpu: list[float], per_thread_bytes: int) -> dict:
+    """A probe's figures: GB/s of all threads by the wall clock and summed over each thread's CPU time."""
+    return {"gb_s": round(len(cpu) * per_thread_bytes / wall / 1e9, 2),
+            "cpu_gb_s": round(sum(per_thread_bytes / c for c in cpu) / 1e9, 2), "seconds": round(wall, 3),
+            "load1": os.getloadavg()[0], "at": time.strftime("%H:%M:%S", time.gmtime())}
+
+
+class ReadProbe:
+    """What a decode on `threads` threads could read from memory now, measured the way a decode reads its
+    weights: `threads` threads at once, each streaming its own contiguous part (as each of the pool's threads
+    streams its rows of a matrix-vector product) of a buffer larger than the last-level cache (probe_bytes)
+    held in 2 MiB pages (as the engine's trunk), written before the first probe (no first-touch faults, no
+    zero page). The buffer is allocated once, so probes taken between an engine's runs cost ~0.3-1 s each.
+
+    ``measure()``: one probe of ``passes`` passes over the buffer; ``gb_s`` is bytes / wall seconds from the
+    threads' common start to the last one's end (wall-clock, as decode tok/s: other processes taking the cores
+    lower both), ``cpu_gb_s`` the sum over threads of bytes / the thread's CPU seconds (what the threads read
+    while running: the memory system's rate, unaffected by time slicing)."""
+
+    def __init__(self, threads: int, nbytes: int | None = None, passes: int = 8, huge: bool = True):
+        self.threads, self.passes = threads, passes
+        self.nbytes = (nbytes or probe_bytes()) // (threads * 4096) * (threads * 4096)
+        self._maps = [_anonymous(self.nbytes // threads, huge) for _ in range(threads)]
+        self.huge_page_share = huge_page_share(self._maps[0][1])
+        self._read(1)  # first pass: TLB and caches settle
+
+    def _read(self, passes: int, streams: int = 1, threads: int | None = None) -> tuple[float, list[float]]:
+        lib, ffi = kbench.lib, kbench.ffi
+
+        def read(i: int):
+            buf = self._maps[i][1]
+            return lambda: lib.ferry_memory_read(ffi.from_buffer(buf), buf.nbytes, passes, streams)
+
+        return timed_threads([read(i) for i in range(threads or self.threads)])
+
+    def measure(self, streams: int = 1, threads: int | None = None) -> dict:
+        return rates(*self._read(self.passes, streams, threads), self.passes * self._maps[0][1].nbytes)
+
+    def describe(self) -> dict:
+        return {"threads": self.threads, "buffer_bytes": self.nbytes, "llc_bytes": llc_bytes(),
+                "passes": self.passes, "streams_per_thread": 1, "huge_page_share": self.huge_page_share}
+
+
+#: How the bound's denominator is measured (bench/vs_llamacpp.py and --moe record it in their JSON).
+READ_METHOD = ("ReadProbe (bench/ceiling.py): THREADS threads (the engines' thread count) at once, each "
+               "streaming its own contiguous part of a resident buffer of at least 1 GiB and twice the "
+               "last-level cache, 2 MiB pages (as Ferry's trunk), 1 stream a thread (as a thread streams its "
+               "rows of a matrix-vector product); bytes / wall seconds. One probe before each engine child "
+               "and one after the last; a child's bound uses the mean of the probes on either side of it")
+
+
+def memory_read_gb_s(threads: int, probes: int = 3) -> float:
+    """The memory read of `threads` threads: the median of `probes` ReadProbe measurements. Wall-clock: a
+    busy machine lowers it (as it lowers a decode)."""
+    probe = ReadProbe(threads)
+    return statistics.median(probe.measure()["gb_s"] for _ in range(probes))
+
+
+def probe_study(threads: int, rounds: int = 5) -> dict:
+    """The evidence for ReadProbe's choices: the probe and its variants (a buffer inside the last-level
+    cache, twice the size, 4 streams a thread, 4 KiB pages, one thread) and the engine's Q8_0 and Q4_K
+    decode products over as many bytes (KernelProduct), `rounds` times each in a shuffled order, every
+    figure (wall and CPU-time GB/s) and their medians."""
+    import random
+    big = probe_bytes()
+    variants = {"probe": (ReadProbe(threads, big), 1, threads),
+                "64 MiB buffer (inside the LLC)": (ReadProbe(threads, 64 * 2**20, passes=128), 1, threads),
+                "twice the buffer": (ReadProbe(threads, 2 * big, passes=4), 1, threads),
+                "4 KiB pages": (ReadProbe(threads, big, huge=False), 1, threads)}
+    variants["4 streams a thread"] = (variants["probe"][0], 4, threads)
+    if threads > 1:
+        variants["1 thread"] = (variants["probe"][0], 1, 1)
+    products = {fmt: KernelProduct(threads, fmt, big) for fmt in ("q8_0", "q4_k")}
+    for fmt, prod in products.items():
+        variants[f"{fmt} matrix-vector product (8-bit activations)"] = (prod, 1, threads)
+    figs: dict[str, list[dict]] = {k: [] for k in variants}
+    order = list(variants)
+    for _ in range(rounds):
+        random.shuffle(order)
+        for k in order:
+            probe, streams, n = variants[k]
+            figs[k].append(probe.measure(streams, n))
+    out = {}
+    for k, rs in figs.items():
+        probe = variants[k][0]
+        out[k] = {"gb_s_median": statistics.median(r["gb_s"] for r in rs),
+                  "cpu_gb_s_median": statistics.median(r["cpu_gb_s"] for r in rs),
+                  "buffer_bytes": probe.nbytes, "huge_page_share": probe.huge_page_share, "probes": rs}
+    return out
+
+
+class KernelProduct:
+    """The engine's own decode product as a reader, to check the probe against: `threads` threads at once,
+    each running the engine's 8-bit-activation kernels (ferry_kernel_matmul_q8 with the set its "auto"
+    takes, AVX-512 VNNI where it runs; n = 1) over its contiguous half of the
+    rows of a random `fmt` matrix of about `nbytes` ([rows, 3584]); weight bytes / wall seconds, as
+    ReadProbe.measure gives them. A kernel that reads near the probe's rate means the probe is a bound
+    decode can approach; one far below it is limited by its own compute."""
+
+    def __init__(self, threads: int, fmt: str, nbytes: int, passes: int = 2):
+        lib = kbench.lib
+        self.threads, self.passes, self.fmt = threads, passes, fmt
+        self.code = lib.ferry_format_code(fmt.encode())
+        self.row_bytes = lib.ferry_format_row_bytes(self.code, kbench.COLS)
+        self.rows = nbytes // self.row_bytes // threads
+        rng = np.random.default_rng(1)
+        self.w = [kbench.random_matrix(fmt, self.rows, rng) for _ in range(threads)]
+        self.nbytes = threads * self.rows * self.row_bytes
+        self.huge_page_share = huge_page_share(self.w[0])
+        self.x = rng.standard_normal(kbench.COLS).astype(np.float32)
+        self.y = [np.zeros(self.rows, dtype=np.float32) for _ in range(threads)]
+
+    def measure(self, streams: int = 1, threads: int | None = None) -> dict:
+        from bench.q8_speed import q8_auto
+        lib, ffi = kbench.lib, kbench.ffi
+        impl = q8_auto(lib, ffi, lib.ferry_kernels_best())   # the engine's q8 set
+
+        def product(i: int):
+            args = (impl, self.code, ffi.from_buffer(self.w[i]), self.rows, kbench.COLS,
+                    ffi.from_buffer("float[]", self.x), 1, ffi.from_buffer("float[]", self.y[i]))
+            return lambda: [lib.ferry_kernel_matmul_q8(*args) for _ in range(self.passes)]
+
+        wall, cpu = timed_threads([product(i) for i in range(threads or self.threads)])
+        return rates(wall, cpu, self.passes * self.rows * self.row_bytes)
 
 
 def attention_macs(s: dict, context: float) -> float:
@@ -211,7 +412,15 @@ def main() -> None:
                     help="the memory read to bound decode with (e.g. one measured on a quiet machine) instead of "
                          "this run's, which a busy machine lowers; both are printed")
     ap.add_argument("--json", action="store_true", help="one line of JSON (default: indented)")
+    ap.add_argument("--probe-study", type=int, metavar="ROUNDS",
+                    help="only the evidence for the read probe's method: it and its variants, ROUNDS times each")
     a = ap.parse_args()
+    if a.probe_study:
+        out = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "load_before": os.getloadavg()[0],
+               "threads": a.threads, "method": READ_METHOD.replace("THREADS", str(a.threads)),
+               "variants": probe_study(a.threads, a.probe_study), "load_after": os.getloadavg()[0]}
+        print(json.dumps(out) if a.json else json.dumps(out, indent=1))
+        return
     out = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "machine": platform.processor() or
            platform.machine(), "cpus": os.cpu_count(), "load_before": os.getloadavg()[0], "threads": a.threads}
     try:

@@ -102,7 +102,33 @@ def rows_vs_llamacpp(out: dict) -> list[dict]:
         rss.append(f"{file} {ratio['peak_rss_bytes']:.2f}")
     if rss:
         rows.append({"figure": "peak RSS, Ferry / llama.cpp", "value": ", ".join(rss)})
+    rows += rows_memory_bound(out)
     return rows
+
+
+def rows_memory_bound(out: dict) -> list[dict]:
+    """Decode's share of the memory-read bound per file (``files`` -> ``memory_bound``), Ferry / llama.cpp,
+    and how the read was measured: since session 19 each round against the read probed beside it, the
+    median over rounds (``decode_share_rounds``); before, the median decode against the best of the reads
+    before and after the rounds."""
+    shares, per_round = [], False
+    for file, result in out.get("files", {}).items():
+        mb = result.get("memory_bound") or {}
+        share = mb.get("decode_share") or {}
+        if "ferry" not in share:
+            continue
+        per_round = per_round or "decode_share_rounds" in mb
+        both = " / ".join(f"{share[e]:.0%}" for e in ("ferry", "llama_cpp") if e in share)
+        shares.append(f"{file} {both} ({mb['weight_bytes_per_token'] / 1e6:.0f} MB a token, "
+                      f"{mb['memory_read_gb_s']:.1f} GB/s)")
+    if not shares:
+        return []
+    read = out.get("memory_read_gb_s") or {}
+    how = ("median over rounds of each round's decode against the read probed beside it"
+           + (f" (probes {read['min']:.1f}-{read['max']:.1f} GB/s)" if "min" in read else "")
+           if per_round else "median decode against the best of the reads before and after the rounds")
+    return [{"figure": f"decode's share of the memory-read bound, Ferry / llama.cpp ({how})",
+             "value": "; ".join(shares)}]
 
 
 def rows_generic(out: dict, prefix: str = "") -> list[dict]:

@@ -30,19 +30,34 @@ of ``activations="auto"`` on quantized weights, as llama.cpp computes).
 exact activations (``activations="exact"``, the default before), in the same
 rotation, with its ratios to llama.cpp and to default Ferry.
 
-The memory-bandwidth bound of decode, measured in the same run (as the
-``--moe`` mode does): the memory read of ``--threads`` threads
-(bench/ceiling.py's ``memory_read_gb_s``) before and after the rounds, the
-best of the two (``memory_read_gb_s``); per file (``files.NAME.memory_bound``)
-the weight bytes a decoded token reads, from the GGUF
-(``weight_bytes_per_token``: every matrix once, the output head, the
-embedding's row, the norms; ``weight_bytes`` has the parts), the decode
-tok/s the read allows (``decode_tok_s_bound``) and each engine's median
-decode as a share of it (``decode_share``). The KV cache is counted apart:
-the bytes a decoded token reads from it at the decode's mean context (128
-plus half the decoded tokens; f32 in Ferry, f16 in llama.cpp:
+The memory-bandwidth bound of decode, measured beside each run: the memory
+read of ``--threads`` threads (bench/ceiling.py's ``ReadProbe``: that many
+threads at once, each streaming its own part of a resident buffer of at least
+1 GiB and twice the last-level cache, in 2 MiB pages, as a decode's threads
+stream their rows of the weights; wall-clock), probed once before every
+engine child and once after the last (every probe in
+``memory_read_gb_s.probes``, with its rate by the threads' CPU time beside
+the wall-clock one; ``memory_read_gb_s.ran_share``, the median ratio of the
+two, is about 1.0 on a quiet machine and well below it when other processes
+held the cores; ``gb_s_4_streams``, taken right after each probe, reads 4
+interleaved streams a thread, a pattern no decode here uses, for comparison
+only); per file (``files.NAME.memory_bound``) the
+weight bytes a decoded token reads, from the GGUF (``weight_bytes_per_token``:
+every matrix once, the output head, the embedding's row, the norms;
+``weight_bytes`` has the parts). Each child's decode is held against the mean
+of the probes on either side of it (its ``read_gb_s``): its share is decode
+tok/s x weight bytes / that read; ``decode_share`` is each engine's median
+over the rounds of that share (every round's in ``decode_share_rounds``),
+and ``memory_read_gb_s`` / ``decode_tok_s_bound`` the median probe beside
+the file's children and the decode tok/s it allows. The KV cache is counted
+apart: the bytes a decoded token reads from it at the decode's mean context
+(128 plus half the decoded tokens; f32 in Ferry, f16 in llama.cpp:
 ``kv_bytes_per_token``) and each engine's share of the bound of weights and
-KV cache together (``decode_share_with_kv``).
+KV cache together (``decode_share_with_kv``, the same median over rounds).
+``weights_within_llc``: the weights a token reads fit in the last-level cache
+the OS reports (the demo's 97 MB in this VM's 300 MiB L3), so a decode may
+read some from the cache, faster than the probe's memory read: that file's
+share overstates how close it is to its own bound.
 
 ``--moe`` measures a mixture-of-experts file instead, in RAM and in memory
 cgroups smaller than the model: bench/vs_llamacpp_moe.py (its docstring says
@@ -290,23 +305,89 @@ def weight_bytes_per_token(gguf_path: Path) -> dict:
     return out
 
 
-def memory_bound(medians: dict, read_gb_s: float, weights: dict, context: float | None = None) -> dict:
+def memory_bound(medians: dict, read_gb_s: float, weights: dict, context: float | None = None,
+                 rounds: list[dict] | None = None) -> dict:
     """Decode's bound by the memory read (tok/s = read / the weight bytes a token reads) and each engine's
-    median decode (``medians``: engine -> its medians) as a share of it. With ``context`` (the decode's mean
-    number of cached positions), each engine's KV-cache bytes a token reads there too (KV_VALUE_BYTES) and its
-    share of the bound of weights and KV cache together."""
+    decode as a share of it. Without ``rounds``, each engine's median decode (``medians``: engine -> its
+    medians) against ``read_gb_s``. With ``rounds`` (per round, engine -> a run's ``decode_tok_s`` and the
+    ``read_gb_s`` probed beside it), each run against its own probe and the median over rounds
+    (``decode_share_rounds`` lists them); ``read_gb_s`` is then only the figure the bound in tok/s is given
+    at. With ``context`` (the decode's mean number of cached positions), each engine's KV-cache bytes a token
+    reads there too (KV_VALUE_BYTES) and its share of the bound of weights and KV cache together."""
     bound = read_gb_s * 1e9 / weights["total"]
+    engines = [eng for eng, m in medians.items() if m.get("decode_tok_s")]
+    kv = {eng: weights["kv_values_per_position"] * context * KV_VALUE_BYTES[eng] for eng in engines
+          if eng in KV_VALUE_BYTES} if context is not None else {}
+
+    def runs(eng: str) -> list[tuple[float, float]]:
+        if rounds is None:
+            return [(medians[eng]["decode_tok_s"], read_gb_s)]
+        return [(r[eng]["decode_tok_s"], r[eng]["read_gb_s"]) for r in rounds
+                if r.get(eng, {}).get("decode_tok_s") and r[eng].get("read_gb_s")]
+
+    def share(eng: str, extra: float = 0.0) -> list[float]:
+        return [tok_s * (weights["total"] + extra) / (gb_s * 1e9) for tok_s, gb_s in runs(eng)]
+
     out = {"memory_read_gb_s": read_gb_s, "weight_bytes_per_token": weights["total"], "weight_bytes": weights,
            "decode_tok_s_bound": bound,
-           "decode_share": {eng: m["decode_tok_s"] / bound for eng, m in medians.items() if m.get("decode_tok_s")}}
+           "decode_share": {eng: statistics.median(share(eng)) for eng in engines if share(eng)}}
+    if rounds is not None:
+        out["decode_share_rounds"] = {eng: share(eng) for eng in engines}
+        out["read_gb_s_rounds"] = {eng: [gb_s for _, gb_s in runs(eng)] for eng in engines}
     if context is not None:
-        kv = {eng: weights["kv_values_per_position"] * context * KV_VALUE_BYTES[eng] for eng in out["decode_share"]
-              if eng in KV_VALUE_BYTES}
         out["kv_context"] = context
         out["kv_bytes_per_token"] = kv
-        out["decode_share_with_kv"] = {eng: medians[eng]["decode_tok_s"] * (weights["total"] + b) / (read_gb_s * 1e9)
-                                       for eng, b in kv.items()}
+        out["decode_share_with_kv"] = {eng: statistics.median(share(eng, b)) for eng, b in kv.items() if share(eng)}
     return out
+
+
+class BesideProbes:
+    """The read probe (bench/ceiling.py's ReadProbe) taken before every engine child and once at the end:
+    ``take(label)`` probes (label: what runs next); ``beside(run)``, called with a child's result after it
+    ran, gives it the mean of the probe before it and the next one as its ``read_gb_s``; ``record()`` is
+    every probe and how they were taken, for the JSON."""
+
+    def __init__(self, threads: int):
+        from bench.ceiling import READ_METHOD, ReadProbe
+        self.probe = ReadProbe(threads)
+        self.method = READ_METHOD.replace("THREADS", str(threads))
+        self.probes: list[dict] = []
+        self._waiting: list[tuple[dict, float]] = []
+
+    def take(self, label: str) -> float:
+        res = self.probe.measure()
+        four = self.probe.measure(streams=4)   # beside it, not in the bound: 4 streams a thread, not a decode's 1
+        self.probes.append({"before": label, **res, "gb_s_4_streams": four["gb_s"],
+                            "cpu_gb_s_4_streams": four["cpu_gb_s"]})
+        for run, prev in self._waiting:
+            run["read_gb_s"] = (prev + res["gb_s"]) / 2
+            run["read_gb_s_before_after"] = [prev, res["gb_s"]]
+        self._waiting = []
+        return res["gb_s"]
+
+    def beside(self, run: dict) -> None:
+        self._waiting.append((run, self.probes[-1]["gb_s"]))
+
+    def finish(self) -> None:
+        """The last probe; says on stderr when the probes' threads ran under 80 % of their time (a busy
+        machine: the bound and the decodes beside it are the scheduler's then, not the memory's)."""
+        self.take("end")
+        ran = self.record()["ran_share"]
+        if ran < 0.8:
+            log(f"the read probes' threads ran {ran:.0%} of the time: a busy machine; the shares of the "
+                "memory-read bound are not a quiet-machine figure")
+
+    def record(self) -> dict:
+        """Every probe, their median, range and ``ran_share``: the median of each probe's wall-clock over
+        CPU-time rate, the share of the probe's time its threads ran (about 1.0 on a quiet machine; well
+        below it, other processes held the cores and both the probes and the decodes beside them are
+        slowed by the scheduler, not the memory)."""
+        figs = [p["gb_s"] for p in self.probes]
+        ran = statistics.median(p["gb_s"] / p["cpu_gb_s"] for p in self.probes if p.get("cpu_gb_s"))
+        four = [p["gb_s_4_streams"] for p in self.probes if "gb_s_4_streams" in p]
+        return {"method": self.method, **self.probe.describe(), "median": statistics.median(figs),
+                "min": min(figs), "max": max(figs), "ran_share": round(ran, 3),
+                "median_4_streams": statistics.median(four) if four else None, "probes": self.probes}
 
 
 # ---------------------------------------------------------------- driver
@@ -387,8 +468,7 @@ def main(argv=None) -> int:
     results = {}
     for name in a.files:
         results[name] = {"gguf_bytes": models[name]["gguf_bytes"], "rounds": []}
-    from bench.ceiling import memory_read_gb_s
-    read_before = memory_read_gb_s(a.threads)
+    probes = BesideProbes(a.threads)
     engines = list(ENGINES if a.ferry_exact else ENGINES[:2])
     for r in range(a.rounds):
         for name in a.files:
@@ -396,19 +476,27 @@ def main(argv=None) -> int:
             rnd = {"order": list(order)}
             for eng in order:
                 log(f"round {r + 1}/{a.rounds} {name} {eng}")
+                probes.take(f"round {r + 1} {name} {eng}")
                 if eng.startswith("ferry"):
                     rnd[eng] = run_child(Path(sys.executable), "ferry", models[name]["container"], a,
                                          activations="exact" if eng == "ferry_exact" else "auto")
                 else:
                     rnd[eng] = run_child(llama_py, "llama_cpp", models[name]["gguf"], a)
+                probes.beside(rnd[eng])
                 log(json.dumps({"round": r + 1, "file": name, "engine": eng, **rnd[eng]}))  # partial results
             results[name]["rounds"].append(rnd)
-    read_after = memory_read_gb_s(a.threads)
+    probes.finish()
     for name in a.files:
         results[name].update(summarize(results[name]["rounds"]))
-        results[name]["memory_bound"] = memory_bound(results[name]["median"], max(read_before, read_after),
+        rounds = results[name]["rounds"]
+        reads = [rnd[eng]["read_gb_s"] for rnd in rounds for eng in rnd["order"] if "read_gb_s" in rnd[eng]]
+        read = statistics.median(reads) if reads else probes.record()["median"]   # (no run decoded)
+        results[name]["memory_bound"] = memory_bound(results[name]["median"], read,
                                                      weight_bytes_per_token(models[name]["gguf"]),
-                                                     context=128 + (a.tokens - 1) / 2)
+                                                     context=128 + (a.tokens - 1) / 2, rounds=rounds)
+        mb = results[name]["memory_bound"]
+        # weights that fit in the last-level cache may be read from it, faster than the probe reads memory
+        mb["weights_within_llc"] = mb["weight_bytes_per_token"] < probes.record()["llc_bytes"]
     cpu = ""
     try:
         cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
@@ -417,7 +505,8 @@ def main(argv=None) -> int:
     out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": platform.machine(), "cpu": cpu,
            "cores": os.cpu_count(), "threads": a.threads, "tokens": a.tokens, "rounds": a.rounds,
            "llama_cpp_python": LLAMA_CPP_VERSION,
-           "memory_read_gb_s": {"before": read_before, "after": read_after, "threads": a.threads}, "files": results}
+           "memory_read_gb_s": {"before": probes.probes[0]["gb_s"], "after": probes.probes[-1]["gb_s"],
+                                **probes.record()}, "files": results}
     print(json.dumps(out, indent=None if a.json else 1))
     return 0
 

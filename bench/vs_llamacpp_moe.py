@@ -42,15 +42,17 @@ prompt run meanwhile waits on the disk for the records not yet in. The wait
 is reported apart (``fill``: wall seconds and bytes read), beside the load;
 llama.cpp's load reads and repacks the whole file before it returns.
 
-The memory-bandwidth bound of decode, measured in the same run: the memory
-read of ``--threads`` threads (bench/ceiling.py's ``memory_read_gb_s``) before
-and after the rounds, the best of the two taken (a busy machine lowers it);
-the weight bytes a decoded token reads (bench/vs_llamacpp.py's
-``weight_bytes_per_token``, from the GGUF: every 2-D matrix but a token
-embedding the output does not share, top-k / n-experts of each stacked
-expert tensor, the embedding row and the norms; beside it Ferry's own count
-of the bytes its decode products read); and, in RAM, each engine's decode
-tok/s x those bytes / the read: its share of the bound
+The memory-bandwidth bound of decode, measured beside each run as in the
+dense mode (bench/vs_llamacpp.py's ``BesideProbes``: bench/ceiling.py's read
+probe of ``--threads`` threads before every run and once after the last,
+every probe in ``memory_read_gb_s.probes``, each run's ``read_gb_s`` the
+mean of the probes on either side of it); the weight bytes a decoded token
+reads (bench/vs_llamacpp.py's ``weight_bytes_per_token``, from the GGUF:
+every 2-D matrix but a token embedding the output does not share, top-k /
+n-experts of each stacked expert tensor, the embedding row and the norms;
+beside it Ferry's own count of the bytes its decode products read); and, in
+RAM, each run's decode tok/s x those bytes / its read, each engine's median
+over the rounds being its share of the bound
 (``summary.in_ram.memory_bound``; the KV cache a token reads is counted
 apart, as in the dense mode).
 
@@ -455,8 +457,8 @@ def main(argv=None) -> int:
     ferry_model = container(gguf, a.workdir)
     size = gguf.stat().st_size
     me = Path(sys.executable)
-    from bench.ceiling import memory_read_gb_s
-    read_before = memory_read_gb_s(a.threads)
+    from bench.vs_llamacpp import BesideProbes
+    probes = BesideProbes(a.threads)
     check = None
     if not a.ferry_only:
         log("cross-check: greedy tokens, Ferry exact")
@@ -477,17 +479,23 @@ def main(argv=None) -> int:
             for name, py, model, variant in engines[k:] + engines[:k]:   # each engine leads in turn
                 n += 1
                 log(f"round {r + 1}/{a.rounds} {setting} {name}")
+                probes.take(f"round {r + 1} {setting} {name}")
                 res = run_child(py, "ferry" if name == "ferry" else "llama_cpp", model, a, "speed", limit,
                                 variant, tag=str(n))
+                probes.beside(res)
                 res.update(round=r + 1, setting=setting, engine=name)
                 runs.append(res)
                 log(json.dumps({k: v for k, v in res.items() if k not in ("profile_decode",)}))
-    read_after = memory_read_gb_s(a.threads)
+    probes.finish()
     summary = summarize(runs)
     if not a.skip_ram:
-        summary["in_ram"]["memory_bound"] = memory_bound(summary["in_ram"]["median"], max(read_before, read_after),
+        ram = [r for r in runs if r.get("setting") == "in_ram"]
+        rounds = [{r["engine"]: r for r in ram if r["round"] == k} for k in sorted({r["round"] for r in ram})]
+        reads = [r["read_gb_s"] for r in ram if "read_gb_s" in r]
+        read = statistics.median(reads) if reads else probes.record()["median"]   # (no run decoded)
+        summary["in_ram"]["memory_bound"] = memory_bound(summary["in_ram"]["median"], read,
                                                          weight_bytes_per_token(gguf),
-                                                         context=a.prompt + (a.tokens - 1) / 2)
+                                                         context=a.prompt + (a.tokens - 1) / 2, rounds=rounds)
     cpu = ""
     try:
         cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
@@ -500,7 +508,8 @@ def main(argv=None) -> int:
            "container_bytes": sum(p.stat().st_size for p in ferry_model.rglob("*") if p.is_file()),
            "prompt": a.prompt, "tokens": a.tokens, "rounds": a.rounds,
            "crosscheck": crosscheck(check["ferry"], check["llama_cpp"]) if check else None, "crosscheck_runs": check,
-           "memory_read_gb_s": {"before": read_before, "after": read_after, "threads": a.threads},
+           "memory_read_gb_s": {"before": probes.probes[0]["gb_s"], "after": probes.probes[-1]["gb_s"],
+                                **probes.record()},
            "runs": runs, "summary": summary}
     print(json.dumps(out, indent=None if a.json else 1))
     return 0

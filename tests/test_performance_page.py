@@ -50,3 +50,16 @@ def test_a_bench_without_an_extractor_lists_its_numbers(tmp_path, monkeypatch):
     performance.record("stream", "python bench/stream.py --json", {"tok_s": 11.5, "run": {"hit_rate": 0.4}})
     page = performance.render(tmp_path)
     assert "| tok_s | 11.5 |" in page and "| run.hit_rate | 0.4 |" in page
+
+
+def test_the_decode_share_row_says_how_the_read_was_measured():
+    bound = {"decode_share": {"ferry": 0.62, "llama_cpp": 0.4}, "weight_bytes_per_token": 700e6,
+             "memory_read_gb_s": 24.0}
+    old = {"files": {"1b": {"memory_bound": bound}}}
+    new = {"files": {"1b": {"memory_bound": {**bound, "decode_share_rounds": {"ferry": [0.6, 0.62, 0.7]}}}},
+           "memory_read_gb_s": {"min": 22.5, "max": 26.0}}
+    (row_old,), (row_new,) = performance.rows_memory_bound(old), performance.rows_memory_bound(new)
+    assert row_old["value"] == row_new["value"] == "1b 62% / 40% (700 MB a token, 24.0 GB/s)"
+    assert "best of the reads before and after" in row_old["figure"]
+    assert "probed beside it (probes 22.5-26.0 GB/s)" in row_new["figure"]
+    assert performance.rows_memory_bound({"files": {"1b": {}}}) == []

@@ -5,6 +5,7 @@ up) and each engine's share of the bound, the KV cache counted apart."""
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 import pytest
 
@@ -102,3 +103,82 @@ def test_an_engine_childs_peak_rss_is_its_own_not_its_parents():
                          capture_output=True, text=True, timeout=60, check=True).stdout
     assert held[4096] == 1
     assert 0 < int(out) < 200 << 20
+
+
+def test_each_round_is_held_against_the_read_probed_beside_it():
+    """With rounds, every run's share is its decode against the read probed beside it, and the
+    figure is each engine's median over the rounds (not the median decode over one read)."""
+    vs = _bench()
+    weights = {"total": 1_000_000_000, "kv_values_per_position": 1000}
+    rounds = [{"order": ["ferry", "llama_cpp"], "ferry": {"decode_tok_s": 10.0, "read_gb_s": 20.0},
+               "llama_cpp": {"decode_tok_s": 8.0, "read_gb_s": 20.0}},
+              {"order": ["llama_cpp", "ferry"], "ferry": {"decode_tok_s": 12.0, "read_gb_s": 30.0},
+               "llama_cpp": {"decode_tok_s": 6.0, "read_gb_s": 24.0}},
+              {"order": ["ferry", "llama_cpp"], "ferry": {"decode_tok_s": 9.0, "read_gb_s": 15.0},
+               "llama_cpp": {"error": "killed"}}]
+    medians = {"ferry": {"decode_tok_s": 10.0}, "llama_cpp": {"decode_tok_s": 7.0}}
+    out = vs.memory_bound(medians, 24.0, weights, context=100, rounds=rounds)
+    assert out["decode_share_rounds"] == {"ferry": pytest.approx([0.5, 0.4, 0.6]),
+                                          "llama_cpp": pytest.approx([0.4, 0.25])}
+    assert out["decode_share"] == {"ferry": pytest.approx(0.5), "llama_cpp": pytest.approx(0.325)}
+    assert out["read_gb_s_rounds"]["ferry"] == [20.0, 30.0, 15.0]
+    assert out["decode_tok_s_bound"] == pytest.approx(24.0)   # at the figure given (the median probe)
+    assert out["decode_share_with_kv"]["ferry"] == pytest.approx(10.0 * 1_000_400_000 / 20e9)
+
+
+def test_the_probes_beside_a_run_are_the_ones_just_before_and_after_it(monkeypatch, capsys):
+    """BesideProbes gives each run the mean of the probe taken before it and the next one (before the
+    next run, or the last), and records every probe with what came next."""
+    vs = _bench()
+    spec = importlib.util.spec_from_file_location("ceiling_under_test", REPO / "bench" / "ceiling.py")
+    ceiling = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ceiling)
+    figures = iter([20.0, 22.0, 30.0, 33.0, 10.0, 11.0])   # each probe, then its 4-stream comparison
+
+    class Probe:
+        def __init__(self, threads):
+            self.threads = threads
+
+        def measure(self, streams=1):
+            return {"gb_s": next(figures), "cpu_gb_s": 40.0, "seconds": 0.5, "load1": 0.1, "at": "00:00:00"}
+
+        def describe(self):
+            return {"threads": self.threads}
+
+    monkeypatch.setattr(ceiling, "ReadProbe", Probe)
+    monkeypatch.setitem(__import__("sys").modules, "bench.ceiling", ceiling)
+    probes = vs.BesideProbes(2)
+    a, b = {}, {}
+    probes.take("a")
+    probes.beside(a)
+    probes.take("b")
+    probes.beside(b)
+    probes.finish()
+    assert a["read_gb_s"] == 25.0 and a["read_gb_s_before_after"] == [20.0, 30.0]
+    assert b["read_gb_s"] == 20.0
+    rec = probes.record()
+    assert [p["before"] for p in rec["probes"]] == ["a", "b", "end"]
+    assert rec["median"] == 20.0 and rec["min"] == 10.0 and "2 threads" in rec["method"]
+    assert rec["ran_share"] == 0.5   # 20 GB/s by the wall clock against 40 by the threads' CPU time
+    assert rec["median_4_streams"] == 22.0 and rec["probes"][0]["gb_s_4_streams"] == 22.0
+    assert "ran 50% of the time: a busy machine" in capsys.readouterr().err
+
+
+def test_the_read_probe_reads_memory_the_way_a_decode_does():
+    """bench/ceiling.py's ReadProbe: its default buffer is beyond the last-level cache, a probe
+    gives wall and per-thread CPU rates, and its pages are what was asked (2 MiB where the OS gives
+    them, as the trunk's fe_alloc_huge; never when refused)."""
+    import sys
+    spec = importlib.util.spec_from_file_location("ceiling_under_test", REPO / "bench" / "ceiling.py")
+    ceiling = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ceiling)
+    assert ceiling.probe_bytes() >= max(2**30, 2 * ceiling.llc_bytes())
+    probe = ceiling.ReadProbe(2, nbytes=16 << 20, passes=2)
+    got = probe.measure()
+    assert got["gb_s"] > 0 and got["cpu_gb_s"] > 0 and got["seconds"] > 0
+    assert probe.describe()["buffer_bytes"] == 16 << 20 and probe.describe()["streams_per_thread"] == 1
+    if sys.platform.startswith("linux"):
+        assert ceiling.ReadProbe(1, nbytes=8 << 20, huge=False).huge_page_share == 0.0
+        thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+        if thp.exists() and "[never]" not in thp.read_text():
+            assert probe.huge_page_share > 0.5
