@@ -642,10 +642,45 @@ INL void k2_tile(const uint8_t *row, size_t rb, int cols, const uint8_t *xq, siz
         TILES(fmt##_tile, 8, stride)                                                                          \
     }
 
+/* n tokens in ceil(n / TILE) tiles of near-equal size (n = 20: 10 + 10, not
+ * 16 + 4), each size a constant (its own unrolled code): a block pair's
+ * weight set-up is shared by its tile's tokens, so a small last tile costs
+ * nearly as much as a full one (Q4_0 768 x 2048: 9 tokens 1.27x, 12 1.23x,
+ * 20 1.07x as fast as tiles of 16, 8 and the rest; docs/bench-log/2026-12-06.md,
+ * session 19 h2). The experts of a prompt's chunk see every count. */
+#define BALANCED_TILES(tile, stride)                                                                         \
+    const size_t st = stride(cols);                                                                          \
+    const int tiles = (n + TILE - 1) / TILE;                                                                 \
+    for (int j = 0, t = 0; j < tiles; j++) {                                                                 \
+        const int k = (n - t) / (tiles - j);                                                                 \
+        const uint8_t *x = xq + (size_t)t * st;                                                              \
+        float *o = y + (size_t)t * ys;                                                                       \
+        switch (k) {                                                                                         \
+        case 1: tile(row, cols, x, st, o, ys, 1); break;                                                     \
+        case 2: tile(row, cols, x, st, o, ys, 2); break;                                                     \
+        case 3: tile(row, cols, x, st, o, ys, 3); break;                                                     \
+        case 4: tile(row, cols, x, st, o, ys, 4); break;                                                     \
+        case 5: tile(row, cols, x, st, o, ys, 5); break;                                                     \
+        case 6: tile(row, cols, x, st, o, ys, 6); break;                                                     \
+        case 7: tile(row, cols, x, st, o, ys, 7); break;                                                     \
+        case 8: tile(row, cols, x, st, o, ys, 8); break;                                                     \
+        case 9: tile(row, cols, x, st, o, ys, 9); break;                                                     \
+        case 10: tile(row, cols, x, st, o, ys, 10); break;                                                   \
+        case 11: tile(row, cols, x, st, o, ys, 11); break;                                                   \
+        case 12: tile(row, cols, x, st, o, ys, 12); break;                                                   \
+        case 13: tile(row, cols, x, st, o, ys, 13); break;                                                   \
+        case 14: tile(row, cols, x, st, o, ys, 14); break;                                                   \
+        case 15: tile(row, cols, x, st, o, ys, 15); break;                                                   \
+        default: tile(row, cols, x, st, o, ys, 16); break;                                                   \
+        }                                                                                                    \
+        t += k;                                                                                              \
+    }
+
 /* Q8_0 and Q4_0: under Z_TOKENS the AVX2 set's kernel on FE_Q8_KIND_32 (the
  * per-block set-up here pays off only over several tokens: bench/q8_speed.py
- * --kernels --sets); from Z_TOKENS, tiles of 16 (1.12-1.26x faster than 8 on
- * the Intel VM of 2026-12-05), 8 and the rest on FE_Q8_KIND_32Z (vnni_layout). */
+ * --kernels --sets); from Z_TOKENS, balanced tiles of up to 16 (16 was
+ * 1.12-1.26x faster than 8 on the Intel VM of 2026-12-05) on
+ * FE_Q8_KIND_32Z (vnni_layout). */
 #define Z_TOKENS 4
 #ifndef Q8_ROWDOT2_MIN_TOKENS
 #define Q8_ROWDOT2_MIN_TOKENS 2
@@ -656,7 +691,7 @@ INL void k2_tile(const uint8_t *row, size_t rb, int cols, const uint8_t *xq, siz
             few_##fmt(row, cols, xq, n, y, ys);                                                              \
             return;                                                                                          \
         }                                                                                                    \
-        TILES(fmt##_ztile, 16, fe_q8_stride)                                                                  \
+        BALANCED_TILES(fmt##_ztile, fe_q8_stride)                                                            \
     }
 /* Under Z_TOKENS: Q8_0 on FE_Q8_KIND_32, Q4_0 on FE_Q8_KIND_32S (its four-row
  * kernel's layout), whose records AVX2's kernel reads as FE_Q8_KIND_32 one
