@@ -103,6 +103,26 @@ INL __m256i w32(const uint8_t *row, int b, const int four) {
     return four ? _mm256_sub_epi8(nibbles(row + 18 * (size_t)b + 2), _mm256_set1_epi8(8)) : ld(row + 34 * (size_t)b + 2);
 }
 
+/* The f16 scales D_b of m <= 16 Q4_0 blocks from p (18-byte blocks: word 9i)
+ * as floats, lanes from m on zero: blocks 0-7 from bytes 0-127, 8-15 from
+ * bytes 144-271, each a word permute of two masked loads (no byte past the m
+ * blocks is read), instead of 16 scalar conversions (1.1-1.2x the whole tile
+ * at 4-20 tokens, a 768 x 2048 or 2048 x 768 matrix). */
+INL __mmask64 upto(size_t len, size_t off) {
+    return len <= off ? 0 : len - off >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << (len - off)) - 1;
+}
+INL __m512 q4_0_scales16(const uint8_t *p, int m) {
+    const __m512i w9 = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 63, 54, 45, 36, 27, 18, 9, 0, 63,
+                                        54, 45, 36, 27, 18, 9, 0);
+    const size_t len = 18 * (size_t)m;
+    const __m512i a = _mm512_permutex2var_epi16(_mm512_maskz_loadu_epi8(upto(len, 0), p), w9,
+                                                _mm512_maskz_loadu_epi8(upto(len, 64), p + 64));
+    const __m512i b = _mm512_permutex2var_epi16(_mm512_maskz_loadu_epi8(upto(len, 144), p + 144), w9,
+                                                _mm512_maskz_loadu_epi8(upto(len, 208), p + 208));
+    const __m256i h = _mm256_blend_epi32(_mm512_castsi512_si256(a), _mm256_permute4x64_epi64(_mm512_castsi512_si256(b), 0x44), 0xf0);
+    return _mm512_maskz_mov_ps((__mmask16)((1u << m) - 1), _mm512_cvtph_ps(h));
+}
+
 INL void tile32z(const uint8_t *row, int cols, const uint8_t *xq, size_t st, float *y, size_t ys, const int nt,
                  const int four) {
     const int nb = cols / 32, bb = four ? 18 : 34;
@@ -114,8 +134,9 @@ INL void tile32z(const uint8_t *row, int cols, const uint8_t *xq, size_t st, flo
         const int m = nb - b0 < 16 ? nb - b0 : 16;
         const __mmask16 k = (__mmask16)((1u << m) - 1);
         float D[16], sc[TILE][16];
-        for (int i = 0; i < m; i++) D[i] = f16_1(row + bb * (size_t)(b0 + i));
-        const __m512 Dv = _mm512_maskz_loadu_ps(k, D);
+        if (!four)
+            for (int i = 0; i < m; i++) D[i] = f16_1(row + bb * (size_t)(b0 + i));
+        const __m512 Dv = four ? q4_0_scales16(row + bb * (size_t)b0, m) : _mm512_maskz_loadu_ps(k, D);
         for (int t = 0; t < nt; t++) /* the reference's D_b * d_b, 16 at a time */
             _mm512_storeu_ps(sc[t], _mm512_mul_ps(Dv, _mm512_maskz_loadu_ps(k, DX(t) + b0)));
         int i = 0;
