@@ -123,6 +123,49 @@ INL __m512 q4_0_scales16(const uint8_t *p, int m) {
     return _mm512_maskz_mov_ps((__mmask16)((1u << m) - 1), _mm512_cvtph_ps(h));
 }
 
+/* The tile's results: per token acc[0] + acc[1] lane by lane (its even and
+ * odd lanes), then the reference's sum of 8, ((v0 + v4) + (v2 + v6)) + ((v1 +
+ * v5) + (v3 + v7)). Four tokens at a time share each step's vector (v of
+ * tokens t, t + 1 in alternate lanes, of t + 2, t + 3 beside them), about
+ * half the instructions of one token at a time; the rest one by one. */
+INL void sums32z(const __m512 *Z, float *y, size_t ys, const int nt) {
+    const __m512i ev = _mm512_setr_epi32(0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30);
+    const __m512i od = _mm512_setr_epi32(1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
+    int t = 0;
+    for (; t + 4 <= nt; t += 4) {
+        /* lane 2l + j: v_l of token t + j (resp. t + 2 + j) */
+        const __m512 v01 = _mm512_add_ps(_mm512_permutex2var_ps(Z[t], ev, Z[t + 1]), _mm512_permutex2var_ps(Z[t], od, Z[t + 1]));
+        const __m512 v23 = _mm512_add_ps(_mm512_permutex2var_ps(Z[t + 2], ev, Z[t + 3]), _mm512_permutex2var_ps(Z[t + 2], od, Z[t + 3]));
+        /* v_l + v_l+4, l < 4: tokens t, t + 1 in the low 256 bits, t + 2, t + 3 in the high */
+        const __m512 s = _mm512_add_ps(_mm512_shuffle_f32x4(v01, v23, 0x44), _mm512_shuffle_f32x4(v01, v23, 0xee));
+        /* + the same of l + 2: 128-bit lane 0 tokens t, t + 1, lane 1 tokens t + 2, t + 3 */
+        const __m256 r = _mm512_castps512_ps256(_mm512_add_ps(_mm512_shuffle_f32x4(s, s, 0x88), _mm512_shuffle_f32x4(s, s, 0xdd)));
+        const __m256 f = _mm256_add_ps(r, _mm256_permute_ps(r, 0x4e)); /* (l = 0) + (l = 1): elements 0, 1, 4, 5 */
+        float out[8];
+        _mm256_storeu_ps(out, f);
+        y[(size_t)t * ys] = out[0], y[(size_t)(t + 1) * ys] = out[1];
+        y[(size_t)(t + 2) * ys] = out[4], y[(size_t)(t + 3) * ys] = out[5];
+    }
+    const __m512i evens = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 2, 4, 6, 8, 10, 12, 14);
+    for (; t < nt; t++) {
+        const __m512 ab = _mm512_add_ps(Z[t], _mm512_permute_ps(Z[t], 0xb1));
+        y[(size_t)t * ys] = hsum8(_mm512_castps512_ps256(_mm512_permutexvar_ps(evens, ab)));
+    }
+}
+
+/* Q4_0 blocks b and b + 1 (their nibbles at q and q + 18) as signed values
+ * in FE_Q8_KIND_32Z's order: one dword permute puts dword l of both blocks'
+ * bytes side by side (twice), the high 256 bits take the high nibbles (values
+ * 16-31: lanes 4-7), then & 15 and - 8 (a permute, a shift, an AND and a
+ * subtraction a pair instead of two nibble splits and a permute). */
+INL __m512i q4_0_pair(const uint8_t *q) {
+    const __m512i pick = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 0, 16, 1, 17, 2, 18, 3, 19);
+    __m512i W = _mm512_permutex2var_epi32(_mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)q)), pick,
+                                          _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(q + 18))));
+    W = _mm512_mask_srli_epi16(W, (__mmask32)0xffff0000u, W, 4);
+    return _mm512_sub_epi8(_mm512_and_si512(W, _mm512_set1_epi8(15)), _mm512_set1_epi8(8));
+}
+
 INL void tile32z(const uint8_t *row, int cols, const uint8_t *xq, size_t st, float *y, size_t ys, const int nt,
                  const int four) {
     const int nb = cols / 32, bb = four ? 18 : 34;
@@ -142,8 +185,9 @@ INL void tile32z(const uint8_t *row, int cols, const uint8_t *xq, size_t st, flo
         int i = 0;
         for (; i + 2 <= m; i += 2) {
             const int b = b0 + i;
-            const __m512i w = _mm512_permutex2var_epi32(_mm512_castsi256_si512(w32(row, b, four)), pairs,
-                                                        _mm512_castsi256_si512(w32(row, b + 1, four)));
+            const __m512i w = four ? q4_0_pair(row + 18 * (size_t)b + 2)
+                                   : _mm512_permutex2var_epi32(_mm512_castsi256_si512(w32(row, b, 0)), pairs,
+                                                               _mm512_castsi256_si512(w32(row, b + 1, 0)));
             /* -128 * (the lane's 4 weights summed): (x + 128) . w - 128 * sum w = x . w */
             const __m512i init = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), c80, w));
             for (int t = 0; t < nt; t++) {
@@ -165,11 +209,7 @@ INL void tile32z(const uint8_t *row, int cols, const uint8_t *xq, size_t st, flo
             }
         }
     }
-    const __m512i evens = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 2, 4, 6, 8, 10, 12, 14);
-    for (int t = 0; t < nt; t++) { /* acc[0] + acc[1] lane by lane, then the reference's sum of 8 */
-        const __m512 ab = _mm512_add_ps(Z[t], _mm512_permute_ps(Z[t], 0xb1));
-        y[(size_t)t * ys] = hsum8(_mm512_castps512_ps256(_mm512_permutexvar_ps(evens, ab)));
-    }
+    sums32z(Z, y, ys, nt);
 }
 
 /* Q4_0 over 1-3 tokens, four rows at a time (rowdot4: row i at row + i rb).
