@@ -104,6 +104,69 @@ INL __m256i w32(const uint8_t *row, int b, const int four) {
     return four ? _mm256_sub_epi8(nibbles(row + 18 * (size_t)b + 2), _mm256_set1_epi8(8)) : ld(row + 34 * (size_t)b + 2);
 }
 
+/* The f16 scales D_b of m <= 16 Q4_0 blocks from p (18-byte blocks: word 9i)
+ * as floats, lanes from m on zero: blocks 0-7 from bytes 0-127, 8-15 from
+ * bytes 144-271, each a word permute of two masked loads (no byte past the m
+ * blocks is read), instead of 16 scalar conversions (1.1-1.2x the whole tile
+ * at 4-20 tokens, a 768 x 2048 or 2048 x 768 matrix). */
+INL __mmask64 upto(size_t len, size_t off) {
+    return len <= off ? 0 : len - off >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << (len - off)) - 1;
+}
+INL __m512 q4_0_scales16(const uint8_t *p, int m) {
+    const __m512i w9 = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 63, 54, 45, 36, 27, 18, 9, 0, 63,
+                                        54, 45, 36, 27, 18, 9, 0);
+    const size_t len = 18 * (size_t)m;
+    const __m512i a = _mm512_permutex2var_epi16(_mm512_maskz_loadu_epi8(upto(len, 0), p), w9,
+                                                _mm512_maskz_loadu_epi8(upto(len, 64), p + 64));
+    const __m512i b = _mm512_permutex2var_epi16(_mm512_maskz_loadu_epi8(upto(len, 144), p + 144), w9,
+                                                _mm512_maskz_loadu_epi8(upto(len, 208), p + 208));
+    const __m256i h = _mm256_blend_epi32(_mm512_castsi512_si256(a), _mm256_permute4x64_epi64(_mm512_castsi512_si256(b), 0x44), 0xf0);
+    return _mm512_maskz_mov_ps((__mmask16)((1u << m) - 1), _mm512_cvtph_ps(h));
+}
+
+/* The tile's results: per token acc[0] + acc[1] lane by lane (its even and
+ * odd lanes), then the reference's sum of 8, ((v0 + v4) + (v2 + v6)) + ((v1 +
+ * v5) + (v3 + v7)). Four tokens at a time share each step's vector (v of
+ * tokens t, t + 1 in alternate lanes, of t + 2, t + 3 beside them), about
+ * half the instructions of one token at a time; the rest one by one. */
+INL void sums32z(const __m512 *Z, float *y, size_t ys, const int nt) {
+    const __m512i ev = _mm512_setr_epi32(0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30);
+    const __m512i od = _mm512_setr_epi32(1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
+    int t = 0;
+    for (; t + 4 <= nt; t += 4) {
+        /* lane 2l + j: v_l of token t + j (resp. t + 2 + j) */
+        const __m512 v01 = _mm512_add_ps(_mm512_permutex2var_ps(Z[t], ev, Z[t + 1]), _mm512_permutex2var_ps(Z[t], od, Z[t + 1]));
+        const __m512 v23 = _mm512_add_ps(_mm512_permutex2var_ps(Z[t + 2], ev, Z[t + 3]), _mm512_permutex2var_ps(Z[t + 2], od, Z[t + 3]));
+        /* v_l + v_l+4, l < 4: tokens t, t + 1 in the low 256 bits, t + 2, t + 3 in the high */
+        const __m512 s = _mm512_add_ps(_mm512_shuffle_f32x4(v01, v23, 0x44), _mm512_shuffle_f32x4(v01, v23, 0xee));
+        /* + the same of l + 2: 128-bit lane 0 tokens t, t + 1, lane 1 tokens t + 2, t + 3 */
+        const __m256 r = _mm512_castps512_ps256(_mm512_add_ps(_mm512_shuffle_f32x4(s, s, 0x88), _mm512_shuffle_f32x4(s, s, 0xdd)));
+        const __m256 f = _mm256_add_ps(r, _mm256_permute_ps(r, 0x4e)); /* (l = 0) + (l = 1): elements 0, 1, 4, 5 */
+        float out[8];
+        _mm256_storeu_ps(out, f);
+        y[(size_t)t * ys] = out[0], y[(size_t)(t + 1) * ys] = out[1];
+        y[(size_t)(t + 2) * ys] = out[4], y[(size_t)(t + 3) * ys] = out[5];
+    }
+    const __m512i evens = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 2, 4, 6, 8, 10, 12, 14);
+    for (; t < nt; t++) {
+        const __m512 ab = _mm512_add_ps(Z[t], _mm512_permute_ps(Z[t], 0xb1));
+        y[(size_t)t * ys] = hsum8(_mm512_castps512_ps256(_mm512_permutexvar_ps(evens, ab)));
+    }
+}
+
+/* Q4_0 blocks b and b + 1 (their nibbles at q and q + 18) as signed values
+ * in FE_Q8_KIND_32Z's order: one dword permute puts dword l of both blocks'
+ * bytes side by side (twice), the high 256 bits take the high nibbles (values
+ * 16-31: lanes 4-7), then & 15 and - 8 (a permute, a shift, an AND and a
+ * subtraction a pair instead of two nibble splits and a permute). */
+INL __m512i q4_0_pair(const uint8_t *q) {
+    const __m512i pick = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 0, 16, 1, 17, 2, 18, 3, 19);
+    __m512i W = _mm512_permutex2var_epi32(_mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)q)), pick,
+                                          _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(q + 18))));
+    W = _mm512_mask_srli_epi16(W, (__mmask32)0xffff0000u, W, 4);
+    return _mm512_sub_epi8(_mm512_and_si512(W, _mm512_set1_epi8(15)), _mm512_set1_epi8(8));
+}
+
 INL void tile32z(const uint8_t *row, int cols, const uint8_t *xq, size_t st, float *y, size_t ys, const int nt,
                  const int four) {
     const int nb = cols / 32, bb = four ? 18 : 34;
@@ -115,15 +178,17 @@ INL void tile32z(const uint8_t *row, int cols, const uint8_t *xq, size_t st, flo
         const int m = nb - b0 < 16 ? nb - b0 : 16;
         const __mmask16 k = (__mmask16)((1u << m) - 1);
         float D[16], sc[TILE][16];
-        for (int i = 0; i < m; i++) D[i] = f16_1(row + bb * (size_t)(b0 + i));
-        const __m512 Dv = _mm512_maskz_loadu_ps(k, D);
+        if (!four)
+            for (int i = 0; i < m; i++) D[i] = f16_1(row + bb * (size_t)(b0 + i));
+        const __m512 Dv = four ? q4_0_scales16(row + bb * (size_t)b0, m) : _mm512_maskz_loadu_ps(k, D);
         for (int t = 0; t < nt; t++) /* the reference's D_b * d_b, 16 at a time */
             _mm512_storeu_ps(sc[t], _mm512_mul_ps(Dv, _mm512_maskz_loadu_ps(k, DX(t) + b0)));
         int i = 0;
         for (; i + 2 <= m; i += 2) {
             const int b = b0 + i;
-            const __m512i w = _mm512_permutex2var_epi32(_mm512_castsi256_si512(w32(row, b, four)), pairs,
-                                                        _mm512_castsi256_si512(w32(row, b + 1, four)));
+            const __m512i w = four ? q4_0_pair(row + 18 * (size_t)b + 2)
+                                   : _mm512_permutex2var_epi32(_mm512_castsi256_si512(w32(row, b, 0)), pairs,
+                                                               _mm512_castsi256_si512(w32(row, b + 1, 0)));
             /* -128 * (the lane's 4 weights summed): (x + 128) . w - 128 * sum w = x . w */
             const __m512i init = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), c80, w));
             for (int t = 0; t < nt; t++) {
@@ -145,11 +210,7 @@ INL void tile32z(const uint8_t *row, int cols, const uint8_t *xq, size_t st, flo
             }
         }
     }
-    const __m512i evens = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 2, 4, 6, 8, 10, 12, 14);
-    for (int t = 0; t < nt; t++) { /* acc[0] + acc[1] lane by lane, then the reference's sum of 8 */
-        const __m512 ab = _mm512_add_ps(Z[t], _mm512_permute_ps(Z[t], 0xb1));
-        y[(size_t)t * ys] = hsum8(_mm512_castps512_ps256(_mm512_permutexvar_ps(evens, ab)));
-    }
+    sums32z(Z, y, ys, nt);
 }
 
 /* Q4_0 over 1-3 tokens, four rows at a time (rowdot4: row i at row + i rb).
@@ -717,10 +778,45 @@ INL void k2_tile(const uint8_t *row, size_t rb, int cols, const uint8_t *xq, siz
         TILES(fmt##_tile, 8, stride)                                                                          \
     }
 
+/* n tokens in ceil(n / TILE) tiles of near-equal size (n = 20: 10 + 10, not
+ * 16 + 4), each size a constant (its own unrolled code): a block pair's
+ * weight set-up is shared by its tile's tokens, so a small last tile costs
+ * nearly as much as a full one (Q4_0 768 x 2048: 9 tokens 1.27x, 12 1.23x,
+ * 20 1.07x as fast as tiles of 16, 8 and the rest; docs/bench-log/2026-12-06.md,
+ * session 19 h2). The experts of a prompt's chunk see every count. */
+#define BALANCED_TILES(tile, stride)                                                                         \
+    const size_t st = stride(cols);                                                                          \
+    const int tiles = (n + TILE - 1) / TILE;                                                                 \
+    for (int j = 0, t = 0; j < tiles; j++) {                                                                 \
+        const int k = (n - t) / (tiles - j);                                                                 \
+        const uint8_t *x = xq + (size_t)t * st;                                                              \
+        float *o = y + (size_t)t * ys;                                                                       \
+        switch (k) {                                                                                         \
+        case 1: tile(row, cols, x, st, o, ys, 1); break;                                                     \
+        case 2: tile(row, cols, x, st, o, ys, 2); break;                                                     \
+        case 3: tile(row, cols, x, st, o, ys, 3); break;                                                     \
+        case 4: tile(row, cols, x, st, o, ys, 4); break;                                                     \
+        case 5: tile(row, cols, x, st, o, ys, 5); break;                                                     \
+        case 6: tile(row, cols, x, st, o, ys, 6); break;                                                     \
+        case 7: tile(row, cols, x, st, o, ys, 7); break;                                                     \
+        case 8: tile(row, cols, x, st, o, ys, 8); break;                                                     \
+        case 9: tile(row, cols, x, st, o, ys, 9); break;                                                     \
+        case 10: tile(row, cols, x, st, o, ys, 10); break;                                                   \
+        case 11: tile(row, cols, x, st, o, ys, 11); break;                                                   \
+        case 12: tile(row, cols, x, st, o, ys, 12); break;                                                   \
+        case 13: tile(row, cols, x, st, o, ys, 13); break;                                                   \
+        case 14: tile(row, cols, x, st, o, ys, 14); break;                                                   \
+        case 15: tile(row, cols, x, st, o, ys, 15); break;                                                   \
+        default: tile(row, cols, x, st, o, ys, 16); break;                                                   \
+        }                                                                                                    \
+        t += k;                                                                                              \
+    }
+
 /* Q8_0 and Q4_0: under Z_TOKENS the AVX2 set's kernel on FE_Q8_KIND_32 (the
  * per-block set-up here pays off only over several tokens: bench/q8_speed.py
- * --kernels --sets); from Z_TOKENS, tiles of 16 (1.12-1.26x faster than 8 on
- * the Intel VM of 2026-12-05), 8 and the rest on FE_Q8_KIND_32Z (vnni_layout). */
+ * --kernels --sets); from Z_TOKENS, balanced tiles of up to 16 (16 was
+ * 1.12-1.26x faster than 8 on the Intel VM of 2026-12-05) on
+ * FE_Q8_KIND_32Z (vnni_layout). */
 #define Z_TOKENS 4
 #ifndef Q8_ROWDOT2_MIN_TOKENS
 #define Q8_ROWDOT2_MIN_TOKENS 2
@@ -731,7 +827,7 @@ INL void k2_tile(const uint8_t *row, size_t rb, int cols, const uint8_t *xq, siz
             few_##fmt(row, cols, xq, n, y, ys);                                                              \
             return;                                                                                          \
         }                                                                                                    \
-        TILES(fmt##_ztile, 16, fe_q8_stride)                                                                  \
+        BALANCED_TILES(fmt##_ztile, fe_q8_stride)                                                            \
     }
 /* Under Z_TOKENS: Q8_0 on FE_Q8_KIND_32, Q4_0 on FE_Q8_KIND_32S (its four-row
  * kernel's layout), whose records AVX2's kernel reads as FE_Q8_KIND_32 one

@@ -300,7 +300,9 @@ int main(void) {
     test_quantizers();
     test_buffer_regions();
     /* token counts around the SIMD tiles (4 and 8 tokens) and their remainders */
-    static const int NS[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 16, 24, 31, 33}; /* tiles of 16, 8, rests */
+    /* the K-quants' tiles of 8 and rests; Q8_0/Q4_0's balanced tiles of every size 1-16 (20: 10 + 10,
+     * 24: 12 + 12, 27: 13 + 14, 31: 15 + 16, 33: 11 x 3) */
+    static const int NS[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 16, 20, 24, 27, 31, 33};
     for (size_t f = 0; f < sizeof FORMATS / sizeof FORMATS[0]; f++) {
         const int fmt = FORMATS[f], k = fe_format_get(fmt)->block_elems;
         /* 29 and 17 blocks of 32: groups of 16 blocks with odd tails; 3 super-blocks */
