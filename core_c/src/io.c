@@ -23,9 +23,9 @@ struct fe_io {
     int running;                /* pieces being read now, at most depth */
     int depth;                  /* pieces read at once (the hill climb's choice, io.h) */
     fe_io_depth climb;          /* its state */
-    int running_fg;             /* pieces being read now that are not the fill's (they are measured) */
-    double busy_since;          /* when running_fg last rose from 0 */
-    double busy;                /* seconds of this epoch with running_fg > 0, up to busy_since */
+    int waiting;                /* measured jobs (not the fill's) queued or being read */
+    double busy_since;          /* when waiting last rose from 0 */
+    double busy;                /* seconds of this epoch with waiting > 0, up to busy_since */
     uint64_t epoch_bytes;       /* bytes those pieces brought this epoch */
     int epoch_pieces;           /* and how many there were */
     pthread_t *readers;         /* their handles */
@@ -125,19 +125,29 @@ int fe_io_queue_depth(fe_io *io) {
     return q;
 }
 
-/* A piece of a job that is not the fill's started (io->mu held). */
-static void measure_start(fe_io *io) {
-    if (io->running_fg++ == 0) io->busy_since = fe_now();
+/* The measured rate is bytes over the time some measured job was waiting
+ * for the disk (queued or being read), not only the time a read was in
+ * flight: a shallow queue also pays for the gaps in which a reader waits for
+ * a core to issue its next read. The fill's jobs are not measured (one at a
+ * time whatever the depth) unless a visit promotes one. (io->mu held) */
+static void work_add(fe_io *io, fe_io_job *job) {
+    job->measured = 1;
+    if (io->waiting++ == 0) io->busy_since = fe_now();
 }
 
-/* ... and ended with `got` bytes: at the end of an epoch, one step of the climb (io->mu held). */
-static void measure_end(fe_io *io, uint64_t got) {
-    const double now = fe_now();
-    if (--io->running_fg == 0) io->busy += now - io->busy_since;
+static void work_done(fe_io *io, fe_io_job *job) {
+    if (!job->measured) return;
+    job->measured = 0;
+    if (--io->waiting == 0) io->busy += fe_now() - io->busy_since;
+}
+
+/* A piece of a measured job brought `got` bytes: at the end of an epoch, one step of the climb. */
+static void measure_piece(fe_io *io, uint64_t got) {
     io->epoch_bytes += got;
     if (++io->epoch_pieces < FE_IO_EPOCH) return;
+    const double now = fe_now();
     double busy = io->busy;
-    if (io->running_fg > 0) { /* still busy: count up to now, go on from now */
+    if (io->waiting > 0) { /* still busy: count up to now, go on from now */
         busy += now - io->busy_since;
         io->busy_since = now;
     }
@@ -162,7 +172,6 @@ static void *reader_main(void *arg) {
         io->running_background += background;
         io->running_urgent += urgent;
         io->running++;
-        if (!background) measure_start(io);
         if (takeable(io)) pthread_cond_signal(&io->work); /* more pieces: another reader */
         pthread_mutex_unlock(&io->mu);
         int err_no = read_piece(job, from, len, &got);
@@ -170,7 +179,7 @@ static void *reader_main(void *arg) {
         io->running_background -= background;
         io->running_urgent -= urgent;
         io->running--;
-        if (!background) measure_end(io, got);
+        if (job->measured) measure_piece(io, got);
         /* A background job held back while this piece ran may start now: one
          * reader is woken for it (a broadcast here woke every idle reader on
          * every completion, to find nothing to do: on two cores those
@@ -187,6 +196,7 @@ static void *reader_main(void *arg) {
             pthread_mutex_lock(&io->mu);
         }
         job->seconds = fe_now() - job->started;
+        work_done(io, job);
         job->done = 1;
         io->completions++;
         pthread_cond_broadcast(&io->finished);
@@ -250,7 +260,9 @@ void fe_io_submit(fe_io *io, fe_io_job *job, int urgent) {
     job->inflight = 0;
     job->seconds = 0.0;
     job->background = urgent == FE_IO_BACKGROUND;
+    job->measured = 0;
     pthread_mutex_lock(&io->mu);
+    if (!job->background) work_add(io, job);
     if (urgent > 0) { /* after the urgent ones already queued, before the rest */
         link_urgent(io, job);
     } else {
@@ -270,12 +282,13 @@ void fe_io_promote(fe_io *io, fe_io_job *job) {
         if (j != job) continue;
         if (j->urgent) break;
         if (j->claimed) { /* being read, so at the queue's front already: its pieces no longer wait */
-            if (j->background) { j->background = 0; pthread_cond_signal(&io->work); }
+            if (j->background) { j->background = 0; work_add(io, j); pthread_cond_signal(&io->work); }
             break;
         }
         if (prev) prev->next = j->next;
         else io->head = j->next;
         if (io->tail == j) io->tail = prev;
+        if (!j->measured) work_add(io, j);
         link_urgent(io, j);
         pthread_cond_signal(&io->work); /* a reader may be held back by the background limit */
         break;
@@ -294,6 +307,7 @@ int fe_io_cancel(fe_io *io, fe_io_job *job) {
         else io->head = j->next;
         if (io->tail == j) io->tail = prev;
         if (io->last_urgent == j) io->last_urgent = j->urgent && prev && prev->urgent ? prev : NULL;
+        work_done(io, j);
         taken = 1;
         break;
     }

@@ -48,6 +48,7 @@ typedef struct fe_io_job {
     uint64_t claimed;        /* bytes handed to readers so far (guarded by the io mutex) */
     int inflight;            /* pieces being read (guarded by the io mutex) */
     double started;          /* when its first piece was taken */
+    int measured;            /* counted in the depth's measured rate while it waits (guarded by the io mutex) */
 } fe_io_job;
 
 /* Bytes of a job one reader reads at a time (a multiple of 4096, as direct I/O needs). */
@@ -58,7 +59,8 @@ typedef struct fe_io fe_io;
 /* The queue depth's hill climb, one step per epoch of FE_IO_EPOCH pieces
  * read (the fill's background pieces are not counted: they run one at a
  * time whatever the depth). Each depth keeps a running mean of the bytes a
- * second the disk gave while reads were in flight; the climb moves to the
+ * second the disk gave while reads were waiting for it (queued or in
+ * flight); the climb moves to the
  * next shallower depth when that gives at least 1/FE_IO_DEEPER_GAIN of this
  * one's rate (then each read lands sooner, and the reads a layer waits for
  * queue ahead of the lookahead's instead of sharing the disk with them), and
