@@ -71,7 +71,7 @@ static fe_io_job *take_piece(fe_io *io, uint64_t *from, uint64_t *len) {
  * (with one reader, it just runs). */
 static int takeable(const fe_io *io) {
     const fe_io_job *h = io->head;
-    return h && io->running < io->depth && (!h->background || io->n_readers < 2 || (io->running_background == 0 && io->running_urgent == 0));
+    return h && io->running < (h->size > FE_IO_CHUNK ? io->n_readers : io->depth) && (!h->background || io->n_readers < 2 || (io->running_background == 0 && io->running_urgent == 0));
 }
 
 void fe_io_depth_init(fe_io_depth *d, int n_readers) {
@@ -131,6 +131,7 @@ int fe_io_queue_depth(fe_io *io) {
  * a core to issue its next read. The fill's jobs are not measured (one at a
  * time whatever the depth) unless a visit promotes one. (io->mu held) */
 static void work_add(fe_io *io, fe_io_job *job) {
+    if (job->size > FE_IO_CHUNK) return; /* several pieces: read at every reader's depth (io.h) */
     job->measured = 1;
     if (io->waiting++ == 0) io->busy_since = fe_now();
 }

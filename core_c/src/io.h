@@ -21,7 +21,11 @@
  * project's virtio test disk barely does, and there each of 8 concurrent
  * reads took 2-3x as long as each of 2, so the read a layer waits for landed
  * later). fe_io_depth_step (below) hill-climbs over the depths 1, 2, 4, ...
- * n_readers on the read rate the disk gives while busy. */
+ * n_readers on the read rate the disk gives while busy. The depth limits
+ * jobs of one piece (a record up to FE_IO_CHUNK: the Kimi-Linear bench's
+ * 152 KB); the pieces of a larger job are read at every reader's depth, as
+ * before (K3's 12 MB records: under other jobs' load the climb's depth 2-4
+ * decoded 15-35 % slower there than 8, bench log session 19 h3). */
 #ifndef FERRY_IO_H
 #define FERRY_IO_H
 
