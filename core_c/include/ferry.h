@@ -67,7 +67,8 @@ typedef struct ferry_error {
 #define FERRY_NO_EMBEDDING_READS 64 /* keep the token embedding table in RAM */
 #define FERRY_NO_FILL 128 /* do not read every expert into a cache that holds them all at open (read on first use) */
 
-/* The expert readers' queue depth when n_readers is 0 (the disk probe,
+/* The expert readers' largest queue depth when n_readers is 0 (the depth in
+ * use is measured at run time between 1 and n_readers: io.h; the disk probe,
  * app/memory/disk_probe.py, reads with the same number of threads). 8: an
  * Apple SSD needs a deep queue (8 threads of direct reads gave the public
  * streaming engine its 12.78 GiB/s on an M5 Pro), and on the 2-core test

@@ -20,6 +20,14 @@ struct fe_io {
     int n_readers;              /* threads started */
     int running_background;     /* background jobs being read now */
     int running_urgent;         /* urgent jobs being read now */
+    int running;                /* pieces being read now, at most depth */
+    int depth;                  /* pieces read at once (the hill climb's choice, io.h) */
+    fe_io_depth climb;          /* its state */
+    int waiting;                /* measured jobs (not the fill's) queued or being read */
+    double busy_since;          /* when waiting last rose from 0 */
+    double busy;                /* seconds of this epoch with waiting > 0, up to busy_since */
+    uint64_t epoch_bytes;       /* bytes those pieces brought this epoch */
+    int epoch_pieces;           /* and how many there were */
     pthread_t *readers;         /* their handles */
 };
 
@@ -63,7 +71,93 @@ static fe_io_job *take_piece(fe_io *io, uint64_t *from, uint64_t *len) {
  * (with one reader, it just runs). */
 static int takeable(const fe_io *io) {
     const fe_io_job *h = io->head;
-    return h && (!h->background || io->n_readers < 2 || (io->running_background == 0 && io->running_urgent == 0));
+    return h && io->running < (h->size > FE_IO_CHUNK ? io->n_readers : io->depth) && (!h->background || io->n_readers < 2 || (io->running_background == 0 && io->running_urgent == 0));
+}
+
+void fe_io_depth_init(fe_io_depth *d, int n_readers) {
+    memset(d, 0, sizeof *d);
+    if (n_readers < 1) n_readers = 1;
+    for (int q = 1; q < n_readers && d->n < FE_IO_MAX_LEVELS - 1; q *= 2) d->level[d->n++] = q;
+    d->level[d->n++] = n_readers;
+    d->at = d->n - 1;
+    d->probing = -1;
+}
+
+/* Of the depths with indices lo < hi, measured both: the deeper only when it gives FE_IO_DEEPER_GAIN times the rate. */
+static int better(const fe_io_depth *d, int lo, int hi) {
+    return d->rate[hi] >= FE_IO_DEEPER_GAIN * d->rate[lo] ? hi : lo;
+}
+
+int fe_io_depth_step(fe_io_depth *d, double rate) {
+    const int i = d->at;
+    if (rate > 0.0) d->rate[i] = d->rate[i] > 0.0 ? 0.5 * d->rate[i] + 0.5 * rate : rate;
+    if (d->probing >= 0) { /* a neighbour was tried for an epoch: keep the better of the two */
+        const int from = d->probing;
+        d->probing = -1;
+        d->at = i < from ? better(d, i, from) : better(d, from, i);
+        d->stay = 0;
+        return d->level[d->at];
+    }
+    d->stay++;
+    const int down = i - 1, up = i + 1;
+    int to = i;
+    if (down >= 0 && d->rate[down] == 0.0) { /* not measured yet: try it */
+        d->probing = i;
+        to = down;
+    } else if (down >= 0 && better(d, down, i) == down) {
+        to = down;
+    } else if (up < d->n && d->rate[up] > 0.0 && better(d, i, up) == up) {
+        to = up;
+    } else if (d->stay >= FE_IO_PROBE && d->n > 1) { /* refresh a neighbour's rate */
+        to = (d->probe_up && up < d->n) || down < 0 ? up : down;
+        d->probe_up = !d->probe_up;
+        d->probing = i;
+    }
+    if (to != i) d->stay = 0;
+    d->at = to;
+    return d->level[d->at];
+}
+
+int fe_io_queue_depth(fe_io *io) {
+    pthread_mutex_lock(&io->mu);
+    int q = io->depth;
+    pthread_mutex_unlock(&io->mu);
+    return q;
+}
+
+/* The measured rate is bytes over the time some measured job was waiting
+ * for the disk (queued or being read), not only the time a read was in
+ * flight: a shallow queue also pays for the gaps in which a reader waits for
+ * a core to issue its next read. The fill's jobs are not measured (one at a
+ * time whatever the depth) unless a visit promotes one. (io->mu held) */
+static void work_add(fe_io *io, fe_io_job *job) {
+    if (job->size > FE_IO_CHUNK) return; /* several pieces: read at every reader's depth (io.h) */
+    job->measured = 1;
+    if (io->waiting++ == 0) io->busy_since = fe_now();
+}
+
+static void work_done(fe_io *io, fe_io_job *job) {
+    if (!job->measured) return;
+    job->measured = 0;
+    if (--io->waiting == 0) io->busy += fe_now() - io->busy_since;
+}
+
+/* A piece of a measured job brought `got` bytes: at the end of an epoch, one step of the climb. */
+static void measure_piece(fe_io *io, uint64_t got) {
+    io->epoch_bytes += got;
+    if (++io->epoch_pieces < FE_IO_EPOCH) return;
+    const double now = fe_now();
+    double busy = io->busy;
+    if (io->waiting > 0) { /* still busy: count up to now, go on from now */
+        busy += now - io->busy_since;
+        io->busy_since = now;
+    }
+    const int was = io->depth;
+    io->depth = fe_io_depth_step(&io->climb, busy > 0.0 ? (double)io->epoch_bytes / busy : 0.0);
+    io->busy = 0.0;
+    io->epoch_bytes = 0;
+    io->epoch_pieces = 0;
+    if (io->depth > was) pthread_cond_broadcast(&io->work); /* readers may start more pieces */
 }
 
 static void *reader_main(void *arg) {
@@ -78,12 +172,15 @@ static void *reader_main(void *arg) {
         const int background = job->background, urgent = job->urgent;
         io->running_background += background;
         io->running_urgent += urgent;
+        io->running++;
         if (takeable(io)) pthread_cond_signal(&io->work); /* more pieces: another reader */
         pthread_mutex_unlock(&io->mu);
         int err_no = read_piece(job, from, len, &got);
         pthread_mutex_lock(&io->mu);
         io->running_background -= background;
         io->running_urgent -= urgent;
+        io->running--;
+        if (job->measured) measure_piece(io, got);
         /* A background job held back while this piece ran may start now: one
          * reader is woken for it (a broadcast here woke every idle reader on
          * every completion, to find nothing to do: on two cores those
@@ -100,6 +197,7 @@ static void *reader_main(void *arg) {
             pthread_mutex_lock(&io->mu);
         }
         job->seconds = fe_now() - job->started;
+        work_done(io, job);
         job->done = 1;
         io->completions++;
         pthread_cond_broadcast(&io->finished);
@@ -121,6 +219,10 @@ fe_io *fe_io_new(int n_readers) {
         io->n_readers++;
     }
     if (io->n_readers == 0) { fe_io_free(io); return NULL; }
+    pthread_mutex_lock(&io->mu);
+    fe_io_depth_init(&io->climb, io->n_readers);
+    io->depth = io->n_readers;
+    pthread_mutex_unlock(&io->mu);
     return io;
 }
 
@@ -159,7 +261,9 @@ void fe_io_submit(fe_io *io, fe_io_job *job, int urgent) {
     job->inflight = 0;
     job->seconds = 0.0;
     job->background = urgent == FE_IO_BACKGROUND;
+    job->measured = 0;
     pthread_mutex_lock(&io->mu);
+    if (!job->background) work_add(io, job);
     if (urgent > 0) { /* after the urgent ones already queued, before the rest */
         link_urgent(io, job);
     } else {
@@ -167,7 +271,8 @@ void fe_io_submit(fe_io *io, fe_io_job *job, int urgent) {
         else io->head = job;
         io->tail = job;
     }
-    pthread_cond_signal(&io->work);
+    /* Not when the depth is reached: a reader that finishes its piece takes the next itself. */
+    if (takeable(io)) pthread_cond_signal(&io->work);
     pthread_mutex_unlock(&io->mu);
 }
 
@@ -178,12 +283,13 @@ void fe_io_promote(fe_io *io, fe_io_job *job) {
         if (j != job) continue;
         if (j->urgent) break;
         if (j->claimed) { /* being read, so at the queue's front already: its pieces no longer wait */
-            if (j->background) { j->background = 0; pthread_cond_signal(&io->work); }
+            if (j->background) { j->background = 0; work_add(io, j); pthread_cond_signal(&io->work); }
             break;
         }
         if (prev) prev->next = j->next;
         else io->head = j->next;
         if (io->tail == j) io->tail = prev;
+        if (!j->measured) work_add(io, j);
         link_urgent(io, j);
         pthread_cond_signal(&io->work); /* a reader may be held back by the background limit */
         break;
@@ -202,6 +308,7 @@ int fe_io_cancel(fe_io *io, fe_io_job *job) {
         else io->head = j->next;
         if (io->tail == j) io->tail = prev;
         if (io->last_urgent == j) io->last_urgent = j->urgent && prev && prev->urgent ? prev : NULL;
+        work_done(io, j);
         taken = 1;
         break;
     }

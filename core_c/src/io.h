@@ -13,7 +13,19 @@
  * finishing its own whole record at about the same time, n_readers records
  * late: the compute starts on the first record of a layer after one
  * record's read, not n_readers records' (bench/stream.py --true-shape).
- * A single reader reads whole jobs. */
+ * A single reader reads whole jobs.
+ *
+ * How many pieces are read at once (the queue depth, 1..n_readers) is
+ * measured, not assumed: a deeper queue pays only on a disk that serves
+ * concurrent reads faster than one at a time (an Apple SSD does; this
+ * project's virtio test disk barely does, and there each of 8 concurrent
+ * reads took 2-3x as long as each of 2, so the read a layer waits for landed
+ * later). fe_io_depth_step (below) hill-climbs over the depths 1, 2, 4, ...
+ * n_readers on the read rate the disk gives while busy. The depth limits
+ * jobs of one piece (a record up to FE_IO_CHUNK: the Kimi-Linear bench's
+ * 152 KB); the pieces of a larger job are read at every reader's depth, as
+ * before (K3's 12 MB records: under other jobs' load the climb's depth 2-4
+ * decoded 15-35 % slower there than 8, bench log session 19 h3). */
 #ifndef FERRY_IO_H
 #define FERRY_IO_H
 
@@ -40,12 +52,44 @@ typedef struct fe_io_job {
     uint64_t claimed;        /* bytes handed to readers so far (guarded by the io mutex) */
     int inflight;            /* pieces being read (guarded by the io mutex) */
     double started;          /* when its first piece was taken */
+    int measured;            /* counted in the depth's measured rate while it waits (guarded by the io mutex) */
 } fe_io_job;
 
 /* Bytes of a job one reader reads at a time (a multiple of 4096, as direct I/O needs). */
 #define FE_IO_CHUNK ((uint64_t)4 << 20)
 
 typedef struct fe_io fe_io;
+
+/* The queue depth's hill climb, one step per epoch of FE_IO_EPOCH pieces
+ * read (the fill's background pieces are not counted: they run one at a
+ * time whatever the depth). Each depth keeps a running mean of the bytes a
+ * second the disk gave while reads were waiting for it (queued or in
+ * flight); the climb moves to the
+ * next shallower depth when that gives at least 1/FE_IO_DEEPER_GAIN of this
+ * one's rate (then each read lands sooner, and the reads a layer waits for
+ * queue ahead of the lookahead's instead of sharing the disk with them), and
+ * to the next deeper one when that gives FE_IO_DEEPER_GAIN times this one's;
+ * every FE_IO_PROBE epochs at one depth it tries a neighbour for an epoch, so
+ * a rate measured under other load is not kept for ever. Starts at the
+ * deepest (every reader). Timing only: which bytes are read never changes. */
+#define FE_IO_MAX_LEVELS 8
+#define FE_IO_EPOCH 32
+#define FE_IO_PROBE 12
+#define FE_IO_DEEPER_GAIN 1.15
+typedef struct fe_io_depth {
+    int n;                           /* depths to choose from */
+    int level[FE_IO_MAX_LEVELS];     /* 1, 2, 4, ..., n_readers */
+    double rate[FE_IO_MAX_LEVELS];   /* running mean bytes/s at each, 0 = not measured yet */
+    int at;                          /* the current one's index */
+    int stay;                        /* epochs at it since the last move or probe */
+    int probing;                     /* index it came from, while an epoch tries a neighbour; else -1 */
+    int probe_up;                    /* the next probe tries the deeper neighbour */
+} fe_io_depth;
+void fe_io_depth_init(fe_io_depth *d, int n_readers);
+/* Record one epoch's rate at the current depth and choose the next depth (returned). */
+int fe_io_depth_step(fe_io_depth *d, double rate);
+/* The queue depth now (pieces read at once). */
+int fe_io_queue_depth(fe_io *io);
 
 /* Reader threads (n >= 1). NULL when threads cannot be started. */
 fe_io *fe_io_new(int n_readers);

@@ -489,7 +489,40 @@ static void test_io_pieces(void) {
     unlink(path);
 }
 
+/* The queue depth's hill climb (io.h) on model disks, rates with +-20 %
+ * noise: one that serves concurrent reads no faster than one at a time ends
+ * shallow, one whose rate grows with the depth ends at every reader, one
+ * that saturates at 2 ends at 2 (or 1-4: within the margin); it keeps
+ * probing but spends most epochs at its choice; one reader stays at 1. */
+static void test_io_depth(void) {
+    uint32_t rng = 12345;
+    for (int disk = 0; disk < 3; disk++) {
+        fe_io_depth d;
+        fe_io_depth_init(&d, 8);
+        CHECK(d.n == 4 && d.level[0] == 1 && d.level[3] == 8 && d.level[d.at] == 8);
+        int q = 8, at[9] = {0};
+        for (int epoch = 0; epoch < 400; epoch++) {
+            rng = rng * 1664525u + 1013904223u;
+            const double noise = 0.8 + 0.4 * (double)(rng >> 8) / (double)(1u << 24);
+            const double ideal = disk == 0 ? 1.0 : disk == 1 ? (double)q : (q >= 2 ? 2.0 : 1.0);
+            q = fe_io_depth_step(&d, 1e9 * ideal * noise);
+            CHECK(q == 1 || q == 2 || q == 4 || q == 8);
+            if (epoch >= 100) at[q]++;
+        }
+        if (disk == 0) CHECK(at[1] + at[2] >= 250);
+        if (disk == 1) CHECK(at[8] >= 250);
+        if (disk == 2) CHECK(at[2] + at[1] + at[4] >= 250 && at[8] < 50);
+    }
+    fe_io_depth one;
+    fe_io_depth_init(&one, 1);
+    for (int i = 0; i < 20; i++) CHECK(fe_io_depth_step(&one, 1e9 * (i % 3 + 1)) == 1);
+    fe_io_depth six; /* not a power of two: 1, 2, 4, 6 */
+    fe_io_depth_init(&six, 6);
+    CHECK(six.n == 4 && six.level[3] == 6);
+}
+
 int main(int argc, char **argv) {
+    test_io_depth();
     test_crc32();
     test_alloc_huge();
     test_json();
