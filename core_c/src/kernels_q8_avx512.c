@@ -745,6 +745,25 @@ INL void k2_tile(const uint8_t *row, size_t rb, int cols, const uint8_t *xq, siz
 
 /* ------------------------------------------------------ drivers, table */
 
+/* One tile of k tokens, k a constant in each case (every size its own unrolled code). */
+#define TILE_CASES_1_7(tile, x, o)                                                                            \
+    case 1: tile(row, cols, x, st, o, ys, 1); break;                                                          \
+    case 2: tile(row, cols, x, st, o, ys, 2); break;                                                          \
+    case 3: tile(row, cols, x, st, o, ys, 3); break;                                                          \
+    case 4: tile(row, cols, x, st, o, ys, 4); break;                                                          \
+    case 5: tile(row, cols, x, st, o, ys, 5); break;                                                          \
+    case 6: tile(row, cols, x, st, o, ys, 6); break;                                                          \
+    case 7: tile(row, cols, x, st, o, ys, 7); break;
+#define TILE_CASES_8_15(tile, x, o)                                                                           \
+    case 8: tile(row, cols, x, st, o, ys, 8); break;                                                          \
+    case 9: tile(row, cols, x, st, o, ys, 9); break;                                                          \
+    case 10: tile(row, cols, x, st, o, ys, 10); break;                                                        \
+    case 11: tile(row, cols, x, st, o, ys, 11); break;                                                        \
+    case 12: tile(row, cols, x, st, o, ys, 12); break;                                                        \
+    case 13: tile(row, cols, x, st, o, ys, 13); break;                                                        \
+    case 14: tile(row, cols, x, st, o, ys, 14); break;                                                        \
+    case 15: tile(row, cols, x, st, o, ys, 15); break;
+
 /* The tiles of a row kernel: `big` tokens at a time (16 or 8), then 8, then
  * the rest as one tile (each nt a constant, so every tile size is its own
  * unrolled code). */
@@ -755,15 +774,9 @@ INL void k2_tile(const uint8_t *row, size_t rb, int cols, const uint8_t *xq, siz
     for (; t + 8 <= n; t += 8) tile(row, cols, xq + (size_t)t * st, st, y + (size_t)t * ys, ys, 8);          \
     const uint8_t *x = xq + (size_t)t * st;                                                                  \
     float *o = y + (size_t)t * ys;                                                                           \
-    switch (n - t) {                                                                                         \
-    case 1: tile(row, cols, x, st, o, ys, 1); break;                                                         \
-    case 2: tile(row, cols, x, st, o, ys, 2); break;                                                         \
-    case 3: tile(row, cols, x, st, o, ys, 3); break;                                                         \
-    case 4: tile(row, cols, x, st, o, ys, 4); break;                                                         \
-    case 5: tile(row, cols, x, st, o, ys, 5); break;                                                         \
-    case 6: tile(row, cols, x, st, o, ys, 6); break;                                                         \
-    case 7: tile(row, cols, x, st, o, ys, 7); break;                                                         \
-    default: break;                                                                                          \
+    switch (n - t) {                                                                                          \
+        TILE_CASES_1_7(tile, x, o)                                                                            \
+    default: break;                                                                                           \
     }
 
 #define FE_q8_0 FE_Q8_0
@@ -791,22 +804,9 @@ INL void k2_tile(const uint8_t *row, size_t rb, int cols, const uint8_t *xq, siz
         const int k = (n - t) / (tiles - j);                                                                 \
         const uint8_t *x = xq + (size_t)t * st;                                                              \
         float *o = y + (size_t)t * ys;                                                                       \
-        switch (k) {                                                                                         \
-        case 1: tile(row, cols, x, st, o, ys, 1); break;                                                     \
-        case 2: tile(row, cols, x, st, o, ys, 2); break;                                                     \
-        case 3: tile(row, cols, x, st, o, ys, 3); break;                                                     \
-        case 4: tile(row, cols, x, st, o, ys, 4); break;                                                     \
-        case 5: tile(row, cols, x, st, o, ys, 5); break;                                                     \
-        case 6: tile(row, cols, x, st, o, ys, 6); break;                                                     \
-        case 7: tile(row, cols, x, st, o, ys, 7); break;                                                     \
-        case 8: tile(row, cols, x, st, o, ys, 8); break;                                                     \
-        case 9: tile(row, cols, x, st, o, ys, 9); break;                                                     \
-        case 10: tile(row, cols, x, st, o, ys, 10); break;                                                   \
-        case 11: tile(row, cols, x, st, o, ys, 11); break;                                                   \
-        case 12: tile(row, cols, x, st, o, ys, 12); break;                                                   \
-        case 13: tile(row, cols, x, st, o, ys, 13); break;                                                   \
-        case 14: tile(row, cols, x, st, o, ys, 14); break;                                                   \
-        case 15: tile(row, cols, x, st, o, ys, 15); break;                                                   \
+        switch (k) {                                                                                          \
+            TILE_CASES_1_7(tile, x, o)                                                                        \
+            TILE_CASES_8_15(tile, x, o)                                                                       \
         default: tile(row, cols, x, st, o, ys, 16); break;                                                   \
         }                                                                                                    \
         t += k;                                                                                              \
