@@ -45,7 +45,7 @@ import re
 import sys
 from typing import Any
 
-from app.convert.layout import ENCODABLE
+from app.convert.layout import ENCODABLE, row_format
 from app.engine.binding import FORMATS, q8_buffer_bytes
 
 GIB = 1024 ** 3
@@ -133,7 +133,6 @@ class _Acc:
         if not fixed and (cls in self.over or self.fmt):
             asked = self.over[cls][0] if cls in self.over else self.fmt
             bpw = self._row_bpw(asked, cols)
-            from app.convert.layout import row_format
             stored = row_format(asked, cols)
             if stored:
                 self.formats.add(stored)
@@ -145,7 +144,6 @@ class _Acc:
 
     def _row_bpw(self, fmt: str, cols: int) -> float:
         """Bits per weight of a matrix with rows of ``cols`` values asked in ``fmt``, as stored."""
-        from app.convert.layout import row_format
         stored = row_format(fmt, cols)
         return _BPW[stored] if stored in _BPW else self.fallback
 
@@ -392,7 +390,6 @@ def plan_from_config(config: dict, expert_bits: float | None = None, trunk_bits:
                        + threads * (cols + ctx)) * 4)
     # The default's 8-bit activations: one prompt chunk in the layouts this CPU's kernels read for
     # the stored formats (the engine's own rule: ferry_q8_buffer_bytes), in scratch as `ferry plan` counts it.
-    from app.convert.layout import row_format
     stored = {row_format(e_name, c) for c in (ed, eff)} if n_moe and e_ok else set()
     q8 = q8_buffer_bytes(sorted(trunk.formats | (stored - {None})), cols, chunk)
     scratch += q8
