@@ -171,6 +171,19 @@ def _rss_now() -> int:
         return 0
 
 
+def _huge_page_bytes() -> int:
+    """Bytes of this process's anonymous memory in 2 MiB pages now (Linux /proc AnonHugePages; 0 elsewhere):
+    whether the engine's huge-page requests were granted, e.g. inside a memory cgroup near its limit."""
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("AnonHugePages:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
 def _peak_rss() -> int:
     """This process's peak resident set. On Linux the memory map's own high-water
     mark (VmHWM), not ru_maxrss: a child keeps ru_maxrss across exec, so a child

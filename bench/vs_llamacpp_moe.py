@@ -88,7 +88,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from anywhere
 
 from bench.procio import io_read_bytes  # noqa: E402  (stdlib only: llama.cpp's child runs in the bench venv)
-from bench.vs_llamacpp import (LLAMA_CPP_VERSION, _peak_rss, _prompt, _rss_now, ensure_llama_cpp, log,  # noqa: E402
+from bench.vs_llamacpp import (LLAMA_CPP_VERSION, _huge_page_bytes, _peak_rss, _prompt, _rss_now, ensure_llama_cpp, log,  # noqa: E402
                                memory_bound, weight_bytes_per_token)
 
 CGROUP_V1 = Path("/sys/fs/cgroup/memory")
@@ -220,6 +220,7 @@ def child_ferry(a) -> dict:
         st = s.stats()
         out["ferry_stats"] = {k: getattr(st, k) - start.get(k, 0) for k in keys}   # prompt and decode
     out["peak_rss_bytes"] = _peak_rss()
+    out["huge_page_bytes"] = _huge_page_bytes()   # after the decode: the trunk and the slots, 2 MiB pages or not
     s.close()
     eng.close()
     return out
