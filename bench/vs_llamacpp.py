@@ -171,17 +171,22 @@ def _rss_now() -> int:
         return 0
 
 
-def _huge_page_bytes() -> int:
-    """Bytes of this process's anonymous memory in 2 MiB pages now (Linux /proc AnonHugePages; 0 elsewhere):
-    whether the engine's huge-page requests were granted, e.g. inside a memory cgroup near its limit."""
+def _proc_kib(path: str, field: str) -> int | None:
+    """A "Field:  N kB" line of a Linux /proc file, in bytes (None where there is no such file or line)."""
     try:
-        with open("/proc/self/smaps_rollup") as f:
+        with open(path) as f:
             for line in f:
-                if line.startswith("AnonHugePages:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
-    return 0
+    return None
+
+
+def _huge_page_bytes() -> int:
+    """Bytes of this process's anonymous memory in 2 MiB pages now (Linux /proc AnonHugePages; 0 elsewhere):
+    whether the engine's huge-page requests were granted, e.g. inside a memory cgroup near its limit."""
+    return _proc_kib("/proc/self/smaps_rollup", "AnonHugePages") or 0
 
 
 def _peak_rss() -> int:
@@ -189,13 +194,9 @@ def _peak_rss() -> int:
     mark (VmHWM), not ru_maxrss: a child keeps ru_maxrss across exec, so a child
     started by a parent holding 581 MB reported 581 MB whatever it held (both
     engines on the demo, 2026-12-06)."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
+    hwm = _proc_kib("/proc/self/status", "VmHWM")
+    if hwm is not None:
+        return hwm
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024
 
