@@ -12,7 +12,7 @@ shard index and configs as `ferry get --plan` stages them.
 
 Each target starts from its seed corpus in fuzz/corpus/<target>/ (copied, so
 the repository is never written) and runs for FERRY_FUZZ_SECONDS seconds
-(default 15: the suite's share of the 20-minute budget; longer runs by setting it), two targets at a time. A target passes when libFuzzer ends on
+(default 10: the suite's share of the 20-minute budget, 15 until session 19; longer runs by setting it), two targets at a time. A target passes when libFuzzer ends on
 its time limit with no crash, sanitizer report, leak, hang (an input taking
 over 10 s), out-of-memory, or, for Python, an exception other than the ones
 its parser documents. A failing target leaves the offending input in the test's
@@ -52,7 +52,7 @@ PARALLEL = 2
 
 
 def fuzz_seconds() -> int:
-    return max(0, int(os.environ.get("FERRY_FUZZ_SECONDS", "15")))
+    return max(0, int(os.environ.get("FERRY_FUZZ_SECONDS", "10")))
 
 
 # ---- building the C fuzzers ----
