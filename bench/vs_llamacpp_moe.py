@@ -267,6 +267,10 @@ def child_llama(a) -> dict:
 # ---------------------------------------------------------------- cgroups
 
 
+#: memory.stat counters a run's memory report keeps (v1 has the faults, v2 also the reclaim scans).
+RECLAIM_STATS = ("pgfault", "pgmajfault", "pgscan", "pgsteal", "total_pgfault", "total_pgmajfault")
+
+
 class MemoryLimit:
     """A memory cgroup (v1 or v2) with a hard limit that a child joins before it starts."""
 
@@ -309,8 +313,11 @@ class MemoryLimit:
             oom = read("memory.events")
             failcnt = None
         kills = next((int(line.split()[1]) for line in oom.splitlines() if line.startswith("oom_kill ")), None)
+        # the kernel's work for the limit over the run: page faults and (v2) pages scanned and reclaimed
+        stat = dict(line.split()[:2] for line in read("memory.stat").splitlines() if len(line.split()) >= 2)
+        reclaim = {k: int(stat[k]) for k in RECLAIM_STATS if k in stat and stat[k].isdigit()}
         return {"cgroup": f"v{self.v}", "limit_bytes": self.limit, "peak_bytes": peak, "oom_kills": kills,
-                "limit_hits": failcnt}
+                "limit_hits": failcnt, "reclaim": reclaim}
 
     def remove(self) -> None:
         for _ in range(50):
