@@ -160,26 +160,17 @@ def huge_page_share(a: np.ndarray) -> float | None:
 
 
 def timed_threads(works: list) -> tuple[float, list[float]]:
-    """Each of `works` (callables, the core's calls releasing the GIL) on its own thread, all released at
-    once: the wall seconds from the release to the last one's end, and each thread's CPU seconds."""
-    import threading
+    """Each of `works` (callables, the core's calls releasing the GIL) on its own thread at once
+    (app.engine.speed.run_threads): the wall seconds from the start to the last one's end, and each
+    thread's CPU seconds."""
     cpu = [0.0] * len(works)
-    start = threading.Barrier(len(works) + 1)
 
     def run(i: int) -> None:
-        start.wait()
         c0 = time.thread_time()
         works[i]()
         cpu[i] = time.thread_time() - c0
 
-    ts = [threading.Thread(target=run, args=(i,)) for i in range(len(works))]
-    for t in ts:
-        t.start()
-    start.wait()
-    t0 = time.perf_counter()
-    for t in ts:
-        t.join()
-    return time.perf_counter() - t0, cpu
+    return kbench.run_threads(run, len(works)), cpu
 
 
 def rates(wall: float, cpu: list[float], per_thread_bytes: int) -> dict:
