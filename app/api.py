@@ -37,6 +37,7 @@ from app.engine.service import EngineService, LocalStream, ServiceBusy, ServiceC
 from app.engine.states import StateCache, StateError
 from app.events import (Finished, ImageProgress, LiveStats, Logprob, PromptProgress, Reasoning, Text, Token, TokenLogprob,
                         ToolCallDelta, ToolCallMade, TurnDone, TurnEvent)
+from app.context import DEFAULT_CONTEXT, session_context
 from app.model import LoadedModel, ModelError, log_softmax
 from app.sampling import SamplingParams
 
@@ -47,6 +48,7 @@ __all__ = [
     "Finished", "ImageProgress", "LiveStats", "Logprob", "PromptProgress", "Reasoning", "Text", "Token", "TokenLogprob",
     "ToolCallDelta", "ToolCallMade", "TurnDone", "TurnEvent",
     # opening a model, and what the window's worker reports of it
+    "DEFAULT_CONTEXT", "session_context",
     "open_model", "LoadedModel", "ModelError", "LoadOptions", "ModelHeld", "AttachedStream", "ModelLoaded", "holder_left", "vision_of", "ModelInfo", "MemoryPlan",
     "ACTIVATION_CHOICES", "DEFAULT_ACTIVATIONS", "describe_activations", "KERNEL_CHOICES", "FerryError", "verify",
     # the pipeline's parts a front end shapes requests and answers with
@@ -63,7 +65,7 @@ class LoadOptions:
 
     ram_budget: int = 0          #: bytes; 0: the recommended budget (the one budget rule)
     threads: int = 0             #: 0: the engine's default
-    context_length: int = 4096   #: tokens; 0: the model's whole context
+    context_length: int = DEFAULT_CONTEXT   #: tokens; 0: the model's whole context
     verify_reads: bool = False
     activations: str = DEFAULT_ACTIVATIONS   #: "auto": 8-bit activations on quantized weights; "exact"
     serve_port: int = 0          #: serve the loaded model on 127.0.0.1:port (0: no)

@@ -9,12 +9,11 @@ import sys
 import time
 from pathlib import Path
 
-from app.api import (ACTIVATION_CHOICES, DEFAULT_ACTIVATIONS, KERNEL_CHOICES, LoadedModel, ModelHeld, SamplingParams,
-                     TurnRequest, open_model)
+from app.api import (ACTIVATION_CHOICES, DEFAULT_ACTIVATIONS, DEFAULT_CONTEXT, KERNEL_CHOICES, LoadedModel, ModelHeld,
+                     SamplingParams, TurnRequest, open_model, session_context)
 from app.convert.convert import Progress
 
 DEMO = "demo"
-CTX_DEFAULT = 4096
 #: No machine has more memory than this (2^62 bytes, 4 EiB): a larger size is a typo.
 MAX_SIZE = 1 << 62
 
@@ -138,13 +137,14 @@ def open_from_args(args) -> LoadedModel:
     if not args.budget:
         from app.memory.plan import plan_container
 
-        plan = plan_container(path, args.ctx, activations=getattr(args, "activations", None))
+        plan = plan_container(path, session_context(args.ctx, 0), activations=getattr(args, "activations", None))
         budget = plan.recommended
-    model = open_model(path, ram_budget=budget, threads=args.threads, n_ctx=args.ctx,
+    model = open_model(path, ram_budget=budget, threads=args.threads, n_ctx=session_context(args.ctx, 0),
                       kernels=getattr(args, "kernels", None), verify_reads=bool(getattr(args, "verify_reads", False)),
                       activations=getattr(args, "activations", None) or DEFAULT_ACTIVATIONS,
                       share=False if getattr(args, "no_share", False) else None,
                       holder=getattr(args, "holder", None) or f"`ferry {args.command}`", serve=_serve_shared)
+    args.ctx = session_context(args.ctx, model.engine.info.max_ctx)   # the session every command opens on it
     if not args.budget and not quiet:   # said once it is this process's budget (not when it attaches)
         print(f"ferry: RAM budget {size(budget)} ({plan.reason})", file=sys.stderr)
     return model
@@ -214,7 +214,7 @@ class Turns:
         self.states = states
         if is_server_url(args.model):
             local = [flag for flag, used in (("--budget", args.budget), ("--kernels", getattr(args, "kernels", None)),
-                                             ("--threads", args.threads), ("--ctx", args.ctx != CTX_DEFAULT),
+                                             ("--threads", args.threads), ("--ctx", args.ctx is not None),
                                              ("--activations",
                                               getattr(args, "activations", None) not in (None, DEFAULT_ACTIVATIONS)),
                                              ("--verify-reads", getattr(args, "verify_reads", False))) if used]
@@ -292,7 +292,9 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
                         "(docs/QUANTIZATION.md; `ferry eval --compare FILE` measures it); exact (alias f32): exact "
                         "f32 matrix products, for verification; q8: as auto, refused by a kernel set without "
                         "integer products")
-    p.add_argument("--ctx", type=int, default=CTX_DEFAULT, help="context length of the session (default 4096)")
+    p.add_argument("--ctx", type=int, default=None,
+                   help=f"context length of the session in tokens, 0 for the model's whole context (default "
+                        f"{DEFAULT_CONTEXT}, or the model's trained length when that is shorter)")
     p.add_argument("--no-share", action="store_true",
                    help="open the model in this process even when another Ferry process has it open, and do not "
                         "share it with others (default: one engine per model per machine: docs/SERVER.md; "

@@ -13,7 +13,8 @@ from typing import Sequence
 import numpy as np
 
 from app.api import (FerryError, ImageProgress, ModelError, ModelHeld, PromptProgress, Reasoning, RemoteError, Text, ToolCallMade, TurnDone,
-                     TurnError, TurnRequest, describe_activations, log_softmax, logprobs_content, verify)
+                     DEFAULT_CONTEXT, TurnError, TurnRequest, describe_activations, log_softmax, logprobs_content,
+                     session_context, verify)
 from app.cli.common import (PromptMeter, Turns, UsageError, add_images, add_logprobs, add_model_options, add_routing,
                             add_sampling, add_server_model, image_parts, logprobs_problem, open_from_args, parse_size,
                             progress_printer, resolve_model, turn_request, number_argument_problem)
@@ -469,7 +470,7 @@ def cmd_eval(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    plan = plan_container(resolve_model(args.model), args.ctx)
+    plan = plan_container(resolve_model(args.model), session_context(args.ctx, 0))
     budget = parse_size(args.budget) if args.budget else None
     if args.json:
         doc = plan.as_dict()
@@ -663,7 +664,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="the RAM a model needs here, and the budget Ferry would choose")
     p.add_argument("model", help="a container, or use `ferry plan --config config.json` for a bare config")
     p.add_argument("--budget", help="check this budget against the floor")
-    p.add_argument("--ctx", type=int, default=4096)
+    p.add_argument("--ctx", type=int, default=None,
+                   help=f"context length in tokens, 0 for the model's whole context (default {DEFAULT_CONTEXT}, or "
+                        f"the model's trained length when that is shorter)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_plan)
 

@@ -19,6 +19,7 @@ from app.store.private import private_dir, write_private
 FILE_NAME = "settings.json"
 ENGINES = ("local", "remote")
 from app.activations import DEFAULT_ACTIVATIONS, EXACT  # pure Python: settings load without the core
+from app.context import DEFAULT_CONTEXT
 KEYCHAIN_SERVICE = "Ferry"
 DEFAULT_SERVE_PORT = 8000
 #: Settings that hold the user's own text (a system prompt, presets...): stored
@@ -69,7 +70,7 @@ class Settings:
     min_p: float = 0.05
     thinking: bool = True         #: let thinking models think before answering
     system_prompt: str = ""
-    context_length: int = 4096
+    context_length: int = DEFAULT_CONTEXT
     max_tokens: int = 1024        #: longest answer
     engine: str = "local"         #: "local" (a model on this computer) or "remote" (an OpenAI-compatible server)
     remote_url: str = ""          #: the server's API base, e.g. http://gpu-box:8000/v1

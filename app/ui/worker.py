@@ -31,7 +31,7 @@ from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from app.api import (AttachedStream, EngineService, ImageProgress, LiveStats, LoadOptions, LoadedModel, MemoryPlan, ModelHeld, ModelInfo, ModelLoaded,
                      PromptProgress, Reasoning, RemoteEngine, Text, ToolCallMade, TurnDone, TurnError, TurnRequest,
-                     logprobs_content, open_model, vision_of)
+                     logprobs_content, open_model, session_context, vision_of)
 from app.chat.summary import summarise_to_fit
 from app.chat.token_probs import compact
 from app.controller.passages import keep_prefixes
@@ -142,7 +142,7 @@ class EngineWorker(QObject):
             self._attached = (path, options, recommended, held.record)
             return
         info = model.engine.info
-        n_ctx = min(want or info.max_ctx, info.max_ctx)
+        n_ctx = min(session_context(want, info.max_ctx), info.max_ctx)   # (a setting kept across models)
         session = model.new_session(n_ctx)
         plan = model.engine.plan(n_ctx)
         service = EngineService(model, session)

@@ -46,12 +46,14 @@ class Served:
 
 
 def start_ferry_serve(container: Path, tmp: Path, *args: str, env: dict | None = None,
-                      script: Path | None = None) -> Served:
-    """`ferry serve CONTAINER --port 0 ...`; waits for the line that names the URL. With ``script``
-    (tests/tools/scripted_ferry.py's SCRIPT.json) its sampler answers the script's ids."""
+                      script: Path | None = None, ctx: int | None = 2048) -> Served:
+    """`ferry serve CONTAINER --port 0 --ctx CTX ...` (``ctx`` None: no --ctx, the default); waits for the
+    line that names the URL. With ``script`` (tests/tools/scripted_ferry.py's SCRIPT.json) its sampler
+    answers the script's ids."""
     log = tmp / "serve.log"
     launch = [str(REPO / "tests" / "tools" / "scripted_ferry.py"), str(script)] if script else ["-m", "app.cli"]
-    cmd = [sys.executable, *launch, "serve", str(container), "--port", "0", "--ctx", "2048", *args]
+    cmd = [sys.executable, *launch, "serve", str(container), "--port", "0",
+                                *([] if ctx is None else ["--ctx", str(ctx)]), *args]
     err = log.open("w")
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=err, text=True,
                             env={**os.environ, **({"PYTHONPATH": str(REPO)} if script else {}), **(env or {})})
