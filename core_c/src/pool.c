@@ -24,7 +24,15 @@
  *    jobs less than CALLER_IDLE_NS apart). A lone signal is only noted (a
  *    virtual machine's host deschedules a vCPU now and then on a quiet
  *    machine); a second within STRIKE_NS backs off. The period doubles while the
- *    signals keep coming (BACKOFF_MIN_NS .. BACKOFF_MAX_NS); while it lasts
+ *    signals keep coming (BACKOFF_MIN_NS .. BACKOFF_MAX_NS): a back-off less
+ *    than RECOVERED_NS after the last period ended; one after the pool spun
+ *    clean for longer than that is a new episode and starts again at
+ *    BACKOFF_MIN_NS. (An expert-cache reader waking now and then for a miss
+ *    on an otherwise quiet machine takes a core for a few hundred
+ *    microseconds, twice a read: measured, the old rule -- double unless 4
+ *    periods passed since the last began -- kept the pool asleep for most of
+ *    a decode at 50 % of the MoE bench's model, a period grown to 1 s in the
+ *    prompt kept alive by a miss every few seconds.) While a period lasts
  *    the pool behaves like a plain sleeping pool, and afterwards it probes
  *    by spinning again. A spinning thread on a busy machine takes the core
  *    the working thread needs; a sleeping one is woken with priority.
@@ -51,6 +59,7 @@
 #define CALLER_IDLE_NS 2000000LL
 #define CPU_SHARE_MIN 0.75
 #define STRIKE_NS 10000000LL
+#define RECOVERED_NS 40000000LL
 
 struct fe_pool {
     int n_threads;              /* workers + the caller */
@@ -73,7 +82,6 @@ struct fe_pool {
     _Atomic int64_t spin_ns;    /* the spin budget */
     _Atomic int64_t off_until;  /* no spinning before this time (ns) */
     _Atomic int64_t backoff_ns; /* the current back-off period */
-    _Atomic int64_t last_signal;/* when the pool last backed off */
     _Atomic int64_t last_strike;/* when a sign of oversubscription was last seen */
     _Atomic int long_gaps;      /* idle periods far longer than the budget, in a row */
     _Atomic uint64_t backoffs, spins_won, spins_lost;
@@ -128,14 +136,17 @@ static int spinning_allowed(fe_pool *p, int64_t now) {
  * now and then on an otherwise quiet machine, and each back-off costs the
  * sleeping pool's wake-ups for BACKOFF_MIN_NS or more; a second signal
  * within STRIKE_NS (on a busy machine they come every few jobs) backs off. */
+int64_t fe_pool_next_backoff(int64_t last_ns, int64_t now, int64_t ended) {
+    if (now - ended > RECOVERED_NS) return BACKOFF_MIN_NS;
+    return 2 * last_ns > BACKOFF_MAX_NS ? BACKOFF_MAX_NS : 2 * last_ns;
+}
+
 static void oversubscribed(fe_pool *p, int64_t now) {
     int64_t prev = atomic_exchange_explicit(&p->last_strike, now, memory_order_relaxed);
     if (now - prev > STRIKE_NS) return;
-    int64_t b = atomic_load_explicit(&p->backoff_ns, memory_order_relaxed);
-    int64_t last = atomic_load_explicit(&p->last_signal, memory_order_relaxed);
-    b = now - last > 4 * b ? BACKOFF_MIN_NS : (2 * b > BACKOFF_MAX_NS ? BACKOFF_MAX_NS : 2 * b);
+    int64_t b = fe_pool_next_backoff(atomic_load_explicit(&p->backoff_ns, memory_order_relaxed), now,
+                                     atomic_load_explicit(&p->off_until, memory_order_relaxed));
     atomic_store_explicit(&p->backoff_ns, b, memory_order_relaxed);
-    atomic_store_explicit(&p->last_signal, now, memory_order_relaxed);
     atomic_store_explicit(&p->off_until, now + b, memory_order_relaxed);
     atomic_fetch_add_explicit(&p->backoffs, 1, memory_order_relaxed);
 }
@@ -277,7 +288,6 @@ fe_pool *fe_pool_new(int n_threads) {
     atomic_init(&pool->spin_ns, SPIN_START_NS);
     atomic_init(&pool->off_until, 0);
     atomic_init(&pool->backoff_ns, BACKOFF_MIN_NS);
-    atomic_init(&pool->last_signal, INT64_MIN / 2);
     atomic_init(&pool->last_strike, INT64_MIN / 2);
     atomic_init(&pool->long_gaps, 0);
     atomic_init(&pool->backoffs, 0);

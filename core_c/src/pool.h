@@ -44,4 +44,10 @@ typedef struct fe_pool_stats {
 } fe_pool_stats;
 void fe_pool_get_stats(const fe_pool *pool, fe_pool_stats *out);
 
+/* The back-off rule (tests): the period in nanoseconds a back-off at `now`
+ * takes, after a last period of `last_ns` that ended (or ends) at `ended`.
+ * Twice the last (up to 1 s) while the signals keep coming, 20 ms for a new
+ * episode: one more than 40 ms after the last period ended. */
+int64_t fe_pool_next_backoff(int64_t last_ns, int64_t now, int64_t ended);
+
 #endif

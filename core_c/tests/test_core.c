@@ -163,6 +163,18 @@ static void test_pool(void) {
     }
     CHECK(jobs == 200 && wait >= 0.0);
     CHECK(spin_jobs <= jobs);
+    /* The back-off rule: doubled while a busy machine keeps signalling (during
+     * a period, or right after it), 20 ms again once the pool spun clean for
+     * more than 40 ms after a period ended, however long that period was: an
+     * expert reader's rare wake-up on a quiet machine must not keep the pool
+     * asleep for a second (pool.c). */
+    const int64_t MS = 1000000;
+    CHECK(fe_pool_next_backoff(20 * MS, 1000 * MS, 0) == 20 * MS);            /* the first */
+    CHECK(fe_pool_next_backoff(20 * MS, 1000 * MS, 1010 * MS) == 40 * MS);    /* during a period */
+    CHECK(fe_pool_next_backoff(40 * MS, 1000 * MS, 990 * MS) == 80 * MS);     /* right after one */
+    CHECK(fe_pool_next_backoff(800 * MS, 1000 * MS, 990 * MS) == 1000 * MS);  /* at most 1 s */
+    CHECK(fe_pool_next_backoff(1000 * MS, 5000 * MS, 3000 * MS) == 20 * MS);  /* long after a 1 s period */
+    CHECK(fe_pool_next_backoff(1000 * MS, 3100 * MS, 3000 * MS) == 20 * MS);  /* 100 ms after it */
     fe_pool_set_profile(pool, NULL);
     fe_pool_free(pool);
     /* Every item of a job is computed exactly once, whatever the split
