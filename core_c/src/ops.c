@@ -51,6 +51,12 @@ typedef struct {
 #endif
 #ifndef FE_PREFETCH_MAX_TOKENS
 #define FE_PREFETCH_MAX_TOKENS 4
+/* Weight bytes x tokens under which a matrix product runs on the caller
+ * alone while the pool is backed off (fe_pool_backed_off): below it the
+ * other thread's share costs less than waking it. */
+#ifndef FE_INLINE_BYTES
+#define FE_INLINE_BYTES (256.0 * 1024)
+#endif
 #endif
 
 /* Before the kernel reads `len` bytes at `row`: ask for the bytes up to
@@ -126,11 +132,17 @@ static void matmul_rows(void *p, int start, int end, int tid) {
  * the bytes each read. */
 static void run_job(const fe_ops *ops, matmul_job *j, double t0) {
     if (!j->count) return;
-    fe_pool_run(ops->pool, matmul_rows, j, j->first[j->count]);
+    double total = 0.0;
+    for (int i = 0; i < j->count; i++) total += (double)j->w[i]->row_bytes * j->w[i]->rows;
+    /* A small job while the pool sleeps between jobs: the caller alone, not
+     * a worker's wake-up (each row is computed the same on any thread). */
+    if (total * j->n < FE_INLINE_BYTES && fe_pool_backed_off(ops->pool))
+        matmul_rows(j, 0, j->first[j->count], 0);
+    else
+        fe_pool_run(ops->pool, matmul_rows, j, j->first[j->count]);
     ferry_profile_part *P = ops->prof;
     if (!P) return;
-    double dt = fe_now() - t0, total = 0.0;
-    for (int i = 0; i < j->count; i++) total += (double)j->w[i]->row_bytes * j->w[i]->rows;
+    double dt = fe_now() - t0;
     for (int i = 0; i < j->count; i++) {
         int f = j->w[i]->fmt;
         if (f < 0 || f >= FERRY_PROFILE_FORMATS) continue;

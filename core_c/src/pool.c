@@ -331,6 +331,14 @@ void fe_pool_set_profile(fe_pool *pool, const fe_pool_profile *prof) {
     pool->backoffs_seen = atomic_load(&pool->backoffs);
 }
 
+int fe_pool_backed_off(const fe_pool *pool) {
+    return pool->n_threads > 1 && !spinning_allowed((fe_pool *)pool, now_ns());
+}
+
+void fe_pool_hold_off(fe_pool *pool, int64_t ns) {
+    atomic_store_explicit(&pool->off_until, now_ns() + ns, memory_order_relaxed);
+}
+
 void fe_pool_get_stats(const fe_pool *pool, fe_pool_stats *out) {
     fe_pool *p = (fe_pool *)pool;
     out->spin_ns = spinning_allowed(p, now_ns()) ? atomic_load(&p->spin_ns) : 0;

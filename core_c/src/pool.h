@@ -23,6 +23,15 @@ int fe_pool_threads(const fe_pool *pool);
  * compute each item the same way on any thread (tid only picks scratch). */
 void fe_pool_run(fe_pool *pool, fe_pool_fn fn, void *ctx, int n);
 
+/* 1 while spinning is backed off (an oversubscribed machine, or a busy
+ * reader of the expert cache beside the compute threads): a job handed to
+ * the threads now costs a sleeping worker's wake-up, and the caller's own
+ * when it waits for the worker, tens of microseconds on a virtual machine;
+ * a small job runs faster on the caller alone. */
+int fe_pool_backed_off(const fe_pool *pool);
+/* Back off for `ns` nanoseconds from now, as if the machine were busy (tests). */
+void fe_pool_hold_off(fe_pool *pool, int64_t ns);
+
 /* Profile counters the pool adds to (NULL: not profiling): the caller's
  * seconds waiting for the other threads at the end of each job, the number
  * of jobs handed to the threads, of those the jobs run with spinning on, and

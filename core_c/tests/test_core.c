@@ -22,6 +22,7 @@
 #include "../src/io.h"
 #include "../src/json.h"
 #include "../src/moe.h"
+#include "../src/ops.h"
 #include "../src/pool.h"
 
 static int passed, failed;
@@ -129,6 +130,40 @@ static void mark_items(void *p, int start, int end, int tid) {
     unsigned char *hits = p;
     (void)tid;
     for (int i = start; i < end; i++) hits[i]++;
+}
+
+/* A matrix product gives the same bits whether the pool's threads share it
+ * (spinning) or the caller runs it alone (a small product while the pool is
+ * backed off, ops.c's FE_INLINE_BYTES): placement never changes output. */
+static void test_matmul_inline(void) {
+    enum { ROWS = 96, COLS = 256, N = 3 };
+    const uint64_t rb = fe_row_bytes(FE_Q4_0, COLS);
+    uint8_t *w = malloc(ROWS * rb);
+    float x[N * COLS], y_pool[N * ROWS], y_inline[N * ROWS];
+    unsigned seed = 7;
+    for (uint64_t i = 0; i < ROWS * rb; i++) w[i] = (uint8_t)((seed = seed * 1103515245u + 12345u) >> 16);
+    for (int r = 0; r < ROWS; r++)
+        for (uint64_t b = 0; b < rb; b += 18) { w[r * rb + b] = 0x00; w[r * rb + b + 1] = 0x2c; } /* scale 1/16 (f16) */
+    for (int i = 0; i < N * COLS; i++) x[i] = (float)((int)((seed = seed * 1103515245u + 12345u) >> 16) % 2001 - 1000) / 997.0f;
+    fe_pool *p = fe_pool_new(2);
+    const int stride = fe_rows_stride(COLS);
+    float *rows = calloc((size_t)2 * (size_t)stride, sizeof(float));
+    CHECK(w && p && rows);
+    fe_ops ops = {p, rows, stride, fe_kernels_get(fe_kernels_best()), NULL, NULL};
+    const fe_mat m = fe_mat_view(w, FE_Q4_0, ROWS, COLS);
+    for (int n = 1; n <= N; n++) {
+        memset(y_pool, 0, sizeof y_pool);
+        memset(y_inline, 0xff, sizeof y_inline);
+        fe_pool_hold_off(p, 0);   /* spinning on: the threads share the rows */
+        fe_matmul(&ops, &m, x, n, y_pool);
+        fe_pool_hold_off(p, 1000000000LL);
+        CHECK(fe_pool_backed_off(p));
+        fe_matmul(&ops, &m, x, n, y_inline);
+        CHECK(memcmp(y_pool, y_inline, (size_t)n * ROWS * sizeof(float)) == 0);
+    }
+    fe_pool_free(p);
+    free(rows);
+    free(w);
 }
 
 static void test_pool(void) {
@@ -540,6 +575,7 @@ int main(int argc, char **argv) {
     test_json();
     test_formats();
     test_pool();
+    test_matmul_inline();
     test_io_pieces();
     test_routing();
     test_routing_ties();
