@@ -51,12 +51,12 @@ typedef struct {
 #endif
 #ifndef FE_PREFETCH_MAX_TOKENS
 #define FE_PREFETCH_MAX_TOKENS 4
+#endif
 /* Weight bytes x tokens under which a matrix product runs on the caller
  * alone while the pool is backed off (fe_pool_backed_off): below it the
  * other thread's share costs less than waking it. */
 #ifndef FE_INLINE_BYTES
 #define FE_INLINE_BYTES (256.0 * 1024)
-#endif
 #endif
 
 /* Before the kernel reads `len` bytes at `row`: ask for the bytes up to
