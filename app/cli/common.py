@@ -134,12 +134,13 @@ def open_from_args(args) -> LoadedModel:
         if warning and not quiet:
             print(f"ferry: warning: {warning}", file=sys.stderr)
     path = resolve_model(args.model)
+    asked = session_context(args.ctx, 0)   # (the model's length is known once it is open)
     if not args.budget:
         from app.memory.plan import plan_container
 
-        plan = plan_container(path, session_context(args.ctx, 0), activations=getattr(args, "activations", None))
+        plan = plan_container(path, asked, activations=getattr(args, "activations", None))
         budget = plan.recommended
-    model = open_model(path, ram_budget=budget, threads=args.threads, n_ctx=session_context(args.ctx, 0),
+    model = open_model(path, ram_budget=budget, threads=args.threads, n_ctx=asked,
                       kernels=getattr(args, "kernels", None), verify_reads=bool(getattr(args, "verify_reads", False)),
                       activations=getattr(args, "activations", None) or DEFAULT_ACTIVATIONS,
                       share=False if getattr(args, "no_share", False) else None,

@@ -252,4 +252,4 @@ def plan_source(src, layout, tokenizer: dict, n_ctx: int = 4096, memory: Machine
 
     with tempfile.TemporaryDirectory(prefix="ferry-plan-") as tmp:
         root = write_skeleton(src, layout, tokenizer, Path(tmp) / "plan.ferry")
-        return plan_container(root, min(n_ctx, int(layout.model.get("max_ctx", n_ctx))), memory)
+        return plan_container(root, n_ctx, memory)   # (the engine plans for at most the model's length)

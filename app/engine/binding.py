@@ -101,6 +101,7 @@ class MemoryPlan:
     policy_floor_bytes: int  #: of floor_bytes, the policy state for the minimum cache
     q8_bytes: int = 0        #: scratch 8-bit activations add (in scratch_bytes when the engine uses them;
     #  0 for a model without weights they apply to)
+    n_ctx: int = 0           #: the context planned for (the model's trained length when asked for 0 or more)
 
 
 @dataclass(frozen=True)

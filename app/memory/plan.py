@@ -33,19 +33,6 @@ class Plan:
         return d
 
 
-def trained_context(path: str | os.PathLike) -> int:
-    """The model's trained context length as its manifest states it (0: not stated). Called after
-    the engine read the manifest, so a bad one has already been refused."""
-    from app.engine.container_files import ContainerFileError, read_manifest
-
-    try:
-        model = read_manifest(path).get("model")
-    except (ContainerFileError, OSError):
-        return 0
-    ctx = model.get("max_ctx") if isinstance(model, dict) else None
-    return ctx if isinstance(ctx, int) and not isinstance(ctx, bool) and ctx > 0 else 0
-
-
 def min_cache_bytes(p: MemoryPlan) -> int:
     """The floor's expert records: what is left of it after every other part."""
     return p.floor_bytes - p.trunk_bytes - p.state_bytes - p.scratch_bytes - p.policy_floor_bytes
@@ -71,9 +58,6 @@ def plan_container(path: str | os.PathLike, n_ctx: int, memory: MachineMemory | 
     these ``activations`` (None: the default; 8-bit activations add a little
     scratch, none for a model without weights they apply to)."""
     p: MemoryPlan = container_plan(path, n_ctx)
-    trained = trained_context(path)
-    if trained and (n_ctx <= 0 or n_ctx > trained):   # the context the engine plans for (ferry_engine_plan)
-        n_ctx = trained
     if not is_exact(activations):
         p = replace(p, scratch_bytes=p.scratch_bytes + p.q8_bytes, total_bytes=p.total_bytes + p.q8_bytes,
                     floor_bytes=p.floor_bytes + p.q8_bytes)
@@ -81,7 +65,7 @@ def plan_container(path: str | os.PathLike, n_ctx: int, memory: MachineMemory | 
     everything = everything_bytes(p)
     memory = memory or machine_memory()
     choice: BudgetChoice = recommend(p, memory)
-    return Plan(n_ctx=n_ctx, floor=p.floor_bytes, trunk=p.trunk_bytes, state=p.state_bytes, scratch=p.scratch_bytes,
+    return Plan(n_ctx=int(p.n_ctx), floor=p.floor_bytes, trunk=p.trunk_bytes, state=p.state_bytes, scratch=p.scratch_bytes,
                 min_cache=min_cache, policy=p.policy_floor_bytes, record=p.record_bytes, token_set=p.token_set_bytes, everything=everything,
                 recommended=choice.budget, reason=choice.reason, machine=memory)
 

@@ -237,6 +237,8 @@ typedef struct ferry_memory_plan {
     uint64_t q8_bytes;        /* the scratch 8-bit activations add to a session (part of scratch_bytes
                                  when the engine uses them; ferry_container_plan counts it out; 0 for a
                                  model without weights they apply to) */
+    uint64_t n_ctx;           /* the context planned for: the one asked for, or the model's trained
+                                 length when that was 0 or longer */
 } ferry_memory_plan;
 
 typedef struct ferry_engine ferry_engine;

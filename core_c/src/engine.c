@@ -324,6 +324,7 @@ void ferry_engine_plan(const ferry_engine *e, int n_ctx, ferry_memory_plan *plan
     if (n_ctx <= 0 || n_ctx > hp->max_ctx) n_ctx = hp->max_ctx;
     session_sizes(e, n_ctx, e->opts.n_threads, &sz);
     memset(plan, 0, sizeof *plan);
+    plan->n_ctx = (uint64_t)n_ctx;
     plan->trunk_bytes = fe_container_resident_bytes(&e->c);
     plan->state_bytes = sz.state;
     plan->scratch_bytes = sz.scratch;

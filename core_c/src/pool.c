@@ -131,16 +131,17 @@ static int spinning_allowed(fe_pool *p, int64_t now) {
     return now >= atomic_load_explicit(&p->off_until, memory_order_relaxed);
 }
 
-/* The machine looks oversubscribed: stop spinning for a while. A lone
- * signal is only noted: a virtual machine's vCPU is descheduled by its host
- * now and then on an otherwise quiet machine, and each back-off costs the
- * sleeping pool's wake-ups for BACKOFF_MIN_NS or more; a second signal
- * within STRIKE_NS (on a busy machine they come every few jobs) backs off. */
+/* The back-off rule (pool.h). */
 int64_t fe_pool_next_backoff(int64_t last_ns, int64_t now, int64_t ended) {
     if (now - ended > RECOVERED_NS) return BACKOFF_MIN_NS;
     return 2 * last_ns > BACKOFF_MAX_NS ? BACKOFF_MAX_NS : 2 * last_ns;
 }
 
+/* The machine looks oversubscribed: stop spinning for a while. A lone
+ * signal is only noted: a virtual machine's vCPU is descheduled by its host
+ * now and then on an otherwise quiet machine, and each back-off costs the
+ * sleeping pool's wake-ups for BACKOFF_MIN_NS or more; a second signal
+ * within STRIKE_NS (on a busy machine they come every few jobs) backs off. */
 static void oversubscribed(fe_pool *p, int64_t now) {
     int64_t prev = atomic_exchange_explicit(&p->last_strike, now, memory_order_relaxed);
     if (now - prev > STRIKE_NS) return;

@@ -13,7 +13,8 @@ import pytest
 from app.cli import main as ferry
 from app.context import DEFAULT_CONTEXT, session_context
 from app.convert.convert import convert
-from app.memory.plan import plan_container, trained_context
+from app.engine.binding import container_plan
+from app.memory.plan import plan_container
 from tests.ui.test_front_end_matrix import PLAIN_CHAT
 
 TRAINED = 256      #: tests/kimi/tiny_kimi.py's max_position_embeddings
@@ -50,7 +51,7 @@ def _json(capsys, *argv: str) -> dict:
 
 
 def test_the_plan_is_for_the_context_the_model_has(short_model):
-    assert trained_context(short_model) == TRAINED
+    assert container_plan(short_model, DEFAULT_CONTEXT).n_ctx == TRAINED   # the engine says what it planned for
     assert plan_container(short_model, DEFAULT_CONTEXT).n_ctx == TRAINED
     assert plan_container(short_model, 0).n_ctx == TRAINED
     assert plan_container(short_model, 128).n_ctx == 128
