@@ -322,6 +322,7 @@ static const fe_q8_kernels SCALAR_Q8 = {
     0,
     {NULL},
     0,
+    0,
 };
 
 const fe_q8_kernels *fe_q8_kernels_get(int impl) {
@@ -377,7 +378,7 @@ static void q8_rows(fe_q8dot_fn one, fe_q8dot2_fn two, fe_q8dot4_fn four, const 
     for (int r = r0; r < r1;) {
         const int nr = fe_q8_rows_next(four != NULL, two != NULL, r1 - r);
         if (nr == 4 && four)
-            four(w + (uint64_t)r * rb, (size_t)rb, cols, xq, n, y + r, ys);
+            four(w + (uint64_t)r * rb, (size_t)rb, cols, xq, n, y + r, ys, NULL);
         else if (nr > 1)
             two(w + (uint64_t)r * rb, (size_t)rb, nr, cols, xq, n, y + r, ys);
         else

@@ -147,9 +147,12 @@ static inline int fe_q8_rows_next(int four, int two, int left) {
 }
 /* Exactly four consecutive rows over 1-3 tokens (row + i * row_bytes into
  * y[t * ys + i], i < 4), each bit for bit its rowdot's result: a decode
- * kernel that shares each activation load among the four rows. */
+ * kernel that shares each activation load among the four rows. A kernel
+ * whose format's bit is set in the set's rowdot4_prefetch also prefetches
+ * the rows after its four, spread through its own loads, none at or past
+ * pf_end (NULL: no prefetch); the others ignore pf_end. */
 typedef void (*fe_q8dot4_fn)(const uint8_t *row, size_t row_bytes, int cols, const uint8_t *xq, int n, float *y,
-                             size_t ys);
+                             size_t ys, const uint8_t *pf_end);
 
 /* iq4_xs's SIMD q8 row kernel of set impl (kernels.h: fe_iq4xs_kernel), or NULL. */
 fe_q8dot_fn fe_iq4xs_q8_kernel(int impl);
@@ -165,6 +168,8 @@ typedef struct fe_q8_kernels {
                                          * y[t * ys + i], i < 4), each bit for bit its rowdot's result;
                                          * NULL: none (then pairs or single rows) */
     int rowdot4_max_tokens;             /* rowdot4 is used up to this many tokens */
+    unsigned rowdot4_prefetch;          /* bit fmt: rowdot4[fmt] prefetches the rows after its four itself
+                                         * (below pf_end), so its caller does not */
 } fe_q8_kernels;
 /* The layout set k's kernel for format fmt reads over n tokens. */
 int fe_q8_layout(const fe_q8_kernels *k, int fmt, int n);
@@ -286,6 +291,7 @@ fe_q8dot4_fn fe_q8_kernel4_for(const fe_q8_kernels *k, int fmt, int n);
         {NULL},                                                                                             \
         0,                                                                                                  \
         {NULL},                                                                                             \
+        0,                                                                                                  \
         0,                                                                                                  \
     };
 

@@ -23,8 +23,8 @@
  * weights), computed once per block pair and shared by the tile's tokens.
  * The per-block float scales D_b * d_b are multiplied 16 blocks at a time
  * (the same single IEEE products). Q4_0 and Q8_0 over 1-3 tokens take four
- * rows a call (the table's rowdot4: q4_0_tile_r4 on FE_Q8_KIND_32S, the lanes'
- * -8 x-sum starts precomputed per token; q8_0_tile_r4 on FE_Q8_KIND_32), and
+ * rows a call (the table's rowdot4: tile_r4_pairs, Q4_0 on FE_Q8_KIND_32S,
+ * the lanes' -8 x-sum starts precomputed per token, Q8_0 on FE_Q8_KIND_32), and
  * so does Q4_1 (q4_1_tile_r4 on FE_Q8_KIND_32); a last 1-3 rows of a
  * thread's share, and Q4_1 from 4 tokens, use the AVX2 set's kernels,
  * faster there: see the drivers.
@@ -213,118 +213,194 @@ INL void tile32z(const uint8_t *row, int cols, const uint8_t *xq, size_t st, flo
     sums32z(Z, y, ys, nt);
 }
 
-/* Q4_0 over 1-3 tokens, four rows at a time (rowdot4: row i at row + i rb).
- * A zmm holds the four rows' block b, one row per 128-bit lane: W = the rows'
- * 16 nibble bytes, W & 15 = values 0-15 (the reference's lanes 0-3) and
- * W >> 4 = values 16-31 (lanes 4-7), each multiplied by the token's 16
- * matching activations broadcast to all four lanes (vpdpbusd: the nibbles
- * unsigned, 0..15, and the lane started at -8 * (its 4 activations summed),
- * precomputed once per token by the quantizer: FE_Q8_KIND_32S, so
- * p = sum (w - 8) x exactly). The scales D_b of 4 blocks x 4 rows come from
- * four masked 56-byte loads and two word permutes (a gather of the 16 was
- * 0.86-0.94x as fast; with GFNI the high nibbles are one vgf2p8affineqb),
- * and D_b * d_b is one product per row and block, as
- * in the reference; lanes of
- * even and odd blocks go to separate accumulators (acc[b % 2]), so every
- * lane takes the reference's multiply-adds in its order, and the end is the
- * reference's sum: acc[0] + acc[1], then ((v0 + v4) + (v2 + v6)) +
- * ((v1 + v5) + (v3 + v7)) within each row's lane. The x work and the scales'
- * set-up are shared by the four rows: the one-row kernel spends most of its time
- * per 32 weights on them (h8's profile, docs/bench-log/2026-12-06.md). */
 #define R4_TOKENS 3
-/* vgf2p8affineqb's matrix for x >> 4 in every byte: output bit i (i < 4) is input bit i + 4, row i in byte 7 - i */
+/* vgf2p8affineqb's matrices for x >> 4 and x & 15 in every byte: output bit i (i < 4) is input bit i + 4
+ * (or i), row i in byte 7 - i */
 #define HI_NIBBLE 0x1020408000000000LL
+#define LO_NIBBLE 0x0102040800000000LL
 
-/* Block b0 + j of the four rows for nt tokens: S[t] holds D_b d_b of block
- * b0 + j' and row i at element 4j' + i. (Eight rows a call, two groups of
- * four sharing the x work, measured no faster: 0.93-1.05x from L2.)
- * one = 0: Q4_0 (18-byte blocks, the lanes started at the token's -8 x-sums
- * at byte so of its record, FE_Q8_KIND_32S); one = 1: Q4_1 (20-byte blocks,
- * unsigned nibbles as stored, the lanes started at 0, and the minimum's
- * chain mn[t][b % 2] = fma(M_b, s_b, .) in every element of row i's lane,
- * M_b at element 4j' + i of *M, s_b the token's float at byte so + 4b). */
+/* Q4_1's block b0 + j of four rows (row i at row + i rb) for nt tokens
+ * (q4_1_tile_r4): a zmm holds the four rows' block, one row per 128-bit
+ * lane: W = the rows' 16 nibble bytes, W & 15 = values 0-15 (the
+ * reference's lanes 0-3) and W >> 4 = values 16-31 (lanes 4-7), each
+ * multiplied by the token's 16 matching activations broadcast to all four
+ * lanes (vpdpbusd, the nibbles unsigned as stored: p = sum w x exactly).
+ * S[t] holds D_b d_b of block b0 + j' and row i at element 4j' + i; lanes of
+ * even and odd blocks go to separate accumulators (acc[b % 2]), so every
+ * lane takes the reference's multiply-adds in its order; and the minimum's
+ * chain mn[t][b % 2] = fma(M_b, s_b, .) runs in every element of row i's
+ * lane, M_b at element 4j' + i of M, s_b the token's float at byte so + 4b. */
 INL void r4_nib(const uint8_t *row, size_t rb, size_t so, const uint8_t *xq, size_t st, int b0, const int j, const int nt,
-                const int one, const __m512 S[R4_TOKENS], const __m512 *M, __m512 lo[R4_TOKENS][2],
-                __m512 hi[R4_TOKENS][2], __m512 mn[R4_TOKENS][2], const int gfni) {
+                const __m512 S[R4_TOKENS], const __m512 M, __m512 lo[R4_TOKENS][2], __m512 hi[R4_TOKENS][2],
+                __m512 mn[R4_TOKENS][2]) {
     const size_t b = (size_t)b0 + (size_t)j;
     const __m512i m15 = _mm512_set1_epi8(15);
     const __m512i pick = _mm512_setr_epi32(4 * j, 4 * j, 4 * j, 4 * j, 4 * j + 1, 4 * j + 1, 4 * j + 1, 4 * j + 1,
                                            4 * j + 2, 4 * j + 2, 4 * j + 2, 4 * j + 2, 4 * j + 3, 4 * j + 3, 4 * j + 3,
                                            4 * j + 3);
-    const uint8_t *q = row + (one ? 20 : 18) * b + (one ? 4 : 2);
+    const uint8_t *q = row + 20 * b + 4;
     const __m512i W = _mm512_inserti32x4(
         _mm512_inserti32x4(_mm512_inserti32x4(_mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)q)),
                                               _mm_loadu_si128((const __m128i *)(q + rb)), 1),
                            _mm_loadu_si128((const __m128i *)(q + 2 * rb)), 2),
         _mm_loadu_si128((const __m128i *)(q + 3 * rb)), 3);
     const __m512i wl = _mm512_and_si512(W, m15);
-    __m512i wh;
-    if (gfni) /* each byte's high nibble in one instruction (the CPU has GFNI: fe_q8_kernels_avx512vnni) */
-        __asm__("vgf2p8affineqb $0, %[a], %[w], %[h]" : [h] "=v"(wh) : [w] "v"(W), [a] "v"(_mm512_set1_epi64(HI_NIBBLE)));
-    else
-        wh = _mm512_and_si512(_mm512_srli_epi16(W, 4), m15);
-    const __m512 mj = one ? _mm512_permutexvar_ps(pick, *M) : _mm512_setzero_ps();
+    const __m512i wh = _mm512_and_si512(_mm512_srli_epi16(W, 4), m15);
+    const __m512 mj = _mm512_permutexvar_ps(pick, M);
     for (int t = 0; t < nt; t++) {
-        /* x's 16-value halves in every lane, the lanes started at -8 * their 4 values' sum (FE_Q8_KIND_32S) or 0 */
         const __m512i xl = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(QX(t) + 32 * b)));
         const __m512i xh = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(QX(t) + 32 * b + 16)));
-        const __m512i zl = one ? _mm512_setzero_si512() : _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(CX(t) + 8 * b)));
-        const __m512i zh = one ? _mm512_setzero_si512() : _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(CX(t) + 8 * b + 4)));
         const __m512 sc = _mm512_permutexvar_ps(pick, S[t]);
-        lo[t][j & 1] = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zl, wl, xl)), lo[t][j & 1]);
-        hi[t][j & 1] = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zh, wh, xh)), hi[t][j & 1]);
-        if (one) mn[t][j & 1] = _mm512_fmadd_ps(mj, _mm512_set1_ps(((const float *)CX(t))[b]), mn[t][j & 1]);
+        lo[t][j & 1] = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wl, xl)), lo[t][j & 1]);
+        hi[t][j & 1] = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wh, xh)), hi[t][j & 1]);
+        mn[t][j & 1] = _mm512_fmadd_ps(mj, _mm512_set1_ps(((const float *)CX(t))[b]), mn[t][j & 1]);
     }
-}
-INL void r4_block(const uint8_t *row, size_t rb, size_t so, const uint8_t *xq, size_t st, int b0, const int j, const int nt,
-                  const __m512 S[R4_TOKENS], __m512 lo[R4_TOKENS][2], __m512 hi[R4_TOKENS][2], const int gfni) {
-    r4_nib(row, rb, so, xq, st, b0, j, nt, 0, S, NULL, lo, hi, NULL, gfni);
 }
 
-INL void q4_0_tile_r4(const uint8_t *row, size_t rb, int cols, const uint8_t *xq, size_t st, float *y, size_t ys,
-                      const int nt, const int gfni) {
-    const int nb = cols / 32;
-    const size_t so = fe_q8_sums_offset(cols);
-    /* word 4j + i of the scales: rows 0 and 1 from (R0, R1), rows 2 and 3 from (R2, R3) (word 9j of each) */
-    const __m512i w01 = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 32 + 27, 27, 0, 0,
-                                         32 + 18, 18, 0, 0, 32 + 9, 9, 0, 0, 32, 0);
-    const __m512i w23 = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 32 + 27, 27, 0, 0, 32 + 18,
-                                         18, 0, 0, 32 + 9, 9, 0, 0, 32, 0, 0, 0);
-    const __m512i rep4 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-    __m512 lo[R4_TOKENS][2], hi[R4_TOKENS][2];
-    for (int t = 0; t < nt; t++) lo[t][0] = lo[t][1] = hi[t][0] = hi[t][1] = _mm512_setzero_ps();
-    for (int b0 = 0; b0 < nb; b0 += 4) {
-        const int m = nb - b0 < 4 ? nb - b0 : 4;
-        /* the 4 rows' next 56 bytes (at most m blocks: masked, no read past the matrix), word 4j + i of
-         * the scales = row i's word 9j (block j's f16 scale) */
-        const __mmask64 lm = m == 4 ? ~(__mmask64)0 >> 8 : ((__mmask64)1 << (18 * m)) - 1;
-        const uint8_t *p = row + 18 * (size_t)b0;
-        const __m512i A = _mm512_permutex2var_epi16(_mm512_maskz_loadu_epi8(lm, p), w01, _mm512_maskz_loadu_epi8(lm, p + rb));
-        const __m512i B = _mm512_permutex2var_epi16(_mm512_maskz_loadu_epi8(lm, p + 2 * rb), w23,
-                                                    _mm512_maskz_loadu_epi8(lm, p + 3 * rb));
-        const __m512 D = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_mask_mov_epi16(A, (__mmask32)0xccccccccu, B)));
-        __m512 S[R4_TOKENS]; /* the reference's D_b * d_b, element 4j + i */
-        for (int t = 0; t < nt; t++)
-            S[t] = _mm512_mul_ps(D, _mm512_permutexvar_ps(rep4, _mm512_castps128_ps512(_mm_maskz_loadu_ps(
-                                                                    (__mmask8)((1u << m) - 1), DX(t) + b0))));
-        r4_block(row, rb, so, xq, st, b0, 0, nt, S, lo, hi, gfni);
-        if (m > 1) r4_block(row, rb, so, xq, st, b0, 1, nt, S, lo, hi, gfni);
-        if (m > 2) r4_block(row, rb, so, xq, st, b0, 2, nt, S, lo, hi, gfni);
-        if (m > 3) r4_block(row, rb, so, xq, st, b0, 3, nt, S, lo, hi, gfni);
+/* Q8_0 and Q4_0 over 1-3 tokens, four rows a call (the table's rowdot4).
+ * A zmm holds one row's blocks b (low 256 bits: the reference's even
+ * accumulator acc[0]) and b + 1 (high: acc[1]); the 16 scales D_b of a row's
+ * next 16 blocks come in one gather, D_b * d_b one product each, spread per
+ * pair by one vpermps; each row runs its 16 blocks before the next row's
+ * (four independent multiply-add chains), and a last odd block (even:
+ * acc[0]) adds to the low 8 lanes only. The end is the reference's: acc[0]
+ * + acc[1] lane by lane (the two halves), then hsum8.
+ *  - Q8_0 (FE_Q8_KIND_32 activations, signed): the signed weights go to
+ *    vpdpbusd as |w| (unsigned; |-128| = 128) against x with w's sign (x is
+ *    never -128: the quantizer's range), so each lane's p is the reference's
+ *    exact sum. (The AVX2 set's one-row kernel, used at 1-3 tokens before,
+ *    ran a row's blocks as one chain.)
+ *  - Q4_0 (FE_Q8_KIND_32S): each block's 16 nibble bytes twice, the low
+ *    nibbles (values 0-15, the reference's lanes 0-3) taken from the first
+ *    copy and the high ones (16-31, lanes 4-7) from the second: one
+ *    vgf2p8affineqb with a matrix per 64-bit lane (without GFNI a per-word
+ *    shift and a mask); against the pair's 64 activation bytes as stored,
+ *    vpdpbusd (nibbles unsigned, each lane started at -8 times its 4
+ *    activations' sum, from the quantizer) gives the reference's p = sum
+ *    (w - 8) x. The four rows are read 288 bytes at a time: the kernel before
+ *    this one (a zmm of the four rows' block b, a row per 128-bit lane) read
+ *    four 18-line streams 16 bytes at a time, 1.1x slower from L2 and 1.25x
+ *    from L3 on one thread of the Xeon VM (docs/bench-log/2026-12-07.md).
+ *
+ * Q4_0's prefetch (rowdot4_prefetch): as it reads row i's 16 blocks, the
+ * same bytes R4_PF_L1 calls on into L1 and R4_PF_L2 calls on into L2, a few
+ * lines at a time between the loads. Before each call, all of the next
+ * calls' bytes at once (ops.c's prefetch_past) stalled on the core's fill
+ * buffers (most of the decode's samples on prefetch instructions): the
+ * spread prefetch read 1.1x as fast from DRAM and 1.15x from L3 (the same
+ * log). */
+#ifndef R4_PF_L1
+#define R4_PF_L1 1
+#endif
+#ifndef R4_PF_L2
+#define R4_PF_L2 4
+#endif
+static const int32_t PAIR_IDX[8][16] __attribute__((aligned(64))) = {
+    {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1},         {2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3},
+    {4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5},         {6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 7, 7},
+    {8, 8, 8, 8, 8, 8, 8, 8, 9, 9, 9, 9, 9, 9, 9, 9},         {10, 10, 10, 10, 10, 10, 10, 10, 11, 11, 11, 11, 11, 11, 11, 11},
+    {12, 12, 12, 12, 12, 12, 12, 12, 13, 13, 13, 13, 13, 13, 13, 13}, {14, 14, 14, 14, 14, 14, 14, 14, 15, 15, 15, 15, 15, 15, 15, 15}};
+/* Q4_0's per-word shifts: 0 for a pair's low nibbles (words 0-7, 16-23), 4 for its high ones */
+#define NIB_SHIFTS _mm512_set_epi64(0x0004000400040004LL, 0x0004000400040004LL, 0, 0, 0x0004000400040004LL, \
+                                    0x0004000400040004LL, 0, 0)
+
+/* A row's blocks j, j + 1 of its 16-block chunk at r (block j is the row's
+ * b) into acc[t] for nt tokens: Q4_0 (q4) or Q8_0. */
+INL void r4_pair(const uint8_t *r, const int j, size_t b, const uint8_t *xq, size_t st, size_t so, const int nt,
+                 const __m512 S[R4_TOKENS], __m512 *acc, const int q4, const int gfni) {
+    const __m512i pj = _mm512_load_si512(PAIR_IDX[j / 2]);
+    if (q4) {
+        const uint8_t *q = r + 18 * (size_t)j + 2;
+        const __m512i W = _mm512_mask_broadcast_i32x4(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)q)),
+                                                      (__mmask16)0xff00, _mm_loadu_si128((const __m128i *)(q + 18)));
+        __m512i w;
+        if (gfni)
+            __asm__("vgf2p8affineqb $0, %[a], %[w], %[h]"
+                    : [h] "=v"(w)
+                    : [w] "v"(W), [a] "v"(_mm512_set_epi64(HI_NIBBLE, HI_NIBBLE, LO_NIBBLE, LO_NIBBLE, HI_NIBBLE,
+                                                            HI_NIBBLE, LO_NIBBLE, LO_NIBBLE)));
+        else
+            w = _mm512_and_si512(_mm512_srlv_epi16(W, NIB_SHIFTS), _mm512_set1_epi8(15));
+        for (int t = 0; t < nt; t++) {
+            const __m512i p = _mm512_dpbusd_epi32(ld512(CX(t) + 8 * b), w, ld512(QX(t) + 32 * b));
+            acc[t] = _mm512_fmadd_ps(_mm512_permutexvar_ps(pj, S[t]), _mm512_cvtepi32_ps(p), acc[t]);
+        }
+        return;
     }
-    for (int t = 0; t < nt; t++) { /* per row (128-bit lane): both = acc[0] + acc[1], then h(both) */
-        const __m512 T = _mm512_add_ps(_mm512_add_ps(lo[t][0], lo[t][1]), _mm512_add_ps(hi[t][0], hi[t][1]));
-        const __m512 U = _mm512_add_ps(T, _mm512_permute_ps(T, 0x4e)); /* (t0 + t2, t1 + t3, ...) */
-        const __m512 V = _mm512_add_ps(U, _mm512_permute_ps(U, 0xb1));
-        float out[16];
-        _mm512_storeu_ps(out, V);
-        for (int i = 0; i < 4; i++) y[(size_t)t * ys + (size_t)i] = out[4 * i];
+    const uint8_t *q = r + 34 * (size_t)j + 2;
+    const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(ld(q)), ld(q + 34), 1);
+    const __m512i u = _mm512_abs_epi8(w);
+    const __mmask64 neg = _mm512_movepi8_mask(w);
+    for (int t = 0; t < nt; t++) {
+        const __m512i x = ld512(QX(t) + 32 * b);
+        const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x));
+        acc[t] = _mm512_fmadd_ps(_mm512_permutexvar_ps(pj, S[t]), _mm512_cvtepi32_ps(p), acc[t]);
     }
+}
+/* A row's last block j of its chunk (b; even: acc[0], the low 8 lanes) alone. */
+INL void r4_last(const uint8_t *r, const int j, size_t b, const uint8_t *xq, size_t st, size_t so, const int nt,
+                 const __m512 S[R4_TOKENS], __m512 *acc, const int q4) {
+    __m256i w, u = _mm256_setzero_si256();
+    __mmask32 neg = 0;
+    if (q4)
+        w = _mm256_and_si256(_mm256_srlv_epi16(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(r + 18 * (size_t)j + 2))),
+                                               _mm512_castsi512_si256(NIB_SHIFTS)),
+                             _mm256_set1_epi8(15));
+    else
+        w = ld(r + 34 * (size_t)j + 2), u = _mm256_abs_epi8(w), neg = _mm256_movepi8_mask(w);
+    for (int t = 0; t < nt; t++) {
+        const __m256i x = ld(QX(t) + 32 * b);
+        const __m256i p = q4 ? _mm256_dpbusd_epi32(ld(CX(t) + 8 * b), w, x)
+                             : _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, _mm256_mask_sub_epi8(x, neg, _mm256_setzero_si256(), x));
+        acc[t] = _mm512_mask3_fmadd_ps(_mm512_permutexvar_ps(_mm512_set1_epi32(j), S[t]),
+                                       _mm512_cvtepi32_ps(_mm512_castsi256_si512(p)), acc[t], (__mmask16)0x00ff);
+    }
+}
+INL void tile_r4_pairs(const uint8_t *row, size_t rb, int cols, const uint8_t *xq, size_t st, float *y, size_t ys,
+                       const int nt, const uint8_t *pf_end, const int q4, const int gfni) {
+    const int nb = cols / 32, bs = q4 ? 18 : 34;
+    const size_t so = q4 ? fe_q8_sums_offset(cols) : 0;
+    const __m512i gidx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32(bs));
+    __m512 acc[4][R4_TOKENS];
+    for (int i = 0; i < 4; i++)
+        for (int t = 0; t < nt; t++) acc[i][t] = _mm512_setzero_ps();
+    for (int b0 = 0; b0 < nb; b0 += 16) {
+        const int m = nb - b0 < 16 ? nb - b0 : 16;
+        const __mmask16 k = (__mmask16)((1u << m) - 1);
+        __m512 X[R4_TOKENS];
+        for (int t = 0; t < nt; t++) X[t] = _mm512_maskz_loadu_ps(k, DX(t) + b0);
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) {
+            const uint8_t *r = row + (size_t)i * rb + (size_t)bs * (size_t)b0;
+            if (pf_end) /* the same bytes R4_PF_L1 and R4_PF_L2 calls on (speed only) */
+                for (int c = 0; c < bs * m; c += 64) {
+                    const uint8_t *a = r + R4_PF_L1 * 4 * rb + c, *a2 = r + R4_PF_L2 * 4 * rb + c;
+                    if (a < pf_end) __builtin_prefetch(a, 0, 3);
+                    if (a2 < pf_end) __builtin_prefetch(a2, 0, 1);
+                }
+            const __m512 D = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(
+                _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), k, gidx, r, 1)));
+            __m512 S[R4_TOKENS]; /* the reference's D_b * d_b, element j for block b0 + j */
+            for (int t = 0; t < nt; t++) S[t] = _mm512_mul_ps(D, X[t]);
+            int j = 0;
+            if (m == 16) { /* each pair's index vector a constant */
+#pragma GCC unroll 8
+                for (; j < 16; j += 2) r4_pair(r, j, (size_t)(b0 + j), xq, st, so, nt, S, acc[i], q4, gfni);
+            } else
+                for (; j + 2 <= m; j += 2) r4_pair(r, j, (size_t)(b0 + j), xq, st, so, nt, S, acc[i], q4, gfni);
+            if (j < m) r4_last(r, j, (size_t)(b0 + j), xq, st, so, nt, S, acc[i], q4);
+        }
+    }
+    for (int t = 0; t < nt; t++)
+        for (int i = 0; i < 4; i++)
+            y[(size_t)t * ys + (size_t)i] = hsum8(_mm256_add_ps(_mm512_castps512_ps256(acc[i][t]),
+                                                                _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[i][t]), 1))));
 }
 
 /* Q4_1 over 1-3 tokens, four rows at a time (rowdot4), on FE_Q8_KIND_32:
- * q4_0_tile_r4's scheme (r4_nib) with the nibbles unsigned as stored (the
- * lanes start at 0: p = sum w x exactly) and the minimum's term, the
+ * a block of the four rows a zmm (r4_nib), the nibbles unsigned as stored
+ * (the lanes start at 0: p = sum w x exactly), and the minimum's term, the
  * reference's scalar chain m1[b % 2] = fma(M_b, s_b, m1[b % 2]) (s_b = d_b *
  * sum q, the record's), run for the four rows at once, one per 128-bit lane.
  * A block's d and m are its first 4 bytes, so one 64-byte load per row holds
@@ -361,10 +437,10 @@ INL void q4_1_tile_r4(const uint8_t *row, size_t rb, int cols, const uint8_t *xq
         for (int t = 0; t < nt; t++)
             S[t] = _mm512_mul_ps(D, _mm512_permutexvar_ps(rep4, _mm512_castps128_ps512(_mm_maskz_loadu_ps(
                                                                     (__mmask8)((1u << m) - 1), DX(t) + b0))));
-        r4_nib(row, rb, so, xq, st, b0, 0, nt, 1, S, &M, lo, hi, mn, 0);
-        if (m > 1) r4_nib(row, rb, so, xq, st, b0, 1, nt, 1, S, &M, lo, hi, mn, 0);
-        if (m > 2) r4_nib(row, rb, so, xq, st, b0, 2, nt, 1, S, &M, lo, hi, mn, 0);
-        if (m > 3) r4_nib(row, rb, so, xq, st, b0, 3, nt, 1, S, &M, lo, hi, mn, 0);
+        r4_nib(row, rb, so, xq, st, b0, 0, nt, S, M, lo, hi, mn);
+        if (m > 1) r4_nib(row, rb, so, xq, st, b0, 1, nt, S, M, lo, hi, mn);
+        if (m > 2) r4_nib(row, rb, so, xq, st, b0, 2, nt, S, M, lo, hi, mn);
+        if (m > 3) r4_nib(row, rb, so, xq, st, b0, 3, nt, S, M, lo, hi, mn);
     }
     for (int t = 0; t < nt; t++) { /* per row (128-bit lane): h(acc[0] + acc[1]) as Q4_0's, then + (m1[0] + m1[1]) */
         const __m512 T = _mm512_add_ps(_mm512_add_ps(lo[t][0], lo[t][1]), _mm512_add_ps(hi[t][0], hi[t][1]));
@@ -895,93 +971,35 @@ DRIVER2(q5_k)
 DRIVER2(q6_k)
 
 /* The four-row kernel `name` over `tile` (Q4_0's above, q3_nl's below):
- * up to R4_TOKENS tokens a tile, on layout `kind` (each nt a constant). */
-#define DRIVER4(attr, name, tile, kind)                                                                      \
-    attr static void name(const uint8_t *row, size_t rb, int cols, const uint8_t *xq, int n, float *y, size_t ys) { \
+ * up to R4_TOKENS tokens a tile, on layout `kind` (each nt a constant); pf:
+ * WITH_PF passes the prefetch bound on to a tile that prefetches (the set's
+ * rowdot4_prefetch bit), NO_PF for the others (which ignore it). */
+#define WITH_PF , pf_end
+#define NO_PF
+#define DRIVER4(attr, name, tile, kind, pf)                                                                   \
+    attr static void name(const uint8_t *row, size_t rb, int cols, const uint8_t *xq, int n, float *y, size_t ys,   \
+                          const uint8_t *pf_end) {                                                           \
         const size_t st = fe_q8_stride_kind(kind, cols);                                                     \
+        (void)pf_end;                                                                                        \
         for (int t = 0; t < n; t += R4_TOKENS) {                                                             \
             const uint8_t *x = xq + (size_t)t * st;                                                          \
             float *o = y + (size_t)t * ys;                                                                   \
             switch (n - t) {                                                                                 \
-            case 1: tile(row, rb, cols, x, st, o, ys, 1); break;                                             \
-            case 2: tile(row, rb, cols, x, st, o, ys, 2); break;                                             \
-            default: tile(row, rb, cols, x, st, o, ys, 3); break;                                            \
+            case 1: tile(row, rb, cols, x, st, o, ys, 1 pf); break;                                   \
+            case 2: tile(row, rb, cols, x, st, o, ys, 2 pf); break;                                   \
+            default: tile(row, rb, cols, x, st, o, ys, 3 pf); break;                                  \
             }                                                                                                \
         }                                                                                                    \
     }
 
-/* Q8_0 over 1-3 tokens, four rows a call (the table's rowdot4; FE_Q8_KIND_32
- * activations, signed). A zmm holds a row's blocks b (low 256 bits: the
- * reference's even accumulator acc[0]) and b + 1 (high: acc[1]); the signed
- * weights go to vpdpbusd as |w| (unsigned; |-128| = 128) against x with w's
- * sign (x is never -128: the quantizer's range), so each lane's p is the
- * reference's exact sum. The scales D_b of 16 blocks come in one gather per
- * row, D_b * d_b one product each, spread per pair by one vpermps; a last
- * odd block (even: acc[0]) adds to the low 8 lanes only. The end is the
- * reference's: acc[0] + acc[1] lane by lane (the two halves), then hsum8. The
- * AVX2 set's one-row kernel, used at 1-3 tokens before, ran a row's blocks as
- * one chain; here the four rows' chains are independent and the float steps
- * take two blocks per instruction. */
-INL void q8_0_tile_r4(const uint8_t *row, size_t rb, int cols, const uint8_t *xq, size_t st, float *y, size_t ys,
-                      const int nt) {
-    const int nb = cols / 32;
-    const __m512i gidx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                            _mm512_set1_epi32(34));
-    __m512 acc[R4_TOKENS][4];
-    for (int t = 0; t < nt; t++) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = _mm512_setzero_ps();
-    for (int b0 = 0; b0 < nb; b0 += 16) {
-        const int m = nb - b0 < 16 ? nb - b0 : 16;
-        const __mmask16 k = (__mmask16)((1u << m) - 1);
-        __m512 X[R4_TOKENS];
-        for (int t = 0; t < nt; t++) X[t] = _mm512_maskz_loadu_ps(k, DX(t) + b0);
-#pragma GCC unroll 4
-        for (int i = 0; i < 4; i++) {
-            const uint8_t *r = row + (size_t)i * rb + 34 * (size_t)b0;
-            const __m512 D = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(
-                _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), k, gidx, r, 1)));
-            __m512 S[R4_TOKENS]; /* the reference's D_b * d_b, element j for block b0 + j */
-            for (int t = 0; t < nt; t++) S[t] = _mm512_mul_ps(D, X[t]);
-            int j = 0;
-            for (; j + 2 <= m; j += 2) {
-                const uint8_t *q = r + 34 * (size_t)j + 2;
-                const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(ld(q)), ld(q + 34), 1);
-                const __m512i u = _mm512_abs_epi8(w);
-                const __mmask64 neg = _mm512_movepi8_mask(w);
-                const __m512i pj = pair_idx(j, j + 1);
-                for (int t = 0; t < nt; t++) {
-                    const __m512i x = ld512(QX(t) + 32 * (size_t)(b0 + j));
-                    const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u,
-                                                          _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x));
-                    acc[t][i] = _mm512_fmadd_ps(_mm512_permutexvar_ps(pj, S[t]), _mm512_cvtepi32_ps(p), acc[t][i]);
-                }
-            }
-            if (j < m) { /* the row's last block, even, alone */
-                const __m256i w = ld(r + 34 * (size_t)j + 2);
-                const __m256i u = _mm256_abs_epi8(w);
-                const __mmask32 neg = _mm256_movepi8_mask(w);
-                for (int t = 0; t < nt; t++) {
-                    const __m256i x = ld(QX(t) + 32 * (size_t)(b0 + j));
-                    const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u,
-                                                          _mm256_mask_sub_epi8(x, neg, _mm256_setzero_si256(), x));
-                    acc[t][i] = _mm512_mask3_fmadd_ps(_mm512_permutexvar_ps(_mm512_set1_epi32(j), S[t]),
-                                                      _mm512_cvtepi32_ps(_mm512_castsi256_si512(p)), acc[t][i],
-                                                      (__mmask16)0x00ff);
-                }
-            }
-        }
-    }
-    for (int t = 0; t < nt; t++)
-        for (int i = 0; i < 4; i++)
-            y[(size_t)t * ys + (size_t)i] = hsum8(_mm256_add_ps(_mm512_castps512_ps256(acc[t][i]),
-                                                                _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[t][i]), 1))));
-}
-
-DRIVER4(TGT, rowdot4_vnni_q8_0, q8_0_tile_r4, FE_Q8_KIND_32)
-#define q4_0_tile_r4_and(...) q4_0_tile_r4(__VA_ARGS__, 0)
-#define q4_0_tile_r4_gfni(...) q4_0_tile_r4(__VA_ARGS__, 1)
-DRIVER4(TGT, rowdot4_vnni_q4_0, q4_0_tile_r4_and, FE_Q8_KIND_32S)
-DRIVER4(TGT, rowdot4_gfni_q4_0, q4_0_tile_r4_gfni, FE_Q8_KIND_32S)
-DRIVER4(TGT, rowdot4_vnni_q4_1, q4_1_tile_r4, FE_Q8_KIND_32)
+/* the four-row tiles by format (tile_r4_pairs above) */
+#define q8_0_tile_r4(...) tile_r4_pairs(__VA_ARGS__, NULL, 0, 0)
+#define q4_0_tile_r4_and(...) tile_r4_pairs(__VA_ARGS__, 1, 0)
+#define q4_0_tile_r4_gfni(...) tile_r4_pairs(__VA_ARGS__, 1, 1)
+DRIVER4(TGT, rowdot4_vnni_q8_0, q8_0_tile_r4, FE_Q8_KIND_32, NO_PF)
+DRIVER4(TGT, rowdot4_vnni_q4_0, q4_0_tile_r4_and, FE_Q8_KIND_32S, WITH_PF)
+DRIVER4(TGT, rowdot4_gfni_q4_0, q4_0_tile_r4_gfni, FE_Q8_KIND_32S, WITH_PF)
+DRIVER4(TGT, rowdot4_vnni_q4_1, q4_1_tile_r4, FE_Q8_KIND_32, NO_PF)
 
 /* ---------------------------------------------- q3_nl (AVX-512 VBMI as well) */
 
@@ -1155,7 +1173,7 @@ INLV void q3_nl_tile_r4(const uint8_t *row, size_t rb, int cols, const uint8_t *
     }
 }
 
-DRIVER4(TGTV, rowdot4_vbmi_q3_nl, q3_nl_tile_r4, FE_Q8_KIND_32TS)
+DRIVER4(TGTV, rowdot4_vbmi_q3_nl, q3_nl_tile_r4, FE_Q8_KIND_32TS, NO_PF)
 
 /* Without VBMI: AVX2's q3_nl kernel (the same bits). */
 static void rowdot_vnni_q3_nl(const uint8_t *row, int cols, const uint8_t *xq, int n, float *y, size_t ys) {
@@ -1197,6 +1215,7 @@ static void quantize_vnni(int kind, const float *x, size_t xs, int cols, int n, 
         Q8_ROWDOT2_MIN_TOKENS,                                                                              \
         {[FE_Q8_0] = rowdot4_vnni_q8_0, [FE_Q4_0] = q4r4, [FE_Q4_1] = rowdot4_vnni_q4_1, [FE_Q3_NL] = q3r4},    \
         Z_TOKENS - 1,                                                                                       \
+        1u << FE_Q4_0,                                                                                      \
     };
 VNNI_SET(VNNI_Q8_GFNI, rowdot_vbmi_q3_nl, rowdot4_vbmi_q3_nl, rowdot4_gfni_q4_0, vbmi_layout)
 VNNI_SET(VNNI_Q8, rowdot_vbmi_q3_nl, rowdot4_vbmi_q3_nl, rowdot4_vnni_q4_0, vbmi_layout)
