@@ -1228,8 +1228,9 @@ static int cpu_has_gfni(void) {
 }
 
 /* With VBMI (Ice Lake and later, Zen 4 and later) the q3_nl kernel above,
- * and with GFNI too (the same CPUs) Q4_0's four-row kernel takes the high
- * nibbles with one vgf2p8affineqb (bench-log 2026-12-06, session 19 h1). */
+ * and with GFNI too (the same CPUs) Q4_0's four-row kernel takes a block
+ * pair's low and high nibbles with one vgf2p8affineqb instead of a shift and
+ * an AND (bench-log 2026-12-06, session 19 h1). */
 const fe_q8_kernels *fe_q8_kernels_avx512vnni(void) {
     return !cpu_has_avx512vbmi() ? &VNNI_Q8_NO_VBMI : cpu_has_gfni() ? &VNNI_Q8_GFNI : &VNNI_Q8;
 }
