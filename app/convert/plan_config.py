@@ -132,8 +132,8 @@ class _Acc:
         bpw = fixed or self.bpw
         if not fixed and (cls in self.over or self.fmt):
             asked = self.over[cls][0] if cls in self.over else self.fmt
-            bpw = self._row_bpw(asked, cols)
             stored = row_format(asked, cols)
+            bpw = self._stored_bpw(stored)
             if stored:
                 self.formats.add(stored)
         nbytes = count * _align(n * bpw / 8, 64)
@@ -142,10 +142,13 @@ class _Acc:
         self.cls.setdefault(cls, []).append((n, count, fixed, cols))
         self.cls_bytes[cls] = self.cls_bytes.get(cls, 0) + nbytes
 
+    def _stored_bpw(self, stored: str | None) -> float:
+        """Bits per weight of a matrix stored in ``stored`` (row_format's answer; None: the fallback)."""
+        return _BPW[stored] if stored in _BPW else self.fallback
+
     def _row_bpw(self, fmt: str, cols: int) -> float:
         """Bits per weight of a matrix with rows of ``cols`` values asked in ``fmt``, as stored."""
-        stored = row_format(fmt, cols)
-        return _BPW[stored] if stored in _BPW else self.fallback
+        return self._stored_bpw(row_format(fmt, cols))
 
     def vec(self, n: int, count: int = 1, cls: str = "norms and vectors") -> None:
         self.mat(1, n, count, f32=True, cls=cls)
