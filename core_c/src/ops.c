@@ -27,7 +27,6 @@ typedef struct {
     fe_q8dot_fn q8dot[FE_MATMUL_MULTI_MAX]; /* or its 8-bit-activation kernel (kernels_q8.h), used instead */
     fe_q8dot2_fn q8dot2[FE_MATMUL_MULTI_MAX]; /* and its multi-row kernel (NULL: rows one at a time) */
     fe_q8dot4_fn q8dot4[FE_MATMUL_MULTI_MAX]; /* and its four-row kernel of 1-3 tokens (NULL: none) */
-    int pf4[FE_MATMUL_MULTI_MAX];             /* that kernel prefetches the rows after its four itself */
     const uint8_t *xq[FE_MATMUL_MULTI_MAX]; /* x quantized for each q8 kernel (once per layout) */
     int first[FE_MATMUL_MULTI_MAX + 1];    /* item index of each matrix's row 0 */
     const float *x[FE_MATMUL_MULTI_MAX]; /* each matrix's input [n][cols] (one x for all in fe_matmul_multi) */
@@ -96,18 +95,19 @@ static void matmul_rows(void *p, int start, int end, int tid) {
         const uint8_t *l2 = j->n > FE_PREFETCH_MAX_TOKENS ? NULL : end_bytes;
         if (j->q8dot[i]) { /* rows in fours (1-3 tokens), or 4 or 2 at a time, where the set has such kernels
                             * (the same bits) */
+            /* a four-row kernel that prefetches its rows itself, spread through its loads (kernels_q8.h) */
+            const int own_pf = j->q8dot4[i] && (j->ops->q8->k->rowdot4_prefetch >> w->fmt & 1u);
             for (int r = r0; r < r1;) {
                 const int nr = fe_q8_rows_next(j->q8dot4[i] != NULL, j->q8dot2[i] != NULL, r1 - r);
                 const uint8_t *row = w->data + (uint64_t)r * w->row_bytes;
-                if (nr == 4 && j->q8dot4[i] && j->pf4[i]) { /* the kernel's own prefetch, spread through its loads */
-                    j->q8dot4[i](row, w->row_bytes, w->cols, j->xq[i], j->n, j->y[i] + r, (size_t)w->rows, l2);
-                    if (pf < row + 4 * w->row_bytes) pf = row + 4 * w->row_bytes;
-                    r += nr;
-                    continue;
-                }
-                prefetch_past(&pf, row, (uint64_t)nr * w->row_bytes, end_bytes, l2);
-                if (nr == 4 && j->q8dot4[i])
-                    j->q8dot4[i](row, w->row_bytes, w->cols, j->xq[i], j->n, j->y[i] + r, (size_t)w->rows, NULL);
+                const int four = nr == 4 && j->q8dot4[i] != NULL;
+                if (four && own_pf) /* past these rows: a later call of another kernel prefetches from there */
+                    pf = pf > row + 4 * w->row_bytes ? pf : row + 4 * w->row_bytes;
+                else
+                    prefetch_past(&pf, row, (uint64_t)nr * w->row_bytes, end_bytes, l2);
+                if (four)
+                    j->q8dot4[i](row, w->row_bytes, w->cols, j->xq[i], j->n, j->y[i] + r, (size_t)w->rows,
+                                 own_pf ? l2 : NULL);
                 else if (nr > 1)
                     j->q8dot2[i](row, w->row_bytes, nr, w->cols, j->xq[i], j->n, j->y[i] + r, (size_t)w->rows);
                 else
@@ -174,7 +174,6 @@ static int add_matrix(const fe_ops *ops, matmul_job *j, const fe_mat *w, const f
     j->q8dot[c] = fe_q8_kernel_for(ops->q8, w->fmt, w->cols, n);
     j->q8dot2[c] = j->q8dot[c] ? fe_q8_kernel2_for(ops->q8->k, w->fmt, n) : NULL;
     j->q8dot4[c] = j->q8dot[c] ? fe_q8_kernel4_for(ops->q8->k, w->fmt, n) : NULL;
-    j->pf4[c] = j->q8dot4[c] && (ops->q8->k->rowdot4_prefetch >> w->fmt & 1u);
     j->xq[c] = NULL;
     j->first[c + 1] = j->first[c] + w->rows;
     j->count++;
