@@ -75,13 +75,16 @@ static void to_32t(uint8_t *xq, int cols, int n, size_t st) {
         }
 }
 
+/* (the blocks are in their tiles already: fe_q8_z_block) */
 static void to_32z(uint8_t *xq, int cols, int n, size_t st) {
-    const int nb = cols / FE_Q8_BLOCK;
-    for (int t = 0; t < n; t++) {
-        uint8_t *q = xq + (size_t)t * st;
-        for (int i = 0; i < cols; i++) q[i] ^= 0x80;
-        for (int b = 0; b + 1 < nb; b += 2) {
-            uint8_t tmp[2 * FE_Q8_BLOCK], *p = q + (size_t)b * FE_Q8_BLOCK;
+    const int pairs = cols / FE_Q8_BLOCK / 2;
+    for (int t0 = 0, k; t0 < n; t0 += k) {
+        int first;
+        fe_q8_z_tile(n, t0, &first, &k);
+        uint8_t *q = xq + (size_t)t0 * st;
+        for (size_t i = 0; i < (size_t)k * (size_t)cols; i++) q[i] ^= 0x80;
+        for (size_t c = 0; c < (size_t)pairs * (size_t)k; c++) { /* each token's block pair: 64 bytes */
+            uint8_t tmp[2 * FE_Q8_BLOCK], *p = q + c * 2 * FE_Q8_BLOCK;
             for (int l = 0; l < 8; l++) {
                 memcpy(tmp + 8 * l, p + 4 * l, 4);
                 memcpy(tmp + 8 * l + 4, p + FE_Q8_BLOCK + 4 * l, 4);

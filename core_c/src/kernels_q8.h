@@ -103,13 +103,45 @@ size_t fe_q8k_stride(int cols);
  * fe_q8_sums_offset(cols). */
 size_t fe_q8_stride_kind(int kind, int cols);
 static inline size_t fe_q8_sums_offset(int cols) { return fe_q8_stride(cols); }
-/* Quantize n tokens x[t * x_stride .. + cols) into out + t * fe_q8_stride_kind(kind, cols):
- * the scalar reference; each SIMD set has its own, bit-identical (the table's
- * `quantize`). */
+/* FE_Q8_KIND_32Z keeps each token's bytes within its tile of tokens: n
+ * tokens (n >= 1) run in ceil(n / FE_Q8_Z_TILE) tiles of near-equal size
+ * (n = 20: 10 + 10), and the k tokens of the tile starting at token t0 fill
+ * out + t0 * st .. + k * st (st = fe_q8_stride(cols)) as their q bytes block
+ * pair by block pair, token by token within each (64 bytes a token: pair p
+ * of token i at p * 64 * k + i * 64; a last odd block, 32 bytes a token, at
+ * (cols / 32 - 1) * 32 * k + i * 32), then each token's d and s (st - cols
+ * bytes a token, at k * cols + i * (st - cols)). A tile's kernel then reads
+ * token i's block pair at a constant offset from one pointer (AVX-512's
+ * tiles of 16 tokens ran out of general registers with one pointer a token:
+ * docs/bench-log/2026-12-07.md, session 22). */
+#define FE_Q8_Z_TILE 16
+/* The tile holding token t of n: its first token and size. */
+static inline void fe_q8_z_tile(int n, int t, int *t0, int *k) {
+    const int tiles = (n + FE_Q8_Z_TILE - 1) / FE_Q8_Z_TILE;
+    int first = 0, size = n;
+    for (int j = 0; j < tiles; j++) {
+        size = (n - first) / (tiles - j);
+        if (t < first + size) break;
+        first += size;
+    }
+    *t0 = first;
+    *k = size;
+}
+/* Where block b (of cols / 32) of token i of a 32Z tile of k tokens at `tile` starts. */
+static inline uint8_t *fe_q8_z_block(uint8_t *tile, int cols, int k, int i, int b) {
+    const int nb = cols / FE_Q8_BLOCK;
+    return b < (nb & ~1) ? tile + (size_t)(b / 2) * 64 * (size_t)k + (size_t)i * 64 + (size_t)(b % 2) * FE_Q8_BLOCK
+                         : tile + (size_t)b * FE_Q8_BLOCK * (size_t)k + (size_t)i * FE_Q8_BLOCK;
+}
+
+/* Quantize n tokens x[t * x_stride .. + cols) into out + t * fe_q8_stride_kind(kind, cols)
+ * (FE_Q8_KIND_32Z: into their tiles, above): the scalar reference; each SIMD
+ * set has its own, bit-identical (the table's `quantize`). */
 void fe_q8_quantize(int kind, const float *x, size_t x_stride, int cols, int n, uint8_t *out);
 typedef void (*fe_q8quant_fn)(int kind, const float *x, size_t x_stride, int cols, int n, uint8_t *out);
 /* The quantizers' last step: n tokens quantized as FE_Q8_KIND_32 into out +
- * t * fe_q8_stride_kind(kind, cols) turned into layout `kind` in place:
+ * t * fe_q8_stride_kind(kind, cols) (FE_Q8_KIND_32Z: each block, d and s
+ * already in its tile's place, above) turned into layout `kind` in place:
  *  - FE_Q8_KIND_32Z: each q byte flipped to q + 128 (as uint8: q ^ 0x80),
  *    and the bytes of blocks 2p and 2p + 1 interleaved four at a time
  *    (bytes 4l..4l+3 of block 2p, then bytes 4l..4l+3 of block 2p + 1, for
@@ -255,10 +287,14 @@ fe_q8dot4_fn fe_q8_kernel4_for(const fe_q8_kernels *k, int fmt, int n);
         const size_t st = fe_q8_stride_kind(kind, cols);                                                    \
         for (int t = 0; t < n; t++) {                                                                       \
             const float *v = x + (size_t)t * xs;                                                            \
-            int8_t *q = (int8_t *)(out + (size_t)t * st);                                                   \
-            float *d = (float *)(out + (size_t)t * st + (size_t)cols), *s = d + nb;                         \
+            int t0 = t, k = 1; /* FE_Q8_KIND_32Z: the token's tile (else itself alone) */                  \
+            if (kind == FE_Q8_KIND_32Z) fe_q8_z_tile(n, t, &t0, &k);                                        \
+            uint8_t *tile = out + (size_t)t0 * st;                                                          \
+            float *d = (float *)(tile + (size_t)k * cols + (size_t)(t - t0) * (st - (size_t)cols)), *s = d + nb; \
             int16_t *bs = (int16_t *)(d + nb);                                                              \
-            for (int b = 0; b < nb; b++, v += len, q += len) {                                              \
+            for (int b = 0; b < nb; b++, v += len) {                                                        \
+                int8_t *q = (int8_t *)(kind == FE_Q8_KIND_32Z ? fe_q8_z_block(tile, cols, k, t - t0, b)      \
+                                                              : tile + (size_t)b * len);                    \
                 int sums[FE_Q8K_BLOCK / 16];                                                                \
                 d[b] = run(v, len, q, sums);                                                                \
                 if (big) /* |sum| <= 16 * 127: int16 */                                                     \

@@ -55,7 +55,7 @@
 #define ISA "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"
 #define INL static inline __attribute__((always_inline, target(ISA)))
 #define TGT __attribute__((target(ISA)))
-#define TILE 16 /* the most tokens in one tile (the 32-value formats'; the K-quants' are 8) */
+#define TILE FE_Q8_Z_TILE /* the most tokens in one tile (the 32-value formats', 16; the K-quants' are 8) */
 
 int fe_cpu_has_avx512vnni(void) {
     unsigned a, b, c, d;
@@ -167,6 +167,12 @@ INL __m512i q4_0_pair(const uint8_t *q) {
     return _mm512_sub_epi8(_mm512_and_si512(W, _mm512_set1_epi8(15)), _mm512_set1_epi8(8));
 }
 
+/* Token t's bytes in a 32Z tile of nt tokens at xq (kernels_q8.h, fe_q8_z_block): block b (even: the pair
+ * b, b + 1, 64 bytes a token; the last odd block, 32) and its d and s (fe_q8_stride's record's tail). With nt
+ * a constant, every token's load is one pointer plus a constant. */
+#define ZX(t, b, bytes) (xq + (size_t)(b) * 32 * (size_t)nt + (size_t)(bytes) * (size_t)(t))
+#define ZD(t) ((const float *)(xq + (size_t)nt * (size_t)cols + (size_t)(t) * (st - (size_t)cols)))
+
 INL void tile32z(const uint8_t *row, int cols, const uint8_t *xq, size_t st, float *y, size_t ys, const int nt,
                  const int four) {
     const int nb = cols / 32, bb = four ? 18 : 34;
@@ -182,7 +188,7 @@ INL void tile32z(const uint8_t *row, int cols, const uint8_t *xq, size_t st, flo
             for (int i = 0; i < m; i++) D[i] = f16_1(row + bb * (size_t)(b0 + i));
         const __m512 Dv = four ? q4_0_scales16(row + bb * (size_t)b0, m) : _mm512_maskz_loadu_ps(k, D);
         for (int t = 0; t < nt; t++) /* the reference's D_b * d_b, 16 at a time */
-            _mm512_storeu_ps(sc[t], _mm512_mul_ps(Dv, _mm512_maskz_loadu_ps(k, DX(t) + b0)));
+            _mm512_storeu_ps(sc[t], _mm512_mul_ps(Dv, _mm512_maskz_loadu_ps(k, ZD(t) + b0)));
         int i = 0;
         for (; i + 2 <= m; i += 2) {
             const int b = b0 + i;
@@ -192,7 +198,7 @@ INL void tile32z(const uint8_t *row, int cols, const uint8_t *xq, size_t st, flo
             /* -128 * (the lane's 4 weights summed): (x + 128) . w - 128 * sum w = x . w */
             const __m512i init = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), c80, w));
             for (int t = 0; t < nt; t++) {
-                const __m512i p = _mm512_dpbusd_epi32(init, ld512(QX(t) + 32 * (size_t)b), w);
+                const __m512i p = _mm512_dpbusd_epi32(init, ld512(ZX(t, b, 64)), w);
                 double s2;
                 memcpy(&s2, &sc[t][i], sizeof s2); /* D_b d_b and D_b+1 d_b+1, alternating */
                 Z[t] = _mm512_fmadd_ps(_mm512_castpd_ps(_mm512_set1_pd(s2)), _mm512_cvtepi32_ps(p), Z[t]);
@@ -204,7 +210,7 @@ INL void tile32z(const uint8_t *row, int cols, const uint8_t *xq, size_t st, flo
             const __m256i init = _mm256_sub_epi32(_mm256_setzero_si256(),
                                                   _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8((char)0x80), w));
             for (int t = 0; t < nt; t++) {
-                const __m256i p = _mm256_dpbusd_epi32(init, ld(QX(t) + 32 * (size_t)b), w);
+                const __m256i p = _mm256_dpbusd_epi32(init, ld(ZX(t, b, 32)), w);
                 Z[t] = _mm512_mask3_fmadd_ps(_mm512_set1_ps(sc[t][i]), _mm512_cvtepi32_ps(_mm512_cvtepu32_epi64(p)), Z[t],
                                              (__mmask16)0x5555);
             }
@@ -872,7 +878,8 @@ INL void k2_tile(const uint8_t *row, size_t rb, int cols, const uint8_t *xq, siz
  * weight set-up is shared by its tile's tokens, so a small last tile costs
  * nearly as much as a full one (Q4_0 768 x 2048: 9 tokens 1.27x, 12 1.23x,
  * 20 1.07x as fast as tiles of 16, 8 and the rest; docs/bench-log/2026-12-06.md,
- * session 19 h2). The experts of a prompt's chunk see every count. */
+ * session 19 h2). The experts of a prompt's chunk see every count. The
+ * split is FE_Q8_KIND_32Z's (fe_q8_z_tile), whose tiles the quantizer laid out. */
 #define BALANCED_TILES(tile, stride)                                                                         \
     const size_t st = stride(cols);                                                                          \
     const int tiles = (n + TILE - 1) / TILE;                                                                 \
