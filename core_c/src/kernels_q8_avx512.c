@@ -288,13 +288,13 @@ INL void r4_nib(const uint8_t *row, size_t rb, size_t so, const uint8_t *xq, siz
  *    four 18-line streams 16 bytes at a time, 1.1x slower from L2 and 1.25x
  *    from L3 on one thread of the Xeon VM (docs/bench-log/2026-12-07.md).
  *
- * Q4_0's prefetch (rowdot4_prefetch): as it reads row i's 16 blocks, the
- * same bytes R4_PF_L1 calls on into L1 and R4_PF_L2 calls on into L2, a few
- * lines at a time between the loads. Before each call, all of the next
- * calls' bytes at once (ops.c's prefetch_past) stalled on the core's fill
- * buffers (most of the decode's samples on prefetch instructions): the
- * spread prefetch read 1.1x as fast from DRAM and 1.15x from L3 (the same
- * log). */
+ * The prefetch (rowdot4_prefetch: Q4_0 and Q8_0): as it reads row i's 16
+ * blocks, the same bytes R4_PF_L1 calls on into L1 and R4_PF_L2 calls on
+ * into L2, a few lines at a time between the loads. Before each call, all of
+ * the next calls' bytes at once (ops.c's prefetch_past) stalled on the
+ * core's fill buffers (most of the decode's samples on prefetch
+ * instructions): the spread prefetch read Q4_0 1.1x as fast from DRAM and
+ * 1.15x from L3 (the same log), Q8_0 1.16-1.28x and 1.13-1.52x (session 22). */
 #ifndef R4_PF_L1
 #define R4_PF_L1 1
 #endif
@@ -1000,10 +1000,10 @@ DRIVER2(q6_k)
     }
 
 /* the four-row tiles by format (tile_r4_pairs above) */
-#define q8_0_tile_r4(...) tile_r4_pairs(__VA_ARGS__, NULL, 0, 0)
+#define q8_0_tile_r4(...) tile_r4_pairs(__VA_ARGS__, 0, 0)
 #define q4_0_tile_r4_and(...) tile_r4_pairs(__VA_ARGS__, 1, 0)
 #define q4_0_tile_r4_gfni(...) tile_r4_pairs(__VA_ARGS__, 1, 1)
-DRIVER4(TGT, rowdot4_vnni_q8_0, q8_0_tile_r4, FE_Q8_KIND_32, NO_PF)
+DRIVER4(TGT, rowdot4_vnni_q8_0, q8_0_tile_r4, FE_Q8_KIND_32, WITH_PF)
 DRIVER4(TGT, rowdot4_vnni_q4_0, q4_0_tile_r4_and, FE_Q8_KIND_32S, WITH_PF)
 DRIVER4(TGT, rowdot4_gfni_q4_0, q4_0_tile_r4_gfni, FE_Q8_KIND_32S, WITH_PF)
 DRIVER4(TGT, rowdot4_vnni_q4_1, q4_1_tile_r4, FE_Q8_KIND_32, NO_PF)
@@ -1222,7 +1222,7 @@ static void quantize_vnni(int kind, const float *x, size_t xs, int cols, int n, 
         Q8_ROWDOT2_MIN_TOKENS,                                                                              \
         {[FE_Q8_0] = rowdot4_vnni_q8_0, [FE_Q4_0] = q4r4, [FE_Q4_1] = rowdot4_vnni_q4_1, [FE_Q3_NL] = q3r4},    \
         Z_TOKENS - 1,                                                                                       \
-        1u << FE_Q4_0,                                                                                      \
+        1u << FE_Q8_0 | 1u << FE_Q4_0,                                                                      \
     };
 VNNI_SET(VNNI_Q8_GFNI, rowdot_vbmi_q3_nl, rowdot4_vbmi_q3_nl, rowdot4_gfni_q4_0, vbmi_layout)
 VNNI_SET(VNNI_Q8, rowdot_vbmi_q3_nl, rowdot4_vbmi_q3_nl, rowdot4_vnni_q4_0, vbmi_layout)
