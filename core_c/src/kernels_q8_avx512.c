@@ -879,12 +879,13 @@ INL void k2_tile(const uint8_t *row, size_t rb, int cols, const uint8_t *xq, siz
  * nearly as much as a full one (Q4_0 768 x 2048: 9 tokens 1.27x, 12 1.23x,
  * 20 1.07x as fast as tiles of 16, 8 and the rest; docs/bench-log/2026-12-06.md,
  * session 19 h2). The experts of a prompt's chunk see every count. The
- * split is FE_Q8_KIND_32Z's (fe_q8_z_tile), whose tiles the quantizer laid out. */
+ * split is FE_Q8_KIND_32Z's own (fe_q8_z_tile), whose tiles the quantizer
+ * laid out. */
 #define BALANCED_TILES(tile, stride)                                                                         \
     const size_t st = stride(cols);                                                                          \
-    const int tiles = (n + TILE - 1) / TILE;                                                                 \
-    for (int j = 0, t = 0; j < tiles; j++) {                                                                 \
-        const int k = (n - t) / (tiles - j);                                                                 \
+    for (int t = 0, k = 0; t < n; t += k) {                                                                  \
+        int first;                                                                                           \
+        fe_q8_z_tile(n, t, &first, &k);                                                                      \
         const uint8_t *x = xq + (size_t)t * st;                                                              \
         float *o = y + (size_t)t * ys;                                                                       \
         switch (k) {                                                                                          \
@@ -892,7 +893,6 @@ INL void k2_tile(const uint8_t *row, size_t rb, int cols, const uint8_t *xq, siz
             TILE_CASES_8_15(tile, x, o)                                                                       \
         default: tile(row, cols, x, st, o, ys, 16); break;                                                   \
         }                                                                                                    \
-        t += k;                                                                                              \
     }
 
 /* Q8_0 and Q4_0: under Z_TOKENS the AVX2 set's kernel on FE_Q8_KIND_32 (the
