@@ -409,6 +409,7 @@ ferry_status ferry_session_new(ferry_engine *e, int n_ctx, ferry_session **out, 
     atomic_init(&s->cancel, 0);
     s->pool = fe_pool_new(e->opts.n_threads);
     if (!s->pool) { free(s); return fe_fail(err, FERRY_E_NOMEM, "cannot start compute threads"); }
+    fe_pool_watch(s->pool, fe_ecache_own_work(e->cache)); /* the expert readers' work is not a busy machine */
     session_sizes(e, n_ctx, fe_pool_threads(s->pool), &s->sizes);
     uint64_t need = s->sizes.state + s->sizes.scratch;
     pthread_mutex_lock(&e->lock);

@@ -223,6 +223,8 @@ void fe_ecache_free(fe_ecache *c) {
     free(c);
 }
 
+const fe_own_work *fe_ecache_own_work(const fe_ecache *c) { return c && c->io ? fe_io_own_work(c->io) : NULL; }
+
 int fe_ecache_direct_io(const fe_ecache *c, char *note, size_t note_len) {
     snprintf(note, note_len, "%s", c->io_note);
     return c->direct;

@@ -38,6 +38,8 @@ typedef struct fe_ecache_config {
 ferry_status fe_ecache_new(struct ferry_engine *e, const fe_ecache_config *cfg, fe_ecache **out, ferry_error *err);
 void fe_ecache_free(fe_ecache *c);
 int fe_ecache_direct_io(const fe_ecache *c, char *note, size_t note_len);
+/* The readers' own work, for a session's pool to watch (pool.h), or NULL. */
+const struct fe_own_work *fe_ecache_own_work(const fe_ecache *c);
 /* Most distinct experts one visit may ask for (the cache's slot count). */
 int fe_experts_max_visit(const struct ferry_session *s);
 ferry_status fe_ecache_usage(const fe_ecache *c, uint32_t *counts, size_t n, ferry_error *err);

@@ -29,7 +29,10 @@ struct fe_io {
     uint64_t epoch_bytes;       /* bytes those pieces brought this epoch */
     int epoch_pieces;           /* and how many there were */
     pthread_t *readers;         /* their handles */
+    fe_own_work own;            /* the pieces' reads and CRCs, for the compute pool (pool.h) */
 };
+
+const fe_own_work *fe_io_own_work(const fe_io *io) { return &io->own; }
 
 /* Read `len` bytes of `job` from `from` into its buffer; returns 0, an errno,
  * or -1 for a short read, and the bytes read in *got. */
@@ -175,7 +178,9 @@ static void *reader_main(void *arg) {
         io->running++;
         if (takeable(io)) pthread_cond_signal(&io->work); /* more pieces: another reader */
         pthread_mutex_unlock(&io->mu);
+        fe_own_work_begin(&io->own);
         int err_no = read_piece(job, from, len, &got);
+        fe_own_work_end(&io->own);
         pthread_mutex_lock(&io->mu);
         io->running_background -= background;
         io->running_urgent -= urgent;
@@ -193,7 +198,9 @@ static void *reader_main(void *arg) {
         /* the last piece: no other reader touches the job now */
         if (!job->err_no && job->crc_len && job->crc_from + job->crc_len <= job->got) {
             pthread_mutex_unlock(&io->mu);
+            fe_own_work_begin(&io->own);
             job->crc = fe_crc32(0, job->buf + job->crc_from, job->crc_len);
+            fe_own_work_end(&io->own);
             pthread_mutex_lock(&io->mu);
         }
         job->seconds = fe_now() - job->started;

@@ -29,6 +29,7 @@
 #ifndef FERRY_IO_H
 #define FERRY_IO_H
 
+#include "pool.h"
 #include <pthread.h>
 #include <stdint.h>
 
@@ -93,6 +94,8 @@ int fe_io_queue_depth(fe_io *io);
 
 /* Reader threads (n >= 1). NULL when threads cannot be started. */
 fe_io *fe_io_new(int n_readers);
+/* The readers' own work (pool.h): each piece's read and CRC between begin and end. */
+const fe_own_work *fe_io_own_work(const fe_io *io);
 void fe_io_free(fe_io *io);
 
 /* Queue a job (the caller owns it and must not touch it until it is done).

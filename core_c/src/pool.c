@@ -32,7 +32,12 @@
  *    microseconds, twice a read: measured, the old rule -- double unless 4
  *    periods passed since the last began -- kept the pool asleep for most of
  *    a decode at 50 % of the MoE bench's model, a period grown to 1 s in the
- *    prompt kept alive by a miss every few seconds.) While a period lasts
+ *    prompt kept alive by a miss every few seconds.) A signal while the
+ *    process's own watched work (fe_pool_watch: the expert readers) runs or
+ *    has just ended is not counted at all: those readers, not another
+ *    program, took the core, and backing off only slows every later job
+ *    (at 50 % of that model, 2 of 5 rounds ran backed off, 0.80-0.82x the
+ *    others: docs/bench-log/2026-12-07.md, session 22). While a period lasts
  *    the pool behaves like a plain sleeping pool, and afterwards it probes
  *    by spinning again. A spinning thread on a busy machine takes the core
  *    the working thread needs; a sleeping one is woken with priority.
@@ -89,6 +94,7 @@ struct fe_pool {
     uint64_t backoffs_seen;     /* `backoffs` when the caller last looked */
     /* the caller's CPU share over a window of back-to-back jobs (caller only) */
     int64_t cw_wall, cw_cpu, cw_slept, c_last_end;
+    _Atomic(const fe_own_work *) own; /* this process's own work beside the threads (pool.h), or NULL */
 };
 
 typedef struct { fe_pool *pool; int tid; } worker_arg;
@@ -143,6 +149,7 @@ int64_t fe_pool_next_backoff(int64_t last_ns, int64_t now, int64_t ended) {
  * sleeping pool's wake-ups for BACKOFF_MIN_NS or more; a second signal
  * within STRIKE_NS (on a busy machine they come every few jobs) backs off. */
 static void oversubscribed(fe_pool *p, int64_t now) {
+    if (fe_pool_own_work_explains(atomic_load_explicit(&p->own, memory_order_relaxed), now)) return;
     int64_t prev = atomic_exchange_explicit(&p->last_strike, now, memory_order_relaxed);
     if (now - prev > STRIKE_NS) return;
     int64_t b = fe_pool_next_backoff(atomic_load_explicit(&p->backoff_ns, memory_order_relaxed), now,
@@ -335,6 +342,21 @@ void fe_pool_set_profile(fe_pool *pool, const fe_pool_profile *prof) {
 int fe_pool_backed_off(const fe_pool *pool) {
     return pool->n_threads > 1 && !spinning_allowed((fe_pool *)pool, now_ns());
 }
+
+void fe_own_work_begin(fe_own_work *w) { atomic_fetch_add_explicit(&w->busy, 1, memory_order_relaxed); }
+
+void fe_own_work_end(fe_own_work *w) {
+    atomic_store_explicit(&w->last_ns, (long long)now_ns(), memory_order_relaxed);
+    atomic_fetch_sub_explicit(&w->busy, 1, memory_order_relaxed);
+}
+
+int fe_pool_own_work_explains(const fe_own_work *w, long long now) {
+    if (!w) return 0;
+    return atomic_load_explicit(&((fe_own_work *)w)->busy, memory_order_relaxed) > 0 ||
+           now - atomic_load_explicit(&((fe_own_work *)w)->last_ns, memory_order_relaxed) < FE_POOL_OWN_GRACE_NS;
+}
+
+void fe_pool_watch(fe_pool *pool, const fe_own_work *w) { atomic_store_explicit(&pool->own, w, memory_order_relaxed); }
 
 void fe_pool_hold_off(fe_pool *pool, int64_t ns) {
     atomic_store_explicit(&pool->off_until, now_ns() + ns, memory_order_relaxed);

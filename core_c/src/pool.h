@@ -2,6 +2,7 @@
 #ifndef FERRY_POOL_H
 #define FERRY_POOL_H
 
+#include <stdatomic.h>
 #include <stdint.h>
 
 /* Work over items [start, end) on thread `tid` (0 = the caller). A job's
@@ -29,6 +30,23 @@ void fe_pool_run(fe_pool *pool, fe_pool_fn fn, void *ctx, int n);
  * when it waits for the worker, tens of microseconds on a virtual machine;
  * a small job runs faster on the caller alone. */
 int fe_pool_backed_off(const fe_pool *pool);
+/* Work of this process's own beside the pool's threads (the expert cache's
+ * readers: a read's system call and its CRC take a core for a few hundred
+ * microseconds on a 2-core machine). While `busy` > 0, or within
+ * FE_POOL_OWN_GRACE_NS of `last_ns` (CLOCK_MONOTONIC), a thread that lost
+ * its core is not taken for a sign of a busy machine: backing off would not
+ * give those threads the core sooner, and costs every later job a wake-up. */
+typedef struct fe_own_work {
+    _Atomic int busy;         /* pieces of own work running now */
+    _Atomic long long last_ns; /* when the last one ended */
+} fe_own_work;
+#define FE_POOL_OWN_GRACE_NS 1000000LL
+void fe_own_work_begin(fe_own_work *w);
+void fe_own_work_end(fe_own_work *w);
+/* The pool watches w (NULL: nothing) from now on; w outlives the pool. */
+void fe_pool_watch(fe_pool *pool, const fe_own_work *w);
+/* 1 when own work (w) explains a lost core at `now` (pure; for tests). */
+int fe_pool_own_work_explains(const fe_own_work *w, long long now);
 /* Back off for `ns` nanoseconds from now, as if the machine were busy (tests). */
 void fe_pool_hold_off(fe_pool *pool, int64_t ns);
 

@@ -1,7 +1,8 @@
 /* test_pool.c — the thread pool alone, built with ThreadSanitizer by
  * tests/engine/test_pool.py: every item of every job computed exactly once,
  * with jobs back to back (threads spinning), jobs after naps (threads
- * asleep), and busy threads beside the pool (the back-off to sleeping). */
+ * asleep), and busy threads beside the pool (the back-off to sleeping), and
+ * beside the process's own watched work (no back-off). */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
 #include <stdatomic.h>
@@ -61,6 +62,51 @@ int main(void) {
         for (int i = 0; i < 4; i++) pthread_join(t[i], NULL);
         bad |= rounds(p, 300);
     }
+    /* the process's own work (the expert readers) running beside busy
+     * threads: their lost cores are not counted, so the pool never backs off */
+    fe_own_work own;
+    atomic_init(&own.busy, 0);
+    atomic_init(&own.last_ns, 0);
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    const long long now = (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+    if (fe_pool_own_work_explains(NULL, now) || fe_pool_own_work_explains(&own, now)) {
+        printf("FAIL: no own work explains a lost core\n");
+        bad = 1;
+    }
+    fe_own_work_begin(&own);
+    if (!fe_pool_own_work_explains(&own, now)) {
+        printf("FAIL: own work running does not explain a lost core\n");
+        bad = 1;
+    }
+    fe_pool *q = fe_pool_new(3); /* a fresh pool, spinning (p may still be backed off) */
+    if (!q) { printf("FAIL: no pool\n"); return 1; }
+    fe_pool_watch(q, &own);
+    fe_pool_stats before, after;
+    fe_pool_get_stats(q, &before);
+    if (!bad) {
+        pthread_t t[4];
+        atomic_store(&stop_busy, 0);
+        for (int i = 0; i < 4; i++) pthread_create(&t[i], NULL, busy, NULL);
+        bad |= rounds(q, 400);
+        atomic_store(&stop_busy, 1);
+        for (int i = 0; i < 4; i++) pthread_join(t[i], NULL);
+    }
+    fe_pool_get_stats(q, &after);
+    fe_pool_free(q);
+    if (!bad && after.backoffs != before.backoffs) {
+        printf("FAIL: backed off %llu times while own work explained it\n",
+               (unsigned long long)(after.backoffs - before.backoffs));
+        bad = 1;
+    }
+    fe_own_work_end(&own);
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    const long long end = (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+    if (!fe_pool_own_work_explains(&own, end) || fe_pool_own_work_explains(&own, end + 2 * FE_POOL_OWN_GRACE_NS)) {
+        printf("FAIL: own work's grace after its end\n");
+        bad = 1;
+    }
+    bad |= rounds(p, 300);
     fe_pool_stats st;
     fe_pool_get_stats(p, &st);
     printf("spin_ns %lld backoffs %llu won %llu lost %llu\n", (long long)st.spin_ns,
