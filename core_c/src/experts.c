@@ -14,6 +14,7 @@
 #include "cache_policy.h"
 #include "container.h"
 #include "io.h"
+#include "pool.h"
 #include "model.h"
 
 /* The open visit: arrays of n_slots entries. */
@@ -305,13 +306,21 @@ static void count_read(ferry_session *s, const fe_io_job *job) {
     s->stats.expert_reads++;
 }
 
+/* The compute waited since t0 for the readers: a stall, and for the pool a
+ * time the caller slept outside it (not a thread short of CPU). */
+static void stalled(ferry_session *s, double t0) {
+    const double dt = fe_now() - t0;
+    s->stats.stall_seconds += dt;
+    fe_pool_caller_slept(s->pool, (int64_t)(dt * 1e9));
+}
+
 /* Wait for a slot's read, account it, and check the record it brought. */
 static ferry_status finish_read(ferry_session *s, int slot, int layer, int expert, ferry_error *err) {
     fe_ecache *c = s->e->cache;
     fe_io_job *job = &c->slot_job[slot];
     double t0 = fe_now();
     fe_io_wait(c->io, job);
-    s->stats.stall_seconds += fe_now() - t0;
+    stalled(s, t0);
     job->buf = NULL;
     const fe_bank *b = &s->e->c.banks[layer];
     count_read(s, job);
@@ -339,7 +348,7 @@ static void reuse_slot(ferry_session *s, int slot) {
     const int was_read = job->buf != NULL && c->slot_prefetched[slot];
     double t0 = fe_now();
     quiesce(c, slot);
-    s->stats.stall_seconds += fe_now() - t0;
+    stalled(s, t0);
     if (was_read) count_read(s, job);
     if (c->slot_prefetched[slot]) s->stats.prefetch_wasted++;
     c->slot_prefetched[slot] = 0;
@@ -470,7 +479,7 @@ static int wait_landed(ferry_session *s) {
         if (pick >= 0 || !in_flight) break;
         fe_io_wait_any(c->io, &seen);
     }
-    s->stats.stall_seconds += fe_now() - t0;
+    stalled(s, t0);
     return pick;
 }
 

@@ -178,9 +178,9 @@ static void *reader_main(void *arg) {
         io->running++;
         if (takeable(io)) pthread_cond_signal(&io->work); /* more pieces: another reader */
         pthread_mutex_unlock(&io->mu);
-        fe_own_work_begin(&io->own);
+        const long long own0 = fe_own_work_begin(&io->own);
         int err_no = read_piece(job, from, len, &got);
-        fe_own_work_end(&io->own);
+        fe_own_work_end(&io->own, own0);
         pthread_mutex_lock(&io->mu);
         io->running_background -= background;
         io->running_urgent -= urgent;
@@ -198,9 +198,9 @@ static void *reader_main(void *arg) {
         /* the last piece: no other reader touches the job now */
         if (!job->err_no && job->crc_len && job->crc_from + job->crc_len <= job->got) {
             pthread_mutex_unlock(&io->mu);
-            fe_own_work_begin(&io->own);
+            const long long crc0 = fe_own_work_begin(&io->own);
             job->crc = fe_crc32(0, job->buf + job->crc_from, job->crc_len);
-            fe_own_work_end(&io->own);
+            fe_own_work_end(&io->own, crc0);
             pthread_mutex_lock(&io->mu);
         }
         job->seconds = fe_now() - job->started;

@@ -32,12 +32,15 @@
  *    microseconds, twice a read: measured, the old rule -- double unless 4
  *    periods passed since the last began -- kept the pool asleep for most of
  *    a decode at 50 % of the MoE bench's model, a period grown to 1 s in the
- *    prompt kept alive by a miss every few seconds.) A signal while the
- *    process's own watched work (fe_pool_watch: the expert readers) runs or
- *    has just ended is not counted at all: those readers, not another
- *    program, took the core, and backing off only slows every later job
- *    (at 50 % of that model, 2 of 5 rounds ran backed off, 0.80-0.82x the
- *    others: docs/bench-log/2026-12-07.md, session 22). While a period lasts
+ *    prompt kept alive by a miss every few seconds.) The process's own
+ *    watched work (fe_pool_watch: the expert readers) is not another
+ *    program: a descheduled or absent thread while it runs or just after is
+ *    not counted, the CPU-share test credits a thread with its CPU time,
+ *    and the caller's waits for a read (fe_pool_caller_slept) are sleep,
+ *    not awake time (counted, they backed the pool off in 2 of 5 rounds at
+ *    50 % of that model, those rounds 0.80-0.85x the others, and for most
+ *    of a tight-budget decode: docs/bench-log/2026-12-07.md, session 22).
+ *    While a period lasts
  *    the pool behaves like a plain sleeping pool, and afterwards it probes
  *    by spinning again. A spinning thread on a busy machine takes the core
  *    the working thread needs; a sleeping one is woken with priority.
@@ -93,7 +96,7 @@ struct fe_pool {
     fe_pool_profile prof;       /* profile counters (all NULL: not profiling) */
     uint64_t backoffs_seen;     /* `backoffs` when the caller last looked */
     /* the caller's CPU share over a window of back-to-back jobs (caller only) */
-    int64_t cw_wall, cw_cpu, cw_slept, c_last_end;
+    int64_t cw_wall, cw_cpu, cw_slept, c_last_end, cw_own;
     _Atomic(const fe_own_work *) own; /* this process's own work beside the threads (pool.h), or NULL */
 };
 
@@ -137,6 +140,12 @@ static int spinning_allowed(fe_pool *p, int64_t now) {
     return now >= atomic_load_explicit(&p->off_until, memory_order_relaxed);
 }
 
+/* The own work's CPU time so far (0 without any watched). */
+static int64_t own_cpu(fe_pool *p) {
+    const fe_own_work *w = atomic_load_explicit(&p->own, memory_order_relaxed);
+    return w ? (int64_t)atomic_load_explicit(&((fe_own_work *)w)->cpu_ns, memory_order_relaxed) : 0;
+}
+
 /* The back-off rule (pool.h). */
 int64_t fe_pool_next_backoff(int64_t last_ns, int64_t now, int64_t ended) {
     if (now - ended > RECOVERED_NS) return BACKOFF_MIN_NS;
@@ -148,8 +157,8 @@ int64_t fe_pool_next_backoff(int64_t last_ns, int64_t now, int64_t ended) {
  * now and then on an otherwise quiet machine, and each back-off costs the
  * sleeping pool's wake-ups for BACKOFF_MIN_NS or more; a second signal
  * within STRIKE_NS (on a busy machine they come every few jobs) backs off. */
-static void oversubscribed(fe_pool *p, int64_t now) {
-    if (fe_pool_own_work_explains(atomic_load_explicit(&p->own, memory_order_relaxed), now)) return;
+static void oversubscribed(fe_pool *p, int64_t now, int excusable) {
+    if (excusable && fe_pool_own_work_explains(atomic_load_explicit(&p->own, memory_order_relaxed), now)) return;
     int64_t prev = atomic_exchange_explicit(&p->last_strike, now, memory_order_relaxed);
     if (now - prev > STRIKE_NS) return;
     int64_t b = fe_pool_next_backoff(atomic_load_explicit(&p->backoff_ns, memory_order_relaxed), now,
@@ -168,7 +177,7 @@ static int spin_until(fe_pool *p, int (*ready)(fe_pool *, int), int arg, int64_t
         for (int i = 0; i < 16 && !(r = ready(p, arg)); i++) cpu_relax();
         int64_t t = now_ns();
         if (t - last > PREEMPT_NS) { /* also when the wait ended meanwhile */
-            oversubscribed(p, t);
+            oversubscribed(p, t, 1);
             return r || ready(p, arg);
         }
         if (r) return 1;
@@ -249,15 +258,15 @@ static void *worker_main(void *arg_) {
     /* A window of this thread's awake time: if it got less than
      * CPU_SHARE_MIN of the wall time while it was awake (working or
      * spinning), other threads took its core: oversubscribed. */
-    int64_t w0 = now_ns(), c0 = thread_cpu_ns();
+    int64_t w0 = now_ns(), c0 = thread_cpu_ns(), o0 = own_cpu(p);
     for (;;) {
         help(p, tid);
         if (atomic_load(&p->shutdown)) break;
         int64_t t0 = now_ns(), budget = 0;
         if (t0 - w0 > CPU_WINDOW_NS) { /* (the CPU clock is a system call: read only while spinning is on) */
-            int64_t c = spinning_allowed(p, t0) ? thread_cpu_ns() : -1;
-            if (c >= 0 && c0 >= 0 && (double)(c - c0) < CPU_SHARE_MIN * (double)(t0 - w0)) oversubscribed(p, t0);
-            w0 = t0, c0 = c;
+            int64_t c = spinning_allowed(p, t0) ? thread_cpu_ns() : -1, o = own_cpu(p);
+            if (c >= 0 && c0 >= 0 && (double)(c - c0 + o - o0) < CPU_SHARE_MIN * (double)(t0 - w0)) oversubscribed(p, t0, 0);
+            w0 = t0, c0 = c, o0 = o;
         }
         if (spinning_allowed(p, t0)) {
             budget = atomic_load_explicit(&p->spin_ns, memory_order_relaxed);
@@ -274,7 +283,7 @@ static void *worker_main(void *arg_) {
         atomic_fetch_sub(&p->sleepers, 1);
         pthread_mutex_unlock(&p->mu);
         w0 = now_ns(); /* a new awake window */
-        c0 = spinning_allowed(p, w0) ? thread_cpu_ns() : -1;
+        c0 = spinning_allowed(p, w0) ? thread_cpu_ns() : -1, o0 = own_cpu(p);
         if (budget > 0) adapt_after_sleep(p, budget, w0 - t0);
     }
     return NULL;
@@ -343,18 +352,28 @@ int fe_pool_backed_off(const fe_pool *pool) {
     return pool->n_threads > 1 && !spinning_allowed((fe_pool *)pool, now_ns());
 }
 
-void fe_own_work_begin(fe_own_work *w) { atomic_fetch_add_explicit(&w->busy, 1, memory_order_relaxed); }
+static int64_t thread_cpu_ns(void);
 
-void fe_own_work_end(fe_own_work *w) {
+long long fe_own_work_begin(fe_own_work *w) {
+    atomic_fetch_add_explicit(&w->busy, 1, memory_order_relaxed);
+    return (long long)thread_cpu_ns();
+}
+
+void fe_own_work_end(fe_own_work *w, long long cpu0) {
+    const int64_t c = thread_cpu_ns();
+    if (c >= 0 && cpu0 >= 0) atomic_fetch_add_explicit(&w->cpu_ns, (long long)(c - cpu0), memory_order_relaxed);
     atomic_store_explicit(&w->last_ns, (long long)now_ns(), memory_order_relaxed);
     atomic_fetch_sub_explicit(&w->busy, 1, memory_order_relaxed);
 }
+
 
 int fe_pool_own_work_explains(const fe_own_work *w, long long now) {
     if (!w) return 0;
     return atomic_load_explicit(&((fe_own_work *)w)->busy, memory_order_relaxed) > 0 ||
            now - atomic_load_explicit(&((fe_own_work *)w)->last_ns, memory_order_relaxed) < FE_POOL_OWN_GRACE_NS;
 }
+
+void fe_pool_caller_slept(fe_pool *pool, int64_t ns) { pool->cw_slept += ns > 0 ? ns : 0; }
 
 void fe_pool_watch(fe_pool *pool, const fe_own_work *w) { atomic_store_explicit(&pool->own, w, memory_order_relaxed); }
 
@@ -398,14 +417,14 @@ void fe_pool_run(fe_pool *p, fe_pool_fn fn, void *ctx, int n) {
     }
     const int64_t t_pub = now_ns();
     if (t_pub - p->c_last_end > CALLER_IDLE_NS) /* idle since the last job: a new window */
-        p->cw_wall = t_pub, p->cw_cpu = statik ? -1 : thread_cpu_ns(), p->cw_slept = 0;
+        p->cw_wall = t_pub, p->cw_cpu = statik ? -1 : thread_cpu_ns(), p->cw_slept = 0, p->cw_own = own_cpu(p);
     const int spin_job = !statik, all_awake = atomic_load(&p->sleepers) == 0;
     const int mine = help(p, 0);
     const int64_t t_mine = now_ns();
     /* Every chunk of a job long enough for a spinning worker to notice it
      * (it looks every few hundred nanoseconds) was the caller's: the workers
      * that should have been spinning were not running. */
-    if (spin_job && all_awake && mine == chunks && t_mine - t_pub > ABSENT_NS) oversubscribed(p, t_mine);
+    if (spin_job && all_awake && mine == chunks && t_mine - t_pub > ABSENT_NS) oversubscribed(p, t_mine, 1);
     if (!job_done(p, chunks)) {
         int done = 0;
         if (!statik && spinning_allowed(p, t_mine))
@@ -422,13 +441,15 @@ void fe_pool_run(fe_pool *p, fe_pool_fn fn, void *ctx, int n) {
     }
     const int64_t t_end = now_ns(), wait = t_end - t_mine;
     /* (only while workers should be awake: a sleeping pool's waits are its wake-ups) */
-    if (spin_job && wait > PREEMPT_NS && 4 * wait > t_end - t_pub) oversubscribed(p, t_end);
+    if (spin_job && wait > PREEMPT_NS && 4 * wait > t_end - t_pub) oversubscribed(p, t_end, 1);
     p->c_last_end = t_end;
     if (t_end - p->cw_wall > CPU_WINDOW_NS) { /* the caller's own share of the wall time it was awake */
         int64_t c = spinning_allowed(p, t_end) ? thread_cpu_ns() : -1, awake = t_end - p->cw_wall - p->cw_slept;
-        if (c >= 0 && p->cw_cpu >= 0 && spinning_allowed(p, t_end) && (double)(c - p->cw_cpu) < CPU_SHARE_MIN * (double)awake)
-            oversubscribed(p, t_end);
-        p->cw_wall = t_end, p->cw_cpu = c, p->cw_slept = 0;
+        const int64_t o = own_cpu(p); /* the own work's CPU time in the window counts as the caller's */
+        if (c >= 0 && p->cw_cpu >= 0 && spinning_allowed(p, t_end) &&
+            (double)(c - p->cw_cpu + o - p->cw_own) < CPU_SHARE_MIN * (double)awake)
+            oversubscribed(p, t_end, 0);
+        p->cw_wall = t_end, p->cw_cpu = c, p->cw_slept = 0, p->cw_own = o;
     }
     if (p->prof.jobs) {
         uint64_t b = atomic_load(&p->backoffs);

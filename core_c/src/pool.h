@@ -35,18 +35,25 @@ int fe_pool_backed_off(const fe_pool *pool);
  * microseconds on a 2-core machine). While `busy` > 0, or within
  * FE_POOL_OWN_GRACE_NS of `last_ns` (CLOCK_MONOTONIC), a thread that lost
  * its core is not taken for a sign of a busy machine: backing off would not
- * give those threads the core sooner, and costs every later job a wake-up. */
+ * give those threads the core sooner, and costs every later job a wake-up.
+ * A thread's CPU share over a window counts the own work's CPU time of that
+ * window as its own: short of CPU beyond that, the machine is busy. */
 typedef struct fe_own_work {
-    _Atomic int busy;         /* pieces of own work running now */
+    _Atomic int busy;          /* pieces of own work running now */
     _Atomic long long last_ns; /* when the last one ended */
+    _Atomic long long cpu_ns;  /* the CPU time they took, summed (their threads' clocks) */
 } fe_own_work;
 #define FE_POOL_OWN_GRACE_NS 1000000LL
-void fe_own_work_begin(fe_own_work *w);
-void fe_own_work_end(fe_own_work *w);
+/* Around a piece of own work on its thread: begin returns that thread's CPU clock, end takes it back. */
+long long fe_own_work_begin(fe_own_work *w);
+void fe_own_work_end(fe_own_work *w, long long cpu0);
 /* The pool watches w (NULL: nothing) from now on; w outlives the pool. */
 void fe_pool_watch(fe_pool *pool, const fe_own_work *w);
 /* 1 when own work (w) explains a lost core at `now` (pure; for tests). */
 int fe_pool_own_work_explains(const fe_own_work *w, long long now);
+/* The caller slept `ns` nanoseconds outside the pool (waiting for a read it
+ * needs): not counted as awake in its CPU share. Caller's thread only. */
+void fe_pool_caller_slept(fe_pool *pool, int64_t ns);
 /* Back off for `ns` nanoseconds from now, as if the machine were busy (tests). */
 void fe_pool_hold_off(fe_pool *pool, int64_t ns);
 
