@@ -366,7 +366,6 @@ void fe_own_work_end(fe_own_work *w, long long cpu0) {
     atomic_fetch_sub_explicit(&w->busy, 1, memory_order_relaxed);
 }
 
-
 int fe_pool_own_work_explains(const fe_own_work *w, long long now) {
     if (!w) return 0;
     return atomic_load_explicit(&((fe_own_work *)w)->busy, memory_order_relaxed) > 0 ||
