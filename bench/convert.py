@@ -187,6 +187,7 @@ def gguf_main(a, threads: int) -> dict:
             write_gguf_moe(part, a.gguf_type, a.layers)
             part.rename(source)
         prepare = time.perf_counter() - t0
+        nbytes = source.stat().st_size  # (the temporary directory and the source in it go at the block's end)
         out_dir = Path(a.out_dir) if a.out_dir else root
         rounds = []
         for i in range(a.runs):
@@ -202,7 +203,6 @@ def gguf_main(a, threads: int) -> dict:
             rnd["load1_after"] = os.getloadavg()[0]
             rounds.append(rnd)
             print(json.dumps({"round": i + 1, **rnd}), file=sys.stderr, flush=True)
-    nbytes = source.stat().st_size
     copy_s = statistics.median(r["copy"]["seconds"] for r in rounds)
     conv_s = statistics.median(r["convert"]["seconds"] for r in rounds)
     return {"mode": "gguf-moe", "gguf_type": a.gguf_type, "layers": a.layers, "source_bytes": nbytes,
