@@ -29,11 +29,11 @@
 #ifndef FERRY_IO_H
 #define FERRY_IO_H
 
-#include "pool.h"
 #include <pthread.h>
 #include <stdint.h>
 
 #include "common.h"
+#include "pool.h"
 
 typedef struct fe_io_job {
     int fd;                  /* file to read */

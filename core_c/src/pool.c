@@ -352,8 +352,6 @@ int fe_pool_backed_off(const fe_pool *pool) {
     return pool->n_threads > 1 && !spinning_allowed((fe_pool *)pool, now_ns());
 }
 
-static int64_t thread_cpu_ns(void);
-
 long long fe_own_work_begin(fe_own_work *w) {
     atomic_fetch_add_explicit(&w->busy, 1, memory_order_relaxed);
     return (long long)thread_cpu_ns();
